@@ -1,0 +1,31 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device; this machine has none")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def sessions():
+    """One resident session per tiny model, shared by the tests that only read from them."""
+    from workbench import Session
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = Session.open(name, device="cpu")
+        return cache[name]
+
+    return get

@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+
+from workbench import Request
+from workbench.media import decode_mp4, encode_mp4, verify_mp4, write_atomic
+
+
+def test_result_save_round_trips_through_verifier(sessions, tmp_path):
+    result = sessions("tiny-ltx2").generate(Request("a red circle", seed=2), progress=False)
+    mp4 = result.save(tmp_path, "clip")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.html", "clip.json", "clip.mp4"]
+    report = verify_mp4(mp4, expect_frames=9, expect_audio_seconds=result.audio_seconds)
+    assert report.ok, report.problems
+    assert (report.frames, report.width, report.height, report.audio_channels) == (9, 64, 64, 2)
+    frames, audio, rate = decode_mp4(mp4)
+    assert rate == 16000
+    # random-weight frames are noise, which 4:2:0 chroma cannot keep per pixel; per-frame colour survives
+    assert np.abs(frames.mean(axis=(1, 2)) - result.frames.mean(axis=(1, 2))).max() < 4
+    assert "data:video/mp4;base64," in (tmp_path / "clip.html").read_text()
+    assert "<script" not in result._repr_html_()
+
+
+def test_smooth_video_survives_encoding_closely(tmp_path):
+    y, x = np.mgrid[0:48, 0:64]
+    frames = np.stack([np.stack([x * 3 + t * 5, y * 4, 128 + 0 * x], -1) for t in range(6)]).astype(np.uint8)
+    audio = (0.5 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000)).astype(np.float32)[None]
+    path = write_atomic(tmp_path / "s.mp4", encode_mp4(frames, 12, audio, 16000))
+    decoded, sound, rate = decode_mp4(path)
+    assert decoded.shape == frames.shape and np.abs(decoded.astype(int) - frames).mean() < 3
+    spectrum = np.abs(np.fft.rfft(sound[0, 2048:6144]))
+    assert abs(np.argmax(spectrum) * rate / 4096 - 440) < 8  # the tone survives AAC
+
+
+def test_verifier_flags_black_frames_and_wrong_counts(tmp_path):
+    rng = np.random.default_rng(0)
+    frames = rng.integers(60, 255, (5, 32, 32, 3), dtype=np.uint8)
+    frames[2] = 0
+    path = write_atomic(tmp_path / "x.mp4", encode_mp4(frames, 8))
+    report = verify_mp4(path, expect_frames=6, expect_audio_seconds=1.0)
+    assert not report.ok
+    assert report.black_frames == 1
+    assert any(p.startswith("frames: decoded 5") for p in report.problems)
+    assert any(p.startswith("audio: expected an audio stream") for p in report.problems)
+
+
+def test_encode_rejects_bad_frames():
+    with pytest.raises(ValueError, match="frames: expected uint8"):
+        encode_mp4(np.zeros((2, 8, 8, 3), np.float32), 8)
+
+
+def test_write_atomic_leaves_nothing_on_failure(tmp_path, monkeypatch):
+    import os
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError):
+        write_atomic(tmp_path / "a.json", b"{}")
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,149 @@
+import numpy as np
+import pytest
+import torch
+
+from workbench import Request, Session
+from workbench.models import ltx2, wan
+from workbench.session import _to_uint8
+
+
+@pytest.mark.parametrize("name", ["tiny-wan", "tiny-wan22", "tiny-ltx2"])
+def test_tiny_model_generates_end_to_end_and_repeats_exactly(sessions, name):
+    session = sessions(name)
+    request = Request("a red circle moves left, low hum", seed=3)
+    first = session.generate(request, progress=False)
+    second = session.generate(request, progress=False)
+    assert first.frames.dtype == np.uint8 and first.frames.shape == (9, 64, 64, 3)
+    assert np.array_equal(first.frames, second.frames)
+    assert torch.equal(first.latents, second.latents)
+    assert first.frames.std() > 0  # not a constant image
+    if session.family.has_audio:
+        assert first.audio.dtype == np.float32 and first.audio.shape[0] == 2 and first.sample_rate == 16000
+        assert np.isfinite(first.audio).all() and np.array_equal(first.audio, second.audio)
+    else:
+        assert first.audio is None
+
+
+def test_different_seeds_give_different_frames(sessions):
+    session = sessions("tiny-wan")
+    a = session.generate(Request("p", seed=1), progress=False)
+    b = session.generate(Request("p", seed=2), progress=False)
+    assert not np.array_equal(a.frames, b.frames)
+
+
+@pytest.mark.parametrize("name, module", [("tiny-wan", wan), ("tiny-ltx2", ltx2)])
+def test_session_equals_plain_diffusers_call(sessions, name, module):
+    """The workbench adds measurement, not drift: same components + seed = same output as diffusers."""
+    session = sessions(name)
+    request = Request("a blue square moves up", seed=7)
+    result = session.generate(request, progress=False)
+    plain = module.tiny(0)  # same seed -> identical random weights, built independently
+    resolved = request.resolved(plain.family, plain.defaults)
+    output = plain.pipeline(
+        **plain.family.call_kwargs(resolved),
+        **plain.call_overrides,
+        generator=torch.Generator("cpu").manual_seed(7),
+        output_type="np",
+    )
+    assert np.array_equal(_to_uint8(output.frames[0]), result.frames)
+    if plain.family.has_audio:
+        assert np.array_equal(output.audio[0].numpy(), result.audio)
+
+
+def test_stage_timings_and_events(sessions):
+    session = sessions("tiny-ltx2")
+    events = []
+    unsubscribe = session.subscribe(events.append)
+    try:
+        result = session.generate(Request("p", steps=3), progress=False)
+    finally:
+        unsubscribe()
+    for stage in ("text_encode", "denoise", "video_decode", "audio_decode", "total"):
+        assert result.timings[stage] > 0, stage
+    assert len(result.step_seconds) == 3 and all(s > 0 for s in result.step_seconds)
+    assert sum(result.step_seconds) <= result.timings["denoise"] * 1.0001
+    kinds = [(e.kind, e.stage) for e in events]
+    assert kinds[0] == ("stage_start", "text_encode")
+    assert kinds[-1] == ("request_end", None)
+    assert [e.data["index"] for e in events if e.kind == "step"] == [0, 1, 2]
+    order = [e.stage for e in events if e.kind == "stage_start"]
+    assert order.index("denoise") < order.index("video_decode") < order.index("audio_decode")
+    assert events == result.events
+
+
+def test_second_request_does_not_rebuild_components(sessions, monkeypatch):
+    session = sessions("tiny-wan")
+    session.generate(Request("p"), progress=False)
+    before = {name: id(c) for name, c in session.model.pipeline.components.items()}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a component was rebuilt during a request")
+
+    for cls in (wan.WanTransformer3DModel, wan.AutoencoderKLWan, wan.UMT5EncoderModel):
+        monkeypatch.setattr(cls, "__init__", refuse)
+        monkeypatch.setattr(cls, "from_pretrained", refuse)
+    session.generate(Request("p"), progress=False)
+    assert before == {name: id(c) for name, c in session.model.pipeline.components.items()}
+
+
+def test_failed_request_leaves_session_usable(monkeypatch):
+    session = Session.open("tiny-wan", device="cpu")
+    vae = session.model.pipeline.vae
+    good = session.generate(Request("p", seed=5), progress=False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("decoder exploded")
+
+    monkeypatch.setattr(type(vae), "decode", broken)
+    with pytest.raises(RuntimeError, match="decoder exploded"):
+        session.generate(Request("p", seed=5), progress=False)
+    monkeypatch.undo()
+    # probes were removed, no request is active, and the same request reproduces
+    assert "decode" not in vae.__dict__ and "encode_prompt" not in session.model.pipeline.__dict__
+    assert not session.model.pipeline.transformer._forward_pre_hooks
+    assert session.active_request is None
+    again = session.generate(Request("p", seed=5), progress=False)
+    assert np.array_equal(good.frames, again.frames)
+
+
+def test_request_during_request_is_refused(sessions):
+    session = sessions("tiny-wan")
+    errors = []
+
+    def reenter(event):
+        if event.kind == "step" and not errors:
+            with pytest.raises(RuntimeError, match="session is busy") as caught:
+                session.generate(Request("q"), progress=False)
+            errors.append(caught.value)
+
+    unsubscribe = session.subscribe(reenter)
+    try:
+        result = session.generate(Request("p"), progress=False)
+    finally:
+        unsubscribe()
+    assert errors and not result.metadata["subscriber_errors"]
+
+
+def test_open_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="model: 'tiny-nope' is neither a known name"):
+        Session.open("tiny-nope")
+    with pytest.raises(ValueError, match="dtype: 'int8'"):
+        Session.open("tiny-wan", dtype="int8")
+    with pytest.raises(ValueError, match="device: 'tpu'"):
+        Session.open("tiny-wan", device="tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_open_cuda_without_gpu_is_runtime_error():
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        Session.open("tiny-wan", device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_request_memory_returns_to_baseline():
+    session = Session.open("tiny-ltx2", device="cuda")
+    session.generate(Request("p"), progress=False)
+    before = torch.cuda.memory_allocated()
+    result = session.generate(Request("p"), progress=False)
+    assert torch.cuda.memory_allocated() == before
+    assert result.memory["denoise"] > 0

@@ -1,0 +1,1 @@
+"""The Jupyter UI over the public API (imported as `workbench.widgets`)."""

@@ -1,0 +1,87 @@
+"""`workbench generate ...` and `workbench info`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workbench", description="Vflash Workbench")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="run one request and write MP4 + JSON + HTML report")
+    gen.add_argument("--model", default="tiny-ltx2", help="tiny-wan, tiny-wan22, tiny-ltx2 or a local directory")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--negative-prompt", default="")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--frames", type=int)
+    gen.add_argument("--height", type=int)
+    gen.add_argument("--width", type=int)
+    gen.add_argument("--steps", type=int)
+    gen.add_argument("--guidance", type=float)
+    gen.add_argument("--fps", type=int)
+    gen.add_argument("--device", default="auto")
+    gen.add_argument("--dtype", default=None)
+    gen.add_argument("--name", default="result", help="file stem of the outputs")
+    gen.add_argument("--out", required=True, type=Path, help="directory for the outputs (created on success)")
+
+    commands.add_parser("info", help="versions, device and registered model families")
+    args = parser.parse_args(argv)
+    try:
+        return _generate(args) if args.command == "generate" else _info()
+    except (ValueError, RuntimeError) as error:
+        print(f"workbench {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from workbench import Request, Session
+    from workbench.media import verify_mp4
+
+    fields = ("frames", "height", "width", "steps", "guidance", "fps")
+    request = Request(
+        args.prompt,
+        negative_prompt=args.negative_prompt,
+        seed=args.seed,
+        **{name: getattr(args, name) for name in fields},
+    )
+    session = Session.open(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    session.resolve(request)  # refuse a bad request before any work and before --out exists
+    print(f"loaded {session} in {session.init_seconds:.2f} s", file=sys.stderr)
+    result = session.generate(request, progress=True)
+    mp4 = result.save(args.out, args.name)
+    report = verify_mp4(mp4, result.frames.shape[0], result.audio_seconds)
+    timings = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in result.timings.items())
+    print(f"timings: {timings}", file=sys.stderr)
+    print(f"video:  {mp4}")
+    print(f"report: {mp4.with_suffix('.html')}")
+    print(f"record: {mp4.with_suffix('.json')}")
+    if not report.ok:
+        print(f"media check: {'; '.join(report.problems)}", file=sys.stderr)
+    return 0
+
+
+def _info() -> int:
+    import torch
+
+    from workbench import environment
+    from workbench.models import TINY_MODELS, families
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    info = {
+        **environment.describe(device),
+        "families": {
+            name: {"pipeline": f.pipeline_class, "modes": f.modes, "audio": f.has_audio}
+            for name, f in families().items()
+        },
+        "tiny_models": list(TINY_MODELS),
+    }
+    print(json.dumps(info, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

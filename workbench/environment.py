@@ -1,0 +1,62 @@
+"""Where a result came from: git revision, package versions, device."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PACKAGES = ("vflash-workbench", "torch", "triton", "diffusers", "transformers", "av", "numpy")
+
+
+@cache
+def git_revision() -> dict[str, Any]:
+    """The checkout's commit and whether the tree had uncommitted changes (None outside a checkout)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=5
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": bool(dirty)}
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def device_info(device: torch.device) -> dict[str, Any]:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return {
+            "type": "cuda",
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "memory_bytes": props.total_memory,
+            "cuda": torch.version.cuda,
+        }
+    return {"type": device.type, "name": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
+
+
+def describe(device: torch.device) -> dict[str, Any]:
+    return {"git": git_revision(), "versions": versions(), "device": device_info(device)}

@@ -1,0 +1,137 @@
+"""MP4 in and out through PyAV: H.264 video, AAC audio, and a verifier that decodes everything back."""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+BLACK_LUMA = 16.0 / 255.0  # mean luma at or below this counts as a black frame
+
+
+def encode_mp4(frames: np.ndarray, fps: int, audio: np.ndarray | None = None, sample_rate: int | None = None) -> bytes:
+    """Encode uint8 frames (T, H, W, 3) and optional float audio (C, N) in [-1, 1] to MP4 bytes."""
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"frames: expected uint8 (T, H, W, 3), got {frames.dtype} {frames.shape}")
+    if audio is not None and (sample_rate is None or audio.ndim != 2 or audio.shape[0] not in (1, 2)):
+        raise ValueError(f"audio: expected (C, N) with C in 1..2 and a sample_rate, got {audio.shape}")
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        video = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
+        video.width, video.height = frames.shape[2] + frames.shape[2] % 2, frames.shape[1] + frames.shape[1] % 2
+        video.pix_fmt = "yuv420p"
+        video.options = {"crf": "18", "preset": "medium"}
+        sound = None
+        if audio is not None:
+            layout = "stereo" if audio.shape[0] == 2 else "mono"
+            sound = container.add_stream("aac", rate=int(sample_rate), layout=layout)
+        for image in _even(frames):
+            container.mux(video.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
+        container.mux(video.encode())
+        if sound is not None:
+            samples = np.ascontiguousarray(np.clip(audio, -1.0, 1.0).astype(np.float32))
+            chunk = sound.codec_context.frame_size or 1024
+            for start in range(0, samples.shape[1], chunk):
+                piece = np.ascontiguousarray(samples[:, start : start + chunk])
+                frame = av.AudioFrame.from_ndarray(piece, format="fltp", layout=sound.layout.name)
+                frame.sample_rate = int(sample_rate)
+                frame.pts = start
+                container.mux(sound.encode(frame))
+            container.mux(sound.encode())
+    return buffer.getvalue()
+
+
+def _even(frames: np.ndarray) -> np.ndarray:
+    """yuv420p needs even sides; pad by edge replication rather than crop away a row of content."""
+    pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
+    if pad_h or pad_w:
+        frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+    return frames
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """Write to a temporary name beside `path`, then rename: a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+@dataclass
+class MediaReport:
+    """What the verifier decoded from a file, and what it found wrong."""
+
+    frames: int
+    width: int
+    height: int
+    audio_samples: int
+    audio_channels: int
+    sample_rate: int | None
+    audio_finite: bool
+    black_frames: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def decode_mp4(path: str | Path) -> tuple[np.ndarray, np.ndarray | None, int | None]:
+    """Decode an MP4 fully: frames uint8 (T, H, W, 3), audio float32 (C, N) or None, sample rate."""
+    with av.open(str(path)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    audio, rate = None, None
+    with av.open(str(path)) as container:
+        if container.streams.audio:
+            rate = container.streams.audio[0].rate
+            pieces = [f.to_ndarray() for f in container.decode(audio=0)]
+            audio = np.concatenate(pieces, axis=1).astype(np.float32) if pieces else np.zeros((1, 0), np.float32)
+    return np.stack(frames) if frames else np.zeros((0, 0, 0, 3), np.uint8), audio, rate
+
+
+def verify_mp4(
+    path: str | Path, expect_frames: int | None = None, expect_audio_seconds: float | None = None
+) -> MediaReport:
+    """Decode the whole file and check frame count, audio length, finite samples and black frames.
+
+    AAC adds an encoder delay and pads to whole 1024-sample frames, so the audio length is allowed to
+    exceed the expectation by up to two AAC frames, never to fall short of it by more than one.
+    """
+    frames, audio, rate = decode_mp4(path)
+    luma = frames.astype(np.float32).mean(axis=(1, 2, 3)) / 255.0 if len(frames) else np.zeros(0)
+    report = MediaReport(
+        frames=len(frames),
+        height=frames.shape[1] if len(frames) else 0,
+        width=frames.shape[2] if len(frames) else 0,
+        audio_samples=0 if audio is None else audio.shape[1],
+        audio_channels=0 if audio is None else audio.shape[0],
+        sample_rate=rate,
+        audio_finite=True if audio is None else bool(np.isfinite(audio).all()),
+        black_frames=int((luma <= BLACK_LUMA).sum()),
+    )
+    if expect_frames is not None and report.frames != expect_frames:
+        report.problems.append(f"frames: decoded {report.frames}, expected {expect_frames}")
+    if expect_audio_seconds is not None:
+        if audio is None:
+            report.problems.append("audio: expected an audio stream, found none")
+        else:
+            expected = expect_audio_seconds * rate
+            if not (expected - 1024 <= report.audio_samples <= expected + 2 * 1024):
+                report.problems.append(f"audio: decoded {report.audio_samples} samples, expected about {expected:.0f}")
+    if not report.audio_finite:
+        report.problems.append("audio: non-finite samples")
+    if report.black_frames:
+        report.problems.append(f"video: {report.black_frames} black frame(s)")
+    return report

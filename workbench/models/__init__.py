@@ -1,0 +1,43 @@
+"""Model families and the names a user types: `tiny-wan`, `tiny-wan22`, `tiny-ltx2`, or a local path."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from workbench.models.loaded import LoadedModel
+
+TINY_MODELS = ("tiny-wan", "tiny-wan22", "tiny-ltx2")
+PIPELINE_FAMILIES = {"WanPipeline": "wan", "LTX2Pipeline": "ltx2"}
+
+
+def families() -> dict[str, object]:
+    """Every registered family by name (imports diffusers)."""
+    from workbench.models import ltx2, wan
+
+    return {wan.FAMILY.name: wan.FAMILY, ltx2.FAMILY.name: ltx2.FAMILY}
+
+
+def resolve(name: str | Path, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
+    """Build a tiny model by name, or load a local diffusers-format directory."""
+    from workbench.models import ltx2, wan
+
+    tiny: dict[str, Callable[[int], LoadedModel]] = {
+        "tiny-wan": wan.tiny,
+        "tiny-wan22": wan.tiny22,
+        "tiny-ltx2": ltx2.tiny,
+    }
+    if str(name) in tiny:
+        return tiny[str(name)](seed)
+    path = Path(name)
+    if not path.is_dir():
+        raise ValueError(f"model: {str(name)!r} is neither a known name {TINY_MODELS} nor a local directory")
+    index = path / "model_index.json"
+    class_name = json.loads(index.read_text()).get("_class_name") if index.is_file() else None
+    if class_name not in PIPELINE_FAMILIES:
+        raise ValueError(f"model: {index} names pipeline {class_name!r}; supported: {sorted(PIPELINE_FAMILIES)}")
+    module = {"wan": wan, "ltx2": ltx2}[PIPELINE_FAMILIES[class_name]]
+    return module.load(path, dtype=dtype)

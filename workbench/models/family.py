@@ -1,0 +1,129 @@
+"""What the session needs to know about a model family, and the strict local loader they share."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Family:
+    """A diffusers pipeline family: request defaults, the geometry rules its VAE imposes, its stages.
+
+    `frame_step` and `frame_offset` say which frame counts the VAE takes (`frames % step == offset`);
+    `size_multiple` is the pixel multiple for height and width. `block_classes` names the transformer
+    block classes that fused-op plugins understand.
+    """
+
+    name: str
+    pipeline_class: str
+    defaults: dict[str, Any]
+    frame_step: int
+    frame_offset: int
+    size_multiple: int
+    has_audio: bool
+    modes: tuple[str, ...] = ("t2v",)
+    denoisers: tuple[str, ...] = ("transformer",)
+    block_classes: tuple[str, ...] = ()
+    # (stage, component attribute or "" for the pipeline, method name or None for the module's forward)
+    stage_probes: tuple[tuple[str, str, str | None], ...] = ()
+    call_kwargs: Callable[..., dict[str, Any]] = field(default=lambda request: {}, repr=False)
+
+    def frames_allowed(self, frames: int) -> bool:
+        return frames >= 1 and frames % self.frame_step == self.frame_offset
+
+
+WORKBENCH_FILE = "workbench.json"  # optional: request defaults and pipeline kwargs saved with a model
+SAFE_WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
+UNSAFE_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def load_pipeline(path: str | Path, expected_class: str, dtype: torch.dtype = torch.float32) -> Any:
+    """Load a local diffusers-format directory component by component, safetensors only, strictly.
+
+    Loading each component ourselves (rather than `DiffusionPipeline.from_pretrained`) lets us refuse
+    pickled weights and turn missing, unexpected or mis-shaped tensors into an error naming the file,
+    where the libraries would only log a warning and initialise the missing part randomly.
+    """
+    root = Path(path)
+    index_file = root / "model_index.json"
+    if not root.is_dir():
+        raise ValueError(f"model path {str(root)!r} is not a directory")
+    if not index_file.is_file():
+        raise ValueError(f"model path {str(root)!r} has no model_index.json (not a diffusers-format directory)")
+    index = json.loads(index_file.read_text())
+    if index.get("_class_name") != expected_class:
+        raise ValueError(f"{index_file}: _class_name is {index.get('_class_name')!r}, expected {expected_class!r}")
+
+    components: dict[str, Any] = {}
+    for name, spec in index.items():
+        if name.startswith("_") or not isinstance(spec, list):
+            if not name.startswith("_"):
+                components[name] = spec  # plain config values such as boundary_ratio
+            continue
+        library, class_name = spec
+        if library is None or class_name is None:
+            components[name] = None
+            continue
+        components[name] = _load_component(root / name, library, class_name, dtype)
+
+    pipeline_cls = getattr(importlib.import_module("diffusers"), expected_class)
+    return pipeline_cls(**components)
+
+
+def _import_class(library: str, class_name: str) -> Any:
+    """model_index.json names either a top-level library or a diffusers pipeline module (`ltx2`)."""
+    for module_name in (library, f"diffusers.pipelines.{library}"):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            continue
+        if hasattr(module, class_name):
+            return getattr(module, class_name)
+    raise ValueError(f"model_index.json: class {class_name!r} from library {library!r} cannot be imported")
+
+
+def _load_component(folder: Path, library: str, class_name: str, dtype: torch.dtype) -> Any:
+    if not folder.is_dir():
+        raise ValueError(f"component folder {folder} is missing (named in model_index.json)")
+    cls = _import_class(library, class_name)
+    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
+        return cls.from_pretrained(folder, local_files_only=True)  # tokenizer, scheduler, processor
+
+    files = [p.name for p in folder.iterdir()]
+    unsafe = [f for f in files if f.endswith(UNSAFE_WEIGHT_SUFFIXES)]
+    if unsafe:
+        raise ValueError(f"{folder}: pickled weights {unsafe} are refused; convert them to safetensors")
+    if not any(f.endswith(SAFE_WEIGHT_SUFFIXES) for f in files):
+        raise ValueError(f"{folder}: no safetensors weights found")
+    try:
+        model, info = cls.from_pretrained(
+            folder, torch_dtype=dtype, use_safetensors=True, local_files_only=True, output_loading_info=True
+        )
+    except (OSError, RuntimeError, ValueError) as error:  # the libraries' messages omit which folder
+        raise ValueError(f"{folder}: {error}") from error
+    problems = {k: v for k in ("missing_keys", "unexpected_keys", "mismatched_keys") if (v := info.get(k))}
+    if problems:
+        raise ValueError(f"{folder}: weights do not match the config: {problems}")
+    return model.eval()
+
+
+def read_workbench_file(root: Path, family: Family) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The (defaults, call_overrides) stored beside a checkpoint, or the family's defaults when absent."""
+    path = Path(root) / WORKBENCH_FILE
+    if not path.is_file():
+        return dict(family.defaults), {}
+    stored = json.loads(path.read_text())
+    unknown = set(stored) - {"defaults", "call_overrides"}
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: defaults, call_overrides")
+    bad = set(stored.get("defaults", {})) - set(family.defaults)
+    if bad:
+        raise ValueError(f"{path}: defaults {sorted(bad)} are not request fields; allowed: {sorted(family.defaults)}")
+    return {**family.defaults, **stored.get("defaults", {})}, dict(stored.get("call_overrides", {}))

@@ -1,0 +1,51 @@
+"""A loaded model: its family, the resident diffusers pipeline, and the request defaults for it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class LoadedModel:
+    """`defaults` fill request fields left out; `call_overrides` are extra pipeline kwargs (tiny text lengths)."""
+
+    name: str
+    family: Any  # workbench.models.family.Family
+    pipeline: Any
+    defaults: dict[str, Any]
+    call_overrides: dict[str, Any]
+
+    def denoisers(self) -> list[torch.nn.Module]:
+        """The transformer(s) that run the denoising loop (two for Wan2.2)."""
+        return [m for name in self.family.denoisers if (m := getattr(self.pipeline, name, None)) is not None]
+
+    def save(self, path: str | Path) -> Path:
+        """Save in diffusers format (safetensors) plus `workbench.json` with this model's request defaults."""
+        path = Path(path)
+        self.pipeline.save_pretrained(path, safe_serialization=True)
+        stored = {"defaults": self.defaults, "call_overrides": self.call_overrides}
+        (path / "workbench.json").write_text(json.dumps(stored, indent=2))
+        return path
+
+
+def cast_components(pipeline: Any, dtype: torch.dtype) -> None:
+    """Cast every module component to `dtype` the way `from_pretrained(torch_dtype=...)` would.
+
+    diffusers keeps parameters named in a model's `_keep_in_fp32_modules` (norms, time embedders,
+    modulation tables) in float32 when it loads in low precision; a plain `.to(dtype)` would not, and
+    the tiny models would then run different arithmetic from a real checkpoint.
+    """
+    for component in pipeline.components.values():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        keep = set(getattr(component, "_keep_in_fp32_modules", None) or [])
+        tensors = itertools.chain(component.named_parameters(), component.named_buffers())
+        for name, tensor in tensors:
+            if tensor.is_floating_point():
+                tensor.data = tensor.data.to(torch.float32 if keep & set(name.split(".")) else dtype)

@@ -1,0 +1,218 @@
+"""LTX-2 audio+video (diffusers `LTX2Pipeline`: video VAE, audio VAE, vocoder, Gemma3 text encoder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from diffusers import (
+    AutoencoderKLLTX2Audio,
+    AutoencoderKLLTX2Video,
+    FlowMatchEulerDiscreteScheduler,
+    LTX2Pipeline,
+    LTX2VideoTransformer3DModel,
+)
+from diffusers.pipelines.ltx2 import LTX2TextConnectors
+from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+
+from workbench.models.family import Family, load_pipeline, read_workbench_file
+from workbench.models.loaded import LoadedModel
+from workbench.models.tokenizer import build_tokenizer
+
+
+def _call_kwargs(request: Any) -> dict[str, Any]:
+    return {
+        "prompt": request.prompt,
+        "negative_prompt": request.negative_prompt,
+        "num_frames": request.frames,
+        "height": request.height,
+        "width": request.width,
+        "frame_rate": float(request.fps),
+        "num_inference_steps": request.steps,
+        "guidance_scale": request.guidance,
+    }
+
+
+FAMILY = Family(
+    name="ltx2",
+    pipeline_class="LTX2Pipeline",
+    defaults={"frames": 121, "height": 512, "width": 768, "steps": 40, "guidance": 4.0, "fps": 24},
+    frame_step=8,
+    frame_offset=1,
+    size_multiple=32,
+    has_audio=True,
+    modes=("t2va",),
+    block_classes=("LTX2VideoTransformerBlock",),
+    stage_probes=(
+        ("text_encode", "", "encode_prompt"),
+        ("text_encode", "connectors", None),
+        ("video_decode", "vae", "decode"),
+        ("audio_decode", "audio_vae", "decode"),
+        ("audio_decode", "vocoder", None),
+    ),
+    call_kwargs=_call_kwargs,
+)
+TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance": 4.0, "fps": 24}
+# The tiny config keeps the sampler's auxiliary guidance passes off so a CPU request stays one
+# transformer call per CFG branch; real checkpoints use the pipeline's own defaults.
+TINY_CALL = {
+    "max_sequence_length": 32,
+    "stg_scale": 0.0,
+    "modality_scale": 1.0,
+    "guidance_rescale": 0.0,
+    "audio_guidance_scale": None,
+    "audio_stg_scale": 0.0,
+    "audio_modality_scale": 1.0,
+    "audio_guidance_rescale": 0.0,
+    "spatio_temporal_guidance_blocks": None,
+}
+TEXT_HIDDEN = 32
+TEXT_LAYERS = 2
+
+
+def _tiny_text_encoder(seed: int) -> Gemma3ForConditionalGeneration:
+    torch.manual_seed(seed)
+    text = Gemma3TextConfig(
+        vocab_size=128,
+        hidden_size=TEXT_HIDDEN,
+        intermediate_size=32,
+        num_hidden_layers=TEXT_LAYERS,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=128,
+        sliding_window=16,
+    )
+    vision = SiglipVisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=16,
+        patch_size=8,
+    )
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=127)
+    return Gemma3ForConditionalGeneration(config).eval()
+
+
+def tiny_pipeline(seed: int = 0) -> LTX2Pipeline:
+    """A random-initialised LTX-2 (video + stereo audio) that runs 9x64x64 in about a second on a CPU."""
+    text_encoder = _tiny_text_encoder(seed)
+    torch.manual_seed(seed + 1)
+    transformer = LTX2VideoTransformer3DModel(
+        in_channels=4,
+        out_channels=4,
+        patch_size=1,
+        patch_size_t=1,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        cross_attention_dim=16,
+        audio_in_channels=4,
+        audio_out_channels=4,
+        audio_num_attention_heads=2,
+        audio_attention_head_dim=4,
+        audio_cross_attention_dim=8,
+        num_layers=2,
+        qk_norm="rms_norm_across_heads",
+        caption_channels=TEXT_HIDDEN,
+        rope_double_precision=False,
+        rope_type="split",
+    )
+    torch.manual_seed(seed + 2)
+    connectors = LTX2TextConnectors(
+        caption_channels=TEXT_HIDDEN,
+        text_proj_in_factor=TEXT_LAYERS + 1,
+        video_connector_num_attention_heads=4,
+        video_connector_attention_head_dim=8,
+        video_connector_num_layers=1,
+        video_connector_num_learnable_registers=None,
+        audio_connector_num_attention_heads=4,
+        audio_connector_attention_head_dim=8,
+        audio_connector_num_layers=1,
+        audio_connector_num_learnable_registers=None,
+        connector_rope_base_seq_len=32,
+        rope_theta=10000.0,
+        rope_double_precision=False,
+        causal_temporal_positioning=False,
+        rope_type="split",
+    )
+    torch.manual_seed(seed + 3)
+    vae = AutoencoderKLLTX2Video(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(8,),
+        decoder_block_out_channels=(8,),
+        layers_per_block=(1,),
+        decoder_layers_per_block=(1, 1),
+        spatio_temporal_scaling=(True,),
+        decoder_spatio_temporal_scaling=(True,),
+        decoder_inject_noise=(False, False),
+        downsample_type=("spatial",),
+        upsample_residual=(False,),
+        upsample_factor=(1,),
+        timestep_conditioning=False,
+        patch_size=1,
+        patch_size_t=1,
+        encoder_causal=True,
+        decoder_causal=False,
+    )
+    vae.use_framewise_encoding = False
+    vae.use_framewise_decoding = False
+    torch.manual_seed(seed + 4)
+    audio_vae = AutoencoderKLLTX2Audio(
+        base_channels=4,
+        output_channels=2,
+        ch_mult=(1,),
+        num_res_blocks=1,
+        attn_resolutions=None,
+        in_channels=2,
+        resolution=32,
+        latent_channels=2,
+        norm_type="pixel",
+        causality_axis="height",
+        dropout=0.0,
+        mid_block_add_attention=False,
+        sample_rate=16000,
+        mel_hop_length=160,
+        is_causal=True,
+        mel_bins=8,
+    )
+    torch.manual_seed(seed + 5)
+    vocoder = LTX2Vocoder(
+        in_channels=2 * 8,
+        hidden_channels=32,
+        out_channels=2,
+        upsample_kernel_sizes=[20, 32],
+        upsample_factors=[10, 16],
+        resnet_kernel_sizes=[3],
+        resnet_dilations=[[1, 3, 5]],
+        leaky_relu_negative_slope=0.1,
+        output_sampling_rate=16000,
+    )
+    return LTX2Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae.eval(),
+        audio_vae=audio_vae.eval(),
+        text_encoder=text_encoder,
+        tokenizer=build_tokenizer(128, model_max_length=64),
+        connectors=connectors.eval(),
+        transformer=transformer.eval(),
+        vocoder=vocoder.eval(),
+    )
+
+
+def tiny(seed: int = 0) -> LoadedModel:
+    return LoadedModel("tiny-ltx2", FAMILY, tiny_pipeline(seed), TINY_DEFAULTS, dict(TINY_CALL))
+
+
+def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
+    pipe = load_pipeline(path, FAMILY.pipeline_class, dtype)
+    return LoadedModel(str(path), FAMILY, pipe, *read_workbench_file(path, FAMILY))
+
+
+def sample_rate(pipeline: LTX2Pipeline) -> int:
+    """The rate of the waveform the vocoder emits (not the audio VAE's mel rate)."""
+    return int(pipeline.vocoder.config.output_sampling_rate)

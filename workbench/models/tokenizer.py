@@ -1,0 +1,37 @@
+"""A character-level tokenizer built in code, because hub downloads are impossible here.
+
+Tiny random-initialised text encoders need a tokenizer whose vocabulary matches their embedding size.
+Characters (lower-cased) keep every distinct prompt distinct without shipping a vocabulary file.
+"""
+
+from __future__ import annotations
+
+import string
+
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
+CHARACTERS = sorted(set(string.ascii_lowercase + string.digits + string.punctuation))
+
+
+def build_tokenizer(vocab_size: int = 128, model_max_length: int = 128) -> PreTrainedTokenizerFast:
+    """A deterministic tokenizer with exactly `vocab_size` ids (specials, characters, unused fillers)."""
+    minimum = len(SPECIAL_TOKENS) + len(CHARACTERS)
+    if vocab_size < minimum:
+        raise ValueError(f"vocab_size={vocab_size}: must be at least {minimum} (specials + characters)")
+    fillers = [f"<unused{i}>" for i in range(vocab_size - minimum)]
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS + fillers)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex("."), behavior="isolated")]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        model_max_length=model_max_length,
+    )

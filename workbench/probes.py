@@ -1,0 +1,78 @@
+"""Per-request stage probes on a diffusers pipeline: installed before the call, removed after it.
+
+The pipeline's own `__call__` runs untouched; probes only observe which component call is running,
+so the session adds measurement without changing what diffusers computes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+from workbench.telemetry import Telemetry
+
+
+@contextmanager
+def stage_probes(model: Any, telemetry: Telemetry):
+    """Install the family's probes plus denoise-step probes; yields the step-end callback to pass on."""
+    pipe = model.pipeline
+    undo: list[Callable[[], None]] = []
+    try:
+        for stage, attribute, method in model.family.stage_probes:
+            target = getattr(pipe, attribute) if attribute else pipe
+            if target is None:
+                continue
+            if method is None:
+                undo += _probe_forward(target, stage, telemetry)
+            else:
+                undo.append(_probe_method(target, method, stage, telemetry))
+        denoise = _DenoiseClock(pipe, telemetry)
+        for module in model.denoisers():
+            undo.append(module.register_forward_pre_hook(denoise.on_forward).remove)
+        yield denoise.on_step_end
+    finally:
+        for remove in reversed(undo):
+            remove()
+
+
+def _probe_method(target: Any, name: str, stage: str, telemetry: Telemetry) -> Callable[[], None]:
+    original = getattr(target, name)
+
+    @functools.wraps(original)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        telemetry.end("denoise")  # decoding starts where denoising ended
+        with telemetry.stage(stage):
+            return original(*args, **kwargs)
+
+    target.__dict__[name] = timed
+    return lambda: target.__dict__.pop(name, None)
+
+
+def _probe_forward(module: Any, stage: str, telemetry: Telemetry) -> list[Callable[[], None]]:
+    before = module.register_forward_pre_hook(lambda *_: telemetry.begin(stage))
+    after = module.register_forward_hook(lambda *_: telemetry.end(stage))
+    return [before.remove, after.remove]
+
+
+class _DenoiseClock:
+    """Opens `denoise` at the first transformer call and closes one step per scheduler step."""
+
+    def __init__(self, pipe: Any, telemetry: Telemetry):
+        self.pipe = pipe
+        self.telemetry = telemetry
+        self.step_start: Any = None
+        self.latents: Any = None
+
+    def on_forward(self, *_: Any) -> None:
+        if self.step_start is None:
+            self.telemetry.begin("denoise")
+            self.step_start = self.telemetry.marker()
+
+    def on_step_end(self, pipe: Any, index: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+        if self.step_start is not None:
+            end = self.telemetry.step(index, self.step_start)
+            self.step_start = end
+        self.latents = tensors.get("latents")
+        return {}

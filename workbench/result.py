@@ -1,0 +1,109 @@
+"""What a request produced, how long each stage took, and what ran; saved as MP4 + JSON + HTML."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from workbench.media import encode_mp4, write_atomic
+from workbench.telemetry import Event
+
+
+@dataclass
+class Result:
+    """`frames` uint8 (T, H, W, 3); `audio` float32 (C, N) or None; `timings` seconds and `memory` peak
+    bytes per stage; `receipts` what each acceleration actually executed; `exact` False once an
+    approximate acceleration ran."""
+
+    frames: np.ndarray
+    audio: np.ndarray | None
+    sample_rate: int | None
+    fps: int
+    latents: torch.Tensor | None
+    timings: dict[str, float]
+    memory: dict[str, int]
+    receipts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    exact: bool = True
+    metadata: dict[str, Any] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def audio_seconds(self) -> float | None:
+        return None if self.audio is None else self.audio.shape[1] / self.sample_rate
+
+    def mp4_bytes(self) -> bytes:
+        return encode_mp4(self.frames, self.fps, self.audio, self.sample_rate)
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON-friendly part of the result (no pixels, no tensors)."""
+        return {
+            "frames_shape": list(self.frames.shape),
+            "audio_shape": None if self.audio is None else list(self.audio.shape),
+            "sample_rate": self.sample_rate,
+            "fps": self.fps,
+            "timings": dict(self.timings),
+            "memory": dict(self.memory),
+            "step_seconds": list(self.step_seconds),
+            "receipts": self.receipts,
+            "exact": self.exact,
+            "metadata": self.metadata,
+            "events": [e.to_dict() for e in self.events],
+        }
+
+    def save(self, directory: str | Path, name: str = "result") -> Path:
+        """Write `<name>.mp4`, `<name>.json` and `<name>.html` into `directory`; returns the MP4 path.
+
+        Each file is written under a temporary name and renamed when complete.
+        """
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"name: must be a plain file stem, got {name!r}")
+        directory = Path(directory)
+        mp4 = self.mp4_bytes()
+        directory.mkdir(parents=True, exist_ok=True)
+        path = write_atomic(directory / f"{name}.mp4", mp4)
+        write_atomic(directory / f"{name}.json", json.dumps(self.summary(), indent=2, default=str).encode())
+        write_atomic(directory / f"{name}.html", self._html(mp4).encode())
+        return path
+
+    def _repr_html_(self) -> str:
+        return self._html(self.mp4_bytes())
+
+    def _html(self, mp4: bytes) -> str:
+        """Self-contained: the video is a data URI, tables are plain HTML, no script."""
+        request = self.metadata.get("request", {})
+        rows = "".join(
+            f"<tr><td>{html.escape(stage)}</td><td>{seconds * 1000:.1f}</td>"
+            f"<td>{_mib(self.memory.get(stage))}</td></tr>"
+            for stage, seconds in self.timings.items()
+        )
+        receipts = (
+            "".join(
+                f"<tr><td>{html.escape(name)}</td><td>{html.escape(json.dumps(counters))}</td></tr>"
+                for name, counters in self.receipts.items()
+            )
+            or "<tr><td colspan=2>none installed</td></tr>"
+        )
+        video = base64.b64encode(mp4).decode()
+        title = html.escape(str(request.get("prompt", "")))
+        return (
+            f"<div><p><b>{title}</b> &middot; model {html.escape(str(self.metadata.get('model', '')))}"
+            f" &middot; seed {request.get('seed', '')} &middot; {self.frames.shape[0]} frames "
+            f"{self.frames.shape[2]}x{self.frames.shape[1]} @ {self.fps} fps"
+            f"{'' if self.audio is None else f' &middot; audio {self.audio_seconds:.2f} s'}"
+            f" &middot; exact={self.exact}</p>"
+            f'<video controls src="data:video/mp4;base64,{video}" style="max-width:480px"></video>'
+            f"<table><tr><th>stage</th><th>ms</th><th>peak MiB</th></tr>{rows}</table>"
+            f"<table><tr><th>acceleration</th><th>receipt</th></tr>{receipts}</table></div>"
+        )
+
+
+def _mib(value: int | None) -> str:
+    return "" if value is None else f"{value / 2**20:.1f}"

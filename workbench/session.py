@@ -1,0 +1,202 @@
+"""A resident session: one diffusers pipeline loaded once, many measured requests against it."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from workbench import environment
+from workbench.models import resolve
+from workbench.models.loaded import LoadedModel, cast_components
+from workbench.probes import stage_probes
+from workbench.request import Request
+from workbench.result import Result
+from workbench.telemetry import Event, NvmlSampler, Telemetry, summarize_samples
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Session:
+    """Holds one model resident on one device and runs one request at a time.
+
+    Subscribers (`subscribe`) receive telemetry `Event`s on the thread that runs the request.
+    """
+
+    def __init__(self, model: LoadedModel, device: torch.device, dtype: torch.dtype, init_seconds: float):
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.init_seconds = init_seconds
+        self._lock = threading.Lock()
+        self._subscribers: list[Callable[[Event], None]] = []
+        self._request_ids = itertools.count(1)
+        self.active_request: int | None = None
+
+    @classmethod
+    def open(
+        cls,
+        model: str | Path | LoadedModel,
+        device: str = "auto",
+        dtype: str | torch.dtype | None = None,
+        seed: int = 0,
+    ) -> Session:
+        """Load `model` (a name such as `tiny-ltx2`, a local diffusers directory, or a LoadedModel) once.
+
+        `device` is `auto`, `cpu`, `cuda` or `cuda:N`; `dtype` defaults to bfloat16 on CUDA, float32 on CPU.
+        """
+        start = time.perf_counter()
+        torch_device = _device(device)
+        torch_dtype = _dtype(dtype, torch_device)
+        loaded = model if isinstance(model, LoadedModel) else resolve(model, seed=seed, dtype=torch_dtype)
+        if not isinstance(model, LoadedModel) and str(model).startswith("tiny-"):
+            cast_components(loaded.pipeline, torch_dtype)  # loaded checkpoints arrive in torch_dtype already
+        loaded.pipeline.to(device=torch_device)
+        if torch_device.type == "cuda":
+            torch.cuda.synchronize(torch_device)
+        return cls(loaded, torch_device, torch_dtype, time.perf_counter() - start)
+
+    @property
+    def family(self) -> Any:
+        return self.model.family
+
+    def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
+        """Call `callback(event)` for every telemetry event of later requests; returns an unsubscribe."""
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
+
+    def resolve(self, request: Request) -> Request:
+        return request.resolved(self.family, self.model.defaults)
+
+    def generate(self, request: Request, progress: bool = True) -> Result:
+        """Run one request end to end and return frames, audio, latents, timings, memory and metadata."""
+        if not isinstance(request, Request):
+            raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
+        request = self.resolve(request)
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(f"session is busy with request {self.active_request}; one request at a time")
+        request_id = next(self._request_ids)
+        self.active_request = request_id
+        try:
+            return self._run(request, request_id, progress)
+        finally:
+            self.active_request = None
+            self._lock.release()
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    def _run(self, request: Request, request_id: int, progress: bool) -> Result:
+        pipe = self.model.pipeline
+        pipe.set_progress_bar_config(disable=not progress, leave=False)
+        telemetry = Telemetry(self.device, self._subscribers)
+        kwargs = {**self.family.call_kwargs(request), **self.model.call_overrides}
+        with ExitStack() as stack:
+            sampler = None
+            if self.device.type == "cuda":
+                sampler = stack.enter_context(_maybe_sampler(self.device, telemetry))
+            on_step_end = stack.enter_context(stage_probes(self.model, telemetry))
+            clock = on_step_end.__self__
+            with torch.inference_mode():
+                output = pipe(
+                    **kwargs,
+                    generator=torch.Generator("cpu").manual_seed(request.seed),
+                    output_type="np",
+                    callback_on_step_end=on_step_end,
+                    callback_on_step_end_tensor_inputs=["latents"],
+                )
+            total = telemetry.finish()
+            samples = sampler.samples if sampler is not None else []
+        timings = dict(telemetry.timings)
+        timings["other"] = max(0.0, total - sum(timings.values()))
+        timings["total"] = total
+        audio = getattr(output, "audio", None)
+        metadata = {
+            "request_id": request_id,
+            "model": self.model.name,
+            "family": self.family.name,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "init_seconds": self.init_seconds,
+            "request": request.to_dict(),
+            "nvml": summarize_samples(samples),
+            "subscriber_errors": telemetry.subscriber_errors,
+            **environment.describe(self.device),
+        }
+        return Result(
+            frames=_to_uint8(output.frames[0]),
+            audio=None if audio is None else audio[0].float().cpu().numpy(),
+            sample_rate=self._sample_rate() if audio is not None else None,
+            fps=request.fps,
+            latents=None if clock.latents is None else clock.latents.detach().float().cpu(),
+            timings=timings,
+            memory=dict(telemetry.memory),
+            metadata=metadata,
+            events=list(telemetry.events),
+            step_seconds=telemetry.step_seconds(),
+        )
+
+    def _sample_rate(self) -> int:
+        vocoder = getattr(self.model.pipeline, "vocoder", None)
+        return int(vocoder.config.output_sampling_rate)
+
+    def __repr__(self) -> str:
+        return (
+            f"Session(model={self.model.name!r}, family={self.family.name!r}, device={self.device}, "
+            f"dtype={self.dtype}, init={self.init_seconds:.2f}s)"
+        )
+
+
+def _to_uint8(frames: np.ndarray) -> np.ndarray:
+    """Float frames in [0, 1] to uint8, rounding (not truncating) so mid-grey stays mid-grey."""
+    return np.clip(np.rint(frames * 255.0), 0, 255).astype(np.uint8)
+
+
+def _device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        torch_device = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"device: {device!r} is not a device; allowed: auto, cpu, cuda, cuda:N") from error
+    if torch_device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: {device!r}; allowed: auto, cpu, cuda, cuda:N")
+    if torch_device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device: {device!r} requested but this machine has no CUDA device")
+    return torch_device
+
+
+def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype: {dtype!r}; allowed: {sorted(DTYPES)}")
+
+
+class _maybe_sampler:
+    """An NVML sampler when pynvml can reach the driver; without NVML the summary is simply empty."""
+
+    def __init__(self, device: torch.device, telemetry: Telemetry):
+        self.device, self.telemetry, self.sampler = device, telemetry, None
+
+    def __enter__(self) -> Any:
+        try:
+            self.sampler = NvmlSampler(self.device.index or 0, self.telemetry).__enter__()
+        except Exception as error:  # NVML missing in a container is a reportable fact, not a failure
+            self.telemetry.emit("sample", error=repr(error))
+            return None
+        return self.sampler
+
+    def __exit__(self, *exc: object) -> None:
+        if self.sampler is not None:
+            self.sampler.__exit__(*exc)

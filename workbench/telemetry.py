@@ -1,0 +1,198 @@
+"""Stage timing, per-stage memory peaks and device samples, emitted as events while a request runs.
+
+On a GPU, intervals are CUDA events (the host-side clock would measure kernel launches, not work) and
+each stage end synchronises once so live plots and memory peaks are true; per-step events are read
+back after the request without extra synchronisation. On the CPU, `perf_counter`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+STAGES = ("text_encode", "image_encode", "denoise", "video_decode", "audio_decode", "mux")
+
+
+@dataclass
+class Event:
+    """`kind` is one of stage_start, stage_end, step, sample, request_end; `t` is seconds since request start."""
+
+    kind: str
+    t: float
+    stage: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Subscriber = Callable[[Event], None]
+
+
+class Telemetry:
+    """One request's clock. Subscribers are called on the thread that runs the request."""
+
+    def __init__(self, device: torch.device, subscribers: list[Subscriber] | None = None):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.subscribers = list(subscribers or [])
+        self.events: list[Event] = []
+        self.timings: dict[str, float] = defaultdict(float)
+        self.memory: dict[str, int] = {}
+        self.steps: list[tuple[int, Any, Any]] = []  # (index, start marker, end marker)
+        self.subscriber_errors: list[str] = []
+        self._t0 = time.perf_counter()
+        self._origin = self._marker()
+        self._open: dict[str, tuple[Any, int]] = {}
+
+    # -- clock ---------------------------------------------------------------------------------
+    def _marker(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _seconds(self, start: Any, end: Any) -> float:
+        if self.cuda:
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0
+        return end - start
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    # -- events --------------------------------------------------------------------------------
+    def emit(self, kind: str, stage: str | None = None, **data: Any) -> None:
+        event = Event(kind, self.now(), stage, data)
+        self.events.append(event)
+        for callback in self.subscribers:
+            try:
+                callback(event)
+            except Exception as error:  # a broken plot must not break the request it watches
+                self.subscriber_errors.append(f"{getattr(callback, '__name__', callback)}: {error!r}")
+
+    # -- stages --------------------------------------------------------------------------------
+    def begin(self, stage: str) -> None:
+        if stage in self._open:
+            return  # re-entrant: an inner call of the same stage belongs to the outer interval
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._open[stage] = (self._marker(), self._allocated())
+        self.emit("stage_start", stage)
+
+    def end(self, stage: str) -> None:
+        if stage not in self._open:
+            return
+        start, _ = self._open.pop(stage)
+        seconds = self._seconds(start, self._marker())
+        self.timings[stage] += seconds
+        data: dict[str, Any] = {"seconds": seconds}
+        if self.cuda:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self.memory[stage] = max(self.memory.get(stage, 0), peak)
+            data["peak_bytes"] = peak
+        self.emit("stage_end", stage, **data)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        self.begin(name)
+        try:
+            yield
+        finally:
+            self.end(name)
+
+    def is_open(self, stage: str) -> bool:
+        return stage in self._open
+
+    def step(self, index: int, start: Any) -> Any:
+        """Close denoising step `index` that began at marker `start`; returns the marker that ends it."""
+        end = self._marker()
+        self.steps.append((index, start, end))
+        self.emit("step", "denoise", index=index)
+        return end
+
+    def marker(self) -> Any:
+        return self._marker()
+
+    def step_seconds(self) -> list[float]:
+        return [self._seconds(start, end) for _, start, end in self.steps]
+
+    def _allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.cuda else 0
+
+    def finish(self) -> float:
+        """Total request seconds on the device clock; emits request_end."""
+        total = self._seconds(self._origin, self._marker())
+        self.emit("request_end", total=total)
+        return total
+
+
+class NvmlSampler:
+    """Samples device-wide memory, temperature, SM clock and throttle reasons on a background thread.
+
+    Device-wide readings show what the allocator cannot: other processes on a shared GPU, and thermal
+    or power throttling that invalidates a speed claim.
+    """
+
+    def __init__(self, device_index: int, telemetry: Telemetry, period_s: float = 0.1):
+        import pynvml
+
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        self._telemetry = telemetry
+        self._period = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+        self.samples: list[dict[str, Any]] = []
+
+    def __enter__(self) -> NvmlSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._nvml.nvmlShutdown()
+
+    def read(self) -> dict[str, Any]:
+        nv, h = self._nvml, self._handle
+        memory = nv.nvmlDeviceGetMemoryInfo(h)
+        return {
+            "t": self._telemetry.now(),
+            "used_bytes": int(memory.used),
+            "temperature_c": int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+            "sm_clock_mhz": int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            "throttle_reasons": int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)),
+            "processes": len(nv.nvmlDeviceGetComputeRunningProcesses(h)),
+        }
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self.read())
+            self._stop.wait(self._period)
+
+
+def summarize_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Peaks and flags over a request's NVML samples (empty when there was no sampler)."""
+    if not samples:
+        return {}
+    # Idle and application-clock settings are not throttling; anything else (power, thermal, ...) is.
+    benign = 0x1 | 0x2  # GpuIdle, ApplicationsClocksSetting
+    return {
+        "count": len(samples),
+        "peak_used_bytes": max(s["used_bytes"] for s in samples),
+        "max_temperature_c": max(s["temperature_c"] for s in samples),
+        "min_sm_clock_mhz": min(s["sm_clock_mhz"] for s in samples),
+        "max_sm_clock_mhz": max(s["sm_clock_mhz"] for s in samples),
+        "throttled_samples": sum(1 for s in samples if s["throttle_reasons"] & ~benign),
+        "max_processes": max(s["processes"] for s in samples),
+    }
