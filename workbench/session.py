@@ -16,7 +16,7 @@ import torch
 
 from workbench import environment
 from workbench.models import resolve
-from workbench.models.loaded import LoadedModel, cast_components
+from workbench.models.loaded import LoadedModel
 from workbench.probes import stage_probes
 from workbench.request import Request
 from workbench.result import Result
@@ -56,9 +56,10 @@ class Session:
         start = time.perf_counter()
         torch_device = _device(device)
         torch_dtype = _dtype(dtype, torch_device)
-        loaded = model if isinstance(model, LoadedModel) else resolve(model, seed=seed, dtype=torch_dtype)
-        if not isinstance(model, LoadedModel) and str(model).startswith("tiny-"):
-            cast_components(loaded.pipeline, torch_dtype)  # loaded checkpoints arrive in torch_dtype already
+        if isinstance(model, LoadedModel):
+            loaded = model
+        else:
+            loaded = resolve(model, seed=seed, dtype=torch_dtype, device=torch_device)
         loaded.pipeline.to(device=torch_device)
         if torch_device.type == "cuda":
             torch.cuda.synchronize(torch_device)

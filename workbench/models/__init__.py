@@ -8,9 +8,10 @@ from pathlib import Path
 
 import torch
 
-from workbench.models.loaded import LoadedModel
+from workbench.models.loaded import LoadedModel, cast_components
 
 TINY_MODELS = ("tiny-wan", "tiny-wan22", "tiny-ltx2")
+RANDOM_MODELS = ("random-wan-1.3b",)  # real shapes, random weights: for GPU timing only
 PIPELINE_FAMILIES = {"WanPipeline": "wan", "LTX2Pipeline": "ltx2"}
 
 
@@ -21,20 +22,26 @@ def families() -> dict[str, object]:
     return {wan.FAMILY.name: wan.FAMILY, ltx2.FAMILY.name: ltx2.FAMILY}
 
 
-def resolve(name: str | Path, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
-    """Build a tiny model by name, or load a local diffusers-format directory."""
+def resolve(
+    name: str | Path, seed: int = 0, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"
+) -> LoadedModel:
+    """Build a model by name (cast like `from_pretrained(torch_dtype=dtype)`), or load a local directory."""
     from workbench.models import ltx2, wan
 
-    tiny: dict[str, Callable[[int], LoadedModel]] = {
+    built: dict[str, Callable[[int], LoadedModel]] = {
         "tiny-wan": wan.tiny,
         "tiny-wan22": wan.tiny22,
         "tiny-ltx2": ltx2.tiny,
+        "random-wan-1.3b": lambda seed: wan.random_1_3b(seed, device=device),
     }
-    if str(name) in tiny:
-        return tiny[str(name)](seed)
+    if str(name) in built:
+        model = built[str(name)](seed)
+        cast_components(model.pipeline, dtype)
+        return model
     path = Path(name)
     if not path.is_dir():
-        raise ValueError(f"model: {str(name)!r} is neither a known name {TINY_MODELS} nor a local directory")
+        known = TINY_MODELS + RANDOM_MODELS
+        raise ValueError(f"model: {str(name)!r} is neither a known name {known} nor a local directory")
     index = path / "model_index.json"
     class_name = json.loads(index.read_text()).get("_class_name") if index.is_file() else None
     if class_name not in PIPELINE_FAMILIES:

@@ -99,6 +99,47 @@ def tiny22(seed: int = 0) -> LoadedModel:
     return LoadedModel("tiny-wan22", FAMILY, pipe, TINY_DEFAULTS, {"max_sequence_length": 32})
 
 
+def random_1_3b(seed: int = 0, device: str | torch.device = "cpu") -> LoadedModel:
+    """Wan2.1-T2V-1.3B shapes with random weights, for timing on a GPU without a checkpoint.
+
+    Transformer and VAE have the real configuration. The UMT5-XXL text encoder is shape-reduced to two
+    layers at its real width (4096): only its output width reaches the transformer, and its time is a
+    few milliseconds of a request either way; the text_encode stage of this model is therefore not
+    representative. Built directly on `device` so a GPU initialises 1.4 B parameters in seconds.
+    """
+    with torch.device(device):
+        torch.manual_seed(seed)
+        transformer = WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            num_attention_heads=12,
+            attention_head_dim=128,
+            in_channels=16,
+            out_channels=16,
+            text_dim=4096,
+            freq_dim=256,
+            ffn_dim=8960,
+            num_layers=30,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+            rope_max_seq_len=1024,
+        )
+        vae = AutoencoderKLWan()  # the Wan2.1 VAE configuration is the class default
+        text_encoder = UMT5EncoderModel(
+            UMT5Config(
+                vocab_size=128, d_model=4096, d_kv=64, d_ff=10240, num_layers=2, num_heads=64, is_encoder_decoder=False
+            )
+        )
+    pipe = WanPipeline(
+        tokenizer=build_tokenizer(128, model_max_length=512),
+        text_encoder=text_encoder.eval(),
+        vae=vae.eval(),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        transformer=transformer.eval(),
+    )
+    return LoadedModel("random-wan-1.3b", FAMILY, pipe, dict(FAMILY.defaults), {})
+
+
 def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
     pipe = load_pipeline(path, FAMILY.pipeline_class, dtype)
     return LoadedModel(str(path), FAMILY, pipe, *read_workbench_file(path, FAMILY))
