@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from workbench import environment
+from workbench.accelerations import REGISTRY, install
+from workbench.accelerations.base import Handle
 from workbench.models import resolve
 from workbench.models.loaded import LoadedModel
 from workbench.probes import stage_probes
@@ -40,6 +42,8 @@ class Session:
         self._subscribers: list[Callable[[Event], None]] = []
         self._request_ids = itertools.count(1)
         self.active_request: int | None = None
+        self.accelerations: dict[str, dict[str, Any]] = {}  # what is installed, options filled in
+        self._handles: list[Handle] = []
 
     @classmethod
     def open(
@@ -48,10 +52,12 @@ class Session:
         device: str = "auto",
         dtype: str | torch.dtype | None = None,
         seed: int = 0,
+        accelerations: dict[str, Any] | None = None,
     ) -> Session:
         """Load `model` (a name such as `tiny-ltx2`, a local diffusers directory, or a LoadedModel) once.
 
         `device` is `auto`, `cpu`, `cuda` or `cuda:N`; `dtype` defaults to bfloat16 on CUDA, float32 on CPU.
+        `accelerations` is installed after loading (see `accelerate`).
         """
         start = time.perf_counter()
         torch_device = _device(device)
@@ -63,7 +69,10 @@ class Session:
         loaded.pipeline.to(device=torch_device)
         if torch_device.type == "cuda":
             torch.cuda.synchronize(torch_device)
-        return cls(loaded, torch_device, torch_dtype, time.perf_counter() - start)
+        session = cls(loaded, torch_device, torch_dtype, time.perf_counter() - start)
+        if accelerations:
+            session.accelerate(accelerations)
+        return session
 
     @property
     def family(self) -> Any:
@@ -73,6 +82,31 @@ class Session:
         """Call `callback(event)` for every telemetry event of later requests; returns an unsubscribe."""
         self._subscribers.append(callback)
         return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
+
+    def accelerate(self, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Replace the installed accelerations with `config` ({name: options}); `{}` removes them all.
+
+        All or nothing: every option, capability and conflict is checked before anything changes; if
+        activating one plugin fails, the ones already activated are removed and the previous set is
+        put back, so the model is as it was. Refused while a request runs. Returns what is installed.
+        """
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(f"accelerate: refused while request {self.active_request} runs")
+        try:
+            prepared = install.plan(REGISTRY, self.model, config, self.device)
+            previous = install.plan(REGISTRY, self.model, self.accelerations, self.device)
+            install.uninstall(self._handles)
+            self._handles = []
+            try:
+                handles = install.activate(prepared)
+            except BaseException:
+                self._handles = install.activate(previous)
+                raise
+            self._handles = handles
+            self.accelerations = {p.spec.name: p.options for p in prepared}
+            return dict(self.accelerations)
+        finally:
+            self._lock.release()
 
     def resolve(self, request: Request) -> Request:
         return request.resolved(self.family, self.model.defaults)
@@ -101,6 +135,9 @@ class Session:
         telemetry = Telemetry(self.device, self._subscribers)
         kwargs = {**self.family.call_kwargs(request), **self.model.call_overrides}
         with ExitStack() as stack:
+            for handle in self._handles:
+                handle.begin_request(request_id, request.steps)
+                stack.callback(handle.end_request, request_id)
             sampler = None
             if self.device.type == "cuda":
                 sampler = stack.enter_context(_maybe_sampler(self.device, telemetry))
@@ -116,6 +153,7 @@ class Session:
                 )
             total = telemetry.finish()
             samples = sampler.samples if sampler is not None else []
+        receipts = {handle.spec.name: handle.report() for handle in self._handles}
         timings = dict(telemetry.timings)
         timings["other"] = max(0.0, total - sum(timings.values()))
         timings["total"] = total
@@ -127,6 +165,7 @@ class Session:
             "dtype": str(self.dtype).removeprefix("torch."),
             "init_seconds": self.init_seconds,
             "request": request.to_dict(),
+            "accelerations": dict(self.accelerations),
             "nvml": summarize_samples(samples),
             "subscriber_errors": telemetry.subscriber_errors,
             **environment.describe(self.device),
@@ -139,6 +178,8 @@ class Session:
             latents=None if clock.latents is None else clock.latents.detach().float().cpu(),
             timings=timings,
             memory=dict(telemetry.memory),
+            receipts=receipts,
+            exact=not any(r["contract"] == "approximate" and r["executed"] for r in receipts.values()),
             metadata=metadata,
             events=list(telemetry.events),
             step_seconds=telemetry.step_seconds(),

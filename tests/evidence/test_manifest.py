@@ -1,0 +1,114 @@
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from workbench.evidence.manifest import load_manifest
+
+SHIPPED = Path(__file__).resolve().parents[2] / "data_manifests"
+
+
+def _case(seed, **extra):
+    return {"prompt": "a red circle moves left", "seed": seed, "frames": 9, "height": 64, "width": 64, "steps": 2,
+            "mode": "t2v", **extra}  # fmt: skip
+
+
+def _write(folder, calibration=None, test=None, **top):
+    raw = {
+        "name": "unit",
+        "version": 1,
+        "model": "tiny-wan",
+        "calibration": [_case(11), _case(12)] if calibration is None else calibration,
+        "test": [_case(42), _case(43)] if test is None else test,
+        **top,
+    }
+    path = folder / "suite.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def _pinned(folder, rng, name="ref_42.bin", size=4096):
+    reference = folder / "refs" / name
+    reference.parent.mkdir(exist_ok=True)
+    reference.write_bytes(rng.bytes(size))
+    data = reference.read_bytes()
+    return reference, {"path": f"refs/{name}", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+@pytest.mark.parametrize(
+    ("name", "frames", "height", "width", "steps"),
+    [("tiny-smoke", 9, 64, 64, 2), ("wan-1.3b-480p", 81, 480, 832, 16)],
+)
+def test_shipped_manifests_load_with_apart_seeds(name, frames, height, width, steps):
+    manifest = load_manifest(SHIPPED / f"{name}.json")
+    assert manifest.name == name
+    assert [c.seed for c in manifest.calibration] == [11, 12] and [c.seed for c in manifest.test] == [42, 43]
+    for case in manifest.calibration + manifest.test:
+        assert (case.frames, case.height, case.width, case.steps, case.mode) == (frames, height, width, steps, "t2v")
+        request = case.to_request()
+        assert (request.prompt, request.seed, request.frames) == (case.prompt, case.seed, frames)
+    assert manifest.sha256 == hashlib.sha256((SHIPPED / f"{name}.json").read_bytes()).hexdigest()
+
+
+def test_manifest_verifies_references_and_refuses_an_edited_file(tmp_path, rng):
+    reference, pin = _pinned(tmp_path, rng)
+    path = _write(tmp_path, test=[_case(42, reference=pin), _case(43)])
+    manifest = load_manifest(path)
+    assert manifest.test[0].reference.path == tmp_path / "refs" / "ref_42.bin"
+    assert manifest.test[0].reference.sha256 == pin["sha256"] and manifest.test[1].reference is None
+    edited = bytearray(reference.read_bytes())
+    edited[1234] ^= 0xFF  # same size, one byte changed
+    reference.write_bytes(bytes(edited))
+    with pytest.raises(
+        ValueError, match=rf"test\[0\].reference: reference file {re.escape(str(reference))} has SHA-256"
+    ):
+        load_manifest(path)
+    reference.write_bytes(bytes(edited[:-1]))
+    with pytest.raises(ValueError, match=rf"{re.escape(str(reference))} has 4095 bytes, the manifest pins 4096"):
+        load_manifest(path)
+    reference.unlink()
+    with pytest.raises(
+        ValueError, match=rf"test\[0\].reference.path: reference file {re.escape(str(reference))} is missing"
+    ):
+        load_manifest(path)
+
+
+def test_manifest_refuses_absolute_reference_paths(tmp_path, rng):
+    reference, pin = _pinned(tmp_path, rng)
+    path = _write(tmp_path, test=[_case(42, reference={**pin, "path": str(reference)})])
+    with pytest.raises(ValueError, match=r"test\[0\].reference.path: must be relative"):
+        load_manifest(path)
+
+
+def test_manifest_refuses_overlapping_calibration_and_test_seeds(tmp_path):
+    path = _write(tmp_path, calibration=[_case(11), _case(42)])
+    with pytest.raises(ValueError, match=r"seed: calibration and test cases share seed\(s\) \[42\]"):
+        load_manifest(path)
+
+
+@pytest.mark.parametrize(
+    ("top", "test", "field"),
+    [
+        ({"version": 0}, None, "version"),
+        ({"model": ""}, None, "model"),
+        ({"owner": "me"}, None, r"manifest: unknown field\(s\) \['owner'\]"),
+        ({}, [], "test"),
+        ({}, [_case(42, frames="9")], r"test\[0\].frames"),
+        ({}, [_case(-1)], r"test\[0\].seed"),
+        ({}, [_case(42, prompt=" ")], r"test\[0\].prompt"),
+        ({}, [_case(42, guidance=5.0)], r"test\[0\]: unknown field\(s\) \['guidance'\]"),
+        ({}, [_case(42, reference={"path": "x", "size": 1, "sha256": "ABC"})], r"test\[0\].reference.sha256"),
+    ],
+)
+def test_manifest_bad_field_raises_naming_it(tmp_path, top, test, field):
+    with pytest.raises(ValueError, match=f"^{field}"):
+        load_manifest(_write(tmp_path, test=test, **top))
+
+
+def test_manifest_missing_field_raises_naming_it(tmp_path):
+    case = _case(42)
+    del case["steps"]
+    with pytest.raises(ValueError, match=r"^test\[0\].steps: missing"):
+        load_manifest(_write(tmp_path, test=[case]))

@@ -1,0 +1,38 @@
+"""One registry of accelerations. Each technique lives in its own module and registers one `Spec`.
+
+`available()` is what the widgets panel and the CLI read; nothing else lists plugins.
+"""
+
+from __future__ import annotations
+
+from workbench.accelerations import (
+    attention_backend,
+    cross_kv_cache,
+    diffusers_caches,
+    easycache,
+    fused_qkv,
+)
+from workbench.accelerations.base import CONTRACTS, Handle, Option, Prepared, Receipt, Spec, fingerprint
+from workbench.accelerations.install import plan
+
+_MODULES = (attention_backend, fused_qkv, cross_kv_cache, easycache, diffusers_caches)
+REGISTRY: dict[str, Spec] = {spec.name: spec for module in _MODULES for spec in module.SPECS}
+
+
+def available() -> dict[str, Spec]:
+    """Every registered acceleration by name (each `Spec` has `contract`, `options`, `describe()`)."""
+    return dict(REGISTRY)
+
+
+__all__ = [
+    "CONTRACTS",
+    "REGISTRY",
+    "Handle",
+    "Option",
+    "Prepared",
+    "Receipt",
+    "Spec",
+    "available",
+    "fingerprint",
+    "plan",
+]

@@ -1,0 +1,81 @@
+"""Choose the dense attention kernel through diffusers' dispatcher (contract: reduction).
+
+Another kernel computes the same softmax attention with a different reduction order. The receipt
+counts calls that reached the chosen backend's function, so a configured-but-bypassed backend shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers.models.attention_dispatch import (
+    AttentionBackendName,
+    _AttentionBackendRegistry,
+    _check_attention_backend_requirements,
+)
+
+from workbench.accelerations.base import Handle, Option, Spec
+
+ALIASES = {"cudnn": "_native_cudnn", "math": "_native_math", "efficient": "_native_efficient"}
+# Hub backends download kernels at first use; this workbench never reaches the network.
+BACKENDS = tuple(
+    sorted(
+        b.value
+        for b in AttentionBackendName
+        if not b.value.endswith("_hub") and b.value in _AttentionBackendRegistry._backends
+    )
+)
+CUDA_ONLY = ("cudnn", "flash", "efficient", "sage", "xformers", "aiter", "npu", "xla")
+
+
+class _Installed(Handle):
+    def __init__(self, spec: Spec, options: dict[str, Any], modules: list[torch.nn.Module], backend: str):
+        super().__init__(spec, options, proof=("attention_calls",))
+        self.modules = modules
+        self.backend = AttentionBackendName(backend)
+        self.previous_active = _AttentionBackendRegistry._active_backend
+        self.original_fn = _AttentionBackendRegistry._backends[self.backend]
+        receipt = self.receipt
+
+        def counted(**kwargs: Any) -> Any:
+            receipt.counters["attention_calls"] += 1
+            return self.original_fn(**kwargs)
+
+        for module in modules:
+            module.set_attention_backend(backend)
+        _AttentionBackendRegistry._backends[self.backend] = counted
+
+    def _remove(self) -> None:
+        _AttentionBackendRegistry._backends[self.backend] = self.original_fn
+        for module in self.modules:
+            module.reset_attention_backend()
+        _AttentionBackendRegistry.set_active_backend(self.previous_active)
+
+
+def _prepare(model: Any, options: dict[str, Any], device: torch.device):
+    backend = ALIASES.get(options["backend"], options["backend"])
+    if device.type != "cuda" and any(tag in backend for tag in CUDA_ONLY):
+        raise RuntimeError(
+            f"attention_backend.backend={options['backend']!r} needs CUDA; this session runs on {device}"
+        )
+    try:
+        _check_attention_backend_requirements(AttentionBackendName(backend))
+    except RuntimeError as error:
+        raise RuntimeError(f"attention_backend.backend={options['backend']!r} cannot run here: {error}") from error
+    modules = model.denoisers()
+    return lambda: _Installed(SPEC, options, modules, backend)
+
+
+SPEC = Spec(
+    name="attention_backend",
+    contract="reduction",
+    summary="dense attention through a chosen diffusers backend (cuDNN, flash, flex, math, ...)",
+    prepare_fn=_prepare,
+    options=(
+        Option("backend", str, "native", allowed=tuple(ALIASES) + BACKENDS, help="diffusers backend name or alias"),
+    ),
+    touches=("attention_processor.backend",),
+    order=20,
+)
+SPECS = (SPEC,)

@@ -1,0 +1,215 @@
+"""The plugin contract: options with validation, capabilities, an activated handle, and receipts.
+
+Life cycle (seed 004): `Spec.prepare(model, options)` validates and mutates nothing and returns a
+`Prepared`; `Prepared.activate()` mutates and returns a `Handle`; `Handle.uninstall()` restores the
+model exactly. Receipts count what actually ran in a request: installed is not executed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+CONTRACTS = ("bitwise", "rounding", "reduction", "approximate")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One plugin option: its type, default and allowed values or range."""
+
+    name: str
+    kind: type | tuple[type, ...]
+    default: Any
+    allowed: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    required: bool = False
+    help: str = ""
+
+    def check(self, plugin: str, value: Any) -> Any:
+        where = f"{plugin}.{self.name}"
+        if value is None and self.required:
+            raise ValueError(f"{where}: required; give it explicitly")
+        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            names = "/".join(k.__name__ for k in kinds)
+            raise ValueError(f"{where}: expected {names}, got {type(value).__name__} {value!r}")
+        if self.allowed is not None and value not in self.allowed:
+            raise ValueError(f"{where}: {value!r} is not allowed; allowed: {list(self.allowed)}")
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"{where}: {value!r} is below the minimum {self.minimum}")
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(f"{where}: {value!r} is above the maximum {self.maximum}")
+        return value
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "type": self.kind.__name__ if isinstance(self.kind, type) else [k.__name__ for k in self.kind],
+            "default": self.default,
+            "allowed": None if self.allowed is None else list(self.allowed),
+            "minimum": self.minimum,
+            "maximum": self.maximum,
+            "required": self.required,
+            "help": self.help,
+        }
+
+
+@dataclass
+class Receipt:
+    """What a plugin did in one request. `executed` is true only if a counter in `proof` is non-zero."""
+
+    proof: tuple[str, ...]
+    counters: Counter = field(default_factory=Counter)
+    fallbacks: Counter = field(default_factory=Counter)  # reason -> count
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def executed(self) -> bool:
+        return any(self.counters[key] > 0 for key in self.proof)
+
+    def reset(self) -> None:
+        self.counters.clear()
+        self.fallbacks.clear()
+        self.notes.clear()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "executed": self.executed,
+            **{key: int(value) for key, value in sorted(self.counters.items())},
+            "fallbacks": dict(self.fallbacks),
+            **({"notes": dict(self.notes)} if self.notes else {}),
+        }
+
+
+class Handle:
+    """An installed plugin. Subclasses undo their mutation in `_remove` and may keep request state."""
+
+    def __init__(self, spec: Spec, options: dict[str, Any], proof: tuple[str, ...]):
+        self.spec = spec
+        self.options = options
+        self.receipt = Receipt(proof)
+        self.installed = True
+
+    def begin_request(self, request_id: int, steps: int) -> None:
+        """Called before each request; per-request state starts empty."""
+        self.receipt.reset()
+
+    def end_request(self, request_id: int) -> None:
+        """Called after each request, on success and on exception: release per-request state."""
+
+    def uninstall(self) -> None:
+        if self.installed:
+            self._remove()
+            self.installed = False
+
+    def _remove(self) -> None:
+        raise NotImplementedError
+
+    def report(self) -> dict[str, Any]:
+        return {"contract": self.spec.contract, "options": self.options, **self.receipt.to_dict()}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated plan: nothing has changed yet; `activate()` makes the change."""
+
+    spec: Spec
+    options: dict[str, Any]
+    activate: Callable[[], Handle]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A registered acceleration.
+
+    `group`: at most one plugin per group may be installed (two feature caches would fight over the
+    same skipped work). `touches`: the model resources a plugin mutates; two plugins touching the same
+    resource conflict. `order`: installation order, so a set does not depend on dict order.
+    """
+
+    name: str
+    contract: str
+    summary: str
+    prepare_fn: Callable[[Any, dict[str, Any], torch.device], Callable[[], Handle]]
+    options: tuple[Option, ...] = ()
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    families: tuple[str, ...] | None = None
+    group: str | None = None
+    touches: tuple[str, ...] = ()
+    order: int = 50
+
+    def __post_init__(self) -> None:
+        if self.contract not in CONTRACTS:
+            raise ValueError(f"{self.name}: contract {self.contract!r}; allowed: {CONTRACTS}")
+
+    def validate(self, options: dict[str, Any] | None) -> dict[str, Any]:
+        """Options with defaults filled in; unknown names and bad values raise ValueError naming them."""
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            raise ValueError(f"{self.name}: options must be a dict, got {type(options).__name__}")
+        known = {o.name: o for o in self.options}
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"{self.name}: unknown option(s) {unknown}; allowed: {sorted(known)}")
+        return {name: o.check(self.name, options.get(name, o.default)) for name, o in known.items()}
+
+    def check_capabilities(self, model: Any, device: torch.device) -> None:
+        """A valid request this machine or model cannot run is a RuntimeError naming what is missing."""
+        if device.type not in self.devices:
+            raise RuntimeError(f"{self.name}: needs a device of type {self.devices}; this session runs on {device}")
+        if self.families is not None and model.family.name not in self.families:
+            raise RuntimeError(f"{self.name}: supports families {self.families}, not {model.family.name!r}")
+
+    def prepare(self, model: Any, options: dict[str, Any], device: torch.device) -> Prepared:
+        return Prepared(self, options, self.prepare_fn(model, options, device))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "contract": self.contract,
+            "summary": self.summary,
+            "options": {o.name: o.describe() for o in self.options},
+            "devices": list(self.devices),
+            "families": None if self.families is None else list(self.families),
+            "group": self.group,
+        }
+
+
+def drop_restored_forwards(root: torch.nn.Module) -> None:
+    """diffusers' hook registry restores a module's forward as an instance attribute bound to the
+    class method; remove those so an uninstalled model is the original object graph again."""
+    for module in root.modules():
+        forward = module.__dict__.get("forward")
+        if forward is not None and getattr(forward, "__func__", None) is type(module).forward:
+            del module.forward
+
+
+def fingerprint(module: torch.nn.Module) -> dict[str, Any]:
+    """What uninstall must restore: a hash of the state dict, every module's type, and any hooks or
+    instance-level forward overrides left behind."""
+    digest = hashlib.sha256()
+    for key, tensor in sorted(module.state_dict().items()):
+        data = tensor.detach().cpu().contiguous()
+        digest.update(f"{key}|{data.dtype}|{tuple(data.shape)}".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    leftovers = []
+    for name, sub in module.named_modules():
+        registry = getattr(sub, "_diffusers_hook", None)
+        if sub._forward_hooks or sub._forward_pre_hooks or "forward" in sub.__dict__:
+            leftovers.append(f"{name or '<root>'}: torch hook or forward override")
+        if registry is not None and registry.hooks:
+            leftovers.append(f"{name or '<root>'}: diffusers hooks {list(registry.hooks)}")
+        if getattr(sub, "_compiled_call_impl", None) is not None:
+            leftovers.append(f"{name or '<root>'}: compiled")
+    return {
+        "state_dict_sha256": digest.hexdigest(),
+        "module_types": tuple((name, type(sub).__qualname__) for name, sub in module.named_modules()),
+        "leftovers": tuple(leftovers),
+    }

@@ -1,0 +1,65 @@
+"""Installing a set of accelerations: all of it or none of it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from workbench.accelerations.base import Handle, Prepared, Spec
+
+
+def plan(registry: dict[str, Spec], model: Any, config: dict[str, Any], device: torch.device) -> list[Prepared]:
+    """Validate every option, then capabilities, then conflicts, then prepare; nothing is mutated.
+
+    Options are checked before capabilities so a bad option is a ValueError on any machine, and a good
+    option this machine cannot run is a RuntimeError.
+    """
+    if not isinstance(config, dict):
+        raise ValueError(f"accelerations: expected a dict of name -> options, got {type(config).__name__}")
+    unknown = sorted(set(config) - set(registry))
+    if unknown:
+        raise ValueError(f"accelerations: unknown {unknown}; available: {sorted(registry)}")
+    chosen = sorted((registry[name] for name in config), key=lambda spec: (spec.order, spec.name))
+    options = {spec.name: spec.validate(config[spec.name]) for spec in chosen}
+    for spec in chosen:
+        spec.check_capabilities(model, device)
+    _check_conflicts(chosen)
+    return [spec.prepare(model, options[spec.name], device) for spec in chosen]
+
+
+def _check_conflicts(chosen: list[Spec]) -> None:
+    groups: dict[str, str] = {}
+    resources: dict[str, str] = {}
+    for spec in chosen:
+        if spec.group is not None:
+            if spec.group in groups:
+                raise ValueError(
+                    f"accelerations: {groups[spec.group]!r} and {spec.name!r} are both {spec.group} plugins; "
+                    "install at most one"
+                )
+            groups[spec.group] = spec.name
+        for resource in spec.touches:
+            if resource in resources:
+                raise ValueError(
+                    f"accelerations: {resources[resource]!r} and {spec.name!r} both modify {resource}; "
+                    "they cannot be installed together"
+                )
+            resources[resource] = spec.name
+
+
+def activate(prepared: list[Prepared]) -> list[Handle]:
+    """Activate in order; if one fails, uninstall the ones already active (reverse order) and re-raise."""
+    handles: list[Handle] = []
+    try:
+        for item in prepared:
+            handles.append(item.activate())
+    except BaseException:
+        uninstall(handles)
+        raise
+    return handles
+
+
+def uninstall(handles: list[Handle]) -> None:
+    for handle in reversed(handles):
+        handle.uninstall()

@@ -1,0 +1,1 @@
+"""Qualification evidence: paired timing statistics, verdicts, frozen suites and atomic records."""

@@ -1,0 +1,181 @@
+"""Frozen prompt/seed suites (`data_manifests/*.json`): what a qualification run generates and compares.
+
+Schema: {"name": str, "version": int >= 1, "model": str, optional "description": str,
+"calibration": [case, ...], "test": [case, ...]}; a case is {"prompt": str, "seed": int >= 0,
+"frames", "height", "width", "steps": int >= 1, "mode": str, optional "reference": {"path": str,
+"size": int, "sha256": str}}. Reference paths are relative to the manifest file.
+
+Calibration cases tune a technique (thresholds, FP8 scales); test cases judge it. A seed in both would
+let a technique be judged on what it was tuned on, so loading refuses a manifest where they overlap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.request import Request
+
+_TOP = {"name", "version", "model", "description", "calibration", "test"}
+_CASE_INTS = {"seed": 0, "frames": 1, "height": 1, "width": 1, "steps": 1}  # field -> minimum
+_CASE = {"prompt", "mode", "reference", *_CASE_INTS}
+_REFERENCE = {"path", "size", "sha256"}
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A reference output file a case is compared against, pinned by size and SHA-256."""
+
+    path: Path  # resolved against the manifest's folder
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Case:
+    """One request of a suite: everything that decides the output except the model."""
+
+    prompt: str
+    seed: int
+    frames: int
+    height: int
+    width: int
+    steps: int
+    mode: str
+    reference: Reference | None = None
+
+    def to_request(self) -> Request:
+        """The `workbench.Request` this case stands for (guidance, fps etc. left to the model's defaults)."""
+        return Request(
+            self.prompt,
+            seed=self.seed,
+            frames=self.frames,
+            height=self.height,
+            width=self.width,
+            steps=self.steps,
+            mode=self.mode,
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A loaded, validated suite; `sha256` is the hash of the manifest file's bytes, for records."""
+
+    name: str
+    version: int
+    model: str
+    description: str
+    calibration: tuple[Case, ...]
+    test: tuple[Case, ...]
+    path: Path
+    sha256: str
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Read and validate a manifest, and verify every referenced file's size and SHA-256.
+
+    A bad or unknown field is a ValueError naming it (e.g. `test[1].seed`); a missing, absolute or changed
+    reference file is a ValueError naming its path; so is a seed used by both calibration and test cases.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        raw = json.loads(data)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"manifest: {path} is not valid JSON ({error})") from error
+    if not isinstance(raw, dict):
+        raise ValueError(f"manifest: {path} must hold a JSON object, got {type(raw).__name__}")
+    _check_keys("manifest", raw, _TOP, required=_TOP - {"description"})
+    for name in ("name", "model"):
+        _check_str(name, raw[name])
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        raise ValueError(f"description: must be a string, got {description!r}")
+    _check_int("version", raw["version"], minimum=1)
+    splits = {}
+    for split in ("calibration", "test"):
+        cases = raw[split]
+        if not isinstance(cases, list) or (split == "test" and not cases):
+            raise ValueError(f"{split}: must be a list of cases{' (at least one)' if split == 'test' else ''}")
+        splits[split] = tuple(_case(f"{split}[{i}]", case, path.parent) for i, case in enumerate(cases))
+    shared = sorted({c.seed for c in splits["calibration"]} & {c.seed for c in splits["test"]})
+    if shared:
+        raise ValueError(f"seed: calibration and test cases share seed(s) {shared}; keep calibration seeds apart")
+    return Manifest(
+        name=raw["name"],
+        version=raw["version"],
+        model=raw["model"],
+        description=description,
+        calibration=splits["calibration"],
+        test=splits["test"],
+        path=path,
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+
+
+def _case(where: str, raw: Any, folder: Path) -> Case:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: must be an object, got {type(raw).__name__}")
+    _check_keys(where, raw, _CASE, required=_CASE - {"reference"})
+    _check_str(f"{where}.prompt", raw["prompt"])
+    _check_str(f"{where}.mode", raw["mode"])
+    for name, minimum in _CASE_INTS.items():
+        _check_int(f"{where}.{name}", raw[name], minimum)
+    reference = None
+    if "reference" in raw:
+        reference = _reference(f"{where}.reference", raw["reference"], folder)
+    return Case(**{k: v for k, v in raw.items() if k != "reference"}, reference=reference)
+
+
+def _reference(where: str, raw: Any, folder: Path) -> Reference:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: must be an object, got {type(raw).__name__}")
+    _check_keys(where, raw, _REFERENCE, required=_REFERENCE)
+    _check_str(f"{where}.path", raw["path"])
+    _check_int(f"{where}.size", raw["size"], minimum=0)
+    if not isinstance(raw["sha256"], str) or not _SHA256.fullmatch(raw["sha256"]):
+        raise ValueError(f"{where}.sha256: must be 64 lowercase hex digits, got {raw['sha256']!r}")
+    if Path(raw["path"]).is_absolute():
+        raise ValueError(f"{where}.path: must be relative to the manifest's folder, got {raw['path']!r}")
+    file = folder / raw["path"]
+    if not file.is_file():
+        raise ValueError(f"{where}.path: reference file {file} is missing")
+    size = file.stat().st_size
+    if size != raw["size"]:
+        raise ValueError(f"{where}: reference file {file} has {size} bytes, the manifest pins {raw['size']}")
+    digest = _sha256_file(file)
+    if digest != raw["sha256"]:
+        raise ValueError(f"{where}: reference file {file} has SHA-256 {digest}, the manifest pins {raw['sha256']}")
+    return Reference(path=file, size=size, sha256=digest)
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_keys(where: str, raw: dict[str, Any], allowed: set[str], required: set[str]) -> None:
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+    missing = sorted(required - set(raw))
+    if missing:
+        raise ValueError(f"{where}.{missing[0]}: missing (required: {sorted(required)})")
+
+
+def _check_str(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name}: must be a non-empty string, got {value!r}")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")

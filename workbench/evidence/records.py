@@ -1,0 +1,36 @@
+"""Evidence records: one JSON document per run, written so that a crash never leaves half a record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from workbench.media import write_atomic
+
+
+def write_record(path: str | Path, record: dict[str, Any]) -> Path:
+    """Write `record` as strict JSON (no NaN/inf: a ValueError instead) to `path`, atomically; returns the path.
+
+    The bytes go to a temporary name beside `path` and are renamed over it when complete, so a reader (or
+    a later run after a crash) sees either the previous complete record or the new one, never a mix.
+    Missing parent folders are created.
+    """
+    if not isinstance(record, dict):
+        raise ValueError(f"record: must be a dict, got {type(record).__name__}")
+    data = json.dumps(record, indent=2, allow_nan=False).encode()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_atomic(path, data)
+
+
+def read_record(path: str | Path) -> dict[str, Any]:
+    """Read a record written by `write_record`; a file that is not a JSON object is a ValueError naming it."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_bytes())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"record: {path} is not valid JSON ({error})") from error
+    if not isinstance(record, dict):
+        raise ValueError(f"record: {path} holds a JSON {type(record).__name__}, expected an object")
+    return record
