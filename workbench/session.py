@@ -93,16 +93,17 @@ class Session:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(f"accelerate: refused while request {self.active_request} runs")
         try:
-            prepared = install.plan(REGISTRY, self.model, config, self.device)
-            previous = install.plan(REGISTRY, self.model, self.accelerations, self.device)
+            install.validate(REGISTRY, self.model, config, self.device)  # bad config: nothing touched
+            previous = dict(self.accelerations)
             install.uninstall(self._handles)
-            self._handles = []
+            self._handles, self.accelerations = [], {}
             try:
-                handles = install.activate(prepared)
+                prepared = install.plan(REGISTRY, self.model, config, self.device)
+                self._handles = install.activate(prepared)
             except BaseException:
-                self._handles = install.activate(previous)
+                self._handles = install.activate(install.plan(REGISTRY, self.model, previous, self.device))
+                self.accelerations = previous
                 raise
-            self._handles = handles
             self.accelerations = {p.spec.name: p.options for p in prepared}
             return dict(self.accelerations)
         finally:

@@ -10,7 +10,14 @@ from workbench.accelerations.base import Handle, Prepared, Spec
 
 
 def plan(registry: dict[str, Spec], model: Any, config: dict[str, Any], device: torch.device) -> list[Prepared]:
-    """Validate every option, then capabilities, then conflicts, then prepare; nothing is mutated.
+    """Validate, then prepare each plugin against the model as it is now; nothing is mutated."""
+    return [spec.prepare(model, options, device) for spec, options in validate(registry, model, config, device)]
+
+
+def validate(
+    registry: dict[str, Spec], model: Any, config: dict[str, Any], device: torch.device
+) -> list[tuple[Spec, dict[str, Any]]]:
+    """Every option, then capabilities, then conflicts; returns (spec, options) in installation order.
 
     Options are checked before capabilities so a bad option is a ValueError on any machine, and a good
     option this machine cannot run is a RuntimeError.
@@ -25,7 +32,7 @@ def plan(registry: dict[str, Spec], model: Any, config: dict[str, Any], device: 
     for spec in chosen:
         spec.check_capabilities(model, device)
     _check_conflicts(chosen)
-    return [spec.prepare(model, options[spec.name], device) for spec in chosen]
+    return [(spec, options[spec.name]) for spec in chosen]
 
 
 def _check_conflicts(chosen: list[Spec]) -> None:
