@@ -1,0 +1,59 @@
+// Drives SyncedVideos' ESM in Node with a minimal fake DOM and model: the sync rules, without a browser.
+// Usage: node synced_videos_harness.mjs /path/to/esm.mjs   (exits 1 at the first broken rule)
+import { pathToFileURL } from "node:url";
+
+class El {
+  constructor(tag) { this.tag = tag; this.style = {}; this.children = []; this.listeners = {}; }
+  append(...c) { this.children.push(...c); }
+  addEventListener(n, f) { (this.listeners[n] ||= []).push(f); }
+  fire(n) { (this.listeners[n] || []).forEach((f) => f()); }
+}
+class Video extends El {
+  constructor() { super("video"); this._t = 0; this.paused = true; this.ended = false; this.seeks = 0; }
+  get currentTime() { return this._t; }
+  set currentTime(t) { this._t = t; this.seeks++; this.fire("seeked"); }
+  play() { if (this.paused) { this.paused = false; this.fire("play"); } return Promise.resolve(); }
+  pause() { if (!this.paused) { this.paused = true; this.fire("pause"); } }
+}
+globalThis.document = { createElement: (t) => (t === "video" ? new Video() : new El(t)) };
+class Model {
+  constructor(s) { this.s = s; this.h = {}; this.saved = []; }
+  get(k) { return this.s[k]; }
+  set(k, v) { const old = this.s[k]; this.s[k] = v; if (old !== v) (this.h["change:" + k] || []).forEach((f) => f()); }
+  save_changes() { this.saved.push({ ...this.s }); }
+  on(names, f) { names.split(" ").forEach((n) => (this.h[n] ||= []).push(f)); }
+  off(names, f) { names.split(" ").forEach((n) => (this.h[n] = (this.h[n] || []).filter((g) => g !== f))); }
+}
+const { default: widget } = await import(pathToFileURL(process.argv[2]).href);
+const model = new Model({ src_a: "data:a", src_b: "data:b", label_a: "dense", label_b: "cached", time: 0, playing: false });
+const el = new El("div");
+const cleanup = widget.render({ model, el });
+const [a, b] = el.children[0].children.map((fig) => fig.children[0]);
+const ok = (c, m) => { if (!c) { console.error("FAIL", m); process.exit(1); } console.log("ok", m); };
+ok(a.src === "data:a" && b.src === "data:b" && b.muted && !a.muted, "sources loaded, B muted");
+// Python sets time -> both seek
+model.set("time", 5 / 24);
+ok(Math.abs(a.currentTime - 5 / 24) < 1e-9 && Math.abs(b.currentTime - 5 / 24) < 1e-9, "setting time seeks both");
+const savedBefore = model.saved.length;
+// user scrubs A -> time published, B follows
+a.currentTime = 0.3;
+ok(model.get("time") === 0.3 && b.currentTime === 0.3 && model.saved.length > savedBefore, "scrubbing A updates time and B");
+// user plays B -> both play, playing published
+b.play();
+ok(!a.paused && !b.paused && model.get("playing") === true, "playing one plays both");
+// playback: leader timeupdate publishes time without re-seeking B within drift
+a._t = 0.5; b._t = 0.45; const seeksB = b.seeks;
+a.fire("timeupdate");
+ok(model.get("time") === 0.5 && b.seeks === seeksB, "timeupdate publishes time, small drift tolerated");
+a._t = 0.9; a.fire("timeupdate");
+ok(b.currentTime === 0.9, "large drift re-seeks B");
+// Python pauses
+model.set("playing", false);
+ok(a.paused && b.paused, "playing=false pauses both");
+// user pauses via A when playing
+model.set("playing", true); ok(!a.paused && !b.paused, "playing=true plays both");
+a.pause();
+ok(b.paused && model.get("playing") === false, "pausing one pauses both");
+cleanup();
+model.set("time", 0.1);
+ok(a.currentTime !== 0.1, "cleanup removed listeners");

@@ -1,0 +1,110 @@
+import numpy as np
+import pytest
+
+from workbench.plots import (
+    ab_audio_figure,
+    array_png,
+    figure_png,
+    frame_metric_curves,
+    memory_plot,
+    stage_intervals,
+    stage_timeline,
+)
+from workbench.telemetry import Event
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def cpu_events() -> list[Event]:
+    """The shape of a tiny LTX-2 request on the CPU: text encoded twice, two steps, two audio decodes."""
+    return [
+        Event("stage_start", 0.00, "text_encode"),
+        Event("stage_end", 0.50, "text_encode", {"seconds": 0.50}),
+        Event("stage_start", 0.50, "text_encode"),
+        Event("stage_end", 0.60, "text_encode", {"seconds": 0.10}),
+        Event("stage_start", 0.62, "denoise"),
+        Event("step", 1.50, "denoise", {"index": 0}),
+        Event("step", 2.40, "denoise", {"index": 1}),
+        Event("stage_end", 2.40, "denoise", {"seconds": 1.78}),
+        Event("stage_start", 2.40, "video_decode"),
+        Event("stage_end", 2.60, "video_decode", {"seconds": 0.20}),
+        Event("request_end", 2.61, None, {"total": 2.61}),
+    ]
+
+
+def test_stage_intervals_pair_repeated_stages_and_extend_open_ones_to_now():
+    events = cpu_events()
+    intervals = stage_intervals(events)
+    assert [(i.stage, i.start, i.end) for i in intervals][:2] == [("text_encode", 0.0, 0.5), ("text_encode", 0.5, 0.6)]
+    assert not any(i.open for i in intervals)
+    running = stage_intervals(events[:6], now=2.0)
+    assert running[-1].stage == "denoise" and running[-1].open and running[-1].end == 2.0
+
+
+def test_stage_timeline_has_one_axes_with_a_row_per_stage_and_step_ticks():
+    figure = stage_timeline(cpu_events())
+    assert len(figure.axes) == 1
+    axes = figure.axes[0]
+    assert [label.get_text() for label in axes.get_yticklabels()] == ["text_encode", "denoise", "video_decode"]
+    assert len(axes.collections[-1].get_segments()) == 2  # one tick per denoising step
+    assert "2.610 s total" in axes.get_title()
+    assert figure_png(figure).startswith(PNG)
+
+
+def test_memory_plot_says_there_is_no_device_memory_on_cpu():
+    figure = memory_plot(cpu_events())
+    assert len(figure.axes) == 1
+    assert [text.get_text() for text in figure.axes[0].texts] == ["no device memory on CPU"]
+
+
+def test_memory_plot_bars_are_the_peak_per_stage_in_mib():
+    events = [
+        Event("stage_end", 1.0, "text_encode", {"seconds": 1.0, "peak_bytes": 2 * 2**20}),
+        Event("stage_end", 2.0, "text_encode", {"seconds": 1.0, "peak_bytes": 5 * 2**20}),
+        Event("stage_end", 3.0, "denoise", {"seconds": 1.0, "peak_bytes": 7 * 2**20}),
+    ]
+    axes = memory_plot(events).axes[0]
+    assert [bar.get_height() for bar in axes.patches] == [5.0, 7.0]
+
+
+def test_ab_audio_figure_has_waveforms_spectrograms_and_differences(rng):
+    a = rng.uniform(-0.5, 0.5, (2, 3001)).astype(np.float32)
+    b = a[:, :2500] + rng.normal(0, 0.01, (2, 2500)).astype(np.float32)
+    figure = ab_audio_figure(a, b, 16000)
+    assert len(figure.axes) == 6
+    assert "lengths differ" in figure.axes[4].get_title()
+    assert figure_png(figure).startswith(PNG)
+
+
+@pytest.mark.parametrize(
+    "a, b, rate, match",
+    [
+        (np.zeros((2, 0)), np.zeros((2, 10)), 16000, "a_audio"),
+        (np.zeros((2, 10)), np.full((2, 10), np.nan), 16000, "b_audio"),
+        (np.zeros((2, 10)), np.zeros((2, 10)), 0, "sample_rate"),
+    ],
+)
+def test_ab_audio_figure_bad_input_raises(a, b, rate, match):
+    with pytest.raises(ValueError, match=match):
+        ab_audio_figure(a, b, rate)
+
+
+def test_frame_metric_curves_has_two_axes_and_marks_the_current_frame(rng):
+    psnr = rng.uniform(25, 45, 7)
+    psnr[3] = np.inf  # an identical frame
+    ssim = rng.uniform(0.8, 1.0, 7)
+    figure = frame_metric_curves(psnr, ssim, current=4)
+    assert len(figure.axes) == 2
+    for axes in figure.axes:
+        assert list(axes.lines[-1].get_xdata()) == [4, 4]
+    assert "1 identical frame" in figure.axes[0].get_title()
+    with pytest.raises(ValueError, match="current"):
+        frame_metric_curves(psnr, ssim, current=7)
+    with pytest.raises(ValueError, match="psnr, ssim"):
+        frame_metric_curves(psnr, ssim[:-1])
+
+
+def test_array_png_encodes_frames_and_refuses_floats(rng):
+    assert array_png(rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)).startswith(PNG)
+    with pytest.raises(ValueError, match="image"):
+        array_png(rng.random((5, 7, 3)))

@@ -1,0 +1,72 @@
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from workbench import Request
+from workbench.telemetry import Event
+from workbench.widgets import LiveStagePlot
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_live_stage_plot_follows_a_real_request_and_leaves_pngs(sessions):
+    session = sessions("tiny-ltx2")
+    live = LiveStagePlot(max_updates_per_second=5).attach(session)
+    try:
+        start = time.perf_counter()
+        result = session.generate(
+            Request("a red circle moves left, low hum", seed=0, frames=9, steps=2), progress=False
+        )
+        elapsed = time.perf_counter() - start
+    finally:
+        live.detach()
+    assert live.events == result.events  # every event, in order, from the request thread
+    assert [e.kind for e in live.events].count("step") == 2 and live.events[-1].kind == "request_end"
+    assert 1 <= live.updates <= 5 * elapsed + 1  # it drew while running, within the throttle
+    assert live.timeline.value == live.png["timeline"] and live.png["timeline"].startswith(PNG)
+    assert live.memory.value == live.png["memory"] and live.png["memory"].startswith(PNG)
+    assert [image.data for image in live.static()] == [live.png["timeline"], live.png["memory"]]
+    assert "request done" in live.status.value and not live.errors.value
+    assert result.metadata["subscriber_errors"] == []
+
+
+def test_detach_unsubscribes_and_stops_the_renderer():
+    subscribers = []
+    session = SimpleNamespace(
+        model=SimpleNamespace(name="fake"),
+        subscribe=lambda callback: subscribers.append(callback) or (lambda: subscribers.remove(callback)),
+    )
+    live = LiveStagePlot().attach(session)
+    renderer = live._renderer
+    assert subscribers == [live._on_event] and renderer.is_alive()
+    live.detach()
+    assert subscribers == [] and not renderer.is_alive()
+    assert "(detached)" in live.status.value
+
+
+def test_a_drawing_failure_shows_in_the_widget_not_the_request():
+    live = LiveStagePlot()
+    live._on_event(Event("stage_start", 0.0, "denoise"))
+    live._on_event(Event("request_end", "not a number", None, {"total": 1.0}))  # the plot cannot place it
+    assert "final stage plot failed" in live.errors.value
+
+
+def test_bad_update_rate_raises():
+    with pytest.raises(ValueError, match="max_updates_per_second"):
+        LiveStagePlot(max_updates_per_second=0)
+
+
+def test_requests_on_other_threads_reach_the_plot():
+    """A request run off the main thread still feeds the live view; the static PNG waits for `static()`."""
+    live = LiveStagePlot(max_updates_per_second=50)
+    events = [Event("stage_start", 0.0, "denoise"), Event("step", 0.01, "denoise", {"index": 0})]
+    events += [
+        Event("stage_end", 0.02, "denoise", {"seconds": 0.02}),
+        Event("request_end", 0.03, None, {"total": 0.03}),
+    ]
+    worker = threading.Thread(target=lambda: [live._on_event(event) for event in events])
+    worker.start()
+    worker.join()
+    assert live.events == events and live.png["timeline"].startswith(PNG)

@@ -1,0 +1,140 @@
+"""A live stage timeline that follows a Session's requests, then leaves static PNGs behind."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import ipywidgets
+from IPython import get_ipython
+from IPython.display import Image, display
+
+from workbench import Session
+from workbench.plots import figure_png, memory_plot, stage_timeline
+from workbench.telemetry import Event
+
+from ._common import ErrorBox
+
+
+class LiveStagePlot(ipywidgets.VBox):
+    """Stage timeline (and, when the request ends, per-stage memory peaks) of each request of a session.
+
+    The subscriber only records events: it runs on the request thread, inside the stages it measures,
+    so drawing there would add the drawing time to the stage. A renderer thread redraws at most
+    `max_updates_per_second` times a second while a request runs (open stages grow with the wall
+    clock) and sets `ipywidgets.Image` values, which is safe from a background thread. When the request
+    ends, the final figures are drawn on the request thread (its total is already measured), kept in
+    `png` and (unless `show_static=False`), if that thread is the kernel's main thread, displayed as
+    `IPython.display.Image` under the running cell, where they survive an offline HTML export that blanks every widget. Otherwise
+    `display(*live.static())` shows them.
+
+    Watching is not free: the renderer holds the GIL while it draws (~0.1 s a frame), which slows a
+    request whose host thread is busy (a tiny model on a 2-core CPU ran 20-60% longer watched at 2
+    updates/s). Timings of a watched request are a view, not evidence; measure detached.
+    """
+
+    def __init__(self, max_updates_per_second: float = 2.0, show_static: bool = True):
+        self.status = ipywidgets.HTML("not attached to a session")
+        self.timeline = ipywidgets.Image(format="png")
+        self.memory = ipywidgets.Image(format="png")
+        self.errors = ErrorBox()
+        super().__init__([self.status, self.timeline, self.memory, self.errors])
+        self._unsubscribe: Callable[[], None] | None = None
+        self._renderer: threading.Thread | None = None
+        if not max_updates_per_second > 0:
+            raise ValueError(f"max_updates_per_second: expected > 0, got {max_updates_per_second!r}")
+        self.interval = 1.0 / max_updates_per_second
+        self.show_static = show_static
+        self.events: list[Event] = []
+        self.png: dict[str, bytes] = {}  # "timeline", "memory" of the last finished request
+        self.updates = 0  # live redraws so far (the throttle's observable)
+        self._lock = threading.Lock()
+        self._running = False
+        self._generation = 0  # bumps per request, so a slow live draw never overwrites a later state
+        self._origin = 0.0  # perf_counter at request start, to extend open stages to "now"
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+
+    def attach(self, session: Session) -> LiveStagePlot:
+        """Follow `session`'s later requests (detaching from any earlier one); returns self."""
+        self.detach()
+        self._unsubscribe = session.subscribe(self._on_event)
+        self._closing.clear()
+        self._renderer = threading.Thread(target=self._render_loop, name="live-stage-plot", daemon=True)
+        self._renderer.start()
+        self.status.value = f"attached to {session.model.name}: waiting for a request"
+        return self
+
+    def detach(self) -> None:
+        """Stop following the session and stop the renderer thread; the last figures stay."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        with self._lock:
+            self._running = False  # a request cut off mid-way never sends its request_end here
+        if self._renderer is not None:
+            self._closing.set()
+            self._wake.set()
+            self._renderer.join(timeout=5)
+            self._renderer = None
+            self.status.value += " (detached)"
+
+    def close(self) -> None:
+        self.detach()
+        super().close()
+
+    def static(self) -> list[Image]:
+        """The last finished request's figures as static images (for `display(*live.static())`)."""
+        return [Image(data=self.png[name]) for name in ("timeline", "memory") if name in self.png]
+
+    # -- request thread ---------------------------------------------------------------------------
+    def _on_event(self, event: Event) -> None:
+        with self._lock:
+            if not self._running:  # first event of a new request
+                self._running = True
+                self._generation += 1
+                self.events = []
+                self._origin = time.perf_counter() - event.t
+                if self.errors.value:
+                    self.errors.clear()
+            self.events.append(event)
+            if event.kind != "request_end":
+                self._wake.set()
+                return
+            self._running = False
+            self._generation += 1
+            self._wake.clear()
+            events = list(self.events)
+        self._finish(events)
+
+    def _finish(self, events: list[Event]) -> None:
+        with self.errors.catching("final stage plot"):
+            self.png = {"timeline": figure_png(stage_timeline(events)), "memory": figure_png(memory_plot(events))}
+            self.timeline.value = self.png["timeline"]
+            self.memory.value = self.png["memory"]
+            total = events[-1].data.get("total", events[-1].t)
+            self.status.value = f"request done: {total:.3f} s, {sum(e.kind == 'step' for e in events)} steps"
+            if self.show_static and get_ipython() is not None and threading.current_thread() is threading.main_thread():
+                display(*self.static())
+
+    # -- renderer thread --------------------------------------------------------------------------
+    def _render_loop(self) -> None:
+        while not self._closing.is_set():
+            self._wake.wait()
+            with self._lock:
+                if self._closing.is_set():
+                    return
+                if not self._running:
+                    self._wake.clear()
+                    continue
+                generation, events = self._generation, list(self.events)
+                now = time.perf_counter() - self._origin
+            with self.errors.catching("live stage plot"):
+                png = figure_png(stage_timeline(events, now=now), dpi=80)
+                with self._lock:
+                    if generation == self._generation:  # the request has not ended meanwhile
+                        self.timeline.value = png
+                        self.status.value = f"running: {now:.1f} s, {sum(e.kind == 'step' for e in events)} steps"
+                        self.updates += 1
+            self._closing.wait(self.interval)

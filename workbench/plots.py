@@ -1,0 +1,248 @@
+"""Static matplotlib figures of a request's telemetry and of A/B comparisons, plus PNG encoders.
+
+Everything here builds `matplotlib.figure.Figure` objects directly (no pyplot state), so it is safe on
+any thread and under the Agg backend, and it imports no widget library: reports, notebooks and the
+widgets all draw with the same functions. PNG bytes (`figure_png`, `array_png`) are what survives an
+offline HTML export, where every widget is blank.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from PIL import Image
+from scipy import signal
+
+from workbench.telemetry import STAGES, Event
+
+_COLORS = {
+    "text_encode": "#4e79a7",
+    "image_encode": "#76b7b2",
+    "denoise": "#f28e2b",
+    "video_decode": "#59a14f",
+    "audio_decode": "#b07aa1",
+    "mux": "#9c755f",
+}
+_OTHER_COLOR = "#bab0ac"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One stage interval in seconds since request start; `open` while the stage has not ended yet."""
+
+    stage: str
+    start: float
+    end: float
+    open: bool = False
+
+
+def stage_intervals(events: Iterable[Event], now: float | None = None) -> list[Interval]:
+    """Pair stage_start/stage_end events into intervals, in start order.
+
+    A stage may run several times in one request (LTX-2 encodes text twice), so each start pairs with
+    the next end of the same stage. A stage still running ends at `now` (default: the latest event).
+    """
+    events = list(events)
+    latest = max((e.t for e in events), default=0.0) if now is None else now
+    started: dict[str, float] = {}
+    intervals: list[Interval] = []
+    for event in events:
+        if event.stage is None:
+            continue
+        if event.kind == "stage_start":
+            started[event.stage] = event.t
+        elif event.kind == "stage_end" and event.stage in started:
+            intervals.append(Interval(event.stage, started.pop(event.stage), event.t))
+    intervals += [Interval(stage, start, max(start, latest), open=True) for stage, start in started.items()]
+    return sorted(intervals, key=lambda interval: interval.start)
+
+
+def stage_timeline(events: Sequence[Event], now: float | None = None, title: str | None = None) -> Figure:
+    """A Gantt-like chart: one row per stage, one bar per interval, a tick per finished denoising step.
+
+    `now` (seconds since request start) extends stages that are still running, for live views.
+    Returns a figure with one axes.
+    """
+    intervals = stage_intervals(events, now)
+    rows = _stage_order(interval.stage for interval in intervals)
+    figure = Figure(figsize=(8, 0.5 + 0.45 * max(len(rows), 1)), layout="constrained")
+    axes = figure.add_subplot()
+    for interval in intervals:
+        y = rows.index(interval.stage)
+        axes.broken_barh(
+            [(interval.start, interval.end - interval.start)],
+            (y - 0.35, 0.7),
+            facecolors=_COLORS.get(interval.stage, _OTHER_COLOR),
+            alpha=0.55 if interval.open else 1.0,
+            hatch="//" if interval.open else None,
+        )
+    steps = [e.t for e in events if e.kind == "step"]
+    if steps and "denoise" in rows:
+        y = rows.index("denoise")
+        axes.vlines(steps, y - 0.35, y + 0.35, colors="black", linewidth=1)
+    axes.set_yticks(range(len(rows)), rows)
+    axes.set_ylim(len(rows) - 0.5, -0.5)
+    end = max([i.end for i in intervals] + [e.t for e in events] + [now or 0.0, 1e-3])
+    axes.set_xlim(0, end * 1.02)
+    axes.set_xlabel("seconds since request start")
+    total = next((e.data.get("total") for e in events if e.kind == "request_end"), None)
+    if title is None:
+        title = f"stages: {total:.3f} s total, {len(steps)} steps" if total is not None else f"running: {end:.2f} s"
+    axes.set_title(title, fontsize=10)
+    if not intervals:
+        axes.text(0.5, 0.5, "no stage events yet", ha="center", va="center", transform=axes.transAxes)
+    return figure
+
+
+def memory_plot(events: Sequence[Event]) -> Figure:
+    """Peak allocated device memory per stage (MiB), the maximum over that stage's intervals.
+
+    Peaks come from stage_end events; a CPU request has none, and the axes say so rather than show
+    zeros that would read as a measurement. Returns a figure with one axes.
+    """
+    peaks: dict[str, int] = {}
+    for event in events:
+        if event.kind == "stage_end" and event.stage is not None and "peak_bytes" in event.data:
+            peaks[event.stage] = max(peaks.get(event.stage, 0), int(event.data["peak_bytes"]))
+    figure = Figure(figsize=(6, 2.6 if peaks else 0.9), layout="constrained")
+    axes = figure.add_subplot()
+    axes.set_title("peak allocated memory per stage", fontsize=10)
+    if not peaks:
+        axes.text(0.5, 0.5, "no device memory on CPU", ha="center", va="center", transform=axes.transAxes)
+        axes.set_xticks([])
+        axes.set_yticks([])
+        return figure
+    stages = _stage_order(peaks)
+    mib = [peaks[stage] / 2**20 for stage in stages]
+    bars = axes.bar(stages, mib, color=[_COLORS.get(stage, _OTHER_COLOR) for stage in stages])
+    axes.bar_label(bars, labels=[f"{value:.0f}" for value in mib], fontsize=8)
+    axes.set_ylabel("MiB")
+    return figure
+
+
+def ab_audio_figure(
+    a_audio: np.ndarray, b_audio: np.ndarray, sample_rate: int, labels: tuple[str, str] = ("A", "B")
+) -> Figure:
+    """Waveforms and spectrograms of A and B, and their difference (B - A), in a 3x2 grid (six axes).
+
+    Audio is float (C, N) or (N,); channels are averaged to what a listener hears summed. A and B share
+    their amplitude and dB scales so a louder arm looks louder. When lengths differ, the differences
+    cover the common start and say so.
+    """
+    if not isinstance(sample_rate, int | np.integer) or sample_rate <= 0:
+        raise ValueError(f"sample_rate: expected a positive integer in Hz, got {sample_rate!r}")
+    a = _mono(a_audio, "a_audio")
+    b = _mono(b_audio, "b_audio")
+    n = min(a.size, b.size)
+    figure = Figure(figsize=(10, 7), layout="constrained")
+    grid = figure.subplots(3, 2)
+    peak = max(np.abs(a).max(initial=0.0), np.abs(b).max(initial=0.0), 1e-6)
+    spectra = [_spectrogram(x, sample_rate) for x in (a, b)]
+    low = min(np.percentile(db, 5) for _, _, db in spectra)
+    high = max(db.max() for _, _, db in spectra)
+    for column, (x, label, (freqs, times, db)) in enumerate(zip((a, b), labels, spectra, strict=True)):
+        wave_axes, spec_axes = grid[0, column], grid[1, column]
+        wave_axes.plot(np.arange(x.size) / sample_rate, x, linewidth=0.6)
+        wave_axes.set_ylim(-peak * 1.05, peak * 1.05)
+        wave_axes.set_title(f"{label}: waveform ({x.size / sample_rate:.2f} s)", fontsize=10)
+        _show_spectrogram(spec_axes, freqs, times, db, "magma", low, high)
+        spec_axes.set_title(f"{label}: spectrogram (dB)", fontsize=10)
+    suffix = "" if a.size == b.size else f" (first {n / sample_rate:.2f} s: lengths differ)"
+    difference = b[:n] - a[:n]
+    grid[2, 0].plot(np.arange(n) / sample_rate, difference, color="#e15759", linewidth=0.6)
+    grid[2, 0].set_ylim(-peak * 1.05, peak * 1.05)
+    grid[2, 0].set_title(f"{labels[1]} - {labels[0]}: waveform{suffix}", fontsize=10)
+    freqs, times, db_a = _spectrogram(a[:n], sample_rate)
+    _, _, db_b = _spectrogram(b[:n], sample_rate)
+    delta = db_b - db_a
+    limit = max(float(np.abs(delta).max(initial=0.0)), 1e-3)
+    _show_spectrogram(grid[2, 1], freqs, times, delta, "RdBu_r", -limit, limit)
+    grid[2, 1].set_title(f"{labels[1]} - {labels[0]}: spectrogram (dB){suffix}", fontsize=10)
+    for axes in grid[:, 0]:
+        axes.set_xlabel("s")
+    return figure
+
+
+def frame_metric_curves(psnr: np.ndarray, ssim: np.ndarray, current: int | None = None) -> Figure:
+    """Per-frame PSNR (dB) and SSIM as two stacked curves, with frame `current` marked.
+
+    Identical frames have infinite PSNR; they are left out of the curve and counted in its title.
+    Returns a figure with two axes.
+    """
+    psnr = np.asarray(psnr, dtype=np.float64)
+    ssim = np.asarray(ssim, dtype=np.float64)
+    if psnr.ndim != 1 or psnr.shape != ssim.shape:
+        raise ValueError(f"psnr, ssim: expected two 1-D arrays of one length, got {psnr.shape} and {ssim.shape}")
+    if current is not None and not 0 <= current < psnr.size:
+        raise ValueError(f"current: frame {current} is outside 0..{psnr.size - 1}")
+    frames = np.arange(psnr.size)
+    identical = int(np.isposinf(psnr).sum())
+    figure = Figure(figsize=(8, 3.6), layout="constrained")
+    top, bottom = figure.subplots(2, 1, sharex=True)
+    top.plot(frames, np.where(np.isfinite(psnr), psnr, np.nan), marker=".", color="#4e79a7")
+    top.set_ylabel("PSNR (dB)")
+    finite = psnr[np.isfinite(psnr)]
+    title = f"min PSNR {finite.min():.2f} dB" if finite.size else "every frame identical"
+    if identical and finite.size:
+        title += f"; {identical} identical frame(s) (PSNR = inf, not drawn)"
+    top.set_title(title, fontsize=10)
+    bottom.plot(frames, ssim, marker=".", color="#59a14f")
+    bottom.set_ylabel("SSIM")
+    bottom.set_xlabel("frame")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    bottom.set_title(f"min SSIM {ssim.min():.4f}" if ssim.size else "no frames", fontsize=10)
+    if current is not None:
+        for axes in (top, bottom):
+            axes.axvline(current, color="#e15759", linewidth=1.5)
+    return figure
+
+
+def figure_png(figure: Figure, dpi: int = 100) -> bytes:
+    """Render `figure` to PNG bytes (Agg, thread-safe: no pyplot state)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+
+
+def array_png(image: np.ndarray) -> bytes:
+    """Encode a uint8 (H, W, 3) or (H, W) image to PNG bytes; fast compression, since views re-encode often."""
+    if image.dtype != np.uint8 or image.ndim not in (2, 3):
+        raise ValueError(f"image: expected uint8 (H, W) or (H, W, 3), got {image.dtype} {image.shape}")
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(image)).save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()
+
+
+def _stage_order(stages: Iterable[str]) -> list[str]:
+    """Known stages in pipeline order, unknown ones after them in first-seen order."""
+    seen = list(dict.fromkeys(stages))
+    return [s for s in STAGES if s in seen] + [s for s in seen if s not in STAGES]
+
+
+def _mono(audio: np.ndarray, name: str) -> np.ndarray:
+    audio = np.asarray(audio)
+    if audio.ndim not in (1, 2) or audio.size == 0:
+        raise ValueError(f"{name}: expected non-empty audio (C, N) or (N,), got shape {audio.shape}")
+    mono = audio.astype(np.float64) if audio.ndim == 1 else audio.astype(np.float64).mean(axis=0)
+    if not np.isfinite(mono).all():
+        raise ValueError(f"{name}: contains non-finite samples")
+    return mono
+
+
+def _spectrogram(x: np.ndarray, sample_rate: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Power spectrogram in dB: (frequencies Hz, times s, dB (F, T))."""
+    segment = int(min(512, x.size))
+    freqs, times, power = signal.spectrogram(x, fs=sample_rate, nperseg=segment, noverlap=segment // 2)
+    return freqs, times, 10.0 * np.log10(power + 1e-12)
+
+
+def _show_spectrogram(axes, freqs, times, values, cmap: str, low: float, high: float) -> None:
+    step = times[1] - times[0] if times.size > 1 else 1.0
+    extent = (times[0] - step / 2, times[-1] + step / 2, freqs[0], freqs[-1])
+    axes.imshow(values, origin="lower", aspect="auto", extent=extent, cmap=cmap, vmin=low, vmax=high)
+    axes.set_ylabel("Hz")
