@@ -28,9 +28,22 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--name", default="result", help="file stem of the outputs")
     gen.add_argument("--out", required=True, type=Path, help="directory for the outputs (created on success)")
 
+    qual = commands.add_parser("qualify", help="A/B/A qualification of a candidate against a baseline")
+    qual.add_argument("--model", required=True)
+    qual.add_argument("--suite", required=True, type=Path, help="a data_manifests/*.json suite")
+    qual.add_argument("--cases", default="test", choices=("test", "calibration"))
+    qual.add_argument("--baseline", default="{}", help="accelerations JSON of the baseline arm")
+    qual.add_argument("--candidate", required=True, help="accelerations JSON of the candidate arm")
+    qual.add_argument("--rounds", type=int, default=3)
+    qual.add_argument("--budget", default="{}", help="JSON overrides of the quality budget")
+    qual.add_argument("--device", default="auto")
+    qual.add_argument("--out", required=True, type=Path)
+
     commands.add_parser("info", help="versions, device and registered model families")
     args = parser.parse_args(argv)
     try:
+        if args.command == "qualify":
+            return _qualify(args)
         return _generate(args) if args.command == "generate" else _info()
     except (ValueError, RuntimeError) as error:
         print(f"workbench {args.command}: error: {error}", file=sys.stderr)
@@ -62,6 +75,41 @@ def _generate(args: argparse.Namespace) -> int:
     if not report.ok:
         print(f"media check: {'; '.join(report.problems)}", file=sys.stderr)
     return 0
+
+
+def _qualify(args: argparse.Namespace) -> int:
+    from workbench import Session
+    from workbench.evidence.harness import qualify
+    from workbench.evidence.manifest import load_manifest
+    from workbench.evidence.records import write_record
+    from workbench.evidence.report import render
+    from workbench.media import write_atomic
+    from workbench.quality import Budget
+
+    configs = {name: _json_arg(name, getattr(args, name)) for name in ("baseline", "candidate", "budget")}
+    budget = Budget.from_dict(configs["budget"])
+    suite = load_manifest(args.suite)
+    requests = [case.to_request() for case in getattr(suite, args.cases)]
+    session = Session.open(args.model, device=args.device)
+    record, pilots = qualify(session, requests, configs["baseline"], configs["candidate"], args.rounds, budget)
+    record["suite"] = {"name": suite.name, "path": str(args.suite), "sha256": suite.sha256, "cases": args.cases}
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = write_record(args.out / "qualification.json", record)
+    write_atomic(args.out / "qualification.html", render(record, pilots).encode())
+    print(f"verdict: {record['verdict']}")
+    print(f"record: {path}")
+    print(f"report: {args.out / 'qualification.html'}")
+    return 0
+
+
+def _json_arg(name: str, text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--{name}: not valid JSON ({error})") from error
+    if not isinstance(value, dict):
+        raise ValueError(f"--{name}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _info() -> int:

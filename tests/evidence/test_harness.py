@@ -1,0 +1,92 @@
+"""The A/B/A harness on CPU with the tiny Wan: each verdict a CPU run can honestly reach."""
+
+import json
+
+import pytest
+
+from workbench import Request, Session
+from workbench.cli import main
+from workbench.evidence.harness import qualify
+
+REQUEST = Request("a red circle moves left", seed=42, steps=4, height=32, width=32)
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session.open("tiny-wan", device="cpu")
+
+
+def test_exact_plugin_in_budget_but_cpu_gives_no_speed_claim(session):
+    record, pilots = qualify(session, [REQUEST], {}, {"cross_kv_cache": {}}, rounds=3, progress=False)
+    case = record["cases"][0]
+    assert record["verdict"] == case["verdict"] == "no_speed_claim"
+    assert "CUDA" in case["reason"]
+    assert case["quality"]["exact"] and case["quality"]["within_budget"]
+    assert case["timed_outputs_match_pilot"] == {"baseline": True, "candidate": True}
+    assert len(case["baseline_seconds"]) == 4 and len(case["candidate_seconds"]) == 3  # A B A B A B A
+    assert case["receipts"]["cross_kv_cache"]["hits"] > 0
+    assert session.accelerations == {}  # the harness leaves the session clean
+
+
+def test_lossy_plugin_outside_budget_is_rejected(session):
+    candidate = {"easycache": {"threshold": 10.0, "warmup": 1, "final_dense": 1}}
+    record, _ = qualify(session, [REQUEST], {}, candidate, rounds=3, progress=False)
+    case = record["cases"][0]
+    assert case["verdict"] == "rejected_quality" and not case["quality"]["within_budget"]
+    assert case["exact"] is False and case["receipts"]["easycache"]["reused"] > 0
+
+
+def test_configured_but_never_executed_plugin_is_not_executed(session):
+    record, _ = qualify(session, [REQUEST], {}, {"easycache": {"threshold": 0.0}}, rounds=3, progress=False)
+    assert record["verdict"] == "not_executed"
+
+
+def test_too_few_rounds_refused(session):
+    with pytest.raises(ValueError, match="rounds: 2; at least 3"):
+        qualify(session, [REQUEST], {}, {"cross_kv_cache": {}}, rounds=2, progress=False)
+
+
+def test_cli_qualify_writes_record_and_offline_report(tmp_path, capsys):
+    out = tmp_path / "q"
+    code = main(
+        [
+            "qualify",
+            "--model",
+            "tiny-wan",
+            "--suite",
+            "data_manifests/tiny-smoke.json",
+            "--candidate",
+            '{"cross_kv_cache": {}}',
+            "--rounds",
+            "3",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    assert "verdict: no_speed_claim" in capsys.readouterr().out
+    record = json.loads((out / "qualification.json").read_text())
+    assert len(record["cases"]) == 2 and record["suite"]["name"] == "tiny-smoke"
+    assert record["git"]["commit"] is None or len(record["git"]["commit"]) == 40
+    report = (out / "qualification.html").read_text()
+    assert report.count("data:video/mp4;base64,") == 4 and "<script" not in report
+
+
+def test_cli_qualify_bad_json_is_an_error(tmp_path, capsys):
+    code = main(
+        [
+            "qualify",
+            "--model",
+            "tiny-wan",
+            "--suite",
+            "data_manifests/tiny-smoke.json",
+            "--candidate",
+            "{easycache",
+            "--out",
+            str(tmp_path / "q"),
+        ]
+    )
+    assert code == 2 and "--candidate: not valid JSON" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()

@@ -1,0 +1,158 @@
+"""A/B/A qualification in one persistent session (seeds 001 "Reproducing a comparison", 004 "Validation").
+
+For each request: install the baseline, warm it and keep its pilot output; install the candidate, warm
+it and keep its pilot; then time A, B, A, B, ..., A. Each candidate run is paired with the mean of
+the stock runs either side of it, so slow drift cancels. Installation and the warm-up (JIT, autotune)
+are reported apart from the timed runs. Every timed output must equal its arm's pilot, or timing says
+nothing about the output that was judged.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from workbench import environment
+from workbench.evidence.stats import RatioCI, paired_ratio_ci, verdict
+from workbench.quality import Budget, compare
+from workbench.request import Request
+from workbench.result import Result
+from workbench.session import Session
+
+MIN_ROUNDS = 3
+# The weakest case verdict is the suite's verdict.
+SUITE_ORDER = ("not_executed", "rejected_quality", "measured_quality_tradeoff", "no_speed_claim", "qualified")
+
+
+def qualify(
+    session: Session,
+    requests: list[Request],
+    baseline: dict[str, Any],
+    candidate: dict[str, Any],
+    rounds: int = MIN_ROUNDS,
+    budget: Budget | None = None,
+    progress: bool = True,
+) -> tuple[dict[str, Any], list[tuple[Result, Result]]]:
+    """Qualify `candidate` against `baseline` on `requests`; returns the record and each case's pilots."""
+    if not isinstance(rounds, int) or rounds < MIN_ROUNDS:
+        raise ValueError(f"rounds: {rounds!r}; at least {MIN_ROUNDS} interleaved rounds are required")
+    if not requests:
+        raise ValueError("requests: at least one request is required")
+    budget = budget or Budget()
+    cases, pilots = [], []
+    with tqdm(total=len(requests) * (2 * rounds + 3), desc="qualify", disable=not progress) as bar:
+        for request in requests:
+            case, pair = _qualify_one(session, request, baseline, candidate, rounds, budget, bar)
+            cases.append(case)
+            pilots.append(pair)
+    session.accelerate({})
+    overall = min((c["verdict"] for c in cases), key=SUITE_ORDER.index)
+    record = {
+        "kind": "qualification",
+        "verdict": overall,
+        "cases": cases,
+        "baseline": baseline,
+        "candidate": candidate,
+        "rounds": rounds,
+        "budget": budget.to_dict(),
+        "model": session.model.name,
+        "dtype": str(session.dtype).removeprefix("torch."),
+        "init_seconds": session.init_seconds,
+        **environment.describe(session.device),
+    }
+    return record, pilots
+
+
+def _qualify_one(
+    session: Session, request: Request, baseline: dict, candidate: dict, rounds: int, budget: Budget, bar: Any
+) -> tuple[dict[str, Any], tuple[Result, Result]]:
+    arms = {"baseline": baseline, "candidate": candidate}
+    install_seconds: dict[str, list[float]] = {"baseline": [], "candidate": []}
+
+    def run(arm: str) -> Result:
+        start = time.perf_counter()
+        session.accelerate(arms[arm])
+        install_seconds[arm].append(time.perf_counter() - start)
+        result = session.generate(request, progress=False)
+        bar.update(1)
+        return result
+
+    pilot_a, pilot_b = run("baseline"), run("candidate")  # warm-ups: JIT and first-use cost stay here
+    timed_a = [run("baseline")]
+    timed_b = []
+    for _ in range(rounds):
+        timed_b.append(run("candidate"))
+        timed_a.append(run("baseline"))
+    paired_a = [(timed_a[i].timings["total"] + timed_a[i + 1].timings["total"]) / 2 for i in range(rounds)]
+    totals_b = [r.timings["total"] for r in timed_b]
+    device_timed = session.device.type == "cuda"
+    ci = paired_ratio_ci(paired_a, totals_b)
+    stage_ratios = _stage_ratios(timed_a, timed_b)
+    comparison = compare(pilot_a, pilot_b, budget)
+    receipts = [r.receipts for r in [pilot_b, *timed_b]]
+    executed = all(all(x.get("executed") for x in receipt.values()) for receipt in receipts) if candidate else False
+    matches = {
+        "baseline": all(_same(pilot_a, r) for r in timed_a),
+        "candidate": all(_same(pilot_b, r) for r in timed_b),
+    }
+    gpu_clean = device_timed and all(_clean(r) for r in [*timed_a, *timed_b])
+    word, reason = verdict(
+        within_budget=comparison.within_budget and all(matches.values()),
+        finite=comparison.finite,
+        executed=executed,
+        ci=ci if all(matches.values()) else None,
+        device_type=session.device.type,
+        gpu_clean=gpu_clean,
+    )
+    if not all(matches.values()):
+        reason += f"; timed outputs differ from their pilot: {matches}"
+    case = {
+        "request": request.to_dict(),
+        "verdict": word,
+        "reason": reason,
+        "speedup": ci.to_dict(),
+        "stage_speedups": stage_ratios,
+        "baseline_seconds": [r.timings["total"] for r in timed_a],
+        "candidate_seconds": totals_b,
+        "warmup_seconds": {"baseline": pilot_a.timings["total"], "candidate": pilot_b.timings["total"]},
+        "install_seconds": {arm: statistics.median(v) for arm, v in install_seconds.items()},
+        "timed_outputs_match_pilot": matches,
+        "gpu_clean": gpu_clean,
+        "nvml": [r.metadata.get("nvml", {}) for r in [*timed_a, *timed_b]],
+        "quality": comparison.to_dict(),
+        "receipts": pilot_b.receipts,
+        "exact": pilot_b.exact,
+    }
+    return case, (pilot_a, pilot_b)
+
+
+def _stage_ratios(timed_a: list[Result], timed_b: list[Result]) -> dict[str, Any]:
+    out = {}
+    for stage in timed_b[0].timings:
+        try:
+            a = [(timed_a[i].timings[stage] + timed_a[i + 1].timings[stage]) / 2 for i in range(len(timed_b))]
+            ratio: RatioCI = paired_ratio_ci(a, [r.timings[stage] for r in timed_b])
+        except (KeyError, ValueError):
+            continue  # a stage absent from one arm or with zero time has no ratio
+        out[stage] = {"median": ratio.median, "low": ratio.low, "high": ratio.high}
+    return out
+
+
+def _same(a: Result, b: Result) -> bool:
+    same = np.array_equal(a.frames, b.frames)
+    if a.audio is not None or b.audio is not None:
+        same = same and a.audio is not None and b.audio is not None and np.array_equal(a.audio, b.audio)
+    if a.latents is not None and b.latents is not None:
+        same = same and torch.equal(a.latents, b.latents)
+    return same
+
+
+def _clean(result: Result) -> bool:
+    """No throttling and no other process on the GPU while this run was timed."""
+    nvml = result.metadata.get("nvml") or {}
+    return bool(nvml) and nvml.get("throttled_samples", 1) == 0 and nvml.get("max_processes", 2) <= 1
