@@ -11,11 +11,13 @@ from workbench.accelerations import (
     diffusers_caches,
     easycache,
     fused_qkv,
+    group_offload,
+    regional_compile,
 )
 from workbench.accelerations.base import CONTRACTS, Handle, Option, Prepared, Receipt, Spec, fingerprint
 from workbench.accelerations.install import plan
 
-_MODULES = (attention_backend, fused_qkv, cross_kv_cache, easycache, diffusers_caches)
+_MODULES = (attention_backend, fused_qkv, cross_kv_cache, easycache, diffusers_caches, group_offload, regional_compile)
 REGISTRY: dict[str, Spec] = {spec.name: spec for module in _MODULES for spec in module.SPECS}
 
 

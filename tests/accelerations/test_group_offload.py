@@ -1,0 +1,60 @@
+"""Group offloading: refused without CUDA; on CUDA bitwise equal to dense and uninstalled exactly."""
+
+import pytest
+import torch
+
+from workbench import Request, Session
+from workbench.accelerations import fingerprint
+
+SIZE = {"frames": 9, "height": 32, "width": 32, "steps": 2}
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"num_blocks_per_group": 0}, r"group_offload.num_blocks_per_group: 0 is below the minimum 1"),
+        ({"num_blocks_per_group": 1.5}, r"group_offload.num_blocks_per_group: expected int"),
+        ({"use_stream": "yes"}, r"group_offload.use_stream: expected bool"),
+        ({"prefetch": True}, r"group_offload: unknown option\(s\) \['prefetch'\]"),
+    ],
+)
+def test_bad_option_is_value_error(sessions, options, message):
+    with pytest.raises(ValueError, match=message):
+        sessions("tiny-wan").accelerate({"group_offload": options})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_refused_without_cuda(sessions):
+    session = sessions("tiny-wan")
+    before = fingerprint(session.model.pipeline.transformer)
+    with pytest.raises(RuntimeError, match=r"group_offload: needs a device of type \('cuda',\)"):
+        session.accelerate({"group_offload": {}})
+    assert fingerprint(session.model.pipeline.transformer) == before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", [{}, {"use_stream": False, "num_blocks_per_group": 2}])
+def test_group_offload_bitwise_equal_dense_on_cuda(options):
+    session = Session.open("tiny-wan", device="cuda")
+    denoisers = session.model.denoisers()
+    before = [fingerprint(d) for d in denoisers]
+    request = Request("a red circle moves left", seed=5, **SIZE)
+    dense = session.generate(request, progress=False)
+    session.accelerate({"group_offload": options})
+    try:
+        assert next(denoisers[0].blocks[0].parameters()).device.type == "cpu"
+        result = session.generate(request, progress=False)
+    finally:
+        session.accelerate({})
+    assert [fingerprint(d) for d in denoisers] == before, "uninstall did not restore the model exactly"
+    assert all(p.device.type == "cuda" for d in denoisers for p in d.parameters())
+    receipt = result.receipts["group_offload"]
+    assert receipt["executed"] and receipt["onloads"] >= receipt["groups"] > 1
+    assert torch.equal(result.latents, dense.latents) and (result.frames == dense.frames).all()
+
+
+@pytest.mark.gpu
+def test_stream_with_several_blocks_per_group_is_refused():
+    session = Session.open("tiny-wan", device="cuda")
+    with pytest.raises(ValueError, match="must be 1 with use_stream=True"):
+        session.accelerate({"group_offload": {"num_blocks_per_group": 2}})
