@@ -147,3 +147,14 @@ def test_gpu_request_memory_returns_to_baseline():
     result = session.generate(Request("p"), progress=False)
     assert torch.cuda.memory_allocated() == before
     assert result.memory["denoise"] > 0
+
+
+def test_nvml_summary_separates_invalidating_throttle_reasons():
+    from workbench.telemetry import summarize_samples
+
+    base = {"t": 0.0, "used_bytes": 1, "temperature_c": 50, "sm_clock_mhz": 1980, "processes": 1}
+    samples = [{**base, "throttle_reasons": r} for r in (0x0, 0x4, 0x4, 0x20 | 0x4, 0x1)]
+    summary = summarize_samples(samples)
+    assert summary["throttled_samples"] == 1  # only the thermal one invalidates timing
+    assert summary["throttle_reason_samples"] == {"gpu_idle": 1, "sw_power_cap": 3, "sw_thermal_slowdown": 1}
+    assert summarize_samples([]) == {}

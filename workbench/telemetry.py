@@ -181,18 +181,36 @@ class NvmlSampler:
             self._stop.wait(self._period)
 
 
+# NVML clock-event ("throttle") reason bits.
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+# Reasons that mean the GPU ran slower than its normal loaded state: thermal or hardware slowdowns.
+# `sw_power_cap` is excluded: a GPU at its power limit under heavy matrix work sits there in both arms
+# of an interleaved A/B/A alike; it is still counted and reported.
+INVALIDATING = 0x8 | 0x20 | 0x40 | 0x80
+
+
 def summarize_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Peaks and flags over a request's NVML samples (empty when there was no sampler)."""
     if not samples:
         return {}
-    # Idle and application-clock settings are not throttling; anything else (power, thermal, ...) is.
-    benign = 0x1 | 0x2  # GpuIdle, ApplicationsClocksSetting
+    reasons = {name: sum(1 for s in samples if s["throttle_reasons"] & bit) for bit, name in THROTTLE_REASONS.items()}
     return {
         "count": len(samples),
         "peak_used_bytes": max(s["used_bytes"] for s in samples),
         "max_temperature_c": max(s["temperature_c"] for s in samples),
         "min_sm_clock_mhz": min(s["sm_clock_mhz"] for s in samples),
         "max_sm_clock_mhz": max(s["sm_clock_mhz"] for s in samples),
-        "throttled_samples": sum(1 for s in samples if s["throttle_reasons"] & ~benign),
+        "throttle_reason_samples": {name: n for name, n in reasons.items() if n},
+        "throttled_samples": sum(1 for s in samples if s["throttle_reasons"] & INVALIDATING),
         "max_processes": max(s["processes"] for s in samples),
     }
