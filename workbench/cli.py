@@ -39,11 +39,30 @@ def main(argv: list[str] | None = None) -> int:
     qual.add_argument("--device", default="auto")
     qual.add_argument("--out", required=True, type=Path)
 
+    swp = commands.add_parser("sweep", help="qualify one plugin at each value of one option; knee, cliff, Pareto")
+    swp.add_argument("--plugin", required=True, help="the acceleration plugin, e.g. easycache")
+    swp.add_argument("--option", required=True, help="the option swept, e.g. threshold")
+    swp.add_argument("--values", required=True, help="comma-separated JSON values (or a JSON list), e.g. 0,0.05,0.1")
+    swp.add_argument("--base", default="{}", help="JSON options of the plugin kept fixed at every value")
+    search_cmd = commands.add_parser("search", help="qualify fixed configurations; pick the fastest qualified")
+    search_cmd.add_argument("--candidates", required=True, help="JSON list of accelerations configurations")
+    for sub in (swp, search_cmd):
+        sub.add_argument("--model", required=True)
+        sub.add_argument("--suite", required=True, type=Path, help="a data_manifests/*.json suite")
+        sub.add_argument("--cases", default="test", choices=("test", "calibration"))
+        sub.add_argument("--baseline", default="{}", help="accelerations JSON of the baseline arm")
+        sub.add_argument("--rounds", type=int, default=3)
+        sub.add_argument("--budget", default="{}", help="JSON overrides of the quality budget")
+        sub.add_argument("--device", default="auto")
+        sub.add_argument("--out", required=True, type=Path)
+
     commands.add_parser("info", help="versions, device and registered model families")
     args = parser.parse_args(argv)
     try:
         if args.command == "qualify":
             return _qualify(args)
+        if args.command in ("sweep", "search"):
+            return _sweep_or_search(args)
         return _generate(args) if args.command == "generate" else _info()
     except (ValueError, RuntimeError) as error:
         print(f"workbench {args.command}: error: {error}", file=sys.stderr)
@@ -100,6 +119,65 @@ def _qualify(args: argparse.Namespace) -> int:
     print(f"record: {path}")
     print(f"report: {args.out / 'qualification.html'}")
     return 0
+
+
+def _sweep_or_search(args: argparse.Namespace) -> int:
+    from workbench import Session
+    from workbench.evidence import sweep as sweeps
+    from workbench.evidence.manifest import load_manifest
+    from workbench.quality import Budget
+
+    names = ("baseline", "budget", "base") if args.command == "sweep" else ("baseline", "budget")
+    configs = {name: _json_arg(name, getattr(args, name)) for name in names}
+    values = _values_arg(args.values) if args.command == "sweep" else None
+    candidates = _candidates_arg(args.candidates) if args.command == "search" else None
+    budget = Budget.from_dict(configs["budget"])
+    suite = load_manifest(args.suite)
+    requests = [case.to_request() for case in getattr(suite, args.cases)]
+    session = Session.open(args.model, device=args.device)
+    if args.command == "sweep":
+        base, baseline = configs["base"], configs["baseline"]
+        result = sweeps.sweep(session, requests, args.plugin, args.option, values, base, baseline, args.rounds, budget)
+        print(f"knee: {_show(result.knee)}; cliff: {_show(result.cliff)}")
+        print(f"recommended: {_show(result.recommended)} ({result.reason})")
+    else:
+        result = sweeps.search(session, requests, candidates, configs["baseline"], args.rounds, budget)
+        print(f"best: {_show(result.best)} ({result.reason})")
+    for row in result.rows:
+        print(f"  {row.label}: {row.verdict}, speed-up {row.speedup:.4f}, within budget {row.within_budget}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    record, page = sweeps.write(result, args.out)
+    print(f"record: {record}")
+    print(f"report: {page}")
+    return 0
+
+
+def _values_arg(text: str) -> list:
+    """`--values`: a JSON list, or comma-separated JSON values (strings quoted: '"a","b"')."""
+    stripped = text.strip()
+    try:
+        values = json.loads(stripped) if stripped.startswith("[") else [json.loads(item) for item in text.split(",")]
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"--values: {text!r} is not a comma-separated list of JSON values, e.g. 0,0.05,0.1 ({error})"
+        ) from error
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"--values: {text!r}: expected at least one value")
+    return values
+
+
+def _candidates_arg(text: str) -> list:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--candidates: not valid JSON ({error})") from error
+    if not isinstance(value, list) or not value or not all(isinstance(item, dict) for item in value):
+        raise ValueError("--candidates: expected a non-empty JSON list of objects ({plugin: options})")
+    return value
+
+
+def _show(value: object) -> str:
+    return "none" if value is None else json.dumps(value, sort_keys=True)
 
 
 def _json_arg(name: str, text: str) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from functools import cache
@@ -31,7 +32,8 @@ def git_revision() -> dict[str, Any]:
             timeout=5,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        # A copy without .git (a GPU machine gets the working tree only): the launcher may name the commit.
+        return {"commit": os.environ.get("WORKBENCH_COMMIT"), "dirty": None}
     return {"commit": commit, "dirty": bool(dirty)}
 
 

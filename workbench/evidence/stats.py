@@ -136,6 +136,8 @@ def _speed_blocker(ci: RatioCI | None, device_type: str, gpu_clean: bool) -> str
         return f"timed on {device_type!r}; speed claims need a CUDA device"
     if not gpu_clean:
         return "the GPU was throttled or shared during timing"
+    if ci.high < 1:
+        return f"the candidate is slower: speed-up {_ci_text(ci)} lies below 1"
     if not ci.low > 1:
         return f"speed-up {_ci_text(ci)} does not exclude 1"
     return None

@@ -1,0 +1,229 @@
+"""Option sweeps and fixed-candidate search: pure knee/cliff/ranking logic on synthetic rows, and the
+real thing on CPU with the tiny Wan (where nothing may ever be recommended: CPU times make no speed claim)."""
+
+import json
+
+import pytest
+from matplotlib.figure import Figure
+
+from workbench import Request, Session
+from workbench.cli import main
+from workbench.evidence.records import read_record
+from workbench.evidence.sweep import (
+    Row,
+    SweepResult,
+    knee_and_cliff,
+    pareto_figure,
+    pareto_front,
+    rank,
+    recommend,
+    search,
+    summarize,
+    sweep,
+    write,
+)
+from workbench.plots import figure_png
+from workbench.quality import Budget
+
+REQUEST = Request("a red circle moves left", seed=42, frames=9, steps=4, height=32, width=32)
+BASE = {"warmup": 1, "final_dense": 1}
+SUITE = {
+    "name": "tiny-sweep",
+    "version": 1,
+    "model": "tiny-wan",
+    "calibration": [],
+    "test": [{"prompt": "a red circle moves left", "seed": 42, "frames": 9, "height": 32, "width": 32, "steps": 4}],
+}
+
+
+def row(value, speedup, within_budget, executed=True, verdict=None, low=None, latent=0.01):
+    verdict = verdict or ("no_speed_claim" if within_budget else "rejected_quality")
+    low = speedup - 0.05 if low is None else low
+    return Row(value, verdict, speedup, low, speedup + 0.05, within_budget, executed, latent_rel_l2=latent)
+
+
+def record(verdict, medians, latents, within=True):
+    """A synthetic qualification record with one case per speed-up median."""
+    cases = [
+        {
+            "verdict": verdict,
+            "reason": f"because {verdict}",
+            "speedup": {"median": m, "low": m - 0.1, "high": m + 0.1},
+            "quality": {
+                "latent_rel_l2": l2,
+                "psnr_db": 40.0,
+                "min_ssim": 0.99,
+                "within_budget": within,
+                "exact": False,
+            },
+            "receipts": {},
+        }
+        for m, l2 in zip(medians, latents, strict=True)
+    ]
+    return {"verdict": verdict, "cases": cases, "candidate": {"p": {"x": medians[0]}}}
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session.open("tiny-wan", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def threshold_sweep(session):
+    return sweep(session, [REQUEST], "easycache", "threshold", [0.0, 10.0], BASE, rounds=3, progress=False)
+
+
+# --- pure functions on synthetic rows ---------------------------------------------------------------
+
+
+def test_knee_is_fastest_in_budget_and_cliff_the_first_failure_after_it():
+    rows = [
+        row(0.0, 1.0, True, executed=False),  # did nothing: never the knee
+        row(0.05, 1.2, True),
+        row(0.1, 1.5, True),  # knee
+        row(0.15, 1.4, True),
+        row(0.2, 1.9, False),  # cliff
+        row(0.3, 2.5, False),
+    ]
+    assert knee_and_cliff(rows) == (2, 4)
+
+
+def test_knee_and_cliff_edge_cases():
+    assert knee_and_cliff([]) == (None, None)
+    assert knee_and_cliff([row(1, 1.3, True), row(2, 1.3, True)]) == (0, None)  # tie: the earlier, no cliff
+    # no knee (the only in-budget value did not execute): the cliff is the first executed failure
+    assert knee_and_cliff([row(0, 1.0, True, executed=False), row(10, 2.0, False)]) == (None, 1)
+    # a failure before the knee is not its cliff
+    assert knee_and_cliff([row(1, 1.1, False), row(2, 1.5, True), row(3, 1.6, False)]) == (1, 2)
+
+
+def test_rank_orders_qualified_rows_by_speedup_and_ignores_the_rest():
+    records = [
+        record("qualified", [1.10, 1.30], [0.01, 0.02]),  # slowest case decides: 1.10
+        record("measured_quality_tradeoff", [3.0], [0.5], within=False),  # fast but outside the budget
+        record("qualified", [1.25], [0.02]),
+        record("no_speed_claim", [2.0], [0.0]),
+        record("qualified", [1.25], [0.01]),
+    ]
+    rows = [summarize(r) for r in records]
+    assert rows[0].speedup == 1.10 and rows[0].latent_rel_l2 == 0.02 and rows[0].value == {"p": {"x": 1.10}}
+    assert rank(rows) == [2, 4, 0]
+    index, reason = recommend(rows, "cuda")
+    assert index == 2 and "fastest qualified" in reason
+
+
+def test_recommend_never_picks_what_failed():
+    rows = [row(1, 3.0, False, verdict="measured_quality_tradeoff"), row(2, 1.2, True)]
+    index, reason = recommend(rows, "cuda")
+    assert index is None and "no value is qualified" in reason
+    index, reason = recommend(rows, "cpu")
+    assert index is None and "no speed claim" in reason
+
+
+def test_pareto_front_keeps_undominated_executed_points():
+    rows = [
+        row("a", 1.0, True, executed=False, latent=0.0),  # not executed: off the front
+        row("b", 1.2, True, latent=0.01),
+        row("c", 1.1, True, latent=0.02),  # dominated by b
+        row("d", 2.0, False, latent=0.2),
+    ]
+    assert pareto_front(rows) == [1, 3]
+    with pytest.raises(ValueError, match="metric"):
+        pareto_front(rows, "speed")
+
+
+def test_pareto_figure_of_synthetic_sweep_draws_knee_cliff_and_budget():
+    rows = [row(0.05, 1.2, True), row(0.1, 1.5, True), row(0.2, 1.9, False, latent=0.2)]
+    result = SweepResult("easycache", "threshold", [0.05, 0.1, 0.2], {}, {}, Budget(), rows, 0.1, 0.2, None, "", [])
+    figure = pareto_figure(result)
+    assert isinstance(figure, Figure)
+    texts = {t.get_text() for t in figure.axes[0].texts}
+    assert {"knee", "cliff", "0.05", "0.1", "0.2"} <= texts
+    assert figure_png(figure).startswith(b"\x89PNG")
+
+
+# --- the real thing on CPU ---------------------------------------------------------------------------
+
+
+def test_threshold_sweep_rows_differ_as_expected(threshold_sweep):
+    exact, lossy = threshold_sweep.rows
+    assert exact.value == 0.0 and exact.verdict == "not_executed" and not exact.executed
+    assert exact.exact and exact.within_budget and exact.latent_rel_l2 == 0.0
+    assert lossy.value == 10.0 and lossy.executed and not lossy.exact and not lossy.within_budget
+    assert lossy.receipts[0]["easycache"]["reused"] > 0
+    assert lossy.verdict == "rejected_quality" and lossy.failures
+    assert threshold_sweep.records[1]["candidate"] == {"easycache": {**BASE, "threshold": 10.0}}
+    assert threshold_sweep.knee is None and threshold_sweep.cliff == 10.0
+
+
+def test_cpu_sweep_recommends_nothing(threshold_sweep):
+    assert threshold_sweep.recommended is None
+    assert "no speed claim" in threshold_sweep.reason
+
+
+def test_sweep_writes_strict_json_and_offline_html(threshold_sweep, tmp_path):
+    figure = pareto_figure(threshold_sweep, "psnr_db")
+    assert isinstance(figure, Figure) and "0.0 (exact) (not executed)" in {t.get_text() for t in figure.axes[0].texts}
+    record_path, page_path = write(threshold_sweep, tmp_path / "out")
+    saved = read_record(record_path)
+    assert saved["kind"] == "sweep" and saved["recommended"] is None
+    assert saved["rows"][0]["psnr_db"] == "inf" and saved["cliff"] == {"index": 1, "value": 10.0}
+    assert len(saved["records"]) == 2 and saved["model"] == "tiny-wan"
+    page = page_path.read_text()
+    assert "data:image/png;base64," in page and "<script" not in page and "rejected_quality" in page
+
+
+def test_sweep_refuses_bad_input_before_running(session):
+    with pytest.raises(ValueError, match="nosuchcache"):
+        sweep(session, [REQUEST], "nosuchcache", "threshold", [0.1], progress=False)
+    with pytest.raises(ValueError, match="repeats"):
+        sweep(session, [REQUEST], "easycache", "threshold", [0.1, 0.1], progress=False)
+    with pytest.raises(ValueError, match="at least one value"):
+        sweep(session, [REQUEST], "easycache", "threshold", [], progress=False)
+    with pytest.raises(ValueError, match="nosuchcache"):
+        search(session, [REQUEST], [{"cross_kv_cache": {}}, {"nosuchcache": {}}], progress=False)
+
+
+def test_cpu_search_has_no_best(session):
+    result = search(session, [REQUEST], [{"cross_kv_cache": {}}], rounds=3, progress=False)
+    assert [r.verdict for r in result.rows] == ["no_speed_claim"]
+    assert result.ranking == [] and result.best is None and "no speed claim" in result.reason
+    assert result.to_record()["records"][0]["candidate"] == {"cross_kv_cache": {}}
+
+
+def test_cli_sweep_writes_json_and_html(tmp_path, capsys):
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({**SUITE, "test": [{**SUITE["test"][0], "mode": "t2v"}]}))
+    out = tmp_path / "s"
+    argv = ["sweep", "--model", "tiny-wan", "--suite", str(suite), "--plugin", "easycache", "--option"]
+    argv += ["threshold", "--values", "0,10", "--base", json.dumps(BASE), "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "recommended: none" in printed and "cliff: 10" in printed
+    record = json.loads((out / "sweep.json").read_text())
+    assert [r["executed"] for r in record["rows"]] == [False, True]
+    assert "<script" not in (out / "sweep.html").read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sweep", "--plugin", "easycache", "--option", "threshold", "--values", "0,,0.1"], "--values"),
+        (["sweep", "--plugin", "easycache", "--option", "threshold", "--values", "0,abc"], "--values"),
+        (["sweep", "--plugin", "easycache", "--option", "threshold", "--values", "0", "--base", "{x"], "--base"),
+        (["search", "--candidates", '[{"easycache": {}}'], "--candidates: not valid JSON"),
+        (["search", "--candidates", '{"easycache": {}}'], "--candidates: expected"),
+    ],
+)
+def test_cli_bad_input_exits_2(tmp_path, capsys, argv, message):
+    common = ["--model", "tiny-wan", "--suite", "data_manifests/tiny-smoke.json", "--out", str(tmp_path / "o")]
+    assert main([*argv, *common]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_unknown_plugin_exits_2(tmp_path, capsys):
+    argv = ["search", "--model", "tiny-wan", "--suite", "data_manifests/tiny-smoke.json", "--device", "cpu"]
+    argv += ["--candidates", '[{"nosuchcache": {}}]', "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert "nosuchcache" in capsys.readouterr().err and not (tmp_path / "o").exists()
