@@ -144,21 +144,15 @@ class Session:
                 sampler = stack.enter_context(_maybe_sampler(self.device, telemetry))
             on_step_end = stack.enter_context(stage_probes(self.model, telemetry))
             clock = on_step_end.__self__
+            generator = torch.Generator("cpu").manual_seed(request.seed)
             with torch.inference_mode():
-                output = pipe(
-                    **kwargs,
-                    generator=torch.Generator("cpu").manual_seed(request.seed),
-                    output_type="np",
-                    callback_on_step_end=on_step_end,
-                    callback_on_step_end_tensor_inputs=["latents"],
-                )
+                frames, audio = self.family.runner(pipe, kwargs, generator, on_step_end)
             total = telemetry.finish()
             samples = sampler.samples if sampler is not None else []
         receipts = {handle.spec.name: handle.report() for handle in self._handles}
         timings = dict(telemetry.timings)
         timings["other"] = max(0.0, total - sum(timings.values()))
         timings["total"] = total
-        audio = getattr(output, "audio", None)
         metadata = {
             "request_id": request_id,
             "model": self.model.name,
@@ -172,8 +166,8 @@ class Session:
             **environment.describe(self.device),
         }
         return Result(
-            frames=_to_uint8(output.frames[0]),
-            audio=None if audio is None else audio[0].float().cpu().numpy(),
+            frames=_to_uint8(frames),
+            audio=None if audio is None else audio.float().cpu().numpy(),
             sample_rate=self._sample_rate() if audio is not None else None,
             fps=request.fps,
             latents=None if clock.latents is None else clock.latents.detach().float().cpu(),

@@ -34,12 +34,37 @@ class Family:
     # (stage, component attribute or "" for the pipeline, method name or None for the module's forward)
     stage_probes: tuple[tuple[str, str, str | None], ...] = ()
     call_kwargs: Callable[..., dict[str, Any]] = field(default=lambda request: {}, repr=False)
+    runner: Callable[..., tuple[Any, Any]] = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.runner is None:
+            object.__setattr__(self, "runner", run_standard_pipeline)
 
     def frames_allowed(self, frames: int) -> bool:
         return frames >= 1 and frames % self.frame_step == self.frame_offset
 
 
 WORKBENCH_FILE = "workbench.json"  # optional: request defaults and pipeline kwargs saved with a model
+
+
+def run_standard_pipeline(pipeline: Any, kwargs: dict[str, Any], generator: Any, on_step_end: Any) -> tuple:
+    """Call a classic diffusers pipeline; returns float frames (T, H, W, 3) in [0, 1] and audio (C, N) or None.
+
+    A family whose pipeline is called differently (a modular pipeline) supplies its own `runner` with
+    the same signature; `on_step_end(pipeline, index, timestep, tensors)` must be called after every
+    denoising step with the latents in `tensors["latents"]`.
+    """
+    output = pipeline(
+        **kwargs,
+        generator=generator,
+        output_type="np",
+        callback_on_step_end=on_step_end,
+        callback_on_step_end_tensor_inputs=["latents"],
+    )
+    audio = getattr(output, "audio", None)
+    return output.frames[0], None if audio is None else audio[0]
+
+
 SAFE_WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
 UNSAFE_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
