@@ -1,9 +1,11 @@
 import os
 
-import pytest
-import torch
-
+os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # diffusers imports torchao when installed
 os.environ.setdefault("TQDM_DISABLE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 

@@ -7,17 +7,33 @@ from __future__ import annotations
 
 from workbench.accelerations import (
     attention_backend,
+    cache_dit,
     cross_kv_cache,
     diffusers_caches,
     easycache,
     fused_qkv,
     group_offload,
+    mag_cache,
     regional_compile,
+    selective_fp8,
+    teacache,
 )
 from workbench.accelerations.base import CONTRACTS, Handle, Option, Prepared, Receipt, Spec, fingerprint
 from workbench.accelerations.install import plan
 
-_MODULES = (attention_backend, fused_qkv, cross_kv_cache, easycache, diffusers_caches, group_offload, regional_compile)
+_MODULES = (
+    attention_backend,
+    fused_qkv,
+    cross_kv_cache,
+    easycache,
+    diffusers_caches,
+    group_offload,
+    regional_compile,
+    teacache,
+    selective_fp8,
+    mag_cache,
+    cache_dit,
+)
 REGISTRY: dict[str, Spec] = {spec.name: spec for module in _MODULES for spec in module.SPECS}
 
 
