@@ -6,11 +6,13 @@
 from __future__ import annotations
 
 from workbench.accelerations import (
+    adaln_precompute,
     attention_backend,
     cache_dit,
     cross_kv_cache,
     diffusers_caches,
     easycache,
+    fused_block_ops,
     fused_qkv,
     group_offload,
     mag_cache,
@@ -33,6 +35,8 @@ _MODULES = (
     selective_fp8,
     mag_cache,
     cache_dit,
+    fused_block_ops,
+    adaln_precompute,
 )
 REGISTRY: dict[str, Spec] = {spec.name: spec for module in _MODULES for spec in module.SPECS}
 
