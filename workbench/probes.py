@@ -21,7 +21,7 @@ def stage_probes(model: Any, telemetry: Telemetry):
     undo: list[Callable[[], None]] = []
     try:
         for stage, attribute, method in model.family.stage_probes:
-            target = getattr(pipe, attribute) if attribute else pipe
+            target = _component(pipe, attribute)
             if target is None:
                 continue
             if method is None:
@@ -35,6 +35,16 @@ def stage_probes(model: Any, telemetry: Telemetry):
     finally:
         for remove in reversed(undo):
             remove()
+
+
+def _component(pipe: Any, attribute: str) -> Any:
+    """`attribute` names a pipeline component, "" for the pipeline, or a dotted path to a submodule of one."""
+    target = pipe
+    for name in attribute.split(".") if attribute else ():
+        target = getattr(target, name, None)
+        if target is None:
+            return None
+    return target
 
 
 def _probe_method(target: Any, name: str, stage: str, telemetry: Telemetry) -> Callable[[], None]:

@@ -65,6 +65,9 @@ class Request:
         for name in ("image", "last_image"):
             if getattr(request, name) is not None and request.mode in ("t2v", "t2va"):
                 raise ValueError(f"{name}: mode {request.mode!r} takes no keyframe; allowed modes: {family.modes}")
+        check = getattr(family, "check_request", None)  # a family's own rules (keyframes per mode, ranges)
+        if check is not None:
+            check(request)
         return request
 
     def to_dict(self) -> dict[str, Any]:

@@ -182,6 +182,8 @@ class Session:
 
     def _sample_rate(self) -> int:
         vocoder = getattr(self.model.pipeline, "vocoder", None)
+        if vocoder is None:  # the audio VAE emits the waveform itself (MiniMax-H3's modular pipeline)
+            return int(self.model.pipeline.audio_sampling_rate)
         return int(vocoder.config.output_sampling_rate)
 
     def __repr__(self) -> str:

@@ -1,4 +1,4 @@
-"""Model families and the names a user types: `tiny-wan`, `tiny-wan22`, `tiny-ltx2`, or a local path."""
+"""Model families and the names a user types: `tiny-wan`, `tiny-wan22`, `tiny-ltx2`, `tiny-h3`, or a local path."""
 
 from __future__ import annotations
 
@@ -10,28 +10,30 @@ import torch
 
 from workbench.models.loaded import LoadedModel, cast_components
 
-TINY_MODELS = ("tiny-wan", "tiny-wan22", "tiny-ltx2")
+TINY_MODELS = ("tiny-wan", "tiny-wan22", "tiny-ltx2", "tiny-h3")
 RANDOM_MODELS = ("random-wan-1.3b",)  # real shapes, random weights: for GPU timing only
-PIPELINE_FAMILIES = {"WanPipeline": "wan", "LTX2Pipeline": "ltx2"}
+PIPELINE_FAMILIES = {"WanPipeline": "wan", "LTX2Pipeline": "ltx2", "MiniMaxH3ModularPipeline": "h3"}
+MODULAR_INDEX = "modular_model_index.json"  # modular pipelines (MiniMax-H3) name their components here
 
 
 def families() -> dict[str, object]:
     """Every registered family by name (imports diffusers)."""
-    from workbench.models import ltx2, wan
+    from workbench.models import h3, ltx2, wan
 
-    return {wan.FAMILY.name: wan.FAMILY, ltx2.FAMILY.name: ltx2.FAMILY}
+    return {wan.FAMILY.name: wan.FAMILY, ltx2.FAMILY.name: ltx2.FAMILY, h3.FAMILY.name: h3.FAMILY}
 
 
 def resolve(
     name: str | Path, seed: int = 0, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"
 ) -> LoadedModel:
     """Build a model by name (cast like `from_pretrained(torch_dtype=dtype)`), or load a local directory."""
-    from workbench.models import ltx2, wan
+    from workbench.models import h3, ltx2, wan
 
     built: dict[str, Callable[[int], LoadedModel]] = {
         "tiny-wan": wan.tiny,
         "tiny-wan22": wan.tiny22,
         "tiny-ltx2": ltx2.tiny,
+        "tiny-h3": h3.tiny,
         "random-wan-1.3b": lambda seed: wan.random_1_3b(seed, device=device),
     }
     if str(name) in built:
@@ -43,8 +45,10 @@ def resolve(
         known = TINY_MODELS + RANDOM_MODELS
         raise ValueError(f"model: {str(name)!r} is neither a known name {known} nor a local directory")
     index = path / "model_index.json"
+    if not index.is_file() and (path / MODULAR_INDEX).is_file():
+        index = path / MODULAR_INDEX
     class_name = json.loads(index.read_text()).get("_class_name") if index.is_file() else None
     if class_name not in PIPELINE_FAMILIES:
         raise ValueError(f"model: {index} names pipeline {class_name!r}; supported: {sorted(PIPELINE_FAMILIES)}")
-    module = {"wan": wan, "ltx2": ltx2}[PIPELINE_FAMILIES[class_name]]
+    module = {"wan": wan, "ltx2": ltx2, "h3": h3}[PIPELINE_FAMILIES[class_name]]
     return module.load(path, dtype=dtype)

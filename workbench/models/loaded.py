@@ -28,7 +28,7 @@ class LoadedModel:
     def save(self, path: str | Path) -> Path:
         """Save in diffusers format (safetensors) plus `workbench.json` with this model's request defaults."""
         path = Path(path)
-        self.pipeline.save_pretrained(path, safe_serialization=True)
+        self.pipeline.save_pretrained(str(path), safe_serialization=True)  # modular pipelines need a str
         stored = {"defaults": self.defaults, "call_overrides": self.call_overrides}
         (path / "workbench.json").write_text(json.dumps(stored, indent=2))
         return path

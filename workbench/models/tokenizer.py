@@ -7,6 +7,7 @@ Characters (lower-cased) keep every distinct prompt distinct without shipping a 
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -15,13 +16,20 @@ SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
 CHARACTERS = sorted(set(string.ascii_lowercase + string.digits + string.punctuation))
 
 
-def build_tokenizer(vocab_size: int = 128, model_max_length: int = 128) -> PreTrainedTokenizerFast:
-    """A deterministic tokenizer with exactly `vocab_size` ids (specials, characters, unused fillers)."""
-    minimum = len(SPECIAL_TOKENS) + len(CHARACTERS)
+def build_tokenizer(
+    vocab_size: int = 128, model_max_length: int = 128, extra_special_tokens: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
+    """A deterministic tokenizer with exactly `vocab_size` ids (specials, characters, unused fillers).
+
+    `extra_special_tokens` (such as Qwen-VL's `<|image_pad|>`) take the last ids, in order, and are never split;
+    the ids of every other token are the same as without them.
+    """
+    extra = list(extra_special_tokens)
+    minimum = len(SPECIAL_TOKENS) + len(CHARACTERS) + len(extra)
     if vocab_size < minimum:
-        raise ValueError(f"vocab_size={vocab_size}: must be at least {minimum} (specials + characters)")
+        raise ValueError(f"vocab_size={vocab_size}: must be at least {minimum} (specials + characters + extras)")
     fillers = [f"<unused{i}>" for i in range(vocab_size - minimum)]
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS + fillers)}
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS + fillers + extra)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.normalizer = normalizers.Lowercase()
     core.pre_tokenizer = pre_tokenizers.Sequence(
@@ -34,4 +42,5 @@ def build_tokenizer(vocab_size: int = 128, model_max_length: int = 128) -> PreTr
         bos_token="<bos>",
         unk_token="<unk>",
         model_max_length=model_max_length,
+        **({"additional_special_tokens": extra} if extra else {}),
     )

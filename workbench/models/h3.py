@@ -1,0 +1,411 @@
+"""MiniMax-H3 audio+video (diffusers `MiniMaxH3ModularPipeline`: Qwen3-VL conditioner, one packed sequence).
+
+H3 is modular only: `MiniMaxH3Blocks().init_pipeline()` plus `update_components(...)`; there is no classic
+`DiffusionPipeline`, no guidance (the checkpoint is guidance-distilled) and no step callback. This module adapts
+it to the session's contract:
+
+- `runner` calls the modular pipeline and, for the duration of the call only, wraps two sub-blocks of the
+  denoising loop (`LoopSequentialPipelineBlocks.sub_blocks`): the `denoiser` block runs inside
+  `transformer.cache_context("cond", step_index=i, timestep=t)` (the stock loop sets no context, and feature
+  caches need one), and the scheduler `update` block calls `on_step_end(pipe, i, t, {"latents": ...})` after every
+  step with the packed video rows of the sequence (conditioning rows first, as the loop holds them). The wrappers
+  delegate `inputs`/`intermediate_outputs` to the wrapped block, so the loop's state layout is unchanged.
+- N `steps` give N - 1 transformer calls (the scheduler's last sigma is 0 and is not evaluated).
+- Frames are `17 n + 5` at a fixed 24 fps and must last 5-15 s: 124, 141, ..., 345. Out-of-range counts are refused
+  (`check_request`), never snapped.
+- Modes: `t2va`, `i2va` (first keyframe = `Request.image`), `l2va` (last keyframe = `Request.last_image`), `fl2va`
+  (both). Keyframes are PIL images or uint8 (H, W, 3) arrays; arrays are handed to the pipeline as PIL images
+  (its resize step reads `.size`), which is lossless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import (
+    AutoencoderKLMiniMaxH3,
+    AutoencoderKLMiniMaxH3Audio,
+    MiniMaxH3Scheduler,
+    MiniMaxH3Transformer3DModel,
+)
+from diffusers.modular_pipelines import MiniMaxH3Blocks
+from diffusers.modular_pipelines.minimax_h3.denoise import MiniMaxH3LoopDenoiser, MiniMaxH3LoopSchedulerStep
+from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+from workbench.models.family import Family, _load_component, read_workbench_file
+from workbench.models.loaded import LoadedModel
+from workbench.models.tokenizer import build_tokenizer
+
+FPS = 24
+MIN_FRAMES, MAX_FRAMES = 124, 345  # 5 s and 15 s at 24 fps, both of the form 17 n + 5
+ALLOWED_FRAMES = tuple(range(MIN_FRAMES, MAX_FRAMES + 1, 17))
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+# Which keyframes each mode takes: (needs Request.image, needs Request.last_image).
+MODE_KEYFRAMES = {"t2va": (False, False), "i2va": (True, False), "l2va": (False, True), "fl2va": (True, True)}
+INDEX_FILE = "modular_model_index.json"
+
+
+def _keyframe(value: Any) -> Any:
+    if value is None or not isinstance(value, np.ndarray):
+        return value
+    from PIL import Image
+
+    return Image.fromarray(value, mode="RGB")
+
+
+def _call_kwargs(request: Any) -> dict[str, Any]:
+    kwargs = {
+        "prompt": request.prompt,
+        "num_frames": request.frames,
+        "height": request.height,
+        "width": request.width,
+        "num_inference_steps": request.steps,
+    }
+    for name in ("image", "last_image"):
+        if getattr(request, name) is not None:
+            kwargs[name] = _keyframe(getattr(request, name))
+    return kwargs
+
+
+class _InCacheContext:
+    """Runs the loop's transformer block inside `transformer.cache_context("cond", ...)`."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:  # inputs, intermediate_outputs, ... of the wrapped block
+        return getattr(self.inner, name)
+
+    def __call__(self, components: Any, block_state: Any, i: int, t: torch.Tensor) -> Any:
+        transformer = getattr(components, self.inner.transformer_name)
+        with transformer.cache_context("cond", step_index=i, timestep=t):
+            return self.inner(components, block_state, i=i, t=t)
+
+
+class _StepEnd:
+    """Runs the loop's scheduler block, then reports the finished step to `on_step_end`."""
+
+    def __init__(self, inner: Any, pipeline: Any, on_step_end: Callable[..., Any]):
+        self.inner, self.pipeline, self.on_step_end = inner, pipeline, on_step_end
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __call__(self, components: Any, block_state: Any, i: int, t: torch.Tensor) -> Any:
+        components, block_state = self.inner(components, block_state, i=i, t=t)
+        # The loop updates the packed rows in place, so a reference kept by a listener would change under it.
+        self.on_step_end(self.pipeline, i, t, {"latents": block_state.latents.clone()})
+        return components, block_state
+
+
+def _denoise_loops(blocks: Any) -> list[Any]:
+    """Every denoising loop in the block tree (one per workflow: t2va, fl2va, ref2va)."""
+    found, stack = [], [blocks]
+    while stack:
+        block = stack.pop()
+        sub_blocks = getattr(block, "sub_blocks", None) or {}
+        if any(isinstance(b, MiniMaxH3LoopSchedulerStep) for b in sub_blocks.values()):
+            found.append(block)
+        stack.extend(sub_blocks.values())
+    return found
+
+
+def run_modular_pipeline(pipeline: Any, kwargs: dict[str, Any], generator: Any, on_step_end: Any) -> tuple:
+    """Call the H3 modular pipeline; returns float frames (T, H, W, 3) in [0, 1] and audio (2, N)."""
+    undo: list[Callable[[], None]] = []
+    try:
+        for loop in _denoise_loops(pipeline._blocks):  # `.blocks` is a deep copy
+            for name, block in list(loop.sub_blocks.items()):
+                if isinstance(block, MiniMaxH3LoopDenoiser):
+                    loop.sub_blocks[name] = _InCacheContext(block)
+                elif isinstance(block, MiniMaxH3LoopSchedulerStep):
+                    loop.sub_blocks[name] = _StepEnd(block, pipeline, on_step_end)
+                else:
+                    continue
+                undo.append(lambda loop=loop, name=name, block=block: loop.sub_blocks.__setitem__(name, block))
+        state = pipeline(**kwargs, generator=generator, output_type="np")
+    finally:
+        for restore in reversed(undo):
+            restore()
+    videos, audio = state.get("videos"), state.get("audio")
+    return np.asarray(videos[0]), audio[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class H3Family(Family):
+    """Adds `check_request` (called by `Request.resolved`): keyframes per mode, the 5-15 s range, fixed 24 fps."""
+
+    def check_request(self, request: Any) -> None:
+        if request.frames not in ALLOWED_FRAMES:
+            raise ValueError(
+                f"frames: {request.frames} is outside what {self.name} generates (5-15 s at {FPS} fps, 17*n + 5); "
+                f"allowed: {list(ALLOWED_FRAMES)}"
+            )
+        if request.fps != FPS:
+            raise ValueError(f"fps: {request.fps}; {self.name} generates at a fixed {FPS} fps")
+        if request.guidance is not None:
+            raise ValueError(f"guidance: {self.name} is guidance-distilled and takes no guidance scale; leave it None")
+        if request.negative_prompt:
+            raise ValueError(f"negative_prompt: {self.name} is guidance-distilled and takes no negative prompt")
+        needs_image, needs_last = MODE_KEYFRAMES[request.mode]
+        for name, needed in (("image", needs_image), ("last_image", needs_last)):
+            given = getattr(request, name) is not None
+            if needed and not given:
+                raise ValueError(f"{name}: mode {request.mode!r} needs a keyframe here; none was given")
+            if given and not needed:
+                modes = [m for m, keys in MODE_KEYFRAMES.items() if keys[name == "last_image"]]
+                raise ValueError(f"{name}: mode {request.mode!r} takes no {name}; modes that do: {modes}")
+
+
+FAMILY = H3Family(
+    name="h3",
+    pipeline_class="MiniMaxH3ModularPipeline",
+    # The checkpoint's own canvas (short edge 768, 16:9) and shortest duration; 17 steps = 16 evaluations (Base16).
+    defaults={"frames": 124, "height": 768, "width": 1344, "steps": 17, "fps": FPS},
+    frame_step=17,
+    frame_offset=5,
+    size_multiple=32,
+    has_audio=True,
+    modes=tuple(MODE_KEYFRAMES),
+    block_classes=("MiniMaxH3TransformerBlock",),
+    stage_probes=(
+        # The conditioner runs `text_encoder.model` (it reads hidden state 50, never the LM head), so the probe
+        # sits on that submodule; for keyframe modes it includes the Qwen3-VL vision tower.
+        ("text_encode", "text_encoder.model", None),
+        ("image_encode", "vae", "encode"),
+        ("video_decode", "vae", "decode"),
+        ("audio_decode", "audio_vae", "decode"),
+    ),
+    call_kwargs=_call_kwargs,
+    runner=run_modular_pipeline,
+)
+TINY_DEFAULTS = {"frames": 124, "height": 32, "width": 64, "steps": 3, "fps": FPS}
+TINY_CANVAS = {"canvas_short_edge": 32, "canvas_max_pixels": 2048}
+TEXT_HIDDEN = 16
+# The pipeline reads `hidden_states[text_encoder_layer]` (50), so the tiny conditioner has 51 layers of width 16
+# rather than a pipeline subclass overriding `text_encoder_layer`: the stock class stays in use.
+TEXT_LAYERS = 51
+
+
+def base16_request(prompt: str, seed: int = 0, **fields: Any) -> Any:
+    """A request for 16 transformer evaluations (`steps=17`; H3 evaluates N - 1 times for N steps).
+
+    Sizes come from the model's defaults, so on `tiny-h3` this is 124x32x64. With the released checkpoint the
+    family defaults make it the full-size Base16 run: 124 frames (5.17 s at 24 fps), 768x1344 (the checkpoint's
+    16:9 canvas: short edge 768, at most 768*1344 pixels), 17 steps, one forward per step (guidance-distilled: no
+    negative prompt, no guidance scale), stereo 32 kHz audio. Pass `frames=` (up to 345) for longer clips.
+    """
+    from workbench.request import Request
+
+    return Request(prompt, seed=seed, **{"steps": 17, **fields})
+
+
+class _ProcessorWithoutVideo(Qwen3VLProcessor):
+    """A `Qwen3VLProcessor` without its video half, for environments without torchvision.
+
+    transformers builds Qwen3-VL video processors only with torchvision; the t2va/fl2va blocks use just the
+    tokenizer, the image processor and `create_mm_token_type_ids`, so `video_processor=None` is accepted here.
+    """
+
+    def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+        if argument_name == "video_processor" and argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> list[str]:
+        """Saves the two halves it has; `_load_processor` rebuilds it from them."""
+        Path(save_directory).mkdir(parents=True, exist_ok=True)
+        return [*self.tokenizer.save_pretrained(save_directory), *self.image_processor.save_pretrained(save_directory)]
+
+
+def build_processor(tokenizer: Any, image_processor: Any, video_processor: Any = None) -> Qwen3VLProcessor:
+    if video_processor is not None:
+        return Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor)
+    return _ProcessorWithoutVideo(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
+
+
+def _tiny_text_encoder(seed: int, tokenizer: Any) -> Qwen3VLForConditionalGeneration:
+    torch.manual_seed(seed)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
+    config = Qwen3VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": TEXT_HIDDEN,
+            "intermediate_size": 16,
+            "num_hidden_layers": TEXT_LAYERS,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 8,
+            "max_position_embeddings": 256,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 16,
+            "intermediate_size": 16,
+            "num_heads": 2,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "out_hidden_size": TEXT_HIDDEN,
+            "num_position_embeddings": 16,
+            "deepstack_visual_indexes": [0],
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    return Qwen3VLForConditionalGeneration(config).eval()
+
+
+def tiny_components(seed: int = 0) -> dict[str, Any]:
+    """Every component of a random-initialised H3 that runs 124x32x64 (3 steps) in about half a second on a CPU."""
+    tokenizer = build_tokenizer(128, model_max_length=256, extra_special_tokens=VISION_TOKENS)
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=32 * 32, max_pixels=64 * 64
+    )
+    text_encoder = _tiny_text_encoder(seed, tokenizer)
+    torch.manual_seed(seed + 1)
+    transformer = MiniMaxH3Transformer3DModel(
+        num_attention_heads=2,
+        attention_head_dim=16,
+        hidden_size=24,
+        num_layers=2,
+        num_refiner_layers=1,
+        ffn_dim=32,
+        in_channels=4,
+        audio_in_channels=4,
+        patch_size=(1, 2, 2),
+        text_dim=TEXT_HIDDEN,
+        freq_dim=8,
+        time_embed_hidden_dim=24,
+        time_embed_dim=16,
+        rope_freq_dim=2,
+    )
+    torch.manual_seed(seed + 2)
+    vae = AutoencoderKLMiniMaxH3(  # the released 16x spatial / 17n+5 -> 5n+2 temporal geometry, tiny widths
+        latent_channels=4,
+        block_out_channels=(4, 4, 4, 4),
+        layers_per_block=1,
+        spatial_downsample_factors=(2, 2, 2, 2),
+        temporal_downsample_factors=(2, 2, 1, 1),
+        norm_num_groups=2,
+        decoder_num_layers=1,
+        decoder_num_attention_heads=1,
+        decoder_attention_head_dim=8,  # int(0.75 * 8) = 6, divisible by 6 as the decoder's RoPE needs
+        decoder_num_register_tokens=1,
+        decoder_ffn_mult=1,
+        clip_length=17,
+        token_drop=3,
+        latents_mean=(0.0,) * 4,
+        latents_std=(1.0,) * 4,
+    )
+    torch.manual_seed(seed + 3)
+    audio_vae = AutoencoderKLMiniMaxH3Audio(  # 800-sample hop at 32 kHz like the release: 40 latents per second
+        encoder_dim=1,
+        encoder_rates=(20, 40),
+        latent_dim=4,
+        latent_channels=4,
+        num_attention_heads=2,
+        decoder_dim=4,
+        decoder_rates=(40, 20),
+        decoder_kernel_sizes=(80, 40),
+        resblock_kernel_sizes=(3,),
+        resblock_dilation_sizes=((1,),),
+        sampling_rate=32000,
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    )
+    return {
+        "text_encoder": text_encoder,
+        "tokenizer": tokenizer,
+        "processor": build_processor(tokenizer, image_processor),
+        "transformer": transformer.eval(),
+        "vae": vae.eval(),
+        "audio_vae": audio_vae.eval(),
+        "scheduler": MiniMaxH3Scheduler(shift=12.0),
+        "audio_scheduler": MiniMaxH3Scheduler(shift=3.0),
+    }
+
+
+def assemble(components: dict[str, Any], **config: Any) -> Any:
+    """A `MiniMaxH3ModularPipeline` from components (plus canvas configs such as `canvas_short_edge`)."""
+    pipeline = MiniMaxH3Blocks().init_pipeline()
+    pipeline.update_components(**components)
+    if config:
+        pipeline.update_components(**config)
+    return pipeline
+
+
+def tiny_pipeline(seed: int = 0) -> Any:
+    return assemble(tiny_components(seed), **TINY_CANVAS)
+
+
+def tiny(seed: int = 0) -> LoadedModel:
+    return LoadedModel("tiny-h3", FAMILY, tiny_pipeline(seed), dict(TINY_DEFAULTS), {})
+
+
+def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
+    """Load a local H3 directory (its `modular_model_index.json`), component by component, strictly.
+
+    `family.load_pipeline` builds classic pipelines from `model_index.json`; a modular repository names its
+    components in `modular_model_index.json` as `[library, class, loading spec]`. Each component folder is loaded
+    with the same strict loader (safetensors only, missing/unexpected/mis-shaped tensors are an error naming the
+    folder). `transformer_ref` (the ref2va partition) is not loaded: the workbench runs t2va/i2va/l2va/fl2va. The
+    processor is rebuilt from its tokenizer and image processor when torchvision is unavailable.
+    """
+    root = Path(path)
+    index_file = root / INDEX_FILE
+    if not index_file.is_file():
+        raise ValueError(f"model path {str(root)!r} has no {INDEX_FILE} (not a diffusers modular directory)")
+    index = json.loads(index_file.read_text())
+    if index.get("_class_name") not in (FAMILY.pipeline_class, "MiniMaxH3Blocks"):
+        raise ValueError(f"{index_file}: _class_name is {index.get('_class_name')!r}, expected a MiniMax-H3 pipeline")
+    components: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    for name, spec in index.items():
+        if name.startswith("_") or name == "transformer_ref":
+            continue
+        if not isinstance(spec, list):
+            config[name] = spec
+            continue
+        library, class_name = spec[0], spec[1]
+        if library is None or class_name is None or not (root / name).is_dir():
+            continue
+        if name == "processor":
+            continue  # built below from the tokenizer and the image processor
+        components[name] = _load_component(root / name, library, class_name, dtype)
+    components["processor"] = _load_processor(root / "processor", components.get("tokenizer"))
+    pipeline = assemble(components, **{k: v for k, v in config.items() if k.startswith("canvas_")})
+    return LoadedModel(str(path), FAMILY, pipeline, *read_workbench_file(root, FAMILY))
+
+
+def _load_processor(folder: Path, tokenizer: Any) -> Qwen3VLProcessor:
+    if not folder.is_dir():
+        raise ValueError(f"component folder {folder} is missing (named in {INDEX_FILE})")
+    try:
+        return Qwen3VLProcessor.from_pretrained(folder, local_files_only=True)
+    except (ImportError, AttributeError, TypeError, ValueError):  # no torchvision: no Qwen3-VL video processor
+        image_processor = Qwen2VLImageProcessorPil.from_pretrained(folder, local_files_only=True)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        return build_processor(tokenizer, image_processor)
+
+
+def sample_rate(pipeline: Any) -> int:
+    return int(pipeline.audio_sampling_rate)
