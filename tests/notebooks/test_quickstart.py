@@ -1,7 +1,5 @@
 """The quickstart notebook runs top to bottom under papermill with tiny parameters."""
 
-import json
-import sys
 from pathlib import Path
 
 import nbformat
@@ -10,27 +8,7 @@ import papermill
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "00_quickstart.ipynb"
 
 
-def python3_kernel_of_this_interpreter(root: Path) -> Path:
-    """A `python3` kernelspec that starts this very interpreter, found first through JUPYTER_PATH.
-
-    `kernel_name="python3"` otherwise resolves to whichever spec comes first on the machine (a user's
-    ~/.local one may point at another Python without the workbench). JUPYTER_PATH has the highest
-    priority, and the spec lives in a temporary folder, so nothing is installed anywhere.
-    """
-    spec = root / "kernels" / "python3"
-    spec.mkdir(parents=True)
-    kernel = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (this interpreter)",
-        "language": "python",
-    }
-    (spec / "kernel.json").write_text(json.dumps(kernel))
-    return root
-
-
-def test_quickstart_notebook_runs_without_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("JUPYTER_PATH", str(python3_kernel_of_this_interpreter(tmp_path / "jupyter")))
-    monkeypatch.setenv("TQDM_DISABLE", "1")
+def test_quickstart_notebook_runs_without_error(tmp_path, kernel_env):
     executed = tmp_path / "00_quickstart.ipynb"
     papermill.execute_notebook(
         str(NOTEBOOK),

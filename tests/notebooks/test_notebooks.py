@@ -1,0 +1,131 @@
+"""Every notebook runs headless under papermill with tiny parameters, and under `pytest --nbval-lax`.
+
+The assertions live in the notebooks' own code cells; here a run must finish without an error output
+and leave the content a reader expects (the executed copy is what CI keeps).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import papermill
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+TINY = {"frames": 9, "height": 32, "width": 32, "steps": 2}
+SUITE = ROOT / "data_manifests" / "tiny-smoke.json"
+
+
+def parameters(name: str, tmp_path: Path) -> dict:
+    out = str(tmp_path / "out")
+    return {
+        "00_quickstart": {"frames": 9, "steps": 2, "device": "cpu", "out": out},
+        "10_explore": {"model": "tiny-wan", "device": "cpu", **TINY, "acceleration": "cross_kv_cache"},
+        "20_qualify": {
+            "model": "tiny-wan",
+            "suite": str(SUITE),
+            "candidate": {"cross_kv_cache": {}},
+            "rounds": 3,
+            "out": out,
+            "device": "cpu",
+            **TINY,
+            "max_cases": 1,
+        },
+        "30_kernels": {"device": "cuda"},  # on a machine without CUDA this is the clean skip
+        "40_review": {"record_a": "", "record_b": "", "out": out, "device": "cpu", **TINY, "rounds": 3},
+    }[name]
+
+
+def execute(name: str, tmp_path: Path) -> nbformat.NotebookNode:
+    executed = tmp_path / f"{name}.ipynb"
+    papermill.execute_notebook(
+        str(NOTEBOOKS / f"{name}.ipynb"),
+        str(executed),
+        parameters=parameters(name, tmp_path),
+        kernel_name="python3",
+        cwd=str(tmp_path),
+        progress_bar=False,
+        execution_timeout=300,
+    )
+    notebook = nbformat.read(executed, as_version=4)
+    errors = [
+        o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs if o.output_type == "error"
+    ]
+    assert not errors
+    assert any("injected-parameters" in cell.metadata.get("tags", []) for cell in notebook.cells)
+    return notebook
+
+
+def mimes(notebook: nbformat.NotebookNode) -> set[str]:
+    return {m for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs for m in o.get("data", {})}
+
+
+def text(notebook: nbformat.NotebookNode) -> str:
+    parts = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            parts.append(output.get("text", ""))
+            parts += [str(value) for value in output.get("data", {}).values()]
+    return "\n".join(parts)
+
+
+def test_explore_notebook_runs_the_dashboard(tmp_path, kernel_env):
+    notebook = execute("10_explore", tmp_path)
+    assert {"application/vnd.jupyter.widget-view+json", "image/png"} <= mimes(notebook)  # widgets + static timelines
+    assert "cross_kv_cache: bitwise" in text(notebook)
+
+
+def test_qualify_notebook_writes_record_and_report(tmp_path, kernel_env):
+    notebook = execute("20_qualify", tmp_path)
+    record = json.loads((tmp_path / "out" / "qualification.json").read_text())
+    assert record["verdict"] in text(notebook) and len(record["cases"]) == 1
+    report = (tmp_path / "out" / "qualification.html").read_text()
+    assert f"Qualification: {record['verdict']}" in report and "data:video/mp4;base64," in report
+    assert "text/html" in mimes(notebook)
+
+
+def test_kernels_notebook_stops_cleanly_or_lists_kernels(tmp_path, kernel_env):
+    import torch
+
+    notebook = execute("30_kernels", tmp_path)
+    if not torch.cuda.is_available():
+        assert "skipped: no CUDA device; kernel micro-benchmarks need the GPU" in text(notebook)
+
+
+def test_review_notebook_makes_and_compares_two_records(tmp_path, kernel_env):
+    notebook = execute("40_review", tmp_path)
+    assert (tmp_path / "out" / "cross_kv_cache.json").exists() and (tmp_path / "out" / "easycache.json").exists()
+    shown = text(notebook)
+    assert "CI95 low" in shown and "latent_rel_l2" in shown and "verdict" in shown
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_notebook_is_committed_clean_with_title_and_parameters(path):
+    notebook = nbformat.read(path, as_version=4)
+    nbformat.validate(notebook)
+    assert notebook.cells[0].cell_type == "markdown" and notebook.cells[0].source.startswith("# ")
+    assert "parameters" in notebook.cells[1].metadata.get("tags", [])
+    assert all(not c.outputs and c.execution_count is None for c in notebook.cells if c.cell_type == "code")
+
+
+def test_notebooks_pass_nbval_lax(tmp_path, kernel_env):
+    """`pytest --nbval-lax` over every notebook with its own (tiny CPU) defaults, on a copy of the tree.
+
+    The copy keeps what the notebooks write (out/...) away from the repository, and keeps the relative
+    suite path of 20_qualify (`../data_manifests/...`) working. 30_kernels runs its no-CUDA stop here.
+    """
+    shutil.copytree(NOTEBOOKS, tmp_path / "notebooks")
+    shutil.copytree(ROOT / "data_manifests", tmp_path / "data_manifests")
+    names = [p.name for p in sorted((tmp_path / "notebooks").glob("*.ipynb"))]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", *names]
+    command += ["--rootdir", str(tmp_path / "notebooks"), "--nbval-cell-timeout", "300"]
+    run = subprocess.run(
+        command, cwd=tmp_path / "notebooks", env=dict(os.environ), capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout

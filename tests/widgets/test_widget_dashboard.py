@@ -1,0 +1,88 @@
+import numpy as np
+import pytest
+
+from workbench.widgets import ABAudio, ABPlayer, AccelerationPanel, Dashboard
+
+TINY = {"frames": 9, "height": 32, "width": 32, "steps": 2}
+
+
+@pytest.fixture
+def wan(sessions):
+    session = sessions("tiny-wan")
+    session.accelerate({})
+    yield session
+    session.accelerate({})
+
+
+def test_dashboard_on_a_session_generates_and_compares_the_last_two(wan):
+    dash = Dashboard(wan)
+    try:
+        assert dash.session is wan and dash.picker.options == ("tiny-wan",)
+        assert isinstance(dash.panel, AccelerationPanel) and dash.panel.session is wan
+        dash.set_request(prompt="a red circle", seed=3, **TINY)
+        baseline = dash.generate()
+        assert baseline is not None and dash.ab_player is None and len(dash.results) == 1
+        dash.panel.enable("cross_kv_cache")
+        assert dash.panel.apply() == {"cross_kv_cache": {}}
+        candidate = dash.generate()
+        assert candidate is not None and dash.errors.value == ""
+        assert candidate.receipts["cross_kv_cache"]["executed"]
+        assert np.array_equal(baseline.frames, candidate.frames)  # bitwise contract
+        assert isinstance(dash.ab_player, ABPlayer) and dash.ab.children == (dash.ab_player,)
+        assert dash.ab_player.labels == ("#1 stock", "#2 cross_kv_cache")
+        assert dash.ab_audio is None  # Wan makes no audio
+        assert dash.live.png  # the live plot followed the requests
+        third = dash.generate()
+        assert [label for label, _ in dash.results] == ["#2 cross_kv_cache", "#3 cross_kv_cache"]
+        assert dash.results[-1][1] is third
+    finally:
+        dash.live.detach()
+
+
+def test_dashboard_bad_request_shows_error_not_traceback(wan):
+    dash = Dashboard(wan)
+    try:
+        dash.set_request(frames=8, height=32, width=32, steps=2)  # Wan needs 4n+1 frames
+        assert dash.generate() is None
+        assert "frames" in dash.errors.value and dash.request_status.value == "failed"
+        dash.set_request(prompt="  ")
+        assert dash.generate() is None and "prompt" in dash.errors.value
+        assert dash.results == []
+    finally:
+        dash.live.detach()
+
+
+def test_dashboard_ab_with_audio_shows_both_players(sessions):
+    ltx = sessions("tiny-ltx2")
+    dash = Dashboard(ltx)
+    try:
+        dash.set_request(frames=9, height=32, width=32, steps=2)
+        assert dash.generate() is not None and dash.generate() is not None
+        assert isinstance(dash.ab_audio, ABAudio) and dash.ab.children == (dash.ab_player, dash.ab_audio)
+    finally:
+        dash.live.detach()
+
+
+def test_dashboard_picker_opens_by_name_and_reports_unknown_models(wan):
+    dash = Dashboard(["tiny-wan", "no-such-model"], device="cpu")
+    assert dash.session is None and dash.picker.value == "tiny-wan"
+    assert dash.generate() is None and "no session" in dash.errors.value
+    assert dash.open_model("no-such-model") is None
+    assert "no-such-model" in dash.errors.value and dash.session is None
+
+
+def test_dashboard_buttons_run_in_the_background(wan):
+    dash = Dashboard(wan)
+    try:
+        dash.set_request(**TINY)
+        dash.generate_button.click()
+        dash.wait(120)
+        assert len(dash.results) == 1 and dash.errors.value == ""
+        assert not dash.generate_button.disabled
+    finally:
+        dash.live.detach()
+
+
+def test_dashboard_rejects_no_models():
+    with pytest.raises(ValueError, match="session_or_model_names"):
+        Dashboard([])

@@ -1,0 +1,199 @@
+"""One screen for exploring: pick a model, toggle accelerations, generate, and compare the last two results."""
+
+from __future__ import annotations
+
+import html
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import ipywidgets
+
+from workbench import Request, Result, Session
+
+from ._common import ErrorBox
+from .audio import ABAudio
+from .live import LiveStagePlot
+from .panel import AccelerationPanel
+from .player import ABPlayer
+
+TINY_MODELS = ("tiny-wan", "tiny-wan22", "tiny-ltx2")
+_FIELDS = ("frames", "height", "width", "steps")
+
+
+class Dashboard(ipywidgets.VBox):
+    """Session picker, acceleration panel, request form, live stage plot and an A/B area.
+
+    `Dashboard(session)` works on an open session; `Dashboard(["tiny-wan", ...], device="cpu")` lets the
+    user open one (nothing is loaded until `open_model` or the open button). The A/B area keeps the last two
+    results: an `ABPlayer` (and an `ABAudio` when both have audio) of the older against the newer.
+    The buttons run their work on a background thread (the kernel stays responsive) and only set widget
+    values from it; `open_model()`/`generate()` called from code run on the caller's thread and return. Every
+    failure shows in the error box; none is a traceback.
+    """
+
+    def __init__(self, session_or_model_names: Session | Sequence[str] = TINY_MODELS, device: str = "auto"):
+        self.device = device
+        self.session: Session | None = None
+        self.results: list[tuple[str, Result]] = []  # at most the last two, oldest first
+        self.ab_player: ABPlayer | None = None
+        self.ab_audio: ABAudio | None = None
+        self._busy = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._count = 0
+        given = session_or_model_names if isinstance(session_or_model_names, Session) else None
+        names = [given.model.name] if given is not None else list(session_or_model_names)
+        if not names or not all(isinstance(name, str) and name for name in names):
+            raise ValueError(f"session_or_model_names: a Session or non-empty model names, got {names!r}")
+        self.picker = ipywidgets.Dropdown(options=names, value=names[0], description="model")
+        self.open_button = ipywidgets.Button(description="open", icon="folder-open")
+        self.session_status = ipywidgets.HTML("no session open")
+        self.panel = AccelerationPanel()
+        self.prompt = ipywidgets.Text("a red circle moves left", description="prompt", layout={"width": "60%"})
+        self.seed = ipywidgets.IntText(0, description="seed")
+        self.fields = {name: ipywidgets.IntText(0, description=name) for name in _FIELDS}
+        self.generate_button = ipywidgets.Button(description="generate", icon="play", button_style="success")
+        self.request_status = ipywidgets.HTML()
+        self.live = LiveStagePlot(show_static=True)
+        self.ab = ipywidgets.VBox([ipywidgets.HTML("<i>A/B: generate twice to compare the last two results</i>")])
+        self.errors = ErrorBox()
+        form = ipywidgets.VBox(
+            [
+                self.prompt,
+                ipywidgets.HBox([self.seed, *self.fields.values()]),
+                ipywidgets.HBox([self.generate_button, self.request_status]),
+            ]
+        )
+        super().__init__(
+            [
+                ipywidgets.HBox([self.picker, self.open_button, self.session_status]),
+                self.panel,
+                form,
+                self.errors,
+                self.live,
+                self.ab,
+            ]
+        )
+        self.add_class("vflash-dashboard")
+        self.open_button.on_click(lambda _: self._in_background("open", lambda: self.open_model(self.picker.value)))
+        self.generate_button.on_click(lambda _: self._in_background("generate", self.generate))
+        if given is not None:
+            self._use(given)
+
+    # -- actions ----------------------------------------------------------------------------------
+    def open_model(self, name: str | None = None) -> Session | None:
+        """Open model `name` (default: the picker's) with `Session.open(name, device=...)` and use it."""
+        name = name or self.picker.value
+        self.errors.clear()
+        self.session_status.value = f"opening {html.escape(name)} ..."
+        try:
+            session = Session.open(name, device=self.device)
+        except (ValueError, RuntimeError, OSError) as error:
+            self.session_status.value = "no session open" if self.session is None else self._describe_session()
+            self.errors.show(f"opening {name}", error)
+            return None
+        if name not in self.picker.options:
+            self.picker.options = [*self.picker.options, name]
+        self.picker.value = name
+        self._use(session)
+        return session
+
+    def request(self) -> Request:
+        """The form as a `Request`; a field left at 0 takes the model's default. Bad values: ValueError."""
+        sizes = {name: widget.value or None for name, widget in self.fields.items()}
+        return Request(self.prompt.value, seed=self.seed.value, **sizes)
+
+    def set_request(self, prompt: str | None = None, seed: int | None = None, **sizes: int) -> None:
+        """Fill in the form from code (what a user would type)."""
+        unknown = sorted(set(sizes) - set(_FIELDS))
+        if unknown:
+            raise ValueError(f"request form: unknown field(s) {unknown}; allowed: {list(_FIELDS)}")
+        if prompt is not None:
+            self.prompt.value = prompt
+        if seed is not None:
+            self.seed.value = seed
+        for name, value in sizes.items():
+            self.fields[name].value = value
+
+    def generate(self) -> Result | None:
+        """Run the form's request on the session (LiveStagePlot attached) and update the A/B area.
+
+        Returns the result, or None when it failed (the error box says why).
+        """
+        self.errors.clear()
+        if self.session is None:
+            self.errors.show("generate", RuntimeError("no session: pick a model and open it first"))
+            return None
+        self.generate_button.disabled = True
+        self.request_status.value = "running ..."
+        try:
+            request = self.request()
+            result = self.session.generate(request, progress=False)
+        except (ValueError, RuntimeError) as error:
+            self.errors.show("generate", error)
+            self.request_status.value = "failed"
+            return None
+        finally:
+            self.generate_button.disabled = False
+        self._count += 1
+        label = f"#{self._count} " + (" + ".join(self.session.accelerations) or "stock")
+        self.request_status.value = f"{html.escape(label)}: {result.timings.get('total', 0.0):.3f} s"
+        self.results = [*self.results, (label, result)][-2:]
+        self._show_ab()
+        return result
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for a button's background work to finish (for code and tests)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- internals --------------------------------------------------------------------------------
+    def _use(self, session: Session) -> None:
+        if self.session is not None and self.session is not session:
+            self.live.detach()
+        self.session = session
+        self.panel.bind(session)
+        self.live.attach(session)
+        self.results = []
+        self.ab.children = [ipywidgets.HTML("<i>A/B: generate twice to compare the last two results</i>")]
+        self.ab_player = self.ab_audio = None
+        defaults = session.model.defaults
+        for name, widget in self.fields.items():
+            widget.value = int(defaults.get(name) or 0)
+        self.session_status.value = self._describe_session()
+
+    def _describe_session(self) -> str:
+        session = self.session
+        return f"{html.escape(session.model.name)} on {session.device}, loaded in {session.init_seconds:.2f} s"
+
+    def _show_ab(self) -> None:
+        if len(self.results) < 2:
+            return
+        (label_a, a), (label_b, b) = self.results
+        try:
+            self.ab_player = ABPlayer(a, b, labels=(label_a, label_b))
+            self.ab_audio = (
+                ABAudio(a, b, labels=(label_a, label_b)) if a.audio is not None and b.audio is not None else None
+            )
+        except ValueError as error:  # not comparable (other size, frame count or fps)
+            self.ab_player = self.ab_audio = None
+            self.ab.children = [ipywidgets.HTML("<i>A/B: the last two results cannot be compared</i>")]
+            self.errors.show("A/B", error)
+            return
+        self.ab.children = [w for w in (self.ab_player, self.ab_audio) if w is not None]
+
+    def _in_background(self, what: str, work: Any) -> None:
+        """Run a button's work on a thread; one at a time, errors into the box."""
+        if not self._busy.acquire(blocking=False):
+            self.errors.show(what, RuntimeError("busy: the previous action is still running"))
+            return
+
+        def run() -> None:
+            try:
+                with self.errors.catching(what):
+                    work()
+            finally:
+                self._busy.release()
+
+        self._thread = threading.Thread(target=run, name=f"dashboard-{what}", daemon=True)
+        self._thread.start()
