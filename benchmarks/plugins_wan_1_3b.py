@@ -28,6 +28,8 @@ CANDIDATES = {
     "easycache=0.1": {"easycache": {"threshold": 0.1, "warmup": 2, "final_dense": 1}},
     "first_block_cache=0.05": {"first_block_cache": {"threshold": 0.05}},
     "pyramid_attention_broadcast": {"pyramid_attention_broadcast": {}},
+    "group_offload": {"group_offload": {}},
+    "selective_fp8=ffn": {"selective_fp8": {"include": ["blocks.*.ffn.net.0.proj", "blocks.*.ffn.net.2"]}},
 }
 
 
@@ -35,7 +37,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
+    parser.add_argument("--name", default="plugins-wan-1.3b")
     args = parser.parse_args()
+    if args.only:
+        unknown = set(args.only.split(",")) - set(CANDIDATES)
+        if unknown:
+            raise SystemExit(f"--only: unknown {sorted(unknown)}; choose from {sorted(CANDIDATES)}")
+        for name in set(CANDIDATES) - set(args.only.split(",")):
+            del CANDIDATES[name]
 
     session = Session.open("random-wan-1.3b", device="cuda", dtype="bfloat16")
     request = Request(
@@ -119,7 +129,7 @@ def main() -> None:
         "output of this random model, not how a trained model looks. "
         f"GPU: {torch.cuda.get_device_name()}"
     )
-    write(envelope("plugins-wan-1.3b", shape, arms, ratios, notes), "plugins-wan-1.3b")
+    write(envelope(args.name, shape, arms, ratios, notes), args.name)
 
 
 def _median_timings(runs: list[dict]) -> dict:
