@@ -90,3 +90,22 @@ def test_cli_qualify_bad_json_is_an_error(tmp_path, capsys):
     )
     assert code == 2 and "--candidate: not valid JSON" in capsys.readouterr().err
     assert not (tmp_path / "q").exists()
+
+
+def test_report_from_record_alone_says_videos_are_missing(session):
+    from workbench.evidence.report import render
+
+    record, _ = qualify(session, [REQUEST], {}, {"cross_kv_cache": {}}, rounds=3, progress=False)
+    page = render(record, None)
+    assert "Videos not embedded" in page and "data:video" not in page and "no_speed_claim" in page
+
+
+def test_kernel_micro_benchmarks_refuse_without_cuda():
+    import torch
+
+    from workbench.kernel_bench import micro_benchmarks
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU refusal")
+    with pytest.raises(RuntimeError, match="need a CUDA device"):
+        micro_benchmarks()

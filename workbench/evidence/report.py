@@ -11,7 +11,9 @@ from typing import Any
 from workbench.result import Result
 
 
-def render(record: dict[str, Any], pilots: list[tuple[Result, Result]]) -> str:
+def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -> str:
+    """The report page; with `pilots=None` (a record read back without its outputs) the videos are
+    replaced by a note saying so."""
     parts = [
         "<!doctype html><meta charset='utf-8'><title>qualification</title>",
         "<style>body{font-family:sans-serif;margin:1.5em}td,th{border:1px solid #ccc;padding:2px 6px}"
@@ -29,7 +31,8 @@ def render(record: dict[str, Any], pilots: list[tuple[Result, Result]]) -> str:
             }
         ),
     ]
-    for index, (case, (a, b)) in enumerate(zip(record["cases"], pilots, strict=True)):
+    pairs = pilots if pilots is not None else [None] * len(record["cases"])
+    for index, (case, pair) in enumerate(zip(record["cases"], pairs, strict=True)):
         quality = case["quality"]
         speed = case["speedup"]
         parts += [
@@ -49,7 +52,9 @@ def render(record: dict[str, Any], pilots: list[tuple[Result, Result]]) -> str:
                     "receipts": json.dumps(case["receipts"]),
                 }
             ),
-            _video(a, "baseline") + _video(b, "candidate"),
+            _video(pair[0], "baseline") + _video(pair[1], "candidate")
+            if pair is not None
+            else "<p><i>Videos not embedded: this report was rendered from the record alone.</i></p>",
         ]
     return "".join(parts)
 
