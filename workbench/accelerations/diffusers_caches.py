@@ -115,6 +115,11 @@ def _prepare_taylorseer(model: Any, options: dict[str, Any], device: torch.devic
 
 def _prepare_pab(model: Any, options: dict[str, Any], device: torch.device):
     pipe = model.pipeline
+    if not hasattr(type(pipe), "current_timestep"):
+        raise RuntimeError(
+            f"pyramid_attention_broadcast: {type(pipe).__name__} exposes no current_timestep, which PAB needs "
+            "to decide when to broadcast"
+        )
     if options["timestep_low"] >= options["timestep_high"]:
         raise ValueError("pyramid_attention_broadcast.timestep_low: must be below timestep_high")
 

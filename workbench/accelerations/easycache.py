@@ -22,7 +22,11 @@ from workbench.accelerations.base import Handle, Option, Spec, drop_restored_for
 
 HOOK_NAME = "workbench_easycache"
 # The denoiser inputs whose outputs a step transforms, in output order (LTX-2: video, then audio).
-STREAMS = {"wan": ("hidden_states",), "ltx2": ("hidden_states", "audio_hidden_states")}
+STREAMS = {
+    "wan": ("hidden_states",),
+    "ltx2": ("hidden_states", "audio_hidden_states"),
+    "h3": ("hidden_states", "audio_hidden_states"),
+}
 
 
 @dataclass

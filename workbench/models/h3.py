@@ -6,7 +6,8 @@ it to the session's contract:
 
 - `runner` calls the modular pipeline and, for the duration of the call only, wraps two sub-blocks of the
   denoising loop (`LoopSequentialPipelineBlocks.sub_blocks`): the `denoiser` block runs inside
-  `transformer.cache_context("cond", step_index=i, timestep=t)` (the stock loop sets no context, and feature
+  `transformer.cache_context("cond", step_index=i, timestep=t, num_inference_steps=calls)` (the stock loop
+  sets no context, and feature
   caches need one), and the scheduler `update` block calls `on_step_end(pipe, i, t, {"latents": ...})` after every
   step with the packed video rows of the sequence (conditioning rows first, as the loop holds them). The wrappers
   delegate `inputs`/`intermediate_outputs` to the wrapped block, so the loop's state layout is unchanged.
@@ -34,6 +35,8 @@ from diffusers import (
     MiniMaxH3Scheduler,
     MiniMaxH3Transformer3DModel,
 )
+from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
+from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3TransformerBlock
 from diffusers.modular_pipelines import MiniMaxH3Blocks
 from diffusers.modular_pipelines.minimax_h3.denoise import MiniMaxH3LoopDenoiser, MiniMaxH3LoopSchedulerStep
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
@@ -42,6 +45,14 @@ from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 from workbench.models.family import Family, _load_component, read_workbench_file
 from workbench.models.loaded import LoadedModel
 from workbench.models.tokenizer import build_tokenizer
+
+# diffusers' block-level caches (first-block cache, MagCache) find blocks through this registry, which
+# does not list MiniMax-H3's block in 0.42.1. Its forward takes `hidden_states` first and returns the
+# new hidden states alone (there is no separate encoder stream: text rows are part of the sequence).
+TransformerBlockRegistry.register(
+    MiniMaxH3TransformerBlock,
+    TransformerBlockMetadata(return_hidden_states_index=0, return_encoder_hidden_states_index=None),
+)
 
 FPS = 24
 MIN_FRAMES, MAX_FRAMES = 124, 345  # 5 s and 15 s at 24 fps, both of the form 17 n + 5
@@ -85,7 +96,10 @@ class _InCacheContext:
 
     def __call__(self, components: Any, block_state: Any, i: int, t: torch.Tensor) -> Any:
         transformer = getattr(components, self.inner.transformer_name)
-        with transformer.cache_context("cond", step_index=i, timestep=t):
+        # The loop runs one transformer call per entry of `timesteps` (N steps give N - 1 calls); caches
+        # count warm-up and final steps in calls, so they are told that number, not the request's steps.
+        calls = len(block_state.timesteps)
+        with transformer.cache_context("cond", step_index=i, timestep=t, num_inference_steps=calls):
             return self.inner(components, block_state, i=i, t=t)
 
 
