@@ -1,0 +1,153 @@
+import pytest
+import torch
+
+from workbench.kernels.qk_norm_rope import cost, qk_norm_rope, reference, rope_only, rope_reference
+
+SHAPES = [(1, 151, 2, 16), (1, 127, 2, 128), (2, 33, 3, 6)]  # (B, T, H, D)
+X_DTYPES = [torch.bfloat16, torch.float32]
+FREQ_DTYPES = [torch.float32, torch.float64]
+
+
+def _freqs(rng, t, d, freqs_dtype, strided=False):
+    """Tables shaped like WanRotaryPosEmbed's (1, T, 1, D): random angles, values repeated pairwise."""
+    angles = (torch.rand(1, t, 1, d // 2, generator=rng, dtype=torch.float64) * 40).repeat_interleave(2, dim=-1)
+    cos, sin = angles.cos().to(freqs_dtype), angles.sin().to(freqs_dtype)
+    if strided:  # a non-contiguous view of the same values
+        cos = torch.stack([cos, cos], dim=-1)[..., 0]
+        sin = torch.stack([sin, sin], dim=-1)[..., 1]
+    return cos, sin
+
+
+def _x4(rng, shape, dtype):
+    b, t, h, d = shape
+    return (torch.randn(b, t, d, h, generator=rng) * 2 + 0.1).to(dtype).transpose(2, 3)  # non-contiguous
+
+
+def _x3(rng, shape, dtype):
+    b, t, h, d = shape
+    return (torch.randn(b, h * d, t, generator=rng) * 3 + 0.2).to(dtype).transpose(1, 2)  # non-contiguous
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("x_dtype", X_DTYPES)
+@pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
+def test_rope_only_matches_reference_bitwise(rng, shape, x_dtype, freqs_dtype):
+    x = _x4(rng, shape, x_dtype)
+    cos, sin = _freqs(rng, shape[1], shape[3], freqs_dtype, strided=shape[3] == 16)
+    got = rope_only(x, cos, sin)
+    want = rope_reference(x, cos, sin)
+    assert got.dtype == x_dtype and got.shape == want.shape and got.is_contiguous()
+    assert torch.equal(got, want), f"seed {rng.initial_seed()}: {(got != want).sum()} elements differ"
+
+
+def test_rope_only_uses_cos_at_even_and_sin_at_odd_indices(rng):
+    # diffusers reads cos[..., 0::2] and sin[..., 1::2]; tables whose pairs differ catch a swapped index
+    shape = (1, 21, 2, 8)
+    x = _x4(rng, shape, torch.float32)
+    cos = torch.randn(1, 21, 1, 8, generator=rng)
+    sin = torch.randn(1, 21, 1, 8, generator=rng)
+    assert torch.equal(rope_only(x, cos, sin), rope_reference(x, cos, sin)), f"seed {rng.initial_seed()}"
+
+
+def test_rope_only_float64_tables_round_through_float32(rng):
+    # float64 tables: the arithmetic runs in float64 and the bf16 cast goes through float32, as torch's does
+    shape = (1, 199, 2, 64)
+    x = _x4(rng, shape, torch.bfloat16)
+    cos, sin = _freqs(rng, 199, 64, torch.float64)
+    want = rope_reference(x, cos, sin)
+    assert torch.equal(rope_only(x, cos, sin), want), f"seed {rng.initial_seed()}"
+
+
+def _errors(got: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
+    diff = got.double() - truth
+    return diff.abs().max().item(), (diff.norm() / truth.norm()).item()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("x_dtype", X_DTYPES)
+@pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
+def test_qk_norm_rope_error_bound_against_float64(rng, shape, x_dtype, freqs_dtype):
+    """Contract `reduction`: error vs the float64 chain at most 2x torch's own (+1e-7 of the output scale)."""
+    b, t, h, d = shape
+    x = _x3(rng, shape, x_dtype)
+    weight = (1 + 0.2 * torch.randn(h * d, generator=rng)).to(x_dtype)
+    cos, sin = _freqs(rng, t, d, freqs_dtype)
+    eps = 1e-6
+    got = qk_norm_rope(x, weight, eps, cos, sin, h)
+    want = reference(x, weight, eps, cos, sin, h)
+    truth = reference(x.double(), weight.double(), eps, cos.double(), sin.double(), h)
+    assert got.dtype == x_dtype and got.shape == (b, t, h, d) and got.is_contiguous()
+    (k_max, k_rel), (t_max, t_rel) = _errors(got, truth), _errors(want, truth)
+    floor = 1e-7 * truth.abs().max().item()
+    message = (
+        f"seed {rng.initial_seed()}: kernel max {k_max:.3e} rel {k_rel:.3e}; torch max {t_max:.3e} rel {t_rel:.3e}"
+    )
+    assert k_max <= 2 * t_max + floor, message
+    assert k_rel <= 2 * t_rel + 1e-7, message
+    # the rotary step and the final rounding are torch's: most elements are bit-equal
+    assert (got == want).float().mean().item() > 0.5, message
+
+
+def test_qk_norm_rope_handles_a_full_wan_row_width(rng):
+    # Wan2.1-1.3B hidden width (12 x 128) in one program, a handful of tokens
+    shape = (1, 5, 12, 128)
+    x = _x3(rng, shape, torch.bfloat16)
+    weight = torch.randn(1536, generator=rng).to(torch.bfloat16)
+    cos, sin = _freqs(rng, 5, 128, torch.float32)
+    got = qk_norm_rope(x, weight, 1e-6, cos, sin, 12)
+    want = reference(x, weight, 1e-6, cos, sin, 12)
+    truth = reference(x.double(), weight.double(), 1e-6, cos.double(), sin.double(), 12)
+    assert _errors(got, truth)[0] <= 2 * _errors(want, truth)[0] + 1e-7 * truth.abs().max().item()
+
+
+def _good(rng):
+    x = torch.randn(1, 3, 8, generator=rng)
+    cos = torch.randn(1, 3, 1, 4, generator=rng)
+    return x, torch.ones(8), 1e-6, cos, cos.clone(), 2
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: (a[0].double(), *a[1:]), r"qk_norm_rope: x has dtype torch.float64"),
+        (lambda a: (a[0], a[1].bfloat16(), *a[2:]), r"qk_norm_rope: weight has dtype torch.bfloat16"),
+        (lambda a: (a[0][0], *a[1:]), r"qk_norm_rope: x must be \(B, T, C\)"),
+        (lambda a: (*a[:5], 3), r"qk_norm_rope: heads=3"),
+        (lambda a: (*a[:5], 8), r"qk_norm_rope: heads=8"),
+        (lambda a: (a[0], a[1][:4], *a[2:]), r"qk_norm_rope: weight has shape \(4,\)"),
+        (lambda a: (*a[:2], -1.0, *a[3:]), r"qk_norm_rope: eps must be >= 0"),
+        (lambda a: (*a[:3], a[3][:, :2], *a[4:]), r"qk_norm_rope: freqs_cos has shape \(1, 2, 1, 4\)"),
+        (lambda a: (*a[:3], a[3].bfloat16(), *a[4:]), r"qk_norm_rope: freqs_cos has dtype torch.bfloat16"),
+        (lambda a: (*a[:4], a[4].double(), a[5]), r"qk_norm_rope: freqs_cos is torch.float32 but freqs_sin"),
+    ],
+)
+def test_qk_norm_rope_bad_input_raises(rng, change, message):
+    with pytest.raises(ValueError, match=message):
+        qk_norm_rope(*change(_good(rng)))
+
+
+@pytest.mark.parametrize(
+    "x_shape, freqs_shape, message",
+    [
+        ((1, 3, 2), (1, 3, 1, 2), r"rope_only: x must be \(B, T, H, D\)"),
+        ((1, 3, 2, 5), (1, 3, 1, 5), r"rope_only: head dim D must be even, got 5"),
+        ((2, 3, 2, 4), (3, 3, 1, 4), r"rope_only: freqs_cos has shape \(3, 3, 1, 4\)"),
+    ],
+)
+def test_rope_only_bad_input_raises(rng, x_shape, freqs_shape, message):
+    x = torch.randn(*x_shape, generator=rng)
+    f = torch.randn(*freqs_shape, generator=rng)
+    with pytest.raises(ValueError, match=message):
+        rope_only(x, f, f)
+    with pytest.raises(ValueError, match=r"rope_only: x has dtype torch.float16"):
+        rope_only(torch.randn(1, 3, 2, 4).half(), f, f)
+
+
+def test_qk_norm_rope_cost_is_sensible():
+    shape = (1, 32760, 12, 128)
+    elements = 32760 * 1536
+    bytes_moved, flops = cost(shape, torch.bfloat16, torch.float32)
+    assert bytes_moved == elements * 4 + 2 * 32760 * 128 * 4 + 1536 * 2 and flops == 7 * elements
+    rope_bytes, rope_flops = cost(shape, torch.bfloat16, torch.float32, norm=False)
+    assert rope_bytes == bytes_moved - 1536 * 2 and rope_flops == 3 * elements
+    assert cost(shape, torch.float32, torch.float64)[0] > bytes_moved

@@ -1,0 +1,83 @@
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from workbench import Request, Session
+from workbench.accelerations import REGISTRY, available
+from workbench.profiles import FAMILIES, profile
+
+SIZE = {"frames": 9, "height": 32, "width": 32}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("interpret", [False, True])
+def test_exact_fast_holds_no_approximate_plugin(monkeypatch, family, device, interpret):
+    if interpret:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    config = profile("exact-fast", family, device)
+    specs = available()
+    for plugin in config:
+        assert specs[plugin].contract in ("bitwise", "rounding", "reduction"), plugin
+        assert specs[plugin].families is None or family in specs[plugin].families, plugin
+    assert "regional_compile" not in config
+    assert profile("stock", family, device) == {}
+
+
+def test_exact_fast_configs_per_family_and_device(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    wan_cuda = {"attention_backend": {"backend": "cudnn"}, "fused_block_ops": {}, "adaln_precompute": {}}
+    assert profile("exact-fast", "wan", "cuda") == {**wan_cuda, "cross_kv_cache": {}}
+    assert profile("exact-fast", "wan", torch.device("cpu")) == {"adaln_precompute": {}, "cross_kv_cache": {}}
+    assert profile("exact-fast", "ltx2", "cuda") == {"attention_backend": {"backend": "cudnn"}, "cross_kv_cache": {}}
+    assert profile("exact-fast", "ltx2", "cpu") == {"cross_kv_cache": {}}
+    assert profile("exact-fast", "h3", "cuda:0") == {"attention_backend": {"backend": "cudnn"}}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert profile("exact-fast", "wan", "cpu") == {"fused_block_ops": {}, "adaln_precompute": {}, "cross_kv_cache": {}}
+
+
+def test_exact_fast_refuses_a_plugin_that_became_approximate(monkeypatch):
+    monkeypatch.setitem(
+        REGISTRY, "cross_kv_cache", dataclasses.replace(REGISTRY["cross_kv_cache"], contract="approximate")
+    )
+    with pytest.raises(RuntimeError, match=r"plugin 'cross_kv_cache' has contract 'approximate'"):
+        profile("exact-fast", "wan", "cpu")
+
+
+@pytest.mark.parametrize(
+    "name, family, message",
+    [
+        ("fastest", "wan", r"unknown profile 'fastest'; allowed: \['stock', 'exact-fast'\]"),
+        ("exact-fast", "sd3", r"unknown family 'sd3'; allowed: \['wan', 'ltx2', 'h3'\]"),
+        ("stock", "WAN", r"unknown family 'WAN'"),
+    ],
+)
+def test_unknown_profile_or_family_raises(name, family, message):
+    with pytest.raises(ValueError, match=message):
+        profile(name, family, "cpu")
+
+
+@pytest.mark.parametrize("interpret", [False, True])
+def test_exact_fast_on_tiny_wan_cpu_equals_stock(monkeypatch, interpret):
+    if interpret:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    session = Session.open("tiny-wan", device="cpu")
+    seed = int(torch.randint(0, 2**20, ()).item())
+    request = Request("a red circle moves left", seed=seed, steps=3, **SIZE)
+    stock = session.generate(request, progress=False)
+    config = profile("exact-fast", "wan", "cpu")
+    assert ("fused_block_ops" in config) == interpret
+    installed = session.accelerate(config)
+    try:
+        result = session.generate(request, progress=False)
+    finally:
+        session.accelerate({})
+    assert set(installed) == set(config)
+    assert torch.equal(result.latents, stock.latents), f"seed {seed}"
+    assert np.array_equal(result.frames, stock.frames), f"seed {seed}"
