@@ -128,14 +128,13 @@ _KERNEL = LazyKernel(_qk_norm_rope)
 
 
 def rope_reference(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
-    """diffusers 0.42.x `WanAttnProcessor`'s inner `apply_rotary_emb`, verbatim."""
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    cos = freqs_cos[..., 0::2]
-    sin = freqs_sin[..., 1::2]
-    out = torch.empty_like(x)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out.type_as(x)
+    """Wan's rotary step, as the arithmetic diffusers 0.42 runs: channel pair (2i, 2i+1) is rotated with the
+    cosine from the table's even columns and the sine from its odd columns, in the promoted dtype, then
+    rounded once to x's dtype."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    cos, sin = freqs_cos[..., 0::2], freqs_sin[..., 1::2]
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+    return rotated.to(x.dtype)
 
 
 def reference(

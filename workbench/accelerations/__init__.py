@@ -8,6 +8,7 @@ from __future__ import annotations
 from workbench.accelerations import (
     adaln_precompute,
     attention_backend,
+    block_sparse,
     cache_dit,
     cross_kv_cache,
     diffusers_caches,
@@ -25,6 +26,7 @@ from workbench.accelerations.install import plan
 
 _MODULES = (
     attention_backend,
+    block_sparse,
     fused_qkv,
     cross_kv_cache,
     easycache,

@@ -1,0 +1,138 @@
+"""block_sparse_attention (contract: approximate) under the Triton CPU interpreter: the kernel equals its
+torch reference of the same routing; the routing itself behaves as documented.
+
+bf16 bound: the interpreter runs the dots in fp32 (see INTERPRETER_BF16 in the kernel), so kernel and
+reference differ by the bf16 output rounding (the interpreter's cast truncates: <= 2 ulp of |out| < 1,
+i.e. 2**-7 = 0.0078); 0.02 absolute leaves room. The bf16 GPU path is unverified here.
+"""
+
+import math
+
+import pytest
+import torch
+
+from workbench.kernels.block_sparse_attention import BLOCK, block_sparse_attention, cost, reference, routing
+
+D = 128
+
+
+def _qkv(rng, t, dtype=torch.float32, heads=2, batch=1, noncontiguous=False):
+    shape = (batch, t, heads, D) if noncontiguous else (batch, heads, t, D)
+    q, k, v = (torch.randn(shape, generator=rng).to(dtype) for _ in range(3))
+    if noncontiguous:  # (B, T, H, D) storage seen as (B, H, T, D), as diffusers' dispatcher layout gives it
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    return q, k, v
+
+
+def _dense(q, k, v):
+    return torch.softmax(q.float() @ k.float().transpose(-1, -2) / math.sqrt(D), -1) @ v.float()
+
+
+@pytest.mark.parametrize("t,tau,noncontiguous", [(200, 0.0, False), (257, 0.5, True), (130, 1.0, False)])
+def test_block_sparse_attention_matches_reference_fp32(rng, t, tau, noncontiguous):
+    q, k, v = _qkv(rng, t, noncontiguous=noncontiguous)
+    got, density = block_sparse_attention(q, k, v, tau, 0, return_density=True)
+    want = reference(q, k, v, tau, 0)
+    assert got.shape == q.shape and got.is_contiguous() and got.dtype == torch.float32
+    err = (got - want).abs().max().item()
+    assert err < 1e-4, f"seed {rng.initial_seed()}: max error {err} at density {density}"
+
+
+def test_block_sparse_attention_matches_reference_bf16(rng):
+    q, k, v = _qkv(rng, 230, torch.bfloat16)
+    got = block_sparse_attention(q, k, v, 0.3, 70)
+    want = reference(q, k, v, 0.3, 70)
+    assert got.dtype == torch.bfloat16
+    err = (got.float() - want.float()).abs().max().item()
+    assert err < 0.02, f"seed {rng.initial_seed()}: max error {err}"
+
+
+def test_block_sparse_attention_all_exact_equals_dense(rng):
+    q, k, v = _qkv(rng, 300)
+    for tau in (float("-inf"), -1e9):
+        mask, density = routing(q, k, tau, 0)
+        assert mask.all() and density == 1.0
+        err = (block_sparse_attention(q, k, v, tau, 0) - _dense(q, k, v)).abs().max().item()
+        assert err < 1e-4, f"seed {rng.initial_seed()}: tau {tau}: max error {err}"
+
+
+def test_block_sparse_routing_large_tau_keeps_band_and_sinks(rng):
+    q, k, _ = _qkv(rng, 300)  # 5 blocks, the last of 44 tokens
+    mask, density = routing(q, k, 1e9, 65)  # sink range [0, 65) overlaps key blocks 0 and 1
+    nb = 5
+    i, j = torch.arange(nb)[:, None], torch.arange(nb)[None, :]
+    want = ((i - j).abs() <= 1) | (j <= 1)
+    assert mask.shape == (1, 2, nb, nb)
+    assert torch.equal(mask, want.expand_as(mask)), f"seed {rng.initial_seed()}"
+    assert density == pytest.approx(want.float().mean().item())
+
+
+def test_block_sparse_routing_sinks_always_exact(rng):
+    q, k, _ = _qkv(rng, 280)
+    for tau in (0.0, 2.0, float("inf")):
+        mask, _ = routing(q, k, tau, 1)
+        assert mask[..., 0].all(), f"seed {rng.initial_seed()}: tau {tau}"
+        mask, _ = routing(q, k, tau, 0)
+        if tau == float("inf"):
+            assert not mask[..., 2:, 0].any()  # no sinks and far from the diagonal: folded
+
+
+def test_block_sparse_density_decreases_with_tau(rng):
+    q, k, _ = _qkv(rng, 300, heads=2, batch=2)
+    densities = [routing(q, k, tau, 0)[1] for tau in (-1e9, -1.0, 0.0, 0.5, 1.0, 1e9)]
+    assert all(a >= b for a, b in zip(densities, densities[1:], strict=False)), densities
+    assert densities[0] == 1.0 and densities[-1] < densities[0]
+
+
+def test_block_sparse_partial_last_block_mean_uses_true_length(rng):
+    t = 3 * BLOCK + 3  # four key blocks, the last of 3 tokens
+    q, k, v = _qkv(rng, t)
+    mask, _ = routing(q, k, float("inf"), 0)
+    assert not mask[0, 0, 0, 3]  # query block 0 sees the partial block 3 folded
+    got = block_sparse_attention(q, k, v, float("inf"), 0)
+    # By hand for query row 0: exact keys of blocks 0..1, plus pseudo-keys of blocks 2 (64) and 3 (3).
+    scale = D**-0.5
+    q0 = q[0, 0, 0]
+    exact = k[0, 0, : 2 * BLOCK] @ q0 * scale
+    means_k = [k[0, 0, 2 * BLOCK : 3 * BLOCK].mean(0), k[0, 0, 3 * BLOCK :].mean(0)]
+    means_v = [v[0, 0, 2 * BLOCK : 3 * BLOCK].mean(0), v[0, 0, 3 * BLOCK :].mean(0)]
+    pseudo = torch.stack([m @ q0 * scale for m in means_k]) + torch.tensor([64.0, 3.0]).log()
+    probs = torch.softmax(torch.cat([exact, pseudo]), 0)
+    want = probs[: 2 * BLOCK] @ v[0, 0, : 2 * BLOCK] + probs[2 * BLOCK :] @ torch.stack(means_v)
+    err = (got[0, 0, 0] - want).abs().max().item()
+    assert err < 1e-5, f"seed {rng.initial_seed()}: max error {err}"
+
+
+@pytest.mark.parametrize("d", [64, 96, 16])
+def test_block_sparse_attention_head_dim_not_128_raises(rng, d):
+    q = torch.randn(1, 2, 70, d, generator=rng)
+    with pytest.raises(ValueError, match="head dim"):
+        block_sparse_attention(q, q, q, 0.0, 0)
+    with pytest.raises(ValueError, match="head dim"):
+        reference(q, q, q, 0.0, 0)
+
+
+def test_block_sparse_attention_bad_input_raises(rng):
+    q, k, v = _qkv(rng, 70)
+    with pytest.raises(ValueError, match="dtype"):
+        block_sparse_attention(q.half(), k.half(), v.half(), 0.0, 0)
+    with pytest.raises(ValueError, match="sink_tokens"):
+        block_sparse_attention(q, k, v, 0.0, -1)
+    with pytest.raises(ValueError, match="tau"):
+        block_sparse_attention(q, k, v, float("nan"), 0)
+    with pytest.raises(ValueError, match="do not match"):
+        block_sparse_attention(q, k[:, :1], v[:, :1], 0.0, 0)
+
+
+def test_block_sparse_attention_cpu_without_interpreter_raises(rng, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = _qkv(rng, 70)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        block_sparse_attention(q, k, v, 0.0, 0)
+
+
+def test_block_sparse_cost_scales_with_density():
+    low, high = cost((1, 12, 32760, 128), 0.2), cost((1, 12, 32760, 128), 0.4)
+    assert low[0] < high[0] and low[1] < high[1]
+    dense_flops = 4 * 12 * 32760**2 * 128
+    assert cost((1, 12, 32760, 128), 1.0)[1] == pytest.approx(dense_flops, rel=0.01)
