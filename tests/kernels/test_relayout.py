@@ -1,0 +1,133 @@
+import pytest
+import torch
+
+from workbench.kernels.relayout import (
+    ENV_VAR,
+    cost,
+    direct_relayout_enabled,
+    merge_heads,
+    merge_heads_reference,
+    pack_qkv,
+    pack_qkv_reference,
+    split_result,
+    split_result_reference,
+)
+
+# (B, T_local, H, D, world_size)
+SHAPES = [(1, 7, 4, 8, 2), (2, 13, 8, 32, 4), (2, 25, 6, 16, 2)]
+DTYPES = [torch.bfloat16, torch.float32, torch.float16]
+
+
+def _fused_qkv(rng, b, t, h, d, dtype):
+    """q, k, v as views of one fused (B, T, 3, H, D) projection, as the model produces them."""
+    fused = torch.randn(b, t, 3, h, d, generator=rng).to(dtype)
+    return fused[:, :, 0], fused[:, :, 1], fused[:, :, 2]
+
+
+def _equal(got, want, rng):
+    assert got.shape == want.shape and got.dtype == want.dtype, f"{got.shape} {got.dtype} vs {want.shape} {want.dtype}"
+    assert got.is_contiguous()
+    assert torch.equal(got, want), f"seed {rng.initial_seed()}: {(got != want).sum()} elements differ"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pack_qkv_matches_reference_on_fused_views(rng, shape, dtype):
+    b, t, h, d, w = shape
+    q, k, v = _fused_qkv(rng, b, t, h, d, dtype)
+    assert not q.is_contiguous()
+    got = pack_qkv(q, k, v, w)
+    _equal(got, pack_qkv_reference(q, k, v, w), rng)
+    assert got.shape == (w, 3, b, t, h // w, d)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_pack_qkv_mixed_layouts(rng, dtype):
+    b, t, h, d, w = 2, 9, 8, 16, 4
+    q = torch.randn(b, h, t, d, generator=rng).to(dtype).transpose(1, 2)  # (B, T, H, D) from BHTD
+    k = torch.randn(b, t, h, d, generator=rng).to(dtype)  # contiguous
+    v = torch.randn(d, h, t, b, generator=rng).to(dtype).permute(3, 2, 1, 0)  # every stride reversed
+    _equal(pack_qkv(q, k, v, w), pack_qkv_reference(q, k, v, w), rng)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_result_matches_reference(rng, shape, dtype):
+    b, t_local, h, d, w = shape
+    out = torch.randn(b, h // w, t_local * w, d, generator=rng).to(dtype).transpose(1, 2)  # (B, T_full, H/W, D)
+    _equal(split_result(out, w), split_result_reference(out, w), rng)
+    contiguous = out.contiguous()
+    _equal(split_result(contiguous, w), split_result_reference(contiguous, w), rng)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_merge_heads_matches_reference(rng, shape, dtype):
+    b, t, h, d, w = shape
+    received = torch.randn(w, b, t, h // w, d, generator=rng).to(dtype)
+    _equal(merge_heads(received, w), merge_heads_reference(received, w), rng)
+    strided = torch.randn(b, d, w, t, h // w, generator=rng).to(dtype).permute(2, 0, 3, 4, 1)
+    _equal(merge_heads(strided, w), merge_heads_reference(strided, w), rng)
+
+
+@pytest.mark.parametrize("w", [2, 4])
+def test_round_trip_through_simulated_all_to_all(rng, w):
+    """Ranks pack QKV, swap slots (all-to-all), attend (identity on q here), split, swap back, merge:
+    every rank gets its own q back."""
+    b, t_local, h, d = 2, 5, 8, 8
+    qkv = [_fused_qkv(rng, b, t_local, h, d, torch.bfloat16) for _ in range(w)]
+    packed = [pack_qkv(q, k, v, w) for q, k, v in qkv]
+    # rank r receives slot r from every source rank, in source order = sequence order
+    received = [torch.stack([packed[src][r] for src in range(w)]) for r in range(w)]  # (W, 3, B, T_l, H/W, D)
+    q_full = [torch.cat(list(received[r][:, 0]), dim=1) for r in range(w)]  # (B, T_full, H/W, D)
+    for r in range(w):
+        assert torch.equal(q_full[r], torch.cat([q[:, :, r * h // w : (r + 1) * h // w] for q, _, _ in qkv], dim=1))
+    split = [split_result(q_full[r], w) for r in range(w)]
+    back = [torch.stack([split[src][r] for src in range(w)]) for r in range(w)]  # (W, B, T_l, H/W, D)
+    for r in range(w):
+        _equal(merge_heads(back[r], w), qkv[r][0].contiguous(), rng)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda q, k, v: pack_qkv(q, k, v, 3), r"pack_qkv: H \(q.shape\[2\]\)=4 is not divisible by world_size=3"),
+        (lambda q, k, v: pack_qkv(q, k[:, :3], v, 2), r"pack_qkv: k has shape \(1, 3, 4, 8\)"),
+        (lambda q, k, v: pack_qkv(q, k, v.float(), 2), r"pack_qkv: v has dtype torch.float32"),
+        (lambda q, k, v: pack_qkv(q, k, v.int(), 2), r"pack_qkv: v has dtype torch.int32"),
+        (lambda q, k, v: pack_qkv(q[0], k[0], v[0], 2), r"pack_qkv: q must be \(B, T_local, H, D\)"),
+        (lambda q, k, v: pack_qkv(q, k, v, 0), r"pack_qkv: world_size must be a positive int, got 0"),
+        (lambda q, k, v: split_result(q, 2), r"split_result: T_full \(out.shape\[1\]\)=7 is not divisible"),
+        (lambda q, k, v: split_result(q[0], 2), r"split_result: out must be \(B, T_full, H/W, D\)"),
+        (lambda q, k, v: merge_heads(q, 2), r"merge_heads: received must be \(W, B, T_local, H/W, D\)"),
+        (lambda q, k, v: merge_heads(q[None].expand(3, -1, -1, -1, -1), 2), r"received.shape\[0\]=3 must equal"),
+    ],
+)
+def test_bad_input_raises(rng, call, message):
+    q, k, v = _fused_qkv(rng, 1, 7, 4, 8, torch.bfloat16)
+    with pytest.raises(ValueError, match=message):
+        call(q, k, v)
+
+
+def test_env_switch(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert direct_relayout_enabled() is True
+    monkeypatch.setenv(ENV_VAR, "1")
+    assert direct_relayout_enabled() is True
+    monkeypatch.setenv(ENV_VAR, "0")
+    assert direct_relayout_enabled() is False
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "", "true", " 1", "00"])
+def test_env_switch_fails_closed(monkeypatch, value):
+    monkeypatch.setenv(ENV_VAR, value)
+    with pytest.raises(ValueError, match=rf'{ENV_VAR}=.*"0".*"1"'):
+        direct_relayout_enabled()
+
+
+def test_cost():
+    assert cost("pack_qkv", (1, 7, 4, 8)) == (2 * 3 * 7 * 4 * 8 * 2, 0)
+    assert cost("split_result", (2, 10, 2, 8), torch.float32) == (2 * 2 * 10 * 2 * 8 * 4, 0)
+    assert cost("merge_heads", (2, 1, 5, 2, 8)) == (2 * 2 * 5 * 2 * 8 * 2, 0)
+    with pytest.raises(ValueError, match="cost: op must be one of"):
+        cost("stack", (1,))
