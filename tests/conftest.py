@@ -3,6 +3,9 @@ import os
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # diffusers imports torchao when installed
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+import secrets  # noqa: E402
+
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -31,3 +34,11 @@ def sessions():
         return cache[name]
 
     return get
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """Fresh random inputs per test; the seed is printed (shown on failure) and WORKBENCH_TEST_SEED replays it."""
+    seed = int(os.environ.get("WORKBENCH_TEST_SEED") or secrets.randbits(32))
+    print(f"WORKBENCH_TEST_SEED={seed}")
+    return np.random.default_rng(seed)
