@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from workbench import environment
+from workbench import Request, environment
 
 
 def envelope(what: str, shape: dict[str, Any], arms: dict[str, Any], ratios: dict[str, Any], notes: str) -> dict:
@@ -38,3 +38,16 @@ def write(record: dict, name: str) -> Path:
     path.write_text(json.dumps(record, indent=2, default=str))
     print(f"wrote {path}")
     return path
+
+
+def wan_1_3b_request(steps: int) -> Request:
+    """The request every Wan2.1-1.3B-shaped measurement uses: 480x832, 81 frames (32,760 tokens), CFG 5."""
+    return Request(
+        "a red circle moves left over a blue floor",
+        seed=42,
+        frames=81,
+        height=480,
+        width=832,
+        steps=steps,
+        guidance=5.0,
+    )

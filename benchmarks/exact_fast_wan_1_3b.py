@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from benchmarks.common import envelope, write
-from workbench import Request, Session
+from benchmarks.common import envelope, wan_1_3b_request, write
+from workbench import Session
 from workbench.evidence.harness import qualify
 from workbench.evidence.records import write_record
 from workbench.kernel_bench import WAN_1_3B, micro_benchmarks
@@ -18,9 +18,7 @@ def main() -> None:
     results = {"kernels": {row["kernel"]: row for row in micro_benchmarks(**WAN_1_3B)}}
     write(envelope("exact-fast-kernels", WAN_1_3B, results, {}, "first GPU look"), "exact-fast-kernels")
     session = Session.open("random-wan-1.3b", device="cuda", dtype="bfloat16")
-    request = Request(
-        "a red circle moves left over a blue floor", seed=42, frames=81, height=480, width=832, steps=4, guidance=5.0
-    )
+    request = wan_1_3b_request(4)
     for name, candidate in [
         ("fused-block-ops", {"fused_block_ops": {}}),
         ("exact-plugins", {"fused_block_ops": {}, "adaln_precompute": {}, "cross_kv_cache": {}}),

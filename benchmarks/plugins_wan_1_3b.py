@@ -16,8 +16,8 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.common import envelope, write
-from workbench import Request, Session
+from benchmarks.common import envelope, wan_1_3b_request, write
+from workbench import Session
 from workbench.evidence.stats import paired_ratio_ci
 from workbench.quality import compare
 
@@ -48,15 +48,7 @@ def main() -> None:
             del CANDIDATES[name]
 
     session = Session.open("random-wan-1.3b", device="cuda", dtype="bfloat16")
-    request = Request(
-        "a red circle moves left over a blue floor",
-        seed=42,
-        frames=81,
-        height=480,
-        width=832,
-        steps=args.steps,
-        guidance=5.0,
-    )
+    request = wan_1_3b_request(args.steps)
 
     def run(config: dict) -> tuple[object, float]:
         start = time.perf_counter()

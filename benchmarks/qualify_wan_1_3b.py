@@ -11,7 +11,8 @@ import os
 import time
 from pathlib import Path
 
-from workbench import Request, Session
+from benchmarks.common import wan_1_3b_request
+from workbench import Session
 from workbench.evidence.harness import qualify
 from workbench.evidence.records import write_record
 from workbench.evidence.report import render
@@ -36,15 +37,7 @@ def main() -> None:
     session = Session.open("random-wan-1.3b", device="cuda", dtype="bfloat16")
     for name, steps, baseline, candidate in PAIRS:
         start = time.perf_counter()
-        request = Request(
-            "a red circle moves left over a blue floor",
-            seed=42,
-            frames=81,
-            height=480,
-            width=832,
-            steps=steps,
-            guidance=5.0,
-        )
+        request = wan_1_3b_request(steps)
         try:
             record, pilots = qualify(session, [request], baseline, candidate, rounds=3, progress=False)
         except Exception as error:  # one failed pair must not lose the others; the failure is recorded

@@ -11,8 +11,8 @@ import statistics
 
 import torch
 
-from benchmarks.common import envelope, write
-from workbench import Request, Session
+from benchmarks.common import envelope, wan_1_3b_request, write
+from workbench import Session
 
 
 def main() -> None:
@@ -22,15 +22,7 @@ def main() -> None:
     args = parser.parse_args()
 
     session = Session.open("random-wan-1.3b", device="cuda", dtype="bfloat16")
-    request = Request(
-        "a red circle moves left over a blue floor",
-        seed=42,
-        frames=81,
-        height=480,
-        width=832,
-        steps=args.steps,
-        guidance=5.0,
-    )
+    request = wan_1_3b_request(args.steps)
     warm = session.generate(request, progress=False)
     runs = [session.generate(request, progress=False) for _ in range(args.repeats)]
     same = all((r.frames == warm.frames).all() for r in runs)

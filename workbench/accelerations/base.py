@@ -74,6 +74,12 @@ class Receipt:
     def executed(self) -> bool:
         return any(self.counters[key] > 0 for key in self.proof)
 
+    def record_decision(self, branch: str, decision: str) -> None:
+        """A feature cache's step: computed (C) or reused (R), counted and kept as a per-branch sequence (CCRRC)."""
+        self.counters["reused" if decision == "R" else "computed"] += 1
+        decisions = self.notes.setdefault("decisions", {})
+        decisions[branch] = decisions.get(branch, "") + decision
+
     def reset(self) -> None:
         self.counters.clear()
         self.fallbacks.clear()

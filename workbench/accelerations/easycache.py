@@ -78,11 +78,11 @@ class _EasyCacheHook(ModelHook):
             )
             if state.accumulated + predicted < options["threshold"]:
                 state.accumulated += predicted
-                handle.record(context.name, "R")
+                handle.receipt.record_decision(context.name, "R")
                 return _rebuild(state.template, [x + d for x, d in zip(inputs, state.deltas, strict=True)])
 
         output = self.fn_ref.original_forward(*args, **kwargs)
-        handle.record(context.name, "C")
+        handle.receipt.record_decision(context.name, "C")
         outputs = _tensors(output)[: len(inputs)]
         if state.inputs is not None:
             state.rate = [
@@ -133,12 +133,6 @@ class _Installed(Handle):
         super().begin_request(request_id, steps)
         self.steps = steps
         self._reset()
-
-    def record(self, branch: str, decision: str) -> None:
-        """Count a step as computed (C) or reused (R) and keep the per-branch sequence, e.g. CCRRC."""
-        self.receipt.counters["reused" if decision == "R" else "computed"] += 1
-        decisions = self.receipt.notes.setdefault("decisions", {})
-        decisions[branch] = decisions.get(branch, "") + decision
 
     def end_request(self, request_id: int) -> None:
         self._reset()

@@ -118,7 +118,7 @@ class _LeaderHook(ModelHook):
             state.accumulated = 0.0
         state.previous = modulated
         state.skipping = reuse
-        handle.record(context.name, "R" if reuse else "C")
+        handle.receipt.record_decision(context.name, "R" if reuse else "C")
         if reuse:
             outputs = [x + r for x, r in zip(inputs, state.residuals, strict=True)]
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
@@ -184,12 +184,6 @@ class _Installed(Handle):
         for coefficient in self.coefficients:  # Horner, highest power first
             value = value * change + coefficient
         return max(value, 0.0)
-
-    def record(self, branch: str, decision: str) -> None:
-        """Count a step as computed (C) or reused (R) and keep the per-branch sequence, e.g. CCRRC."""
-        self.receipt.counters["reused" if decision == "R" else "computed"] += 1
-        decisions = self.receipt.notes.setdefault("decisions", {})
-        decisions[branch] = decisions.get(branch, "") + decision
 
     def begin_request(self, request_id: int, steps: int) -> None:
         super().begin_request(request_id, steps)
