@@ -30,6 +30,10 @@ CANDIDATES = {
     "pyramid_attention_broadcast": {"pyramid_attention_broadcast": {}},
     "group_offload": {"group_offload": {}},
     "selective_fp8=ffn": {"selective_fp8": {"include": ["blocks.*.ffn.net.0.proj", "blocks.*.ffn.net.2"]}},
+    "teacache=0.2": {"teacache": {"rel_l1_thresh": 0.2}},
+    "taylorseer": {"taylorseer": {}},
+    "mag_cache": {"mag_cache": {}},  # ratios filled in by a calibration request of the same step count
+    "cache_dit=0.08": {"cache_dit": {}},
 }
 
 
@@ -49,6 +53,8 @@ def main() -> None:
 
     session = Session.open("random-wan-1.3b", device="cuda", dtype="bfloat16")
     request = wan_1_3b_request(args.steps)
+    if "mag_cache" in CANDIDATES:
+        CANDIDATES["mag_cache"] = {"mag_cache": {"mag_ratios": _mag_ratios(session, request)}}
 
     def run(config: dict) -> tuple[object, float]:
         start = time.perf_counter()
@@ -122,6 +128,15 @@ def main() -> None:
         f"GPU: {torch.cuda.get_device_name()}"
     )
     write(envelope(args.name, shape, arms, ratios, notes), args.name)
+
+
+def _mag_ratios(session: Session, request: object) -> list[float]:
+    """MagCache's ratios are per checkpoint and schedule: calibrate on this model and step count (cond branch)."""
+    session.accelerate({"mag_cache": {"calibrate": True}})
+    ratios = session.generate(request, progress=False).receipts["mag_cache"]["notes"]["mag_ratios"]
+    session.accelerate({})
+    print("mag_cache calibration:", ratios)
+    return ratios.get("cond") or next(iter(ratios.values()))
 
 
 def _median_timings(runs: list[dict]) -> dict:
