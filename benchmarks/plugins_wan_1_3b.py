@@ -10,6 +10,7 @@ arm's first (pilot) output.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -18,7 +19,7 @@ import torch
 
 from benchmarks.common import envelope, wan_1_3b_request, write
 from workbench import Session
-from workbench.evidence.stats import paired_ratio_ci
+from workbench.evidence.stats import MIN_PAIRS, paired_ratio_ci
 from workbench.quality import compare
 
 CANDIDATES = {
@@ -43,7 +44,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
     parser.add_argument("--name", default="plugins-wan-1.3b")
+    parser.add_argument("--model", default="random-wan-1.3b", help="tiny-wan on cpu: a dry run of this script")
+    parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
+    if args.rounds < MIN_PAIRS:
+        raise SystemExit(f"--rounds: the CI needs at least {MIN_PAIRS} paired rounds, got {args.rounds}")
     if args.only:
         unknown = set(args.only.split(",")) - set(CANDIDATES)
         if unknown:
@@ -51,8 +56,11 @@ def main() -> None:
         for name in set(CANDIDATES) - set(args.only.split(",")):
             del CANDIDATES[name]
 
-    session = Session.open("random-wan-1.3b", device="cuda", dtype="bfloat16")
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    session = Session.open(args.model, device=args.device, dtype=dtype)
     request = wan_1_3b_request(args.steps)
+    if args.model != "random-wan-1.3b":
+        request = dataclasses.replace(request, frames=9, height=32, width=32)
     if "mag_cache" in CANDIDATES:
         CANDIDATES["mag_cache"] = {"mag_cache": {"mag_ratios": _mag_ratios(session, request)}}
 
@@ -69,6 +77,7 @@ def main() -> None:
         warm[name] = pilots[name].timings["total"]
         quality[name] = compare(pilot_a, pilots[name]).to_dict()
         quality[name]["receipt"] = pilots[name].receipts
+        print(f"pilot {name}: {warm[name]:.2f} s, receipt {pilots[name].receipts}")
     session.accelerate({})
 
     times = {name: [] for name in CANDIDATES}
@@ -77,7 +86,7 @@ def main() -> None:
     stages_a = []
     matches = {name: True for name in CANDIDATES}
     a_matches = True
-    for _ in range(args.rounds):
+    for round_index in range(args.rounds):
         before, _ = run({})
         a_matches &= bool(np.array_equal(before.frames, pilot_a.frames))
         stages_a.append(before.timings)
@@ -91,43 +100,47 @@ def main() -> None:
             paired_a[name].append((before.timings["total"] + after.timings["total"]) / 2)
             before = after
             stages_a.append(after.timings)
-
-    arms, ratios = {"stock": {"median_timings": _median_timings(stages_a), "outputs_match_pilot": a_matches}}, {}
-    for name in CANDIDATES:
-        ci = paired_ratio_ci(paired_a[name], times[name])
-        denoise_ci = paired_ratio_ci(
-            [statistics.median(s["denoise"] for s in stages_a)] * len(stages[name]),
-            [s["denoise"] for s in stages[name]],
-        )
-        arms[name] = {
-            "config": CANDIDATES[name],
-            "install_seconds": installs[name],
-            "first_request_seconds": warm[name],
-            "request_seconds": times[name],
-            "paired_stock_seconds": paired_a[name],
-            "median_timings": _median_timings(stages[name]),
-            "outputs_match_pilot": matches[name],
-            "quality_vs_stock": quality[name],
+        print(f"round {round_index + 1}/{args.rounds} done")
+        # Written after every round, so a run cut short keeps the rounds it finished.
+        arms = {"stock": {"median_timings": _median_timings(stages_a), "outputs_match_pilot": a_matches}}
+        ratios = {}
+        for name in CANDIDATES:
+            arms[name] = {
+                "config": CANDIDATES[name],
+                "install_seconds": installs[name],
+                "first_request_seconds": warm[name],
+                "request_seconds": times[name],
+                "paired_stock_seconds": paired_a[name],
+                "median_timings": _median_timings(stages[name]),
+                "outputs_match_pilot": matches[name],
+                "quality_vs_stock": quality[name],
+            }
+            if len(times[name]) >= MIN_PAIRS:
+                denoise_ci = paired_ratio_ci(
+                    [statistics.median(s["denoise"] for s in stages_a)] * len(stages[name]),
+                    [s["denoise"] for s in stages[name]],
+                )
+                ratios[name] = {
+                    "request": paired_ratio_ci(paired_a[name], times[name]).to_dict(),
+                    "denoise_vs_median_stock": denoise_ci.median,
+                }
+        shape = {
+            "model": args.model,
+            "frames": request.frames,
+            "height": request.height,
+            "width": request.width,
+            "steps": args.steps,
+            "cfg": True,
+            "dtype": dtype,
+            "rounds": round_index + 1,
         }
-        ratios[name] = {"request": ci.to_dict(), "denoise_vs_median_stock": denoise_ci.median}
-    shape = {
-        "model": "random-wan-1.3b",
-        "frames": 81,
-        "height": 480,
-        "width": 832,
-        "tokens": 32760,
-        "steps": args.steps,
-        "cfg": True,
-        "dtype": "bfloat16",
-        "rounds": args.rounds,
-    }
-    notes = (
-        "Ratios are stock/candidate seconds of the whole request (>1 = faster), A/B/A paired per round, "
-        "bootstrap CI95 of the median. Random weights: quality numbers say how far a plugin moves the "
-        "output of this random model, not how a trained model looks. "
-        f"GPU: {torch.cuda.get_device_name()}"
-    )
-    write(envelope(args.name, shape, arms, ratios, notes), args.name)
+        notes = (
+            "Ratios are stock/candidate seconds of the whole request (>1 = faster), A/B/A paired per round, "
+            "bootstrap CI95 of the median. Random weights: quality numbers say how far a plugin moves the "
+            "output of this random model, not how a trained model looks. "
+            f"Device: {torch.cuda.get_device_name() if args.device == 'cuda' else args.device}"
+        )
+        write(envelope(args.name, shape, arms, ratios, notes), args.name)
 
 
 def _mag_ratios(session: Session, request: object) -> list[float]:

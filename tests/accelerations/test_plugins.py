@@ -123,3 +123,20 @@ def test_first_block_cache_threshold_zero_equals_dense(session_and_dense):
     result = _run(session, seed, {"first_block_cache": {"threshold": 0.0}})
     assert result.receipts["first_block_cache"]["blocks_skipped"] == 0
     assert _same(result, dense) and result.exact
+
+
+def test_taylorseer_forecasts_attention_and_feed_forward(session_and_dense):
+    session, dense, seed = session_and_dense
+    options = {"cache_interval": 2, "disable_cache_before_step": 1, "max_order": 1}
+    result = _run(session, seed, {"taylorseer": options}, steps=6)
+    receipt = result.receipts["taylorseer"]
+    assert receipt["attention_skipped"] > 0 and receipt["blocks_skipped"] > 0, receipt
+    assert receipt["executed"] and result.exact is False
+    assert receipt["blocks_executed"] > 0
+
+
+def test_taylorseer_never_forecasting_equals_dense(session_and_dense):
+    session, dense, seed = session_and_dense
+    result = _run(session, seed, {"taylorseer": {"disable_cache_before_step": STEPS + 1}})
+    assert result.receipts["taylorseer"]["blocks_skipped"] == 0 and not result.receipts["taylorseer"]["executed"]
+    assert _same(result, dense) and result.exact

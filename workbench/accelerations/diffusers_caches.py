@@ -2,12 +2,19 @@
 pyramid attention broadcast. One file for the three because they share everything but their config:
 diffusers does the caching; this file adds fail-closed checks and receipts.
 
-Receipts count work that really ran. A skipped block still passes through its `__call__` (the cache
-hook answers for it), so executed blocks are counted one level down, at the block's feed-forward.
+Receipts count work that really ran. A skipped block or predicted module still passes through its
+`__call__` (the cache hook answers for it), so executions are counted one level down: a block at the
+first layer of its feed-forward, an attention at its output projection.
+
+TaylorSeer: diffusers' default module patterns (`^blocks.*attn` and the like, full match) name no module
+of Wan (`attn1`, `attn2`) or LTX-2, so left alone it would hook nothing and run dense. This plugin gives it
+the names of every block's attention and feed-forward children instead (their outputs are what the paper
+forecasts), and refuses a model where it finds none.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +39,7 @@ class _Installed(Handle):
         for denoiser in self.denoisers:
             for block in _blocks(model, denoiser):
                 self._count(block, "block_calls")
-                self._count(_feed_forward(block), "blocks_executed")
+                self._count(_first_module(_feed_forward(block)), "blocks_executed")
                 attention = getattr(block, "attn1", None)
                 if attention is not None:
                     self._count(attention, "attention_calls")
@@ -72,7 +79,9 @@ class _Installed(Handle):
 
 
 def _first_module(module: torch.nn.Module) -> torch.nn.Module:
-    """The first layer that really runs: a ModuleList is never called itself."""
+    """The first layer that really runs: a ModuleList is never called itself; a FeedForward's is its `net`."""
+    if isinstance(getattr(module, "net", None), torch.nn.ModuleList | torch.nn.Sequential):
+        module = module.net
     return module[0] if isinstance(module, torch.nn.ModuleList | torch.nn.Sequential) else module
 
 
@@ -102,12 +111,34 @@ def _prepare_first_block(model: Any, options: dict[str, Any], device: torch.devi
     )
 
 
+def _taylorseer_targets(model: Any, denoiser: torch.nn.Module) -> list[str]:
+    """Full names of each block's attention and feed-forward children, as regexes for diffusers' patterns."""
+    blocks = {id(b) for b in _blocks(model, denoiser)}
+    targets = []
+    for block_name, block in denoiser.named_modules():
+        if id(block) not in blocks:
+            continue
+        for child_name, _ in block.named_children():
+            if re.fullmatch(r"(audio_)?(attn\d*|ffn?|ff)", child_name):
+                targets.append(re.escape(f"{block_name}.{child_name}"))
+    return targets
+
+
 def _prepare_taylorseer(model: Any, options: dict[str, Any], device: torch.device):
+    per_denoiser = [_taylorseer_targets(model, denoiser) for denoiser in model.denoisers()]
+    if not all(per_denoiser):
+        raise RuntimeError(
+            f"taylorseer: found no attention/feed-forward children in the {model.family.name} blocks "
+            f"{model.family.block_classes} to forecast"
+        )
+    targets = sorted(set().union(*per_denoiser))  # names relative to each denoiser (Wan2.2's two are alike)
+
     def config() -> TaylorSeerCacheConfig:
         return TaylorSeerCacheConfig(
             cache_interval=options["cache_interval"],
             disable_cache_before_step=options["disable_cache_before_step"],
             max_order=options["max_order"],
+            cache_identifiers=targets,
         )
 
     return lambda: _Installed(TAYLORSEER, options, model, config)
