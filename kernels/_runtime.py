@@ -15,6 +15,10 @@ import torch
 import triton
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The `ROUND` constexpr of the in-dtype pointwise kernels: what each intermediate result is rounded to
+# (0: nothing, fp32 arithmetic; 1: bfloat16; 2: float16), as torch does for ops on tensors of that dtype.
+ROUNDING = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 def interpreting() -> bool:
@@ -35,6 +39,21 @@ class LazyKernel:
         if mode not in self._jitted:
             self._jitted[mode] = triton.jit(self.fn)
         return self._jitted[mode][grid]
+
+
+INTERPRET_TILE = 16384  # elements per program under the interpreter
+
+
+def pointwise_tile(rows: int, cols: int, block_r: int, block_c: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_C) for a row-by-column pointwise kernel: the given tile when compiled; under the
+    interpreter, whose cost is per program and per op rather than per element, one tile as wide as the row
+    (up to `block_c`) and up to INTERPRET_TILE elements. Results do not depend on the tile (each element is
+    computed on its own), so this changes only how long a CPU test takes."""
+    if not interpreting():
+        return block_r, block_c
+    block_c = min(block_c, triton.next_power_of_2(max(cols, 1)))
+    block_r = min(max(block_r, INTERPRET_TILE // block_c), triton.next_power_of_2(max(rows, 1)))
+    return block_r, block_c
 
 
 def check_runtime(kernel: str, *tensors: torch.Tensor) -> None:
@@ -65,6 +84,24 @@ def broadcast_rows(kernel: str, name: str, tensor: torch.Tensor, shape: torch.Si
     if tensor.ndim != 3 or tensor.shape[0] != b or tensor.shape[2] != c or tensor.shape[1] not in (1, t):
         raise ValueError(f"{kernel}: {name} has shape {tuple(tensor.shape)}; expected ({b}, 1, {c}) or ({b}, {t}, {c})")
     return tensor.expand(b, t, c)
+
+
+def table_rows(kernel: str, name: str, tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """An (R, C) table read through a per-token index, as a (B, R, C) view (stride 0 over the batch)."""
+    b, _, c = shape
+    if tensor.ndim != 2 or tensor.shape[1] != c:
+        raise ValueError(f"{kernel}: {name} has shape {tuple(tensor.shape)}; with an index expected (R, {c})")
+    return tensor.unsqueeze(0).expand(b, tensor.shape[0], c)
+
+
+def check_index(kernel: str, index: torch.Tensor, tokens: int) -> torch.Tensor:
+    """A (T,) int32/int64 per-token table index, contiguous. Values are the caller's to keep in range."""
+    if not isinstance(index, torch.Tensor) or index.dtype not in INDEX_DTYPES:
+        got = index.dtype if isinstance(index, torch.Tensor) else type(index).__name__
+        raise ValueError(f"{kernel}: index has dtype {got}; allowed: {[str(d) for d in INDEX_DTYPES]}")
+    if index.shape != (tokens,):
+        raise ValueError(f"{kernel}: index has shape {tuple(index.shape)}; expected ({tokens},)")
+    return index.contiguous()
 
 
 def dtype_size(dtype: torch.dtype) -> int:

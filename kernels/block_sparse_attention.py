@@ -14,6 +14,11 @@ The maths (public facts about Sol-Attn, written here from scratch):
   `mean_k(j)`, value `mean_v(j)` and `log(length_j)` added to its logit, so it weighs as `length_j`
   identical keys.
 
+Kernel structure: one program per (batch*head, query block of 64 rows). It first walks the compacted list
+of that row's exact key blocks (FlashAttention-2 style online softmax over 64x64 tiles), then the folded
+blocks' mean keys 64 at a time (one tensor-core dot per chunk, exact blocks masked out, chunks with no
+folded block skipped), in the same running max / sum / accumulator.
+
 Higher `tau` means fewer exact blocks. Density is the fraction of exact (query block, key block) pairs,
 averaged over batch and heads.
 
@@ -28,8 +33,8 @@ accumulation) therefore runs only on a GPU and is **unverified until measured th
 
 The routing is computed in torch (fp32) by `routing` and shared by the kernel and `reference`, so the two
 agree on which blocks are exact; they differ only in rounding (fp32: ~1e-6; bf16 on a GPU: the kernel
-feeds bf16 probabilities to the P @ V dot, as flash attention does, expected ~1e-2 absolute on unit-scale
-values; the output itself is rounded to bf16).
+feeds bf16 probabilities to the P @ V dot, as flash attention does, and rounds the fp32 mean keys/values to
+bf16 for the folded dots; expected ~1e-2 absolute on unit-scale values; the output itself is rounded to bf16).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ LOG2E = 1.4426950408889634
 
 
 def _block_sparse_fwd(
-    q_ptr, k_ptr, v_ptr, km_ptr, vm_ptr, loglen_ptr, mask_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, km_ptr, vm_ptr, loglen_ptr, mask_ptr, idx_ptr, count_ptr, out_ptr,
     H, TQ, TK, KB, QB, qk_scale,
     q_sb, q_sh, q_st, q_sd,
     k_sb, k_sh, k_st, k_sd,
@@ -71,49 +76,64 @@ def _block_sparse_fwd(
         mask=row_ok[:, None],
         other=0.0,
     )  # (BLOCK, D)
-    qf = q.to(tl.float32)
     if F32:
-        q = qf
+        q = q.to(tl.float32)
     m_i = tl.full((BLOCK,), float("-inf"), tl.float32)
     l_i = tl.full((BLOCK,), 0.0, tl.float32)
     acc = tl.full((BLOCK, D), 0.0, tl.float32)
-    mask_row = mask_ptr + (bh.to(tl.int64) * QB + qb) * KB
+    row = bh.to(tl.int64) * QB + qb
+    # 1. Exact key blocks, from the compacted list of this (batch*head, query block) row.
+    n_exact = tl.load(count_ptr + row)
+    for n in range(0, n_exact):
+        j = tl.load(idx_ptr + row * KB + n)
+        keys = j * BLOCK + cols
+        key_ok = keys < TK
+        koff = keys.to(tl.int64)[:, None]
+        k = tl.load(k_ptr + b * k_sb + h * k_sh + koff * k_st + d[None, :] * k_sd, mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + b * v_sb + h * v_sh + koff * v_st + d[None, :] * v_sd, mask=key_ok[:, None], other=0.0)
+        if F32:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(key_ok[None, :], s * qk_scale, float("-inf"))  # (BLOCK, BLOCK), log2 units
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no finite logit yet stays at zero weight
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+        if F32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    # 2. Folded key blocks: their mean keys, BLOCK at a time, as pseudo-keys with log(length) on the logit.
     means = bh.to(tl.int64) * KB * D
-    for j in range(0, KB):
-        exact = tl.load(mask_row + j)
-        if exact != 0:
-            keys = j * BLOCK + cols
-            key_ok = keys < TK
-            koff = keys.to(tl.int64)[:, None]
-            k = tl.load(k_ptr + b * k_sb + h * k_sh + koff * k_st + d[None, :] * k_sd, mask=key_ok[:, None], other=0.0)
-            v = tl.load(v_ptr + b * v_sb + h * v_sh + koff * v_st + d[None, :] * v_sd, mask=key_ok[:, None], other=0.0)
+    mask_row = mask_ptr + row * KB
+    for c in range(0, KB, BLOCK):
+        blocks = c + cols
+        block_ok = blocks < KB
+        folded = tl.load(mask_row + blocks, mask=block_ok, other=1) == 0
+        if tl.reduce(folded.to(tl.int32), 0, tl.standard._sum_combine) > 0:  # skip chunks that are all exact
+            moff = means + blocks.to(tl.int64)[:, None] * D + d[None, :]
+            km = tl.load(km_ptr + moff, mask=block_ok[:, None], other=0.0)  # (BLOCK, D) fp32
+            vm = tl.load(vm_ptr + moff, mask=block_ok[:, None], other=0.0)
             if F32:
-                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+                s = tl.dot(q, tl.trans(km), input_precision="ieee")
             else:
-                s = tl.dot(q, tl.trans(k))
-            s = tl.where(key_ok[None, :], s * qk_scale, float("-inf"))  # (BLOCK, BLOCK), log2 units
+                s = tl.dot(q, tl.trans(km.to(q.dtype)))
+            bias = tl.load(loglen_ptr + blocks, mask=block_ok, other=0.0) * 1.4426950408889634
+            s = tl.where(folded[None, :], s * qk_scale + bias[None, :], float("-inf"))
             m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
             l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
             if F32:
-                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+                pv = tl.dot(p, vm, input_precision="ieee")
             else:
-                pv = tl.dot(p.to(v.dtype), v)
+                pv = tl.dot(p.to(q.dtype), vm.to(q.dtype))
             acc = acc * alpha[:, None] + pv
-            m_i = m_new
-        else:  # one pseudo-key: mean key, mean value, log(length) on its logit
-            km = tl.load(km_ptr + means + j * D + d)  # (D,) fp32
-            vm = tl.load(vm_ptr + means + j * D + d)
-            s1 = (
-                tl.reduce(qf * km[None, :], 1, tl.standard._sum_combine) * qk_scale
-                + tl.load(loglen_ptr + j) * 1.4426950408889634
-            )
-            m_new = tl.maximum(m_i, s1)
-            alpha = tl.exp2(m_i - m_new)
-            p1 = tl.exp2(s1 - m_new)
-            l_i = l_i * alpha + p1
-            acc = acc * alpha[:, None] + p1[:, None] * vm[None, :]
             m_i = m_new
     out = acc / l_i[:, None]
     optr = out_ptr + (bh.to(tl.int64) * TQ + rows.to(tl.int64))[:, None] * D + d[None, :]
@@ -124,14 +144,20 @@ _KERNEL = LazyKernel(_block_sparse_fwd)
 
 
 def _block_means(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, H, T, D) -> per-block means (B, H, nb, D) in fp32 and the block lengths (nb,) as fp32."""
-    b, h, t, d = x.shape
-    nb = -(-t // block)
-    padded = torch.zeros((b, h, nb * block, d), dtype=torch.float32, device=x.device)
-    padded[:, :, :t] = x.float()
-    lengths = torch.full((nb,), float(block), device=x.device)
-    lengths[-1] = t - (nb - 1) * block
-    return padded.view(b, h, nb, block, d).sum(3) / lengths[:, None], lengths
+    """(B, H, T, D) of any strides -> per-block means (B, H, nb, D) in fp32 and the block lengths (nb,) as fp32.
+
+    Sums accumulate in fp32 without an fp32 copy of `x` (a 32k-token bf16 K would otherwise cost ~200 MB)."""
+    t = x.shape[2]
+    full, rest = divmod(t, block)
+    parts = []
+    if full:
+        parts.append(x[:, :, : full * block].unflatten(2, (full, block)).sum(3, dtype=torch.float32) / block)
+    if rest:
+        parts.append(x[:, :, full * block :].sum(2, keepdim=True, dtype=torch.float32) / rest)
+    lengths = torch.full((full + (rest > 0),), float(block), device=x.device)
+    if rest:
+        lengths[-1] = float(rest)
+    return torch.cat(parts, 2) if len(parts) > 1 else parts[0], lengths
 
 
 def _check_tau(tau: float, sink_tokens: int) -> None:
@@ -139,6 +165,27 @@ def _check_tau(tau: float, sink_tokens: int) -> None:
         raise ValueError(f"block_sparse_attention: tau must be a number (not NaN), got {tau!r}")
     if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, int) or sink_tokens < 0:
         raise ValueError(f"block_sparse_attention: sink_tokens must be an int >= 0, got {sink_tokens!r}")
+
+
+def _route(
+    q_mean: torch.Tensor, k_mean: torch.Tensor, tau: float, sink_tokens: int, block: int, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing from block means: (mask bool (B, H, Qb, Kb), density as a 0-dim fp32 tensor, no host sync)."""
+    scores = q_mean @ k_mean.transpose(-1, -2) * scale  # (B, H, Qb, Kb)
+    qb, kb = scores.shape[-2:]
+    if tau == float("-inf"):
+        mask = torch.ones_like(scores, dtype=torch.bool)
+    elif tau == float("inf"):
+        mask = torch.zeros_like(scores, dtype=torch.bool)
+    else:
+        mean = scores.mean(-1, keepdim=True)
+        std = scores.std(-1, keepdim=True, correction=0)
+        mask = scores > mean + tau * std
+    i = torch.arange(qb, device=scores.device)[:, None]
+    j = torch.arange(kb, device=scores.device)[None, :]
+    mask = mask | ((i - j).abs() <= 1) | (j * block < sink_tokens)
+    density = mask.float().mean() if mask.numel() else torch.ones((), device=scores.device)
+    return mask, density
 
 
 def routing(
@@ -152,21 +199,8 @@ def routing(
     if block < 1:
         raise ValueError(f"block_sparse_attention: block must be >= 1, got {block}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    q_mean, _ = _block_means(q, block)
-    k_mean, _ = _block_means(k, block)
-    scores = q_mean @ k_mean.transpose(-1, -2) * scale  # (B, H, Qb, Kb)
-    qb, kb = scores.shape[-2:]
-    if tau == float("-inf"):
-        mask = torch.ones_like(scores, dtype=torch.bool)
-    else:
-        mean = scores.mean(-1, keepdim=True)
-        std = scores.std(-1, keepdim=True, correction=0)
-        mask = scores > mean + tau * std if tau != float("inf") else torch.zeros_like(scores, dtype=torch.bool)
-    i = torch.arange(qb, device=q.device)[:, None]
-    j = torch.arange(kb, device=q.device)[None, :]
-    forced = ((i - j).abs() <= 1) | (j * block < sink_tokens)
-    mask = mask | forced
-    return mask, float(mask.float().mean()) if mask.numel() else 1.0
+    mask, density = _route(_block_means(q, block)[0], _block_means(k, block)[0], tau, sink_tokens, block, scale)
+    return mask, float(density)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -216,26 +250,32 @@ def block_sparse_attention(
     sink_tokens: int,
     scale: float | None = None,
     return_density: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, float]:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`reference(q, k, v, tau, sink_tokens)` in one Triton pass per (batch*head, query block).
 
-    Exact key blocks load their 64 keys; folded ones use the precomputed fp32 mean key/value with the
-    log-length bias. With `return_density`, also the routing density (see `routing`)."""
+    Exact key blocks load their 64 keys (only those: a compacted index list per row); folded ones enter as
+    mean keys/values, 64 pseudo-keys per tensor-core dot, with the log-length bias. With `return_density`,
+    also the routing density as a 0-dim tensor on q's device (no host sync: `float()` it when needed)."""
     _check(q, k, v)
+    _check_tau(tau, sink_tokens)
     check_runtime("block_sparse_attention", q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    mask, density = routing(q, k, tau, sink_tokens, scale=scale)
-    b, h, tq, d = q.shape
     k_mean, lengths = _block_means(k, BLOCK)
     v_mean, _ = _block_means(v, BLOCK)
+    mask, density = _route(_block_means(q, BLOCK)[0], k_mean, tau, sink_tokens, BLOCK, scale)
+    b, h, tq, d = q.shape
     qb, kb = mask.shape[-2:]
+    count = mask.sum(-1, dtype=torch.int32).contiguous()  # (B, H, Qb)
+    # exact block indices first, ascending (a stable sort of 0 = exact, 1 = folded)
+    idx = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True).to(torch.int32).contiguous()
     out = torch.empty((b, h, tq, d), dtype=q.dtype, device=q.device)
+    launch = {} if interpreting() else {"num_warps": 4, "num_stages": 2}
     _KERNEL[(b * h, qb)](
         q, k, v, k_mean.contiguous(), v_mean.contiguous(), lengths.log().contiguous(),
-        mask.to(torch.int8).contiguous(), out,
+        mask.to(torch.int8).contiguous(), idx, count, out,
         h, tq, k.shape[2], kb, qb, scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(),
-        F32=q.dtype == torch.float32 or interpreting(), BLOCK=BLOCK, D=d,
+        F32=q.dtype == torch.float32 or interpreting(), BLOCK=BLOCK, D=d, **launch,
     )  # fmt: skip
     return (out, density) if return_density else out
 
@@ -243,8 +283,10 @@ def block_sparse_attention(
 def cost(shape: tuple[int, int, int, int], density: float, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
     """(bytes_moved, flops) for q, k, v of `shape` (B, H, T, D) at routing `density` (fraction of exact
     block pairs). Bytes: q read and output written once, K/V of each exact block pair read once per
-    query block, the fp32 mean K/V read for each folded pair. Flops: 4*D per exact (query, key) pair
-    (QK^T and PV), 4*D per (query, folded block) pair; routing and softmax exponentials are not counted."""
+    query block, the fp32 mean K/V of the folded blocks read once per query block. Flops: 4*D per exact
+    (query, key) pair (QK^T and PV), 4*D per (query, folded block) pair. Both are lower bounds: the folded
+    pass works in chunks of 64 mean keys and computes a chunk whole when any block in it is folded.
+    Routing and softmax exponentials are not counted."""
     b, h, t, d = shape
     nb = -(-t // BLOCK)
     size = dtype_size(dtype)

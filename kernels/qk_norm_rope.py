@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size
+from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size, pointwise_tile
 
 X_DTYPES = (torch.bfloat16, torch.float32)
 FREQ_DTYPES = (torch.float32, torch.float64)
@@ -172,7 +172,7 @@ def _launch(x4, weight, eps, cos, sin, norm):
         block_r = max(1, min(16, 1024 // block_p))
         grid = (triton.cdiv(b * t, block_r), 1)
     else:
-        block_p, block_r = BLOCK_P, BLOCK_R
+        block_r, block_p = pointwise_tile(b * t, c // 2, BLOCK_R, BLOCK_P)
         grid = (triton.cdiv(b * t, block_r), triton.cdiv(c // 2, block_p))
     _KERNEL[grid](
         x4, weight if norm else x4, cos, sin, out, b * t, t, c, d // 2, float(eps),

@@ -3,8 +3,11 @@
 The two-device sequence-head path exchanges attention inputs and outputs with one all-to-all each way:
 
 - `pack_qkv(q, k, v, W)`: q, k, v (B, T_local, H, D) with any strides (typically views of one fused
-  projection) -> destination-major (W, 3, B, T_local, H/W, D) contiguous; slot r holds heads
-  [r*H/W, (r+1)*H/W) for rank r.
+  projection) -> destination-major (W, B, T_local, 3, H/W, D) contiguous; slot r holds heads
+  [r*H/W, (r+1)*H/W) for rank r. The q/k/v axis sits next to the heads on purpose: what a rank receives
+  from the one all-to-all is (W, B, T_local, 3, H/W, D) in source order, which for B == 1 *is* the
+  (B, T_full, 3, H/W, D) layout of a fused projection, so q, k and v are strided views of it and no
+  unpack copy follows the exchange.
 - `split_result(out, W)`: this rank's attention output (B, T_full, H/W, D) -> destination-major
   (W, B, T_full/W, H/W, D) contiguous; slot r holds the sequence chunk that rank r owns.
 - `merge_heads(received, W)`: the received chunks (W, B, T_local, H/W, D) -> (B, T_local, H, D)
@@ -109,9 +112,10 @@ def direct_relayout_enabled() -> bool:
 
 
 def pack_qkv_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int) -> torch.Tensor:
-    """The materialised chain: stack, split heads per rank, move the rank axis first, copy."""
+    """The materialised chain: stack beside the heads, split heads per rank, move the rank axis first, copy."""
     b, t, h, d = q.shape
-    return torch.stack((q, k, v)).view(3, b, t, world_size, h // world_size, d).permute(3, 0, 1, 2, 4, 5).contiguous()
+    stacked = torch.stack((q, k, v), dim=2).view(b, t, 3, world_size, h // world_size, d)
+    return stacked.permute(3, 0, 1, 2, 4, 5).contiguous()
 
 
 def pack_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -130,12 +134,12 @@ def pack_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int)
     check_runtime(name, q, k, v)
     b, t, h, d = q.shape
     hw = _divisible(name, "H (q.shape[2])", h, world_size)
-    out = torch.empty((world_size, 3, b, t, hw, d), dtype=q.dtype, device=q.device)
-    dst_strides = out.stride()[:1] + out.stride()[2:]
+    out = torch.empty((world_size, b, t, 3, hw, d), dtype=q.dtype, device=q.device)
+    dst_strides = out.stride()[:3] + out.stride()[4:]
     for slot, src in enumerate((q, k, v)):
         sb, st, sh, sd = src.stride()
         # destination order (rank, b, t, head-in-rank, d); head = rank * hw + head-in-rank
-        _copy(src, out[:, slot], (world_size, b, t, hw, d), (hw * sh, sb, st, sh, sd), dst_strides)
+        _copy(src, out[:, :, :, slot], (world_size, b, t, hw, d), (hw * sh, sb, st, sh, sd), dst_strides)
     return out
 
 

@@ -55,7 +55,7 @@ class OptionInput:
         elif bool in kinds:
             self.widget = ipywidgets.Checkbox(value=bool(start), description=option.name, indent=False)
             self.parse = lambda raw: bool(raw)
-        elif (int in kinds or float in kinds) and start is not None:
+        elif (int in kinds or float in kinds) and isinstance(start, int | float):  # "family" of int|str: Text
             number = float if float in kinds else int
             limit = _FLOAT_LIMIT if number is float else _INT_LIMIT
             box = ipywidgets.BoundedFloatText if number is float else ipywidgets.BoundedIntText

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--dtype", default=None)
     gen.add_argument("--name", default="result", help="file stem of the outputs")
     gen.add_argument("--out", required=True, type=Path, help="directory for the outputs (created on success)")
+    gen.add_argument("--gpus", type=int, default=1, help="processes (one per GPU) running one context-parallel request")
 
     qual = commands.add_parser("qualify", help="A/B/A qualification of a candidate against a baseline")
     qual.add_argument("--model", required=True)
@@ -56,13 +57,29 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--device", default="auto")
         sub.add_argument("--out", required=True, type=Path)
 
+    tiny = commands.add_parser("train-tiny", help="train the demo-av model on synthetic scenes (resumable)")
+    tiny.add_argument("--out", required=True, type=Path, help="run folder: checkpoint/, demo-av/, train.json, loss.png")
+    tiny.add_argument("--minutes", type=float, default=6.0, help="training time of this session")
+    tiny.add_argument("--device", default="cuda")
+    tiny.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
+    tiny.add_argument("--train-clips", type=int, default=4096)
+    tiny.add_argument("--ae-batch", type=int, default=24, help="video clips per autoencoder step (audio: twice)")
+    tiny.add_argument("--denoise-batch", type=int, default=96)
+    tiny.add_argument("--eval-requests", type=int, default=32, help="held-out requests generated at the end")
+    tiny.add_argument(
+        "--pack", type=Path, help="also write the run as <=15 MiB tar parts (+ train.json, loss.png) here"
+    )
+
     commands.add_parser("info", help="versions, device and registered model families")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `--gpus N` re-executes under torchrun
     try:
         if args.command == "qualify":
             return _qualify(args)
         if args.command in ("sweep", "search"):
             return _sweep_or_search(args)
+        if args.command == "train-tiny":
+            return _train_tiny(args)
         return _generate(args) if args.command == "generate" else _info()
     except (ValueError, RuntimeError) as error:
         print(f"workbench {args.command}: error: {error}", file=sys.stderr)
@@ -70,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from workbench import Request, Session
+    from workbench import Request, Session, distributed
     from workbench.media import verify_mp4
 
     fields = ("frames", "height", "width", "steps", "guidance", "fps")
@@ -80,10 +97,18 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         **{name: getattr(args, name) for name in fields},
     )
-    session = Session.open(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    device, accelerations = args.device, {}
+    if args.gpus != 1 or distributed.is_worker():  # see workbench.distributed
+        distributed.check_gpus(args.gpus, args.device)
+        if not distributed.is_worker():
+            return distributed.launch(args.gpus, "workbench.cli", args.argv).returncode
+        device, accelerations = str(distributed.init_worker(args.device)), distributed.cli_accelerations(args.gpus)
+    session = Session.open(args.model, device=device, dtype=args.dtype, seed=args.seed, accelerations=accelerations)
     session.resolve(request)  # refuse a bad request before any work and before --out exists
     print(f"loaded {session} in {session.init_seconds:.2f} s", file=sys.stderr)
-    result = session.generate(request, progress=True)
+    result = session.generate(request, progress=distributed.rank() == 0)
+    if distributed.rank() != 0:  # one request over the group: rank 0 writes it
+        return 0
     mp4 = result.save(args.out, args.name)
     report = verify_mp4(mp4, result.frames.shape[0], result.audio_seconds)
     timings = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in result.timings.items())
@@ -149,6 +174,18 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     record, page = sweeps.write(result, args.out)
     print(f"record: {record}")
     print(f"report: {page}")
+    return 0
+
+
+def _train_tiny(args: argparse.Namespace) -> int:
+    from workbench.training.train_tiny import TrainConfig, train
+
+    fields = ("out", "minutes", "device", "resume", "train_clips", "ae_batch", "denoise_batch", "eval_requests", "pack")
+    record = train(TrainConfig(**{name: getattr(args, name) for name in fields}))
+    print(f"model:  {args.out / 'demo-av'}")
+    print(f"record: {args.out / 'train.json'}")
+    if "eval" in record:
+        print(f"caption match (held-out seeds): {json.dumps(record['eval']['all'])}")
     return 0
 
 

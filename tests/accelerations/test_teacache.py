@@ -1,4 +1,5 @@
-"""TeaCache on tiny families: threshold 0 is dense bit for bit, reuse is counted per branch, exact uninstall."""
+"""TeaCache on tiny families (Wan, Wan2.2, LTX-2, MiniMax-H3): threshold 0 is dense bit for bit, reuse is
+counted per branch, exact uninstall."""
 
 import numpy as np
 import pytest
@@ -9,16 +10,18 @@ from workbench.accelerations import fingerprint
 from workbench.accelerations.teacache import RESCALE, _Installed
 
 SIZE = {"frames": 9, "height": 32, "width": 32}
+SIZES = {"tiny-h3": {}}  # H3 takes 124+ frames at its own tiny canvas (the model's defaults)
 PROMPT = "a red circle moves left"
 
 
-@pytest.fixture(scope="module", params=["tiny-wan", "tiny-wan22", "tiny-ltx2"])
+@pytest.fixture(scope="module", params=["tiny-wan", "tiny-wan22", "tiny-ltx2", "tiny-h3"])
 def session(request):
     return Session.open(request.param, device="cpu")
 
 
 def _generate(session, seed, steps):
-    return session.generate(Request(PROMPT, seed=seed, steps=steps, **SIZE), progress=False)
+    size = SIZES.get(session.model.name, SIZE)
+    return session.generate(Request(PROMPT, seed=seed, steps=steps, **size), progress=False)
 
 
 def _run(session, seed, options, steps):
@@ -76,6 +79,21 @@ def test_teacache_reuses_per_branch_and_marks_inexact(session):
         assert decisions.startswith("CC") and decisions.endswith("C") and "R" in decisions, (branch, decisions)
     assert result.exact is False
     assert not torch.equal(result.latents, dense.latents), f"seed {seed}"
+
+
+def test_teacache_on_h3_counts_its_single_branch_calls(sessions):
+    # guidance-distilled: one branch, N - 1 transformer calls for N steps
+    seed = _seed()
+    result = _run(sessions("tiny-h3"), seed, {"rel_l1_thresh": 1e6, "warmup": 1, "final_dense": 1}, 6)
+    receipt = result.receipts["teacache"]
+    assert receipt["notes"]["decisions"] == {"cond": "CRRRC"}, f"seed {seed}: {receipt}"
+    assert receipt["computed"] == 2 and receipt["reused"] == 3
+
+
+@pytest.mark.parametrize("model", ["tiny-ltx2", "tiny-h3"])
+def test_teacache_refuses_another_familys_rescale(sessions, model):
+    with pytest.raises(ValueError, match=r"teacache.rescale: 'wan2.1-t2v-1.3b' was fitted on wan, not (ltx2|h3)"):
+        sessions(model).accelerate({"teacache": {"rel_l1_thresh": 0.1, "rescale": "wan2.1-t2v-1.3b"}})
 
 
 def test_teacache_state_does_not_leak_across_requests():

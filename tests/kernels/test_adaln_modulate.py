@@ -1,9 +1,15 @@
 import pytest
 import torch
 
-from workbench.kernels.adaln_modulate import adaln_modulate, cost, reference
+from workbench.kernels.adaln_modulate import (
+    adaln_modulate,
+    adaln_modulate_in_dtype,
+    cost,
+    reference,
+    reference_in_dtype,
+)
 
-SHAPES = [(1, 1, 1), (2, 7, 33), (3, 19, 130)]
+SHAPES = [(1, 1, 1), (2, 7, 33), (3, 19, 130), (2, 150, 70)]  # the last: several row programs under the interpreter too
 DTYPES = [torch.bfloat16, torch.float32, torch.float16]
 
 
@@ -77,8 +83,67 @@ def test_adaln_modulate_on_cpu_without_interpreter_is_runtime_error(monkeypatch)
         adaln_modulate(n, n[:, :1], n[:, :1], torch.float32)
 
 
+def _in_dtype_inputs(rng, shape, dtype, mode):
+    """Same-dtype operands: n a strided view; scale/shift strided chunks of an LTX-2-like (B, T', 6, C) table,
+    or rows of an H3-like (R, 6 * C) table read through a random per-token index."""
+    b, t, c = shape
+    n = (torch.randn(b, c, t, generator=rng) * 2 + 0.1).to(dtype).transpose(1, 2)
+    index = None
+    if mode == "index":
+        rows = 7
+        table = (torch.randn(rows, 6 * c, generator=rng) * 0.5 + 0.01).to(dtype)
+        shift, scale = table.chunk(6, dim=-1)[:2]
+        index = torch.randint(0, rows, (t,), generator=rng)
+    else:
+        per = t if mode == "per_token" else 1
+        table = (torch.randn(b, per, 6, c, generator=rng) * 0.5 + 0.01).to(dtype)
+        shift, scale = table.unbind(dim=2)[:2]
+    return n, scale, shift, index
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["broadcast", "per_token", "index"])
+def test_adaln_modulate_in_dtype_matches_reference_bitwise(rng, shape, dtype, mode):
+    n, scale, shift, index = _in_dtype_inputs(rng, shape, dtype, mode)
+    got = adaln_modulate_in_dtype(n, scale, shift, index)
+    want = reference_in_dtype(n, scale, shift, index)
+    assert got.dtype == want.dtype == dtype and got.shape == want.shape and got.is_contiguous()
+    assert torch.equal(got, want), f"seed {rng.initial_seed()}: {(got != want).sum()} elements differ"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_adaln_modulate_in_dtype_rounds_every_op(rng, dtype):
+    # one rounding at the end (the Wan form on upcast operands) differs from torch's same-dtype sequence
+    n, scale, shift, _ = _in_dtype_inputs(rng, (2, 33, 96), dtype, "per_token")
+    once = adaln_modulate(n.float(), scale.float(), shift.float(), dtype)
+    want = reference_in_dtype(n, scale, shift)
+    assert not torch.equal(once, want), f"seed {rng.initial_seed()}: inputs do not separate the two orders"
+    assert torch.equal(adaln_modulate_in_dtype(n, scale, shift), want), f"seed {rng.initial_seed()}"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (lambda n, s, i: (n, s.float(), s, None), r"adaln_modulate_in_dtype: scale has dtype torch.float32"),
+        (lambda n, s, i: (n.double(), s, s, None), r"adaln_modulate_in_dtype: n has dtype torch.float64"),
+        (lambda n, s, i: (n, s, s, None), r"adaln_modulate_in_dtype: scale has shape \(4, 5\); expected \(2, 1, 5\)"),
+        (lambda n, s, i: (n, s[:, :3], s, i), r"adaln_modulate_in_dtype: scale has shape \(4, 3\); with an index"),
+        (lambda n, s, i: (n, s, s, i.float()), r"adaln_modulate_in_dtype: index has dtype torch.float32"),
+        (lambda n, s, i: (n, s, s, i[:2]), r"adaln_modulate_in_dtype: index has shape \(2,\); expected \(3,\)"),
+    ],
+)
+def test_adaln_modulate_in_dtype_bad_input_raises(rng, args, message):
+    n = torch.randn(2, 3, 5, generator=rng).bfloat16()
+    table = torch.randn(4, 5, generator=rng).bfloat16()
+    index = torch.randint(0, 4, (3,), generator=rng)
+    with pytest.raises(ValueError, match=message):
+        adaln_modulate_in_dtype(*args(n, table, index))
+
+
 def test_adaln_modulate_cost_is_sensible():
     bytes_moved, flops = cost((2, 75600, 5120), torch.bfloat16)
     elements = 2 * 75600 * 5120
     assert elements * 6 <= bytes_moved <= elements * 6 + 4 * 2 * 5120 * 4 and flops == 3 * elements
     assert cost((1, 8, 16), torch.float32)[0] > cost((1, 8, 16), torch.bfloat16)[0] > 0
+    assert cost((2, 75600, 5120), torch.bfloat16, in_dtype=True)[0] == elements * 4 + 4 * 5120 * 2

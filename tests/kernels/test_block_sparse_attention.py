@@ -136,3 +136,14 @@ def test_block_sparse_cost_scales_with_density():
     assert low[0] < high[0] and low[1] < high[1]
     dense_flops = 4 * 12 * 32760**2 * 128
     assert cost((1, 12, 32760, 128), 1.0)[1] == pytest.approx(dense_flops, rel=0.01)
+
+
+def test_block_sparse_attention_matches_reference_many_key_blocks(rng):
+    """More than 64 key blocks: the folded pass runs over several chunks of mean keys, some skipped."""
+    t = 66 * BLOCK + 10  # 67 key blocks: two chunks of mean keys
+    q, k, v = _qkv(rng, t, heads=1)
+    got, density = block_sparse_attention(q, k, v, 1.0, 2 * BLOCK, return_density=True)
+    want = reference(q, k, v, 1.0, 2 * BLOCK)
+    assert 0.0 < float(density) < 1.0 and float(density) == routing(q, k, 1.0, 2 * BLOCK)[1]
+    err = (got - want).abs().max().item()
+    assert err < 1e-4, f"seed {rng.initial_seed()}: max error {err} at density {float(density)}"

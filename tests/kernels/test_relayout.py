@@ -38,7 +38,7 @@ def test_pack_qkv_matches_reference_on_fused_views(rng, shape, dtype):
     assert not q.is_contiguous()
     got = pack_qkv(q, k, v, w)
     _equal(got, pack_qkv_reference(q, k, v, w), rng)
-    assert got.shape == (w, 3, b, t, h // w, d)
+    assert got.shape == (w, b, t, 3, h // w, d)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -78,14 +78,28 @@ def test_round_trip_through_simulated_all_to_all(rng, w):
     qkv = [_fused_qkv(rng, b, t_local, h, d, torch.bfloat16) for _ in range(w)]
     packed = [pack_qkv(q, k, v, w) for q, k, v in qkv]
     # rank r receives slot r from every source rank, in source order = sequence order
-    received = [torch.stack([packed[src][r] for src in range(w)]) for r in range(w)]  # (W, 3, B, T_l, H/W, D)
-    q_full = [torch.cat(list(received[r][:, 0]), dim=1) for r in range(w)]  # (B, T_full, H/W, D)
+    received = [torch.stack([packed[src][r] for src in range(w)]) for r in range(w)]  # (W, B, T_l, 3, H/W, D)
+    q_full = [torch.cat(list(received[r][:, :, :, 0]), dim=1) for r in range(w)]  # (B, T_full, H/W, D)
     for r in range(w):
         assert torch.equal(q_full[r], torch.cat([q[:, :, r * h // w : (r + 1) * h // w] for q, _, _ in qkv], dim=1))
     split = [split_result(q_full[r], w) for r in range(w)]
     back = [torch.stack([split[src][r] for src in range(w)]) for r in range(w)]  # (W, B, T_l, H/W, D)
     for r in range(w):
         _equal(merge_heads(back[r], w), qkv[r][0].contiguous(), rng)
+
+
+def test_received_pack_is_a_fused_projection_view_when_batch_is_one(rng):
+    """With B == 1 the all-to-all's output (W, 1, T_l, 3, H/W, D) read as (1, W*T_l, 3, H/W, D) holds every
+    rank's tokens in order: q/k/v of the full sequence are views, no unpack copy is needed."""
+    w, t_local, h, d = 2, 5, 4, 8
+    qkv = [_fused_qkv(rng, 1, t_local, h, d, torch.float32) for _ in range(w)]
+    packed = [pack_qkv(q, k, v, w) for q, k, v in qkv]
+    for r in range(w):
+        received = torch.stack([packed[src][r] for src in range(w)])  # what all_to_all_single returns
+        full = received.view(1, w * t_local, 3, h // w, d)
+        for slot in range(3):
+            want = torch.cat([ops[slot][:, :, r * h // w : (r + 1) * h // w] for ops in qkv], dim=1)
+            assert torch.equal(full[:, :, slot], want), f"seed {rng.initial_seed()}"
 
 
 @pytest.mark.parametrize(

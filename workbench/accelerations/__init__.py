@@ -8,8 +8,10 @@ from __future__ import annotations
 from workbench.accelerations import (
     adaln_precompute,
     attention_backend,
+    attention_policy,
     block_sparse,
     cache_dit,
+    context_parallel,
     cross_kv_cache,
     diffusers_caches,
     easycache,
@@ -19,6 +21,7 @@ from workbench.accelerations import (
     mag_cache,
     regional_compile,
     selective_fp8,
+    sol_attn,
     teacache,
 )
 from workbench.accelerations.base import CONTRACTS, Handle, Option, Prepared, Receipt, Spec, fingerprint
@@ -27,6 +30,8 @@ from workbench.accelerations.install import plan
 _MODULES = (
     attention_backend,
     block_sparse,
+    sol_attn,
+    attention_policy,
     fused_qkv,
     cross_kv_cache,
     easycache,
@@ -39,6 +44,7 @@ _MODULES = (
     cache_dit,
     fused_block_ops,
     adaln_precompute,
+    context_parallel,
 )
 REGISTRY: dict[str, Spec] = {spec.name: spec for module in _MODULES for spec in module.SPECS}
 

@@ -1,20 +1,38 @@
 """Transformer-block glue through Triton kernels that keep torch's rounding boundaries (contract: rounding).
 
-diffusers' Wan block runs its AdaLN modulation `(norm(x.float()) * (1 + scale) + shift).type_as(x)` and
-its gated residuals `(x.float() + y * gate).type_as(x)` as chains of small torch kernels. This plugin
-gives each block an instance-level `forward` that is diffusers' `WanTransformerBlock.forward` (0.42.x)
-op for op, except that those two pieces run as one Triton kernel each (`workbench.kernels.adaln_modulate`,
-`workbench.kernels.gated_residual`). Everything else (the fp32 LayerNorms, attn1, attn2, the cross-attention
-residual, the FFN linears and its GELU) is the block's own submodules, called in the same order.
+Each supported block gets an instance-level `forward` that is diffusers 0.42.x's own forward op for op, except
+that its pointwise AdaLN glue runs as Triton kernels that round where torch rounds:
 
-What is proven where: the kernels are bit-equal to torch's op sequence under the Triton CPU interpreter
-(tests here and in tests/kernels); on a GPU they are compiled with FP fusion off and the equality is
-**unverified until measured**. The GELU-tanh kernel (`workbench.kernels.gelu_tanh`) is not used: it is
-not bit-equal to torch's tanh (see its docstring), so using it would break this contract.
+- Wan (`WanTransformerBlock`, _fused_wan.py): the modulation `(norm(x.float()) * (1 + scale) + shift).type_as(x)`
+  and the gated residuals `(x.float() + y * gate).type_as(x)` (fp32 arithmetic, one cast: `adaln_modulate`,
+  `gated_residual`); with `rope` on, attn1's rotary step on q and k as `qk_norm_rope.rope_only`, after diffusers'
+  own `norm_q`/`norm_k` (the fused RMSNorm+RoPE kernel is a `reduction`, so the RMSNorm stays torch's).
+- LTX-2 (`LTX2VideoTransformerBlock`, _fused_ltx2.py), video and audio streams: `norm(x) * (1 + scale) + shift`
+  and `x + y * gate` on same-dtype tensors, every op rounded to that dtype (`*_in_dtype` kernels), for the
+  self-attention, a2v/v2a cross-attention, feed-forward and (LTX-2.3) text cross-attention modulations.
+- MiniMax-H3 (`MiniMaxH3TransformerBlock`, _fused_h3.py): the same in-dtype forms with the per-row
+  (timestep, modality) table lookup done inside the kernels.
+Everything else (norms, attention, FFNs, plain residual adds) is the block's own submodules, in the same order.
 
-Fail closed: on CPU the kernels need `TRITON_INTERPRET=1` (a RuntimeError at prepare says so); LTX-2's
-block is refused as not implemented yet. A call the kernels cannot take (another dtype, a shape the
-block does not normally see) runs the stock forward and is counted under `fallbacks` with its reason.
+What is proven where:
+- CPU, Triton interpreter (CI): tests compare every fused block with the stock block by `torch.equal` on fresh
+  random inputs (bf16 and fp32, several shapes) and whole tiny-model requests (tiny-wan, tiny-ltx2, tiny-h3, bf16
+  and fp32) with and without the plugin (tests/accelerations/test_fused_block_ops*.py).
+- GPU (kernels compiled with FP fusion off): measured once on an H200, before `rope` and the LTX-2/H3 forwards
+  existed, for Wan's two fp32-arithmetic kernels at the 1.3B shape and over a Wan2.1-1.3B-shaped request (equal,
+  benchmarks/results/2026-11-29-exact-fast-*.json). The rotary kernel inside the block, the in-dtype kernels and
+  the LTX-2/H3 blocks on a GPU are **unverified until measured**: benchmarks/fused_blocks_gpu.py checks each
+  fused block against the stock one there.
+The GELU-tanh kernel (`workbench.kernels.gelu_tanh`) is not used: it is not bit-equal to torch's tanh on the
+interpreter (see its docstring).
+
+Options: `rope` = "auto" (the rotary kernel where the family has one wired: Wan), "on" (the same, and a
+RuntimeError at prepare for a family without one: LTX-2, H3), "off" (torch's rotary).
+
+Fail closed: on CPU the kernels need `TRITON_INTERPRET=1` (a RuntimeError at prepare says so). A call the kernels
+cannot take (another dtype, grad mode, a shape the block does not normally see, another plugin's attention
+processor for the rotary step) runs the stock code for that piece and is counted under `fallbacks` with its reason.
+Receipts: `blocks_fused`, `adaln_modulate_calls`, `gated_residual_calls`, `rope_calls`.
 """
 
 from __future__ import annotations
@@ -24,74 +42,38 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.base import Handle, Spec
+from workbench.accelerations import _fused_h3, _fused_ltx2, _fused_wan
+from workbench.accelerations.base import Handle, Option, Spec
 
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-NOT_IMPLEMENTED = ("LTX2VideoTransformerBlock",)
-
-
-def _wan_forward(block: torch.nn.Module, receipt: Any, kernels: Any) -> Any:
-    adaln_modulate, gated_residual = kernels
-    stock = type(block).forward.__get__(block)
-
-    def forward(
-        hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, temb: torch.Tensor, rotary_emb: Any
-    ) -> torch.Tensor:
-        reason = _unsupported(hidden_states, temb)
-        if reason is not None:
-            receipt.fallbacks[reason] += 1
-            return stock(hidden_states, encoder_hidden_states, temb, rotary_emb)
-        if temb.ndim == 4:  # batch_size, seq_len, 6, inner_dim (wan2.2 ti2v)
-            chunks = (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)
-            chunks = tuple(chunk.squeeze(2) for chunk in chunks)
-        else:  # batch_size, 6, inner_dim
-            chunks = (block.scale_shift_table + temb.float()).chunk(6, dim=1)
-        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = chunks
-        dtype = hidden_states.dtype
-
-        # 1. Self-attention
-        norm_hidden_states = adaln_modulate(block.norm1(hidden_states.float()), scale_msa, shift_msa, dtype)
-        attn_output = block.attn1(norm_hidden_states, None, None, rotary_emb)
-        hidden_states = gated_residual(hidden_states, attn_output, gate_msa)
-
-        # 2. Cross-attention (plain residual add: torch's own)
-        norm_hidden_states = block.norm2(hidden_states.float()).type_as(hidden_states)
-        attn_output = block.attn2(norm_hidden_states, encoder_hidden_states, None, None)
-        hidden_states = hidden_states + attn_output
-
-        # 3. Feed-forward; `ff_output.float() * gate` equals `ff_output * gate` (exact upcast, then fp32)
-        norm_hidden_states = adaln_modulate(block.norm3(hidden_states.float()), c_scale_msa, c_shift_msa, dtype)
-        ff_output = block.ffn(norm_hidden_states)
-        hidden_states = gated_residual(hidden_states, ff_output, c_gate_msa)
-        receipt.counters["adaln_modulate_calls"] += 2
-        receipt.counters["gated_residual_calls"] += 2
-        receipt.counters["blocks_fused"] += 1
-        return hidden_states
-
-    return forward
+ROPE_FAMILIES = ("WanTransformerBlock",)  # block classes whose rotary step has a bit-equal kernel wired
 
 
-def _unsupported(hidden_states: torch.Tensor, temb: torch.Tensor) -> str | None:
-    if hidden_states.dtype not in SUPPORTED_DTYPES:
-        return f"hidden_states dtype {hidden_states.dtype}"
-    if hidden_states.ndim != 3:
-        return f"hidden_states of {hidden_states.ndim} dimensions"
-    if temb.ndim not in (3, 4):
-        return f"temb of {temb.ndim} dimensions"
-    return None
+def _builders(options: dict[str, Any], shared: dict) -> dict[str, Any]:
+    return {
+        "WanTransformerBlock": lambda block, receipt: _fused_wan.forward_for(block, receipt, options),
+        "LTX2VideoTransformerBlock": lambda block, receipt: _fused_ltx2.forward_for(block, receipt, options),
+        "MiniMaxH3TransformerBlock": lambda block, receipt: _fused_h3.forward_for(block, receipt, options, shared),
+    }
 
 
 class _Installed(Handle):
     def __init__(self, spec: Spec, options: dict[str, Any], blocks: list[torch.nn.Module]):
-        super().__init__(spec, options, proof=("adaln_modulate_calls", "gated_residual_calls"))
-        from workbench.kernels.adaln_modulate import adaln_modulate
-        from workbench.kernels.gated_residual import gated_residual
-
+        super().__init__(spec, options, proof=("adaln_modulate_calls", "gated_residual_calls", "rope_calls"))
         self.blocks = blocks
+        self.shared: dict = {}  # per-handle state the family forwards share (H3: the last checked index)
+        builders = _builders(options, self.shared)
         for block in blocks:
-            block.forward = _wan_forward(block, self.receipt, (adaln_modulate, gated_residual))
+            block.forward = builders[type(block).__name__](block, self.receipt)
+
+    def begin_request(self, request_id: int, steps: int) -> None:
+        super().begin_request(request_id, steps)
+        self.shared.clear()
+
+    def end_request(self, request_id: int) -> None:
+        self.shared.clear()
 
     def _remove(self) -> None:
+        self.shared.clear()
         for block in self.blocks:
             del block.forward
 
@@ -113,13 +95,17 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
 
     if not diffusers.__version__.startswith("0.42."):
         raise RuntimeError(
-            f"fused_block_ops: replicates diffusers 0.42.x's WanTransformerBlock.forward; found {diffusers.__version__}"
+            f"fused_block_ops: replicates diffusers 0.42.x's block forwards; found {diffusers.__version__}"
         )
     names = set(model.family.block_classes)
-    refused = sorted(names & set(NOT_IMPLEMENTED))
-    if refused:
+    supported = set(_builders(options, {}))
+    unknown = sorted(names - supported)
+    if unknown:
+        raise RuntimeError(f"fused_block_ops: block class {unknown[0]} is not implemented (only {sorted(supported)})")
+    if options["rope"] == "on" and not names & set(ROPE_FAMILIES):
         raise RuntimeError(
-            f"fused_block_ops: block class {refused[0]} is not implemented yet (only WanTransformerBlock)"
+            f"fused_block_ops.rope='on': {model.family.name}'s blocks ({sorted(names)}) have no rotary kernel wired "
+            f"(only {list(ROPE_FAMILIES)}); use rope='auto' or 'off'"
         )
     blocks = []
     for denoiser in model.denoisers():
@@ -137,9 +123,18 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
 SPEC = Spec(
     name="fused_block_ops",
     contract="rounding",
-    summary="AdaLN modulation and gated residuals of each block as Triton kernels with torch's rounding",
+    summary="AdaLN modulation, gated residuals (and Wan's rotary step) of each block as Triton kernels with torch's rounding",
     prepare_fn=_prepare,
-    families=("wan", "ltx2"),  # ltx2 is refused at prepare with a clear message (not implemented yet)
+    options=(
+        Option(
+            "rope",
+            str,
+            "auto",
+            allowed=("auto", "on", "off"),
+            help="rotary step of self-attention as a kernel: auto = where wired (Wan), on = required, off = torch",
+        ),
+    ),
+    families=("wan", "ltx2", "h3"),
     touches=("blocks.forward",),
     order=40,
 )

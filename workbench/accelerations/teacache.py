@@ -12,12 +12,23 @@ output minus input of the whole stack at the last computed step (LTX-2: one resi
 and audio; the indicator is the video stream's). Computing resets the sum. Warm-up and final steps
 always compute. State lives per CFG branch (diffusers' cache context) and per request.
 
-Rescale polynomial: `rescale="wan2.1-t2v-1.3b"` uses the Wan2.1 T2V 1.3B coefficients published in the
-TeaCache repository, ali-vilab/TeaCache, TeaCache4Wan2.1/teacache_generate.py (the `use_ret_steps`
+Families: Wan (`blocks`), LTX-2 (`transformer_blocks`, video and audio streams) and MiniMax-H3
+(`transformer_blocks`). H3's indicator is its first block's `norm1(x) * (1 + scale[idx]) + shift[idx]` over the
+whole packed sequence (text, conditioning, audio and video rows), with the per-row (timestep, modality)
+modulation rows taken from that block's `adaln_proj(temb)`, as the block computes them; the skip adds one
+residual for the packed sequence. H3 is guidance-distilled: one branch ("cond"), N - 1 transformer calls for N
+steps (its runner tells the cache context that count).
+
+Rescale polynomial, per family: `rescale="wan2.1-t2v-1.3b"` uses the Wan2.1 T2V 1.3B coefficients published
+in the TeaCache repository, ali-vilab/TeaCache, TeaCache4Wan2.1/teacache_generate.py (the `use_ret_steps`
 set, also listed as `wan2.1_t2v_1.3B_ret_mode` by ports). They were fitted against upstream's Wan
 indicator, the timestep projection `e0`, not against this modulated input, so with this indicator they
-are a borrowed calibration; the default is `rescale="none"` (identity). Negative polynomial values are
-clamped to 0 so the sum never decreases.
+are a borrowed calibration; the default is `rescale="none"` (identity). Coefficients apply only to the family
+they were fitted on (`RESCALE_FAMILY`). This module carries no coefficients fitted on LTX-2 or MiniMax-H3
+(TeaCache's LTX-Video set was fitted on an earlier, different model and is not reused), so those families run
+with `rescale="none"`, the raw relative L1 change: a `rel_l1_thresh` for them is a threshold on that raw change,
+to be calibrated on the family itself. Asking for another family's polynomial is a ValueError.
+Negative polynomial values are clamped to 0 so the sum never decreases.
 
 `rel_l1_thresh=0` never reuses, so its output is the dense output bit for bit.
 """
@@ -40,10 +51,12 @@ RESCALE = {
     "none": None,
     "wan2.1-t2v-1.3b": (-5.21862437e04, 9.23041404e03, -5.28275948e02, 1.36987616e01, -4.99875664e-02),
 }
+RESCALE_FAMILY = {"wan2.1-t2v-1.3b": "wan"}  # the family each polynomial was fitted on
 # Per family: the block list attribute, the streams a block carries (name, positional index) in output order.
 LAYOUT = {
     "wan": ("blocks", (("hidden_states", 0),)),
     "ltx2": ("transformer_blocks", (("hidden_states", 0), ("audio_hidden_states", 1))),
+    "h3": ("transformer_blocks", (("hidden_states", 0),)),
 }
 
 
@@ -62,6 +75,11 @@ def _modulated_input(family: str, block: torch.nn.Module, args: tuple, kwargs: d
         else:  # batch, 6, dim
             shift, scale = (block.scale_shift_table + temb.float()).chunk(6, dim=1)[:2]
         return (block.norm1(x.float()) * (1 + scale) + shift).type_as(x)
+    if family == "h3":  # per-row rows of the (timestep, modality) table
+        temb = _arg(args, kwargs, "temb", 1)
+        indices = _arg(args, kwargs, "adaln_indices", 2)
+        shift, scale = block.adaln_proj(temb)[:2]
+        return block.norm1(x) * (1.0 + scale.index_select(0, indices)) + shift.index_select(0, indices)
     temb = _arg(args, kwargs, "temb", 4)
     shift, scale = block.get_mod_params(block.scale_shift_table, temb, x.size(0))[:2]
     return block.norm1(x) * (1 + scale) + shift
@@ -211,6 +229,12 @@ class _Installed(Handle):
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     family = model.family.name
+    fitted_on = RESCALE_FAMILY.get(options["rescale"], family)
+    if fitted_on != family:
+        raise ValueError(
+            f"teacache.rescale: {options['rescale']!r} was fitted on {fitted_on}, not {family}; {family} has no "
+            "published coefficients here, use rescale='none'"
+        )
     attribute = LAYOUT[family][0]
     stacks = []
     for denoiser in model.denoisers():

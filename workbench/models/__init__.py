@@ -1,4 +1,4 @@
-"""Model families and the names a user types: `tiny-wan`, `tiny-wan22`, `tiny-ltx2`, `tiny-h3`, or a local path."""
+"""Model families and the names a user types: `tiny-wan`, `tiny-wan22`, `tiny-ltx2`, `tiny-h3`, `demo-av`, or a local path."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from workbench.models.loaded import LoadedModel, cast_components
 
 TINY_MODELS = ("tiny-wan", "tiny-wan22", "tiny-ltx2", "tiny-h3")
 RANDOM_MODELS = ("random-wan-1.3b",)  # real shapes, random weights: for GPU timing only
+# Trained checkpoints shipped inside the package, loaded through the same `load(path)` as any local directory.
+SHIPPED_MODELS = {"demo-av": Path(__file__).resolve().parent / "demo-av"}  # `workbench train-tiny` makes it
 PIPELINE_FAMILIES = {"WanPipeline": "wan", "LTX2Pipeline": "ltx2", "MiniMaxH3ModularPipeline": "h3"}
 MODULAR_INDEX = "modular_model_index.json"  # modular pipelines (MiniMax-H3) name their components here
 
@@ -40,9 +42,9 @@ def resolve(
         model = built[str(name)](seed)
         cast_components(model.pipeline, dtype)
         return model
-    path = Path(name)
+    path = shipped_path(str(name)) if str(name) in SHIPPED_MODELS else Path(name)
     if not path.is_dir():
-        known = TINY_MODELS + RANDOM_MODELS
+        known = TINY_MODELS + RANDOM_MODELS + tuple(SHIPPED_MODELS)
         raise ValueError(f"model: {str(name)!r} is neither a known name {known} nor a local directory")
     index = path / "model_index.json"
     if not index.is_file() and (path / MODULAR_INDEX).is_file():
@@ -52,3 +54,14 @@ def resolve(
         raise ValueError(f"model: {index} names pipeline {class_name!r}; supported: {sorted(PIPELINE_FAMILIES)}")
     module = {"wan": wan, "ltx2": ltx2, "h3": h3}[PIPELINE_FAMILIES[class_name]]
     return module.load(path, dtype=dtype)
+
+
+def shipped_path(name: str) -> Path:
+    """The folder of a shipped checkpoint; a RuntimeError saying how to make it when it is not there."""
+    path = SHIPPED_MODELS[name]
+    if not (path / "model_index.json").is_file():
+        raise RuntimeError(
+            f"model: {name!r} is a shipped checkpoint but {path} holds no model_index.json; train it with "
+            f"`workbench train-tiny --out RUN --device cuda` and copy RUN/demo-av to {path}"
+        )
+    return path

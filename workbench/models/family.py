@@ -12,13 +12,38 @@ from typing import Any
 import torch
 
 
+def _no_prefix(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class SelfAttention:
+    """Where a family's self-attention over the video sequence sits, and which of its rows are not video.
+
+    Sparse-attention plugins route exactly these modules and take their sink / protected rows from here,
+    so what they need about a model comes from its family adapter, not from the plugin:
+
+    - `modules(denoiser)`: the attention modules (diffusers `Attention`-like, with a `processor`) whose queries
+      and keys are the rows of one sequence holding the target video, one per transformer block, in block order.
+    - `prefix_rows(args, kwargs)`: from the arguments of one denoiser forward, how many leading rows of that
+      sequence are text / conditioning / audio (the rest, to the end, is target video). Families whose
+      self-attention holds video rows only (text and images enter through cross-attention) return 0.
+    - `layout`: one line for people on where the non-video rows sit.
+    """
+
+    modules: Callable[[torch.nn.Module], list[torch.nn.Module]] = field(repr=False)
+    prefix_rows: Callable[[tuple[Any, ...], dict[str, Any]], int] = field(default=_no_prefix, repr=False)
+    layout: str = ""
+
+
 @dataclass(frozen=True)
 class Family:
     """A diffusers pipeline family: request defaults, the geometry rules its VAE imposes, its stages.
 
     `frame_step` and `frame_offset` say which frame counts the VAE takes (`frames % step == offset`);
     `size_multiple` is the pixel multiple for height and width. `block_classes` names the transformer
-    block classes that fused-op plugins understand.
+    block classes that fused-op plugins understand. `self_attention` says which attention modules sparse
+    attention may route and where the non-video rows sit (None: the family offers none).
     """
 
     name: str
@@ -35,6 +60,7 @@ class Family:
     stage_probes: tuple[tuple[str, str, str | None], ...] = ()
     call_kwargs: Callable[..., dict[str, Any]] = field(default=lambda request: {}, repr=False)
     runner: Callable[..., tuple[Any, Any]] = field(default=None, repr=False)
+    self_attention: SelfAttention | None = None
 
     def __post_init__(self) -> None:
         if self.runner is None:

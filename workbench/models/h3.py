@@ -42,7 +42,7 @@ from diffusers.modular_pipelines.minimax_h3.denoise import MiniMaxH3LoopDenoiser
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
 from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
-from workbench.models.family import Family, _load_component, read_workbench_file
+from workbench.models.family import Family, SelfAttention, _load_component, read_workbench_file
 from workbench.models.loaded import LoadedModel
 from workbench.models.tokenizer import build_tokenizer
 
@@ -178,6 +178,35 @@ class H3Family(Family):
                 raise ValueError(f"{name}: mode {request.mode!r} takes no {name}; modes that do: {modes}")
 
 
+def target_video_start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """Rows of the packed sequence before the target video, from one transformer call's keyword arguments.
+
+    diffusers 0.42.1 packs `[text | keyframe conditioning | target audio | target video]` (t2va/i2va/l2va/fl2va;
+    ref2va puts its reference blocks where the keyframes are), so the target video is the run of video rows
+    that ends the sequence; everything before it (text, conditioning, audio) is the prefix. RuntimeError when the
+    call does not carry the layout or the sequence does not end with video rows.
+    """
+    position_ids, video = kwargs.get("position_ids"), kwargs.get("video_indices")
+    if position_ids is None or video is None:
+        raise RuntimeError("h3: the transformer was called without position_ids / video_indices keywords")
+    length = position_ids.shape[0]
+    rows = torch.sort(video.reshape(-1)).values
+    # rows[i] == length - n + i holds exactly on the trailing run of rows that ends the sequence
+    tail = rows == torch.arange(length - rows.numel(), length, device=rows.device)
+    run = int(tail.flip(0).int().cumprod(0).sum())
+    if run == 0:
+        raise RuntimeError(f"h3: the packed sequence of {length} rows does not end with video rows")
+    return length - run
+
+
+# One packed self-attention (`transformer_blocks[i].attn`) over every row; the token refiner's attention sees
+# text only and is not routed.
+SELF_ATTENTION = SelfAttention(
+    modules=lambda denoiser: [block.attn for block in denoiser.transformer_blocks],
+    prefix_rows=target_video_start,
+    layout="[text | keyframe/reference conditioning | target audio | target video] in one packed sequence",
+)
+
 FAMILY = H3Family(
     name="h3",
     pipeline_class="MiniMaxH3ModularPipeline",
@@ -199,6 +228,7 @@ FAMILY = H3Family(
     ),
     call_kwargs=_call_kwargs,
     runner=run_modular_pipeline,
+    self_attention=SELF_ATTENTION,
 )
 TINY_DEFAULTS = {"frames": 124, "height": 32, "width": 64, "steps": 3, "fps": FPS}
 TINY_CANVAS = {"canvas_short_edge": 32, "canvas_max_pixels": 2048}

@@ -17,7 +17,7 @@ from diffusers.pipelines.ltx2 import LTX2TextConnectors
 from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
 
-from workbench.models.family import Family, load_pipeline, read_workbench_file
+from workbench.models.family import Family, SelfAttention, load_pipeline, read_workbench_file
 from workbench.models.loaded import LoadedModel
 from workbench.models.tokenizer import build_tokenizer
 
@@ -34,6 +34,14 @@ def _call_kwargs(request: Any) -> dict[str, Any]:
         "guidance_scale": request.guidance,
     }
 
+
+# LTX-2 runs two streams: video self-attention (`attn1`) sees video rows only; audio has its own stream
+# (`audio_attn1`, head dim 64 in the release) and meets video only in the a2v/v2a cross-attentions; text enters
+# through `attn2` / `audio_attn2`. So the routable self-attention is `attn1`, with no sink rows.
+SELF_ATTENTION = SelfAttention(
+    modules=lambda denoiser: [block.attn1 for block in denoiser.transformer_blocks],
+    layout="video stream only (audio is a separate stream; text enters through attn2 cross-attention)",
+)
 
 FAMILY = Family(
     name="ltx2",
@@ -53,6 +61,7 @@ FAMILY = Family(
         ("audio_decode", "vocoder", None),
     ),
     call_kwargs=_call_kwargs,
+    self_attention=SELF_ATTENTION,
 )
 TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance": 4.0, "fps": 24}
 # The tiny config keeps the sampler's auxiliary guidance passes off so a CPU request stays one

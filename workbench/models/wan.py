@@ -9,7 +9,7 @@ import torch
 from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
 from transformers import UMT5Config, UMT5EncoderModel
 
-from workbench.models.family import Family, load_pipeline, read_workbench_file
+from workbench.models.family import Family, SelfAttention, load_pipeline, read_workbench_file
 from workbench.models.loaded import LoadedModel
 from workbench.models.tokenizer import build_tokenizer
 
@@ -26,6 +26,14 @@ def _call_kwargs(request: Any) -> dict[str, Any]:
     }
 
 
+# Wan's self-attention (`attn1` of each block) sees video rows only: the text, and for image-to-video the CLIP
+# image tokens, enter through cross-attention (`attn2`, whose `add_k_proj` carries the image tokens), and the
+# I2V conditioning latents are concatenated on the channel axis, not as rows. No sink rows, whatever the mode.
+SELF_ATTENTION = SelfAttention(
+    modules=lambda denoiser: [block.attn1 for block in denoiser.blocks],
+    layout="video rows only (text and image tokens enter through attn2 cross-attention)",
+)
+
 FAMILY = Family(
     name="wan",
     pipeline_class="WanPipeline",
@@ -38,6 +46,7 @@ FAMILY = Family(
     block_classes=("WanTransformerBlock",),
     stage_probes=(("text_encode", "", "encode_prompt"), ("video_decode", "vae", "decode")),
     call_kwargs=_call_kwargs,
+    self_attention=SELF_ATTENTION,
 )
 TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance": 5.0, "fps": 16}
 TINY_TEXT_DIM = 32
@@ -88,6 +97,29 @@ def tiny_pipeline(seed: int = 0, two_experts: bool = False) -> WanPipeline:
         transformer_2=_tiny_transformer(seed + 3).eval() if two_experts else None,
         boundary_ratio=0.875 if two_experts else None,
     )
+
+
+def tiny_d128(seed: int = 0) -> LoadedModel:
+    """tiny-wan with one attention head of dimension 128 (what the sparse-attention kernels take) instead of
+    two of 16; everything else is tiny-wan's. 128x192 frames give 8x12 = 96 tokens per latent frame."""
+    pipe = tiny_pipeline(seed)
+    torch.manual_seed(seed + 2)
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=1,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=TINY_TEXT_DIM,
+        freq_dim=32,
+        ffn_dim=64,
+        num_layers=2,
+        cross_attn_norm=True,
+        rope_max_seq_len=32,
+    ).eval()
+    pipe.register_modules(transformer=transformer)
+    defaults = {**TINY_DEFAULTS, "height": 128, "width": 192}
+    return LoadedModel("tiny-wan-d128", FAMILY, pipe, defaults, {"max_sequence_length": 32})
 
 
 def tiny(seed: int = 0) -> LoadedModel:

@@ -1,0 +1,78 @@
+"""The multi-process launcher: argument errors, and `workbench generate --gpus 2` on two gloo CPU processes."""
+
+import json
+
+import pytest
+import torch
+
+from workbench import Request
+from workbench.cli import main
+from workbench.distributed import check_gpus, run_arms, torchrun_command
+from workbench.kernels.relayout import ENV_VAR
+
+REQUEST = Request("a red circle", frames=9, height=64, width=64, steps=2)
+
+
+@pytest.mark.parametrize(
+    "gpus, device, message",
+    [
+        (0, "cpu", r"gpus: expected a positive int \(the number of processes\), got 0"),
+        (True, "cpu", r"gpus: expected a positive int"),
+        (2, "tpu", r"device: 'tpu' with gpus=2; allowed: \['auto', 'cuda', 'cpu'\]"),
+    ],
+)
+def test_check_gpus_bad_input_raises(gpus, device, message):
+    with pytest.raises(ValueError, match=message):
+        check_gpus(gpus, device)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 64, reason="checks the refusal for more GPUs than present")
+def test_check_gpus_more_than_present_is_runtime_error():
+    with pytest.raises(RuntimeError, match=r"gpus=64: this machine has \d+ CUDA device\(s\)"):
+        check_gpus(64, "cuda")
+
+
+@pytest.mark.parametrize(
+    "model, request_, arms, message",
+    [
+        (object(), REQUEST, {"a": {}}, r"model: expected a name or a local directory"),
+        ("tiny-wan", "a red circle", {"a": {}}, r"request: expected a workbench.Request"),
+        ("tiny-wan", REQUEST, {}, r"arms: expected a non-empty dict"),
+        ("tiny-wan", REQUEST, {"a": "context_parallel"}, r"arms: expected a non-empty dict"),
+    ],
+)
+def test_run_arms_bad_input_raises(model, request_, arms, message):
+    with pytest.raises(ValueError, match=message):
+        run_arms(model, request_, arms, gpus=2, device="cpu")
+
+
+def test_torchrun_command_runs_the_module_in_n_processes():
+    command = torchrun_command(3, "workbench.cli", ["generate", "--gpus", "3"])
+    assert command[1:] == [
+        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3", "-m", "workbench.cli",
+        "generate", "--gpus", "3",
+    ]  # fmt: skip
+
+
+def test_cli_bad_gpus_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["generate", "--model", "tiny-wan", "--prompt", "p", "--gpus", "0", "--out", str(out)]) == 2
+    assert "gpus: expected a positive int" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_generate_two_gloo_processes_rank_zero_writes(tmp_path, monkeypatch):
+    """`--gpus 2 --device cpu` re-executes under torchrun; the relayout switch set to 0 is honoured."""
+    monkeypatch.setenv(ENV_VAR, "0")  # the references: no Triton interpreter needed in the workers
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    out = tmp_path / "out"
+    argv = ["generate", "--model", "tiny-wan", "--prompt", "a red circle", "--frames", "9", "--height", "64"]
+    argv += ["--width", "64", "--steps", "2", "--seed", "1", "--gpus", "2", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["result.html", "result.json", "result.mp4"]
+    record = json.loads((out / "result.json").read_text())
+    receipt = record["receipts"]["context_parallel"]
+    assert receipt["executed"] and receipt["options"]["ulysses_degree"] == 2
+    assert receipt["reference_relayout_calls"] == 3 * receipt["cp_attention_calls"] > 0
+    assert "direct_relayout_calls" not in receipt
+    assert receipt["notes"]["direct_disabled_by"] == f"{ENV_VAR}=0" and receipt["notes"]["relayout"] == "reference"

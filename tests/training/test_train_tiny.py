@@ -1,0 +1,108 @@
+import json
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.training import checkpoint
+from workbench.training.audio import log_mel, stft_loss
+from workbench.training.model import MEL_BINS, SAMPLE_RATE
+from workbench.training.train_tiny import TrainConfig
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("minutes", -1.0), ("ae_share", 1.5), ("train_clips", 0), ("ae_batch", 0), ("caption_dropout", -0.1)],
+)
+def test_train_tiny_bad_option_raises(tmp_path, field, value):
+    config = TrainConfig(out=tmp_path)
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=field):
+        config.validate()
+
+
+def test_checkpoint_round_trips_and_survives_an_interrupted_swap(tmp_path, rng):
+    tensors = {"a.weight": torch.from_numpy(rng.normal(size=(5, 3)).astype(np.float32))}
+    moments = torch.from_numpy(rng.normal(size=(7,)).astype(np.float32))
+    state = {"stage": "denoiser", "steps": {"denoiser": int(rng.integers(1, 100))}}
+    folder = tmp_path / "checkpoint"
+    checkpoint.save(folder, tensors, {"optimizer": {"state": {0: {"exp_avg": moments}}}}, state)
+    loaded, optimizer, loaded_state = checkpoint.load(folder)
+    assert torch.equal(loaded["a.weight"], tensors["a.weight"]) and loaded_state == state
+    stored = optimizer["optimizer"]["state"][0]["exp_avg"]
+    assert stored.dtype == torch.bfloat16 and torch.allclose(stored.float(), moments, rtol=1e-2, atol=1e-2)
+    folder.rename(tmp_path / "checkpoint.old")  # as if the run died between the two renames
+    assert checkpoint.load(folder)[2] == state
+    assert checkpoint.load(tmp_path / "nothing") is None
+
+
+def test_pack_splits_into_capped_parts_that_restore_the_run(tmp_path, rng):
+    run = tmp_path / "run"
+    (run / "sub").mkdir(parents=True)
+    payload = rng.integers(0, 256, size=300_000, dtype=np.uint8).tobytes()
+    (run / "sub" / "blob.bin").write_bytes(payload)
+    (run / "train.json").write_text(json.dumps({"steps": 3}))
+    parts = checkpoint.pack(run, tmp_path / "packed", part_mib=0.1, loose=("train.json",))
+    assert len(parts) >= 3 and all(p.stat().st_size <= 0.1 * 2**20 for p in parts)
+    assert (tmp_path / "packed" / "train.json").is_file()
+    joined = tmp_path / "joined.tar"
+    joined.write_bytes(b"".join(p.read_bytes() for p in parts))
+    with tarfile.open(joined) as tar:
+        tar.extractall(tmp_path / "restored", filter="data")
+    assert (tmp_path / "restored" / "run" / "sub" / "blob.bin").read_bytes() == payload
+
+
+def test_log_mel_puts_higher_tones_in_higher_bins(rng):
+    time = np.arange(6000) / SAMPLE_RATE
+    low = rng.uniform(150.0, 1000.0)
+    high = low * rng.uniform(1.5, 3.5)  # stays inside the filterbank's 60 Hz - 4 kHz
+    waves = torch.tensor(np.stack([np.stack([0.3 * np.sin(2 * np.pi * f * time)] * 2) for f in (low, high)]))
+    mel = log_mel(waves.float(), frames=33)
+    assert mel.shape == (2, 2, 33, MEL_BINS)
+    peaks = mel[:, 0, 10:20].mean(dim=1).argmax(dim=-1)
+    assert peaks[0] < peaks[1]
+    with pytest.raises(ValueError, match="waveform"):
+        log_mel(waves.float()[..., :800], frames=33)
+
+
+def test_stft_loss_is_zero_only_for_the_same_spectrum(rng):
+    wave = torch.from_numpy(rng.normal(0, 0.3, size=(2, 2, 4000)).astype(np.float32))
+    assert float(stft_loss(wave, wave)) < 1e-5
+    assert float(stft_loss(0.5 * wave, wave)) > 0.1
+
+
+def test_train_tiny_smoke_runs_resumes_and_exports_a_loadable_model(tmp_path):
+    from dataclasses import replace
+
+    from workbench.models import resolve
+    from workbench.training.train_tiny import train
+
+    config = TrainConfig(
+        out=tmp_path / "run", minutes=0.001, device="cpu", train_clips=2, ae_batch=1, denoise_batch=1, eval_requests=0
+    )
+    config.warmup_steps = 1
+    first = train(config)
+    assert first["steps"]["autoencoders"] >= 1 and first["stage"] == "denoiser"
+    with pytest.raises(ValueError, match="resume"):  # a second fresh run would overwrite the checkpoint
+        train(config)
+    second = train(replace(config, resume=True))
+    assert second["steps"]["autoencoders"] == first["steps"]["autoencoders"] and second["steps"]["denoiser"] >= 1
+    assert len(second["sessions"]) == 2 and {h["stage"] for h in second["loss"]} == {"autoencoders", "denoiser"}
+    assert json.loads((tmp_path / "run" / "train.json").read_text())["steps"] == second["steps"]
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 0
+    loaded = resolve(tmp_path / "run" / "demo-av", dtype=torch.float32)
+    assert loaded.family.name == "ltx2" and loaded.defaults["frames"] == 9
+    # the latent statistics measured on the data were saved where the pipeline reads them
+    assert not torch.equal(loaded.pipeline.vae.latents_std, torch.ones_like(loaded.pipeline.vae.latents_std))
+
+
+def test_cli_train_tiny_bad_input_writes_nothing(tmp_path, capsys):
+    from workbench.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train-tiny", "--out", str(out), "--minutes", "-1", "--device", "cpu"]) == 2
+    assert "minutes" in capsys.readouterr().err
+    assert main(["train-tiny", "--out", str(out), "--resume", "--device", "cpu"]) == 2
+    assert "resume" in capsys.readouterr().err
+    assert not out.exists()

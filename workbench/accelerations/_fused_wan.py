@@ -1,0 +1,163 @@
+"""fused_block_ops for `WanTransformerBlock` (diffusers 0.42.x); see fused_block_ops.py for the contract.
+
+The block's forward, op for op, with:
+- the AdaLN modulation `(norm(x.float()) * (1 + scale) + shift).type_as(x)` and the gated residuals
+  `(x.float() + y * gate).type_as(x)` each as one Triton kernel (fp32 arithmetic, one cast at the end);
+- with `rope` on, attn1's rotary step (`WanAttnProcessor`'s `apply_rotary_emb` on q and k) as the `rope_only`
+  kernel. attn1 is then run here as `WanAttnProcessor.__call__` runs it for self-attention: the same projections,
+  diffusers' own `norm_q`/`norm_k` (torch's RMSNorm: the fused RMSNorm kernel is a `reduction` and is not used),
+  the same `dispatch_attention_fn` call with the processor's backend and parallel config, the same output
+  projection. Only a stock `WanAttnProcessor` on an attn1 without hooks is taken over; any other (a plugin's
+  wrapper, a hooked module) runs as it is and the call is counted under `fallbacks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+ROPE_X_DTYPES = (torch.bfloat16, torch.float32)
+ROPE_FREQ_DTYPES = (torch.float32, torch.float64)
+
+
+def _stock_rotary(hidden_states: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
+    """diffusers 0.42's `apply_rotary_emb` inside `WanAttnProcessor.__call__`, verbatim."""
+    x1, x2 = hidden_states.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(hidden_states)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(hidden_states)
+
+
+def attn1_reason(attn: torch.nn.Module) -> str | None:
+    """Why attn1 cannot be run here with the rotary kernel (then it runs as it is), or None."""
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    if type(attn.processor) is not WanAttnProcessor:
+        return f"attn1 processor is {type(attn.processor).__name__}, not a stock WanAttnProcessor"
+    registry = getattr(attn, "_diffusers_hook", None)
+    if attn._forward_hooks or attn._forward_pre_hooks or "forward" in attn.__dict__ or (registry and registry.hooks):
+        return "attn1 has hooks or a replaced forward"
+    if attn.add_k_proj is not None:
+        return "attn1 has image key/value projections"
+    return None
+
+
+def _rope_reason(query: torch.Tensor, rotary_emb: Any) -> str | None:
+    if not (isinstance(rotary_emb, (tuple, list)) and len(rotary_emb) == 2):
+        return f"rotary_emb of type {type(rotary_emb).__name__}"
+    b, t, h, d = query.shape
+    if query.dtype not in ROPE_X_DTYPES:
+        return f"q/k dtype {query.dtype}"
+    if d % 2:
+        return f"odd head dim {d}"
+    cos, sin = rotary_emb
+    for f in (cos, sin):
+        if f.dtype not in ROPE_FREQ_DTYPES or f.dtype != cos.dtype or f.device != query.device:
+            return f"rotary tables of dtype {f.dtype} on {f.device}"
+        if f.ndim != 4 or f.shape[0] not in (1, b) or f.shape[1] != t or f.shape[2] not in (1, h) or f.shape[3] != d:
+            return f"rotary tables of shape {tuple(f.shape)} for q/k {tuple(query.shape)}"
+    return None
+
+
+def _self_attention(attn: torch.nn.Module, hidden_states: torch.Tensor, rotary_emb: Any, receipt: Any, rope: Any):
+    """`WanAttnProcessor.__call__(attn, hidden_states, None, None, rotary_emb)` with the rotary kernel."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.transformers.transformer_wan import _get_qkv_projections
+
+    processor = attn.processor
+    query, key, value = _get_qkv_projections(attn, hidden_states, None)
+    query = attn.norm_q(query)
+    key = attn.norm_k(key)
+    query = query.unflatten(2, (attn.heads, -1))  # (B, T, H, D)
+    key = key.unflatten(2, (attn.heads, -1))
+    value = value.unflatten(2, (attn.heads, -1))
+    if rotary_emb is not None:
+        reason = _rope_reason(query, rotary_emb)
+        if reason is None:
+            query = rope(query, *rotary_emb)
+            key = rope(key, *rotary_emb)
+            receipt.counters["rope_calls"] += 2
+        else:
+            receipt.fallbacks[f"rope: {reason}"] += 1
+            query = _stock_rotary(query, *rotary_emb)
+            key = _stock_rotary(key, *rotary_emb)
+    hidden_states = dispatch_attention_fn(
+        query,
+        key,
+        value,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=False,
+        backend=processor._attention_backend,
+        parallel_config=processor._parallel_config,  # self-attention: the stock processor passes it
+    )
+    hidden_states = hidden_states.flatten(2, 3)
+    hidden_states = hidden_states.type_as(query)
+    hidden_states = attn.to_out[0](hidden_states)
+    hidden_states = attn.to_out[1](hidden_states)
+    return hidden_states
+
+
+def _block_reason(block: torch.nn.Module, hidden_states: torch.Tensor, temb: torch.Tensor) -> str | None:
+    from workbench.accelerations._fused_ops import block_reason
+
+    reason = block_reason(block, hidden_states)
+    if reason is None and temb.ndim not in (3, 4):
+        reason = f"temb of {temb.ndim} dimensions"
+    return reason
+
+
+def forward_for(block: torch.nn.Module, receipt: Any, options: dict[str, Any]) -> Any:
+    """An instance-level forward for one WanTransformerBlock."""
+    from workbench.kernels.adaln_modulate import adaln_modulate
+    from workbench.kernels.gated_residual import gated_residual
+    from workbench.kernels.qk_norm_rope import rope_only
+
+    use_rope = options.get("rope", "auto") != "off"
+    stock = type(block).forward.__get__(block)
+
+    def forward(
+        hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, temb: torch.Tensor, rotary_emb: Any
+    ) -> torch.Tensor:
+        reason = _block_reason(block, hidden_states, temb)
+        if reason is not None:
+            receipt.fallbacks[reason] += 1
+            return stock(hidden_states, encoder_hidden_states, temb, rotary_emb)
+        if temb.ndim == 4:  # batch_size, seq_len, 6, inner_dim (wan2.2 ti2v)
+            chunks = (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)
+            chunks = tuple(chunk.squeeze(2) for chunk in chunks)
+        else:  # batch_size, 6, inner_dim
+            chunks = (block.scale_shift_table + temb.float()).chunk(6, dim=1)
+        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = chunks
+        dtype = hidden_states.dtype
+
+        # 1. Self-attention
+        norm_hidden_states = adaln_modulate(block.norm1(hidden_states.float()), scale_msa, shift_msa, dtype)
+        attn_reason = attn1_reason(block.attn1) if use_rope else None
+        if use_rope and attn_reason is None:
+            attn_output = _self_attention(block.attn1, norm_hidden_states, rotary_emb, receipt, rope_only)
+        else:
+            if attn_reason is not None:
+                receipt.fallbacks[f"rope: {attn_reason}"] += 1
+            attn_output = block.attn1(norm_hidden_states, None, None, rotary_emb)
+        hidden_states = gated_residual(hidden_states, attn_output, gate_msa)
+
+        # 2. Cross-attention (plain residual add: torch's own)
+        norm_hidden_states = block.norm2(hidden_states.float()).type_as(hidden_states)
+        attn_output = block.attn2(norm_hidden_states, encoder_hidden_states, None, None)
+        hidden_states = hidden_states + attn_output
+
+        # 3. Feed-forward; `ff_output.float() * gate` equals `ff_output * gate` (exact upcast, then fp32)
+        norm_hidden_states = adaln_modulate(block.norm3(hidden_states.float()), c_scale_msa, c_shift_msa, dtype)
+        ff_output = block.ffn(norm_hidden_states)
+        hidden_states = gated_residual(hidden_states, ff_output, c_gate_msa)
+        receipt.counters["adaln_modulate_calls"] += 2
+        receipt.counters["gated_residual_calls"] += 2
+        receipt.counters["blocks_fused"] += 1
+        return hidden_states
+
+    return forward

@@ -1,0 +1,1 @@
+"""Synthetic captioned audio+video scenes and the detectors that check clips against captions."""

@@ -1,0 +1,1 @@
+"""Training the shipped demo-av model (`workbench train-tiny`)."""

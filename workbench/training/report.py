@@ -1,0 +1,79 @@
+"""The record of a train-tiny run (`train.json`, in the benchmarks' format) and its loss curve (`loss.png`)."""
+
+from __future__ import annotations
+
+import datetime
+import traceback
+from collections.abc import Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from workbench.training.model import FPS, FRAMES, HEIGHT, SAMPLE_RATE, WIDTH
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def guarded(function, *args, **kwargs) -> dict[str, Any]:
+    """`function(...)`, or {"error": ...} (also printed with its traceback) when it raises."""
+    try:
+        return function(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - recorded and printed, never silent
+        traceback.print_exc()
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
+def record(config: Any, state: dict[str, Any], environment: dict[str, Any], stages: Iterable[str]) -> dict[str, Any]:
+    """What ran (device, versions, commit), how long and how far (steps, seconds per stage), and the losses."""
+    versions = environment["versions"]
+    history = state["history"]
+    return {
+        "what": "train-tiny demo-av",
+        "device": environment["device"],
+        "torch": versions.get("torch"),
+        "triton": versions.get("triton"),
+        "diffusers": versions.get("diffusers"),
+        "commit": environment["git"],
+        "date": now(),
+        "shape": {"frames": FRAMES, "height": HEIGHT, "width": WIDTH, "fps": FPS, "sample_rate": SAMPLE_RATE},
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+        "stage": state["stage"],
+        "steps": state["steps"],
+        "seconds": state["seconds"],
+        "sessions": state["sessions"],
+        "final_loss": {s: next((h for h in reversed(history) if h["stage"] == s), None) for s in stages},
+        "loss": history,
+        "notes": "text encoder random-initialised and frozen; EMA weights exported; eval through Session.open(path)",
+    }
+
+
+def write_outputs(out: Path, run_record: dict[str, Any], stages: Iterable[str]) -> None:
+    """`train.json` and `loss.png` in `out`, each written atomically."""
+    from workbench.evidence.records import write_record
+    from workbench.media import write_atomic
+    from workbench.plots import figure_png
+
+    write_record(out / "train.json", run_record)
+    write_atomic(out / "loss.png", figure_png(loss_figure(run_record["loss"], tuple(stages))))
+
+
+def loss_figure(history: list[dict[str, Any]], stages: tuple[str, ...]) -> Figure:
+    """Each stage's losses against that stage's step, log scale, one panel per stage."""
+    figure = Figure(figsize=(5 * len(stages), 3.6))
+    for i, stage in enumerate(stages):
+        axes = figure.add_subplot(1, len(stages), i + 1)
+        rows = [h for h in history if h["stage"] == stage]
+        keys = sorted({k for h in rows for k in h} - {"stage", "step"})
+        for key in keys:
+            axes.plot([h["step"] for h in rows], [max(h[key], 1e-6) for h in rows], label=key)
+        axes.set_yscale("log")
+        axes.set_title(stage)
+        axes.set_xlabel("step")
+        if keys:
+            axes.legend(fontsize=7)
+    figure.tight_layout()
+    return figure

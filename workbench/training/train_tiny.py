@@ -1,0 +1,406 @@
+"""`workbench train-tiny`: train demo-av (a small LTX-2) on synthetic scenes, resumably, against a clock.
+
+Two stages, one clock. Stage `autoencoders` trains the video VAE, the audio VAE and the vocoder together
+(independent losses, one optimizer) as reconstructors of the synthetic clips. Stage `denoiser` freezes
+them, normalises their latents with the dataset's statistics (stored in the VAEs' `latents_mean/std`
+buffers, where the pipeline reads them), and trains the transformer and the text connectors by flow
+matching exactly as `LTX2Pipeline` samples: x_s = (1 - s) x0 + s noise, the model predicts noise - x0 at
+timestep 1000 s, with s drawn from the scheduler's shifted distribution and audio and video noised at the
+same s. Captions are dropped 10% of the time so classifier-free guidance has an unconditional branch.
+The text encoder stays random-initialised and frozen.
+
+Time, not steps, is the budget (`minutes` of training; set-up before it and export and evaluation after
+it come on top): a GPU session is metered. The first session gives the autoencoders `ae_share` of it; later sessions (`resume`) continue where the checkpoint stopped. A
+checkpoint is written every `checkpoint_seconds`, at the stage switch and at the end; then the EMA
+weights are exported in diffusers format (`<out>/demo-av`, loadable by `load(path)`), evaluated through a
+Session, and the loss curve and `train.json` are written.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from workbench.training import checkpoint, dataset, report
+from workbench.training.audio import log_mel, mel_frames, stft_loss
+from workbench.training.model import CALL, DEFAULTS, FPS, FRAMES, HOP, SAMPLE_RATE, SHIFT
+
+TRAINED = {"autoencoders": ("vae", "audio_vae", "vocoder"), "denoiser": ("transformer", "connectors")}
+EMA_DECAY = 0.999
+
+
+@dataclass
+class TrainConfig:
+    """What `train-tiny` does; `validate` names a bad field, its value and what is allowed."""
+
+    out: Path
+    minutes: float = 6.0
+    device: str = "cuda"
+    resume: bool = False
+    seed: int = 0
+    train_clips: int = 4096
+    ae_share: float = 0.4
+    ae_batch: int = 24
+    denoise_batch: int = 96
+    ae_lr: float = 5e-4
+    denoise_lr: float = 4e-4
+    caption_dropout: float = 0.1
+    checkpoint_seconds: float = 60.0
+    warmup_steps: int = 200
+    eval_requests: int = 32
+    pack: Path | None = None
+
+    def validate(self) -> None:
+        if not (isinstance(self.minutes, int | float) and 0 <= self.minutes <= 24 * 60):
+            raise ValueError(f"minutes: {self.minutes!r}; allowed: a number from 0 to 1440")
+        for name in ("train_clips", "ae_batch", "denoise_batch", "warmup_steps"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: an integer >= 1")
+        if not isinstance(self.eval_requests, int) or self.eval_requests < 0:
+            raise ValueError(f"eval_requests: {self.eval_requests!r}; allowed: an integer >= 0")
+        for name in ("ae_share", "caption_dropout"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: 0 to 1")
+        for name in ("ae_lr", "denoise_lr", "checkpoint_seconds"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: a number > 0")
+
+
+def train(config: TrainConfig) -> dict[str, Any]:
+    """Run (or resume) training within `config.minutes`, then export, evaluate and report; returns the record."""
+    from workbench import environment
+    from workbench.session import _device
+
+    config.validate()
+    started = time.perf_counter()
+    device = _device(config.device)
+    precision = torch.get_float32_matmul_precision()
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for training only; restored before evaluation
+    out = Path(config.out)
+    run = _Run(config, device, out)
+    try:
+        print(f"train-tiny: {len(run.data)} clips on {device}; stage {run.state['stage']}", flush=True)
+        budget = config.minutes * 60.0  # seconds of training steps; set-up and evaluation come on top
+        if run.state["stage"] == "autoencoders":
+            remaining = run.state["ae_target_seconds"] - run.state["seconds"]["autoencoders"]
+            budget -= run.autoencoders(seconds=min(budget, max(remaining, 0.0)))
+        if run.state["stage"] == "denoiser" and budget > 0:
+            run.denoiser(seconds=budget)
+        torch.set_float32_matmul_precision(precision)
+        model_dir = run.export(out / "demo-av")
+        record = report.record(config, run.state, environment.describe(device), TRAINED)
+        # The evaluations are reported, not trusted to succeed: a one-shot GPU session must still hand back
+        # its checkpoint and record when one of them fails, so a failure is recorded with its reason.
+        record["reconstruction"] = report.guarded(run.reconstruction)
+        if config.eval_requests:
+            from workbench.training.evaluate import caption_match_eval
+
+            print(f"train-tiny: evaluating {config.eval_requests} held-out requests", flush=True)
+            record["eval"] = report.guarded(caption_match_eval, model_dir, config.eval_requests, device=str(device))
+        record["wall_seconds"] = time.perf_counter() - started
+        report.write_outputs(out, record, TRAINED)
+    finally:
+        torch.set_float32_matmul_precision(precision)
+        if config.pack is not None:  # even after a failure: whatever checkpoint exists goes back
+            parts = checkpoint.pack(out, Path(config.pack), loose=("train.json", "loss.png"))
+            print(f"train-tiny: packed into {len(parts)} parts in {config.pack}", flush=True)
+    return record
+
+
+class _Run:
+    """The pipeline being trained, its data on the device, and the resumable state."""
+
+    def __init__(self, config: TrainConfig, device: torch.device, out: Path):
+        from workbench.training.model import build_pipeline
+
+        self.config, self.device, self.folder = config, device, out / "checkpoint"
+        saved = checkpoint.load(self.folder)
+        if saved is not None and not config.resume:
+            raise ValueError(f"out: {out} already holds a checkpoint; pass resume (--resume) or choose another --out")
+        if saved is None and config.resume:
+            raise ValueError(f"resume: no checkpoint in {self.folder}")
+        clips = dataset.build(config.train_clips)  # before CUDA work: the renderer forks worker processes
+        self.pipe = build_pipeline(config.seed).to(device)
+        self.generator = torch.Generator(device).manual_seed(config.seed)
+        self.ema: dict[str, torch.Tensor] = {}
+        out.mkdir(parents=True, exist_ok=True)
+        self.optimizer_saved = None
+        if saved is None:
+            self.state = {"stage": "autoencoders", "ae_target_seconds": config.ae_share * config.minutes * 60.0}
+            self.state |= {
+                "seconds": {"autoencoders": 0.0, "denoiser": 0.0},
+                "steps": {"autoencoders": 0, "denoiser": 0},
+            }
+            self.state["history"] = []
+            self.state["sessions"] = []
+        else:
+            tensors, self.optimizer_saved, self.state = saved
+            self._load_tensors(tensors)
+        self.state["sessions"].append({"started": report.now(), "device": str(device), "minutes": config.minutes})
+        self.data = clips.to(device)
+        self.last_checkpoint = time.perf_counter()
+        self.latent_frames = round(FRAMES / FPS * SAMPLE_RATE / HOP / 4)
+
+    # ---- state -------------------------------------------------------------------------------------------
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, module in self.pipe.components.items():
+            if isinstance(module, torch.nn.Module):
+                out |= {f"{name}.{k}": v for k, v in module.state_dict().items()}
+        return out | {f"ema.{k}": v for k, v in self.ema.items()}
+
+    def _load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        for name, module in self.pipe.components.items():
+            if isinstance(module, torch.nn.Module):
+                prefix = f"{name}."
+                own = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+                module.load_state_dict(own, strict=True)
+        self.ema = {k[4:]: v.to(self.device) for k, v in tensors.items() if k.startswith("ema.")}
+
+    def save_checkpoint(self, optimizer: torch.optim.Optimizer | None = None, stage: str | None = None) -> None:
+        saved = {"optimizer": optimizer.state_dict() if optimizer is not None else None, "stage": stage}
+        saved |= {"generator": self.generator.get_state(), "generator_device": self.device.type}
+        checkpoint.save(self.folder, self._tensors(), saved, self.state)
+        self.last_checkpoint = time.perf_counter()
+
+    def _optimizer(self, stage: str, lr: float) -> torch.optim.Optimizer:
+        params = [p for name in TRAINED[stage] for p in getattr(self.pipe, name).parameters()]
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
+        saved = self.optimizer_saved
+        if saved is not None and saved.get("optimizer") is not None and saved.get("stage") == stage:
+            optimizer.load_state_dict(saved["optimizer"])
+        if saved is not None and saved.get("generator_device") == self.device.type:
+            self.generator.set_state(saved["generator"])
+        else:  # another device type cannot take this generator state: reseed from the step count instead
+            self.generator.manual_seed(self.config.seed + 1 + sum(self.state["steps"].values()))
+        self.optimizer_saved = None
+        return optimizer
+
+    # ---- stage 1 -----------------------------------------------------------------------------------------
+    def autoencoders(self, seconds: float) -> float:
+        """Train the autoencoders for up to `seconds`; switch to the denoiser stage once their target is met."""
+        self._freeze(except_stage="autoencoders")
+        optimizer = self._optimizer("autoencoders", self.config.ae_lr)
+        used = self._loop("autoencoders", optimizer, self._autoencoder_step, seconds)
+        if self.state["seconds"]["autoencoders"] >= self.state["ae_target_seconds"] - 1e-6:
+            self._set_latent_statistics()
+            self.state["stage"] = "denoiser"
+            self.save_checkpoint()
+        return used
+
+    def _autoencoder_step(self) -> dict[str, torch.Tensor]:
+        vae, audio_vae, vocoder = self.pipe.vae, self.pipe.audio_vae, self.pipe.vocoder
+        video = self._video(self._batch(self.config.ae_batch))
+        posterior = vae.encode(video).latent_dist
+        z = posterior.mean + posterior.std * torch.randn(
+            posterior.mean.shape, generator=self.generator, device=self.device
+        )
+        recon = vae.decode(z).sample
+        video_loss = (recon - video).abs().mean() + F.mse_loss(recon, video)
+        kl = 0.5 * (posterior.mean**2 + posterior.var - 1.0 - posterior.logvar).mean()
+
+        wave = self.data.audio[self._batch(2 * self.config.ae_batch)]
+        mel = log_mel(wave, mel_frames(self.latent_frames))
+        audio_posterior = audio_vae.encode(mel).latent_dist
+        noise = torch.randn(audio_posterior.mean.shape, generator=self.generator, device=self.device)
+        mel_recon = audio_vae.decode(audio_posterior.mean + audio_posterior.std * noise).sample
+        mel_loss = (mel_recon - mel).abs().mean() + F.mse_loss(mel_recon, mel)
+        half = mel.shape[0] // 2  # the vocoder hears true mels and (detached) reconstructed ones
+        vocoder_in = torch.cat([mel[:half], mel_recon[half:].detach()])
+        vocoder_loss = stft_loss(vocoder(vocoder_in), wave[..., : mel.shape[2] * HOP])
+        total = video_loss + 1e-4 * kl + mel_loss + vocoder_loss
+        return {"loss": total, "video": video_loss, "kl": kl, "mel": mel_loss, "vocoder": vocoder_loss}
+
+    @torch.no_grad()
+    def _encode_all(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Posterior means of every clip: video (N, C, f, h, w), audio (N, C, L, M)."""
+        videos, audios = [], []
+        for start in range(0, len(self.data), 64):
+            index = torch.arange(start, min(start + 64, len(self.data)), device=self.device)
+            videos.append(self.pipe.vae.encode(self._video(index)).latent_dist.mode())
+            mel = log_mel(self.data.audio[index], mel_frames(self.latent_frames))
+            audios.append(self.pipe.audio_vae.encode(mel).latent_dist.mode())
+        return torch.cat(videos), torch.cat(audios)
+
+    def _set_latent_statistics(self) -> None:
+        video, audio = self._encode_all()
+        self.pipe.vae.latents_mean.copy_(video.mean(dim=(0, 2, 3, 4)))
+        self.pipe.vae.latents_std.copy_(video.std(dim=(0, 2, 3, 4)).clamp(min=1e-6))
+        packed = self.pipe._pack_audio_latents(audio)  # (N, L, C * M): what the pipeline normalises
+        self.pipe.audio_vae.latents_mean.copy_(packed.mean(dim=(0, 1)))
+        self.pipe.audio_vae.latents_std.copy_(packed.std(dim=(0, 1)).clamp(min=1e-6))
+
+    # ---- stage 2 -----------------------------------------------------------------------------------------
+    def denoiser(self, seconds: float) -> float:
+        """Train the transformer and connectors for `seconds` (after encoding the clips, which is not counted)."""
+        self._freeze(except_stage="denoiser")
+        pipe = self.pipe
+        video, audio = self._encode_all()
+        video = pipe._normalize_latents(video, pipe.vae.latents_mean, pipe.vae.latents_std)
+        self.video_latents = pipe._pack_latents(video)  # (N, f*h*w, C)
+        self.latent_shape = tuple(video.shape[2:])
+        packed = pipe._pack_audio_latents(audio)
+        self.audio_latents = pipe._normalize_audio_latents(
+            packed, pipe.audio_vae.latents_mean, pipe.audio_vae.latents_std
+        )
+        with torch.no_grad():
+            embeds, masks = pipe.encode_prompt(
+                dataset.captions(), do_classifier_free_guidance=False, max_sequence_length=CALL["max_sequence_length"]
+            )[:2]
+        self.text_embeds, self.text_masks = embeds.detach(), masks.detach()
+        if not self.ema:
+            self.ema = {f"{n}.{k}": v.detach().clone() for n in TRAINED["denoiser"] for k, v in self._params(n)}
+        optimizer = self._optimizer("denoiser", self.config.denoise_lr)
+        return self._loop("denoiser", optimizer, self._denoiser_step, seconds, after_step=self._update_ema)
+
+    def _denoiser_step(self) -> dict[str, torch.Tensor]:
+        pipe, batch = self.pipe, self.config.denoise_batch
+        index = self._batch(batch)
+        x0_video, x0_audio = self.video_latents[index], self.audio_latents[index]
+        ids = self.data.caption_ids[index]
+        dropped = torch.rand(batch, generator=self.generator, device=self.device) < self.config.caption_dropout
+        ids = torch.where(dropped, torch.full_like(ids, len(dataset.captions()) - 1), ids)
+        u = torch.rand(batch, generator=self.generator, device=self.device)
+        sigma = SHIFT * u / (1 + (SHIFT - 1) * u)  # the scheduler's shifted sigmas, as sampled at inference
+        noise_video = torch.randn(x0_video.shape, generator=self.generator, device=self.device)
+        noise_audio = torch.randn(x0_audio.shape, generator=self.generator, device=self.device)
+        s = sigma[:, None, None]
+        video_embeds, audio_embeds, mask = pipe.connectors(
+            self.text_embeds[ids], self.text_masks[ids], padding_side="left"
+        )
+        frames, height, width = self.latent_shape
+        pred_video, pred_audio = pipe.transformer(
+            hidden_states=(1 - s) * x0_video + s * noise_video,
+            audio_hidden_states=(1 - s) * x0_audio + s * noise_audio,
+            encoder_hidden_states=video_embeds,
+            audio_encoder_hidden_states=audio_embeds,
+            timestep=sigma * 1000.0,
+            sigma=sigma * 1000.0,
+            encoder_attention_mask=mask,
+            audio_encoder_attention_mask=mask,
+            num_frames=frames,
+            height=height,
+            width=width,
+            fps=float(FPS),
+            audio_num_frames=self.latent_frames,
+            use_cross_timestep=True,
+            return_dict=False,
+        )
+        video_loss = F.mse_loss(pred_video.float(), noise_video - x0_video)
+        audio_loss = F.mse_loss(pred_audio.float(), noise_audio - x0_audio)
+        return {"loss": video_loss + audio_loss, "video": video_loss, "audio": audio_loss}
+
+    @torch.no_grad()
+    def _update_ema(self, step: int) -> None:
+        decay = min(EMA_DECAY, (1 + step) / (10 + step))
+        for name in TRAINED["denoiser"]:
+            for key, param in self._params(name):
+                self.ema[f"{name}.{key}"].lerp_(param.detach(), 1 - decay)
+
+    # ---- shared ------------------------------------------------------------------------------------------
+    def _loop(self, stage: str, optimizer, step_fn, seconds: float, after_step=None) -> float:
+        """Optimise `stage` until `seconds` have passed (checked before each step); returns the seconds used."""
+        trained = [p for name in TRAINED[stage] for p in getattr(self.pipe, name).parameters()]
+        sums: dict[str, float] = {}
+        count, last_print, began = 0, time.perf_counter(), time.perf_counter()
+        until, skipped = began + seconds, 0
+        base_seconds = self.state["seconds"][stage]
+        while time.perf_counter() < until:
+            losses = step_fn()
+            optimizer.zero_grad(set_to_none=True)
+            losses["loss"].backward()
+            norm = torch.nn.utils.clip_grad_norm_(trained, 1.0)
+            if not torch.isfinite(norm):  # skip the update; a run that only produces these stops
+                self.state.setdefault("skipped_steps", {}).setdefault(stage, 0)
+                self.state["skipped_steps"][stage] += 1
+                skipped += 1
+                if skipped > 50:
+                    raise RuntimeError(f"{stage}: 50 consecutive non-finite gradients; training diverged")
+                continue
+            skipped = 0
+            warm = min(1.0, (self.state["steps"][stage] + 1) / self.config.warmup_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = warm * (self.config.ae_lr if stage == "autoencoders" else self.config.denoise_lr)
+            optimizer.step()
+            self.state["steps"][stage] += 1
+            if after_step is not None:
+                after_step(self.state["steps"][stage])
+            for key, value in losses.items():
+                sums[key] = sums.get(key, 0.0) + float(value.detach())
+            count += 1
+            now = time.perf_counter()
+            self.state["seconds"][stage] = base_seconds + now - began
+            if count == 25 or now - last_print > 15:
+                row = {k: v / count for k, v in sums.items()}
+                self.state["history"].append({"stage": stage, "step": self.state["steps"][stage]} | row)
+                if now - last_print > 15:
+                    shown = ", ".join(f"{k} {v:.4f}" for k, v in row.items())
+                    print(
+                        f"[{stage}] step {self.state['steps'][stage]} ({self.state['seconds'][stage]:.0f} s): {shown}",
+                        flush=True,
+                    )
+                    last_print = now
+                sums, count = {}, 0
+            if stage == "autoencoders" and self.state["seconds"][stage] >= self.state["ae_target_seconds"]:
+                break
+            if now - self.last_checkpoint > self.config.checkpoint_seconds:
+                self.save_checkpoint(optimizer, stage)
+        if count:
+            self.state["history"].append(
+                {"stage": stage, "step": self.state["steps"][stage]} | {k: v / count for k, v in sums.items()}
+            )
+        self.save_checkpoint(optimizer, stage)
+        return time.perf_counter() - began
+
+    def _batch(self, size: int) -> torch.Tensor:
+        return torch.randint(len(self.data), (size,), generator=self.generator, device=self.device)
+
+    def _video(self, index: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, F, H, W, 3) clips -> float (B, 3, F, H, W) in [-1, 1], as the pipeline's VAE sees them."""
+        return self.data.video[index].permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
+
+    def _params(self, name: str):
+        return getattr(self.pipe, name).named_parameters()
+
+    def _freeze(self, except_stage: str) -> None:
+        for name, module in self.pipe.components.items():
+            if isinstance(module, torch.nn.Module):
+                training = name in TRAINED[except_stage]
+                module.train(training).requires_grad_(training)
+
+    # ---- results -----------------------------------------------------------------------------------------
+    def export(self, path: Path) -> Path:
+        """Save the pipeline with EMA weights (when the denoiser has any) in diffusers format, atomically."""
+        import shutil
+
+        from workbench.models.loaded import LoadedModel
+        from workbench.models.ltx2 import FAMILY
+
+        pipe = copy.deepcopy(self.pipe).to("cpu")
+        for name in TRAINED["denoiser"]:
+            module = getattr(pipe, name)
+            ema = {k[len(name) + 1 :]: v for k, v in self.ema.items() if k.startswith(f"{name}.")}
+            if ema:
+                module.load_state_dict(ema | {k: v for k, v in module.state_dict().items() if k not in ema})
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        LoadedModel("demo-av", FAMILY, pipe, dict(DEFAULTS), dict(CALL)).save(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+        return path
+
+    @torch.no_grad()
+    def reconstruction(self) -> dict[str, Any]:
+        from workbench.training.evaluate import reconstruction_eval
+
+        for module in self.pipe.components.values():
+            if isinstance(module, torch.nn.Module):
+                module.eval()
+        return reconstruction_eval(self.pipe, self.data, count=min(32, len(self.data)))
