@@ -16,10 +16,16 @@ PACKAGES = ("vflash-workbench", "torch", "triton", "diffusers", "transformers", 
 
 
 @cache
-def git_revision() -> dict[str, Any]:
+def git_revision(root: Path | None = None) -> dict[str, Any]:
     """The checkout's commit and whether the tree had uncommitted changes (None outside a checkout)."""
-    root = Path(__file__).resolve().parent.parent
+    root = (root or Path(__file__).parent.parent).resolve()
     try:
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True, check=True, timeout=5
+        ).stdout.strip()
+        if Path(top).resolve() != root:
+            # A snapshot (git archive) unpacked inside another checkout: that checkout's commit is not ours.
+            raise subprocess.SubprocessError(f"{root} is not the top of the git work tree {top}")
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=5
         ).stdout.strip()

@@ -1,0 +1,26 @@
+"""Where a result says it came from: the commit must be the code's own, never a surrounding checkout's."""
+
+import subprocess
+
+from workbench import environment
+
+
+def _git(cwd, *args):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_git_revision_of_a_checkout_names_its_commit(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.txt").write_text("x")
+    _git(tmp_path, "add", "a.txt")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "m")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert environment.git_revision(tmp_path) == {"commit": head, "dirty": False}
+
+
+def test_git_revision_of_a_snapshot_inside_another_checkout_uses_the_launchers_commit(tmp_path, monkeypatch):
+    _git(tmp_path, "init", "-q")
+    snapshot = tmp_path / "snap"
+    snapshot.mkdir()
+    monkeypatch.setenv("WORKBENCH_COMMIT", "feedface")
+    assert environment.git_revision(snapshot) == {"commit": "feedface", "dirty": None}
