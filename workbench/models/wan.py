@@ -52,12 +52,12 @@ TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance":
 TINY_TEXT_DIM = 32
 
 
-def _tiny_transformer(seed: int) -> WanTransformer3DModel:
+def _tiny_transformer(seed: int, heads: int = 2, head_dim: int = 16) -> WanTransformer3DModel:
     torch.manual_seed(seed)
     return WanTransformer3DModel(
         patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=16,
+        num_attention_heads=heads,
+        attention_head_dim=head_dim,
         in_channels=16,
         out_channels=16,
         text_dim=TINY_TEXT_DIM,
@@ -103,21 +103,7 @@ def tiny_d128(seed: int = 0) -> LoadedModel:
     """tiny-wan with one attention head of dimension 128 (what the sparse-attention kernels take) instead of
     two of 16; everything else is tiny-wan's. 128x192 frames give 8x12 = 96 tokens per latent frame."""
     pipe = tiny_pipeline(seed)
-    torch.manual_seed(seed + 2)
-    transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=1,
-        attention_head_dim=128,
-        in_channels=16,
-        out_channels=16,
-        text_dim=TINY_TEXT_DIM,
-        freq_dim=32,
-        ffn_dim=64,
-        num_layers=2,
-        cross_attn_norm=True,
-        rope_max_seq_len=32,
-    ).eval()
-    pipe.register_modules(transformer=transformer)
+    pipe.register_modules(transformer=_tiny_transformer(seed + 2, heads=1, head_dim=128).eval())
     defaults = {**TINY_DEFAULTS, "height": 128, "width": 192}
     return LoadedModel("tiny-wan-d128", FAMILY, pipe, defaults, {"max_sequence_length": 32})
 
