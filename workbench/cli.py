@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--denoise-batch", type=int, default=96)
     tiny.add_argument("--eval-requests", type=int, default=32, help="held-out requests generated at the end")
     tiny.add_argument(
+        "--stage", choices=("vocoder", "denoiser"), help="with --resume: train only this stage for --minutes"
+    )
+    tiny.add_argument(
         "--pack", type=Path, help="also write the run as <=15 MiB tar parts (+ train.json, loss.png) here"
     )
 
@@ -180,7 +183,18 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
 def _train_tiny(args: argparse.Namespace) -> int:
     from workbench.training.train_tiny import TrainConfig, train
 
-    fields = ("out", "minutes", "device", "resume", "train_clips", "ae_batch", "denoise_batch", "eval_requests", "pack")
+    fields = (
+        "out",
+        "minutes",
+        "device",
+        "resume",
+        "train_clips",
+        "ae_batch",
+        "denoise_batch",
+        "eval_requests",
+        "pack",
+        "stage",
+    )
     record = train(TrainConfig(**{name: getattr(args, name) for name in fields}))
     print(f"model:  {args.out / 'demo-av'}")
     print(f"record: {args.out / 'train.json'}")

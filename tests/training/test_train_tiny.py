@@ -89,6 +89,10 @@ def test_train_tiny_smoke_runs_resumes_and_exports_a_loadable_model(tmp_path):
     second = train(replace(config, resume=True))
     assert second["steps"]["autoencoders"] == first["steps"]["autoencoders"] and second["steps"]["denoiser"] >= 1
     assert len(second["sessions"]) == 2 and {h["stage"] for h in second["loss"]} == {"autoencoders", "denoiser"}
+    third = train(replace(config, resume=True, stage="vocoder"))  # the vocoder alone; nothing else moves
+    assert third["steps"]["vocoder"] >= 1 and third["steps"]["denoiser"] == second["steps"]["denoiser"]
+    assert {h["stage"] for h in third["loss"]} == {"autoencoders", "denoiser", "vocoder"}
+    second = third
     assert json.loads((tmp_path / "run" / "train.json").read_text())["steps"] == second["steps"]
     assert (tmp_path / "run" / "loss.png").stat().st_size > 0
     loaded = resolve(tmp_path / "run" / "demo-av", dtype=torch.float32)
@@ -106,3 +110,44 @@ def test_cli_train_tiny_bad_input_writes_nothing(tmp_path, capsys):
     assert main(["train-tiny", "--out", str(out), "--resume", "--device", "cpu"]) == 2
     assert "resume" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_vocoder_output_repeats_every_hop_for_a_steady_mel(rng):
+    """The fact behind the synthetic tones (issue 10): LTX2Vocoder maps a steady mel to a HOP-periodic wave."""
+    from workbench.training.model import HOP, vocoder
+
+    torch.manual_seed(int(rng.integers(2**31)))
+    frame = torch.from_numpy(rng.normal(size=(1, 2, 1, MEL_BINS)).astype(np.float32))
+    with torch.no_grad():
+        wave = vocoder().eval()(frame.expand(1, 2, 40, MEL_BINS))[0, 0]
+    middle = wave[15 * HOP : 25 * HOP]  # away from the zero-padded ends
+    shifted = wave[16 * HOP : 26 * HOP]
+    assert float(middle.abs().mean()) > 0
+    assert float((middle - shifted).abs().max()) < 1e-4 * float(middle.abs().max()) + 1e-7
+
+
+def test_every_tone_is_a_multiple_of_the_vocoder_frame_rate():
+    """A tone off the 100 Hz grid cannot come out of a HOP-periodic vocoder (first run: pitch match 0.0)."""
+    from workbench.data.synthetic import TONE_GRID_HZ, TONES_HZ
+    from workbench.training.model import HOP
+
+    assert TONE_GRID_HZ == SAMPLE_RATE / HOP
+    for colour, hz in TONES_HZ.items():
+        assert hz % TONE_GRID_HZ == 0, f"{colour}: {hz} Hz is not a multiple of {TONE_GRID_HZ} Hz"
+
+
+def test_vocoder_loss_prefers_the_right_tone_to_silence(rng):
+    from workbench.training.audio import vocoder_loss
+
+    time = np.arange(5280) / SAMPLE_RATE
+    hz = 100.0 * int(rng.integers(2, 17))
+    tone = torch.from_numpy(np.stack([0.3 * np.sin(2 * np.pi * hz * time)] * 2).astype(np.float32))[None]
+    mel = log_mel(tone, frames=33)
+    assert float(vocoder_loss(tone, tone, mel)) < 1e-4
+    assert float(vocoder_loss(0.01 * tone, tone, mel)) > float(vocoder_loss(0.8 * tone, tone, mel))
+
+
+@pytest.mark.parametrize(("stage", "resume"), [("audio", True), ("vocoder", False), ("autoencoders", True)])
+def test_train_tiny_bad_stage_raises(tmp_path, stage, resume):
+    with pytest.raises(ValueError, match="stage"):
+        TrainConfig(out=tmp_path, stage=stage, resume=resume).validate()

@@ -7,8 +7,15 @@ names all of it ("a red circle moves left, low hum"), so a simple detector (`wor
 check a generated clip against its caption without any learned judge.
 
 Vocabulary (small on purpose, so a tiny model can learn it in minutes):
-colour -> pitch: red 220 Hz "low", green 440 Hz "mid", blue 880 Hz "high", yellow 1760 Hz "very high";
+colour -> pitch: red 200 Hz "low", green 400 Hz "mid", blue 800 Hz "high", yellow 1600 Hz "very high";
 axis of motion -> rhythm: left/right "hum" (steady tone), up/down "beeps" (8 Hz on/off).
+
+Why whole multiples of 100 Hz, exactly (no per-clip detuning): demo-av's vocoder (a HiFi-GAN-style stack of
+convolutions, `LTX2Vocoder`) turns mel frames at hop 160 (100 frames per second at 16 kHz) into samples and is
+shift-equivariant by one frame; a steady tone has identical mel frames, so whatever it emits for a steady tone
+repeats every 160 samples, i.e. only has partials at multiples of 100 Hz. A 220 Hz tone is unreachable; the
+spectral loss then rates near-silence as the best answer (issue 10: vocoder RMS 0.004 against 0.2).
+`TONE_GRID_HZ` names that constraint and the tests hold the tones to it.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ COLOURS: dict[str, tuple[int, int, int]] = {
     "blue": (50, 90, 235),
     "yellow": (230, 210, 40),
 }
-TONES_HZ: dict[str, float] = {"red": 220.0, "green": 440.0, "blue": 880.0, "yellow": 1760.0}
+TONES_HZ: dict[str, float] = {"red": 200.0, "green": 400.0, "blue": 800.0, "yellow": 1600.0}
+TONE_GRID_HZ = 100.0  # 16 kHz / hop 160: tones must be whole multiples of this (see the module docstring)
 PITCH_WORDS: dict[str, str] = {"red": "low", "green": "mid", "blue": "high", "yellow": "very high"}
 DIRECTIONS: dict[str, tuple[int, int]] = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
 RHYTHMS: dict[str, str] = {"left": "hum", "right": "hum", "up": "beeps", "down": "beeps"}
@@ -175,7 +183,8 @@ def _render_audio(
 ) -> np.ndarray:
     count = int(round(seconds * sample_rate))
     time = np.arange(count) / sample_rate
-    frequency = TONES_HZ[colour] * rng.uniform(0.98, 1.02)
+    rng.uniform(0.98, 1.02)  # was a detuning; still drawn so every other draw of a seed stays as it was
+    frequency = TONES_HZ[colour]  # exact: a frame-periodic vocoder can only emit multiples of TONE_GRID_HZ
     amplitude = rng.uniform(0.25, 0.4)
     tone = amplitude * np.sin(2 * np.pi * frequency * time + rng.uniform(0, 2 * np.pi))
     if RHYTHMS[direction] == "beeps":

@@ -71,3 +71,14 @@ def stft_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         convergence = torch.linalg.norm(wanted - predicted) / torch.linalg.norm(wanted).clamp(min=1e-5)
         total = total + convergence + (predicted.log() - wanted.log()).abs().mean()
     return total / len(STFT_RESOLUTIONS)
+
+
+def vocoder_loss(prediction: torch.Tensor, target: torch.Tensor, mel: torch.Tensor) -> torch.Tensor:
+    """What the vocoder is trained on: `stft_loss` against the true waveform plus the L1 between the log-mel
+    of its output and the mel it was given (`mel`, (B, C, frames, MEL_BINS), as `log_mel` makes them).
+
+    The mel term asks for exactly what the vocoder is for (its output, analysed as its input was, gives that
+    input back) with the representation's own floor, so loud tone bins count as much as the silent ones;
+    the STFT term alone, with its 1e-5 floor on every silent bin of a pure tone, rates a quiet output well.
+    """
+    return stft_loss(prediction, target) + (log_mel(prediction, mel.shape[2]) - mel).abs().mean()

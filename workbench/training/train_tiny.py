@@ -28,10 +28,15 @@ import torch
 import torch.nn.functional as F
 
 from workbench.training import checkpoint, dataset, report
-from workbench.training.audio import log_mel, mel_frames, stft_loss
+from workbench.training.audio import log_mel, mel_frames, vocoder_loss
 from workbench.training.model import CALL, DEFAULTS, FPS, FRAMES, HOP, SAMPLE_RATE, SHIFT
 
-TRAINED = {"autoencoders": ("vae", "audio_vae", "vocoder"), "denoiser": ("transformer", "connectors")}
+TRAINED = {
+    "autoencoders": ("vae", "audio_vae", "vocoder"),
+    "denoiser": ("transformer", "connectors"),
+    "vocoder": ("vocoder",),  # only on request (`stage="vocoder"`): it changes nothing the denoiser depends on
+}
+STAGES = ("vocoder", "denoiser")  # what `stage` may name when resuming
 EMA_DECAY = 0.999
 
 
@@ -55,6 +60,7 @@ class TrainConfig:
     warmup_steps: int = 200
     eval_requests: int = 32
     pack: Path | None = None
+    stage: str | None = None  # with resume: train only this stage ("vocoder" or "denoiser") for `minutes`
 
     def validate(self) -> None:
         if not (isinstance(self.minutes, int | float) and 0 <= self.minutes <= 24 * 60):
@@ -70,6 +76,10 @@ class TrainConfig:
         for name in ("ae_lr", "denoise_lr", "checkpoint_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: a number > 0")
+        if self.stage is not None and self.stage not in STAGES:
+            raise ValueError(f"stage: {self.stage!r}; allowed: None or one of {list(STAGES)}")
+        if self.stage is not None and not self.resume:
+            raise ValueError(f"stage: {self.stage!r} retrains one stage of a checkpoint; allowed only with resume")
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
@@ -88,14 +98,19 @@ def train(config: TrainConfig) -> dict[str, Any]:
     try:
         print(f"train-tiny: {len(run.data)} clips on {device}; stage {run.state['stage']}", flush=True)
         budget = config.minutes * 60.0  # seconds of training steps; set-up and evaluation come on top
-        if run.state["stage"] == "autoencoders":
+        if config.stage is not None and run.state["stage"] != "denoiser":
+            raise ValueError(f"stage: {config.stage!r} needs a checkpoint past its autoencoder stage")
+        if config.stage == "vocoder":
+            budget -= run.vocoder(seconds=budget)
+        elif run.state["stage"] == "autoencoders":
             remaining = run.state["ae_target_seconds"] - run.state["seconds"]["autoencoders"]
             budget -= run.autoencoders(seconds=min(budget, max(remaining, 0.0)))
         if run.state["stage"] == "denoiser" and budget > 0:
             run.denoiser(seconds=budget)
         torch.set_float32_matmul_precision(precision)
         model_dir = run.export(out / "demo-av")
-        record = report.record(config, run.state, environment.describe(device), TRAINED)
+        stages = [stage for stage in TRAINED if stage in run.state["steps"]]  # "vocoder" once it has run
+        record = report.record(config, run.state, environment.describe(device), stages)
         # The evaluations are reported, not trusted to succeed: a one-shot GPU session must still hand back
         # its checkpoint and record when one of them fails, so a failure is recorded with its reason.
         record["reconstruction"] = report.guarded(run.reconstruction)
@@ -105,7 +120,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             print(f"train-tiny: evaluating {config.eval_requests} held-out requests", flush=True)
             record["eval"] = report.guarded(caption_match_eval, model_dir, config.eval_requests, device=str(device))
         record["wall_seconds"] = time.perf_counter() - started
-        report.write_outputs(out, record, TRAINED)
+        report.write_outputs(out, record, stages)
     finally:
         torch.set_float32_matmul_precision(precision)
         if config.pack is not None:  # even after a failure: whatever checkpoint exists goes back
@@ -214,9 +229,29 @@ class _Run:
         mel_loss = (mel_recon - mel).abs().mean() + F.mse_loss(mel_recon, mel)
         half = mel.shape[0] // 2  # the vocoder hears true mels and (detached) reconstructed ones
         vocoder_in = torch.cat([mel[:half], mel_recon[half:].detach()])
-        vocoder_loss = stft_loss(vocoder(vocoder_in), wave[..., : mel.shape[2] * HOP])
-        total = video_loss + 1e-4 * kl + mel_loss + vocoder_loss
-        return {"loss": total, "video": video_loss, "kl": kl, "mel": mel_loss, "vocoder": vocoder_loss}
+        vocoder_term = vocoder_loss(vocoder(vocoder_in), wave[..., : mel.shape[2] * HOP], vocoder_in)
+        total = video_loss + 1e-4 * kl + mel_loss + vocoder_term
+        return {"loss": total, "video": video_loss, "kl": kl, "mel": mel_loss, "vocoder": vocoder_term}
+
+    # ---- vocoder alone (on request) ----------------------------------------------------------------------
+    def vocoder(self, seconds: float) -> float:
+        """Train only the vocoder for `seconds` on true and audio-VAE-reconstructed mels (the VAEs stay frozen)."""
+        for table in ("seconds", "steps"):
+            self.state[table].setdefault("vocoder", 0.0 if table == "seconds" else 0)
+        self._freeze(except_stage="vocoder")
+        optimizer = self._optimizer("vocoder", self.config.ae_lr)
+        return self._loop("vocoder", optimizer, self._vocoder_step, seconds)
+
+    def _vocoder_step(self) -> dict[str, torch.Tensor]:
+        wave = self.data.audio[self._batch(2 * self.config.ae_batch)]
+        with torch.no_grad():
+            mel = log_mel(wave, mel_frames(self.latent_frames))
+            half = mel.shape[0] // 2
+            audio_vae = self.pipe.audio_vae
+            recon = audio_vae.decode(audio_vae.encode(mel[half:]).latent_dist.mode()).sample
+            vocoder_in = torch.cat([mel[:half], recon])
+        loss = vocoder_loss(self.pipe.vocoder(vocoder_in), wave[..., : mel.shape[2] * HOP], vocoder_in)
+        return {"loss": loss}
 
     @torch.no_grad()
     def _encode_all(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -327,7 +362,7 @@ class _Run:
             skipped = 0
             warm = min(1.0, (self.state["steps"][stage] + 1) / self.config.warmup_steps)
             for group in optimizer.param_groups:
-                group["lr"] = warm * (self.config.ae_lr if stage == "autoencoders" else self.config.denoise_lr)
+                group["lr"] = warm * (self.config.denoise_lr if stage == "denoiser" else self.config.ae_lr)
             optimizer.step()
             self.state["steps"][stage] += 1
             if after_step is not None:
