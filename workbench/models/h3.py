@@ -17,6 +17,10 @@ it to the session's contract:
 - Modes: `t2va`, `i2va` (first keyframe = `Request.image`), `l2va` (last keyframe = `Request.last_image`), `fl2va`
   (both). Keyframes are PIL images or uint8 (H, W, 3) arrays; arrays are handed to the pipeline as PIL images
   (its resize step reads `.size`), which is lossless.
+- Full size: `Session.open(path, device="cuda")` on a local diffusers copy of the release (`load`), then
+  `session.generate(base16_request(prompt))` runs the released Base16 setting: 124 frames at 768x1344, 17 steps =
+  16 transformer forwards, stereo 32 kHz. The 33.1B-parameter transformer alone is about 62 GiB in bf16; one
+  forward at 10 s 736x992 (52,648 packed rows) is timed by `python -m benchmarks.h3_full_forward`.
 """
 
 from __future__ import annotations
@@ -236,6 +240,23 @@ TEXT_HIDDEN = 16
 # The pipeline reads `hidden_states[text_encoder_layer]` (50), so the tiny conditioner has 51 layers of width 16
 # rather than a pipeline subclass overriding `text_encoder_layer`: the stock class stays in use.
 TEXT_LAYERS = 51
+# tiny-h3's transformer config (benchmarks/h3_full_forward.py --smoke builds it bare, with head dim 128).
+TINY_TRANSFORMER = {
+    "num_attention_heads": 2,
+    "attention_head_dim": 16,
+    "hidden_size": 24,
+    "num_layers": 2,
+    "num_refiner_layers": 1,
+    "ffn_dim": 32,
+    "in_channels": 4,
+    "audio_in_channels": 4,
+    "patch_size": (1, 2, 2),
+    "text_dim": TEXT_HIDDEN,
+    "freq_dim": 8,
+    "time_embed_hidden_dim": 24,
+    "time_embed_dim": 16,
+    "rope_freq_dim": 2,
+}
 
 
 def base16_request(prompt: str, seed: int = 0, **fields: Any) -> Any:
@@ -323,22 +344,7 @@ def tiny_components(seed: int = 0) -> dict[str, Any]:
     )
     text_encoder = _tiny_text_encoder(seed, tokenizer)
     torch.manual_seed(seed + 1)
-    transformer = MiniMaxH3Transformer3DModel(
-        num_attention_heads=2,
-        attention_head_dim=16,
-        hidden_size=24,
-        num_layers=2,
-        num_refiner_layers=1,
-        ffn_dim=32,
-        in_channels=4,
-        audio_in_channels=4,
-        patch_size=(1, 2, 2),
-        text_dim=TEXT_HIDDEN,
-        freq_dim=8,
-        time_embed_hidden_dim=24,
-        time_embed_dim=16,
-        rope_freq_dim=2,
-    )
+    transformer = MiniMaxH3Transformer3DModel(**TINY_TRANSFORMER)
     torch.manual_seed(seed + 2)
     vae = AutoencoderKLMiniMaxH3(  # the released 16x spatial / 17n+5 -> 5n+2 temporal geometry, tiny widths
         latent_channels=4,
