@@ -76,3 +76,26 @@ def test_cli_generate_two_gloo_processes_rank_zero_writes(tmp_path, monkeypatch)
     assert receipt["reference_relayout_calls"] == 3 * receipt["cp_attention_calls"] > 0
     assert "direct_relayout_calls" not in receipt
     assert receipt["notes"]["direct_disabled_by"] == f"{ENV_VAR}=0" and receipt["notes"]["relayout"] == "reference"
+
+
+def test_run_arms_restore_check_sees_a_replaced_vae_decode(sessions):
+    """check_restore fingerprints the VAE too: an instance-level `_decode` left behind (what
+    context_parallel's parallel_decode installs) or a changed tiling setting counts as not restored."""
+    from workbench.accelerations import fingerprint
+    from workbench.distributed import _restorable
+
+    model = sessions("tiny-wan").model
+    vae = model.pipeline.vae
+    before = _restorable(model, fingerprint)
+    vae.__dict__["_decode"] = lambda z, return_dict=True: None
+    try:
+        assert _restorable(model, fingerprint) != before
+    finally:
+        del vae.__dict__["_decode"]
+    assert _restorable(model, fingerprint) == before
+    vae.use_tiling = True
+    try:
+        assert _restorable(model, fingerprint) != before
+    finally:
+        vae.use_tiling = False
+    assert _restorable(model, fingerprint) == before

@@ -162,8 +162,9 @@ def run_arms(
 
     An arm `{}` runs the whole model in every process (what one process computes: the single-GPU reference);
     `{"context_parallel": {...}}` splits it over the group. Returns rank 0's Result per arm. `check_restore`
-    adds `metadata["uninstall_restored"]`: the denoisers' fingerprint (state-dict hash, module types, hooks)
-    after the arm was uninstalled equals the one before (hashing copies every weight to the CPU: slow on big
+    adds `metadata["uninstall_restored"]`: the denoisers' and the VAE's fingerprints (state-dict hash, module
+    types, hooks; for the VAE also its instance-level method overrides and tiling settings) after the arm was
+    uninstalled equal the ones before (hashing copies every weight to the CPU: slow on big
     models). `env` is added to the workers' environment (e.g. TRITON_INTERPRET=1 for direct relayouts on CPU).
     """
     if not isinstance(model, str | Path):
@@ -193,6 +194,18 @@ def run_arms(
         return pickle.loads(Path(spec["out"]).read_bytes())  # written by our own worker into our own temp folder
 
 
+def _restorable(model: Any, fingerprint: Any) -> list[Any]:
+    """What uninstall must give back: each denoiser's fingerprint, and the VAE's with its instance-level method
+    overrides and tiling settings (context_parallel's parallel_decode replaces `vae._decode`)."""
+    state: list[Any] = [fingerprint(d) for d in model.denoisers()]
+    vae = getattr(model.pipeline, "vae", None)
+    if isinstance(vae, torch.nn.Module):
+        overrides = sorted(k for k, v in vae.__dict__.items() if callable(v) and not isinstance(v, torch.nn.Module))
+        tiling = {k: v for k, v in vae.__dict__.items() if k == "use_tiling" or k.startswith("tile_sample_")}
+        state += [fingerprint(vae), overrides, tiling]
+    return state
+
+
 def _worker(spec_path: Path) -> None:
     from workbench import Session
     from workbench.accelerations import fingerprint
@@ -203,14 +216,14 @@ def _worker(spec_path: Path) -> None:
         session = Session.open(spec["model"], device=str(device), dtype=spec["dtype"], seed=spec["seed"])
         results: dict[str, Result] = {}
         for name, config in spec["arms"].items():
-            before = [fingerprint(d) for d in session.model.denoisers()] if spec["check_restore"] else None
+            before = _restorable(session.model, fingerprint) if spec["check_restore"] else None
             session.accelerate(config)
             try:
                 result = session.generate(spec["request"], progress=False)
             finally:
                 session.accelerate({})
             if before is not None:
-                result.metadata["uninstall_restored"] = before == [fingerprint(d) for d in session.model.denoisers()]
+                result.metadata["uninstall_restored"] = before == _restorable(session.model, fingerprint)
             results[name] = result
         if rank() == 0:
             temporary = Path(spec["out"] + ".tmp")

@@ -3,8 +3,19 @@
 Every rank holds the whole pipeline and runs the same request with the same seed. diffusers' own context
 parallelism does the work: its `ContextParallelConfig` mesh ("ring", "ulysses"), the denoiser's `_cp_plan`
 hooks (the token sequence is split at the first block and gathered after `proj_out`) and the templated
-Ulysses / ring attention of `diffusers.models.attention_dispatch`. Text encoding, the scheduler and the VAE
-run replicated on every rank.
+Ulysses / ring attention of `diffusers.models.attention_dispatch`. Text encoding and the scheduler run
+replicated on every rank; so does the VAE decode unless `parallel_decode` says otherwise.
+
+`parallel_decode` (Wan VAE only):
+- "off" (default): every rank decodes the whole video with the stock untiled decode, so the decode adds
+  nothing to the contract (the request stays `reduction`, bit-equal to one GPU where the denoiser is).
+- "bands": diffusers' tiled decode with one horizontal band per rank (`decode_overlap` latent rows of overlap,
+  blended as diffusers blends); each rank decodes its band, the bands are broadcast, every rank blends
+  (`workbench.accelerations._parallel_decode`). The decode is then bit-equal to ONE process's
+  `vae.tiled_decode` with the same bands (`_parallel_decode.band_tiling`), and `approximate` against the stock
+  untiled decode: a tile's mid-block attention sees only its band, and the cut is zero-padded. The report's
+  contract says `approximate` whenever it is on. No exact split exists to offer instead: that mid-block
+  attention spans the whole frame, so no halo of rows makes a band's decode equal the untiled one.
 
 Why not `model.enable_parallelism(...)`: in diffusers 0.42.1 it computes the device as
 `rank % torch.accelerator.device_count()`, a division by zero on a CPU-only torch, so it cannot run on gloo.
@@ -37,7 +48,8 @@ so one install per process; a second is refused. Inference only: the workbench r
 Receipt: `cp_attention_calls` (attention calls that took the parallel path; the proof), `all_to_all_calls`,
 `ring_calls`, `direct_relayout_calls` / `reference_relayout_calls` (pack, split and merge ops), `fallbacks`
 (a call the workbench path cannot take, e.g. q/k/v of different shapes, runs diffusers' Ulysses and says so);
-notes: rank, world size, degrees and the relayout that ran.
+notes: rank, world size, degrees and the relayout that ran. With parallel_decode: `parallel_decodes`,
+`decode_tiles` (tiles this rank decoded), `decode_tiles_received`; notes `decode_tiles_per_rank`, `decode_tiling`.
 """
 
 from __future__ import annotations
@@ -53,11 +65,16 @@ from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_processor import Attention
 from torch.distributed.device_mesh import init_device_mesh
 
+from workbench.accelerations._parallel_decode import ParallelDecode, check_vae
 from workbench.accelerations.base import Handle, Option, Spec, drop_restored_forwards
 from workbench.kernels import relayout as kernels
 from workbench.kernels._runtime import interpreting
 
 RELAYOUTS = ("direct", "reference", "diffusers")
+DECODES = ("off", "bands")
+DECODE_CONTRACT = (
+    "bands: bit-equal to one process's diffusers tiled_decode with the same bands; approximate vs the untiled decode"
+)
 HOW_TO_START = (
     "start the processes with `workbench generate --gpus N ...`, `workbench.distributed.run_arms(...)` from a "
     "notebook, or torchrun and `workbench.distributed.init_worker()`"
@@ -68,7 +85,14 @@ _configs: dict[tuple, tuple[Any, ParallelConfig]] = {}  # (device, degrees, grou
 
 
 class _Installed(Handle):
-    def __init__(self, spec: Spec, options: dict[str, Any], denoisers: list[torch.nn.Module], device: torch.device):
+    def __init__(
+        self,
+        spec: Spec,
+        options: dict[str, Any],
+        denoisers: list[torch.nn.Module],
+        device: torch.device,
+        vae: Any = None,
+    ):
         super().__init__(spec, options, proof=("cp_attention_calls",))
         if _owner:
             raise RuntimeError("context_parallel: already installed on another model in this process; uninstall it")
@@ -77,6 +101,7 @@ class _Installed(Handle):
         self.processors: list[Any] = []
         self.applied: list[torch.nn.Module] = []
         self.originals: dict[str, Any] = {}
+        self.decode: ParallelDecode | None = None
         try:
             _check_processors(denoisers, ring=options["ring_degree"] > 1)
             _check_same_weights(denoisers, device)
@@ -84,6 +109,8 @@ class _Installed(Handle):
             for denoiser in denoisers:
                 self._apply(denoiser)
             self._patch()
+            if options["parallel_decode"] == "bands":
+                self.decode = ParallelDecode(vae, options["decode_overlap"], self.receipt)
         except BaseException:
             self._remove()
             raise
@@ -129,7 +156,17 @@ class _Installed(Handle):
             relayout=self.mode if cp.ulysses_degree > 1 else "none (ring: all-gather, no all-to-all)",
         )
 
+    def report(self) -> dict[str, Any]:
+        report = super().report()
+        if self.decode is not None:
+            report["contract"] = "approximate"
+            report.setdefault("notes", {})["decode_contract"] = DECODE_CONTRACT
+        return report
+
     def _remove(self) -> None:
+        if self.decode is not None:
+            self.decode.remove()
+            self.decode = None
         if self.originals:
             for name, value in self.originals.items():
                 setattr(ad, name, value)
@@ -322,6 +359,10 @@ def _check_options(options: dict[str, Any]) -> None:
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     _check_options(options)
+    vae = None
+    if options["parallel_decode"] != "off":
+        vae = getattr(model.pipeline, "vae", None)
+        check_vae(vae)
     # a bad WORKBENCH_DIRECT_RELAYOUT is a ValueError now, not mid-request
     direct = options["relayout"] == "direct" and kernels.direct_relayout_enabled()
     if direct and device.type == "cpu" and not interpreting():
@@ -358,7 +399,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
                 f"context_parallel: {type(denoiser).__name__} has {heads} attention heads, not divisible by "
                 f"ulysses_degree={options['ulysses_degree']}"
             )
-    return lambda: _Installed(SPEC, options, denoisers, device)
+    return lambda: _Installed(SPEC, options, denoisers, device, vae)
 
 
 SPEC = Spec(
@@ -370,8 +411,16 @@ SPEC = Spec(
         Option("ulysses_degree", int, 2, minimum=1, help="processes that split heads by all-to-all (Ulysses)"),
         Option("ring_degree", int, 1, minimum=1, help="processes that pass key/value around a ring"),
         Option("relayout", str, "direct", allowed=RELAYOUTS, help="how Ulysses packs heads around its all-to-all"),
+        Option(
+            "parallel_decode",
+            str,
+            "off",
+            allowed=DECODES,
+            help="'bands': the Wan VAE decode split into one tiled band per rank (approximate vs untiled decode)",
+        ),
+        Option("decode_overlap", int, 4, minimum=1, help="latent rows each decode band overlaps the next (x8 pixels)"),
     ),
-    touches=("denoiser.forward", "attention_processor.parallel_config"),
+    touches=("denoiser.forward", "attention_processor.parallel_config", "vae.decode"),
     order=85,  # after plugins that set the attention backend; before regional_compile (which refuses hooked blocks)
 )
 SPECS = (SPEC,)
