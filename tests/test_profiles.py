@@ -30,14 +30,19 @@ def test_exact_fast_holds_no_approximate_plugin(monkeypatch, family, device, int
 
 def test_exact_fast_configs_per_family_and_device(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    wan_cuda = {"attention_backend": {"backend": "cudnn"}, "fused_block_ops": {}, "adaln_precompute": {}}
+    fused = {"rope": "auto"}  # the rotary kernel: bit-equal to the stock Wan block on the H200
+    wan_cuda = {"attention_backend": {"backend": "cudnn"}, "fused_block_ops": fused, "adaln_precompute": {}}
     assert profile("exact-fast", "wan", "cuda") == {**wan_cuda, "cross_kv_cache": {}}
     assert profile("exact-fast", "wan", torch.device("cpu")) == {"adaln_precompute": {}, "cross_kv_cache": {}}
     assert profile("exact-fast", "ltx2", "cuda") == {"attention_backend": {"backend": "cudnn"}, "cross_kv_cache": {}}
     assert profile("exact-fast", "ltx2", "cpu") == {"cross_kv_cache": {}}
     assert profile("exact-fast", "h3", "cuda:0") == {"attention_backend": {"backend": "cudnn"}}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert profile("exact-fast", "wan", "cpu") == {"fused_block_ops": {}, "adaln_precompute": {}, "cross_kv_cache": {}}
+    assert profile("exact-fast", "wan", "cpu") == {
+        "fused_block_ops": fused,
+        "adaln_precompute": {},
+        "cross_kv_cache": {},
+    }
 
 
 def test_exact_fast_refuses_a_plugin_that_became_approximate(monkeypatch):

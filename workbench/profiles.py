@@ -6,11 +6,16 @@
 `reduction` (never `approximate`; checked against `workbench.accelerations.available()` at every call, so a
 plugin whose contract became approximate makes this raise instead of silently joining the profile).
 
-- Wan on CUDA: cuDNN attention + `fused_block_ops` + `adaln_precompute` + `cross_kv_cache`. Measured on the
-  H200 in this project: `fused_block_ops` + `adaln_precompute` + `cross_kv_cache` qualified at 1.046x with
-  bit-equal output (benchmarks/results/2026-11-29-exact-fast-exact-plugins.json). `regional_compile` was
+- Wan on CUDA: cuDNN attention + `fused_block_ops` (rope="auto": attn1's rotary step as the `rope_only` kernel)
+  + `adaln_precompute` + `cross_kv_cache`. Measured on the H200 in this project: `fused_block_ops` +
+  `adaln_precompute` + `cross_kv_cache` qualified at 1.046x with bit-equal output, before the rotary kernel existed
+  (benchmarks/results/2026-11-29-exact-fast-exact-plugins.json); the Wan block with rope="auto" is `torch.equal`
+  to the stock block on the H200 at the 1.3B shape, float32 and float64 rotary tables, 1.13x per block
+  (benchmarks/results/2026-11-29-fused-blocks-gpu.json). `regional_compile` was
   measured at 1.125x but moved the random-weight output by relative L2 0.032, outside the 0.03 budget
-  (benchmarks/results/2026-11-29-qualify-stock-vs-regional-compile.json), so it is NOT in exact-fast.
+  (benchmarks/results/2026-11-29-qualify-stock-vs-regional-compile.json), so it is NOT in exact-fast; it also
+  refuses blocks whose forward `fused_block_ops` replaced. Whether torch.compile over the fused blocks composes
+  is measured by benchmarks/exact_fast_forward.py (its `exact-fast+compile` arm), not assumed here.
 - Wan on CPU: cuDNN attention is CUDA-only and `fused_block_ops` needs the Triton interpreter there, so
   both are dropped unless `TRITON_INTERPRET=1` is set (then `fused_block_ops` stays; cuDNN never does).
 - LTX-2 and H3: only those of `cross_kv_cache`, `adaln_precompute` and `attention_backend` (cuDNN, CUDA only)
@@ -31,7 +36,7 @@ EXACT_CONTRACTS = ("bitwise", "rounding", "reduction")
 # (plugin, options, needs CUDA, CPU only under TRITON_INTERPRET=1), in the order they are listed
 _WAN_EXACT_FAST = (
     ("attention_backend", {"backend": "cudnn"}, True, False),
-    ("fused_block_ops", {}, False, True),
+    ("fused_block_ops", {"rope": "auto"}, False, True),
     ("adaln_precompute", {}, False, False),
     ("cross_kv_cache", {}, False, False),
 )
