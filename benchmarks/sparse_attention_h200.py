@@ -7,7 +7,13 @@ one H200). Writes `<date>-sparse-attention-h200.json` into $OUT (default benchma
    cuDNN and flash SDPA against block_sparse at ~10/20/40% density (tau found by bisection on the routing
    function), on structured random Q/K (tokens on the 21x30x52 latent grid, keys and queries sharing smooth
    positional features, so scores are local as in video) and on Q/K/V captured from random-wan-1.3b's attn1
-   (blocks 0, 15, 29) at 480x832x81; with the relative L2 of each against dense.
+   (blocks 0, 15, 29) at 480x832x81; with the relative L2 of each against dense. Each row also splits the call
+   into its routing (`plan`: block means, proxy scores, threshold, index compaction) and the attention kernel
+   (`attend`) timed on their own.
+2b. Launch sweep (`launch_sweep_*`): the d9ed842 launch ("previous") against the candidate launches of
+   `CANDIDATES`, interleaved in rounds in this one process, at the same 10/20/40% taus: routing, kernel and
+   whole-call times, the kernel's computed density (group 2 computes the union of two query blocks' lists),
+   and the max difference of each output from the previous launch's.
 3. One transformer forward at that shape, stock vs block_sparse at the tau giving ~20% on the captured block 15.
 4. Whether NVIDIA's sol-attn package is importable here (the sol_attn plugin's probe).
 
@@ -31,7 +37,16 @@ from benchmarks.common import envelope, write
 from workbench import Session
 from workbench.accelerations import sol_attn
 from workbench.accelerations.sparse_routing import captured_qkv
-from workbench.kernels.block_sparse_attention import block_sparse_attention, cost, reference, routing
+from workbench.kernels.block_sparse_attention import (
+    CANDIDATES,
+    DEFAULT,
+    attend,
+    block_sparse_attention,
+    cost,
+    plan,
+    reference,
+    routing,
+)
 
 GRID = (21, 30, 52)  # latent frames x height x width tokens of 81x480x832 after the (1, 2, 2) patch
 TOKENS, HEADS, DIM = math.prod(GRID), 12, 128
@@ -120,6 +135,12 @@ def correctness() -> dict[str, Any]:
         want = reference(q, k, v, tau, sink)
         err = (got.float() - want.float()).abs().max().item()
         out[str(dtype).removeprefix("torch.")] = {"tokens": t, "tau": tau, "density": float(density), "max_abs": err}
+    q, k, v = (torch.randn(1, 2, 2050, DIM, generator=g, device=DEVICE).bfloat16() for _ in range(3))
+    want = reference(q, k, v, 0.3, 100)
+    out["bfloat16_launches"] = {
+        name: (block_sparse_attention(q, k, v, 0.3, 100, launch=launch).float() - want.float()).abs().max().item()
+        for name, launch in CANDIDATES.items()
+    }
     q, k, v = structured_qkv(7)
     exact = block_sparse_attention(q, k, v, float("-inf"), 0)
     cudnn = dense(q, k, v, "cudnn")
@@ -129,6 +150,7 @@ def correctness() -> dict[str, Any]:
     out["pass"] = (
         out["float32"]["max_abs"] < 1e-4
         and out["bfloat16"]["max_abs"] < 2e-2
+        and all(err < 2e-2 for err in out["bfloat16_launches"].values())
         and out["all_exact_vs_cudnn_32760"]["rel_l2"] < 1e-2
     )
     return out
@@ -145,6 +167,9 @@ def kernel_vs_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, label: st
         tau, density = tau_for(q, k, target)
         out = block_sparse_attention(q, k, v, tau, 0)
         timing = timed_ms(lambda tau=tau: block_sparse_attention(q, k, v, tau, 0))
+        route = plan(q, k, v, tau, 0)
+        routing_ms = timed_ms(lambda tau=tau: plan(q, k, v, tau, 0))["median_ms"]
+        kernel_ms = timed_ms(lambda route=route: attend(q, k, v, route))["median_ms"]
         _, flops = cost(tuple(q.shape), density)
         rows[f"block_sparse@{target:.2f}"] = {
             "tau": tau,
@@ -153,9 +178,68 @@ def kernel_vs_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, label: st
             **timing,
             "tflops": flops / timing["median_ms"] / 1e9,
             "speedup_vs_cudnn": rows["cudnn"]["median_ms"] / timing["median_ms"],
+            "launch": repr(DEFAULT),
+            "routing_ms": routing_ms,
+            "kernel_ms": kernel_ms,
+            "kernel_tflops": flops / kernel_ms / 1e9,
         }
         log(f"{label} target {target}: {rows[f'block_sparse@{target:.2f}']}")
     return rows
+
+
+def launch_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, label: str, rounds: int = 3) -> dict[str, Any]:
+    """Every launch of CANDIDATES at each target density, interleaved: `rounds` passes over the launches,
+    each timing routing (`plan`), kernel (`attend`, on a ready plan) and the whole call; medians over rounds."""
+    cudnn_ms = timed_ms(lambda: dense(q, k, v, "cudnn"))["median_ms"]
+    result: dict[str, Any] = {"cudnn_ms": cudnn_ms, "launches": {n: repr(x) for n, x in CANDIDATES.items()}}
+    for target in DENSITIES:
+        tau, density = tau_for(q, k, target)
+        _, flops = cost(tuple(q.shape), density)
+        plans = {name: plan(q, k, v, tau, 0, launch=launch) for name, launch in CANDIDATES.items()}
+        previous = attend(q, k, v, plans["previous"], CANDIDATES["previous"])
+        samples: dict[str, dict[str, list[float]]] = {n: {"routing": [], "kernel": [], "call": []} for n in plans}
+        for _ in range(rounds):
+            for name, launch in CANDIDATES.items():
+                route = plans[name]
+                samples[name]["routing"].append(
+                    timed_ms(lambda launch=launch, tau=tau: plan(q, k, v, tau, 0, launch=launch))["median_ms"]
+                )
+                samples[name]["kernel"].append(
+                    timed_ms(lambda route=route, launch=launch: attend(q, k, v, route, launch))["median_ms"]
+                )
+                samples[name]["call"].append(
+                    timed_ms(lambda launch=launch, tau=tau: block_sparse_attention(q, k, v, tau, 0, launch=launch))[
+                        "median_ms"
+                    ]
+                )
+        rows: dict[str, Any] = {"tau": tau, "density": density}
+        for name, launch in CANDIDATES.items():
+            routing_ms, kernel_ms, call_ms = (
+                statistics.median(samples[name][p]) for p in ("routing", "kernel", "call")
+            )
+            out = attend(q, k, v, plans[name], launch)
+            rows[name] = {
+                "routing_ms": routing_ms,
+                "kernel_ms": kernel_ms,
+                "call_ms": call_ms,
+                "computed_density": plans[name].computed_density(),
+                "kernel_tflops_useful": flops / kernel_ms / 1e9,
+                "speedup_vs_cudnn": cudnn_ms / call_ms,
+                "kernel_speedup_vs_previous": statistics.median(samples["previous"]["kernel"]) / kernel_ms,
+                "call_speedup_vs_previous": statistics.median(samples["previous"]["call"]) / call_ms,
+                "max_abs_vs_previous": (out.float() - previous.float()).abs().max().item(),
+                "rounds": samples[name],
+            }
+        fastest = min(CANDIDATES, key=lambda name: rows[name]["call_ms"])
+        rows["fastest_call"] = fastest
+        result[f"{target:.2f}"] = rows
+        summary = ", ".join(
+            f"{n} {rows[n]['routing_ms']:.2f}+{rows[n]['kernel_ms']:.2f}={rows[n]['call_ms']:.2f} ms"
+            for n in CANDIDATES
+        )
+        log(f"{label} sweep {target}: fastest {fastest}: {summary}")
+        del plans, previous
+    return result
 
 
 def open_session() -> tuple[Session, dict[str, Any]]:
@@ -176,6 +260,7 @@ def main() -> None:
     ratios: dict[str, Any] = {}
     arm(arms, "correctness", correctness)
     structured = arm(arms, "structured", lambda: kernel_vs_dense(*structured_qkv(11), "structured"))
+    arm(arms, "launch_sweep_structured", lambda: launch_sweep(*structured_qkv(11), "structured"))
 
     session, inputs = open_session()
     transformer = session.model.pipeline.transformer
@@ -194,6 +279,11 @@ def main() -> None:
         arms["captured"] = {"error": repr(error), "traceback": traceback.format_exc()[-3000:]}
     if captured is not None:
         arm(arms, "captured_middle_block", lambda: kernel_vs_dense(*captured[middle], f"captured block {middle}"))
+        arm(
+            arms,
+            "launch_sweep_captured_middle_block",
+            lambda: launch_sweep(*captured[middle], f"captured block {middle}", rounds=2),
+        )
 
         def other_blocks() -> dict[str, Any]:
             out = {}
@@ -251,10 +341,25 @@ def main() -> None:
             ratios[name] = {key: row["speedup_vs_cudnn"] for key, row in rows.items() if "speedup_vs_cudnn" in row}
     if isinstance(e2e, dict):
         ratios["transformer_forward_speedup_at_20pct"] = e2e["speedup"]
+    for name in ("launch_sweep_structured", "launch_sweep_captured_middle_block"):
+        rows = arms.get(name)
+        if isinstance(rows, dict) and "cudnn_ms" in rows:
+            ratios[name] = {
+                f"{launch}@{target}": {
+                    "call_vs_cudnn": rows[target][launch]["speedup_vs_cudnn"],
+                    "call_vs_previous": rows[target][launch]["call_speedup_vs_previous"],
+                    "kernel_vs_previous": rows[target][launch]["kernel_speedup_vs_previous"],
+                }
+                for target in (f"{d:.2f}" for d in DENSITIES)
+                for launch in CANDIDATES
+            }
     shape = {"batch": 1, "heads": HEADS, "tokens": TOKENS, "head_dim": DIM, "dtype": "bfloat16", "grid": GRID}
     notes = (
-        "Kernel times include the routing (block means, proxy scores, threshold, index compaction) that every "
-        "call pays. Dense arms are torch SDPA with the cuDNN and flash backends on contiguous (B, H, T, D) inputs; "
+        "Kernel times (median_ms) include the routing (block means, proxy scores, threshold, index compaction) "
+        "that every call pays; routing_ms and kernel_ms time the two parts alone (their sum can differ from the "
+        "call by launch gaps). block_sparse@ rows use the DEFAULT launch; launch_sweep_* compare the d9ed842 launch "
+        "('previous': heads-outer grid, 4 warps, 2 stages, fp32 mean K/V, argsort lists) with the candidates, "
+        "interleaved rounds, median of round medians; kernel_tflops_useful counts the routed exact pairs only. Dense arms are torch SDPA with the cuDNN and flash backends on contiguous (B, H, T, D) inputs; "
         "the sparse arm reads the same tensors. Captured q/k/v come from random weights: the routing they give is "
         "a property of this random model, not of a trained Wan. One-forward speed-up: median of 3 A/B rounds."
     )

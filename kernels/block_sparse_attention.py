@@ -14,10 +14,14 @@ The maths (public facts about Sol-Attn, written here from scratch):
   `mean_k(j)`, value `mean_v(j)` and `log(length_j)` added to its logit, so it weighs as `length_j`
   identical keys.
 
-Kernel structure: one program per (batch*head, query block of 64 rows). It first walks the compacted list
-of that row's exact key blocks (FlashAttention-2 style online softmax over 64x64 tiles), then the folded
-blocks' mean keys 64 at a time (one tensor-core dot per chunk, exact blocks masked out, chunks with no
-folded block skipped), in the same running max / sum / accumulator.
+Kernel structure: `plan` does the routing (torch, fp32) and compacts each row's exact key blocks into an
+ascending index list (one small Triton kernel). `attend` runs one program per (batch*head, group of `group`
+query blocks of 64 rows; `Launch`): it first walks the compacted list of that group's exact key blocks
+(FlashAttention-2 style online softmax over (64 * group) x 64 tiles, exp2 with log2(e) folded into the scale;
+with group 2 the list is the union of the two blocks' lists and each row masks the blocks not exact for its
+own block), then the folded blocks' mean keys 64 at a time (one tensor-core dot per chunk, exact blocks
+masked out, chunks with no folded block skipped), in the same running max / sum / accumulator. Query blocks
+vary fastest over the grid so the programs resident at once read one head's K/V (L2 reuse).
 
 Higher `tau` means fewer exact blocks. Density is the fraction of exact (query block, key block) pairs,
 averaged over batch and heads.
@@ -40,8 +44,10 @@ bf16 for the folded dots; expected ~1e-2 absolute on unit-scale values; the outp
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+import triton
 import triton.language as tl
 
 from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size, interpreting
@@ -54,20 +60,28 @@ LOG2E = 1.4426950408889634
 
 def _block_sparse_fwd(
     q_ptr, k_ptr, v_ptr, km_ptr, vm_ptr, loglen_ptr, mask_ptr, idx_ptr, count_ptr, out_ptr,
-    H, TQ, TK, KB, QB, qk_scale,
+    H, TQ, TK, KB, QB, NG, qk_scale,
     q_sb, q_sh, q_st, q_sd,
     k_sb, k_sh, k_st, k_sd,
     v_sb, v_sh, v_st, v_sd,
-    F32: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr,
+    F32: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEADS_OUTER: tl.constexpr,
 ):  # fmt: skip
     # Reductions are tl.reduce with tl.standard's combines, and zeros are tl.full: tl.sum/tl.max/tl.zeros are
     # JITFunctions decorated when triton was imported, which the interpreter cannot call when
     # TRITON_INTERPRET was set later (LazyKernel's case).
-    bh = tl.program_id(0)
-    qb = tl.program_id(1)
+    # One program: GROUP consecutive query blocks (BLOCK_M = GROUP * BLOCK rows) of one (batch, head).
+    # HEADS_OUTER (the d9ed842 order) walks the heads fastest, so the programs resident at once read the K/V
+    # of every head; otherwise the query blocks are fastest and resident programs share one head's K/V in L2.
+    if HEADS_OUTER:
+        bh = tl.program_id(0)
+        g = tl.program_id(1)
+    else:
+        g = tl.program_id(0)
+        bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    rows = qb * BLOCK + tl.arange(0, BLOCK)
+    rows = g * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK)
     d = tl.arange(0, D).to(tl.int64)
     row_ok = rows < TQ
@@ -75,14 +89,16 @@ def _block_sparse_fwd(
         q_ptr + b * q_sb + h * q_sh + rows.to(tl.int64)[:, None] * q_st + d[None, :] * q_sd,
         mask=row_ok[:, None],
         other=0.0,
-    )  # (BLOCK, D)
+    )  # (BLOCK_M, D)
     if F32:
         q = q.to(tl.float32)
-    m_i = tl.full((BLOCK,), float("-inf"), tl.float32)
-    l_i = tl.full((BLOCK,), 0.0, tl.float32)
-    acc = tl.full((BLOCK, D), 0.0, tl.float32)
-    row = bh.to(tl.int64) * QB + qb
-    # 1. Exact key blocks, from the compacted list of this (batch*head, query block) row.
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.full((BLOCK_M,), 0.0, tl.float32)
+    acc = tl.full((BLOCK_M, D), 0.0, tl.float32)
+    row = bh.to(tl.int64) * NG + g
+    # mask row of each query row's own block (GROUP > 1: the exact list is the union over the group)
+    mask_rows = mask_ptr + (bh.to(tl.int64) * QB + (rows // BLOCK).to(tl.int64)) * KB  # (BLOCK_M,)
+    # 1. Exact key blocks, from the compacted list of this (batch*head, group) row.
     n_exact = tl.load(count_ptr + row)
     for n in range(0, n_exact):
         j = tl.load(idx_ptr + row * KB + n)
@@ -95,7 +111,11 @@ def _block_sparse_fwd(
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(key_ok[None, :], s * qk_scale, float("-inf"))  # (BLOCK, BLOCK), log2 units
+        # keys past TK get -inf through one fused multiply-add (a (BLOCK,) bias, not a select per element)
+        s = s * qk_scale + tl.where(key_ok, 0.0, float("-inf"))[None, :]  # (BLOCK_M, BLOCK), log2 units
+        if GROUP > 1:  # rows whose own block does not list j as exact
+            exact = tl.load(mask_rows + j, mask=row_ok, other=0) != 0
+            s = s + tl.where(exact, 0.0, float("-inf"))[:, None]
         m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no finite logit yet stays at zero weight
         alpha = tl.exp2(m_i - m_use)
@@ -108,22 +128,33 @@ def _block_sparse_fwd(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     # 2. Folded key blocks: their mean keys, BLOCK at a time, as pseudo-keys with log(length) on the logit.
+    # km/vm arrive in the dot's dtype (bf16 rounded once on the host, or fp32); .to() is then a no-op.
     means = bh.to(tl.int64) * KB * D
-    mask_row = mask_ptr + row * KB
     for c in range(0, KB, BLOCK):
         blocks = c + cols
         block_ok = blocks < KB
-        folded = tl.load(mask_row + blocks, mask=block_ok, other=1) == 0
-        if tl.reduce(folded.to(tl.int32), 0, tl.standard._sum_combine) > 0:  # skip chunks that are all exact
+        if GROUP > 1:
+            folded = tl.load(mask_rows[:, None] + blocks[None, :], mask=row_ok[:, None] & block_ok[None, :], other=1)
+            folded = folded == 0  # (BLOCK_M, BLOCK)
+            n_folded = tl.reduce(
+                tl.reduce(folded.to(tl.int32), 1, tl.standard._sum_combine), 0, tl.standard._sum_combine
+            )
+        else:
+            folded = tl.load(mask_ptr + row * KB + blocks, mask=block_ok, other=1) == 0  # (BLOCK,)
+            n_folded = tl.reduce(folded.to(tl.int32), 0, tl.standard._sum_combine)
+        if n_folded > 0:  # skip chunks that are all exact
             moff = means + blocks.to(tl.int64)[:, None] * D + d[None, :]
-            km = tl.load(km_ptr + moff, mask=block_ok[:, None], other=0.0)  # (BLOCK, D) fp32
+            km = tl.load(km_ptr + moff, mask=block_ok[:, None], other=0.0)  # (BLOCK, D)
             vm = tl.load(vm_ptr + moff, mask=block_ok[:, None], other=0.0)
             if F32:
                 s = tl.dot(q, tl.trans(km), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(km.to(q.dtype)))
             bias = tl.load(loglen_ptr + blocks, mask=block_ok, other=0.0) * 1.4426950408889634
-            s = tl.where(folded[None, :], s * qk_scale + bias[None, :], float("-inf"))
+            if GROUP > 1:
+                s = tl.where(folded, s * qk_scale + bias[None, :], float("-inf"))
+            else:
+                s = tl.where(folded[None, :], s * qk_scale + bias[None, :], float("-inf"))
             m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_use)
@@ -140,7 +171,26 @@ def _block_sparse_fwd(
     tl.store(optr, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
+def _compact(mask_ptr, idx_ptr, count_ptr, QB, KB, NG, GROUP: tl.constexpr, KB_P2: tl.constexpr):
+    """One program per (batch*head, group of GROUP query blocks): the ascending list of key blocks exact for
+    any of the group's rows, written to the front of its idx row, and its length (replaces a stable argsort)."""
+    bh = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    cols = tl.arange(0, KB_P2)
+    col_ok = cols < KB
+    exact = tl.full((KB_P2,), 0, tl.int32)
+    for r in range(0, GROUP):
+        qb = g * GROUP + r
+        m = tl.load(mask_ptr + (bh * QB + qb) * KB + cols, mask=col_ok & (cols * 0 + qb < QB), other=0)
+        exact = exact | (m != 0).to(tl.int32)
+    pos = tl.associative_scan(exact, 0, tl.standard._sum_combine) - 1  # inclusive prefix sum - 1
+    row = bh * NG + g
+    tl.store(idx_ptr + row * KB + pos, cols, mask=exact != 0)
+    tl.store(count_ptr + row, tl.reduce(exact, 0, tl.standard._sum_combine))
+
+
 _KERNEL = LazyKernel(_block_sparse_fwd)
+_COMPACT = LazyKernel(_compact)
 
 
 def _block_means(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,6 +292,136 @@ def reference(
     return out.to(q.dtype)
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How the kernel is launched. The maths does not depend on it: every choice computes the same exact
+    and folded terms in the same order; only float rounding inside the dots may differ (bf16 tolerance).
+
+    group: query blocks per program (1 or 2). 2 runs 128-row tiles (8 warps suit it) over the union of the
+    two blocks' exact key lists, masking per row: half the K/V traffic per query row, paid for by the union's
+    extra tiles. heads_outer: the d9ed842 grid order (program id 0 walks the heads). bf16_means: round the
+    mean K/V to bf16 once on the host (the kernel rounded them per program anyway; ignored for fp32 inputs).
+    triton_compaction: the exact-block lists by a small Triton kernel instead of torch's stable argsort."""
+
+    group: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    heads_outer: bool = False
+    bf16_means: bool = True
+    triton_compaction: bool = True
+
+    def __post_init__(self) -> None:
+        if self.group not in (1, 2):
+            raise ValueError(f"block_sparse_attention: Launch.group must be 1 or 2, got {self.group!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16) or not 1 <= self.num_stages <= 8:
+            raise ValueError(
+                f"block_sparse_attention: Launch num_warps must be a power of two <= 16 and num_stages 1..8, "
+                f"got {self.num_warps!r}, {self.num_stages!r}"
+            )
+
+
+PREVIOUS = Launch(group=1, num_warps=4, num_stages=2, heads_outer=True, bf16_means=False, triton_compaction=False)
+"""The launch measured at d9ed842 (kept for side-by-side timing; the kernel body has since changed only in
+how the out-of-range key mask is applied: a fused bias instead of a select)."""
+DEFAULT = Launch()
+"""Unmeasured guess until the H200 sweep in benchmarks/sparse_attention_h200.py picks one."""
+CANDIDATES = {
+    "previous": PREVIOUS,
+    "g1_w4_s3": Launch(group=1, num_warps=4, num_stages=3),
+    "g1_w4_s2": Launch(group=1, num_warps=4, num_stages=2),
+    "g1_w8_s3": Launch(group=1, num_warps=8, num_stages=3),
+    "g2_w8_s3": Launch(group=2, num_warps=8, num_stages=3),
+    "g2_w8_s2": Launch(group=2, num_warps=8, num_stages=2),
+}
+
+
+@dataclass
+class Plan:
+    """Everything the kernel reads besides q, k, v (the routing and its compacted lists), for one call.
+
+    k_mean/v_mean (B, H, Kb, D) in the dot dtype; log_len (Kb,) fp32; mask bool (B, H, Qb, Kb);
+    idx int32 (B, H, G, Kb) whose first count[b, h, g] entries are the group's exact key blocks, ascending;
+    count int32 (B, H, G); density: fraction of exact pairs (0-dim tensor, no host sync)."""
+
+    k_mean: torch.Tensor
+    v_mean: torch.Tensor
+    log_len: torch.Tensor
+    mask: torch.Tensor
+    idx: torch.Tensor
+    count: torch.Tensor
+    density: torch.Tensor
+    scale: float
+    group: int
+
+    def computed_density(self) -> float:
+        """Fraction of (query block, key block) tiles the kernel computes exactly (>= density when group > 1)."""
+        b, h, qb, kb = self.mask.shape
+        groups = self.count.shape[-1]
+        rows = torch.full((groups,), self.group, dtype=torch.int64, device=self.count.device)
+        rows[-1] = qb - (groups - 1) * self.group  # the last group may hold fewer query blocks
+        return float((self.count * rows).sum()) / (b * h * qb * kb)
+
+
+def plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tau: float,
+    sink_tokens: int,
+    scale: float | None = None,
+    launch: Launch = DEFAULT,
+) -> Plan:
+    """The routing and the kernel's index lists (the part of a call before the attention kernel)."""
+    _check(q, k, v)
+    _check_tau(tau, sink_tokens)
+    check_runtime("block_sparse_attention", q, k, v)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    k_mean, lengths = _block_means(k, BLOCK)
+    v_mean, _ = _block_means(v, BLOCK)
+    mask, density = _route(_block_means(q, BLOCK)[0], k_mean, tau, sink_tokens, BLOCK, scale)
+    mask = mask.contiguous()
+    b, h, qb, kb = mask.shape
+    groups = -(-qb // launch.group)
+    if launch.triton_compaction:
+        idx = torch.empty((b, h, groups, kb), dtype=torch.int32, device=q.device)
+        count = torch.empty((b, h, groups), dtype=torch.int32, device=q.device)
+        _COMPACT[(b * h, groups)](
+            mask.view(torch.uint8), idx, count, qb, kb, groups, GROUP=launch.group, KB_P2=triton.next_power_of_2(kb)
+        )
+    else:
+        union = mask
+        if launch.group > 1:
+            pad = groups * launch.group - qb
+            union = torch.cat([mask, mask.new_zeros((b, h, pad, kb))], 2) if pad else mask
+            union = union.unflatten(2, (groups, launch.group)).any(3)
+        count = union.sum(-1, dtype=torch.int32).contiguous()  # (B, H, G)
+        # exact block indices first, ascending (a stable sort of 0 = exact, 1 = folded)
+        idx = torch.argsort((~union).to(torch.int8), dim=-1, stable=True).to(torch.int32).contiguous()
+    bf16 = q.dtype == torch.bfloat16 and launch.bf16_means and not interpreting()
+    k_mean, v_mean = (x.to(torch.bfloat16) if bf16 else x for x in (k_mean, v_mean))
+    return Plan(k_mean.contiguous(), v_mean.contiguous(), lengths.log(), mask, idx, count, density, scale, launch.group)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launch: Launch = DEFAULT) -> torch.Tensor:
+    """The attention kernel alone on a `plan(...)` of the same q, k, v (made with the same launch.group)."""
+    if route.group != launch.group:
+        raise ValueError(f"block_sparse_attention: plan made for group {route.group}, launch has {launch.group}")
+    b, h, tq, d = q.shape
+    qb, kb = route.mask.shape[-2:]
+    groups = route.count.shape[-1]
+    out = torch.empty((b, h, tq, d), dtype=q.dtype, device=q.device)
+    tuning = {} if interpreting() else {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
+    grid = (b * h, groups) if launch.heads_outer else (groups, b * h)
+    _KERNEL[grid](
+        q, k, v, route.k_mean, route.v_mean, route.log_len, route.mask.view(torch.uint8), route.idx, route.count, out,
+        h, tq, k.shape[2], kb, qb, groups, route.scale * LOG2E,
+        *q.stride(), *k.stride(), *v.stride(),
+        F32=q.dtype == torch.float32 or interpreting(), BLOCK=BLOCK, D=d, GROUP=launch.group,
+        BLOCK_M=launch.group * BLOCK, HEADS_OUTER=launch.heads_outer, **tuning,
+    )  # fmt: skip
+    return out
+
+
 def block_sparse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -250,34 +430,17 @@ def block_sparse_attention(
     sink_tokens: int,
     scale: float | None = None,
     return_density: bool = False,
+    launch: Launch = DEFAULT,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """`reference(q, k, v, tau, sink_tokens)` in one Triton pass per (batch*head, query block).
+    """`reference(q, k, v, tau, sink_tokens)`: `plan` (routing, in torch plus one small Triton kernel) then
+    one Triton pass per (batch*head, group of query blocks) (`attend`).
 
     Exact key blocks load their 64 keys (only those: a compacted index list per row); folded ones enter as
     mean keys/values, 64 pseudo-keys per tensor-core dot, with the log-length bias. With `return_density`,
     also the routing density as a 0-dim tensor on q's device (no host sync: `float()` it when needed)."""
-    _check(q, k, v)
-    _check_tau(tau, sink_tokens)
-    check_runtime("block_sparse_attention", q, k, v)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    k_mean, lengths = _block_means(k, BLOCK)
-    v_mean, _ = _block_means(v, BLOCK)
-    mask, density = _route(_block_means(q, BLOCK)[0], k_mean, tau, sink_tokens, BLOCK, scale)
-    b, h, tq, d = q.shape
-    qb, kb = mask.shape[-2:]
-    count = mask.sum(-1, dtype=torch.int32).contiguous()  # (B, H, Qb)
-    # exact block indices first, ascending (a stable sort of 0 = exact, 1 = folded)
-    idx = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True).to(torch.int32).contiguous()
-    out = torch.empty((b, h, tq, d), dtype=q.dtype, device=q.device)
-    launch = {} if interpreting() else {"num_warps": 4, "num_stages": 2}
-    _KERNEL[(b * h, qb)](
-        q, k, v, k_mean.contiguous(), v_mean.contiguous(), lengths.log().contiguous(),
-        mask.to(torch.int8).contiguous(), idx, count, out,
-        h, tq, k.shape[2], kb, qb, scale * LOG2E,
-        *q.stride(), *k.stride(), *v.stride(),
-        F32=q.dtype == torch.float32 or interpreting(), BLOCK=BLOCK, D=d, **launch,
-    )  # fmt: skip
-    return (out, density) if return_density else out
+    route = plan(q, k, v, tau, sink_tokens, scale, launch)
+    out = attend(q, k, v, route, launch)
+    return (out, route.density) if return_density else out
 
 
 def cost(shape: tuple[int, int, int, int], density: float, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:

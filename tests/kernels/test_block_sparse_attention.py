@@ -11,7 +11,18 @@ import math
 import pytest
 import torch
 
-from workbench.kernels.block_sparse_attention import BLOCK, block_sparse_attention, cost, reference, routing
+from workbench.kernels.block_sparse_attention import (
+    BLOCK,
+    CANDIDATES,
+    PREVIOUS,
+    Launch,
+    attend,
+    block_sparse_attention,
+    cost,
+    plan,
+    reference,
+    routing,
+)
 
 D = 128
 
@@ -147,3 +158,42 @@ def test_block_sparse_attention_matches_reference_many_key_blocks(rng):
     assert 0.0 < float(density) < 1.0 and float(density) == routing(q, k, 1.0, 2 * BLOCK)[1]
     err = (got - want).abs().max().item()
     assert err < 1e-4, f"seed {rng.initial_seed()}: max error {err} at density {float(density)}"
+
+
+@pytest.mark.parametrize("name", ["previous", "g2_w8_s3"])
+def test_block_sparse_attention_launch_matches_reference(rng, name):
+    """Every launch computes the same maths: the d9ed842 launch (heads-outer grid, argsort lists) and two query
+    blocks per program (union list, per-row masks), on an odd number of query blocks and non-contiguous q/k/v."""
+    q, k, v = _qkv(rng, 5 * BLOCK - 7, noncontiguous=True)  # five query blocks: the last group holds one
+    got = block_sparse_attention(q, k, v, 0.5, 70, launch=CANDIDATES[name])
+    want = reference(q, k, v, 0.5, 70)
+    err = (got - want).abs().max().item()
+    assert err < 1e-4, f"seed {rng.initial_seed()}: {name}: max error {err}"
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_block_sparse_compaction_matches_argsort(rng, group):
+    """The Triton compaction kernel writes the same exact-block lists and counts as the torch argsort path."""
+    q, k, v = _qkv(rng, 8 * BLOCK + 5, heads=2, batch=2)  # nine query blocks: an odd count
+    triton_plan = plan(q, k, v, 0.3, 0, launch=Launch(group=group))
+    torch_plan = plan(q, k, v, 0.3, 0, launch=Launch(group=group, triton_compaction=False))
+    assert torch.equal(triton_plan.count, torch_plan.count), f"seed {rng.initial_seed()}"
+    n = triton_plan.count
+    ranks = torch.arange(triton_plan.idx.shape[-1])
+    listed = ranks < n[..., None]  # only the first count entries are defined
+    assert torch.equal(triton_plan.idx[listed], torch_plan.idx[listed]), f"seed {rng.initial_seed()}"
+    union = triton_plan.mask
+    if group == 2:
+        union = torch.cat([union, torch.zeros_like(union[:, :, :1])], 2).unflatten(2, (-1, 2)).any(3)
+    assert torch.equal(n, union.sum(-1, dtype=torch.int32))
+    assert triton_plan.computed_density() >= float(triton_plan.density) - 1e-6
+
+
+def test_block_sparse_attention_plan_then_attend_equals_one_call(rng):
+    q, k, v = _qkv(rng, 150)
+    route = plan(q, k, v, 0.2, 0, launch=PREVIOUS)
+    assert torch.equal(attend(q, k, v, route, PREVIOUS), block_sparse_attention(q, k, v, 0.2, 0, launch=PREVIOUS))
+    with pytest.raises(ValueError, match="group"):
+        attend(q, k, v, route, Launch(group=2))
+    with pytest.raises(ValueError, match="group"):
+        Launch(group=3)
