@@ -7,7 +7,7 @@ import torch
 
 from workbench import Request
 from workbench.cli import main
-from workbench.distributed import check_gpus, run_arms, torchrun_command
+from workbench.distributed import check_gpus, cli_accelerations, run_arms, torchrun_command
 from workbench.kernels.relayout import ENV_VAR
 
 REQUEST = Request("a red circle", frames=9, height=64, width=64, steps=2)
@@ -99,3 +99,48 @@ def test_run_arms_restore_check_sees_a_replaced_vae_decode(sessions):
     finally:
         vae.use_tiling = False
     assert _restorable(model, fingerprint) == before
+
+
+def test_cli_accelerations_parallel_decode_installs_bands():
+    assert cli_accelerations(2) == {"context_parallel": {"ulysses_degree": 2}}
+    assert cli_accelerations(4, parallel_decode=True) == {
+        "context_parallel": {"ulysses_degree": 4, "parallel_decode": "bands"}
+    }
+    with pytest.raises(ValueError, match=r"--parallel-decode: .* needs --gpus N with N >= 2, got --gpus 1"):
+        cli_accelerations(1, parallel_decode=True)
+
+
+def test_cli_parallel_decode_with_one_gpu_is_a_clear_error(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["generate", "--model", "tiny-wan", "--prompt", "p", "--parallel-decode", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "workbench generate: error: --parallel-decode:" in err and "got --gpus 1" in err
+    assert not out.exists()
+
+
+def test_cli_parallel_decode_reaches_the_workers_accelerations(tmp_path, monkeypatch):
+    """In a worker, `--gpus 2 --parallel-decode` opens the session with context_parallel parallel_decode='bands'
+    (the session is stubbed: this checks the wiring; the decode itself is tested in the plugin's tests)."""
+    import workbench
+    from workbench import distributed
+
+    seen = {}
+
+    class Opened(Exception):
+        pass
+
+    def fake_open(model, **kwargs):
+        seen.update(kwargs)
+        raise Opened
+
+    monkeypatch.setattr(distributed, "is_worker", lambda: True)
+    monkeypatch.setattr(distributed, "init_worker", lambda device: torch.device("cpu"))
+    monkeypatch.setattr(workbench.Session, "open", staticmethod(fake_open))
+    argv = ["generate", "--model", "tiny-wan", "--prompt", "p", "--gpus", "2", "--device", "cpu"]
+    with pytest.raises(Opened):
+        main([*argv, "--parallel-decode", "--out", str(tmp_path / "a")])
+    assert seen["accelerations"] == {"context_parallel": {"ulysses_degree": 2, "parallel_decode": "bands"}}
+    with pytest.raises(Opened):
+        main([*argv, "--out", str(tmp_path / "b")])
+    assert seen["accelerations"] == {"context_parallel": {"ulysses_degree": 2}}

@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--name", default="result", help="file stem of the outputs")
     gen.add_argument("--out", required=True, type=Path, help="directory for the outputs (created on success)")
     gen.add_argument("--gpus", type=int, default=1, help="processes (one per GPU) running one context-parallel request")
+    gen.add_argument(
+        "--parallel-decode",
+        action="store_true",
+        help="with --gpus N >= 2: split the Wan VAE decode into one band per GPU (approximate vs untiled decode)",
+    )
 
     qual = commands.add_parser("qualify", help="A/B/A qualification of a candidate against a baseline")
     qual.add_argument("--model", required=True)
@@ -101,11 +106,14 @@ def _generate(args: argparse.Namespace) -> int:
         **{name: getattr(args, name) for name in fields},
     )
     device, accelerations = args.device, {}
+    if args.parallel_decode:  # a bad combination is refused before any process starts
+        distributed.cli_accelerations(args.gpus, parallel_decode=True)
     if args.gpus != 1 or distributed.is_worker():  # see workbench.distributed
         distributed.check_gpus(args.gpus, args.device)
         if not distributed.is_worker():
             return distributed.launch(args.gpus, "workbench.cli", args.argv).returncode
-        device, accelerations = str(distributed.init_worker(args.device)), distributed.cli_accelerations(args.gpus)
+        device = str(distributed.init_worker(args.device))
+        accelerations = distributed.cli_accelerations(args.gpus, parallel_decode=args.parallel_decode)
     session = Session.open(args.model, device=device, dtype=args.dtype, seed=args.seed, accelerations=accelerations)
     session.resolve(request)  # refuse a bad request before any work and before --out exists
     print(f"loaded {session} in {session.init_seconds:.2f} s", file=sys.stderr)

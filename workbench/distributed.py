@@ -125,9 +125,19 @@ def finish_worker() -> None:
         dist.destroy_process_group()
 
 
-def cli_accelerations(gpus: int) -> dict[str, dict[str, Any]]:
-    """What `workbench generate --gpus N` installs: Ulysses over N processes with the direct relayouts."""
-    return {"context_parallel": {"ulysses_degree": gpus}}
+def cli_accelerations(gpus: int, parallel_decode: bool = False) -> dict[str, dict[str, Any]]:
+    """What `workbench generate --gpus N [--parallel-decode]` installs: Ulysses over N processes with the direct
+    relayouts; with `parallel_decode`, also the Wan VAE decode split into one band per rank
+    (`context_parallel.parallel_decode="bands"`: approximate against the untiled decode)."""
+    if parallel_decode and gpus < 2:
+        raise ValueError(
+            f"--parallel-decode: splits the VAE decode over the ranks of a context-parallel request; it needs "
+            f"--gpus N with N >= 2, got --gpus {gpus}"
+        )
+    options: dict[str, Any] = {"ulysses_degree": gpus}
+    if parallel_decode:
+        options["parallel_decode"] = "bands"
+    return {"context_parallel": options}
 
 
 def generate(

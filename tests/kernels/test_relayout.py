@@ -2,7 +2,11 @@ import pytest
 import torch
 
 from workbench.kernels.relayout import (
+    CANDIDATES,
+    DEFAULT,
     ENV_VAR,
+    LEGACY,
+    LaunchConfig,
     cost,
     direct_relayout_enabled,
     merge_heads,
@@ -100,6 +104,86 @@ def test_received_pack_is_a_fused_projection_view_when_batch_is_one(rng):
         for slot in range(3):
             want = torch.cat([ops[slot][:, :, r * h // w : (r + 1) * h // w] for ops in qkv], dim=1)
             assert torch.equal(full[:, :, slot], want), f"seed {rng.initial_seed()}"
+
+
+# (B, T_local, H, D, world_size): odd sequence, head dim not a power of two (masked columns), head dim over
+# one column block (two column blocks, the second partial), three heads per rank
+ODD_SHAPES = [(1, 11, 6, 12, 2), (2, 5, 6, 160, 2), (1, 9, 9, 8, 3)]
+SMALL_TILES = LaunchConfig(tile=16)  # several row blocks per (rank, batch), the last one partial
+
+
+def _all_three(rng, shape, dtype, config):
+    b, t, h, d, w = shape
+    q, k, v = _fused_qkv(rng, b, t, h, d, dtype)
+    _equal(pack_qkv(q, k, v, w, config), pack_qkv_reference(q, k, v, w), rng)
+    separate = [y.contiguous() for y in (q, k, v)]  # equal strides, three allocations: the fused launch
+    _equal(pack_qkv(*separate, w, config), pack_qkv_reference(*separate, w), rng)
+    out = torch.randn(b, h // w, t * w, d, generator=rng).to(dtype).transpose(1, 2)
+    _equal(split_result(out, w, config), split_result_reference(out, w), rng)
+    received = torch.randn(w, b, t, h // w, d, generator=rng).to(dtype)
+    _equal(merge_heads(received, w, config), merge_heads_reference(received, w), rng)
+    strided = received.transpose(2, 3).contiguous().transpose(2, 3)  # (W, B, T, H/W, D) with heads outside tokens
+    _equal(merge_heads(strided, w, config), merge_heads_reference(strided, w), rng)
+
+
+@pytest.mark.parametrize("name", sorted(CANDIDATES))
+def test_every_launch_config_matches_reference(rng, name):
+    """The benchmark's candidates (legacy included) all give the reference's bits; the tiling is not the result."""
+    _all_three(rng, (2, 13, 8, 32, 4), torch.bfloat16, CANDIDATES[name])
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES)
+@pytest.mark.parametrize("config", [DEFAULT, SMALL_TILES, LEGACY], ids=["default", "small_tiles", "legacy"])
+def test_odd_sizes_match_reference(rng, shape, config):
+    _all_three(rng, shape, torch.float16, config)
+
+
+def test_int64_offsets_match_reference(rng):
+    """The int64 path (taken on its own when an offset reaches 2**31) forced on small tensors."""
+    _all_three(rng, (1, 7, 4, 24, 2), torch.float32, LaunchConfig(tile=32, index64=True))
+
+
+def test_int64_offsets_chosen_when_an_offset_reaches_the_limit(rng, monkeypatch):
+    """The launcher switches to int64 offsets once the largest offset a lane forms (padding included) reaches
+    the limit: checked with the limit lowered to small tensors' reach, results still the reference's."""
+    from workbench.kernels import relayout
+
+    seen = []
+    real = relayout._TILED
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["WIDE"])
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(relayout, "_TILED", Recording())
+    received = torch.randn(2, 1, 5, 2, 8, generator=rng)  # 160 elements, largest offset 159
+    for limit, wide in ((160, False), (159, True)):  # SMALL_TILES: 2-row tiles, no padded rows here
+        monkeypatch.setattr(relayout, "_INT32_LIMIT", limit)
+        _equal(merge_heads(received, 2, SMALL_TILES), merge_heads_reference(received, 2), rng)
+        assert seen[-1] is wide, f"limit {limit}: WIDE={seen[-1]}"
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"kernel": "fast"}, r"LaunchConfig.kernel: 'fast'; allowed: \['tiled', 'legacy'\]"),
+        ({"tile": 3000}, r"LaunchConfig.tile: 3000; expected a power of two"),
+        ({"num_warps": 3}, r"LaunchConfig.num_warps: 3; allowed"),
+    ],
+)
+def test_bad_launch_config_raises(fields, message):
+    with pytest.raises(ValueError, match=message):
+        LaunchConfig(**fields)
+
+
+def test_config_must_be_a_launch_config(rng):
+    q, k, v = _fused_qkv(rng, 1, 4, 4, 8, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"relayout: config must be a LaunchConfig or None, got dict"):
+        pack_qkv(q, k, v, 2, {"tile": 16})
 
 
 @pytest.mark.parametrize(
