@@ -151,3 +151,15 @@ def test_vocoder_loss_prefers_the_right_tone_to_silence(rng):
 def test_train_tiny_bad_stage_raises(tmp_path, stage, resume):
     with pytest.raises(ValueError, match="stage"):
         TrainConfig(out=tmp_path, stage=stage, resume=resume).validate()
+
+
+def test_stft_loss_prefers_a_noisy_right_tone_to_near_silence(rng):
+    """The first vocoder learned near-silence (a tiny log floor let the many silent bins of a pure tone
+    outweigh the tone): the right tone over a noise floor ~50 dB down must score better than a whisper."""
+    time = np.arange(5280) / SAMPLE_RATE
+    hz = 100.0 * int(rng.integers(2, 17))
+    tone = torch.from_numpy(np.stack([0.3 * np.sin(2 * np.pi * hz * time)] * 2).astype(np.float32))[None]
+    noise = torch.from_numpy(rng.standard_normal(tone.shape).astype(np.float32))
+    right_but_noisy = tone + 1e-3 * noise  # about 50 dB below the tone
+    whisper = 0.01 * tone + 1e-4 * noise
+    assert float(stft_loss(right_but_noisy, tone)) < float(stft_loss(whisper, tone))

@@ -19,6 +19,7 @@ N_FFT = 512
 F_MIN, F_MAX = 60.0, 4000.0
 LOG_FLOOR = 1e-4
 LOG_CENTRE, LOG_SCALE = -4.0, 4.0  # maps log-magnitudes of silence..loud tones to about [-1, 1.5]
+STFT_LOG_EPS = 1e-2  # see stft_loss
 STFT_RESOLUTIONS = ((256, 64), (512, 128), (1024, 256))  # (n_fft, hop) pairs of the vocoder loss
 
 
@@ -58,7 +59,11 @@ def stft_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Multi-resolution STFT loss (spectral convergence + log-magnitude L1), blind to phase.
 
     Phase-blind on purpose: the tones' phases are random, so a waveform L1 would teach the vocoder to
-    output silence; the spectra say what a listener (and the pitch detector) hears.
+    output silence; the spectra say what a listener (and the pitch detector) hears. The log term compares
+    `log(|S| + STFT_LOG_EPS)`: with a tiny floor every silent bin of a pure tone weighs as much as the tone
+    itself and a near-silent output scores well (the first H200 run's vocoder learned exactly that: RMS
+    0.004 against 0.2). Started from that run's vocoder, on CPU, batch 8: with this floor, 700 steps gave
+    pitch and rhythm 0.92 on 24 held-out clips (RMS 0.14); with a 1e-5 clamp, 1,000 steps left pitch at 0.
     """
     length = min(prediction.shape[-1], target.shape[-1])
     prediction = prediction[..., :length].reshape(-1, length).float()
@@ -66,10 +71,12 @@ def stft_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     total = prediction.new_zeros(())
     for n_fft, hop in STFT_RESOLUTIONS:
         window = torch.hann_window(n_fft, device=prediction.device)
-        spec = [torch.stft(x, n_fft, hop, window=window, return_complex=True).abs() for x in (prediction, target)]
-        predicted, wanted = (s.clamp(min=1e-5) for s in spec)
+        predicted, wanted = (
+            torch.stft(x, n_fft, hop, window=window, return_complex=True).abs() for x in (prediction, target)
+        )
         convergence = torch.linalg.norm(wanted - predicted) / torch.linalg.norm(wanted).clamp(min=1e-5)
-        total = total + convergence + (predicted.log() - wanted.log()).abs().mean()
+        log_error = (torch.log(predicted + STFT_LOG_EPS) - torch.log(wanted + STFT_LOG_EPS)).abs().mean()
+        total = total + convergence + log_error
     return total / len(STFT_RESOLUTIONS)
 
 
@@ -77,8 +84,7 @@ def vocoder_loss(prediction: torch.Tensor, target: torch.Tensor, mel: torch.Tens
     """What the vocoder is trained on: `stft_loss` against the true waveform plus the L1 between the log-mel
     of its output and the mel it was given (`mel`, (B, C, frames, MEL_BINS), as `log_mel` makes them).
 
-    The mel term asks for exactly what the vocoder is for (its output, analysed as its input was, gives that
-    input back) with the representation's own floor, so loud tone bins count as much as the silent ones;
-    the STFT term alone, with its 1e-5 floor on every silent bin of a pure tone, rates a quiet output well.
+    The mel term asks for exactly what the vocoder is for: its output, analysed as its input was, gives that
+    input back.
     """
     return stft_loss(prediction, target) + (log_mel(prediction, mel.shape[2]) - mel).abs().mean()
