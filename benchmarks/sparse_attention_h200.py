@@ -62,7 +62,7 @@ def log(message: str) -> None:
 
 
 def arm(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> Any:
-    """Run one arm; its result, or its error with the traceback, goes into `results[name]`."""
+    """Run one arm; its result, or its error with the traceback, goes into `results[name]`, which is then written."""
     log(f"{name} ...")
     try:
         value = fn()
@@ -70,9 +70,11 @@ def arm(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> Any:
         results[name] = {"error": repr(error), "traceback": traceback.format_exc()[-3000:]}
         log(f"{name}: ERROR {error!r}")
         torch.cuda.empty_cache()
+        save(results)
         return None
     results[name] = value
     log(f"{name}: {value if not isinstance(value, dict) else {k: v for k, v in value.items() if k != 'rows'}}")
+    save(results)
     return value
 
 
@@ -255,11 +257,47 @@ def open_session() -> tuple[Session, dict[str, Any]]:
     return session, inputs
 
 
+def save(arms: dict[str, Any]) -> None:
+    """Write what is measured so far (called after every phase: a run cut short still hands back its rows)."""
+    ratios: dict[str, Any] = {}
+    for name, rows in (
+        ("structured", arms.get("structured")),
+        ("captured_middle_block", arms.get("captured_middle_block")),
+    ):
+        if isinstance(rows, dict) and "cudnn" in rows:
+            ratios[name] = {key: row["speedup_vs_cudnn"] for key, row in rows.items() if "speedup_vs_cudnn" in row}
+    e2e = arms.get("transformer_forward")
+    if isinstance(e2e, dict) and "speedup" in e2e:
+        ratios["transformer_forward_speedup_at_20pct"] = e2e["speedup"]
+    for name in ("launch_sweep_structured", "launch_sweep_captured_middle_block"):
+        rows = arms.get(name)
+        if isinstance(rows, dict) and "cudnn_ms" in rows:
+            ratios[name] = {
+                f"{launch}@{target}": {
+                    "call_vs_cudnn": rows[target][launch]["speedup_vs_cudnn"],
+                    "call_vs_previous": rows[target][launch]["call_speedup_vs_previous"],
+                    "kernel_vs_previous": rows[target][launch]["kernel_speedup_vs_previous"],
+                }
+                for target in (f"{d:.2f}" for d in DENSITIES)
+                for launch in CANDIDATES
+            }
+    shape = {"batch": 1, "heads": HEADS, "tokens": TOKENS, "head_dim": DIM, "dtype": "bfloat16", "grid": GRID}
+    notes = (
+        "Kernel times (median_ms) include the routing (block means, proxy scores, threshold, index compaction) "
+        "that every call pays; routing_ms and kernel_ms time the two parts alone (their sum can differ from the "
+        "call by launch gaps). block_sparse@ rows use the DEFAULT launch; launch_sweep_* compare the d9ed842 launch "
+        "('previous': heads-outer grid, 4 warps, 2 stages, fp32 mean K/V, argsort lists) with the candidates, "
+        "interleaved rounds, median of round medians; kernel_tflops_useful counts the routed exact pairs only. Dense arms are torch SDPA with the cuDNN and flash backends on contiguous (B, H, T, D) inputs; "
+        "the sparse arm reads the same tensors. Captured q/k/v come from random weights: the routing they give is "
+        "a property of this random model, not of a trained Wan. One-forward speed-up: median of 3 A/B rounds."
+    )
+    write(envelope("sparse-attention-h200", shape, arms, ratios, notes), "sparse-attention-h200")
+
+
 def main() -> None:
     arms: dict[str, Any] = {}
-    ratios: dict[str, Any] = {}
     arm(arms, "correctness", correctness)
-    structured = arm(arms, "structured", lambda: kernel_vs_dense(*structured_qkv(11), "structured"))
+    arm(arms, "structured", lambda: kernel_vs_dense(*structured_qkv(11), "structured"))
     arm(arms, "launch_sweep_structured", lambda: launch_sweep(*structured_qkv(11), "structured"))
 
     session, inputs = open_session()
@@ -333,37 +371,9 @@ def main() -> None:
         result["speedup"] = statistics.median(result["stock"]) / statistics.median(result["block_sparse"])
         return result
 
-    e2e = arm(arms, "transformer_forward", end_to_end)
+    arm(arms, "transformer_forward", end_to_end)
     arm(arms, "sol_attn_probe", lambda: {"importable": bool(sol_attn.probe())})
 
-    for name, rows in (("structured", structured), ("captured_middle_block", arms.get("captured_middle_block"))):
-        if isinstance(rows, dict) and "cudnn" in rows:
-            ratios[name] = {key: row["speedup_vs_cudnn"] for key, row in rows.items() if "speedup_vs_cudnn" in row}
-    if isinstance(e2e, dict):
-        ratios["transformer_forward_speedup_at_20pct"] = e2e["speedup"]
-    for name in ("launch_sweep_structured", "launch_sweep_captured_middle_block"):
-        rows = arms.get(name)
-        if isinstance(rows, dict) and "cudnn_ms" in rows:
-            ratios[name] = {
-                f"{launch}@{target}": {
-                    "call_vs_cudnn": rows[target][launch]["speedup_vs_cudnn"],
-                    "call_vs_previous": rows[target][launch]["call_speedup_vs_previous"],
-                    "kernel_vs_previous": rows[target][launch]["kernel_speedup_vs_previous"],
-                }
-                for target in (f"{d:.2f}" for d in DENSITIES)
-                for launch in CANDIDATES
-            }
-    shape = {"batch": 1, "heads": HEADS, "tokens": TOKENS, "head_dim": DIM, "dtype": "bfloat16", "grid": GRID}
-    notes = (
-        "Kernel times (median_ms) include the routing (block means, proxy scores, threshold, index compaction) "
-        "that every call pays; routing_ms and kernel_ms time the two parts alone (their sum can differ from the "
-        "call by launch gaps). block_sparse@ rows use the DEFAULT launch; launch_sweep_* compare the d9ed842 launch "
-        "('previous': heads-outer grid, 4 warps, 2 stages, fp32 mean K/V, argsort lists) with the candidates, "
-        "interleaved rounds, median of round medians; kernel_tflops_useful counts the routed exact pairs only. Dense arms are torch SDPA with the cuDNN and flash backends on contiguous (B, H, T, D) inputs; "
-        "the sparse arm reads the same tensors. Captured q/k/v come from random weights: the routing they give is "
-        "a property of this random model, not of a trained Wan. One-forward speed-up: median of 3 A/B rounds."
-    )
-    write(envelope("sparse-attention-h200", shape, arms, ratios, notes), "sparse-attention-h200")
     log("done")
 
 

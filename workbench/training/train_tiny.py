@@ -335,9 +335,9 @@ class _Run:
     @torch.no_grad()
     def _update_ema(self, step: int) -> None:
         decay = min(EMA_DECAY, (1 + step) / (10 + step))
-        for name in TRAINED["denoiser"]:
-            for key, param in self._params(name):
-                self.ema[f"{name}.{key}"].lerp_(param.detach(), 1 - decay)
+        pairs = [(self.ema[f"{n}.{k}"], p.detach()) for n in TRAINED["denoiser"] for k, p in self._params(n)]
+        averages, params = zip(*pairs, strict=True)
+        torch._foreach_lerp_(averages, params, 1 - decay)  # one launch per group, not one per tensor
 
     # ---- shared ------------------------------------------------------------------------------------------
     def _loop(self, stage: str, optimizer, step_fn, seconds: float, after_step=None) -> float:
