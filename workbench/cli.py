@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
     tiny.add_argument("--train-clips", type=int, default=4096)
     tiny.add_argument("--ae-batch", type=int, default=24, help="video clips per autoencoder step (audio: twice)")
-    tiny.add_argument("--denoise-batch", type=int, default=96)
+    tiny.add_argument("--denoise-batch", type=int, default=256)
     tiny.add_argument("--eval-requests", type=int, default=32, help="held-out requests generated at the end")
     tiny.add_argument(
         "--stage", choices=("vocoder", "denoiser"), help="with --resume: train only this stage for --minutes"

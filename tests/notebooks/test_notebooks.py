@@ -24,7 +24,7 @@ SUITE = ROOT / "data_manifests" / "tiny-smoke.json"
 def parameters(name: str, tmp_path: Path) -> dict:
     out = str(tmp_path / "out")
     return {
-        "00_quickstart": {"frames": 9, "steps": 2, "device": "cpu", "out": out},
+        "00_quickstart": {"frames": 9, "device": "cpu", "out": out, "held_out": 4},
         "10_explore": {"model": "tiny-wan", "device": "cpu", **TINY, "acceleration": "cross_kv_cache"},
         "20_qualify": {
             "model": "tiny-wan",

@@ -13,7 +13,7 @@ def test_quickstart_notebook_runs_without_error(tmp_path, kernel_env):
     papermill.execute_notebook(
         str(NOTEBOOK),
         str(executed),
-        parameters={"frames": 9, "steps": 2, "seed": 0, "device": "cpu", "out": str(tmp_path / "out")},
+        parameters={"frames": 9, "seed": 0, "device": "cpu", "out": str(tmp_path / "out"), "held_out": 4},
         kernel_name="python3",
         cwd=str(tmp_path),
         progress_bar=False,

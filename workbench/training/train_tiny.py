@@ -52,7 +52,7 @@ class TrainConfig:
     train_clips: int = 4096
     ae_share: float = 0.4
     ae_batch: int = 24
-    denoise_batch: int = 96
+    denoise_batch: int = 256
     ae_lr: float = 5e-4
     denoise_lr: float = 4e-4
     caption_dropout: float = 0.1
