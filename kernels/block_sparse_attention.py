@@ -324,7 +324,9 @@ PREVIOUS = Launch(group=1, num_warps=4, num_stages=2, heads_outer=True, bf16_mea
 """The launch measured at d9ed842 (kept for side-by-side timing; the kernel body has since changed only in
 how the out-of-range key mask is applied: a fused bias instead of a select)."""
 DEFAULT = Launch()
-"""Unmeasured guess until the H200 sweep in benchmarks/sparse_attention_h200.py picks one."""
+"""g1_w4_s3: the fastest whole call at 20 % density in the H200 sweep (5fdd1cf,
+benchmarks/results/2026-11-29-sparse-attention-h200-run2.json): 1.19x the d9ed842 launch on structured and on
+captured q/k/v, 2.22x cuDNN dense; 8 warps or 2 query blocks per program were slower."""
 CANDIDATES = {
     "previous": PREVIOUS,
     "g1_w4_s3": Launch(group=1, num_warps=4, num_stages=3),
