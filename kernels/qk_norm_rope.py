@@ -21,25 +21,46 @@ Two entry points, two contracts:
 
 - `rope_only` (contract: rounding): the rotary step alone on a (B, T, H, D) view. Same op sequence as torch,
   so it is bit-equal on the CPU interpreter (numpy never contracts); on a GPU the launcher passes
-  `enable_fp_fusion=False` and the equality is **unverified until measured**.
+  `enable_fp_fusion=False`, and every launch was measured torch.equal on an H200 at Wan's q/k shape (bf16 x,
+  float32 and float64 tables) and on small odd, strided and per-head-table cases (2026-11-29).
 - `qk_norm_rope` (contract: reduction): RMSNorm then the rotary step. torch 2.13's RMSNorm computes
   `(x.float() * rsqrt(mean(x.float() ** 2) + eps) * weight.float()).to(x.dtype)` (one rounding at the end;
   checked on CPU for bf16 and fp32). The kernel keeps every op after the mean, but its sum of squares is a
-  Triton tree reduction (evens and odds summed separately) and `rsqrt` is `1 / sqrt_rn`, so the per-row
-  scale can differ from torch's by an ulp or so. Bound (tested, vs a float64 ground truth of the whole
+  Triton tree reduction (tiled: one per head, the heads' sums added in order; legacy: evens and odds summed
+  separately over the row) and `rsqrt` is `1 / sqrt_rn`, so the per-row scale can differ from torch's by an
+  ulp or so. Bound (tested, vs a float64 ground truth of the whole
   chain): the kernel's max abs and relative L2 error are each at most 2x torch's own error plus 1e-7 of
   the output scale. See tests/kernels/test_qk_norm_rope.py.
 
 BF16_ROUNDING: fp32 -> bf16 is written out in integers (round to nearest even, as c10::BFloat16; NaN becomes
 0x7FC0) because the CPU interpreter's `.to(tl.bfloat16)` truncates.
 
-Shapes: `qk_norm_rope(x, weight, eps, freqs_cos, freqs_sin, heads)`: x (B, T, C) with C = heads * D, any
-strides; weight (C,) in x's dtype. `rope_only(x, freqs_cos, freqs_sin)`: x (B, T, H, D), any strides.
+Shapes: `qk_norm_rope(x, weight, eps, freqs_cos, freqs_sin, heads, config=None)`: x (B, T, C) with
+C = heads * D, any strides; weight (C,) in x's dtype. `rope_only(x, freqs_cos, freqs_sin, config=None)`:
+x (B, T, H, D), any strides.
 freqs (1 or B, T, 1 or H, D), float32 or float64, any strides. x in bfloat16 or float32; D even.
 Output: contiguous (B, T, H, D) in x's dtype.
+
+Launches (`LaunchConfig`; the result never depends on it, bit for bit, except qk_norm_rope's RMS sum order):
+`DEFAULT` runs the tiled kernel. A program owns BLOCK_R rows (b, t) and a group of heads (`heads`, all of them
+with the norm); row -> (b, t) is one int32 division per row, the head comes from the program and the loop, so no
+element index is divided. Each head's D channels are one contiguous [BLOCK_R, D] tile (16-byte loads and
+stores), split into its even and odd channels in registers (`tl.reshape` to [BLOCK_R, D/2, 2] + `tl.split`)
+and joined back before the store (`tl.join`); the (.., 1, D) tables are loaded the same way, once per program
+for all its heads, and head groups vary fastest over the grid, so the programs of one row tile run together and
+share those table rows in L2. `LEGACY` runs the first version (one tile = rows x channel pairs; each element's
+head and channel from an int64 division and modulo; stride-2 bf16 loads and stores), kept so
+benchmarks/rope_kernel_gpu.py can time both in one process.
+
+Measured (H200, Wan2.1-1.3B's q/k: x (1, 32760, 12, 128) bf16, (1, T, 1, 128) tables, 2026-11-29, triton 3.6):
+legacy 482 us (float32 tables, 12 % of the 4.17 TB/s copy bandwidth) and 679 us (float64); tiled with 4 heads
+per program 67 us (84 %) and 125 us (52 %; all heads per program: 117 us); torch's reference 973 / 1436 us.
+Every launch was torch.equal to `rope_reference` there.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -49,12 +70,50 @@ from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, d
 
 X_DTYPES = (torch.bfloat16, torch.float32)
 FREQ_DTYPES = (torch.float32, torch.float64)
-BLOCK_R = 16  # rope_only: rows (b, t) per program
-BLOCK_P = 64  # rope_only: (even, odd) pairs per program
-MAX_FUSED_PAIRS = 8192  # qk_norm_rope holds one whole row (C / 2 pairs) per program
+BLOCK_R = 16  # legacy rope_only: rows (b, t) per program
+BLOCK_P = 64  # legacy rope_only: (even, odd) pairs per program
+MAX_FUSED_PAIRS = 8192  # legacy qk_norm_rope holds one whole row (C / 2 pairs) per program
+KERNELS = ("tiled", "legacy")
 
 
-def _qk_norm_rope(
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How the kernels are launched on the GPU. Every config gives the same (bit-equal) rope_only result.
+
+    kernel: "tiled" (current) or "legacy" (the first version; its tiles are fixed and the other fields are
+    ignored). rows: rows (b, t) per program (a power of two). heads: heads per program in rope_only (more than
+    H means all; qk_norm_rope always takes all, its RMS spans them). num_warps: warps per program."""
+
+    kernel: str = "tiled"
+    rows: int = 16
+    heads: int = 4
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"LaunchConfig.kernel: {self.kernel!r}; allowed: {list(KERNELS)}")
+        if not isinstance(self.rows, int) or self.rows < 1 or self.rows & (self.rows - 1):
+            raise ValueError(f"LaunchConfig.rows: {self.rows!r}; expected a power of two >= 1")
+        if not isinstance(self.heads, int) or self.heads < 1:
+            raise ValueError(f"LaunchConfig.heads: {self.heads!r}; expected an int >= 1")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"LaunchConfig.num_warps: {self.num_warps!r}; allowed: 1, 2, 4, 8, 16")
+
+
+LEGACY = LaunchConfig(kernel="legacy")
+DEFAULT = LaunchConfig()  # fastest with float32 tables on the H200 (module doc; benchmarks/rope_kernel_gpu.py)
+CANDIDATES = {  # what the benchmark times side by side
+    "legacy": LEGACY,
+    "tiled": DEFAULT,
+    "tiled_h4_r32": LaunchConfig(rows=32),  # not yet measured
+    "tiled_h1": LaunchConfig(heads=1),
+    "tiled_h1_r32": LaunchConfig(heads=1, rows=32),
+    "tiled_h1_r8_w2": LaunchConfig(heads=1, rows=8, num_warps=2),
+    "tiled_all_heads": LaunchConfig(heads=64),
+}
+
+
+def _legacy_qk_norm_rope(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
     R, T, C, HALF_D, eps,
     x_sb, x_st, x_sh, x_sd,
@@ -124,7 +183,86 @@ def _qk_norm_rope(
         tl.store(out + 1, y2, mask=mask)
 
 
-_KERNEL = LazyKernel(_qk_norm_rope)
+_LEGACY = LazyKernel(_legacy_qk_norm_rope)
+
+
+def _tiled_qk_norm_rope(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
+    R, T, H, GROUPS, eps,
+    x_sb, x_st, x_sh, x_sd,
+    c_sb, c_st, c_sh, c_sd,
+    s_sb, s_st, s_sh, s_sd,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, HEADS: tl.constexpr, BLOCK_R: tl.constexpr,
+    NORM: tl.constexpr, X_BF16: tl.constexpr, F64: tl.constexpr, HEAD_TABLES: tl.constexpr,
+):  # fmt: skip
+    """Program `pid` = row tile pid // GROUPS (BLOCK_R rows (b, t)) x heads [h0, h0 + HEADS) of group
+    pid % GROUPS; with NORM one group holds every head. One head of the tile is a [BLOCK_R, BLOCK_D] block of
+    channels, read and written contiguously; the rotation works on its even/odd halves [BLOCK_R, BLOCK_D / 2]."""
+    pid = tl.program_id(0)
+    tile = pid // GROUPS  # head groups vary fastest: one row tile's programs share its table rows in L2
+    h0 = (pid - tile * GROUPS) * HEADS
+    rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t), int32 (R < 2**31)
+    b = rows // T  # one int32 division per row
+    t = (rows - b * T).to(tl.int64)
+    b = b.to(tl.int64)
+    cols = tl.arange(0, BLOCK_D).to(tl.int64)  # channel in the head
+    if BLOCK_D == D:
+        mask = tl.broadcast_to((rows < R)[:, None], (BLOCK_R, BLOCK_D))
+    else:
+        mask = (rows < R)[:, None] & (cols < D)[None, :]
+    x_at = x_ptr + (b * x_sb + t * x_st)[:, None] + (cols * x_sd)[None, :]  # [BLOCK_R, BLOCK_D], head 0
+    cos_at = cos_ptr + (b * c_sb + t * c_st)[:, None] + (cols * c_sd)[None, :]
+    sin_at = sin_ptr + (b * s_sb + t * s_st)[:, None] + (cols * s_sd)[None, :]
+    out_at = out_ptr + (rows.to(tl.int64) * (H * D))[:, None] + cols[None, :]
+    # per-head steps in int64 (tl.cast: a stride of 1 arrives as a constexpr when compiled)
+    x_sh = tl.cast(x_sh, tl.int64)
+    c_sh = tl.cast(c_sh, tl.int64)
+    s_sh = tl.cast(s_sh, tl.int64)
+    if not HEAD_TABLES:  # (.., 1, D) tables: one load for every head of the program; cos at 2j, sin at 2j + 1
+        cos, _ = tl.split(tl.reshape(tl.load(cos_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
+        _, sin = tl.split(tl.reshape(tl.load(sin_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
+    if NORM:  # RMS over the whole row (every head), in fp32; see the module doc for the order of the sum
+        squares = tl.full([BLOCK_R], 0.0, tl.float32)  # not tl.zeros: a JITFunction, as tl.sum (legacy kernel)
+        for h in range(0, H):
+            x = tl.load(x_at + h * x_sh, mask=mask, other=0.0).to(tl.float32)
+            squares += tl.reduce(x * x, 1, tl.standard._sum_combine)  # tl.sum: see the legacy kernel
+        ms = tl.math.div_rn(squares, tl.cast(H * D, tl.float32))
+        r = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))[:, None]
+    for h in range(h0, tl.minimum(h0 + HEADS, H)):
+        x = tl.load(x_at + h * x_sh, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_D]
+        if NORM:
+            w = tl.load(w_ptr + h * D + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+            x = (x * r) * w
+            if X_BF16:  # torch rounds RMSNorm's output to x's dtype (BF16_ROUNDING)
+                bits = x.to(tl.uint32, bitcast=True)
+                bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
+                x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+        if HEAD_TABLES:
+            cos, _ = tl.split(tl.reshape(tl.load(cos_at + h * c_sh, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
+            _, sin = tl.split(tl.reshape(tl.load(sin_at + h * s_sh, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
+        x1, x2 = tl.split(tl.reshape(x, [BLOCK_R, BLOCK_D // 2, 2]))  # channels 2j, 2j + 1: [BLOCK_R, BLOCK_D / 2]
+        if F64:  # promote(x, float64): the arithmetic runs in float64 (the upcast is exact)
+            x1 = x1.to(tl.float64)
+            x2 = x2.to(tl.float64)
+        a = x1 * cos  # each product and sum rounded on its own (enable_fp_fusion=False)
+        bb = x2 * sin
+        y1 = a - bb
+        c = x1 * sin
+        d = x2 * cos
+        y2 = c + d
+        y = tl.reshape(tl.join(y1, y2), [BLOCK_R, BLOCK_D])  # channel order again: 2j <- y1, 2j + 1 <- y2
+        if F64:  # torch casts float64 -> float32 first, then (for bf16) float32 -> bf16
+            y = y.to(tl.float32)
+        if X_BF16:  # BF16_ROUNDING
+            bits = y.to(tl.uint32, bitcast=True)
+            bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
+            bits = tl.where(y != y, 0x7FC0, bits)
+            tl.store(out_at + h * D, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+        else:
+            tl.store(out_at + h * D, y, mask=mask)
+
+
+_TILED = LazyKernel(_tiled_qk_norm_rope)
 
 
 def rope_reference(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
@@ -161,30 +299,53 @@ def _check_freqs(name: str, x_shape: tuple[int, ...], freqs_cos: torch.Tensor, f
     return freqs_cos.expand(b, t, h, d), freqs_sin.expand(b, t, h, d)
 
 
-def _launch(x4, weight, eps, cos, sin, norm):
+def _config(config: LaunchConfig | None) -> LaunchConfig:
+    if config is None:
+        return DEFAULT
+    if not isinstance(config, LaunchConfig):
+        raise ValueError(f"qk_norm_rope: config must be a LaunchConfig or None, got {type(config).__name__}")
+    return config
+
+
+def _launch(x4, weight, eps, cos, sin, norm, config):
     b, t, h, d = x4.shape
     c = h * d
     out = torch.empty((b, t, h, d), dtype=x4.dtype, device=x4.device)
     if out.numel() == 0:
         return out
-    if norm:
-        block_p = triton.next_power_of_2(c // 2)
-        block_r = max(1, min(16, 1024 // block_p))
-        grid = (triton.cdiv(b * t, block_r), 1)
-    else:
-        block_r, block_p = pointwise_tile(b * t, c // 2, BLOCK_R, BLOCK_P)
-        grid = (triton.cdiv(b * t, block_r), triton.cdiv(c // 2, block_p))
-    _KERNEL[grid](
-        x4, weight if norm else x4, cos, sin, out, b * t, t, c, d // 2, float(eps),
+    flags = {"NORM": norm, "X_BF16": x4.dtype == torch.bfloat16, "F64": cos.dtype == torch.float64}
+    if config.kernel == "legacy":
+        if norm:
+            block_p = triton.next_power_of_2(c // 2)
+            block_r = max(1, min(16, 1024 // block_p))
+            grid = (triton.cdiv(b * t, block_r), 1)
+        else:
+            block_r, block_p = pointwise_tile(b * t, c // 2, BLOCK_R, BLOCK_P)
+            grid = (triton.cdiv(b * t, block_r), triton.cdiv(c // 2, block_p))
+        _LEGACY[grid](
+            x4, weight if norm else x4, cos, sin, out, b * t, t, c, d // 2, float(eps),
+            *x4.stride(), *cos.stride(), *sin.stride(),
+            **flags, BLOCK_R=block_r, BLOCK_P=block_p, enable_fp_fusion=False,
+        )  # fmt: skip
+        return out
+    block_d = triton.next_power_of_2(d)
+    block_r, _ = pointwise_tile(b * t, block_d, config.rows, block_d)
+    heads = h if norm else min(config.heads, h)
+    groups = triton.cdiv(h, heads)
+    _TILED[(triton.cdiv(b * t, block_r) * groups,)](
+        x4, weight if norm else x4, cos, sin, out, b * t, t, h, groups, float(eps),
         *x4.stride(), *cos.stride(), *sin.stride(),
-        NORM=norm, X_BF16=x4.dtype == torch.bfloat16, F64=cos.dtype == torch.float64,
-        BLOCK_R=block_r, BLOCK_P=block_p, enable_fp_fusion=False,
+        D=d, BLOCK_D=block_d, HEADS=heads, BLOCK_R=block_r, **flags,
+        HEAD_TABLES=cos.stride(2) != 0 or sin.stride(2) != 0, num_warps=config.num_warps, enable_fp_fusion=False,
     )  # fmt: skip
     return out
 
 
-def rope_only(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
-    """`rope_reference(x, freqs_cos, freqs_sin)` in one pass; bit-equal on the interpreter (module doc)."""
+def rope_only(
+    x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, config: LaunchConfig | None = None
+) -> torch.Tensor:
+    """`rope_reference(x, freqs_cos, freqs_sin)` in one pass; bit-equal on the interpreter (module doc).
+    `config`: the launch (None: `DEFAULT`)."""
     name = "rope_only"
     check_float(name, "x", x, X_DTYPES)
     if x.ndim != 4:
@@ -194,7 +355,7 @@ def rope_only(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor)
         raise ValueError(f"{name}: head dim D must be even, got {d}")
     cos, sin = _check_freqs(name, tuple(x.shape), freqs_cos, freqs_sin)
     check_runtime(name, x, cos, sin)
-    return _launch(x, None, 0.0, cos, sin, norm=False)
+    return _launch(x, None, 0.0, cos, sin, False, _config(config))
 
 
 def qk_norm_rope(
@@ -204,8 +365,10 @@ def qk_norm_rope(
     freqs_cos: torch.Tensor,
     freqs_sin: torch.Tensor,
     heads: int,
+    config: LaunchConfig | None = None,
 ) -> torch.Tensor:
-    """`reference(...)` in one pass (contract: reduction; the RMS sum's order differs, see module doc)."""
+    """`reference(...)` in one pass (contract: reduction; the RMS sum's order differs, see module doc).
+    `config`: the launch (None: `DEFAULT`)."""
     name = "qk_norm_rope"
     check_float(name, "x", x, X_DTYPES)
     check_float(name, "weight", weight, (x.dtype,))
@@ -218,12 +381,13 @@ def qk_norm_rope(
         raise ValueError(f"{name}: weight has shape {tuple(weight.shape)}; expected ({c},)")
     if not eps >= 0:
         raise ValueError(f"{name}: eps must be >= 0, got {eps}")
-    if c // 2 > MAX_FUSED_PAIRS:
+    config = _config(config)
+    if config.kernel == "legacy" and c // 2 > MAX_FUSED_PAIRS:
         raise ValueError(f"{name}: C={c} is wider than this kernel holds in one program ({2 * MAX_FUSED_PAIRS})")
     d = c // heads
     cos, sin = _check_freqs(name, (b, t, heads, d), freqs_cos, freqs_sin)
     check_runtime(name, x, weight, cos, sin)
-    return _launch(x.unflatten(2, (heads, d)), weight.contiguous(), eps, cos, sin, norm=True)
+    return _launch(x.unflatten(2, (heads, d)), weight.contiguous(), eps, cos, sin, True, config)
 
 
 def cost(

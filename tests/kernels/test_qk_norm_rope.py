@@ -1,7 +1,17 @@
 import pytest
 import torch
 
-from workbench.kernels.qk_norm_rope import cost, qk_norm_rope, reference, rope_only, rope_reference
+from workbench.kernels.qk_norm_rope import (
+    CANDIDATES,
+    DEFAULT,
+    LEGACY,
+    LaunchConfig,
+    cost,
+    qk_norm_rope,
+    reference,
+    rope_only,
+    rope_reference,
+)
 
 SHAPES = [(1, 151, 2, 16), (1, 127, 2, 128), (2, 33, 3, 6)]  # (B, T, H, D)
 # several programs along rows and pairs, also under the interpreter's larger tiles
@@ -60,6 +70,74 @@ def test_rope_only_float64_tables_round_through_float32(rng):
     assert torch.equal(rope_only(x, cos, sin), want), f"seed {rng.initial_seed()}"
 
 
+# ---------------------------------------------------------------------- the tiled launch against the legacy one
+
+TILED = {name: c for name, c in CANDIDATES.items() if c.kernel == "tiled"}
+TILED["tiled_h2_w1"] = LaunchConfig(heads=2, num_warps=1)  # at H = 5, a partial last head group
+
+
+def _x_view(rng, shape, dtype, layout):
+    """x (B, T, H, D) as the plugin may see it, never contiguous: `transposed` (H and D swapped in memory) or
+    `fused` (the q slice of a fused (B, T, 3C) projection, unflattened to heads: row stride 3C)."""
+    b, t, h, d = shape
+    if layout == "transposed":
+        return (torch.randn(b, t, d, h, generator=rng) * 2 + 0.1).to(dtype).transpose(2, 3)
+    fused = (torch.randn(b, t, 3 * h * d, generator=rng) * 2 + 0.1).to(dtype)
+    return fused[..., h * d : 2 * h * d].unflatten(2, (h, d))
+
+
+def _random_tables(rng, shape, freqs_dtype, per_head):
+    """Tables whose every entry differs (a swapped cos/sin or channel index shows): (1, T, 1, D) shared over
+    batch and heads, or (B, T, H, D) with `per_head`."""
+    b, t, h, d = shape
+    size = (b, t, h, d) if per_head else (1, t, 1, d)
+    angles = torch.rand(size, generator=rng, dtype=torch.float64) * 40 + 0.1
+    return angles.cos().to(freqs_dtype), angles.sin().to(freqs_dtype)
+
+
+@pytest.mark.parametrize("shape", [(2, 37, 3, 16), (1, 37, 12, 128), (2, 37, 3, 6)])
+@pytest.mark.parametrize("x_dtype", X_DTYPES)
+@pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("layout", ["transposed", "fused"])
+def test_rope_only_tiled_kernel_equals_reference_and_legacy(rng, shape, x_dtype, freqs_dtype, per_head, layout):
+    x = _x_view(rng, shape, x_dtype, layout)
+    cos, sin = _random_tables(rng, shape, freqs_dtype, per_head)
+    got = rope_only(x, cos, sin)
+    legacy = rope_only(x, cos, sin, LEGACY)
+    want = rope_reference(x, cos, sin)
+    assert got.dtype == x_dtype and got.shape == want.shape and got.is_contiguous()
+    assert torch.equal(got, want), f"seed {rng.initial_seed()}: {(got != want).sum()} elements differ"
+    assert torch.equal(got, legacy), f"seed {rng.initial_seed()}: {(got != legacy).sum()} differ from legacy"
+
+
+@pytest.mark.parametrize("name", list(TILED))
+@pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
+@pytest.mark.parametrize("per_head", [False, True])
+def test_rope_only_every_tiled_kernel_launch_is_bit_equal(rng, name, freqs_dtype, per_head):
+    shape = (2, 37, 5, 32)
+    x = _x_view(rng, shape, torch.bfloat16, "fused")
+    cos, sin = _random_tables(rng, shape, freqs_dtype, per_head)
+    got = rope_only(x, cos, sin, TILED[name])
+    assert torch.equal(got, rope_reference(x, cos, sin)), f"seed {rng.initial_seed()}"
+    assert torch.equal(got, rope_only(x, cos, sin, LEGACY)), f"seed {rng.initial_seed()}"
+
+
+def test_kernel_launch_configs_default_and_bad_values():
+    assert DEFAULT.kernel == "tiled" and LEGACY.kernel == "legacy" and CANDIDATES["legacy"] is LEGACY
+    for bad, message in (
+        ({"kernel": "fast"}, r"LaunchConfig.kernel: 'fast'"),
+        ({"rows": 12}, r"LaunchConfig.rows: 12"),
+        ({"heads": 0}, r"LaunchConfig.heads: 0"),
+        ({"num_warps": 3}, r"LaunchConfig.num_warps: 3"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            LaunchConfig(**bad)
+    x = torch.randn(1, 3, 2, 4)
+    with pytest.raises(ValueError, match=r"config must be a LaunchConfig or None, got str"):
+        rope_only(x, x[:, :, :1], x[:, :, :1], "legacy")
+
+
 def _errors(got: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
     diff = got.double() - truth
     return diff.abs().max().item(), (diff.norm() / truth.norm()).item()
@@ -68,14 +146,15 @@ def _errors(got: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("x_dtype", X_DTYPES)
 @pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
-def test_qk_norm_rope_error_bound_against_float64(rng, shape, x_dtype, freqs_dtype):
+@pytest.mark.parametrize("config", [DEFAULT, LEGACY], ids=["tiled", "legacy"])
+def test_qk_norm_rope_error_bound_against_float64(rng, shape, x_dtype, freqs_dtype, config):
     """Contract `reduction`: error vs the float64 chain at most 2x torch's own (+1e-7 of the output scale)."""
     b, t, h, d = shape
     x = _x3(rng, shape, x_dtype)
     weight = (1 + 0.2 * torch.randn(h * d, generator=rng)).to(x_dtype)
     cos, sin = _freqs(rng, t, d, freqs_dtype)
     eps = 1e-6
-    got = qk_norm_rope(x, weight, eps, cos, sin, h)
+    got = qk_norm_rope(x, weight, eps, cos, sin, h, config)
     want = reference(x, weight, eps, cos, sin, h)
     truth = reference(x.double(), weight.double(), eps, cos.double(), sin.double(), h)
     assert got.dtype == x_dtype and got.shape == (b, t, h, d) and got.is_contiguous()
