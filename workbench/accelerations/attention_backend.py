@@ -2,6 +2,8 @@
 
 Another kernel computes the same softmax attention with a different reduction order. The receipt
 counts calls that reached the chosen backend's function, so a configured-but-bypassed backend shows.
+The count runs inside each transformer block, so it goes through `Receipt.count`: under
+regional_compile a Python counter would be guarded on its value and every call would recompile.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ CUDA_ONLY = ("cudnn", "flash", "efficient", "sage", "xformers", "aiter", "npu", 
 
 
 class _Installed(Handle):
-    def __init__(self, spec: Spec, options: dict[str, Any], modules: list[torch.nn.Module], backend: str):
+    def __init__(
+        self, spec: Spec, options: dict[str, Any], modules: list[torch.nn.Module], backend: str, device: torch.device
+    ):
         super().__init__(spec, options, proof=("attention_calls",))
+        self.receipt.traceable(device, counters=("attention_calls",))
         self.modules = modules
         self.backend = AttentionBackendName(backend)
         self.previous_active = _AttentionBackendRegistry._active_backend
@@ -39,7 +44,7 @@ class _Installed(Handle):
         receipt = self.receipt
 
         def counted(**kwargs: Any) -> Any:
-            receipt.counters["attention_calls"] += 1
+            receipt.count("attention_calls")
             return self.original_fn(**kwargs)
 
         for module in modules:
@@ -64,7 +69,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     except RuntimeError as error:
         raise RuntimeError(f"attention_backend.backend={options['backend']!r} cannot run here: {error}") from error
     modules = model.denoisers()
-    return lambda: _Installed(SPEC, options, modules, backend)
+    return lambda: _Installed(SPEC, options, modules, backend, device)
 
 
 SPEC = Spec(

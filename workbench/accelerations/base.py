@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,16 +63,51 @@ class Option:
 
 @dataclass
 class Receipt:
-    """What a plugin did in one request. `executed` is true only if a counter in `proof` is non-zero."""
+    """What a plugin did in one request. `executed` is true only if a counter in `proof` is non-zero.
+
+    Code that can run inside a compiled region (a transformer block under regional_compile or a user's
+    torch.compile) counts with `count` / `count_fallback`, never `counters[key] += 1`: dynamo guards on
+    the value of a Python int the traced code changes, so every call would recompile (with
+    fullgraph=True: FailOnRecompileLimitHit). While compiling, a count is an in-place add on a 0-dim
+    int64 tensor made at install time by `traceable`; dynamo lifts it as a graph input and guards its
+    dtype, device and shape, not its value. Reading the receipt (`executed`, `to_dict`) folds those in.
+    """
 
     proof: tuple[str, ...]
     counters: Counter = field(default_factory=Counter)
     fallbacks: Counter = field(default_factory=Counter)  # reason -> count
     notes: dict[str, Any] = field(default_factory=dict)
+    traced_counters: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> count made in compiled code
+    traced_fallbacks: dict[str, torch.Tensor] = field(default_factory=dict)  # reason -> count made in compiled code
 
     @property
     def executed(self) -> bool:
+        self.fold()
         return any(self.counters[key] > 0 for key in self.proof)
+
+    def traceable(self, device: torch.device, counters: Iterable[str] = (), fallbacks: Iterable[str] = ()) -> None:
+        """Make the tensors that counts in compiled code add to, on the device the model runs on. At install
+        time: a tensor made while tracing would belong to the graph, not to this receipt."""
+        for tensors, keys in ((self.traced_counters, counters), (self.traced_fallbacks, fallbacks)):
+            for key in keys:
+                tensors[key] = torch.zeros((), dtype=torch.int64, device=device)
+                torch._dynamo.mark_static_address(tensors[key])  # reduce-overhead: CUDA graphs may mutate it
+
+    def count(self, key: str, n: int = 1) -> None:
+        """`counters[key] += n`, also inside compiled code (see the class docstring)."""
+        _add(self.counters, self.traced_counters, key, n)
+
+    def count_fallback(self, reason: str, n: int = 1) -> None:
+        """`fallbacks[reason] += n`, also inside compiled code (see the class docstring)."""
+        _add(self.fallbacks, self.traced_fallbacks, reason, n)
+
+    def fold(self) -> None:
+        """Move the counts made in compiled code into `counters` / `fallbacks` (one host read per tensor)."""
+        for python, tensors in ((self.counters, self.traced_counters), (self.fallbacks, self.traced_fallbacks)):
+            for key, tensor in tensors.items():
+                if value := int(tensor):
+                    python[key] += value
+                    tensor.zero_()
 
     def record_decision(self, branch: str, decision: str) -> None:
         """A feature cache's step: computed (C) or reused (R), counted and kept as a per-branch sequence (CCRRC)."""
@@ -84,14 +119,26 @@ class Receipt:
         self.counters.clear()
         self.fallbacks.clear()
         self.notes.clear()
+        for tensor in (*self.traced_counters.values(), *self.traced_fallbacks.values()):
+            tensor.zero_()
 
     def to_dict(self) -> dict[str, Any]:
+        executed = self.executed  # folds the counts made in compiled code in first
         return {
-            "executed": self.executed,
+            "executed": executed,
             **{key: int(value) for key, value in sorted(self.counters.items())},
             "fallbacks": dict(self.fallbacks),
             **({"notes": dict(self.notes)} if self.notes else {}),
         }
+
+
+def _add(python: Counter, tensors: dict[str, torch.Tensor], key: str, n: int) -> None:
+    if not torch.compiler.is_compiling():
+        python[key] += n
+        return
+    if key not in tensors:  # fullgraph=True reports this; otherwise dynamo runs the count eagerly
+        raise RuntimeError(f"receipt count {key!r} ran in compiled code without a tensor from Receipt.traceable")
+    tensors[key].add_(n)
 
 
 class Handle:

@@ -80,6 +80,15 @@ HOW_TO_START = (
     "notebook, or torchrun and `workbench.distributed.init_worker()`"
 )
 _SEAM = ("TemplatedUlyssesAttention", "TemplatedRingAttention", "_all_to_all_single")
+# Counted inside the blocks' attention, so through Receipt.count (compile-safe).
+_COUNTERS = (
+    "cp_attention_calls",
+    "all_to_all_calls",
+    "ring_calls",
+    "direct_relayout_calls",
+    "reference_relayout_calls",
+)
+_SHAPES_DIFFER = "q/k/v shapes differ: diffusers' Ulysses relayout ran"
 _owner: list[_Installed] = []  # the one install holding the attention_dispatch seam in this process
 _configs: dict[tuple, tuple[Any, ParallelConfig]] = {}  # (device, degrees, group) -> set-up config (groups once)
 
@@ -94,6 +103,7 @@ class _Installed(Handle):
         vae: Any = None,
     ):
         super().__init__(spec, options, proof=("cp_attention_calls",))
+        self.receipt.traceable(device, counters=_COUNTERS, fallbacks=(_SHAPES_DIFFER,))
         if _owner:
             raise RuntimeError("context_parallel: already installed on another model in this process; uninstall it")
         self.denoisers = denoisers
@@ -136,7 +146,7 @@ class _Installed(Handle):
         receipt = self.receipt
 
         def all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
-            receipt.counters["all_to_all_calls"] += 1
+            receipt.count("all_to_all_calls")
             return original(x, group)
 
         return all_to_all
@@ -190,12 +200,12 @@ class _UlyssesSeam:
 
     def apply(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *rest: Any) -> Any:
         receipt = self.handle.receipt
-        receipt.counters["cp_attention_calls"] += 1
+        receipt.count("cp_attention_calls")
         mode = self.handle.mode
         if mode == "diffusers":
             return self.original.apply(query, key, value, *rest)
         if not query.shape == key.shape == value.shape:
-            receipt.fallbacks["q/k/v shapes differ: diffusers' Ulysses relayout ran"] += 1
+            receipt.count_fallback(_SHAPES_DIFFER)
             return self.original.apply(query, key, value, *rest)
         if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
             raise RuntimeError(
@@ -211,8 +221,8 @@ class _RingSeam:
         self.handle, self.original = handle, original
 
     def apply(self, *args: Any) -> Any:
-        self.handle.receipt.counters["cp_attention_calls"] += 1
-        self.handle.receipt.counters["ring_calls"] += 1
+        self.handle.receipt.count("cp_attention_calls")
+        self.handle.receipt.count("ring_calls")
         return self.original.apply(*args)
 
 
@@ -271,7 +281,7 @@ class _WorkbenchUlysses(torch.autograd.Function):
         if return_lse:
             out, lse, *_ = out
         out = merge(ad._all_to_all_single(split(out, world), group), world)  # (B, T_local, H, D)
-        handle.receipt.counters[counter] += 3
+        handle.receipt.count(counter, 3)
         if return_lse:  # (B, T_full, H/W): diffusers' own small relayout
             lse = lse.reshape(b, world, t_local, hw).permute(1, 3, 0, 2).contiguous()
             lse = ad._all_to_all_single(lse, group).flatten(0, 1).permute(1, 2, 0).contiguous()

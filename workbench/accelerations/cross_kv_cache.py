@@ -21,8 +21,9 @@ TEXT_CROSS_ATTENTION = {"wan": ("attn2",), "ltx2": ("attn2", "audio_attn2")}
 
 
 class _Installed(Handle):
-    def __init__(self, spec: Spec, options: dict[str, Any], projections: list[torch.nn.Module]):
+    def __init__(self, spec: Spec, options: dict[str, Any], projections: list[torch.nn.Module], device: torch.device):
         super().__init__(spec, options, proof=("hits",))
+        self.receipt.traceable(device, counters=("hits", "misses"))  # counted inside the blocks
         self.projections = projections
         self.snapshots: list[torch.Tensor] = []  # copies of the distinct inputs seen this request
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}  # (module id, snapshot index) -> projection
@@ -37,9 +38,9 @@ class _Installed(Handle):
         def forward(x: torch.Tensor) -> torch.Tensor:
             index = self._snapshot_index(x)
             if (key_module, index) in self.outputs:
-                self.receipt.counters["hits"] += 1
+                self.receipt.count("hits")
                 return self.outputs[(key_module, index)]
-            self.receipt.counters["misses"] += 1
+            self.receipt.count("misses")
             out = original(x)
             self.outputs[(key_module, index)] = out
             return out
@@ -89,7 +90,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
                 projections += [module.to_k, module.to_v]
     if not projections:
         raise RuntimeError(f"cross_kv_cache: found no {names} modules in the denoiser")
-    return lambda: _Installed(SPEC, options, projections)
+    return lambda: _Installed(SPEC, options, projections, device)
 
 
 SPEC = Spec(

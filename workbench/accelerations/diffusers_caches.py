@@ -25,6 +25,8 @@ from diffusers.hooks._helpers import TransformerBlockRegistry
 from workbench.accelerations.base import Handle, Option, Spec, drop_restored_forwards
 
 FEED_FORWARD_NAMES = ("ffn", "ff")
+# Counted by hooks inside the blocks, so through Receipt.count (compile-safe).
+COUNTERS = ("block_calls", "blocks_executed", "attention_calls", "attention_executed")
 
 
 def _blocks(model: Any, denoiser: torch.nn.Module) -> list[torch.nn.Module]:
@@ -35,6 +37,7 @@ class _Installed(Handle):
     def __init__(self, spec: Spec, options: dict[str, Any], model: Any, config_fn: Callable[[], Any]):
         super().__init__(spec, options, proof=("blocks_skipped", "attention_skipped"))
         self.denoisers = model.denoisers()
+        self.receipt.traceable(self.denoisers[0].device, counters=COUNTERS)
         self.hooks = []
         for denoiser in self.denoisers:
             for block in _blocks(model, denoiser):
@@ -53,7 +56,7 @@ class _Installed(Handle):
 
     def _count(self, module: torch.nn.Module, counter: str) -> None:
         def bump(*_: Any) -> None:
-            self.receipt.counters[counter] += 1
+            self.receipt.count(counter)
 
         self.hooks.append(module.register_forward_pre_hook(bump))
 
@@ -63,6 +66,7 @@ class _Installed(Handle):
             denoiser._reset_stateful_cache()
 
     def end_request(self, request_id: int) -> None:
+        self.receipt.fold()
         c = self.receipt.counters
         c["blocks_skipped"] = c["block_calls"] - c["blocks_executed"]
         c["attention_skipped"] = c["attention_calls"] - c["attention_executed"]

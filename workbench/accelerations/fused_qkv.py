@@ -36,8 +36,9 @@ def _fusable(model: Any) -> list[torch.nn.Module]:
 
 
 class _Installed(Handle):
-    def __init__(self, spec: Spec, options: dict[str, Any], attentions: list[torch.nn.Module]):
+    def __init__(self, spec: Spec, options: dict[str, Any], attentions: list[torch.nn.Module], device: torch.device):
         super().__init__(spec, options, proof=("fused_projection_calls",))
+        self.receipt.traceable(device, counters=("fused_projection_calls",))  # counted inside the blocks
         self.attentions: list[torch.nn.Module] = []
         self.hooks = []
         try:
@@ -52,7 +53,7 @@ class _Installed(Handle):
             raise
 
     def _count(self, *_: Any) -> None:
-        self.receipt.counters["fused_projection_calls"] += 1
+        self.receipt.count("fused_projection_calls")
 
     def _remove(self) -> None:
         for hook in self.hooks:
@@ -65,7 +66,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     attentions = _fusable(model)
     if not attentions:
         raise RuntimeError(f"fused_qkv: no fusable attention modules in {model.family.name}'s denoiser")
-    return lambda: _Installed(SPEC, options, attentions)
+    return lambda: _Installed(SPEC, options, attentions, device)
 
 
 SPEC = Spec(

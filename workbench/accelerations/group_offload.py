@@ -32,6 +32,7 @@ HOOK_NAMES = (_LAZY_PREFETCH_GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER, _GROUP_
 class _Installed(Handle):
     def __init__(self, spec: Spec, options: dict[str, Any], denoisers: list[torch.nn.Module], device: torch.device):
         super().__init__(spec, options, proof=("onloads",))
+        self.receipt.traceable(device, counters=("onloads", "offloads"))  # counted in the blocks' offload hooks
         self.denoisers = denoisers
         self.device = device
         try:
@@ -64,7 +65,7 @@ class _Installed(Handle):
         receipt = self.receipt
 
         def call() -> Any:
-            receipt.counters[counter] += 1
+            receipt.count(counter)
             return method()
 
         return call

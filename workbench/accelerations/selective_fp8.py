@@ -80,8 +80,17 @@ def _layer_problem(module: torch.nn.Linear) -> str | None:
 
 
 class _Installed(Handle):
-    def __init__(self, spec: Spec, options: dict[str, Any], denoisers: list[torch.nn.Module], plan: list[Layer]):
+    def __init__(
+        self,
+        spec: Spec,
+        options: dict[str, Any],
+        denoisers: list[torch.nn.Module],
+        plan: list[Layer],
+        device: torch.device,
+    ):
         super().__init__(spec, options, proof=("fp8_gemms",))
+        problems = {problem for _, _, problem in plan if problem is not None}
+        self.receipt.traceable(device, counters=("fp8_gemms",), fallbacks=problems)  # counted inside the blocks
         quantize_, config_cls, per_row = _torchao()
         self.kept: list[tuple[torch.nn.Linear, torch.nn.Parameter, set[str]]] = []
         self.hooks = []
@@ -105,9 +114,9 @@ class _Installed(Handle):
     def _counter(self, problem: str | None):
         def bump(*_: Any) -> None:
             if problem is None:
-                self.receipt.counters["fp8_gemms"] += 1
+                self.receipt.count("fp8_gemms")
             else:
-                self.receipt.fallbacks[problem] += 1
+                self.receipt.count_fallback(problem)
 
         return bump
 
@@ -155,7 +164,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
             "bf16 weights and features that are multiples of 16; allow_fallback=True keeps such layers dense "
             "and counts them as fallbacks"
         )
-    return lambda: _Installed(SPEC, options, denoisers, plan)
+    return lambda: _Installed(SPEC, options, denoisers, plan, device)
 
 
 SPEC = Spec(

@@ -36,6 +36,16 @@ from workbench.accelerations.base import Option, Receipt, drop_restored_forwards
 
 STEP_HOOK = "workbench_sparse_routing_step"
 FAMILY = "family"  # sink_tokens / protect_prefix: take the rows from the family adapter, per call
+# Counted inside the blocks' attention, so through Receipt.count (compile-safe).
+COUNTERS = (
+    "sparse_calls",
+    "protected_rows",
+    "dense_calls",
+    "unqualified_calls",
+    "dense_step_calls",
+    "dense_block_calls",
+)
+PERTURBED = "processor skipped attention (perturbed pass)"
 
 
 @dataclass(frozen=True)
@@ -151,7 +161,7 @@ class _Routed:
             _CURRENT.reset(token)
         if call.kwargs is None:
             if kwargs.get("perturbation_mask") is not None or kwargs.get("all_perturbed"):
-                router.receipt.fallbacks["processor skipped attention (perturbed pass)"] += 1
+                router.receipt.count_fallback(PERTURBED)
             else:
                 raise RuntimeError(
                     f"{router.name}: block {self.block}'s self-attention did not reach the sparse kernel (its "
@@ -233,6 +243,7 @@ class Router:
     def install(self) -> None:
         if self.receipt is None:
             raise RuntimeError(f"{self.name}: the router has no receipt to count into")
+        self.receipt.traceable(self.denoisers[0].device, counters=COUNTERS, fallbacks=(PERTURBED,))
         for _, _, module in self.modules:
             name = _backend_of(module.processor)
             current = _AttentionBackendRegistry._backends[name]
@@ -269,7 +280,6 @@ class Router:
 
     def decide(self, block: int, rows: int) -> Settings | None:
         """The Settings for a sparse call, or None after counting why this one runs dense."""
-        counters = self.receipt.counters
         self.receipt.notes["prefix_rows"] = self.prefix
         settings = self.settings_for(rows - self.prefix)
         reason = None
@@ -281,8 +291,8 @@ class Router:
             reason = "dense_block_calls"
         if reason is None:
             return settings
-        counters["dense_calls"] += 1
-        counters[reason] += 1
+        self.receipt.count("dense_calls")
+        self.receipt.count(reason)
         return None
 
     def run(self, call: Call) -> torch.Tensor:
@@ -306,8 +316,8 @@ class Router:
         if rows:
             dense = call.backend_fn(**{**kwargs, "query": q[:, :rows]})
             out = torch.cat([dense.to(out.dtype), out[:, rows:]], 1)
-            self.receipt.counters["protected_rows"] += rows
-        self.receipt.counters["sparse_calls"] += 1
+            self.receipt.count("protected_rows", rows)
+        self.receipt.count("sparse_calls")
         if density is not None:
             self.density_sum = self.density_sum + density.detach()
             self.density_calls += 1
