@@ -44,11 +44,11 @@ def forward_for(block: torch.nn.Module, receipt: Any, options: dict[str, Any], c
     ) -> torch.Tensor:
         reason = block_reason(block, hidden_states)
         if reason is not None:
-            receipt.fallbacks[reason] += 1
+            receipt.count_fallback(reason)
             return stock(hidden_states, temb, adaln_indices, rotary_emb, attention_mask)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.adaln_proj(temb)
         if not in_range(adaln_indices, shift_msa.shape[0]):
-            receipt.fallbacks["adaln_indices out of range of the modulation table"] += 1
+            receipt.count_fallback("adaln_indices out of range of the modulation table")
             return stock(hidden_states, temb, adaln_indices, rotary_emb, attention_mask)
 
         residual = hidden_states
@@ -60,7 +60,7 @@ def forward_for(block: torch.nn.Module, receipt: Any, options: dict[str, Any], c
         norm_hidden_states = ops.modulate(block.norm2(hidden_states), scale_mlp, shift_mlp, adaln_indices)
         ff_output = block.ff(norm_hidden_states)
         hidden_states = ops.residual(residual, ff_output, gate_mlp, adaln_indices)
-        receipt.counters["blocks_fused"] += 1
+        receipt.count("blocks_fused")
         return hidden_states
 
     return forward

@@ -55,7 +55,7 @@ def forward_for(block: torch.nn.Module, receipt: Any, options: dict[str, Any]) -
     ) -> tuple[torch.Tensor, torch.Tensor]:
         reason = block_reason(block, hidden_states, audio_hidden_states)
         if reason is not None:
-            receipt.fallbacks[reason] += 1
+            receipt.count_fallback(reason)
             return stock(**{name: value for name, value in locals().items() if name in PARAMETERS})
         batch_size = hidden_states.size(0)
 
@@ -212,7 +212,7 @@ def forward_for(block: torch.nn.Module, receipt: Any, options: dict[str, Any]) -
         norm_audio_hidden_states = mod(block.audio_norm3(audio_hidden_states), audio_scale_mlp, audio_shift_mlp)
         audio_ff_output = block.audio_ff(norm_audio_hidden_states)
         audio_hidden_states = res(audio_hidden_states, audio_ff_output, audio_gate_mlp)
-        receipt.counters["blocks_fused"] += 1
+        receipt.count("blocks_fused")
         return hidden_states, audio_hidden_states
 
     return forward

@@ -71,9 +71,9 @@ class InDtypeOps:
     ) -> torch.Tensor:
         reason = _operand_reason(n, (scale, shift), index)
         if reason is not None:
-            self.receipt.fallbacks[f"adaln_modulate: {reason}"] += 1
+            self.receipt.count_fallback(f"adaln_modulate: {reason}")
             return self._modulate_torch(n, scale, shift, index)
-        self.receipt.counters["adaln_modulate_calls"] += 1
+        self.receipt.count("adaln_modulate_calls")
         b = n.shape[0]
         return self._modulate(n, _over_batch(scale, b), _over_batch(shift, b), index)
 
@@ -87,7 +87,7 @@ class InDtypeOps:
             else None
         )
         if reason is not None:
-            self.receipt.fallbacks[f"gated_residual: {reason}"] += 1
+            self.receipt.count_fallback(f"gated_residual: {reason}")
             return self._residual_torch(x, y, gate, index)
-        self.receipt.counters["gated_residual_calls"] += 1
+        self.receipt.count("gated_residual_calls")
         return self._residual(x, y, _over_batch(gate, x.shape[0]), index)

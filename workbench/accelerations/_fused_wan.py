@@ -80,9 +80,9 @@ def _self_attention(attn: torch.nn.Module, hidden_states: torch.Tensor, rotary_e
         if reason is None:
             query = rope(query, *rotary_emb)
             key = rope(key, *rotary_emb)
-            receipt.counters["rope_calls"] += 2
+            receipt.count("rope_calls", 2)
         else:
-            receipt.fallbacks[f"rope: {reason}"] += 1
+            receipt.count_fallback(f"rope: {reason}")
             query = _stock_rotary(query, *rotary_emb)
             key = _stock_rotary(key, *rotary_emb)
     hidden_states = dispatch_attention_fn(
@@ -125,7 +125,7 @@ def forward_for(block: torch.nn.Module, receipt: Any, options: dict[str, Any]) -
     ) -> torch.Tensor:
         reason = _block_reason(block, hidden_states, temb)
         if reason is not None:
-            receipt.fallbacks[reason] += 1
+            receipt.count_fallback(reason)
             return stock(hidden_states, encoder_hidden_states, temb, rotary_emb)
         if temb.ndim == 4:  # batch_size, seq_len, 6, inner_dim (wan2.2 ti2v)
             chunks = (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)
@@ -142,7 +142,7 @@ def forward_for(block: torch.nn.Module, receipt: Any, options: dict[str, Any]) -
             attn_output = _self_attention(block.attn1, norm_hidden_states, rotary_emb, receipt, rope_only)
         else:
             if attn_reason is not None:
-                receipt.fallbacks[f"rope: {attn_reason}"] += 1
+                receipt.count_fallback(f"rope: {attn_reason}")
             attn_output = block.attn1(norm_hidden_states, None, None, rotary_emb)
         hidden_states = gated_residual(hidden_states, attn_output, gate_msa)
 
@@ -155,9 +155,9 @@ def forward_for(block: torch.nn.Module, receipt: Any, options: dict[str, Any]) -
         norm_hidden_states = adaln_modulate(block.norm3(hidden_states.float()), c_scale_msa, c_shift_msa, dtype)
         ff_output = block.ffn(norm_hidden_states)
         hidden_states = gated_residual(hidden_states, ff_output, c_gate_msa)
-        receipt.counters["adaln_modulate_calls"] += 2
-        receipt.counters["gated_residual_calls"] += 2
-        receipt.counters["blocks_fused"] += 1
+        receipt.count("adaln_modulate_calls", 2)
+        receipt.count("gated_residual_calls", 2)
+        receipt.count("blocks_fused")
         return hidden_states
 
     return forward

@@ -57,8 +57,11 @@ def _builders(options: dict[str, Any], shared: dict) -> dict[str, Any]:
 
 
 class _Installed(Handle):
-    def __init__(self, spec: Spec, options: dict[str, Any], blocks: list[torch.nn.Module]):
+    def __init__(self, spec: Spec, options: dict[str, Any], blocks: list[torch.nn.Module], device: torch.device):
         super().__init__(spec, options, proof=("adaln_modulate_calls", "gated_residual_calls", "rope_calls"))
+        # the block forwards count from inside a block a user may torch.compile: fixed keys count as tensors
+        # there (Receipt docstring); a fallback's reason names its shapes, so a fallback under compile runs eagerly
+        self.receipt.traceable(device, counters=(*self.receipt.proof, "blocks_fused"))
         self.blocks = blocks
         self.shared: dict = {}  # per-handle state the family forwards share (H3: the last checked index)
         builders = _builders(options, self.shared)
@@ -117,7 +120,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     if not blocks:
         raise RuntimeError(f"fused_block_ops: found no {sorted(names)} blocks in the denoiser")
     _check_runtime(device)
-    return lambda: _Installed(SPEC, options, blocks)
+    return lambda: _Installed(SPEC, options, blocks, device)
 
 
 SPEC = Spec(
