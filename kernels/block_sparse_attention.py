@@ -15,13 +15,15 @@ The maths (public facts about Sol-Attn, written here from scratch):
   identical keys.
 
 Kernel structure: `plan` does the routing (torch, fp32) and compacts each row's exact key blocks into an
-ascending index list (one small Triton kernel). `attend` runs one program per (batch*head, group of `group`
-query blocks of 64 rows; `Launch`): it first walks the compacted list of that group's exact key blocks
-(FlashAttention-2 style online softmax over (64 * group) x 64 tiles, exp2 with log2(e) folded into the scale;
-with group 2 the list is the union of the two blocks' lists and each row masks the blocks not exact for its
-own block), then the folded blocks' mean keys 64 at a time (one tensor-core dot per chunk, exact blocks
-masked out, chunks with no folded block skipped), in the same running max / sum / accumulator. Query blocks
-vary fastest over the grid so the programs resident at once read one head's K/V (L2 reuse).
+ascending index list (one small Triton kernel); with `Launch.fused_means` / `fused_route` the block means,
+then the scores, threshold and lists, are one Triton launch each instead (fp32 as well). `attend` runs one
+program per (batch*head, group of `group` query blocks of 64 rows; `Launch`): it first walks the compacted
+list of that group's exact key blocks (FlashAttention-2 style online softmax over (64 * group) x 64 tiles,
+exp2 with log2(e) folded into the scale; with group 2 the list is the union of the two blocks' lists and
+each row masks the blocks not exact for its own block), then the folded blocks' mean keys 64 at a time (one
+tensor-core dot per chunk, exact blocks masked out, chunks with no folded block skipped), in the same
+running max / sum / accumulator. Query blocks vary fastest over the grid so the programs resident at once
+read one head's K/V (L2 reuse).
 
 Higher `tau` means fewer exact blocks. Density is the fraction of exact (query block, key block) pairs,
 averaged over batch and heads.
@@ -36,9 +38,11 @@ q, k, v to fp32 (exact) and runs fp32 dots. The bf16 tensor-core path (bf16 Q K^
 accumulation) therefore runs only on a GPU and is **unverified until measured there**.
 
 The routing is computed in torch (fp32) by `routing` and shared by the kernel and `reference`, so the two
-agree on which blocks are exact; they differ only in rounding (fp32: ~1e-6; bf16 on a GPU: the kernel
-feeds bf16 probabilities to the P @ V dot, as flash attention does, and rounds the fp32 mean keys/values to
-bf16 for the folded dots; expected ~1e-2 absolute on unit-scale values; the output itself is rounded to bf16).
+agree on which blocks are exact (the fused routing launches sum and dot in another fp32 order: a block
+whose score ties its row's threshold within rounding could route differently); they differ only in rounding
+(fp32: ~1e-6; bf16 on a GPU: the kernel feeds bf16 probabilities to the P @ V dot, as flash attention does,
+and rounds the fp32 mean keys/values to bf16 for the folded dots; expected ~1e-2 absolute on unit-scale
+values; the output itself is rounded to bf16).
 """
 
 from __future__ import annotations
@@ -189,8 +193,123 @@ def _compact(mask_ptr, idx_ptr, count_ptr, QB, KB, NG, GROUP: tl.constexpr, KB_P
     tl.store(count_ptr + row, tl.reduce(exact, 0, tl.standard._sum_combine))
 
 
+def _block_means_qkv(
+    q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, km_dot_ptr, vm_dot_ptr, loglen_ptr,
+    H, TQ, TK, QB, KB, log_full, log_last,
+    q_sb, q_sh, q_st, q_sd,
+    k_sb, k_sh, k_st, k_sd,
+    v_sb, v_sh, v_st, v_sd,
+    BLOCK: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """One program per (batch*head, block index): the fp32 means of query block `blk` and of key/value block
+    `blk` (each where it exists; Tq may differ from Tk), dividing by the block's true length with IEEE
+    division as torch does. One launch reads q, k and v once, at any strides, in place of `_block_means`
+    three times (7 torch launches each with a partial last block), the log and the bf16 casts. The routing
+    reads the fp32 q/k means; the attention kernel reads the k/v means in its dot dtype: with SPLIT the k
+    means are stored a second time, rounded, in km_dot's dtype (else km_dot is km). Programs of batch*head 0
+    also write the (KB,) log block lengths (host-rounded `math.log`, fp32)."""
+    bh = tl.program_id(0)
+    blk = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    tokens = blk * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
+    toff = tokens.to(tl.int64)[:, None]
+    d = tl.arange(0, D).to(tl.int64)
+    if blk < QB:
+        n = tl.minimum(TQ - blk * BLOCK, BLOCK).to(tl.float32)
+        x = tl.load(
+            q_ptr + b * q_sb + h * q_sh + toff * q_st + d[None, :] * q_sd, mask=(tokens < TQ)[:, None], other=0.0
+        )  # (BLOCK, D)
+        mean = tl.fdiv(tl.reduce(x.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)  # (D,)
+        tl.store(qm_ptr + (bh.to(tl.int64) * QB + blk) * D + d, mean)
+    if blk < KB:
+        n = tl.minimum(TK - blk * BLOCK, BLOCK).to(tl.float32)
+        key_ok = (tokens < TK)[:, None]
+        x = tl.load(k_ptr + b * k_sb + h * k_sh + toff * k_st + d[None, :] * k_sd, mask=key_ok, other=0.0)
+        k_mean = tl.fdiv(tl.reduce(x.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)
+        x = tl.load(v_ptr + b * v_sb + h * v_sh + toff * v_st + d[None, :] * v_sd, mask=key_ok, other=0.0)
+        v_mean = tl.fdiv(tl.reduce(x.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)
+        out = (bh.to(tl.int64) * KB + blk) * D + d
+        tl.store(km_ptr + out, k_mean)
+        if SPLIT:
+            tl.store(km_dot_ptr + out, k_mean.to(km_dot_ptr.dtype.element_ty))
+        tl.store(vm_dot_ptr + out, v_mean.to(vm_dot_ptr.dtype.element_ty))
+        if bh == 0:
+            tl.store(loglen_ptr + blk, tl.where(blk == KB - 1, log_last, log_full))
+
+
+def _route_rows(
+    qm_ptr, km_ptr, mask_ptr, idx_ptr, count_ptr,
+    QB, KB, scale, tau, sink_tokens,
+    RULE: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    """One program per (batch*head, ROWS query blocks): `_route` and `_compact` (group 1) for those rows in
+    one launch, in place of `_route`'s 18 torch launches over (B, H, Qb, Kb) tensors and `_compact`.
+
+    The rows' proxy scores against all key blocks are computed CHUNK key blocks at a time, twice (a dot is
+    cheaper than a round trip of the scores through memory): the first pass merges per-chunk means and
+    squared deviations (Chan et al.'s pairwise update: stable, one pass) into each row's mean and population
+    std; the second compares against `mean + tau * std` (RULE 0; RULE 1: tau = -inf, all exact; RULE 2:
+    tau = +inf, none by score), adds the diagonal band and the sink blocks, stores the mask row and appends
+    the exact key blocks, ascending, to the row's idx list (prefix sum per chunk after the running count)."""
+    bh = tl.program_id(0).to(tl.int64)
+    qbs = tl.program_id(1) * ROWS + tl.arange(0, ROWS)  # (ROWS,) query blocks
+    q_ok = qbs < QB
+    rows = bh * QB + qbs.to(tl.int64)  # (ROWS,) rows of mask, idx and count
+    d = tl.arange(0, D)
+    qm = tl.load(qm_ptr + rows[:, None] * D + d[None, :], mask=q_ok[:, None], other=0.0)  # (ROWS, D) fp32
+    km_head = km_ptr + bh * KB * D
+    if RULE == 0:
+        mean = tl.full((ROWS,), 0.0, tl.float32)
+        m2 = tl.full((ROWS,), 0.0, tl.float32)  # sum of squared deviations from the running mean
+        for c in range(0, KB, CHUNK):
+            cols = c + tl.arange(0, CHUNK)
+            col_ok = cols < KB
+            km = tl.load(km_head + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)  # (CHUNK, D)
+            s = tl.dot(qm, tl.trans(km), input_precision="ieee") * scale  # (ROWS, CHUNK)
+            n_seen = c * 1.0  # fp32 count of the key blocks before this chunk (all earlier chunks are full)
+            n_chunk = tl.minimum(KB - c, CHUNK).to(tl.float32)
+            chunk_sum = tl.reduce(tl.where(col_ok[None, :], s, 0.0), 1, tl.standard._sum_combine)
+            chunk_mean = tl.fdiv(chunk_sum, n_chunk, ieee_rounding=True)
+            dev = tl.where(col_ok[None, :], s - chunk_mean[:, None], 0.0)
+            n_total = n_seen + n_chunk
+            delta = chunk_mean - mean
+            mean = mean + delta * (n_chunk / n_total)
+            m2 = m2 + tl.reduce(dev * dev, 1, tl.standard._sum_combine) + delta * delta * (n_seen * n_chunk / n_total)
+        threshold = mean + tau * tl.math.sqrt_rn(tl.fdiv(m2, KB * 1.0, ieee_rounding=True))  # (ROWS,)
+    count = tl.full((ROWS,), 0, tl.int32)
+    for c in range(0, KB, CHUNK):
+        cols = c + tl.arange(0, CHUNK)
+        col_ok = cols < KB
+        if RULE == 0:
+            km = tl.load(km_head + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
+            s = tl.dot(qm, tl.trans(km), input_precision="ieee") * scale
+            exact = s > threshold[:, None]  # (ROWS, CHUNK)
+        elif RULE == 1:
+            exact = tl.full((ROWS, CHUNK), 1, tl.int1)
+        else:
+            exact = tl.full((ROWS, CHUNK), 0, tl.int1)
+        band = tl.abs(qbs[:, None] - cols[None, :]) <= 1
+        sinks = cols * BLOCK < sink_tokens
+        inside = q_ok[:, None] & col_ok[None, :]
+        exact = (exact | band | sinks[None, :]) & inside
+        tl.store(mask_ptr + rows[:, None] * KB + cols[None, :], exact.to(tl.uint8), mask=inside)
+        flags = exact.to(tl.int32)
+        pos = count[:, None] + tl.associative_scan(flags, 1, tl.standard._sum_combine) - 1  # (ROWS, CHUNK)
+        tl.store(idx_ptr + rows[:, None] * KB + pos, cols[None, :], mask=exact)
+        count += tl.reduce(flags, 1, tl.standard._sum_combine)
+    tl.store(count_ptr + rows, count, mask=q_ok)
+
+
 _KERNEL = LazyKernel(_block_sparse_fwd)
 _COMPACT = LazyKernel(_compact)
+_MEANS = LazyKernel(_block_means_qkv)
+_ROUTE = LazyKernel(_route_rows)
+ROUTE_ROWS = 16  # query blocks per routing program (the smallest tl.dot M)
+ROUTE_CHUNK = 32  # key blocks per routing step
+# Warps of the two routing launches on a GPU: compiled for sm_90 (no GPU at hand), the route kernel needs 78
+# registers and no stack at 16 x 32 tiles and 8 warps (4 warps, or chunks of 64, spill), the means kernel 109.
+ROUTING_WARPS = 8
 
 
 def _block_means(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,6 +327,39 @@ def _block_means(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tenso
     if rest:
         lengths[-1] = float(rest)
     return torch.cat(parts, 2) if len(parts) > 1 else parts[0], lengths
+
+
+def _routing_tuning() -> dict[str, int]:
+    """Launch options of the fused routing kernels (the interpreter takes none)."""
+    return {} if interpreting() else {"num_warps": ROUTING_WARPS}
+
+
+def _fused_means(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dot_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_block_means` of q, k and v and the log block lengths in one launch (`_block_means_qkv`).
+
+    Returns q_mean (B, H, Qb, D) and k_mean (B, H, Kb, D) in fp32 for the routing, k_mean and v_mean
+    (B, H, Kb, D) in `dot_dtype` for the attention kernel (the fp32 k_mean itself when dot_dtype is fp32),
+    and log_len (Kb,) fp32. The means equal `_block_means`' up to fp32 sum order; log_len is `math.log` of
+    each length rounded once to fp32, where torch's fp32 log can be an ulp off (on CPU: lengths 7, 47, 49)."""
+    b, h, tq, d = q.shape
+    tk = k.shape[2]
+    qb, kb = -(-tq // BLOCK), -(-tk // BLOCK)
+    q_mean = torch.empty((b, h, qb, d), dtype=torch.float32, device=q.device)
+    k_mean = torch.empty((b, h, kb, d), dtype=torch.float32, device=q.device)
+    split = dot_dtype != torch.float32
+    k_mean_dot = torch.empty_like(k_mean, dtype=dot_dtype) if split else k_mean
+    v_mean_dot = torch.empty_like(k_mean, dtype=dot_dtype)
+    log_len = torch.empty((kb,), dtype=torch.float32, device=q.device)
+    last = tk - (kb - 1) * BLOCK  # the last key block's length
+    _MEANS[(b * h, max(qb, kb))](
+        q, k, v, q_mean, k_mean, k_mean_dot, v_mean_dot, log_len,
+        h, tq, tk, qb, kb, math.log(BLOCK), math.log(last),
+        *q.stride(), *k.stride(), *v.stride(),
+        BLOCK=BLOCK, D=d, SPLIT=split, **_routing_tuning(),
+    )  # fmt: skip
+    return q_mean, k_mean, k_mean_dot, v_mean_dot, log_len
 
 
 def _check_tau(tau: float, sink_tokens: int) -> None:
@@ -236,6 +388,28 @@ def _route(
     mask = mask | ((i - j).abs() <= 1) | (j * block < sink_tokens)
     density = mask.float().mean() if mask.numel() else torch.ones((), device=scores.device)
     return mask, density
+
+
+def _fused_route(
+    q_mean: torch.Tensor, k_mean: torch.Tensor, tau: float, sink_tokens: int, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_route` plus the group-1 compaction in one launch (`_route_rows`) on contiguous fp32 means:
+    (mask bool (B, H, Qb, Kb), idx int32 (B, H, Qb, Kb), count int32 (B, H, Qb)), as `plan` lays them out.
+
+    Same rule as `_route`; the scores' dot order and the mean/std merge differ from torch's in fp32
+    rounding, so a block whose score ties its row's threshold within rounding could route differently."""
+    b, h, qb, d = q_mean.shape
+    kb = k_mean.shape[2]
+    mask = torch.empty((b, h, qb, kb), dtype=torch.bool, device=q_mean.device)
+    idx = torch.empty((b, h, qb, kb), dtype=torch.int32, device=q_mean.device)
+    count = torch.empty((b, h, qb), dtype=torch.int32, device=q_mean.device)
+    rule = 1 if tau == float("-inf") else 2 if tau == float("inf") else 0  # 1: all exact, 2: none by score
+    _ROUTE[(b * h, -(-qb // ROUTE_ROWS))](
+        q_mean, k_mean, mask.view(torch.uint8), idx, count,
+        qb, kb, float(scale), float(tau) if rule == 0 else 0.0, sink_tokens,
+        RULE=rule, ROWS=ROUTE_ROWS, CHUNK=ROUTE_CHUNK, BLOCK=BLOCK, D=d, **_routing_tuning(),
+    )  # fmt: skip
+    return mask, idx, count
 
 
 def routing(
@@ -295,13 +469,21 @@ def reference(
 @dataclass(frozen=True)
 class Launch:
     """How the kernel is launched. The maths does not depend on it: every choice computes the same exact
-    and folded terms in the same order; only float rounding inside the dots may differ (bf16 tolerance).
+    and folded terms in the same order; only float rounding inside the dots may differ (bf16 tolerance), and
+    with the fused routing flags the routing's rounding too (see fused_means, fused_route).
 
     group: query blocks per program (1 or 2). 2 runs 128-row tiles (8 warps suit it) over the union of the
     two blocks' exact key lists, masking per row: half the K/V traffic per query row, paid for by the union's
     extra tiles. heads_outer: the d9ed842 grid order (program id 0 walks the heads). bf16_means: round the
     mean K/V to bf16 once on the host (the kernel rounded them per program anyway; ignored for fp32 inputs).
-    triton_compaction: the exact-block lists by a small Triton kernel instead of torch's stable argsort."""
+    triton_compaction: the exact-block lists by a small Triton kernel instead of torch's stable argsort.
+    fused_means: the block means of q, k, v and the log block lengths by one Triton launch (`_fused_means`)
+    instead of up to 24 torch launches (strided reductions, divisions, concatenations, the log, bf16 casts).
+    fused_route: the proxy scores, threshold, band, sinks and index lists by one Triton launch
+    (`_fused_route`) and the density by one torch mean, instead of 18 torch launches and the compaction
+    kernel (group 1 only; it writes its own lists, so triton_compaction does not apply). Both change the
+    routing's fp32 rounding (sum and dot order), so a block whose score ties its threshold within rounding
+    could route differently from `routing`; the torch routing stays the one `routing` and `reference` use."""
 
     group: int = 1
     num_warps: int = 4
@@ -309,10 +491,14 @@ class Launch:
     heads_outer: bool = False
     bf16_means: bool = True
     triton_compaction: bool = True
+    fused_means: bool = False
+    fused_route: bool = False
 
     def __post_init__(self) -> None:
         if self.group not in (1, 2):
             raise ValueError(f"block_sparse_attention: Launch.group must be 1 or 2, got {self.group!r}")
+        if self.fused_route and self.group != 1:
+            raise ValueError(f"block_sparse_attention: Launch.fused_route needs group 1, got group {self.group!r}")
         if self.num_warps not in (1, 2, 4, 8, 16) or not 1 <= self.num_stages <= 8:
             raise ValueError(
                 f"block_sparse_attention: Launch num_warps must be a power of two <= 16 and num_stages 1..8, "
@@ -334,6 +520,9 @@ CANDIDATES = {
     "g1_w8_s3": Launch(group=1, num_warps=8, num_stages=3),
     "g2_w8_s3": Launch(group=2, num_warps=8, num_stages=3),
     "g2_w8_s2": Launch(group=2, num_warps=8, num_stages=2),
+    # DEFAULT with the routing fused (unmeasured): the means alone, then means and route
+    "g1_w4_s3_fused_means": Launch(fused_means=True),
+    "g1_w4_s3_fused_routing": Launch(fused_means=True, fused_route=True),
 }
 
 
@@ -378,30 +567,50 @@ def plan(
     _check_tau(tau, sink_tokens)
     check_runtime("block_sparse_attention", q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    k_mean, lengths = _block_means(k, BLOCK)
-    v_mean, _ = _block_means(v, BLOCK)
-    mask, density = _route(_block_means(q, BLOCK)[0], k_mean, tau, sink_tokens, BLOCK, scale)
-    mask = mask.contiguous()
+    bf16 = q.dtype == torch.bfloat16 and launch.bf16_means and not interpreting()
+    if launch.fused_means:
+        q_mean, k_mean, k_mean_dot, v_mean_dot, log_len = _fused_means(
+            q, k, v, torch.bfloat16 if bf16 else torch.float32
+        )
+    else:
+        k_mean, lengths = _block_means(k, BLOCK)
+        v_mean, _ = _block_means(v, BLOCK)
+        q_mean = _block_means(q, BLOCK)[0]
+        k_mean_dot, v_mean_dot = (x.to(torch.bfloat16) if bf16 else x for x in (k_mean, v_mean))
+        log_len = lengths.log()
+    if launch.fused_route:
+        mask, idx, count = _fused_route(q_mean.contiguous(), k_mean.contiguous(), tau, sink_tokens, scale)
+        density = torch.mean(mask, dtype=torch.float32)  # = mask.float().mean(), without the fp32 copy
+    else:
+        mask, density = _route(q_mean, k_mean, tau, sink_tokens, BLOCK, scale)
+        mask = mask.contiguous()
+        idx, count = _lists(mask, launch)
+    return Plan(
+        k_mean_dot.contiguous(), v_mean_dot.contiguous(), log_len, mask, idx, count, density, scale, launch.group
+    )
+
+
+def _lists(mask: torch.Tensor, launch: Launch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact key blocks of each group of `launch.group` query blocks, from the contiguous (B, H, Qb, Kb)
+    mask: (idx int32 (B, H, G, Kb) whose first count entries list them ascending, count int32 (B, H, G))."""
     b, h, qb, kb = mask.shape
     groups = -(-qb // launch.group)
     if launch.triton_compaction:
-        idx = torch.empty((b, h, groups, kb), dtype=torch.int32, device=q.device)
-        count = torch.empty((b, h, groups), dtype=torch.int32, device=q.device)
+        idx = torch.empty((b, h, groups, kb), dtype=torch.int32, device=mask.device)
+        count = torch.empty((b, h, groups), dtype=torch.int32, device=mask.device)
         _COMPACT[(b * h, groups)](
             mask.view(torch.uint8), idx, count, qb, kb, groups, GROUP=launch.group, KB_P2=triton.next_power_of_2(kb)
         )
-    else:
-        union = mask
-        if launch.group > 1:
-            pad = groups * launch.group - qb
-            union = torch.cat([mask, mask.new_zeros((b, h, pad, kb))], 2) if pad else mask
-            union = union.unflatten(2, (groups, launch.group)).any(3)
-        count = union.sum(-1, dtype=torch.int32).contiguous()  # (B, H, G)
-        # exact block indices first, ascending (a stable sort of 0 = exact, 1 = folded)
-        idx = torch.argsort((~union).to(torch.int8), dim=-1, stable=True).to(torch.int32).contiguous()
-    bf16 = q.dtype == torch.bfloat16 and launch.bf16_means and not interpreting()
-    k_mean, v_mean = (x.to(torch.bfloat16) if bf16 else x for x in (k_mean, v_mean))
-    return Plan(k_mean.contiguous(), v_mean.contiguous(), lengths.log(), mask, idx, count, density, scale, launch.group)
+        return idx, count
+    union = mask
+    if launch.group > 1:
+        pad = groups * launch.group - qb
+        union = torch.cat([mask, mask.new_zeros((b, h, pad, kb))], 2) if pad else mask
+        union = union.unflatten(2, (groups, launch.group)).any(3)
+    count = union.sum(-1, dtype=torch.int32).contiguous()  # (B, H, G)
+    # exact block indices first, ascending (a stable sort of 0 = exact, 1 = folded)
+    idx = torch.argsort((~union).to(torch.int8), dim=-1, stable=True).to(torch.int32).contiguous()
+    return idx, count
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launch: Launch = DEFAULT) -> torch.Tensor:

@@ -7,6 +7,7 @@ i.e. 2**-7 = 0.0078); 0.02 absolute leaves room. The bf16 GPU path is unverified
 """
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,8 +15,11 @@ import torch
 from workbench.kernels.block_sparse_attention import (
     BLOCK,
     CANDIDATES,
+    DEFAULT,
     PREVIOUS,
     Launch,
+    _block_means,
+    _fused_means,
     attend,
     block_sparse_attention,
     cost,
@@ -197,3 +201,138 @@ def test_block_sparse_attention_plan_then_attend_equals_one_call(rng):
         attend(q, k, v, route, Launch(group=2))
     with pytest.raises(ValueError, match="group"):
         Launch(group=3)
+
+
+# Fused routing launches (Launch.fused_means / fused_route): their fp32 sums and dots run in another order than
+# torch's, so their means differ by rounding and a block whose score ties its row's threshold within rounding
+# could route differently. The mask tests therefore use fixed seeds: equality is checked on these inputs, it is
+# not promised in general.
+FUSED = {
+    "fused_means": CANDIDATES["g1_w4_s3_fused_means"],
+    "fused_route": Launch(fused_route=True),  # on torch's means (strided: the .contiguous() path)
+    "fused_means_and_route": CANDIDATES["g1_w4_s3_fused_routing"],
+}
+
+
+def _seeded_qkv(seed, tq, tk=None, dtype=torch.float32, heads=2, batch=1):
+    """q (B, H, tq, D) and k, v (B, H, tk, D) from a fixed seed, as transposed views of (B, T, H, D) storage."""
+    rng = torch.Generator().manual_seed(seed)
+    return tuple(
+        torch.randn((batch, t, heads, D), generator=rng).to(dtype).transpose(1, 2) for t in (tq, tk or tq, tk or tq)
+    )
+
+
+def _same_lists(got, want):
+    """idx/count equal where defined (the first count entries of each row)."""
+    listed = torch.arange(got.idx.shape[-1]) < got.count[..., None]
+    return torch.equal(got.count, want.count) and torch.equal(got.idx[listed], want.idx[listed])
+
+
+@pytest.mark.parametrize(
+    "tq,tk,batch,dtype",
+    [(5 * BLOCK - 7, None, 2, torch.float32), (130, 257, 1, torch.bfloat16), (257, 130, 2, torch.bfloat16)],
+    ids=["fp32", "bf16-tq<tk", "bf16-tq>tk"],
+)
+def test_block_sparse_fused_means_within_fp32_sum_rounding(rng, tq, tk, batch, dtype):
+    """One launch gives torch's block means up to fp32 sum order, at odd lengths (last blocks of 57, 1 and 2
+    tokens), Tq != Tk and transposed views. Bound: two fp32 sums of n <= 64 terms, in any orders, differ by at
+    most (n - 1) * eps * sum|x| (eps/2 per addition each, to first order), so the means by (n - 1) * eps *
+    mean|x| plus half an ulp per division: within BLOCK * eps * mean|x| per element."""
+    q, k, v = _qkv(rng, tq, dtype, batch=batch, noncontiguous=True)
+    if tk is not None:
+        _, k, v = _qkv(rng, tk, dtype, batch=batch, noncontiguous=True)
+    q_mean, k_mean, k_mean_dot, v_mean, log_len = _fused_means(q, k, v, torch.float32)
+    assert k_mean_dot is k_mean and v_mean.dtype == torch.float32
+    eps = torch.finfo(torch.float32).eps
+    for name, got, x in (("q", q_mean, q), ("k", k_mean, k), ("v", v_mean, v)):
+        want = _block_means(x, BLOCK)[0]
+        bound = BLOCK * eps * _block_means(x.abs(), BLOCK)[0]
+        assert got.shape == want.shape and got.is_contiguous()
+        assert ((got - want).abs() <= bound).all(), f"seed {rng.initial_seed()}: {name} means"
+    # math.log rounded once to fp32; torch's fp32 log agrees for these lengths (on CPU not for 7, 47, 49)
+    assert torch.equal(log_len, _block_means(k, BLOCK)[1].log()), f"seed {rng.initial_seed()}"
+
+
+def test_block_sparse_fused_means_bf16_copies_for_the_kernel(rng):
+    """With a bf16 dot dtype the k/v means come back rounded to bf16 for the attention kernel, the fp32 k means
+    for the routing: within one bf16 ulp (2**-7 relative) of the fp32 means (the interpreter's cast truncates;
+    the GPU's rounds to nearest even, as torch's .to(bfloat16) does)."""
+    q, k, v = _qkv(rng, 200, torch.bfloat16, batch=2, noncontiguous=True)
+    _, k_mean, k_mean_dot, v_mean_dot, _ = _fused_means(q, k, v, torch.bfloat16)
+    _, _, _, v_mean, _ = _fused_means(q, k, v, torch.float32)
+    assert k_mean.dtype == torch.float32 and k_mean_dot.dtype == v_mean_dot.dtype == torch.bfloat16
+    for got, want in ((k_mean_dot, k_mean), (v_mean_dot, v_mean)):
+        assert ((got.float() - want).abs() <= want.abs() * 2**-7).all(), f"seed {rng.initial_seed()}"
+
+
+@pytest.mark.parametrize(
+    "seed,tq,tk,batch,heads,tau,sinks",
+    [
+        (1, 5 * BLOCK - 7, None, 2, 2, 0.5, 70),  # odd length, B=2, sinks
+        (2, 130, 257, 2, 2, 0.0, 0),  # Tq != Tk, key blocks of 1 token
+        (3, 257, 130, 1, 2, -0.5, 1),
+        (4, 300, None, 2, 2, float("-inf"), 0),
+        (5, 300, None, 1, 2, float("inf"), 130),
+        (6, 17 * BLOCK + 5, 66 * BLOCK + 10, 1, 1, 1.0, 2 * BLOCK),  # 2 routing programs, chunks of key blocks
+    ],
+)
+def test_block_sparse_fused_routing_equals_torch_routing(seed, tq, tk, batch, heads, tau, sinks):
+    """Each fused launch's plan has the torch routing's mask, index lists, counts and density (exactly, on these
+    seeded inputs), and k means within 1e-6 of the largest (relative)."""
+    q, k, v = _seeded_qkv(seed, tq, tk, heads=heads, batch=batch)
+    want = plan(q, k, v, tau, sinks)
+    assert torch.equal(want.mask, routing(q, k, tau, sinks)[0])
+    for name, launch in FUSED.items():
+        got = plan(q, k, v, tau, sinks, launch=launch)
+        assert torch.equal(got.mask, want.mask), f"{name}: seed {seed}"
+        assert _same_lists(got, want), f"{name}: seed {seed}"
+        assert torch.equal(got.density, want.density), f"{name}: seed {seed}: {got.density} != {want.density}"
+        assert got.computed_density() == want.computed_density()
+        rel = ((got.k_mean - want.k_mean).abs().max() / want.k_mean.abs().max()).item()
+        assert rel <= 1e-6, f"{name}: seed {seed}: k means differ by {rel} (relative to the largest)"
+
+
+@pytest.mark.parametrize("name", ["g1_w4_s3_fused_means", "g1_w4_s3_fused_routing"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 0.02)], ids=["fp32", "bf16"])
+def test_block_sparse_fused_launch_matches_default(name, dtype, tol):
+    """The whole call with a fused candidate equals the DEFAULT launch's within the fp32/bf16 tolerances (same
+    masks on this seeded input, means that differ by fp32 rounding), and the reference likewise. Odd length,
+    B=2, sinks, transposed views."""
+    q, k, v = _seeded_qkv(7, 5 * BLOCK - 7, dtype=dtype, heads=1, batch=2)
+    launch = CANDIDATES[name]
+    assert torch.equal(plan(q, k, v, 0.5, 70, launch=launch).mask, plan(q, k, v, 0.5, 70).mask)
+    got = block_sparse_attention(q, k, v, 0.5, 70, launch=launch)
+    assert got.dtype == dtype and got.shape == q.shape
+    for other, want in (
+        ("DEFAULT", block_sparse_attention(q, k, v, 0.5, 70)),
+        ("reference", reference(q, k, v, 0.5, 70)),
+    ):
+        err = (got.float() - want.float()).abs().max().item()
+        assert err < tol, f"{name} vs {other}: max error {err}"
+
+
+def test_block_sparse_fused_launch_bit_equal_on_exact_sums():
+    """Where the fused means are bit-equal to torch's and the masks are equal, the output is bit-equal to the
+    DEFAULT launch's: the attention kernel then reads identical plans. Inputs in multiples of 1/8 make every
+    block sum exact in fp32 whatever the order (so the means are bit-equal); the last block of 57 tokens
+    divides by 57 with IEEE rounding in both."""
+    rng = torch.Generator().manual_seed(8)
+    t = 5 * BLOCK - 7
+    q, k, v = ((torch.randint(-16, 17, (1, t, 2, D), generator=rng) / 8).transpose(1, 2) for _ in range(3))
+    want_plan = plan(q, k, v, 0.5, 70)
+    want = attend(q, k, v, want_plan)
+    for name in ("g1_w4_s3_fused_means", "g1_w4_s3_fused_routing"):
+        got_plan = plan(q, k, v, 0.5, 70, launch=CANDIDATES[name])
+        for field in ("k_mean", "v_mean", "log_len", "mask"):
+            assert torch.equal(getattr(got_plan, field), getattr(want_plan, field)), f"{name}: {field}"
+        assert _same_lists(got_plan, want_plan), name
+        assert torch.equal(attend(q, k, v, got_plan, CANDIDATES[name]), want), name
+
+
+def test_block_sparse_fused_candidates_are_default_plus_flags():
+    """The sweep's fused candidates differ from DEFAULT only in the new flags; fused_route needs group 1."""
+    assert CANDIDATES["g1_w4_s3"] == DEFAULT and CANDIDATES["previous"] == PREVIOUS
+    assert CANDIDATES["g1_w4_s3_fused_means"] == replace(DEFAULT, fused_means=True)
+    assert CANDIDATES["g1_w4_s3_fused_routing"] == replace(DEFAULT, fused_means=True, fused_route=True)
+    with pytest.raises(ValueError, match="fused_route"):
+        Launch(group=2, fused_route=True)
