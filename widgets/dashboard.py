@@ -17,7 +17,7 @@ from .live import LiveStagePlot
 from .panel import AccelerationPanel
 from .player import ABPlayer
 
-TINY_MODELS = ("tiny-wan", "tiny-wan22", "tiny-ltx2")
+MODELS = ("tiny-wan", "tiny-wan22", "tiny-ltx2", "demo-av")  # demo-av: the trained one, for A/B you can see
 _FIELDS = ("frames", "height", "width", "steps")
 
 
@@ -32,7 +32,7 @@ class Dashboard(ipywidgets.VBox):
     failure shows in the error box; none is a traceback.
     """
 
-    def __init__(self, session_or_model_names: Session | Sequence[str] = TINY_MODELS, device: str = "auto"):
+    def __init__(self, session_or_model_names: Session | Sequence[str] = MODELS, device: str = "auto"):
         self.device = device
         self.session: Session | None = None
         self.results: list[tuple[str, Result]] = []  # at most the last two, oldest first
