@@ -292,6 +292,9 @@ class _Run:
         self.text_embeds, self.text_masks = embeds.detach(), masks.detach()
         if not self.ema:
             self.ema = {f"{n}.{k}": v.detach().clone() for n in TRAINED["denoiser"] for k, v in self._params(n)}
+        # built once: detached views share the parameters' storage, so they see every optimizer step
+        pairs = [(self.ema[f"{n}.{k}"], p.detach()) for n in TRAINED["denoiser"] for k, p in self._params(n)]
+        self.ema_averages, self.ema_params = zip(*pairs, strict=True)
         optimizer = self._optimizer("denoiser", self.config.denoise_lr)
         return self._loop("denoiser", optimizer, self._denoiser_step, seconds, after_step=self._update_ema)
 
@@ -335,9 +338,7 @@ class _Run:
     @torch.no_grad()
     def _update_ema(self, step: int) -> None:
         decay = min(EMA_DECAY, (1 + step) / (10 + step))
-        pairs = [(self.ema[f"{n}.{k}"], p.detach()) for n in TRAINED["denoiser"] for k, p in self._params(n)]
-        averages, params = zip(*pairs, strict=True)
-        torch._foreach_lerp_(averages, params, 1 - decay)  # one launch per group, not one per tensor
+        torch._foreach_lerp_(self.ema_averages, self.ema_params, 1 - decay)  # one launch per group, not per tensor
 
     # ---- shared ------------------------------------------------------------------------------------------
     def _loop(self, stage: str, optimizer, step_fn, seconds: float, after_step=None) -> float:
