@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-import av
 import numpy as np
 
 BLACK_LUMA = 16.0 / 255.0  # mean luma at or below this counts as a black frame
@@ -21,6 +20,8 @@ def encode_mp4(frames: np.ndarray, fps: int, audio: np.ndarray | None = None, sa
     if audio is not None and (sample_rate is None or audio.ndim != 2 or audio.shape[0] not in (1, 2)):
         raise ValueError(f"audio: expected (C, N) with C in 1..2 and a sample_rate, got {audio.shape}")
     buffer = io.BytesIO()
+    import av  # loaded on first encode: GPU benchmark runs carry no PyAV wheel
+
     with av.open(buffer, mode="w", format="mp4") as container:
         video = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
         video.width, video.height = frames.shape[2] + frames.shape[2] % 2, frames.shape[1] + frames.shape[1] % 2
@@ -90,6 +91,8 @@ class MediaReport:
 
 def decode_mp4(path: str | Path) -> tuple[np.ndarray, np.ndarray | None, int | None]:
     """Decode an MP4 fully: frames uint8 (T, H, W, 3), audio float32 (C, N) or None, sample rate."""
+    import av
+
     with av.open(str(path)) as container:
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     audio, rate = None, None

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.media import encode_mp4, write_atomic
 from workbench.telemetry import Event
 
 
@@ -39,8 +40,6 @@ class Result:
         return None if self.audio is None else self.audio.shape[1] / self.sample_rate
 
     def mp4_bytes(self) -> bytes:
-        from workbench.media import encode_mp4  # PyAV loads only when something is encoded
-
         return encode_mp4(self.frames, self.fps, self.audio, self.sample_rate)
 
     def summary(self) -> dict[str, Any]:
@@ -66,8 +65,6 @@ class Result:
         """
         if not name or "/" in name or name.startswith("."):
             raise ValueError(f"name: must be a plain file stem, got {name!r}")
-        from workbench.media import write_atomic
-
         directory = Path(directory)
         mp4 = self.mp4_bytes()
         directory.mkdir(parents=True, exist_ok=True)
