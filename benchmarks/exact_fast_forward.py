@@ -55,10 +55,6 @@ import torch
 import torch._dynamo
 
 COPY_BANDWIDTH = 4.17e12  # bytes/s, H200 device-to-device copy measured in this project
-ATTENTION = ("flash", "fmha", "cudnn", "attention", "sdpa")
-GEMM = ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas")
-GEMM_CPU = ("aten::mm", "aten::addmm", "aten::bmm")  # --smoke only: CPU ops, no kernels
-INDUCTOR_POINTWISE = ("triton_poi", "triton_red", "triton_per")
 
 
 _OPAQUE: dict[str, Any] = {}
@@ -345,17 +341,6 @@ def forward_rounds(
         last = time.perf_counter() - begin
 
 
-def _classify(name: str, cpu: bool) -> str:
-    low = name.lower()
-    if low.startswith(INDUCTOR_POINTWISE):  # named after the ops they fuse, e.g. `..._cudnn_attention_0` copies
-        return "rest"
-    if any(tag in low for tag in ATTENTION):
-        return "attention"
-    if any(tag in low for tag in GEMM) or (cpu and name in GEMM_CPU):
-        return "gemm"
-    return "rest"
-
-
 def _fused_bytes(tokens: int, width: int, heads: int) -> dict[str, int]:
     """Bytes each fused kernel moves per call at this shape (the kernels' own `cost`)."""
     from workbench.kernels import adaln_modulate, gated_residual, qk_norm_rope
@@ -368,7 +353,7 @@ def _fused_bytes(tokens: int, width: int, heads: int) -> dict[str, int]:
 
 
 def profile_arms(session: Any, arms: list[Arm], kwargs: dict[str, Any], tokens: int) -> dict[str, Any]:
-    from torch.profiler import ProfilerActivity, profile
+    from benchmarks.common import kernel_split
 
     cuda = session.device.type == "cuda"
     config = session.model.pipeline.transformer.config
@@ -381,22 +366,7 @@ def profile_arms(session: Any, arms: list[Arm], kwargs: dict[str, Any], tokens: 
         try:
             with _Visit(session, arm):
                 _forward(session, kwargs)
-                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-                with profile(activities=activities) as prof:
-                    _, seconds = _forward(session, kwargs)
-            per_kernel: dict[str, list[float]] = {}
-            for event in prof.key_averages():
-                device_us = getattr(event, "self_device_time_total", 0.0) if cuda else event.self_cpu_time_total
-                if device_us <= 0 or (not cuda and not event.key.startswith("aten::")):
-                    continue
-                if cuda and event.device_type != torch.autograd.DeviceType.CUDA:
-                    continue
-                per_kernel[event.key] = [device_us, event.count]
-            shares = {"attention": 0.0, "gemm": 0.0, "rest": 0.0}
-            for name, (us, _) in per_kernel.items():
-                shares[_classify(name, not cuda)] += us
-            total = sum(shares.values())
-            top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])
+                (_, seconds), per_kernel, split = kernel_split(lambda: _forward(session, kwargs), cuda)
             fused = {}
             for name, (us, count) in per_kernel.items():
                 if name in fused_bytes and count:
@@ -405,14 +375,8 @@ def profile_arms(session: Any, arms: list[Arm], kwargs: dict[str, Any], tokens: 
                                    "fraction_of_copy_bandwidth": fused_bytes[name] / mean_s / COPY_BANDWIDTH}  # fmt: skip
             rows[arm.name] = {
                 "forward_seconds": seconds,
-                "kernel_seconds": total / 1e6,
-                "busy_fraction": total / 1e6 / seconds,
-                "share": {k: v / total for k, v in shares.items()} if total else shares,
-                "seconds_by_class": {k: v / 1e6 for k, v in shares.items()},
-                "top_kernels": [{"name": n[:160], "us": us, "calls": c} for n, (us, c) in top[:12]],
-                "top_rest_kernels": [
-                    {"name": n[:160], "us": us, "calls": c} for n, (us, c) in top if _classify(n, not cuda) == "rest"
-                ][:12],
+                "busy_fraction": split["kernel_seconds"] / seconds,
+                **split,
                 "fused_kernels": fused,
             }
             print(f"profile {arm.name}: " + ", ".join(f"{k} {v:.2f}" for k, v in rows[arm.name]["share"].items()))

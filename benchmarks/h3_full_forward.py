@@ -31,6 +31,8 @@ Per arm: median / all seconds, rel-L2 of the video and audio outputs against sto
 and against its own warm-up output (run-to-run), peak memory; `exact_fast` is also checked for `torch.equal`
 against the arm with the same attention setting (`cudnn` on the GPU, `stock` on the CPU): fused_block_ops is a
 rounding contract, so bit-equal is required there (`rounding_contract`).
+`--profile`: after the rounds, one torch.profiler forward per arm, its kernel time split into attention, GEMM and
+the rest with the top kernels (benchmarks/common.py's `kernel_split`).
 Every arm records its error instead of stopping the run; the JSON is written to $OUT after every phase.
 `--smoke`: the same phases on the CPU with tiny-h3's transformer config at head dim 128 (the sparse kernel's only
 one) and a small packing; run it with `TRITON_INTERPRET=1`. On the CPU `cudnn` means the `math` backend. Its
@@ -63,7 +65,7 @@ from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
     audio_latent_num_frames,
 )
 
-from benchmarks.common import envelope, write
+from benchmarks.common import envelope, kernel_split, write
 from workbench.accelerations import REGISTRY, install
 from workbench.accelerations.sparse_routing import captured_qkv
 from workbench.kernels.block_sparse_attention import routing
@@ -253,9 +255,11 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no round that would end past this")
     parser.add_argument("--density", type=float, default=0.20, help="block_sparse target density")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true", help="after the rounds, one profiled forward per arm")
     args = parser.parse_args()
 
     device = torch.device("cpu" if args.smoke else "cuda")
+    cuda = device.type == "cuda"
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("h3_full_forward: needs a CUDA device (or --smoke on the CPU)")
     dtype = torch.bfloat16
@@ -403,6 +407,10 @@ def main() -> None:
                 "met": ratios[f"{name}_speedup_vs_stock"] >= speedup and (budget is None or rel <= budget),
             }  # fmt: skip
     record_shape["rounds_done"] = done
+    if args.profile:
+        for name in order:  # where the time goes: attention / GEMM / rest per arm
+            arm(arms, f"profile {name}", lambda name=name: kernel_split(lambda: bench.forward(name), cuda)[2])
+            save(f"profile {name}")
     save("done")
     log("done: " + ", ".join(f"{k}={v:.3f}" for k, v in ratios.items() if isinstance(v, float)))
 
