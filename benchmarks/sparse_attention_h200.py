@@ -384,4 +384,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m benchmarks.sparse_attention_h200",
+        description=__doc__.split("\n\n")[0] + " Needs a CUDA GPU; takes no options.",
+    ).parse_args()
     main()

@@ -25,6 +25,17 @@ tensor-core dot per chunk, exact blocks masked out, chunks with no folded block 
 running max / sum / accumulator. Query blocks vary fastest over the grid so the programs resident at once
 read one head's K/V (L2 reuse).
 
+Launch tuning (`Launch`, swept by benchmarks/sparse_attention_h200.py through `CANDIDATES`; the flags below are
+**unmeasured until the H200 sweep**): group, warps, stages, grid order and the fused routing launches; and, for
+group 1, a second copy of the exact loop selected by any of: `unroll=2` (two list entries per iteration, one joint
+max/rescale for both tiles, odd tail masked), `wide` (the pair as one 128-key tile), `dot_acc` (P @ V accumulated
+into the rescaled acc by the dot), `k_transposed` (K loaded (D, 64) through its strides), `tma` (K/V by TMA tensor
+descriptors), and the exact loop's `tl.range` options `exact_stages`, `loop_unroll_factor`, `warp_specialize`.
+Launches without them (DEFAULT, PREVIOUS) compile the original loop. Compiled for sm_90 with Triton 3.9 without a
+GPU (3.6 may differ): DEFAULT 221 registers, 80 KB shared memory (two programs per SM); dot_acc, k_transposed, tma,
+warp_specialize the same footprint (warp_specialize gave dot_acc's PTX: no warp split on sm_90 there);
+num_stages=4 gave DEFAULT's PTX; unroll2 255 registers and 147 KB (one program per SM), 64 KB with exact_stages=1.
+
 Higher `tau` means fewer exact blocks. Density is the fraction of exact (query block, key block) pairs,
 averaged over batch and heads.
 
@@ -48,7 +59,7 @@ values; the output itself is rounded to bf16).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -70,6 +81,9 @@ def _block_sparse_fwd(
     v_sb, v_sh, v_st, v_sd,
     F32: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
     HEADS_OUTER: tl.constexpr,
+    TUNED: tl.constexpr = False, UNROLL: tl.constexpr = 1, WIDE: tl.constexpr = False,
+    DOT_ACC: tl.constexpr = False, K_T: tl.constexpr = False, TMA: tl.constexpr = False,
+    EXACT_STAGES: tl.constexpr = None, UNROLL_FACTOR: tl.constexpr = None, WARP_SPEC: tl.constexpr = False,
 ):  # fmt: skip
     # Reductions are tl.reduce with tl.standard's combines, and zeros are tl.full: tl.sum/tl.max/tl.zeros are
     # JITFunctions decorated when triton was imported, which the interpreter cannot call when
@@ -104,33 +118,141 @@ def _block_sparse_fwd(
     mask_rows = mask_ptr + (bh.to(tl.int64) * QB + (rows // BLOCK).to(tl.int64)) * KB  # (BLOCK_M,)
     # 1. Exact key blocks, from the compacted list of this (batch*head, group) row.
     n_exact = tl.load(count_ptr + row)
-    for n in range(0, n_exact):
-        j = tl.load(idx_ptr + row * KB + n)
-        keys = j * BLOCK + cols
-        key_ok = keys < TK
-        koff = keys.to(tl.int64)[:, None]
-        k = tl.load(k_ptr + b * k_sb + h * k_sh + koff * k_st + d[None, :] * k_sd, mask=key_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + b * v_sb + h * v_sh + koff * v_st + d[None, :] * v_sd, mask=key_ok[:, None], other=0.0)
-        if F32:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        # keys past TK get -inf through one fused multiply-add (a (BLOCK,) bias, not a select per element)
-        s = s * qk_scale + tl.where(key_ok, 0.0, float("-inf"))[None, :]  # (BLOCK_M, BLOCK), log2 units
-        if GROUP > 1:  # rows whose own block does not list j as exact
-            exact = tl.load(mask_rows + j, mask=row_ok, other=0) != 0
-            s = s + tl.where(exact, 0.0, float("-inf"))[:, None]
-        m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no finite logit yet stays at zero weight
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-        if F32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    if not TUNED:
+        for n in range(0, n_exact):
+            j = tl.load(idx_ptr + row * KB + n)
+            keys = j * BLOCK + cols
+            key_ok = keys < TK
+            koff = keys.to(tl.int64)[:, None]
+            k = tl.load(k_ptr + b * k_sb + h * k_sh + koff * k_st + d[None, :] * k_sd, mask=key_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + b * v_sb + h * v_sh + koff * v_st + d[None, :] * v_sd, mask=key_ok[:, None], other=0.0)
+            if F32:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            # keys past TK get -inf through one fused multiply-add (a (BLOCK,) bias, not a select per element)
+            s = s * qk_scale + tl.where(key_ok, 0.0, float("-inf"))[None, :]  # (BLOCK_M, BLOCK), log2 units
+            if GROUP > 1:  # rows whose own block does not list j as exact
+                exact = tl.load(mask_rows + j, mask=row_ok, other=0) != 0
+                s = s + tl.where(exact, 0.0, float("-inf"))[:, None]
+            m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no finite logit yet stays at zero weight
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+            if F32:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+    else:  # the Launch tuning flags (group 1): see Launch; same maths, another schedule
+        k_base = b * k_sb + h * k_sh
+        if TMA:  # per-head 2-D descriptors: TMA loads, rows past TK read as zeros (the bias masks them)
+            k_desc = tl.make_tensor_descriptor(
+                k_ptr + b * k_sb + h * k_sh, shape=[TK, D], strides=[k_st, 1], block_shape=[BLOCK, D]
+            )
+            v_desc = tl.make_tensor_descriptor(
+                v_ptr + b * v_sb + h * v_sh, shape=[TK, D], strides=[v_st, 1], block_shape=[BLOCK, D]
+            )
+        for n in tl.range(
+            0, n_exact, UNROLL, num_stages=EXACT_STAGES, loop_unroll_factor=UNROLL_FACTOR, warp_specialize=WARP_SPEC
+        ):
+            j = tl.load(idx_ptr + row * KB + n)
+            if UNROLL == 2:  # the pair's second entry; past the list's end (odd n_exact) it is masked out
+                has2 = n + 1 < n_exact
+                j2 = tl.load(idx_ptr + row * KB + n + 1, mask=has2, other=0)
+                tk2 = tl.where(has2, TK, 0)  # the second tile's key limit: none of its keys when it is missing
+            if WIDE:  # the pair as one (2 * BLOCK)-key tile: one QK^T and one P @ V dot of twice the width
+                cols2 = tl.arange(0, 2 * BLOCK)
+                second = cols2 >= BLOCK
+                keys = tl.where(second, j2 * BLOCK + cols2 - BLOCK, j * BLOCK + cols2)  # (2 * BLOCK,)
+                key_ok = keys < tl.where(second, tk2, TK)
+            else:
+                keys = j * BLOCK + cols
+                key_ok = keys < TK
+            koff = keys.to(tl.int64)
+            if TMA:
+                k = k_desc.load([j * BLOCK, 0])
+                v = v_desc.load([j * BLOCK, 0])
+            elif K_T:  # K loaded as (D, BLOCK) through its strides: the dot's B operand without a transpose
+                kt = tl.load(k_ptr + k_base + d[:, None] * k_sd + koff[None, :] * k_st, mask=key_ok[None, :], other=0.0)
+                v = tl.load(
+                    v_ptr + b * v_sb + h * v_sh + koff[:, None] * v_st + d[None, :] * v_sd,
+                    mask=key_ok[:, None],
+                    other=0.0,
+                )
+            else:
+                k = tl.load(k_ptr + k_base + koff[:, None] * k_st + d[None, :] * k_sd, mask=key_ok[:, None], other=0.0)
+                v = tl.load(
+                    v_ptr + b * v_sb + h * v_sh + koff[:, None] * v_st + d[None, :] * v_sd,
+                    mask=key_ok[:, None],
+                    other=0.0,
+                )
+            if K_T:
+                if F32:
+                    s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")
+                else:
+                    s = tl.dot(q, kt)
+            elif F32:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = s * qk_scale + tl.where(key_ok, 0.0, float("-inf"))[None, :]  # (BLOCK_M, BLOCK or 2 * BLOCK)
+            row_max = tl.reduce(s, 1, tl.standard._elementwise_max)
+            if UNROLL == 2 and not WIDE:  # second tile: its own dot, one joint max and rescale for both
+                keys2 = j2 * BLOCK + cols
+                key2_ok = keys2 < tk2
+                koff2 = keys2.to(tl.int64)[:, None]
+                k2 = tl.load(k_ptr + k_base + koff2 * k_st + d[None, :] * k_sd, mask=key2_ok[:, None], other=0.0)
+                v2 = tl.load(
+                    v_ptr + b * v_sb + h * v_sh + koff2 * v_st + d[None, :] * v_sd, mask=key2_ok[:, None], other=0.0
+                )
+                if F32:
+                    s2 = tl.dot(q, tl.trans(k2.to(tl.float32)), input_precision="ieee")
+                else:
+                    s2 = tl.dot(q, tl.trans(k2))
+                s2 = s2 * qk_scale + tl.where(key2_ok, 0.0, float("-inf"))[None, :]
+                row_max = tl.maximum(row_max, tl.reduce(s2, 1, tl.standard._elementwise_max))
+            m_new = tl.maximum(m_i, row_max)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+            if UNROLL == 2 and not WIDE:
+                p2 = tl.exp2(s2 - m_use[:, None])
+                l_i = l_i + tl.reduce(p2, 1, tl.standard._sum_combine)
+            if F32:
+                p = p.to(tl.float32)
+                v = v.to(tl.float32)
+                if UNROLL == 2 and not WIDE:
+                    p2 = p2.to(tl.float32)
+                    v2 = v2.to(tl.float32)
+            else:
+                p = p.to(v.dtype)
+                if UNROLL == 2 and not WIDE:
+                    p2 = p2.to(v2.dtype)
+            if DOT_ACC:  # rescale, then the tensor-core dot accumulates into acc itself
+                acc = acc * alpha[:, None]
+                if F32:
+                    acc = tl.dot(p, v, acc, input_precision="ieee")
+                    if UNROLL == 2 and not WIDE:
+                        acc = tl.dot(p2, v2, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(p, v, acc)
+                    if UNROLL == 2 and not WIDE:
+                        acc = tl.dot(p2, v2, acc)
+            else:
+                if F32:
+                    pv = tl.dot(p, v, input_precision="ieee")
+                    if UNROLL == 2 and not WIDE:
+                        pv += tl.dot(p2, v2, input_precision="ieee")
+                else:
+                    pv = tl.dot(p, v)
+                    if UNROLL == 2 and not WIDE:
+                        pv += tl.dot(p2, v2)
+                acc = acc * alpha[:, None] + pv
+            m_i = m_new
     # 2. Folded key blocks: their mean keys, BLOCK at a time, as pseudo-keys with log(length) on the logit.
     # km/vm arrive in the dot's dtype (bf16 rounded once on the host, or fp32); .to() is then a no-op.
     means = bh.to(tl.int64) * KB * D
@@ -164,11 +286,18 @@ def _block_sparse_fwd(
             alpha = tl.exp2(m_i - m_use)
             p = tl.exp2(s - m_use[:, None])
             l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-            if F32:
-                pv = tl.dot(p, vm, input_precision="ieee")
+            if DOT_ACC:
+                acc = acc * alpha[:, None]
+                if F32:
+                    acc = tl.dot(p, vm, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(p.to(q.dtype), vm.to(q.dtype), acc)
             else:
-                pv = tl.dot(p.to(q.dtype), vm.to(q.dtype))
-            acc = acc * alpha[:, None] + pv
+                if F32:
+                    pv = tl.dot(p, vm, input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(q.dtype), vm.to(q.dtype))
+                acc = acc * alpha[:, None] + pv
             m_i = m_new
     out = acc / l_i[:, None]
     optr = out_ptr + (bh.to(tl.int64) * TQ + rows.to(tl.int64))[:, None] * D + d[None, :]
@@ -483,7 +612,20 @@ class Launch:
     (`_fused_route`) and the density by one torch mean, instead of 18 torch launches and the compaction
     kernel (group 1 only; it writes its own lists, so triton_compaction does not apply). Both change the
     routing's fp32 rounding (sum and dot order), so a block whose score ties its threshold within rounding
-    could route differently from `routing`; the torch routing stays the one `routing` and `reference` use."""
+    could route differently from `routing`; the torch routing stays the one `routing` and `reference` use.
+
+    Exact-loop tuning (group 1 only; any of them selects a second copy of the exact loop, so launches without
+    them compile the loop as before). Unmeasured until the H200 sweep; each is its own candidate so the sweep
+    can attribute a gain. unroll=2: two list entries per iteration, two K/V tiles and QK^T dots, one joint row
+    max and one rescale of acc and l for both, two P @ V dots (odd lists: the missing second tile is masked to
+    -inf and not loaded). wide (needs unroll=2): the pair as one gathered 128-key tile, one dot each of twice
+    the width. dot_acc: rescale acc, then `acc = tl.dot(p, v, acc)` (the tensor core accumulates in place; no
+    separate (64, 128) fp32 product and add; the folded loop likewise). k_transposed: K loaded as (D, 64)
+    through its strides, so the QK^T dot takes it without `tl.trans`. tma: K/V tiles by per-head TMA tensor
+    descriptors (`tl.make_tensor_descriptor`; needs unit last stride and 16-byte aligned base and strides,
+    else ValueError; a Triton global-scratch allocator is installed on the GPU). exact_stages /
+    loop_unroll_factor / warp_specialize: the exact loop's `tl.range` options (software-pipeline depth of
+    that loop alone, Triton's loop unroller, automatic warp specialization); the interpreter ignores them."""
 
     group: int = 1
     num_warps: int = 4
@@ -493,6 +635,28 @@ class Launch:
     triton_compaction: bool = True
     fused_means: bool = False
     fused_route: bool = False
+    unroll: int = 1
+    wide: bool = False
+    dot_acc: bool = False
+    k_transposed: bool = False
+    tma: bool = False
+    exact_stages: int | None = None
+    loop_unroll_factor: int | None = None
+    warp_specialize: bool = False
+
+    @property
+    def tuned(self) -> bool:
+        """Whether any exact-loop tuning flag is set (the kernel then runs its second exact loop)."""
+        return (
+            self.unroll != 1
+            or self.wide
+            or self.dot_acc
+            or self.k_transposed
+            or self.tma
+            or self.exact_stages is not None
+            or self.loop_unroll_factor is not None
+            or self.warp_specialize
+        )
 
     def __post_init__(self) -> None:
         if self.group not in (1, 2):
@@ -504,6 +668,23 @@ class Launch:
                 f"block_sparse_attention: Launch num_warps must be a power of two <= 16 and num_stages 1..8, "
                 f"got {self.num_warps!r}, {self.num_stages!r}"
             )
+        name = "block_sparse_attention: Launch"
+        if self.unroll not in (1, 2):
+            raise ValueError(f"{name}.unroll must be 1 or 2, got {self.unroll!r}")
+        if self.tuned and self.group != 1:
+            raise ValueError(f"{name} exact-loop tuning flags need group 1, got group {self.group!r}")
+        if self.wide and self.unroll != 2:
+            raise ValueError(f"{name}.wide needs unroll=2, got unroll={self.unroll!r}")
+        if self.k_transposed and self.unroll == 2 and not self.wide:
+            raise ValueError(f"{name}.k_transposed needs unroll=1 or wide, got unroll=2 without wide")
+        if self.tma and (self.unroll != 1 or self.k_transposed):
+            raise ValueError(
+                f"{name}.tma needs unroll=1 and not k_transposed, got {self.unroll!r}, {self.k_transposed!r}"
+            )
+        if self.exact_stages is not None and not 1 <= self.exact_stages <= 8:
+            raise ValueError(f"{name}.exact_stages must be None or 1..8, got {self.exact_stages!r}")
+        if self.loop_unroll_factor is not None and not 2 <= self.loop_unroll_factor <= 8:
+            raise ValueError(f"{name}.loop_unroll_factor must be None or 2..8, got {self.loop_unroll_factor!r}")
 
 
 PREVIOUS = Launch(group=1, num_warps=4, num_stages=2, heads_outer=True, bf16_means=False, triton_compaction=False)
@@ -513,6 +694,8 @@ DEFAULT = Launch()
 """g1_w4_s3: the fastest whole call at 20 % density in the H200 sweep (5fdd1cf,
 benchmarks/results/2026-11-29-sparse-attention-h200-run2.json): 1.19x the d9ed842 launch on structured and on
 captured q/k/v, 2.22x cuDNN dense; 8 warps or 2 query blocks per program were slower."""
+FUSED_ROUTING = Launch(fused_means=True, fused_route=True)
+"""DEFAULT with the routing fused: the base of the exact-loop tuning candidates."""
 CANDIDATES = {
     "previous": PREVIOUS,
     "g1_w4_s3": Launch(group=1, num_warps=4, num_stages=3),
@@ -522,7 +705,21 @@ CANDIDATES = {
     "g2_w8_s2": Launch(group=2, num_warps=8, num_stages=2),
     # DEFAULT with the routing fused (unmeasured): the means alone, then means and route
     "g1_w4_s3_fused_means": Launch(fused_means=True),
-    "g1_w4_s3_fused_routing": Launch(fused_means=True, fused_route=True),
+    "g1_w4_s3_fused_routing": FUSED_ROUTING,
+    # the fused-routing launch with one exact-loop tuning flag each (unmeasured until the H200 sweep; see Launch)
+    "g1_w4_s3_fused_routing_dotacc": replace(FUSED_ROUTING, dot_acc=True),
+    "g1_w4_s3_fused_routing_unroll2": replace(FUSED_ROUTING, unroll=2),
+    "g1_w4_s3_fused_routing_unroll2_dotacc": replace(FUSED_ROUTING, unroll=2, dot_acc=True),
+    "g1_w4_s3_fused_routing_wide_dotacc": replace(FUSED_ROUTING, unroll=2, wide=True, dot_acc=True),
+    "g1_w4_s3_fused_routing_kt": replace(FUSED_ROUTING, k_transposed=True),
+    "g1_w4_s3_fused_routing_tma": replace(FUSED_ROUTING, tma=True),
+    "g1_w4_s4_fused_routing": replace(FUSED_ROUTING, num_stages=4),
+    "g1_w4_s3_fused_routing_xs4": replace(FUSED_ROUTING, exact_stages=4),
+    "g1_w4_s3_fused_routing_lu2": replace(FUSED_ROUTING, loop_unroll_factor=2),
+    "g1_w4_s3_fused_routing_ws_dotacc": replace(FUSED_ROUTING, warp_specialize=True, dot_acc=True),
+    # unroll2 holds four K/V tiles per stage (147 KB of shared memory at 3 stages: one program per SM); without
+    # pipelining its loop it needs 64 KB (two per SM, as DEFAULT), the pair's two loads still in flight together
+    "g1_w4_s3_fused_routing_unroll2_dotacc_xs1": replace(FUSED_ROUTING, unroll=2, dot_acc=True, exact_stages=1),
 }
 
 
@@ -613,6 +810,32 @@ def _lists(mask: torch.Tensor, launch: Launch) -> tuple[torch.Tensor, torch.Tens
     return idx, count
 
 
+def _tuned_args(k: torch.Tensor, v: torch.Tensor, launch: Launch) -> dict[str, object]:
+    """The kernel's exact-loop tuning constexprs for `launch` (none for an untuned launch: the defaults)."""
+    if not launch.tuned:
+        return {}
+    if launch.tma:
+        for arg, x in (("k", k), ("v", v)):
+            size = x.element_size()
+            if x.stride(-1) != 1 or x.data_ptr() % 16 or any(st * size % 16 for st in x.stride()[:-1]):
+                raise ValueError(
+                    f"block_sparse_attention: Launch.tma needs {arg} with unit last stride and 16-byte aligned base "
+                    f"and strides, got strides {tuple(x.stride())} ({x.dtype}) at address {x.data_ptr():#x}"
+                )
+        if not interpreting():  # device-side descriptors need Triton's global scratch (128 bytes a program)
+            triton.set_allocator(_tma_scratch)
+    return {
+        "TUNED": True, "UNROLL": launch.unroll, "WIDE": launch.wide, "DOT_ACC": launch.dot_acc,
+        "K_T": launch.k_transposed, "TMA": launch.tma, "EXACT_STAGES": launch.exact_stages,
+        "UNROLL_FACTOR": launch.loop_unroll_factor, "WARP_SPEC": launch.warp_specialize,
+    }  # fmt: skip
+
+
+def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Triton's allocator for the tensor descriptors `tl.make_tensor_descriptor` builds on the device."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launch: Launch = DEFAULT) -> torch.Tensor:
     """The attention kernel alone on a `plan(...)` of the same q, k, v (made with the same launch.group)."""
     if route.group != launch.group:
@@ -628,7 +851,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launc
         h, tq, k.shape[2], kb, qb, groups, route.scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(),
         F32=q.dtype == torch.float32 or interpreting(), BLOCK=BLOCK, D=d, GROUP=launch.group,
-        BLOCK_M=launch.group * BLOCK, HEADS_OUTER=launch.heads_outer, **tuning,
+        BLOCK_M=launch.group * BLOCK, HEADS_OUTER=launch.heads_outer, **tuning, **_tuned_args(k, v, launch),
     )  # fmt: skip
     return out
 

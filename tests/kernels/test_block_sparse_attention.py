@@ -336,3 +336,74 @@ def test_block_sparse_fused_candidates_are_default_plus_flags():
     assert CANDIDATES["g1_w4_s3_fused_routing"] == replace(DEFAULT, fused_means=True, fused_route=True)
     with pytest.raises(ValueError, match="fused_route"):
         Launch(group=2, fused_route=True)
+
+
+# Exact-loop tuning candidates (Launch.unroll / wide / dot_acc / k_transposed / tma / tl.range options): the same
+# maths in another schedule. Their plans come from the torch routing (the kernel reads any group-1 plan), so each
+# equals the reference exactly up to fp32 rounding; the tl.range options are ignored by the interpreter (they
+# only change how the GPU compiler pipelines, unrolls or warp-specializes the loop), so here they check the loop.
+TUNED = [name for name, launch in CANDIDATES.items() if launch.tuned]
+
+
+@pytest.mark.parametrize("name", TUNED)
+def test_block_sparse_tuned_kernel_matches_reference(rng, name):
+    """Seven query blocks (the last of 57 rows), transposed views; sink block 0 and the band only (tau = inf), so
+    the lists are [0, 1], [0, 1, 2], [0..3], [0, 2, 3, 4], [0, 3, 4, 5], [0, 4, 5, 6], [0, 5, 6]: even and odd
+    lengths (unroll=2's odd tail masks its second tile), gaps, several iterations, and folded blocks besides."""
+    q, k, v = _qkv(rng, 7 * BLOCK - 7, heads=1, noncontiguous=True)
+    route = plan(q, k, v, float("inf"), 1)  # DEFAULT's plan: the torch routing, as the reference's
+    assert route.count.flatten().tolist() == [2, 3, 4, 4, 4, 4, 3]
+    got = attend(q, k, v, route, CANDIDATES[name])
+    want = reference(q, k, v, float("inf"), 1)
+    err = (got - want).abs().max().item()
+    assert err < 1e-4, f"seed {rng.initial_seed()}: {name}: max error {err} (counts {route.count.flatten().tolist()})"
+
+
+def test_block_sparse_tuned_kernel_bf16_and_whole_call(rng):
+    """A tuned candidate through the whole call (its fused routing) in bf16 agrees with DEFAULT within the bf16
+    bound; an all-exact routing (every list full: even length 5 + odd) matches dense in fp32."""
+    launch = CANDIDATES["g1_w4_s3_fused_routing_unroll2_dotacc"]
+    q, k, v = _qkv(rng, 5 * BLOCK - 7, torch.bfloat16, heads=1)
+    err = (block_sparse_attention(q, k, v, 0.5, 0, launch=launch).float() - reference(q, k, v, 0.5, 0).float()).abs()
+    assert err.max().item() < 0.02, f"seed {rng.initial_seed()}: max error {err.max().item()}"
+    q, k, v = _qkv(rng, 5 * BLOCK - 7, heads=1)
+    got = block_sparse_attention(q, k, v, float("-inf"), 0, launch=CANDIDATES["g1_w4_s3_fused_routing_wide_dotacc"])
+    err = (got - _dense(q, k, v)).abs().max().item()
+    assert err < 1e-4, f"seed {rng.initial_seed()}: all exact, wide pairs: max error {err}"
+
+
+def test_block_sparse_tuned_candidates_are_fused_routing_plus_flags():
+    """Each tuning candidate is the fused-routing launch plus its flags; DEFAULT and PREVIOUS carry none."""
+    base = CANDIDATES["g1_w4_s3_fused_routing"]
+    assert not DEFAULT.tuned and not PREVIOUS.tuned and not base.tuned and len(TUNED) >= 8
+    assert CANDIDATES["g1_w4_s3_fused_routing_unroll2"] == replace(base, unroll=2)
+    assert CANDIDATES["g1_w4_s3_fused_routing_dotacc"] == replace(base, dot_acc=True)
+    for name in TUNED:
+        launch = CANDIDATES[name]
+        assert launch.fused_means and launch.fused_route and launch.group == 1, name
+
+
+@pytest.mark.parametrize(
+    "flags,match",
+    [
+        ({"unroll": 3}, "unroll"),
+        ({"group": 2, "dot_acc": True}, "group 1"),
+        ({"wide": True}, "wide"),
+        ({"unroll": 2, "k_transposed": True}, "k_transposed"),
+        ({"unroll": 2, "tma": True}, "tma"),
+        ({"exact_stages": 0}, "exact_stages"),
+        ({"loop_unroll_factor": 1}, "loop_unroll_factor"),
+    ],
+)
+def test_block_sparse_tuned_launch_bad_option_raises(flags, match):
+    with pytest.raises(ValueError, match=match):
+        Launch(**flags)
+
+
+def test_block_sparse_tma_kernel_bad_strides_raises(rng):
+    """Launch.tma reads K/V through TMA descriptors: a last stride other than 1 is refused, not read wrongly."""
+    q, k, v = _qkv(rng, 2 * BLOCK)
+    route = plan(q, k, v, 0.5, 0)
+    k_strided = torch.randn(1, 2, 2 * BLOCK, 2 * D, generator=rng)[..., ::2]
+    with pytest.raises(ValueError, match="tma"):
+        attend(q, k_strided, v, route, CANDIDATES["g1_w4_s3_fused_routing_tma"])
