@@ -9,6 +9,10 @@ from the pipeline's own (random, shape-reduced) text encoder. Arms:
 - `cudnn+compile`: cuDNN attention + `regional_compile` (diffusers `compile_repeated_blocks`, fullgraph);
 - `exact-fast`: `profiles.profile("exact-fast", "wan", device)`, as the profile is defined (no compile; diffusers'
   default attention since the first run measured forcing cuDNN slower);
+- `reduction`: candidates for the profile beyond the bit-equal set: `fused_block_norms` (LayerNorm/RMSNorm fused
+  with the modulation and rotary step; contract reduction) + adaln_precompute + cross_kv_cache + `gelu_epilogue`
+  (CUDA); `reduction without gelu_epilogue` (that plugin's share); `reduction+compile` (script compile as above);
+- `flash4`, `reduction+flash4`: attention through FlashAttention-4 (`flash4_attention`), alone and with `reduction`;
 - `exact-fast+compile`: the same plugins, then `torch.compile` of every `WanTransformerBlock` done HERE, by the
   script (fullgraph=False): `regional_compile` refuses blocks another plugin changed (fused_block_ops replaces
   each block's forward, cross_kv_cache attn2's K/V forwards), so this arm checks whether dynamo can trace the
@@ -142,6 +146,9 @@ def _arms(device: torch.device) -> list[Arm]:
 
     attention = {"backend": "cudnn" if device.type == "cuda" else "native"}
     exact = profile("exact-fast", "wan", device)
+    reduction = {"fused_block_norms": {}, "adaln_precompute": {}, "cross_kv_cache": {}}
+    if device.type == "cuda":
+        reduction["gelu_epilogue"] = {}
     return [
         Arm("stock", {}),
         Arm("cudnn", {"attention_backend": attention}),
@@ -149,6 +156,11 @@ def _arms(device: torch.device) -> list[Arm]:
         Arm("exact-fast", exact),
         Arm("exact-fast+compile", exact, compile_blocks=True),
         Arm("exact-fast+compile(opaque kernels)", exact, compile_blocks=True, opaque=True),
+        Arm("reduction", reduction),
+        Arm("reduction without gelu_epilogue", {k: v for k, v in reduction.items() if k != "gelu_epilogue"}),
+        Arm("reduction+compile", reduction, compile_blocks=True),
+        Arm("flash4", {"flash4_attention": {}}),
+        Arm("reduction+flash4", {**reduction, "flash4_attention": {}}),
     ]
 
 

@@ -31,6 +31,7 @@ Per arm: median / all seconds, rel-L2 of the video and audio outputs against sto
 and against its own warm-up output (run-to-run), peak memory; `exact_fast` is also checked for `torch.equal`
 against the arm with the same attention setting (`cudnn` on the GPU, `stock` on the CPU): fused_block_ops is a
 rounding contract, so bit-equal is required there (`rounding_contract`).
+`--flash4`: adds `flash4` (attention through FlashAttention-4) and `exact_fast+flash4`.
 `--profile`: after the rounds, one torch.profiler forward per arm, its kernel time split into attention, GEMM and
 the rest with the top kernels (benchmarks/common.py's `kernel_split`).
 Every arm records its error instead of stopping the run; the JSON is written to $OUT after every phase.
@@ -256,6 +257,7 @@ def main() -> None:
     parser.add_argument("--density", type=float, default=0.20, help="block_sparse target density")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="after the rounds, one profiled forward per arm")
+    parser.add_argument("--flash4", action="store_true", help="add arms with attention through FlashAttention-4")
     args = parser.parse_args()
 
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -312,6 +314,9 @@ def main() -> None:
         bench.configs["exact_fast"] = given
     except Exception as error:
         arms["exact_fast_profile_as_given"] = {"error": repr(error)}
+    if args.flash4:
+        bench.configs["flash4"] = {"flash4_attention": {}}
+        bench.configs["exact_fast+flash4"] = {**bench.configs.get("exact_fast", {}), "flash4_attention": {}}
 
     def calibrate() -> dict[str, Any]:
         middle = model.config.num_layers // 2

@@ -15,6 +15,7 @@ from workbench.accelerations import (
     cross_kv_cache,
     diffusers_caches,
     easycache,
+    flash4_attention,
     fused_block_norms,
     fused_block_ops,
     fused_qkv,
@@ -31,6 +32,7 @@ from workbench.accelerations.install import plan
 
 _MODULES = (
     attention_backend,
+    flash4_attention,
     block_sparse,
     sol_attn,
     attention_policy,

@@ -9,6 +9,9 @@ The block's forward, op for op, with:
   the same `dispatch_attention_fn` call with the processor's backend and parallel config, the same output
   projection. Only a stock `WanAttnProcessor` on an attn1 without hooks is taken over; any other (a plugin's
   wrapper, a hooked module) runs as it is and the call is counted under `fallbacks`.
+
+`_self_attention`, `attn1_reason` and `hooked` are shared with fused_block_norms.py, which passes the fused
+RMSNorm+rotary kernel (`qk_norm_rope`) for q and k; without it (fused_block_ops) nothing changes.
 """
 
 from __future__ import annotations
@@ -32,14 +35,25 @@ def _stock_rotary(hidden_states: torch.Tensor, freqs_cos: torch.Tensor, freqs_si
     return out.type_as(hidden_states)
 
 
+def hooked(module: torch.nn.Module) -> bool:
+    """True when calling the module would run more than its class forward (torch or diffusers hooks, or an
+    instance-level forward): then the fused code must not replace the call."""
+    registry = getattr(module, "_diffusers_hook", None)
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or "forward" in module.__dict__
+        or (registry and registry.hooks)
+    )
+
+
 def attn1_reason(attn: torch.nn.Module) -> str | None:
     """Why attn1 cannot be run here with the rotary kernel (then it runs as it is), or None."""
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
     if type(attn.processor) is not WanAttnProcessor:
         return f"attn1 processor is {type(attn.processor).__name__}, not a stock WanAttnProcessor"
-    registry = getattr(attn, "_diffusers_hook", None)
-    if attn._forward_hooks or attn._forward_pre_hooks or "forward" in attn.__dict__ or (registry and registry.hooks):
+    if hooked(attn):
         return "attn1 has hooks or a replaced forward"
     if attn.add_k_proj is not None:
         return "attn1 has image key/value projections"
@@ -63,18 +77,28 @@ def _rope_reason(query: torch.Tensor, rotary_emb: Any) -> str | None:
     return None
 
 
-def _self_attention(attn: torch.nn.Module, hidden_states: torch.Tensor, rotary_emb: Any, receipt: Any, rope: Any):
-    """`WanAttnProcessor.__call__(attn, hidden_states, None, None, rotary_emb)` with the rotary kernel."""
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-    from diffusers.models.transformers.transformer_wan import _get_qkv_projections
+def qk_norm_reason(attn: torch.nn.Module, query: torch.Tensor, rotary_emb: Any) -> str | None:
+    """Why q/k cannot take the fused RMSNorm+rotary kernel (`qk_norm_rope`; then diffusers' norm_q/norm_k and
+    the rotary step run), or None. query: (B, T, C) as projected."""
+    if rotary_emb is None:
+        return "no rotary_emb"
+    for name in ("norm_q", "norm_k"):
+        norm = getattr(attn, name)
+        if type(norm) is not torch.nn.RMSNorm or hooked(norm):
+            return f"{name} is {type(norm).__name__} (with hooks: {hooked(norm)}), not a plain torch.nn.RMSNorm"
+        if norm.weight is None or norm.weight.dtype != query.dtype or norm.eps is None:
+            return f"{name} without weight or eps, or weight dtype {getattr(norm.weight, 'dtype', None)}"
+        if tuple(norm.normalized_shape) != (query.shape[-1],):
+            return f"{name} over {tuple(norm.normalized_shape)}, not across heads ({query.shape[-1]},)"
+    return _rope_reason(query.unflatten(2, (attn.heads, -1)), rotary_emb)
 
-    processor = attn.processor
-    query, key, value = _get_qkv_projections(attn, hidden_states, None)
+
+def _norm_then_rope(attn, query, key, rotary_emb, receipt, rope):
+    """diffusers' norm_q/norm_k, then the rotary step as `rope` (a kernel) where it can take it."""
     query = attn.norm_q(query)
     key = attn.norm_k(key)
     query = query.unflatten(2, (attn.heads, -1))  # (B, T, H, D)
     key = key.unflatten(2, (attn.heads, -1))
-    value = value.unflatten(2, (attn.heads, -1))
     if rotary_emb is not None:
         reason = _rope_reason(query, rotary_emb)
         if reason is None:
@@ -85,6 +109,35 @@ def _self_attention(attn: torch.nn.Module, hidden_states: torch.Tensor, rotary_e
             receipt.count_fallback(f"rope: {reason}")
             query = _stock_rotary(query, *rotary_emb)
             key = _stock_rotary(key, *rotary_emb)
+    return query, key
+
+
+def _self_attention(
+    attn: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    rotary_emb: Any,
+    receipt: Any,
+    rope: Any,
+    qk_norm_rope: Any = None,
+):
+    """`WanAttnProcessor.__call__(attn, hidden_states, None, None, rotary_emb)` with the rotary kernel `rope`.
+    With `qk_norm_rope` (fused_block_norms; contract reduction), norm_q/norm_k and the rotary step run as that one
+    kernel for q and for k where `qk_norm_reason` allows; otherwise (fused_block_ops) as before."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.transformers.transformer_wan import _get_qkv_projections
+
+    processor = attn.processor
+    query, key, value = _get_qkv_projections(attn, hidden_states, None)
+    reason = None if qk_norm_rope is None else qk_norm_reason(attn, query, rotary_emb)
+    if qk_norm_rope is not None and reason is None:
+        query = qk_norm_rope(query, attn.norm_q.weight, attn.norm_q.eps, *rotary_emb, attn.heads)  # (B, T, H, D)
+        key = qk_norm_rope(key, attn.norm_k.weight, attn.norm_k.eps, *rotary_emb, attn.heads)
+        receipt.count("qk_norm_rope_calls", 2)
+    else:
+        if reason is not None:
+            receipt.count_fallback(f"qk_norm_rope: {reason}")
+        query, key = _norm_then_rope(attn, query, key, rotary_emb, receipt, rope)
+    value = value.unflatten(2, (attn.heads, -1))
     hidden_states = dispatch_attention_fn(
         query,
         key,
