@@ -258,6 +258,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="after the rounds, one profiled forward per arm")
     parser.add_argument("--flash4", action="store_true", help="add arms with attention through FlashAttention-4")
+    parser.add_argument("--arms", default="", help="comma-separated subset of the arms (stock always runs)")
     args = parser.parse_args()
 
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -327,9 +328,14 @@ def main() -> None:
         del records, q, k
         return result
 
-    chosen = arm(arms, "calibration", calibrate)
-    if chosen is not None:
-        bench.configs["block_sparse"] = {"block_sparse": {"tau": chosen["tau"]}}
+    wanted = {"stock", *args.arms.split(",")} if args.arms else None
+    if wanted is None or "block_sparse" in wanted:
+        chosen = arm(arms, "calibration", calibrate)
+        if chosen is not None:
+            bench.configs["block_sparse"] = {"block_sparse": {"tau": chosen["tau"]}}
+    if wanted is not None:
+        for name in set(bench.configs) - wanted:
+            del bench.configs[name]
     arms["configs"] = bench.configs
     save("calibration")
 

@@ -720,6 +720,10 @@ CANDIDATES = {
     # unroll2 holds four K/V tiles per stage (147 KB of shared memory at 3 stages: one program per SM); without
     # pipelining its loop it needs 64 KB (two per SM, as DEFAULT), the pair's two loads still in flight together
     "g1_w4_s3_fused_routing_unroll2_dotacc_xs1": replace(FUSED_ROUTING, unroll=2, dot_acc=True, exact_stages=1),
+    # 2026-11-30 sweep: TMA the fastest kernel (3.50 ms at 20 %), the torch route after fused means the fastest
+    # routing (0.54 vs 0.77 ms): the two together, and with in-place dot accumulation (unmeasured)
+    "g1_w4_s3_fused_means_tma": Launch(fused_means=True, tma=True),
+    "g1_w4_s3_fused_means_tma_dotacc": Launch(fused_means=True, tma=True, dot_acc=True),
 }
 
 

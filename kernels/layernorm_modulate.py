@@ -109,7 +109,7 @@ def _layernorm_modulate(
     )
     centred = tl.where(col_ok, x - mean, 0.0)
     var = tl.math.div_rn(tl.reduce(centred * centred, 1, tl.standard._sum_combine), width)
-    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))[:, None]
+    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn((var + eps).to(tl.float32)))[:, None]  # eps arrives fp64 under compile
     y = centred * rstd  # from here every op is its own fp32 rounding (enable_fp_fusion=False)
     if HAS_WEIGHT:
         y = y * tl.load(w_ptr + cols.to(tl.int64) * w_s, mask=cols < C, other=0.0).to(tl.float32)[None, :]

@@ -373,14 +373,16 @@ def test_block_sparse_tuned_kernel_bf16_and_whole_call(rng):
 
 
 def test_block_sparse_tuned_candidates_are_fused_routing_plus_flags():
-    """Each tuning candidate is the fused-routing launch plus its flags; DEFAULT and PREVIOUS carry none."""
+    """Each tuning candidate is a fused-routing (or fused-means) launch plus its flags; DEFAULT and PREVIOUS carry
+    none."""
     base = CANDIDATES["g1_w4_s3_fused_routing"]
     assert not DEFAULT.tuned and not PREVIOUS.tuned and not base.tuned and len(TUNED) >= 8
     assert CANDIDATES["g1_w4_s3_fused_routing_unroll2"] == replace(base, unroll=2)
     assert CANDIDATES["g1_w4_s3_fused_routing_dotacc"] == replace(base, dot_acc=True)
     for name in TUNED:
         launch = CANDIDATES[name]
-        assert launch.fused_means and launch.fused_route and launch.group == 1, name
+        assert launch.fused_means and launch.group == 1, name
+    assert CANDIDATES["g1_w4_s3_fused_means_tma"] == replace(CANDIDATES["g1_w4_s3_fused_means"], tma=True)
 
 
 @pytest.mark.parametrize(
