@@ -1,4 +1,4 @@
-# 2026-11-30 call 3 (nvidia-h200-x2), after `next-call2-stage.sh` (part 1 of the FA4 bundle); carries `.whlmin` and
+# 2026-11-30 call 3 (nvidia-h200-x2), after `2026-11-30-stage-fa4.sh` (part 1 of the FA4 bundle); carries `.whlmin` and
 # `.fa2` (part 2 + nvidia-cutlass-dsl-libs-core, which holds the `cutlass.cute` Python package call 2 lacked).
 # GPU 0: FA4 vs cuDNN per kernel, then exact-fast candidates with FA4 (issue 6). GPU 1: the full-size H3 forward with
 # FA4 arms and a profile (issue 8), then the sparse sweep of TMA + fused-means launches (issue 7).

@@ -1,5 +1,5 @@
 # 2026-11-30 call 2 (nvidia-h200-x2), run from the repository root with `.whlmin` and `.fa2` carried; the call
-# before it (`next-call2-stage.sh`) left the first part of the FlashAttention-4 bundle in ../fastage (README here).
+# before it (`2026-11-30-stage-fa4.sh`) left the first part of the FlashAttention-4 bundle in ../fastage (README here).
 # GPU 0: exact-fast candidates (issue 6). GPU 1: FA4 vs cuDNN at the Wan and H3 shapes, the sparse sweep with the
 # new launch candidates (issue 7), then the full-size H3 forward with FA4 arms and a kernel-time profile (issue 8).
 mkdir -p /tmp/logs/e /tmp/logs/s /tmp/logs/h /tmp/logs/f /tmp/fa
