@@ -690,10 +690,12 @@ class Launch:
 PREVIOUS = Launch(group=1, num_warps=4, num_stages=2, heads_outer=True, bf16_means=False, triton_compaction=False)
 """The launch measured at d9ed842 (kept for side-by-side timing; the kernel body has since changed only in
 how the out-of-range key mask is applied: a fused bias instead of a select)."""
-DEFAULT = Launch()
-"""g1_w4_s3: the fastest whole call at 20 % density in the H200 sweep (5fdd1cf,
-benchmarks/results/2026-11-29-sparse-attention-h200-run2.json): 1.19x the d9ed842 launch on structured and on
-captured q/k/v, 2.22x cuDNN dense; 8 warps or 2 query blocks per program were slower."""
+DEFAULT = Launch(fused_means=True, tma=True)
+"""g1_w4_s3_fused_means_tma: the block means in one Triton launch, the torch route, K/V tiles through TMA descriptors.
+In the H200 sweep of 2026-11-30 (e523ab7, benchmarks/results/2026-11-30-sparse-attention-h200-run3.json) the fastest
+whole call at 10 % (2.52 ms, 4.64x cuDNN) and within 1.3 % of the fastest at 20 % (4.20 ms, 2.79x; kernel 3.50 ms,
+401 TFLOP/s on the exact pairs) and 40 % (7.61 ms, 1.54x). The g1_w4_s3 launch it replaces: 5.00 / 8.91 ms at 20 /
+40 %. TMA needs K/V with unit last stride and 16-byte aligned base and strides (the launcher refuses others)."""
 FUSED_ROUTING = Launch(fused_means=True, fused_route=True)
 """DEFAULT with the routing fused: the base of the exact-loop tuning candidates."""
 CANDIDATES = {

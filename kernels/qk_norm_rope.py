@@ -110,6 +110,12 @@ CANDIDATES = {  # what the benchmark times side by side
     "tiled_h1_r32": LaunchConfig(heads=1, rows=32),
     "tiled_h1_r8_w2": LaunchConfig(heads=1, rows=8, num_warps=2),
     "tiled_all_heads": LaunchConfig(heads=64),
+    # for qk_norm_rope (its norm path takes every head, `heads` unused there); not yet measured
+    "norm_r8": LaunchConfig(rows=8),
+    "norm_r4_w2": LaunchConfig(rows=4, num_warps=2),
+    "norm_r8_w2": LaunchConfig(rows=8, num_warps=2),
+    "norm_r16_w8": LaunchConfig(rows=16, num_warps=8),
+    "norm_r32_w8": LaunchConfig(rows=32, num_warps=8),
 }
 
 
@@ -142,7 +148,7 @@ def _legacy_qk_norm_rope(
         # the interpreter maps this combine to np.sum, a GPU to Triton's tree reduction
         ms = tl.reduce(x1 * x1, 1, tl.standard._sum_combine) + tl.reduce(x2 * x2, 1, tl.standard._sum_combine)
         ms = tl.math.div_rn(ms, C.to(tl.float32))
-        r = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))[:, None]
+        r = tl.math.div_rn(1.0, tl.math.sqrt_rn((ms + eps).to(tl.float32)))[:, None]  # eps is fp64 under compile
         w1 = tl.load(w_ptr + even, mask=(pairs < C // 2)[None, :], other=0.0).to(tl.float32)
         w2 = tl.load(w_ptr + even + 1, mask=(pairs < C // 2)[None, :], other=0.0).to(tl.float32)
         x1 = (x1 * r) * w1
@@ -227,7 +233,7 @@ def _tiled_qk_norm_rope(
             x = tl.load(x_at + h * x_sh, mask=mask, other=0.0).to(tl.float32)
             squares += tl.reduce(x * x, 1, tl.standard._sum_combine)  # tl.sum: see the legacy kernel
         ms = tl.math.div_rn(squares, tl.cast(H * D, tl.float32))
-        r = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))[:, None]
+        r = tl.math.div_rn(1.0, tl.math.sqrt_rn((ms + eps).to(tl.float32)))[:, None]  # eps is fp64 under compile
     for h in range(h0, tl.minimum(h0 + HEADS, H)):
         x = tl.load(x_at + h * x_sh, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_D]
         if NORM:

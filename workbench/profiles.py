@@ -6,26 +6,29 @@
 `reduction` (never `approximate`; checked against `workbench.accelerations.available()` at every call, so a
 plugin whose contract became approximate makes this raise instead of silently joining the profile).
 
-Attention stays on diffusers' default (`native`, torch SDPA, which picks cuDNN itself on the H200): forcing the
-`_native_cudnn` backend measured slower than that default in the same process, 0.970x on the Wan2.1-1.3B
-forward (benchmarks/results/2026-11-29-exact-fast-forward.json) and 0.985x on the full-size H3 forward
-(2026-11-29-h3-full-forward.json), with bit-equal outputs, so no profile forces it.
+Measured on the H200 (random weights, A/B/A in one process; benchmarks/results/2026-11-30-*-run3.json and
+2026-11-30-flash4-attention.json):
+- Wan: `fused_block_norms` (norms, modulation, residual adds, q/k RMSNorm + rotary as Triton kernels) +
+  `adaln_precompute` + `cross_kv_cache` + `gelu_epilogue` + `flash4_attention`. One 32,760-token Wan2.1-1.3B forward:
+  1.374x stock [1.370, 1.377] and 1.165x cuDNN + `compile_repeated_blocks` [1.159, 1.167], output relative L2
+  4.9e-3 against stock; a 16-step request 1.33x (one A/B/A round). Without FlashAttention-4 the same set ran
+  1.221x stock. The bit-equal set (`fused_block_ops` + precompute + cross-KV) ran 1.158x and is what a user who
+  needs `torch.equal` to stock installs by hand.
+- H3: `fused_block_ops` (bit-equal to stock at full size) + `flash4_attention`: 1.117x stock on the 33.1B forward,
+  relative L2 2.4e-3 (video) / 2.4e-3 (audio).
+- LTX-2: `adaln_precompute` and `cross_kv_cache` where their `Spec.families` accept the family (its fused block
+  measured 0.87x per block, and FlashAttention-4 was not measured on it).
+Attention is never forced to `_native_cudnn`: that measured slower than diffusers' default (0.970x Wan, 0.985x H3).
 
-- Wan: `fused_block_ops` (rope="auto": attn1's rotary step as the `rope_only` kernel) + `adaln_precompute` +
-  `cross_kv_cache`. On the H200 (2026-11-29-exact-fast-forward.json, A/B/A, 3 rounds) this set with cuDNN
-  forced ran one 32,760-token forward at 1.075x stock with output `torch.equal` to stock, and a 16-step request
-  at 1.067x; the Wan block with rope="auto" is `torch.equal` to the stock block on the H200 (float32 and float64
-  rotary tables, 2026-11-29-fused-blocks-gpu.json). `regional_compile` moved the random-weight output by relative
-  L2 0.032, outside the 0.03 budget (2026-11-29-qualify-stock-vs-regional-compile.json), so it is NOT here;
-  it also refuses blocks whose forward `fused_block_ops` replaced.
-- H3: `fused_block_ops` (bit-equal to the cuDNN arm on the full-size forward, 1.013x over it).
-- LTX-2: `adaln_precompute` and `cross_kv_cache` where their `Spec.families` accept the family (its fused
-  block measured 0.87x per block, so it is left out).
-- On a CPU `fused_block_ops` needs the Triton interpreter, so it is dropped unless `TRITON_INTERPRET=1` is set.
+What a machine cannot run is left out, and `exact_fast_plan` says why: a plugin whose `Spec.devices` excludes the
+device (gelu_epilogue, flash4_attention on a CPU), a Triton plugin on a CPU without `TRITON_INTERPRET=1`, and
+`flash4_attention` where `flash_attn.cute` is not installed (README: FlashAttention-4). The receipts of a request
+say which plugins ran.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
@@ -35,16 +38,30 @@ PROFILES = ("stock", "exact-fast")
 FAMILIES = ("wan", "ltx2", "h3")
 EXACT_CONTRACTS = ("bitwise", "rounding", "reduction")
 
-# family -> (plugin, options, CPU only under TRITON_INTERPRET=1), in the order they are listed
+# family -> (plugin, options, needs TRITON_INTERPRET=1 on a CPU, Python module it needs), in install order
 _EXACT_FAST = {
     "wan": (
-        ("fused_block_ops", {"rope": "auto"}, True),
-        ("adaln_precompute", {}, False),
-        ("cross_kv_cache", {}, False),
+        ("fused_block_norms", {}, True, None),
+        ("adaln_precompute", {}, False, None),
+        ("cross_kv_cache", {}, False, None),
+        ("gelu_epilogue", {}, False, None),
+        ("flash4_attention", {}, False, "flash_attn.cute"),
     ),
-    "ltx2": (("adaln_precompute", {}, False), ("cross_kv_cache", {}, False)),
-    "h3": (("fused_block_ops", {}, True), ("adaln_precompute", {}, False), ("cross_kv_cache", {}, False)),
+    "ltx2": (("adaln_precompute", {}, False, None), ("cross_kv_cache", {}, False, None)),
+    "h3": (
+        ("fused_block_ops", {}, True, None),
+        ("adaln_precompute", {}, False, None),
+        ("cross_kv_cache", {}, False, None),
+        ("flash4_attention", {}, False, "flash_attn.cute"),
+    ),
 }
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # the parent package is missing
+        return False
 
 
 def profile(name: str, family: str, device: str | torch.device) -> dict[str, dict[str, Any]]:
@@ -53,19 +70,27 @@ def profile(name: str, family: str, device: str | torch.device) -> dict[str, dic
     ValueError naming the allowed values for an unknown profile or family; RuntimeError if a plugin the
     profile lists is no longer registered or its contract became `approximate`.
     """
+    return profile_plan(name, family, device)[0]
+
+
+def profile_plan(
+    name: str, family: str, device: str | torch.device
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """(`profile(name, family, device)`, {plugin the profile lists but leaves out here: why})."""
     if name not in PROFILES:
         raise ValueError(f"profile: unknown profile {name!r}; allowed: {list(PROFILES)}")
     if family not in FAMILIES:
         raise ValueError(f"profile: unknown family {family!r}; allowed: {list(FAMILIES)}")
     if name == "stock":
-        return {}
+        return {}, {}
     from workbench.accelerations import available
 
     specs = available()
-    on_cuda = torch.device(device).type == "cuda"
+    kind = torch.device(device).type
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     config: dict[str, dict[str, Any]] = {}
-    for plugin, options, cpu_needs_interpreter in _EXACT_FAST[family]:
+    left_out: dict[str, str] = {}
+    for plugin, options, cpu_needs_interpreter, module in _EXACT_FAST[family]:
         spec = specs.get(plugin)
         if spec is None:
             raise RuntimeError(f"profile {name!r}: plugin {plugin!r} is not registered")
@@ -74,8 +99,13 @@ def profile(name: str, family: str, device: str | torch.device) -> dict[str, dic
                 f"profile {name!r}: plugin {plugin!r} has contract {spec.contract!r}; exact-fast allows {EXACT_CONTRACTS}"
             )
         if spec.families is not None and family not in spec.families:
-            continue
-        if cpu_needs_interpreter and not on_cuda and not interpreting:
-            continue
-        config[plugin] = dict(options)
-    return config
+            continue  # listed for other families
+        if kind not in spec.devices:
+            left_out[plugin] = f"runs on {list(spec.devices)}, not {kind}"
+        elif cpu_needs_interpreter and kind == "cpu" and not interpreting:
+            left_out[plugin] = "Triton kernels on a CPU need TRITON_INTERPRET=1"
+        elif module is not None and not _installed(module):
+            left_out[plugin] = f"`{module}` is not installed"
+        else:
+            config[plugin] = dict(options)
+    return config, left_out

@@ -319,9 +319,10 @@ def test_block_sparse_fused_launch_bit_equal_on_exact_sums():
     rng = torch.Generator().manual_seed(8)
     t = 5 * BLOCK - 7
     q, k, v = ((torch.randint(-16, 17, (1, t, 2, D), generator=rng) / 8).transpose(1, 2) for _ in range(3))
-    want_plan = plan(q, k, v, 0.5, 70)
-    want = attend(q, k, v, want_plan)
-    for name in ("g1_w4_s3_fused_means", "g1_w4_s3_fused_routing"):
+    base = CANDIDATES["g1_w4_s3"]  # the torch routing and pointer loads
+    want_plan = plan(q, k, v, 0.5, 70, launch=base)
+    want = attend(q, k, v, want_plan, base)
+    for name in ("g1_w4_s3_fused_means", "g1_w4_s3_fused_routing", "g1_w4_s3_fused_means_tma"):
         got_plan = plan(q, k, v, 0.5, 70, launch=CANDIDATES[name])
         for field in ("k_mean", "v_mean", "log_len", "mask"):
             assert torch.equal(getattr(got_plan, field), getattr(want_plan, field)), f"{name}: {field}"
@@ -331,9 +332,11 @@ def test_block_sparse_fused_launch_bit_equal_on_exact_sums():
 
 def test_block_sparse_fused_candidates_are_default_plus_flags():
     """The sweep's fused candidates differ from DEFAULT only in the new flags; fused_route needs group 1."""
-    assert CANDIDATES["g1_w4_s3"] == DEFAULT and CANDIDATES["previous"] == PREVIOUS
-    assert CANDIDATES["g1_w4_s3_fused_means"] == replace(DEFAULT, fused_means=True)
-    assert CANDIDATES["g1_w4_s3_fused_routing"] == replace(DEFAULT, fused_means=True, fused_route=True)
+    base = CANDIDATES["g1_w4_s3"]
+    assert base == Launch() and CANDIDATES["previous"] == PREVIOUS
+    assert CANDIDATES["g1_w4_s3_fused_means"] == replace(base, fused_means=True)
+    assert CANDIDATES["g1_w4_s3_fused_routing"] == replace(base, fused_means=True, fused_route=True)
+    assert DEFAULT == CANDIDATES["g1_w4_s3_fused_means_tma"]
     with pytest.raises(ValueError, match="fused_route"):
         Launch(group=2, fused_route=True)
 
@@ -351,7 +354,7 @@ def test_block_sparse_tuned_kernel_matches_reference(rng, name):
     the lists are [0, 1], [0, 1, 2], [0..3], [0, 2, 3, 4], [0, 3, 4, 5], [0, 4, 5, 6], [0, 5, 6]: even and odd
     lengths (unroll=2's odd tail masks its second tile), gaps, several iterations, and folded blocks besides."""
     q, k, v = _qkv(rng, 7 * BLOCK - 7, heads=1, noncontiguous=True)
-    route = plan(q, k, v, float("inf"), 1)  # DEFAULT's plan: the torch routing, as the reference's
+    route = plan(q, k, v, float("inf"), 1, launch=CANDIDATES["g1_w4_s3"])  # the torch routing, as the reference's
     assert route.count.flatten().tolist() == [2, 3, 4, 4, 4, 4, 3]
     got = attend(q, k, v, route, CANDIDATES[name])
     want = reference(q, k, v, float("inf"), 1)
@@ -373,10 +376,10 @@ def test_block_sparse_tuned_kernel_bf16_and_whole_call(rng):
 
 
 def test_block_sparse_tuned_candidates_are_fused_routing_plus_flags():
-    """Each tuning candidate is a fused-routing (or fused-means) launch plus its flags; DEFAULT and PREVIOUS carry
-    none."""
+    """Each tuning candidate is a fused-routing (or fused-means) launch plus its flags; PREVIOUS carries none, DEFAULT
+    only TMA (the 2026-11-30 sweep's fastest)."""
     base = CANDIDATES["g1_w4_s3_fused_routing"]
-    assert not DEFAULT.tuned and not PREVIOUS.tuned and not base.tuned and len(TUNED) >= 8
+    assert DEFAULT.tuned and not PREVIOUS.tuned and not base.tuned and len(TUNED) >= 8
     assert CANDIDATES["g1_w4_s3_fused_routing_unroll2"] == replace(base, unroll=2)
     assert CANDIDATES["g1_w4_s3_fused_routing_dotacc"] == replace(base, dot_acc=True)
     for name in TUNED:
