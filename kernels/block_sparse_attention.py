@@ -726,6 +726,11 @@ CANDIDATES = {
     # routing (0.54 vs 0.77 ms): the two together, and with in-place dot accumulation (unmeasured)
     "g1_w4_s3_fused_means_tma": Launch(fused_means=True, tma=True),
     "g1_w4_s3_fused_means_tma_dotacc": Launch(fused_means=True, tma=True, dot_acc=True),
+    # the TMA launch's pipelining, one knob each (unmeasured)
+    "g1_w4_s2_fused_means_tma": Launch(num_stages=2, fused_means=True, tma=True),
+    "g1_w4_s4_fused_means_tma": Launch(num_stages=4, fused_means=True, tma=True),
+    "g1_w4_s3_fused_means_tma_xs4": Launch(fused_means=True, tma=True, exact_stages=4),
+    "g1_w4_s3_fused_means_tma_lu2": Launch(fused_means=True, tma=True, loop_unroll_factor=2),
 }
 
 

@@ -38,9 +38,18 @@ Shapes: x (B, T, C) in float32/bfloat16/float16, any strides; residual the same 
 weight, bias (C,) any float dtype (upcast to fp32, as FP32LayerNorm does); scale, shift float32 (B, 1, C) or
 (B, T, C), any strides (Wan passes chunks of its (B, 6, C) table). Output: contiguous (B, T, C) in `out_dtype`
 (default x's dtype); the sum: contiguous (B, T, C) in x's dtype.
+
+Launches (`LaunchConfig`: rows per program, num_warps; `DEFAULT` is the first version's choice, `CANDIDATES` what
+benchmarks/norm_kernels_gpu.py times). Each row is reduced on its own, so the rows per program never mix rows.
+Under the interpreter every launch is bit-equal (each sum is numpy's over one row; tested). On a GPU the shape of
+the fp32 reduction tree follows the register layout Triton picks for the tile (elements per thread, threads and
+warps along C), which num_warps (and possibly BLOCK_R) can change, so a launch could move a row statistic by an
+ulp: bit-equality with `DEFAULT` is **unverified until measured** (the benchmark records torch.equal per launch).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +69,37 @@ from workbench.kernels._runtime import (
 )
 
 MAX_C = 16384  # one row of fp32 values per program, in registers
-ROW_ELEMENTS = 4096  # compiled: rows per program = max(1, ROW_ELEMENTS // BLOCK_C); not yet tuned on a GPU
+ROW_ELEMENTS = 4096  # DEFAULT, compiled: rows per program = max(1, ROW_ELEMENTS // BLOCK_C)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How `_layernorm_modulate` is launched (module doc: what it may change). rows: rows (b, t) per program, a
+    power of two; None: max(1, ROW_ELEMENTS // BLOCK_C) compiled, up to INTERPRET_TILE elements under the
+    interpreter. num_warps: warps per program; None: 4 / 8 / 16 for BLOCK_C <= 1024 / <= 4096 / more. The kernel
+    has no loop, so num_stages would change nothing and is not offered."""
+
+    rows: int | None = None
+    num_warps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rows is not None and (not isinstance(self.rows, int) or self.rows < 1 or self.rows & (self.rows - 1)):
+            raise ValueError(f"LaunchConfig.rows: {self.rows!r}; expected None or a power of two >= 1")
+        if self.num_warps not in (None, 1, 2, 4, 8, 16):
+            raise ValueError(f"LaunchConfig.num_warps: {self.num_warps!r}; allowed: None, 1, 2, 4, 8, 16")
+
+
+DEFAULT = LaunchConfig()  # at C = 1536 (BLOCK_C 2048): 2 rows, 8 warps
+CANDIDATES = {  # what benchmarks/norm_kernels_gpu.py times side by side; none measured yet
+    "default": DEFAULT,
+    "r1_w2": LaunchConfig(rows=1, num_warps=2),
+    "r1_w4": LaunchConfig(rows=1, num_warps=4),
+    "r1_w8": LaunchConfig(rows=1, num_warps=8),
+    "r2_w4": LaunchConfig(rows=2, num_warps=4),
+    "r4_w8": LaunchConfig(rows=4, num_warps=8),
+    "r4_w16": LaunchConfig(rows=4, num_warps=16),
+    "r8_w16": LaunchConfig(rows=8, num_warps=16),
+}
 
 
 def _layernorm_modulate(
@@ -170,11 +209,13 @@ def layernorm_modulate(
     scale: torch.Tensor | None = None,
     shift: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    config: LaunchConfig | None = None,
 ) -> torch.Tensor:
-    """`reference(x, eps, weight, bias, scale, shift, out_dtype)` in one pass (contract: reduction, module doc)."""
+    """`reference(x, eps, weight, bias, scale, shift, out_dtype)` in one pass (contract: reduction, module doc).
+    `config`: the launch (None: `DEFAULT`)."""
     name = "layernorm_modulate"
     args = _check(name, x, None, eps, weight, bias, scale, shift, out_dtype)
-    return _launch(x, None, *args)[0]
+    return _launch(x, None, *args, _config(name, config))[0]
 
 
 def add_layernorm_modulate(
@@ -186,12 +227,13 @@ def add_layernorm_modulate(
     scale: torch.Tensor | None = None,
     shift: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    config: LaunchConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`add_reference(x, residual, eps, ...)` in one pass: (the sum, bit-equal to `x + residual`; its normed
-    output, contract reduction)."""
+    output, contract reduction). `config`: the launch (None: `DEFAULT`)."""
     name = "add_layernorm_modulate"
     args = _check(name, x, residual, eps, weight, bias, scale, shift, out_dtype)
-    out, summed = _launch(x, residual, *args)
+    out, summed = _launch(x, residual, *args, _config(name, config))
     return summed, out
 
 
@@ -231,22 +273,32 @@ def _check(name, x, residual, eps, weight, bias, scale, shift, out_dtype):
     return float(eps), weight, bias, scale, shift, out_dtype
 
 
-def _tile(rows: int, c: int) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_C, num_warps). Under the interpreter (cost per program, not per element) up to
-    INTERPRET_TILE elements per program; the result does not depend on BLOCK_R (each row is its own)."""
+def _config(name: str, config: LaunchConfig | None) -> LaunchConfig:
+    if config is None:
+        return DEFAULT
+    if not isinstance(config, LaunchConfig):
+        raise ValueError(f"{name}: config must be a LaunchConfig or None, got {type(config).__name__}")
+    return config
+
+
+def _tile(rows: int, c: int, config: LaunchConfig) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_C, num_warps) for `config` (defaults in `LaunchConfig`); BLOCK_R at most the rows there are.
+    Under the interpreter (cost per program, not per element) the default is up to INTERPRET_TILE elements."""
     block_c = triton.next_power_of_2(max(c, 1))
     per_program = INTERPRET_TILE if interpreting() else ROW_ELEMENTS
-    block_r = min(max(1, per_program // block_c), triton.next_power_of_2(max(rows, 1)))
-    return block_r, block_c, 4 if block_c <= 1024 else 8 if block_c <= 4096 else 16
+    block_r = max(1, per_program // block_c) if config.rows is None else config.rows
+    block_r = min(block_r, triton.next_power_of_2(max(rows, 1)))
+    warps = config.num_warps or (4 if block_c <= 1024 else 8 if block_c <= 4096 else 16)
+    return block_r, block_c, warps
 
 
-def _launch(x, residual, eps, weight, bias, scale, shift, out_dtype):
+def _launch(x, residual, eps, weight, bias, scale, shift, out_dtype, config):
     b, t, c = x.shape
     out = torch.empty((b, t, c), dtype=out_dtype, device=x.device)
     summed = torch.empty((b, t, c), dtype=x.dtype, device=x.device) if residual is not None else None
     if out.numel() == 0:
         return out, summed
-    block_r, block_c, warps = _tile(b * t, c)
+    block_r, block_c, warps = _tile(b * t, c, config)
     r = x if residual is None else residual
     w = x if weight is None else weight
     bb = x if bias is None else bias

@@ -6,7 +6,10 @@ import pytest
 import torch
 
 from workbench.kernels.layernorm_modulate import (
+    CANDIDATES,
+    DEFAULT,
     MAX_C,
+    LaunchConfig,
     add_layernorm_modulate,
     add_reference,
     cost,
@@ -94,6 +97,32 @@ def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(
     fma = (affine.double() * (1 + scale).double() + shift.double()).float()  # product and sum rounded once
     assert not torch.equal(fma, want), f"seed {rng.initial_seed()}: no FMA separation"
     assert torch.equal(got, want), f"seed {rng.initial_seed()}: {(got != want).sum()} elements differ"
+
+
+@pytest.mark.parametrize("name", [n for n in CANDIDATES if CANDIDATES[n] != DEFAULT])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_layernorm_modulate_kernel_every_launch_is_bit_equal_to_default(rng, name, dtype):
+    # odd C, 26 rows: a partial last tile for every rows per program; the default under the interpreter takes all
+    shape = (2, 13, 37)
+    for form in ("modulate", "affine", "residual_modulate_per_token"):
+        x, residual, norm = _inputs(rng, shape, dtype, form)
+        message = f"seed {rng.initial_seed()}: {name} {form}"
+        if residual is None:
+            got = layernorm_modulate(x, 1e-6, **norm, config=CANDIDATES[name])
+            want = layernorm_modulate(x, 1e-6, **norm)
+        else:
+            got_sum, got = add_layernorm_modulate(x, residual, 1e-6, **norm, config=CANDIDATES[name])
+            want_sum, want = add_layernorm_modulate(x, residual, 1e-6, **norm, config=DEFAULT)
+            assert torch.equal(got_sum, want_sum), message
+        assert torch.equal(got, want), f"{message}: {(got != want).sum()} elements differ"
+
+
+def test_layernorm_modulate_kernel_bad_launch_config_raises():
+    for bad, message in (({"rows": 3}, r"LaunchConfig.rows: 3"), ({"num_warps": 3}, r"LaunchConfig.num_warps: 3")):
+        with pytest.raises(ValueError, match=message):
+            LaunchConfig(**bad)
+    with pytest.raises(ValueError, match=r"layernorm_modulate: config must be a LaunchConfig or None, got str"):
+        layernorm_modulate(torch.ones(1, 2, 3), 1e-6, config="fast")
 
 
 def test_layernorm_modulate_kernel_out_dtype_and_empty(rng):

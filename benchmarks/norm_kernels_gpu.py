@@ -1,0 +1,240 @@
+"""The fused block norms' kernels on the GPU at Wan2.1-1.3B's shape: what each launch candidate costs per call
+and whether it gives the default launch's result.
+
+Kernels (x (1, 32,760, 1536) bf16, fresh random per run, the seed recorded): `layernorm_modulate` with fp32
+(1, 1, C) scale/shift (norm1/norm3), the affine variant with fp32 weight/bias (norm2), `add_layernorm_modulate`
+with a bf16 residual (the add before norm3), each over every `layernorm_modulate.CANDIDATES` entry; and
+`qk_norm_rope` (12 heads x 128, float32 (1, T, 1, 128) tables) over `qk_norm_rope.CANDIDATES`, one arm per
+distinct launch of its norm path (that path takes every head, so candidates differing only in `heads` are one).
+
+Checks, per candidate against the DEFAULT launch's output: layernorm launches must be torch.equal (the sum
+too); qk_norm_rope's may differ only in the RMS sum order (its module doc), so each arm records torch.equal and
+must meet that contract's bound (max-abs and relative-L2 error vs a float64 ground truth at most 2x torch's own
+plus 1e-7) on the first CHECK_ROWS tokens.
+
+Timing as benchmarks/rope_kernel_gpu.py: one CUDA-event pair per call right after a 256 MiB memset (L2 cold,
+host launch time hidden); `rounds` rounds, the arm order rotating, each arm `repeats` calls per round; the first
+call of each arm (its compile and the check) untimed; median over all calls. GB/s counts the module's `cost()`
+bytes, also as a fraction of COPY_BANDWIDTH (4.17e12 B/s; the issue's bar is 0.8).
+
+Run: `python -m benchmarks.norm_kernels_gpu` (one H200, about a minute with Triton's compiles); writes
+`$OUT/<date>-norm-kernels-gpu.json` after each kernel. `--smoke` runs tiny shapes on the CPU under
+`TRITON_INTERPRET=1`, to check the script itself; its timings mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import secrets
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from benchmarks.common import envelope, write
+from benchmarks.rope_kernel_gpu import FLUSH_BYTES
+from workbench.kernel_bench import COPY_BANDWIDTH
+from workbench.kernels import layernorm_modulate as ln
+from workbench.kernels import qk_norm_rope as qk
+
+SHAPE, HEADS = (1, 32760, 1536), 12
+SMOKE_SHAPE, SMOKE_HEADS = (1, 37, 96), 3
+CHECK_ROWS = 4096  # tokens of the qk_norm_rope contract check (float64 on the device)
+EPS = 1e-6
+
+
+def _layernorm_arms(kind: str, shape, device, g) -> tuple[dict[str, Callable[[], Any]], tuple[int, int]]:
+    b, t, c = shape
+    x = torch.randn(shape, device=device, generator=g) * 3 + 4 * torch.randn(b, t, 1, device=device, generator=g)
+    x = x.to(torch.bfloat16)
+    if kind == "affine":
+        weight = 1 + 0.3 * torch.randn(c, device=device, generator=g)
+        bias = 0.2 * torch.randn(c, device=device, generator=g)
+        norm = {"weight": weight, "bias": bias}
+    else:
+        scale, shift = (0.5 * torch.randn(b, 2, c, device=device, generator=g)).chunk(2, dim=1)
+        norm = {"scale": scale, "shift": shift}
+    if kind == "add":
+        residual = (2 * torch.randn(shape, device=device, generator=g)).to(torch.bfloat16)
+        arms = {
+            n: (lambda c=c: ln.add_layernorm_modulate(x, residual, EPS, **norm, config=c))
+            for n, c in ln.CANDIDATES.items()
+        }
+    else:
+        arms = {n: (lambda c=c: ln.layernorm_modulate(x, EPS, **norm, config=c)) for n, c in ln.CANDIDATES.items()}
+    return arms, ln.cost(
+        shape, torch.bfloat16, residual=kind == "add", affine=kind == "affine", modulate=kind != "affine"
+    )
+
+
+def _layernorm_checks(arms: dict[str, Callable[[], Any]]) -> dict[str, dict[str, Any]]:
+    """torch.equal to the DEFAULT launch (output, and the sum for the add), per candidate."""
+    default = next(n for n, c in ln.CANDIDATES.items() if c == ln.DEFAULT)
+    want = arms[default]()
+    checks = {}
+    for name, fn in arms.items():
+        got = fn()
+        pairs = list(zip(got, want, strict=True)) if isinstance(got, tuple) else [(got, want)]
+        differing = sum(int((a != b).sum()) for a, b in pairs)
+        checks[name] = {"equal_to_default": differing == 0, "differing_elements": differing, "ok": differing == 0}
+    return checks
+
+
+def _qk_arms(shape, heads, device, g) -> tuple[dict[str, Callable[[], Any]], tuple[int, int], Callable]:
+    b, t, c = shape
+    x = (3 * torch.randn(shape, device=device, generator=g) + 0.2).to(torch.bfloat16)
+    weight = (1 + 0.2 * torch.randn(c, device=device, generator=g)).to(torch.bfloat16)
+    angles = torch.rand(1, t, 1, c // heads // 2, device=device, generator=g, dtype=torch.float64) * 1000
+    angles = angles.repeat_interleave(2, dim=-1)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    distinct: dict[tuple, str] = {}  # the norm path ignores `heads`: one arm per (kernel, rows, num_warps)
+    for name, config in qk.CANDIDATES.items():
+        distinct.setdefault((config.kernel, config.rows, config.num_warps), name)
+    arms = {
+        n: (lambda c=qk.CANDIDATES[n]: qk.qk_norm_rope(x, weight, EPS, cos, sin, heads, c)) for n in distinct.values()
+    }
+
+    def errors(out: torch.Tensor) -> dict[str, float]:
+        """Contract bound on the first CHECK_ROWS tokens: kernel vs torch, both against float64."""
+        rows = min(t, CHECK_ROWS)
+        xs, cs, ss = x[:, :rows], cos[:, :rows], sin[:, :rows]
+        truth = qk.reference(xs.double(), weight.double(), EPS, cs.double(), ss.double(), heads)
+        want = qk.reference(xs, weight, EPS, cs, ss, heads)
+        (k_max, k_rel), (t_max, t_rel) = [_errors(a, truth) for a in (out[:, :rows], want)]
+        ok = k_max <= 2 * t_max + 1e-7 * truth.abs().max().item() and k_rel <= 2 * t_rel + 1e-7
+        return {"kernel_max": k_max, "kernel_rel": k_rel, "torch_max": t_max, "torch_rel": t_rel, "ok": ok}
+
+    return arms, qk.cost((b, t, heads, c // heads), torch.bfloat16, torch.float32, norm=True), errors
+
+
+def _errors(got: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
+    diff = got.double() - truth
+    return diff.abs().max().item(), (diff.norm() / truth.norm()).item()
+
+
+def _qk_checks(arms: dict[str, Callable[[], Any]], errors: Callable) -> dict[str, dict[str, Any]]:
+    want = arms[next(n for n, c in qk.CANDIDATES.items() if c == qk.DEFAULT)]()
+    checks = {}
+    for name, fn in arms.items():
+        got = fn()
+        differing = int((got != want).sum())
+        checks[name] = {"equal_to_default": differing == 0, "differing_elements": differing, **errors(got)}
+    return checks
+
+
+def _measure(arms, checks, cost, device, rounds, repeats) -> dict[str, Any]:
+    times = _time(arms, rounds, repeats, device)
+    bytes_moved = cost[0]
+    median_us = {name: statistics.median(values) for name, values in times.items()}
+    gbps = {name: bytes_moved / (us * 1e-6) / 1e9 for name, us in median_us.items()}
+    best = min(median_us, key=median_us.get)
+    return {
+        "bytes_moved": bytes_moved,
+        "checks": checks,
+        "median_us": median_us,
+        "achieved_GBps": gbps,
+        "fraction_of_copy_bandwidth": {name: g * 1e9 / COPY_BANDWIDTH for name, g in gbps.items()},
+        "best": best,
+        "best_ok": checks[best]["ok"],
+        "all_us": times,
+    }
+
+
+def _time(fns: dict[str, Callable[[], Any]], rounds: int, repeats: int, device: torch.device) -> dict[str, list]:
+    """Microseconds per call: `rounds` rounds, the arm order rotating, each arm `repeats` calls in a row, each
+    timed alone after the flush (benchmarks/rope_kernel_gpu.py's timer, with repeats grouped per round)."""
+    cuda = device.type == "cuda"
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if cuda else None
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            for _ in range(repeats):
+                if cuda:
+                    flush.zero_()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    fns[name]()
+                    end.record()
+                    end.synchronize()
+                    times[name].append(start.elapsed_time(end) * 1e3)
+                else:
+                    begin = time.perf_counter()
+                    fns[name]()
+                    times[name].append((time.perf_counter() - begin) * 1e6)
+    return times
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET=1")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=20)
+    options = parser.parse_args(argv)
+    if options.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        device, shape, heads = torch.device("cpu"), SMOKE_SHAPE, SMOKE_HEADS
+        options.rounds, options.repeats = 2, 2
+    elif torch.cuda.is_available():
+        device, shape, heads = torch.device("cuda"), SHAPE, HEADS
+    else:
+        raise RuntimeError("norm_kernels_gpu: needs a CUDA device (or --smoke for a CPU check of the script)")
+    seed = secrets.randbits(31)
+    g = torch.Generator(device).manual_seed(seed)
+    configs = {
+        "layernorm_modulate": {n: dataclasses.asdict(c) for n, c in ln.CANDIDATES.items()},
+        "qk_norm_rope": {n: dataclasses.asdict(c) for n, c in qk.CANDIDATES.items()},
+    }
+    b, t, c = shape
+    what = "norm-kernels-gpu" + ("-smoke" if options.smoke else "")
+    notes = (
+        "per call, median over rounds x repeats, CUDA events after a 256 MiB memset (L2 cold), arms rotating per "
+        f"round; bf16 x, fp32 scale/shift/weight/bias, fp32 (1, T, 1, D) rope tables; seed {seed}; configs {configs}"
+        + ("; SMOKE RUN on CPU under the Triton interpreter: timings meaningless" if options.smoke else "")
+    )
+    kernels, ratios, failed = {}, {}, []
+    for kernel in ("layernorm_modulate", "layernorm_affine", "add_layernorm_modulate", "qk_norm_rope"):
+        started = time.perf_counter()
+        try:
+            if kernel == "qk_norm_rope":
+                arms, cost, errors = _qk_arms(shape, heads, device, g)
+                checks = _qk_checks(arms, errors)
+            else:
+                arms, cost = _layernorm_arms(
+                    {"layernorm_affine": "affine", "add_layernorm_modulate": "add"}.get(kernel, "modulate"),
+                    shape,
+                    device,
+                    g,
+                )
+                checks = _layernorm_checks(arms)
+            row = kernels[kernel] = _measure(arms, checks, cost, device, options.rounds, options.repeats)
+            default = next(n for n in arms if n in ("default", "tiled"))
+            ratios[f"{kernel}/best_vs_default"] = row["median_us"][default] / row["median_us"][row["best"]]
+            ratios[f"{kernel}/best"] = row["best"]
+            failed += [f"{kernel}/{n}" for n, check in checks.items() if not check["ok"]]
+            us = {n: round(v, 1) for n, v in row["median_us"].items()}
+            copy = {n: round(f, 3) for n, f in row["fraction_of_copy_bandwidth"].items()}
+            equal = {n: check["equal_to_default"] for n, check in checks.items()}
+            print(f"{kernel}: equal to default {equal}\n  us {us}\n  of copy {copy}", flush=True)
+        except Exception as error:  # one kernel's failure must not hide the others
+            kernels[kernel] = {"error": repr(error), "traceback": traceback.format_exc()[-4000:]}
+            failed.append(kernel)
+            print(f"{kernel}: error {error!r}", flush=True)
+        finally:
+            kernels.setdefault(kernel, {})["seconds"] = time.perf_counter() - started
+        shape_row = {"batch": b, "tokens": t, "channels": c, "heads": heads, "dtype": "bfloat16", "failed": failed}
+        record = envelope(what, shape_row, kernels, ratios, notes)
+        write(record, what)
+    if failed:
+        raise SystemExit(f"norm_kernels_gpu: not equal, out of contract or failed: {failed}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
