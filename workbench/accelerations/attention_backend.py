@@ -8,6 +8,7 @@ regional_compile a Python counter would be guarded on its value and every call w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,25 +32,35 @@ BACKENDS = tuple(
 CUDA_ONLY = ("cudnn", "flash", "efficient", "sage", "xformers", "aiter", "npu", "xla")
 
 
-class _Installed(Handle):
+class BackendSwap(Handle):
+    """Pins `modules`' processors to `backend` and replaces that backend's registry entry with `_function()` for
+    the handle's lifetime; `_remove` puts both back. Here the function is the backend's own, counted; other
+    plugins (flash4_attention) supply another."""
+
+    COUNTER = "attention_calls"
+
     def __init__(
         self, spec: Spec, options: dict[str, Any], modules: list[torch.nn.Module], backend: str, device: torch.device
     ):
-        super().__init__(spec, options, proof=("attention_calls",))
-        self.receipt.traceable(device, counters=("attention_calls",))
+        super().__init__(spec, options, proof=(self.COUNTER,))
+        self.receipt.traceable(device, counters=(self.COUNTER,))
         self.modules = modules
         self.backend = AttentionBackendName(backend)
         self.previous_active = _AttentionBackendRegistry._active_backend
         self.original_fn = _AttentionBackendRegistry._backends[self.backend]
-        receipt = self.receipt
-
-        def counted(**kwargs: Any) -> Any:
-            receipt.count("attention_calls")
-            return self.original_fn(**kwargs)
-
+        function = self._function()
         for module in modules:
             module.set_attention_backend(backend)
-        _AttentionBackendRegistry._backends[self.backend] = counted
+        _AttentionBackendRegistry._backends[self.backend] = function
+
+    def _function(self) -> Callable[..., Any]:
+        receipt, original = self.receipt, self.original_fn
+
+        def counted(**kwargs: Any) -> Any:
+            receipt.count(self.COUNTER)
+            return original(**kwargs)
+
+        return counted
 
     def _remove(self) -> None:
         _AttentionBackendRegistry._backends[self.backend] = self.original_fn
@@ -69,7 +80,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     except RuntimeError as error:
         raise RuntimeError(f"attention_backend.backend={options['backend']!r} cannot run here: {error}") from error
     modules = model.denoisers()
-    return lambda: _Installed(SPEC, options, modules, backend, device)
+    return lambda: BackendSwap(SPEC, options, modules, backend, device)
 
 
 SPEC = Spec(

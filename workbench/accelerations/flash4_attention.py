@@ -26,9 +26,10 @@ import importlib
 from typing import Any
 
 import torch
-from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+from diffusers.models.attention_dispatch import AttentionBackendName
 
-from workbench.accelerations.base import Handle, Spec
+from workbench.accelerations.attention_backend import BackendSwap
+from workbench.accelerations.base import Spec
 
 ARCHES = ((9, 0), (10, 0))  # FA4's forward kernels: Hopper and datacenter Blackwell
 DTYPES = (torch.bfloat16, torch.float16)
@@ -76,23 +77,15 @@ def attention_fn(flash: Any, receipt: Any) -> Any:
     return run
 
 
-class _Installed(Handle):
-    def __init__(self, spec: Spec, options: dict[str, Any], modules: list[torch.nn.Module], flash: Any, device):
-        super().__init__(spec, options, proof=("flash4_calls",))
-        self.receipt.traceable(device, counters=("flash4_calls",))
-        self.modules = modules
-        self.backend = AttentionBackendName.NATIVE
-        self.previous_active = _AttentionBackendRegistry._active_backend
-        self.original_fn = _AttentionBackendRegistry._backends[self.backend]
-        for module in modules:
-            module.set_attention_backend(self.backend.value)
-        _AttentionBackendRegistry._backends[self.backend] = attention_fn(flash, self.receipt)
+class _Installed(BackendSwap):
+    COUNTER = "flash4_calls"
 
-    def _remove(self) -> None:
-        _AttentionBackendRegistry._backends[self.backend] = self.original_fn
-        for module in self.modules:
-            module.reset_attention_backend()
-        _AttentionBackendRegistry.set_active_backend(self.previous_active)
+    def __init__(self, spec: Spec, options: dict[str, Any], modules: list[torch.nn.Module], flash: Any, device):
+        self.flash = flash
+        super().__init__(spec, options, modules, AttentionBackendName.NATIVE.value, device)
+
+    def _function(self) -> Any:
+        return attention_fn(self.flash, self.receipt)
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
