@@ -103,8 +103,9 @@ def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_layernorm_modulate_kernel_every_launch_is_bit_equal_to_default(rng, name, dtype):
     # odd C, 26 rows: a partial last tile for every rows per program; the default under the interpreter takes all
-    shape = (2, 13, 37)
-    for form in ("modulate", "affine", "residual_modulate_per_token"):
+    # (1, 26, 37): one batch with (1, 1, C) scale/shift, the row-vector loads (`LaunchConfig.row_vectors`)
+    for shape, form in (((2, 13, 37), "modulate"), ((2, 13, 37), "affine"), ((2, 13, 37), "residual_modulate_per_token"),
+                        ((1, 26, 37), "modulate")):  # fmt: skip
         x, residual, norm = _inputs(rng, shape, dtype, form)
         message = f"seed {rng.initial_seed()}: {name} {form}"
         if residual is None:
