@@ -28,8 +28,9 @@ What is torch's and what is not:
   the chain, the kernel's max-abs and relative-L2 errors are each at most 2x those of torch's own op sequence
   (`reference`) in the working dtype, plus 2 fp32 ulps (2 * 2^-23) of the output scale (max-abs) or 2 fp32 ulps
   (relative L2); the floor matters only for fp32 rows so short that torch's own error is zero by luck. The
-  residual sum is torch.equal to `x + r`. On a GPU both claims are **unverified until measured** (the lead's
-  H200 run).
+  residual sum is torch.equal to `x + r`. On the GPU the bound is exercised through the Wan forward (fused_block_norms:
+  output relative L2 4.9e-3 against stock on random weights, the same as any other non-bitwise change measured
+  there); the kernel itself was not compared with float64 on the GPU.
 
 BF16_ROUNDING: fp32 -> bf16 is written out in integers (round to nearest even, as c10::BFloat16; NaN becomes
 0x7FC0) because the Triton CPU interpreter's `.to(tl.bfloat16)` truncates; on a GPU it equals `cvt.rn.bf16.f32`.
@@ -44,7 +45,11 @@ benchmarks/norm_kernels_gpu.py times). Each row is reduced on its own, so the ro
 Under the interpreter every launch is bit-equal (each sum is numpy's over one row; tested). On a GPU the shape of
 the fp32 reduction tree follows the register layout Triton picks for the tile (elements per thread, threads and
 warps along C), which num_warps (and possibly BLOCK_R) can change, so a launch could move a row statistic by an
-ulp: bit-equality with `DEFAULT` is **unverified until measured** (the benchmark records torch.equal per launch).
+ulp. Measured (H200, x (1, 32760, 1536) bf16, 2026-11-30-norm-kernels-gpu-run2.json): launches with 8 or 16 warps
+are torch.equal to DEFAULT, those with 2 or 4 are not (another tree), so DEFAULT stays although `r2_w4` was
+faster (modulated 91 vs 119 us, with the residual add 136 vs 184 us: 53-71 % against DEFAULT's 41-53 % of the
+4.17 TB/s copy bandwidth; the issue's 80 % is not reached by any launch). `row_vectors`: broadcast scale/shift
+of one batch loaded once per program; the per-element loads took 201 / 261 us (run 1), same output.
 """
 
 from __future__ import annotations
@@ -91,7 +96,7 @@ class LaunchConfig:
 
 
 DEFAULT = LaunchConfig()  # at C = 1536 (BLOCK_C 2048): 2 rows, 8 warps
-CANDIDATES = {  # what benchmarks/norm_kernels_gpu.py times side by side; none measured yet
+CANDIDATES = {  # what benchmarks/norm_kernels_gpu.py times side by side (measured: module doc)
     "default": DEFAULT,
     "r1_w2": LaunchConfig(rows=1, num_warps=2),
     "r1_w4": LaunchConfig(rows=1, num_warps=4),
