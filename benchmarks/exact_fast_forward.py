@@ -12,6 +12,8 @@ from the pipeline's own (random, shape-reduced) text encoder. Arms:
 - `reduction`: candidates for the profile beyond the bit-equal set: `fused_block_norms` (LayerNorm/RMSNorm fused
   with the modulation and rotary step; contract reduction) + adaln_precompute + cross_kv_cache + `gelu_epilogue`
   (CUDA); `reduction without gelu_epilogue` (that plugin's share); `reduction+compile` (script compile as above);
+- `reduction(ln <launch>)`: `reduction` with another LayerNorm kernel launch (`LN_LAUNCHES`), whose row sums may
+  take another order (the forward's speed and its output against stock say what that launch does end to end);
 - `flash4`, `reduction+flash4`: attention through FlashAttention-4 (`flash4_attention`), alone and with `reduction`;
 - `exact-fast+compile`: the same plugins, then `torch.compile` of every `WanTransformerBlock` done HERE, by the
   script (fullgraph=False): `regional_compile` refuses blocks another plugin changed (fused_block_ops replaces
@@ -58,6 +60,7 @@ from typing import Any
 import torch
 import torch._dynamo
 
+LN_LAUNCHES = ("r1_w1", "r2_w4")  # other LayerNorm launches (kernels/layernorm_modulate.py CANDIDATES) as arms
 COPY_BANDWIDTH = 4.17e12  # bytes/s, H200 device-to-device copy measured in this project
 
 
@@ -108,14 +111,28 @@ def _opaque_kernels() -> dict[tuple[Any, str], Any]:
 
 class Arm:
     """One configuration: plugins through `Session.accelerate`, optionally a script-level compile of the blocks
-    (`opaque`: fused_block_ops' forwards built over the kernels as custom ops, see `_opaque_kernels`)."""
+    (`opaque`: fused_block_ops' forwards built over the kernels as custom ops, see `_opaque_kernels`), and
+    optionally another LayerNorm kernel launch as `layernorm_modulate.DEFAULT` while the arm is installed."""
 
-    def __init__(self, name: str, config: dict[str, Any], compile_blocks: bool = False, opaque: bool = False):
+    def __init__(
+        self,
+        name: str,
+        config: dict[str, Any],
+        compile_blocks: bool = False,
+        opaque: bool = False,
+        ln_launch: str | None = None,
+    ):
         self.name, self.config, self.compile_blocks, self.opaque = name, config, compile_blocks, opaque
+        self.ln_launch, self.ln_default = ln_launch, None
         self.error: str | None = None
         self.blocks: list[torch.nn.Module] = []
 
     def install(self, session: Any) -> None:
+        if self.ln_launch is not None:  # the launchers read DEFAULT at each call
+            from workbench.kernels import layernorm_modulate
+
+            self.ln_default = layernorm_modulate.DEFAULT
+            layernorm_modulate.DEFAULT = layernorm_modulate.CANDIDATES[self.ln_launch]
         if self.opaque:  # fused_block_ops' forward_for imports the launchers when it builds each forward
             swapped = _opaque_kernels()
             originals = {key: getattr(*key) for key in swapped}
@@ -139,6 +156,10 @@ class Arm:
             block._compiled_call_impl = None
         self.blocks = []
         session.accelerate({})
+        if self.ln_default is not None:
+            from workbench.kernels import layernorm_modulate
+
+            layernorm_modulate.DEFAULT, self.ln_default = self.ln_default, None
 
 
 def _arms(device: torch.device) -> list[Arm]:
@@ -158,6 +179,7 @@ def _arms(device: torch.device) -> list[Arm]:
         Arm("exact-fast+compile(opaque kernels)", exact, compile_blocks=True, opaque=True),
         Arm("reduction", reduction),
         Arm("reduction without gelu_epilogue", {k: v for k, v in reduction.items() if k != "gelu_epilogue"}),
+        *(Arm(f"reduction(ln {name})", reduction, ln_launch=name) for name in LN_LAUNCHES),
         Arm("reduction+compile", reduction, compile_blocks=True),
         Arm("flash4", {"flash4_attention": {}}),
         Arm("reduction+flash4", {**reduction, "flash4_attention": {}}),
