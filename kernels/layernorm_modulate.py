@@ -98,7 +98,8 @@ class LaunchConfig:
 DEFAULT = LaunchConfig()  # at C = 1536 (BLOCK_C 2048): 2 rows, 8 warps
 CANDIDATES = {  # what benchmarks/norm_kernels_gpu.py times side by side (measured: module doc)
     "default": DEFAULT,
-    "r1_w1": LaunchConfig(rows=1, num_warps=1),  # one warp per row: the row sums in warp shuffles only
+    # one warp per row, the row sums in warp shuffles only (added after the H200 runs: unmeasured)
+    "r1_w1": LaunchConfig(rows=1, num_warps=1),
     "r2_w2": LaunchConfig(rows=2, num_warps=2),
     "r4_w4": LaunchConfig(rows=4, num_warps=4),
     "r1_w2": LaunchConfig(rows=1, num_warps=2),
