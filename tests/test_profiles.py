@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench import Request, Session, profiles
+from workbench import Request, Session
 from workbench.accelerations import REGISTRY, available
 from workbench.profiles import FAMILIES, profile, profile_plan
 
@@ -30,7 +30,8 @@ def test_exact_fast_holds_no_approximate_plugin(monkeypatch, family, device, int
 
 def test_exact_fast_configs_per_family_and_device(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(profiles, "_installed", lambda module: True)  # as if FlashAttention-4 were installed
+    # as if FlashAttention-4 were installed on a Hopper GPU
+    monkeypatch.setitem(REGISTRY, "flash4_attention", dataclasses.replace(REGISTRY["flash4_attention"], unusable=None))
     exact = {"adaln_precompute": {}, "cross_kv_cache": {}}
     cuda_only = {"gelu_epilogue": {}, "flash4_attention": {}}
     assert profile("exact-fast", "wan", "cuda") == {"fused_block_norms": {}, **exact, **cuda_only}
@@ -46,7 +47,10 @@ def test_exact_fast_configs_per_family_and_device(monkeypatch):
 
 def test_exact_fast_says_what_it_leaves_out(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(profiles, "_installed", lambda module: False)
+    missing = dataclasses.replace(
+        REGISTRY["flash4_attention"], unusable=lambda device: "`flash_attn.cute` is not installed"
+    )
+    monkeypatch.setitem(REGISTRY, "flash4_attention", missing)
     config, left_out = profile_plan("exact-fast", "wan", "cuda")
     assert "flash4_attention" not in config
     assert left_out == {"flash4_attention": "`flash_attn.cute` is not installed"}

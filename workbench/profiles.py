@@ -22,13 +22,13 @@ Attention is never forced to `_native_cudnn`: that measured slower than diffuser
 
 What a machine cannot run is left out, and `exact_fast_plan` says why: a plugin whose `Spec.devices` excludes the
 device (gelu_epilogue, flash4_attention on a CPU), a Triton plugin on a CPU without `TRITON_INTERPRET=1`, and
-`flash4_attention` where `flash_attn.cute` is not installed (README: FlashAttention-4). The receipts of a request
+a plugin whose `Spec.unusable` gives a reason (flash4_attention: `flash_attn.cute` not installed, or a GPU other
+than sm_90/sm_100; README: FlashAttention-4). The receipts of a request
 say which plugins ran.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any
 
@@ -38,30 +38,23 @@ PROFILES = ("stock", "exact-fast")
 FAMILIES = ("wan", "ltx2", "h3")
 EXACT_CONTRACTS = ("bitwise", "rounding", "reduction")
 
-# family -> (plugin, options, needs TRITON_INTERPRET=1 on a CPU, Python module it needs), in install order
+# family -> (plugin, options, needs TRITON_INTERPRET=1 on a CPU), in install order
 _EXACT_FAST = {
     "wan": (
-        ("fused_block_norms", {}, True, None),
-        ("adaln_precompute", {}, False, None),
-        ("cross_kv_cache", {}, False, None),
-        ("gelu_epilogue", {}, False, None),
-        ("flash4_attention", {}, False, "flash_attn.cute"),
+        ("fused_block_norms", {}, True),
+        ("adaln_precompute", {}, False),
+        ("cross_kv_cache", {}, False),
+        ("gelu_epilogue", {}, False),
+        ("flash4_attention", {}, False),
     ),
-    "ltx2": (("adaln_precompute", {}, False, None), ("cross_kv_cache", {}, False, None)),
+    "ltx2": (("adaln_precompute", {}, False), ("cross_kv_cache", {}, False)),
     "h3": (
-        ("fused_block_ops", {}, True, None),
-        ("adaln_precompute", {}, False, None),
-        ("cross_kv_cache", {}, False, None),
-        ("flash4_attention", {}, False, "flash_attn.cute"),
+        ("fused_block_ops", {}, True),
+        ("adaln_precompute", {}, False),
+        ("cross_kv_cache", {}, False),
+        ("flash4_attention", {}, False),
     ),
 }
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:  # the parent package is missing
-        return False
 
 
 def profile(name: str, family: str, device: str | torch.device) -> dict[str, dict[str, Any]]:
@@ -90,7 +83,7 @@ def profile_plan(
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     config: dict[str, dict[str, Any]] = {}
     left_out: dict[str, str] = {}
-    for plugin, options, cpu_needs_interpreter, module in _EXACT_FAST[family]:
+    for plugin, options, cpu_needs_interpreter in _EXACT_FAST[family]:
         spec = specs.get(plugin)
         if spec is None:
             raise RuntimeError(f"profile {name!r}: plugin {plugin!r} is not registered")
@@ -104,8 +97,8 @@ def profile_plan(
             left_out[plugin] = f"runs on {list(spec.devices)}, not {kind}"
         elif cpu_needs_interpreter and kind == "cpu" and not interpreting:
             left_out[plugin] = "Triton kernels on a CPU need TRITON_INTERPRET=1"
-        elif module is not None and not _installed(module):
-            left_out[plugin] = f"`{module}` is not installed"
+        elif spec.unusable is not None and (reason := spec.unusable(torch.device(device))) is not None:
+            left_out[plugin] = reason
         else:
             config[plugin] = dict(options)
     return config, left_out

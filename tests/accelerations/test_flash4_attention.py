@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from workbench import Request, Session
 from workbench.accelerations import REGISTRY, fingerprint
 from workbench.accelerations.base import Receipt
-from workbench.accelerations.flash4_attention import _Installed, attention_fn
+from workbench.accelerations.flash4_attention import _Installed, attention_fn, unusable
 
 
 def _stand_in(calls: list) -> types.SimpleNamespace:
@@ -64,3 +64,9 @@ def test_flash4_attention_routes_every_call_and_uninstalls_exactly():
     rel = float((routed.latents.float() - stock.latents.float()).norm() / stock.latents.float().norm())
     assert rel < 2e-2, rel  # math SDPA stand-in vs the default kernel: bf16 reduction order only
     assert torch.equal(session.generate(request, progress=False).latents, stock.latents)
+
+
+def test_flash4_attention_says_why_it_is_unusable_here():
+    assert "CUDA" in unusable(torch.device("cpu"))
+    if not torch.cuda.is_available():
+        assert "CUDA" in unusable(torch.device("cuda"))

@@ -184,7 +184,9 @@ class Spec:
 
     `group`: at most one plugin per group may be installed (two feature caches would fight over the
     same skipped work). `touches`: the model resources a plugin mutates; two plugins touching the same
-    resource conflict. `order`: installation order, so a set does not depend on dict order.
+    resource conflict. `order`: installation order, so a set does not depend on dict order. `unusable`:
+    optional, why this machine cannot run the plugin on a device (a package missing, another GPU), or None;
+    profiles read it to leave such a plugin out (installing it still raises at prepare).
     """
 
     name: str
@@ -197,6 +199,7 @@ class Spec:
     group: str | None = None
     touches: tuple[str, ...] = ()
     order: int = 50
+    unusable: Callable[[torch.device], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.contract not in CONTRACTS:

@@ -25,6 +25,7 @@ quack-kernels, apache-tvm-ffi); the extra `flash4` of this project pins the same
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 import torch
@@ -90,6 +91,18 @@ class _Installed(BackendSwap):
         return attention_fn(self.flash, self.receipt)
 
 
+def unusable(device: torch.device) -> str | None:
+    """Why FA4 cannot run on `device` here (not CUDA, not installed, another GPU), or None."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"runs on a CUDA device; {device} is not one here"
+    if importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec("flash_attn.cute") is None:
+        return "`flash_attn.cute` is not installed"
+    capability = torch.cuda.get_device_capability(device)
+    if capability not in ARCHES:
+        return f"FA4's forward runs on sm_90/sm_100; {device} is sm_{capability[0]}{capability[1]}"
+    return None
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     capability = torch.cuda.get_device_capability(device)
     if capability not in ARCHES:
@@ -109,5 +122,6 @@ SPEC = Spec(
     devices=("cuda",),
     touches=("attention_processor.backend",),
     order=20,
+    unusable=unusable,
 )
 SPECS = (SPEC,)
