@@ -99,7 +99,16 @@ def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(
     assert torch.equal(got, want), f"seed {rng.initial_seed()}: {(got != want).sum()} elements differ"
 
 
-@pytest.mark.parametrize("name", [n for n in CANDIDATES if CANDIDATES[n] != DEFAULT])
+def _interpreter_distinct() -> list[str]:
+    """One candidate per (rows, row_vectors): the interpreter ignores num_warps, so launches differing only there
+    run the same program on the CPU (their GPU trees are the H200 benchmark's business)."""
+    seen: dict[tuple, str] = {(DEFAULT.rows, DEFAULT.row_vectors): "default"}
+    for name, launch in CANDIDATES.items():
+        seen.setdefault((launch.rows, launch.row_vectors), name)
+    return [name for name in seen.values() if name != "default"]
+
+
+@pytest.mark.parametrize("name", _interpreter_distinct())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_layernorm_modulate_kernel_every_launch_is_bit_equal_to_default(rng, name, dtype):
     # odd C, 26 rows: a partial last tile for every rows per program; the default under the interpreter takes all
