@@ -47,3 +47,25 @@ def test_cli_info_lists_families(capsys):
     assert main(["info"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert set(info["families"]) >= {"wan", "ltx2"} and info["versions"]["diffusers"] == "0.42.1"
+
+
+def test_cli_generate_with_profile_and_accelerations(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    out = tmp_path / "out"
+    args = ["generate", "--model", "tiny-wan", "--prompt", "p", "--frames", "9", "--height", "32", "--width", "32"]
+    args += ["--steps", "2", "--profile", "exact-fast", "--accelerate", '{"pyramid_attention_broadcast": {}}']
+    assert main([*args, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "fused_block_norms left out (Triton kernels on a CPU need TRITON_INTERPRET=1)" in err
+    receipts = json.loads((out / "result.json").read_text())["receipts"]
+    assert {"adaln_precompute", "cross_kv_cache", "pyramid_attention_broadcast"} <= set(receipts)
+
+
+def test_cli_generate_bad_accelerations_write_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["generate", "--model", "tiny-wan", "--prompt", "p", "--out", str(out)]
+    assert main([*args, "--accelerate", "[1]"]) == 2
+    assert "--accelerate: expected a JSON object, got list" in capsys.readouterr().err
+    assert main([*args, "--accelerate", '{"no_such_plugin": {}}']) == 2
+    assert "no_such_plugin" in capsys.readouterr().err
+    assert not out.exists()

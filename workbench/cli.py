@@ -29,6 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--out", required=True, type=Path, help="directory for the outputs (created on success)")
     gen.add_argument("--gpus", type=int, default=1, help="processes (one per GPU) running one context-parallel request")
     gen.add_argument(
+        "--profile",
+        default="stock",
+        choices=("stock", "exact-fast"),
+        help="a named acceleration set for the model's family and device (workbench.profiles)",
+    )
+    gen.add_argument("--accelerate", default="{}", help="accelerations JSON, installed over --profile's set")
+    gen.add_argument(
         "--parallel-decode",
         action="store_true",
         help="with --gpus N >= 2: split the Wan VAE decode into one band per GPU (approximate vs untiled decode)",
@@ -97,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from workbench import Request, Session, distributed
     from workbench.media import verify_mp4
+    from workbench.profiles import profile_plan
 
     fields = ("frames", "height", "width", "steps", "guidance", "fps")
     request = Request(
@@ -114,9 +122,16 @@ def _generate(args: argparse.Namespace) -> int:
             return distributed.launch(args.gpus, "workbench.cli", args.argv).returncode
         device = str(distributed.init_worker(args.device))
         accelerations = distributed.cli_accelerations(args.gpus, parallel_decode=args.parallel_decode)
+    extra = _json_arg("accelerate", args.accelerate)  # refused before the model loads
     session = Session.open(args.model, device=device, dtype=args.dtype, seed=args.seed, accelerations=accelerations)
     session.resolve(request)  # refuse a bad request before any work and before --out exists
     print(f"loaded {session} in {session.init_seconds:.2f} s", file=sys.stderr)
+    if args.profile != "stock" or extra:
+        chosen, left_out = profile_plan(args.profile, session.model.family.name, session.device)
+        for plugin, reason in left_out.items():
+            print(f"profile {args.profile}: {plugin} left out ({reason})", file=sys.stderr)
+        installed = session.accelerate({**accelerations, **chosen, **extra})
+        print(f"accelerations: {', '.join(installed) or 'none'}", file=sys.stderr)
     result = session.generate(request, progress=distributed.rank() == 0)
     if distributed.rank() != 0:  # one request over the group: rank 0 writes it
         return 0
