@@ -20,7 +20,7 @@ Measured on the H200 (random weights, A/B/A in one process; benchmarks/results/2
   measured 0.87x per block, and FlashAttention-4 was not measured on it).
 Attention is never forced to `_native_cudnn`: that measured slower than diffusers' default (0.970x Wan, 0.985x H3).
 
-What a machine cannot run is left out, and `exact_fast_plan` says why: a plugin whose `Spec.devices` excludes the
+What a machine cannot run is left out, and `profile_plan` says why: a plugin whose `Spec.devices` excludes the
 device (gelu_epilogue, flash4_attention on a CPU), a Triton plugin on a CPU without `TRITON_INTERPRET=1`, and
 a plugin whose `Spec.unusable` gives a reason (flash4_attention: `flash_attn.cute` not installed, or a GPU other
 than sm_90/sm_100; README: FlashAttention-4). The receipts of a request

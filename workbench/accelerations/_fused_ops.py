@@ -1,4 +1,5 @@
-"""Per-call guards around the pointwise kernels, shared by the fused_block_ops families (not a plugin).
+"""Per-call guards around the pointwise kernels, and the prepare-time checks, shared by the block-forward plugins
+(fused_block_ops, fused_block_norms; not a plugin itself).
 
 `InDtypeOps` serves the blocks whose AdaLN glue runs on same-dtype tensors (LTX-2, MiniMax-H3): each call is
 checked, and one the kernels cannot take (mixed dtypes, an unexpected broadcast, another device) runs torch's
@@ -7,6 +8,8 @@ own expression, which is the stock block's expression, and is counted under `fal
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -14,6 +17,46 @@ import torch
 from workbench.kernels._runtime import FLOAT_DTYPES, INDEX_DTYPES
 
 SUPPORTED_DTYPES = FLOAT_DTYPES
+
+
+def block_classes(plugin: str, model: Any, supported: Iterable[str]) -> set[str]:
+    """The model's block class names, each one `supported`; RuntimeError for another diffusers or block class."""
+    import diffusers
+
+    if not diffusers.__version__.startswith("0.42."):
+        raise RuntimeError(f"{plugin}: replicates diffusers 0.42.x's block forwards; found {diffusers.__version__}")
+    names = set(model.family.block_classes)
+    unknown = sorted(names - set(supported))
+    if unknown:
+        raise RuntimeError(f"{plugin}: block class {unknown[0]} is not implemented (only {sorted(supported)})")
+    return names
+
+
+def replaceable_blocks(plugin: str, model: Any, names: set[str], device: torch.device) -> list[torch.nn.Module]:
+    """The denoisers' blocks of classes `names`, none with its forward already replaced, once the kernels can run
+    on `device` (triton installed; on a CPU only under the interpreter)."""
+    blocks = []
+    for denoiser in model.denoisers():
+        for path, module in denoiser.named_modules():
+            if type(module).__name__ in names:
+                if "forward" in module.__dict__:
+                    raise RuntimeError(
+                        f"{plugin}: {path} already has its forward replaced by another plugin; "
+                        "install only one of the block-forward plugins (fused_block_ops, fused_block_norms)"
+                    )
+                blocks.append(module)
+    if not blocks:
+        raise RuntimeError(f"{plugin}: found no {sorted(names)} blocks in the denoiser")
+    if importlib.util.find_spec("triton") is None:
+        raise RuntimeError(f"{plugin}: needs triton (pip install triton)")
+    from workbench.kernels._runtime import interpreting
+
+    if device.type == "cpu" and not interpreting():
+        raise RuntimeError(
+            f"{plugin}: on CPU the Triton kernels run only under the interpreter; "
+            "set TRITON_INTERPRET=1 in the environment, or open the session on a CUDA device"
+        )
+    return blocks
 
 
 def block_reason(block: torch.nn.Module, *tensors: torch.Tensor) -> str | None:

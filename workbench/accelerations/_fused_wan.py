@@ -10,8 +10,9 @@ The block's forward, op for op, with:
   projection. Only a stock `WanAttnProcessor` on an attn1 without hooks is taken over; any other (a plugin's
   wrapper, a hooked module) runs as it is and the call is counted under `fallbacks`.
 
-`_self_attention`, `attn1_reason` and `hooked` are shared with fused_block_norms.py, which passes the fused
-RMSNorm+rotary kernel (`qk_norm_rope`) for q and k; without it (fused_block_ops) nothing changes.
+`self_attention`, `wan_block_reason`, `modulation_chunks`, `attn1_reason` and `hooked` are shared with
+fused_block_norms.py, which passes the fused RMSNorm+rotary kernel (`qk_norm_rope`) for q and k; without it
+(fused_block_ops) nothing changes.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def _norm_then_rope(attn, query, key, rotary_emb, receipt, rope):
     return query, key
 
 
-def _self_attention(
+def self_attention(
     attn: torch.nn.Module,
     hidden_states: torch.Tensor,
     rotary_emb: Any,
@@ -155,7 +156,16 @@ def _self_attention(
     return hidden_states
 
 
-def _block_reason(block: torch.nn.Module, hidden_states: torch.Tensor, temb: torch.Tensor) -> str | None:
+def modulation_chunks(block: torch.nn.Module, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The block's six fp32 AdaLN chunks (shift, scale, gate; then the FFN's), as its stock forward computes them:
+    (B, 1, C) from a (B, 6, C) temb, (B, T, C) from Wan2.2 TI2V's per-token (B, T, 6, C)."""
+    if temb.ndim == 4:
+        chunks = (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)
+        return tuple(chunk.squeeze(2) for chunk in chunks)
+    return (block.scale_shift_table + temb.float()).chunk(6, dim=1)
+
+
+def wan_block_reason(block: torch.nn.Module, hidden_states: torch.Tensor, temb: torch.Tensor) -> str | None:
     from workbench.accelerations._fused_ops import block_reason
 
     reason = block_reason(block, hidden_states)
@@ -176,23 +186,18 @@ def forward_for(block: torch.nn.Module, receipt: Any, options: dict[str, Any]) -
     def forward(
         hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, temb: torch.Tensor, rotary_emb: Any
     ) -> torch.Tensor:
-        reason = _block_reason(block, hidden_states, temb)
+        reason = wan_block_reason(block, hidden_states, temb)
         if reason is not None:
             receipt.count_fallback(reason)
             return stock(hidden_states, encoder_hidden_states, temb, rotary_emb)
-        if temb.ndim == 4:  # batch_size, seq_len, 6, inner_dim (wan2.2 ti2v)
-            chunks = (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)
-            chunks = tuple(chunk.squeeze(2) for chunk in chunks)
-        else:  # batch_size, 6, inner_dim
-            chunks = (block.scale_shift_table + temb.float()).chunk(6, dim=1)
-        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = chunks
+        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = modulation_chunks(block, temb)
         dtype = hidden_states.dtype
 
         # 1. Self-attention
         norm_hidden_states = adaln_modulate(block.norm1(hidden_states.float()), scale_msa, shift_msa, dtype)
         attn_reason = attn1_reason(block.attn1) if use_rope else None
         if use_rope and attn_reason is None:
-            attn_output = _self_attention(block.attn1, norm_hidden_states, rotary_emb, receipt, rope_only)
+            attn_output = self_attention(block.attn1, norm_hidden_states, rotary_emb, receipt, rope_only)
         else:
             if attn_reason is not None:
                 receipt.count_fallback(f"rope: {attn_reason}")

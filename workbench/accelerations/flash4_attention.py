@@ -104,12 +104,10 @@ def unusable(device: torch.device) -> str | None:
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    capability = torch.cuda.get_device_capability(device)
-    if capability not in ARCHES:
-        raise RuntimeError(
-            f"flash4_attention: FA4's forward runs on sm_90/sm_100; {device} is sm_{capability[0]}{capability[1]}"
-        )
-    flash = load()
+    reason = unusable(device)
+    if reason is not None:
+        raise RuntimeError(f"flash4_attention: {reason}; {INSTALL}")
+    flash = load()  # the import itself can still fail (the DSL's CUDA libraries)
     modules = model.denoisers()
     return lambda: _Installed(SPEC, options, modules, flash, device)
 

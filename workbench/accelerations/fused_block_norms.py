@@ -5,7 +5,7 @@ fp32 LayerNorms, the bf16 -> fp32 copies around them, the modulations, casts and
 RMSNorms. Each `WanTransformerBlock` gets an instance-level forward that is diffusers 0.42.x's forward with:
 
 - norm1 + modulation: one `layernorm_modulate` reading bf16 x (no fp32 copy of the residual stream);
-- attn1 run here as `WanAttnProcessor` runs self-attention (`_fused_wan._self_attention`), with norm_q/norm_k
+- attn1 run here as `WanAttnProcessor` runs self-attention (`_fused_wan.self_attention`), with norm_q/norm_k
   and the rotary step as one `qk_norm_rope` kernel each for q and k;
 - both gated residuals `(x.float() + y * gate).type_as(x)` as `gated_residual` (torch's rounding);
 - norm2 (affine FP32LayerNorm) as `layernorm_modulate` with weight and bias (an Identity norm2 passes x itself,
@@ -33,11 +33,11 @@ Receipts: `blocks_fused`, `layernorm_modulate_calls`, `qk_norm_rope_calls`, `gat
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import torch
 
+from workbench.accelerations._fused_ops import block_classes, replaceable_blocks
 from workbench.accelerations.base import Handle, Spec
 
 NAME = "fused_block_norms"
@@ -75,8 +75,7 @@ def _modulation_reason(hidden_states: torch.Tensor, chunks: tuple[torch.Tensor, 
 
 def forward_for(block: torch.nn.Module, receipt: Any) -> Any:
     """An instance-level forward for one WanTransformerBlock."""
-    from workbench.accelerations._fused_ops import block_reason
-    from workbench.accelerations._fused_wan import _self_attention, attn1_reason
+    from workbench.accelerations._fused_wan import attn1_reason, modulation_chunks, self_attention, wan_block_reason
     from workbench.kernels.gated_residual import gated_residual
     from workbench.kernels.layernorm_modulate import add_layernorm_modulate, layernorm_modulate
     from workbench.kernels.qk_norm_rope import qk_norm_rope, rope_only
@@ -86,15 +85,9 @@ def forward_for(block: torch.nn.Module, receipt: Any) -> Any:
     def forward(
         hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, temb: torch.Tensor, rotary_emb: Any
     ) -> torch.Tensor:
-        reason = block_reason(block, hidden_states) or _norms_reason(block, hidden_states)
-        if reason is None and temb.ndim not in (3, 4):
-            reason = f"temb of {temb.ndim} dimensions"
+        reason = wan_block_reason(block, hidden_states, temb) or _norms_reason(block, hidden_states)
         if reason is None:
-            if temb.ndim == 4:  # batch_size, seq_len, 6, inner_dim (wan2.2 ti2v)
-                chunks = (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)
-                chunks = tuple(chunk.squeeze(2) for chunk in chunks)
-            else:  # batch_size, 6, inner_dim
-                chunks = (block.scale_shift_table + temb.float()).chunk(6, dim=1)
+            chunks = modulation_chunks(block, temb)
             reason = _modulation_reason(hidden_states, chunks)
         if reason is not None:
             receipt.count_fallback(reason)
@@ -105,7 +98,7 @@ def forward_for(block: torch.nn.Module, receipt: Any) -> Any:
         norm_hidden_states = layernorm_modulate(hidden_states, block.norm1.eps, scale=scale_msa, shift=shift_msa)
         attn_reason = attn1_reason(block.attn1)
         if attn_reason is None:
-            attn_output = _self_attention(
+            attn_output = self_attention(
                 block.attn1, norm_hidden_states, rotary_emb, receipt, rope_only, qk_norm_rope=qk_norm_rope
             )
         else:
@@ -158,35 +151,7 @@ class _Installed(Handle):
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    import diffusers
-
-    if not diffusers.__version__.startswith("0.42."):
-        raise RuntimeError(f"{NAME}: replicates diffusers 0.42.x's Wan block forward; found {diffusers.__version__}")
-    names = set(model.family.block_classes)
-    unknown = sorted(names - set(BLOCKS))
-    if unknown:
-        raise RuntimeError(f"{NAME}: block class {unknown[0]} is not implemented (only {list(BLOCKS)})")
-    blocks = []
-    for denoiser in model.denoisers():
-        for path, module in denoiser.named_modules():
-            if type(module).__name__ in names:
-                if "forward" in module.__dict__:
-                    raise RuntimeError(
-                        f"{NAME}: {path} already has its forward replaced by another plugin (fused_block_ops?); "
-                        "install only one of the block-forward plugins"
-                    )
-                blocks.append(module)
-    if not blocks:
-        raise RuntimeError(f"{NAME}: found no {sorted(names)} blocks in the denoiser")
-    if importlib.util.find_spec("triton") is None:
-        raise RuntimeError(f"{NAME}: needs triton (pip install triton)")
-    from workbench.kernels._runtime import interpreting
-
-    if device.type == "cpu" and not interpreting():
-        raise RuntimeError(
-            f"{NAME}: on CPU the Triton kernels run only under the interpreter; "
-            "set TRITON_INTERPRET=1 in the environment, or open the session on a CUDA device"
-        )
+    blocks = replaceable_blocks(NAME, model, block_classes(NAME, model, BLOCKS), device)
     return lambda: _Installed(SPEC, options, blocks, device)
 
 

@@ -37,12 +37,12 @@ Receipts: `blocks_fused`, `adaln_modulate_calls`, `gated_residual_calls`, `rope_
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import torch
 
 from workbench.accelerations import _fused_h3, _fused_ltx2, _fused_wan
+from workbench.accelerations._fused_ops import block_classes, replaceable_blocks
 from workbench.accelerations.base import Handle, Option, Spec
 
 ROPE_FAMILIES = ("WanTransformerBlock",)  # block classes whose rotary step has a bit-equal kernel wired
@@ -81,45 +81,14 @@ class _Installed(Handle):
             del block.forward
 
 
-def _check_runtime(device: torch.device) -> None:
-    if importlib.util.find_spec("triton") is None:
-        raise RuntimeError("fused_block_ops: needs triton (pip install triton)")
-    from workbench.kernels._runtime import interpreting
-
-    if device.type == "cpu" and not interpreting():
-        raise RuntimeError(
-            "fused_block_ops: on CPU the Triton kernels run only under the interpreter; "
-            "set TRITON_INTERPRET=1 in the environment, or open the session on a CUDA device"
-        )
-
-
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    import diffusers
-
-    if not diffusers.__version__.startswith("0.42."):
-        raise RuntimeError(
-            f"fused_block_ops: replicates diffusers 0.42.x's block forwards; found {diffusers.__version__}"
-        )
-    names = set(model.family.block_classes)
-    supported = set(_builders(options, {}))
-    unknown = sorted(names - supported)
-    if unknown:
-        raise RuntimeError(f"fused_block_ops: block class {unknown[0]} is not implemented (only {sorted(supported)})")
+    names = block_classes(SPEC.name, model, _builders(options, {}))
     if options["rope"] == "on" and not names & set(ROPE_FAMILIES):
         raise RuntimeError(
             f"fused_block_ops.rope='on': {model.family.name}'s blocks ({sorted(names)}) have no rotary kernel wired "
             f"(only {list(ROPE_FAMILIES)}); use rope='auto' or 'off'"
         )
-    blocks = []
-    for denoiser in model.denoisers():
-        for path, module in denoiser.named_modules():
-            if type(module).__name__ in names:
-                if "forward" in module.__dict__:
-                    raise RuntimeError(f"fused_block_ops: {path} already has its forward replaced by another plugin")
-                blocks.append(module)
-    if not blocks:
-        raise RuntimeError(f"fused_block_ops: found no {sorted(names)} blocks in the denoiser")
-    _check_runtime(device)
+    blocks = replaceable_blocks(SPEC.name, model, names, device)
     return lambda: _Installed(SPEC, options, blocks, device)
 
 
