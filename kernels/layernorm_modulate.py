@@ -32,24 +32,29 @@ What is torch's and what is not:
   output relative L2 4.9e-3 against stock on random weights, the same as any other non-bitwise change measured
   there); the kernel itself was not compared with float64 on the GPU.
 
-BF16_ROUNDING: fp32 -> bf16 is written out in integers (round to nearest even, as c10::BFloat16; NaN becomes
-0x7FC0) because the Triton CPU interpreter's `.to(tl.bfloat16)` truncates; on a GPU it equals `cvt.rn.bf16.f32`.
+BF16_ROUNDING: under the interpreter fp32 -> bf16 is written out in integers (round to nearest even, as
+c10::BFloat16; NaN becomes 0x7FC0) because the interpreter's `.to(tl.bfloat16)` truncates. Compiled, the kernel
+uses `.to(tl.bfloat16)` (`cvt.rn.bf16.f32`): the same value for every non-NaN input, in one instruction instead
+of six (a NaN's payload may differ). Offsets are int32 unless some tensor reaches 2^31 elements (`IDX64`).
 
 Shapes: x (B, T, C) in float32/bfloat16/float16, any strides; residual the same shape and dtype, any strides;
 weight, bias (C,) any float dtype (upcast to fp32, as FP32LayerNorm does); scale, shift float32 (B, 1, C) or
 (B, T, C), any strides (Wan passes chunks of its (B, 6, C) table). Output: contiguous (B, T, C) in `out_dtype`
 (default x's dtype); the sum: contiguous (B, T, C) in x's dtype.
 
-Launches (`LaunchConfig`: rows per program, num_warps; `DEFAULT` is the first version's choice, `CANDIDATES` what
-benchmarks/norm_kernels_gpu.py times). Each row is reduced on its own, so the rows per program never mix rows.
-Under the interpreter every launch is bit-equal (each sum is numpy's over one row; tested). On a GPU the shape of
-the fp32 reduction tree follows the register layout Triton picks for the tile (elements per thread, threads and
-warps along C), which num_warps (and possibly BLOCK_R) can change, so a launch could move a row statistic by an
-ulp. Measured (H200, x (1, 32760, 1536) bf16, 2026-11-30-norm-kernels-gpu-run2.json): launches with 8 or 16 warps
-are torch.equal to DEFAULT, those with 2 or 4 are not (another tree), so DEFAULT stays although `r2_w4` was
-faster (modulated 91 vs 119 us, with the residual add 136 vs 184 us: 53-71 % against DEFAULT's 41-53 % of the
-4.17 TB/s copy bandwidth; the issue's 80 % is not reached by any launch). `row_vectors`: broadcast scale/shift
-of one batch loaded once per program; the per-element loads took 201 / 261 us (run 1), same output.
+Launches (`LaunchConfig`: rows per program, num_warps, moments; `DEFAULT` is the first version's choice,
+`CANDIDATES` what benchmarks/norm_kernels_gpu.py times). Each row is reduced on its own, so the rows per program
+never mix rows. Under the interpreter launches with the same `moments` are bit-equal (each sum is numpy's over one
+row; tested). On a GPU the shape of the fp32 reduction tree follows the register layout Triton picks for the tile
+(elements per thread, threads and warps along C), which num_warps (and possibly BLOCK_R) can change, so a launch
+could move a row statistic by an ulp; every launch is held to the float64 bound above, not to DEFAULT's bits.
+`moments=2` forms the mean correction and the squares in one sweep (var = mean(d^2) - mean(d)^2 with d = x - the
+first mean; d is small, so the subtraction loses nothing that matters) instead of two: one reduction fewer per row.
+Measured before (H200, x (1, 32760, 1536) bf16, 2026-11-30-norm-kernels-gpu-run2.json, integer bf16 rounding and
+int64 offsets then): DEFAULT modulated 119 us, with the residual add 184 us (41-53 % of the 4.17 TB/s copy
+bandwidth); `r2_w4` 91 / 136 us; launches with 8 or 16 warps torch.equal to DEFAULT, 2 or 4 warps not.
+`row_vectors`: broadcast scale/shift of one batch loaded once per program; the per-element loads took 201 / 261 us
+(run 1), same output.
 """
 
 from __future__ import annotations
@@ -87,8 +92,11 @@ class LaunchConfig:
     rows: int | None = None
     num_warps: int | None = None
     row_vectors: bool = True  # scale/shift broadcast over the tokens of one batch: one (C,) load per program
+    moments: int = 3  # reductions per row: 3 (sum, mean correction, squares) or 2 (correction and squares together)
 
     def __post_init__(self) -> None:
+        if self.moments not in (2, 3):
+            raise ValueError(f"LaunchConfig.moments: {self.moments!r}; allowed: 2, 3")
         if self.rows is not None and (not isinstance(self.rows, int) or self.rows < 1 or self.rows & (self.rows - 1)):
             raise ValueError(f"LaunchConfig.rows: {self.rows!r}; expected None or a power of two >= 1")
         if self.num_warps not in (None, 1, 2, 4, 8, 16):
@@ -98,21 +106,20 @@ class LaunchConfig:
 DEFAULT = LaunchConfig()  # at C = 1536 (BLOCK_C 2048): 2 rows, 8 warps
 CANDIDATES = {  # what benchmarks/norm_kernels_gpu.py times side by side (measured: module doc)
     "default": DEFAULT,
-    # one warp per row, the row sums in warp shuffles only (added after the H200 runs: unmeasured)
-    "r1_w1": LaunchConfig(rows=1, num_warps=1),
+    "r1_w1": LaunchConfig(rows=1, num_warps=1),  # one warp per row: the row sums in warp shuffles only
     "r2_w2": LaunchConfig(rows=2, num_warps=2),
     "r4_w4": LaunchConfig(rows=4, num_warps=4),
     "r1_w2": LaunchConfig(rows=1, num_warps=2),
     "r1_w4": LaunchConfig(rows=1, num_warps=4),
-    "r1_w8": LaunchConfig(rows=1, num_warps=8),
     "r2_w4": LaunchConfig(rows=2, num_warps=4),
     "r4_w8": LaunchConfig(rows=4, num_warps=8),
-    "r4_w16": LaunchConfig(rows=4, num_warps=16),
-    "r8_w16": LaunchConfig(rows=8, num_warps=16),
-    # the first version's per-element scale/shift loads (2026-11-30 H200: the modulated calls ran at 24-31 % of
-    # copy bandwidth against 53 % for the affine one, which loads no per-element table); same values, same output
-    "default_2d_mod": LaunchConfig(row_vectors=False),
-    "r1_w2_2d_mod": LaunchConfig(rows=1, num_warps=2, row_vectors=False),
+    # two sweeps over the row instead of three
+    "m2": LaunchConfig(moments=2),
+    "m2_r1_w1": LaunchConfig(rows=1, num_warps=1, moments=2),
+    "m2_r2_w2": LaunchConfig(rows=2, num_warps=2, moments=2),
+    "m2_r4_w4": LaunchConfig(rows=4, num_warps=4, moments=2),
+    "m2_r1_w4": LaunchConfig(rows=1, num_warps=4, moments=2),
+    "m2_r2_w4": LaunchConfig(rows=2, num_warps=4, moments=2),
 }
 
 
@@ -126,22 +133,34 @@ def _layernorm_modulate(
     sh_sb, sh_st, sh_sc,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MOD: tl.constexpr,
     SUM_ROUND: tl.constexpr, OUT_ROUND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    MOD_VEC: tl.constexpr,
+    MOD_VEC: tl.constexpr, MOMENTS: tl.constexpr, NATIVE_BF16: tl.constexpr, IDX64: tl.constexpr,
 ):  # fmt: skip
-    # SUM_ROUND / OUT_ROUND: what the residual sum / the output is rounded to (0: fp32, 1: bf16, 2: fp16)
+    # SUM_ROUND / OUT_ROUND: what the residual sum / the output is rounded to (0: fp32, 1: bf16, 2: fp16).
+    # NATIVE_BF16: compiled, `.to(tl.bfloat16)` is cvt.rn (BF16_ROUNDING's result for every non-NaN value).
+    # IDX64: some offset needs int64; otherwise the address arithmetic stays int32 (half the integer work).
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t), int32
     cols = tl.arange(0, BLOCK_C)
     b = rows // T
-    t = (rows - b * T).to(tl.int64)[:, None]
-    b = b.to(tl.int64)[:, None]
-    c = cols.to(tl.int64)[None, :]
+    t = rows - b * T
+    if IDX64:
+        rows = rows.to(tl.int64)
+        b = b.to(tl.int64)
+        t = t.to(tl.int64)
+        cols = cols.to(tl.int64)
+    b = b[:, None]
+    t = t[:, None]
+    c = cols[None, :]
     col_ok = (cols < C)[None, :]
     mask = (rows < R)[:, None] & col_ok
     x = tl.load(x_ptr + b * x_sb + t * x_st + c * x_sc, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:  # torch's `x + r` in x's dtype: one fp32 add, then rounded to that dtype
         x = x + tl.load(r_ptr + b * r_sb + t * r_st + c * r_sc, mask=mask, other=0.0).to(tl.float32)
-        at = sum_ptr + rows.to(tl.int64)[:, None] * C + c
-        if SUM_ROUND == 1:  # BF16_ROUNDING; x keeps the rounded value for the norm
+        at = sum_ptr + rows[:, None] * C + c
+        if SUM_ROUND == 1 and NATIVE_BF16:  # x keeps the rounded value for the norm
+            rounded = x.to(tl.bfloat16)
+            x = rounded.to(tl.float32)
+            tl.store(at, rounded, mask=mask)
+        elif SUM_ROUND == 1:  # BF16_ROUNDING
             bits = x.to(tl.uint32, bitcast=True)
             bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
             bits = tl.where(x != x, 0x7FC0, bits)
@@ -156,22 +175,27 @@ def _layernorm_modulate(
     # tl.sum is decorated at triton import, which the interpreter cannot call if TRITON_INTERPRET came later
     width = tl.cast(C, tl.float32)
     mean = tl.math.div_rn(tl.reduce(x, 1, tl.standard._sum_combine), width)[:, None]
-    # one correction pass: the rounding error of the sum above (a few ulps of a large mean) is the mean of x - mean,
-    # summed here over small values; without it a row with a large offset would shift every output by that error
-    mean = (
-        mean + tl.math.div_rn(tl.reduce(tl.where(col_ok, x - mean, 0.0), 1, tl.standard._sum_combine), width)[:, None]
-    )
-    centred = tl.where(col_ok, x - mean, 0.0)
-    var = tl.math.div_rn(tl.reduce(centred * centred, 1, tl.standard._sum_combine), width)
+    # the rounding error of the sum above (a few ulps of a large mean) is the mean of d = x - mean, summed over
+    # small values; without that correction a row with a large offset would shift every output by the error
+    d = tl.where(col_ok, x - mean, 0.0)
+    if MOMENTS == 2:  # the correction and the squares in one sweep: var = mean(d^2) - mean(d)^2
+        step = tl.math.div_rn(tl.reduce(d, 1, tl.standard._sum_combine), width)
+        var = tl.math.div_rn(tl.reduce(d * d, 1, tl.standard._sum_combine), width) - step * step
+        mean = mean + step[:, None]
+        centred = x - mean
+    else:  # three sweeps: correct the mean first, then the squares about it
+        mean = mean + tl.math.div_rn(tl.reduce(d, 1, tl.standard._sum_combine), width)[:, None]
+        centred = tl.where(col_ok, x - mean, 0.0)
+        var = tl.math.div_rn(tl.reduce(centred * centred, 1, tl.standard._sum_combine), width)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn((var + eps).to(tl.float32)))[:, None]  # eps arrives fp64 under compile
     y = centred * rstd  # from here every op is its own fp32 rounding (enable_fp_fusion=False)
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols.to(tl.int64) * w_s, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+        y = y * tl.load(w_ptr + cols * w_s, mask=cols < C, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
-        y = y + tl.load(bias_ptr + cols.to(tl.int64) * bias_s, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+        y = y + tl.load(bias_ptr + cols * bias_s, mask=cols < C, other=0.0).to(tl.float32)[None, :]
     if HAS_MOD and MOD_VEC:  # one batch, rows broadcast over tokens: the (C,) vectors once, not per element
-        scale = tl.load(scale_ptr + cols.to(tl.int64) * sc_sc, mask=cols < C, other=0.0).to(tl.float32)[None, :]
-        shift = tl.load(shift_ptr + cols.to(tl.int64) * sh_sc, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+        scale = tl.load(scale_ptr + cols * sc_sc, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+        shift = tl.load(shift_ptr + cols * sh_sc, mask=cols < C, other=0.0).to(tl.float32)[None, :]
     elif HAS_MOD:
         scale = tl.load(scale_ptr + b * sc_sb + t * sc_st + c * sc_sc, mask=mask, other=0.0).to(tl.float32)
         shift = tl.load(shift_ptr + b * sh_sb + t * sh_st + c * sh_sc, mask=mask, other=0.0).to(tl.float32)
@@ -179,8 +203,10 @@ def _layernorm_modulate(
         one_plus = 1.0 + scale
         y = y * one_plus
         y = y + shift
-    out = out_ptr + rows.to(tl.int64)[:, None] * C + c
-    if OUT_ROUND == 1:  # BF16_ROUNDING
+    out = out_ptr + rows[:, None] * C + c
+    if OUT_ROUND == 1 and NATIVE_BF16:
+        tl.store(out, y.to(tl.bfloat16), mask=mask)
+    elif OUT_ROUND == 1:  # BF16_ROUNDING
         bits = y.to(tl.uint32, bitcast=True)
         bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
         bits = tl.where(y != y, 0x7FC0, bits)
@@ -324,15 +350,22 @@ def _launch(x, residual, eps, weight, bias, scale, shift, out_dtype, config):
     sc = x if scale is None else scale
     sh = x if shift is None else shift
     mod_vec = config.row_vectors and scale is not None and b == 1 and sc.stride(1) == 0 and sh.stride(1) == 0
+    idx64 = max(_last_offset(v) for v in (x, r, w, bb, sc, sh, out)) + block_r * c >= 2**31
     _KERNEL[(triton.cdiv(b * t, block_r),)](
         x, r, w, bb, sc, sh, out, out if summed is None else summed,
         b * t, t, c, eps,
         *x.stride(), *r.stride(), w.stride(-1), bb.stride(-1), *sc.stride(), *sh.stride(),
         HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
         HAS_MOD=scale is not None, SUM_ROUND=ROUNDING[x.dtype], OUT_ROUND=ROUNDING[out_dtype],
-        BLOCK_R=block_r, BLOCK_C=block_c, MOD_VEC=mod_vec, num_warps=warps, enable_fp_fusion=False,
+        BLOCK_R=block_r, BLOCK_C=block_c, MOD_VEC=mod_vec, MOMENTS=config.moments, NATIVE_BF16=not interpreting(),
+        IDX64=idx64, num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return out, summed
+
+
+def _last_offset(view: torch.Tensor) -> int:
+    """The largest element offset a view reaches from its base (strides here are never negative)."""
+    return sum((size - 1) * stride for size, stride in zip(view.shape, view.stride(), strict=True))
 
 
 def cost(

@@ -49,18 +49,19 @@ def _errors(got: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("form", FORMS)
-def test_layernorm_modulate_kernel_error_bound_against_float64(rng, shape, dtype, form):
+@pytest.mark.parametrize("moments", [3, 2])
+def test_layernorm_modulate_kernel_error_bound_against_float64(rng, shape, dtype, form, moments):
     """Contract `reduction`: error vs the float64 chain at most 2x torch's own, plus 2 fp32 ulps (of the output
     scale for max-abs; relative for L2: it matters only where torch's own fp32 error is zero by luck, one short
     row); the residual sum is torch's `x + r` bit for bit, and the ground truth starts from that (rounded) sum."""
     x, residual, norm = _inputs(rng, shape, dtype, form)
-    eps = 1e-6
+    eps, launch = 1e-6, LaunchConfig(moments=moments)
     if residual is None:
-        got = layernorm_modulate(x, eps, **norm)
+        got = layernorm_modulate(x, eps, **norm, config=launch)
         want = reference(x, eps, **norm)
         start = x
     else:
-        summed, got = add_layernorm_modulate(x, residual, eps, **norm)
+        summed, got = add_layernorm_modulate(x, residual, eps, **norm, config=launch)
         want_sum, want = add_reference(x, residual, eps, **norm)
         assert summed.dtype == dtype and summed.is_contiguous()
         assert torch.equal(summed, want_sum), f"seed {rng.initial_seed()}: {(summed != want_sum).sum()} sums differ"
@@ -78,7 +79,8 @@ def test_layernorm_modulate_kernel_error_bound_against_float64(rng, shape, dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(rng, dtype):
+@pytest.mark.parametrize("moments", [3, 2])
+def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(rng, dtype, moments):
     # rows of +-2^k in equal numbers: mean 0, var 4^k and (eps 0) rstd 2^-k are exact in both, so every
     # difference would come from the ops after the statistics (affine, modulation, one rounding; no FMA)
     b, t, c = 2, 8, 48  # no padded rows: their 0 / 0 under eps 0 would only warn
@@ -88,10 +90,11 @@ def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(
     weight = 1 + 0.3 * torch.randn(c, generator=rng)
     bias = 0.2 * torch.randn(c, generator=rng)
     scale, shift = (torch.randn(b, 2, c, generator=rng) * 0.7).chunk(2, dim=1)
+    launch = LaunchConfig(moments=moments)
     for norm in ({"weight": weight, "bias": bias}, {"scale": scale, "shift": shift}):
-        got = layernorm_modulate(x, 0.0, **norm)
+        got = layernorm_modulate(x, 0.0, **norm, config=launch)
         assert torch.equal(got, reference(x, 0.0, **norm)), f"seed {rng.initial_seed()}: {sorted(norm)}"
-    got = layernorm_modulate(x, 0.0, weight, bias, scale, shift, torch.float32)
+    got = layernorm_modulate(x, 0.0, weight, bias, scale, shift, torch.float32, config=launch)
     want = reference(x, 0.0, weight, bias, scale, shift, torch.float32)
     affine = (x.double() / powers.double() * weight.double() + bias.double()).float()  # exact, then one rounding
     fma = (affine.double() * (1 + scale).double() + shift.double()).float()  # product and sum rounded once
@@ -100,17 +103,19 @@ def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(
 
 
 def _interpreter_distinct() -> list[str]:
-    """One candidate per (rows, row_vectors): the interpreter ignores num_warps, so launches differing only there
-    run the same program on the CPU (their GPU trees are the H200 benchmark's business)."""
-    seen: dict[tuple, str] = {(DEFAULT.rows, DEFAULT.row_vectors): "default"}
+    """One candidate per (rows, row_vectors, moments): the interpreter ignores num_warps, so launches differing only
+    there run the same program on the CPU (their GPU trees are the H200 benchmark's business)."""
+    seen: dict[tuple, str] = {(DEFAULT.rows, DEFAULT.row_vectors, DEFAULT.moments): "default"}
     for name, launch in CANDIDATES.items():
-        seen.setdefault((launch.rows, launch.row_vectors), name)
+        seen.setdefault((launch.rows, launch.row_vectors, launch.moments), name)
     return [name for name in seen.values() if name != "default"]
 
 
 @pytest.mark.parametrize("name", _interpreter_distinct())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_layernorm_modulate_kernel_every_launch_is_bit_equal_to_default(rng, name, dtype):
+    """Bit-equal to the default launch with the same `moments` (another number of sweeps is another sum)."""
+    base = LaunchConfig(moments=CANDIDATES[name].moments)
     # odd C, 26 rows: a partial last tile for every rows per program; the default under the interpreter takes all
     # (1, 26, 37): one batch with (1, 1, C) scale/shift, the row-vector loads (`LaunchConfig.row_vectors`)
     for shape, form in (((2, 13, 37), "modulate"), ((2, 13, 37), "affine"), ((2, 13, 37), "residual_modulate_per_token"),
@@ -119,16 +124,20 @@ def test_layernorm_modulate_kernel_every_launch_is_bit_equal_to_default(rng, nam
         message = f"seed {rng.initial_seed()}: {name} {form}"
         if residual is None:
             got = layernorm_modulate(x, 1e-6, **norm, config=CANDIDATES[name])
-            want = layernorm_modulate(x, 1e-6, **norm)
+            want = layernorm_modulate(x, 1e-6, **norm, config=base)
         else:
             got_sum, got = add_layernorm_modulate(x, residual, 1e-6, **norm, config=CANDIDATES[name])
-            want_sum, want = add_layernorm_modulate(x, residual, 1e-6, **norm, config=DEFAULT)
+            want_sum, want = add_layernorm_modulate(x, residual, 1e-6, **norm, config=base)
             assert torch.equal(got_sum, want_sum), message
         assert torch.equal(got, want), f"{message}: {(got != want).sum()} elements differ"
 
 
 def test_layernorm_modulate_kernel_bad_launch_config_raises():
-    for bad, message in (({"rows": 3}, r"LaunchConfig.rows: 3"), ({"num_warps": 3}, r"LaunchConfig.num_warps: 3")):
+    for bad, message in (
+        ({"rows": 3}, r"LaunchConfig.rows: 3"),
+        ({"num_warps": 3}, r"LaunchConfig.num_warps: 3"),
+        ({"moments": 1}, r"LaunchConfig.moments: 1; allowed: 2, 3"),
+    ):
         with pytest.raises(ValueError, match=message):
             LaunchConfig(**bad)
     with pytest.raises(ValueError, match=r"layernorm_modulate: config must be a LaunchConfig or None, got str"):
