@@ -60,6 +60,7 @@ values; the output itself is rounded to bf16).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -511,14 +512,23 @@ def _route(
     elif tau == float("inf"):
         mask = torch.zeros_like(scores, dtype=torch.bool)
     else:
-        mean = scores.mean(-1, keepdim=True)
-        std = scores.std(-1, keepdim=True, correction=0)
-        mask = scores > mean + tau * std
-    i = torch.arange(qb, device=scores.device)[:, None]
-    j = torch.arange(kb, device=scores.device)[None, :]
-    mask = mask | ((i - j).abs() <= 1) | (j * block < sink_tokens)
-    density = mask.float().mean() if mask.numel() else torch.ones((), device=scores.device)
+        std, mean = torch.std_mean(scores, -1, correction=0, keepdim=True)
+        mask = scores > torch.add(mean, std, alpha=tau)
+    # never cache a tensor made during CUDA graph capture (it would live in the graph's private pool)
+    capturing = scores.is_cuda and torch.cuda.is_current_stream_capturing()
+    always = (_always_exact.__wrapped__ if capturing else _always_exact)(qb, kb, block, sink_tokens, scores.device)
+    mask = mask | always
+    density = torch.mean(mask, dtype=torch.float32) if mask.numel() else torch.ones((), device=scores.device)
     return mask, density
+
+
+@functools.lru_cache(maxsize=16)
+def _always_exact(qb: int, kb: int, block: int, sink_tokens: int, device: torch.device) -> torch.Tensor:
+    """(Qb, Kb) bool: the diagonal band (|i - j| <= 1) and the sink key blocks, exact whatever the scores say.
+    Made once per shape (a call would otherwise spend eight small launches on it)."""
+    i = torch.arange(qb, device=device)[:, None]
+    j = torch.arange(kb, device=device)[None, :]
+    return ((i - j).abs() <= 1) | (j * block < sink_tokens)
 
 
 def _fused_route(
