@@ -5,12 +5,16 @@ Kernels (x (1, 32,760, 1536) bf16, fresh random per run, the seed recorded): `la
 (1, 1, C) scale/shift (norm1/norm3), the affine variant with fp32 weight/bias (norm2), `add_layernorm_modulate`
 with a bf16 residual (the add before norm3), each over every `layernorm_modulate.CANDIDATES` entry; and
 `qk_norm_rope` (12 heads x 128, float32 (1, T, 1, 128) tables) over `qk_norm_rope.CANDIDATES`, one arm per
-distinct launch of its norm path (that path takes every head, so candidates differing only in `heads` are one).
+distinct launch of its norm path (that path takes every head, so candidates differing only in `heads` are one);
+and `gelu_tanh` on Wan's FFN activation (x (1, 32,760, 8960) bf16, randn * 3 + 0.05) over `gelu_tanh.CANDIDATES`.
 
 Checks, per candidate: both kernels may differ from their DEFAULT launch only in the row statistic's sum order
 (their module docs), so each arm records whether it is torch.equal to DEFAULT and must meet its contract's bound on
 the first CHECK_ROWS tokens (max-abs and relative-L2 error vs a float64 ground truth at most 2x torch's own plus
 2 fp32 ulps for layernorm, plus 1e-7 for qk_norm_rope; layernorm's residual sum torch.equal to `x + r`).
+gelu_tanh (not bitwise, its module doc): each arm against torch's `F.gelu(x, approximate="tanh")` on the device,
+within the tests' bounds (`gelu_tanh.excess` <= 1, differing fraction <= `DIFFER_FRACTION`); the largest difference
+in output ulps and torch.equal to DEFAULT are recorded too.
 
 Timing as benchmarks/rope_kernel_gpu.py: one CUDA-event pair per call right after a 256 MiB memset (L2 cold,
 host launch time hidden); `rounds` rounds, the arm order rotating, each arm `repeats` calls per round; the first
@@ -39,11 +43,13 @@ import torch
 from benchmarks.common import envelope, write
 from benchmarks.rope_kernel_gpu import FLUSH_BYTES
 from workbench.kernel_bench import COPY_BANDWIDTH
+from workbench.kernels import gelu_tanh as gelu
 from workbench.kernels import layernorm_modulate as ln
 from workbench.kernels import qk_norm_rope as qk
 
 SHAPE, HEADS = (1, 32760, 1536), 12
 SMOKE_SHAPE, SMOKE_HEADS = (1, 37, 96), 3
+GELU_SHAPE, SMOKE_GELU_SHAPE = (1, 32760, 8960), (1, 37, 200)
 CHECK_ROWS = 4096  # tokens of the qk_norm_rope contract check (float64 on the device)
 EPS = 1e-6
 
@@ -109,9 +115,9 @@ def _qk_arms(shape, heads, device, g) -> tuple[dict[str, Callable[[], Any]], tup
     angles = torch.rand(1, t, 1, c // heads // 2, device=device, generator=g, dtype=torch.float64) * 1000
     angles = angles.repeat_interleave(2, dim=-1)
     cos, sin = angles.cos().float(), angles.sin().float()
-    distinct: dict[tuple, str] = {}  # the norm path ignores `heads`: one arm per (kernel, rows, num_warps)
+    distinct: dict[qk.LaunchConfig, str] = {}  # the norm path ignores `heads`: one arm per launch otherwise
     for name, config in qk.CANDIDATES.items():
-        distinct.setdefault((config.kernel, config.rows, config.num_warps), name)
+        distinct.setdefault(dataclasses.replace(config, heads=qk.DEFAULT.heads), name)
     arms = {
         n: (lambda c=qk.CANDIDATES[n]: qk.qk_norm_rope(x, weight, EPS, cos, sin, heads, c)) for n in distinct.values()
     }
@@ -141,6 +147,36 @@ def _qk_checks(arms: dict[str, Callable[[], Any]], errors: Callable) -> dict[str
         got = fn()
         differing = int((got != want).sum())
         checks[name] = {"equal_to_default": differing == 0, "differing_elements": differing, **errors(got)}
+    return checks
+
+
+def _gelu_arms(shape, device, g) -> tuple[dict[str, Callable[[], Any]], tuple[int, int], torch.Tensor]:
+    x = (3 * torch.randn(shape, device=device, generator=g) + 0.05).to(torch.bfloat16)
+    arms = {n: (lambda c=c: gelu.gelu_tanh(x, config=c)) for n, c in gelu.CANDIDATES.items()}
+    return arms, gelu.cost(shape, torch.bfloat16), x
+
+
+def _gelu_checks(arms: dict[str, Callable[[], Any]], x: torch.Tensor) -> dict[str, dict[str, Any]]:
+    """Per candidate against torch on the same device: the tests' bounds, the largest difference in ulps of the
+    output at torch's value (large where torch's own `1 + tanh` cancels, x below about -4: what the bound's |x|
+    term allows), and whether it is torch.equal to the DEFAULT launch (the same op sequence)."""
+    want = gelu.reference(x)
+    info = torch.finfo(want.dtype)
+    # |want| = m * 2**exponent, m in [0.5, 1); subnormals and zero have the smallest normal's ulp
+    _, exponent = torch.frexp(want.float().abs().clamp_min(info.tiny))
+    ulp = torch.ldexp(torch.full_like(want, info.eps, dtype=torch.float32), exponent - 1)
+    default = arms[next(n for n, c in gelu.CANDIDATES.items() if c == gelu.DEFAULT)]()
+    checks = {}
+    for name, fn in arms.items():
+        got = fn()
+        excess, differing = gelu.excess(x, got, want), (got != want).float().mean().item()
+        checks[name] = {
+            "equal_to_default": torch.equal(got, default),
+            "differing_fraction": differing,
+            "max_ulps": ((got.float() - want.float()).abs() / ulp).max().item(),
+            "excess": excess,
+            "ok": excess <= 1 and differing <= gelu.DIFFER_FRACTION[x.dtype],
+        }
     return checks
 
 
@@ -207,21 +243,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     configs = {
         "layernorm_modulate": {n: dataclasses.asdict(c) for n, c in ln.CANDIDATES.items()},
         "qk_norm_rope": {n: dataclasses.asdict(c) for n, c in qk.CANDIDATES.items()},
+        "gelu_tanh": {n: dataclasses.asdict(c) for n, c in gelu.CANDIDATES.items()},
     }
+    gelu_shape = SMOKE_GELU_SHAPE if options.smoke else GELU_SHAPE
     b, t, c = shape
     what = "norm-kernels-gpu" + ("-smoke" if options.smoke else "")
     notes = (
         "per call, median over rounds x repeats, CUDA events after a 256 MiB memset (L2 cold), arms rotating per "
-        f"round; bf16 x, fp32 scale/shift/weight/bias, fp32 (1, T, 1, D) rope tables; seed {seed}; configs {configs}"
+        f"round; bf16 x, fp32 scale/shift/weight/bias, fp32 (1, T, 1, D) rope tables; gelu_tanh x {gelu_shape} bf16; "
+        f"seed {seed}; configs {configs}"
         + ("; SMOKE RUN on CPU under the Triton interpreter: timings meaningless" if options.smoke else "")
     )
     kernels, ratios, failed = {}, {}, []
-    for kernel in ("layernorm_modulate", "layernorm_affine", "add_layernorm_modulate", "qk_norm_rope"):
+    for kernel in ("layernorm_modulate", "layernorm_affine", "add_layernorm_modulate", "qk_norm_rope", "gelu_tanh"):
         started = time.perf_counter()
         try:
             if kernel == "qk_norm_rope":
                 arms, cost, errors = _qk_arms(shape, heads, device, g)
                 checks = _qk_checks(arms, errors)
+            elif kernel == "gelu_tanh":
+                arms, cost, x = _gelu_arms(gelu_shape, device, g)
+                checks = _gelu_checks(arms, x)
             else:
                 arms, cost, errors = _layernorm_arms(
                     {"layernorm_affine": "affine", "add_layernorm_modulate": "add"}.get(kernel, "modulate"),
@@ -246,6 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         finally:
             kernels.setdefault(kernel, {})["seconds"] = time.perf_counter() - started
         shape_row = {"batch": b, "tokens": t, "channels": c, "heads": heads, "dtype": "bfloat16", "failed": failed}
+        shape_row["gelu_tanh_x"] = list(gelu_shape)
         record = envelope(what, shape_row, kernels, ratios, notes)
         write(record, what)
     if failed:

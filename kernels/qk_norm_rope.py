@@ -26,14 +26,22 @@ Two entry points, two contracts:
 - `qk_norm_rope` (contract: reduction): RMSNorm then the rotary step. torch 2.13's RMSNorm computes
   `(x.float() * rsqrt(mean(x.float() ** 2) + eps) * weight.float()).to(x.dtype)` (one rounding at the end;
   checked on CPU for bf16 and fp32). The kernel keeps every op after the mean, but its sum of squares is a
-  Triton tree reduction (tiled: one per head, the heads' sums added in order; legacy: evens and odds summed
-  separately over the row) and `rsqrt` is `1 / sqrt_rn`, so the per-row scale can differ from torch's by an
-  ulp or so. Bound (tested, vs a float64 ground truth of the whole
-  chain): the kernel's max abs and relative L2 error are each at most 2x torch's own error plus 1e-7 of
-  the output scale. See tests/kernels/test_qk_norm_rope.py.
+  Triton tree reduction in an order set by the launch (tiled "head_sums": one per head, the heads' sums added
+  in order; "channel_sums": each channel's squares added over the heads in order, then one reduction over the
+  channels; tile "row": one reduction over the row's channels, then over its heads; legacy: evens and odds
+  summed separately over the row) and `rsqrt` is `1 / sqrt_rn`, so the per-row scale can differ from torch's by
+  an ulp or so. Bound (tested for every launch in CANDIDATES, vs a float64 ground truth of the whole chain): the
+  kernel's max abs and relative L2 error are each at most 2x torch's own error plus 1e-7 of the output scale.
+  See tests/kernels/test_qk_norm_rope.py.
 
 BF16_ROUNDING: fp32 -> bf16 is written out in integers (round to nearest even, as c10::BFloat16; NaN becomes
-0x7FC0) because the CPU interpreter's `.to(tl.bfloat16)` truncates.
+0x7FC0) because the CPU interpreter's `.to(tl.bfloat16)` truncates. NATIVE_BF16 (qk_norm_rope with
+`bf16_cast="native"`, compiled launches only; the interpreter keeps the integer path): `.to(tl.bfloat16,
+fp_downcast_rounding="rtne")`, PTX `cvt.rn.bf16(x2).f32`, also round to nearest even, so the same bits for every
+non-NaN value (infinities, overflow to infinity and subnormals included); a NaN keeps being NaN, but its payload
+is the hardware's canonical one instead of 0x7FC0. It replaces about 7 integer ops per element and rounding
+(two roundings per element on the norm path: RMSNorm's output, then the rotary output) by one conversion. The
+CPU tests cannot run this path (its bits are checked on the GPU by benchmarks/norm_kernels_gpu.py's bound).
 
 Shapes: `qk_norm_rope(x, weight, eps, freqs_cos, freqs_sin, heads, config=None)`: x (B, T, C) with
 C = heads * D, any strides; weight (C,) in x's dtype. `rope_only(x, freqs_cos, freqs_sin, config=None)`:
@@ -41,16 +49,31 @@ x (B, T, H, D), any strides.
 freqs (1 or B, T, 1 or H, D), float32 or float64, any strides. x in bfloat16 or float32; D even.
 Output: contiguous (B, T, H, D) in x's dtype.
 
-Launches (`LaunchConfig`; the result never depends on it, bit for bit, except qk_norm_rope's RMS sum order):
-`DEFAULT` runs the tiled kernel. A program owns BLOCK_R rows (b, t) and a group of heads (`heads`, all of them
-with the norm); row -> (b, t) is one int32 division per row, the head comes from the program and the loop, so no
-element index is divided. Each head's D channels are one contiguous [BLOCK_R, D] tile (16-byte loads and
-stores), split into its even and odd channels in registers (`tl.reshape` to [BLOCK_R, D/2, 2] + `tl.split`)
-and joined back before the store (`tl.join`); the (.., 1, D) tables are loaded the same way, once per program
-for all its heads, and head groups vary fastest over the grid, so the programs of one row tile run together and
-share those table rows in L2. `LEGACY` runs the first version (one tile = rows x channel pairs; each element's
-head and channel from an int64 division and modulo; stride-2 bf16 loads and stores), kept so
-benchmarks/rope_kernel_gpu.py can time both in one process.
+Launches (`LaunchConfig`; the result never depends on it, bit for bit, except qk_norm_rope's RMS sum order and,
+with `bf16_cast="native"`, NaN payloads): `DEFAULT` runs the tiled kernel (tile "head"). A program owns BLOCK_R
+rows (b, t) and a group of heads (`heads`, all of them with the norm); row -> (b, t) is one int32 division per
+row, the head comes from the program and the loop, so no element index is divided. Each head's D channels are
+one contiguous [BLOCK_R, D] tile (16-byte loads and stores), split into its even and odd channels in registers
+(`tl.reshape` to [BLOCK_R, D/2, 2] + `tl.split`) and joined back before the store (`tl.join`); the (.., 1, D)
+tables are loaded the same way, once per program for all its heads, and head groups vary fastest over the grid,
+so the programs of one row tile run together and share those table rows in L2. `LEGACY` runs the first version
+(one tile = rows x channel pairs; each element's head and channel from an int64 division and modulo; stride-2
+bf16 loads and stores), kept so benchmarks/rope_kernel_gpu.py can time both in one process.
+
+qk_norm_rope's launch options (LaunchConfig; rope_only ignores them: its kernel and contract are unchanged).
+On the "head" tile the norm path reads each head tile twice: once for the row's sum of squares, once
+for the output (the second read from L1/L2 when the row tile's data is still there), and the integer rounding
+(BF16_ROUNDING) is about a third of its instructions per element (static count of the loops compiled for sm_90).
+`bf16_cast="native"`: NATIVE_BF16.
+`index="auto"`: element offsets in int32 instead of int64 when the farthest element the launch addresses
+(masked padding included) is below 2**31, else int64 as before; only the offset arithmetic changes.
+`row_sum="channel_sums"`: pass one adds the heads' squares into one [BLOCK_R, D] fp32 tile and reduces it once,
+instead of one cross-lane reduction per head. `tile="row"` (`_row_qk_norm_rope`): a program holds its rows whole
+as one [BLOCK_R, H, D] tile (H and D padded to powers of two and masked: Wan's 12 heads are 16, so a quarter of
+the lanes idle), reads x once, loads its (.., 1, D) table rows once for every head, and reduces each row once;
+every thread that holds part of a row repeats the row's division and square root, so few rows per thread (small
+`rows`, few warps) keep that overhead low. Rows wider than MAX_ROW_TILE padded elements are refused (ValueError).
+None of these is measured on a GPU yet: CANDIDATES' "norm_*" entries after the measured ones are for that.
 
 Measured (H200, Wan2.1-1.3B's q/k: x (1, 32760, 12, 128) bf16, (1, T, 1, 128) tables, 2026-11-29, triton 3.6):
 legacy 482 us (float32 tables, 12 % of the 4.17 TB/s copy bandwidth) and 679 us (float64); tiled with 4 heads
@@ -66,14 +89,19 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size, pointwise_tile
+from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size, interpreting, pointwise_tile
 
 X_DTYPES = (torch.bfloat16, torch.float32)
 FREQ_DTYPES = (torch.float32, torch.float64)
 BLOCK_R = 16  # legacy rope_only: rows (b, t) per program
 BLOCK_P = 64  # legacy rope_only: (even, odd) pairs per program
 MAX_FUSED_PAIRS = 8192  # legacy qk_norm_rope holds one whole row (C / 2 pairs) per program
+MAX_ROW_TILE = 16384  # tile="row": padded heads x padded head dim one program holds per row
 KERNELS = ("tiled", "legacy")
+TILES = ("head", "row")
+ROW_SUMS = ("head_sums", "channel_sums")
+BF16_CASTS = ("integer", "native")
+INDEXES = ("int64", "auto")
 
 
 @dataclass(frozen=True)
@@ -82,16 +110,28 @@ class LaunchConfig:
 
     kernel: "tiled" (current) or "legacy" (the first version; its tiles are fixed and the other fields are
     ignored). rows: rows (b, t) per program (a power of two). heads: heads per program in rope_only (more than
-    H means all; qk_norm_rope always takes all, its RMS spans them). num_warps: warps per program."""
+    H means all; qk_norm_rope always takes all, its RMS spans them). num_warps: warps per program.
+    Used by qk_norm_rope only (rope_only ignores them; module doc):
+    tile: "head" (one [rows, D] tile per head, x read twice) or "row" (all heads as one [rows, H, D] tile, x read
+    once). row_sum (tile "head"): "head_sums" (each head's squares reduced, the H sums added in order) or
+    "channel_sums" (the heads' squares added per channel, then one reduction). bf16_cast: "integer"
+    (BF16_ROUNDING everywhere) or "native" (NATIVE_BF16 when compiled). index: "int64" offsets, or "auto" (int32
+    when every offset the launch forms fits, else int64)."""
 
     kernel: str = "tiled"
     rows: int = 16
     heads: int = 4
     num_warps: int = 4
+    tile: str = "head"
+    row_sum: str = "head_sums"
+    bf16_cast: str = "integer"
+    index: str = "int64"
 
     def __post_init__(self) -> None:
-        if self.kernel not in KERNELS:
-            raise ValueError(f"LaunchConfig.kernel: {self.kernel!r}; allowed: {list(KERNELS)}")
+        choices = {"kernel": KERNELS, "tile": TILES, "row_sum": ROW_SUMS, "bf16_cast": BF16_CASTS, "index": INDEXES}
+        for field, allowed in choices.items():
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"LaunchConfig.{field}: {getattr(self, field)!r}; allowed: {list(allowed)}")
         if not isinstance(self.rows, int) or self.rows < 1 or self.rows & (self.rows - 1):
             raise ValueError(f"LaunchConfig.rows: {self.rows!r}; expected a power of two >= 1")
         if not isinstance(self.heads, int) or self.heads < 1:
@@ -101,6 +141,7 @@ class LaunchConfig:
 
 
 LEGACY = LaunchConfig(kernel="legacy")
+_FAST = {"bf16_cast": "native", "index": "auto"}  # the options that change no output bit (NaN payloads aside)
 DEFAULT = LaunchConfig()  # fastest with float32 tables on the H200 (module doc; benchmarks/rope_kernel_gpu.py)
 CANDIDATES = {  # what the benchmark times side by side
     "legacy": LEGACY,
@@ -117,6 +158,20 @@ CANDIDATES = {  # what the benchmark times side by side
     "norm_r8_w2": LaunchConfig(rows=8, num_warps=2),
     "norm_r16_w8": LaunchConfig(rows=16, num_warps=8),
     "norm_r32_w8": LaunchConfig(rows=32, num_warps=8),
+    # qk_norm_rope's faster paths (module doc), unmeasured. Head tile: the native cast alone, then with int32 offsets,
+    # then with the per-channel sum over rows x warps. Row tile (x read once) over rows x warps (few rows per thread:
+    # every thread holding a row repeats its scale's division and square root), and once with the integer cast.
+    "norm_native": LaunchConfig(bf16_cast="native"),
+    "norm_native_i32": LaunchConfig(**_FAST),
+    "norm_channel_sums": LaunchConfig(row_sum="channel_sums", **_FAST),
+    "norm_channel_sums_r8_w2": LaunchConfig(rows=8, num_warps=2, row_sum="channel_sums", **_FAST),
+    "norm_channel_sums_r32_w8": LaunchConfig(rows=32, num_warps=8, row_sum="channel_sums", **_FAST),
+    "norm_row_r1_w1": LaunchConfig(rows=1, num_warps=1, tile="row", **_FAST),
+    "norm_row_r1_w2": LaunchConfig(rows=1, num_warps=2, tile="row", **_FAST),
+    "norm_row_r2_w2": LaunchConfig(rows=2, num_warps=2, tile="row", **_FAST),
+    "norm_row_r2_w4": LaunchConfig(rows=2, num_warps=4, tile="row", **_FAST),
+    "norm_row_r4_w4": LaunchConfig(rows=4, num_warps=4, tile="row", **_FAST),
+    "norm_row_r2_w2_integer": LaunchConfig(rows=2, num_warps=2, tile="row", index="auto"),
 }
 
 
@@ -201,6 +256,7 @@ def _tiled_qk_norm_rope(
     s_sb, s_st, s_sh, s_sd,
     D: tl.constexpr, BLOCK_D: tl.constexpr, HEADS: tl.constexpr, BLOCK_R: tl.constexpr,
     NORM: tl.constexpr, X_BF16: tl.constexpr, F64: tl.constexpr, HEAD_TABLES: tl.constexpr,
+    NATIVE_BF16: tl.constexpr, INDEX: tl.constexpr, CHANNEL_SUMS: tl.constexpr,
 ):  # fmt: skip
     """Program `pid` = row tile pid // GROUPS (BLOCK_R rows (b, t)) x heads [h0, h0 + HEADS) of group
     pid % GROUPS; with NORM one group holds every head. One head of the tile is a [BLOCK_R, BLOCK_D] block of
@@ -210,9 +266,9 @@ def _tiled_qk_norm_rope(
     h0 = (pid - tile * GROUPS) * HEADS
     rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t), int32 (R < 2**31)
     b = rows // T  # one int32 division per row
-    t = (rows - b * T).to(tl.int64)
-    b = b.to(tl.int64)
-    cols = tl.arange(0, BLOCK_D).to(tl.int64)  # channel in the head
+    t = (rows - b * T).to(INDEX)
+    b = b.to(INDEX)
+    cols = tl.arange(0, BLOCK_D).to(INDEX)  # channel in the head
     if BLOCK_D == D:
         mask = tl.broadcast_to((rows < R)[:, None], (BLOCK_R, BLOCK_D))
     else:
@@ -220,19 +276,26 @@ def _tiled_qk_norm_rope(
     x_at = x_ptr + (b * x_sb + t * x_st)[:, None] + (cols * x_sd)[None, :]  # [BLOCK_R, BLOCK_D], head 0
     cos_at = cos_ptr + (b * c_sb + t * c_st)[:, None] + (cols * c_sd)[None, :]
     sin_at = sin_ptr + (b * s_sb + t * s_st)[:, None] + (cols * s_sd)[None, :]
-    out_at = out_ptr + (rows.to(tl.int64) * (H * D))[:, None] + cols[None, :]
-    # per-head steps in int64 (tl.cast: a stride of 1 arrives as a constexpr when compiled)
-    x_sh = tl.cast(x_sh, tl.int64)
-    c_sh = tl.cast(c_sh, tl.int64)
-    s_sh = tl.cast(s_sh, tl.int64)
+    out_at = out_ptr + (rows.to(INDEX) * (H * D))[:, None] + cols[None, :]
+    # per-head steps in INDEX (tl.cast: a stride of 1 arrives as a constexpr when compiled)
+    x_sh = tl.cast(x_sh, INDEX)
+    c_sh = tl.cast(c_sh, INDEX)
+    s_sh = tl.cast(s_sh, INDEX)
     if not HEAD_TABLES:  # (.., 1, D) tables: one load for every head of the program; cos at 2j, sin at 2j + 1
         cos, _ = tl.split(tl.reshape(tl.load(cos_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
         _, sin = tl.split(tl.reshape(tl.load(sin_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
-    if NORM:  # RMS over the whole row (every head), in fp32; see the module doc for the order of the sum
+    if NORM and CHANNEL_SUMS:  # RMS over the whole row: the heads' squares added per channel, one reduction
+        channels = tl.full([BLOCK_R, BLOCK_D], 0.0, tl.float32)  # not tl.zeros: a JITFunction, as tl.sum (legacy)
+        for h in range(0, H):
+            x = tl.load(x_at + h * x_sh, mask=mask, other=0.0).to(tl.float32)
+            channels += x * x
+        squares = tl.reduce(channels, 1, tl.standard._sum_combine)  # tl.sum: see the legacy kernel
+    elif NORM:  # RMS over the whole row (every head), in fp32; see the module doc for the order of the sum
         squares = tl.full([BLOCK_R], 0.0, tl.float32)  # not tl.zeros: a JITFunction, as tl.sum (legacy kernel)
         for h in range(0, H):
             x = tl.load(x_at + h * x_sh, mask=mask, other=0.0).to(tl.float32)
             squares += tl.reduce(x * x, 1, tl.standard._sum_combine)  # tl.sum: see the legacy kernel
+    if NORM:
         ms = tl.math.div_rn(squares, tl.cast(H * D, tl.float32))
         r = tl.math.div_rn(1.0, tl.math.sqrt_rn((ms + eps).to(tl.float32)))[:, None]  # eps is fp64 under compile
     for h in range(h0, tl.minimum(h0 + HEADS, H)):
@@ -240,7 +303,9 @@ def _tiled_qk_norm_rope(
         if NORM:
             w = tl.load(w_ptr + h * D + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
             x = (x * r) * w
-            if X_BF16:  # torch rounds RMSNorm's output to x's dtype (BF16_ROUNDING)
+            if X_BF16 and NATIVE_BF16:  # torch rounds RMSNorm's output to x's dtype
+                x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
+            elif X_BF16:  # BF16_ROUNDING
                 bits = x.to(tl.uint32, bitcast=True)
                 bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
                 x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
@@ -260,7 +325,9 @@ def _tiled_qk_norm_rope(
         y = tl.reshape(tl.join(y1, y2), [BLOCK_R, BLOCK_D])  # channel order again: 2j <- y1, 2j + 1 <- y2
         if F64:  # torch casts float64 -> float32 first, then (for bf16) float32 -> bf16
             y = y.to(tl.float32)
-        if X_BF16:  # BF16_ROUNDING
+        if X_BF16 and NATIVE_BF16:
+            tl.store(out_at + h * D, y.to(tl.bfloat16, fp_downcast_rounding="rtne"), mask=mask)
+        elif X_BF16:  # BF16_ROUNDING
             bits = y.to(tl.uint32, bitcast=True)
             bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
             bits = tl.where(y != y, 0x7FC0, bits)
@@ -270,6 +337,82 @@ def _tiled_qk_norm_rope(
 
 
 _TILED = LazyKernel(_tiled_qk_norm_rope)
+
+
+def _row_qk_norm_rope(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
+    R, T, H, eps,
+    x_sb, x_st, x_sh, x_sd,
+    c_sb, c_st, c_sh, c_sd,
+    s_sb, s_st, s_sh, s_sd,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+    X_BF16: tl.constexpr, F64: tl.constexpr, HEAD_TABLES: tl.constexpr, NATIVE_BF16: tl.constexpr,
+    INDEX: tl.constexpr,
+):  # fmt: skip
+    """qk_norm_rope's tile="row": program `pid` owns rows (b, t) [pid * BLOCK_R, + BLOCK_R), each held whole as
+    [BLOCK_H, BLOCK_D] (heads x channels, both padded to powers of two and masked), so x is read from memory once
+    and the row's sum of squares is one reduction; the arithmetic per element is the tiled kernel's."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t), int32 (R < 2**31)
+    b = rows // T  # one int32 division per row
+    t = (rows - b * T).to(INDEX)
+    b = b.to(INDEX)
+    heads = tl.arange(0, BLOCK_H).to(INDEX)
+    cols = tl.arange(0, BLOCK_D).to(INDEX)
+    live = (rows < R)[:, None, None]
+    channels = (heads < H)[:, None] & (cols < D)[None, :]  # [BLOCK_H, BLOCK_D]
+    mask = live & channels[None, :, :]  # [BLOCK_R, BLOCK_H, BLOCK_D]
+    cos_at = cos_ptr + (b * c_sb + t * c_st)[:, None, None] + (cols * c_sd)[None, None, :]
+    sin_at = sin_ptr + (b * s_sb + t * s_st)[:, None, None] + (cols * s_sd)[None, None, :]
+    if HEAD_TABLES:  # [BLOCK_R, BLOCK_H, BLOCK_D / 2]; cos at 2j, sin at 2j + 1
+        cos_at += (heads * tl.cast(c_sh, INDEX))[None, :, None]
+        sin_at += (heads * tl.cast(s_sh, INDEX))[None, :, None]
+        cos, _ = tl.split(tl.reshape(tl.load(cos_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_H, BLOCK_D // 2, 2]))
+        _, sin = tl.split(tl.reshape(tl.load(sin_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_H, BLOCK_D // 2, 2]))
+    else:  # (.., 1, D) tables: [BLOCK_R, 1, BLOCK_D / 2], one load per row, broadcast over the heads
+        shared = live & (cols < D)[None, None, :]
+        cos, _ = tl.split(tl.reshape(tl.load(cos_at, mask=shared, other=0.0), [BLOCK_R, 1, BLOCK_D // 2, 2]))
+        _, sin = tl.split(tl.reshape(tl.load(sin_at, mask=shared, other=0.0), [BLOCK_R, 1, BLOCK_D // 2, 2]))
+    x_row = (b * x_sb + t * x_st)[:, None, None]
+    x_at = x_ptr + x_row + (heads * tl.cast(x_sh, INDEX))[None, :, None] + (cols * x_sd)[None, None, :]
+    x = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_H, BLOCK_D]
+    # tl.reduce with tl.standard's combine, as the other kernels (tl.sum: see the legacy kernel)
+    squares = tl.reduce(tl.reduce(x * x, 2, tl.standard._sum_combine), 1, tl.standard._sum_combine)
+    ms = tl.math.div_rn(squares, tl.cast(H * D, tl.float32))
+    r = tl.math.div_rn(1.0, tl.math.sqrt_rn((ms + eps).to(tl.float32)))[:, None, None]  # eps is fp64 under compile
+    w = tl.load(w_ptr + (heads * D)[:, None] + cols[None, :], mask=channels, other=0.0).to(tl.float32)
+    x = (x * r) * w[None, :, :]
+    if X_BF16 and NATIVE_BF16:  # torch rounds RMSNorm's output to x's dtype
+        x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
+    elif X_BF16:  # BF16_ROUNDING
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
+        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    x1, x2 = tl.split(tl.reshape(x, [BLOCK_R, BLOCK_H, BLOCK_D // 2, 2]))  # channels 2j, 2j + 1
+    if F64:  # promote(x, float64): the arithmetic runs in float64 (the upcast is exact)
+        x1 = x1.to(tl.float64)
+        x2 = x2.to(tl.float64)
+    a = x1 * cos  # each product and sum rounded on its own (enable_fp_fusion=False)
+    bb = x2 * sin
+    y1 = a - bb
+    c = x1 * sin
+    d = x2 * cos
+    y2 = c + d
+    y = tl.reshape(tl.join(y1, y2), [BLOCK_R, BLOCK_H, BLOCK_D])  # channel order again
+    if F64:  # torch casts float64 -> float32 first, then (for bf16) float32 -> bf16
+        y = y.to(tl.float32)
+    out_at = out_ptr + (rows.to(INDEX) * (H * D))[:, None, None] + ((heads * D)[:, None] + cols[None, :])[None, :, :]
+    if X_BF16 and NATIVE_BF16:
+        tl.store(out_at, y.to(tl.bfloat16, fp_downcast_rounding="rtne"), mask=mask)
+    elif X_BF16:  # BF16_ROUNDING
+        bits = y.to(tl.uint32, bitcast=True)
+        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
+        bits = tl.where(y != y, 0x7FC0, bits)
+        tl.store(out_at, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+    else:
+        tl.store(out_at, y, mask=mask)
+
+
+_ROW = LazyKernel(_row_qk_norm_rope)
 
 
 def rope_reference(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
@@ -320,7 +463,7 @@ def _launch(x4, weight, eps, cos, sin, norm, config):
     out = torch.empty((b, t, h, d), dtype=x4.dtype, device=x4.device)
     if out.numel() == 0:
         return out
-    flags = {"NORM": norm, "X_BF16": x4.dtype == torch.bfloat16, "F64": cos.dtype == torch.float64}
+    flags = {"X_BF16": x4.dtype == torch.bfloat16, "F64": cos.dtype == torch.float64}
     if config.kernel == "legacy":
         if norm:
             block_p = triton.next_power_of_2(c // 2)
@@ -332,20 +475,51 @@ def _launch(x4, weight, eps, cos, sin, norm, config):
         _LEGACY[grid](
             x4, weight if norm else x4, cos, sin, out, b * t, t, c, d // 2, float(eps),
             *x4.stride(), *cos.stride(), *sin.stride(),
-            **flags, BLOCK_R=block_r, BLOCK_P=block_p, enable_fp_fusion=False,
+            NORM=norm, **flags, BLOCK_R=block_r, BLOCK_P=block_p, enable_fp_fusion=False,
         )  # fmt: skip
         return out
     block_d = triton.next_power_of_2(d)
+    flags["HEAD_TABLES"] = cos.stride(2) != 0 or sin.stride(2) != 0
+    # the norm path's options (LaunchConfig); rope_only keeps the launch it was measured with
+    flags["NATIVE_BF16"] = norm and config.bf16_cast == "native" and not interpreting()
+    if norm and config.tile == "row":
+        block_h = triton.next_power_of_2(h)
+        block_r, _ = pointwise_tile(b * t, block_h * block_d, config.rows, block_h * block_d)
+        _ROW[(triton.cdiv(b * t, block_r),)](
+            x4, weight, cos, sin, out, b * t, t, h, float(eps),
+            *x4.stride(), *cos.stride(), *sin.stride(),
+            D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_R=block_r, **flags,
+            INDEX=_index(config, (x4, cos, sin, out), block_r, block_h, block_d),
+            num_warps=config.num_warps, enable_fp_fusion=False,
+        )  # fmt: skip
+        return out
     block_r, _ = pointwise_tile(b * t, block_d, config.rows, block_d)
     heads = h if norm else min(config.heads, h)
     groups = triton.cdiv(h, heads)
     _TILED[(triton.cdiv(b * t, block_r) * groups,)](
         x4, weight if norm else x4, cos, sin, out, b * t, t, h, groups, float(eps),
         *x4.stride(), *cos.stride(), *sin.stride(),
-        D=d, BLOCK_D=block_d, HEADS=heads, BLOCK_R=block_r, **flags,
-        HEAD_TABLES=cos.stride(2) != 0 or sin.stride(2) != 0, num_warps=config.num_warps, enable_fp_fusion=False,
+        D=d, BLOCK_D=block_d, HEADS=heads, BLOCK_R=block_r, NORM=norm, **flags,
+        INDEX=_index(config, (x4, cos, sin, out), block_r, h, block_d) if norm else tl.int64,
+        CHANNEL_SUMS=norm and config.row_sum == "channel_sums",
+        num_warps=config.num_warps, enable_fp_fusion=False,
     )  # fmt: skip
     return out
+
+
+def _index(config: LaunchConfig, tensors, block_r: int, heads: int, block_d: int) -> tl.dtype:
+    """The offsets' dtype: int32 only where `config.index` allows it and the farthest element of every
+    (B, T, H, D) operand the launch addresses, masked padding included (rows up to a whole last tile, so b one
+    past the batch; `heads` and `block_d` as the kernel pads them), stays below 2**31."""
+    if config.index == "int64":
+        return tl.int64
+    rows = triton.cdiv(tensors[0].shape[0] * tensors[0].shape[1], block_r) * block_r
+    for tensor in tensors:
+        t = tensor.shape[1]
+        extents = (triton.cdiv(rows, t), t, heads, block_d)
+        if sum((n - 1) * s for n, s in zip(extents, tensor.stride(), strict=True)) >= 2**31:  # strides are >= 0
+            return tl.int64
+    return tl.int32
 
 
 def rope_only(
@@ -392,6 +566,12 @@ def qk_norm_rope(
     if config.kernel == "legacy" and c // 2 > MAX_FUSED_PAIRS:
         raise ValueError(f"{name}: C={c} is wider than this kernel holds in one program ({2 * MAX_FUSED_PAIRS})")
     d = c // heads
+    padded = triton.next_power_of_2(heads) * triton.next_power_of_2(d)
+    if config.kernel == "tiled" and config.tile == "row" and padded > MAX_ROW_TILE:
+        raise ValueError(
+            f"{name}: tile='row' holds {heads} heads x {d} padded to {padded} elements per row, over {MAX_ROW_TILE}; "
+            "use tile='head'"
+        )
     cos, sin = _check_freqs(name, (b, t, heads, d), freqs_cos, freqs_sin)
     check_runtime(name, x, weight, cos, sin)
     return _launch(x.unflatten(2, (heads, d)), weight.contiguous(), eps, cos, sin, True, config)

@@ -1,11 +1,16 @@
+import dataclasses
+
 import pytest
 import torch
+import triton.language as tl
 
 from workbench.kernels.qk_norm_rope import (
     CANDIDATES,
     DEFAULT,
     LEGACY,
+    MAX_ROW_TILE,
     LaunchConfig,
+    _index,
     cost,
     qk_norm_rope,
     reference,
@@ -72,7 +77,14 @@ def test_rope_only_float64_tables_round_through_float32(rng):
 
 # ---------------------------------------------------------------------- the tiled launch against the legacy one
 
-TILED = {name: c for name, c in CANDIDATES.items() if c.kernel == "tiled"}
+# the candidates added for qk_norm_rope's own options are left out: rope_only ignores those options, and under the
+# interpreter a launch's rows and warps do not change what runs (pointwise_tile)
+_NORM_ONLY = ("tile", "row_sum", "bf16_cast", "index")
+TILED = {
+    name: c
+    for name, c in CANDIDATES.items()
+    if c.kernel == "tiled" and all(getattr(c, f) == getattr(DEFAULT, f) for f in _NORM_ONLY)
+}
 TILED["tiled_h2_w1"] = LaunchConfig(heads=2, num_warps=1)  # at H = 5, a partial last head group
 
 
@@ -125,11 +137,16 @@ def test_rope_only_every_tiled_kernel_launch_is_bit_equal(rng, name, freqs_dtype
 
 def test_kernel_launch_configs_default_and_bad_values():
     assert DEFAULT.kernel == "tiled" and LEGACY.kernel == "legacy" and CANDIDATES["legacy"] is LEGACY
+    assert [getattr(DEFAULT, f) for f in _NORM_ONLY] == ["head", "head_sums", "integer", "int64"]
     for bad, message in (
         ({"kernel": "fast"}, r"LaunchConfig.kernel: 'fast'"),
         ({"rows": 12}, r"LaunchConfig.rows: 12"),
         ({"heads": 0}, r"LaunchConfig.heads: 0"),
         ({"num_warps": 3}, r"LaunchConfig.num_warps: 3"),
+        ({"tile": "rows"}, r"LaunchConfig.tile: 'rows'; allowed: \['head', 'row'\]"),
+        ({"row_sum": "pairs"}, r"LaunchConfig.row_sum: 'pairs'; allowed: \['head_sums', 'channel_sums'\]"),
+        ({"bf16_cast": "fast"}, r"LaunchConfig.bf16_cast: 'fast'; allowed: \['integer', 'native'\]"),
+        ({"index": "int32"}, r"LaunchConfig.index: 'int32'; allowed: \['int64', 'auto'\]"),
     ):
         with pytest.raises(ValueError, match=message):
             LaunchConfig(**bad)
@@ -143,25 +160,17 @@ def _errors(got: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
     return diff.abs().max().item(), (diff.norm() / truth.norm()).item()
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("x_dtype", X_DTYPES)
-@pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
-@pytest.mark.parametrize("config", [DEFAULT, LEGACY], ids=["tiled", "legacy"])
-def test_qk_norm_rope_error_bound_against_float64(rng, shape, x_dtype, freqs_dtype, config):
+def _check_reduction_bound(rng, got, x, weight, eps, cos, sin, heads, what=""):
     """Contract `reduction`: error vs the float64 chain at most 2x torch's own (+1e-7 of the output scale)."""
-    b, t, h, d = shape
-    x = _x3(rng, shape, x_dtype)
-    weight = (1 + 0.2 * torch.randn(h * d, generator=rng)).to(x_dtype)
-    cos, sin = _freqs(rng, t, d, freqs_dtype)
-    eps = 1e-6
-    got = qk_norm_rope(x, weight, eps, cos, sin, h, config)
-    want = reference(x, weight, eps, cos, sin, h)
-    truth = reference(x.double(), weight.double(), eps, cos.double(), sin.double(), h)
-    assert got.dtype == x_dtype and got.shape == (b, t, h, d) and got.is_contiguous()
+    b, t, c = x.shape
+    want = reference(x, weight, eps, cos, sin, heads)
+    truth = reference(x.double(), weight.double(), eps, cos.double(), sin.double(), heads)
+    assert got.dtype == x.dtype and got.shape == (b, t, heads, c // heads) and got.is_contiguous()
     (k_max, k_rel), (t_max, t_rel) = _errors(got, truth), _errors(want, truth)
     floor = 1e-7 * truth.abs().max().item()
     message = (
-        f"seed {rng.initial_seed()}: kernel max {k_max:.3e} rel {k_rel:.3e}; torch max {t_max:.3e} rel {t_rel:.3e}"
+        f"seed {rng.initial_seed()} {what}: kernel max {k_max:.3e} rel {k_rel:.3e}; "
+        f"torch max {t_max:.3e} rel {t_rel:.3e}"
     )
     assert k_max <= 2 * t_max + floor, message
     assert k_rel <= 2 * t_rel + 1e-7, message
@@ -169,16 +178,90 @@ def test_qk_norm_rope_error_bound_against_float64(rng, shape, x_dtype, freqs_dty
     assert (got == want).float().mean().item() > 0.5, message
 
 
-def test_qk_norm_rope_handles_a_full_wan_row_width(rng):
-    # Wan2.1-1.3B hidden width (12 x 128) in one program, a handful of tokens
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("x_dtype", X_DTYPES)
+@pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
+@pytest.mark.parametrize("config", [DEFAULT, LEGACY], ids=["tiled", "legacy"])
+def test_qk_norm_rope_error_bound_against_float64(rng, shape, x_dtype, freqs_dtype, config):
+    b, t, h, d = shape
+    x = _x3(rng, shape, x_dtype)
+    weight = (1 + 0.2 * torch.randn(h * d, generator=rng)).to(x_dtype)
+    cos, sin = _freqs(rng, t, d, freqs_dtype)
+    _check_reduction_bound(rng, qk_norm_rope(x, weight, 1e-6, cos, sin, h, config), x, weight, 1e-6, cos, sin, h)
+
+
+# one per distinct launch of the norm path (it takes every head, so `heads` does not tell launches apart), named
+# as benchmarks/norm_kernels_gpu.py names its arm: the first candidate with that launch
+_NORM_LAUNCHES = {dataclasses.replace(c, heads=DEFAULT.heads): name for name, c in reversed(CANDIDATES.items())}
+NORM_LAUNCHES = {name: CANDIDATES[name] for name in _NORM_LAUNCHES.values() if CANDIDATES[name].kernel == "tiled"}
+
+
+def _x3_view(rng, shape, dtype, layout):
+    """x (B, T, C) as q/k arrive, never contiguous: `transposed` (channels strided by T) or `fused` (the q slice
+    of a fused (B, T, 3C) projection: row stride 3C)."""
+    b, t, h, d = shape
+    if layout == "transposed":
+        return _x3(rng, shape, dtype)
+    return (torch.randn(b, t, 3 * h * d, generator=rng) * 3 + 0.2).to(dtype)[..., h * d : 2 * h * d]
+
+
+@pytest.mark.parametrize("name", list(NORM_LAUNCHES))
+@pytest.mark.parametrize("x_dtype", X_DTYPES)
+@pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
+def test_qk_norm_rope_every_kernel_launch_meets_error_bound(rng, name, x_dtype, freqs_dtype):
+    """Every launch in CANDIDATES (row tile, channel sums, int32 offsets; the native bf16 cast runs the integer
+    path here, module doc) on odd head dims and head counts (padded in the tiles), strided x, shared and
+    per-head tables."""
+    cases = [  # (B, T, H, D), x layout, per-head tables
+        ((2, 37, 3, 6), "transposed", False),
+        ((2, 9, 5, 32), "fused", True),
+    ]
+    for shape, layout, per_head in cases:
+        b, t, h, d = shape
+        x = _x3_view(rng, shape, x_dtype, layout)
+        weight = (1 + 0.2 * torch.randn(h * d, generator=rng)).to(x_dtype)
+        cos, sin = _random_tables(rng, shape, freqs_dtype, per_head)
+        got = qk_norm_rope(x, weight, 1e-6, cos, sin, h, NORM_LAUNCHES[name])
+        _check_reduction_bound(rng, got, x, weight, 1e-6, cos, sin, h, f"{shape} {layout} per_head={per_head}")
+
+
+def test_qk_norm_rope_kernel_index_is_int32_only_when_every_offset_fits():
+    auto = LaunchConfig(index="auto")
+
+    def index(shape, stride, block_r=1, heads=None, block_d=None):
+        x = torch.empty_strided(shape, stride, device="meta")  # strides only, nothing allocated
+        return _index(auto, (x,), block_r, heads or shape[2], block_d or shape[3])
+
+    assert _index(DEFAULT, (torch.empty(1, 3, 2, 4),), 1, 2, 4) == tl.int64
+    assert index((1, 37, 2, 8), (592, 16, 8, 1)) == tl.int32
+    big = (1, 2**20, 16, 128)  # 2**31 elements: the last offset is 2**31 - 1
+    assert index(big, (2**31, 2**11, 128, 1)) == tl.int32
+    assert index(big, (2**31, 2**11, 128, 1), heads=32) == tl.int64  # padded heads reach past it
+    assert index((2, 2**20, 16, 128), (2**31, 2**11, 128, 1)) == tl.int64
+    # the padded last row tile reaches one batch past the end: a size-1 batch's stride counts then
+    assert index((1, 37, 2, 8), (2**40, 16, 8, 1), block_r=16) == tl.int64
+    assert index((1, 37, 2, 8), (2**40, 16, 8, 1), block_r=1) == tl.int32
+    # broadcast (stride 0) tables add nothing
+    assert index((2, 2**20, 16, 128), (0, 128, 0, 1)) == tl.int32
+
+
+def test_qk_norm_rope_kernel_row_tile_too_wide_raises(rng):
+    heads, d = 17, MAX_ROW_TILE // 16  # 17 heads pad to 32
+    x = torch.randn(1, 1, heads * d, generator=rng)
+    cos = torch.randn(1, 1, 1, d, generator=rng)
+    wide = LaunchConfig(tile="row")
+    with pytest.raises(ValueError, match=r"qk_norm_rope: tile='row' holds 17 heads x 1024 padded to 32768"):
+        qk_norm_rope(x, torch.ones(heads * d), 1e-6, cos, cos, heads, wide)
+
+
+@pytest.mark.parametrize("config", [DEFAULT, CANDIDATES["norm_channel_sums"], CANDIDATES["norm_row_r1_w1"]])
+def test_qk_norm_rope_handles_a_full_wan_row_width(rng, config):
+    # Wan2.1-1.3B hidden width (12 x 128) in one program (the row tile pads it to 16 heads), a handful of tokens
     shape = (1, 5, 12, 128)
     x = _x3(rng, shape, torch.bfloat16)
     weight = torch.randn(1536, generator=rng).to(torch.bfloat16)
     cos, sin = _freqs(rng, 5, 128, torch.float32)
-    got = qk_norm_rope(x, weight, 1e-6, cos, sin, 12)
-    want = reference(x, weight, 1e-6, cos, sin, 12)
-    truth = reference(x.double(), weight.double(), 1e-6, cos.double(), sin.double(), 12)
-    assert _errors(got, truth)[0] <= 2 * _errors(want, truth)[0] + 1e-7 * truth.abs().max().item()
+    _check_reduction_bound(rng, qk_norm_rope(x, weight, 1e-6, cos, sin, 12, config), x, weight, 1e-6, cos, sin, 12)
 
 
 def _good(rng):
