@@ -180,6 +180,27 @@ def _gelu_checks(arms: dict[str, Callable[[], Any]], x: torch.Tensor) -> dict[st
     return checks
 
 
+def _drop_broken(arms: dict[str, Callable[[], Any]]) -> dict[str, str]:
+    """Run each arm once; one that raises (a launch that does not compile here) is reported and left out."""
+    broken = {}
+    for name, fn in list(arms.items()):
+        try:
+            fn()
+        except Exception as error:
+            broken[name] = repr(error)[:2000]
+            del arms[name]
+            print(f"  launch {name} left out: {error!r}"[:400], flush=True)
+    return broken
+
+
+def _same_bytes_copy(bytes_moved: int, device: torch.device) -> Callable[[], Any]:
+    """A device copy moving the kernel's bytes (half read, half written), timed by the same clock: what this
+    timer sees of the copy bandwidth at this size (the flush's dirty L2 lines and the ramp included)."""
+    src = torch.empty(bytes_moved // 2, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
 def _measure(arms, checks, cost, device, rounds, repeats) -> dict[str, Any]:
     times = _time(arms, rounds, repeats, device)
     bytes_moved = cost[0]
@@ -260,9 +281,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         try:
             if kernel == "qk_norm_rope":
                 arms, cost, errors = _qk_arms(shape, heads, device, g)
+                broken = _drop_broken(arms)
                 checks = _qk_checks(arms, errors)
             elif kernel == "gelu_tanh":
                 arms, cost, x = _gelu_arms(gelu_shape, device, g)
+                broken = _drop_broken(arms)
                 checks = _gelu_checks(arms, x)
             else:
                 arms, cost, errors = _layernorm_arms(
@@ -271,8 +294,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     device,
                     g,
                 )
+                broken = _drop_broken(arms)
                 checks = _layernorm_checks(arms, errors)
             row = kernels[kernel] = _measure(arms, checks, cost, device, options.rounds, options.repeats)
+            row["broken_launches"] = broken
+            failed += [f"{kernel}/{n}" for n in broken]
+            copy_us = statistics.median(
+                _time({"copy": _same_bytes_copy(cost[0], device)}, options.rounds, options.repeats, device)["copy"]
+            )
+            row["same_bytes_copy_us"] = copy_us
+            row["fraction_of_same_bytes_copy"] = {n: copy_us / us for n, us in row["median_us"].items()}
             default = next(n for n in arms if n in ("default", "tiled"))
             ratios[f"{kernel}/best_vs_default"] = row["median_us"][default] / row["median_us"][row["best"]]
             ratios[f"{kernel}/best"] = row["best"]
@@ -281,6 +312,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             copy = {n: round(f, 3) for n, f in row["fraction_of_copy_bandwidth"].items()}
             equal = {n: check["equal_to_default"] for n, check in checks.items()}
             print(f"{kernel}: equal to default {equal}\n  us {us}\n  of copy {copy}", flush=True)
+            print(
+                f"  same-bytes copy {copy_us:.1f} us ({cost[0] / copy_us * 1e6 / COPY_BANDWIDTH:.3f} of copy)",
+                flush=True,
+            )
         except Exception as error:  # one kernel's failure must not hide the others
             kernels[kernel] = {"error": repr(error), "traceback": traceback.format_exc()[-4000:]}
             failed.append(kernel)

@@ -7,7 +7,7 @@ z = kBeta * (x + kKappa * x**3), kBeta = sqrt(2/pi), kKappa = 0.044715. This ker
 Contract: **not claimed bitwise**. `tanh` is a library function whose last-bit behaviour belongs to the
 implementation: torch on CPU uses SLEEF's vectorised tanhf (and libm on the scalar tail), on a GPU CUDA's `tanhf`.
 Here it is libdevice's `__nv_tanhf` (`LaunchConfig.tanh="libdevice"`, GPU only) or `sign(z) (1 - e) / (1 + e)`,
-e = exp2(-2 log2(e) |z|) (`tanh="exp2"`: one MUFU exp2 and one `div.approx` instead of libdevice's longer routine;
+e = exp2(-2 log2(e) |z|) (`tanh="exp2"`: one MUFU exp2 and one `div.full` instead of libdevice's longer routine;
 the CPU interpreter has no libdevice, so it always runs this one). The exp2 form keeps torch's `1 + tanh` on purpose:
 `x * sigmoid(2z)` is cheaper still and closer to the exact value, but for x below about -4 torch's own `1 + tanh`
 cancels to a few significant bits, and (emulated in torch on the CPU, 4M values of randn * 3) the sigmoid form
@@ -140,9 +140,9 @@ def _gelu_tanh(
         tanh = libdevice.tanh(inner)
     else:  # tanh="exp2" (module doc): -2 log2(e) |inner| <= 0, so e in [0, 1] never overflows
         e = tl.exp2(-2.8853900817779268 * tl.abs(inner))
-        # div.approx: 2 ulp like `/` (div.full) without its scaling of denominators outside [2**-126, 2**126]; this
-        # one is in [1, 2]. Under the interpreter, numpy's divide
-        tanh = tl.math.fdiv(1.0 - e, 1.0 + e, approx=True)
+        # fdiv's default (div.full.f32, about 2 ulp; Triton 3.6 to 3.9 alike): the denominator is in [1, 2], so its
+        # range reduction is never needed. Under the interpreter, numpy's divide
+        tanh = tl.math.fdiv(1.0 - e, 1.0 + e)
         tanh = tl.where(inner < 0, -tanh, tanh)
     y = 0.5 * x * (1.0 + tanh)
     if BF16_BITS:  # round to nearest even in integers, as c10::BFloat16 does (see BF16_ROUNDING)

@@ -86,15 +86,24 @@ ROW_ELEMENTS = 4096  # DEFAULT, compiled: rows per program = max(1, ROW_ELEMENTS
 class LaunchConfig:
     """How `_layernorm_modulate` is launched (module doc: what it may change). rows: rows (b, t) per program, a
     power of two; None: max(1, ROW_ELEMENTS // BLOCK_C) compiled, up to INTERPRET_TILE elements under the
-    interpreter. num_warps: warps per program; None: 4 / 8 / 16 for BLOCK_C <= 1024 / <= 4096 / more. The kernel
-    has no loop, so num_stages would change nothing and is not offered."""
+    interpreter. num_warps: warps per program; None: 4 / 8 / 16 for BLOCK_C <= 1024 / <= 4096 / more.
+    per_sm: None launches one program per row tile; k launches k programs per streaming multiprocessor (2 under
+    the interpreter), each looping over tiles with `num_stages`-deep load pipelining (1: none)."""
 
     rows: int | None = None
     num_warps: int | None = None
     row_vectors: bool = True  # scale/shift broadcast over the tokens of one batch: one (C,) load per program
     moments: int = 3  # reductions per row: 3 (sum, mean correction, squares) or 2 (correction and squares together)
+    per_sm: int | None = None
+    num_stages: int = 1
 
     def __post_init__(self) -> None:
+        if self.per_sm is not None and (
+            isinstance(self.per_sm, bool) or not isinstance(self.per_sm, int) or self.per_sm < 1
+        ):
+            raise ValueError(f"LaunchConfig.per_sm: {self.per_sm!r}; expected None or an int >= 1")
+        if self.num_stages not in (1, 2, 3, 4):
+            raise ValueError(f"LaunchConfig.num_stages: {self.num_stages!r}; allowed: 1, 2, 3, 4")
         if self.moments not in (2, 3):
             raise ValueError(f"LaunchConfig.moments: {self.moments!r}; allowed: 2, 3")
         if self.rows is not None and (not isinstance(self.rows, int) or self.rows < 1 or self.rows & (self.rows - 1)):
@@ -109,17 +118,17 @@ CANDIDATES = {  # what benchmarks/norm_kernels_gpu.py times side by side (measur
     "r1_w1": LaunchConfig(rows=1, num_warps=1),  # one warp per row: the row sums in warp shuffles only
     "r2_w2": LaunchConfig(rows=2, num_warps=2),
     "r4_w4": LaunchConfig(rows=4, num_warps=4),
-    "r1_w2": LaunchConfig(rows=1, num_warps=2),
-    "r1_w4": LaunchConfig(rows=1, num_warps=4),
     "r2_w4": LaunchConfig(rows=2, num_warps=4),
-    "r4_w8": LaunchConfig(rows=4, num_warps=8),
-    # two sweeps over the row instead of three
-    "m2": LaunchConfig(moments=2),
-    "m2_r1_w1": LaunchConfig(rows=1, num_warps=1, moments=2),
     "m2_r2_w2": LaunchConfig(rows=2, num_warps=2, moments=2),
-    "m2_r4_w4": LaunchConfig(rows=4, num_warps=4, moments=2),
-    "m2_r1_w4": LaunchConfig(rows=1, num_warps=4, moments=2),
-    "m2_r2_w4": LaunchConfig(rows=2, num_warps=4, moments=2),
+    # persistent: a grid-stride loop per program, the next tiles' loads in flight while this one is reduced
+    "p4_s2_r2_w2": LaunchConfig(rows=2, num_warps=2, per_sm=4, num_stages=2),
+    "p8_s2_r2_w2": LaunchConfig(rows=2, num_warps=2, per_sm=8, num_stages=2),
+    "p8_s3_r2_w2": LaunchConfig(rows=2, num_warps=2, per_sm=8, num_stages=3),
+    "p4_s2_r4_w4": LaunchConfig(rows=4, num_warps=4, per_sm=4, num_stages=2),
+    "p8_s2_r1_w1": LaunchConfig(rows=1, num_warps=1, per_sm=8, num_stages=2),
+    "p16_s2_r1_w1": LaunchConfig(rows=1, num_warps=1, per_sm=16, num_stages=2),
+    "p8_s1_r2_w2": LaunchConfig(rows=2, num_warps=2, per_sm=8),
+    "p4_s2_r2_w4": LaunchConfig(rows=2, num_warps=4, per_sm=4, num_stages=2),
 }
 
 
@@ -134,85 +143,91 @@ def _layernorm_modulate(
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MOD: tl.constexpr,
     SUM_ROUND: tl.constexpr, OUT_ROUND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     MOD_VEC: tl.constexpr, MOMENTS: tl.constexpr, NATIVE_BF16: tl.constexpr, IDX64: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     # SUM_ROUND / OUT_ROUND: what the residual sum / the output is rounded to (0: fp32, 1: bf16, 2: fp16).
     # NATIVE_BF16: compiled, `.to(tl.bfloat16)` is cvt.rn (BF16_ROUNDING's result for every non-NaN value).
     # IDX64: some offset needs int64; otherwise the address arithmetic stays int32 (half the integer work).
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t), int32
-    cols = tl.arange(0, BLOCK_C)
-    b = rows // T
-    t = rows - b * T
-    if IDX64:
-        rows = rows.to(tl.int64)
-        b = b.to(tl.int64)
-        t = t.to(tl.int64)
-        cols = cols.to(tl.int64)
-    b = b[:, None]
-    t = t[:, None]
-    c = cols[None, :]
-    col_ok = (cols < C)[None, :]
-    mask = (rows < R)[:, None] & col_ok
-    x = tl.load(x_ptr + b * x_sb + t * x_st + c * x_sc, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:  # torch's `x + r` in x's dtype: one fp32 add, then rounded to that dtype
-        x = x + tl.load(r_ptr + b * r_sb + t * r_st + c * r_sc, mask=mask, other=0.0).to(tl.float32)
-        at = sum_ptr + rows[:, None] * C + c
-        if SUM_ROUND == 1 and NATIVE_BF16:  # x keeps the rounded value for the norm
-            rounded = x.to(tl.bfloat16)
-            x = rounded.to(tl.float32)
-            tl.store(at, rounded, mask=mask)
-        elif SUM_ROUND == 1:  # BF16_ROUNDING
-            bits = x.to(tl.uint32, bitcast=True)
+    # One program per row tile, or (persistent launch) a grid-stride loop over the tiles whose loads Triton's
+    # pipeliner issues NUM_STAGES - 1 tiles ahead, so a program's next rows are in flight while it reduces these.
+    for tile in tl.range(tl.program_id(0), (R + BLOCK_R - 1) // BLOCK_R, tl.num_programs(0), num_stages=NUM_STAGES):
+        rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t), int32
+        cols = tl.arange(0, BLOCK_C)
+        b = rows // T
+        t = rows - b * T
+        if IDX64:
+            rows = rows.to(tl.int64)
+            b = b.to(tl.int64)
+            t = t.to(tl.int64)
+            cols = cols.to(tl.int64)
+        b = b[:, None]
+        t = t[:, None]
+        c = cols[None, :]
+        col_ok = (cols < C)[None, :]
+        mask = (rows < R)[:, None] & col_ok
+        x = tl.load(x_ptr + b * x_sb + t * x_st + c * x_sc, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:  # torch's `x + r` in x's dtype: one fp32 add, then rounded to that dtype
+            x = x + tl.load(r_ptr + b * r_sb + t * r_st + c * r_sc, mask=mask, other=0.0).to(tl.float32)
+            at = sum_ptr + rows[:, None] * C + c
+            if SUM_ROUND == 1 and NATIVE_BF16:  # x keeps the rounded value for the norm
+                rounded = x.to(tl.bfloat16)
+                x = rounded.to(tl.float32)
+                tl.store(at, rounded, mask=mask)
+            elif SUM_ROUND == 1:  # BF16_ROUNDING
+                bits = x.to(tl.uint32, bitcast=True)
+                bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
+                bits = tl.where(x != x, 0x7FC0, bits)
+                x = (bits << 16).to(tl.float32, bitcast=True)
+                tl.store(at, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+            elif SUM_ROUND == 2:
+                x = x.to(tl.float16).to(tl.float32)
+                tl.store(at, x.to(tl.float16), mask=mask)
+            else:
+                tl.store(at, x, mask=mask)
+        # row statistics (not torch's order, see the module doc). tl.reduce with tl.standard's combine, not tl.sum:
+        # tl.sum is decorated at triton import, which the interpreter cannot call if TRITON_INTERPRET came later
+        width = tl.cast(C, tl.float32)
+        mean = tl.math.div_rn(tl.reduce(x, 1, tl.standard._sum_combine), width)[:, None]
+        # the rounding error of the sum above (a few ulps of a large mean) is the mean of d = x - mean, summed over
+        # small values; without that correction a row with a large offset would shift every output by the error
+        d = tl.where(col_ok, x - mean, 0.0)
+        if MOMENTS == 2:  # the correction and the squares in one sweep: var = mean(d^2) - mean(d)^2
+            step = tl.math.div_rn(tl.reduce(d, 1, tl.standard._sum_combine), width)
+            var = tl.math.div_rn(tl.reduce(d * d, 1, tl.standard._sum_combine), width) - step * step
+            mean = mean + step[:, None]
+            centred = x - mean
+        else:  # three sweeps: correct the mean first, then the squares about it
+            mean = mean + tl.math.div_rn(tl.reduce(d, 1, tl.standard._sum_combine), width)[:, None]
+            centred = tl.where(col_ok, x - mean, 0.0)
+            var = tl.math.div_rn(tl.reduce(centred * centred, 1, tl.standard._sum_combine), width)
+        rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn((var + eps).to(tl.float32)))[
+            :, None
+        ]  # eps arrives fp64 under compile
+        y = centred * rstd  # from here every op is its own fp32 rounding (enable_fp_fusion=False)
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + cols * w_s, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+        if HAS_BIAS:
+            y = y + tl.load(bias_ptr + cols * bias_s, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+        if HAS_MOD and MOD_VEC:  # one batch, rows broadcast over tokens: the (C,) vectors once, not per element
+            scale = tl.load(scale_ptr + cols * sc_sc, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+            shift = tl.load(shift_ptr + cols * sh_sc, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+        elif HAS_MOD:
+            scale = tl.load(scale_ptr + b * sc_sb + t * sc_st + c * sc_sc, mask=mask, other=0.0).to(tl.float32)
+            shift = tl.load(shift_ptr + b * sh_sb + t * sh_st + c * sh_sc, mask=mask, other=0.0).to(tl.float32)
+        if HAS_MOD:
+            one_plus = 1.0 + scale
+            y = y * one_plus
+            y = y + shift
+        out = out_ptr + rows[:, None] * C + c
+        if OUT_ROUND == 1 and NATIVE_BF16:
+            tl.store(out, y.to(tl.bfloat16), mask=mask)
+        elif OUT_ROUND == 1:  # BF16_ROUNDING
+            bits = y.to(tl.uint32, bitcast=True)
             bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
-            bits = tl.where(x != x, 0x7FC0, bits)
-            x = (bits << 16).to(tl.float32, bitcast=True)
-            tl.store(at, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
-        elif SUM_ROUND == 2:
-            x = x.to(tl.float16).to(tl.float32)
-            tl.store(at, x.to(tl.float16), mask=mask)
+            bits = tl.where(y != y, 0x7FC0, bits)
+            tl.store(out, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
         else:
-            tl.store(at, x, mask=mask)
-    # row statistics (not torch's order, see the module doc). tl.reduce with tl.standard's combine, not tl.sum:
-    # tl.sum is decorated at triton import, which the interpreter cannot call if TRITON_INTERPRET came later
-    width = tl.cast(C, tl.float32)
-    mean = tl.math.div_rn(tl.reduce(x, 1, tl.standard._sum_combine), width)[:, None]
-    # the rounding error of the sum above (a few ulps of a large mean) is the mean of d = x - mean, summed over
-    # small values; without that correction a row with a large offset would shift every output by the error
-    d = tl.where(col_ok, x - mean, 0.0)
-    if MOMENTS == 2:  # the correction and the squares in one sweep: var = mean(d^2) - mean(d)^2
-        step = tl.math.div_rn(tl.reduce(d, 1, tl.standard._sum_combine), width)
-        var = tl.math.div_rn(tl.reduce(d * d, 1, tl.standard._sum_combine), width) - step * step
-        mean = mean + step[:, None]
-        centred = x - mean
-    else:  # three sweeps: correct the mean first, then the squares about it
-        mean = mean + tl.math.div_rn(tl.reduce(d, 1, tl.standard._sum_combine), width)[:, None]
-        centred = tl.where(col_ok, x - mean, 0.0)
-        var = tl.math.div_rn(tl.reduce(centred * centred, 1, tl.standard._sum_combine), width)
-    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn((var + eps).to(tl.float32)))[:, None]  # eps arrives fp64 under compile
-    y = centred * rstd  # from here every op is its own fp32 rounding (enable_fp_fusion=False)
-    if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols * w_s, mask=cols < C, other=0.0).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        y = y + tl.load(bias_ptr + cols * bias_s, mask=cols < C, other=0.0).to(tl.float32)[None, :]
-    if HAS_MOD and MOD_VEC:  # one batch, rows broadcast over tokens: the (C,) vectors once, not per element
-        scale = tl.load(scale_ptr + cols * sc_sc, mask=cols < C, other=0.0).to(tl.float32)[None, :]
-        shift = tl.load(shift_ptr + cols * sh_sc, mask=cols < C, other=0.0).to(tl.float32)[None, :]
-    elif HAS_MOD:
-        scale = tl.load(scale_ptr + b * sc_sb + t * sc_st + c * sc_sc, mask=mask, other=0.0).to(tl.float32)
-        shift = tl.load(shift_ptr + b * sh_sb + t * sh_st + c * sh_sc, mask=mask, other=0.0).to(tl.float32)
-    if HAS_MOD:
-        one_plus = 1.0 + scale
-        y = y * one_plus
-        y = y + shift
-    out = out_ptr + rows[:, None] * C + c
-    if OUT_ROUND == 1 and NATIVE_BF16:
-        tl.store(out, y.to(tl.bfloat16), mask=mask)
-    elif OUT_ROUND == 1:  # BF16_ROUNDING
-        bits = y.to(tl.uint32, bitcast=True)
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
-        bits = tl.where(y != y, 0x7FC0, bits)
-        tl.store(out, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
-    else:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 _KERNEL = LazyKernel(_layernorm_modulate)
@@ -351,14 +366,18 @@ def _launch(x, residual, eps, weight, bias, scale, shift, out_dtype, config):
     sh = x if shift is None else shift
     mod_vec = config.row_vectors and scale is not None and b == 1 and sc.stride(1) == 0 and sh.stride(1) == 0
     idx64 = max(_last_offset(v) for v in (x, r, w, bb, sc, sh, out)) + block_r * c >= 2**31
-    _KERNEL[(triton.cdiv(b * t, block_r),)](
+    tiles = triton.cdiv(b * t, block_r)
+    if config.per_sm is not None:
+        sms = 2 if interpreting() else torch.cuda.get_device_properties(x.device).multi_processor_count
+        tiles = min(tiles, config.per_sm * sms)
+    _KERNEL[(tiles,)](
         x, r, w, bb, sc, sh, out, out if summed is None else summed,
         b * t, t, c, eps,
         *x.stride(), *r.stride(), w.stride(-1), bb.stride(-1), *sc.stride(), *sh.stride(),
         HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
         HAS_MOD=scale is not None, SUM_ROUND=ROUNDING[x.dtype], OUT_ROUND=ROUNDING[out_dtype],
         BLOCK_R=block_r, BLOCK_C=block_c, MOD_VEC=mod_vec, MOMENTS=config.moments, NATIVE_BF16=not interpreting(),
-        IDX64=idx64, num_warps=warps, enable_fp_fusion=False,
+        IDX64=idx64, NUM_STAGES=config.num_stages, num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return out, summed
 

@@ -116,7 +116,9 @@ class LaunchConfig:
     once). row_sum (tile "head"): "head_sums" (each head's squares reduced, the H sums added in order) or
     "channel_sums" (the heads' squares added per channel, then one reduction). bf16_cast: "integer"
     (BF16_ROUNDING everywhere) or "native" (NATIVE_BF16 when compiled). index: "int64" offsets, or "auto" (int32
-    when every offset the launch forms fits, else int64)."""
+    when every offset the launch forms fits, else int64). per_sm (tile "row"): None, one program per row tile; k,
+    k programs per streaming multiprocessor (2 under the interpreter) looping over the tiles with `num_stages`-deep
+    load pipelining (1: none)."""
 
     kernel: str = "tiled"
     rows: int = 16
@@ -126,8 +128,16 @@ class LaunchConfig:
     row_sum: str = "head_sums"
     bf16_cast: str = "integer"
     index: str = "int64"
+    per_sm: int | None = None
+    num_stages: int = 1
 
     def __post_init__(self) -> None:
+        if self.per_sm is not None and (
+            isinstance(self.per_sm, bool) or not isinstance(self.per_sm, int) or self.per_sm < 1
+        ):
+            raise ValueError(f"LaunchConfig.per_sm: {self.per_sm!r}; expected None or an int >= 1")
+        if self.num_stages not in (1, 2, 3, 4):
+            raise ValueError(f"LaunchConfig.num_stages: {self.num_stages!r}; allowed: 1, 2, 3, 4")
         choices = {"kernel": KERNELS, "tile": TILES, "row_sum": ROW_SUMS, "bf16_cast": BF16_CASTS, "index": INDEXES}
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -172,6 +182,12 @@ CANDIDATES = {  # what the benchmark times side by side
     "norm_row_r2_w4": LaunchConfig(rows=2, num_warps=4, tile="row", **_FAST),
     "norm_row_r4_w4": LaunchConfig(rows=4, num_warps=4, tile="row", **_FAST),
     "norm_row_r2_w2_integer": LaunchConfig(rows=2, num_warps=2, tile="row", index="auto"),
+    # the row tile, persistent (grid-stride loop, pipelined loads)
+    "norm_row_p4_s2_r2_w2": LaunchConfig(rows=2, num_warps=2, tile="row", per_sm=4, num_stages=2, **_FAST),
+    "norm_row_p8_s2_r2_w2": LaunchConfig(rows=2, num_warps=2, tile="row", per_sm=8, num_stages=2, **_FAST),
+    "norm_row_p8_s3_r2_w2": LaunchConfig(rows=2, num_warps=2, tile="row", per_sm=8, num_stages=3, **_FAST),
+    "norm_row_p4_s2_r4_w4": LaunchConfig(rows=4, num_warps=4, tile="row", per_sm=4, num_stages=2, **_FAST),
+    "norm_row_p8_s2_r1_w1": LaunchConfig(rows=1, num_warps=1, tile="row", per_sm=8, num_stages=2, **_FAST),
 }
 
 
@@ -347,69 +363,74 @@ def _row_qk_norm_rope(
     s_sb, s_st, s_sh, s_sd,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
     X_BF16: tl.constexpr, F64: tl.constexpr, HEAD_TABLES: tl.constexpr, NATIVE_BF16: tl.constexpr,
-    INDEX: tl.constexpr,
+    INDEX: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     """qk_norm_rope's tile="row": program `pid` owns rows (b, t) [pid * BLOCK_R, + BLOCK_R), each held whole as
     [BLOCK_H, BLOCK_D] (heads x channels, both padded to powers of two and masked), so x is read from memory once
     and the row's sum of squares is one reduction; the arithmetic per element is the tiled kernel's."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t), int32 (R < 2**31)
-    b = rows // T  # one int32 division per row
-    t = (rows - b * T).to(INDEX)
-    b = b.to(INDEX)
-    heads = tl.arange(0, BLOCK_H).to(INDEX)
-    cols = tl.arange(0, BLOCK_D).to(INDEX)
-    live = (rows < R)[:, None, None]
-    channels = (heads < H)[:, None] & (cols < D)[None, :]  # [BLOCK_H, BLOCK_D]
-    mask = live & channels[None, :, :]  # [BLOCK_R, BLOCK_H, BLOCK_D]
-    cos_at = cos_ptr + (b * c_sb + t * c_st)[:, None, None] + (cols * c_sd)[None, None, :]
-    sin_at = sin_ptr + (b * s_sb + t * s_st)[:, None, None] + (cols * s_sd)[None, None, :]
-    if HEAD_TABLES:  # [BLOCK_R, BLOCK_H, BLOCK_D / 2]; cos at 2j, sin at 2j + 1
-        cos_at += (heads * tl.cast(c_sh, INDEX))[None, :, None]
-        sin_at += (heads * tl.cast(s_sh, INDEX))[None, :, None]
-        cos, _ = tl.split(tl.reshape(tl.load(cos_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_H, BLOCK_D // 2, 2]))
-        _, sin = tl.split(tl.reshape(tl.load(sin_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_H, BLOCK_D // 2, 2]))
-    else:  # (.., 1, D) tables: [BLOCK_R, 1, BLOCK_D / 2], one load per row, broadcast over the heads
-        shared = live & (cols < D)[None, None, :]
-        cos, _ = tl.split(tl.reshape(tl.load(cos_at, mask=shared, other=0.0), [BLOCK_R, 1, BLOCK_D // 2, 2]))
-        _, sin = tl.split(tl.reshape(tl.load(sin_at, mask=shared, other=0.0), [BLOCK_R, 1, BLOCK_D // 2, 2]))
-    x_row = (b * x_sb + t * x_st)[:, None, None]
-    x_at = x_ptr + x_row + (heads * tl.cast(x_sh, INDEX))[None, :, None] + (cols * x_sd)[None, None, :]
-    x = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_H, BLOCK_D]
-    # tl.reduce with tl.standard's combine, as the other kernels (tl.sum: see the legacy kernel)
-    squares = tl.reduce(tl.reduce(x * x, 2, tl.standard._sum_combine), 1, tl.standard._sum_combine)
-    ms = tl.math.div_rn(squares, tl.cast(H * D, tl.float32))
-    r = tl.math.div_rn(1.0, tl.math.sqrt_rn((ms + eps).to(tl.float32)))[:, None, None]  # eps is fp64 under compile
-    w = tl.load(w_ptr + (heads * D)[:, None] + cols[None, :], mask=channels, other=0.0).to(tl.float32)
-    x = (x * r) * w[None, :, :]
-    if X_BF16 and NATIVE_BF16:  # torch rounds RMSNorm's output to x's dtype
-        x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
-    elif X_BF16:  # BF16_ROUNDING
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
-        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
-    x1, x2 = tl.split(tl.reshape(x, [BLOCK_R, BLOCK_H, BLOCK_D // 2, 2]))  # channels 2j, 2j + 1
-    if F64:  # promote(x, float64): the arithmetic runs in float64 (the upcast is exact)
-        x1 = x1.to(tl.float64)
-        x2 = x2.to(tl.float64)
-    a = x1 * cos  # each product and sum rounded on its own (enable_fp_fusion=False)
-    bb = x2 * sin
-    y1 = a - bb
-    c = x1 * sin
-    d = x2 * cos
-    y2 = c + d
-    y = tl.reshape(tl.join(y1, y2), [BLOCK_R, BLOCK_H, BLOCK_D])  # channel order again
-    if F64:  # torch casts float64 -> float32 first, then (for bf16) float32 -> bf16
-        y = y.to(tl.float32)
-    out_at = out_ptr + (rows.to(INDEX) * (H * D))[:, None, None] + ((heads * D)[:, None] + cols[None, :])[None, :, :]
-    if X_BF16 and NATIVE_BF16:
-        tl.store(out_at, y.to(tl.bfloat16, fp_downcast_rounding="rtne"), mask=mask)
-    elif X_BF16:  # BF16_ROUNDING
-        bits = y.to(tl.uint32, bitcast=True)
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
-        bits = tl.where(y != y, 0x7FC0, bits)
-        tl.store(out_at, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
-    else:
-        tl.store(out_at, y, mask=mask)
+    # one row tile per program, or (LaunchConfig.per_sm) a grid-stride loop whose loads are pipelined NUM_STAGES - 1
+    # tiles ahead (layernorm_modulate's persistent launch)
+    for tile in tl.range(tl.program_id(0), (R + BLOCK_R - 1) // BLOCK_R, tl.num_programs(0), num_stages=NUM_STAGES):
+        rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t), int32 (R < 2**31)
+        b = rows // T  # one int32 division per row
+        t = (rows - b * T).to(INDEX)
+        b = b.to(INDEX)
+        heads = tl.arange(0, BLOCK_H).to(INDEX)
+        cols = tl.arange(0, BLOCK_D).to(INDEX)
+        live = (rows < R)[:, None, None]
+        channels = (heads < H)[:, None] & (cols < D)[None, :]  # [BLOCK_H, BLOCK_D]
+        mask = live & channels[None, :, :]  # [BLOCK_R, BLOCK_H, BLOCK_D]
+        cos_at = cos_ptr + (b * c_sb + t * c_st)[:, None, None] + (cols * c_sd)[None, None, :]
+        sin_at = sin_ptr + (b * s_sb + t * s_st)[:, None, None] + (cols * s_sd)[None, None, :]
+        if HEAD_TABLES:  # [BLOCK_R, BLOCK_H, BLOCK_D / 2]; cos at 2j, sin at 2j + 1
+            cos_at += (heads * tl.cast(c_sh, INDEX))[None, :, None]
+            sin_at += (heads * tl.cast(s_sh, INDEX))[None, :, None]
+            cos, _ = tl.split(tl.reshape(tl.load(cos_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_H, BLOCK_D // 2, 2]))
+            _, sin = tl.split(tl.reshape(tl.load(sin_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_H, BLOCK_D // 2, 2]))
+        else:  # (.., 1, D) tables: [BLOCK_R, 1, BLOCK_D / 2], one load per row, broadcast over the heads
+            shared = live & (cols < D)[None, None, :]
+            cos, _ = tl.split(tl.reshape(tl.load(cos_at, mask=shared, other=0.0), [BLOCK_R, 1, BLOCK_D // 2, 2]))
+            _, sin = tl.split(tl.reshape(tl.load(sin_at, mask=shared, other=0.0), [BLOCK_R, 1, BLOCK_D // 2, 2]))
+        x_row = (b * x_sb + t * x_st)[:, None, None]
+        x_at = x_ptr + x_row + (heads * tl.cast(x_sh, INDEX))[None, :, None] + (cols * x_sd)[None, None, :]
+        x = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_H, BLOCK_D]
+        # tl.reduce with tl.standard's combine, as the other kernels (tl.sum: see the legacy kernel)
+        squares = tl.reduce(tl.reduce(x * x, 2, tl.standard._sum_combine), 1, tl.standard._sum_combine)
+        ms = tl.math.div_rn(squares, tl.cast(H * D, tl.float32))
+        r = tl.math.div_rn(1.0, tl.math.sqrt_rn((ms + eps).to(tl.float32)))[:, None, None]  # eps is fp64 under compile
+        w = tl.load(w_ptr + (heads * D)[:, None] + cols[None, :], mask=channels, other=0.0).to(tl.float32)
+        x = (x * r) * w[None, :, :]
+        if X_BF16 and NATIVE_BF16:  # torch rounds RMSNorm's output to x's dtype
+            x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
+        elif X_BF16:  # BF16_ROUNDING
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
+            x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+        x1, x2 = tl.split(tl.reshape(x, [BLOCK_R, BLOCK_H, BLOCK_D // 2, 2]))  # channels 2j, 2j + 1
+        if F64:  # promote(x, float64): the arithmetic runs in float64 (the upcast is exact)
+            x1 = x1.to(tl.float64)
+            x2 = x2.to(tl.float64)
+        a = x1 * cos  # each product and sum rounded on its own (enable_fp_fusion=False)
+        bb = x2 * sin
+        y1 = a - bb
+        c = x1 * sin
+        d = x2 * cos
+        y2 = c + d
+        y = tl.reshape(tl.join(y1, y2), [BLOCK_R, BLOCK_H, BLOCK_D])  # channel order again
+        if F64:  # torch casts float64 -> float32 first, then (for bf16) float32 -> bf16
+            y = y.to(tl.float32)
+        out_at = (
+            out_ptr + (rows.to(INDEX) * (H * D))[:, None, None] + ((heads * D)[:, None] + cols[None, :])[None, :, :]
+        )
+        if X_BF16 and NATIVE_BF16:
+            tl.store(out_at, y.to(tl.bfloat16, fp_downcast_rounding="rtne"), mask=mask)
+        elif X_BF16:  # BF16_ROUNDING
+            bits = y.to(tl.uint32, bitcast=True)
+            bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
+            bits = tl.where(y != y, 0x7FC0, bits)
+            tl.store(out_at, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+        else:
+            tl.store(out_at, y, mask=mask)
 
 
 _ROW = LazyKernel(_row_qk_norm_rope)
@@ -485,11 +506,15 @@ def _launch(x4, weight, eps, cos, sin, norm, config):
     if norm and config.tile == "row":
         block_h = triton.next_power_of_2(h)
         block_r, _ = pointwise_tile(b * t, block_h * block_d, config.rows, block_h * block_d)
-        _ROW[(triton.cdiv(b * t, block_r),)](
+        tiles = triton.cdiv(b * t, block_r)
+        if config.per_sm is not None:
+            sms = 2 if interpreting() else torch.cuda.get_device_properties(x4.device).multi_processor_count
+            tiles = min(tiles, config.per_sm * sms)
+        _ROW[(tiles,)](
             x4, weight, cos, sin, out, b * t, t, h, float(eps),
             *x4.stride(), *cos.stride(), *sin.stride(),
             D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_R=block_r, **flags,
-            INDEX=_index(config, (x4, cos, sin, out), block_r, block_h, block_d),
+            INDEX=_index(config, (x4, cos, sin, out), block_r, block_h, block_d), NUM_STAGES=config.num_stages,
             num_warps=config.num_warps, enable_fp_fusion=False,
         )  # fmt: skip
         return out

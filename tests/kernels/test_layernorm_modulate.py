@@ -103,11 +103,16 @@ def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(
 
 
 def _interpreter_distinct() -> list[str]:
-    """One candidate per (rows, row_vectors, moments): the interpreter ignores num_warps, so launches differing only
-    there run the same program on the CPU (their GPU trees are the H200 benchmark's business)."""
-    seen: dict[tuple, str] = {(DEFAULT.rows, DEFAULT.row_vectors, DEFAULT.moments): "default"}
+    """One candidate per (rows, row_vectors, moments, persistent or not): the interpreter ignores num_warps and
+    num_stages, so launches differing only there run the same program on the CPU (their GPU trees are the H200
+    benchmark's business). Persistent launches run 2 programs there, each looping over several tiles."""
+
+    def key(launch: LaunchConfig) -> tuple:
+        return launch.rows, launch.row_vectors, launch.moments, launch.per_sm is not None
+
+    seen: dict[tuple, str] = {key(DEFAULT): "default"}
     for name, launch in CANDIDATES.items():
-        seen.setdefault((launch.rows, launch.row_vectors, launch.moments), name)
+        seen.setdefault(key(launch), name)
     return [name for name in seen.values() if name != "default"]
 
 
@@ -137,6 +142,8 @@ def test_layernorm_modulate_kernel_bad_launch_config_raises():
         ({"rows": 3}, r"LaunchConfig.rows: 3"),
         ({"num_warps": 3}, r"LaunchConfig.num_warps: 3"),
         ({"moments": 1}, r"LaunchConfig.moments: 1; allowed: 2, 3"),
+        ({"per_sm": 0}, r"LaunchConfig.per_sm: 0; expected None or an int >= 1"),
+        ({"num_stages": 5}, r"LaunchConfig.num_stages: 5; allowed: 1, 2, 3, 4"),
     ):
         with pytest.raises(ValueError, match=message):
             LaunchConfig(**bad)

@@ -147,6 +147,8 @@ def test_kernel_launch_configs_default_and_bad_values():
         ({"row_sum": "pairs"}, r"LaunchConfig.row_sum: 'pairs'; allowed: \['head_sums', 'channel_sums'\]"),
         ({"bf16_cast": "fast"}, r"LaunchConfig.bf16_cast: 'fast'; allowed: \['integer', 'native'\]"),
         ({"index": "int32"}, r"LaunchConfig.index: 'int32'; allowed: \['int64', 'auto'\]"),
+        ({"per_sm": 0}, r"LaunchConfig.per_sm: 0; expected None or an int >= 1"),
+        ({"num_stages": 0}, r"LaunchConfig.num_stages: 0; allowed: 1, 2, 3, 4"),
     ):
         with pytest.raises(ValueError, match=message):
             LaunchConfig(**bad)
