@@ -141,7 +141,7 @@ def _errors(got: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
 
 
 def _qk_checks(arms: dict[str, Callable[[], Any]], errors: Callable) -> dict[str, dict[str, Any]]:
-    want = arms[next(n for n, c in qk.CANDIDATES.items() if c == qk.DEFAULT)]()
+    want = arms[next(n for n, c in qk.CANDIDATES.items() if c == qk.NORM_DEFAULT)]()
     checks = {}
     for name, fn in arms.items():
         got = fn()

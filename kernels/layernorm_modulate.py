@@ -42,19 +42,24 @@ weight, bias (C,) any float dtype (upcast to fp32, as FP32LayerNorm does); scale
 (B, T, C), any strides (Wan passes chunks of its (B, 6, C) table). Output: contiguous (B, T, C) in `out_dtype`
 (default x's dtype); the sum: contiguous (B, T, C) in x's dtype.
 
-Launches (`LaunchConfig`: rows per program, num_warps, moments; `DEFAULT` is the first version's choice,
-`CANDIDATES` what benchmarks/norm_kernels_gpu.py times). Each row is reduced on its own, so the rows per program
-never mix rows. Under the interpreter launches with the same `moments` are bit-equal (each sum is numpy's over one
-row; tested). On a GPU the shape of the fp32 reduction tree follows the register layout Triton picks for the tile
-(elements per thread, threads and warps along C), which num_warps (and possibly BLOCK_R) can change, so a launch
-could move a row statistic by an ulp; every launch is held to the float64 bound above, not to DEFAULT's bits.
-`moments=2` forms the mean correction and the squares in one sweep (var = mean(d^2) - mean(d)^2 with d = x - the
-first mean; d is small, so the subtraction loses nothing that matters) instead of two: one reduction fewer per row.
-Measured before (H200, x (1, 32760, 1536) bf16, 2026-11-30-norm-kernels-gpu-run2.json, integer bf16 rounding and
-int64 offsets then): DEFAULT modulated 119 us, with the residual add 184 us (41-53 % of the 4.17 TB/s copy
-bandwidth); `r2_w4` 91 / 136 us; launches with 8 or 16 warps torch.equal to DEFAULT, 2 or 4 warps not.
-`row_vectors`: broadcast scale/shift of one batch loaded once per program; the per-element loads took 201 / 261 us
-(run 1), same output.
+Launches (`LaunchConfig`: rows per program, num_warps, moments, persistent programs; `CANDIDATES` is what
+benchmarks/norm_kernels_gpu.py times). Each row is reduced on its own, so the rows per program never mix rows. Under
+the interpreter launches with the same `moments` are bit-equal (each sum is numpy's over one row; tested). On a GPU
+the shape of the fp32 reduction tree follows the register layout Triton picks for the tile (elements per thread,
+threads and warps along C), which num_warps (and possibly BLOCK_R) can change, so a launch can move a row statistic
+by an ulp; every launch is held to the float64 bound above (the benchmark checks it on the GPU), not to one launch's
+bits. `moments=2` forms the mean correction and the squares in one sweep (var = mean(d^2) - mean(d)^2, d = x - the
+first mean, small) instead of two. `per_sm`: a grid-stride loop, the next tiles' loads pipelined (`num_stages`).
+Measured (H200, x (1, 32760, 1536) bf16, runs 3-4 of 2026-11-30-norm-kernels-gpu, two machines; the 4.17 TB/s copy
+bandwidth; a device copy of the same bytes took 54 us (201 MB) and 101 us (402 MB) under the same clock):
+- modulated (norm1/norm3): `DEFAULT` (2 rows, 2 warps) 85 / 91 us = 57 / 53 %; `FIRST` (2 rows, 8 warps, the launch
+  before) 104 / 119 us; one warp per row 87 / 93 us; moments=2 and the persistent launches no faster.
+- affine (norm2): 82 / 149 us (the second machine's affine times were noisy); one warp per row 80 / 116 us.
+- with the residual add (before norm3; twice the bytes): 110 / 163 us = 88 / 59 %; best 106 / 158 us.
+So no launch reaches 80 % of copy bandwidth at C = 1536 except the residual-add form on the first machine: the row
+statistics' three dependent reductions over a 2048-wide padded tile (a quarter of the lanes idle) bound it, not the
+bytes. Every launch met the float64 bound on the GPU. `row_vectors`: broadcast scale/shift of one batch loaded once
+per program; the per-element loads took 201 / 261 us (run 1), same output.
 """
 
 from __future__ import annotations
@@ -112,11 +117,13 @@ class LaunchConfig:
             raise ValueError(f"LaunchConfig.num_warps: {self.num_warps!r}; allowed: None, 1, 2, 4, 8, 16")
 
 
-DEFAULT = LaunchConfig()  # at C = 1536 (BLOCK_C 2048): 2 rows, 8 warps
+# 2 rows, 2 warps: the fastest or within 3 % of it for every form in both H200 runs of 2026-11-30 (module doc)
+DEFAULT = LaunchConfig(rows=2, num_warps=2)
+FIRST = LaunchConfig()  # the first version's launch (at C = 1536, BLOCK_C 2048: 2 rows, 8 warps)
 CANDIDATES = {  # what benchmarks/norm_kernels_gpu.py times side by side (measured: module doc)
     "default": DEFAULT,
+    "first": FIRST,
     "r1_w1": LaunchConfig(rows=1, num_warps=1),  # one warp per row: the row sums in warp shuffles only
-    "r2_w2": LaunchConfig(rows=2, num_warps=2),
     "r4_w4": LaunchConfig(rows=4, num_warps=4),
     "r2_w4": LaunchConfig(rows=2, num_warps=4),
     "m2_r2_w2": LaunchConfig(rows=2, num_warps=2, moments=2),

@@ -79,6 +79,11 @@ Measured (H200, Wan2.1-1.3B's q/k: x (1, 32760, 12, 128) bf16, (1, T, 1, 128) ta
 legacy 482 us (float32 tables, 12 % of the 4.17 TB/s copy bandwidth) and 679 us (float64); tiled with 4 heads
 per program 67 us (84 %) and 125 us (52 %; all heads per program: 117 us); torch's reference 973 / 1436 us.
 Every launch was torch.equal to `rope_reference` there.
+qk_norm_rope (same shape, bf16, float32 tables; 2026-11-30 runs 3-4 of norm-kernels-gpu, two machines; a device copy
+of the same 235 MB took 62 us under the same clock): the head tile 98-100 us (57 %; with the native cast 91-93 us);
+the row tile (x read once) 73-106 us, fastest 2 rows x 2 warps 73 us (77 %) on the first machine and persistent 8 per
+SM, 3 stages 83 us (68 %) on the second; `NORM_DEFAULT` (1 row, 2 warps) 76 / 85 us (74 / 66 %), within 4 % of the
+fastest on both. None reaches 80 %. Every launch met the float64 bound on the GPU.
 """
 
 from __future__ import annotations
@@ -152,7 +157,9 @@ class LaunchConfig:
 
 LEGACY = LaunchConfig(kernel="legacy")
 _FAST = {"bf16_cast": "native", "index": "auto"}  # the options that change no output bit (NaN payloads aside)
-DEFAULT = LaunchConfig()  # fastest with float32 tables on the H200 (module doc; benchmarks/rope_kernel_gpu.py)
+DEFAULT = LaunchConfig()  # rope_only's: fastest with float32 tables on the H200 (module doc; rope_kernel_gpu.py)
+# qk_norm_rope's: the row tile, one row per program, 2 warps (H200, 2026-11-30 runs 3-4: module doc)
+NORM_DEFAULT = LaunchConfig(rows=1, num_warps=2, tile="row", bf16_cast="native", index="auto")
 CANDIDATES = {  # what the benchmark times side by side
     "legacy": LEGACY,
     "tiled": DEFAULT,
@@ -168,7 +175,7 @@ CANDIDATES = {  # what the benchmark times side by side
     "norm_r8_w2": LaunchConfig(rows=8, num_warps=2),
     "norm_r16_w8": LaunchConfig(rows=16, num_warps=8),
     "norm_r32_w8": LaunchConfig(rows=32, num_warps=8),
-    # qk_norm_rope's faster paths (module doc), unmeasured. Head tile: the native cast alone, then with int32 offsets,
+    # qk_norm_rope's faster paths (module doc; measured there). Head tile: the native cast alone, then with int32 offsets,
     # then with the per-channel sum over rows x warps. Row tile (x read once) over rows x warps (few rows per thread:
     # every thread holding a row repeats its scale's division and square root), and once with the integer cast.
     "norm_native": LaunchConfig(bf16_cast="native"),
@@ -574,7 +581,7 @@ def qk_norm_rope(
     config: LaunchConfig | None = None,
 ) -> torch.Tensor:
     """`reference(...)` in one pass (contract: reduction; the RMS sum's order differs, see module doc).
-    `config`: the launch (None: `DEFAULT`)."""
+    `config`: the launch (None: `NORM_DEFAULT`, or `DEFAULT`'s head tile for rows too wide for the row tile)."""
     name = "qk_norm_rope"
     check_float(name, "x", x, X_DTYPES)
     check_float(name, "weight", weight, (x.dtype,))
@@ -587,11 +594,11 @@ def qk_norm_rope(
         raise ValueError(f"{name}: weight has shape {tuple(weight.shape)}; expected ({c},)")
     if not eps >= 0:
         raise ValueError(f"{name}: eps must be >= 0, got {eps}")
-    config = _config(config)
-    if config.kernel == "legacy" and c // 2 > MAX_FUSED_PAIRS:
-        raise ValueError(f"{name}: C={c} is wider than this kernel holds in one program ({2 * MAX_FUSED_PAIRS})")
     d = c // heads
     padded = triton.next_power_of_2(heads) * triton.next_power_of_2(d)
+    config = _config(config) if config is not None else NORM_DEFAULT if padded <= MAX_ROW_TILE else DEFAULT
+    if config.kernel == "legacy" and c // 2 > MAX_FUSED_PAIRS:
+        raise ValueError(f"{name}: C={c} is wider than this kernel holds in one program ({2 * MAX_FUSED_PAIRS})")
     if config.kernel == "tiled" and config.tile == "row" and padded > MAX_ROW_TILE:
         raise ValueError(
             f"{name}: tile='row' holds {heads} heads x {d} padded to {padded} elements per row, over {MAX_ROW_TILE}; "
