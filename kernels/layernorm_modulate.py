@@ -93,7 +93,9 @@ class LaunchConfig:
     power of two; None: max(1, ROW_ELEMENTS // BLOCK_C) compiled, up to INTERPRET_TILE elements under the
     interpreter. num_warps: warps per program; None: 4 / 8 / 16 for BLOCK_C <= 1024 / <= 4096 / more.
     per_sm: None launches one program per row tile; k launches k programs per streaming multiprocessor (2 under
-    the interpreter), each looping over tiles with `num_stages`-deep load pipelining (1: none)."""
+    the interpreter), each looping over tiles with `num_stages`-deep load pipelining (1: none). chunk: None holds
+    each row whole; a power of two runs the chunked kernel (`_layernorm_modulate_chunked`: two passes over the row
+    in pieces of `chunk` channels, shifted moments)."""
 
     rows: int | None = None
     num_warps: int | None = None
@@ -101,8 +103,18 @@ class LaunchConfig:
     moments: int = 3  # reductions per row: 3 (sum, mean correction, squares) or 2 (correction and squares together)
     per_sm: int | None = None
     num_stages: int = 1
+    chunk: int | None = None
 
     def __post_init__(self) -> None:
+        if self.chunk is not None and (
+            isinstance(self.chunk, bool)
+            or not isinstance(self.chunk, int)
+            or self.chunk < 16
+            or self.chunk & (self.chunk - 1)
+        ):
+            raise ValueError(f"LaunchConfig.chunk: {self.chunk!r}; expected None or a power of two >= 16")
+        if self.chunk is not None and (self.per_sm is not None or self.moments != 3):
+            raise ValueError("LaunchConfig.chunk: the chunked kernel takes neither per_sm nor moments=2")
         if self.per_sm is not None and (
             isinstance(self.per_sm, bool) or not isinstance(self.per_sm, int) or self.per_sm < 1
         ):
@@ -136,6 +148,14 @@ CANDIDATES = {  # what benchmarks/norm_kernels_gpu.py times side by side (measur
     "p16_s2_r1_w1": LaunchConfig(rows=1, num_warps=1, per_sm=16, num_stages=2),
     "p8_s1_r2_w2": LaunchConfig(rows=2, num_warps=2, per_sm=8),
     "p4_s2_r2_w4": LaunchConfig(rows=2, num_warps=4, per_sm=4, num_stages=2),
+    # chunked: two passes over 512-channel pieces (at C = 1536 no padded lanes; few registers, many programs)
+    "c512_r1_w1": LaunchConfig(rows=1, num_warps=1, chunk=512),
+    "c512_r2_w2": LaunchConfig(rows=2, num_warps=2, chunk=512),
+    "c512_r4_w4": LaunchConfig(rows=4, num_warps=4, chunk=512),
+    "c512_r1_w2": LaunchConfig(rows=1, num_warps=2, chunk=512),
+    "c512_r4_w2": LaunchConfig(rows=4, num_warps=2, chunk=512),
+    "c256_r2_w2": LaunchConfig(rows=2, num_warps=2, chunk=256),
+    "c512_r8_w4": LaunchConfig(rows=8, num_warps=4, chunk=512),
 }
 
 
@@ -237,7 +257,127 @@ def _layernorm_modulate(
             tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def _layernorm_modulate_chunked(
+    x_ptr, r_ptr, w_ptr, bias_ptr, scale_ptr, shift_ptr, out_ptr, sum_ptr,
+    R, T, C, eps,
+    x_sb, x_st, x_sc,
+    r_sb, r_st, r_sc,
+    w_s, bias_s,
+    sc_sb, sc_st, sc_sc,
+    sh_sb, sh_st, sh_sc,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MOD: tl.constexpr,
+    SUM_ROUND: tl.constexpr, OUT_ROUND: tl.constexpr, BLOCK_R: tl.constexpr, CHUNK: tl.constexpr,
+    MOD_VEC: tl.constexpr, NATIVE_BF16: tl.constexpr, IDX64: tl.constexpr,
+):  # fmt: skip
+    # LaunchConfig.chunk: the row in CHUNK-wide pieces, three times. Pass 1 forms (and stores) the residual sum and
+    # the mean, summed about the row's first value (so the sum stays small whatever the row's offset); pass 2 the
+    # moments about that mean (var = mean(d^2) - mean(d)^2, d small); pass 3 the output. Passes 2 and 3 read rows
+    # this program just read (L1/L2). A thread holds CHUNK / (32 * num_warps) values per row, not the row.
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t), int32
+    b = rows // T
+    t = rows - b * T
+    if IDX64:
+        rows = rows.to(tl.int64)
+        b = b.to(tl.int64)
+        t = t.to(tl.int64)
+    b = b[:, None]
+    t = t[:, None]
+    live = (rows < R)[:, None]
+    x_row = x_ptr + b * x_sb + t * x_st
+    r_row = r_ptr + b * r_sb + t * r_st
+    s_row = sum_ptr + rows[:, None] * C
+    o_row = out_ptr + rows[:, None] * C
+    first = tl.load(x_row, mask=live, other=0.0).to(tl.float32)  # [BLOCK_R, 1]
+    if HAS_RESIDUAL:  # the shift only needs to be near the row's values: the unrounded sum will do
+        first = first + tl.load(r_row, mask=live, other=0.0).to(tl.float32)
+    s1 = tl.full([BLOCK_R, CHUNK], 0.0, tl.float32)  # tl.zeros is decorated at import (interpreter: see above)
+    for start in range(0, C, CHUNK):
+        cols = start + tl.arange(0, CHUNK)
+        if IDX64:
+            cols = cols.to(tl.int64)
+        c = cols[None, :]
+        ok = live & (c < C)
+        x = tl.load(x_row + c * x_sc, mask=ok, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:  # torch's `x + r` in x's dtype: one fp32 add, then rounded to that dtype
+            x = x + tl.load(r_row + c * r_sc, mask=ok, other=0.0).to(tl.float32)
+            if SUM_ROUND == 1 and NATIVE_BF16:
+                rounded = x.to(tl.bfloat16)
+                x = rounded.to(tl.float32)
+                tl.store(s_row + c, rounded, mask=ok)
+            elif SUM_ROUND == 1:  # BF16_ROUNDING
+                bits = x.to(tl.uint32, bitcast=True)
+                bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
+                bits = tl.where(x != x, 0x7FC0, bits)
+                x = (bits << 16).to(tl.float32, bitcast=True)
+                tl.store(s_row + c, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=ok)
+            elif SUM_ROUND == 2:
+                x = x.to(tl.float16).to(tl.float32)
+                tl.store(s_row + c, x.to(tl.float16), mask=ok)
+            else:
+                tl.store(s_row + c, x, mask=ok)
+        s1 += tl.where(ok, x - first, 0.0)
+    if HAS_RESIDUAL:  # passes 2 and 3 read the stored sum: make every thread's stores visible to the program
+        tl.debug_barrier()
+    width = tl.cast(C, tl.float32)
+    mean = first + tl.math.div_rn(tl.reduce(s1, 1, tl.standard._sum_combine), width)[:, None]
+    # pass 2: the moments about that mean (its rounding error corrected as in the whole-row kernel's moments=2)
+    s1 = tl.full([BLOCK_R, CHUNK], 0.0, tl.float32)
+    s2 = tl.full([BLOCK_R, CHUNK], 0.0, tl.float32)
+    for start in range(0, C, CHUNK):
+        cols = start + tl.arange(0, CHUNK)
+        if IDX64:
+            cols = cols.to(tl.int64)
+        c = cols[None, :]
+        ok = live & (c < C)
+        if HAS_RESIDUAL:  # the rounded sum this thread stored in pass 1
+            x = tl.load(s_row + c, mask=ok, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(x_row + c * x_sc, mask=ok, other=0.0).to(tl.float32)
+        d = tl.where(ok, x - mean, 0.0)
+        s1 += d
+        s2 += d * d
+    step = tl.math.div_rn(tl.reduce(s1, 1, tl.standard._sum_combine), width)
+    var = tl.math.div_rn(tl.reduce(s2, 1, tl.standard._sum_combine), width) - step * step
+    mean = mean + step[:, None]
+    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn((var + eps).to(tl.float32)))[:, None]  # eps arrives fp64 under compile
+    for start in range(0, C, CHUNK):
+        cols = start + tl.arange(0, CHUNK)
+        if IDX64:
+            cols = cols.to(tl.int64)
+        c = cols[None, :]
+        ok = live & (c < C)
+        if HAS_RESIDUAL:  # the rounded sum this thread stored in pass 1
+            x = tl.load(s_row + c, mask=ok, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(x_row + c * x_sc, mask=ok, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd  # from here every op is its own fp32 rounding (enable_fp_fusion=False)
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + c * w_s, mask=c < C, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y = y + tl.load(bias_ptr + c * bias_s, mask=c < C, other=0.0).to(tl.float32)
+        if HAS_MOD and MOD_VEC:
+            scale = tl.load(scale_ptr + c * sc_sc, mask=c < C, other=0.0).to(tl.float32)
+            shift = tl.load(shift_ptr + c * sh_sc, mask=c < C, other=0.0).to(tl.float32)
+        elif HAS_MOD:
+            scale = tl.load(scale_ptr + b * sc_sb + t * sc_st + c * sc_sc, mask=ok, other=0.0).to(tl.float32)
+            shift = tl.load(shift_ptr + b * sh_sb + t * sh_st + c * sh_sc, mask=ok, other=0.0).to(tl.float32)
+        if HAS_MOD:
+            one_plus = 1.0 + scale
+            y = y * one_plus
+            y = y + shift
+        if OUT_ROUND == 1 and NATIVE_BF16:
+            tl.store(o_row + c, y.to(tl.bfloat16), mask=ok)
+        elif OUT_ROUND == 1:  # BF16_ROUNDING
+            bits = y.to(tl.uint32, bitcast=True)
+            bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
+            bits = tl.where(y != y, 0x7FC0, bits)
+            tl.store(o_row + c, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=ok)
+        else:
+            tl.store(o_row + c, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
 _KERNEL = LazyKernel(_layernorm_modulate)
+_CHUNKED = LazyKernel(_layernorm_modulate_chunked)
 
 
 def reference(
@@ -353,7 +493,8 @@ def _tile(rows: int, c: int, config: LaunchConfig) -> tuple[int, int, int]:
     Under the interpreter (cost per program, not per element) the default is up to INTERPRET_TILE elements."""
     block_c = triton.next_power_of_2(max(c, 1))
     per_program = INTERPRET_TILE if interpreting() else ROW_ELEMENTS
-    block_r = max(1, per_program // block_c) if config.rows is None else config.rows
+    width = block_c if config.chunk is None else min(config.chunk, block_c)  # what a program holds per row
+    block_r = max(1, per_program // width) if config.rows is None else config.rows
     block_r = min(block_r, triton.next_power_of_2(max(rows, 1)))
     warps = config.num_warps or (4 if block_c <= 1024 else 8 if block_c <= 4096 else 16)
     return block_r, block_c, warps
@@ -373,6 +514,18 @@ def _launch(x, residual, eps, weight, bias, scale, shift, out_dtype, config):
     sh = x if shift is None else shift
     mod_vec = config.row_vectors and scale is not None and b == 1 and sc.stride(1) == 0 and sh.stride(1) == 0
     idx64 = max(_last_offset(v) for v in (x, r, w, bb, sc, sh, out)) + block_r * c >= 2**31
+    if config.chunk is not None:
+        chunk = min(config.chunk, block_c)
+        _CHUNKED[(triton.cdiv(b * t, block_r),)](
+            x, r, w, bb, sc, sh, out, out if summed is None else summed,
+            b * t, t, c, eps,
+            *x.stride(), *r.stride(), w.stride(-1), bb.stride(-1), *sc.stride(), *sh.stride(),
+            HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            HAS_MOD=scale is not None, SUM_ROUND=ROUNDING[x.dtype], OUT_ROUND=ROUNDING[out_dtype],
+            BLOCK_R=block_r, CHUNK=chunk, MOD_VEC=mod_vec, NATIVE_BF16=not interpreting(), IDX64=idx64,
+            num_warps=warps, enable_fp_fusion=False,
+        )  # fmt: skip
+        return out, summed
     tiles = triton.cdiv(b * t, block_r)
     if config.per_sm is not None:
         sms = 2 if interpreting() else torch.cuda.get_device_properties(x.device).multi_processor_count

@@ -23,6 +23,8 @@ DTYPES = [torch.bfloat16, torch.float32, torch.float16]
 # affine norm
 ULP32 = torch.finfo(torch.float32).eps  # 2^-23
 FORMS = ["modulate", "affine", "residual_modulate", "residual_modulate_per_token", "residual_affine"]
+# the three ways of forming the row statistics; the chunked kernel in 32-channel pieces, so odd C ends in a partial one
+LAUNCHES = {"moments3": LaunchConfig(), "moments2": LaunchConfig(moments=2), "chunked": LaunchConfig(chunk=32)}
 
 
 def _inputs(rng, shape, dtype, form):
@@ -49,13 +51,13 @@ def _errors(got: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("moments", [3, 2])
-def test_layernorm_modulate_kernel_error_bound_against_float64(rng, shape, dtype, form, moments):
+@pytest.mark.parametrize("launch", ["moments3", "moments2", "chunked"])
+def test_layernorm_modulate_kernel_error_bound_against_float64(rng, shape, dtype, form, launch):
     """Contract `reduction`: error vs the float64 chain at most 2x torch's own, plus 2 fp32 ulps (of the output
     scale for max-abs; relative for L2: it matters only where torch's own fp32 error is zero by luck, one short
     row); the residual sum is torch's `x + r` bit for bit, and the ground truth starts from that (rounded) sum."""
     x, residual, norm = _inputs(rng, shape, dtype, form)
-    eps, launch = 1e-6, LaunchConfig(moments=moments)
+    eps, launch = 1e-6, LAUNCHES[launch]
     if residual is None:
         got = layernorm_modulate(x, eps, **norm, config=launch)
         want = reference(x, eps, **norm)
@@ -79,8 +81,8 @@ def test_layernorm_modulate_kernel_error_bound_against_float64(rng, shape, dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("moments", [3, 2])
-def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(rng, dtype, moments):
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(rng, dtype, launch):
     # rows of +-2^k in equal numbers: mean 0, var 4^k and (eps 0) rstd 2^-k are exact in both, so every
     # difference would come from the ops after the statistics (affine, modulation, one rounding; no FMA)
     b, t, c = 2, 8, 48  # no padded rows: their 0 / 0 under eps 0 would only warn
@@ -90,7 +92,7 @@ def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(
     weight = 1 + 0.3 * torch.randn(c, generator=rng)
     bias = 0.2 * torch.randn(c, generator=rng)
     scale, shift = (torch.randn(b, 2, c, generator=rng) * 0.7).chunk(2, dim=1)
-    launch = LaunchConfig(moments=moments)
+    launch = LAUNCHES[launch]
     for norm in ({"weight": weight, "bias": bias}, {"scale": scale, "shift": shift}):
         got = layernorm_modulate(x, 0.0, **norm, config=launch)
         assert torch.equal(got, reference(x, 0.0, **norm)), f"seed {rng.initial_seed()}: {sorted(norm)}"
@@ -108,7 +110,7 @@ def _interpreter_distinct() -> list[str]:
     benchmark's business). Persistent launches run 2 programs there, each looping over several tiles."""
 
     def key(launch: LaunchConfig) -> tuple:
-        return launch.rows, launch.row_vectors, launch.moments, launch.per_sm is not None
+        return launch.rows, launch.row_vectors, launch.moments, launch.per_sm is not None, launch.chunk
 
     seen: dict[tuple, str] = {key(DEFAULT): "default"}
     for name, launch in CANDIDATES.items():
@@ -120,7 +122,7 @@ def _interpreter_distinct() -> list[str]:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_layernorm_modulate_kernel_every_launch_is_bit_equal_to_default(rng, name, dtype):
     """Bit-equal to the default launch with the same `moments` (another number of sweeps is another sum)."""
-    base = LaunchConfig(moments=CANDIDATES[name].moments)
+    base = LaunchConfig(moments=CANDIDATES[name].moments, chunk=CANDIDATES[name].chunk)
     # odd C, 26 rows: a partial last tile for every rows per program; the default under the interpreter takes all
     # (1, 26, 37): one batch with (1, 1, C) scale/shift, the row-vector loads (`LaunchConfig.row_vectors`)
     for shape, form in (((2, 13, 37), "modulate"), ((2, 13, 37), "affine"), ((2, 13, 37), "residual_modulate_per_token"),
@@ -144,6 +146,8 @@ def test_layernorm_modulate_kernel_bad_launch_config_raises():
         ({"moments": 1}, r"LaunchConfig.moments: 1; allowed: 2, 3"),
         ({"per_sm": 0}, r"LaunchConfig.per_sm: 0; expected None or an int >= 1"),
         ({"num_stages": 5}, r"LaunchConfig.num_stages: 5; allowed: 1, 2, 3, 4"),
+        ({"chunk": 24}, r"LaunchConfig.chunk: 24; expected None or a power of two >= 16"),
+        ({"chunk": 512, "per_sm": 4}, r"LaunchConfig.chunk: the chunked kernel takes neither per_sm nor moments=2"),
     ):
         with pytest.raises(ValueError, match=message):
             LaunchConfig(**bad)
