@@ -52,7 +52,6 @@ SMOKE_SHAPE, SMOKE_HEADS = (1, 37, 96), 3
 GELU_SHAPE, SMOKE_GELU_SHAPE = (1, 32760, 8960), (1, 37, 200)
 CHECK_ROWS = 4096  # tokens of the qk_norm_rope contract check (float64 on the device)
 EPS = 1e-6
-WARM_UP_S = 3.0
 
 
 def _layernorm_arms(kind: str, shape, device, g) -> tuple[dict[str, Callable[[], Any]], tuple[int, int], Callable]:
@@ -181,18 +180,6 @@ def _gelu_checks(arms: dict[str, Callable[[], Any]], x: torch.Tensor) -> dict[st
     return checks
 
 
-def _warm_up(device: torch.device, seconds: float = WARM_UP_S) -> None:
-    """Keep the GPU copying for a few seconds before the first timing: in runs 3-5 the kernel timed first in the
-    process (the modulated LayerNorm) was up to 1.6x slower than on the next run's machine, the later ones not."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(20):
-            dst.copy_(src)
-        torch.cuda.synchronize(device)
-
-
 def _drop_broken(arms: dict[str, Callable[[], Any]]) -> dict[str, str]:
     """Run each arm once; one that raises (a launch that does not compile here) is reported and left out."""
     broken = {}
@@ -272,8 +259,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         device, shape, heads = torch.device("cuda"), SHAPE, HEADS
     else:
         raise RuntimeError("norm_kernels_gpu: needs a CUDA device (or --smoke for a CPU check of the script)")
-    if device.type == "cuda":
-        _warm_up(device)
     seed = secrets.randbits(31)
     g = torch.Generator(device).manual_seed(seed)
     configs = {

@@ -56,9 +56,13 @@ bandwidth; a device copy of the same bytes took 54 us (201 MB) and 101 us (402 M
   before) 104 / 119 us; one warp per row 87 / 93 us; moments=2 and the persistent launches no faster.
 - affine (norm2): 82 / 149 us (the second machine's affine times were noisy); one warp per row 80 / 116 us.
 - with the residual add (before norm3; twice the bytes): 110 / 163 us = 88 / 59 %; best 106 / 158 us.
-So no launch reaches 80 % of copy bandwidth at C = 1536 except the residual-add form on the first machine: the row
-statistics' three dependent reductions over a 2048-wide padded tile (a quarter of the lanes idle) bound it, not the
-bytes. Every launch met the float64 bound on the GPU. `row_vectors`: broadcast scale/shift of one batch loaded once
+- the chunked kernel (`chunk=512`, runs 5-6, one H200; these kernels' times moved by up to 2x between runs on one
+  machine while the same-bytes copy did not, so compare within a run): modulated 75 us against DEFAULT's 92 (65 %);
+  affine 73 us against 86 (66 %); with the residual 117 us, tied with DEFAULT (82 %; 59-91 % across runs 3-6).
+So no launch reliably reaches 80 % of copy bandwidth at C = 1536: the row statistics' dependent reductions and the
+SM clock bound these kernels, not the bytes (a 3 s warm-up before timing, run 6, made every kernel slower and the
+copy no faster; it was dropped). DEFAULT stays the launch the exact-fast forward was measured with; the chunked one
+would change the forward's statistics again. Every launch met the float64 bound on the GPU. `row_vectors`: broadcast scale/shift of one batch loaded once
 per program; the per-element loads took 201 / 261 us (run 1), same output.
 """
 
