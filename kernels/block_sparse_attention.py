@@ -707,7 +707,10 @@ DEFAULT = Launch(fused_means=True, tma=True)
 In the H200 sweep of 2026-11-30 (e523ab7, benchmarks/results/2026-11-30-sparse-attention-h200-run3.json) the fastest
 whole call at 10 % (2.52 ms, 4.64x cuDNN) and within 1.3 % of the fastest at 20 % (4.20 ms, 2.79x; kernel 3.50 ms,
 401 TFLOP/s on the exact pairs) and 40 % (7.61 ms, 1.54x). The g1_w4_s3 launch it replaces: 5.00 / 8.91 ms at 20 /
-40 %. TMA needs K/V with unit last stride and 16-byte aligned base and strides (the launcher refuses others)."""
+40 %. After the routing's static band/sink mask was cached and its threshold made in two launches (run 5, 67f14a0):
+20 % in 4.14 ms (2.87x) on structured q/k/v and 3.80 ms (3.07x) on q/k/v captured from the Wan model, each call
+synchronised; queued back to back (as in a forward) 2.83x / 3.30x; kernel 3.55 ms, routing 0.30 ms. TMA needs K/V
+with unit last stride and 16-byte aligned base and strides (the launcher refuses others)."""
 FUSED_ROUTING = Launch(fused_means=True, fused_route=True)
 """DEFAULT with the routing fused: the base of the exact-loop tuning candidates."""
 CANDIDATES = {
