@@ -42,18 +42,18 @@ weight, bias (C,) any float dtype (upcast to fp32, as FP32LayerNorm does); scale
 (B, T, C), any strides (Wan passes chunks of its (B, 6, C) table). Output: contiguous (B, T, C) in `out_dtype`
 (default x's dtype); the sum: contiguous (B, T, C) in x's dtype.
 
-Launches (`LaunchConfig`: rows per program, num_warps, moments, persistent programs; `CANDIDATES` is what
+Launches (`LaunchConfig`: rows per program, num_warps, persistent programs, chunks; `CANDIDATES` is what
 benchmarks/norm_kernels_gpu.py times). Each row is reduced on its own, so the rows per program never mix rows. Under
-the interpreter launches with the same `moments` are bit-equal (each sum is numpy's over one row; tested). On a GPU
+the interpreter the whole-row launches are bit-equal (each sum is numpy's over one row; tested). On a GPU
 the shape of the fp32 reduction tree follows the register layout Triton picks for the tile (elements per thread,
 threads and warps along C), which num_warps (and possibly BLOCK_R) can change, so a launch can move a row statistic
 by an ulp; every launch is held to the float64 bound above (the benchmark checks it on the GPU), not to one launch's
-bits. `moments=2` forms the mean correction and the squares in one sweep (var = mean(d^2) - mean(d)^2, d = x - the
-first mean, small) instead of two. `per_sm`: a grid-stride loop, the next tiles' loads pipelined (`num_stages`).
+bits. `per_sm`: a grid-stride loop, the next tiles' loads pipelined (`num_stages`). A launch forming the mean
+correction and the squares in one sweep (two reductions, not three) was measured no faster and removed.
 Measured (H200, x (1, 32760, 1536) bf16, runs 3-4 of 2026-11-30-norm-kernels-gpu, two machines; the 4.17 TB/s copy
 bandwidth; a device copy of the same bytes took 54 us (201 MB) and 101 us (402 MB) under the same clock):
 - modulated (norm1/norm3): `DEFAULT` (2 rows, 2 warps) 85 / 91 us = 57 / 53 %; `FIRST` (2 rows, 8 warps, the launch
-  before) 104 / 119 us; one warp per row 87 / 93 us; moments=2 and the persistent launches no faster.
+  before) 104 / 119 us; one warp per row 87 / 93 us; the persistent launches no faster.
 - affine (norm2): 82 / 149 us (the second machine's affine times were noisy); one warp per row 80 / 116 us.
 - with the residual add (before norm3; twice the bytes): 110 / 163 us = 88 / 59 %; best 106 / 158 us.
 - the chunked kernel (`chunk=512`, runs 5-6, one H200; these kernels' times moved by up to 2x between runs on one
@@ -98,13 +98,12 @@ class LaunchConfig:
     interpreter. num_warps: warps per program; None: 4 / 8 / 16 for BLOCK_C <= 1024 / <= 4096 / more.
     per_sm: None launches one program per row tile; k launches k programs per streaming multiprocessor (2 under
     the interpreter), each looping over tiles with `num_stages`-deep load pipelining (1: none). chunk: None holds
-    each row whole; a power of two runs the chunked kernel (`_layernorm_modulate_chunked`: two passes over the row
-    in pieces of `chunk` channels, shifted moments)."""
+    each row whole; a power of two runs the chunked kernel (`_layernorm_modulate_chunked`: three passes over the
+    row in pieces of `chunk` channels)."""
 
     rows: int | None = None
     num_warps: int | None = None
     row_vectors: bool = True  # scale/shift broadcast over the tokens of one batch: one (C,) load per program
-    moments: int = 3  # reductions per row: 3 (sum, mean correction, squares) or 2 (correction and squares together)
     per_sm: int | None = None
     num_stages: int = 1
     chunk: int | None = None
@@ -117,16 +116,14 @@ class LaunchConfig:
             or self.chunk & (self.chunk - 1)
         ):
             raise ValueError(f"LaunchConfig.chunk: {self.chunk!r}; expected None or a power of two >= 16")
-        if self.chunk is not None and (self.per_sm is not None or self.moments != 3):
-            raise ValueError("LaunchConfig.chunk: the chunked kernel takes neither per_sm nor moments=2")
+        if self.chunk is not None and self.per_sm is not None:
+            raise ValueError("LaunchConfig.chunk: the chunked kernel has no persistent launch (per_sm)")
         if self.per_sm is not None and (
             isinstance(self.per_sm, bool) or not isinstance(self.per_sm, int) or self.per_sm < 1
         ):
             raise ValueError(f"LaunchConfig.per_sm: {self.per_sm!r}; expected None or an int >= 1")
         if self.num_stages not in (1, 2, 3, 4):
             raise ValueError(f"LaunchConfig.num_stages: {self.num_stages!r}; allowed: 1, 2, 3, 4")
-        if self.moments not in (2, 3):
-            raise ValueError(f"LaunchConfig.moments: {self.moments!r}; allowed: 2, 3")
         if self.rows is not None and (not isinstance(self.rows, int) or self.rows < 1 or self.rows & (self.rows - 1)):
             raise ValueError(f"LaunchConfig.rows: {self.rows!r}; expected None or a power of two >= 1")
         if self.num_warps not in (None, 1, 2, 4, 8, 16):
@@ -142,7 +139,6 @@ CANDIDATES = {  # what benchmarks/norm_kernels_gpu.py times side by side (measur
     "r1_w1": LaunchConfig(rows=1, num_warps=1),  # one warp per row: the row sums in warp shuffles only
     "r4_w4": LaunchConfig(rows=4, num_warps=4),
     "r2_w4": LaunchConfig(rows=2, num_warps=4),
-    "m2_r2_w2": LaunchConfig(rows=2, num_warps=2, moments=2),
     # persistent: a grid-stride loop per program, the next tiles' loads in flight while this one is reduced
     "p4_s2_r2_w2": LaunchConfig(rows=2, num_warps=2, per_sm=4, num_stages=2),
     "p8_s2_r2_w2": LaunchConfig(rows=2, num_warps=2, per_sm=8, num_stages=2),
@@ -173,8 +169,7 @@ def _layernorm_modulate(
     sh_sb, sh_st, sh_sc,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MOD: tl.constexpr,
     SUM_ROUND: tl.constexpr, OUT_ROUND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    MOD_VEC: tl.constexpr, MOMENTS: tl.constexpr, NATIVE_BF16: tl.constexpr, IDX64: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    MOD_VEC: tl.constexpr, NATIVE_BF16: tl.constexpr, IDX64: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     # SUM_ROUND / OUT_ROUND: what the residual sum / the output is rounded to (0: fp32, 1: bf16, 2: fp16).
     # NATIVE_BF16: compiled, `.to(tl.bfloat16)` is cvt.rn (BF16_ROUNDING's result for every non-NaN value).
@@ -222,15 +217,9 @@ def _layernorm_modulate(
         # the rounding error of the sum above (a few ulps of a large mean) is the mean of d = x - mean, summed over
         # small values; without that correction a row with a large offset would shift every output by the error
         d = tl.where(col_ok, x - mean, 0.0)
-        if MOMENTS == 2:  # the correction and the squares in one sweep: var = mean(d^2) - mean(d)^2
-            step = tl.math.div_rn(tl.reduce(d, 1, tl.standard._sum_combine), width)
-            var = tl.math.div_rn(tl.reduce(d * d, 1, tl.standard._sum_combine), width) - step * step
-            mean = mean + step[:, None]
-            centred = x - mean
-        else:  # three sweeps: correct the mean first, then the squares about it
-            mean = mean + tl.math.div_rn(tl.reduce(d, 1, tl.standard._sum_combine), width)[:, None]
-            centred = tl.where(col_ok, x - mean, 0.0)
-            var = tl.math.div_rn(tl.reduce(centred * centred, 1, tl.standard._sum_combine), width)
+        mean = mean + tl.math.div_rn(tl.reduce(d, 1, tl.standard._sum_combine), width)[:, None]
+        centred = tl.where(col_ok, x - mean, 0.0)
+        var = tl.math.div_rn(tl.reduce(centred * centred, 1, tl.standard._sum_combine), width)
         rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn((var + eps).to(tl.float32)))[
             :, None
         ]  # eps arrives fp64 under compile
@@ -324,7 +313,7 @@ def _layernorm_modulate_chunked(
         tl.debug_barrier()
     width = tl.cast(C, tl.float32)
     mean = first + tl.math.div_rn(tl.reduce(s1, 1, tl.standard._sum_combine), width)[:, None]
-    # pass 2: the moments about that mean (its rounding error corrected as in the whole-row kernel's moments=2)
+    # pass 2: the moments about that mean (var = mean(d^2) - mean(d)^2: d is small, the subtraction loses nothing)
     s1 = tl.full([BLOCK_R, CHUNK], 0.0, tl.float32)
     s2 = tl.full([BLOCK_R, CHUNK], 0.0, tl.float32)
     for start in range(0, C, CHUNK):
@@ -540,7 +529,7 @@ def _launch(x, residual, eps, weight, bias, scale, shift, out_dtype, config):
         *x.stride(), *r.stride(), w.stride(-1), bb.stride(-1), *sc.stride(), *sh.stride(),
         HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
         HAS_MOD=scale is not None, SUM_ROUND=ROUNDING[x.dtype], OUT_ROUND=ROUNDING[out_dtype],
-        BLOCK_R=block_r, BLOCK_C=block_c, MOD_VEC=mod_vec, MOMENTS=config.moments, NATIVE_BF16=not interpreting(),
+        BLOCK_R=block_r, BLOCK_C=block_c, MOD_VEC=mod_vec, NATIVE_BF16=not interpreting(),
         IDX64=idx64, NUM_STAGES=config.num_stages, num_warps=warps, enable_fp_fusion=False,
     )  # fmt: skip
     return out, summed

@@ -26,9 +26,8 @@ Two entry points, two contracts:
 - `qk_norm_rope` (contract: reduction): RMSNorm then the rotary step. torch 2.13's RMSNorm computes
   `(x.float() * rsqrt(mean(x.float() ** 2) + eps) * weight.float()).to(x.dtype)` (one rounding at the end;
   checked on CPU for bf16 and fp32). The kernel keeps every op after the mean, but its sum of squares is a
-  Triton tree reduction in an order set by the launch (tiled "head_sums": one per head, the heads' sums added
-  in order; "channel_sums": each channel's squares added over the heads in order, then one reduction over the
-  channels; tile "row": one reduction over the row's channels, then over its heads; legacy: evens and odds
+  Triton tree reduction in an order set by the launch (head tile: one per head, the heads' sums added
+  in order; tile "row": one reduction over the row's channels, then over its heads; legacy: evens and odds
   summed separately over the row) and `rsqrt` is `1 / sqrt_rn`, so the per-row scale can differ from torch's by
   an ulp or so. Bound (tested for every launch in CANDIDATES, vs a float64 ground truth of the whole chain): the
   kernel's max abs and relative L2 error are each at most 2x torch's own error plus 1e-7 of the output scale.
@@ -67,8 +66,8 @@ for the output (the second read from L1/L2 when the row tile's data is still the
 `bf16_cast="native"`: NATIVE_BF16.
 `index="auto"`: element offsets in int32 instead of int64 when the farthest element the launch addresses
 (masked padding included) is below 2**31, else int64 as before; only the offset arithmetic changes.
-`row_sum="channel_sums"`: pass one adds the heads' squares into one [BLOCK_R, D] fp32 tile and reduces it once,
-instead of one cross-lane reduction per head. `tile="row"` (`_row_qk_norm_rope`): a program holds its rows whole
+(A head-tile option adding the heads' squares per channel before one reduction was 5-20 % slower on the H200 in
+every run and was removed.) `tile="row"` (`_row_qk_norm_rope`): a program holds its rows whole
 as one [BLOCK_R, H, D] tile (H and D padded to powers of two and masked: Wan's 12 heads are 16, so a quarter of
 the lanes idle), reads x once, loads its (.., 1, D) table rows once for every head, and reduces each row once;
 every thread that holds part of a row repeats the row's division and square root, so few rows per thread (small
@@ -104,7 +103,6 @@ MAX_FUSED_PAIRS = 8192  # legacy qk_norm_rope holds one whole row (C / 2 pairs) 
 MAX_ROW_TILE = 16384  # tile="row": padded heads x padded head dim one program holds per row
 KERNELS = ("tiled", "legacy")
 TILES = ("head", "row")
-ROW_SUMS = ("head_sums", "channel_sums")
 BF16_CASTS = ("integer", "native")
 INDEXES = ("int64", "auto")
 
@@ -118,8 +116,7 @@ class LaunchConfig:
     H means all; qk_norm_rope always takes all, its RMS spans them). num_warps: warps per program.
     Used by qk_norm_rope only (rope_only ignores them; module doc):
     tile: "head" (one [rows, D] tile per head, x read twice) or "row" (all heads as one [rows, H, D] tile, x read
-    once). row_sum (tile "head"): "head_sums" (each head's squares reduced, the H sums added in order) or
-    "channel_sums" (the heads' squares added per channel, then one reduction). bf16_cast: "integer"
+    once). bf16_cast: "integer"
     (BF16_ROUNDING everywhere) or "native" (NATIVE_BF16 when compiled). index: "int64" offsets, or "auto" (int32
     when every offset the launch forms fits, else int64). per_sm (tile "row"): None, one program per row tile; k,
     k programs per streaming multiprocessor (2 under the interpreter) looping over the tiles with `num_stages`-deep
@@ -130,7 +127,6 @@ class LaunchConfig:
     heads: int = 4
     num_warps: int = 4
     tile: str = "head"
-    row_sum: str = "head_sums"
     bf16_cast: str = "integer"
     index: str = "int64"
     per_sm: int | None = None
@@ -143,7 +139,7 @@ class LaunchConfig:
             raise ValueError(f"LaunchConfig.per_sm: {self.per_sm!r}; expected None or an int >= 1")
         if self.num_stages not in (1, 2, 3, 4):
             raise ValueError(f"LaunchConfig.num_stages: {self.num_stages!r}; allowed: 1, 2, 3, 4")
-        choices = {"kernel": KERNELS, "tile": TILES, "row_sum": ROW_SUMS, "bf16_cast": BF16_CASTS, "index": INDEXES}
+        choices = {"kernel": KERNELS, "tile": TILES, "bf16_cast": BF16_CASTS, "index": INDEXES}
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
                 raise ValueError(f"LaunchConfig.{field}: {getattr(self, field)!r}; allowed: {list(allowed)}")
@@ -175,14 +171,11 @@ CANDIDATES = {  # what the benchmark times side by side
     "norm_r8_w2": LaunchConfig(rows=8, num_warps=2),
     "norm_r16_w8": LaunchConfig(rows=16, num_warps=8),
     "norm_r32_w8": LaunchConfig(rows=32, num_warps=8),
-    # qk_norm_rope's faster paths (module doc; measured there). Head tile: the native cast alone, then with int32 offsets,
-    # then with the per-channel sum over rows x warps. Row tile (x read once) over rows x warps (few rows per thread:
-    # every thread holding a row repeats its scale's division and square root), and once with the integer cast.
+    # qk_norm_rope's faster paths (module doc; measured there). Head tile: the native cast alone, then with int32
+    # offsets. Row tile (x read once) over rows x warps (few rows per thread: every thread holding a row repeats its
+    # scale's division and square root), and once with the integer cast.
     "norm_native": LaunchConfig(bf16_cast="native"),
     "norm_native_i32": LaunchConfig(**_FAST),
-    "norm_channel_sums": LaunchConfig(row_sum="channel_sums", **_FAST),
-    "norm_channel_sums_r8_w2": LaunchConfig(rows=8, num_warps=2, row_sum="channel_sums", **_FAST),
-    "norm_channel_sums_r32_w8": LaunchConfig(rows=32, num_warps=8, row_sum="channel_sums", **_FAST),
     "norm_row_r1_w1": LaunchConfig(rows=1, num_warps=1, tile="row", **_FAST),
     "norm_row_r1_w2": LaunchConfig(rows=1, num_warps=2, tile="row", **_FAST),
     "norm_row_r2_w2": LaunchConfig(rows=2, num_warps=2, tile="row", **_FAST),
@@ -279,7 +272,7 @@ def _tiled_qk_norm_rope(
     s_sb, s_st, s_sh, s_sd,
     D: tl.constexpr, BLOCK_D: tl.constexpr, HEADS: tl.constexpr, BLOCK_R: tl.constexpr,
     NORM: tl.constexpr, X_BF16: tl.constexpr, F64: tl.constexpr, HEAD_TABLES: tl.constexpr,
-    NATIVE_BF16: tl.constexpr, INDEX: tl.constexpr, CHANNEL_SUMS: tl.constexpr,
+    NATIVE_BF16: tl.constexpr, INDEX: tl.constexpr,
 ):  # fmt: skip
     """Program `pid` = row tile pid // GROUPS (BLOCK_R rows (b, t)) x heads [h0, h0 + HEADS) of group
     pid % GROUPS; with NORM one group holds every head. One head of the tile is a [BLOCK_R, BLOCK_D] block of
@@ -307,13 +300,7 @@ def _tiled_qk_norm_rope(
     if not HEAD_TABLES:  # (.., 1, D) tables: one load for every head of the program; cos at 2j, sin at 2j + 1
         cos, _ = tl.split(tl.reshape(tl.load(cos_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
         _, sin = tl.split(tl.reshape(tl.load(sin_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
-    if NORM and CHANNEL_SUMS:  # RMS over the whole row: the heads' squares added per channel, one reduction
-        channels = tl.full([BLOCK_R, BLOCK_D], 0.0, tl.float32)  # not tl.zeros: a JITFunction, as tl.sum (legacy)
-        for h in range(0, H):
-            x = tl.load(x_at + h * x_sh, mask=mask, other=0.0).to(tl.float32)
-            channels += x * x
-        squares = tl.reduce(channels, 1, tl.standard._sum_combine)  # tl.sum: see the legacy kernel
-    elif NORM:  # RMS over the whole row (every head), in fp32; see the module doc for the order of the sum
+    if NORM:  # RMS over the whole row (every head), in fp32; see the module doc for the order of the sum
         squares = tl.full([BLOCK_R], 0.0, tl.float32)  # not tl.zeros: a JITFunction, as tl.sum (legacy kernel)
         for h in range(0, H):
             x = tl.load(x_at + h * x_sh, mask=mask, other=0.0).to(tl.float32)
@@ -533,7 +520,7 @@ def _launch(x4, weight, eps, cos, sin, norm, config):
         *x4.stride(), *cos.stride(), *sin.stride(),
         D=d, BLOCK_D=block_d, HEADS=heads, BLOCK_R=block_r, NORM=norm, **flags,
         INDEX=_index(config, (x4, cos, sin, out), block_r, h, block_d) if norm else tl.int64,
-        CHANNEL_SUMS=norm and config.row_sum == "channel_sums",
+
         num_warps=config.num_warps, enable_fp_fusion=False,
     )  # fmt: skip
     return out

@@ -23,8 +23,8 @@ DTYPES = [torch.bfloat16, torch.float32, torch.float16]
 # affine norm
 ULP32 = torch.finfo(torch.float32).eps  # 2^-23
 FORMS = ["modulate", "affine", "residual_modulate", "residual_modulate_per_token", "residual_affine"]
-# the three ways of forming the row statistics; the chunked kernel in 32-channel pieces, so odd C ends in a partial one
-LAUNCHES = {"moments3": LaunchConfig(), "moments2": LaunchConfig(moments=2), "chunked": LaunchConfig(chunk=32)}
+# the two kernels; the chunked one in 32-channel pieces, so odd C ends in a partial one
+LAUNCHES = {"whole_row": LaunchConfig(), "chunked": LaunchConfig(chunk=32)}
 
 
 def _inputs(rng, shape, dtype, form):
@@ -51,7 +51,7 @@ def _errors(got: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("launch", ["moments3", "moments2", "chunked"])
+@pytest.mark.parametrize("launch", list(LAUNCHES))
 def test_layernorm_modulate_kernel_error_bound_against_float64(rng, shape, dtype, form, launch):
     """Contract `reduction`: error vs the float64 chain at most 2x torch's own, plus 2 fp32 ulps (of the output
     scale for max-abs; relative for L2: it matters only where torch's own fp32 error is zero by luck, one short
@@ -105,12 +105,12 @@ def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(
 
 
 def _interpreter_distinct() -> list[str]:
-    """One candidate per (rows, row_vectors, moments, persistent or not): the interpreter ignores num_warps and
+    """One candidate per (rows, row_vectors, persistent or not, chunk): the interpreter ignores num_warps and
     num_stages, so launches differing only there run the same program on the CPU (their GPU trees are the H200
     benchmark's business). Persistent launches run 2 programs there, each looping over several tiles."""
 
     def key(launch: LaunchConfig) -> tuple:
-        return launch.rows, launch.row_vectors, launch.moments, launch.per_sm is not None, launch.chunk
+        return launch.rows, launch.row_vectors, launch.per_sm is not None, launch.chunk
 
     seen: dict[tuple, str] = {key(DEFAULT): "default"}
     for name, launch in CANDIDATES.items():
@@ -121,8 +121,8 @@ def _interpreter_distinct() -> list[str]:
 @pytest.mark.parametrize("name", _interpreter_distinct())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_layernorm_modulate_kernel_every_launch_is_bit_equal_to_default(rng, name, dtype):
-    """Bit-equal to the default launch with the same `moments` (another number of sweeps is another sum)."""
-    base = LaunchConfig(moments=CANDIDATES[name].moments, chunk=CANDIDATES[name].chunk)
+    """Bit-equal to the plain launch of the same kernel (the chunked one sums in another order)."""
+    base = LaunchConfig(chunk=CANDIDATES[name].chunk)
     # odd C, 26 rows: a partial last tile for every rows per program; the default under the interpreter takes all
     # (1, 26, 37): one batch with (1, 1, C) scale/shift, the row-vector loads (`LaunchConfig.row_vectors`)
     for shape, form in (((2, 13, 37), "modulate"), ((2, 13, 37), "affine"), ((2, 13, 37), "residual_modulate_per_token"),
@@ -143,11 +143,10 @@ def test_layernorm_modulate_kernel_bad_launch_config_raises():
     for bad, message in (
         ({"rows": 3}, r"LaunchConfig.rows: 3"),
         ({"num_warps": 3}, r"LaunchConfig.num_warps: 3"),
-        ({"moments": 1}, r"LaunchConfig.moments: 1; allowed: 2, 3"),
         ({"per_sm": 0}, r"LaunchConfig.per_sm: 0; expected None or an int >= 1"),
         ({"num_stages": 5}, r"LaunchConfig.num_stages: 5; allowed: 1, 2, 3, 4"),
         ({"chunk": 24}, r"LaunchConfig.chunk: 24; expected None or a power of two >= 16"),
-        ({"chunk": 512, "per_sm": 4}, r"LaunchConfig.chunk: the chunked kernel takes neither per_sm nor moments=2"),
+        ({"chunk": 512, "per_sm": 4}, r"LaunchConfig.chunk: the chunked kernel has no persistent launch \(per_sm\)"),
     ):
         with pytest.raises(ValueError, match=message):
             LaunchConfig(**bad)

@@ -79,7 +79,7 @@ def test_rope_only_float64_tables_round_through_float32(rng):
 
 # the candidates added for qk_norm_rope's own options are left out: rope_only ignores those options, and under the
 # interpreter a launch's rows and warps do not change what runs (pointwise_tile)
-_NORM_ONLY = ("tile", "row_sum", "bf16_cast", "index")
+_NORM_ONLY = ("tile", "bf16_cast", "index")
 TILED = {
     name: c
     for name, c in CANDIDATES.items()
@@ -137,14 +137,13 @@ def test_rope_only_every_tiled_kernel_launch_is_bit_equal(rng, name, freqs_dtype
 
 def test_kernel_launch_configs_default_and_bad_values():
     assert DEFAULT.kernel == "tiled" and LEGACY.kernel == "legacy" and CANDIDATES["legacy"] is LEGACY
-    assert [getattr(DEFAULT, f) for f in _NORM_ONLY] == ["head", "head_sums", "integer", "int64"]
+    assert [getattr(DEFAULT, f) for f in _NORM_ONLY] == ["head", "integer", "int64"]
     for bad, message in (
         ({"kernel": "fast"}, r"LaunchConfig.kernel: 'fast'"),
         ({"rows": 12}, r"LaunchConfig.rows: 12"),
         ({"heads": 0}, r"LaunchConfig.heads: 0"),
         ({"num_warps": 3}, r"LaunchConfig.num_warps: 3"),
         ({"tile": "rows"}, r"LaunchConfig.tile: 'rows'; allowed: \['head', 'row'\]"),
-        ({"row_sum": "pairs"}, r"LaunchConfig.row_sum: 'pairs'; allowed: \['head_sums', 'channel_sums'\]"),
         ({"bf16_cast": "fast"}, r"LaunchConfig.bf16_cast: 'fast'; allowed: \['integer', 'native'\]"),
         ({"index": "int32"}, r"LaunchConfig.index: 'int32'; allowed: \['int64', 'auto'\]"),
         ({"per_sm": 0}, r"LaunchConfig.per_sm: 0; expected None or an int >= 1"),
@@ -211,7 +210,7 @@ def _x3_view(rng, shape, dtype, layout):
 @pytest.mark.parametrize("x_dtype", X_DTYPES)
 @pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
 def test_qk_norm_rope_every_kernel_launch_meets_error_bound(rng, name, x_dtype, freqs_dtype):
-    """Every launch in CANDIDATES (row tile, channel sums, int32 offsets; the native bf16 cast runs the integer
+    """Every launch in CANDIDATES (row tile, int32 offsets, persistent; the native bf16 cast runs the integer
     path here, module doc) on odd head dims and head counts (padded in the tiles), strided x, shared and
     per-head tables."""
     cases = [  # (B, T, H, D), x layout, per-head tables
@@ -256,7 +255,7 @@ def test_qk_norm_rope_kernel_row_tile_too_wide_raises(rng):
         qk_norm_rope(x, torch.ones(heads * d), 1e-6, cos, cos, heads, wide)
 
 
-@pytest.mark.parametrize("config", [DEFAULT, CANDIDATES["norm_channel_sums"], CANDIDATES["norm_row_r1_w1"]])
+@pytest.mark.parametrize("config", [DEFAULT, CANDIDATES["norm_native_i32"], CANDIDATES["norm_row_r1_w1"]])
 def test_qk_norm_rope_handles_a_full_wan_row_width(rng, config):
     # Wan2.1-1.3B hidden width (12 x 128) in one program (the row tile pads it to 16 heads), a handful of tokens
     shape = (1, 5, 12, 128)
