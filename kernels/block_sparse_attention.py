@@ -347,21 +347,20 @@ def _block_means_qkv(
     tokens = blk * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
     toff = tokens.to(tl.int64)[:, None]
     d = tl.arange(0, D).to(tl.int64)
-    # the three tiles' loads issued together, not one per branch: then their latencies overlap instead of adding up
-    # (past Tq or Tk every token of a block index is masked: blk >= QB means blk * BLOCK >= Tq)
-    q_ok = (tokens < TQ)[:, None]
-    key_ok = (tokens < TK)[:, None]
-    xq = tl.load(q_ptr + b * q_sb + h * q_sh + toff * q_st + d[None, :] * q_sd, mask=q_ok, other=0.0)  # (BLOCK, D)
-    xk = tl.load(k_ptr + b * k_sb + h * k_sh + toff * k_st + d[None, :] * k_sd, mask=key_ok, other=0.0)
-    xv = tl.load(v_ptr + b * v_sb + h * v_sh + toff * v_st + d[None, :] * v_sd, mask=key_ok, other=0.0)
     if blk < QB:
         n = tl.minimum(TQ - blk * BLOCK, BLOCK).to(tl.float32)
-        mean = tl.fdiv(tl.reduce(xq.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)  # (D,)
+        x = tl.load(
+            q_ptr + b * q_sb + h * q_sh + toff * q_st + d[None, :] * q_sd, mask=(tokens < TQ)[:, None], other=0.0
+        )  # (BLOCK, D)
+        mean = tl.fdiv(tl.reduce(x.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)  # (D,)
         tl.store(qm_ptr + (bh.to(tl.int64) * QB + blk) * D + d, mean)
     if blk < KB:
         n = tl.minimum(TK - blk * BLOCK, BLOCK).to(tl.float32)
-        k_mean = tl.fdiv(tl.reduce(xk.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)
-        v_mean = tl.fdiv(tl.reduce(xv.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)
+        key_ok = (tokens < TK)[:, None]
+        x = tl.load(k_ptr + b * k_sb + h * k_sh + toff * k_st + d[None, :] * k_sd, mask=key_ok, other=0.0)
+        k_mean = tl.fdiv(tl.reduce(x.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)
+        x = tl.load(v_ptr + b * v_sb + h * v_sh + toff * v_st + d[None, :] * v_sd, mask=key_ok, other=0.0)
+        v_mean = tl.fdiv(tl.reduce(x.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)
         out = (bh.to(tl.int64) * KB + blk) * D + d
         tl.store(km_ptr + out, k_mean)
         if SPLIT:
