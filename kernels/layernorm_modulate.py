@@ -58,7 +58,8 @@ bandwidth; a device copy of the same bytes took 54 us (201 MB) and 101 us (402 M
 - with the residual add (before norm3; twice the bytes): 110 / 163 us = 88 / 59 %; best 106 / 158 us.
 - the chunked kernel (`chunk=512`, runs 5-6, one H200; these kernels' times moved by up to 2x between runs on one
   machine while the same-bytes copy did not, so compare within a run): modulated 75 us against DEFAULT's 92 (65 %);
-  affine 73 us against 86 (66 %); with the residual 117 us, tied with DEFAULT (82 %; 59-91 % across runs 3-6).
+  affine 73 us against 86 (66 %); with the residual 117 us, tied with DEFAULT (82 %). The fastest launch of each run
+  3-6: modulated 39-65 %, affine 27-66 %, with the residual 38-91 %.
 So no launch reliably reaches 80 % of copy bandwidth at C = 1536: the row statistics' dependent reductions and the
 SM clock bound these kernels, not the bytes (a 3 s warm-up before timing, run 6, made every kernel slower and the
 copy no faster; it was dropped). DEFAULT stays the launch the exact-fast forward was measured with; the chunked one
