@@ -56,24 +56,6 @@ def pointwise_tile(rows: int, cols: int, block_r: int, block_c: int) -> tuple[in
     return block_r, block_c
 
 
-def check_persistent(per_sm: object, num_stages: object) -> None:
-    """A LaunchConfig's persistent-launch fields (`per_sm`, `num_stages`); ValueError naming the bad one."""
-    if per_sm is not None and (isinstance(per_sm, bool) or not isinstance(per_sm, int) or per_sm < 1):
-        raise ValueError(f"LaunchConfig.per_sm: {per_sm!r}; expected None or an int >= 1")
-    if num_stages not in (1, 2, 3, 4):
-        raise ValueError(f"LaunchConfig.num_stages: {num_stages!r}; allowed: 1, 2, 3, 4")
-
-
-def persistent_programs(tiles: int, per_sm: int | None, device: torch.device) -> int:
-    """Grid size of a kernel looping over `tiles` row tiles (grid stride): one program per tile, or at most
-    `per_sm` programs per streaming multiprocessor (2 multiprocessors counted under the interpreter, so the loop
-    runs more than once there)."""
-    if per_sm is None:
-        return tiles
-    sms = 2 if interpreting() else torch.cuda.get_device_properties(device).multi_processor_count
-    return min(tiles, per_sm * sms)
-
-
 def check_runtime(kernel: str, *tensors: torch.Tensor) -> None:
     """All tensors on one device, and a way to run Triton there; RuntimeError naming what is missing."""
     devices = {t.device for t in tensors}

@@ -83,11 +83,9 @@ from workbench.kernels._runtime import (
     LazyKernel,
     broadcast_rows,
     check_float,
-    check_persistent,
     check_runtime,
     dtype_size,
     interpreting,
-    persistent_programs,
 )
 
 MAX_C = 16384  # one row of fp32 values per program, in registers
@@ -121,7 +119,12 @@ class LaunchConfig:
             raise ValueError(f"LaunchConfig.chunk: {self.chunk!r}; expected None or a power of two >= 16")
         if self.chunk is not None and self.per_sm is not None:
             raise ValueError("LaunchConfig.chunk: the chunked kernel has no persistent launch (per_sm)")
-        check_persistent(self.per_sm, self.num_stages)
+        if self.per_sm is not None and (
+            isinstance(self.per_sm, bool) or not isinstance(self.per_sm, int) or self.per_sm < 1
+        ):
+            raise ValueError(f"LaunchConfig.per_sm: {self.per_sm!r}; expected None or an int >= 1")
+        if self.num_stages not in (1, 2, 3, 4):
+            raise ValueError(f"LaunchConfig.num_stages: {self.num_stages!r}; allowed: 1, 2, 3, 4")
         if self.rows is not None and (not isinstance(self.rows, int) or self.rows < 1 or self.rows & (self.rows - 1)):
             raise ValueError(f"LaunchConfig.rows: {self.rows!r}; expected None or a power of two >= 1")
         if self.num_warps not in (None, 1, 2, 4, 8, 16):
@@ -517,7 +520,10 @@ def _launch(x, residual, eps, weight, bias, scale, shift, out_dtype, config):
             num_warps=warps, enable_fp_fusion=False,
         )  # fmt: skip
         return out, summed
-    tiles = persistent_programs(triton.cdiv(b * t, block_r), config.per_sm, x.device)
+    tiles = triton.cdiv(b * t, block_r)
+    if config.per_sm is not None:
+        sms = 2 if interpreting() else torch.cuda.get_device_properties(x.device).multi_processor_count
+        tiles = min(tiles, config.per_sm * sms)
     _KERNEL[(tiles,)](
         x, r, w, bb, sc, sh, out, out if summed is None else summed,
         b * t, t, c, eps,

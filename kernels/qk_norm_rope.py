@@ -93,16 +93,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import (
-    LazyKernel,
-    check_float,
-    check_persistent,
-    check_runtime,
-    dtype_size,
-    interpreting,
-    persistent_programs,
-    pointwise_tile,
-)
+from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size, interpreting, pointwise_tile
 
 X_DTYPES = (torch.bfloat16, torch.float32)
 FREQ_DTYPES = (torch.float32, torch.float64)
@@ -142,7 +133,12 @@ class LaunchConfig:
     num_stages: int = 1
 
     def __post_init__(self) -> None:
-        check_persistent(self.per_sm, self.num_stages)
+        if self.per_sm is not None and (
+            isinstance(self.per_sm, bool) or not isinstance(self.per_sm, int) or self.per_sm < 1
+        ):
+            raise ValueError(f"LaunchConfig.per_sm: {self.per_sm!r}; expected None or an int >= 1")
+        if self.num_stages not in (1, 2, 3, 4):
+            raise ValueError(f"LaunchConfig.num_stages: {self.num_stages!r}; allowed: 1, 2, 3, 4")
         choices = {"kernel": KERNELS, "tile": TILES, "bf16_cast": BF16_CASTS, "index": INDEXES}
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -504,7 +500,10 @@ def _launch(x4, weight, eps, cos, sin, norm, config):
     if norm and config.tile == "row":
         block_h = triton.next_power_of_2(h)
         block_r, _ = pointwise_tile(b * t, block_h * block_d, config.rows, block_h * block_d)
-        tiles = persistent_programs(triton.cdiv(b * t, block_r), config.per_sm, x4.device)
+        tiles = triton.cdiv(b * t, block_r)
+        if config.per_sm is not None:
+            sms = 2 if interpreting() else torch.cuda.get_device_properties(x4.device).multi_processor_count
+            tiles = min(tiles, config.per_sm * sms)
         _ROW[(tiles,)](
             x4, weight, cos, sin, out, b * t, t, h, float(eps),
             *x4.stride(), *cos.stride(), *sin.stride(),
