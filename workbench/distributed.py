@@ -239,6 +239,7 @@ def _worker(spec_path: Path) -> None:
             temporary = Path(spec["out"] + ".tmp")
             temporary.write_bytes(pickle.dumps(results))
             temporary.rename(spec["out"])
+        dist.barrier()  # no rank tears its connections down while another still uses them
     finally:
         finish_worker()
 

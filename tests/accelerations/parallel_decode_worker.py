@@ -18,9 +18,15 @@ LATENTS = (1, 16, 2, 11, 7)  # (B, C, T, H, W): odd height and width, two latent
 OVERLAP = 3
 
 
+def mark(stage: str) -> None:
+    """A line on stderr per stage, so that a worker that dies shows in the test's message how far it got."""
+    print(f"parallel_decode_worker rank {dist.get_rank()}: {stage}", file=sys.stderr, flush=True)
+
+
 def main(out: Path, seed: int) -> None:
     init_worker("cpu", timeout_s=120)
     try:
+        mark("started")
         session = Session.open("tiny-wan", device="cpu", seed=0)
         vae = session.model.pipeline.vae
         z = torch.randn(*LATENTS, generator=torch.Generator().manual_seed(seed))  # the same on every rank
@@ -34,6 +40,7 @@ def main(out: Path, seed: int) -> None:
             parallel = vae.decode(z).sample
             parallel_tuple = vae.decode(z, return_dict=False)[0]
         report = handle.report()
+        mark("decoded in bands")
         session.accelerate({})
         restored = "_decode" not in vae.__dict__ and not vae.use_tiling
         tiling = band_tiling(vae, LATENTS[3], LATENTS[4], dist.get_world_size(), OVERLAP)
@@ -46,6 +53,7 @@ def main(out: Path, seed: int) -> None:
         dist.all_gather(others, parallel.contiguous())
         reports = [None] * dist.get_world_size()
         dist.all_gather_object(reports, report)
+        mark("gathered")
         if dist.get_rank() == 0:
             record = {
                 "bitwise_equal_one_process_tiled": bool(torch.equal(parallel, tiled)),
@@ -61,6 +69,9 @@ def main(out: Path, seed: int) -> None:
             temporary = out.with_suffix(".tmp")
             temporary.write_text(json.dumps(record))
             temporary.rename(out)
+            mark("wrote the record")
+        dist.barrier()  # no rank tears its gloo connections down while another still uses them
+        mark("done")
     finally:
         finish_worker()
 

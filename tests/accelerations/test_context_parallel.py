@@ -199,7 +199,8 @@ def test_context_parallel_parallel_decode_two_gloo_processes_bitwise_equal_one_p
     done = launch(
         2, "tests.accelerations.parallel_decode_worker", [str(out), str(seed)], env, timeout=300, capture=True
     )
-    assert done.returncode == 0 and out.is_file(), (done.stderr or "")[-3000:]
+    stages = [line for line in (done.stderr or "").splitlines() if line.startswith("parallel_decode_worker rank")]
+    assert done.returncode == 0 and out.is_file(), f"seed {seed}, stages {stages}\n" + (done.stderr or "")[-3000:]
     record = json.loads(out.read_text())
     print(f"seed {seed}: max |bands - untiled| = {record['max_abs_vs_untiled']:.3e}, tiling {record['tiling']}")
     assert record["bitwise_equal_one_process_tiled"] is True, f"seed {seed}"
