@@ -32,6 +32,9 @@ and against its own warm-up output (run-to-run), peak memory; `exact_fast` is al
 against the arm with the same attention setting (`cudnn` on the GPU, `stock` on the CPU): fused_block_ops is a
 rounding contract, so bit-equal is required there (`rounding_contract`).
 `--flash4`: adds `flash4` (attention through FlashAttention-4) and `exact_fast+flash4`.
+`--stacks`: adds `norms` (fused_block_norms: fused_block_ops' glue plus the q/k RMSNorm + rotary as one kernel each),
+`block_sparse+norms`, `fp8` (selective_fp8 on the six Linears of every block: torchao row-wise dynamic FP8) and
+`block_sparse+norms+fp8`; with `--flash4` also `norms+flash4`.
 `--profile`: after the rounds, one torch.profiler forward per arm, its kernel time split into attention, GEMM and
 the rest with the top kernels (benchmarks/common.py's `kernel_split`).
 Every arm records its error instead of stopping the run; the JSON is written to $OUT after every phase.
@@ -75,6 +78,11 @@ from workbench.models.loaded import LoadedModel
 from workbench.profiles import profile
 
 NAME = "h3-full-forward"
+# selective_fp8's selection for --stacks: q, k, v, out and both FFN projections of every transformer block
+FP8_BLOCK_LINEARS = [
+    f"transformer_blocks.*.{path}"
+    for path in ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
+]
 START = time.perf_counter()
 # text rows, latent frames, latent height, latent width (pixels / 16), audio latents per channel
 FULL = {"text": 512, "latent_frames": 72, "latent_height": 46, "latent_width": 62, "audio_latents": 400}
@@ -258,6 +266,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="after the rounds, one profiled forward per arm")
     parser.add_argument("--flash4", action="store_true", help="add arms with attention through FlashAttention-4")
+    parser.add_argument("--stacks", action="store_true", help="add the fused-norms, block_sparse and FP8 stacks")
     parser.add_argument("--arms", default="", help="comma-separated subset of the arms (stock always runs)")
     args = parser.parse_args()
 
@@ -333,6 +342,15 @@ def main() -> None:
         chosen = arm(arms, "calibration", calibrate)
         if chosen is not None:
             bench.configs["block_sparse"] = {"block_sparse": {"tau": chosen["tau"]}}
+    if args.stacks:
+        norms, fp8 = {"fused_block_norms": {}}, {"selective_fp8": {"include": FP8_BLOCK_LINEARS}}
+        bench.configs["norms"] = norms
+        if args.flash4:
+            bench.configs["norms+flash4"] = {**norms, "flash4_attention": {}}
+        bench.configs["fp8"] = fp8
+        if "block_sparse" in bench.configs:
+            bench.configs["block_sparse+norms"] = {**bench.configs["block_sparse"], **norms}
+            bench.configs["block_sparse+norms+fp8"] = {**bench.configs["block_sparse"], **norms, **fp8}
     if wanted is not None:
         for name in set(bench.configs) - wanted:
             del bench.configs[name]

@@ -1,4 +1,4 @@
-"""fused_block_norms on Wan (contract: reduction): the fused block's norms sum their row statistics in another order
+"""fused_block_norms on Wan and MiniMax-H3 (contract: reduction): the fused block's norms sum their row statistics in another order
 than torch's, so it is compared with a float64 run of the stock block, next to the stock block's own error, under
 the Triton CPU interpreter (on a GPU unverified until measured there)."""
 
@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from test_block_sparse_families import _h3_d128
 from test_fused_block_ops import _block, _inputs
 
 from workbench import Request, Session
@@ -142,7 +143,82 @@ def test_fused_block_norms_on_cpu_without_interpreter_is_runtime_error(monkeypat
 
 
 def test_fused_block_norms_refuses_other_families_and_options(interpreter, sessions):
-    with pytest.raises(RuntimeError, match=r"fused_block_norms: supports families \('wan',\), not 'ltx2'"):
+    with pytest.raises(RuntimeError, match=r"fused_block_norms: supports families \('wan', 'h3'\), not 'ltx2'"):
         sessions("tiny-ltx2").accelerate({"fused_block_norms": {}})
     with pytest.raises(ValueError, match=r"fused_block_norms: unknown option\(s\) \['rope'\]; allowed: \[\]"):
         sessions("tiny-wan").accelerate({"fused_block_norms": {"rope": "on"}})
+
+
+# ---------------------------------------------------------------- MiniMax-H3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_block_norms_h3_request_close_to_stock_and_uninstall_restores(interpreter, rng, dtype):
+    session = Session.open("tiny-h3", device="cpu", dtype=dtype)
+    seed = int(rng.integers(2**20))
+    request = Request("a red circle moves left, low hum", seed=seed, steps=3)
+    dense = session.generate(request, progress=False)
+    before = fingerprint(session.model.pipeline.transformer)
+    session.accelerate({"fused_block_norms": {}})
+    try:
+        result = session.generate(request, progress=False)
+    finally:
+        session.accelerate({})
+    assert fingerprint(session.model.pipeline.transformer) == before, "uninstall did not restore the model"
+    attention = session.model.pipeline.transformer.transformer_blocks[0].attn
+    assert "forward" not in attention.norm_q.__dict__ and "forward" not in attention.norm_k.__dict__
+    again = session.generate(request, progress=False)
+    assert torch.equal(again.latents, dense.latents) and np.array_equal(again.audio, dense.audio), f"seed {seed}"
+    got, want = result.latents.double(), dense.latents.double()
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel <= REQUEST_REL_L2[dtype], f"seed {seed}: latents rel L2 {rel:.3e} > {REQUEST_REL_L2[dtype]}"
+    receipt = result.receipts["fused_block_norms"]
+    assert receipt["executed"] and receipt["fallbacks"] == {} and result.exact
+    # tiny-h3: 2 blocks x 2 transformer calls (3 steps); q and k each; two modulations and two gated residuals
+    assert receipt["blocks_fused"] == 4 and receipt["qk_norm_rope_calls"] == 8
+    assert receipt["adaln_modulate_calls"] == 8 and receipt["gated_residual_calls"] == 8
+
+
+def test_fused_block_norms_h3_stacks_with_block_sparse(interpreter):
+    # the block hands the rotary tables to the norms and calls attention without them: block_sparse's router,
+    # which wraps the processor, still routes every call; all exact (tau -1e9), the pair stays near dense
+    session = Session(_h3_d128(32, 64), torch.device("cpu"), torch.float32, 0.0)
+    request = Request("a red circle moves left, low hum", seed=4)
+    dense = session.generate(request, progress=False)
+    session.accelerate({"fused_block_norms": {}, "block_sparse": {"tau": -1e9}})
+    try:
+        result = session.generate(request, progress=False)
+    finally:
+        session.accelerate({})
+    sparse, fused = result.receipts["block_sparse"], result.receipts["fused_block_norms"]
+    assert sparse["sparse_calls"] == 2 and sparse["notes"]["mean_density"] == 1.0, sparse
+    assert fused["qk_norm_rope_calls"] == 4 and fused["fallbacks"] == {}, fused
+    err = (result.latents - dense.latents).abs().max().item()
+    assert err < 1e-3, f"fused norms + all-exact block_sparse move H3's latents by {err}"
+
+
+def test_fused_block_norms_h3_processor_skipping_the_norms_reruns_stock(interpreter, rng):
+    # a processor that never calls norm_q / norm_k would lose the rotary: the call is redone the stock way
+    from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnProcessor
+
+    def skip_norms(attn, hidden_states, rotary_emb=None, attention_mask=None):
+        return attn.to_out[0](attn.to_v(hidden_states)) + (0 if rotary_emb is None else rotary_emb[0].sum())
+
+    session = Session.open("tiny-h3", device="cpu", dtype="float32")
+    request = Request("a red circle moves left, low hum", seed=int(rng.integers(2**20)), steps=2)
+    blocks = session.model.pipeline.transformer.transformer_blocks
+    for block in blocks:
+        block.attn.set_processor(skip_norms)
+    try:
+        stock = session.generate(request, progress=False)
+        session.accelerate({"fused_block_norms": {}})
+        try:
+            result = session.generate(request, progress=False)
+        finally:
+            session.accelerate({})
+    finally:
+        for block in blocks:
+            block.attn.set_processor(MiniMaxH3AttnProcessor())
+    assert torch.equal(result.latents, stock.latents)
+    reason = "attention processor did not call norm_q and norm_k once each"
+    assert result.receipts["fused_block_norms"]["fallbacks"] == {reason: 2}

@@ -261,7 +261,7 @@ def test_fused_block_ops_h3_block_rounding_equal_stock(interpreter, rng, dtype, 
         receipt = Receipt(("adaln_modulate_calls",))
         with torch.no_grad():
             want = block(*args, **kwargs)
-            got = _fused_h3.forward_for(block, receipt, {}, {})(*args, **kwargs)
+            got = _fused_h3.forward_for(block, receipt, {})(*args, **kwargs)
         assert got.dtype == want.dtype == dtype
         assert torch.equal(got, want), f"seed {seed}: {(got != want).sum()} of {got.numel()} elements differ"
         assert receipt.counters["adaln_modulate_calls"] == 2 and receipt.counters["gated_residual_calls"] == 2
@@ -277,7 +277,7 @@ def test_fused_block_ops_h3_out_of_range_index_runs_stock_and_raises_as_stock(in
     bad[-1] = 3 * temb.shape[0]  # one past the table
     receipt = Receipt(("adaln_modulate_calls",))
     with torch.no_grad(), pytest.raises(IndexError):
-        _fused_h3.forward_for(block, receipt, {}, {})(hidden, temb, bad, rotary)
+        _fused_h3.forward_for(block, receipt, {})(hidden, temb, bad, rotary)
     assert receipt.fallbacks == {"adaln_indices out of range of the modulation table": 1}
 
 

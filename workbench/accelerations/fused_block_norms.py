@@ -1,4 +1,4 @@
-"""Wan's block norms, residual adds and AdaLN glue as a few Triton kernels (contract: reduction).
+"""Block norms, residual adds and AdaLN glue as a few Triton kernels (contract: reduction). Wan and MiniMax-H3.
 
 On an H200 a Wan2.1-1.3B forward spends ~45 ms of ~535 ms in pointwise glue even with `fused_block_ops`: torch's
 fp32 LayerNorms, the bf16 -> fp32 copies around them, the modulations, casts and residual adds, and torch's q/k
@@ -23,12 +23,19 @@ tiny-wan request stays within a stated relative-L2 of the stock request. H200, W
 gelu_epilogue one forward ran 1.22-1.23x stock with output relative L2 4.9e-3 against stock (without the GELU
 epilogue 1.207x, 4.8e-3); the glue outside attention and GEMM fell from 63 ms to 28 ms per forward.
 
+MiniMax-H3 (`MiniMaxH3TransformerBlock`): fused_block_ops' H3 forward (in-dtype modulation and gated residuals with
+the per-row AdaLN index, torch's rounding; _fused_h3.py) plus the attention's q/k RMSNorm + rotate-half rotary as one
+`head_norm_rope` kernel each (`_fused_h3.QKNormRope`), in place of two RMSNorm launches, eight concatenation copies
+and the pointwise passes of the rotary per block (~0.9 s of the 33.1B model's 11 s forward on an H200). Its norms'
+sums of squares are summed in another order than torch's (kernels/head_norm_rope.py): `reduction` as for Wan.
+
 Fail closed: on CPU the kernels need `TRITON_INTERPRET=1` (RuntimeError at prepare); a block whose forward another
 plugin replaced (e.g. fused_block_ops, which also touches `blocks.forward`) is refused. A call the kernels cannot
 take (grad mode, another dtype or shape, replaced or hooked norms, another attn1 processor) runs the stock code for
 that piece and is counted under `fallbacks` with its reason.
 Receipts: `blocks_fused`, `layernorm_modulate_calls`, `qk_norm_rope_calls`, `gated_residual_calls` (and
-`rope_calls` when q/k fall back to torch's RMSNorm and the rotary kernel). No options.
+`rope_calls` when q/k fall back to torch's RMSNorm and the rotary kernel); H3 also `adaln_modulate_calls`.
+No options.
 """
 
 from __future__ import annotations
@@ -37,11 +44,12 @@ from typing import Any
 
 import torch
 
+from workbench.accelerations import _fused_h3
 from workbench.accelerations._fused_ops import block_classes, replaceable_blocks
 from workbench.accelerations.base import Handle, Spec
 
 NAME = "fused_block_norms"
-BLOCKS = ("WanTransformerBlock",)
+BLOCKS = ("WanTransformerBlock", "MiniMaxH3TransformerBlock")
 PROOF = ("layernorm_modulate_calls", "qk_norm_rope_calls", "gated_residual_calls")
 
 
@@ -140,28 +148,48 @@ class _Installed(Handle):
     def __init__(self, spec: Spec, options: dict[str, Any], blocks: list[torch.nn.Module], device: torch.device):
         super().__init__(spec, options, proof=PROOF)
         # counted from inside a block a user may torch.compile: fixed keys count as tensors there (Receipt)
-        self.receipt.traceable(device, counters=(*PROOF, "blocks_fused", "rope_calls"))
+        self.receipt.traceable(device, counters=(*PROOF, "blocks_fused", "rope_calls", "adaln_modulate_calls"))
         self.blocks = blocks
+        self.checked: dict = {}  # H3: the last AdaLN index checked (shared by the blocks, cleared per request)
+        self.qk_norms: list[_fused_h3.QKNormRope] = []
         for block in blocks:
-            block.forward = forward_for(block, self.receipt)
+            if type(block).__name__ == "MiniMaxH3TransformerBlock":
+                self.qk_norms.append(_fused_h3.QKNormRope(block.attn, self.receipt))
+                block.forward = _fused_h3.forward_for(block, self.receipt, self.checked, self.qk_norms[-1])
+            else:
+                block.forward = forward_for(block, self.receipt)
+
+    def begin_request(self, request_id: int, steps: int) -> None:
+        super().begin_request(request_id, steps)
+        self.checked.clear()
+
+    def end_request(self, request_id: int) -> None:
+        self.checked.clear()
 
     def _remove(self) -> None:
+        self.checked.clear()
+        for qk in self.qk_norms:
+            qk.remove()
         for block in self.blocks:
             del block.forward
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     blocks = replaceable_blocks(NAME, model, block_classes(NAME, model, BLOCKS), device)
+    for block in blocks:
+        reason = _fused_h3.qk_norms_reason(block) if type(block).__name__ == "MiniMaxH3TransformerBlock" else None
+        if reason is not None:
+            raise RuntimeError(f"{NAME}: a MiniMaxH3TransformerBlock's {reason}; another plugin changed it?")
     return lambda: _Installed(SPEC, options, blocks, device)
 
 
 SPEC = Spec(
     name=NAME,
     contract="reduction",
-    summary="Wan block LayerNorms (+ residual add, modulation), q/k RMSNorm + rotary and gated residuals as Triton kernels",
+    summary="block norms (+ residual add, modulation), q/k RMSNorm + rotary and gated residuals as Triton kernels",
     prepare_fn=_prepare,
-    families=("wan",),
-    touches=("blocks.forward",),
+    families=("wan", "h3"),
+    touches=("blocks.forward", "attention.qk_norms"),
     order=40,
 )
 SPECS = (SPEC,)

@@ -52,7 +52,7 @@ def _builders(options: dict[str, Any], shared: dict) -> dict[str, Any]:
     return {
         "WanTransformerBlock": lambda block, receipt: _fused_wan.forward_for(block, receipt, options),
         "LTX2VideoTransformerBlock": lambda block, receipt: _fused_ltx2.forward_for(block, receipt, options),
-        "MiniMaxH3TransformerBlock": lambda block, receipt: _fused_h3.forward_for(block, receipt, options, shared),
+        "MiniMaxH3TransformerBlock": lambda block, receipt: _fused_h3.forward_for(block, receipt, shared),
     }
 
 
