@@ -33,8 +33,9 @@ against the arm with the same attention setting (`cudnn` on the GPU, `stock` on 
 rounding contract, so bit-equal is required there (`rounding_contract`).
 `--flash4`: adds `flash4` (attention through FlashAttention-4) and `exact_fast+flash4`.
 `--stacks`: adds `norms` (fused_block_norms: fused_block_ops' glue plus the q/k RMSNorm + rotary as one kernel each),
-`block_sparse+norms`, `fp8` (selective_fp8 on the six Linears of every block: torchao row-wise dynamic FP8) and
-`block_sparse+norms+fp8`; with `--flash4` also `norms+flash4`.
+`block_sparse+norms`, `fp8` (selective_fp8 on the six Linears of every block: torchao row-wise dynamic FP8, eager),
+`fp8c` (the same with `compile=True`: each quantized Linear compiled, the activation quantization fused),
+`block_sparse+norms+fp8` and `block_sparse+norms+fp8c`; with `--flash4` also `norms+flash4`.
 `--profile`: after the rounds, one torch.profiler forward per arm, its kernel time split into attention, GEMM and
 the rest with the top kernels (benchmarks/common.py's `kernel_split`).
 Every arm records its error instead of stopping the run; the JSON is written to $OUT after every phase.
@@ -347,10 +348,12 @@ def main() -> None:
         bench.configs["norms"] = norms
         if args.flash4:
             bench.configs["norms+flash4"] = {**norms, "flash4_attention": {}}
-        bench.configs["fp8"] = fp8
+        fp8c = {"selective_fp8": {"include": FP8_BLOCK_LINEARS, "compile": True}}
+        bench.configs["fp8"], bench.configs["fp8c"] = fp8, fp8c
         if "block_sparse" in bench.configs:
             bench.configs["block_sparse+norms"] = {**bench.configs["block_sparse"], **norms}
             bench.configs["block_sparse+norms+fp8"] = {**bench.configs["block_sparse"], **norms, **fp8}
+            bench.configs["block_sparse+norms+fp8c"] = {**bench.configs["block_sparse"], **norms, **fp8c}
     if wanted is not None:
         for name in set(bench.configs) - wanted:
             del bench.configs[name]

@@ -29,11 +29,16 @@ the row's scale, instead of being shuffled in registers.
 BF16 rounding is written out in integers (round to nearest even; NaN stays NaN), because the CPU interpreter's
 `.to(tl.bfloat16)` truncates (see kernels/qk_norm_rope.py, BF16_ROUNDING).
 
+Launch (`Launch`: head rows per program and warps; the result never depends on it except through the order of the
+sum of squares): DEFAULT is unmeasured until benchmarks/head_norm_rope_gpu.py times CANDIDATES on the H200.
+
 Shapes: x (B, T, H, D) in bfloat16 or float32, any strides; weight (D,) in x's dtype; cos, sin (T, r) float32
 with r even and <= D. Output: contiguous (B, T, H, D) in x's dtype.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -42,8 +47,27 @@ import triton.language as tl
 from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, interpreting
 
 DTYPES = (torch.bfloat16, torch.float32)
-BLOCK_ROWS = 16  # head rows per program on a GPU (unmeasured until the H200 run)
-NUM_WARPS = 4
+INTERPRET_ROWS = 64  # head rows per program under the interpreter (its cost is per program)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """`rows` head rows (b, t, h) per program, `num_warps` warps (a GPU launch; the interpreter takes
+    INTERPRET_ROWS rows and no warps)."""
+
+    rows: int = 16
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        if self.rows not in (1, 2, 4, 8, 16, 32, 64, 128) or self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(
+                f"head_norm_rope: Launch.rows must be a power of two <= 128 and num_warps one of 1, 2, 4, 8, 16; "
+                f"got {self.rows!r}, {self.num_warps!r}"
+            )
+
+
+DEFAULT = Launch()
+CANDIDATES = {f"r{r}_w{w}": Launch(r, w) for r, w in ((8, 4), (16, 4), (32, 4), (32, 8), (64, 8), (128, 8))}
 
 
 def _head_norm_rope(
@@ -133,17 +157,24 @@ def _check(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.
 
 
 def head_norm_rope(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    launch: Launch = DEFAULT,
 ) -> torch.Tensor:
     """`reference(x, weight, eps, cos, sin)` in one kernel (contract: reduction; module doc)."""
+    if not isinstance(launch, Launch):
+        raise ValueError(f"head_norm_rope: launch must be a Launch, got {type(launch).__name__}")
     _check(x, weight, cos, sin)
     check_runtime("head_norm_rope", x, weight, cos, sin)
     b, t, h, d = x.shape
     cos, sin = cos.to(x.dtype).float(), sin.to(x.dtype).float()  # torch rounds the tables to x's dtype first
     out = torch.empty((b, t, h, d), dtype=x.dtype, device=x.device)
     rows = b * t * h
-    block_r = min(BLOCK_ROWS if not interpreting() else 64, triton.next_power_of_2(max(rows, 1)))
-    tuning = {} if interpreting() else {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
+    block_r = min(INTERPRET_ROWS if interpreting() else launch.rows, triton.next_power_of_2(max(rows, 1)))
+    tuning = {} if interpreting() else {"num_warps": launch.num_warps, "enable_fp_fusion": False}
     _KERNEL[(triton.cdiv(rows, block_r),)](
         x, weight, cos, sin, out,
         rows, t, h, cos.shape[1], float(eps),

@@ -35,6 +35,7 @@ def session():
         ({"include": ["decoder.*"]}, r"selective_fp8.include: \['decoder.\*'\] .* matches no nn.Linear"),
         ({"include": FFN, "exclude": ["blocks.*"]}, r"selective_fp8.include: .* matches no nn.Linear"),
         ({"include": FFN, "allow_fallback": "yes"}, r"selective_fp8.allow_fallback: expected bool"),
+        ({"include": FFN, "compile": "yes"}, r"selective_fp8.compile: expected bool"),
     ],
 )
 def test_selective_fp8_bad_option_raises(session, options, message):
@@ -97,13 +98,21 @@ def test_selective_fp8_quantizes_and_restores_exactly(monkeypatch):
     assert fingerprint(transformer) == before
     assert all(module.weight is weights[name] for name, module in transformer.named_modules() if name in weights)
     assert all("extra_repr" not in module.__dict__ for module in transformer.modules())
+    # compile=True: each quantized Linear alone gets a compiled call (lazy: nothing compiles until a forward)
+    session.accelerate({"selective_fp8": {"include": FFN, "exclude": ["blocks.1.*"], "compile": True}})
+    compiled = {n for n, m in transformer.named_modules() if getattr(m, "_compiled_call_impl", None) is not None}
+    assert compiled == {"blocks.0.ffn.net.0.proj", "blocks.0.ffn.net.2"}
+    session.accelerate({})
+    assert all(getattr(m, "_compiled_call_impl", None) is None for m in transformer.modules())
+    assert fingerprint(transformer) == before
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs CUDA sm >= 8.9"
 )
-def test_selective_fp8_runs_fp8_gemms_on_gpu():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_selective_fp8_runs_fp8_gemms_on_gpu(compiled):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
     net = net.to("cuda", torch.bfloat16)
@@ -111,7 +120,7 @@ def test_selective_fp8_runs_fp8_gemms_on_gpu():
     x = torch.randn(4, 77, 256, device="cuda", dtype=torch.bfloat16)
     dense = net(x)
     before = fingerprint(net)
-    options = fp8.SPEC.validate({"include": ["0", "2"]})
+    options = fp8.SPEC.validate({"include": ["0", "2"], "compile": compiled})
     handle = fp8.SPEC.prepare(model, options, torch.device("cuda")).activate()
     try:
         out = net(x)

@@ -10,6 +10,16 @@ this plugin refuses them instead). Without those the plugin refuses with a Runti
 `receipt.fallbacks` under its reason. `fp8_gemms` counts calls of quantized Linears (forward pre-hooks),
 so a receipt with only fallbacks is not executed and the result stays exact.
 
+`compile=True` also runs `torch.compile` on each quantized Linear alone (torchao's intended use: `quantize_` then
+compile). Eagerly, torchao quantizes each activation in about six torch passes (abs, amax, divide, clamp, cast,
+copies): on the 33.1B MiniMax-H3 forward at 52,648 rows that overhead was 1.4 s against a GEMM saving of 1.36 s
+(benchmarks/results/2026-11-30-h3-full-forward-run5.json, 1.019x). Compiled, inductor fuses the quantization into
+one kernel per activation. Only the Linear is compiled, not the block, so block-level plugins (fused block forwards,
+block_sparse's attention routing) are untouched; one graph per Linear shape (`dynamic=False`), `fullgraph=True` (a
+graph break is an error, not a silent eager run). Compile time is paid in the first call after install
+(`notes["includes_compile"]` of that request's receipt). Uninstall sets each Linear's compiled call back to None;
+dynamo's caches are left alone (as regional_compile does).
+
 torchao has no unquantize: each original weight Parameter is kept and put back on uninstall, along with
 the instance attributes torchao adds (`extra_repr`), so the model's fingerprint is restored exactly. The
 quantized copies are extra memory while installed; this plugin is about compute, not weight memory.
@@ -89,6 +99,8 @@ class _Installed(Handle):
         device: torch.device,
     ):
         super().__init__(spec, options, proof=("fp8_gemms",))
+        self.compiled: list[torch.nn.Linear] = []
+        self.first_request = True
         problems = {problem for _, _, problem in plan if problem is not None}
         self.receipt.traceable(device, counters=("fp8_gemms",), fallbacks=problems)  # counted inside the blocks
         quantize_, config_cls, per_row = _torchao()
@@ -107,6 +119,11 @@ class _Installed(Handle):
                 if problem is None and not _is_quantized(module):
                     raise RuntimeError(f"{NAME}: torchao left {path} unquantized")
                 self.hooks.append(module.register_forward_pre_hook(self._counter(problem)))
+            if options["compile"]:
+                for _, module, problem in plan:
+                    if problem is None:
+                        module.compile(dynamic=False, fullgraph=True)
+                        self.compiled.append(module)
         except Exception:
             self._remove()
             raise
@@ -120,7 +137,16 @@ class _Installed(Handle):
 
         return bump
 
+    def begin_request(self, request_id: int, steps: int) -> None:
+        super().begin_request(request_id, steps)
+        if self.compiled:
+            self.receipt.notes["includes_compile"] = self.first_request
+            self.first_request = False
+
     def _remove(self) -> None:
+        for module in self.compiled:
+            module._compiled_call_impl = None
+        self.compiled = []
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
@@ -178,6 +204,7 @@ SPEC = Spec(
         ),
         Option("exclude", list, [], help="globs removed from the selection"),
         Option("allow_fallback", bool, False, help="keep layers this machine cannot quantize dense, counted"),
+        Option("compile", bool, False, help="torch.compile each quantized Linear (fuses the activation quantization)"),
     ),
     touches=("attention.projections", "linear.weights"),
     order=30,
