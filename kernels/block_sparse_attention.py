@@ -36,6 +36,12 @@ Launches without them (DEFAULT, PREVIOUS) compile the original loop. Compiled fo
 GPU (3.6 may differ): DEFAULT 221 registers, 80 KB shared memory (two programs per SM); dot_acc, k_transposed, tma,
 warp_specialize the same footprint (warp_specialize gave dot_acc's PTX: no warp split on sm_90 there);
 num_stages=4 gave DEFAULT's PTX; unroll2 255 registers and 147 KB (one program per SM), 64 KB with exact_stages=1.
+Two more flags, unmeasured until the H200 sweep (one candidate each and one with both, on DEFAULT): `means_split`
+runs the fused means launch as one program per (batch*head, block, tensor) on fewer warps, each reducing one
+(64, 128) tile instead of q, k and v in turn (that launch read them at ~37 % of copy bandwidth, ~2 programs per
+SM; bitwise the same means); `lpt` starts each head's heaviest groups first (an order `plan` sorts on the device
+from the list lengths), so the last wave holds the lightest programs. Compiled the same way (bf16), every earlier
+candidate gives the same SASS as before the two flags were added; lpt adds 14 registers to DEFAULT's kernel.
 
 Higher `tau` means fewer exact blocks. Density is the fraction of exact (query block, key block) pairs,
 averaged over batch and heads.
@@ -77,13 +83,13 @@ LOG2E = 1.4426950408889634
 
 
 def _block_sparse_fwd(
-    q_ptr, k_ptr, v_ptr, km_ptr, vm_ptr, loglen_ptr, mask_ptr, idx_ptr, count_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, km_ptr, vm_ptr, loglen_ptr, mask_ptr, idx_ptr, count_ptr, order_ptr, out_ptr,
     H, TQ, TK, KB, QB, NG, qk_scale,
     q_sb, q_sh, q_st, q_sd,
     k_sb, k_sh, k_st, k_sd,
     v_sb, v_sh, v_st, v_sd,
     F32: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-    HEADS_OUTER: tl.constexpr,
+    HEADS_OUTER: tl.constexpr, LPT: tl.constexpr = False,
     TUNED: tl.constexpr = False, UNROLL: tl.constexpr = 1, WIDE: tl.constexpr = False,
     DOT_ACC: tl.constexpr = False, K_T: tl.constexpr = False, TMA: tl.constexpr = False,
     EXACT_STAGES: tl.constexpr = None, UNROLL_FACTOR: tl.constexpr = None, WARP_SPEC: tl.constexpr = False,
@@ -94,12 +100,16 @@ def _block_sparse_fwd(
     # One program: GROUP consecutive query blocks (BLOCK_M = GROUP * BLOCK rows) of one (batch, head).
     # HEADS_OUTER (the d9ed842 order) walks the heads fastest, so the programs resident at once read the K/V
     # of every head; otherwise the query blocks are fastest and resident programs share one head's K/V in L2.
+    # LPT: the program's slot within its head picks a group from the plan's order (longest exact list first), so
+    # the last programs to start are the shortest; without it (order_ptr None) the slot is the group.
     if HEADS_OUTER:
         bh = tl.program_id(0)
         g = tl.program_id(1)
     else:
         g = tl.program_id(0)
         bh = tl.program_id(1)
+    if LPT:
+        g = tl.load(order_ptr + bh.to(tl.int64) * NG + g)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     rows = g * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -331,7 +341,7 @@ def _block_means_qkv(
     q_sb, q_sh, q_st, q_sd,
     k_sb, k_sh, k_st, k_sd,
     v_sb, v_sh, v_st, v_sd,
-    BLOCK: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, PER_TENSOR: tl.constexpr,
 ):  # fmt: skip
     """One program per (batch*head, block index): the fp32 means of query block `blk` and of key/value block
     `blk` (each where it exists; Tq may differ from Tk), dividing by the block's true length with IEEE
@@ -339,7 +349,12 @@ def _block_means_qkv(
     three times (7 torch launches each with a partial last block), the log and the bf16 casts. The routing
     reads the fp32 q/k means; the attention kernel reads the k/v means in its dot dtype: with SPLIT the k
     means are stored a second time, rounded, in km_dot's dtype (else km_dot is km). Programs of batch*head 0
-    also write the (KB,) log block lengths (host-rounded `math.log`, fp32)."""
+    also write the (KB,) log block lengths (host-rounded `math.log`, fp32).
+
+    PER_TENSOR (Launch.means_split): a third grid axis picks one tensor per program (0: q, 1: k, 2: v), so a
+    program loads and reduces one (BLOCK, D) tile instead of three in turn (a smaller program, more of them
+    resident to keep loads in flight). Each tile goes through the same load, fp32 reduce over axis 0 and IEEE
+    division as without it, so every output is bitwise the same; the k programs write the log lengths."""
     bh = tl.program_id(0)
     blk = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -347,14 +362,35 @@ def _block_means_qkv(
     tokens = blk * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
     toff = tokens.to(tl.int64)[:, None]
     d = tl.arange(0, D).to(tl.int64)
-    if blk < QB:
+    q_here = blk < QB
+    if PER_TENSOR:
+        part = tl.program_id(2)
+        q_here = q_here & (part == 0)
+    if q_here:
         n = tl.minimum(TQ - blk * BLOCK, BLOCK).to(tl.float32)
         x = tl.load(
             q_ptr + b * q_sb + h * q_sh + toff * q_st + d[None, :] * q_sd, mask=(tokens < TQ)[:, None], other=0.0
         )  # (BLOCK, D)
         mean = tl.fdiv(tl.reduce(x.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)  # (D,)
         tl.store(qm_ptr + (bh.to(tl.int64) * QB + blk) * D + d, mean)
-    if blk < KB:
+    if PER_TENSOR:  # the k block (part 1) or the v block (part 2), as below
+        if (blk < KB) & (part != 0):
+            n = tl.minimum(TK - blk * BLOCK, BLOCK).to(tl.float32)
+            key_ok = (tokens < TK)[:, None]
+            out = (bh.to(tl.int64) * KB + blk) * D + d
+            if part == 1:
+                x = tl.load(k_ptr + b * k_sb + h * k_sh + toff * k_st + d[None, :] * k_sd, mask=key_ok, other=0.0)
+                k_mean = tl.fdiv(tl.reduce(x.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)
+                tl.store(km_ptr + out, k_mean)
+                if SPLIT:
+                    tl.store(km_dot_ptr + out, k_mean.to(km_dot_ptr.dtype.element_ty))
+                if bh == 0:
+                    tl.store(loglen_ptr + blk, tl.where(blk == KB - 1, log_last, log_full))
+            else:
+                x = tl.load(v_ptr + b * v_sb + h * v_sh + toff * v_st + d[None, :] * v_sd, mask=key_ok, other=0.0)
+                v_mean = tl.fdiv(tl.reduce(x.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)
+                tl.store(vm_dot_ptr + out, v_mean.to(vm_dot_ptr.dtype.element_ty))
+    elif blk < KB:
         n = tl.minimum(TK - blk * BLOCK, BLOCK).to(tl.float32)
         key_ok = (tokens < TK)[:, None]
         x = tl.load(k_ptr + b * k_sb + h * k_sh + toff * k_st + d[None, :] * k_sd, mask=key_ok, other=0.0)
@@ -442,6 +478,9 @@ ROUTE_CHUNK = 32  # key blocks per routing step
 # Warps of the two routing launches on a GPU: compiled for sm_90 (no GPU at hand), the route kernel needs 78
 # registers and no stack at 16 x 32 tiles and 8 warps (4 warps, or chunks of 64, spill), the means kernel 109.
 ROUTING_WARPS = 8
+# Warps of the means launch with Launch.means_split (one (64, 128) tile per program): unmeasured until the H200
+# sweep; fewer warps per program leave room for more programs per SM (loads in flight) than the 8 above.
+MEANS_SPLIT_WARPS = 4
 
 
 def _block_means(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -461,20 +500,22 @@ def _block_means(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.cat(parts, 2) if len(parts) > 1 else parts[0], lengths
 
 
-def _routing_tuning() -> dict[str, int]:
+def _routing_tuning(num_warps: int = ROUTING_WARPS) -> dict[str, int]:
     """Launch options of the fused routing kernels (the interpreter takes none)."""
-    return {} if interpreting() else {"num_warps": ROUTING_WARPS}
+    return {} if interpreting() else {"num_warps": num_warps}
 
 
 def _fused_means(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dot_dtype: torch.dtype
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dot_dtype: torch.dtype, per_tensor: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`_block_means` of q, k and v and the log block lengths in one launch (`_block_means_qkv`).
 
     Returns q_mean (B, H, Qb, D) and k_mean (B, H, Kb, D) in fp32 for the routing, k_mean and v_mean
     (B, H, Kb, D) in `dot_dtype` for the attention kernel (the fp32 k_mean itself when dot_dtype is fp32),
     and log_len (Kb,) fp32. The means equal `_block_means`' up to fp32 sum order; log_len is `math.log` of
-    each length rounded once to fp32, where torch's fp32 log can be an ulp off (on CPU: lengths 7, 47, 49)."""
+    each length rounded once to fp32, where torch's fp32 log can be an ulp off (on CPU: lengths 7, 47, 49).
+    `per_tensor` (Launch.means_split): one program per tile of q, k or v, MEANS_SPLIT_WARPS each; the same
+    bits."""
     b, h, tq, d = q.shape
     tk = k.shape[2]
     qb, kb = -(-tq // BLOCK), -(-tk // BLOCK)
@@ -485,11 +526,13 @@ def _fused_means(
     v_mean_dot = torch.empty_like(k_mean, dtype=dot_dtype)
     log_len = torch.empty((kb,), dtype=torch.float32, device=q.device)
     last = tk - (kb - 1) * BLOCK  # the last key block's length
-    _MEANS[(b * h, max(qb, kb))](
+    grid = (b * h, max(qb, kb), 3) if per_tensor else (b * h, max(qb, kb))
+    _MEANS[grid](
         q, k, v, q_mean, k_mean, k_mean_dot, v_mean_dot, log_len,
         h, tq, tk, qb, kb, math.log(BLOCK), math.log(last),
         *q.stride(), *k.stride(), *v.stride(),
-        BLOCK=BLOCK, D=d, SPLIT=split, **_routing_tuning(),
+        BLOCK=BLOCK, D=d, SPLIT=split, PER_TENSOR=per_tensor,
+        **_routing_tuning(MEANS_SPLIT_WARPS if per_tensor else ROUTING_WARPS),
     )  # fmt: skip
     return q_mean, k_mean, k_mean_dot, v_mean_dot, log_len
 
@@ -637,7 +680,18 @@ class Launch:
     descriptors (`tl.make_tensor_descriptor`; needs unit last stride and 16-byte aligned base and strides,
     else ValueError; a Triton global-scratch allocator is installed on the GPU). exact_stages /
     loop_unroll_factor / warp_specialize: the exact loop's `tl.range` options (software-pipeline depth of
-    that loop alone, Triton's loop unroller, automatic warp specialization); the interpreter ignores them."""
+    that loop alone, Triton's loop unroller, automatic warp specialization); the interpreter ignores them.
+
+    Two schedule flags outside the exact loop, off in every launch above them; unmeasured until the H200 sweep,
+    each its own candidate and one with both. means_split (needs fused_means): the means launch runs one program
+    per (batch*head, block, tensor) on MEANS_SPLIT_WARPS warps, each reducing one (64, 128) tile of q, k or v
+    instead of all three in turn (that launch read q/k/v at ~37 % of copy bandwidth, ~2 programs per SM); the same
+    sums and divisions, so bitwise the same means. lpt: longest processing time first within each head: `plan`
+    sorts each (batch, head)'s groups by exact-list length on the device (`Plan.order`) and that head's programs
+    take them in this order, so the last wave holds the shortest instead of whichever groups come last; heads keep
+    their place in the grid (the L2 sharing above) and each group's maths is unchanged, so the output is bitwise
+    the same. Works with group 1 and 2 and heads_outer; a plan goes with launches of the same lpt (`attend`
+    refuses a mismatch)."""
 
     group: int = 1
     num_warps: int = 4
@@ -655,6 +709,8 @@ class Launch:
     exact_stages: int | None = None
     loop_unroll_factor: int | None = None
     warp_specialize: bool = False
+    means_split: bool = False
+    lpt: bool = False
 
     @property
     def tuned(self) -> bool:
@@ -697,6 +753,8 @@ class Launch:
             raise ValueError(f"{name}.exact_stages must be None or 1..8, got {self.exact_stages!r}")
         if self.loop_unroll_factor is not None and not 2 <= self.loop_unroll_factor <= 8:
             raise ValueError(f"{name}.loop_unroll_factor must be None or 2..8, got {self.loop_unroll_factor!r}")
+        if self.means_split and not self.fused_means:
+            raise ValueError(f"{name}.means_split needs fused_means=True, got fused_means={self.fused_means!r}")
 
 
 PREVIOUS = Launch(group=1, num_warps=4, num_stages=2, heads_outer=True, bf16_means=False, triton_compaction=False)
@@ -746,6 +804,11 @@ CANDIDATES = {
     "g1_w4_s4_fused_means_tma": Launch(num_stages=4, fused_means=True, tma=True),
     "g1_w4_s3_fused_means_tma_xs4": Launch(fused_means=True, tma=True, exact_stages=4),
     "g1_w4_s3_fused_means_tma_lu2": Launch(fused_means=True, tma=True, loop_unroll_factor=2),
+    # DEFAULT with the means launch one tile per program, with each head's heaviest groups first, and both
+    # (unmeasured until the H200 sweep)
+    "g1_w4_s3_fused_means_tma_split_means": replace(DEFAULT, means_split=True),
+    "g1_w4_s3_fused_means_tma_lpt": replace(DEFAULT, lpt=True),
+    "g1_w4_s3_fused_means_tma_split_means_lpt": replace(DEFAULT, means_split=True, lpt=True),
 }
 
 
@@ -755,7 +818,8 @@ class Plan:
 
     k_mean/v_mean (B, H, Kb, D) in the dot dtype; log_len (Kb,) fp32; mask bool (B, H, Qb, Kb);
     idx int32 (B, H, G, Kb) whose first count[b, h, g] entries are the group's exact key blocks, ascending;
-    count int32 (B, H, G); density: fraction of exact pairs (0-dim tensor, no host sync)."""
+    count int32 (B, H, G); density: fraction of exact pairs (0-dim tensor, no host sync); order int32 (B, H, G):
+    each (batch, head)'s groups by count descending, for a Launch with lpt (None in a plan made without it)."""
 
     k_mean: torch.Tensor
     v_mean: torch.Tensor
@@ -766,6 +830,7 @@ class Plan:
     density: torch.Tensor
     scale: float
     group: int
+    order: torch.Tensor | None = None
 
     def computed_density(self) -> float:
         """Fraction of (query block, key block) tiles the kernel computes exactly (>= density when group > 1)."""
@@ -793,7 +858,7 @@ def plan(
     bf16 = q.dtype == torch.bfloat16 and launch.bf16_means and not interpreting()
     if launch.fused_means:
         q_mean, k_mean, k_mean_dot, v_mean_dot, log_len = _fused_means(
-            q, k, v, torch.bfloat16 if bf16 else torch.float32
+            q, k, v, torch.bfloat16 if bf16 else torch.float32, launch.means_split
         )
     else:
         k_mean, lengths = _block_means(k, BLOCK)
@@ -808,8 +873,10 @@ def plan(
         mask, density = _route(q_mean, k_mean, tau, sink_tokens, BLOCK, scale)
         mask = mask.contiguous()
         idx, count = _lists(mask, launch)
+    # Launch.lpt: each (batch, head)'s groups, longest exact list first (ties in group order); sorted on the device
+    order = torch.argsort(count, dim=-1, descending=True, stable=True).to(torch.int32) if launch.lpt else None
     return Plan(
-        k_mean_dot.contiguous(), v_mean_dot.contiguous(), log_len, mask, idx, count, density, scale, launch.group
+        k_mean_dot.contiguous(), v_mean_dot.contiguous(), log_len, mask, idx, count, density, scale, launch.group, order
     )
 
 
@@ -863,9 +930,13 @@ def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launch: Launch = DEFAULT) -> torch.Tensor:
-    """The attention kernel alone on a `plan(...)` of the same q, k, v (made with the same launch.group)."""
+    """The attention kernel alone on a `plan(...)` of the same q, k, v (made with the same launch.group and lpt)."""
     if route.group != launch.group:
         raise ValueError(f"block_sparse_attention: plan made for group {route.group}, launch has {launch.group}")
+    if (route.order is not None) != launch.lpt:
+        raise ValueError(
+            f"block_sparse_attention: plan made with lpt={route.order is not None}, launch has lpt={launch.lpt}"
+        )
     b, h, tq, d = q.shape
     qb, kb = route.mask.shape[-2:]
     groups = route.count.shape[-1]
@@ -873,11 +944,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launc
     tuning = {} if interpreting() else {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
     grid = (b * h, groups) if launch.heads_outer else (groups, b * h)
     _KERNEL[grid](
-        q, k, v, route.k_mean, route.v_mean, route.log_len, route.mask.view(torch.uint8), route.idx, route.count, out,
+        q, k, v, route.k_mean, route.v_mean, route.log_len, route.mask.view(torch.uint8), route.idx, route.count,
+        route.order, out,
         h, tq, k.shape[2], kb, qb, groups, route.scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(),
         F32=q.dtype == torch.float32 or interpreting(), BLOCK=BLOCK, D=d, GROUP=launch.group,
-        BLOCK_M=launch.group * BLOCK, HEADS_OUTER=launch.heads_outer, **tuning, **_tuned_args(k, v, launch),
+        BLOCK_M=launch.group * BLOCK, HEADS_OUTER=launch.heads_outer, LPT=launch.lpt,
+        **tuning, **_tuned_args(k, v, launch),
     )  # fmt: skip
     return out
 

@@ -354,7 +354,8 @@ def test_block_sparse_tuned_kernel_matches_reference(rng, name):
     the lists are [0, 1], [0, 1, 2], [0..3], [0, 2, 3, 4], [0, 3, 4, 5], [0, 4, 5, 6], [0, 5, 6]: even and odd
     lengths (unroll=2's odd tail masks its second tile), gaps, several iterations, and folded blocks besides."""
     q, k, v = _qkv(rng, 7 * BLOCK - 7, heads=1, noncontiguous=True)
-    route = plan(q, k, v, float("inf"), 1, launch=CANDIDATES["g1_w4_s3"])  # the torch routing, as the reference's
+    torch_routing = replace(CANDIDATES["g1_w4_s3"], lpt=CANDIDATES[name].lpt)  # the reference's routing
+    route = plan(q, k, v, float("inf"), 1, launch=torch_routing)
     assert route.count.flatten().tolist() == [2, 3, 4, 4, 4, 4, 3]
     got = attend(q, k, v, route, CANDIDATES[name])
     want = reference(q, k, v, float("inf"), 1)
@@ -412,3 +413,80 @@ def test_block_sparse_tma_kernel_bad_strides_raises(rng):
     k_strided = torch.randn(1, 2, 2 * BLOCK, 2 * D, generator=rng)[..., ::2]
     with pytest.raises(ValueError, match="tma"):
         attend(q, k_strided, v, route, CANDIDATES["g1_w4_s3_fused_routing_tma"])
+
+
+# Launch.means_split (the means launch one tile per program) and Launch.lpt (each head's groups heaviest first):
+# schedule flags that leave every sum, division and per-program step as it was, so their outputs are bitwise
+# those of the same launch without them. The candidates with them are tuned (TMA), so the parametrized
+# test_block_sparse_tuned_kernel_matches_reference above checks each against the reference as well.
+SCHEDULED = {
+    "g1_w4_s3_fused_means_tma_split_means": {"means_split": True},
+    "g1_w4_s3_fused_means_tma_lpt": {"lpt": True},
+    "g1_w4_s3_fused_means_tma_split_means_lpt": {"means_split": True, "lpt": True},
+}
+
+
+@pytest.mark.parametrize(
+    "tq,tk,dtype",
+    [(130, 257, torch.float32), (257, 70, torch.bfloat16)],
+    ids=["fp32-tq<tk", "bf16-tq>tk"],
+)
+def test_block_sparse_split_means_bitwise_equal_unsplit(rng, tq, tk, dtype):
+    """One program per tile gives the one-program-per-block launch's outputs bit for bit (same fp32 reduce, same
+    IEEE division), at partial last blocks (2, 1 and 6 tokens), Tq != Tk, B = 2 and transposed views; with a bf16 dot
+    dtype the rounded k/v copies and the fp32 k means are separate tensors, both compared."""
+    q, _, _ = _qkv(rng, tq, dtype, batch=2, noncontiguous=True)
+    _, k, v = _qkv(rng, tk, dtype, batch=2, noncontiguous=True)
+    dot_dtype = torch.float32 if dtype == torch.float32 else torch.bfloat16
+    want = _fused_means(q, k, v, dot_dtype)  # kept alive: the split launch's fresh outputs cannot reuse its memory
+    got = _fused_means(q, k, v, dot_dtype, per_tensor=True)
+    names = ("q_mean", "k_mean", "k_mean_dot", "v_mean_dot", "log_len")
+    for name, a, b in zip(names, got, want, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b), f"seed {rng.initial_seed()}: {name}"
+
+
+def test_block_sparse_scheduled_launch_bitwise_equal_default(rng):
+    """The whole call with both flags (split means in `plan`, lpt order in `attend`) is DEFAULT's, bit for bit
+    (the same plan, the same programs in another order), and so matches the reference within the fp32 tolerance;
+    odd length, B = 2, sinks, transposed views."""
+    q, k, v = _qkv(rng, 5 * BLOCK - 7, heads=1, batch=2, noncontiguous=True)
+    got = block_sparse_attention(q, k, v, 0.5, 70, launch=CANDIDATES["g1_w4_s3_fused_means_tma_split_means_lpt"])
+    assert torch.equal(got, block_sparse_attention(q, k, v, 0.5, 70)), f"seed {rng.initial_seed()}"
+    err = (got - reference(q, k, v, 0.5, 70)).abs().max().item()
+    assert err < 1e-4, f"seed {rng.initial_seed()}: max error {err}"
+
+
+@pytest.mark.parametrize(
+    "base,order",
+    [("g2_w8_s3", [1, 0, 2]), ("previous", [2, 3, 1, 4, 0])],
+    ids=["group2", "heads_outer"],
+)
+def test_block_sparse_lpt_kernel_bitwise_equal_without_lpt(rng, base, order):
+    """The lpt order is each head's groups by list length, descending, ties in group order; the kernel's output
+    with it equals the same launch's without it. Five query blocks (the last of 57 rows), sink block 0 and the
+    band only (tau = inf): lengths [2, 3, 4, 4, 3] per block, [3, 5, 3] per pair of blocks (the last pair one block),
+    so neither order is the identity; B = 2 puts the order of batch*head 1 at an offset; heads_outer's grid."""
+    launch = CANDIDATES[base]
+    q, k, v = _qkv(rng, 5 * BLOCK - 7, heads=1, batch=2, noncontiguous=True)
+    lpt_launch = replace(launch, lpt=True)
+    route = plan(q, k, v, float("inf"), 1, launch=lpt_launch)
+    assert route.order.dtype == torch.int32
+    assert route.order.tolist() == [[order], [order]], f"counts {route.count.tolist()}"
+    want = attend(q, k, v, replace(route, order=None), launch)
+    assert torch.equal(attend(q, k, v, route, lpt_launch), want), f"seed {rng.initial_seed()}: {base}"
+
+
+def test_block_sparse_scheduled_launch_bad_option_raises(rng):
+    """means_split needs the fused means launch; a plan and a launch must agree on lpt (the order is the plan's)."""
+    assert not DEFAULT.means_split and not DEFAULT.lpt
+    for name, flags in SCHEDULED.items():
+        assert CANDIDATES[name] == replace(DEFAULT, **flags), name
+    with pytest.raises(ValueError, match="means_split needs fused_means=True"):
+        Launch(means_split=True)
+    q, k, v = _qkv(rng, 2 * BLOCK)
+    route = plan(q, k, v, 0.5, 0, launch=PREVIOUS)
+    assert route.order is None
+    with pytest.raises(ValueError, match="lpt=False, launch has lpt=True"):
+        attend(q, k, v, route, replace(PREVIOUS, lpt=True))
+    with pytest.raises(ValueError, match="lpt=True, launch has lpt=False"):
+        attend(q, k, v, plan(q, k, v, 0.5, 0, launch=replace(PREVIOUS, lpt=True)), PREVIOUS)
