@@ -34,8 +34,8 @@ rounding contract, so bit-equal is required there (`rounding_contract`).
 `--flash4`: adds `flash4` (attention through FlashAttention-4) and `exact_fast+flash4`.
 `--stacks`: adds `norms` (fused_block_norms: fused_block_ops' glue plus the q/k RMSNorm + rotary as one kernel each),
 `block_sparse+norms`, `fp8` (selective_fp8 on the six Linears of every block: torchao row-wise dynamic FP8, eager),
-`fp8c` (the same with `compile=True`: each quantized Linear compiled, the activation quantization fused),
-`block_sparse+norms+fp8` and `block_sparse+norms+fp8c`; with `--flash4` also `norms+flash4`.
+`fp8f` (the same recipe on selective_fp8's fused path: one quantization kernel per activation, torch._scaled_mm),
+`block_sparse+norms+fp8` and `block_sparse+norms+fp8f`; with `--flash4` also `norms+flash4`.
 `--profile`: after the rounds, one torch.profiler forward per arm, its kernel time split into attention, GEMM and
 the rest with the top kernels (benchmarks/common.py's `kernel_split`).
 Every arm records its error instead of stopping the run; the JSON is written to $OUT after every phase.
@@ -348,12 +348,12 @@ def main() -> None:
         bench.configs["norms"] = norms
         if args.flash4:
             bench.configs["norms+flash4"] = {**norms, "flash4_attention": {}}
-        fp8c = {"selective_fp8": {"include": FP8_BLOCK_LINEARS, "compile": True}}
-        bench.configs["fp8"], bench.configs["fp8c"] = fp8, fp8c
+        fp8f = {"selective_fp8": {"include": FP8_BLOCK_LINEARS, "path": "fused"}}
+        bench.configs["fp8"], bench.configs["fp8f"] = fp8, fp8f
         if "block_sparse" in bench.configs:
             bench.configs["block_sparse+norms"] = {**bench.configs["block_sparse"], **norms}
             bench.configs["block_sparse+norms+fp8"] = {**bench.configs["block_sparse"], **norms, **fp8}
-            bench.configs["block_sparse+norms+fp8c"] = {**bench.configs["block_sparse"], **norms, **fp8c}
+            bench.configs["block_sparse+norms+fp8f"] = {**bench.configs["block_sparse"], **norms, **fp8f}
     if wanted is not None:
         for name in set(bench.configs) - wanted:
             del bench.configs[name]

@@ -760,7 +760,7 @@ class Launch:
 PREVIOUS = Launch(group=1, num_warps=4, num_stages=2, heads_outer=True, bf16_means=False, triton_compaction=False)
 """The launch measured at d9ed842 (kept for side-by-side timing; the kernel body has since changed only in
 how the out-of-range key mask is applied: a fused bias instead of a select)."""
-DEFAULT = Launch(fused_means=True, tma=True)
+TMA = Launch(fused_means=True, tma=True)
 """g1_w4_s3_fused_means_tma: the block means in one Triton launch, the torch route, K/V tiles through TMA descriptors.
 In the H200 sweep of 2026-11-30 (e523ab7, benchmarks/results/2026-11-30-sparse-attention-h200-run3.json) the fastest
 whole call at 10 % (2.52 ms, 4.64x cuDNN) and within 1.3 % of the fastest at 20 % (4.20 ms, 2.79x; kernel 3.50 ms,
@@ -769,6 +769,11 @@ whole call at 10 % (2.52 ms, 4.64x cuDNN) and within 1.3 % of the fastest at 20 
 20 % in 4.14 ms (2.87x) on structured q/k/v and 3.80 ms (3.07x) on q/k/v captured from the Wan model, each call
 synchronised; queued back to back (as in a forward) 2.83x / 3.30x; kernel 3.55 ms, routing 0.30 ms. TMA needs K/V
 with unit last stride and 16-byte aligned base and strides (the launcher refuses others)."""
+DEFAULT = replace(TMA, means_split=True)
+"""TMA with the means launch split per q/k/v tile (`means_split`). Sweep of run 8 (a60cd14,
+benchmarks/results/2026-11-30-sparse-attention-h200-run8.json): the routing 0.28-0.29 vs 0.37-0.40 ms on structured
+q/k/v and 0.48-0.53 vs 0.52-0.57 ms on captured ones, the kernel the same; the fastest call in 5 of the 6 sweep
+points. `lpt` was slower there in 5 of 6 (kernel +1-4 %, and its sort adds to the routing)."""
 FUSED_ROUTING = Launch(fused_means=True, fused_route=True)
 """DEFAULT with the routing fused: the base of the exact-loop tuning candidates."""
 CANDIDATES = {
@@ -797,7 +802,7 @@ CANDIDATES = {
     "g1_w4_s3_fused_routing_unroll2_dotacc_xs1": replace(FUSED_ROUTING, unroll=2, dot_acc=True, exact_stages=1),
     # 2026-11-30 sweep: TMA the fastest kernel (3.50 ms at 20 %), the torch route after fused means the fastest
     # routing (0.54 vs 0.77 ms): the two together, and with in-place dot accumulation (measured 2026-11-30)
-    "g1_w4_s3_fused_means_tma": Launch(fused_means=True, tma=True),
+    "g1_w4_s3_fused_means_tma": TMA,
     "g1_w4_s3_fused_means_tma_dotacc": Launch(fused_means=True, tma=True, dot_acc=True),
     # the TMA launch's pipelining, one knob each (measured 2026-11-30)
     "g1_w4_s2_fused_means_tma": Launch(num_stages=2, fused_means=True, tma=True),
@@ -806,9 +811,9 @@ CANDIDATES = {
     "g1_w4_s3_fused_means_tma_lu2": Launch(fused_means=True, tma=True, loop_unroll_factor=2),
     # DEFAULT with the means launch one tile per program, with each head's heaviest groups first, and both
     # (unmeasured until the H200 sweep)
-    "g1_w4_s3_fused_means_tma_split_means": replace(DEFAULT, means_split=True),
-    "g1_w4_s3_fused_means_tma_lpt": replace(DEFAULT, lpt=True),
-    "g1_w4_s3_fused_means_tma_split_means_lpt": replace(DEFAULT, means_split=True, lpt=True),
+    "g1_w4_s3_fused_means_tma_split_means": replace(TMA, means_split=True),
+    "g1_w4_s3_fused_means_tma_lpt": replace(TMA, lpt=True),
+    "g1_w4_s3_fused_means_tma_split_means_lpt": replace(TMA, means_split=True, lpt=True),
 }
 
 

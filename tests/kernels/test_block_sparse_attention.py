@@ -17,6 +17,7 @@ from workbench.kernels.block_sparse_attention import (
     CANDIDATES,
     DEFAULT,
     PREVIOUS,
+    TMA,
     Launch,
     _block_means,
     _fused_means,
@@ -336,7 +337,7 @@ def test_block_sparse_fused_candidates_are_default_plus_flags():
     assert base == Launch() and CANDIDATES["previous"] == PREVIOUS
     assert CANDIDATES["g1_w4_s3_fused_means"] == replace(base, fused_means=True)
     assert CANDIDATES["g1_w4_s3_fused_routing"] == replace(base, fused_means=True, fused_route=True)
-    assert DEFAULT == CANDIDATES["g1_w4_s3_fused_means_tma"]
+    assert DEFAULT == CANDIDATES["g1_w4_s3_fused_means_tma_split_means"]
     with pytest.raises(ValueError, match="fused_route"):
         Launch(group=2, fused_route=True)
 
@@ -478,9 +479,9 @@ def test_block_sparse_lpt_kernel_bitwise_equal_without_lpt(rng, base, order):
 
 def test_block_sparse_scheduled_launch_bad_option_raises(rng):
     """means_split needs the fused means launch; a plan and a launch must agree on lpt (the order is the plan's)."""
-    assert not DEFAULT.means_split and not DEFAULT.lpt
+    assert DEFAULT.means_split and not DEFAULT.lpt and not TMA.means_split
     for name, flags in SCHEDULED.items():
-        assert CANDIDATES[name] == replace(DEFAULT, **flags), name
+        assert CANDIDATES[name] == replace(TMA, **flags), name
     with pytest.raises(ValueError, match="means_split needs fused_means=True"):
         Launch(means_split=True)
     q, k, v = _qkv(rng, 2 * BLOCK)

@@ -1,5 +1,5 @@
-"""Selective FP8: row-wise dynamic FP8 activations and weights for chosen denoiser Linear layers,
-through torchao (contract: approximate).
+"""Selective FP8: row-wise dynamic FP8 activations and weights for chosen denoiser Linear layers (contract:
+approximate), through torchao or the workbench's fused path.
 
 `include` / `exclude` are `fnmatch` globs against each denoiser's `named_modules()` paths (e.g.
 "blocks.*.ffn.net.0.proj"); only `nn.Linear` layers are eligible. torchao's
@@ -10,15 +10,13 @@ this plugin refuses them instead). Without those the plugin refuses with a Runti
 `receipt.fallbacks` under its reason. `fp8_gemms` counts calls of quantized Linears (forward pre-hooks),
 so a receipt with only fallbacks is not executed and the result stays exact.
 
-`compile=True` also runs `torch.compile` on each quantized Linear alone (torchao's intended use: `quantize_` then
-compile). Eagerly, torchao quantizes each activation in about six torch passes (abs, amax, divide, clamp, cast,
-copies): on the 33.1B MiniMax-H3 forward at 52,648 rows that overhead was 1.4 s against a GEMM saving of 1.36 s
-(benchmarks/results/2026-11-30-h3-full-forward-run5.json, 1.019x). Compiled, inductor fuses the quantization into
-one kernel per activation. Only the Linear is compiled, not the block, so block-level plugins (fused block forwards,
-block_sparse's attention routing) are untouched; one graph per Linear shape (`dynamic=False`), `fullgraph=True` (a
-graph break is an error, not a silent eager run). Compile time is paid in the first call after install
-(`notes["includes_compile"]` of that request's receipt). Uninstall sets each Linear's compiled call back to None;
-dynamo's caches are left alone (as regional_compile does).
+`path="fused"`: the same row-wise recipe without torchao's eager quantization, which costs about six torch passes
+per activation (on the 33.1B MiniMax-H3 forward at 52,648 rows: 1.4 s against 1.36 s saved in the GEMMs, 1.019x,
+benchmarks/results/2026-11-30-h3-full-forward-run5.json; compiling torchao's quantized Linears did not trace with
+torch 2.11, run 6). Each weight is quantized once at install by `kernels/fp8_rowwise.quantize_rows` (kept by the
+handle, not the module: the module's parameters are untouched); each call quantizes its activation rows in one
+kernel and runs `torch._scaled_mm` with both row scales (`fp8_linear`), through an instance-level forward on the
+Linear that uninstall deletes. Same hardware and layer rules; another plugin's forward on the Linear is refused.
 
 torchao has no unquantize: each original weight Parameter is kept and put back on uninstall, along with
 the instance attributes torchao adds (`extra_repr`), so the model's fingerprint is restored exactly. The
@@ -99,31 +97,31 @@ class _Installed(Handle):
         device: torch.device,
     ):
         super().__init__(spec, options, proof=("fp8_gemms",))
-        self.compiled: list[torch.nn.Linear] = []
-        self.first_request = True
         problems = {problem for _, _, problem in plan if problem is not None}
         self.receipt.traceable(device, counters=("fp8_gemms",), fallbacks=problems)  # counted inside the blocks
-        quantize_, config_cls, per_row = _torchao()
         self.kept: list[tuple[torch.nn.Linear, torch.nn.Parameter, set[str]]] = []
+        self.fused: list[torch.nn.Linear] = []
         self.hooks = []
         targets = {id(module) for _, module, problem in plan if problem is None}
         try:
-            for _, module, problem in plan:
-                if problem is None:  # torchao replaces the Parameter and adds an extra_repr attribute
-                    self.kept.append((module, module.weight, set(module.__dict__)))
-            if targets:
+            if options["path"] == "fused":
+                for _, module, problem in plan:
+                    if problem is None:
+                        module.forward = _fused_forward(module)
+                        self.fused.append(module)
+            elif targets:
+                quantize_, config_cls, per_row = _torchao()
+                for _, module, problem in plan:
+                    if problem is None:  # torchao replaces the Parameter and adds an extra_repr attribute
+                        self.kept.append((module, module.weight, set(module.__dict__)))
                 config = config_cls(granularity=per_row(), set_inductor_config=False)
                 for denoiser in denoisers:
                     quantize_(denoiser, config, filter_fn=lambda module, fqn: id(module) in targets)
-            for path, module, problem in plan:
-                if problem is None and not _is_quantized(module):
-                    raise RuntimeError(f"{NAME}: torchao left {path} unquantized")
+                for path, module, problem in plan:
+                    if problem is None and not _is_quantized(module):
+                        raise RuntimeError(f"{NAME}: torchao left {path} unquantized")
+            for _, module, problem in plan:
                 self.hooks.append(module.register_forward_pre_hook(self._counter(problem)))
-            if options["compile"]:
-                for _, module, problem in plan:
-                    if problem is None:
-                        module.compile(dynamic=False, fullgraph=True)
-                        self.compiled.append(module)
         except Exception:
             self._remove()
             raise
@@ -137,24 +135,31 @@ class _Installed(Handle):
 
         return bump
 
-    def begin_request(self, request_id: int, steps: int) -> None:
-        super().begin_request(request_id, steps)
-        if self.compiled:
-            self.receipt.notes["includes_compile"] = self.first_request
-            self.first_request = False
-
     def _remove(self) -> None:
-        for module in self.compiled:
-            module._compiled_call_impl = None
-        self.compiled = []
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
+        for module in self.fused:
+            del module.forward
+        self.fused = []
         for module, weight, attributes in self.kept:
             module._parameters["weight"] = weight
             for name in set(module.__dict__) - attributes:
                 del module.__dict__[name]
         self.kept = []
+
+
+def _fused_forward(module: torch.nn.Linear):
+    """The Linear on FP8 operands: its weight quantized now (row-wise), each input when called."""
+    from workbench.kernels.fp8_rowwise import fp8_linear, quantize_rows
+
+    weight_q, weight_scale = quantize_rows(module.weight.detach())
+    bias = module.bias
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return fp8_linear(x, weight_q, weight_scale, bias)
+
+    return forward
 
 
 def _is_quantized(module: torch.nn.Linear) -> bool:
@@ -173,13 +178,16 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
             f"{NAME}.include: {include} (exclude {exclude}) matches no nn.Linear in the denoiser(s); "
             "patterns are fnmatch globs against named_modules() paths"
         )
-    _torchao()
+    if options["path"] == "torchao":
+        _torchao()
     machine = machine_problem(device)
     plan: list[Layer] = []
     problems = []
     for index, path in chosen:
         module = denoisers[index].get_submodule(path)
         problem = machine or _layer_problem(module)
+        if problem is None and options["path"] == "fused" and ("forward" in module.__dict__ or module._forward_hooks):
+            raise RuntimeError(f"{NAME}: {path} already has an instance forward or hooks (another plugin?)")
         if problem is not None:
             problems.append(f"{path}: {problem}")
         plan.append((path, module, problem))
@@ -204,7 +212,13 @@ SPEC = Spec(
         ),
         Option("exclude", list, [], help="globs removed from the selection"),
         Option("allow_fallback", bool, False, help="keep layers this machine cannot quantize dense, counted"),
-        Option("compile", bool, False, help="torch.compile each quantized Linear (fuses the activation quantization)"),
+        Option(
+            "path",
+            str,
+            "torchao",
+            allowed=("torchao", "fused"),
+            help="torchao's quantized Linears, or the workbench's fused row-wise quantization + torch._scaled_mm",
+        ),
     ),
     touches=("attention.projections", "linear.weights"),
     order=30,
