@@ -26,8 +26,10 @@ epilogue 1.207x, 4.8e-3); the glue outside attention and GEMM fell from 63 ms to
 MiniMax-H3 (`MiniMaxH3TransformerBlock`): fused_block_ops' H3 forward (in-dtype modulation and gated residuals with
 the per-row AdaLN index, torch's rounding; _fused_h3.py) plus the attention's q/k RMSNorm + rotate-half rotary as one
 `head_norm_rope` kernel each (`_fused_h3.QKNormRope`), in place of two RMSNorm launches, eight concatenation copies
-and the pointwise passes of the rotary per block (~0.9 s of the 33.1B model's 11 s forward on an H200). Its norms'
-sums of squares are summed in another order than torch's (kernels/head_norm_rope.py): `reduction` as for Wan.
+and the pointwise passes of the rotary per block. On the H200 at the 33.1B model's 52,648 rows
+(benchmarks/results/2026-11-30-h3-full-forward-run5.json) one forward went from 11.03 to 10.42 s (1.059x; the glue
+outside attention and GEMM from 1.38 to 0.50 s), output rel-L2 2.3e-3 against stock. Its norms' sums of squares
+are summed in another order than torch's (kernels/head_norm_rope.py): `reduction` as for Wan.
 
 Fail closed: on CPU the kernels need `TRITON_INTERPRET=1` (RuntimeError at prepare); a block whose forward another
 plugin replaced (e.g. fused_block_ops, which also touches `blocks.forward`) is refused. A call the kernels cannot

@@ -17,6 +17,8 @@ torch 2.11, run 6). Each weight is quantized once at install by `kernels/fp8_row
 handle, not the module: the module's parameters are untouched); each call quantizes its activation rows in one
 kernel and runs `torch._scaled_mm` with both row scales (`fp8_linear`), through an instance-level forward on the
 Linear that uninstall deletes. Same hardware and layer rules; another plugin's forward on the Linear is refused.
+Measured on the H200 on the same six Linears per H3 block (run 7): 1.105x stock (GEMMs 2.65 -> 1.49 s, the
+quantization kernel 0.16 s per forward), output rel-L2 0.009 video / 0.010 audio against bf16.
 
 torchao has no unquantize: each original weight Parameter is kept and put back on uninstall, along with
 the instance attributes torchao adds (`extra_repr`), so the model's fingerprint is restored exactly. The
