@@ -36,12 +36,11 @@ Launches without them (DEFAULT, PREVIOUS) compile the original loop. Compiled fo
 GPU (3.6 may differ): DEFAULT 221 registers, 80 KB shared memory (two programs per SM); dot_acc, k_transposed, tma,
 warp_specialize the same footprint (warp_specialize gave dot_acc's PTX: no warp split on sm_90 there);
 num_stages=4 gave DEFAULT's PTX; unroll2 255 registers and 147 KB (one program per SM), 64 KB with exact_stages=1.
-Two more flags, unmeasured until the H200 sweep (one candidate each and one with both, on DEFAULT): `means_split`
-runs the fused means launch as one program per (batch*head, block, tensor) on fewer warps, each reducing one
-(64, 128) tile instead of q, k and v in turn (that launch read them at ~37 % of copy bandwidth, ~2 programs per
-SM; bitwise the same means); `lpt` starts each head's heaviest groups first (an order `plan` sorts on the device
-from the list lengths), so the last wave holds the lightest programs. Compiled the same way (bf16), every earlier
-candidate gives the same SASS as before the two flags were added; lpt adds 14 registers to DEFAULT's kernel.
+`means_split` runs the fused means launch as one program per (batch*head, block, tensor) on fewer warps, each
+reducing one (64, 128) tile instead of q, k and v in turn (that launch read them at ~37 % of copy bandwidth, ~2
+programs per SM; bitwise the same means); DEFAULT since run 8. (A longest-first order of each head's programs,
+`lpt`, was slower in 5 of run 8's 6 sweep points and was removed.) `threshold_rows`: the routing's threshold and
+lists in one kernel after torch's score matmul (Launch).
 
 Higher `tau` means fewer exact blocks. Density is the fraction of exact (query block, key block) pairs,
 averaged over batch and heads.
@@ -83,13 +82,13 @@ LOG2E = 1.4426950408889634
 
 
 def _block_sparse_fwd(
-    q_ptr, k_ptr, v_ptr, km_ptr, vm_ptr, loglen_ptr, mask_ptr, idx_ptr, count_ptr, order_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, km_ptr, vm_ptr, loglen_ptr, mask_ptr, idx_ptr, count_ptr, out_ptr,
     H, TQ, TK, KB, QB, NG, qk_scale,
     q_sb, q_sh, q_st, q_sd,
     k_sb, k_sh, k_st, k_sd,
     v_sb, v_sh, v_st, v_sd,
     F32: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-    HEADS_OUTER: tl.constexpr, LPT: tl.constexpr = False,
+    HEADS_OUTER: tl.constexpr,
     TUNED: tl.constexpr = False, UNROLL: tl.constexpr = 1, WIDE: tl.constexpr = False,
     DOT_ACC: tl.constexpr = False, K_T: tl.constexpr = False, TMA: tl.constexpr = False,
     EXACT_STAGES: tl.constexpr = None, UNROLL_FACTOR: tl.constexpr = None, WARP_SPEC: tl.constexpr = False,
@@ -100,16 +99,12 @@ def _block_sparse_fwd(
     # One program: GROUP consecutive query blocks (BLOCK_M = GROUP * BLOCK rows) of one (batch, head).
     # HEADS_OUTER (the d9ed842 order) walks the heads fastest, so the programs resident at once read the K/V
     # of every head; otherwise the query blocks are fastest and resident programs share one head's K/V in L2.
-    # LPT: the program's slot within its head picks a group from the plan's order (longest exact list first), so
-    # the last programs to start are the shortest; without it (order_ptr None) the slot is the group.
     if HEADS_OUTER:
         bh = tl.program_id(0)
         g = tl.program_id(1)
     else:
         g = tl.program_id(0)
         bh = tl.program_id(1)
-    if LPT:
-        g = tl.load(order_ptr + bh.to(tl.int64) * NG + g)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     rows = g * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -469,7 +464,38 @@ def _route_rows(
     tl.store(count_ptr + rows, count, mask=q_ok)
 
 
+def _threshold_rows(
+    scores_ptr, mask_ptr, idx_ptr, count_ptr, QB, KB, scale, tau, sink_tokens,
+    RULE: tl.constexpr, KB_P2: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program per (batch*head, query block) row of the (unscaled) proxy scores from torch's matmul: the
+    scale, the row's mean and population std (two passes over the row in registers), the rule of `_route_rows`
+    (RULE 0 threshold, 1 all exact, 2 none by score), the band and sinks, the mask row, and the row's exact key
+    blocks compacted to the front of its idx row (prefix sum) with their count."""
+    row = tl.program_id(0).to(tl.int64)
+    qb = (row % QB).to(tl.int32)
+    cols = tl.arange(0, KB_P2)
+    ok = cols < KB
+    s = tl.load(scores_ptr + row * KB + cols, mask=ok, other=0.0) * scale  # torch's `scores * scale`, same rounding
+    if RULE == 0:
+        mean = tl.fdiv(tl.reduce(tl.where(ok, s, 0.0), 0, tl.standard._sum_combine), KB * 1.0, ieee_rounding=True)
+        dev = tl.where(ok, s - mean, 0.0)
+        var = tl.fdiv(tl.reduce(dev * dev, 0, tl.standard._sum_combine), KB * 1.0, ieee_rounding=True)
+        exact = s > mean + tau * tl.math.sqrt_rn(var)
+    elif RULE == 1:
+        exact = tl.full((KB_P2,), 1, tl.int1)
+    else:
+        exact = tl.full((KB_P2,), 0, tl.int1)
+    exact = (exact | (tl.abs(qb - cols) <= 1) | (cols * BLOCK < sink_tokens)) & ok
+    tl.store(mask_ptr + row * KB + cols, exact.to(tl.uint8), mask=ok)
+    flags = exact.to(tl.int32)
+    pos = tl.associative_scan(flags, 0, tl.standard._sum_combine) - 1  # inclusive prefix sum - 1
+    tl.store(idx_ptr + row * KB + pos, cols, mask=exact)
+    tl.store(count_ptr + row, tl.reduce(flags, 0, tl.standard._sum_combine))
+
+
 _KERNEL = LazyKernel(_block_sparse_fwd)
+_THRESHOLD = LazyKernel(_threshold_rows)
 _COMPACT = LazyKernel(_compact)
 _MEANS = LazyKernel(_block_means_qkv)
 _ROUTE = LazyKernel(_route_rows)
@@ -481,6 +507,8 @@ ROUTING_WARPS = 8
 # Warps of the means launch with Launch.means_split (one (64, 128) tile per program): unmeasured until the H200
 # sweep; fewer warps per program leave room for more programs per SM (loads in flight) than the 8 above.
 MEANS_SPLIT_WARPS = 4
+# Warps of `_threshold_rows` (one row of Kb scores per program): unmeasured until the H200 sweep.
+THRESHOLD_WARPS = 4
 
 
 def _block_means(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -596,6 +624,27 @@ def _fused_route(
     return mask, idx, count
 
 
+def _threshold_route(
+    q_mean: torch.Tensor, k_mean: torch.Tensor, tau: float, sink_tokens: int, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_route` plus the group-1 compaction in two launches: the scores by torch's batched matmul (the same call
+    as `_route`'s), then `_threshold_rows` for every row. Returns what `_fused_route` does. The mean and std are
+    two fp32 passes in the kernel where torch.std_mean runs its own reduction, so a block whose score ties its
+    row's threshold within rounding could route differently."""
+    b, h, qb, _ = q_mean.shape
+    kb = k_mean.shape[2]
+    scores = (q_mean @ k_mean.transpose(-1, -2)).contiguous()  # (B, H, Qb, Kb) fp32, scaled in the kernel
+    mask = torch.empty((b, h, qb, kb), dtype=torch.bool, device=q_mean.device)
+    idx = torch.empty((b, h, qb, kb), dtype=torch.int32, device=q_mean.device)
+    count = torch.empty((b, h, qb), dtype=torch.int32, device=q_mean.device)
+    rule = 1 if tau == float("-inf") else 2 if tau == float("inf") else 0
+    _THRESHOLD[(b * h * qb,)](
+        scores, mask.view(torch.uint8), idx, count, qb, kb, float(scale), float(tau) if rule == 0 else 0.0,
+        sink_tokens, RULE=rule, KB_P2=triton.next_power_of_2(kb), BLOCK=BLOCK, **_routing_tuning(THRESHOLD_WARPS),
+    )  # fmt: skip
+    return mask, idx, count
+
+
 def routing(
     q: torch.Tensor, k: torch.Tensor, tau: float, sink_tokens: int, block: int = BLOCK, scale: float | None = None
 ) -> tuple[torch.Tensor, float]:
@@ -682,16 +731,15 @@ class Launch:
     loop_unroll_factor / warp_specialize: the exact loop's `tl.range` options (software-pipeline depth of
     that loop alone, Triton's loop unroller, automatic warp specialization); the interpreter ignores them.
 
-    Two schedule flags outside the exact loop, off in every launch above them; unmeasured until the H200 sweep,
-    each its own candidate and one with both. means_split (needs fused_means): the means launch runs one program
-    per (batch*head, block, tensor) on MEANS_SPLIT_WARPS warps, each reducing one (64, 128) tile of q, k or v
-    instead of all three in turn (that launch read q/k/v at ~37 % of copy bandwidth, ~2 programs per SM); the same
-    sums and divisions, so bitwise the same means. lpt: longest processing time first within each head: `plan`
-    sorts each (batch, head)'s groups by exact-list length on the device (`Plan.order`) and that head's programs
-    take them in this order, so the last wave holds the shortest instead of whichever groups come last; heads keep
-    their place in the grid (the L2 sharing above) and each group's maths is unchanged, so the output is bitwise
-    the same. Works with group 1 and 2 and heads_outer; a plan goes with launches of the same lpt (`attend`
-    refuses a mismatch)."""
+    means_split (needs fused_means): the means launch runs one program per (batch*head, block, tensor) on
+    MEANS_SPLIT_WARPS warps, each reducing one (64, 128) tile of q, k or v instead of all three in turn (that launch
+    read q/k/v at ~37 % of copy bandwidth, ~2 programs per SM); the same sums and divisions, so bitwise the same
+    means. Run 8 (2026-11-30-sparse-attention-h200-run8.json): 0.08-0.09 ms off the routing (DEFAULT since).
+
+    threshold_rows (group 1, not with fused_route): the routing in two launches after the means, the scores by
+    torch's matmul and `_threshold_rows` (scale, mean/std, threshold, band, sinks, mask and index lists per row),
+    instead of the torch route's six small launches and the compaction kernel (`_threshold_route`). The same
+    rounding caveat as fused_route. Unmeasured until the H200 sweep."""
 
     group: int = 1
     num_warps: int = 4
@@ -710,7 +758,7 @@ class Launch:
     loop_unroll_factor: int | None = None
     warp_specialize: bool = False
     means_split: bool = False
-    lpt: bool = False
+    threshold_rows: bool = False
 
     @property
     def tuned(self) -> bool:
@@ -731,6 +779,11 @@ class Launch:
             raise ValueError(f"block_sparse_attention: Launch.group must be 1 or 2, got {self.group!r}")
         if self.fused_route and self.group != 1:
             raise ValueError(f"block_sparse_attention: Launch.fused_route needs group 1, got group {self.group!r}")
+        if self.threshold_rows and (self.group != 1 or self.fused_route):
+            raise ValueError(
+                f"block_sparse_attention: Launch.threshold_rows needs group 1 and not fused_route, got group "
+                f"{self.group!r}, fused_route={self.fused_route!r}"
+            )
         if self.num_warps not in (1, 2, 4, 8, 16) or not 1 <= self.num_stages <= 8:
             raise ValueError(
                 f"block_sparse_attention: Launch num_warps must be a power of two <= 16 and num_stages 1..8, "
@@ -773,7 +826,8 @@ DEFAULT = replace(TMA, means_split=True)
 """TMA with the means launch split per q/k/v tile (`means_split`). Sweep of run 8 (a60cd14,
 benchmarks/results/2026-11-30-sparse-attention-h200-run8.json): the routing 0.28-0.29 vs 0.37-0.40 ms on structured
 q/k/v and 0.48-0.53 vs 0.52-0.57 ms on captured ones, the kernel the same; the fastest call in 5 of the 6 sweep
-points. `lpt` was slower there in 5 of 6 (kernel +1-4 %, and its sort adds to the routing)."""
+points. A longest-first order of each head's programs (`lpt`, since removed) was slower there in 5 of 6 (kernel
++1-4 %, and its sort adds to the routing)."""
 FUSED_ROUTING = Launch(fused_means=True, fused_route=True)
 """DEFAULT with the routing fused: the base of the exact-loop tuning candidates."""
 CANDIDATES = {
@@ -812,8 +866,8 @@ CANDIDATES = {
     # DEFAULT with the means launch one tile per program, with each head's heaviest groups first, and both
     # (unmeasured until the H200 sweep)
     "g1_w4_s3_fused_means_tma_split_means": replace(TMA, means_split=True),
-    "g1_w4_s3_fused_means_tma_lpt": replace(TMA, lpt=True),
-    "g1_w4_s3_fused_means_tma_split_means_lpt": replace(TMA, means_split=True, lpt=True),
+    # DEFAULT with the routing's threshold and lists in one kernel after torch's score matmul (unmeasured)
+    "g1_w4_s3_fused_means_tma_split_means_rows": replace(TMA, means_split=True, threshold_rows=True),
 }
 
 
@@ -823,8 +877,7 @@ class Plan:
 
     k_mean/v_mean (B, H, Kb, D) in the dot dtype; log_len (Kb,) fp32; mask bool (B, H, Qb, Kb);
     idx int32 (B, H, G, Kb) whose first count[b, h, g] entries are the group's exact key blocks, ascending;
-    count int32 (B, H, G); density: fraction of exact pairs (0-dim tensor, no host sync); order int32 (B, H, G):
-    each (batch, head)'s groups by count descending, for a Launch with lpt (None in a plan made without it)."""
+    count int32 (B, H, G); density: fraction of exact pairs (0-dim tensor, no host sync)."""
 
     k_mean: torch.Tensor
     v_mean: torch.Tensor
@@ -835,7 +888,6 @@ class Plan:
     density: torch.Tensor
     scale: float
     group: int
-    order: torch.Tensor | None = None
 
     def computed_density(self) -> float:
         """Fraction of (query block, key block) tiles the kernel computes exactly (>= density when group > 1)."""
@@ -871,17 +923,16 @@ def plan(
         q_mean = _block_means(q, BLOCK)[0]
         k_mean_dot, v_mean_dot = (x.to(torch.bfloat16) if bf16 else x for x in (k_mean, v_mean))
         log_len = lengths.log()
-    if launch.fused_route:
-        mask, idx, count = _fused_route(q_mean.contiguous(), k_mean.contiguous(), tau, sink_tokens, scale)
+    if launch.fused_route or launch.threshold_rows:
+        route = _fused_route if launch.fused_route else _threshold_route
+        mask, idx, count = route(q_mean.contiguous(), k_mean.contiguous(), tau, sink_tokens, scale)
         density = torch.mean(mask, dtype=torch.float32)  # = mask.float().mean(), without the fp32 copy
     else:
         mask, density = _route(q_mean, k_mean, tau, sink_tokens, BLOCK, scale)
         mask = mask.contiguous()
         idx, count = _lists(mask, launch)
-    # Launch.lpt: each (batch, head)'s groups, longest exact list first (ties in group order); sorted on the device
-    order = torch.argsort(count, dim=-1, descending=True, stable=True).to(torch.int32) if launch.lpt else None
     return Plan(
-        k_mean_dot.contiguous(), v_mean_dot.contiguous(), log_len, mask, idx, count, density, scale, launch.group, order
+        k_mean_dot.contiguous(), v_mean_dot.contiguous(), log_len, mask, idx, count, density, scale, launch.group
     )
 
 
@@ -935,13 +986,9 @@ def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launch: Launch = DEFAULT) -> torch.Tensor:
-    """The attention kernel alone on a `plan(...)` of the same q, k, v (made with the same launch.group and lpt)."""
+    """The attention kernel alone on a `plan(...)` of the same q, k, v (made with the same launch.group)."""
     if route.group != launch.group:
         raise ValueError(f"block_sparse_attention: plan made for group {route.group}, launch has {launch.group}")
-    if (route.order is not None) != launch.lpt:
-        raise ValueError(
-            f"block_sparse_attention: plan made with lpt={route.order is not None}, launch has lpt={launch.lpt}"
-        )
     b, h, tq, d = q.shape
     qb, kb = route.mask.shape[-2:]
     groups = route.count.shape[-1]
@@ -949,12 +996,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launc
     tuning = {} if interpreting() else {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
     grid = (b * h, groups) if launch.heads_outer else (groups, b * h)
     _KERNEL[grid](
-        q, k, v, route.k_mean, route.v_mean, route.log_len, route.mask.view(torch.uint8), route.idx, route.count,
-        route.order, out,
+        q, k, v, route.k_mean, route.v_mean, route.log_len, route.mask.view(torch.uint8), route.idx, route.count, out,
         h, tq, k.shape[2], kb, qb, groups, route.scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(),
         F32=q.dtype == torch.float32 or interpreting(), BLOCK=BLOCK, D=d, GROUP=launch.group,
-        BLOCK_M=launch.group * BLOCK, HEADS_OUTER=launch.heads_outer, LPT=launch.lpt,
+        BLOCK_M=launch.group * BLOCK, HEADS_OUTER=launch.heads_outer,
         **tuning, **_tuned_args(k, v, launch),
     )  # fmt: skip
     return out

@@ -212,6 +212,8 @@ FUSED = {
     "fused_means": CANDIDATES["g1_w4_s3_fused_means"],
     "fused_route": Launch(fused_route=True),  # on torch's means (strided: the .contiguous() path)
     "fused_means_and_route": CANDIDATES["g1_w4_s3_fused_routing"],
+    "threshold_rows": Launch(threshold_rows=True),  # torch's means and score matmul, one kernel for the rest
+    "default_threshold_rows": CANDIDATES["g1_w4_s3_fused_means_tma_split_means_rows"],
 }
 
 
@@ -340,6 +342,8 @@ def test_block_sparse_fused_candidates_are_default_plus_flags():
     assert DEFAULT == CANDIDATES["g1_w4_s3_fused_means_tma_split_means"]
     with pytest.raises(ValueError, match="fused_route"):
         Launch(group=2, fused_route=True)
+    with pytest.raises(ValueError, match="threshold_rows needs group 1 and not fused_route"):
+        Launch(threshold_rows=True, fused_route=True)
 
 
 # Exact-loop tuning candidates (Launch.unroll / wide / dot_acc / k_transposed / tma / tl.range options): the same
@@ -355,7 +359,7 @@ def test_block_sparse_tuned_kernel_matches_reference(rng, name):
     the lists are [0, 1], [0, 1, 2], [0..3], [0, 2, 3, 4], [0, 3, 4, 5], [0, 4, 5, 6], [0, 5, 6]: even and odd
     lengths (unroll=2's odd tail masks its second tile), gaps, several iterations, and folded blocks besides."""
     q, k, v = _qkv(rng, 7 * BLOCK - 7, heads=1, noncontiguous=True)
-    torch_routing = replace(CANDIDATES["g1_w4_s3"], lpt=CANDIDATES[name].lpt)  # the reference's routing
+    torch_routing = CANDIDATES["g1_w4_s3"]  # the reference's routing
     route = plan(q, k, v, float("inf"), 1, launch=torch_routing)
     assert route.count.flatten().tolist() == [2, 3, 4, 4, 4, 4, 3]
     got = attend(q, k, v, route, CANDIDATES[name])
@@ -416,15 +420,9 @@ def test_block_sparse_tma_kernel_bad_strides_raises(rng):
         attend(q, k_strided, v, route, CANDIDATES["g1_w4_s3_fused_routing_tma"])
 
 
-# Launch.means_split (the means launch one tile per program) and Launch.lpt (each head's groups heaviest first):
-# schedule flags that leave every sum, division and per-program step as it was, so their outputs are bitwise
-# those of the same launch without them. The candidates with them are tuned (TMA), so the parametrized
-# test_block_sparse_tuned_kernel_matches_reference above checks each against the reference as well.
-SCHEDULED = {
-    "g1_w4_s3_fused_means_tma_split_means": {"means_split": True},
-    "g1_w4_s3_fused_means_tma_lpt": {"lpt": True},
-    "g1_w4_s3_fused_means_tma_split_means_lpt": {"means_split": True, "lpt": True},
-}
+# Launch.means_split (the means launch one tile per program): the same sums and divisions per tile, so its means
+# are bitwise those of the launch without it. Its candidate is tuned (TMA), so the parametrized
+# test_block_sparse_tuned_kernel_matches_reference above checks it against the reference as well.
 
 
 @pytest.mark.parametrize(
@@ -446,48 +444,17 @@ def test_block_sparse_split_means_bitwise_equal_unsplit(rng, tq, tk, dtype):
         assert a.dtype == b.dtype and torch.equal(a, b), f"seed {rng.initial_seed()}: {name}"
 
 
-def test_block_sparse_scheduled_launch_bitwise_equal_default(rng):
-    """The whole call with both flags (split means in `plan`, lpt order in `attend`) is DEFAULT's, bit for bit
-    (the same plan, the same programs in another order), and so matches the reference within the fp32 tolerance;
-    odd length, B = 2, sinks, transposed views."""
+def test_block_sparse_split_means_call_bitwise_equal_unsplit(rng):
+    """The whole DEFAULT call (split means) equals the same launch with one program per block, bit for bit, and so
+    matches the reference within the fp32 tolerance; odd length, B = 2, sinks, transposed views."""
     q, k, v = _qkv(rng, 5 * BLOCK - 7, heads=1, batch=2, noncontiguous=True)
-    got = block_sparse_attention(q, k, v, 0.5, 70, launch=CANDIDATES["g1_w4_s3_fused_means_tma_split_means_lpt"])
-    assert torch.equal(got, block_sparse_attention(q, k, v, 0.5, 70)), f"seed {rng.initial_seed()}"
+    got = block_sparse_attention(q, k, v, 0.5, 70)
+    assert torch.equal(got, block_sparse_attention(q, k, v, 0.5, 70, launch=TMA)), f"seed {rng.initial_seed()}"
     err = (got - reference(q, k, v, 0.5, 70)).abs().max().item()
     assert err < 1e-4, f"seed {rng.initial_seed()}: max error {err}"
 
 
-@pytest.mark.parametrize(
-    "base,order",
-    [("g2_w8_s3", [1, 0, 2]), ("previous", [2, 3, 1, 4, 0])],
-    ids=["group2", "heads_outer"],
-)
-def test_block_sparse_lpt_kernel_bitwise_equal_without_lpt(rng, base, order):
-    """The lpt order is each head's groups by list length, descending, ties in group order; the kernel's output
-    with it equals the same launch's without it. Five query blocks (the last of 57 rows), sink block 0 and the
-    band only (tau = inf): lengths [2, 3, 4, 4, 3] per block, [3, 5, 3] per pair of blocks (the last pair one block),
-    so neither order is the identity; B = 2 puts the order of batch*head 1 at an offset; heads_outer's grid."""
-    launch = CANDIDATES[base]
-    q, k, v = _qkv(rng, 5 * BLOCK - 7, heads=1, batch=2, noncontiguous=True)
-    lpt_launch = replace(launch, lpt=True)
-    route = plan(q, k, v, float("inf"), 1, launch=lpt_launch)
-    assert route.order.dtype == torch.int32
-    assert route.order.tolist() == [[order], [order]], f"counts {route.count.tolist()}"
-    want = attend(q, k, v, replace(route, order=None), launch)
-    assert torch.equal(attend(q, k, v, route, lpt_launch), want), f"seed {rng.initial_seed()}: {base}"
-
-
-def test_block_sparse_scheduled_launch_bad_option_raises(rng):
-    """means_split needs the fused means launch; a plan and a launch must agree on lpt (the order is the plan's)."""
-    assert DEFAULT.means_split and not DEFAULT.lpt and not TMA.means_split
-    for name, flags in SCHEDULED.items():
-        assert CANDIDATES[name] == replace(TMA, **flags), name
+def test_block_sparse_split_means_needs_fused_means():
+    assert DEFAULT == replace(TMA, means_split=True) and not TMA.means_split
     with pytest.raises(ValueError, match="means_split needs fused_means=True"):
         Launch(means_split=True)
-    q, k, v = _qkv(rng, 2 * BLOCK)
-    route = plan(q, k, v, 0.5, 0, launch=PREVIOUS)
-    assert route.order is None
-    with pytest.raises(ValueError, match="lpt=False, launch has lpt=True"):
-        attend(q, k, v, route, replace(PREVIOUS, lpt=True))
-    with pytest.raises(ValueError, match="lpt=True, launch has lpt=False"):
-        attend(q, k, v, plan(q, k, v, 0.5, 0, launch=replace(PREVIOUS, lpt=True)), PREVIOUS)
