@@ -19,8 +19,8 @@ Arms, installed through the plugins' own prepare/activate path (`install.plan` /
 `LoadedModel` whose pipeline holds just this transformer):
 - `stock`: nothing installed (diffusers' `native` backend, torch SDPA);
 - `cudnn`: `attention_backend` cuDNN (contract reduction);
-- `exact_fast`: `profiles.profile("exact-fast", "h3", device)` (fused_block_ops; on the CPU only under the
-  interpreter, which --smoke needs anyway);
+- `exact_fast`: `profiles.profile("exact-fast", "h3", device)` (fused_block_norms, and FlashAttention-4 where it
+  is installed; on the CPU only under the interpreter, which --smoke needs anyway);
 - `block_sparse`: tau chosen by bisection on the routing function (`routing(q, k, tau, prefix)`, the kernel's
   own) over q/k captured from the middle block of a stock forward, for `--density` (20%) exact block pairs;
   `sink_tokens` and `protect_prefix` at their "family" default (the 1,312 text + audio rows).
@@ -29,8 +29,8 @@ then `--rounds` interleaved rounds of one timed forward per arm, and a closing s
 round starts only if it fits in `--budget-s` (from process start); fewer than 3 rounds is stated in the notes.
 Per arm: median / all seconds, rel-L2 of the video and audio outputs against stock, `torch.equal` against stock
 and against its own warm-up output (run-to-run), peak memory; `exact_fast` is also checked for `torch.equal`
-against the arm with the same attention setting (`cudnn` on the GPU, `stock` on the CPU): fused_block_ops is a
-rounding contract, so bit-equal is required there (`rounding_contract`).
+against the arm with the same attention setting (`cudnn` on the GPU, `stock` on the CPU) when its config holds
+fused_block_ops, a rounding contract, so bit-equal is required there (`rounding_contract`; runs 1-3).
 `--flash4`: adds `flash4` (attention through FlashAttention-4) and `exact_fast+flash4`.
 `--stacks`: adds `norms` (fused_block_norms: fused_block_ops' glue plus the q/k RMSNorm + rotary as one kernel each),
 `block_sparse+norms`, `fp8` (selective_fp8 on the six Linears of every block: torchao row-wise dynamic FP8, eager),

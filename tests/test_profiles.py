@@ -37,7 +37,7 @@ def test_exact_fast_configs_per_family_and_device(monkeypatch):
     assert profile("exact-fast", "wan", "cuda") == {"fused_block_norms": {}, **exact, **cuda_only}
     assert profile("exact-fast", "wan", torch.device("cpu")) == exact
     assert profile("exact-fast", "ltx2", "cuda") == profile("exact-fast", "ltx2", "cpu") == {"cross_kv_cache": {}}
-    assert profile("exact-fast", "h3", "cuda:0") == {"fused_block_ops": {}, "flash4_attention": {}}
+    assert profile("exact-fast", "h3", "cuda:0") == {"fused_block_norms": {}, "flash4_attention": {}}
     assert profile("exact-fast", "h3", "cpu") == {}
     for family in FAMILIES:  # forcing cuDNN measured slower than diffusers' default on the H200
         assert "attention_backend" not in profile("exact-fast", family, "cuda")
@@ -55,7 +55,7 @@ def test_exact_fast_says_what_it_leaves_out(monkeypatch):
     assert "flash4_attention" not in config
     assert left_out == {"flash4_attention": "`flash_attn.cute` is not installed"}
     _, left_out = profile_plan("exact-fast", "h3", "cpu")
-    assert left_out["fused_block_ops"] == "Triton kernels on a CPU need TRITON_INTERPRET=1"
+    assert left_out["fused_block_norms"] == "Triton kernels on a CPU need TRITON_INTERPRET=1"
     assert left_out["flash4_attention"] == "runs on ['cuda'], not cpu"
 
 

@@ -14,8 +14,10 @@ Measured on the H200 (random weights, A/B/A in one process; benchmarks/results/2
   4.9e-3 against stock; a 16-step request 1.33x (one A/B/A round). Without FlashAttention-4 the same set ran
   1.221x stock. The bit-equal set (`fused_block_ops` + precompute + cross-KV) ran 1.158x and is what a user who
   needs `torch.equal` to stock installs by hand.
-- H3: `fused_block_ops` (bit-equal to stock at full size) + `flash4_attention`: 1.117x stock on the 33.1B forward,
-  relative L2 2.4e-3 (video) / 2.4e-3 (audio).
+- H3: `fused_block_norms` (fused_block_ops' modulation and gated residuals plus the q/k RMSNorm + rotary as one
+  kernel each) + `flash4_attention`: 1.183x stock on the 33.1B forward (3 A/B/A rounds,
+  benchmarks/results/2026-11-30-h3-full-forward-run8.json), relative L2 2.4e-3 (video) / 2.5e-3 (audio); the previous
+  profile, `fused_block_ops` (bit-equal to stock at full size) + `flash4_attention`, ran 1.116x beside it.
 - LTX-2: `adaln_precompute` and `cross_kv_cache` where their `Spec.families` accept the family (its fused block
   measured 0.87x per block, and FlashAttention-4 was not measured on it).
 Attention is never forced to `_native_cudnn`: that measured slower than diffusers' default (0.970x Wan, 0.985x H3).
@@ -49,7 +51,7 @@ _EXACT_FAST = {
     ),
     "ltx2": (("adaln_precompute", {}, False), ("cross_kv_cache", {}, False)),
     "h3": (
-        ("fused_block_ops", {}, True),
+        ("fused_block_norms", {}, True),
         ("adaln_precompute", {}, False),
         ("cross_kv_cache", {}, False),
         ("flash4_attention", {}, False),
