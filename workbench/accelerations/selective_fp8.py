@@ -206,7 +206,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
 SPEC = Spec(
     name=NAME,
     contract="approximate",
-    summary="torchao row-wise dynamic FP8 (activations and weights) for the Linear layers a glob selects",
+    summary="row-wise dynamic FP8 (activations and weights) for the Linear layers a glob selects (torchao or fused)",
     prepare_fn=_prepare,
     options=(
         Option(
