@@ -36,11 +36,7 @@ Launches without them (DEFAULT, PREVIOUS) compile the original loop. Compiled fo
 GPU (3.6 may differ): DEFAULT 221 registers, 80 KB shared memory (two programs per SM); dot_acc, k_transposed, tma,
 warp_specialize the same footprint (warp_specialize gave dot_acc's PTX: no warp split on sm_90 there);
 num_stages=4 gave DEFAULT's PTX; unroll2 255 registers and 147 KB (one program per SM), 64 KB with exact_stages=1.
-`means_split` runs the fused means launch as one program per (batch*head, block, tensor) on fewer warps, each
-reducing one (64, 128) tile instead of q, k and v in turn (that launch read them at ~37 % of copy bandwidth, ~2
-programs per SM; bitwise the same means); DEFAULT since run 8. (A longest-first order of each head's programs,
-`lpt`, was slower in 5 of run 8's 6 sweep points and was removed.) `threshold_rows`: the routing's threshold and
-lists in one kernel after torch's score matmul (Launch).
+Two routing flags, `means_split` (DEFAULT since run 8) and `threshold_rows`, are described in `Launch`.
 
 Higher `tau` means fewer exact blocks. Density is the fraction of exact (query block, key block) pairs,
 averaged over batch and heads.

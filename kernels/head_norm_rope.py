@@ -17,7 +17,7 @@ once.
 Rounding, kept from torch: RMSNorm computes in fp32, `x * rsqrt(mean(x**2) + eps) * weight`, and rounds once to
 x's dtype; the rotary runs in x's dtype, each product and the sum rounded on its own (no fused multiply-add:
 `enable_fp_fusion=False`; a product of two bf16 values is exact in fp32, so one rounding of it is torch's bf16
-product). The tables are rounded to x's dtype on the host, as torch does. Why `reduction`, not `rounding`: the sum
+product). The tables are rounded to x's dtype in the kernel, as torch rounds them before the products. Why `reduction`, not `rounding`: the sum
 of squares is a Triton tree reduction and `rsqrt` is `1 / sqrt_rn`, so a row's scale can differ from torch's by an
 ulp; the rest of the chain is torch's op for op (tests/kernels/test_head_norm_rope.py bounds the error against a
 float64 run of the chain at 2x torch's own).
@@ -110,6 +110,11 @@ def _head_norm_rope(
     yp = tl.where((c < half)[None, :], -yp, yp)  # cat(-x2, x1): exact in any dtype
     cos = tl.load(cos_ptr + (t * c_st)[:, None] + (c * c_sd)[None, :], mask=rot_mask, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + (t * s_st)[:, None] + (c * s_sd)[None, :], mask=rot_mask, other=0.0).to(tl.float32)
+    if X_BF16:  # torch's `cos.to(x.dtype)`, `sin.to(x.dtype)`
+        tables = tl.join(cos, sin)
+        bits = tables.to(tl.uint32, bitcast=True)
+        bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
+        cos, sin = tl.split(tl.where(tables != tables, tables, bits.to(tl.float32, bitcast=True)))
     products = tl.join(y * cos, yp * sin)  # each rounded to x's dtype on its own
     if X_BF16:
         bits = products.to(tl.uint32, bitcast=True)
@@ -173,7 +178,6 @@ def head_norm_rope(
     _check(x, weight, cos, sin)
     check_runtime("head_norm_rope", x, weight, cos, sin)
     b, t, h, d = x.shape
-    cos, sin = cos.to(x.dtype).float(), sin.to(x.dtype).float()  # torch rounds the tables to x's dtype first
     out = torch.empty((b, t, h, d), dtype=x.dtype, device=x.device)
     rows = b * t * h
     block_r = min(INTERPRET_ROWS if interpreting() else launch.rows, triton.next_power_of_2(max(rows, 1)))
