@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from workbench import Request
-from workbench.media import decode_mp4, encode_mp4, verify_mp4, write_atomic
+from workbench.io import write_atomic
+from workbench.media import decode_mp4, encode_mp4, verify_mp4
 
 
 def test_result_save_round_trips_through_verifier(sessions, tmp_path):
@@ -46,15 +47,3 @@ def test_verifier_flags_black_frames_and_wrong_counts(tmp_path):
 def test_encode_rejects_bad_frames():
     with pytest.raises(ValueError, match="frames: expected uint8"):
         encode_mp4(np.zeros((2, 8, 8, 3), np.float32), 8)
-
-
-def test_write_atomic_leaves_nothing_on_failure(tmp_path, monkeypatch):
-    import os
-
-    def fail(*args):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OSError):
-        write_atomic(tmp_path / "a.json", b"{}")
-    assert list(tmp_path.iterdir()) == []

@@ -153,7 +153,7 @@ def _qualify(args: argparse.Namespace) -> int:
     from workbench.evidence.manifest import load_manifest
     from workbench.evidence.records import write_record
     from workbench.evidence.report import render
-    from workbench.media import write_atomic
+    from workbench.io import write_atomic
     from workbench.quality import Budget
 
     configs = {name: _json_arg(name, getattr(args, name)) for name in ("baseline", "candidate", "budget")}

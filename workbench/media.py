@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -53,21 +52,6 @@ def _even(frames: np.ndarray) -> np.ndarray:
     if pad_h or pad_w:
         frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
     return frames
-
-
-def write_atomic(path: Path, data: bytes) -> Path:
-    """Write to a temporary name beside `path`, then rename: a reader never sees half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 @dataclass

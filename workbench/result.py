@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.media import encode_mp4, write_atomic
+from workbench.io import write_atomic
+from workbench.media import encode_mp4
 from workbench.telemetry import Event
 
 

@@ -60,7 +60,7 @@ class Session:
         `accelerations` is installed after loading (see `accelerate`).
         """
         start = time.perf_counter()
-        torch_device = _device(device)
+        torch_device = environment.device(device)
         torch_dtype = _dtype(dtype, torch_device)
         if isinstance(model, LoadedModel):
             loaded = model
@@ -196,20 +196,6 @@ class Session:
 def _to_uint8(frames: np.ndarray) -> np.ndarray:
     """Float frames in [0, 1] to uint8, rounding (not truncating) so mid-grey stays mid-grey."""
     return np.clip(np.rint(frames * 255.0), 0, 255).astype(np.uint8)
-
-
-def _device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        torch_device = torch.device(device)
-    except RuntimeError as error:
-        raise ValueError(f"device: {device!r} is not a device; allowed: auto, cpu, cuda, cuda:N") from error
-    if torch_device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device: {device!r}; allowed: auto, cpu, cuda, cuda:N")
-    if torch_device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device: {device!r} requested but this machine has no CUDA device")
-    return torch_device
 
 
 def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

@@ -74,7 +74,7 @@ def test_step_callbacks_run_inside_a_cache_context_and_base16_gives_16_evaluatio
     monkeypatch.setattr(transformer, "cache_context", recording)
     hook = transformer.register_forward_pre_hook(lambda *_: calls.append(1))
     try:
-        result = session.generate(h3.base16_request("p", seed=0), progress=False)
+        result = session.generate(Request("p", seed=0, **h3.BASE16), progress=False)
     finally:
         hook.remove()
     assert len(calls) == 16 and len(result.step_seconds) == 16

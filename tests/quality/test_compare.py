@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workbench import Result
-from workbench.quality import Budget, compare
+from workbench.quality import Budget, compare, compare_arrays
 
 
 def _result(frames, audio=None, latents=None, sample_rate=16000):
@@ -126,3 +126,28 @@ def test_compare_new_black_frames_fail(rng):
     comparison = compare(reference, _result(frames, reference.audio, reference.latents), Budget(None, None, None))
     assert comparison.candidate_black_frames == 1 and comparison.reference_black_frames == 0
     assert comparison.failures == ["black_frames: candidate has 1, reference 0"]
+
+
+def test_compare_arrays_is_the_pure_function_behind_compare(rng):
+    reference = _reference(rng)
+    candidate = _candidate(rng, reference, pixel_noise=3, latent_noise=1e-3, audio_gain=0.9)
+    from_results = compare(reference, candidate)
+    from_arrays = compare_arrays(
+        reference.frames,
+        candidate.frames,
+        reference_audio=(reference.audio, reference.sample_rate),
+        candidate_audio=(candidate.audio, candidate.sample_rate),
+        reference_latents=reference.latents,
+        candidate_latents=candidate.latents,
+    )
+    assert from_arrays.to_dict() == from_results.to_dict()
+    video_only = compare_arrays(reference.frames, candidate.frames)
+    assert video_only.audio_snr_db is None and video_only.latent_rel_l2 is None
+    assert video_only.psnr_db == from_results.psnr_db
+    other_rate = compare_arrays(
+        reference.frames,
+        reference.frames,
+        reference_audio=(reference.audio, 16000),
+        candidate_audio=(reference.audio, 8000),
+    )
+    assert any("sample_rate" in failure for failure in other_rate.failures)

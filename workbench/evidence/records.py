@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workbench.media import write_atomic
+from workbench.io import write_atomic
 
 
 def write_record(path: str | Path, record: dict[str, Any]) -> Path:

@@ -18,7 +18,7 @@ it to the session's contract:
   (both). Keyframes are PIL images or uint8 (H, W, 3) arrays; arrays are handed to the pipeline as PIL images
   (its resize step reads `.size`), which is lossless.
 - Full size: `Session.open(path, device="cuda")` on a local diffusers copy of the release (`load`), then
-  `session.generate(base16_request(prompt))` runs the released Base16 setting: 124 frames at 768x1344, 17 steps =
+  `session.generate(Request(prompt, **BASE16))` runs the released Base16 setting: 124 frames at 768x1344, 17 steps =
   16 transformer forwards, stereo 32 kHz. The 33.1B-parameter transformer alone is about 62 GiB in bf16; one
   forward at 10 s 736x992 (52,648 packed rows) is timed by `python -m benchmarks.h3_full_forward`.
 """
@@ -259,17 +259,11 @@ TINY_TRANSFORMER = {
 }
 
 
-def base16_request(prompt: str, seed: int = 0, **fields: Any) -> Any:
-    """A request for 16 transformer evaluations (`steps=17`; H3 evaluates N - 1 times for N steps).
-
-    Sizes come from the model's defaults, so on `tiny-h3` this is 124x32x64. With the released checkpoint the
-    family defaults make it the full-size Base16 run: 124 frames (5.17 s at 24 fps), 768x1344 (the checkpoint's
-    16:9 canvas: short edge 768, at most 768*1344 pixels), 17 steps, one forward per step (guidance-distilled: no
-    negative prompt, no guidance scale), stereo 32 kHz audio. Pass `frames=` (up to 345) for longer clips.
-    """
-    from workbench.request import Request
-
-    return Request(prompt, seed=seed, **{"steps": 17, **fields})
+# The released Base16 setting: 17 steps = 16 transformer evaluations (H3 evaluates N - 1 times for N steps), one
+# forward per step (guidance-distilled: no negative prompt, no guidance scale). Sizes come from the model's
+# defaults: 124x32x64 on `tiny-h3`; with the released checkpoint 124 frames (5.17 s at 24 fps), 768x1344 (short
+# edge 768, at most 768*1344 pixels), stereo 32 kHz audio. Use as `Request(prompt, **BASE16)`.
+BASE16: dict[str, Any] = {"steps": 17}
 
 
 class _ProcessorWithoutVideo(Qwen3VLProcessor):

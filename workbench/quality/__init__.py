@@ -13,7 +13,7 @@ from workbench.quality.audio import (
     spectral_cosine,
 )
 from workbench.quality.budget import Budget
-from workbench.quality.compare import Comparison, compare
+from workbench.quality.compare import Comparison, compare, compare_arrays
 from workbench.quality.latent import latent_rel_l2
 from workbench.quality.video import (
     black_frames,
@@ -34,6 +34,7 @@ __all__ = [
     "black_frames",
     "check_frame_count",
     "compare",
+    "compare_arrays",
     "latent_rel_l2",
     "log_spectral_distance",
     "psnr_per_frame",

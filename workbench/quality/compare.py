@@ -1,4 +1,7 @@
-"""Compare a candidate `Result` with its reference: every metric, the budget verdict, and why it failed."""
+"""Compare a candidate's outputs with its reference's: every metric, the budget verdict, and why it failed.
+
+`compare_arrays` is the pure function of arrays; `compare` is its thin adapter for two `Result`s.
+"""
 
 from __future__ import annotations
 
@@ -112,15 +115,38 @@ def _bitwise_equal(a: np.ndarray | torch.Tensor | None, b: np.ndarray | torch.Te
 
 
 def compare(reference_result: Result, candidate_result: Result, budget: Budget | None = None) -> Comparison:
-    """Every quality metric of `candidate_result` against `reference_result`, checked against `budget`.
+    """`compare_arrays` on two `Result`s: their frames, audio (with sample rates) and latents."""
+    return compare_arrays(
+        reference_result.frames,
+        candidate_result.frames,
+        reference_audio=(reference_result.audio, reference_result.sample_rate),
+        candidate_audio=(candidate_result.audio, candidate_result.sample_rate),
+        reference_latents=reference_result.latents,
+        candidate_latents=candidate_result.latents,
+        budget=budget,
+    )
 
-    `budget` defaults to `Budget()` (the seeds' limits). Frames must share height and width, and latents
-    their shape (a ValueError names both shapes otherwise: such results answer different requests). What else
-    differs (frame count, audio length, sample rate) is compared over what the two share and reported in
-    `failures`.
+
+def compare_arrays(
+    reference_frames: np.ndarray,
+    candidate_frames: np.ndarray,
+    *,
+    reference_audio: tuple[np.ndarray | None, int | None] = (None, None),
+    candidate_audio: tuple[np.ndarray | None, int | None] = (None, None),
+    reference_latents: torch.Tensor | None = None,
+    candidate_latents: torch.Tensor | None = None,
+    budget: Budget | None = None,
+) -> Comparison:
+    """Every quality metric of a candidate's outputs against a reference's, checked against `budget`.
+
+    Frames are uint8 (T, H, W, 3); audio is `(samples (C, N) float32 or None, sample rate in Hz or None)`;
+    latents any shape, the same on both sides. `budget` defaults to `Budget()` (the seeds' limits). Frames
+    must share height and width, and latents their shape (a ValueError names both shapes otherwise: such
+    outputs answer different requests). What else differs (frame count, audio length, sample rate) is
+    compared over what the two share and reported in `failures`.
     """
     budget = Budget() if budget is None else budget
-    ref_frames, cand_frames = reference_result.frames, candidate_result.frames
+    ref_frames, cand_frames = reference_frames, candidate_frames
     check_frames("reference frames", ref_frames)
     check_frames("candidate frames", cand_frames)
     if ref_frames.shape[1:] != cand_frames.shape[1:]:
@@ -138,9 +164,12 @@ def compare(reference_result: Result, candidate_result: Result, budget: Budget |
     if cand_black > ref_black:
         failures.append(f"black_frames: candidate has {cand_black}, reference {ref_black}")
 
-    latents = _latents(reference_result.latents, candidate_result.latents)
-    audio = _audio(reference_result, candidate_result, failures)
-    finite = _finite(reference_result, candidate_result, failures)
+    latents = _latents(reference_latents, candidate_latents)
+    audio = _audio(reference_audio, candidate_audio, failures)
+    finite = _finite(
+        {"reference": (reference_audio[0], reference_latents), "candidate": (candidate_audio[0], candidate_latents)},
+        failures,
+    )
     metrics = {"latent_rel_l2": latents, "psnr_db": video_psnr(ref_common, cand_common), "min_ssim": float(ssim.min())}
     metrics.update(audio)
     failures = budget.failures(metrics) + failures
@@ -167,8 +196,8 @@ def compare(reference_result: Result, candidate_result: Result, budget: Budget |
         finite=finite,
         exact=(
             _bitwise_equal(ref_frames, cand_frames)
-            and _bitwise_equal(reference_result.audio, candidate_result.audio)
-            and _bitwise_equal(reference_result.latents, candidate_result.latents)
+            and _bitwise_equal(reference_audio[0], candidate_audio[0])
+            and _bitwise_equal(reference_latents, candidate_latents)
         ),
         failures=failures,
     )
@@ -180,18 +209,22 @@ def _latents(reference: torch.Tensor | None, candidate: torch.Tensor | None) -> 
     return latent_rel_l2(reference, candidate)
 
 
-def _audio(reference: Result, candidate: Result, failures: list[str]) -> dict[str, Any]:
+def _audio(
+    reference: tuple[np.ndarray | None, int | None],
+    candidate: tuple[np.ndarray | None, int | None],
+    failures: list[str],
+) -> dict[str, Any]:
     """Audio metrics (None when there is nothing comparable), appending structural problems to `failures`."""
     names = ("audio_snr_db", "lsd_db", "spectral_cosine", "rms_ratio", "audio_length_difference")
     out: dict[str, Any] = dict.fromkeys(names)
-    ref, cand = reference.audio, candidate.audio
+    (ref, ref_rate), (cand, cand_rate) = reference, candidate
     if ref is None and cand is None:
         return out
     if ref is None or cand is None:
         failures.append(f"audio: {'reference' if ref is None else 'candidate'} has no audio, the other has")
         return out
-    if reference.sample_rate != candidate.sample_rate:
-        failures.append(f"sample_rate: candidate {candidate.sample_rate} Hz, reference {reference.sample_rate} Hz")
+    if ref_rate != cand_rate:
+        failures.append(f"sample_rate: candidate {cand_rate} Hz, reference {ref_rate} Hz")
         return out
     out["audio_length_difference"] = difference = audio_length_difference(ref, cand)
     if difference:
@@ -204,14 +237,14 @@ def _audio(reference: Result, candidate: Result, failures: list[str]) -> dict[st
     return out
 
 
-def _finite(reference: Result, candidate: Result, failures: list[str]) -> bool:
+def _finite(sides: dict[str, tuple[np.ndarray | None, torch.Tensor | None]], failures: list[str]) -> bool:
     """Audio and latents of both sides free of NaN/inf; each offender is named in `failures`."""
     finite = True
-    for side, result in (("reference", reference), ("candidate", candidate)):
-        if result.audio is not None and not audio_finite(result.audio):
+    for side, (audio, latents) in sides.items():
+        if audio is not None and not audio_finite(audio):
             failures.append(f"finite: {side} audio has non-finite samples")
             finite = False
-        if result.latents is not None and not bool(torch.isfinite(result.latents).all()):
+        if latents is not None and not bool(torch.isfinite(latents).all()):
             failures.append(f"finite: {side} latents have non-finite values")
             finite = False
     return finite

@@ -54,7 +54,7 @@ def record(config: Any, state: dict[str, Any], environment: dict[str, Any], stag
 def write_outputs(out: Path, run_record: dict[str, Any], stages: Iterable[str]) -> None:
     """`train.json` and `loss.png` in `out`, each written atomically."""
     from workbench.evidence.records import write_record
-    from workbench.media import write_atomic
+    from workbench.io import write_atomic
     from workbench.plots import figure_png
 
     write_record(out / "train.json", run_record)

@@ -85,11 +85,10 @@ class TrainConfig:
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run (or resume) training within `config.minutes`, then export, evaluate and report; returns the record."""
     from workbench import environment
-    from workbench.session import _device
 
     config.validate()
     started = time.perf_counter()
-    device = _device(config.device)
+    device = environment.device(config.device)
     precision = torch.get_float32_matmul_precision()
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for training only; restored before evaluation
