@@ -63,7 +63,7 @@ def envelope(scenario: str, measurement: Measurement, device: torch.device, smok
         "format": FORMAT,
         "what": measurement.what,
         "scenario": scenario,
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]) if sys.argv and sys.argv[0] else "",
+        "command": command_line(),
         "commit": described["git"]["commit"] or os.environ.get("WORKBENCH_COMMIT"),
         "dirty": described["git"]["dirty"],
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -75,6 +75,14 @@ def envelope(scenario: str, measurement: Measurement, device: torch.device, smok
         "ratios": measurement.ratios,
         "notes": list(measurement.notes),
     }
+
+
+def command_line() -> str:
+    """This process's command line, as typed (`python -m benchmarks ...` for the harness's entry point)."""
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).parts[-2:] == ("benchmarks", "__main__.py"):
+        return shlex.join(["python", "-m", "benchmarks", *argv[1:]])
+    return shlex.join([Path(sys.executable).name, *argv])
 
 
 def write(record: dict[str, Any], out: Path) -> Path:
