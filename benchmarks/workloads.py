@@ -28,10 +28,10 @@ def calls(smoke: bool, repeats: int, warmup: int) -> dict[str, Any]:
 
 
 def wan_request(steps: int, smoke: bool) -> Request:
-    """480x832, 81 frames (32,760 tokens), CFG 5; `smoke`: 9 frames at 32x32, 2 steps."""
+    """480x832, 81 frames (32,760 tokens), CFG 5; `smoke`: 5 frames at 16x16, 1 step."""
     request = Request("a red circle moves left over a blue floor", seed=42, frames=81, height=480, width=832,
                       steps=steps, guidance=5.0)  # fmt: skip
-    return dataclasses.replace(request, frames=9, height=32, width=32, steps=2) if smoke else request
+    return dataclasses.replace(request, frames=5, height=16, width=16, steps=1) if smoke else request
 
 
 def open_wan(smoke: bool, device: torch.device) -> Session:
