@@ -76,12 +76,13 @@ class ForwardArm:
     output: Any = None
     error: str | None = None
     timings: list[Timing] = dataclasses.field(default_factory=list)
+    mismatches: int = 0  # timed visits whose last output differed from the checked one
 
 
 class Forwards:
     """Visits of forward arms on one session: `visit(arm)` installs the arm, runs `warmup` untimed forwards (plugin
     caches fill: the steady state of step 2 on of a request), times `per_visit` forwards (`time_call`, synchronised
-    clock), checks the last timed output equals the arm's checked one, and uninstalls."""
+    clock), counts a visit whose last output differs from the arm's checked one (`mismatches`), and uninstalls."""
 
     def __init__(self, session: Session, forward: Callable[[], Any], per_visit: int, warmup: int):
         self.session, self.forward, self.per_visit, self.warmup = session, forward, per_visit, warmup
@@ -109,8 +110,7 @@ class Forwards:
                 timing = time_call(run, self.session.device, self.per_visit, self.warmup, queued=False)
         finally:
             self.session.accelerate({})
-        if not equal(last[0], arm.output):
-            raise RuntimeError(f"{arm.name}: a timed forward's output differs from the arm's checked output")
+        arm.mismatches += not equal(last[0], arm.output)
         arm.timings.append(timing)
         return timing.median_s
 
@@ -123,7 +123,7 @@ class Forwards:
                 row["error"] = arm.error
             if arm.timings:
                 seconds = [t.median_s for t in arm.timings]
-                row.update(median_s=statistics.median(seconds), seconds=seconds)
+                row.update(median_s=statistics.median(seconds), seconds=seconds, outputs_match_check=not arm.mismatches)
             if arm.output is not None and stock.output is not None:
                 row.update(
                     rel_l2_vs_stock=rel_l2(arm.output, stock.output), equal_to_stock=equal(arm.output, stock.output)

@@ -99,8 +99,11 @@ def worker(out: Path, rounds: int) -> None:
         for name, runs in results.items()
         if measured.seconds[name]
     }
-    arms["ulysses"]["latents_equal_1gpu"] = bool(torch.equal(parallel.latents, pilot.latents))
-    arms["ulysses"]["latent_rel_l2_vs_1gpu"] = float((parallel.latents - pilot.latents).norm() / pilot.latents.norm())
+    if "ulysses" in arms:
+        arms["ulysses"]["latents_equal_1gpu"] = bool(torch.equal(parallel.latents, pilot.latents))
+        arms["ulysses"]["latent_rel_l2_vs_1gpu"] = float(
+            (parallel.latents - pilot.latents).norm() / pilot.latents.norm()
+        )
     record = {
         "shape": {"model": "random-wan-1.3b", "world_size": dist.get_world_size(), "request": request.to_dict()},
         "arms": arms,
