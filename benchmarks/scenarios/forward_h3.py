@@ -202,6 +202,7 @@ def run(context: Context) -> Measurement:
         shape["peak_gib"] = torch.cuda.max_memory_allocated(device) / GIB
     notes.append(
         "Random weights: routing density and rel-L2 are properties of this random model, not of the checkpoint. "
-        "Times: CUDA events around one synchronised forward per visit."
-    )
+        + ("Smoke: tiny config on the CPU (perf_counter); the numbers say nothing about speed." if context.smoke
+           else "Times: CUDA events around one synchronised forward per visit.")
+    )  # fmt: skip
     return Measurement(SUMMARY, shape, arms_rows, ratios, notes)

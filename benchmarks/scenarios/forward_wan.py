@@ -44,5 +44,9 @@ def run(context: Context) -> Measurement:
     rows, ratios = compare_forwards(forwards, arms, context.rounds, notes)
     if rows["bit-equal"].get("equal_to_stock") is False:
         notes.append("CONTRACT BROKEN: the bit-equal arm's output differs from stock's.")
-    notes.append("Times: CUDA events around one transformer forward, each synchronised; median of 2 per visit.")
+    notes.append(
+        "Times: CUDA events around one synchronised transformer forward, median of 2 per visit after 1 untimed."
+        if not context.smoke
+        else "Smoke: tiny-wan on the CPU (perf_counter, one forward per visit); the numbers say nothing about speed."
+    )
     return Measurement(SUMMARY, shape, rows, ratios, notes)

@@ -82,5 +82,9 @@ def run(context: Context) -> Measurement:
     shape = {"model": session.model.name, "request": session.resolve(request).to_dict(), "dtype": "bfloat16",
              "init_seconds": session.init_seconds}  # fmt: skip
     arms = {name: requests.row(name, config) for name, config in configs.items()}
-    notes.append("Times: the session's request total (CUDA events per stage on a GPU); pilots untimed.")
+    notes.append(
+        "Times: the session's request total (CUDA events per stage); pilots untimed."
+        if not context.smoke
+        else "Smoke: tiny-wan, 5 frames at 16x16, 1 step, on the CPU; the numbers say nothing about speed."
+    )
     return Measurement(SUMMARY, shape, arms, {k: v.to_dict() for k, v in rounds.ratios().items()}, notes)
