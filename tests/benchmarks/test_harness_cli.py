@@ -44,3 +44,20 @@ def test_unknown_scenario_and_bad_rounds_raise(tmp_path):
         run_scenario("nope", tmp_path, smoke=True, rounds=3)
     with pytest.raises(ValueError, match="--rounds"):
         run_scenario("kernels", tmp_path, smoke=True, rounds=0)
+
+
+def test_full_run_without_cuda_refuses_and_parallel_needs_two_gpus(tmp_path):
+    import torch
+
+    from benchmarks.envelope import Context
+    from benchmarks.scenarios import parallel
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("checks the refusals of a machine without two GPUs")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="kernels: needs a CUDA device"):
+            run_scenario("kernels", tmp_path, smoke=False, rounds=3)
+    with pytest.raises(RuntimeError, match="parallel: needs at least 2 CUDA devices"):
+        parallel.run(Context(smoke=False, rounds=3, device=torch.device("cuda")))
+    assert main(["run", "parallel", "--out", str(tmp_path)]) == 1  # reported, not raised; nothing written
+    assert not (tmp_path / "parallel.json").exists()
