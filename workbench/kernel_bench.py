@@ -1,73 +1,182 @@
-"""Micro-benchmarks of the block kernels against their torch references and the copy roofline.
+"""The fused block kernels against their torch references, reported against the roofline.
 
-Used by `notebooks/30_kernels.ipynb` and `benchmarks/exact_fast_wan_1_3b.py`. Each kernel is checked
-`torch.equal` to its reference on the inputs it is timed on, so a fast wrong kernel cannot report.
+`cases(...)` builds each kernel's launcher call (DEFAULT launch), its reference call and its `cost()` at one
+shape; `measure(case, ...)` times both with `workbench.evidence.timing.time_call` and checks the kernel's output
+against the reference on the very inputs it is timed on (equal, or within the bound its contract allows), so a
+fast wrong kernel cannot report a speed. Used by `notebooks/30_kernels.ipynb` (`micro_benchmarks`) and the
+`kernels` benchmark scenario (`python -m benchmarks run kernels`).
+
+Roofline: a call cannot take less than max(bytes_moved / COPY_BANDWIDTH, flops / BF16_GEMM_FLOPS), the
+ceilings measured on the project's H200.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from workbench.kernels import adaln_modulate, gated_residual, gelu_tanh
+from workbench.evidence.timing import time_call
+from workbench.kernels import adaln_modulate, gated_residual, gelu_tanh, layernorm_modulate, qk_norm_rope
 
 COPY_BANDWIDTH = 4.17e12  # bytes/s: device-to-device copy measured on the project's H200
+BF16_GEMM_FLOPS = 775e12  # flop/s: dense bf16 GEMM measured on the project's H200
 WAN_1_3B = {"batch": 1, "tokens": 32760, "channels": 1536, "ffn": 8960}
+HEADS = 12  # Wan2.1-1.3B: 12 heads of 128
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kernel at one shape: `kernel()` and `reference()` compute the same maths on the same inputs.
+
+    `exact`: the contract is bitwise (torch.equal required); otherwise the relative L2 against the reference
+    must be <= `rel_l2_bound` (a reduction-order or approximation contract, stated by the kernel module)."""
+
+    name: str
+    kernel: Callable[[], Any]
+    reference: Callable[[], Any]
+    bytes_moved: int
+    flops: int
+    exact: bool
+    rel_l2_bound: float = 0.0
+
+
+def roofline_seconds(bytes_moved: int, flops: int) -> float:
+    """The least time a call moving `bytes_moved` and computing `flops` can take at the measured ceilings."""
+    return max(bytes_moved / COPY_BANDWIDTH, flops / BF16_GEMM_FLOPS)
+
+
+def cases(
+    batch: int,
+    tokens: int,
+    channels: int,
+    ffn: int,
+    heads: int = HEADS,
+    device: str | torch.device = "cuda",
+    seed: int = 0,
+) -> list[Case]:
+    """The Wan block's fused kernels at (batch, tokens, channels), FFN width `ffn`, `heads` heads; bf16 activations,
+    fp32 modulation tables and rotary tables as the workbench's bf16 sessions hold them. Inputs drawn from `seed`."""
+    generator = torch.Generator(device).manual_seed(seed)
+
+    def randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, device=device, generator=generator).to(dtype)
+
+    bf16, shape = torch.bfloat16, (batch, tokens, channels)
+    n = randn(*shape)
+    table = randn(batch, 6, channels)
+    scale, shift, gate = table[:, 1:2], table[:, 0:1], table[:, 2:3]
+    x, y = randn(*shape, dtype=bf16), randn(*shape, dtype=bf16)
+    h = randn(batch, tokens, ffn, dtype=bf16)
+    weight, bias = randn(channels), randn(channels)
+    head_dim = channels // heads
+    cos, sin = randn(1, tokens, 1, head_dim), randn(1, tokens, 1, head_dim)
+    rms_weight = randn(channels, dtype=bf16)
+    q = x.unflatten(2, (heads, head_dim))
+    eps = 1e-6
+    return [
+        Case(
+            "adaln_modulate",
+            lambda: adaln_modulate.adaln_modulate(n, scale, shift, bf16),
+            lambda: adaln_modulate.reference(n, scale, shift, bf16),
+            *adaln_modulate.cost(shape, bf16),
+            exact=True,
+        ),
+        Case(
+            "gated_residual",
+            lambda: gated_residual.gated_residual(x, y, gate),
+            lambda: gated_residual.reference(x, y, gate),
+            *gated_residual.cost(shape, bf16),
+            exact=True,
+        ),
+        Case(
+            "gelu_tanh",
+            lambda: gelu_tanh.gelu_tanh(h),
+            lambda: gelu_tanh.reference(h),
+            *gelu_tanh.cost((batch, tokens, ffn)),
+            exact=False,
+            rel_l2_bound=1e-2,
+        ),
+        Case(
+            "layernorm_modulate",
+            lambda: layernorm_modulate.layernorm_modulate(x, eps, scale=scale, shift=shift),
+            lambda: layernorm_modulate.reference(x, eps, scale=scale, shift=shift),
+            *layernorm_modulate.cost(shape, bf16),
+            exact=False,
+            rel_l2_bound=1e-2,
+        ),
+        Case(
+            "layernorm_affine",
+            lambda: layernorm_modulate.layernorm_modulate(x, eps, weight=weight, bias=bias),
+            lambda: layernorm_modulate.reference(x, eps, weight=weight, bias=bias),
+            *layernorm_modulate.cost(shape, bf16, affine=True, modulate=False),
+            exact=False,
+            rel_l2_bound=1e-2,
+        ),
+        Case(
+            "rope_only",
+            lambda: qk_norm_rope.rope_only(q, cos, sin),
+            lambda: qk_norm_rope.rope_reference(q, cos, sin),
+            *qk_norm_rope.cost((batch, tokens, heads, head_dim), norm=False),
+            exact=True,
+        ),
+        Case(
+            "qk_norm_rope",
+            lambda: qk_norm_rope.qk_norm_rope(x, rms_weight, eps, cos, sin, heads),
+            lambda: qk_norm_rope.reference(x, rms_weight, eps, cos, sin, heads),
+            *qk_norm_rope.cost((batch, tokens, heads, head_dim)),
+            exact=False,
+            rel_l2_bound=1e-2,
+        ),
+    ]
+
+
+def check(case: Case) -> dict[str, Any]:
+    """The kernel's output against the reference's on the case's inputs: equal / differing / rel-L2 / within."""
+    got, want = case.kernel(), case.reference()
+    got, want = (got[-1], want[-1]) if isinstance(got, tuple) else (got, want)  # fused add: the normed output
+    equal = bool(torch.equal(got, want))
+    rel_l2 = float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+    within = equal if case.exact else rel_l2 <= case.rel_l2_bound
+    return {"bitwise_equal": equal, "differing_elements": int((got != want).sum()), "rel_l2": rel_l2, "within": within}
+
+
+def measure(case: Case, device: str | torch.device, repeats: int = 20, warmup: int = 3) -> dict[str, Any]:
+    """One row: the check, both arms' times (`time_call`: median of synchronised calls, and queued), the speed-up
+    reference / kernel and the kernel's fraction of the roofline. ValueError naming the kernel if it fails its check."""
+    checked = check(case)
+    if not checked["within"]:
+        raise ValueError(f"{case.name}: kernel output differs from its reference beyond its contract: {checked}")
+    kernel = time_call(case.kernel, device, repeats, warmup)
+    reference = time_call(case.reference, device, repeats, warmup)
+    roofline = roofline_seconds(case.bytes_moved, case.flops)
+    return {
+        "kernel": case.name,
+        **checked,
+        "kernel_ms": kernel.median_s * 1e3,
+        "kernel_queued_ms": kernel.queued_s * 1e3,
+        "reference_ms": reference.median_s * 1e3,
+        "reference_queued_ms": reference.queued_s * 1e3,
+        "speedup": reference.median_s / kernel.median_s,
+        "bytes_moved": case.bytes_moved,
+        "flops": case.flops,
+        "roofline_ms": roofline * 1e3,
+        "fraction_of_roofline": roofline / kernel.median_s,
+        "fraction_of_copy_bandwidth": case.bytes_moved / kernel.median_s / COPY_BANDWIDTH,
+        "clock": kernel.clock,
+    }
 
 
 def micro_benchmarks(
     batch: int = 1, tokens: int = 32760, channels: int = 1536, ffn: int = 8960, copy_bandwidth: float = COPY_BANDWIDTH
 ) -> list[dict[str, Any]]:
-    """Time each kernel and its reference (`triton.testing.do_bench`, median ms) on CUDA; one row per kernel."""
+    """Each kernel and its reference on CUDA (`measure`, one row per kernel); `copy_bandwidth` (bytes/s) sets the
+    `fraction_of_copy_bandwidth` column. RuntimeError without a CUDA device."""
     if not torch.cuda.is_available():
         raise RuntimeError("kernel micro-benchmarks need a CUDA device; this machine has none")
-    import triton.testing
-
-    generator = torch.Generator("cuda").manual_seed(0)
-
-    def randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.randn(*shape, device="cuda", generator=generator).to(dtype)
-
-    n = randn(batch, tokens, channels)
-    table = randn(batch, 6, channels)
-    scale, shift, gate = table[:, 1:2], table[:, 0:1], table[:, 2:3]
-    x, y = randn(batch, tokens, channels, dtype=torch.bfloat16), randn(batch, tokens, channels, dtype=torch.bfloat16)
-    h = randn(batch, tokens, ffn, dtype=torch.bfloat16)
-    cases = {
-        "adaln_modulate": (
-            lambda: adaln_modulate.adaln_modulate(n, scale, shift, torch.bfloat16),
-            lambda: adaln_modulate.reference(n, scale, shift, torch.bfloat16),
-            adaln_modulate.cost((batch, tokens, channels), torch.bfloat16),
-        ),
-        "gated_residual": (
-            lambda: gated_residual.gated_residual(x, y, gate),
-            lambda: gated_residual.reference(x, y, gate),
-            gated_residual.cost((batch, tokens, channels), torch.bfloat16),
-        ),
-        "gelu_tanh": (
-            lambda: gelu_tanh.gelu_tanh(h),
-            lambda: gelu_tanh.reference(h),
-            gelu_tanh.cost((batch, tokens, ffn)),
-        ),
-    }
-    rows = []
-    for name, (kernel, reference, (bytes_moved, flops)) in cases.items():
-        got, want = kernel(), reference()
-        kernel_ms = triton.testing.do_bench(kernel, warmup=25, rep=200)
-        reference_ms = triton.testing.do_bench(reference, warmup=25, rep=200)
-        rows.append(
-            {
-                "kernel": name,
-                "bitwise_equal": bool(torch.equal(got, want)),
-                "differing_elements": int((got != want).sum()),
-                "kernel_ms": kernel_ms,
-                "reference_ms": reference_ms,
-                "speedup": reference_ms / kernel_ms,
-                "bytes_moved": bytes_moved,
-                "flops": flops,
-                "roofline_ms": bytes_moved / copy_bandwidth * 1e3,
-                "fraction_of_copy_bandwidth": bytes_moved / (kernel_ms / 1e3) / copy_bandwidth,
-            }
-        )
+    rows = [measure(case, "cuda") for case in cases(batch, tokens, channels, ffn, device="cuda")]
+    for row in rows:
+        row["fraction_of_copy_bandwidth"] = row["bytes_moved"] / (row["kernel_ms"] / 1e3) / copy_bandwidth
     return rows

@@ -109,3 +109,32 @@ def test_kernel_micro_benchmarks_refuse_without_cuda():
         pytest.skip("checks the CPU refusal")
     with pytest.raises(RuntimeError, match="need a CUDA device"):
         micro_benchmarks()
+
+
+def test_kernel_bench_cases_match_their_references_and_time_on_cpu(monkeypatch):
+    import torch
+
+    from workbench import kernel_bench
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cases = kernel_bench.cases(batch=1, tokens=5, channels=64, ffn=96, heads=2, device="cpu", seed=3)
+    assert {c.name for c in cases} >= {"adaln_modulate", "gated_residual", "layernorm_modulate", "qk_norm_rope"}
+    for case in cases:
+        checked = kernel_bench.check(case)
+        assert checked["within"], (case.name, checked)
+        assert case.bytes_moved > 0
+    row = kernel_bench.measure(cases[0], torch.device("cpu"), repeats=1, warmup=0)
+    assert row["kernel"] == "adaln_modulate" and row["bitwise_equal"] and row["clock"] == "perf_counter"
+    assert row["roofline_ms"] == kernel_bench.roofline_seconds(row["bytes_moved"], row["flops"]) * 1e3
+    assert 0 < row["fraction_of_roofline"] and row["speedup"] > 0
+
+
+def test_kernel_bench_refuses_a_kernel_outside_its_contract():
+    import torch
+
+    from workbench import kernel_bench
+
+    x = torch.randn(4)
+    wrong = kernel_bench.Case("wrong", lambda: x + 1, lambda: x, 16, 0, exact=True)
+    with pytest.raises(ValueError, match="wrong: kernel output differs from its reference"):
+        kernel_bench.measure(wrong, "cpu", repeats=1, warmup=0)

@@ -1,0 +1,87 @@
+"""`python -m benchmarks run SCENARIO [SCENARIO ...] [--out DIR] [--smoke] [--rounds N]`, `list`, `docs`.
+
+`run` measures each scenario in this process and writes `<out>/<scenario>.json` (benchmarks/envelope.py) as soon as
+it is done; a scenario that fails is reported and the next one still runs (exit status 1 if any failed).
+`docs` regenerates docs/measurements.md from the results folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+DOCS = Path(__file__).parent.parent / "docs" / "measurements.md"
+
+
+def run_scenario(name: str, out: Path, smoke: bool, rounds: int) -> Path:
+    """Run scenario `name` and write its envelope into `out`; returns the file. ValueError for an unknown name or
+    rounds < 1; RuntimeError when a full run has no CUDA device (or fewer than the scenario's GPUs)."""
+    from benchmarks.envelope import Context, envelope, write
+    from benchmarks.scenarios import SCENARIOS
+
+    if name not in SCENARIOS:
+        raise ValueError(f"scenario: unknown {name!r}; allowed: {sorted(SCENARIOS)}")
+    if rounds < 1:
+        raise ValueError(f"--rounds: must be >= 1 (>= 3 for a CI95), got {rounds}")
+    if smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # the kernels are decorated at first launch: this is early enough
+        device = torch.device("cpu")
+    elif not torch.cuda.is_available():
+        raise RuntimeError(f"{name}: needs a CUDA device (run with --smoke for the CPU check of the scenario)")
+    else:
+        device = torch.device("cuda")
+    module = SCENARIOS[name]
+    measurement = module.run(Context(smoke=smoke, rounds=rounds, device=device))
+    return write(envelope(name, measurement, device, smoke), out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description="the Vflash Workbench benchmark harness")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="measure scenarios, one results file each")
+    run.add_argument("scenarios", nargs="+", metavar="SCENARIO")
+    run.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
+    run.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the code, not the speed")
+    run.add_argument("--rounds", type=int, default=3, help="A/B/A rounds (default 3, the least for a CI95)")
+    commands.add_parser("list", help="the scenarios")
+    docs = commands.add_parser("docs", help="regenerate docs/measurements.md from the results")
+    docs.add_argument("--results", type=Path, default=RESULTS)
+    docs.add_argument("--out", type=Path, default=DOCS)
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        from benchmarks.scenarios import SCENARIOS
+
+        for name, module in SCENARIOS.items():
+            print(f"{name:18s} {module.GPUS} GPU{'s' if module.GPUS > 1 else ' '}  {module.SUMMARY}")
+        return 0
+    if args.command == "docs":
+        from benchmarks.docs import generate
+
+        print(f"wrote {generate(args.results, args.out)}")
+        return 0
+    from benchmarks.scenarios import SCENARIOS
+
+    unknown = [name for name in args.scenarios if name not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s) {unknown}; allowed: {sorted(SCENARIOS)}")
+    failed = []
+    for name in args.scenarios:
+        print(f"== {name}", flush=True)
+        try:
+            print(f"wrote {run_scenario(name, args.out, args.smoke, args.rounds)}", flush=True)
+        except Exception:
+            traceback.print_exc()
+            failed.append(name)
+    if failed:
+        print(f"failed: {failed}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

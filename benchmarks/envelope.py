@@ -1,0 +1,124 @@
+"""The one results envelope: how a measurement was made, and what it measured.
+
+Every scenario's result is one JSON object with these keys (`FIELDS`), written atomically as
+`<out>/<scenario>.json` (the latest result per scenario; git keeps the history):
+- `format`: `FORMAT`; `what`: one line; `scenario`: its name; `command`: the command line that made it;
+- `commit`, `dirty`: the git revision (WORKBENCH_COMMIT when the tree has no .git); `date`: UTC ISO time;
+- `device`: the device's description (GPU name, capability, CUDA); `versions`: torch, triton, diffusers, cuda, ...;
+- `smoke`: True for a `--smoke` run (tiny shapes on the CPU: its numbers say nothing about speed);
+- `shape`, `arms` ({arm: {median_s, seconds, ...}}), `ratios` ({"A/B": RatioCI dict (median, low, high, ...)}),
+  `notes` (list of sentences: what was skipped and why, what a number means).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench import environment
+
+FORMAT = "workbench-benchmark/1"
+FIELDS = (
+    "format", "what", "scenario", "command", "commit", "dirty", "date", "device", "versions", "smoke",
+    "shape", "arms", "ratios", "notes",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Context:
+    """How to run a scenario: `smoke` (tiny, CPU), A/B/A `rounds` (>= 3 for a CI95), the device to measure on."""
+
+    smoke: bool
+    rounds: int
+    device: torch.device
+
+
+@dataclass
+class Measurement:
+    """What a scenario returns: the measured part of the envelope."""
+
+    what: str
+    shape: dict[str, Any]
+    arms: dict[str, Any] = field(default_factory=dict)
+    ratios: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def envelope(scenario: str, measurement: Measurement, device: torch.device, smoke: bool) -> dict[str, Any]:
+    """The full record of `measurement` made by this process on `device`."""
+    described = environment.describe(device)
+    versions = {name: described["versions"].get(name) for name in ("python", "torch", "triton", "diffusers")}
+    versions["cuda"] = torch.version.cuda
+    return {
+        "format": FORMAT,
+        "what": measurement.what,
+        "scenario": scenario,
+        "command": command_line(),
+        "commit": described["git"]["commit"] or os.environ.get("WORKBENCH_COMMIT"),
+        "dirty": described["git"]["dirty"],
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": described["device"],
+        "versions": versions,
+        "smoke": smoke,
+        "shape": measurement.shape,
+        "arms": measurement.arms,
+        "ratios": measurement.ratios,
+        "notes": list(measurement.notes),
+    }
+
+
+def command_line() -> str:
+    """This process's command line, as typed (`python -m benchmarks ...` for the harness's entry point)."""
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).parts[-2:] == ("benchmarks", "__main__.py"):
+        return shlex.join(["python", "-m", "benchmarks", *argv[1:]])
+    return shlex.join([Path(sys.executable).name, *argv])
+
+
+def write(record: dict[str, Any], out: Path) -> Path:
+    """`record` as `<out>/<scenario>.json`, written to a temporary name in `out` and renamed when complete."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{record['scenario']}.json"
+    write_text_atomic(path, json.dumps(record, indent=2, default=_jsonable, allow_nan=True) + "\n")
+    return path
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and an atomic rename."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def finite_ratios(record: dict[str, Any]) -> bool:
+    """True when every ratio's median and CI bounds are finite numbers."""
+    for ratio in record["ratios"].values():
+        values = [ratio[k] for k in ("median", "low", "high")] if isinstance(ratio, dict) else [ratio]
+        if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+            return False
+    return True
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.dtype | torch.device | Path):
+        return str(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, tuple | set):
+        return list(value)
+    raise TypeError(f"envelope: {type(value).__name__} is not JSON-serialisable: {value!r}")

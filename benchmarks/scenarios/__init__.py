@@ -1,0 +1,25 @@
+"""Named benchmark scenarios, one small module each: `NAME`, `SUMMARY`, `GPUS` and `run(context) -> Measurement`.
+
+A scenario measures at its production shape on CUDA; with `context.smoke` it runs the same code path at a tiny
+shape on the CPU (Triton kernels under TRITON_INTERPRET=1) in seconds, or states in its notes what it skips there.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from benchmarks.scenarios import (
+    forward_h3,
+    forward_wan,
+    kernels,
+    memory,
+    parallel,
+    relayout,
+    request_wan,
+    sparse_attention,
+)
+
+MODULES: tuple[ModuleType, ...] = (
+    forward_wan, forward_h3, request_wan, sparse_attention, kernels, relayout, parallel, memory
+)  # fmt: skip
+SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}

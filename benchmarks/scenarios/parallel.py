@@ -1,0 +1,122 @@
+"""Context parallelism (Ulysses, the workbench's direct relayouts) over two GPUs against one GPU, on a
+Wan2.1-1.3B-shaped request (480x832x81, 4 steps CFG 5, bf16, random weights broadcast from rank 0).
+
+The scenario starts itself in two torchrun workers (`workbench.distributed.launch`); both ranks run the same A/B/A
+rounds: `1-gpu` (rank 0 generates alone, rank 1 waits at the barrier) and `ulysses` (`context_parallel`, both ranks).
+Each visit is one request between two barriers, timed by rank 0's wall clock; one untimed pilot per arm first.
+Needs >= 2 CUDA devices and refuses otherwise. `--smoke` runs no two-process path (see its notes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.envelope import Context, Measurement, write_text_atomic
+from benchmarks.workloads import wan_request
+
+NAME = "parallel"
+SUMMARY = "Wan2.1-1.3B request, 4 steps CFG: Ulysses context parallelism over 2 GPUs vs 1 GPU"
+GPUS = 2
+STEPS = 4
+TIMEOUT_S = 560.0
+
+
+def run(context: Context) -> Measurement:
+    if context.smoke:
+        return Measurement(SUMMARY, {"steps": STEPS}, notes=[
+            "Smoke: skipped. The scenario needs two processes on two CUDA devices (NCCL); its CPU smoke would start "
+            "two torchrun workers, longer than a smoke run may take. Nothing was measured."
+        ])  # fmt: skip
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < GPUS:
+        raise RuntimeError(f"parallel: needs at least {GPUS} CUDA devices, this machine has {count}")
+    from workbench import distributed
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "parallel.json"
+        done = distributed.launch(
+            GPUS, "benchmarks.scenarios.parallel", ["--worker", str(out), "--rounds", str(context.rounds)],
+            timeout=TIMEOUT_S,
+        )  # fmt: skip
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"parallel: the torchrun workers failed (exit code {done.returncode}); see their output")
+        measured = json.loads(out.read_text())
+    return Measurement(SUMMARY, measured["shape"], measured["arms"], measured["ratios"], measured["notes"])
+
+
+def worker(out: Path, rounds: int) -> None:
+    """One torchrun rank: the A/B/A rounds; rank 0 writes {shape, arms, ratios, notes} to `out`."""
+    import torch.distributed as dist
+
+    from workbench import Session, distributed
+    from workbench.evidence.timing import aba_rounds
+
+    device = distributed.init_worker("cuda", timeout_s=300)
+    rank = dist.get_rank()
+    session = Session.open("random-wan-1.3b", device=str(device), dtype="bfloat16")
+    for component in session.model.pipeline.components.values():  # every rank runs rank 0's random weights
+        if isinstance(component, torch.nn.Module):
+            for tensor in [*component.parameters(), *component.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+    request = wan_request(STEPS, smoke=False)
+    ulysses = {"context_parallel": {"ulysses_degree": GPUS, "relayout": "direct"}}
+    results: dict[str, list[Any]] = {"1-gpu": [], "ulysses": []}
+
+    def visit(name: str) -> float:
+        session.accelerate(ulysses if name == "ulysses" else {})
+        try:
+            dist.barrier()
+            start = time.perf_counter()
+            if name == "ulysses" or rank == 0:
+                results[name].append(session.generate(request, progress=False))
+                torch.cuda.synchronize(device)
+            dist.barrier()
+            return time.perf_counter() - start
+        finally:
+            session.accelerate({})
+
+    for name in results:  # untimed pilots
+        visit(name)
+    measured = aba_rounds(("1-gpu", lambda: visit("1-gpu")), {"ulysses": lambda: visit("ulysses")}, rounds)
+    if rank != 0:
+        return
+    pilot, parallel = results["1-gpu"][0], results["ulysses"][0]
+    arms = {
+        name: {
+            "seconds": measured.seconds[name],
+            "median_s": statistics.median(measured.seconds[name]),
+            "denoise_median_s": statistics.median(r.timings["denoise"] for r in runs[1:]),
+            "receipts": runs[0].receipts,
+        }
+        for name, runs in results.items()
+        if measured.seconds[name]
+    }
+    if "ulysses" in arms:
+        arms["ulysses"]["latents_equal_1gpu"] = bool(torch.equal(parallel.latents, pilot.latents))
+        arms["ulysses"]["latent_rel_l2_vs_1gpu"] = float(
+            (parallel.latents - pilot.latents).norm() / pilot.latents.norm()
+        )
+    record = {
+        "shape": {"model": "random-wan-1.3b", "world_size": dist.get_world_size(), "request": request.to_dict()},
+        "arms": arms,
+        "ratios": {k: v.to_dict() for k, v in measured.ratios().items()},
+        "notes": [f"arm {k} failed: {v}" for k, v in measured.errors.items()]
+        + ["Times: rank 0's wall clock around one request between barriers (text encoding and decode included)."],
+    }
+    write_text_atomic(out, json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="a torchrun worker of the parallel scenario")
+    parser.add_argument("--worker", type=Path, required=True, help="where rank 0 writes its measurement (JSON)")
+    parser.add_argument("--rounds", type=int, default=3)
+    arguments = parser.parse_args()
+    worker(arguments.worker, arguments.rounds)

@@ -1,0 +1,90 @@
+"""A whole Wan2.1-1.3B-shaped request through `Session.generate`: 480x832, 81 frames, 6 steps with CFG 5 (12
+transformer passes), text encoding and VAE decode included; stock against the `exact-fast` profile.
+
+Random weights at the real transformer and VAE shapes, bf16. One untimed pilot request per arm (compiles, and the
+output every timed request must equal), then A/B/A rounds of whole requests. Per arm: total and per-stage medians,
+peak memory per stage, receipts of the pilot (which plugins ran), and the pilot's latent relative L2 against stock.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+
+from benchmarks.envelope import Context, Measurement
+from benchmarks.workloads import exact_fast, open_wan, rel_l2, wan_request
+from workbench import Result, Session
+from workbench.evidence.timing import aba_rounds
+
+NAME = "request-wan"
+SUMMARY = "Wan2.1-1.3B request, 480x832x81, 6 steps CFG 5, through Session.generate: stock vs exact-fast"
+GPUS = 1
+STEPS = 6
+
+
+class Requests:
+    """Pilot and timed requests of arms on a session (installed per request, removed after it); a timed request whose
+    latents differ from its arm's pilot is counted, and its row says `outputs_match_pilot: false`."""
+
+    def __init__(self, session: Session, request: Any):
+        self.session, self.request = session, request
+        self.pilots: dict[str, Result] = {}
+        self.timed: dict[str, list[Result]] = {}
+        self.mismatches: dict[str, int] = {}  # timed requests whose latents differ from the arm's pilot
+
+    def generate(self, name: str, config: dict[str, Any]) -> Result:
+        self.session.accelerate(config)
+        try:
+            return self.session.generate(self.request, progress=False)
+        finally:
+            self.session.accelerate({})
+
+    def visit(self, name: str, config: dict[str, Any]) -> float:
+        result = self.generate(name, config)
+        if not torch.equal(result.latents, self.pilots[name].latents):
+            self.mismatches[name] = self.mismatches.get(name, 0) + 1
+        self.timed.setdefault(name, []).append(result)
+        return result.timings["total"]
+
+    def row(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
+        pilot, timed = self.pilots[name], self.timed.get(name, [])
+        row: dict[str, Any] = {"config": config, "receipts": pilot.receipts, "exact": pilot.exact}
+        if timed:
+            row["seconds"] = [r.timings["total"] for r in timed]
+            row["median_s"] = statistics.median(row["seconds"])
+            row["outputs_match_pilot"] = not self.mismatches.get(name)
+            row["stages_median_s"] = {
+                stage: statistics.median(r.timings[stage] for r in timed) for stage in timed[0].timings
+            }
+            row["peak_bytes"] = {stage: max(r.memory.get(stage, 0) for r in timed) for stage in timed[0].memory}
+        if name != "stock":
+            row["latent_rel_l2_vs_stock"] = rel_l2(pilot.latents, self.pilots["stock"].latents)
+        return row
+
+
+def run(context: Context) -> Measurement:
+    notes: list[str] = []
+    session = open_wan(context.smoke, context.device)
+    request = wan_request(STEPS, context.smoke)
+    configs = {"stock": {}, "exact-fast": exact_fast("wan", context.device, notes)}
+    requests = Requests(session, request)
+    for name, config in configs.items():
+        requests.pilots[name] = requests.generate(name, config)
+    rounds = aba_rounds(
+        ("stock", lambda: requests.visit("stock", {})),
+        {"exact-fast": lambda: requests.visit("exact-fast", configs["exact-fast"])},
+        context.rounds,
+    )
+    for name, error in rounds.errors.items():
+        notes.append(f"arm {name} failed during the rounds: {error}")
+    shape = {"model": session.model.name, "request": session.resolve(request).to_dict(), "dtype": "bfloat16",
+             "init_seconds": session.init_seconds}  # fmt: skip
+    arms = {name: requests.row(name, config) for name, config in configs.items()}
+    notes.append(
+        "Times: the session's request total (CUDA events per stage); pilots untimed."
+        if not context.smoke
+        else "Smoke: tiny-wan, 5 frames at 16x16, 1 step, on the CPU; the numbers say nothing about speed."
+    )
+    return Measurement(SUMMARY, shape, arms, {k: v.to_dict() for k, v in rounds.ratios().items()}, notes)

@@ -1,0 +1,63 @@
+"""Every benchmark scenario's CPU smoke runs in-process and writes a complete envelope with finite ratios."""
+
+import json
+import math
+
+import pytest
+
+from benchmarks.__main__ import main, run_scenario
+from benchmarks.envelope import FIELDS, FORMAT, finite_ratios
+from benchmarks.scenarios import SCENARIOS
+
+REQUIRED = {"forward-wan", "forward-h3", "request-wan", "sparse-attention", "kernels", "relayout", "parallel", "memory"}
+
+
+def test_harness_lists_the_required_scenarios(capsys):
+    assert REQUIRED <= set(SCENARIOS)
+    assert main(["list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in REQUIRED)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path):
+    path = run_scenario(name, tmp_path, smoke=True, rounds=3)
+    assert path == tmp_path / f"{name}.json"
+    record = json.loads(path.read_text())
+    assert tuple(record) == FIELDS
+    assert record["format"] == FORMAT and record["scenario"] == name and record["smoke"] is True
+    assert record["what"] and record["date"] and record["device"]["type"] == "cpu"
+    assert {"torch", "triton", "diffusers", "cuda"} <= set(record["versions"])
+    assert isinstance(record["notes"], list)
+    assert finite_ratios(record), record["ratios"]
+    for ratio in record["ratios"].values():
+        assert ratio["n_pairs"] == 3 and ratio["low"] <= ratio["median"] <= ratio["high"]
+    for arm, row in record["arms"].items():
+        if isinstance(row, dict) and "median_s" in row:
+            assert math.isfinite(row["median_s"]) and row["median_s"] > 0, arm
+    if not record["ratios"]:  # a smoke that measures no pair must say what it skipped
+        assert any("smoke" in note.lower() for note in record["notes"]), record["notes"]
+
+
+def test_unknown_scenario_and_bad_rounds_raise(tmp_path):
+    with pytest.raises(ValueError, match="scenario: unknown 'nope'"):
+        run_scenario("nope", tmp_path, smoke=True, rounds=3)
+    with pytest.raises(ValueError, match="--rounds"):
+        run_scenario("kernels", tmp_path, smoke=True, rounds=0)
+
+
+def test_full_run_without_cuda_refuses_and_parallel_needs_two_gpus(tmp_path):
+    import torch
+
+    from benchmarks.envelope import Context
+    from benchmarks.scenarios import parallel
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("checks the refusals of a machine without two GPUs")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="kernels: needs a CUDA device"):
+            run_scenario("kernels", tmp_path, smoke=False, rounds=3)
+    with pytest.raises(RuntimeError, match="parallel: needs at least 2 CUDA devices"):
+        parallel.run(Context(smoke=False, rounds=3, device=torch.device("cuda")))
+    assert main(["run", "parallel", "--out", str(tmp_path)]) == 1  # reported, not raised; nothing written
+    assert not (tmp_path / "parallel.json").exists()

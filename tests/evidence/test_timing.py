@@ -1,0 +1,61 @@
+"""The one timing module: both clocks on the CPU, refusals, and A/B/A pairing with the evidence package's CI."""
+
+import itertools
+
+import pytest
+import torch
+
+from workbench.evidence.stats import paired_ratio_ci
+from workbench.evidence.timing import aba_rounds, time_call
+
+
+def test_time_call_cpu_times_every_call_and_excludes_warmup():
+    calls = []
+    timing = time_call(lambda: calls.append(1), "cpu", repeats=4, warmup=2)
+    assert len(calls) == 2 + 4 + 4  # warm-up, synchronised, queued
+    assert timing.clock == "perf_counter" and len(timing.synchronised_s) == 4 and timing.warmup == 2
+    assert timing.queued_s is not None and timing.queued_s >= 0 and timing.median_s >= 0
+    assert set(timing.to_dict()) >= {"clock", "synchronised_s", "queued_s", "median_s"}
+
+
+def test_time_call_without_queued_clock_makes_only_the_timed_calls():
+    calls = []
+    timing = time_call(lambda: calls.append(1), torch.device("cpu"), repeats=3, warmup=0, queued=False)
+    assert len(calls) == 3 and timing.queued_s is None
+
+
+def test_time_call_bad_arguments_raise():
+    with pytest.raises(ValueError, match="repeats"):
+        time_call(lambda: None, "cpu", repeats=0)
+    with pytest.raises(ValueError, match="warmup"):
+        time_call(lambda: None, "cpu", warmup=-1)
+    with pytest.raises(RuntimeError, match="CUDA-graph replay needs a CUDA device"):
+        time_call(lambda: None, "cpu", graph=True)
+
+
+def test_aba_rounds_pair_each_candidate_with_its_neighbouring_baselines():
+    baseline_times = itertools.count(1.0)  # 1, 2, 3, ...: drift the pairing must follow
+    rounds = aba_rounds(("a", lambda: next(baseline_times)), {"b": lambda: 0.5, "c": lambda: 0.25}, rounds=3)
+    # round 1: a=1, b, a=2, c, a=3; round 2: a=4, b, a=5, c, a=6; ...
+    assert rounds.seconds["a"] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert rounds.paired_baseline["b"] == [1.5, 4.5, 7.5] and rounds.paired_baseline["c"] == [2.5, 5.5, 8.5]
+    ratios = rounds.ratios()
+    assert set(ratios) == {"a/b", "a/c"}
+    assert ratios["a/b"] == paired_ratio_ci([1.5, 4.5, 7.5], [0.5, 0.5, 0.5])
+    assert rounds.medians()["b"] == 0.5
+
+
+def test_aba_rounds_drop_a_failing_candidate_and_keep_the_others():
+    def broken() -> float:
+        raise RuntimeError("arm cannot run")
+
+    rounds = aba_rounds(("a", lambda: 1.0), {"bad": broken, "good": lambda: 0.5}, rounds=3)
+    assert "arm cannot run" in rounds.errors["bad"] and rounds.seconds["bad"] == []
+    assert set(rounds.ratios()) == {"a/good"} and rounds.ratios()["a/good"].median == 2.0
+
+
+def test_aba_rounds_bad_arguments_raise():
+    with pytest.raises(ValueError, match="rounds"):
+        aba_rounds(("a", lambda: 1.0), {"b": lambda: 1.0}, rounds=0)
+    with pytest.raises(ValueError, match="baseline's name"):
+        aba_rounds(("a", lambda: 1.0), {"a": lambda: 1.0}, rounds=3)
