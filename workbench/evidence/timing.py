@@ -42,8 +42,15 @@ class Timing:
     def median_s(self) -> float:
         return statistics.median(self.synchronised_s)
 
+    @property
+    def device_s(self) -> float:
+        """Seconds per call as a model pays them: the queued clock when measured, else the synchronised median.
+        The clock for kernels of microseconds, whose synchronised time is mostly launch latency and idle clocks."""
+        return self.median_s if self.queued_s is None else self.queued_s
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "synchronised_s": list(self.synchronised_s), "median_s": self.median_s}
+        return {**asdict(self), "synchronised_s": list(self.synchronised_s), "median_s": self.median_s,
+                "device_s": self.device_s}  # fmt: skip
 
 
 def time_call(
