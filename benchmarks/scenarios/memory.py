@@ -31,6 +31,8 @@ class Capped:
     """Within: this process may allocate at most `cap` bytes on `device`."""
 
     def __init__(self, device: torch.device, cap: int):
+        if device.index is None:  # set_per_process_memory_fraction needs an index
+            device = torch.device(device.type, torch.cuda.current_device())
         self.device, self.fraction = device, cap / torch.cuda.get_device_properties(device).total_memory
 
     def __enter__(self) -> None:
