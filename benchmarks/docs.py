@@ -14,7 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from benchmarks.envelope import FORMAT, write_text_atomic
+from benchmarks.envelope import FORMAT
+from workbench.io import write_atomic
 
 MAX_COLUMNS = 7  # arm facts shown beside the median, in first-seen order
 MAX_EARLIER_ROWS = 24  # flattened ratios shown per earlier-format file
@@ -46,7 +47,7 @@ def generate(results: Path, out: Path) -> Path:
         for path, record in sorted(earlier, key=lambda item: str(item[1].get("date", "")), reverse=True):
             lines += _earlier(path, record)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, "\n".join(lines).rstrip() + "\n")
+    write_atomic(out, ("\n".join(lines).rstrip() + "\n").encode())
     return out
 
 

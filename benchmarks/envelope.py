@@ -18,7 +18,6 @@ import math
 import os
 import shlex
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 
 from workbench import environment
+from workbench.io import write_atomic
 
 FORMAT = "workbench-benchmark/1"
 FIELDS = (
@@ -89,20 +89,8 @@ def write(record: dict[str, Any], out: Path) -> Path:
     """`record` as `<out>/<scenario>.json`, written to a temporary name in `out` and renamed when complete."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{record['scenario']}.json"
-    write_text_atomic(path, json.dumps(record, indent=2, default=_jsonable, allow_nan=True) + "\n")
+    write_atomic(path, (json.dumps(record, indent=2, default=_jsonable, allow_nan=True) + "\n").encode())
     return path
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder and an atomic rename."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def finite_ratios(record: dict[str, Any]) -> bool:
