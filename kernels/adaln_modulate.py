@@ -45,6 +45,7 @@ from workbench.kernels._runtime import (
     broadcast_rows,
     check_float,
     check_index,
+    check_power_of_two,
     check_runtime,
     dtype_size,
     pointwise_tile,
@@ -62,10 +63,8 @@ class Launch:
     cols: int = 128
 
     def __post_init__(self) -> None:
-        for field in ("rows", "cols"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
-                raise ValueError(f"adaln_modulate: Launch.{field}: {value!r}; expected a power of two >= 1")
+        check_power_of_two("adaln_modulate", "rows", self.rows)
+        check_power_of_two("adaln_modulate", "cols", self.cols)
 
 
 DEFAULT = Launch()

@@ -29,7 +29,14 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, interpreting
+from workbench.kernels._runtime import (
+    LazyKernel,
+    check_float,
+    check_power_of_two,
+    check_runtime,
+    check_warps,
+    interpreting,
+)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -46,11 +53,8 @@ class Launch:
     num_warps: int = 4
 
     def __post_init__(self) -> None:
-        k = self.block_k
-        if isinstance(k, bool) or not isinstance(k, int) or k < 16 or k & (k - 1):
-            raise ValueError(f"quantize_rows: Launch.block_k: {self.block_k!r}; expected a power of two >= 16")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"quantize_rows: Launch.num_warps: {self.num_warps!r}; allowed: 1, 2, 4, 8, 16")
+        check_power_of_two("quantize_rows", "block_k", self.block_k, minimum=16)
+        check_warps("quantize_rows", self.num_warps)
 
 
 DEFAULT = Launch()

@@ -40,6 +40,7 @@ from workbench.kernels._runtime import (
     broadcast_rows,
     check_float,
     check_index,
+    check_power_of_two,
     check_runtime,
     dtype_size,
     pointwise_tile,
@@ -57,10 +58,8 @@ class Launch:
     cols: int = 128
 
     def __post_init__(self) -> None:
-        for field in ("rows", "cols"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
-                raise ValueError(f"gated_residual: Launch.{field}: {value!r}; expected a power of two >= 1")
+        check_power_of_two("gated_residual", "rows", self.rows)
+        check_power_of_two("gated_residual", "cols", self.cols)
 
 
 DEFAULT = Launch()

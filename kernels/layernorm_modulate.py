@@ -63,7 +63,9 @@ from workbench.kernels._runtime import (
     LazyKernel,
     broadcast_rows,
     check_float,
+    check_power_of_two,
     check_runtime,
+    check_warps,
     dtype_size,
     interpreting,
 )
@@ -80,15 +82,8 @@ class Launch:
     num_warps: int = 2
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.rows, bool)
-            or not isinstance(self.rows, int)
-            or self.rows < 1
-            or self.rows & (self.rows - 1)
-        ):
-            raise ValueError(f"layernorm_modulate: Launch.rows: {self.rows!r}; expected a power of two >= 1")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"layernorm_modulate: Launch.num_warps: {self.num_warps!r}; allowed: 1, 2, 4, 8, 16")
+        check_power_of_two("layernorm_modulate", "rows", self.rows)
+        check_warps("layernorm_modulate", self.num_warps)
 
 
 DEFAULT = Launch()

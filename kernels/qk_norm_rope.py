@@ -62,7 +62,16 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size, interpreting, pointwise_tile
+from workbench.kernels._runtime import (
+    LazyKernel,
+    check_float,
+    check_power_of_two,
+    check_runtime,
+    check_warps,
+    dtype_size,
+    interpreting,
+    pointwise_tile,
+)
 
 X_DTYPES = (torch.bfloat16, torch.float32)
 FREQ_DTYPES = (torch.float32, torch.float64)
@@ -80,17 +89,10 @@ class Launch:
     heads: int = 4
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.rows, bool)
-            or not isinstance(self.rows, int)
-            or self.rows < 1
-            or self.rows & (self.rows - 1)
-        ):
-            raise ValueError(f"qk_norm_rope: Launch.rows: {self.rows!r}; expected a power of two >= 1")
+        check_power_of_two("qk_norm_rope", "rows", self.rows)
         if isinstance(self.heads, bool) or not isinstance(self.heads, int) or self.heads < 1:
             raise ValueError(f"qk_norm_rope: Launch.heads: {self.heads!r}; expected an int >= 1")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"qk_norm_rope: Launch.num_warps: {self.num_warps!r}; allowed: 1, 2, 4, 8, 16")
+        check_warps("qk_norm_rope", self.num_warps)
 
 
 DEFAULT = Launch()  # rope_only's (and the norm's on rows too wide for the row kernel)

@@ -43,7 +43,14 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size
+from workbench.kernels._runtime import (
+    LazyKernel,
+    check_float,
+    check_power_of_two,
+    check_runtime,
+    check_warps,
+    dtype_size,
+)
 
 ENV_VAR = "WORKBENCH_DIRECT_RELAYOUT"
 MAX_BLOCK_C = 128
@@ -59,10 +66,8 @@ class Launch:
     num_warps: int = 4
 
     def __post_init__(self) -> None:
-        if not isinstance(self.tile, int) or self.tile < 1 or self.tile & (self.tile - 1):
-            raise ValueError(f"relayout: Launch.tile: {self.tile!r}; expected a power of two >= 1")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"relayout: Launch.num_warps: {self.num_warps!r}; allowed: 1, 2, 4, 8, 16")
+        check_power_of_two("relayout", "tile", self.tile)
+        check_warps("relayout", self.num_warps)
 
 
 DEFAULT = Launch()
