@@ -104,5 +104,17 @@ def check_index(kernel: str, index: torch.Tensor, tokens: int) -> torch.Tensor:
     return index.contiguous()
 
 
+def check_power_of_two(kernel: str, field: str, value: int, minimum: int = 1) -> None:
+    """A `Launch` field that must be a power of two >= `minimum`; ValueError naming it otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value & (value - 1):
+        raise ValueError(f"{kernel}: Launch.{field}: {value!r}; expected a power of two >= {minimum}")
+
+
+def check_warps(kernel: str, value: int) -> None:
+    """A `Launch.num_warps`: one of 1, 2, 4, 8, 16; ValueError naming it otherwise."""
+    if value not in (1, 2, 4, 8, 16):
+        raise ValueError(f"{kernel}: Launch.num_warps: {value!r}; allowed: 1, 2, 4, 8, 16")
+
+
 def dtype_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()

@@ -8,8 +8,8 @@ sum are separate fp32 roundings, never one fused multiply-add.
 
 FMA contraction: the launcher passes `enable_fp_fusion=False`, which makes Triton's NVIDIA/AMD backends
 emit no contracted mul+add (and ptxas `--fmad=false`). The CPU interpreter runs numpy, which never
-contracts, so the tests there prove the op sequence bit for bit; on a GPU the same claim is
-**unverified until measured** (a GPU test compares against torch on the device).
+contracts, so the tests there prove the op sequence bit for bit; on a GPU the kernel benchmark compares the
+output with torch's on the device (`torch.equal`).
 
 BF16_ROUNDING: the fp32 -> bf16 cast is written out in integers (round to nearest even, as c10::BFloat16; NaN becomes
 0x7FC0, NaN bit patterns are outside the contract) because the Triton CPU interpreter's `.to(tl.bfloat16)` truncates; on a GPU the
@@ -32,6 +32,8 @@ batch). Index values are not range-checked here (that needs a device sync); the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -43,14 +45,29 @@ from workbench.kernels._runtime import (
     broadcast_rows,
     check_float,
     check_index,
+    check_power_of_two,
     check_runtime,
     dtype_size,
     pointwise_tile,
     table_rows,
 )
 
-BLOCK_R = 16
-BLOCK_C = 128
+
+@dataclass(frozen=True)
+class Launch:
+    """The tile of one program on the GPU: `rows` flattened (b, t) rows x `cols` channels, both powers of two. Each
+    element is computed on its own, so the result never depends on it; under the interpreter the tile is widened
+    (`_runtime.pointwise_tile`)."""
+
+    rows: int = 16
+    cols: int = 128
+
+    def __post_init__(self) -> None:
+        check_power_of_two("adaln_modulate", "rows", self.rows)
+        check_power_of_two("adaln_modulate", "cols", self.cols)
+
+
+DEFAULT = Launch()
 
 
 def _modulate(
@@ -118,9 +135,12 @@ def reference_in_dtype(
     return n * (1 + scale) + shift
 
 
-def adaln_modulate(n: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def adaln_modulate(
+    n: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, out_dtype: torch.dtype, launch: Launch = DEFAULT
+) -> torch.Tensor:
     """`reference(n, scale, shift, out_dtype)` in one pass; bit-equal on the interpreter (see module doc)."""
     name = "adaln_modulate"
+    _check_launch(name, launch)
     for arg, tensor in (("n", n), ("scale", scale), ("shift", shift)):
         check_float(name, arg, tensor, (torch.float32,))
     if out_dtype not in FLOAT_DTYPES:
@@ -130,17 +150,22 @@ def adaln_modulate(n: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, ou
     scale = broadcast_rows(name, "scale", scale, n.shape)
     shift = broadcast_rows(name, "shift", shift, n.shape)
     check_runtime(name, n, scale, shift)
-    return _launch(n, scale, shift, None, out_dtype, rounding=0)
+    return _launch(n, scale, shift, None, out_dtype, 0, launch)
 
 
 def adaln_modulate_in_dtype(
-    n: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, index: torch.Tensor | None = None
+    n: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    index: torch.Tensor | None = None,
+    launch: Launch = DEFAULT,
 ) -> torch.Tensor:
     """`reference_in_dtype(n, scale, shift, index)` in one pass; bit-equal on the interpreter (see module doc).
 
     n (B, T, C); without `index`, scale/shift (B, 1, C) or (B, T, C); with `index` (T,), scale/shift (R, C).
     All three in one of float32/bfloat16/float16. Output: contiguous (B, T, C) in that dtype."""
     name = "adaln_modulate_in_dtype"
+    _check_launch(name, launch)
     check_float(name, "n", n)
     for arg, tensor in (("scale", scale), ("shift", shift)):
         check_float(name, arg, tensor, (n.dtype,))
@@ -155,15 +180,20 @@ def adaln_modulate_in_dtype(
         shift = table_rows(name, "shift", shift, n.shape)
         index = check_index(name, index, n.shape[1])
         check_runtime(name, n, scale, shift, index)
-    return _launch(n, scale, shift, index, n.dtype, rounding=ROUNDING[n.dtype])
+    return _launch(n, scale, shift, index, n.dtype, ROUNDING[n.dtype], launch)
 
 
-def _launch(n, scale, shift, index, out_dtype, rounding):
+def _check_launch(name: str, launch: Launch) -> None:
+    if not isinstance(launch, Launch):
+        raise ValueError(f"{name}: launch must be an adaln_modulate.Launch, got {type(launch).__name__}")
+
+
+def _launch(n, scale, shift, index, out_dtype, rounding, launch):
     b, t, c = n.shape
     out = torch.empty((b, t, c), dtype=out_dtype, device=n.device)
     if out.numel() == 0:
         return out
-    block_r, block_c = pointwise_tile(b * t, c, BLOCK_R, BLOCK_C)
+    block_r, block_c = pointwise_tile(b * t, c, launch.rows, launch.cols)
     grid = (triton.cdiv(b * t, block_r), triton.cdiv(c, block_c))
     _KERNEL[grid](
         n, scale, shift, n if index is None else index, out, b * t, t, c,

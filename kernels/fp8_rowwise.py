@@ -2,11 +2,13 @@
 
 Each row of a (M, K) matrix gets its own scale `max(amax(|row|), EPS) / 448` (448: e4m3's largest finite value)
 and is stored as `clamp(row / scale, -448, 448)` rounded to nearest-even e4m3. torchao's
-`Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` uses the same recipe; run eagerly it spends about
-six torch passes per activation (abs, amax, divide, clamp, cast, copies): 1.4 s of the 33.1B MiniMax-H3 forward on
-an H200 against 1.36 s saved in the GEMMs (benchmarks/results/2026-11-30-h3-full-forward-run5.json), and its
-compiled form does not trace with torch 2.11 (run 6). Here a program reads its row twice (the amax, then the scaled
-cast; the second read mostly from L2) and writes one byte per element.
+`Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` uses the same recipe, eagerly as about six torch
+passes per activation (abs, amax, divide, clamp, cast, copies). Here one program per row reads the row twice (the
+amax, then the scaled cast; the second read mostly from L2) and writes one byte per element.
+
+Contract: approximate (FP8). Against `reference` (the same recipe in torch, fp32 maths): the scales are equal
+(one IEEE division of the same amax), the quantized values equal on a GPU (`cvt.rn.satfinite.e4m3x2.f32` after the
+clamp is torch's round-to-nearest-even cast).
 
 `fp8_linear(x, weight_q, weight_scale, bias)`: the Linear on quantized operands, `torch._scaled_mm` with the row
 scales of x and the per-output-row scales of the weight (both float32), bf16 out, bias added in bf16 after.
@@ -21,17 +23,41 @@ Shapes: x (M, K) bf16 or fp32 with unit last stride; K a multiple of 16 (torch._
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, interpreting
+from workbench.kernels._runtime import (
+    LazyKernel,
+    check_float,
+    check_power_of_two,
+    check_runtime,
+    check_warps,
+    interpreting,
+)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 EPS = 1e-12  # the smallest amax a scale is made from (an all-zero row gets a tiny, finite scale)
-BLOCK_K = 1024
-NUM_WARPS = 4
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A GPU launch: `block_k` columns per step of a row's two loops (a power of two, capped at the row's padded
+    width) and `num_warps` warps per program. The scale is a max (order-free) and each element its own
+    division, so the result never depends on it."""
+
+    block_k: int = 1024
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        check_power_of_two("quantize_rows", "block_k", self.block_k, minimum=16)
+        check_warps("quantize_rows", self.num_warps)
+
+
+DEFAULT = Launch()
 
 
 def _quantize_rows(
@@ -69,8 +95,10 @@ def reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, launch: Launch = DEFAULT) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference(x)` in one kernel launch (module doc)."""
+    if not isinstance(launch, Launch):
+        raise ValueError(f"quantize_rows: launch must be an fp8_rowwise.Launch, got {type(launch).__name__}")
     check_float("quantize_rows", "x", x, (torch.bfloat16, torch.float32))
     if x.ndim != 2 or x.stride(1) != 1 or x.shape[1] % 16:
         raise ValueError(
@@ -83,10 +111,10 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((m, k), dtype=FP8 if cast else torch.float32, device=x.device)
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m:
-        tuning = {"num_warps": NUM_WARPS} if cast else {}
+        tuning = {"num_warps": launch.num_warps} if cast else {}
         _KERNEL[(m,)](
             x, q, scale, k, x.stride(0),
-            BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), FP8_MAX=FP8_MAX, EPS=EPS, CAST=cast, **tuning,
+            BLOCK_K=min(launch.block_k, triton.next_power_of_2(k)), FP8_MAX=FP8_MAX, EPS=EPS, CAST=cast, **tuning,
         )  # fmt: skip
     return (q if cast else q.to(FP8)), scale
 

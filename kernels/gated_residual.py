@@ -9,8 +9,8 @@ rounding boundaries, kept here: the product rounded to fp32, the sum rounded to 
 
 FMA contraction: `x + y * gate` is the textbook contraction; the launcher passes
 `enable_fp_fusion=False` so Triton's GPU backends emit a separate mul and add. The CPU interpreter
-(numpy) never contracts: the tests there prove the op sequence bit for bit; on a GPU the claim is
-**unverified until measured**.
+(numpy) never contracts: the tests there prove the op sequence bit for bit; on a GPU the kernel benchmark
+compares the output with torch's on the device (`torch.equal`).
 
 BF16_ROUNDING: fp32 -> bf16 is written out in integers (round to nearest even, as c10::BFloat16; NaN becomes
 0x7FC0, NaN bit patterns are outside the contract) because the CPU interpreter's `.to(tl.bfloat16)` truncates.
@@ -28,6 +28,8 @@ not range-checked here (the caller keeps them in [0, R)).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -38,14 +40,29 @@ from workbench.kernels._runtime import (
     broadcast_rows,
     check_float,
     check_index,
+    check_power_of_two,
     check_runtime,
     dtype_size,
     pointwise_tile,
     table_rows,
 )
 
-BLOCK_R = 16
-BLOCK_C = 128
+
+@dataclass(frozen=True)
+class Launch:
+    """The tile of one program on the GPU: `rows` flattened (b, t) rows x `cols` channels, both powers of two. Each
+    element is computed on its own, so the result never depends on it; under the interpreter the tile is widened
+    (`_runtime.pointwise_tile`)."""
+
+    rows: int = 16
+    cols: int = 128
+
+    def __post_init__(self) -> None:
+        check_power_of_two("gated_residual", "rows", self.rows)
+        check_power_of_two("gated_residual", "cols", self.cols)
+
+
+DEFAULT = Launch()
 
 
 def _gated_residual(
@@ -106,26 +123,32 @@ def reference_in_dtype(
     return x + y * gate
 
 
-def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, launch: Launch = DEFAULT) -> torch.Tensor:
     """`reference(x, y, gate)` in one pass; bit-equal on the interpreter (see module doc)."""
     name = "gated_residual"
+    _check_launch(name, launch)
     check_float(name, "x", x)
     check_float(name, "y", y)
     check_float(name, "gate", gate, (torch.float32,))
     _check_xy(name, x, y)
     gate = broadcast_rows(name, "gate", gate, x.shape)
     check_runtime(name, x, y, gate)
-    return _launch(x, y, gate, None, rounding=0)
+    return _launch(x, y, gate, None, 0, launch)
 
 
 def gated_residual_in_dtype(
-    x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, index: torch.Tensor | None = None
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gate: torch.Tensor,
+    index: torch.Tensor | None = None,
+    launch: Launch = DEFAULT,
 ) -> torch.Tensor:
     """`reference_in_dtype(x, y, gate, index)` in one pass; bit-equal on the interpreter (see module doc).
 
     x, y (B, T, C); without `index`, gate (B, 1, C) or (B, T, C); with `index` (T,), gate (R, C). All three in one
     of float32/bfloat16/float16. Output: contiguous (B, T, C) in that dtype."""
     name = "gated_residual_in_dtype"
+    _check_launch(name, launch)
     check_float(name, "x", x)
     check_float(name, "y", y, (x.dtype,))
     check_float(name, "gate", gate, (x.dtype,))
@@ -137,7 +160,12 @@ def gated_residual_in_dtype(
         gate = table_rows(name, "gate", gate, x.shape)
         index = check_index(name, index, x.shape[1])
         check_runtime(name, x, y, gate, index)
-    return _launch(x, y, gate, index, rounding=ROUNDING[x.dtype])
+    return _launch(x, y, gate, index, ROUNDING[x.dtype], launch)
+
+
+def _check_launch(name: str, launch: Launch) -> None:
+    if not isinstance(launch, Launch):
+        raise ValueError(f"{name}: launch must be a gated_residual.Launch, got {type(launch).__name__}")
 
 
 def _check_xy(name: str, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -147,12 +175,12 @@ def _check_xy(name: str, x: torch.Tensor, y: torch.Tensor) -> None:
         raise ValueError(f"{name}: y has shape {tuple(y.shape)}; expected x's shape {tuple(x.shape)}")
 
 
-def _launch(x, y, gate, index, rounding):
+def _launch(x, y, gate, index, rounding, launch):
     b, t, c = x.shape
     out = torch.empty((b, t, c), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
-    block_r, block_c = pointwise_tile(b * t, c, BLOCK_R, BLOCK_C)
+    block_r, block_c = pointwise_tile(b * t, c, launch.rows, launch.cols)
     grid = (triton.cdiv(b * t, block_r), triton.cdiv(c, block_c))
     _KERNEL[grid](
         x, y, gate, x if index is None else index, out, b * t, t, c, *x.stride(), *y.stride(), *gate.stride(),

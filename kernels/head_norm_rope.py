@@ -9,31 +9,26 @@ diffusers' `MiniMaxH3AttnProcessor` (0.42.x) runs, for the query and the key:
     x1, x2 = x[..., :r].chunk(2, -1)
     out = cat(x[..., :r] * cos + cat(-x2, x1) * sin, x[..., r:]).contiguous()
 
-On the 33.1B model at 52,648 rows that is, per block, two RMSNorm launches, eight concatenation copies and a
-handful of pointwise passes over q and k: about 0.9 s of an 11 s forward on an H200 (the `torch.cat` copies alone
-0.37 s, benchmarks/results/2026-11-30-h3-full-forward-run4.json). The kernel reads q (or k) once and writes it
-once.
+Torch runs that as two RMSNorm launches, the concatenation copies and a handful of pointwise passes over q
+and k; the kernel reads q (or k) once and writes it once.
 
 Rounding, kept from torch: RMSNorm computes in fp32, `x * rsqrt(mean(x**2) + eps) * weight`, and rounds once to
 x's dtype; the rotary runs in x's dtype, each product and the sum rounded on its own (no fused multiply-add:
 `enable_fp_fusion=False`; a product of two bf16 values is exact in fp32, so one rounding of it is torch's bf16
-product). The tables are rounded to x's dtype in the kernel, as torch rounds them before the products. Why `reduction`, not `rounding`: the sum
-of squares is a Triton tree reduction and `rsqrt` is `1 / sqrt_rn`, so a row's scale can differ from torch's by an
-ulp; the rest of the chain is torch's op for op (tests/kernels/test_head_norm_rope.py bounds the error against a
-float64 run of the chain at 2x torch's own).
+product). The tables are rounded to x's dtype in the kernel, as torch rounds them before the products.
+Why `reduction`, not `rounding`: the sum of squares is a Triton tree reduction and `rsqrt` is `1 / sqrt_rn`, so a
+row's scale can differ from torch's by an ulp; the rest of the chain is torch's op for op. Bound (tested): against a
+float64 run of the chain, max-abs and relative-L2 errors at most 2x torch's own (+1e-7 of the output scale).
 
 The rotation needs, for channel c < r, its partner c + r/2 (negated) or c - r/2. r/2 is 48 at the default config,
 not a power of two, so the partner is loaded again (a second read of the same head row, from L1/L2) and normed with
 the row's scale, instead of being shuffled in registers.
 
 BF16 rounding is written out in integers (round to nearest even; NaN stays NaN), because the CPU interpreter's
-`.to(tl.bfloat16)` truncates (see kernels/qk_norm_rope.py, BF16_ROUNDING).
+`.to(tl.bfloat16)` truncates.
 
-Launch (`Launch`: head rows per program and warps; the result never depends on it except through the order of the
-sum of squares). H200, x (1, 52,648, 56, 128) bf16 (benchmarks/results/2026-11-30-head-norm-rope-gpu.json, one
-run): DEFAULT (16 rows, 4 warps) 1005 us, 36 % of the copy bandwidth; the fastest, 32 rows x 4 warps, 972 us (37 %);
-torch's steps 6885 us. Every launch met the float64 bound there. The partner re-read and the join/split are the
-likely cost; not yet tuned further.
+Launch (`Launch`): head rows per program and warps; the result never depends on it except through the order of
+the sum of squares (every launch is held to the float64 bound above).
 
 Shapes: x (B, T, H, D) in bfloat16 or float32, any strides; weight (D,) in x's dtype; cos, sin (T, r) float32
 with r even and <= D. Output: contiguous (B, T, H, D) in x's dtype.
@@ -47,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, interpreting
+from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size, interpreting
 
 DTYPES = (torch.bfloat16, torch.float32)
 INTERPRET_ROWS = 64  # head rows per program under the interpreter (its cost is per program)
@@ -70,7 +65,6 @@ class Launch:
 
 
 DEFAULT = Launch()
-CANDIDATES = {f"r{r}_w{w}": Launch(r, w) for r, w in ((8, 4), (16, 4), (32, 4), (32, 8), (64, 8), (128, 8))}
 
 
 def _head_norm_rope(
@@ -97,7 +91,7 @@ def _head_norm_rope(
     x = tl.load(row + (c * x_sd)[None, :], mask=mask, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_D]
     squares = tl.reduce(x * x, 1, tl.standard._sum_combine)  # not tl.sum: see kernels/_runtime.py's LazyKernel
     ms = tl.math.div_rn(squares, tl.cast(D, tl.float32))
-    r = tl.math.div_rn(1.0, tl.math.sqrt_rn((ms + eps).to(tl.float32)))[:, None]  # as kernels/qk_norm_rope.py
+    r = tl.math.div_rn(1.0, tl.math.sqrt_rn((ms + eps).to(tl.float32)))[:, None]  # eps is fp64 under compile
     w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
     xp = tl.load(row + (partner * x_sd)[None, :], mask=rot_mask, other=0.0).to(tl.float32)
     wp = tl.load(w_ptr + partner, mask=rotated, other=0.0).to(tl.float32)[None, :]
@@ -191,8 +185,14 @@ def head_norm_rope(
     return out
 
 
-def cost(shape: tuple[int, int, int, int], dtype: torch.dtype = torch.bfloat16) -> int:
-    """Bytes one call must move at least: x read once and the output written once (the tables and weight are
-    small and shared across heads)."""
+def cost(
+    shape: tuple[int, int, int, int], dtype: torch.dtype = torch.bfloat16, rotated: int | None = None
+) -> tuple[int, int]:
+    """(bytes_moved, flops) for x of `shape` (B, T, H, D) in `dtype` with `rotated` rotary channels per head
+    (default D). Bytes: x read once and the output written once (the tables and weight are small and shared across
+    heads). Flops per element: RMSNorm 4 (square, add, two products); rotary 3 more per rotated channel (two
+    products, one sum)."""
     b, t, h, d = shape
-    return 2 * b * t * h * d * torch.empty((), dtype=dtype).element_size()
+    elements = b * t * h * d
+    rotated = d if rotated is None else rotated
+    return 2 * elements * dtype_size(dtype), 4 * elements + 3 * b * t * h * rotated

@@ -15,24 +15,22 @@ The two-device sequence-head path exchanges attention inputs and outputs with on
 
 Each replaces a materialised stack/permute/contiguous (or reshape/permute/contiguous) chain, kept beside it
 as `*_reference`, with one Triton pass that reads the source strides and writes every destination element
-exactly once. Pure element movement: the output is `torch.equal` to the reference for every dtype
-(bf16, fp16, fp32), odd sequence lengths and non-contiguous inputs. The pack no longer allocates the
-stacked intermediate, which halves its transient peak.
+exactly once, with no stacked intermediate (the pack's transient peak is its output alone).
+
+Contract: bitwise. Pure element movement: the output is `torch.equal` to the reference for every dtype (bf16,
+fp16, fp32), odd sequence lengths and non-contiguous inputs, whatever the launch.
 
 `direct_relayout_enabled()` reads `WORKBENCH_DIRECT_RELAYOUT` for diagnosis: unset or "1" -> direct
 kernels, "0" -> references; any other value raises (fail closed).
 
-One copy kernel serves all three. Each op is written as a 5-D index (i0, i1, i2, i3, c) = (small, small, the
-sequence, head-in-rank, head dim) with source and destination strides per dimension. A program owns one
-(i0, i1) pair, found once per program, and a tile of BLOCK_R rows of the flattened (i2, i3) index by BLOCK_C
-head-dim columns: i2 and i3 come from a division by N3 (the heads per rank, a compile-time constant, so a
-multiply-shift), the head dim is the contiguous, vectorised axis, and offsets are int32 unless some offset
-of the launch reaches 2**31. `pack_qkv` moves q, k and v in the same program when their strides agree (one
-launch; the three operands' rows of one token are neighbours in the destination).
-
-`LaunchConfig` sets the tiling (it never changes the result): `DEFAULT` is what the public functions use;
-`LEGACY` runs the first version's kernel (a flattened 4-D row index in int64 divided per row by runtime
-sizes, 32 x 128 tiles, one launch per q/k/v operand) so benchmarks can time both in one process.
+Kernel: one copy kernel serves all three. Each op is written as a 5-D index (i0, i1, i2, i3, c) = (small, small,
+the sequence, head-in-rank, head dim) with source and destination strides per dimension. A program owns one
+(i0, i1) pair, found once per program, and a tile of `Launch.tile // BLOCK_C` rows of the flattened (i2, i3)
+index by BLOCK_C (<= 128) head-dim columns: i2 and i3 come from a division by N3 (the heads per rank, a
+compile-time constant, so a multiply-shift), the head dim is the contiguous, vectorised axis, and offsets are
+int32 unless some offset of the launch (masked padding included) reaches 2**31. `pack_qkv` moves q, k and v in
+the same program when their strides agree (one launch; the three operands' rows of one token are neighbours in
+the destination), else one launch per operand.
 """
 
 from __future__ import annotations
@@ -45,52 +43,34 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size
+from workbench.kernels._runtime import (
+    LazyKernel,
+    check_float,
+    check_power_of_two,
+    check_runtime,
+    check_warps,
+    dtype_size,
+)
 
 ENV_VAR = "WORKBENCH_DIRECT_RELAYOUT"
-BLOCK_R = 32  # the legacy kernel's rows per program
 MAX_BLOCK_C = 128
-KERNELS = ("tiled", "legacy")
+_INT32_LIMIT = 2**31
 
 
 @dataclass(frozen=True)
-class LaunchConfig:
-    """How the relayout copy is tiled on the GPU. Every config gives the same (bit-equal) result.
+class Launch:
+    """How the copy is tiled on the GPU (it never changes the result). tile: elements per operand per program (a
+    power of two; rows = tile // BLOCK_C). num_warps: warps per program."""
 
-    kernel: "tiled" (current) or "legacy" (the first version; its tile is fixed: 32 rows x <=128 columns, one
-    launch per pack operand, and the other fields are ignored). tile: elements per operand per program of the
-    tiled kernel (a power of two; rows = tile // BLOCK_C). num_warps: warps per program. fuse_pack: q, k and v
-    in one launch when their strides agree. evict_first: stream loads and stores past L2 (an eviction hint).
-    index64: int64 offsets always (otherwise only when some offset of the launch reaches 2**31)."""
-
-    kernel: str = "tiled"
     tile: int = 8192
     num_warps: int = 4
-    fuse_pack: bool = True
-    evict_first: bool = False
-    index64: bool = False
 
     def __post_init__(self) -> None:
-        if self.kernel not in KERNELS:
-            raise ValueError(f"LaunchConfig.kernel: {self.kernel!r}; allowed: {list(KERNELS)}")
-        if not isinstance(self.tile, int) or self.tile < 1 or self.tile & (self.tile - 1):
-            raise ValueError(f"LaunchConfig.tile: {self.tile!r}; expected a power of two >= 1")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"LaunchConfig.num_warps: {self.num_warps!r}; allowed: 1, 2, 4, 8, 16")
+        check_power_of_two("relayout", "tile", self.tile)
+        check_warps("relayout", self.num_warps)
 
 
-LEGACY = LaunchConfig(kernel="legacy", fuse_pack=False)
-DEFAULT = LaunchConfig()  # unmeasured choice (see benchmarks/relayout_wan_1_3b.py, which times the candidates)
-CANDIDATES = {  # what the benchmark times side by side
-    "legacy": LEGACY,
-    "tiled": DEFAULT,
-    "tiled_t4096": LaunchConfig(tile=4096),
-    "tiled_t16384_w8": LaunchConfig(tile=16384, num_warps=8),
-    "tiled_w8": LaunchConfig(num_warps=8),
-    "tiled_unfused": LaunchConfig(fuse_pack=False),
-    "tiled_evict_first": LaunchConfig(evict_first=True),
-}
-_INT32_LIMIT = 2**31
+DEFAULT = Launch()
 
 
 def _tiled_copy(
@@ -99,7 +79,7 @@ def _tiled_copy(
     s0, s1, s2, s3, s4,
     d0, d1, d2, d3, d4, d_slot,
     N3: tl.constexpr, NSRC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    EVEN_C: tl.constexpr, WIDE: tl.constexpr, POLICY: tl.constexpr,
+    EVEN_C: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """dst[i0, i1, i2, i3, c] (+ slot * d_slot) = src_slot[i0, i1, i2, i3, c]; program (pid0, pid1) owns
     (i0, i1) = divmod(pid0 // BLOCKS, N1), rows [(pid0 % BLOCKS) * BLOCK_R, ...) of the flattened
@@ -124,42 +104,13 @@ def _tiled_copy(
         mask = tl.broadcast_to((rows < R)[:, None], (BLOCK_R, BLOCK_C))
     else:
         mask = (rows < R)[:, None] & (cols < C)[None, :]
-    tl.store(dst_ptr + dst, tl.load(src0_ptr + src, mask=mask, eviction_policy=POLICY), mask=mask,
-             eviction_policy=POLICY)  # fmt: skip
+    tl.store(dst_ptr + dst, tl.load(src0_ptr + src, mask=mask), mask=mask)
     if NSRC == 3:
-        tl.store(dst_ptr + d_slot + dst, tl.load(src1_ptr + src, mask=mask, eviction_policy=POLICY), mask=mask,
-                 eviction_policy=POLICY)  # fmt: skip
-        tl.store(dst_ptr + 2 * d_slot + dst, tl.load(src2_ptr + src, mask=mask, eviction_policy=POLICY),
-                 mask=mask, eviction_policy=POLICY)  # fmt: skip
+        tl.store(dst_ptr + d_slot + dst, tl.load(src1_ptr + src, mask=mask), mask=mask)
+        tl.store(dst_ptr + 2 * d_slot + dst, tl.load(src2_ptr + src, mask=mask), mask=mask)
 
 
 _TILED = LazyKernel(_tiled_copy)
-
-
-def _legacy_copy(
-    src_ptr, dst_ptr,
-    R, N1, N2, N3, C,
-    s0, s1, s2, s3, s4,
-    d0, d1, d2, d3, d4,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (i0, i1, i2, i3)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    r = rows.to(tl.int64)
-    i3 = r % N3
-    r = r // N3
-    i2 = r % N2
-    r = r // N2
-    i1 = r % N1
-    i0 = r // N1
-    c = cols.to(tl.int64)[None, :]
-    mask = (rows < R)[:, None] & (cols < C)[None, :]
-    src = (i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3)[:, None] + c * s4
-    dst = (i0 * d0 + i1 * d1 + i2 * d2 + i3 * d3)[:, None] + c * d4
-    tl.store(dst_ptr + dst, tl.load(src_ptr + src, mask=mask), mask=mask)
-
-
-_LEGACY = LazyKernel(_legacy_copy)
 
 
 def _max_offset(sizes: tuple[int, ...], strides: tuple[int, ...]) -> int:
@@ -172,49 +123,39 @@ def _copy(
     sizes: tuple[int, int, int, int, int],
     src_strides: tuple[int, ...],
     dst_strides: tuple[int, ...],
-    config: LaunchConfig,
+    launch: Launch,
     d_slot: int = 0,
 ) -> None:
-    """dst[i0..i4] (+ slot * d_slot) = srcs[slot][i0..i4] over `sizes`, addressed through the given element
-    strides (every source has `src_strides`). One source per launch for the legacy kernel; 1 or 3 for tiled."""
+    """dst[i0..i4] (+ slot * d_slot) = srcs[slot][i0..i4] over `sizes` (1 or 3 sources), addressed through the
+    given element strides (every source has `src_strides`)."""
     n0, n1, n2, n3, c = sizes
     rows = n0 * n1 * n2 * n3
     if rows == 0 or c == 0:
         return
     block_c = min(MAX_BLOCK_C, triton.next_power_of_2(c))
-    if config.kernel == "legacy":
-        if len(srcs) != 1:
-            raise ValueError(f"relayout: the legacy kernel copies one source per launch, got {len(srcs)}")
-        grid = (triton.cdiv(rows, BLOCK_R), triton.cdiv(c, block_c))
-        _LEGACY[grid](
-            srcs[0], dst, rows, n1, n2, n3, c, *src_strides, *dst_strides, BLOCK_R=BLOCK_R, BLOCK_C=block_c,
-        )  # fmt: skip
-        return
     if len(srcs) not in (1, 3):
-        raise ValueError(f"relayout: the tiled kernel copies 1 or 3 sources per launch, got {len(srcs)}")
-    block_r = max(1, config.tile // block_c)
+        raise ValueError(f"relayout: the copy kernel takes 1 or 3 sources per launch, got {len(srcs)}")
+    block_r = max(1, launch.tile // block_c)
     per_outer = n2 * n3
     blocks = triton.cdiv(per_outer, block_r)
     col_blocks = triton.cdiv(c, block_c)
     # the largest offset any lane forms, masked lanes (padded rows and columns) included
     padded = (n0, n1, (blocks * block_r - 1) // n3 + 1, n3, col_blocks * block_c)
     reach = max(_max_offset(padded, src_strides), _max_offset(padded, dst_strides) + (len(srcs) - 1) * d_slot)
-    wide = config.index64 or reach >= _INT32_LIMIT
+    wide = reach >= _INT32_LIMIT
     grid = (n0 * n1 * blocks, col_blocks)
     src0, src1, src2 = srcs if len(srcs) == 3 else (srcs[0],) * 3
     _TILED[grid](
         src0, src1, src2, dst, n1, per_outer, c, blocks, *src_strides, *dst_strides, d_slot,
         N3=n3, NSRC=len(srcs), BLOCK_R=block_r, BLOCK_C=block_c, EVEN_C=c % block_c == 0, WIDE=wide,
-        POLICY="evict_first" if config.evict_first else "", num_warps=config.num_warps,
+        num_warps=launch.num_warps,
     )  # fmt: skip
 
 
-def _config(config: LaunchConfig | None) -> LaunchConfig:
-    if config is None:
-        return DEFAULT
-    if not isinstance(config, LaunchConfig):
-        raise ValueError(f"relayout: config must be a LaunchConfig or None, got {type(config).__name__}")
-    return config
+def _check_launch(launch: Launch) -> Launch:
+    if not isinstance(launch, Launch):
+        raise ValueError(f"relayout: launch must be a relayout.Launch, got {type(launch).__name__}")
+    return launch
 
 
 def _check_world(name: str, world_size: int) -> None:
@@ -249,10 +190,10 @@ def pack_qkv_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_
 
 
 def pack_qkv(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int, config: LaunchConfig | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int, launch: Launch = DEFAULT
 ) -> torch.Tensor:
     """`pack_qkv_reference(q, k, v, world_size)` in one strided pass (one launch when q, k and v share their
-    strides, else one per operand), no stacked intermediate. `config`: the tiling (None: `DEFAULT`)."""
+    strides, else one per operand), no stacked intermediate."""
     name = "pack_qkv"
     _check_world(name, world_size)
     for arg, tensor in (("q", q), ("k", k), ("v", v)):
@@ -267,7 +208,7 @@ def pack_qkv(
     check_runtime(name, q, k, v)
     b, t, h, d = q.shape
     hw = _divisible(name, "H (q.shape[2])", h, world_size)
-    config = _config(config)
+    launch = _check_launch(launch)
     out = torch.empty((world_size, b, t, 3, hw, d), dtype=q.dtype, device=q.device)
     dst_strides = out.stride()[:3] + out.stride()[4:]
     sizes = (world_size, b, t, hw, d)  # (rank, b, t, head-in-rank, d); head = rank * hw + head-in-rank
@@ -276,11 +217,11 @@ def pack_qkv(
         sb, st, sh, sd = src.stride()
         return (hw * sh, sb, st, sh, sd)
 
-    if config.kernel == "tiled" and config.fuse_pack and q.stride() == k.stride() == v.stride():
-        _copy((q, k, v), out, sizes, strides(q), dst_strides, config, d_slot=out.stride(3))
+    if q.stride() == k.stride() == v.stride():
+        _copy((q, k, v), out, sizes, strides(q), dst_strides, launch, d_slot=out.stride(3))
         return out
     for slot, src in enumerate((q, k, v)):
-        _copy((src,), out[:, :, :, slot], sizes, strides(src), dst_strides, config)
+        _copy((src,), out[:, :, :, slot], sizes, strides(src), dst_strides, launch)
     return out
 
 
@@ -293,8 +234,8 @@ def split_result_reference(out: torch.Tensor, world_size: int) -> torch.Tensor:
     return out.reshape(b, world_size, t // world_size, hw, d).permute(1, 0, 2, 3, 4).contiguous()
 
 
-def split_result(out: torch.Tensor, world_size: int, config: LaunchConfig | None = None) -> torch.Tensor:
-    """`split_result_reference(out, world_size)` in one strided pass. `config`: the tiling (None: `DEFAULT`)."""
+def split_result(out: torch.Tensor, world_size: int, launch: Launch = DEFAULT) -> torch.Tensor:
+    """`split_result_reference(out, world_size)` in one strided pass."""
     name = "split_result"
     _check_world(name, world_size)
     check_float(name, "out", out)
@@ -305,7 +246,7 @@ def split_result(out: torch.Tensor, world_size: int, config: LaunchConfig | None
     tc = _divisible(name, "T_full (out.shape[1])", t, world_size)
     result = torch.empty((world_size, b, tc, hw, d), dtype=out.dtype, device=out.device)
     sb, st, sh, sd = out.stride()
-    _copy((out,), result, (world_size, b, tc, hw, d), (tc * st, sb, st, sh, sd), result.stride(), _config(config))
+    _copy((out,), result, (world_size, b, tc, hw, d), (tc * st, sb, st, sh, sd), result.stride(), _check_launch(launch))
     return result
 
 
@@ -318,8 +259,8 @@ def merge_heads_reference(received: torch.Tensor, world_size: int) -> torch.Tens
     return received.permute(1, 2, 0, 3, 4).reshape(b, t, w * hw, d).contiguous()
 
 
-def merge_heads(received: torch.Tensor, world_size: int, config: LaunchConfig | None = None) -> torch.Tensor:
-    """`merge_heads_reference(received, world_size)` in one strided pass. `config`: the tiling (None: `DEFAULT`)."""
+def merge_heads(received: torch.Tensor, world_size: int, launch: Launch = DEFAULT) -> torch.Tensor:
+    """`merge_heads_reference(received, world_size)` in one strided pass."""
     name = "merge_heads"
     _check_world(name, world_size)
     check_float(name, "received", received)
@@ -333,14 +274,9 @@ def merge_heads(received: torch.Tensor, world_size: int, config: LaunchConfig | 
     check_runtime(name, received)
     w, b, t, hw, d = received.shape
     result = torch.empty((b, t, w * hw, d), dtype=received.dtype, device=received.device)
-    config = _config(config)
-    rw, rb, rt, rh, rd = received.stride()
-    if config.kernel == "legacy":  # destination order (b, t, rank, head-in-rank, d), as the first version ran
-        _copy((received,), result, (b, t, w, hw, d), (rb, rt, rw, rh, rd), (t * w * hw * d, w * hw * d, hw * d, d, 1),
-              config)  # fmt: skip
-        return result
+    launch = _check_launch(launch)
     # source order (rank, b, t, head-in-rank, d): the sequence is the long axis of every tile, as in the others
-    _copy((received,), result, (w, b, t, hw, d), received.stride(), (hw * d, t * w * hw * d, w * hw * d, d, 1), config)
+    _copy((received,), result, (w, b, t, hw, d), received.stride(), (hw * d, t * w * hw * d, w * hw * d, d, 1), launch)
     return result
 
 

@@ -80,4 +80,9 @@ def test_head_norm_rope_refuses_bad_inputs(rng):
 
 
 def test_head_norm_rope_cost_counts_one_read_and_one_write():
-    assert cost((1, 52648, 56, 128)) == 2 * 52648 * 56 * 128 * 2
+    elements = 52648 * 56 * 128
+    assert cost((1, 52648, 56, 128)) == (2 * elements * 2, 7 * elements)
+    assert cost((1, 52648, 56, 128), torch.float32, rotated=96) == (
+        2 * elements * 4,
+        4 * elements + 3 * 52648 * 56 * 96,
+    )

@@ -6,10 +6,9 @@ import pytest
 import torch
 
 from workbench.kernels.layernorm_modulate import (
-    CANDIDATES,
     DEFAULT,
     MAX_C,
-    LaunchConfig,
+    Launch,
     add_layernorm_modulate,
     add_reference,
     cost,
@@ -23,8 +22,6 @@ DTYPES = [torch.bfloat16, torch.float32, torch.float16]
 # affine norm
 ULP32 = torch.finfo(torch.float32).eps  # 2^-23
 FORMS = ["modulate", "affine", "residual_modulate", "residual_modulate_per_token", "residual_affine"]
-# the two kernels; the chunked one in 32-channel pieces, so odd C ends in a partial one
-LAUNCHES = {"whole_row": LaunchConfig(), "chunked": LaunchConfig(chunk=32)}
 
 
 def _inputs(rng, shape, dtype, form):
@@ -51,19 +48,18 @@ def _errors(got: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("launch", list(LAUNCHES))
-def test_layernorm_modulate_kernel_error_bound_against_float64(rng, shape, dtype, form, launch):
+def test_layernorm_modulate_kernel_error_bound_against_float64(rng, shape, dtype, form):
     """Contract `reduction`: error vs the float64 chain at most 2x torch's own, plus 2 fp32 ulps (of the output
     scale for max-abs; relative for L2: it matters only where torch's own fp32 error is zero by luck, one short
     row); the residual sum is torch's `x + r` bit for bit, and the ground truth starts from that (rounded) sum."""
     x, residual, norm = _inputs(rng, shape, dtype, form)
-    eps, launch = 1e-6, LAUNCHES[launch]
+    eps = 1e-6
     if residual is None:
-        got = layernorm_modulate(x, eps, **norm, config=launch)
+        got = layernorm_modulate(x, eps, **norm)
         want = reference(x, eps, **norm)
         start = x
     else:
-        summed, got = add_layernorm_modulate(x, residual, eps, **norm, config=launch)
+        summed, got = add_layernorm_modulate(x, residual, eps, **norm)
         want_sum, want = add_reference(x, residual, eps, **norm)
         assert summed.dtype == dtype and summed.is_contiguous()
         assert torch.equal(summed, want_sum), f"seed {rng.initial_seed()}: {(summed != want_sum).sum()} sums differ"
@@ -81,8 +77,7 @@ def test_layernorm_modulate_kernel_error_bound_against_float64(rng, shape, dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("launch", list(LAUNCHES))
-def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(rng, dtype, launch):
+def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(rng, dtype):
     # rows of +-2^k in equal numbers: mean 0, var 4^k and (eps 0) rstd 2^-k are exact in both, so every
     # difference would come from the ops after the statistics (affine, modulation, one rounding; no FMA)
     b, t, c = 2, 8, 48  # no padded rows: their 0 / 0 under eps 0 would only warn
@@ -92,11 +87,10 @@ def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(
     weight = 1 + 0.3 * torch.randn(c, generator=rng)
     bias = 0.2 * torch.randn(c, generator=rng)
     scale, shift = (torch.randn(b, 2, c, generator=rng) * 0.7).chunk(2, dim=1)
-    launch = LAUNCHES[launch]
     for norm in ({"weight": weight, "bias": bias}, {"scale": scale, "shift": shift}):
-        got = layernorm_modulate(x, 0.0, **norm, config=launch)
+        got = layernorm_modulate(x, 0.0, **norm)
         assert torch.equal(got, reference(x, 0.0, **norm)), f"seed {rng.initial_seed()}: {sorted(norm)}"
-    got = layernorm_modulate(x, 0.0, weight, bias, scale, shift, torch.float32, config=launch)
+    got = layernorm_modulate(x, 0.0, weight, bias, scale, shift, torch.float32)
     want = reference(x, 0.0, weight, bias, scale, shift, torch.float32)
     affine = (x.double() / powers.double() * weight.double() + bias.double()).float()  # exact, then one rounding
     fma = (affine.double() * (1 + scale).double() + shift.double()).float()  # product and sum rounded once
@@ -104,54 +98,40 @@ def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(
     assert torch.equal(got, want), f"seed {rng.initial_seed()}: {(got != want).sum()} elements differ"
 
 
-def _interpreter_distinct() -> list[str]:
-    """One candidate per (rows, row_vectors, persistent or not, chunk): the interpreter ignores num_warps and
-    num_stages, so launches differing only there run the same program on the CPU (their GPU trees are the H200
-    benchmark's business). Persistent launches run 2 programs there, each looping over several tiles."""
-
-    def key(launch: LaunchConfig) -> tuple:
-        return launch.rows, launch.row_vectors, launch.per_sm is not None, launch.chunk
-
-    seen: dict[tuple, str] = {key(DEFAULT): "default"}
-    for name, launch in CANDIDATES.items():
-        seen.setdefault(key(launch), name)
-    return [name for name in seen.values() if name != "default"]
+# the interpreter ignores num_warps, so these differ there in rows per program only (partial last tiles)
+LAUNCHES = {"r1_w1": Launch(rows=1, num_warps=1), "r4_w4": Launch(rows=4, num_warps=4), "r16_w8": Launch(16, 8)}
 
 
-@pytest.mark.parametrize("name", _interpreter_distinct())
+@pytest.mark.parametrize("name", list(LAUNCHES))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_layernorm_modulate_kernel_every_launch_is_bit_equal_to_default(rng, name, dtype):
-    """Bit-equal to the plain launch of the same kernel (the chunked one sums in another order)."""
-    base = LaunchConfig(chunk=CANDIDATES[name].chunk)
-    # odd C, 26 rows: a partial last tile for every rows per program; the default under the interpreter takes all
-    # (1, 26, 37): one batch with (1, 1, C) scale/shift, the row-vector loads (`LaunchConfig.row_vectors`)
+    """Each row is reduced on its own: under the interpreter any rows per program gives DEFAULT's bits."""
+    # odd C, 26 rows: a partial last tile for every rows per program
+    # (1, 26, 37): one batch with (1, 1, C) scale/shift, the row-vector loads (MOD_VEC)
     for shape, form in (((2, 13, 37), "modulate"), ((2, 13, 37), "affine"), ((2, 13, 37), "residual_modulate_per_token"),
                         ((1, 26, 37), "modulate")):  # fmt: skip
         x, residual, norm = _inputs(rng, shape, dtype, form)
         message = f"seed {rng.initial_seed()}: {name} {form}"
         if residual is None:
-            got = layernorm_modulate(x, 1e-6, **norm, config=CANDIDATES[name])
-            want = layernorm_modulate(x, 1e-6, **norm, config=base)
+            got = layernorm_modulate(x, 1e-6, **norm, launch=LAUNCHES[name])
+            want = layernorm_modulate(x, 1e-6, **norm, launch=DEFAULT)
         else:
-            got_sum, got = add_layernorm_modulate(x, residual, 1e-6, **norm, config=CANDIDATES[name])
-            want_sum, want = add_layernorm_modulate(x, residual, 1e-6, **norm, config=base)
+            got_sum, got = add_layernorm_modulate(x, residual, 1e-6, **norm, launch=LAUNCHES[name])
+            want_sum, want = add_layernorm_modulate(x, residual, 1e-6, **norm)
             assert torch.equal(got_sum, want_sum), message
         assert torch.equal(got, want), f"{message}: {(got != want).sum()} elements differ"
 
 
-def test_layernorm_modulate_kernel_bad_launch_config_raises():
+def test_layernorm_modulate_kernel_bad_launch_raises():
     for bad, message in (
-        ({"rows": 3}, r"LaunchConfig.rows: 3"),
-        ({"num_warps": 3}, r"LaunchConfig.num_warps: 3"),
-        ({"per_sm": 0}, r"LaunchConfig.per_sm: 0; expected None or an int >= 1"),
-        ({"num_stages": 5}, r"LaunchConfig.num_stages: 5; allowed: 1, 2, 3, 4"),
-        ({"chunk": 24}, r"LaunchConfig.chunk: 24; expected None or a power of two >= 16"),
-        ({"chunk": 512, "per_sm": 4}, r"LaunchConfig.chunk: the chunked kernel has no persistent launch \(per_sm\)"),
+        ({"rows": 3}, r"layernorm_modulate: Launch.rows: 3; expected a power of two"),
+        ({"rows": 0}, r"layernorm_modulate: Launch.rows: 0; expected a power of two"),
+        ({"num_warps": 3}, r"layernorm_modulate: Launch.num_warps: 3; allowed"),
     ):
         with pytest.raises(ValueError, match=message):
-            LaunchConfig(**bad)
-    with pytest.raises(ValueError, match=r"layernorm_modulate: config must be a LaunchConfig or None, got str"):
-        layernorm_modulate(torch.ones(1, 2, 3), 1e-6, config="fast")
+            Launch(**bad)
+    with pytest.raises(ValueError, match=r"layernorm_modulate: launch must be a layernorm_modulate.Launch, got str"):
+        layernorm_modulate(torch.ones(1, 2, 3), 1e-6, launch="fast")
 
 
 def test_layernorm_modulate_kernel_out_dtype_and_empty(rng):

@@ -1,15 +1,13 @@
-import dataclasses
-
 import pytest
 import torch
 import triton.language as tl
 
+from workbench.kernels import qk_norm_rope as module
 from workbench.kernels.qk_norm_rope import (
-    CANDIDATES,
     DEFAULT,
-    LEGACY,
     MAX_ROW_TILE,
-    LaunchConfig,
+    NORM_DEFAULT,
+    Launch,
     _index,
     cost,
     qk_norm_rope,
@@ -75,17 +73,17 @@ def test_rope_only_float64_tables_round_through_float32(rng):
     assert torch.equal(rope_only(x, cos, sin), want), f"seed {rng.initial_seed()}"
 
 
-# ---------------------------------------------------------------------- the tiled launch against the legacy one
+# ------------------------------------------------------------------------------- rope_only's launches
 
-# the candidates added for qk_norm_rope's own options are left out: rope_only ignores those options, and under the
-# interpreter a launch's rows and warps do not change what runs (pointwise_tile)
-_NORM_ONLY = ("tile", "bf16_cast", "index")
-TILED = {
-    name: c
-    for name, c in CANDIDATES.items()
-    if c.kernel == "tiled" and all(getattr(c, f) == getattr(DEFAULT, f) for f in _NORM_ONLY)
+# under the interpreter a launch's rows and warps do not change what runs (pointwise_tile): its heads per program do
+ROPE_LAUNCHES = {
+    "default": DEFAULT,
+    "h4_r32": Launch(rows=32),
+    "h1": Launch(heads=1),
+    "h1_r8_w2": Launch(rows=8, num_warps=2, heads=1),
+    "all_heads": Launch(heads=64),
+    "h2_w1": Launch(heads=2, num_warps=1),  # at H = 5, a partial last head group
 }
-TILED["tiled_h2_w1"] = LaunchConfig(heads=2, num_warps=1)  # at H = 5, a partial last head group
 
 
 def _x_view(rng, shape, dtype, layout):
@@ -112,48 +110,41 @@ def _random_tables(rng, shape, freqs_dtype, per_head):
 @pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
 @pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize("layout", ["transposed", "fused"])
-def test_rope_only_tiled_kernel_equals_reference_and_legacy(rng, shape, x_dtype, freqs_dtype, per_head, layout):
+def test_rope_only_tiled_kernel_equals_reference(rng, shape, x_dtype, freqs_dtype, per_head, layout):
     x = _x_view(rng, shape, x_dtype, layout)
     cos, sin = _random_tables(rng, shape, freqs_dtype, per_head)
     got = rope_only(x, cos, sin)
-    legacy = rope_only(x, cos, sin, LEGACY)
     want = rope_reference(x, cos, sin)
     assert got.dtype == x_dtype and got.shape == want.shape and got.is_contiguous()
     assert torch.equal(got, want), f"seed {rng.initial_seed()}: {(got != want).sum()} elements differ"
-    assert torch.equal(got, legacy), f"seed {rng.initial_seed()}: {(got != legacy).sum()} differ from legacy"
 
 
-@pytest.mark.parametrize("name", list(TILED))
+@pytest.mark.parametrize("name", list(ROPE_LAUNCHES))
 @pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
 @pytest.mark.parametrize("per_head", [False, True])
 def test_rope_only_every_tiled_kernel_launch_is_bit_equal(rng, name, freqs_dtype, per_head):
     shape = (2, 37, 5, 32)
     x = _x_view(rng, shape, torch.bfloat16, "fused")
     cos, sin = _random_tables(rng, shape, freqs_dtype, per_head)
-    got = rope_only(x, cos, sin, TILED[name])
+    got = rope_only(x, cos, sin, ROPE_LAUNCHES[name])
     assert torch.equal(got, rope_reference(x, cos, sin)), f"seed {rng.initial_seed()}"
-    assert torch.equal(got, rope_only(x, cos, sin, LEGACY)), f"seed {rng.initial_seed()}"
 
 
-def test_kernel_launch_configs_default_and_bad_values():
-    assert DEFAULT.kernel == "tiled" and LEGACY.kernel == "legacy" and CANDIDATES["legacy"] is LEGACY
-    assert [getattr(DEFAULT, f) for f in _NORM_ONLY] == ["head", "integer", "int64"]
+def test_kernel_launches_default_and_bad_values():
+    assert (DEFAULT.rows, DEFAULT.num_warps, DEFAULT.heads) == (16, 4, 4)
+    assert (NORM_DEFAULT.rows, NORM_DEFAULT.num_warps) == (1, 2)
     for bad, message in (
-        ({"kernel": "fast"}, r"LaunchConfig.kernel: 'fast'"),
-        ({"rows": 12}, r"LaunchConfig.rows: 12"),
-        ({"heads": 0}, r"LaunchConfig.heads: 0"),
-        ({"num_warps": 3}, r"LaunchConfig.num_warps: 3"),
-        ({"tile": "rows"}, r"LaunchConfig.tile: 'rows'; allowed: \['head', 'row'\]"),
-        ({"bf16_cast": "fast"}, r"LaunchConfig.bf16_cast: 'fast'; allowed: \['integer', 'native'\]"),
-        ({"index": "int32"}, r"LaunchConfig.index: 'int32'; allowed: \['int64', 'auto'\]"),
-        ({"per_sm": 0}, r"LaunchConfig.per_sm: 0; expected None or an int >= 1"),
-        ({"num_stages": 0}, r"LaunchConfig.num_stages: 0; allowed: 1, 2, 3, 4"),
+        ({"rows": 12}, r"qk_norm_rope: Launch.rows: 12"),
+        ({"heads": 0}, r"qk_norm_rope: Launch.heads: 0"),
+        ({"num_warps": 3}, r"qk_norm_rope: Launch.num_warps: 3"),
     ):
         with pytest.raises(ValueError, match=message):
-            LaunchConfig(**bad)
+            Launch(**bad)
     x = torch.randn(1, 3, 2, 4)
-    with pytest.raises(ValueError, match=r"config must be a LaunchConfig or None, got str"):
+    with pytest.raises(ValueError, match=r"rope_only: launch must be a qk_norm_rope.Launch, got str"):
         rope_only(x, x[:, :, :1], x[:, :, :1], "legacy")
+    with pytest.raises(ValueError, match=r"qk_norm_rope: launch must be a qk_norm_rope.Launch, got str"):
+        qk_norm_rope(x.flatten(2), torch.ones(8), 1e-6, x[:, :, :1], x[:, :, :1], 2, "row")
 
 
 def _errors(got: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
@@ -182,19 +173,20 @@ def _check_reduction_bound(rng, got, x, weight, eps, cos, sin, heads, what=""):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("x_dtype", X_DTYPES)
 @pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
-@pytest.mark.parametrize("config", [DEFAULT, LEGACY], ids=["tiled", "legacy"])
-def test_qk_norm_rope_error_bound_against_float64(rng, shape, x_dtype, freqs_dtype, config):
+@pytest.mark.parametrize("kernel", ["row", "tiled"])
+def test_qk_norm_rope_error_bound_against_float64(rng, monkeypatch, shape, x_dtype, freqs_dtype, kernel):
+    """Both norm kernels: the row kernel, and the tiled one that rows wider than MAX_ROW_TILE take (forced here by
+    lowering the limit)."""
+    if kernel == "tiled":
+        monkeypatch.setattr(module, "MAX_ROW_TILE", 0)
     b, t, h, d = shape
     x = _x3(rng, shape, x_dtype)
     weight = (1 + 0.2 * torch.randn(h * d, generator=rng)).to(x_dtype)
     cos, sin = _freqs(rng, t, d, freqs_dtype)
-    _check_reduction_bound(rng, qk_norm_rope(x, weight, 1e-6, cos, sin, h, config), x, weight, 1e-6, cos, sin, h)
+    _check_reduction_bound(rng, qk_norm_rope(x, weight, 1e-6, cos, sin, h), x, weight, 1e-6, cos, sin, h)
 
 
-# one per distinct launch of the norm path (it takes every head, so `heads` does not tell launches apart), named
-# as benchmarks/norm_kernels_gpu.py names its arm: the first candidate with that launch
-_NORM_LAUNCHES = {dataclasses.replace(c, heads=DEFAULT.heads): name for name, c in reversed(CANDIDATES.items())}
-NORM_LAUNCHES = {name: CANDIDATES[name] for name in _NORM_LAUNCHES.values() if CANDIDATES[name].kernel == "tiled"}
+NORM_LAUNCHES = {"default": NORM_DEFAULT, "r2_w2": Launch(rows=2, num_warps=2), "r4_w4": Launch(rows=4)}
 
 
 def _x3_view(rng, shape, dtype, layout):
@@ -210,9 +202,8 @@ def _x3_view(rng, shape, dtype, layout):
 @pytest.mark.parametrize("x_dtype", X_DTYPES)
 @pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
 def test_qk_norm_rope_every_kernel_launch_meets_error_bound(rng, name, x_dtype, freqs_dtype):
-    """Every launch in CANDIDATES (row tile, int32 offsets, persistent; the native bf16 cast runs the integer
-    path here, module doc) on odd head dims and head counts (padded in the tiles), strided x, shared and
-    per-head tables."""
+    """Row-kernel launches (the native bf16 cast runs the integer path here, module doc) on odd head dims and head
+    counts (padded in the tile), strided x, shared and per-head tables."""
     cases = [  # (B, T, H, D), x layout, per-head tables
         ((2, 37, 3, 6), "transposed", False),
         ((2, 9, 5, 32), "fused", True),
@@ -227,13 +218,10 @@ def test_qk_norm_rope_every_kernel_launch_meets_error_bound(rng, name, x_dtype, 
 
 
 def test_qk_norm_rope_kernel_index_is_int32_only_when_every_offset_fits():
-    auto = LaunchConfig(index="auto")
-
     def index(shape, stride, block_r=1, heads=None, block_d=None):
         x = torch.empty_strided(shape, stride, device="meta")  # strides only, nothing allocated
-        return _index(auto, (x,), block_r, heads or shape[2], block_d or shape[3])
+        return _index((x,), block_r, heads or shape[2], block_d or shape[3])
 
-    assert _index(DEFAULT, (torch.empty(1, 3, 2, 4),), 1, 2, 4) == tl.int64
     assert index((1, 37, 2, 8), (592, 16, 8, 1)) == tl.int32
     big = (1, 2**20, 16, 128)  # 2**31 elements: the last offset is 2**31 - 1
     assert index(big, (2**31, 2**11, 128, 1)) == tl.int32
@@ -246,23 +234,34 @@ def test_qk_norm_rope_kernel_index_is_int32_only_when_every_offset_fits():
     assert index((2, 2**20, 16, 128), (0, 128, 0, 1)) == tl.int32
 
 
-def test_qk_norm_rope_kernel_row_tile_too_wide_raises(rng):
-    heads, d = 17, MAX_ROW_TILE // 16  # 17 heads pad to 32
-    x = torch.randn(1, 1, heads * d, generator=rng)
-    cos = torch.randn(1, 1, 1, d, generator=rng)
-    wide = LaunchConfig(tile="row")
-    with pytest.raises(ValueError, match=r"qk_norm_rope: tile='row' holds 17 heads x 1024 padded to 32768"):
-        qk_norm_rope(x, torch.ones(heads * d), 1e-6, cos, cos, heads, wide)
+def test_qk_norm_rope_kernel_row_too_wide_for_the_row_tile_runs_the_tiled_kernel(rng, monkeypatch):
+    heads, d = 17, MAX_ROW_TILE // 16  # 17 heads pad to 32: 32768 padded elements per row
+    shape = (1, 2, heads, d)
+    x = _x3(rng, shape, torch.bfloat16)
+    weight = (1 + 0.2 * torch.randn(heads * d, generator=rng)).to(torch.bfloat16)
+    cos, sin = _freqs(rng, 2, d, torch.float32)
+    launched = []
+    real = module._TILED
+
+    class Recording:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(module, "_TILED", Recording())
+    got = qk_norm_rope(x, weight, 1e-6, cos, sin, heads)
+    assert launched, "the tiled kernel did not run"
+    _check_reduction_bound(rng, got, x, weight, 1e-6, cos, sin, heads)
 
 
-@pytest.mark.parametrize("config", [DEFAULT, CANDIDATES["norm_native_i32"], CANDIDATES["norm_row_r1_w1"]])
-def test_qk_norm_rope_handles_a_full_wan_row_width(rng, config):
+@pytest.mark.parametrize("launch", [NORM_DEFAULT, Launch(rows=1, num_warps=1)], ids=["default", "r1_w1"])
+def test_qk_norm_rope_handles_a_full_wan_row_width(rng, launch):
     # Wan2.1-1.3B hidden width (12 x 128) in one program (the row tile pads it to 16 heads), a handful of tokens
     shape = (1, 5, 12, 128)
     x = _x3(rng, shape, torch.bfloat16)
     weight = torch.randn(1536, generator=rng).to(torch.bfloat16)
     cos, sin = _freqs(rng, 5, 128, torch.float32)
-    _check_reduction_bound(rng, qk_norm_rope(x, weight, 1e-6, cos, sin, 12, config), x, weight, 1e-6, cos, sin, 12)
+    _check_reduction_bound(rng, qk_norm_rope(x, weight, 1e-6, cos, sin, 12, launch), x, weight, 1e-6, cos, sin, 12)
 
 
 def _good(rng):

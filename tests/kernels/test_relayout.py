@@ -2,11 +2,9 @@ import pytest
 import torch
 
 from workbench.kernels.relayout import (
-    CANDIDATES,
     DEFAULT,
     ENV_VAR,
-    LEGACY,
-    LaunchConfig,
+    Launch,
     cost,
     direct_relayout_enabled,
     merge_heads,
@@ -109,38 +107,45 @@ def test_received_pack_is_a_fused_projection_view_when_batch_is_one(rng):
 # (B, T_local, H, D, world_size): odd sequence, head dim not a power of two (masked columns), head dim over
 # one column block (two column blocks, the second partial), three heads per rank
 ODD_SHAPES = [(1, 11, 6, 12, 2), (2, 5, 6, 160, 2), (1, 9, 9, 8, 3)]
-SMALL_TILES = LaunchConfig(tile=16)  # several row blocks per (rank, batch), the last one partial
+SMALL_TILES = Launch(tile=16)  # several row blocks per (rank, batch), the last one partial
 
 
-def _all_three(rng, shape, dtype, config):
+def _all_three(rng, shape, dtype, launch):
     b, t, h, d, w = shape
     q, k, v = _fused_qkv(rng, b, t, h, d, dtype)
-    _equal(pack_qkv(q, k, v, w, config), pack_qkv_reference(q, k, v, w), rng)
+    _equal(pack_qkv(q, k, v, w, launch), pack_qkv_reference(q, k, v, w), rng)
     separate = [y.contiguous() for y in (q, k, v)]  # equal strides, three allocations: the fused launch
-    _equal(pack_qkv(*separate, w, config), pack_qkv_reference(*separate, w), rng)
+    _equal(pack_qkv(*separate, w, launch), pack_qkv_reference(*separate, w), rng)
+    mixed = (q, separate[1], v)  # strides differ: one launch per operand
+    _equal(pack_qkv(*mixed, w, launch), pack_qkv_reference(*mixed, w), rng)
     out = torch.randn(b, h // w, t * w, d, generator=rng).to(dtype).transpose(1, 2)
-    _equal(split_result(out, w, config), split_result_reference(out, w), rng)
+    _equal(split_result(out, w, launch), split_result_reference(out, w), rng)
     received = torch.randn(w, b, t, h // w, d, generator=rng).to(dtype)
-    _equal(merge_heads(received, w, config), merge_heads_reference(received, w), rng)
+    _equal(merge_heads(received, w, launch), merge_heads_reference(received, w), rng)
     strided = received.transpose(2, 3).contiguous().transpose(2, 3)  # (W, B, T, H/W, D) with heads outside tokens
-    _equal(merge_heads(strided, w, config), merge_heads_reference(strided, w), rng)
+    _equal(merge_heads(strided, w, launch), merge_heads_reference(strided, w), rng)
 
 
-@pytest.mark.parametrize("name", sorted(CANDIDATES))
-def test_every_launch_config_matches_reference(rng, name):
-    """The benchmark's candidates (legacy included) all give the reference's bits; the tiling is not the result."""
-    _all_three(rng, (2, 13, 8, 32, 4), torch.bfloat16, CANDIDATES[name])
+@pytest.mark.parametrize(
+    "launch", [DEFAULT, Launch(tile=4096), Launch(tile=16384, num_warps=8)], ids=["default", "t4096", "t16384_w8"]
+)
+def test_every_launch_matches_reference(rng, launch):
+    """Whatever the tiling, the reference's bits: the launch is not the result."""
+    _all_three(rng, (2, 13, 8, 32, 4), torch.bfloat16, launch)
 
 
 @pytest.mark.parametrize("shape", ODD_SHAPES)
-@pytest.mark.parametrize("config", [DEFAULT, SMALL_TILES, LEGACY], ids=["default", "small_tiles", "legacy"])
-def test_odd_sizes_match_reference(rng, shape, config):
-    _all_three(rng, shape, torch.float16, config)
+@pytest.mark.parametrize("launch", [DEFAULT, SMALL_TILES], ids=["default", "small_tiles"])
+def test_odd_sizes_match_reference(rng, shape, launch):
+    _all_three(rng, shape, torch.float16, launch)
 
 
-def test_int64_offsets_match_reference(rng):
+def test_int64_offsets_match_reference(rng, monkeypatch):
     """The int64 path (taken on its own when an offset reaches 2**31) forced on small tensors."""
-    _all_three(rng, (1, 7, 4, 24, 2), torch.float32, LaunchConfig(tile=32, index64=True))
+    from workbench.kernels import relayout
+
+    monkeypatch.setattr(relayout, "_INT32_LIMIT", 0)
+    _all_three(rng, (1, 7, 4, 24, 2), torch.float32, Launch(tile=32))
 
 
 def test_int64_offsets_chosen_when_an_offset_reaches_the_limit(rng, monkeypatch):
@@ -170,19 +175,19 @@ def test_int64_offsets_chosen_when_an_offset_reaches_the_limit(rng, monkeypatch)
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"kernel": "fast"}, r"LaunchConfig.kernel: 'fast'; allowed: \['tiled', 'legacy'\]"),
-        ({"tile": 3000}, r"LaunchConfig.tile: 3000; expected a power of two"),
-        ({"num_warps": 3}, r"LaunchConfig.num_warps: 3; allowed"),
+        ({"tile": 3000}, r"relayout: Launch.tile: 3000; expected a power of two"),
+        ({"tile": 0}, r"relayout: Launch.tile: 0; expected a power of two"),
+        ({"num_warps": 3}, r"relayout: Launch.num_warps: 3; allowed"),
     ],
 )
-def test_bad_launch_config_raises(fields, message):
+def test_bad_launch_raises(fields, message):
     with pytest.raises(ValueError, match=message):
-        LaunchConfig(**fields)
+        Launch(**fields)
 
 
-def test_config_must_be_a_launch_config(rng):
+def test_launch_must_be_a_launch(rng):
     q, k, v = _fused_qkv(rng, 1, 4, 4, 8, torch.bfloat16)
-    with pytest.raises(ValueError, match=r"relayout: config must be a LaunchConfig or None, got dict"):
+    with pytest.raises(ValueError, match=r"relayout: launch must be a relayout.Launch, got dict"):
         pack_qkv(q, k, v, 2, {"tile": 16})
 
 

@@ -23,8 +23,6 @@ What is proven where:
   benchmarks/results/2026-11-29-exact-fast-*.json). The rotary kernel inside the block, the in-dtype kernels and
   the LTX-2/H3 blocks on a GPU are **unverified until measured**: benchmarks/fused_blocks_gpu.py checks each
   fused block against the stock one there.
-The GELU-tanh kernel (`workbench.kernels.gelu_tanh`) is not used: it is not bit-equal to torch's tanh on the
-interpreter (see its docstring).
 
 Options: `rope` = "auto" (the rotary kernel where the family has one wired: Wan), "on" (the same, and a
 RuntimeError at prepare for a family without one: LTX-2, H3), "off" (torch's rotary).

@@ -1,0 +1,211 @@
+"""Block-sparse attention, stage 2: the attention kernel over a routing plan's per-query-block key lists.
+
+For query block i (64 rows) of one (batch, head), the kernel computes one softmax over
+- the keys of the exact key blocks of i (the first count[b, h, i] entries of idx[b, h, i], ascending), and
+- one pseudo-key per folded key block j (every block not exact for i): key `mean_k(j)`, value `mean_v(j)`, and
+  `log(length_j)` added to its logit, so it weighs as `length_j` identical keys.
+
+One program per (query block, batch*head); query blocks vary fastest over the grid, so the programs resident at
+once read one head's K/V (L2 reuse). The program first walks its exact list (FlashAttention-2 style online
+softmax over 64 x 64 tiles, exp2 with log2(e) folded into the scale; K/V tiles by per-head TMA tensor descriptors,
+rows past Tk read as zeros and masked to -inf by a (64,) bias), then the folded blocks' mean keys 64 at a time
+(one dot per chunk, exact blocks masked out, chunks with no folded block skipped), in the same running max / sum /
+accumulator.
+
+Dtypes: bf16 on a GPU runs bf16 Q K^T and P @ V dots with fp32 accumulation (P and the mean keys/values rounded to
+bf16, as flash attention does); fp32 inputs run IEEE-precision fp32 dots. INTERPRETER_BF16: the Triton CPU
+interpreter computes `tl.dot` on bfloat16 operands wrongly (numpy has no bfloat16), so under
+`TRITON_INTERPRET=1` q, k, v are widened to fp32 (exact) and the dots run in fp32.
+
+Contract against the dense torch maths of the same routing (`block_sparse_attention.reference`): equal up to
+rounding (fp32: ~1e-6; bf16: ~1e-2 absolute on unit-scale values, the output itself rounded to bf16).
+
+Launch (`Launch`): warps and software-pipeline stages of the kernel on a GPU (the interpreter takes neither). The
+maths does not depend on it; float rounding inside the dots may. TMA needs K and V with unit last stride and
+16-byte aligned base and strides (ValueError otherwise); on a GPU a Triton global-scratch allocator is installed
+for the device-side descriptors (128 bytes a program).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.kernels._runtime import LazyKernel, interpreting
+from workbench.kernels.block_sparse_routing import BLOCK
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The attention kernel's GPU launch: `num_warps` warps per program, `num_stages` software-pipeline stages."""
+
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        if self.num_warps not in (1, 2, 4, 8, 16) or not 1 <= self.num_stages <= 8:
+            raise ValueError(
+                f"block_sparse_attention: Launch num_warps must be a power of two <= 16 and num_stages 1..8, "
+                f"got {self.num_warps!r}, {self.num_stages!r}"
+            )
+
+
+DEFAULT = Launch()
+
+
+@dataclass
+class Plan:
+    """Everything the kernel reads besides q, k, v (the routing and its compacted lists), for one call.
+
+    k_mean/v_mean (B, H, Kb, D) in the dot dtype; log_len (Kb,) fp32; mask bool (B, H, Qb, Kb);
+    idx int32 (B, H, Qb, Kb) whose first count[b, h, i] entries are query block i's exact key blocks, ascending;
+    count int32 (B, H, Qb); density: fraction of exact pairs (0-dim tensor, no host sync); scale: the softmax scale."""
+
+    k_mean: torch.Tensor
+    v_mean: torch.Tensor
+    log_len: torch.Tensor
+    mask: torch.Tensor
+    idx: torch.Tensor
+    count: torch.Tensor
+    density: torch.Tensor
+    scale: float
+
+
+def _block_sparse_fwd(
+    q_ptr, k_ptr, v_ptr, km_ptr, vm_ptr, loglen_ptr, mask_ptr, idx_ptr, count_ptr, out_ptr,
+    H, TQ, TK, KB, QB, qk_scale,
+    q_sb, q_sh, q_st, q_sd,
+    k_sb, k_sh, k_st,
+    v_sb, v_sh, v_st,
+    F32: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    # Reductions are tl.reduce with tl.standard's combines, and zeros are tl.full: tl.sum/tl.max/tl.zeros are
+    # JITFunctions decorated when triton was imported, which the interpreter cannot call when
+    # TRITON_INTERPRET was set later (LazyKernel's case).
+    g = tl.program_id(0)  # query block
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    rows = g * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, BLOCK)
+    d = tl.arange(0, D).to(tl.int64)
+    row_ok = rows < TQ
+    q = tl.load(
+        q_ptr + b * q_sb + h * q_sh + rows.to(tl.int64)[:, None] * q_st + d[None, :] * q_sd,
+        mask=row_ok[:, None],
+        other=0.0,
+    )  # (BLOCK, D)
+    if F32:
+        q = q.to(tl.float32)
+    m_i = tl.full((BLOCK,), float("-inf"), tl.float32)
+    l_i = tl.full((BLOCK,), 0.0, tl.float32)
+    acc = tl.full((BLOCK, D), 0.0, tl.float32)
+    row = bh.to(tl.int64) * QB + g  # this query block's row of mask, idx and count
+    # 1. Exact key blocks, from the compacted list; K/V tiles through per-head 2-D TMA descriptors
+    n_exact = tl.load(count_ptr + row)
+    k_desc = tl.make_tensor_descriptor(
+        k_ptr + b * k_sb + h * k_sh, shape=[TK, D], strides=[k_st, 1], block_shape=[BLOCK, D]
+    )
+    v_desc = tl.make_tensor_descriptor(
+        v_ptr + b * v_sb + h * v_sh, shape=[TK, D], strides=[v_st, 1], block_shape=[BLOCK, D]
+    )
+    for n in tl.range(0, n_exact):
+        j = tl.load(idx_ptr + row * KB + n)
+        key_ok = j * BLOCK + cols < TK
+        k = k_desc.load([j * BLOCK, 0])
+        v = v_desc.load([j * BLOCK, 0])
+        if F32:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        # keys past TK get -inf through one fused multiply-add (a (BLOCK,) bias, not a select per element)
+        s = s * qk_scale + tl.where(key_ok, 0.0, float("-inf"))[None, :]  # (BLOCK, BLOCK), log2 units
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no finite logit yet stays at zero weight
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+        if F32:
+            pv = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    # 2. Folded key blocks: their mean keys, BLOCK at a time, as pseudo-keys with log(length) on the logit.
+    # km/vm arrive in the dot's dtype (bf16 rounded once when the means are made, or fp32); .to() is then a no-op.
+    means = bh.to(tl.int64) * KB * D
+    for c in range(0, KB, BLOCK):
+        blocks = c + cols
+        block_ok = blocks < KB
+        folded = tl.load(mask_ptr + row * KB + blocks, mask=block_ok, other=1) == 0  # (BLOCK,)
+        n_folded = tl.reduce(folded.to(tl.int32), 0, tl.standard._sum_combine)
+        if n_folded > 0:  # skip chunks that are all exact
+            moff = means + blocks.to(tl.int64)[:, None] * D + d[None, :]
+            km = tl.load(km_ptr + moff, mask=block_ok[:, None], other=0.0)  # (BLOCK, D)
+            vm = tl.load(vm_ptr + moff, mask=block_ok[:, None], other=0.0)
+            if F32:
+                s = tl.dot(q, tl.trans(km), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(km.to(q.dtype)))
+            bias = tl.load(loglen_ptr + blocks, mask=block_ok, other=0.0) * 1.4426950408889634
+            s = tl.where(folded[None, :], s * qk_scale + bias[None, :], float("-inf"))
+            m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+            if F32:
+                pv = tl.dot(p, vm, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(q.dtype), vm.to(q.dtype))
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+    out = acc / l_i[:, None]
+    optr = out_ptr + (bh.to(tl.int64) * TQ + rows.to(tl.int64))[:, None] * D + d[None, :]
+    tl.store(optr, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+_KERNEL = LazyKernel(_block_sparse_fwd)
+
+
+def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:
+    for arg, x in (("k", k), ("v", v)):
+        size = x.element_size()
+        if x.stride(-1) != 1 or x.data_ptr() % 16 or any(st * size % 16 for st in x.stride()[:-1]):
+            raise ValueError(
+                f"block_sparse_attention: the kernel reads {arg} through TMA descriptors and needs unit last stride "
+                f"and 16-byte aligned base and strides (tma), got strides {tuple(x.stride())} ({x.dtype}) at "
+                f"address {x.data_ptr():#x}"
+            )
+
+
+def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Triton's allocator for the tensor descriptors `tl.make_tensor_descriptor` builds on the device."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launch: Launch = DEFAULT) -> torch.Tensor:
+    """The attention kernel alone on a `plan(...)` of the same q, k, v: (B, H, Tq, D) contiguous in q's dtype."""
+    if not isinstance(launch, Launch):
+        raise ValueError(f"block_sparse_attention: launch must be a Launch, got {type(launch).__name__}")
+    _check_tma(k, v)
+    b, h, tq, d = q.shape
+    qb, kb = route.mask.shape[-2:]
+    out = torch.empty((b, h, tq, d), dtype=q.dtype, device=q.device)
+    if interpreting():
+        tuning = {}
+    else:
+        tuning = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
+        triton.set_allocator(_tma_scratch)  # device-side descriptors need Triton's global scratch
+    _KERNEL[(qb, b * h)](
+        q, k, v, route.k_mean, route.v_mean, route.log_len, route.mask.view(torch.uint8), route.idx, route.count, out,
+        h, tq, k.shape[2], kb, qb, route.scale * LOG2E,
+        *q.stride(), *k.stride()[:3], *v.stride()[:3],
+        F32=q.dtype == torch.float32 or interpreting(), BLOCK=BLOCK, D=d, **tuning,
+    )  # fmt: skip
+    return out
