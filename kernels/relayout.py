@@ -235,7 +235,8 @@ def split_result_reference(out: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def split_result(out: torch.Tensor, world_size: int, launch: Launch = DEFAULT) -> torch.Tensor:
-    """`split_result_reference(out, world_size)` in one strided pass."""
+    """`split_result_reference(out, world_size)` in one strided pass; a contiguous batch-1 `out` is already rank-major,
+    so it is returned as a view (what the reference's `.contiguous()` also does: no copy at all)."""
     name = "split_result"
     _check_world(name, world_size)
     check_float(name, "out", out)
@@ -244,6 +245,8 @@ def split_result(out: torch.Tensor, world_size: int, launch: Launch = DEFAULT) -
     check_runtime(name, out)
     b, t, hw, d = out.shape
     tc = _divisible(name, "T_full (out.shape[1])", t, world_size)
+    if b == 1 and out.is_contiguous():
+        return out.view(world_size, b, tc, hw, d)
     result = torch.empty((world_size, b, tc, hw, d), dtype=out.dtype, device=out.device)
     sb, st, sh, sd = out.stride()
     _copy((out,), result, (world_size, b, tc, hw, d), (tc * st, sb, st, sh, sd), result.stride(), _check_launch(launch))

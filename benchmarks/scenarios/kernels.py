@@ -23,10 +23,10 @@ from workbench.kernels import head_norm_rope
 NAME = "kernels"
 SUMMARY = "fused Triton kernels vs their torch references at Wan2.1-1.3B / MiniMax-H3 shapes, against the roofline"
 GPUS = 1
-WAN = {"batch": 1, "tokens": 32760, "channels": 1536, "ffn": 8960, "heads": 12}
+WAN = {"batch": 1, "tokens": 32760, "channels": 1536, "heads": 12}
 H3_Q = (1, 52648, 56, 128)
 H3_ROTARY = 96  # rotated channels of each head
-SMOKE_WAN = {"batch": 1, "tokens": 8, "channels": 64, "ffn": 96, "heads": 2}
+SMOKE_WAN = {"batch": 1, "tokens": 8, "channels": 64, "heads": 2}
 SMOKE_H3_Q = (1, 8, 1, 128)
 
 

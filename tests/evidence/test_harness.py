@@ -117,7 +117,7 @@ def test_kernel_bench_cases_match_their_references_and_time_on_cpu(monkeypatch):
     from workbench import kernel_bench
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    cases = kernel_bench.cases(batch=1, tokens=5, channels=64, ffn=96, heads=2, device="cpu", seed=3)
+    cases = kernel_bench.cases(batch=1, tokens=5, channels=64, heads=2, device="cpu", seed=3)
     assert {c.name for c in cases} >= {"adaln_modulate", "gated_residual", "layernorm_modulate", "qk_norm_rope"}
     for case in cases:
         checked = kernel_bench.check(case)

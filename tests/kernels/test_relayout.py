@@ -62,6 +62,14 @@ def test_split_result_matches_reference(rng, shape, dtype):
     _equal(split_result(contiguous, w), split_result_reference(contiguous, w), rng)
 
 
+def test_split_result_batch_one_is_a_view_equal_to_reference(rng):
+    w = 2
+    out = torch.randn(1, 6 * w, 3, 16, generator=rng).bfloat16()  # contiguous (1, T_full, H/W, D)
+    got = split_result(out, w)
+    assert got.data_ptr() == out.data_ptr()  # rank-major already: nothing to copy
+    _equal(got, split_result_reference(out, w), rng)
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_merge_heads_matches_reference(rng, shape, dtype):
