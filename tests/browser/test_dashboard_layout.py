@@ -1,0 +1,139 @@
+"""The dashboard as a person sees it: JupyterLab in headless Chromium at 1400x1100 with demo-av open.
+
+Checks the layout, not the maths: nothing is wider than the page or than the dashboard, the controls
+(model, request form, acceleration panel, generate) fit one 1,100 px screen while every plugin is off, the
+rows with many options wrap inside the panel when switched on, and an expanded description reads as
+lines of text, not a column of single words. Writes the screenshot the README shows, docs/dashboard.png
+(`pytest tests/browser/test_dashboard_layout.py` regenerates it).
+
+Reuses the JupyterLab fixture and the Chromium launch of test_lab.py (skipped the same way when
+/usr/bin/chromium or playwright is missing).
+"""
+
+import json
+from pathlib import Path
+
+from test_lab import ARGS, CHROMIUM, lab, sync_api  # noqa: F401  (lab: the JupyterLab fixture)
+
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "dashboard.png"
+WIDTH, HEIGHT = 1400, 1100
+MANY_OPTIONS = ("block_sparse", "sol_attn", "easycache", "taylorseer", "teacache", "context_parallel")
+NOTEBOOK = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "execution_count": None,
+            "outputs": [],
+            "source": (
+                "from workbench.widgets import Dashboard\n"
+                "dash = Dashboard(device='cpu')  # demo-av is the default model\n"
+                "assert dash.open_model() is not None, dash.errors.value\n"
+                "dash"
+            ),
+        }
+    ],
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+
+# Every visible element of the dashboard that sticks out of the dashboard, or scrolls sideways inside it.
+OVERFLOW = """() => {
+    const dash = document.querySelector('.vflash-dashboard');
+    const box = dash.getBoundingClientRect();
+    const out = [];
+    for (const el of [dash, ...dash.querySelectorAll('*')]) {
+        if (!el.getClientRects().length) continue;  // not displayed
+        const r = el.getBoundingClientRect();
+        const style = getComputedStyle(el);
+        const scrolls = ['auto', 'scroll'].includes(style.overflowX) && el.scrollWidth > el.clientWidth + 1;
+        if (r.left < box.left - 1 || r.right > box.right + 1 || scrolls) {
+            out.push(`${el.tagName}.${el.className} [${Math.round(r.left)}, ${Math.round(r.right)}]` +
+                     (scrolls ? ` scrolls ${el.scrollWidth} > ${el.clientWidth}` : ''));
+        }
+    }
+    const page = document.documentElement;
+    const area = dash.closest('.jp-OutputArea-output') || dash.parentElement;
+    return {
+        offenders: out.slice(0, 10),
+        page: [page.scrollWidth, page.clientWidth],
+        dashboard: [Math.round(box.width), Math.round(area.getBoundingClientRect().width)],
+    };
+}"""
+MEASURE = """() => {
+    const rect = (selector) => document.querySelector(selector).getBoundingClientRect();
+    const controls = rect('.vflash-controls');
+    const lines = [...document.querySelectorAll('.vflash-acceleration-row .vflash-line')]
+        .map((el) => el.getBoundingClientRect().height);
+    return {controls: [Math.round(controls.width), Math.round(controls.height)],
+            panel: Math.round(rect('.vflash-acceleration-panel').height), lines};
+}"""
+
+
+def run_all(page, base: str, token: str, name: str) -> None:
+    """Open notebook `name` in JupyterLab, pick the kernel if asked, and run every cell."""
+    page.goto(f"{base}/lab/tree/{name}?reset&token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    select = page.locator(".jp-Dialog button", has_text="Select")  # "Select Kernel", when Lab asks
+    try:
+        select.wait_for(timeout=3_000)
+        select.click()
+    except sync_api.TimeoutError:
+        pass
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    page.locator(".jp-Notebook .jp-Cell").first.click()
+    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+
+
+def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):  # noqa: F811  (lab: test_lab's fixture)
+    base, token = lab
+    (tmp_path / "root" / "dashboard_layout.ipynb").write_text(json.dumps(NOTEBOOK))
+    news = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True, exist_ok=True)
+    news.write_text(json.dumps({"fetchNews": "false"}))  # no "get notified about Jupyter news?" toast
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
+            run_all(page, base, token, "dashboard_layout.ipynb")
+            try:
+                page.wait_for_selector(".vflash-dashboard :text('demo-av on cpu')", timeout=90_000)
+            except sync_api.TimeoutError:
+                page.screenshot(path=str(tmp_path / "failed.png"), full_page=True)
+                raise
+            page.locator(".vflash-dashboard").scroll_into_view_if_needed()
+
+            # Plugins off: one line per plugin, nothing sideways, the controls on one screen.
+            layout = page.evaluate(OVERFLOW)
+            size = page.evaluate(MEASURE)
+            print(f"plugins off: {layout} {size['controls']} panel {size['panel']} px")
+            page.locator(".vflash-controls").screenshot(path=str(tmp_path / "controls.png"))
+            SCREENSHOT.parent.mkdir(exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT))
+            assert layout["page"][0] <= layout["page"][1], layout
+            assert layout["offenders"] == [], layout
+            assert layout["dashboard"][0] <= layout["dashboard"][1], layout
+            assert len(size["lines"]) >= 20 and max(size["lines"]) <= 40, size["lines"]
+            assert size["controls"][1] <= HEIGHT, size
+
+            # The rows with the most options, switched on: their fields wrap inside the panel.
+            panel = page.locator(".vflash-acceleration-panel").first
+            for name in MANY_OPTIONS:
+                row = panel.locator(".vflash-acceleration-row", has_text=name).first
+                row.locator(".vflash-line input[type=checkbox]").first.check()
+                row.locator(".vflash-options").wait_for(state="visible", timeout=10_000)
+            # The full description of one of them, expanded, reads as lines of words.
+            panel.locator(".vflash-acceleration-row", has_text="block_sparse").first.locator(".vflash-more").click()
+            description = panel.locator(".vflash-description").first
+            description.wait_for(state="visible", timeout=10_000)
+            layout = page.evaluate(OVERFLOW)
+            print(f"six plugins on: {layout}")
+            page.screenshot(path=str(tmp_path / "options.png"), full_page=True)
+            assert layout["page"][0] <= layout["page"][1], layout
+            assert layout["offenders"] == [], layout
+            assert description.bounding_box()["width"] >= 300
+        finally:
+            browser.close()
+    assert SCREENSHOT.stat().st_size > 0
