@@ -181,7 +181,7 @@ class AccelerationRow(ipywidgets.VBox):
     def show_note(self, problem: str | None) -> None:
         """The one-line summary; a reason this session cannot run the plugin goes in front of it, in red."""
         summary = html.escape(self.spec.summary)
-        warning = f'<span style="color:#a94442">not on this session: {html.escape(problem)}</span> ' if problem else ""
+        warning = f'<span style="color:#a94442">not here: {html.escape(problem)}</span> ' if problem else ""
         self.note.value = f'<div style="{_ONE_LINE};{_GREY}" title="{summary}">{warning}{summary}</div>'
 
     def options(self) -> dict[str, Any]:

@@ -38,19 +38,22 @@ NOTEBOOK = {
     "nbformat_minor": 5,
 }
 
-# Every visible element of the dashboard that sticks out of the dashboard, or scrolls sideways inside it.
+# Every visible element of the dashboard wider than its container (sticking out of its parent element or of
+# the dashboard, so cut off or pushing the page), and every box that scrolls sideways.
 OVERFLOW = """() => {
     const dash = document.querySelector('.vflash-dashboard');
     const box = dash.getBoundingClientRect();
     const out = [];
+    const name = (el) => `${el.tagName}.${[...el.classList].join('.')}`;
     for (const el of [dash, ...dash.querySelectorAll('*')]) {
         if (!el.getClientRects().length) continue;  // not displayed
+        if (getComputedStyle(el.parentElement).textOverflow === 'ellipsis') continue;  // a one-line summary, cut on purpose
         const r = el.getBoundingClientRect();
-        const style = getComputedStyle(el);
-        const scrolls = ['auto', 'scroll'].includes(style.overflowX) && el.scrollWidth > el.clientWidth + 1;
-        if (r.left < box.left - 1 || r.right > box.right + 1 || scrolls) {
-            out.push(`${el.tagName}.${el.className} [${Math.round(r.left)}, ${Math.round(r.right)}]` +
-                     (scrolls ? ` scrolls ${el.scrollWidth} > ${el.clientWidth}` : ''));
+        const p = el.parentElement.getBoundingClientRect();
+        const scrolls = ['auto', 'scroll'].includes(getComputedStyle(el).overflowX) && el.scrollWidth > el.clientWidth + 1;
+        if (r.left < box.left - 1 || r.right > box.right + 1 || (el !== dash && r.right > p.right + 1) || scrolls) {
+            out.push(`${name(el)} [${Math.round(r.left)}, ${Math.round(r.right)}] in ${name(el.parentElement)} ` +
+                     `[${Math.round(p.left)}, ${Math.round(p.right)}]` + (scrolls ? ` scrolls ${el.scrollWidth}` : ''));
         }
     }
     const page = document.documentElement;

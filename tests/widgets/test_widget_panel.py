@@ -212,7 +212,7 @@ def test_panel_plugin_this_machine_cannot_run_is_an_error_in_the_widget(wan):
     if wan.device.type == "cuda":
         pytest.skip("group_offload runs on CUDA; this checks the CPU refusal")
     panel = AccelerationPanel(wan)
-    assert "not on this session" in panel.rows["group_offload"].note.value
+    assert "not here: needs cuda" in panel.rows["group_offload"].note.value
     panel.enable("group_offload")
     assert panel.apply() is None
     assert "RuntimeError" in panel.errors.value and "group_offload" in panel.errors.value
