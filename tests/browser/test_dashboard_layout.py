@@ -2,8 +2,8 @@
 
 Checks the layout, not the maths: nothing is wider than the page or than the dashboard, the controls
 (model, request form, acceleration panel, generate) fit one 1,100 px screen while every plugin is off, the
-rows with many options wrap inside the panel when switched on, and an expanded description reads as
-lines of text, not a column of single words. Writes the screenshot the README shows, docs/dashboard.png
+rows with many options wrap inside the panel when switched on, an expanded description reads as
+lines of text, not a column of single words, and apply with a required option left empty marks that field. Writes the screenshot the README shows, docs/dashboard.png
 (`pytest tests/browser/test_dashboard_layout.py` regenerates it).
 
 Reuses the JupyterLab fixture and the Chromium launch of test_lab.py (skipped the same way when
@@ -137,6 +137,15 @@ def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):  # noqa: F
             assert layout["page"][0] <= layout["page"][1], layout
             assert layout["offenders"] == [], layout
             assert description.bounding_box()["width"] >= 300
+            # easycache's and teacache's thresholds are required and empty: apply refuses, marking both fields.
+            panel.locator("button", has_text="apply").click()
+            for name, option in (("easycache", "threshold"), ("teacache", "rel_l1_thresh")):
+                row = panel.locator(".vflash-acceleration-row", has_text=name).first
+                marked = row.locator(".vflash-option.vflash-invalid", has_text=option).first
+                marked.wait_for(state="visible", timeout=10_000)
+                assert "required" in marked.inner_text()
+            assert "nothing (stock diffusers)" in panel.inner_text()
+            page.screenshot(path=str(tmp_path / "marked.png"), full_page=True)
         finally:
             browser.close()
     assert SCREENSHOT.stat().st_size > 0
