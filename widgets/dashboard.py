@@ -26,7 +26,7 @@ _FIELDS = ("frames", "height", "width", "steps")
 
 
 class Dashboard(ipywidgets.VBox):
-    """Session picker, acceleration panel, request form, live stage plot and an A/B area.
+    """Session picker, request form, acceleration panel, generate button, live stage plot and an A/B area.
 
     `Dashboard(session)` works on an open session; `Dashboard(["demo-av", ...], device="cpu")` lets the
     user open one (nothing is loaded until `open_model` or the open button). Models show by name (`demo-av`,
