@@ -118,8 +118,8 @@ def description_html(spec: Spec) -> str:
         f"<b>runs on</b> {html.escape('/'.join(spec.devices))}",
         f"<b>families</b> {html.escape('/'.join(spec.families)) if spec.families else 'all'}",
     ]
-    if spec.group:
-        facts.append(f"<b>exclusive group</b> {html.escape(spec.group)} (one plugin of it at a time)")
+    if group := getattr(spec, "group", None):
+        facts.append(f"<b>exclusive group</b> {html.escape(group)} (one plugin of it at a time)")
     options = "".join(
         f"<li><code>{html.escape(o.name)}</code> {html.escape(accepts(o))}, "
         + ("<b>required</b>" if o.required else f"default <code>{html.escape(show_value(o.default)) or 'none'}</code>")
