@@ -65,19 +65,3 @@ def progress(items: Iterable[T], total: int, desc: str) -> Iterable[T]:
     headless papermill run would otherwise store a progress widget in its output.
     """
     return tqdm(items, total=total, desc=desc, leave=False, disable=bool(os.environ.get("TQDM_DISABLE")))
-
-
-def model_name(name: str) -> str:
-    """How a model shows in the UI: a shipped checkpoint by its name (`demo-av`), a local folder by its folder name.
-
-    `Session.open("demo-av")` loads the shipped folder, and the session's model then carries that folder's path.
-    """
-    from pathlib import Path
-
-    from workbench.models import SHIPPED_MODELS
-
-    path = Path(name)
-    for shipped, folder in SHIPPED_MODELS.items():
-        if path == folder or (path.is_absolute() and path.resolve() == folder.resolve()):
-            return shipped
-    return path.name if path.is_absolute() or len(path.parts) > 1 else name

@@ -9,13 +9,15 @@ from __future__ import annotations
 import html
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import ipywidgets
 
 from workbench import Request, Result, Session
+from workbench.models import SHIPPED_MODELS
 
-from ._common import ErrorBox, model_name
+from ._common import ErrorBox
 from .audio import ABAudio
 from .live import LiveStagePlot
 from .panel import AccelerationPanel
@@ -23,6 +25,18 @@ from .player import ABPlayer
 
 MODELS = ("demo-av", "tiny-wan", "tiny-wan22", "tiny-ltx2")  # demo-av first: the trained one, an A/B you can see
 _FIELDS = ("frames", "height", "width", "steps")
+
+
+def model_name(name: str) -> str:
+    """How a model shows in the UI: a shipped checkpoint by its name (`demo-av`), a local folder by its folder name.
+
+    `Session.open("demo-av")` loads the shipped folder, and the session's model then carries that folder's path.
+    """
+    path = Path(name)
+    for shipped, folder in SHIPPED_MODELS.items():
+        if path == folder or (path.is_absolute() and path.resolve() == folder.resolve()):
+            return shipped
+    return path.name if path.is_absolute() or len(path.parts) > 1 else name
 
 
 class Dashboard(ipywidgets.VBox):
