@@ -1,16 +1,19 @@
 """The dashboard as a person sees it: JupyterLab in headless Chromium at 1400x1100 with demo-av open.
 
-Checks the layout, not the maths: nothing is wider than the page or than the dashboard, the controls
-(model, request form, acceleration panel, generate) fit one 1,100 px screen while every plugin is off, the
-rows with many options wrap inside the panel when switched on, an expanded description reads as
-lines of text, not a column of single words, and apply with a required option left empty marks that field. Writes the screenshot the README shows, docs/dashboard.png
-(`pytest tests/browser/test_dashboard_layout.py` regenerates it).
+Checks the layout, not the maths: no element is wider than its container, the page or the dashboard; the
+controls (model, request form, acceleration panel, generate) fit one 1,100 px screen while every plugin is
+off; the rows with many options wrap inside the panel when switched on; an expanded description reads as
+lines of text, not a column of single words; apply with a required option left empty marks that field.
+Writes the screenshot the README shows, docs/dashboard.png (`pytest tests/browser/test_dashboard_layout.py`
+regenerates it).
 
 Reuses the JupyterLab fixture and the Chromium launch of test_lab.py (skipped the same way when
-/usr/bin/chromium or playwright is missing).
+/usr/bin/chromium or playwright is missing); the notebook goes in through the server's contents API, so
+it does not depend on which folder the fixture serves.
 """
 
 import json
+import urllib.request
 from pathlib import Path
 
 from test_lab import ARGS, CHROMIUM, lab, sync_api  # noqa: F401  (lab: the JupyterLab fixture)
@@ -74,6 +77,18 @@ MEASURE = """() => {
 }"""
 
 
+def put(base: str, token: str, path: str, body: dict) -> None:
+    """PUT `body` to the Jupyter server's REST API (a notebook through /api/contents, a setting through the lab)."""
+    request = urllib.request.Request(
+        f"{base}/{path}?token={token}",
+        data=json.dumps(body).encode(),
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status in (200, 201, 204), (path, response.status)
+
+
 def run_all(page, base: str, token: str, name: str) -> None:
     """Open notebook `name` in JupyterLab, pick the kernel if asked, and run every cell."""
     page.goto(f"{base}/lab/tree/{name}?reset&token={token}")
@@ -91,11 +106,10 @@ def run_all(page, base: str, token: str, name: str) -> None:
 
 
 def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):  # noqa: F811  (lab: test_lab's fixture)
-    base, token = lab
-    (tmp_path / "root" / "dashboard_layout.ipynb").write_text(json.dumps(NOTEBOOK))
-    news = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    news.parent.mkdir(parents=True, exist_ok=True)
-    news.write_text(json.dumps({"fetchNews": "false"}))  # no "get notified about Jupyter news?" toast
+    base, token = lab[:2]
+    put(base, token, "api/contents/dashboard_layout.ipynb", {"type": "notebook", "content": NOTEBOOK})
+    news = json.dumps({"fetchNews": "false"})  # no "get notified about Jupyter news?" toast over the screenshot
+    put(base, token, "lab/api/settings/@jupyterlab/apputils-extension:notification", {"raw": news})
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
         try:
