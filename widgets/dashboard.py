@@ -1,15 +1,21 @@
-"""One screen for exploring: pick a model, toggle accelerations, generate, and compare the last two results."""
+"""One screen for exploring: pick a model, toggle accelerations, generate, and compare the last two results.
+
+Top to bottom: the model row, the request form, the acceleration panel, the generate row (together they fit one
+1,100 px screen while the plugins are off), then the error box, the live stage plot and the A/B area.
+"""
 
 from __future__ import annotations
 
 import html
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import ipywidgets
 
 from workbench import Request, Result, Session
+from workbench.models import SHIPPED_MODELS
 
 from ._common import ErrorBox
 from .audio import ABAudio
@@ -17,16 +23,31 @@ from .live import LiveStagePlot
 from .panel import AccelerationPanel
 from .player import ABPlayer
 
-MODELS = ("tiny-wan", "tiny-wan22", "tiny-ltx2", "demo-av")  # demo-av: the trained one, for A/B you can see
+MODELS = ("demo-av", "tiny-wan", "tiny-wan22", "tiny-ltx2")  # demo-av first: the trained one, an A/B you can see
 _FIELDS = ("frames", "height", "width", "steps")
 
 
-class Dashboard(ipywidgets.VBox):
-    """Session picker, acceleration panel, request form, live stage plot and an A/B area.
+def model_name(name: str) -> str:
+    """How a model shows in the UI: a shipped checkpoint by its name (`demo-av`), a local folder by its folder name.
 
-    `Dashboard(session)` works on an open session; `Dashboard(["tiny-wan", ...], device="cpu")` lets the
-    user open one (nothing is loaded until `open_model` or the open button). The A/B area keeps the last two
-    results: an `ABPlayer` (and an `ABAudio` when both have audio) of the older against the newer.
+    `Session.open("demo-av")` loads the shipped folder, and the session's model then carries that folder's path.
+    """
+    path = Path(name)
+    for shipped, folder in SHIPPED_MODELS.items():
+        if path == folder or (path.is_absolute() and path.resolve() == folder.resolve()):
+            return shipped
+    return path.name if path.is_absolute() or len(path.parts) > 1 else name
+
+
+class Dashboard(ipywidgets.VBox):
+    """Session picker, request form, acceleration panel, generate button, live stage plot and an A/B area.
+
+    `Dashboard(session)` works on an open session; `Dashboard(["demo-av", ...], device="cpu")` lets the
+    user open one (nothing is loaded until `open_model` or the open button). Models show by name (`demo-av`,
+    not the folder it loads from). Results are numbered per model (`#1 stock`, `#2 cross_kv_cache`; opening
+    a model starts again at #1). The A/B area (`ab`, a box that always holds the current comparison: display
+    it to follow the latest pair) keeps the last two results: an `ABPlayer` (and an `ABAudio` when both have
+    audio) of the older against the newer.
     The buttons run their work on a background thread (the kernel stays responsive) and only set widget
     values from it; `open_model()`/`generate()` called from code run on the caller's thread and return. Every
     failure shows in the error box; none is a traceback.
@@ -42,38 +63,41 @@ class Dashboard(ipywidgets.VBox):
         self._thread: threading.Thread | None = None
         self._count = 0
         given = session_or_model_names if isinstance(session_or_model_names, Session) else None
-        names = [given.model.name] if given is not None else list(session_or_model_names)
+        names = [model_name(given.model.name)] if given is not None else list(session_or_model_names)
         if not names or not all(isinstance(name, str) and name for name in names):
             raise ValueError(f"session_or_model_names: a Session or non-empty model names, got {names!r}")
-        self.picker = ipywidgets.Dropdown(options=names, value=names[0], description="model")
-        self.open_button = ipywidgets.Button(description="open", icon="folder-open")
-        self.session_status = ipywidgets.HTML("no session open")
+        short = {"description_width": "initial"}
+        self.picker = ipywidgets.Dropdown(
+            options=names, value=names[0], description="model", style=short, layout={"width": "240px"}
+        )
+        self.open_button = ipywidgets.Button(description="open", icon="folder-open", layout={"width": "auto"})
+        self.session_status = ipywidgets.HTML("no session open", layout={"flex": "1 1 0", "min_width": "0"})
         self.panel = AccelerationPanel()
-        self.prompt = ipywidgets.Text("a red circle moves left", description="prompt", layout={"width": "60%"})
-        self.seed = ipywidgets.IntText(0, description="seed")
-        self.fields = {name: ipywidgets.IntText(0, description=name) for name in _FIELDS}
+        self.prompt = ipywidgets.Text(
+            "a red circle moves left", description="prompt", style=short, layout={"width": "100%", "max_width": "720px"}
+        )
+        self.seed = ipywidgets.IntText(0, description="seed", style=short, layout={"width": "150px"})
+        self.fields = {
+            name: ipywidgets.IntText(0, description=name, style=short, layout={"width": "150px"}) for name in _FIELDS
+        }
         self.generate_button = ipywidgets.Button(description="generate", icon="play", button_style="success")
-        self.request_status = ipywidgets.HTML()
+        self.request_status = ipywidgets.HTML(layout={"flex": "1 1 0", "min_width": "0"})
         self.live = LiveStagePlot(show_static=True)
         self.ab = ipywidgets.VBox([ipywidgets.HTML("<i>A/B: generate twice to compare the last two results</i>")])
+        self.ab.add_class("vflash-ab")
         self.errors = ErrorBox()
+        row = {"align_items": "center", "flex_flow": "row wrap", "overflow": "visible"}
+        model_row = ipywidgets.HBox([self.picker, self.open_button, self.session_status], layout=row)
         form = ipywidgets.VBox(
-            [
-                self.prompt,
-                ipywidgets.HBox([self.seed, *self.fields.values()]),
-                ipywidgets.HBox([self.generate_button, self.request_status]),
-            ]
+            [self.prompt, ipywidgets.HBox([self.seed, *self.fields.values()], layout=row)],
+            layout={"overflow": "visible"},
         )
-        super().__init__(
-            [
-                ipywidgets.HBox([self.picker, self.open_button, self.session_status]),
-                self.panel,
-                form,
-                self.errors,
-                self.live,
-                self.ab,
-            ]
-        )
+        form.add_class("vflash-request")
+        generate_row = ipywidgets.HBox([self.generate_button, self.request_status], layout=row)
+        generate_row.add_class("vflash-generate")
+        self.controls = ipywidgets.VBox([model_row, form, self.panel, generate_row], layout={"overflow": "visible"})
+        self.controls.add_class("vflash-controls")
+        super().__init__([self.controls, self.errors, self.live, self.ab], layout={"overflow": "visible"})
         self.add_class("vflash-dashboard")
         self.open_button.on_click(lambda _: self._in_background("open", lambda: self.open_model(self.picker.value)))
         self.generate_button.on_click(lambda _: self._in_background("generate", self.generate))
@@ -155,6 +179,7 @@ class Dashboard(ipywidgets.VBox):
         self.panel.bind(session)
         self.live.attach(session)
         self.results = []
+        self._count = 0  # results are numbered per model
         self.ab.children = [ipywidgets.HTML("<i>A/B: generate twice to compare the last two results</i>")]
         self.ab_player = self.ab_audio = None
         defaults = session.model.defaults
@@ -164,7 +189,8 @@ class Dashboard(ipywidgets.VBox):
 
     def _describe_session(self) -> str:
         session = self.session
-        return f"{html.escape(session.model.name)} on {session.device}, loaded in {session.init_seconds:.2f} s"
+        name = html.escape(model_name(session.model.name))
+        return f"<b>{name}</b> on {session.device}, loaded in {session.init_seconds:.2f} s"
 
     def _show_ab(self) -> None:
         if len(self.results) < 2:

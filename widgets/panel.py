@@ -1,18 +1,40 @@
-"""The acceleration toggle panel: one row per registered plugin, generated from the registry."""
+"""The acceleration panel: every registered plugin, grouped by kind, one line each until it is switched on.
+
+Layout (generated from the registry; a new plugin gets its line with no UI code):
+
+    Accelerations   bitwise rounding reduction approximate          <- the contract legend
+    [stock]       installs nothing (stock diffusers)               <- one-click profiles, with what they
+    [exact-fast]  installs cross_kv_cache; left out here: ...         install here and what they leave out
+    attention                          | caches
+    [ ] attention_backend (reduction) dense attention thr... [v]   <- checkbox, name, contract, summary, expand
+    [x] block_sparse (approximate) ...                             <- on: its option fields wrap below
+        tau float  sink_tokens int/str  dense_steps int >= 0 ...
+    ...                                | ...
+    [apply] [remove all]  installed: ...
+    (error box)
+
+Groups follow the plugin's kind, read from `Spec.kind` when the registry has it and otherwise from
+`KIND_BY_PLUGIN` (a plugin missing from both shows under "other"). The groups fill two columns that wrap
+into one below ~860 px. Option fields are `OptionField`s: a bad or missing value is marked at its field and
+`apply()` refuses to install anything until it is fixed.
+"""
 
 from __future__ import annotations
 
 import html
-import sys
+import inspect
+import re
 from typing import Any
 
 import ipywidgets
 
 from workbench import Session
-from workbench.accelerations import available
-from workbench.accelerations.base import Option, Spec
+from workbench.accelerations import Spec, available
+from workbench.profiles import PROFILES
 
 from ._common import ErrorBox
+from ._fields import OptionField, accepts, show_value
+from ._profiles import ProfileRow
 
 CONTRACT_COLORS = {
     "bitwise": "#2e7d32",  # element-for-element equal
@@ -20,123 +42,202 @@ CONTRACT_COLORS = {
     "reduction": "#ef6c00",  # reduction order may differ
     "approximate": "#c62828",  # a named quality trade
 }
-_BADGE = "display:inline-block;padding:1px 8px;border-radius:9px;color:white;font-size:11px;background:{color}"
-_INT_LIMIT = 2**53 - 1  # the largest integer a browser's Number holds exactly
-_FLOAT_LIMIT = sys.float_info.max
+CONTRACT_MEANINGS = {
+    "bitwise": "output element-for-element equal to stock",
+    "rounding": "same arithmetic and rounding boundaries as stock",
+    "reduction": "same maths; GEMM/attention reduction order may differ",
+    "approximate": "a named trade of quality for speed",
+}
+# Group titles in display order; a kind the registry reports that is not here is shown after them.
+GROUPS = {
+    "attention": "attention",
+    "caching": "caches",
+    "fused": "fused kernels",
+    "quantization": "quantization",
+    "memory": "memory",
+    "parallel": "parallel",
+    "compile": "compile",
+    "other": "other",
+}
+# Until the registry's `Spec` carries a `kind`: the kind of each plugin (the subpackage it lives in).
+KIND_BY_PLUGIN = {
+    "attention_backend": "attention",
+    "flash4_attention": "attention",
+    "block_sparse": "attention",
+    "sol_attn": "attention",
+    "attention_policy": "attention",
+    "adaln_precompute": "caching",
+    "cache_dit": "caching",
+    "cross_kv_cache": "caching",
+    "easycache": "caching",
+    "first_block_cache": "caching",
+    "taylorseer": "caching",
+    "pyramid_attention_broadcast": "caching",
+    "mag_cache": "caching",
+    "teacache": "caching",
+    "fused_block_norms": "fused",
+    "fused_block_ops": "fused",
+    "fused_qkv": "fused",
+    "gelu_epilogue": "fused",
+    "selective_fp8": "quantization",
+    "group_offload": "memory",
+    "context_parallel": "parallel",
+    "regional_compile": "compile",
+}
+_BADGE = "display:inline-block;padding:0 7px;border-radius:9px;color:white;font-size:11px;line-height:17px;background:{color}"
+# `width:0;min-width:100%`: the text does not widen its flex container (its min-content width is 0), yet fills it.
+_ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;width:0;min-width:100%"
+_GREY = "color:#757575;font-size:12px"
 
 
 def contract_badge(contract: str) -> str:
-    """The contract as a coloured HTML pill (green bitwise ... red approximate)."""
+    """The contract as a coloured HTML pill (green bitwise ... red approximate), its meaning as a tooltip."""
     color = CONTRACT_COLORS.get(contract, "#616161")
-    return f'<span class="vflash-contract vflash-contract-{html.escape(contract)}" style="{_BADGE.format(color=color)}">{html.escape(contract)}</span>'
+    meaning = html.escape(CONTRACT_MEANINGS.get(contract, contract))
+    return (
+        f'<span class="vflash-contract vflash-contract-{html.escape(contract)}" title="{meaning}" '
+        f'style="{_BADGE.format(color=color)}">{html.escape(contract)}</span>'
+    )
 
 
-class OptionInput:
-    """One option's input widget and the conversion of what it holds back to an option value.
-
-    Dropdown when `allowed` is set, Checkbox for bool, BoundedFloatText/BoundedIntText with the option's
-    range for numbers, Text for anything else. A `required` number has no sensible starting value, so it
-    is a Text that starts empty (a number box cannot be empty): left empty, `session.accelerate` names it.
-    `value()` is None when the input is empty, so the option is left to its default.
-    """
-
-    def __init__(self, plugin: str, option: Option, value: Any = None):
-        self.plugin, self.option = plugin, option
-        kinds = option.kind if isinstance(option.kind, tuple) else (option.kind,)
-        start = value if value is not None else (None if option.required else option.default)
-        style = {"description_width": "initial"}
-        tooltip = option.help or None
-        if option.allowed is not None:
-            choices = list(option.allowed)
-            self.widget = ipywidgets.Dropdown(
-                options=choices, value=start if start in choices else None, description=option.name, style=style
-            )
-            self.parse = lambda raw: raw
-        elif bool in kinds:
-            self.widget = ipywidgets.Checkbox(value=bool(start), description=option.name, indent=False)
-            self.parse = lambda raw: bool(raw)
-        elif (int in kinds or float in kinds) and isinstance(start, int | float):  # "family" of int|str: Text
-            number = float if float in kinds else int
-            limit = _FLOAT_LIMIT if number is float else _INT_LIMIT
-            box = ipywidgets.BoundedFloatText if number is float else ipywidgets.BoundedIntText
-            low = option.minimum if option.minimum is not None else -limit
-            high = option.maximum if option.maximum is not None else limit
-            self.widget = box(
-                value=number(start), min=number(low), max=number(high), description=option.name, style=style
-            )
-            self.parse = number
-        else:
-            placeholder = "/".join(k.__name__ for k in kinds) + (" (required)" if option.required else "")
-            self.widget = ipywidgets.Text(
-                value="" if start is None else str(start), placeholder=placeholder, description=option.name, style=style
-            )
-            self.parse = self._parse_text
-        if tooltip:
-            self.widget.tooltip = tooltip
-
-    def value(self) -> Any:
-        raw = self.widget.value
-        if raw is None or raw == "":
-            return None
-        return self.parse(raw)
-
-    def _parse_text(self, text: str) -> Any:
-        kinds = self.option.kind if isinstance(self.option.kind, tuple) else (self.option.kind,)
-        for kind in (int, float, str):  # the narrowest type the option accepts that parses
-            if kind in kinds:
-                try:
-                    return kind(text.strip()) if kind is not str else text
-                except ValueError:
-                    continue
-        names = "/".join(k.__name__ for k in kinds)
-        raise ValueError(f"{self.plugin}.{self.option.name}: expected {names}, got {text!r}")
+def plugin_kind(spec: Spec) -> str:
+    """The kind (group) of a plugin: `Spec.kind` when the registry has one, else `KIND_BY_PLUGIN`, else "other"."""
+    return getattr(spec, "kind", None) or KIND_BY_PLUGIN.get(spec.name, "other")
 
 
-class AccelerationRow(ipywidgets.HBox):
-    """Enable checkbox, contract badge, one input per option, and a note when the session cannot run it."""
+def description_html(spec: Spec) -> str:
+    """The full description of a plugin: its module's documentation, where it runs, and every option."""
+    module = inspect.getmodule(spec.prepare_fn)
+    doc = getattr(spec, "description", None) or (module.__doc__ if module is not None else None) or spec.summary
+    paragraphs = []
+    for block in re.split(r"\n\s*\n", inspect.cleandoc(doc)):
+        text = html.escape(" ".join(line.strip() for line in block.splitlines()))
+        paragraphs.append("<p style='margin:0 0 6px 0'>" + re.sub(r"`([^`]+)`", r"<code>\1</code>", text) + "</p>")
+    facts = [
+        f"<b>contract</b> {html.escape(spec.contract)}: {html.escape(CONTRACT_MEANINGS.get(spec.contract, ''))}",
+        f"<b>runs on</b> {html.escape('/'.join(spec.devices))}",
+        f"<b>families</b> {html.escape('/'.join(spec.families)) if spec.families else 'all'}",
+    ]
+    if group := getattr(spec, "group", None):
+        facts.append(f"<b>exclusive group</b> {html.escape(group)} (one plugin of it at a time)")
+    options = "".join(
+        f"<li><code>{html.escape(o.name)}</code> {html.escape(accepts(o))}, "
+        + ("<b>required</b>" if o.required else f"default <code>{html.escape(show_value(o.default)) or 'none'}</code>")
+        + (f" (one of {html.escape(', '.join(map(str, o.allowed)))})" if o.allowed is not None else "")
+        + (f": {html.escape(o.help)}" if o.help else "")
+        + "</li>"
+        for o in spec.options
+    )
+    return (
+        '<div class="vflash-description" style="font-size:12px;line-height:1.45;white-space:normal;'
+        'max-height:260px;overflow:auto;padding:4px 8px;border-left:3px solid #e0e0e0;margin:0 0 4px 24px">'
+        + "".join(paragraphs)
+        + "<p style='margin:0 0 4px 0'>"
+        + " &middot; ".join(facts)
+        + "</p>"
+        + (f"<ul style='margin:0;padding-left:18px'>{options}</ul>" if options else "")
+        + "</div>"
+    )
+
+
+class AccelerationRow(ipywidgets.VBox):
+    """One plugin: a single line (checkbox, name, contract badge, one-line summary, expand) while it is off;
+    its option fields below while it is on; its full description while expanded."""
 
     def __init__(self, spec: Spec, options: dict[str, Any] | None = None):
         self.spec = spec
-        self.enabled = ipywidgets.Checkbox(value=options is not None, description=spec.name, indent=False)
-        self.enabled.add_class("vflash-enable")
-        self.badge = ipywidgets.HTML(contract_badge(spec.contract), tooltip=spec.summary)
-        given = options or {}
-        self.inputs = {o.name: OptionInput(spec.name, o, given.get(o.name)) for o in spec.options}
-        self.note = ipywidgets.HTML()
-        super().__init__(
-            [self.enabled, self.badge, *(i.widget for i in self.inputs.values()), self.note],
-            layout=ipywidgets.Layout(align_items="center", grid_gap="8px"),
+        self.enabled = ipywidgets.Checkbox(
+            value=options is not None, description=spec.name, indent=False, layout=ipywidgets.Layout(width="auto")
         )
+        self.enabled.add_class("vflash-enable")
+        self.badge = ipywidgets.HTML(contract_badge(spec.contract), layout=ipywidgets.Layout(flex="0 0 auto"))
+        self.note = ipywidgets.HTML(layout=ipywidgets.Layout(flex="1 1 0", min_width="0"))
+        self.show_note(None)
+        self.more = ipywidgets.ToggleButton(
+            value=False,
+            icon="angle-down",
+            tooltip="full description",
+            layout=ipywidgets.Layout(width="28px", height="24px", padding="0", flex="0 0 auto"),
+        )
+        self.more.add_class("vflash-more")
+        self.details = ipywidgets.HTML(layout=ipywidgets.Layout(display="none"))
+        given = options or {}
+        self.inputs = {o.name: OptionField(spec.name, o, given.get(o.name)) for o in spec.options}
+        self.options_box = ipywidgets.Box(
+            list(self.inputs.values()),
+            layout=ipywidgets.Layout(display="flex", flex_flow="row wrap", margin="0 0 4px 24px", overflow="visible"),
+        )
+        self.options_box.add_class("vflash-options")
+        line = ipywidgets.HBox(
+            [self.enabled, self.badge, self.note, self.more],
+            layout=ipywidgets.Layout(align_items="center", width="100%", overflow="hidden"),
+        )
+        line.add_class("vflash-line")
+        super().__init__([line, self.details, self.options_box], layout=ipywidgets.Layout(overflow="visible"))
         self.add_class("vflash-acceleration-row")
+        self.enabled.observe(lambda _: self._show_options(), "value")
+        self.more.observe(lambda _: self._show_details(), "value")
+        self._show_options()
+
+    def show_note(self, problem: str | None) -> None:
+        """The one-line summary; a reason this session cannot run the plugin goes in front of it, in red."""
+        summary = html.escape(self.spec.summary)
+        warning = f'<span style="color:#a94442">not here: {html.escape(problem)}</span> ' if problem else ""
+        self.note.value = f'<div style="{_ONE_LINE};{_GREY}" title="{summary}">{warning}{summary}</div>'
 
     def options(self) -> dict[str, Any]:
         """The options as entered; empty inputs are left out, so the plugin's default (or its error) applies."""
-        return {name: v for name, i in self.inputs.items() if (v := i.value()) is not None}
+        return {name: v for name, field in self.inputs.items() if (v := field.value()) is not None}
+
+    def check(self) -> list[str]:
+        """Check every option field (each marks itself); the messages of the bad ones."""
+        return [error for field in self.inputs.values() if (error := field.check()) is not None]
+
+    def _show_options(self) -> None:
+        self.options_box.layout.display = "flex" if self.enabled.value and self.inputs else "none"
+
+    def _show_details(self) -> None:
+        if self.more.value and not self.details.value:
+            self.details.value = description_html(self.spec)  # built on first expand: 20 docstrings add up
+        self.details.layout.display = None if self.more.value else "none"
+        self.more.icon = "angle-up" if self.more.value else "angle-down"
 
 
 class AccelerationPanel(ipywidgets.VBox):
-    """Toggle the registered accelerations of a session: a new plugin gets its row with no UI code.
+    """Toggle the registered accelerations of a session, by hand or through a profile.
 
     Rows start from what the session has installed, so approximate plugins (every plugin, in fact) start
-    off on a fresh session. `apply()` installs the checked set through `session.accelerate`, which is all
-    or nothing: a bad option (`ValueError`) or one this machine cannot run (`RuntimeError`) shows in the
-    error box and the session keeps what it had.
+    off on a fresh session. `apply()` first checks the option fields of the checked rows (a bad or missing
+    value is marked at its field and nothing is installed), then installs the checked set through
+    `session.accelerate`, which is all or nothing: a conflict (`ValueError`) or a plugin this machine cannot
+    run (`RuntimeError`) shows in the error box and the session keeps what it had. `use_profile(name)` checks
+    exactly the plugins of a profile (`workbench.profiles`) and applies them.
     """
 
     def __init__(self, session: Session | None = None):
         self.specs = available()
         self.session: Session | None = None
         self.rows: dict[str, AccelerationRow] = {}
-        self.rows_box = ipywidgets.VBox()
+        self.groups: dict[str, list[str]] = {}
+        self.columns = ipywidgets.Box(
+            layout=ipywidgets.Layout(display="flex", flex_flow="row wrap", align_items="flex-start", overflow="visible")
+        )
+        self.profiles = {name: ProfileRow(name) for name in PROFILES}
+        for name, row in self.profiles.items():
+            row.button.on_click(lambda _, name=name: self.use_profile(name))
         self.apply_button = ipywidgets.Button(description="apply", icon="check", button_style="primary")
         self.clear_button = ipywidgets.Button(description="remove all", icon="times")
-        self.installed = ipywidgets.HTML("no session")
+        self.installed = ipywidgets.HTML("no session", layout=ipywidgets.Layout(flex="1 1 0", min_width="0"))
         self.errors = ErrorBox()
-        title = ipywidgets.HTML(
-            "<b>Accelerations</b> (contract: " + " ".join(map(contract_badge, CONTRACT_COLORS)) + ")"
+        legend = " ".join(map(contract_badge, CONTRACT_COLORS))
+        title = ipywidgets.HTML(f"<b>Accelerations</b> &nbsp;<span style='font-size:12px'>contract: {legend}</span>")
+        buttons = ipywidgets.HBox(
+            [self.apply_button, self.clear_button, self.installed], layout=ipywidgets.Layout(align_items="center")
         )
-        buttons = ipywidgets.HBox([self.apply_button, self.clear_button])
-        super().__init__([title, self.rows_box, buttons, self.installed, self.errors])
+        super().__init__(
+            [title, *self.profiles.values(), self.columns, buttons, self.errors],
+            layout=ipywidgets.Layout(overflow="visible"),
+        )
         self.add_class("vflash-acceleration-panel")
         self.apply_button.on_click(lambda _: self.apply())
         self.clear_button.on_click(lambda _: self.remove_all())
@@ -148,8 +249,15 @@ class AccelerationPanel(ipywidgets.VBox):
         installed = session.accelerations if session is not None else {}
         self.rows = {name: AccelerationRow(spec, installed.get(name)) for name, spec in self.specs.items()}
         for name, row in self.rows.items():
-            row.note.value = self._note(self.specs[name])
-        self.rows_box.children = list(self.rows.values())
+            row.show_note(self._problem(self.specs[name]))
+        self.groups = {}
+        for name, spec in self.specs.items():
+            self.groups.setdefault(plugin_kind(spec), []).append(name)
+        order = [kind for kind in GROUPS if kind in self.groups] + [k for k in self.groups if k not in GROUPS]
+        self.groups = {kind: self.groups[kind] for kind in order}
+        self.columns.children = self._columns()
+        for row in self.profiles.values():
+            row.show(session)
         self.errors.clear()
         self._show_installed()
 
@@ -163,20 +271,23 @@ class AccelerationPanel(ipywidgets.VBox):
             raise ValueError(f"{name}: unknown option(s) {unknown}; allowed: {sorted(row.inputs)}")
         row.enabled.value = on
         for key, value in options.items():
-            widget = row.inputs[key].widget
-            if isinstance(widget, ipywidgets.Text):  # a required number starts as text
-                value = "" if value is None else str(value)
-            widget.value = value
+            row.inputs[key].set(value)
 
     def config(self) -> dict[str, dict[str, Any]]:
         """{name: options} of the checked rows; an input that does not parse is a ValueError naming it."""
         return {name: row.options() for name, row in self.rows.items() if row.enabled.value}
 
     def apply(self) -> dict[str, dict[str, Any]] | None:
-        """Install the checked set; returns what is installed, or None when it failed (see the error box)."""
+        """Install the checked set; returns what is installed, or None when it failed (marked fields, error box)."""
         self.errors.clear()
         if self.session is None:
             self.errors.show("apply", RuntimeError("no session: open one first"))
+            return None
+        problems = [error for row in self.rows.values() if row.enabled.value for error in row.check()]
+        if problems:
+            marked = ValueError("; ".join(problems) + " (marked at the field; nothing was installed)")
+            self.errors.show("apply", marked)
+            self._show_installed()
             return None
         try:
             installed = self.session.accelerate(self.config())
@@ -187,10 +298,49 @@ class AccelerationPanel(ipywidgets.VBox):
         self._show_installed()
         return installed
 
+    def use_profile(self, name: str) -> dict[str, dict[str, Any]] | None:
+        """Check exactly the plugins profile `name` installs on this session (with its options) and apply."""
+        if name not in self.profiles:
+            raise ValueError(f"profile: {name!r} is unknown; allowed: {list(self.profiles)}")
+        config = self.profiles[name].config
+        if config is None:
+            self.errors.show(f"profile {name}", RuntimeError(f"profile {name!r} is not available on this session"))
+            return None
+        for plugin, row in self.rows.items():
+            row.enabled.value = plugin in config
+            for key, value in config.get(plugin, {}).items():
+                row.inputs[key].set(value)
+        return self.apply()
+
     def remove_all(self) -> dict[str, dict[str, Any]] | None:
         for row in self.rows.values():
             row.enabled.value = False
         return self.apply()
+
+    def _columns(self) -> list[ipywidgets.VBox]:
+        """The groups in two columns of about equal length (in lines), order kept; they wrap to one when narrow."""
+        sections = []
+        for kind, names in self.groups.items():
+            title = GROUPS.get(kind, kind)
+            header = ipywidgets.HTML(
+                f'<div style="font-weight:600;font-size:12px;color:#424242;border-bottom:1px solid #e0e0e0">'
+                f'{html.escape(title)} <span style="font-weight:400;color:#9e9e9e">{len(names)}</span></div>'
+            )
+            section = ipywidgets.VBox(
+                [header, *(self.rows[n] for n in names)], layout=ipywidgets.Layout(overflow="visible")
+            )
+            section.add_class("vflash-group")
+            section.add_class(f"vflash-group-{re.sub(r'[^a-z0-9]+', '-', kind.lower())}")
+            sections.append((1 + len(names), section))
+        total = sum(size for size, _ in sections)
+        split, best, running = len(sections), total, 0
+        for index, (size, _) in enumerate(sections):
+            running += size
+            if abs(total - 2 * running) < best:
+                split, best = index + 1, abs(total - 2 * running)
+        column = ipywidgets.Layout(flex="1 1 420px", min_width="0", margin="0 12px 0 0", overflow="visible")
+        halves = [[s for _, s in sections[:split]], [s for _, s in sections[split:]]]
+        return [ipywidgets.VBox(half, layout=column) for half in halves if half]
 
     def _show_installed(self) -> None:
         if self.session is None:
@@ -205,19 +355,15 @@ class AccelerationPanel(ipywidgets.VBox):
             f"{html.escape(str(options)) if options else ''}"
             for name, options in installed.items()
         ]
-        self.installed.value = "installed: " + "; ".join(items)
+        self.installed.value = f'<div style="white-space:normal">installed: {"; ".join(items)}</div>'
 
-    def _note(self, spec: Spec) -> str:
+    def _problem(self, spec: Spec) -> str | None:
         """Why this session cannot run `spec`, if it cannot (applying it anyway shows the RuntimeError)."""
         if self.session is None:
-            return ""
+            return None
         problems = []
         if self.session.device.type not in spec.devices:
             problems.append(f"needs {'/'.join(spec.devices)}")
         if spec.families is not None and self.session.family.name not in spec.families:
             problems.append(f"supports {'/'.join(spec.families)}")
-        if not problems:
-            return f'<span style="color:#757575;font-size:11px">{html.escape(spec.summary)}</span>'
-        return (
-            f'<span style="color:#a94442;font-size:11px">not on this session: {html.escape("; ".join(problems))}</span>'
-        )
+        return "; ".join(problems) or None

@@ -1,7 +1,11 @@
 """Vflash Workbench: a resident diffusion session, toggled accelerations, measured evidence."""
 
-from workbench.request import Request
-from workbench.result import Result
-from workbench.session import Session
+from workbench._quiet_imports import defer_torchao
+
+defer_torchao()  # before anything imports a diffusers model: see workbench/_quiet_imports.py
+
+from workbench.request import Request  # noqa: E402
+from workbench.result import Result  # noqa: E402
+from workbench.session import Session  # noqa: E402
 
 __all__ = ["Request", "Result", "Session"]

@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
 
+from workbench.models import SHIPPED_MODELS
 from workbench.widgets import ABAudio, ABPlayer, AccelerationPanel, Dashboard
+from workbench.widgets.dashboard import MODELS, model_name
 
 TINY = {"frames": 9, "height": 32, "width": 32, "steps": 2}
 
@@ -35,6 +37,9 @@ def test_dashboard_on_a_session_generates_and_compares_the_last_two(wan):
         third = dash.generate()
         assert [label for label, _ in dash.results] == ["#2 cross_kv_cache", "#3 cross_kv_cache"]
         assert dash.results[-1][1] is third
+        # `ab` follows the latest pair: it now shows #2 against #3.
+        assert dash.ab.children == (dash.ab_player,)
+        assert dash.ab_player.labels == ("#2 cross_kv_cache", "#3 cross_kv_cache")
     finally:
         dash.live.detach()
 
@@ -86,3 +91,43 @@ def test_dashboard_buttons_run_in_the_background(wan):
 def test_dashboard_rejects_no_models():
     with pytest.raises(ValueError, match="session_or_model_names"):
         Dashboard([])
+
+
+def test_dashboard_defaults_to_demo_av_and_lays_out_controls_first():
+    dash = Dashboard(device="cpu")
+    assert MODELS[0] == "demo-av" and dash.picker.value == "demo-av" and dash.session is None
+    model_row, form, panel, generate_row = dash.controls.children
+    assert dash.picker in model_row.children and dash.prompt in form.children
+    assert panel is dash.panel and dash.generate_button in generate_row.children
+    assert dash.children[0] is dash.controls and dash.children[-1] is dash.ab
+
+
+def test_dashboard_numbers_results_per_model(wan):
+    dash = Dashboard(["tiny-wan"], device="cpu")
+    try:
+        assert dash.open_model() is not None
+        dash.set_request(**TINY)
+        assert dash.generate() is not None and dash.generate() is not None
+        assert [label for label, _ in dash.results] == ["#1 stock", "#2 stock"]
+        assert dash.open_model("tiny-wan") is not None  # a model opened again starts at #1 with an empty A/B
+        assert dash.results == [] and dash.ab_player is None
+        dash.set_request(**TINY)
+        assert dash.generate() is not None and dash.results[0][0] == "#1 stock"
+    finally:
+        dash.live.detach()
+
+
+@pytest.mark.skipif(not (SHIPPED_MODELS["demo-av"] / "model_index.json").is_file(), reason="demo-av is not shipped")
+def test_dashboard_shows_models_by_name_not_path(sessions):
+    demo = sessions("demo-av")
+    assert demo.model.name == "demo-av"  # a shipped checkpoint goes by its name
+    dash = Dashboard(demo)
+    try:
+        assert dash.picker.options == ("demo-av",)
+        assert (
+            "<b>demo-av</b> on cpu" in dash.session_status.value and "models/demo-av" not in dash.session_status.value
+        )
+    finally:
+        dash.live.detach()
+    assert model_name(str(SHIPPED_MODELS["demo-av"])) == "demo-av"
+    assert model_name("/data/models/wan-1.3b") == "wan-1.3b" and model_name("tiny-wan") == "tiny-wan"

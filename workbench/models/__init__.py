@@ -53,7 +53,10 @@ def resolve(
     if class_name not in PIPELINE_FAMILIES:
         raise ValueError(f"model: {index} names pipeline {class_name!r}; supported: {sorted(PIPELINE_FAMILIES)}")
     module = {"wan": wan, "ltx2": ltx2, "h3": h3}[PIPELINE_FAMILIES[class_name]]
-    return module.load(path, dtype=dtype)
+    model = module.load(path, dtype=dtype)
+    if str(name) in SHIPPED_MODELS:
+        model.name = str(name)  # a shipped checkpoint goes by its name (`demo-av`), not by where it is installed
+    return model
 
 
 def shipped_path(name: str) -> Path:

@@ -1,0 +1,46 @@
+"""`import workbench` on a clean install writes nothing to stderr and leaves torchao unimported."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+# The torchao quantizer module of each library imports torchao whenever it is installed: these are the
+# modules whose import must not bring torchao in (see workbench/_quiet_imports.py).
+QUANTIZERS = ("diffusers.quantizers.torchao.torchao_quantizer", "transformers.quantizers.quantizer_torchao")
+
+
+def run_clean(code: str) -> subprocess.CompletedProcess:
+    """`python -c code` as on a fresh install: without the test suite's TORCHAO_FORCE_SKIP_LOADING_SO_FILES."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHAO_FORCE_SKIP_LOADING_SO_FILES"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_import_workbench_writes_nothing_to_stderr_and_skips_torchao():
+    pytest.importorskip("torchao", reason="the noise this guards against comes from an installed torchao")
+    code = (
+        "import sys, workbench, workbench.widgets\n"
+        f"print(sorted(m for m in {QUANTIZERS!r} if m in sys.modules))\n"
+        "print('torchao' in sys.modules)\n"
+    )
+    done = run_clean(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    loaded, torchao = done.stdout.splitlines()
+    assert loaded == str(sorted(QUANTIZERS))  # the quantizer registries did load (the deferral ran, not a skip)
+    assert torchao == "False"
+
+
+def test_deferred_torchao_checks_still_tell_the_truth():
+    pytest.importorskip("torchao", reason="checks that the libraries still see an installed torchao")
+    code = (
+        "import workbench\n"
+        "from diffusers.utils import is_torchao_available as d\n"
+        "import transformers.quantizers.quantizer_torchao as q\n"
+        "from transformers.utils import is_torchao_available as t\n"
+        "print(d(), t(), q.is_torchao_available is t)\n"
+    )
+    done = run_clean(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True"]
