@@ -33,8 +33,10 @@ from typing import Any
 import torch
 
 from benchmarks.common import envelope, write
-from workbench.accelerations import _fused_h3, _fused_ltx2, _fused_wan
 from workbench.accelerations.base import Receipt
+from workbench.models.fused import h3 as _fused_h3
+from workbench.models.fused import ltx2 as _fused_ltx2
+from workbench.models.fused import wan as _fused_wan
 
 DTYPE = torch.bfloat16
 WAN_KEEP = ("scale_shift_table", "norm1", "norm2", "norm3")  # WanTransformer3DModel._keep_in_fp32_modules, in a block

@@ -72,7 +72,7 @@ from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
 
 from benchmarks.common import envelope, kernel_split, write
 from workbench.accelerations import REGISTRY, install
-from workbench.accelerations.sparse_routing import captured_qkv
+from workbench.accelerations.attention.sparse_routing import captured_qkv
 from workbench.kernels.block_sparse_attention import routing
 from workbench.models import h3
 from workbench.models.loaded import LoadedModel

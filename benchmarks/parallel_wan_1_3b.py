@@ -47,8 +47,8 @@ from benchmarks import relayout_wan_1_3b
 from benchmarks.common import envelope, wan_1_3b_request, write
 from workbench import Request, Session
 from workbench import distributed as wd
-from workbench.accelerations._parallel_decode import ParallelDecode, band_tiling
 from workbench.accelerations.base import Receipt
+from workbench.accelerations.parallel.parallel_decode import ParallelDecode, band_tiling
 
 SMOKE = os.environ.get("PARALLEL_SMOKE") == "1"  # a CPU/gloo dry run of this script's logic on tiny-wan: no figures
 DEVICE = "cpu" if SMOKE else "cuda"

@@ -36,8 +36,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.common import envelope, write
 from workbench import Session
-from workbench.accelerations import sol_attn
-from workbench.accelerations.sparse_routing import captured_qkv
+from workbench.accelerations.attention import sol_attn
+from workbench.accelerations.attention.sparse_routing import captured_qkv
 from workbench.kernels.block_sparse_attention import (
     CANDIDATES,
     DEFAULT,

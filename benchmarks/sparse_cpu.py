@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import envelope, write  # noqa: E402
 from workbench import Request, Session  # noqa: E402
-from workbench.accelerations.sparse_routing import captured_qkv  # noqa: E402
+from workbench.accelerations.attention.sparse_routing import captured_qkv  # noqa: E402
 from workbench.evidence.harness import qualify  # noqa: E402
 from workbench.kernels.block_sparse_attention import block_sparse_attention  # noqa: E402
 from workbench.models import wan  # noqa: E402
