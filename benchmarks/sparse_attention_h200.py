@@ -36,7 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.common import envelope, write
 from workbench import Session
-from workbench.accelerations.attention import sol_attn
+from workbench.accelerations.attention import sol_package as sol_attn
 from workbench.accelerations.attention.sparse_routing import captured_qkv
 from workbench.kernels.block_sparse_attention import (
     CANDIDATES,

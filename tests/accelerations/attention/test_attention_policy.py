@@ -114,7 +114,7 @@ def test_attention_policy_sparse_committed_registry_is_backed_by_qualified_recor
     entries = attention_policy.load_registry(attention_policy.REGISTRY_FILE)
     assert isinstance(entries, list)
     for entry in entries:
-        assert entry["plugin"] in attention_policy.PLUGINS
+        assert entry["plugin"] in attention_policy.ROUTABLE
 
 
 def test_attention_policy_explicit_dense_and_bad_options_of_the_sparse_policy(session):

@@ -108,7 +108,7 @@ def test_block_sparse_protected_rows_are_dense_attention(interpreter):
     backend = _AttentionBackendRegistry._backends[_AttentionBackendRegistry._active_backend]
     receipt = Receipt(("sparse_calls",))
     model = wan.tiny_d128()
-    from workbench.accelerations.attention.block_sparse import attend
+    from workbench.accelerations.attention.sparse_kernels import block_sparse_attend as attend
 
     router = Router("block_sparse", model, receipt, attend, None)
     call = Call(router, Settings(tau=1e9, sink_tokens=0, protect_prefix=70), 0, prefix=0)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from workbench import Session
 from workbench.accelerations import REGISTRY
-from workbench.accelerations.attention import sol_attn as plugin
+from workbench.accelerations.attention import sol_package as plugin
 from workbench.accelerations.attention.sparse_routing import Settings
 from workbench.accelerations.base import Receipt
 from workbench.models import wan

@@ -7,7 +7,8 @@ import torch
 
 from workbench import Request, Session
 from workbench.accelerations import fingerprint
-from workbench.accelerations.caching.teacache import RESCALE, _Installed
+from workbench.accelerations.caching.teacache import _Installed
+from workbench.models.wan import FAMILY as WAN
 
 SIZE = {"frames": 9, "height": 32, "width": 32}
 SIZES = {"tiny-h3": {}}  # H3 takes 124+ frames at its own tiny canvas (the model's defaults)
@@ -112,9 +113,9 @@ def test_teacache_state_does_not_leak_across_requests():
 
 def test_teacache_rescale_polynomial_is_horner_and_clamped():
     handle = _Installed.__new__(_Installed)
-    handle.coefficients = RESCALE["wan2.1-t2v-1.3b"]
+    handle.coefficients = WAN.teacache.coefficients["wan2.1-t2v-1.3b"]
     x = 0.05
-    expected = float(np.polyval(RESCALE["wan2.1-t2v-1.3b"], x))
+    expected = float(np.polyval(WAN.teacache.coefficients["wan2.1-t2v-1.3b"], x))
     assert handle.rescale(x) == pytest.approx(expected)
     assert handle.rescale(0.0) == 0.0  # the published polynomial is negative at 0; clamped
     handle.coefficients = None

@@ -12,7 +12,8 @@ from test_fused_block_ops import _block, _inputs
 from workbench import Request, Session
 from workbench.accelerations import fingerprint
 from workbench.accelerations.base import Receipt
-from workbench.accelerations.fused.fused_block_norms import SPEC, forward_for
+from workbench.accelerations.fused.fused_block_norms import SPEC
+from workbench.models.fused.wan import norms_forward_for
 
 SIZE = {"frames": 5, "height": 32, "width": 32}  # 2 latent frames: a small, quick request
 ULP32 = torch.finfo(torch.float32).eps  # 2^-23
@@ -41,7 +42,7 @@ def test_fused_block_norms_error_bound_against_float64(interpreter, rng, dtype, 
     receipt = Receipt(("layernorm_modulate_calls",))
     with torch.no_grad():
         want = block(hidden, text, temb, (cos, sin))
-        got = forward_for(block, receipt)(hidden, text, temb, (cos, sin))
+        got = norms_forward_for(block, receipt)(hidden, text, temb, (cos, sin))
         truth = copy.deepcopy(block).double()(
             hidden.double(), text.double(), temb.double(), (cos.double(), sin.double())
         )
@@ -68,7 +69,7 @@ def test_fused_block_norms_identity_norm2_and_hooked_norm_q(interpreter, rng):
     receipt = Receipt(("layernorm_modulate_calls",))
     with torch.no_grad():
         want = block(*inputs)
-        got = forward_for(block, receipt)(*inputs)
+        got = norms_forward_for(block, receipt)(*inputs)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"seed {seed}")
     assert calls == [1, 1] and receipt.counters["layernorm_modulate_calls"] == 2
     assert receipt.counters["qk_norm_rope_calls"] == 0 and receipt.counters["rope_calls"] == 2
@@ -81,12 +82,12 @@ def test_fused_block_norms_unsupported_call_falls_back_with_reason(interpreter):
     inputs = _inputs(torch.float64, 0, 1, 1, 2, 2, False)
     receipt = Receipt(("layernorm_modulate_calls",))
     with torch.no_grad():
-        assert torch.equal(forward_for(block, receipt)(*inputs), block(*inputs))
+        assert torch.equal(norms_forward_for(block, receipt)(*inputs), block(*inputs))
     assert receipt.fallbacks == {"hidden_states dtype torch.float64": 1} and not receipt.executed
     grad_block = _block(torch.float32, 1)
     inputs = _inputs(torch.float32, 1, 1, 1, 2, 2, False)
     receipt = Receipt(("layernorm_modulate_calls",))
-    got = forward_for(grad_block, receipt)(*inputs)  # grad mode on, parameters require grad
+    got = norms_forward_for(grad_block, receipt)(*inputs)  # grad mode on, parameters require grad
     assert torch.equal(got, grad_block(*inputs)) and got.requires_grad
     assert receipt.fallbacks == {"autograd: the kernels have no backward": 1}
 

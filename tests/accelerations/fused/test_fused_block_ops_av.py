@@ -13,9 +13,9 @@ from diffusers.models.transformers.transformer_ltx2 import LTX2VideoTransformerB
 from workbench import Request, Session
 from workbench.accelerations import fingerprint
 from workbench.accelerations.base import Receipt
-from workbench.accelerations.fused.blocks import InDtypeOps
 from workbench.models.fused import h3 as _fused_h3
 from workbench.models.fused import ltx2 as _fused_ltx2
+from workbench.models.fused.guards import InDtypeOps
 
 DTYPES = [torch.float32, torch.bfloat16]
 DTYPE_IDS = ["float32", "bfloat16"]

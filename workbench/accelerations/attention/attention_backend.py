@@ -8,7 +8,7 @@ regional_compile a Python counter would be guarded on its value and every call w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,7 +18,8 @@ from diffusers.models.attention_dispatch import (
     _check_attention_backend_requirements,
 )
 
-from workbench.accelerations.base import Handle, Option, Spec
+from workbench.accelerations.attention.backend_swap import BackendSwap
+from workbench.accelerations.base import Spec, option
 
 ALIASES = {"cudnn": "_native_cudnn", "math": "_native_math", "efficient": "_native_efficient"}
 # Hub backends download kernels at first use; this workbench never reaches the network.
@@ -32,41 +33,11 @@ BACKENDS = tuple(
 CUDA_ONLY = ("cudnn", "flash", "efficient", "sage", "xformers", "aiter", "npu", "xla")
 
 
-class BackendSwap(Handle):
-    """Pins `modules`' processors to `backend` and replaces that backend's registry entry with `_function()` for
-    the handle's lifetime; `_remove` puts both back. Here the function is the backend's own, counted; other
-    plugins (flash4_attention) supply another."""
+@dataclass(frozen=True)
+class AttentionBackendConfig:
+    """attention_backend's options."""
 
-    COUNTER = "attention_calls"
-
-    def __init__(
-        self, spec: Spec, options: dict[str, Any], modules: list[torch.nn.Module], backend: str, device: torch.device
-    ):
-        super().__init__(spec, options, proof=(self.COUNTER,))
-        self.receipt.traceable(device, counters=(self.COUNTER,))
-        self.modules = modules
-        self.backend = AttentionBackendName(backend)
-        self.previous_active = _AttentionBackendRegistry._active_backend
-        self.original_fn = _AttentionBackendRegistry._backends[self.backend]
-        function = self._function()
-        for module in modules:
-            module.set_attention_backend(backend)
-        _AttentionBackendRegistry._backends[self.backend] = function
-
-    def _function(self) -> Callable[..., Any]:
-        receipt, original = self.receipt, self.original_fn
-
-        def counted(**kwargs: Any) -> Any:
-            receipt.count(self.COUNTER)
-            return original(**kwargs)
-
-        return counted
-
-    def _remove(self) -> None:
-        _AttentionBackendRegistry._backends[self.backend] = self.original_fn
-        for module in self.modules:
-            module.reset_attention_backend()
-        _AttentionBackendRegistry.set_active_backend(self.previous_active)
+    backend: str = option("native", allowed=tuple(ALIASES) + BACKENDS, help="diffusers backend name or alias")
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
@@ -88,9 +59,7 @@ SPEC = Spec(
     contract="reduction",
     summary="dense attention through a chosen diffusers backend (cuDNN, flash, flex, math, ...)",
     prepare_fn=_prepare,
-    options=(
-        Option("backend", str, "native", allowed=tuple(ALIASES) + BACKENDS, help="diffusers backend name or alias"),
-    ),
+    config=AttentionBackendConfig,
     touches=("attention_processor.backend",),
     order=20,
 )

@@ -25,20 +25,29 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from workbench import environment
-from workbench.accelerations.attention import block_sparse, sol_attn
+from workbench.accelerations.attention import sol_package
+from workbench.accelerations.attention.sparse_kernels import block_sparse_attend, check_block_sparse_device
 from workbench.accelerations.attention.sparse_routing import Call, Router, Settings
-from workbench.accelerations.base import Handle, Option, Spec
+from workbench.accelerations.base import Handle, Spec, option
 
 REGISTRY_FILE = Path(__file__).with_name("qualified_attention.json")
 ROOT = Path(__file__).resolve().parents[3]  # evidence paths in an entry are relative to the repository root
 ENTRY_FIELDS = ("family", "device", "model_key", "video_tokens", "plugin", "options", "evidence")
-PLUGINS = {"block_sparse": block_sparse.SPEC, "sol_attn": sol_attn.SPEC}
+ROUTABLE = ("block_sparse", "sol_attn")  # the registered sparse plugins whose settings this policy can serve
+
+
+def _spec(plugin: str) -> Spec:
+    """The registered Spec of a routable plugin (looked up at use: the registry imports this module)."""
+    from workbench.accelerations import REGISTRY
+
+    return REGISTRY[plugin]
 
 
 def device_name(device: torch.device) -> str:
@@ -75,9 +84,9 @@ def _check_entry(path: Path, number: int, entry: Any) -> None:
     where = f"attention_policy.registry: {path} entry {number}"
     if not isinstance(entry, dict) or set(ENTRY_FIELDS) - set(entry):
         raise ValueError(f"{where}: needs the fields {list(ENTRY_FIELDS)}, got {entry!r}")
-    if entry["plugin"] not in PLUGINS:
-        raise ValueError(f"{where}: plugin {entry['plugin']!r}; allowed: {sorted(PLUGINS)}")
-    options = PLUGINS[entry["plugin"]].validate(entry["options"])
+    if entry["plugin"] not in ROUTABLE:
+        raise ValueError(f"{where}: plugin {entry['plugin']!r}; allowed: {sorted(ROUTABLE)}")
+    options = _spec(entry["plugin"]).validate(entry["options"])
     if isinstance(entry["video_tokens"], bool) or not isinstance(entry["video_tokens"], int):
         raise ValueError(f"{where}: video_tokens must be an int, got {entry['video_tokens']!r}")
     evidence = Path(entry["evidence"])
@@ -90,7 +99,7 @@ def _check_entry(path: Path, number: int, entry: Any) -> None:
     problems = []
     if record.get("kind") != "qualification" or record.get("verdict") != "qualified":
         problems.append(f"verdict {record.get('verdict')!r} (a {record.get('kind')!r} record), not 'qualified'")
-    if set(candidate) != {entry["plugin"]} or PLUGINS[entry["plugin"]].validate(candidate[entry["plugin"]]) != options:
+    if set(candidate) != {entry["plugin"]} or _spec(entry["plugin"]).validate(candidate[entry["plugin"]]) != options:
         problems.append(f"candidate {candidate!r} is not {{{entry['plugin']!r}: {entry['options']!r}}}")
     if (record.get("device") or {}).get("name") != entry["device"]:
         problems.append(f"device {(record.get('device') or {}).get('name')!r} is not {entry['device']!r}")
@@ -133,6 +142,14 @@ class _Installed(Handle):
             self.router.remove()
 
 
+@dataclass(frozen=True)
+class AttentionPolicyConfig:
+    """attention_policy's options."""
+
+    policy: str = option("auto", allowed=("auto", "dense"), help="auto: qualified sparse or dense; dense")
+    registry: str = option("", help="qualified-settings file; empty: the committed qualified_attention.json")
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     if options["policy"] == "dense":
         return lambda: _Installed(SPEC, options, None, {})
@@ -143,20 +160,20 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
         return lambda: _Installed(SPEC, options, None, {})
     settings = {
         rows: Settings.from_options(
-            {**PLUGINS[e["plugin"]].validate(e["options"]), "plugin": e["plugin"]},
+            {**_spec(e["plugin"]).validate(e["options"]), "plugin": e["plugin"]},
             extra=("plugin", "thresh_type") if e["plugin"] == "sol_attn" else ("plugin",),
         )
         for rows, e in matching.items()
     }
     attends = {}
     for plugin in sorted({e["plugin"] for e in matching.values()}):  # every check of that plugin, here
-        spec = PLUGINS[plugin]
+        spec = _spec(plugin)
         example = next(spec.validate(e["options"]) for e in matching.values() if e["plugin"] == plugin)
         if plugin == "sol_attn":
-            attends[plugin] = sol_attn.router_for(model, device, example, None).attend
+            attends[plugin] = sol_package.router_for(model, device, example, None).attend
         else:
-            block_sparse.check_device("attention_policy", device)
-            attends[plugin] = block_sparse.attend
+            check_block_sparse_device("attention_policy", device)
+            attends[plugin] = block_sparse_attend
 
     def attend(call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
         notes = call.router.receipt.notes
@@ -177,10 +194,7 @@ SPEC = Spec(
     contract="approximate",  # may run a qualified sparse setting; its receipt says which contract actually ran
     summary="auto: dense attention unless a qualified sparse setting exists for this family, device and size",
     prepare_fn=_prepare,
-    options=(
-        Option("policy", str, "auto", allowed=("auto", "dense"), help="auto: qualified sparse or dense; dense"),
-        Option("registry", str, "", help="qualified-settings file; empty: the committed qualified_attention.json"),
-    ),
+    config=AttentionPolicyConfig,
     touches=("attention_processor.backend", "blocks.compiled_call"),
     order=20,
 )

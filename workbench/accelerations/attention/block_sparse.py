@@ -25,62 +25,35 @@ RuntimeError; never a silent dense run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from workbench.accelerations.attention.sparse_routing import Call, Router, Settings, sparse_options
-from workbench.accelerations.base import Handle, Spec
-from workbench.kernels._runtime import interpreting
-from workbench.kernels.block_sparse_attention import DTYPES, HEAD_DIM, block_sparse_attention
+from workbench.accelerations.attention.sparse_kernels import block_sparse_attend, check_block_sparse_device
+from workbench.accelerations.attention.sparse_routing import (
+    TAU_HELP,
+    RoutedHandle,
+    Router,
+    Settings,
+    SparseAttentionConfig,
+    needs_self_attention,
+)
+from workbench.accelerations.base import Spec, option
+from workbench.kernels.block_sparse_attention import DTYPES, HEAD_DIM
 
 
-def attend(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel on the dispatcher's (B, T, H, D) tensors, read as (B, H, T, D) views without a copy."""
-    q, k, v = call.qkv
-    if q.shape[-1] != HEAD_DIM or q.dtype not in DTYPES:
-        raise RuntimeError(
-            f"block_sparse: attention of head dim {q.shape[-1]} in {q.dtype} reached the kernel; "
-            f"it supports head dim {HEAD_DIM} in {[str(d) for d in DTYPES]}"
-        )
-    settings = call.settings
-    out, density = block_sparse_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), settings.tau, call.rows(settings.sink_tokens),
-        scale=call.kwargs.get("scale"), return_density=True,
-    )  # fmt: skip
-    return out.transpose(1, 2), density
+@dataclass(frozen=True)
+class BlockSparseConfig(SparseAttentionConfig):
+    """block_sparse's options: the sparse-attention options, with `tau` 0 (exact above the blocks' mean score)."""
 
-
-def check_device(name: str, device: torch.device) -> None:
-    if device.type == "cpu" and not interpreting():
-        raise RuntimeError(f"{name}: the Triton kernel on CPU needs TRITON_INTERPRET=1 (or a CUDA device)")
-
-
-class RoutedHandle(Handle):
-    """An installed Router; its notes (mean density) join the receipt when reported."""
-
-    def __init__(self, spec: Spec, options: dict[str, Any], router: Router):
-        super().__init__(spec, options, proof=("sparse_calls",))
-        self.router = router
-        router.receipt = self.receipt
-        router.install()
-
-    def begin_request(self, request_id: int, steps: int) -> None:
-        super().begin_request(request_id, steps)
-        self.router.reset()
-
-    def report(self) -> dict[str, Any]:
-        self.receipt.notes.update(self.router.notes())
-        return super().report()
-
-    def _remove(self) -> None:
-        self.router.remove()
+    tau: float = option(0.0, help=TAU_HELP)
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    check_device("block_sparse", device)
+    check_block_sparse_device("block_sparse", device)
     settings = Settings.from_options(options)
-    router = Router("block_sparse", model, None, attend, lambda rows: settings)
+    router = Router("block_sparse", model, None, block_sparse_attend, lambda rows: settings)
     router.check_modules(HEAD_DIM, DTYPES)
     return lambda: RoutedHandle(SPEC, options, router)
 
@@ -90,8 +63,8 @@ SPEC = Spec(
     contract="approximate",
     summary="self-attention through an own Triton block-sparse kernel with Sol-style routing (Wan, LTX-2, H3)",
     prepare_fn=_prepare,
-    options=sparse_options(default_tau=0.0),
-    families=("wan", "ltx2", "h3"),
+    config=BlockSparseConfig,
+    requires=needs_self_attention,
     # The dispatcher entry it replaces; and the blocks' compiled call, because compiling over the routed
     # processors is not verified (the seed's Sol path refuses compile too).
     touches=("attention_processor.backend", "blocks.compiled_call"),

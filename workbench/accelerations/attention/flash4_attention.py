@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from diffusers.models.attention_dispatch import AttentionBackendName
 
-from workbench.accelerations.attention.attention_backend import BackendSwap
+from workbench.accelerations.attention.backend_swap import BackendSwap
 from workbench.accelerations.base import Spec
 
 ARCHES = ((9, 0), (10, 0))  # FA4's forward kernels: Hopper and datacenter Blackwell
@@ -103,6 +104,11 @@ def unusable(device: torch.device) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Flash4AttentionConfig:
+    """flash4_attention takes no options: FA4 runs every call it is asked to take."""
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     reason = unusable(device)
     if reason is not None:
@@ -117,6 +123,7 @@ SPEC = Spec(
     contract="reduction",
     summary="dense attention through FlashAttention-4's CuTe-DSL kernels (flash-attn-4, installed locally)",
     prepare_fn=_prepare,
+    config=Flash4AttentionConfig,
     devices=("cuda",),
     touches=("attention_processor.backend",),
     order=20,

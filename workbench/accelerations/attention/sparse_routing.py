@@ -32,7 +32,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
-from workbench.accelerations.base import Option, Receipt, drop_restored_forwards
+from workbench.accelerations.base import Handle, Option, Receipt, Spec, drop_restored_forwards, option
 
 STEP_HOOK = "workbench_sparse_routing_step"
 FAMILY = "family"  # sink_tokens / protect_prefix: take the rows from the family adapter, per call
@@ -66,6 +66,11 @@ class Settings:
         return cls(**{n: options[n] for n in names}, extra={n: options[n] for n in extra})
 
 
+def needs_self_attention(family: Any) -> str | None:
+    """`Spec.requires` of the sparse plugins: why a family offers no self-attention to route, or None."""
+    return None if family.self_attention is not None else "it names no self-attention that can be routed"
+
+
 class RowsOption(Option):
     """An option that is a row count >= 0 or "family" (the family adapter's non-video prefix rows)."""
 
@@ -80,18 +85,22 @@ class RowsOption(Option):
         return {**super().describe(), "type": ["int", "str"], "allowed": [FAMILY, "int >= 0"]}
 
 
-def sparse_options(default_tau: float) -> tuple[Option, ...]:
-    """The options every sparse-attention plugin takes (issue 7): tau, sink_tokens, dense steps/blocks, prefix."""
-    return (
-        Option("tau", float, default_tau, help="exact where a block's score > mean + tau*std; higher: sparser"),
-        RowsOption(
-            "sink_tokens", (int, str), FAMILY, help="first rows whose key blocks stay exact; 'family': its text/audio"
-        ),
-        Option("dense_steps", int, 0, minimum=0, help="first denoising steps run dense"),
-        Option("dense_blocks", int, 0, minimum=0, help="first transformer blocks run dense"),
-        RowsOption(
-            "protect_prefix", (int, str), FAMILY, help="first query rows take dense attention; 'family': non-video"
-        ),
+TAU_HELP = "exact where a block's score > mean + tau*std; higher: sparser"
+
+
+@dataclass(frozen=True)
+class SparseAttentionConfig:
+    """The options every sparse-attention plugin takes (issue 7): tau, sink_tokens, dense steps/blocks, prefix.
+    Each plugin subclasses it with its own `tau` default (and its own options after these)."""
+
+    tau: float = option(0.0, help=TAU_HELP)
+    sink_tokens: int | str = option(
+        FAMILY, cls=RowsOption, help="first rows whose key blocks stay exact; 'family': its text/audio"
+    )
+    dense_steps: int = option(0, minimum=0, help="first denoising steps run dense")
+    dense_blocks: int = option(0, minimum=0, help="first transformer blocks run dense")
+    protect_prefix: int | str = option(
+        FAMILY, cls=RowsOption, help="first query rows take dense attention; 'family': non-video"
     )
 
 
@@ -359,3 +368,24 @@ def captured_qkv(model: Any, keep: Callable[[int, int], bool] = lambda step, blo
         yield records
     finally:
         router.remove()
+
+
+class RoutedHandle(Handle):
+    """An installed Router; its notes (mean density) join the receipt when reported."""
+
+    def __init__(self, spec: Spec, options: dict[str, Any], router: Router):
+        super().__init__(spec, options, proof=("sparse_calls",))
+        self.router = router
+        router.receipt = self.receipt
+        router.install()
+
+    def begin_request(self, request_id: int, steps: int) -> None:
+        super().begin_request(request_id, steps)
+        self.router.reset()
+
+    def report(self) -> dict[str, Any]:
+        self.receipt.notes.update(self.router.notes())
+        return super().report()
+
+    def _remove(self) -> None:
+        self.router.remove()

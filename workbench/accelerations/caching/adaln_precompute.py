@@ -22,6 +22,7 @@ one `temb` and one (B, 6*C) table per distinct timestep per denoiser, released a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -97,13 +98,19 @@ class _Installed(Handle):
                 del getattr(embedder, name).forward
 
 
+@dataclass(frozen=True)
+class AdaLNPrecomputeConfig:
+    """adaln_precompute takes no options: it is bitwise, so there is nothing to trade."""
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     embedders = []
     for denoiser in model.denoisers():
-        embedder = getattr(denoiser, "condition_embedder", None)
+        attribute = model.family.timestep_embedder
+        embedder = getattr(denoiser, attribute, None)
         if type(embedder).__name__ != "WanTimeTextImageEmbedding":
             raise RuntimeError(
-                f"adaln_precompute: {type(denoiser).__name__} has no WanTimeTextImageEmbedding condition_embedder"
+                f"adaln_precompute: {type(denoiser).__name__} has no WanTimeTextImageEmbedding {attribute}"
             )
         for module in (embedder, *(getattr(embedder, name) for name in TIME_MODULES)):
             if "forward" in module.__dict__:
@@ -117,7 +124,8 @@ SPEC = Spec(
     contract="bitwise",
     summary="timestep embeddings and modulation inputs computed once per timestep value per request",
     prepare_fn=_prepare,
-    families=("wan",),
+    config=AdaLNPrecomputeConfig,
+    requires=lambda family: None if family.timestep_embedder else "no Wan-style timestep embedder",
     touches=("condition_embedder.forward",),
     order=35,
 )

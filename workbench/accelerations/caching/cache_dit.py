@@ -15,11 +15,12 @@ pipeline's `sigma` argument. `residual_diff_threshold=0` caches nothing and equa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from workbench.accelerations.base import Handle, Option, Spec, drop_restored_forwards
+from workbench.accelerations.base import Handle, Spec, drop_restored_forwards, option
 
 NAME = "cache_dit"
 EXTRA = "pip install 'vflash-workbench[cache-dit]' (cache-dit==1.5.3)"
@@ -98,11 +99,21 @@ class _Installed(Handle):
         self._disable()
 
 
+@dataclass(frozen=True)
+class CacheDiTConfig:
+    """cache_dit's options (cache-dit's DBCache names)."""
+
+    Fn_compute_blocks: int = option(1, minimum=1, help="first blocks always computed (the change probe)")
+    Bn_compute_blocks: int = option(0, minimum=0, help="last blocks always computed")
+    max_warmup_steps: int = option(2, minimum=0, help="first steps always computed")
+    residual_diff_threshold: float = option(0.08, minimum=0.0, help="relative residual change allowed")
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     _cache_dit()
     fn, bn = options["Fn_compute_blocks"], options["Bn_compute_blocks"]
     for denoiser in model.denoisers():
-        blocks = [m for m in denoiser.modules() if type(m).__name__ in model.family.block_classes]
+        blocks = model.family.blocks(denoiser)
         if fn + bn > len(blocks):
             raise ValueError(
                 f"{NAME}.Fn_compute_blocks: Fn_compute_blocks={fn} + Bn_compute_blocks={bn} exceeds the "
@@ -117,13 +128,7 @@ SPEC = Spec(
     contract="approximate",
     summary="cache-dit DBCache: skip middle blocks while the first blocks' residual barely changes",
     prepare_fn=_prepare,
-    options=(
-        Option("Fn_compute_blocks", int, 1, minimum=1, help="first blocks always computed (the change probe)"),
-        Option("Bn_compute_blocks", int, 0, minimum=0, help="last blocks always computed"),
-        Option("max_warmup_steps", int, 2, minimum=0, help="first steps always computed"),
-        Option("residual_diff_threshold", float, 0.08, minimum=0.0, help="relative residual change allowed"),
-    ),
-    families=("wan",),
+    config=CacheDiTConfig,
     group="feature_cache",
     touches=("denoiser.forward",),
     order=80,

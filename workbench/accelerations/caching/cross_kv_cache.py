@@ -4,20 +4,19 @@ The text embeddings do not change during a request, so `to_k(text)` and `to_v(te
 tensors at every step. A hit is taken only when the input equals (`torch.equal`) a snapshot copied
 at the miss, so an in-place edit of the embeddings is a miss, never a stale hit; the comparison runs
 once per new input object (all blocks of one forward share it). Nothing is kept across requests.
-Memory: one K and one V per cross-attention module per distinct text input (CFG: two), released at
-the end of the request.
+Which modules attend to text (not to another modality, whose K/V change every step) is the family's
+`text_cross_attention`. Memory: one K and one V per cross-attention module per distinct text input (CFG: two),
+released at the end of the request.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from workbench.accelerations.base import Handle, Spec
-
-# Which attention modules attend to text (not to another modality, whose K/V change every step).
-TEXT_CROSS_ATTENTION = {"wan": ("attn2",), "ltx2": ("attn2", "audio_attn2")}
 
 
 class _Installed(Handle):
@@ -77,9 +76,14 @@ class _Installed(Handle):
             del module.forward
 
 
+@dataclass(frozen=True)
+class CrossKVCacheConfig:
+    """cross_kv_cache takes no options: it is bitwise, so there is nothing to trade."""
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    names = TEXT_CROSS_ATTENTION.get(model.family.name)
-    if names is None:
+    names = model.family.text_cross_attention
+    if not names:
         raise RuntimeError(f"cross_kv_cache: no known text cross-attention in family {model.family.name!r}")
     projections = []
     for denoiser in model.denoisers():
@@ -98,7 +102,8 @@ SPEC = Spec(
     contract="bitwise",
     summary="text cross-attention K/V computed once per request and reused across steps",
     prepare_fn=_prepare,
-    families=tuple(TEXT_CROSS_ATTENTION),
+    config=CrossKVCacheConfig,
+    requires=lambda family: None if family.text_cross_attention else "it names no text cross-attention",
     touches=("attention.projections",),
     order=30,
 )

@@ -5,8 +5,9 @@ At a computed step the hook stores the transformation `delta = v - x` (output mi
 transformation rate `k = |v - v_prev| / |x - x_prev|` (mean absolute values). At the following steps
 it predicts the relative output change `k * |x - x_prev| / |v_prev|` and accumulates it; while the sum
 stays below `threshold` it returns `x + delta` instead of running the transformer. Warm-up steps and
-the final steps always run. State lives per CFG branch (diffusers' cache context) and per request;
-`threshold=0` never reuses, so its output is the dense output bit for bit.
+the final steps always run. The streams are the family's (`Family.streams`: the denoiser inputs one step
+transforms, in output order; LTX-2 and H3: video, then audio). State lives per CFG branch (diffusers' cache
+context) and per request; `threshold=0` never reuses, so its output is the dense output bit for bit.
 """
 
 from __future__ import annotations
@@ -18,15 +19,9 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
-from workbench.accelerations.base import Handle, Option, Spec, drop_restored_forwards
+from workbench.accelerations.base import Handle, Spec, drop_restored_forwards, option
 
 HOOK_NAME = "workbench_easycache"
-# The denoiser inputs whose outputs a step transforms, in output order (LTX-2: video, then audio).
-STREAMS = {
-    "wan": ("hidden_states",),
-    "ltx2": ("hidden_states", "audio_hidden_states"),
-    "h3": ("hidden_states", "audio_hidden_states"),
-}
 
 
 @dataclass
@@ -148,8 +143,17 @@ class _Installed(Handle):
             drop_restored_forwards(denoiser)
 
 
+@dataclass(frozen=True)
+class EasyCacheConfig:
+    """EasyCache's options; `threshold` has no default (it is the quality/speed trade)."""
+
+    threshold: float | None = option(None, minimum=0.0, required=True, help="accumulated relative change allowed")
+    warmup: int = option(2, minimum=0, help="first steps always computed")
+    final_dense: int = option(1, minimum=0, help="last steps always computed")
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    streams = STREAMS[model.family.name]
+    streams = model.family.streams
     denoisers = model.denoisers()
     return lambda: _Installed(SPEC, options, denoisers, streams)
 
@@ -159,12 +163,8 @@ SPEC = Spec(
     contract="approximate",
     summary="reuse the denoiser's input->output transformation while its predicted change stays small",
     prepare_fn=_prepare,
-    options=(
-        Option("threshold", float, None, minimum=0.0, required=True, help="accumulated relative change allowed"),
-        Option("warmup", int, 2, minimum=0, help="first steps always computed"),
-        Option("final_dense", int, 1, minimum=0, help="last steps always computed"),
-    ),
-    families=tuple(STREAMS),
+    config=EasyCacheConfig,
+    requires=lambda family: None if family.streams else "it names no denoiser streams",
     group="feature_cache",
     touches=("denoiser.forward",),
     order=80,

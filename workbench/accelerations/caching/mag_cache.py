@@ -17,29 +17,29 @@ for bit); `threshold=0` alone still skips when the ratios are exactly 1.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import diffusers
 import torch
-from diffusers import MagCacheConfig
 from diffusers.hooks import HookRegistry
 
-from workbench.accelerations.base import Option, Spec
-from workbench.accelerations.caching.diffusers_caches import _Installed as _CacheInstalled
-from workbench.accelerations.caching.diffusers_caches import _needs_registered_blocks
+from workbench.accelerations.base import Spec, option
+from workbench.accelerations.caching.diffusers_hooks import CacheHandle, needs_registered_blocks
 
 NAME = "mag_cache"
 TAIL_HOOK = "mag_cache_block_hook"
 
 
-class _Installed(_CacheInstalled):
+class _Installed(CacheHandle):
     def __init__(self, spec: Spec, options: dict[str, Any], model: Any, steps: int):
         self.steps = steps
         super().__init__(spec, options, model, lambda: self._config(self.steps))
         self._watch_calibration()
 
-    def _config(self, steps: int) -> MagCacheConfig:
+    def _config(self, steps: int) -> diffusers.MagCacheConfig:
         options = self.options
-        return MagCacheConfig(
+        return diffusers.MagCacheConfig(
             threshold=options["threshold"],
             max_skip_steps=options["max_skip_steps"],
             retention_ratio=options["retention_ratio"],
@@ -91,8 +91,19 @@ class _Installed(_CacheInstalled):
             HookRegistry.check_if_exists_or_initialize(denoiser).invalidate_child_registries_cache()
 
 
+@dataclass(frozen=True)
+class MagCacheConfig:
+    """mag_cache's options (turned into diffusers' `MagCacheConfig` at install, with the request's step count)."""
+
+    mag_ratios: list[float] | None = option(None, help="one residual magnitude ratio per step (from calibrate=True)")
+    calibrate: bool = option(False, help="never skip; record mag_ratios in the receipt notes")
+    threshold: float = option(0.06, minimum=0.0, help="accumulated error allowed while skipping")
+    max_skip_steps: int = option(3, minimum=0, help="most consecutive skipped steps")
+    retention_ratio: float = option(0.2, minimum=0.0, maximum=1.0, help="fraction of first steps never skipped")
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    _needs_registered_blocks(NAME, model)
+    needs_registered_blocks(NAME, model)
     ratios = options["mag_ratios"]
     if ratios is None and not options["calibrate"]:
         raise ValueError(
@@ -110,15 +121,7 @@ SPEC = Spec(
     name=NAME,
     summary="diffusers MagCache: skip the block stack while residual-magnitude ratios predict little change",
     prepare_fn=_prepare,
-    options=(
-        Option(
-            "mag_ratios", (list, type(None)), None, help="one residual magnitude ratio per step (from calibrate=True)"
-        ),
-        Option("calibrate", bool, False, help="never skip; record mag_ratios in the receipt notes"),
-        Option("threshold", float, 0.06, minimum=0.0, help="accumulated error allowed while skipping"),
-        Option("max_skip_steps", int, 3, minimum=0, help="most consecutive skipped steps"),
-        Option("retention_ratio", float, 0.2, minimum=0.0, maximum=1.0, help="fraction of first steps never skipped"),
-    ),
+    config=MagCacheConfig,
     contract="approximate",
     group="feature_cache",
     touches=("denoiser.forward",),

@@ -12,23 +12,20 @@ output minus input of the whole stack at the last computed step (LTX-2: one resi
 and audio; the indicator is the video stream's). Computing resets the sum. Warm-up and final steps
 always compute. State lives per CFG branch (diffusers' cache context) and per request.
 
-Families: Wan (`blocks`), LTX-2 (`transformer_blocks`, video and audio streams) and MiniMax-H3
-(`transformer_blocks`). H3's indicator is its first block's `norm1(x) * (1 + scale[idx]) + shift[idx]` over the
-whole packed sequence (text, conditioning, audio and video rows), with the per-row (timestep, modality)
-modulation rows taken from that block's `adaln_proj(temb)`, as the block computes them; the skip adds one
-residual for the packed sequence. H3 is guidance-distilled: one branch ("cond"), N - 1 transformer calls for N
-steps (its runner tells the cache context that count).
+What a family contributes (`Family.teacache`, `Family.block_streams`): the indicator, computed from the first
+block's arguments as that block computes it (Wan: fp32 norm and `scale_shift_table + temb`; LTX-2: the video
+stream's `get_mod_params`; MiniMax-H3: the whole packed sequence with the per-row (timestep, modality) rows of
+`adaln_proj(temb)`), the streams a block carries (LTX-2: video and audio, one residual each; H3: one packed
+sequence) and the rescale polynomials fitted on it. H3 is guidance-distilled: one branch ("cond"), N - 1
+transformer calls for N steps (its runner tells the cache context that count).
 
-Rescale polynomial, per family: `rescale="wan2.1-t2v-1.3b"` uses the Wan2.1 T2V 1.3B coefficients published
-in the TeaCache repository, ali-vilab/TeaCache, TeaCache4Wan2.1/teacache_generate.py (the `use_ret_steps`
-set, also listed as `wan2.1_t2v_1.3B_ret_mode` by ports). They were fitted against upstream's Wan
-indicator, the timestep projection `e0`, not against this modulated input, so with this indicator they
-are a borrowed calibration; the default is `rescale="none"` (identity). Coefficients apply only to the family
-they were fitted on (`RESCALE_FAMILY`). This module carries no coefficients fitted on LTX-2 or MiniMax-H3
-(TeaCache's LTX-Video set was fitted on an earlier, different model and is not reused), so those families run
-with `rescale="none"`, the raw relative L1 change: a `rel_l1_thresh` for them is a threshold on that raw change,
-to be calibrated on the family itself. Asking for another family's polynomial is a ValueError.
-Negative polynomial values are clamped to 0 so the sum never decreases.
+Rescale polynomial: `rescale="none"` (the default) is the identity, the raw relative L1 change; any other name is
+a polynomial a family publishes in `Family.teacache.coefficients` (Wan: `"wan2.1-t2v-1.3b"`, TeaCache's published
+Wan2.1 T2V 1.3B set; its source and why it is a borrowed calibration here are stated beside it in
+`workbench/models/wan.py`). A polynomial applies only to the family it was fitted on; asking for another family's
+is a ValueError. A family without coefficients runs with `rescale="none"`: its `rel_l1_thresh` is a threshold on
+the raw change, to be calibrated on the family itself. Negative polynomial values are clamped to 0 so the sum
+never decreases.
 
 `rel_l1_thresh=0` never reuses, so its output is the dense output bit for bit.
 """
@@ -42,47 +39,20 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
-from workbench.accelerations.base import Handle, Option, Spec, drop_restored_forwards
+from workbench.accelerations.base import Handle, Spec, drop_restored_forwards, option
+from workbench.models import families
+from workbench.models.family import block_arg
 
 LEADER_HOOK = "workbench_teacache_leader"
 FOLLOWER_HOOK = "workbench_teacache_follower"
-# Highest power first (numpy.poly1d order). Source: see the module docstring.
-RESCALE = {
-    "none": None,
-    "wan2.1-t2v-1.3b": (-5.21862437e04, 9.23041404e03, -5.28275948e02, 1.36987616e01, -4.99875664e-02),
+# rescale name -> the family whose `teacache.coefficients` hold it ("none": the identity, for every family)
+FITTED_ON = {
+    name: family.name
+    for family in families().values()
+    if family.teacache is not None
+    for name in family.teacache.coefficients
 }
-RESCALE_FAMILY = {"wan2.1-t2v-1.3b": "wan"}  # the family each polynomial was fitted on
-# Per family: the block list attribute, the streams a block carries (name, positional index) in output order.
-LAYOUT = {
-    "wan": ("blocks", (("hidden_states", 0),)),
-    "ltx2": ("transformer_blocks", (("hidden_states", 0), ("audio_hidden_states", 1))),
-    "h3": ("transformer_blocks", (("hidden_states", 0),)),
-}
-
-
-def _arg(args: tuple, kwargs: dict, name: str, index: int) -> Any:
-    return kwargs[name] if name in kwargs else args[index]
-
-
-def _modulated_input(family: str, block: torch.nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
-    """The first block's self-attention input, computed as the block computes it."""
-    x = _arg(args, kwargs, "hidden_states", 0)
-    if family == "wan":
-        temb = _arg(args, kwargs, "temb", 2)
-        if temb.ndim == 4:  # batch, seq, 6, dim (Wan2.2 TI2V)
-            shift, scale = (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)[:2]
-            shift, scale = shift.squeeze(2), scale.squeeze(2)
-        else:  # batch, 6, dim
-            shift, scale = (block.scale_shift_table + temb.float()).chunk(6, dim=1)[:2]
-        return (block.norm1(x.float()) * (1 + scale) + shift).type_as(x)
-    if family == "h3":  # per-row rows of the (timestep, modality) table
-        temb = _arg(args, kwargs, "temb", 1)
-        indices = _arg(args, kwargs, "adaln_indices", 2)
-        shift, scale = block.adaln_proj(temb)[:2]
-        return block.norm1(x) * (1.0 + scale.index_select(0, indices)) + shift.index_select(0, indices)
-    temb = _arg(args, kwargs, "temb", 4)
-    shift, scale = block.get_mod_params(block.scale_shift_table, temb, x.size(0))[:2]
-    return block.norm1(x) * (1 + scale) + shift
+RESCALES = ("none", *FITTED_ON)
 
 
 @dataclass
@@ -103,10 +73,10 @@ class _LeaderHook(ModelHook):
 
     _is_stateful = True
 
-    def __init__(self, handle: _Installed, family: str, is_last: bool):
+    def __init__(self, handle: _Installed, family: Any, is_last: bool):
         super().__init__()
-        self.handle, self.family, self.is_last = handle, family, is_last
-        self.streams = LAYOUT[family][1]
+        self.handle, self.indicator, self.is_last = handle, family.teacache.indicator, is_last
+        self.streams = family.block_streams
         self.state_manager = StateManager(_BranchState)
 
     def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -115,8 +85,8 @@ class _LeaderHook(ModelHook):
         step = context.step_index if context.step_index is not None else state.calls
         steps = context.num_inference_steps or handle.steps
         state.calls += 1
-        inputs = [_arg(args, kwargs, name, index) for name, index in self.streams]
-        modulated = _modulated_input(self.family, module, args, kwargs)
+        inputs = [block_arg(args, kwargs, name, index) for name, index in self.streams]
+        modulated = self.indicator(module, args, kwargs)
         must_run = (
             options["rel_l1_thresh"] == 0.0
             or step < options["warmup"]
@@ -161,7 +131,7 @@ class _FollowerHook(ModelHook):
     def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         state = self.leader.state_manager.get_state()
         if state.skipping:
-            passed = [_arg(args, kwargs, name, index) for name, index in self.leader.streams]
+            passed = [block_arg(args, kwargs, name, index) for name, index in self.leader.streams]
             return passed[0] if len(passed) == 1 else tuple(passed)
         output = self.fn_ref.original_forward(*args, **kwargs)
         if self.is_last:
@@ -176,10 +146,11 @@ def _store_residuals(state: _BranchState, output: Any) -> None:
 
 
 class _Installed(Handle):
-    def __init__(self, spec: Spec, options: dict[str, Any], family: str, stacks: list[tuple[Any, list]]):
+    def __init__(self, spec: Spec, options: dict[str, Any], family: Any, stacks: list[tuple[Any, list]]):
         super().__init__(spec, options, proof=("reused",))
         self.steps: int | None = None
-        self.coefficients = RESCALE[options["rescale"]]
+        rescale = options["rescale"]
+        self.coefficients = None if rescale == "none" else family.teacache.coefficients[rescale]
         self.blocks: list[torch.nn.Module] = []
         self.leaders: list[_LeaderHook] = []
         for _, blocks in stacks:
@@ -227,21 +198,32 @@ class _Installed(Handle):
             drop_restored_forwards(denoiser)
 
 
+@dataclass(frozen=True)
+class TeaCacheConfig:
+    """TeaCache's options; `rel_l1_thresh` has no default (it is the quality/speed trade)."""
+
+    rel_l1_thresh: float | None = option(
+        None, minimum=0.0, required=True, help="accumulated relative L1 change allowed"
+    )
+    warmup: int = option(1, minimum=0, help="first steps always computed")
+    final_dense: int = option(1, minimum=0, help="last steps always computed")
+    rescale: str = option("none", allowed=RESCALES, help="polynomial applied to each step's change")
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    family = model.family.name
-    fitted_on = RESCALE_FAMILY.get(options["rescale"], family)
-    if fitted_on != family:
+    family = model.family
+    fitted_on = FITTED_ON.get(options["rescale"], family.name)
+    if fitted_on != family.name:
         raise ValueError(
-            f"teacache.rescale: {options['rescale']!r} was fitted on {fitted_on}, not {family}; {family} has no "
-            "published coefficients here, use rescale='none'"
+            f"teacache.rescale: {options['rescale']!r} was fitted on {fitted_on}, not {family.name}; {family.name} "
+            "has no published coefficients here, use rescale='none'"
         )
-    attribute = LAYOUT[family][0]
     stacks = []
     for denoiser in model.denoisers():
-        blocks = getattr(denoiser, attribute, None)
-        if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
-            raise RuntimeError(f"teacache: {type(denoiser).__name__} has no block list {attribute!r}")
-        stacks.append((denoiser, list(blocks)))
+        blocks = family.blocks(denoiser)
+        if not blocks:
+            raise RuntimeError(f"teacache: {type(denoiser).__name__} has no {list(family.block_classes)} blocks")
+        stacks.append((denoiser, blocks))
     return lambda: _Installed(SPEC, options, family, stacks)
 
 
@@ -250,13 +232,8 @@ SPEC = Spec(
     contract="approximate",
     summary="skip the block stack while the first block's timestep-modulated input barely changes (TeaCache)",
     prepare_fn=_prepare,
-    options=(
-        Option("rel_l1_thresh", float, None, minimum=0.0, required=True, help="accumulated relative L1 change allowed"),
-        Option("warmup", int, 1, minimum=0, help="first steps always computed"),
-        Option("final_dense", int, 1, minimum=0, help="last steps always computed"),
-        Option("rescale", str, "none", allowed=tuple(RESCALE), help="polynomial applied to each step's change"),
-    ),
-    families=tuple(LAYOUT),
+    config=TeaCacheConfig,
+    requires=lambda family: None if family.teacache is not None else "it names no TeaCache indicator",
     group="feature_cache",
     touches=("denoiser.forward",),
     order=80,

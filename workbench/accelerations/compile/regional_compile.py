@@ -21,12 +21,13 @@ exclude it; later requests have it False (a new input shape can still recompile:
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch._dynamo.utils import counters as dynamo_counters
 
-from workbench.accelerations.base import Handle, Option, Spec
+from workbench.accelerations.base import Handle, Spec, option
 
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
@@ -96,6 +97,14 @@ class _Installed(Handle):
             block._compiled_call_impl = None
 
 
+@dataclass(frozen=True)
+class RegionalCompileConfig:
+    """regional_compile's options."""
+
+    mode: str = option("default", allowed=MODES, help="torch.compile mode")
+    fullgraph: bool = option(True, help="a graph break is an error instead of a silent eager fallback")
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     denoisers = model.denoisers()
     for denoiser in denoisers:
@@ -120,10 +129,7 @@ SPEC = Spec(
     contract="reduction",
     summary="torch.compile of each repeated transformer block (diffusers compile_repeated_blocks)",
     prepare_fn=_prepare,
-    options=(
-        Option("mode", str, "default", allowed=MODES, help="torch.compile mode"),
-        Option("fullgraph", bool, True, help="a graph break is an error instead of a silent eager fallback"),
-    ),
+    config=RegionalCompileConfig,
     touches=("blocks.compiled_call",),
     order=90,  # after every plugin that changes what a block computes; refuses blocks already modified
 )

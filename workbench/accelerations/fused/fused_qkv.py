@@ -9,6 +9,7 @@ fusing would install a plugin that cannot execute.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -62,6 +63,11 @@ class _Installed(Handle):
             attention.unfuse_projections()
 
 
+@dataclass(frozen=True)
+class FusedQKVConfig:
+    """fused_qkv takes no options: every fusable attention module is fused."""
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     attentions = _fusable(model)
     if not attentions:
@@ -74,7 +80,7 @@ SPEC = Spec(
     contract="reduction",
     summary="merged Q/K/V (and cross K/V) projections via diffusers fuse_projections",
     prepare_fn=_prepare,
-    families=("wan",),
+    config=FusedQKVConfig,
     touches=("attention.projections",),
     order=10,
 )

@@ -12,7 +12,7 @@ Why `reduction` and not `rounding`: stock rounds the pre-activation to bf16 and 
 the epilogue rounds once, after the GELU. Outputs differ by about one bf16 ulp where they differ. Measured on the
 H200 (2026-11-30-exact-fast-forward-run2.json): added to fused_block_norms + precompute + cross-KV it took the Wan
 forward from 1.207x to 1.224x stock (the GELU kernel's 11.2 ms left the profile), output relative L2 against stock
-4.8e-3 -> 4.9e-3; tests/accelerations/test_gelu_epilogue.py has a gpu-marked bound for a tiny request.
+4.8e-3 -> 4.9e-3; tests/accelerations/fused/test_gelu_epilogue.py has a gpu-marked bound for a tiny request.
 
 Fail closed: CUDA only. On a CPU torch's `_addmm_activation` applies the erf GELU, not the tanh one the model
 asks for, so the plugin refuses there; on a GPU, activation first checks on a small random problem that the
@@ -23,6 +23,7 @@ module and is counted under `fallbacks`. Receipt: `epilogue_calls`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -98,6 +99,11 @@ class _Installed(Handle):
             del module.forward
 
 
+@dataclass(frozen=True)
+class GeluEpilogueConfig:
+    """gelu_epilogue takes no options."""
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     modules = gelu_modules(model)
     if not modules:
@@ -119,8 +125,8 @@ SPEC = Spec(
     contract="reduction",
     summary="the FFN's tanh-GELU in the up-projection GEMM's cuBLASLt epilogue (one rounding instead of two)",
     prepare_fn=_prepare,
+    config=GeluEpilogueConfig,
     devices=("cuda",),
-    families=("wan", "ltx2"),
     touches=("ffn.activation",),
     order=60,
 )

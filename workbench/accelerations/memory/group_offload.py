@@ -14,6 +14,7 @@ and moves the denoiser back to the session device, where it was before.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from diffusers.hooks.group_offloading import (
 )
 from diffusers.hooks.hooks import HookRegistry
 
-from workbench.accelerations.base import Handle, Option, Spec, drop_restored_forwards
+from workbench.accelerations.base import Handle, Spec, drop_restored_forwards, option
 
 HOOK_NAMES = (_LAZY_PREFETCH_GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER, _GROUP_OFFLOADING)
 
@@ -83,6 +84,14 @@ class _Installed(Handle):
             denoiser.to(self.device)
 
 
+@dataclass(frozen=True)
+class GroupOffloadConfig:
+    """group_offload's options."""
+
+    num_blocks_per_group: int = option(1, minimum=1, help="transformer blocks moved together")
+    use_stream: bool = option(True, help="prefetch the next group on a side CUDA stream")
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     if options["use_stream"] and options["num_blocks_per_group"] != 1:
         # diffusers would silently override it to 1; refuse instead of running something else
@@ -104,10 +113,7 @@ SPEC = Spec(
     contract="bitwise",
     summary="denoiser blocks kept in CPU memory and moved to the GPU group by group (diffusers group offloading)",
     prepare_fn=_prepare,
-    options=(
-        Option("num_blocks_per_group", int, 1, minimum=1, help="transformer blocks moved together"),
-        Option("use_stream", bool, True, help="prefetch the next group on a side CUDA stream"),
-    ),
+    config=GroupOffloadConfig,
     devices=("cuda",),
     touches=("denoiser.weights_device",),
     order=85,

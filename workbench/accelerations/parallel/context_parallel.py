@@ -12,7 +12,7 @@ replicated on every rank; so does the VAE decode unless `parallel_decode` says o
 - "bands": diffusers' tiled decode with one horizontal band per rank (`decode_overlap` latent rows of overlap,
   blended as diffusers blends); each rank decodes its band, the bands are broadcast, every rank blends
   (`workbench.accelerations.parallel.parallel_decode`). The decode is then bit-equal to ONE process's
-  `vae.tiled_decode` with the same bands (`_parallel_decode.band_tiling`), and `approximate` against the stock
+  `vae.tiled_decode` with the same bands (`parallel_decode.band_tiling`), and `approximate` against the stock
   untiled decode: a tile's mid-block attention sees only its band, and the cut is zero-padded. The report's
   contract says `approximate` whenever it is on. No exact split exists to offer instead: that mid-block
   attention spans the whole frame, so no halo of rows makes a band's decode equal the untiled one.
@@ -54,18 +54,20 @@ notes: rank, world size, degrees and the relayout that ran. With parallel_decode
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from diffusers.hooks.context_parallel import apply_context_parallel, remove_context_parallel
 from diffusers.models import attention_dispatch as ad
-from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
+from diffusers.models._modeling_parallel import ContextParallelConfig as DiffusersContextParallelConfig
+from diffusers.models._modeling_parallel import ParallelConfig
 from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_processor import Attention
 from torch.distributed.device_mesh import init_device_mesh
 
-from workbench.accelerations.base import Handle, Option, Spec, drop_restored_forwards
+from workbench.accelerations.base import Handle, Spec, drop_restored_forwards, option
 from workbench.accelerations.parallel.parallel_decode import ParallelDecode, check_vae
 from workbench.kernels import relayout as kernels
 from workbench.kernels._runtime import interpreting
@@ -341,7 +343,9 @@ def _parallel_config(options: dict[str, Any], device: torch.device) -> ParallelC
     world = dist.distributed_c10d._get_default_group()
     key = (str(device), options["ring_degree"], options["ulysses_degree"], id(world))
     if key not in _configs:
-        cp = ContextParallelConfig(ring_degree=options["ring_degree"], ulysses_degree=options["ulysses_degree"])
+        cp = DiffusersContextParallelConfig(
+            ring_degree=options["ring_degree"], ulysses_degree=options["ulysses_degree"]
+        )
         config = ParallelConfig(context_parallel_config=cp)
         mesh = init_device_mesh(device.type, cp.mesh_shape, mesh_dim_names=cp.mesh_dim_names)
         config.setup(dist.get_rank(), dist.get_world_size(), device, mesh=mesh)
@@ -365,6 +369,21 @@ def _check_options(options: dict[str, Any]) -> None:
             f"context_parallel.relayout={relayout!r} applies to Ulysses only (ring exchanges key/value by all-gather); "
             "with ring_degree > 1 set relayout='diffusers'"
         )
+
+
+@dataclass(frozen=True)
+class ContextParallelConfig:
+    """context_parallel's options (turned into diffusers' `ContextParallelConfig` mesh at install)."""
+
+    ulysses_degree: int = option(2, minimum=1, help="processes that split heads by all-to-all (Ulysses)")
+    ring_degree: int = option(1, minimum=1, help="processes that pass key/value around a ring")
+    relayout: str = option("direct", allowed=RELAYOUTS, help="how Ulysses packs heads around its all-to-all")
+    parallel_decode: str = option(
+        "off",
+        allowed=DECODES,
+        help="'bands': the Wan VAE decode split into one tiled band per rank (approximate vs untiled decode)",
+    )
+    decode_overlap: int = option(4, minimum=1, help="latent rows each decode band overlaps the next (x8 pixels)")
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
@@ -417,19 +436,7 @@ SPEC = Spec(
     contract="reduction",
     summary="one request over N processes/GPUs: diffusers' Ulysses or ring context parallelism, direct relayouts",
     prepare_fn=_prepare,
-    options=(
-        Option("ulysses_degree", int, 2, minimum=1, help="processes that split heads by all-to-all (Ulysses)"),
-        Option("ring_degree", int, 1, minimum=1, help="processes that pass key/value around a ring"),
-        Option("relayout", str, "direct", allowed=RELAYOUTS, help="how Ulysses packs heads around its all-to-all"),
-        Option(
-            "parallel_decode",
-            str,
-            "off",
-            allowed=DECODES,
-            help="'bands': the Wan VAE decode split into one tiled band per rank (approximate vs untiled decode)",
-        ),
-        Option("decode_overlap", int, 4, minimum=1, help="latent rows each decode band overlaps the next (x8 pixels)"),
-    ),
+    config=ContextParallelConfig,
     touches=("denoiser.forward", "attention_processor.parallel_config", "vae.decode"),
     order=85,  # after plugins that set the attention backend; before regional_compile (which refuses hooked blocks)
 )

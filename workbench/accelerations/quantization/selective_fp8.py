@@ -28,11 +28,12 @@ quantized copies are extra memory while installed; this plugin is about compute,
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from workbench.accelerations.base import Handle, Option, Spec
+from workbench.accelerations.base import Handle, Spec, option
 
 NAME = "selective_fp8"
 Layer = tuple[str, torch.nn.Linear, "str | None"]  # module path, the Linear, why it stays dense (None: quantized)
@@ -168,6 +169,22 @@ def _is_quantized(module: torch.nn.Linear) -> bool:
     return type(module.weight) not in (torch.Tensor, torch.nn.Parameter)
 
 
+@dataclass(frozen=True)
+class SelectiveFP8Config:
+    """selective_fp8's options; `include` has no default (which layers to quantize is the trade)."""
+
+    include: list[str] | None = option(
+        None, required=True, help="fnmatch globs of module paths, e.g. blocks.*.ffn.net.0.proj"
+    )
+    exclude: list[str] = option([], help="globs removed from the selection")
+    allow_fallback: bool = option(False, help="keep layers this machine cannot quantize dense, counted")
+    path: str = option(
+        "torchao",
+        allowed=("torchao", "fused"),
+        help="torchao's quantized Linears, or the workbench's fused row-wise quantization + torch._scaled_mm",
+    )
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     include = _patterns(options, "include")
     exclude = _patterns(options, "exclude")
@@ -208,20 +225,7 @@ SPEC = Spec(
     contract="approximate",
     summary="row-wise dynamic FP8 (activations and weights) for the Linear layers a glob selects (torchao or fused)",
     prepare_fn=_prepare,
-    options=(
-        Option(
-            "include", list, None, required=True, help="fnmatch globs of module paths, e.g. blocks.*.ffn.net.0.proj"
-        ),
-        Option("exclude", list, [], help="globs removed from the selection"),
-        Option("allow_fallback", bool, False, help="keep layers this machine cannot quantize dense, counted"),
-        Option(
-            "path",
-            str,
-            "torchao",
-            allowed=("torchao", "fused"),
-            help="torchao's quantized Linears, or the workbench's fused row-wise quantization + torch._scaled_mm",
-        ),
-    ),
+    config=SelectiveFP8Config,
     touches=("attention.projections", "linear.weights"),
     order=30,
 )

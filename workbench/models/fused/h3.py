@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.fused.blocks import InDtypeOps, block_reason
-from workbench.models.fused.wan import hooked
+from workbench.models.family import FusedBlocks
+from workbench.models.fused.guards import InDtypeOps, block_reason, hooked
 
 NORMS = ("norm_q", "norm_k")
 
@@ -159,3 +159,16 @@ def forward_for(
         return hidden_states
 
     return forward
+
+
+def norms_forward_for(block: torch.nn.Module, receipt: Any, checked: dict) -> tuple[Any, Callable[[], None]]:
+    """fused_block_norms' forward for one block (`forward_for` with `QKNormRope` as its attention) and its undo."""
+    qk = QKNormRope(block.attn, receipt)
+    return forward_for(block, receipt, checked, qk), qk.remove
+
+
+FUSED = FusedBlocks(
+    ops=lambda block, receipt, options, shared: forward_for(block, receipt, shared),
+    norms=norms_forward_for,
+    norms_check=qk_norms_reason,
+)

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.fused.blocks import InDtypeOps, block_reason
+from workbench.models.family import FusedBlocks
+from workbench.models.fused.guards import InDtypeOps, block_reason
 
 
 def forward_for(block: torch.nn.Module, receipt: Any, options: dict[str, Any]) -> Any:
@@ -246,3 +247,5 @@ PARAMETERS = (
     "perturbation_mask",
     "all_perturbed",
 )
+
+FUSED = FusedBlocks(ops=lambda block, receipt, options, shared: forward_for(block, receipt, options))

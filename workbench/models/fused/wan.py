@@ -1,6 +1,7 @@
-"""fused_block_ops for `WanTransformerBlock` (diffusers 0.42.x); see fused_block_ops.py for the contract.
+"""The fused forwards of `WanTransformerBlock` (diffusers 0.42.x); see the fused_block_ops and fused_block_norms
+plugins for the contracts. `FUSED` is what the Wan family names (`Family.fused`).
 
-The block's forward, op for op, with:
+`forward_for` (fused_block_ops) is the block's forward, op for op, with:
 - the AdaLN modulation `(norm(x.float()) * (1 + scale) + shift).type_as(x)` and the gated residuals
   `(x.float() + y * gate).type_as(x)` each as one Triton kernel (fp32 arithmetic, one cast at the end);
 - with `rope` on, attn1's rotary step (`WanAttnProcessor`'s `apply_rotary_emb` on q and k) as the `rope_only`
@@ -10,9 +11,9 @@ The block's forward, op for op, with:
   projection. Only a stock `WanAttnProcessor` on an attn1 without hooks is taken over; any other (a plugin's
   wrapper, a hooked module) runs as it is and the call is counted under `fallbacks`.
 
-`self_attention`, `wan_block_reason`, `modulation_chunks`, `attn1_reason` and `hooked` are shared with
-fused_block_norms.py, which passes the fused RMSNorm+rotary kernel (`qk_norm_rope`) for q and k; without it
-(fused_block_ops) nothing changes.
+`norms_forward_for` (fused_block_norms) shares `self_attention`, `wan_block_reason`, `modulation_chunks` and
+`attn1_reason` with it, passes the fused RMSNorm+rotary kernel (`qk_norm_rope`) for q and k, and runs the block's
+LayerNorms (with the modulation, and norm3 with the residual add before it) as `layernorm_modulate` kernels.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from workbench.models.family import FusedBlocks
+from workbench.models.fused.guards import block_reason, hooked
 
 ROPE_X_DTYPES = (torch.bfloat16, torch.float32)
 ROPE_FREQ_DTYPES = (torch.float32, torch.float64)
@@ -34,18 +38,6 @@ def _stock_rotary(hidden_states: torch.Tensor, freqs_cos: torch.Tensor, freqs_si
     out[..., 0::2] = x1 * cos - x2 * sin
     out[..., 1::2] = x1 * sin + x2 * cos
     return out.type_as(hidden_states)
-
-
-def hooked(module: torch.nn.Module) -> bool:
-    """True when calling the module would run more than its class forward (torch or diffusers hooks, or an
-    instance-level forward): then the fused code must not replace the call."""
-    registry = getattr(module, "_diffusers_hook", None)
-    return bool(
-        module._forward_hooks
-        or module._forward_pre_hooks
-        or "forward" in module.__dict__
-        or (registry and registry.hooks)
-    )
 
 
 def attn1_reason(attn: torch.nn.Module) -> str | None:
@@ -166,8 +158,6 @@ def modulation_chunks(block: torch.nn.Module, temb: torch.Tensor) -> tuple[torch
 
 
 def wan_block_reason(block: torch.nn.Module, hidden_states: torch.Tensor, temb: torch.Tensor) -> str | None:
-    from workbench.accelerations.fused.blocks import block_reason
-
     reason = block_reason(block, hidden_states)
     if reason is None and temb.ndim not in (3, 4):
         reason = f"temb of {temb.ndim} dimensions"
@@ -219,3 +209,98 @@ def forward_for(block: torch.nn.Module, receipt: Any, options: dict[str, Any]) -
         return hidden_states
 
     return forward
+
+
+def _norms_reason(block: torch.nn.Module, hidden_states: torch.Tensor) -> str | None:
+    """Why the block's norms cannot run as the LayerNorm kernel (then the whole block runs stock), or None."""
+    from diffusers.models.normalization import FP32LayerNorm
+
+    c = hidden_states.shape[-1]
+    for name in ("norm1", "norm2", "norm3"):
+        norm = getattr(block, name)
+        if name == "norm2" and type(norm) is torch.nn.Identity and not hooked(norm):
+            continue
+        if type(norm) is not FP32LayerNorm or hooked(norm) or tuple(norm.normalized_shape) != (c,):
+            return f"{name} is {type(norm).__name__}, not a plain FP32LayerNorm over ({c},)"
+        if name != "norm2" and (norm.weight is not None or norm.bias is not None):
+            return f"{name} has an elementwise affine"
+    return None
+
+
+def _modulation_reason(hidden_states: torch.Tensor, chunks: tuple[torch.Tensor, ...]) -> str | None:
+    b, t, c = hidden_states.shape
+    for chunk in chunks:
+        if chunk.ndim != 3 or chunk.shape[0] != b or chunk.shape[1] not in (1, t) or chunk.shape[2] != c:
+            return f"modulation of shape {tuple(chunk.shape)} for hidden states {tuple(hidden_states.shape)}"
+        if chunk.dtype != torch.float32 or chunk.device != hidden_states.device:
+            return f"modulation of dtype {chunk.dtype} on {chunk.device}"
+    return None
+
+
+def norms_forward_for(block: torch.nn.Module, receipt: Any) -> Any:
+    """An instance-level forward for one WanTransformerBlock with fused_block_norms' kernels (module docstring)."""
+    from workbench.kernels.gated_residual import gated_residual
+    from workbench.kernels.layernorm_modulate import add_layernorm_modulate, layernorm_modulate
+    from workbench.kernels.qk_norm_rope import qk_norm_rope, rope_only
+
+    stock = type(block).forward.__get__(block)
+
+    def forward(
+        hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, temb: torch.Tensor, rotary_emb: Any
+    ) -> torch.Tensor:
+        reason = wan_block_reason(block, hidden_states, temb) or _norms_reason(block, hidden_states)
+        if reason is None:
+            chunks = modulation_chunks(block, temb)
+            reason = _modulation_reason(hidden_states, chunks)
+        if reason is not None:
+            receipt.count_fallback(reason)
+            return stock(hidden_states, encoder_hidden_states, temb, rotary_emb)
+        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = chunks
+
+        # 1. Self-attention: norm1 + modulation from bf16 x; q/k RMSNorm + rotary as one kernel each
+        norm_hidden_states = layernorm_modulate(hidden_states, block.norm1.eps, scale=scale_msa, shift=shift_msa)
+        attn_reason = attn1_reason(block.attn1)
+        if attn_reason is None:
+            attn_output = self_attention(
+                block.attn1, norm_hidden_states, rotary_emb, receipt, rope_only, qk_norm_rope=qk_norm_rope
+            )
+        else:
+            receipt.count_fallback(f"attn1: {attn_reason}")
+            attn_output = block.attn1(norm_hidden_states, None, None, rotary_emb)
+        hidden_states = gated_residual(hidden_states, attn_output, gate_msa)
+
+        # 2. Cross-attention: norm2 (affine LayerNorm, or Identity: x itself)
+        calls = 2
+        if isinstance(block.norm2, torch.nn.Identity):
+            norm_hidden_states = hidden_states
+        else:
+            norm2 = block.norm2
+            norm_hidden_states = layernorm_modulate(hidden_states, norm2.eps, norm2.weight, norm2.bias)
+            calls = 3
+        attn_output = block.attn2(norm_hidden_states, encoder_hidden_states, None, None)
+
+        # 3. Feed-forward: the residual add fused into norm3's call, which also writes the new residual stream
+        norm3 = block.norm3
+        if attn_output.shape == hidden_states.shape and attn_output.dtype == hidden_states.dtype:
+            hidden_states, norm_hidden_states = add_layernorm_modulate(
+                hidden_states, attn_output, norm3.eps, scale=c_scale_msa, shift=c_shift_msa
+            )
+        else:
+            receipt.count_fallback(f"residual add: attn2 output {tuple(attn_output.shape)} {attn_output.dtype}")
+            hidden_states = hidden_states + attn_output
+            norm_hidden_states = layernorm_modulate(hidden_states, norm3.eps, scale=c_scale_msa, shift=c_shift_msa)
+        ff_output = block.ffn(norm_hidden_states)
+        hidden_states = gated_residual(hidden_states, ff_output, c_gate_msa)
+        receipt.count("layernorm_modulate_calls", calls)
+        receipt.count("gated_residual_calls", 2)
+        receipt.count("blocks_fused")
+        return hidden_states
+
+    return forward
+
+
+FUSED = FusedBlocks(
+    ops=lambda block, receipt, options, shared: forward_for(block, receipt, options),
+    rope=True,
+    norms=lambda block, receipt, shared: (norms_forward_for(block, receipt), None),
+)
