@@ -1,7 +1,7 @@
 """Several processes, one request: the torchrun launcher behind `workbench generate --gpus N` and the notebook way.
 
 A context-parallel request needs one process per GPU, all running the same request with the same seed
-(see `workbench.accelerations.context_parallel`). Three ways in:
+(see `workbench.accelerations.parallel.context_parallel`). Three ways in:
 
 - `workbench generate --gpus 2 ...`: the CLI re-executes itself under torchrun
   (`python -m torch.distributed.run --standalone --nproc-per-node 2 -m workbench.cli generate ...`). Each worker

@@ -4,7 +4,8 @@
 
 `exact-fast`: the best measured combination of plugins whose contract is `bitwise`, `rounding` or
 `reduction` (never `approximate`; checked against `workbench.accelerations.available()` at every call, so a
-plugin whose contract became approximate makes this raise instead of silently joining the profile).
+plugin whose contract became approximate makes this raise instead of silently joining the profile). Each family
+names its set (`Family.exact_fast` in workbench/models/); the measurements behind them:
 
 Measured on the H200 (random weights, A/B/A in one process; benchmarks/results/2026-11-30-*-run3.json and
 2026-11-30-flash4-attention.json):
@@ -23,40 +24,25 @@ Measured on the H200 (random weights, A/B/A in one process; benchmarks/results/2
 Attention is never forced to `_native_cudnn`: that measured slower than diffusers' default (0.970x Wan, 0.985x H3).
 
 What a machine cannot run is left out, and `profile_plan` says why: a plugin whose `Spec.devices` excludes the
-device (gelu_epilogue, flash4_attention on a CPU), a Triton plugin on a CPU without `TRITON_INTERPRET=1`, and
-a plugin whose `Spec.unusable` gives a reason (flash4_attention: `flash_attn.cute` not installed, or a GPU other
+device (gelu_epilogue, flash4_attention on a CPU), and a plugin whose `Spec.unusable` gives a reason (a Triton
+plugin on a CPU without `TRITON_INTERPRET=1`; flash4_attention: `flash_attn.cute` not installed, or a GPU other
 than sm_90/sm_100; README: FlashAttention-4). The receipts of a request
 say which plugins ran.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
-PROFILES = ("stock", "exact-fast")
-FAMILIES = ("wan", "ltx2", "h3")
-EXACT_CONTRACTS = ("bitwise", "rounding", "reduction")
+from workbench.models import families
 
-# family -> (plugin, options, needs TRITON_INTERPRET=1 on a CPU), in install order
-_EXACT_FAST = {
-    "wan": (
-        ("fused_block_norms", {}, True),
-        ("adaln_precompute", {}, False),
-        ("cross_kv_cache", {}, False),
-        ("gelu_epilogue", {}, False),
-        ("flash4_attention", {}, False),
-    ),
-    "ltx2": (("adaln_precompute", {}, False), ("cross_kv_cache", {}, False)),
-    "h3": (
-        ("fused_block_norms", {}, True),
-        ("adaln_precompute", {}, False),
-        ("cross_kv_cache", {}, False),
-        ("flash4_attention", {}, False),
-    ),
-}
+PROFILES = ("stock", "exact-fast")
+EXACT_CONTRACTS = ("bitwise", "rounding", "reduction")
+# Each family names its exact-fast set (`Family.exact_fast`: plugin, options, in install order); a new family
+# brings its own, and the registry says what each plugin is and where it runs.
+FAMILIES = tuple(families())
 
 
 def profile(name: str, family: str, device: str | torch.device) -> dict[str, dict[str, Any]]:
@@ -82,10 +68,9 @@ def profile_plan(
 
     specs = available()
     kind = torch.device(device).type
-    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     config: dict[str, dict[str, Any]] = {}
     left_out: dict[str, str] = {}
-    for plugin, options, cpu_needs_interpreter in _EXACT_FAST[family]:
+    for plugin, options in families()[family].exact_fast:
         spec = specs.get(plugin)
         if spec is None:
             raise RuntimeError(f"profile {name!r}: plugin {plugin!r} is not registered")
@@ -97,8 +82,6 @@ def profile_plan(
             continue  # listed for other families
         if kind not in spec.devices:
             left_out[plugin] = f"runs on {list(spec.devices)}, not {kind}"
-        elif cpu_needs_interpreter and kind == "cpu" and not interpreting:
-            left_out[plugin] = "Triton kernels on a CPU need TRITON_INTERPRET=1"
         elif spec.unusable is not None and (reason := spec.unusable(torch.device(device))) is not None:
             left_out[plugin] = reason
         else:

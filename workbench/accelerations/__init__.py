@@ -1,58 +1,55 @@
-"""One registry of accelerations. Each technique lives in its own module and registers one `Spec`.
+"""One registry of accelerations, grouped by kind in subpackages.
 
-`available()` is what the widgets panel and the CLI read; nothing else lists plugins.
+Each technique is one module under `workbench/accelerations/<kind>/` (attention, caching, fused, quantization,
+memory, parallel, compile) that defines `SPECS`, the `Spec`s it registers. `PLUGINS` below is the only list of
+plugin modules: adding a technique is one module plus one line here. Its order is the registry's order, which
+the panel, the CLI listing and the README table show.
+
+`available()` is what the widgets panel, the CLI and the profiles read; nothing else lists plugins.
 """
 
 from __future__ import annotations
 
-from workbench.accelerations import (
-    adaln_precompute,
-    attention_backend,
-    attention_policy,
-    block_sparse,
-    cache_dit,
-    context_parallel,
-    cross_kv_cache,
-    diffusers_caches,
-    easycache,
-    flash4_attention,
-    fused_block_norms,
-    fused_block_ops,
-    fused_qkv,
-    gelu_epilogue,
-    group_offload,
-    mag_cache,
-    regional_compile,
-    selective_fp8,
-    sol_attn,
-    teacache,
-)
+import importlib
+
 from workbench.accelerations.base import CONTRACTS, Handle, Option, Prepared, Receipt, Spec, fingerprint
 from workbench.accelerations.install import plan
 
-_MODULES = (
-    attention_backend,
-    flash4_attention,
-    block_sparse,
-    sol_attn,
-    attention_policy,
-    fused_qkv,
-    cross_kv_cache,
-    easycache,
-    diffusers_caches,
-    group_offload,
-    regional_compile,
-    teacache,
-    selective_fp8,
-    mag_cache,
-    cache_dit,
-    fused_block_ops,
-    fused_block_norms,
-    gelu_epilogue,
-    adaln_precompute,
-    context_parallel,
+PLUGINS = (
+    "attention.attention_backend",
+    "attention.flash4_attention",
+    "attention.block_sparse",
+    "attention.sol_attn",
+    "attention.attention_policy",
+    "fused.fused_qkv",
+    "caching.cross_kv_cache",
+    "caching.easycache",
+    "caching.diffusers_caches",
+    "memory.group_offload",
+    "compile.regional_compile",
+    "caching.teacache",
+    "quantization.selective_fp8",
+    "caching.mag_cache",
+    "caching.cache_dit",
+    "fused.fused_block_ops",
+    "fused.fused_block_norms",
+    "fused.gelu_epilogue",
+    "caching.adaln_precompute",
+    "parallel.context_parallel",
 )
-REGISTRY: dict[str, Spec] = {spec.name: spec for module in _MODULES for spec in module.SPECS}
+
+
+def _load(modules: tuple[str, ...]) -> dict[str, Spec]:
+    registry: dict[str, Spec] = {}
+    for module in modules:
+        for spec in importlib.import_module(f"{__name__}.{module}").SPECS:
+            if spec.name in registry:
+                raise RuntimeError(f"accelerations: {module} registers {spec.name!r} a second time")
+            registry[spec.name] = spec
+    return registry
+
+
+REGISTRY: dict[str, Spec] = _load(PLUGINS)
 
 
 def available() -> dict[str, Spec]:

@@ -1,13 +1,25 @@
-"""The plugin contract: options with validation, capabilities, an activated handle, and receipts.
+"""The plugin contract: typed options with validation, capabilities, an activated handle, and receipts.
 
 Life cycle (seed 004): `Spec.prepare(model, options)` validates and mutates nothing and returns a
 `Prepared`; `Prepared.activate()` mutates and returns a `Handle`; `Handle.uninstall()` restores the
 model exactly. Receipts count what actually ran in a request: installed is not executed.
+
+Options: each plugin module declares a frozen dataclass `<Name>Config` whose fields are made with `option(...)`
+(default, allowed values, range, required, help; the type is the field's annotation), as diffusers'
+`FirstBlockCacheConfig` or torchao's quantization configs. Its `Spec(config=...)` derives `Spec.options` (the
+`Option`s the panel, the CLI and the profiles read) from it, and `Spec.validate` / `Spec.parse` take either a
+dict of option values or an instance of that dataclass:
+
+    session.accelerate({"easycache": EasyCacheConfig(threshold=0.05)})  # same as {"easycache": {"threshold": 0.05}}
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
+import types
+import typing
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -59,6 +71,63 @@ class Option:
             "required": self.required,
             "help": self.help,
         }
+
+
+_OPTION = "workbench_option"  # the dataclass field metadata key that holds an option's declaration
+
+
+def option(
+    default: Any = None,
+    *,
+    allowed: tuple[Any, ...] | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    required: bool = False,
+    help: str = "",
+    kind: type | tuple[type, ...] | None = None,
+    cls: type[Option] = Option,
+) -> Any:
+    """A field of a plugin's options dataclass, carrying its `Option` metadata. The option's type is the field's
+    annotation (`float`, `int | str`, `list[str] | None`; a `required` field's `| None` only marks it unset)
+    unless `kind` is given; `cls` is an `Option` subclass with its own check (sparse_routing's `RowsOption`).
+    A list or dict default is copied for each instance."""
+    declaration = {
+        "allowed": allowed,
+        "minimum": minimum,
+        "maximum": maximum,
+        "required": required,
+        "help": help,
+        "kind": kind,
+        "cls": cls,
+    }
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: copy.copy(default), metadata={_OPTION: declaration})
+    return field(default=default, metadata={_OPTION: declaration})
+
+
+def _kind(hint: Any, required: bool) -> type | tuple[type, ...]:
+    """The runtime type(s) an annotation allows: `list[str]` -> list, `int | str` -> (int, str)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        kinds = tuple(typing.get_origin(arg) or arg for arg in typing.get_args(hint))
+        if required:
+            kinds = tuple(k for k in kinds if k is not type(None))
+        return kinds[0] if len(kinds) == 1 else kinds
+    return typing.get_origin(hint) or hint
+
+
+def options_of(config: type) -> tuple[Option, ...]:
+    """The `Option`s of an options dataclass, in field order; TypeError for a field not made with `option(...)`."""
+    hints = typing.get_type_hints(config)
+    found = []
+    for f in dataclasses.fields(config):
+        declared = f.metadata.get(_OPTION)
+        if declared is None:
+            raise TypeError(f"{config.__name__}.{f.name}: declare plugin options with option(...)")
+        declared = dict(declared)
+        cls, kind = declared.pop("cls"), declared.pop("kind")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        found.append(cls(f.name, kind or _kind(hints[f.name], declared["required"]), default, **declared))
+    return tuple(found)
 
 
 @dataclass
@@ -187,15 +256,22 @@ class Spec:
     resource conflict. `order`: installation order, so a set does not depend on dict order. `unusable`:
     optional, why this machine cannot run the plugin on a device (a package missing, another GPU), or None;
     profiles read it to leave such a plugin out (installing it still raises at prepare).
+
+    `config`: the plugin's options dataclass (module docstring); `options` are derived from it.
+
+    Families are asked, never listed here: `requires(family)` says why a family lacks what the plugin needs (no
+    streams, no text cross-attention, no fused forwards wired), or None; a family may also name the plugin in its
+    `unsupported`. `families` is derived from the registered families (None: every family takes it).
     """
 
     name: str
     contract: str
     summary: str
     prepare_fn: Callable[[Any, dict[str, Any], torch.device], Callable[[], Handle]]
+    config: type | None = None
     options: tuple[Option, ...] = ()
     devices: tuple[str, ...] = ("cpu", "cuda")
-    families: tuple[str, ...] | None = None
+    requires: Callable[[Any], str | None] | None = None
     group: str | None = None
     touches: tuple[str, ...] = ()
     order: int = 50
@@ -204,13 +280,19 @@ class Spec:
     def __post_init__(self) -> None:
         if self.contract not in CONTRACTS:
             raise ValueError(f"{self.name}: contract {self.contract!r}; allowed: {CONTRACTS}")
+        if self.config is not None:
+            object.__setattr__(self, "options", options_of(self.config))
 
-    def validate(self, options: dict[str, Any] | None) -> dict[str, Any]:
-        """Options with defaults filled in; unknown names and bad values raise ValueError naming them."""
+    def validate(self, options: Any) -> dict[str, Any]:
+        """Options with defaults filled in, from a dict of option values or an instance of `config`; unknown
+        names and bad values raise ValueError naming them."""
         if options is None:
             options = {}
+        if self.config is not None and isinstance(options, self.config):
+            options = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
         if not isinstance(options, dict):
-            raise ValueError(f"{self.name}: options must be a dict, got {type(options).__name__}")
+            expected = "a dict" if self.config is None else f"a dict or {self.config.__name__}"
+            raise ValueError(f"{self.name}: options must be {expected}, got {type(options).__name__}")
         known = {o.name: o for o in self.options}
         unknown = sorted(set(options) - set(known))
         if unknown:
@@ -221,10 +303,34 @@ class Spec:
         """A valid request this machine or model cannot run is a RuntimeError naming what is missing."""
         if device.type not in self.devices:
             raise RuntimeError(f"{self.name}: needs a device of type {self.devices}; this session runs on {device}")
-        if self.families is not None and model.family.name not in self.families:
-            raise RuntimeError(f"{self.name}: supports families {self.families}, not {model.family.name!r}")
+        reason = self.refusal(model.family)
+        if reason is not None:
+            raise RuntimeError(f"{self.name}: supports families {self.families}, not {model.family.name!r} ({reason})")
 
-    def prepare(self, model: Any, options: dict[str, Any], device: torch.device) -> Prepared:
+    def refusal(self, family: Any) -> str | None:
+        """Why `family` (a `workbench.models.family.Family`) cannot take this plugin, or None."""
+        reason = family.unsupported.get(self.name)
+        if reason is None and self.requires is not None:
+            reason = self.requires(family)
+        return reason
+
+    @property
+    def families(self) -> tuple[str, ...] | None:
+        """The registered families that take this plugin, in registration order; None when every one does."""
+        from workbench.models import families
+
+        registered = families()
+        taking = tuple(name for name, family in registered.items() if self.refusal(family) is None)
+        return None if len(taking) == len(registered) else taking
+
+    def parse(self, options: Any) -> Any:
+        """The validated options as an instance of `config` (a dict when the plugin declares none)."""
+        values = self.validate(options)
+        return values if self.config is None else self.config(**values)
+
+    def prepare(self, model: Any, options: Any, device: torch.device) -> Prepared:
+        """Validate `options` through the options dataclass, then prepare: nothing is mutated yet."""
+        options = self.validate(options)
         return Prepared(self, options, self.prepare_fn(model, options, device))
 
     def describe(self) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,14 +36,69 @@ class SelfAttention:
     layout: str = ""
 
 
+def block_arg(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, index: int) -> Any:
+    """Argument `name` of a module call, given by keyword or at position `index`."""
+    return kwargs[name] if name in kwargs else args[index]
+
+
+@dataclass(frozen=True)
+class TeaCache:
+    """What TeaCache (`workbench.accelerations.caching.teacache`) needs of a family.
+
+    - `indicator(block, args, kwargs)`: from the arguments of the FIRST block's forward, that block's
+      self-attention input (the timestep-modulated norm of the hidden states), computed as the block computes it.
+      TeaCache accumulates its relative L1 change between steps.
+    - `coefficients`: rescale polynomials fitted on this family, name -> coefficients, highest power first
+      (numpy.poly1d order), each with its source in the family module. Empty: only the raw change (`"none"`).
+    """
+
+    indicator: Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any]], torch.Tensor] = field(repr=False)
+    coefficients: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FusedBlocks:
+    """The family's transformer-block forwards with the workbench's pointwise kernels (`workbench.models.fused`).
+
+    - `ops(block, receipt, options, shared)` -> an instance-level forward for fused_block_ops (contract rounding):
+      AdaLN modulation and gated residuals as kernels with torch's rounding. `options` are the plugin's (`rope`);
+      `shared` is one dict per installed handle, cleared at each request's start and end.
+    - `rope`: `ops` runs the self-attention's rotary step as a kernel (fused_block_ops' `rope` option).
+    - `norms(block, receipt, shared)` -> (forward, undo or None) for fused_block_norms (contract reduction): the
+      norms, q/k RMSNorm + rotary and residuals as kernels; `undo()` removes what the forward installed besides
+      itself. None: not wired for this family.
+    - `norms_check(block)`: why a block cannot take `norms` now (another plugin changed it), or None; at prepare.
+    Every forward takes a call its kernels cannot run the stock way, counted under the receipt's fallbacks.
+    """
+
+    ops: Callable[[torch.nn.Module, Any, dict[str, Any], dict], Callable[..., Any]] = field(repr=False)
+    rope: bool = False
+    norms: Callable[[torch.nn.Module, Any, dict], tuple[Callable[..., Any], Callable[[], None] | None]] | None = field(
+        default=None, repr=False
+    )
+    norms_check: Callable[[torch.nn.Module], str | None] = field(default=lambda block: None, repr=False)
+
+
 @dataclass(frozen=True)
 class Family:
     """A diffusers pipeline family: request defaults, the geometry rules its VAE imposes, its stages.
 
     `frame_step` and `frame_offset` say which frame counts the VAE takes (`frames % step == offset`);
-    `size_multiple` is the pixel multiple for height and width. `block_classes` names the transformer
-    block classes that fused-op plugins understand. `self_attention` says which attention modules sparse
-    attention may route and where the non-video rows sit (None: the family offers none).
+    `size_multiple` is the pixel multiple for height and width.
+
+    What plugins ask of a family (they hold no family tables; a new family fills these in and the plugins follow):
+    - `block_classes`: the transformer block classes; `blocks(denoiser)` lists those blocks in order.
+    - `streams`: the denoiser forward's inputs that one step transforms, in output order (video; then audio).
+    - `block_streams`: the same streams as a block's forward takes them, (name, position), in output order.
+    - `text_cross_attention`: child names of the attention modules that attend to the (step-invariant) text.
+    - `self_attention`: which attention modules sparse attention may route and where the non-video rows sit
+      (rotary and q/k are the processor's own; None: the family offers none).
+    - `teacache`: TeaCache's indicator and the rescale coefficients fitted on this family (None: not wired).
+    - `fused`: the block forwards the fused-kernel plugins install (None: not wired).
+    - `timestep_embedder`: the denoiser attribute of a Wan-style `WanTimeTextImageEmbedding` (adaln_precompute).
+    - `unsupported`: plugin name -> why this family cannot take it, for what the structure above does not say
+      (a diffusers processor that ignores fused weights, a third-party package that rejects the pipeline).
+    - `exact_fast`: the `exact-fast` profile of this family: (plugin, options) in install order (`profiles`).
     """
 
     name: str
@@ -61,10 +116,22 @@ class Family:
     call_kwargs: Callable[..., dict[str, Any]] = field(default=lambda request: {}, repr=False)
     runner: Callable[..., tuple[Any, Any]] = field(default=None, repr=False)
     self_attention: SelfAttention | None = None
+    streams: tuple[str, ...] = ("hidden_states",)
+    block_streams: tuple[tuple[str, int], ...] = (("hidden_states", 0),)
+    text_cross_attention: tuple[str, ...] = ()
+    teacache: TeaCache | None = None
+    fused: FusedBlocks | None = None
+    timestep_embedder: str | None = None
+    unsupported: Mapping[str, str] = field(default_factory=dict)
+    exact_fast: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     def __post_init__(self) -> None:
         if self.runner is None:
             object.__setattr__(self, "runner", run_standard_pipeline)
+
+    def blocks(self, denoiser: torch.nn.Module) -> list[torch.nn.Module]:
+        """The denoiser's transformer blocks (modules of a `block_classes` class), in module order."""
+        return [module for module in denoiser.modules() if type(module).__name__ in self.block_classes]
 
     def frames_allowed(self, frames: int) -> bool:
         return frames >= 1 and frames % self.frame_step == self.frame_offset

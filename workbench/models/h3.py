@@ -46,7 +46,8 @@ from diffusers.modular_pipelines.minimax_h3.denoise import MiniMaxH3LoopDenoiser
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
 from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
-from workbench.models.family import Family, SelfAttention, _load_component, read_workbench_file
+from workbench.models.family import Family, SelfAttention, TeaCache, _load_component, block_arg, read_workbench_file
+from workbench.models.fused.h3 import FUSED
 from workbench.models.loaded import LoadedModel
 from workbench.models.tokenizer import build_tokenizer
 
@@ -211,6 +212,18 @@ SELF_ATTENTION = SelfAttention(
     layout="[text | keyframe/reference conditioning | target audio | target video] in one packed sequence",
 )
 
+
+def teacache_indicator(block: torch.nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The first block's `norm1(x) * (1 + scale[idx]) + shift[idx]` over the whole packed sequence (text,
+    conditioning, audio and video rows), with the per-row (timestep, modality) modulation rows taken from that
+    block's `adaln_proj(temb)`, as the block computes them. No rescale coefficients are fitted on H3."""
+    x = block_arg(args, kwargs, "hidden_states", 0)
+    temb = block_arg(args, kwargs, "temb", 1)
+    indices = block_arg(args, kwargs, "adaln_indices", 2)
+    shift, scale = block.adaln_proj(temb)[:2]
+    return block.norm1(x) * (1.0 + scale.index_select(0, indices)) + shift.index_select(0, indices)
+
+
 FAMILY = H3Family(
     name="h3",
     pipeline_class="MiniMaxH3ModularPipeline",
@@ -233,6 +246,21 @@ FAMILY = H3Family(
     call_kwargs=_call_kwargs,
     runner=run_modular_pipeline,
     self_attention=SELF_ATTENTION,
+    # The denoiser transforms the packed video and audio latents; a block carries one packed sequence.
+    streams=("hidden_states", "audio_hidden_states"),
+    teacache=TeaCache(indicator=teacache_indicator),
+    fused=FUSED,
+    unsupported={
+        "fused_qkv": "not verified against stock on MiniMaxH3Attention",
+        "gelu_epilogue": "its feed-forward is SwiGLU: there is no tanh-GELU projection to fuse",
+        "cache_dit": "not verified with cache-dit 1.5.3 on the modular MiniMax-H3 pipeline",
+    },
+    exact_fast=(
+        ("fused_block_norms", {}),
+        ("adaln_precompute", {}),
+        ("cross_kv_cache", {}),
+        ("flash4_attention", {}),
+    ),
 )
 TINY_DEFAULTS = {"frames": 124, "height": 32, "width": 64, "steps": 3, "fps": FPS}
 TINY_CANVAS = {"canvas_short_edge": 32, "canvas_max_pixels": 2048}

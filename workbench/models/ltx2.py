@@ -17,7 +17,8 @@ from diffusers.pipelines.ltx2 import LTX2TextConnectors
 from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
 
-from workbench.models.family import Family, SelfAttention, load_pipeline, read_workbench_file
+from workbench.models.family import Family, SelfAttention, TeaCache, block_arg, load_pipeline, read_workbench_file
+from workbench.models.fused.ltx2 import FUSED
 from workbench.models.loaded import LoadedModel
 from workbench.models.tokenizer import build_tokenizer
 
@@ -43,6 +44,18 @@ SELF_ATTENTION = SelfAttention(
     layout="video stream only (audio is a separate stream; text enters through attn2 cross-attention)",
 )
 
+
+def teacache_indicator(block: torch.nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The first block's video self-attention input `norm1(x) * (1 + scale) + shift`, with shift and scale from the
+    block's `get_mod_params` over its `scale_shift_table` and the timestep embedding, as the block computes them.
+    No rescale coefficients are fitted on LTX-2 (TeaCache's LTX-Video set was fitted on an earlier, different model
+    and is not reused): a threshold is on the raw relative change, to be calibrated on LTX-2 itself."""
+    x = block_arg(args, kwargs, "hidden_states", 0)
+    temb = block_arg(args, kwargs, "temb", 4)
+    shift, scale = block.get_mod_params(block.scale_shift_table, temb, x.size(0))[:2]
+    return block.norm1(x) * (1 + scale) + shift
+
+
 FAMILY = Family(
     name="ltx2",
     pipeline_class="LTX2Pipeline",
@@ -62,6 +75,16 @@ FAMILY = Family(
     ),
     call_kwargs=_call_kwargs,
     self_attention=SELF_ATTENTION,
+    streams=("hidden_states", "audio_hidden_states"),
+    block_streams=(("hidden_states", 0), ("audio_hidden_states", 1)),
+    text_cross_attention=("attn2", "audio_attn2"),  # a2v / v2a attend to the other stream, which changes every step
+    teacache=TeaCache(indicator=teacache_indicator),
+    fused=FUSED,
+    unsupported={
+        "fused_qkv": "diffusers 0.42.1's LTX-2 attention processor never reads fused projections (it could not run)",
+        "cache_dit": "cache-dit 1.5.3's patched LTX-2 transformer forward rejects the pipeline's `sigma` argument",
+    },
+    exact_fast=(("adaln_precompute", {}), ("cross_kv_cache", {})),
 )
 TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance": 4.0, "fps": 24}
 # The tiny config keeps the sampler's auxiliary guidance passes off so a CPU request stays one

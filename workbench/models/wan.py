@@ -9,7 +9,8 @@ import torch
 from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
 from transformers import UMT5Config, UMT5EncoderModel
 
-from workbench.models.family import Family, SelfAttention, load_pipeline, read_workbench_file
+from workbench.models.family import Family, SelfAttention, TeaCache, block_arg, load_pipeline, read_workbench_file
+from workbench.models.fused.wan import FUSED
 from workbench.models.loaded import LoadedModel
 from workbench.models.tokenizer import build_tokenizer
 
@@ -34,6 +35,31 @@ SELF_ATTENTION = SelfAttention(
     layout="video rows only (text and image tokens enter through attn2 cross-attention)",
 )
 
+
+def teacache_indicator(block: torch.nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The first block's self-attention input `norm1(x) * (1 + scale_msa) + shift_msa` as the block computes it:
+    fp32 norm and modulation from its `scale_shift_table` plus the timestep projection, cast back to x's dtype."""
+    x = block_arg(args, kwargs, "hidden_states", 0)
+    temb = block_arg(args, kwargs, "temb", 2)
+    if temb.ndim == 4:  # batch, seq, 6, dim (Wan2.2 TI2V)
+        shift, scale = (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)[:2]
+        shift, scale = shift.squeeze(2), scale.squeeze(2)
+    else:  # batch, 6, dim
+        shift, scale = (block.scale_shift_table + temb.float()).chunk(6, dim=1)[:2]
+    return (block.norm1(x.float()) * (1 + scale) + shift).type_as(x)
+
+
+# TeaCache's rescale polynomial for Wan2.1 T2V 1.3B, highest power first: published in the TeaCache repository,
+# ali-vilab/TeaCache, TeaCache4Wan2.1/teacache_generate.py (the `use_ret_steps` set, also listed as
+# `wan2.1_t2v_1.3B_ret_mode` by ports). They were fitted against upstream's Wan indicator, the timestep projection
+# `e0`, not against the modulated input `teacache_indicator` returns, so here they are a borrowed calibration.
+TEACACHE = TeaCache(
+    indicator=teacache_indicator,
+    coefficients={
+        "wan2.1-t2v-1.3b": (-5.21862437e04, 9.23041404e03, -5.28275948e02, 1.36987616e01, -4.99875664e-02),
+    },
+)
+
 FAMILY = Family(
     name="wan",
     pipeline_class="WanPipeline",
@@ -47,6 +73,17 @@ FAMILY = Family(
     stage_probes=(("text_encode", "", "encode_prompt"), ("video_decode", "vae", "decode")),
     call_kwargs=_call_kwargs,
     self_attention=SELF_ATTENTION,
+    text_cross_attention=("attn2",),
+    teacache=TEACACHE,
+    fused=FUSED,
+    timestep_embedder="condition_embedder",
+    exact_fast=(
+        ("fused_block_norms", {}),
+        ("adaln_precompute", {}),
+        ("cross_kv_cache", {}),
+        ("gelu_epilogue", {}),
+        ("flash4_attention", {}),
+    ),
 )
 TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance": 5.0, "fps": 16}
 TINY_TEXT_DIM = 32

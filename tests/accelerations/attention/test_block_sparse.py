@@ -1,0 +1,164 @@
+"""block_sparse (contract: approximate) on a tiny Wan of head dim 128 under the Triton CPU interpreter.
+
+tiny-wan has head dim 16, which the kernel refuses; `wan.tiny_d128` has one head of 128 instead. 128x192
+frames give 8x12 tokens per latent frame; 9 frames give 3 latent frames: 288 tokens, 5 blocks of 64.
+"""
+
+import math
+
+import pytest
+import torch
+from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+from workbench import Request, Session
+from workbench.accelerations import REGISTRY, fingerprint
+from workbench.accelerations.attention.sparse_routing import Call, Router, Settings, captured_qkv
+from workbench.accelerations.base import Receipt
+from workbench.kernels.block_sparse_attention import block_sparse_attention, reference
+from workbench.models import wan
+
+SIZE = {"frames": 9, "height": 128, "width": 192, "steps": 2, "guidance": 1.0}  # guidance 1: no CFG pass
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
+
+
+def _run(session, config, seed=3):
+    session.accelerate(config)
+    try:
+        result = session.generate(Request("a red circle moves left", seed=seed, **SIZE), progress=False)
+        report = session._handles[0].report() if config else None
+    finally:
+        session.accelerate({})
+    return result, report
+
+
+def test_block_sparse_all_exact_close_to_dense_and_uninstall_restores(interpreter, session):
+    before = [fingerprint(d) for d in session.model.denoisers()]
+    dense, _ = _run(session, {})
+    sparse, report = _run(session, {"block_sparse": {"tau": -1e9}})
+    assert [fingerprint(d) for d in session.model.denoisers()] == before, "uninstall did not restore the model"
+    assert report["sparse_calls"] == 4 and report["notes"]["mean_density"] == 1.0, report
+    assert report["notes"]["prefix_rows"] == 0 and report.get("protected_rows", 0) == 0, report  # Wan: video only
+    assert not sparse.exact and dense.exact
+    err = (sparse.latents.float() - dense.latents.float()).abs().max().item()
+    assert err < 1e-3, f"all-exact block_sparse differs from dense by {err}"
+
+
+def test_block_sparse_large_tau_is_sparse(interpreter, session):
+    _, report = _run(session, {"block_sparse": {"tau": 1e9, "protect_prefix": 10}})
+    assert report["executed"] and report["sparse_calls"] == 4 and report.get("dense_calls", 0) == 0, report
+    assert report["notes"]["mean_density"] < 1.0, report
+    assert report["protected_rows"] == 4 * 10, report
+
+
+def test_block_sparse_dense_steps_and_blocks_count_dense(interpreter, session):
+    _, report = _run(session, {"block_sparse": {"tau": 1.0, "dense_steps": 1, "dense_blocks": 1}})
+    # 2 steps x 2 blocks: step 0 dense (2 calls), step 1 block 0 dense, step 1 block 1 sparse
+    assert report["sparse_calls"] == 1 and report["dense_calls"] == 3, report
+    assert report["dense_step_calls"] == 2 and report["dense_block_calls"] == 1, report
+
+
+def test_block_sparse_refuses_head_dim_16(interpreter):
+    tiny = Session.open("tiny-wan", device="cpu")
+    with pytest.raises(RuntimeError, match="head dim 128"):
+        tiny.accelerate({"block_sparse": {}})
+    assert tiny.accelerations == {}
+
+
+def test_block_sparse_cpu_without_interpreter_raises(monkeypatch, session):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        session.accelerate({"block_sparse": {}})
+
+
+def test_block_sparse_bad_option_raises(session):
+    with pytest.raises(ValueError, match="block_sparse.sink_tokens"):
+        session.accelerate({"block_sparse": {"sink_tokens": -1}})
+    with pytest.raises(ValueError, match="block_sparse.dense_steps"):
+        session.accelerate({"block_sparse": {"dense_steps": 1.5}})
+    with pytest.raises(ValueError, match="cannot be installed together"):
+        session.accelerate({"block_sparse": {}, "attention_backend": {"backend": "native"}})
+    assert REGISTRY["block_sparse"].contract == "approximate"
+
+
+def test_block_sparse_uninstall_restores_processors_and_dispatcher(interpreter, session):
+    modules = [block.attn1 for block in session.model.pipeline.transformer.blocks]
+    processors = [m.processor for m in modules]
+    backends = dict(_AttentionBackendRegistry._backends)
+    session.accelerate({"block_sparse": {}})
+    assert all(type(m.processor).__name__ == "_Routed" for m in modules)
+    assert _AttentionBackendRegistry._backends != backends  # the resolved backend is served by the shim
+    session.accelerate({})
+    assert [m.processor for m in modules] == processors
+    assert _AttentionBackendRegistry._backends == backends
+
+
+def test_block_sparse_protected_rows_are_dense_attention(interpreter):
+    """Router.run: rows [0, protect) are the backend's dense attention, the rest the kernel's output."""
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    q, k, v = (torch.randn(1, 200, 2, 128) for _ in range(3))  # dispatcher layout (B, T, H, D)
+    backend = _AttentionBackendRegistry._backends[_AttentionBackendRegistry._active_backend]
+    receipt = Receipt(("sparse_calls",))
+    model = wan.tiny_d128()
+    from workbench.accelerations.attention.sparse_kernels import block_sparse_attend as attend
+
+    router = Router("block_sparse", model, receipt, attend, None)
+    call = Call(router, Settings(tau=1e9, sink_tokens=0, protect_prefix=70), 0, prefix=0)
+    call.kwargs, call.backend_fn = {"query": q, "key": k, "value": v, "attn_mask": None, "scale": None}, backend
+    out = router.run(call)
+    dense = torch.softmax(q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2) / math.sqrt(128), -1)
+    dense = (dense @ v.transpose(1, 2)).transpose(1, 2)
+    sparse = reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 1e9, 0).transpose(1, 2)
+    assert (out[:, :70] - dense[:, :70]).abs().max() < 1e-5
+    assert (out[:, 70:] - sparse[:, 70:]).abs().max() < 1e-4
+    assert (out[:, 70:] - dense[:, 70:]).abs().max() > 1e-3  # the unprotected rows really are sparse
+    assert receipt.counters["protected_rows"] == 70 and receipt.counters["sparse_calls"] == 1
+
+
+def test_block_sparse_quality_on_captured_qkv(interpreter, session, capsys):
+    """Relative L2 vs dense on q/k/v captured from the model's own attn1 (not random tensors), at a few tau.
+
+    Random weights make these activations "real-looking" only in shape and statistics; the numbers are printed
+    (benchmarks/sparse_quality_cpu.py writes them); the asserts are the properties that must hold."""
+    with captured_qkv(session.model) as records:
+        session.generate(Request("a red circle moves left", seed=5, **SIZE), progress=False)
+    assert [(r["step"], r["block"]) for r in records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    rows = []
+    for record in records:
+        q, k, v = (record[x].transpose(1, 2) for x in "qkv")  # (B, H, T, D)
+        dense = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(128), -1) @ v
+        for tau in (float("-inf"), 0.0, 1.0, float("inf")):
+            out, density = block_sparse_attention(q, k, v, tau, 0, return_density=True)
+            rel = ((out - dense).norm() / dense.norm()).item()
+            rows.append((record["step"], record["block"], tau, float(density), rel))
+    with capsys.disabled():
+        for step, block, tau, density, rel in rows:
+            print(f"step {step} block {block} tau {tau:5} density {density:.3f} rel-L2 {rel:.2e}")
+    for step, block in {(r[0], r[1]) for r in rows}:
+        mine = [r for r in rows if (r[0], r[1]) == (step, block)]
+        assert mine[0][3] == 1.0 and mine[0][4] < 1e-5, mine  # all exact: dense up to fp32 rounding
+        assert all(a[3] >= b[3] for a, b in zip(mine, mine[1:], strict=False)), mine  # density falls with tau
+        assert mine[-1][3] < 1.0 and mine[-1][4] > mine[0][4], mine  # folded blocks move the output
+
+
+def test_block_sparse_call_that_misses_the_kernel_raises(interpreter, session):
+    """A backend changed after install leaves the routed call on an unshimmed backend: refused, not run dense."""
+    transformer = session.model.pipeline.transformer
+    active = _AttentionBackendRegistry._active_backend
+    session.accelerate({"block_sparse": {}})
+    try:
+        transformer.set_attention_backend("_native_math")
+        with pytest.raises(RuntimeError, match="did not reach the sparse kernel"):
+            session.generate(Request("a red circle moves left", seed=3, **SIZE), progress=False)
+    finally:
+        session.accelerate({})
+        transformer.reset_attention_backend()
+        _AttentionBackendRegistry._active_backend = active

@@ -1,0 +1,72 @@
+"""flash4_attention: refusals, and the registry swap and its undo driven by a stand-in for `flash_attn.cute` on CPU
+(the FA4 kernels themselves run only on the H200: benchmarks/flash4_attention.py)."""
+
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from workbench import Request, Session
+from workbench.accelerations import REGISTRY, fingerprint
+from workbench.accelerations.attention.flash4_attention import _Installed, attention_fn, unusable
+from workbench.accelerations.base import Receipt
+
+
+def _stand_in(calls: list) -> types.SimpleNamespace:
+    """FA4's interface on (B, S, H, D) tensors, computed by torch's math SDPA."""
+
+    def flash_attn_func(q, k, v, softmax_scale=None):
+        calls.append(tuple(q.shape))
+        out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), scale=softmax_scale)
+        return out.transpose(1, 2), None
+
+    return types.SimpleNamespace(flash_attn_func=flash_attn_func)
+
+
+def test_flash4_attention_refuses_cpu():
+    session = Session.open("tiny-wan", device="cpu")
+    with pytest.raises(RuntimeError, match="flash4_attention: needs a device of type"):
+        session.accelerate({"flash4_attention": {}})
+
+
+@pytest.mark.parametrize(
+    "extra, reason",
+    [({"attn_mask": torch.ones(1, 1, 4, 4, dtype=torch.bool)}, "mask"), ({"is_causal": True}, "is_causal"),
+     ({"dropout_p": 0.1}, "dropout")],
+)  # fmt: skip
+def test_flash4_attention_raises_on_calls_it_does_not_take(extra, reason):
+    run = attention_fn(_stand_in([]), Receipt(("flash4_calls",)))
+    q = torch.randn(1, 4, 2, 8, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=reason):
+        run(query=q, key=q, value=q, **extra)
+    with pytest.raises(RuntimeError, match="dtypes"):
+        run(query=q.float(), key=q.float(), value=q.float())
+
+
+def test_flash4_attention_routes_every_call_and_uninstalls_exactly():
+    session = Session.open("tiny-wan", device="cpu", dtype=torch.bfloat16)
+    request = Request("a red circle moves left", seed=5, steps=2, frames=9, height=32, width=32)
+    stock = session.generate(request, progress=False)
+    denoisers = session.model.denoisers()
+    before = [fingerprint(d) for d in denoisers]
+    calls: list = []
+    handle = _Installed(REGISTRY["flash4_attention"], {}, denoisers, _stand_in(calls), torch.device("cpu"))
+    try:
+        with torch.no_grad():
+            routed = session.generate(request, progress=False)
+    finally:
+        handle.uninstall()
+    assert [fingerprint(d) for d in denoisers] == before
+    blocks = session.model.pipeline.transformer.config.num_layers
+    assert len(calls) == 2 * blocks * request.steps * 2  # attn1 + attn2, per step, both CFG branches
+    assert handle.receipt.counters["flash4_calls"] == len(calls)
+    rel = float((routed.latents.float() - stock.latents.float()).norm() / stock.latents.float().norm())
+    assert rel < 2e-2, rel  # math SDPA stand-in vs the default kernel: bf16 reduction order only
+    assert torch.equal(session.generate(request, progress=False).latents, stock.latents)
+
+
+def test_flash4_attention_says_why_it_is_unusable_here():
+    assert "CUDA" in unusable(torch.device("cpu"))
+    if not torch.cuda.is_available():
+        assert "CUDA" in unusable(torch.device("cuda"))

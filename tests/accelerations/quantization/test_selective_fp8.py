@@ -1,0 +1,149 @@
+"""selective_fp8: glob selection, refusal without an FP8-capable GPU, counted fallbacks, exact restore."""
+
+import os
+
+os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+
+from types import SimpleNamespace  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from workbench import Request, Session  # noqa: E402
+from workbench.accelerations import fingerprint  # noqa: E402
+from workbench.accelerations.quantization import selective_fp8 as fp8  # noqa: E402
+
+pytest.importorskip("torchao", reason="selective_fp8 needs the fp8 extra (torchao)")
+
+SIZE = {"frames": 9, "height": 32, "width": 32}
+FFN = ["blocks.*.ffn.net.0.proj", "blocks.*.ffn.net.2"]
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session.open("tiny-wan", device="cpu")
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({}, r"selective_fp8.include: required"),
+        ({"include": "blocks.*"}, r"selective_fp8.include: expected list, got str"),
+        ({"include": []}, r"selective_fp8.include: give at least one"),
+        ({"include": [3]}, r"selective_fp8.include: expected non-empty module-path glob strings"),
+        ({"include": ["decoder.*"]}, r"selective_fp8.include: \['decoder.\*'\] .* matches no nn.Linear"),
+        ({"include": FFN, "exclude": ["blocks.*"]}, r"selective_fp8.include: .* matches no nn.Linear"),
+        ({"include": FFN, "allow_fallback": "yes"}, r"selective_fp8.allow_fallback: expected bool"),
+        ({"include": FFN, "path": "triton"}, r"selective_fp8.path: .*'torchao', 'fused'"),
+    ],
+)
+def test_selective_fp8_bad_option_raises(session, options, message):
+    before = fingerprint(session.model.pipeline.transformer)
+    with pytest.raises(ValueError, match=message):
+        session.accelerate({"selective_fp8": options})
+    assert fingerprint(session.model.pipeline.transformer) == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_selective_fp8_refuses_cpu_without_fallback(session):
+    with pytest.raises(RuntimeError, match=r"selective_fp8: torchao row-wise FP8 cannot run here: .*no CUDA device"):
+        session.accelerate({"selective_fp8": {"include": FFN}})
+    assert session.accelerations == {}
+
+
+def test_selective_fp8_missing_torchao_is_runtime_error(session, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "torchao.quantization", None)
+    with pytest.raises(RuntimeError, match=r"vflash-workbench\[fp8\]"):
+        session.accelerate({"selective_fp8": {"include": FFN, "allow_fallback": True}})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_selective_fp8_fallback_counts_and_equals_dense(session):
+    seed = int(torch.randint(0, 2**20, ()).item())
+    request = Request("a red circle moves left", seed=seed, steps=2, **SIZE)
+    dense = session.generate(request, progress=False)
+    before = fingerprint(session.model.pipeline.transformer)
+    session.accelerate({"selective_fp8": {"include": FFN, "allow_fallback": True}})
+    try:
+        result = session.generate(request, progress=False)
+    finally:
+        session.accelerate({})
+    assert fingerprint(session.model.pipeline.transformer) == before
+    receipt = result.receipts["selective_fp8"]
+    assert receipt["executed"] is False and receipt.get("fp8_gemms", 0) == 0
+    # 2 blocks x 2 FFN Linears x 2 steps x 2 CFG branches, all dense
+    assert sum(receipt["fallbacks"].values()) == 16 and any("no CUDA device" in r for r in receipt["fallbacks"])
+    assert torch.equal(result.latents, dense.latents) and np.array_equal(result.frames, dense.frames)
+    assert result.exact
+
+
+def test_selective_fp8_quantizes_and_restores_exactly(monkeypatch):
+    """The install/uninstall path on CPU, with the hardware checks lifted (no forward is run)."""
+    import torchao.quantization.quant_api as quant_api
+
+    monkeypatch.setattr(fp8, "machine_problem", lambda device: None)
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
+    session = Session.open("tiny-wan", device="cpu")
+    transformer = session.model.pipeline.transformer
+    with pytest.raises(RuntimeError, match=r"weight dtype torch.float32 is not torch.bfloat16"):
+        session.accelerate({"selective_fp8": {"include": FFN}})
+    transformer.to(torch.bfloat16)
+    before = fingerprint(transformer)
+    weights = {name: module.weight for name, module in transformer.named_modules() if hasattr(module, "weight")}
+    session.accelerate({"selective_fp8": {"include": FFN, "exclude": ["blocks.1.*"]}})
+    quantized = {n for n, m in transformer.named_modules() if isinstance(m, torch.nn.Linear) and fp8._is_quantized(m)}
+    assert quantized == {"blocks.0.ffn.net.0.proj", "blocks.0.ffn.net.2"}
+    session.accelerate({})
+    assert fingerprint(transformer) == before
+    assert all(module.weight is weights[name] for name, module in transformer.named_modules() if name in weights)
+    assert all("extra_repr" not in module.__dict__ for module in transformer.modules())
+
+
+def test_selective_fp8_fused_path_runs_fp8_gemms_and_restores(monkeypatch):
+    """path="fused" end to end on the CPU (the quantization kernel under the interpreter, torch's CPU _scaled_mm),
+    with the hardware check lifted: FP8 GEMMs counted, latents near the bf16 request, the model untouched after."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(fp8, "machine_problem", lambda device: None)
+    session = Session.open("tiny-wan", device="cpu", dtype="bfloat16")
+    transformer = session.model.pipeline.transformer
+    seed = int(torch.randint(0, 2**20, ()).item())
+    request = Request("a red circle moves left", seed=seed, steps=2, **SIZE)
+    dense = session.generate(request, progress=False)
+    before = fingerprint(transformer)
+    session.accelerate({"selective_fp8": {"include": FFN, "path": "fused"}})
+    try:
+        result = session.generate(request, progress=False)
+    finally:
+        session.accelerate({})
+    assert fingerprint(transformer) == before
+    assert all("forward" not in module.__dict__ for module in transformer.modules())
+    receipt = result.receipts["selective_fp8"]
+    assert receipt["executed"] and receipt["fp8_gemms"] == 16 and receipt["fallbacks"] == {}, receipt
+    assert not result.exact
+    rel = float((result.latents.float() - dense.latents.float()).norm() / dense.latents.float().norm())
+    assert 0 < rel < 0.1, f"seed {seed}: latents rel L2 {rel:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs CUDA sm >= 8.9"
+)
+@pytest.mark.parametrize("path", ["torchao", "fused"])
+def test_selective_fp8_runs_fp8_gemms_on_gpu(path):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
+    net = net.to("cuda", torch.bfloat16)
+    model = SimpleNamespace(denoisers=lambda: [net], family=SimpleNamespace(name="wan"))
+    x = torch.randn(4, 77, 256, device="cuda", dtype=torch.bfloat16)
+    dense = net(x)
+    before = fingerprint(net)
+    options = fp8.SPEC.validate({"include": ["0", "2"], "path": path})
+    handle = fp8.SPEC.prepare(model, options, torch.device("cuda")).activate()
+    try:
+        out = net(x)
+    finally:
+        handle.uninstall()
+    assert handle.receipt.counters["fp8_gemms"] == 2 and not handle.receipt.fallbacks
+    assert float((out - dense).float().norm() / dense.float().norm()) < 0.1
+    assert fingerprint(net) == before

@@ -1,0 +1,52 @@
+"""Swapping the function behind one of diffusers' attention-dispatcher backends, for a handle's lifetime.
+
+Shared by `attention_backend` (the backend's own function, counted) and `flash4_attention` (FA4's kernel behind
+the `native` entry); not a plugin itself (it registers no Spec).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+from workbench.accelerations.base import Handle, Spec
+
+
+class BackendSwap(Handle):
+    """Pins `modules`' processors to `backend` and replaces that backend's registry entry with `_function()` for
+    the handle's lifetime; `_remove` puts both back. Here the function is the backend's own, counted; other
+    plugins (flash4_attention) supply another."""
+
+    COUNTER = "attention_calls"
+
+    def __init__(
+        self, spec: Spec, options: dict[str, Any], modules: list[torch.nn.Module], backend: str, device: torch.device
+    ):
+        super().__init__(spec, options, proof=(self.COUNTER,))
+        self.receipt.traceable(device, counters=(self.COUNTER,))
+        self.modules = modules
+        self.backend = AttentionBackendName(backend)
+        self.previous_active = _AttentionBackendRegistry._active_backend
+        self.original_fn = _AttentionBackendRegistry._backends[self.backend]
+        function = self._function()
+        for module in modules:
+            module.set_attention_backend(backend)
+        _AttentionBackendRegistry._backends[self.backend] = function
+
+    def _function(self) -> Callable[..., Any]:
+        receipt, original = self.receipt, self.original_fn
+
+        def counted(**kwargs: Any) -> Any:
+            receipt.count(self.COUNTER)
+            return original(**kwargs)
+
+        return counted
+
+    def _remove(self) -> None:
+        _AttentionBackendRegistry._backends[self.backend] = self.original_fn
+        for module in self.modules:
+            module.reset_attention_backend()
+        _AttentionBackendRegistry.set_active_backend(self.previous_active)

@@ -1,0 +1,73 @@
+"""block_sparse: a family's self-attention through the own Triton block-sparse kernel (contract: approximate).
+
+The kernel (`workbench.kernels.block_sparse_attention`) routes 64-token blocks Sol-style: exact where a key
+block's proxy score beats `mean + tau * std`, on the diagonal band and in the sink range; every other block
+enters the same online softmax as one mean pseudo-key weighted by its length. The calls reach it through
+diffusers' attention dispatcher (`sparse_routing`): the stock processor computes q/k/v, and only the
+self-attention modules the family adapter names are routed (Wan `attn1`, LTX-2 video `attn1`, H3's packed
+joint `attn`); cross-attention and everything else run the untouched backend.
+
+Options: `tau` (higher: fewer exact blocks); `sink_tokens` (rows whose key blocks stay exact: "family" takes
+the family's text / conditioning / audio prefix of each call, 0 for Wan and LTX-2 video, the
+`[text | conditioning | audio]` rows for H3; or a fixed count); `dense_steps` (first denoising steps dense:
+the pipeline's cache-context step index, or without one the count of denoiser calls in the request);
+`dense_blocks` (first transformer blocks dense); `protect_prefix` (the first query rows take dense attention
+and only the rest keep the sparse output; "family" protects the non-video prefix, as the seed's Sol path does).
+
+Receipts: `sparse_calls`, `dense_calls` (split into `dense_step_calls` and `dense_block_calls`),
+`protected_rows`, `notes["mean_density"]` (fraction of exact block pairs over the sparse calls) and
+`notes["prefix_rows"]`.
+
+Fail closed: head dim != 128, a dtype other than bfloat16/float32, a family without routable self-attention, a
+CPU without `TRITON_INTERPRET=1`, or a routed call with a mask / causal / context-parallel layout is a
+RuntimeError; never a silent dense run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from workbench.accelerations.attention.sparse_kernels import block_sparse_attend, check_block_sparse_device
+from workbench.accelerations.attention.sparse_routing import (
+    TAU_HELP,
+    RoutedHandle,
+    Router,
+    Settings,
+    SparseAttentionConfig,
+    needs_self_attention,
+)
+from workbench.accelerations.base import Spec, option
+from workbench.kernels.block_sparse_attention import DTYPES, HEAD_DIM
+
+
+@dataclass(frozen=True)
+class BlockSparseConfig(SparseAttentionConfig):
+    """block_sparse's options: the sparse-attention options, with `tau` 0 (exact above the blocks' mean score)."""
+
+    tau: float = option(0.0, help=TAU_HELP)
+
+
+def _prepare(model: Any, options: dict[str, Any], device: torch.device):
+    check_block_sparse_device("block_sparse", device)
+    settings = Settings.from_options(options)
+    router = Router("block_sparse", model, None, block_sparse_attend, lambda rows: settings)
+    router.check_modules(HEAD_DIM, DTYPES)
+    return lambda: RoutedHandle(SPEC, options, router)
+
+
+SPEC = Spec(
+    name="block_sparse",
+    contract="approximate",
+    summary="self-attention through an own Triton block-sparse kernel with Sol-style routing (Wan, LTX-2, H3)",
+    prepare_fn=_prepare,
+    config=BlockSparseConfig,
+    requires=needs_self_attention,
+    # The dispatcher entry it replaces; and the blocks' compiled call, because compiling over the routed
+    # processors is not verified (the seed's Sol path refuses compile too).
+    touches=("attention_processor.backend", "blocks.compiled_call"),
+    order=20,
+)
+SPECS = (SPEC,)

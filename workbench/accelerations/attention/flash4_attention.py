@@ -1,0 +1,132 @@
+"""Dense attention through FlashAttention-4's CuTe-DSL kernels (`flash_attn.cute`, package `flash-attn-4`)
+(contract: reduction).
+
+Why: attention is ~70 % of a Wan2.1-1.3B forward and of a MiniMax-H3 forward on the H200, and diffusers' default
+(SDPA picking cuDNN) runs it near 570 TFLOP/s. FA4 ships a Hopper (sm_90) forward written in NVIDIA's CuTe DSL
+(warp-specialised, TMA, FA3's design). Measured on the H200 (benchmarks/flash4_attention.py,
+results/2026-11-30-flash4-attention.json): 669 vs cuDNN's 563 TFLOP/s at Wan2.1-1.3B's 32,760 x 12 heads, 667 vs
+567 at MiniMax-H3's 52,648 x 56 (1.19x / 1.18x per call; relative L2 3.1e-3 between the two, equal error against
+an fp32 reference); one Wan forward 1.096x stock with it alone, one H3 forward 1.102x. diffusers 0.42 reaches FA4 only through its hub backend, which downloads code;
+this plugin calls the locally installed package instead.
+
+How: every denoiser module's processors are pinned to diffusers' `native` backend, and that backend's registry
+entry is replaced, for the plugin's lifetime, by a function that runs `flash_attn.cute.flash_attn_func` on the
+dispatcher's (B, S, H, D) tensors (the layout FA4 takes, so no copy). Uninstall puts the entry and the processors'
+backends back. The result differs from cuDNN's by accumulation order only (both fp32 accumulators over bf16 tiles).
+
+Fail closed: the package missing, a CPU session, or a GPU other than sm_90/sm_100 is a RuntimeError at prepare (with
+the install recipe); a call FA4 is not asked to take here (a mask, dropout, causal, an fp32 tensor, a context-
+parallel config) raises instead of running another kernel. Receipt: `flash4_calls`.
+
+Install (CUDA 13 images): `pip install "flash-attn-4[cu13]"` (pulls nvidia-cutlass-dsl, its cu13 libraries,
+quack-kernels, apache-tvm-ffi); the extra `flash4` of this project pins the same.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from diffusers.models.attention_dispatch import AttentionBackendName
+
+from workbench.accelerations.attention.backend_swap import BackendSwap
+from workbench.accelerations.base import Spec
+
+ARCHES = ((9, 0), (10, 0))  # FA4's forward kernels: Hopper and datacenter Blackwell
+DTYPES = (torch.bfloat16, torch.float16)
+INSTALL = 'pip install "flash-attn-4[cu13]"  (or the extra: pip install "vflash-workbench[flash4]")'
+
+
+def load() -> Any:
+    """`flash_attn.cute`, or a RuntimeError that says how to install it."""
+    try:
+        return importlib.import_module("flash_attn.cute")
+    except Exception as error:  # ImportError, or the DSL failing to find its CUDA libraries
+        raise RuntimeError(f"flash4_attention: `flash_attn.cute` is not importable ({error!r}); {INSTALL}") from error
+
+
+def _refusal(kwargs: dict[str, Any]) -> str | None:
+    if kwargs.get("attn_mask") is not None:
+        return "an attention mask"
+    if kwargs.get("dropout_p", 0.0):
+        return f"dropout_p={kwargs['dropout_p']}"
+    if kwargs.get("is_causal"):
+        return "is_causal=True"
+    if kwargs.get("return_lse"):
+        return "return_lse=True"
+    if kwargs.get("_parallel_config") is not None:
+        return "a context-parallel config"
+    dtypes = {kwargs[name].dtype for name in ("query", "key", "value")}
+    if len(dtypes) != 1 or dtypes.pop() not in DTYPES:
+        return f"q/k/v dtypes {[str(kwargs[n].dtype) for n in ('query', 'key', 'value')]}"
+    return None
+
+
+def attention_fn(flash: Any, receipt: Any) -> Any:
+    """The registry function: FA4 on (B, S, H, D) q/k/v; anything it is not asked to take raises."""
+
+    def run(**kwargs: Any) -> torch.Tensor:
+        reason = _refusal(kwargs)
+        if reason is not None:
+            raise RuntimeError(f"flash4_attention: a call with {reason} (FA4 is installed for plain dense attention)")
+        out, _ = flash.flash_attn_func(
+            kwargs["query"], kwargs["key"], kwargs["value"], softmax_scale=kwargs.get("scale")
+        )
+        receipt.count("flash4_calls")
+        return out
+
+    return run
+
+
+class _Installed(BackendSwap):
+    COUNTER = "flash4_calls"
+
+    def __init__(self, spec: Spec, options: dict[str, Any], modules: list[torch.nn.Module], flash: Any, device):
+        self.flash = flash
+        super().__init__(spec, options, modules, AttentionBackendName.NATIVE.value, device)
+
+    def _function(self) -> Any:
+        return attention_fn(self.flash, self.receipt)
+
+
+def unusable(device: torch.device) -> str | None:
+    """Why FA4 cannot run on `device` here (not CUDA, not installed, another GPU), or None."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"runs on a CUDA device; {device} is not one here"
+    if importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec("flash_attn.cute") is None:
+        return "`flash_attn.cute` is not installed"
+    capability = torch.cuda.get_device_capability(device)
+    if capability not in ARCHES:
+        return f"FA4's forward runs on sm_90/sm_100; {device} is sm_{capability[0]}{capability[1]}"
+    return None
+
+
+@dataclass(frozen=True)
+class Flash4AttentionConfig:
+    """flash4_attention takes no options: FA4 runs every call it is asked to take."""
+
+
+def _prepare(model: Any, options: dict[str, Any], device: torch.device):
+    reason = unusable(device)
+    if reason is not None:
+        raise RuntimeError(f"flash4_attention: {reason}; {INSTALL}")
+    flash = load()  # the import itself can still fail (the DSL's CUDA libraries)
+    modules = model.denoisers()
+    return lambda: _Installed(SPEC, options, modules, flash, device)
+
+
+SPEC = Spec(
+    name="flash4_attention",
+    contract="reduction",
+    summary="dense attention through FlashAttention-4's CuTe-DSL kernels (flash-attn-4, installed locally)",
+    prepare_fn=_prepare,
+    config=Flash4AttentionConfig,
+    devices=("cuda",),
+    touches=("attention_processor.backend",),
+    order=20,
+    unusable=unusable,
+)
+SPECS = (SPEC,)

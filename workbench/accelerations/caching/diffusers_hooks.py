@@ -1,0 +1,99 @@
+"""diffusers' own caches (`denoiser.enable_cache(config)`) installed with fail-closed checks and receipts.
+
+Shared by `diffusers_caches` (first-block cache, TaylorSeer, PAB) and `mag_cache`; not a plugin itself (it registers
+no Spec). Receipts count work that really ran: a skipped block or predicted module still passes through its
+`__call__` (the cache hook answers for it), so executions are counted one level down, a block at the first layer
+of its feed-forward, an attention at its output projection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from diffusers.hooks._helpers import TransformerBlockRegistry
+
+from workbench.accelerations.base import Handle, Spec, drop_restored_forwards
+
+FEED_FORWARD_NAMES = ("ffn", "ff")
+# Counted by hooks inside the blocks, so through Receipt.count (compile-safe).
+COUNTERS = ("block_calls", "blocks_executed", "attention_calls", "attention_executed")
+
+
+class CacheHandle(Handle):
+    """diffusers' cache installed on every denoiser by `config_fn()`, with execution counted one level down (see
+    the module docstring); `blocks_skipped` / `attention_skipped` are filled in at the end of each request."""
+
+    def __init__(self, spec: Spec, options: dict[str, Any], model: Any, config_fn: Callable[[], Any]):
+        super().__init__(spec, options, proof=("blocks_skipped", "attention_skipped"))
+        self.denoisers = model.denoisers()
+        self.receipt.traceable(self.denoisers[0].device, counters=COUNTERS)
+        self.hooks = []
+        self_attention = model.family.self_attention  # the attention PAB broadcasts, as the family names it
+        for denoiser in self.denoisers:
+            for block in model.family.blocks(denoiser):
+                self._count(block, "block_calls")
+                self._count(_first_module(_feed_forward(block)), "blocks_executed")
+            for attention in [] if self_attention is None else self_attention.modules(denoiser):
+                self._count(attention, "attention_calls")
+                self._count(_first_module(attention.to_out), "attention_executed")
+        try:
+            for denoiser in self.denoisers:
+                denoiser.enable_cache(config_fn())
+        except Exception:
+            self._remove()
+            raise
+
+    def _count(self, module: torch.nn.Module, counter: str) -> None:
+        def bump(*_: Any) -> None:
+            self.receipt.count(counter)
+
+        self.hooks.append(module.register_forward_pre_hook(bump))
+
+    def begin_request(self, request_id: int, steps: int) -> None:
+        super().begin_request(request_id, steps)
+        for denoiser in self.denoisers:
+            denoiser._reset_stateful_cache()
+
+    def end_request(self, request_id: int) -> None:
+        self.receipt.fold()
+        c = self.receipt.counters
+        c["blocks_skipped"] = c["block_calls"] - c["blocks_executed"]
+        c["attention_skipped"] = c["attention_calls"] - c["attention_executed"]
+        for denoiser in self.denoisers:
+            denoiser._reset_stateful_cache()
+
+    def _remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        for denoiser in self.denoisers:
+            if getattr(denoiser, "is_cache_enabled", False):
+                denoiser.disable_cache()
+            drop_restored_forwards(denoiser)
+
+
+def _first_module(module: torch.nn.Module) -> torch.nn.Module:
+    """The first layer that really runs: a ModuleList is never called itself; a FeedForward's is its `net`."""
+    if isinstance(getattr(module, "net", None), torch.nn.ModuleList | torch.nn.Sequential):
+        module = module.net
+    return module[0] if isinstance(module, torch.nn.ModuleList | torch.nn.Sequential) else module
+
+
+def _feed_forward(block: torch.nn.Module) -> torch.nn.Module:
+    for name in FEED_FORWARD_NAMES:
+        if isinstance(child := getattr(block, name, None), torch.nn.Module):
+            return child
+    raise RuntimeError(f"{type(block).__name__}: no feed-forward child {FEED_FORWARD_NAMES} to count executions")
+
+
+def needs_registered_blocks(name: str, model: Any) -> None:
+    TransformerBlockRegistry._register()  # diffusers fills its registry lazily
+    for denoiser in model.denoisers():
+        for block in model.family.blocks(denoiser):
+            if type(block) not in TransformerBlockRegistry._registry:
+                raise RuntimeError(
+                    f"{name}: diffusers does not support block class {type(block).__name__} "
+                    f"(not in its TransformerBlockRegistry); {model.family.name} cannot use this cache"
+                )
+            return

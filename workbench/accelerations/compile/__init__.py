@@ -1,0 +1,1 @@
+"""Compilation plugins: torch.compile of the repeated transformer blocks."""

@@ -1,0 +1,1 @@
+"""Memory plugins: where weights live between calls (offload and prefetch)."""

@@ -1,0 +1,1 @@
+"""Quantization plugins: lower-precision weights and GEMMs (a named trade of quality for speed)."""
