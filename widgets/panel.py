@@ -13,8 +13,8 @@ Layout (generated from the registry; a new plugin gets its line with no UI code)
     [apply] [remove all]  installed: ...
     (error box)
 
-Groups follow the plugin's kind, read from `Spec.kind` when the registry has it and otherwise from
-`KIND_BY_PLUGIN` (a plugin missing from both shows under "other"). The groups fill two columns that wrap
+Groups follow the plugin's kind, `Spec.kind` (the subpackage of `workbench.accelerations` it lives in; a Spec made
+outside the registry shows under "other"). The groups fill two columns that wrap
 into one below ~860 px. Option fields are `OptionField`s: a bad or missing value is marked at its field and
 `apply()` refuses to install anything until it is fixed.
 """
@@ -59,31 +59,6 @@ GROUPS = {
     "compile": "compile",
     "other": "other",
 }
-# Until the registry's `Spec` carries a `kind`: the kind of each plugin (the subpackage it lives in).
-KIND_BY_PLUGIN = {
-    "attention_backend": "attention",
-    "flash4_attention": "attention",
-    "block_sparse": "attention",
-    "sol_attn": "attention",
-    "attention_policy": "attention",
-    "adaln_precompute": "caching",
-    "cache_dit": "caching",
-    "cross_kv_cache": "caching",
-    "easycache": "caching",
-    "first_block_cache": "caching",
-    "taylorseer": "caching",
-    "pyramid_attention_broadcast": "caching",
-    "mag_cache": "caching",
-    "teacache": "caching",
-    "fused_block_norms": "fused",
-    "fused_block_ops": "fused",
-    "fused_qkv": "fused",
-    "gelu_epilogue": "fused",
-    "selective_fp8": "quantization",
-    "group_offload": "memory",
-    "context_parallel": "parallel",
-    "regional_compile": "compile",
-}
 _BADGE = "display:inline-block;padding:0 7px;border-radius:9px;color:white;font-size:11px;line-height:17px;background:{color}"
 # `width:0;min-width:100%`: the text does not widen its flex container (its min-content width is 0), yet fills it.
 _ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;width:0;min-width:100%"
@@ -101,8 +76,8 @@ def contract_badge(contract: str) -> str:
 
 
 def plugin_kind(spec: Spec) -> str:
-    """The kind (group) of a plugin: `Spec.kind` when the registry has one, else `KIND_BY_PLUGIN`, else "other"."""
-    return getattr(spec, "kind", None) or KIND_BY_PLUGIN.get(spec.name, "other")
+    """The kind (group) of a plugin: `Spec.kind`, the registry's subpackage, or "other" for a Spec made elsewhere."""
+    return spec.kind or "other"
 
 
 def description_html(spec: Spec) -> str:

@@ -3,6 +3,7 @@ importing another plugin (shared pieces are public helpers of their kind)."""
 
 import ast
 import dataclasses
+import importlib
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,9 @@ def test_registry_is_the_one_list_of_plugin_modules_grouped_by_kind():
     assert registering == set(PLUGINS)
     names = [spec.name for spec in REGISTRY.values()]
     assert len(names) == len(set(names)) and list(REGISTRY) == names
+    for module in PLUGINS:  # each plugin's kind is the subpackage it lives in
+        for spec in importlib.import_module(f"workbench.accelerations.{module}").SPECS:
+            assert REGISTRY[spec.name].kind == module.split(".")[0]
 
 
 def test_no_plugin_imports_another_plugin_or_a_private_name():

@@ -4,7 +4,7 @@ import html
 import ipywidgets
 import pytest
 
-from workbench.accelerations import Spec, available
+from workbench.accelerations import available
 from workbench.profiles import PROFILES, profile_plan
 from workbench.widgets import AccelerationPanel
 from workbench.widgets import panel as panel_module
@@ -55,15 +55,14 @@ def test_panel_groups_plugins_by_kind_in_two_columns(wan):
 
 def test_panel_shows_a_plugin_of_an_unknown_kind_under_other(monkeypatch):
     specs = available()
-    unstated = {"kind": None} if "kind" in {f.name for f in dataclasses.fields(Spec)} else {}
-    newcomer = dataclasses.replace(specs["cross_kv_cache"], name="brand_new_cache", **unstated)
+    newcomer = dataclasses.replace(specs["cross_kv_cache"], name="brand_new_cache", kind="")
     monkeypatch.setattr(panel_module, "available", lambda: {**specs, "brand_new_cache": newcomer})
     panel = AccelerationPanel()
     assert plugin_kind(newcomer) == "other" and panel.groups["other"] == ["brand_new_cache"]
     assert list(panel.groups)[-1] == "other"
-    # A kind the registry states wins over the panel's table.
-    stated = type("Stated", (), {"kind": "attention", "name": "cross_kv_cache"})()
-    assert plugin_kind(stated) == "attention"
+    assert {name: plugin_kind(spec) for name, spec in specs.items()} == {
+        name: spec.describe()["kind"] for name, spec in specs.items()
+    }
 
 
 def test_panel_row_is_one_line_when_off_and_reveals_options_when_on(wan):

@@ -45,6 +45,7 @@ def _load(modules: tuple[str, ...]) -> dict[str, Spec]:
         for spec in importlib.import_module(f"{__name__}.{module}").SPECS:
             if spec.name in registry:
                 raise RuntimeError(f"accelerations: {module} registers {spec.name!r} a second time")
+            object.__setattr__(spec, "kind", module.split(".")[0])  # frozen; the module's place is its kind
             registry[spec.name] = spec
     return registry
 

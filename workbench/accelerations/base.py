@@ -276,6 +276,7 @@ class Spec:
     touches: tuple[str, ...] = ()
     order: int = 50
     unusable: Callable[[torch.device], str | None] | None = None
+    kind: str = ""  # the subpackage it lives in (attention, caching, ...); set by the registry
 
     def __post_init__(self) -> None:
         if self.contract not in CONTRACTS:
@@ -335,6 +336,7 @@ class Spec:
 
     def describe(self) -> dict[str, Any]:
         return {
+            "kind": self.kind,
             "contract": self.contract,
             "summary": self.summary,
             "options": {o.name: o.describe() for o in self.options},
