@@ -3,7 +3,8 @@
 Every scenario's result is one JSON object with these keys (`FIELDS`), written atomically as
 `<out>/<scenario>.json` (the latest result per scenario; git keeps the history):
 - `format`: `FORMAT`; `what`: one line; `scenario`: its name; `command`: the command line that made it;
-- `commit`, `dirty`: the git revision (WORKBENCH_COMMIT when the tree has no .git); `date`: UTC ISO time;
+- `commit`, `dirty`: the git revision; WORKBENCH_COMMIT, when set, names it instead (a copy of a working tree sent to
+  another machine may carry a stale .git: the sender knows the commit, `dirty` is then None); `date`: UTC ISO time;
 - `device`: the device's description (GPU name, capability, CUDA); `versions`: torch, triton, diffusers, cuda, ...;
 - `smoke`: True for a `--smoke` run (tiny shapes on the CPU: its numbers say nothing about speed);
 - `shape`, `arms` ({arm: {median_s, seconds, ...}}), `ratios` ({"A/B": RatioCI dict (median, low, high, ...)}),
@@ -64,8 +65,8 @@ def envelope(scenario: str, measurement: Measurement, device: torch.device, smok
         "what": measurement.what,
         "scenario": scenario,
         "command": command_line(),
-        "commit": described["git"]["commit"] or os.environ.get("WORKBENCH_COMMIT"),
-        "dirty": described["git"]["dirty"],
+        "commit": os.environ.get("WORKBENCH_COMMIT") or described["git"]["commit"],
+        "dirty": None if os.environ.get("WORKBENCH_COMMIT") else described["git"]["dirty"],
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": described["device"],
         "versions": versions,

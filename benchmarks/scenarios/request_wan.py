@@ -9,6 +9,8 @@ peak memory per stage, receipts of the pilot (which plugins ran), and the pilot'
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -34,15 +36,21 @@ class Requests:
         self.timed: dict[str, list[Result]] = {}
         self.mismatches: dict[str, int] = {}  # timed requests whose latents differ from the arm's pilot
 
-    def generate(self, name: str, config: dict[str, Any]) -> Result:
+    def generate(
+        self, name: str, config: dict[str, Any], within: Callable[[], AbstractContextManager] = nullcontext
+    ) -> Result:
+        """One request of arm `config`; `within()` wraps the request only (not the install or the removal)."""
         self.session.accelerate(config)
         try:
-            return self.session.generate(self.request, progress=False)
+            with within():
+                return self.session.generate(self.request, progress=False)
         finally:
             self.session.accelerate({})
 
-    def visit(self, name: str, config: dict[str, Any]) -> float:
-        result = self.generate(name, config)
+    def visit(
+        self, name: str, config: dict[str, Any], within: Callable[[], AbstractContextManager] = nullcontext
+    ) -> float:
+        result = self.generate(name, config, within)
         if not torch.equal(result.latents, self.pilots[name].latents):
             self.mismatches[name] = self.mismatches.get(name, 0) + 1
         self.timed.setdefault(name, []).append(result)

@@ -61,3 +61,17 @@ def test_full_run_without_cuda_refuses_and_parallel_needs_two_gpus(tmp_path):
         parallel.run(Context(smoke=False, rounds=3, device=torch.device("cuda")))
     assert main(["run", "parallel", "--out", str(tmp_path)]) == 1  # reported, not raised; nothing written
     assert not (tmp_path / "parallel.json").exists()
+
+
+def test_envelope_names_the_commit_the_sender_gives(monkeypatch):
+    import torch
+
+    from benchmarks.envelope import Measurement, envelope
+
+    measurement = Measurement("w", {"n": 1})
+    monkeypatch.delenv("WORKBENCH_COMMIT", raising=False)
+    from_git = envelope("kernels", measurement, torch.device("cpu"), smoke=True)
+    monkeypatch.setenv("WORKBENCH_COMMIT", "0123456789ab")  # a copy on another machine may carry a stale .git
+    given = envelope("kernels", measurement, torch.device("cpu"), smoke=True)
+    assert given["commit"] == "0123456789ab" and given["dirty"] is None
+    assert from_git["commit"] != "0123456789ab" and set(given) == set(FIELDS)
