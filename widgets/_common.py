@@ -54,7 +54,7 @@ def upscale(image: np.ndarray, min_side: int = 256) -> np.ndarray:
     Nearest-neighbour on purpose: a smoothed enlargement would hide exactly the pixel differences an
     A/B view is for.
     """
-    factor = max(1, min_side // max(image.shape[0], image.shape[1]))
+    factor = max(1, -(-min_side // max(image.shape[0], image.shape[1])))  # ceil: 100 px -> x3 = 300 px
     return image if factor == 1 else image.repeat(factor, axis=0).repeat(factor, axis=1)
 
 
