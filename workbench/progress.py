@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from tqdm.std import tqdm
@@ -29,3 +30,24 @@ def progress(
     """
     disabled = not enabled or bool(os.environ.get("TQDM_DISABLE"))
     return tqdm(iterable, total=total, desc=desc, file=sys.stdout, disable=disabled, delay=0.5, ncols=90, leave=True)
+
+
+@contextmanager
+def library_bars_off() -> Iterator[None]:
+    """Silence diffusers' and transformers' own loading bars ("Loading pipeline components", "Loading
+    weights") for the block, then restore their previous state.
+
+    Loading from local files takes a second or two, and those bars come from `tqdm.auto`: in a kernel
+    they are widgets that ignore TQDM_DISABLE and read "model not found" once the notebook is reopened.
+    """
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    libraries = [lib for lib in (diffusers_logging, transformers_logging) if lib.is_progress_bar_enabled()]
+    for lib in libraries:
+        lib.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for lib in libraries:
+            lib.enable_progress_bar()

@@ -20,6 +20,7 @@ from workbench.accelerations.base import Handle
 from workbench.models import resolve
 from workbench.models.loaded import LoadedModel
 from workbench.probes import stage_probes
+from workbench.progress import library_bars_off
 from workbench.progress import progress as progress_bar
 from workbench.request import Request
 from workbench.result import Result
@@ -66,7 +67,8 @@ class Session:
         if isinstance(model, LoadedModel):
             loaded = model
         else:
-            loaded = resolve(model, seed=seed, dtype=torch_dtype, device=torch_device)
+            with library_bars_off():
+                loaded = resolve(model, seed=seed, dtype=torch_dtype, device=torch_device)
         loaded.pipeline.to(device=torch_device)
         if torch_device.type == "cuda":
             torch.cuda.synchronize(torch_device)

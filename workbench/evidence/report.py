@@ -14,11 +14,21 @@ from workbench.environment import device_label
 from workbench.plots import figure_png, frame_metric_curves, round_times
 from workbench.result import VISIBLE_SIDE, Result, video_style
 
-_STYLE = (
-    "body{font-family:sans-serif;margin:1.5em;max-width:1200px}td,th{border:1px solid #ccc;padding:2px 6px}"
-    "th{text-align:left}table{border-collapse:collapse;margin:0.5em 0}figure{display:inline-block;margin:0 12px 8px 0}"
-    "figcaption{font-size:0.9em}img{max-width:100%}"
+# Scoped to the report's own wrapper: shown inside a notebook, the page must not restyle the notebook.
+STYLE = (
+    ".vflash-report{font-family:sans-serif;max-width:1200px}.vflash-report td,.vflash-report th{border:1px solid #ccc;"
+    "padding:2px 6px;text-align:left}.vflash-report table{border-collapse:collapse;margin:0.5em 0}"
+    ".vflash-report figure{display:inline-block;margin:0 12px 8px 0;vertical-align:top}"
+    ".vflash-report figcaption{font-size:0.9em}.vflash-report img{max-width:100%}"
 )
+
+
+def page(title: str, body: list[str]) -> str:
+    """A whole static HTML document: `title`, the scoped style, and `body` inside a `.vflash-report` div."""
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body><div class='vflash-report'>{''.join(body)}</div></body></html>"
+    )
 
 
 def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -> str:
@@ -28,10 +38,8 @@ def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -
     candidate = json.dumps(record["candidate"])
     title = f"Qualification: {record['verdict']} · {candidate} vs {json.dumps(record['baseline'])} on {record['model']}"
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-        f"<style>{_STYLE}</style></head><body>",
         f"<h1>Qualification: {html.escape(record['verdict'])}</h1>",
-        _table(
+        table(
             {
                 "model": record["model"],
                 "baseline": json.dumps(record["baseline"]),
@@ -46,13 +54,12 @@ def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -
     pairs = pilots if pilots is not None else [None] * len(record["cases"])
     for index, (case, pair) in enumerate(zip(record["cases"], pairs, strict=True)):
         parts += _case(index, case, pair, record["budget"])
-    parts.append("</body></html>")
-    return "".join(parts)
+    return page(title, parts)
 
 
 def _case(index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, budget: dict) -> list[str]:
     quality = case["quality"]
-    rows = {"speed-up (median, CI95)": _speedup(case)}
+    rows = {"speed-up (median, CI95)": speedup_text(case)}
     rows |= {
         "warm-up seconds": ", ".join(f"{arm} {seconds:.4f}" for arm, seconds in case["warmup_seconds"].items()),
         "timed outputs match pilot": json.dumps(case["timed_outputs_match_pilot"]),
@@ -65,7 +72,7 @@ def _case(index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, 
     parts = [
         f"<h2>Case {index}: {html.escape(case['request']['prompt'])} (seed {case['request']['seed']})</h2>",
         f"<p><b>{html.escape(case['verdict'])}</b>: {html.escape(case['reason'])}</p>",
-        _table(rows),
+        table(rows),
         "<h3>Timed rounds</h3>",
         _rounds_table(case),
         _png(round_times(case["baseline_seconds"], case["candidate_seconds"]), "per-round request time of both arms"),
@@ -80,11 +87,12 @@ def _case(index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, 
     if pair is None:
         parts.append("<p><i>Videos not embedded: this report was rendered from the record alone.</i></p>")
     else:
-        parts.append(_video(pair[0], "baseline") + _video(pair[1], "candidate"))
+        parts.append(video(pair[0], "baseline") + video(pair[1], "candidate"))
     return parts
 
 
-def _speedup(case: dict[str, Any]) -> str:
+def speedup_text(case: dict[str, Any]) -> str:
+    """A case's speed-up as a reader should see it: none at all when the candidate did not execute."""
     if case["verdict"] == "not_executed":
         return "none: the candidate did not execute, so its timings measure something else"
     speed = case["speedup"]
@@ -118,12 +126,13 @@ def _png(figure: Any, alt: str) -> str:
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>{alt}</figcaption></figure>'
 
 
-def _table(rows: dict[str, Any]) -> str:
+def table(rows: dict[str, Any]) -> str:
+    """Rows of (heading, value) as a two-column HTML table, every cell escaped."""
     cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows.items())
     return f"<table>{cells}</table>"
 
 
-def _video(result: Result, label: str) -> str:
+def video(result: Result, label: str) -> str:
     """The clip enlarged to >= VISIBLE_SIDE px (nearest-neighbour), captioned with its label and true size."""
     data = base64.b64encode(result.mp4_bytes(min_side=VISIBLE_SIDE)).decode()
     frames, height, width = result.frames.shape[:3]
