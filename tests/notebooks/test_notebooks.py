@@ -113,7 +113,7 @@ def test_kernels_notebook_stops_cleanly_or_lists_kernels(tmp_path, kernel_env):
 def test_review_notebook_makes_and_compares_two_executed_records_and_writes_its_report(tmp_path, kernel_env):
     notebook = execute("40_review", tmp_path)
     records = [json.loads((tmp_path / "out" / f"{name}.json").read_text()) for name in ("cross_kv_cache", "easycache")]
-    assert [r["model"] for r in records] == ["demo-av", "demo-av"]
+    assert all(Path(r["model"]).name == "demo-av" for r in records)
     assert all(x["executed"] for r in records for case in r["cases"] for x in case["receipts"].values())
     assert records[1]["cases"][0]["receipts"]["easycache"]["reused"] > 0  # the approximate arm really skipped work
     report = (tmp_path / "out" / "review.html").read_text()
