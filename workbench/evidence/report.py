@@ -39,7 +39,7 @@ def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -
     title = f"Qualification: {record['verdict']} · {candidate} vs {json.dumps(record['baseline'])} on {record['model']}"
     parts = [
         f"<h1>Qualification: {html.escape(record['verdict'])}</h1>",
-        table(
+        _table(
             {
                 "model": record["model"],
                 "baseline": json.dumps(record["baseline"]),
@@ -72,7 +72,7 @@ def _case(index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, 
     parts = [
         f"<h2>Case {index}: {html.escape(case['request']['prompt'])} (seed {case['request']['seed']})</h2>",
         f"<p><b>{html.escape(case['verdict'])}</b>: {html.escape(case['reason'])}</p>",
-        table(rows),
+        _table(rows),
         "<h3>Timed rounds</h3>",
         _rounds_table(case),
         _png(round_times(case["baseline_seconds"], case["candidate_seconds"]), "per-round request time of both arms"),
@@ -126,7 +126,7 @@ def _png(figure: Any, alt: str) -> str:
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>{alt}</figcaption></figure>'
 
 
-def table(rows: dict[str, Any]) -> str:
+def _table(rows: dict[str, Any]) -> str:
     """Rows of (heading, value) as a two-column HTML table, every cell escaped."""
     cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows.items())
     return f"<table>{cells}</table>"

@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from workbench.accelerations import REGISTRY, install
 from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, qualify
 from workbench.evidence.records import write_record
-from workbench.evidence.report import table as _table
+from workbench.evidence.report import _table
 from workbench.media import write_atomic
 from workbench.plots import figure_png
 from workbench.quality import Budget
