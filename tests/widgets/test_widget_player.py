@@ -144,3 +144,22 @@ def test_a_failure_while_browsing_shows_in_the_widget(make_result):
     player = ABPlayer(a, a)
     player.show(42)  # no such frame: the error box says so, no traceback escapes
     assert "showing frame 42 failed" in player.errors.value and "IndexError" in player.errors.value
+
+
+def test_a_dashboard_player_already_on_screen_tracks_the_latest_pair(sessions):
+    from workbench.widgets import Dashboard
+
+    session = sessions("tiny-wan")
+    session.accelerate({})
+    dash = Dashboard(session)
+    try:
+        dash.set_request(prompt="a red circle", seed=3, frames=5, height=32, width=32, steps=1)
+        dash.generate()
+        dash.generate()
+        shown = dash.ab_player  # what a notebook cell displayed a second time
+        dash.set_request(seed=4)
+        third = dash.generate()
+        assert dash.ab_player is shown and shown.result_b is third and shown.labels[1].startswith("#3")
+        assert dash.ab.children == (shown,)
+    finally:
+        dash.live.detach()
