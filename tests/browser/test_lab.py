@@ -218,9 +218,14 @@ def test_every_frame_is_reachable_with_both_videos_together(ab_page):
     assert math.floor(end["times"][0] * FPS) == FRAMES - 1
     track = player.locator(".widget-slider .noUi-base").first.bounding_box()
     middle = track["y"] + track["height"] / 2
+    # noUiSlider ignores a tap while the previous one's 300 ms animation (.noUi-state-tap) runs, and the
+    # handle is only where it belongs once that animation is over
+    settled = "() => !document.querySelector('.vflash-ab-player .noUi-state-tap')"
     for frame in (5, 2):  # the mouse: a click where the frame sits on the track
+        page.wait_for_function(settled)
         page.mouse.click(track["x"] + track["width"] * frame / (FRAMES - 1), middle)
         wait_for_frame(page, frame)
+    page.wait_for_function(settled)
     box = handle.bounding_box()  # and a drag of the handle past the end of the track
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.mouse.down()
