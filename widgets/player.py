@@ -20,7 +20,8 @@ from ._common import ErrorBox, check_labels, progress, upscale
 
 MIN_SIDE = 256  # px: the long side of a video in the A/B row is at least this
 MAX_SIDE = 320  # px: larger frames are shown scaled down to this, so the row fits a 1400 px screen
-CURVES_SIZE = (3.4, 3.2)  # inches at 80 dpi: 272 x 256 px, as tall as the videos
+HEATMAP_SIDE = 192  # px: the heatmap's long side (smaller than the videos: the row fits beside Lab's file browser)
+CURVES_SIZE = (2.5, 3.2)  # inches at 80 dpi: 200 x 256 px, as tall as the videos
 
 _SYNCED_VIDEOS_ESM = """
 function render({ model, el }) {
@@ -205,14 +206,17 @@ class ABPlayer(ipywidgets.VBox):
             f"<b>{a}</b> vs <b>{b}</b>: {self.frame_count} frames of {width}x{height} px @ {self.fps} fps; "
             f"|{b} - {a}| max {self.diff_max}/255"
         )
-        self.diff_title.value = f"<b>|{b} - {a}|</b> ({shown})"
         self.videos.playing = False
         self.slider.value = 0
         self.slider.max = self.frame_count - 1
         self.videos.time = frame_time(0, self.fps)
         dw, dh = self.display_size
+        heat_factor, (hw, hh) = display_size(height, width, HEATMAP_SIDE, HEATMAP_SIDE)
+        heat_shown = f"{width}x{height} px" + (f", shown x{heat_factor}" if heat_factor > 1 else "")
+        self.diff_title.value = f"<b>|{b} - {a}|</b> ({heat_shown})"
         self.videos.display_width, self.videos.display_height = dw, dh
-        self.image_diff.layout.width, self.image_diff.layout.height = f"{dw}px", f"{dh}px"
+        self.image_diff.layout.width, self.image_diff.layout.height = f"{hw}px", f"{hh}px"
+        self.diff_title.layout.width = f"{hw}px"  # the title wraps under the heatmap, never widens the row
         self.videos.label_a, self.videos.label_b = (f"{label} ({shown})" for label in labels)
         with self.errors.catching("encoding the MP4s"):
             self.videos.src_a = _data_uri(result_a.mp4_bytes(min_side=MIN_SIDE))
@@ -230,7 +234,7 @@ class ABPlayer(ipywidgets.VBox):
     def show(self, frame: int) -> None:
         """Draw the difference of frame `frame` and mark it on the curves."""
         with self.errors.catching(f"showing frame {frame}"):
-            self.image_diff.value = array_png(upscale(self.heatmap(frame), MIN_SIDE))  # same factor as the videos
+            self.image_diff.value = array_png(upscale(self.heatmap(frame), HEATMAP_SIDE))
             self.caption.value = self._caption(frame)
             if self.psnr is not None and self.ssim is not None:
                 figure = frame_metric_curves(self.psnr, self.ssim, current=frame, size=CURVES_SIZE)
@@ -290,16 +294,18 @@ def frame_at(seconds: float, fps: float, count: int) -> int:
     return min(count - 1, max(0, math.floor(seconds * fps + 1e-9)))
 
 
-def display_size(height: int, width: int) -> tuple[int, tuple[int, int]]:
+def display_size(
+    height: int, width: int, min_side: int = MIN_SIDE, max_side: int = MAX_SIDE
+) -> tuple[int, tuple[int, int]]:
     """(whole enlargement factor, (width, height) in CSS px) of a frame in the A/B row.
 
-    Small frames are enlarged by the smallest whole factor that reaches `MIN_SIDE` on the long side;
-    frames already that large show at most `MAX_SIDE` on the long side (scaled down by the browser).
+    Small frames are enlarged by the smallest whole factor that reaches `min_side` on the long side;
+    frames already that large show at most `max_side` on the long side (scaled down by the browser).
     """
-    factor = enlargement(height, width, MIN_SIDE)
+    factor = enlargement(height, width, min_side)
     if factor > 1:
         return factor, (width * factor, height * factor)
-    scale = min(1.0, MAX_SIDE / max(height, width))
+    scale = min(1.0, max_side / max(height, width))
     return 1, (round(width * scale), round(height * scale))
 
 

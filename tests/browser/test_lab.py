@@ -4,7 +4,8 @@ A small notebook generates two demo-av clips (24 fps, 64x64: stock and easycache
 `ABPlayer` and an `ABAudio` of them. The checks: every frame 0..T-1 is reached by ArrowRight, End and
 the mouse with both videos on that frame after each step (Chromium truncates `currentTime` to
 microseconds, which once made the slider skip frames at 24 fps), the videos render at least 256 px,
-the row of videos, heatmap and curves fits a 1400 px screen, and the audio shows its true duration.
+the row of videos, heatmap and curves fits a 1400 px screen beside Lab's file browser, and the audio
+shows its true duration.
 `python -m pytest tests/browser -k screenshot` rewrites docs/ab_view.png (1400x1100).
 
 Needs /usr/bin/chromium (`apt-get install chromium`) and the `playwright` Python package; without
@@ -131,7 +132,7 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ab_page(lab):
-    """The A/B notebook run in Lab at 1400x1100, the left sidebar closed: (page, player locator)."""
+    """The A/B notebook run in Lab at 1400x1100 as Lab opens (file browser shown): (page, player locator)."""
     base, token, tmp_path = lab
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
@@ -147,8 +148,6 @@ def ab_page(lab):
             except sync_api.TimeoutError:
                 pass
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-            if page.locator("#jp-left-stack:visible").count():  # the file browser takes 250 px of the screen
-                page.keyboard.press("Control+b")
             page.locator(".jp-Notebook .jp-Cell").first.click()  # the notebook has focus: its commands apply
             page.locator(".lm-MenuBar-item", has_text="Run").first.click()
             page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
@@ -254,6 +253,7 @@ def test_videos_heatmap_and_curves_fit_one_row_at_1400_px(ab_page):
                 controls: [...player.querySelectorAll('video')].map((v) => v.controls && v.loop),
                 pixelated: getComputedStyle(player.querySelector('video')).imageRendering,
                 overflow: document.documentElement.scrollWidth - window.innerWidth,
+                row: box(player.querySelector('video').closest('.widget-hbox')),
             };
         }"""
     )
