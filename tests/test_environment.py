@@ -24,3 +24,14 @@ def test_git_revision_of_a_snapshot_inside_another_checkout_uses_the_launchers_c
     snapshot.mkdir()
     monkeypatch.setenv("WORKBENCH_COMMIT", "feedface")
     assert environment.git_revision(snapshot) == {"commit": "feedface", "dirty": None}
+
+
+def test_device_label_names_the_gpu_or_the_cpu_model_and_threads():
+    import torch
+
+    cpu = environment.device_info(torch.device("cpu"))
+    assert cpu["cpu"] == environment.cpu_model_name() and cpu["cpu"]
+    assert environment.device_label(cpu) == f"{cpu['cpu']}, {torch.get_num_threads()} threads"
+    gpu = {"type": "cuda", "name": "NVIDIA H200", "memory_bytes": 150_000_000_000}
+    assert environment.device_label(gpu) == "NVIDIA H200 (140 GiB)"
+    assert environment.device_label({"type": "cpu", "name": "x86_64", "threads": 2}) == "x86_64, 2 threads"

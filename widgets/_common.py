@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import html
-import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
 import ipywidgets
 import numpy as np
-from tqdm.auto import tqdm
+
+from workbench.progress import progress as text_progress
 
 T = TypeVar("T")
 
@@ -54,14 +54,11 @@ def upscale(image: np.ndarray, min_side: int = 256) -> np.ndarray:
     Nearest-neighbour on purpose: a smoothed enlargement would hide exactly the pixel differences an
     A/B view is for.
     """
-    factor = max(1, min_side // max(image.shape[0], image.shape[1]))
+    factor = max(1, -(-min_side // max(image.shape[0], image.shape[1])))  # ceil: 100 px -> x3 = 300 px
     return image if factor == 1 else image.repeat(factor, axis=0).repeat(factor, axis=1)
 
 
 def progress(items: Iterable[T], total: int, desc: str) -> Iterable[T]:
-    """A tqdm.auto bar that honours TQDM_DISABLE (CI sets it) also in a kernel.
-
-    tqdm's notebook bar passes its own `disable=False`, which beats the environment variable, so a
-    headless papermill run would otherwise store a progress widget in its output.
-    """
-    return tqdm(items, total=total, desc=desc, leave=False, disable=bool(os.environ.get("TQDM_DISABLE")))
+    """`workbench.progress.progress`: a text bar (a widget bar reads "model not found" once the notebook is
+    reopened) that honours TQDM_DISABLE (CI sets it) and shows only after 0.5 s."""
+    return text_progress(items, total=total, desc=desc)

@@ -2,17 +2,69 @@
 
 from __future__ import annotations
 
+import base64
 import html
 import io
 import wave
 
+import anywidget
 import ipywidgets
 import numpy as np
+import traitlets
 
 from workbench import Result
 from workbench.plots import ab_audio_figure, figure_png
 
 from ._common import ErrorBox, check_labels
+
+_AUDIO_PLAYER_ESM = """
+function render({ model, el }) {
+  const box = document.createElement("div");
+  box.style.display = "flex";
+  box.style.alignItems = "center";
+  box.style.gap = "8px";
+  const audio = document.createElement("audio");
+  audio.controls = true;
+  audio.preload = "auto";
+  // Chromium's control reads whole seconds ("0:00 / 0:00" for a 0.33 s clip): this readout is exact.
+  const readout = document.createElement("span");
+  readout.className = "vflash-audio-time";
+  readout.style.fontFamily = "monospace";
+  box.append(audio, readout);
+  el.append(box);
+  const show = () => {
+    readout.textContent = audio.currentTime.toFixed(2) + " / " + model.get("duration").toFixed(2) + " s";
+  };
+  const load = () => {
+    audio.src = model.get("src");
+    audio.loop = model.get("loop");
+    show();
+  };
+  ["timeupdate", "seeked", "loadedmetadata", "ended"].forEach((name) => audio.addEventListener(name, show));
+  model.on("change:src change:loop change:duration", load);
+  load();
+  return () => model.off("change:src change:loop change:duration", load);
+}
+export default { render };
+"""
+
+
+class AudioPlayer(anywidget.AnyWidget):
+    """One `<audio>` with native controls and a readout of the position and true `duration` in seconds.
+
+    `src` is a data-URI WAV; it never autoplays; `loop` is off by default. The readout exists because
+    Chromium's own control rounds to whole seconds, so a sub-second clip reads "0:00 / 0:00".
+    """
+
+    _esm = _AUDIO_PLAYER_ESM
+    src = traitlets.Unicode("").tag(sync=True)
+    duration = traitlets.Float(0.0, min=0.0).tag(sync=True)
+    loop = traitlets.Bool(False).tag(sync=True)
+
+    def set_audio(self, audio: np.ndarray, sample_rate: int) -> None:
+        """Play float audio (C, N) in [-1, 1] at `sample_rate` Hz (as a 16-bit PCM WAV data URI)."""
+        self.src = "data:audio/wav;base64," + base64.b64encode(wav_bytes(audio, sample_rate)).decode()
+        self.duration = audio.shape[1] / sample_rate
 
 
 class ABAudio(ipywidgets.VBox):
@@ -21,31 +73,37 @@ class ABAudio(ipywidgets.VBox):
     Both players get the samples as they are (16-bit PCM WAV, clipped to [-1, 1], not normalised):
     normalising each arm separately would hide a loudness difference. Both results need audio at one
     sample rate, otherwise `ValueError` names which; a failure while drawing shows in the error box.
+    `compare` swaps in a new pair in place, so a view already on screen tracks the latest results.
     """
 
     def __init__(self, result_a: Result, result_b: Result, labels: tuple[str, str] = ("A", "B")):
-        self.labels = check_labels(labels)
-        for label, result in zip(self.labels, (result_a, result_b), strict=True):
+        self.players = [AudioPlayer(), AudioPlayer()]
+        self.titles = [ipywidgets.HTML(), ipywidgets.HTML()]
+        self.figure = ipywidgets.Image(format="png")
+        self.errors = ErrorBox()
+        columns = [ipywidgets.VBox([title, player]) for title, player in zip(self.titles, self.players, strict=True)]
+        super().__init__([ipywidgets.HBox(columns, layout={"grid_gap": "16px"}), self.figure, self.errors])
+        self.add_class("vflash-ab-audio")
+        self.compare(result_a, result_b, labels)
+
+    def compare(self, result_a: Result, result_b: Result, labels: tuple[str, str] = ("A", "B")) -> None:
+        """Show a new pair (same checks as the constructor)."""
+        labels = check_labels(labels)
+        for label, result in zip(labels, (result_a, result_b), strict=True):
             if result.audio is None:
                 raise ValueError(f"audio: result {label} has no audio track (its model makes video only)")
         if result_a.sample_rate != result_b.sample_rate:
             raise ValueError(
-                f"sample_rate: {self.labels[0]} is {result_a.sample_rate} Hz, {self.labels[1]} is "
+                f"sample_rate: {labels[0]} is {result_a.sample_rate} Hz, {labels[1]} is "
                 f"{result_b.sample_rate} Hz; compare at one rate"
             )
+        self.labels = labels
         self.result_a, self.result_b = result_a, result_b
         self.sample_rate = int(result_a.sample_rate)
-        self.players = [
-            ipywidgets.Audio(value=wav_bytes(result.audio, self.sample_rate), format="wav", autoplay=False, loop=False)
-            for result in (result_a, result_b)
-        ]
-        self.figure = ipywidgets.Image(format="png")
-        self.errors = ErrorBox()
-        columns = [
-            ipywidgets.VBox([ipywidgets.HTML(f"<b>{html.escape(label)}</b>: {_describe(result)}"), player])
-            for label, result, player in zip(self.labels, (result_a, result_b), self.players, strict=True)
-        ]
-        super().__init__([ipywidgets.HBox(columns), self.figure, self.errors])
+        for label, result, title, player in zip(labels, (result_a, result_b), self.titles, self.players, strict=True):
+            title.value = f"<b>{html.escape(label)}</b>: {_describe(result)}"
+            player.set_audio(result.audio, self.sample_rate)
+        self.errors.clear()
         with self.errors.catching("audio figure"):
             figure = ab_audio_figure(result_a.audio, result_b.audio, self.sample_rate, labels=self.labels)
             self.figure.value = figure_png(figure, dpi=80)

@@ -196,11 +196,18 @@ class Dashboard(ipywidgets.VBox):
         if len(self.results) < 2:
             return
         (label_a, a), (label_b, b) = self.results
-        try:
-            self.ab_player = ABPlayer(a, b, labels=(label_a, label_b))
-            self.ab_audio = (
-                ABAudio(a, b, labels=(label_a, label_b)) if a.audio is not None and b.audio is not None else None
-            )
+        labels = (label_a, label_b)
+        try:  # the players on screen (also where a notebook displayed them again) take the new pair
+            if self.ab_player is None:
+                self.ab_player = ABPlayer(a, b, labels=labels)
+            else:
+                self.ab_player.compare(a, b, labels)
+            if a.audio is None or b.audio is None:
+                self.ab_audio = None
+            elif self.ab_audio is None:
+                self.ab_audio = ABAudio(a, b, labels=labels)
+            else:
+                self.ab_audio.compare(a, b, labels)
         except ValueError as error:  # not comparable (other size, frame count or fps)
             self.ab_player = self.ab_audio = None
             self.ab.children = [ipywidgets.HTML("<i>A/B: the last two results cannot be compared</i>")]

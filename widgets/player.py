@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 
 import anywidget
 import ipywidgets
@@ -13,15 +14,25 @@ from matplotlib import colormaps
 
 from workbench import Result
 from workbench.plots import array_png, figure_png, frame_metric_curves
+from workbench.result import enlargement
 
 from ._common import ErrorBox, check_labels, progress, upscale
 
+MIN_SIDE = 256  # px: the long side of a video in the A/B row is at least this
+MAX_SIDE = 320  # px: larger frames are shown scaled down to this, so the row fits a 1400 px screen
+HEATMAP_SIDE = 192  # px: the heatmap's long side (smaller than the videos: the row fits beside Lab's file browser)
+CURVES_SIZE = (2.5, 3.2)  # inches at 80 dpi: 200 x 256 px, as tall as the videos
+
 _SYNCED_VIDEOS_ESM = """
 function render({ model, el }) {
-  const TOLERANCE = 0.01;  // seconds: closer than this counts as "already there"
+  // Seconds closer than this count as "already there". Far below half a frame at any frame rate the
+  // slider offers (0.5 / 240 fps = 2 ms), far above Chromium's microsecond truncation of currentTime.
+  const TOLERANCE = 1e-4;
   const DRIFT = 0.15;  // seconds: while playing, B is re-seeked to A beyond this
   const row = document.createElement("div");
+  row.className = "vflash-synced-videos";
   row.style.display = "flex";
+  row.style.flexWrap = "wrap";
   row.style.gap = "8px";
   const videos = ["a", "b"].map((key) => {
     const box = document.createElement("figure");
@@ -31,11 +42,13 @@ function render({ model, el }) {
     video.preload = "auto";
     video.playsInline = true;
     video.muted = key === "b";  // two soundtracks at once are noise; ABAudio compares the audio
-    video.style.maxWidth = "100%";
+    video.style.imageRendering = "pixelated";  // enlarged pixels stay square: differences stay visible
+    video.style.background = "#000";
     const caption = document.createElement("figcaption");
+    caption.style.fontSize = "12px";
     box.append(video, caption);
     row.append(box);
-    return { key, video, caption };
+    return { key, video, caption, target: null };
   });
   el.append(row);
   const [leader, follower] = videos.map(({ video }) => video);
@@ -49,37 +62,50 @@ function render({ model, el }) {
     publishing = false;
     model.save_changes();
   };
+  // A seek this view starts remembers its target: when it lands, the browser reports the time rounded
+  // (Chromium truncates to microseconds), and writing that back would move the slider to an earlier frame.
+  const seekTo = (entry, t) => {
+    entry.target = t;
+    entry.video.currentTime = t;
+  };
   const load = () => videos.forEach(({ key, video, caption }) => {
     video.src = model.get("src_" + key);
     caption.textContent = model.get("label_" + key);
+    video.loop = model.get("loop");
+    video.style.width = model.get("display_width") + "px";
+    video.style.height = model.get("display_height") + "px";
   });
-  const seek = (t) => videos.forEach(({ video }) => {
-    if (Math.abs(video.currentTime - t) > TOLERANCE) video.currentTime = t;
+  const seek = (t) => videos.forEach((entry) => {
+    if (Math.abs(entry.video.currentTime - t) > TOLERANCE) seekTo(entry, t);
   });
   const play = (on) => videos.forEach(({ video }) => {
     if (on && video.paused) video.play().catch(() => publish("playing", false));
     if (!on && !video.paused) video.pause();
   });
 
-  videos.forEach(({ video }) => {
+  videos.forEach((entry) => {
+    const { video } = entry;
     video.addEventListener("play", () => { publish("playing", true); play(true); });
     video.addEventListener("pause", () => { if (!video.ended) { publish("playing", false); play(false); } });
     video.addEventListener("ended", () => publish("playing", false));
-    video.addEventListener("seeked", () => {  // the user scrubbed this one, or a seek landed
+    video.addEventListener("seeked", () => {
       const t = video.currentTime;
-      publish("time", t);
+      const ours = entry.target !== null && Math.abs(t - entry.target) < 1e-3;
+      entry.target = null;
+      if (ours) return;  // a seek this view made landed: the model already holds the exact time
+      publish("time", t);  // the user scrubbed this video: Python (the slider) follows
       const slack = video.paused ? TOLERANCE : DRIFT;
-      videos.forEach(({ video: other }) => { if (Math.abs(other.currentTime - t) > slack) other.currentTime = t; });
+      videos.forEach((other) => { if (other !== entry && Math.abs(other.video.currentTime - t) > slack) seekTo(other, t); });
     });
   });
   leader.addEventListener("timeupdate", () => {
     if (leader.paused) return;
     publish("time", leader.currentTime);
-    if (Math.abs(follower.currentTime - leader.currentTime) > DRIFT) follower.currentTime = leader.currentTime;
+    if (Math.abs(follower.currentTime - leader.currentTime) > DRIFT) seekTo(videos[1], leader.currentTime);
   });
   const onTime = () => { if (!publishing) seek(model.get("time")); };
   const onPlaying = () => { if (!publishing) play(model.get("playing")); };
-  const sources = "change:src_a change:src_b change:label_a change:label_b";
+  const sources = "change:src_a change:src_b change:label_a change:label_b change:loop change:display_width change:display_height";
   model.on(sources, load);
   model.on("change:time", onTime);
   model.on("change:playing", onPlaying);
@@ -99,9 +125,11 @@ class SyncedVideos(anywidget.AnyWidget):
     """Two `<video>` elements driven by one `time` and one `playing` trait.
 
     Setting `time` (seconds) seeks both; playing or pausing either plays or pauses both; scrubbing one
-    video or playing them writes `time` back, so Python (the frame slider) follows. `ipywidgets.Video`
-    has no current-time trait, which is why this exists. `src_a`/`src_b` are data-URI MP4 strings.
-    B starts muted: two soundtracks at once are noise.
+    video or playing them writes `time` back, so Python (the frame slider) follows. A seek the widget
+    made itself never writes back the browser's rounded reading of it. `ipywidgets.Video` has no
+    current-time trait, which is why this exists. `src_a`/`src_b` are data-URI MP4 strings; both videos
+    show at `display_width` x `display_height` CSS pixels with square (nearest-neighbour) pixels, native
+    controls, and `loop` (on by default). B starts muted: two soundtracks at once are noise.
     """
 
     _esm = _SYNCED_VIDEOS_ESM
@@ -111,72 +139,106 @@ class SyncedVideos(anywidget.AnyWidget):
     label_b = traitlets.Unicode("B").tag(sync=True)
     time = traitlets.Float(0.0, min=0.0).tag(sync=True)
     playing = traitlets.Bool(False).tag(sync=True)
+    loop = traitlets.Bool(True).tag(sync=True)
+    display_width = traitlets.Int(MIN_SIDE, min=1).tag(sync=True)
+    display_height = traitlets.Int(MIN_SIDE, min=1).tag(sync=True)
 
 
 class ABPlayer(ipywidgets.VBox):
-    """Two results side by side under ONE frame slider, with |A - B| heatmap, PSNR/SSIM curves and videos.
+    """Two results side by side under ONE frame slider: synced videos, |A - B| heatmap, PSNR/SSIM curves.
 
-    The slider's frame and the videos' `time` are linked (time = frame / fps, frame = the one shown at
-    that time). The heatmap shares one colour scale over the whole video, so a brighter frame differs
-    more. Results must have the same frame count, frame size and fps; otherwise `ValueError` names
-    which. Failures while browsing show in the widget's error box.
+    One row holds what differs: both videos, the heatmap of the slider's frame and the per-frame PSNR/SSIM
+    curves with that frame marked. Small clips are enlarged by a whole factor (nearest-neighbour) to at
+    least `MIN_SIDE` pixels on the long side, and captioned with their true size. Frame i is shown at
+    time (i + 0.5) / fps, the middle of its display interval, so a browser's rounding of the seek (Chromium
+    truncates `currentTime` to microseconds) cannot land on the frame before; a time maps back to
+    floor(t * fps), clamped to 0..T-1. The heatmap shares one colour scale over the whole video, so a
+    brighter frame differs more. `compare` swaps in a new pair in place, so a player already on screen
+    tracks the latest results. Results must have the same frame count, frame size and fps; otherwise
+    `ValueError` names which. Failures while browsing show in the widget's error box.
     """
 
     def __init__(self, result_a: Result, result_b: Result, labels: tuple[str, str] = ("A", "B")):
-        self.labels = check_labels(labels)
-        _check_comparable(result_a, result_b, self.labels)
-        self.result_a, self.result_b = result_a, result_b
-        self.fps = result_a.fps
-        self.frame_count = result_a.frames.shape[0]
-        # One scale for the whole video: the maximum absolute difference of any pixel channel.
-        self.diff_max = int(np.abs(result_a.frames.astype(np.int16) - result_b.frames.astype(np.int16)).max())
+        self.errors = ErrorBox()
+        self.header = ipywidgets.HTML()
+        self.slider = ipywidgets.IntSlider(0, min=0, max=1, description="frame", continuous_update=True)
+        self.previous = ipywidgets.Button(icon="step-backward", tooltip="previous frame", layout={"width": "40px"})
+        self.next = ipywidgets.Button(icon="step-forward", tooltip="next frame", layout={"width": "40px"})
+        self.play = ipywidgets.ToggleButton(False, description="play both", icon="play")
+        self.image_diff = ipywidgets.Image(format="png")
+        self.diff_title = ipywidgets.HTML()
+        self.curves = ipywidgets.Image(format="png")
+        self.videos = SyncedVideos()
+        self.caption = ipywidgets.HTML()
+        ipywidgets.link((self.videos, "playing"), (self.play, "value"))
+        row = ipywidgets.HBox(
+            [self.videos, ipywidgets.VBox([self.image_diff, self.diff_title]), self.curves],
+            layout={"flex_flow": "row wrap", "align_items": "flex-start", "grid_gap": "8px"},
+        )
+        controls = ipywidgets.HBox([self.previous, self.slider, self.next, self.play, self.caption])
+        super().__init__([self.header, row, controls, self.errors])
+        self.add_class("vflash-ab-player")
+        self._ready = False
         self.psnr: np.ndarray | None = None
         self.ssim: np.ndarray | None = None
-        a, b = (html.escape(label) for label in self.labels)
-        self.errors = ErrorBox()
-        self.slider = ipywidgets.IntSlider(
-            0, min=0, max=self.frame_count - 1, description="frame", continuous_update=True
-        )
-        self.image_a = ipywidgets.Image(format="png")
-        self.image_b = ipywidgets.Image(format="png")
-        self.image_diff = ipywidgets.Image(format="png")
-        self.curves = ipywidgets.Image(format="png")
-        self.videos = SyncedVideos(label_a=self.labels[0], label_b=self.labels[1])
-        with self.errors.catching("encoding the MP4s"):
-            self.videos.src_a = _data_uri(result_a.mp4_bytes())
-            self.videos.src_b = _data_uri(result_b.mp4_bytes())
-        self.play = ipywidgets.ToggleButton(False, description="play both", icon="play")
-        ipywidgets.link((self.videos, "playing"), (self.play, "value"))
-        self.caption = ipywidgets.HTML()
-        header = ipywidgets.HTML(
-            f"<b>{a}</b> vs <b>{b}</b>: {self.frame_count} frames, {result_a.frames.shape[2]}x"
-            f"{result_a.frames.shape[1]} @ {self.fps} fps; |{b} - {a}| max {self.diff_max}/255"
-        )
-        panes = ipywidgets.HBox(
-            [
-                ipywidgets.VBox([ipywidgets.HTML(f"<b>{a}</b>"), self.image_a]),
-                ipywidgets.VBox([ipywidgets.HTML(f"<b>{b}</b>"), self.image_b]),
-                ipywidgets.VBox([ipywidgets.HTML(f"<b>|{b} - {a}|</b>"), self.image_diff]),
-            ]
-        )
-        controls = ipywidgets.HBox([self.slider, self.play])
-        super().__init__([header, panes, controls, self.caption, self.curves, self.videos, self.errors])
+        self.compare(result_a, result_b, labels)
         self.slider.observe(self._on_frame, names="value")
         self.videos.observe(self._on_time, names="time")
+        self.play.observe(self._on_play, names="value")
+        self.previous.on_click(lambda _: self.step(-1))
+        self.next.on_click(lambda _: self.step(1))
+
+    def compare(self, result_a: Result, result_b: Result, labels: tuple[str, str] = ("A", "B")) -> None:
+        """Show a new pair (same checks as the constructor), back at frame 0 and paused."""
+        labels = check_labels(labels)
+        _check_comparable(result_a, result_b, labels)
+        self._ready = False
+        self.labels = labels
+        self.result_a, self.result_b = result_a, result_b
+        self.fps = result_a.fps
+        self.frame_count, height, width = result_a.frames.shape[:3]
+        self.factor, self.display_size = display_size(height, width)
+        # One scale for the whole video: the maximum absolute difference of any pixel channel.
+        self.diff_max = int(np.abs(result_a.frames.astype(np.int16) - result_b.frames.astype(np.int16)).max())
+        a, b = (html.escape(label) for label in labels)
+        shown = f"{width}x{height} px" + (f", shown x{self.factor}" if self.factor > 1 else "")
+        self.header.value = (
+            f"<b>{a}</b> vs <b>{b}</b>: {self.frame_count} frames of {width}x{height} px @ {self.fps} fps; "
+            f"|{b} - {a}| max {self.diff_max}/255"
+        )
+        self.videos.playing = False
+        self.slider.value = 0
+        self.slider.max = self.frame_count - 1
+        self.videos.time = frame_time(0, self.fps)
+        dw, dh = self.display_size
+        heat_factor, (hw, hh) = display_size(height, width, HEATMAP_SIDE, HEATMAP_SIDE)
+        heat_shown = f"{width}x{height} px" + (f", shown x{heat_factor}" if heat_factor > 1 else "")
+        self.diff_title.value = f"<b>|{b} - {a}|</b> ({heat_shown})"
+        self.videos.display_width, self.videos.display_height = dw, dh
+        self.image_diff.layout.width, self.image_diff.layout.height = f"{hw}px", f"{hh}px"
+        self.diff_title.layout.width = f"{hw}px"  # the title wraps under the heatmap, never widens the row
+        self.videos.label_a, self.videos.label_b = (f"{label} ({shown})" for label in labels)
+        with self.errors.catching("encoding the MP4s"):
+            self.videos.src_a = _data_uri(result_a.mp4_bytes(min_side=MIN_SIDE))
+            self.videos.src_b = _data_uri(result_b.mp4_bytes(min_side=MIN_SIDE))
+        self.psnr = self.ssim = None
         self._compute_curves()
+        self._ready = True
         self.show(0)
 
+    def step(self, frames: int) -> None:
+        """Move the slider by `frames` (negative: back), stopping at the first and last frame."""
+        self.videos.playing = False
+        self.slider.value = min(self.frame_count - 1, max(0, self.slider.value + frames))
+
     def show(self, frame: int) -> None:
-        """Draw frame `frame` of both results, their difference, and mark it on the curves."""
+        """Draw the difference of frame `frame` and mark it on the curves."""
         with self.errors.catching(f"showing frame {frame}"):
-            a = self.result_a.frames[frame]
-            b = self.result_b.frames[frame]
-            self.image_a.value = array_png(upscale(a))
-            self.image_b.value = array_png(upscale(b))
-            self.image_diff.value = array_png(upscale(self.heatmap(frame)))
+            self.image_diff.value = array_png(upscale(self.heatmap(frame), HEATMAP_SIDE))
             self.caption.value = self._caption(frame)
             if self.psnr is not None and self.ssim is not None:
-                self.curves.value = figure_png(frame_metric_curves(self.psnr, self.ssim, current=frame), dpi=80)
+                figure = frame_metric_curves(self.psnr, self.ssim, current=frame, size=CURVES_SIZE)
+                self.curves.value = figure_png(figure, dpi=80)
 
     def heatmap(self, frame: int) -> np.ndarray:
         """|A - B| of frame `frame`, channel mean, coloured on the video-wide scale: uint8 (H, W, 3)."""
@@ -197,24 +259,54 @@ class ABPlayer(ipywidgets.VBox):
             self.psnr, self.ssim = np.asarray(psnr, dtype=np.float64), np.asarray(ssim, dtype=np.float64)
 
     def _caption(self, frame: int) -> str:
-        text = f"frame {frame} of {self.frame_count - 1}, t = {frame / self.fps:.3f} s"
+        text = f"frame {frame} of {self.frame_count - 1}, t = {frame_time(frame, self.fps):.3f} s"
         if self.psnr is not None and self.ssim is not None:
             text += f"; PSNR {self.psnr[frame]:.2f} dB, SSIM {self.ssim[frame]:.4f}"
         return text
 
     def _on_frame(self, change: dict) -> None:
+        if not self._ready:
+            return
         frame = change["new"]
-        if _frame_at(self.videos.time, self.fps, self.frame_count) != frame:
-            self.videos.time = frame / self.fps
+        if frame_at(self.videos.time, self.fps, self.frame_count) != frame:
+            self.videos.time = frame_time(frame, self.fps)
         self.show(frame)
 
     def _on_time(self, change: dict) -> None:
-        self.slider.value = _frame_at(change["new"], self.fps, self.frame_count)
+        if self._ready:
+            self.slider.value = frame_at(change["new"], self.fps, self.frame_count)
+
+    def _on_play(self, change: dict) -> None:
+        self.play.description, self.play.icon = ("pause both", "pause") if change["new"] else ("play both", "play")
 
 
-def _frame_at(seconds: float, fps: int, count: int) -> int:
-    """The frame on screen at `seconds` (frame i spans [i/fps, (i+1)/fps)); a hair of slack for float error."""
-    return min(count - 1, max(0, int(seconds * fps + 1e-6)))
+def frame_time(frame: int, fps: float) -> float:
+    """Seconds at the middle of frame `frame`'s display interval [frame/fps, (frame+1)/fps)."""
+    return (frame + 0.5) / fps
+
+
+def frame_at(seconds: float, fps: float, count: int) -> int:
+    """The frame on screen at `seconds`: floor(seconds * fps), clamped to 0..count-1.
+
+    The 1e-9 frame of slack absorbs float error in the product only; a browser's rounding of a seek
+    (microseconds) is far larger and, with `frame_time`'s mid-frame seeks, never crosses a boundary.
+    """
+    return min(count - 1, max(0, math.floor(seconds * fps + 1e-9)))
+
+
+def display_size(
+    height: int, width: int, min_side: int = MIN_SIDE, max_side: int = MAX_SIDE
+) -> tuple[int, tuple[int, int]]:
+    """(whole enlargement factor, (width, height) in CSS px) of a frame in the A/B row.
+
+    Small frames are enlarged by the smallest whole factor that reaches `min_side` on the long side;
+    frames already that large show at most `max_side` on the long side (scaled down by the browser).
+    """
+    factor = enlargement(height, width, min_side)
+    if factor > 1:
+        return factor, (width * factor, height * factor)
+    scale = min(1.0, max_side / max(height, width))
+    return 1, (round(width * scale), round(height * scale))
 
 
 def _data_uri(mp4: bytes) -> str:

@@ -81,7 +81,37 @@ def device_info(device: torch.device) -> dict[str, Any]:
             "memory_bytes": props.total_memory,
             "cuda": torch.version.cuda,
         }
-    return {"type": device.type, "name": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
+    return {
+        "type": device.type,
+        "name": platform.processor() or platform.machine(),
+        "cpu": cpu_model_name(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def cpu_model_name() -> str:
+    """The CPU's marketing name ("AMD EPYC 9654 96-Core Processor"): /proc/cpuinfo's first 'model name'
+    on Linux, else what `platform` knows, else the architecture ("x86_64")."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_label(info: dict[str, Any]) -> str:
+    """A recorded `device_info` as a reader names the device: "NVIDIA H200 (141 GiB)", or for a CPU
+    "AMD EPYC 9654 96-Core Processor, 16 threads" (records made before the model name was kept show the
+    architecture)."""
+    if info.get("type") == "cuda":
+        memory = info.get("memory_bytes")
+        return f"{info.get('name')}" + (f" ({memory / 2**30:.0f} GiB)" if memory else "")
+    name = info.get("cpu") or info.get("name") or "unknown CPU"
+    threads = info.get("threads")
+    return f"{name}, {threads} threads" if threads else str(name)
 
 
 def describe(device: torch.device) -> dict[str, Any]:

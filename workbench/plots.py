@@ -168,11 +168,19 @@ def ab_audio_figure(
     return figure
 
 
-def frame_metric_curves(psnr: np.ndarray, ssim: np.ndarray, current: int | None = None) -> Figure:
+def frame_metric_curves(
+    psnr: np.ndarray,
+    ssim: np.ndarray,
+    current: int | None = None,
+    budget: dict[str, float | None] | None = None,
+    size: tuple[float, float] = (8, 3.6),
+) -> Figure:
     """Per-frame PSNR (dB) and SSIM as two stacked curves, with frame `current` marked.
 
     Identical frames have infinite PSNR; they are left out of the curve and counted in its title.
-    Returns a figure with two axes.
+    `budget` (a `Budget.to_dict()`) draws its limits as dashed lines: `psnr_db` on the PSNR axes (the
+    budget applies it to the whole clip; per frame it is a guide) and `min_ssim` on the SSIM axes (the
+    budget applies it to the worst frame). `size` is the figure size in inches. Returns a figure with two axes.
     """
     psnr = np.asarray(psnr, dtype=np.float64)
     ssim = np.asarray(ssim, dtype=np.float64)
@@ -182,23 +190,56 @@ def frame_metric_curves(psnr: np.ndarray, ssim: np.ndarray, current: int | None 
         raise ValueError(f"current: frame {current} is outside 0..{psnr.size - 1}")
     frames = np.arange(psnr.size)
     identical = int(np.isposinf(psnr).sum())
-    figure = Figure(figsize=(8, 3.6), layout="constrained")
+    small = size[0] < 5
+    figure = Figure(figsize=size, layout="constrained")
     top, bottom = figure.subplots(2, 1, sharex=True)
     top.plot(frames, np.where(np.isfinite(psnr), psnr, np.nan), marker=".", color="#4e79a7")
     top.set_ylabel("PSNR (dB)")
     finite = psnr[np.isfinite(psnr)]
     title = f"min PSNR {finite.min():.2f} dB" if finite.size else "every frame identical"
     if identical and finite.size:
-        title += f"; {identical} identical frame(s) (PSNR = inf, not drawn)"
-    top.set_title(title, fontsize=10)
+        title += f"; {identical} identical" if small else f"; {identical} identical frame(s) (PSNR = inf, not drawn)"
+    top.set_title(title, fontsize=9 if small else 10)
     bottom.plot(frames, ssim, marker=".", color="#59a14f")
     bottom.set_ylabel("SSIM")
     bottom.set_xlabel("frame")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
-    bottom.set_title(f"min SSIM {ssim.min():.4f}" if ssim.size else "no frames", fontsize=10)
+    bottom.set_title(f"min SSIM {ssim.min():.4f}" if ssim.size else "no frames", fontsize=9 if small else 10)
+    limits = budget or {}
+    for axes, key, label in ((top, "psnr_db", "budget {:g} dB"), (bottom, "min_ssim", "budget {:g}")):
+        if limits.get(key) is not None:
+            axes.axhline(limits[key], color="#e15759", linestyle="--", linewidth=1, label=label.format(limits[key]))
+            axes.legend(loc="lower right", fontsize=8)
     if current is not None:
         for axes in (top, bottom):
             axes.axvline(current, color="#e15759", linewidth=1.5)
+    return figure
+
+
+def round_times(baseline_seconds: Sequence[float], candidate_seconds: Sequence[float]) -> Figure:
+    """Seconds of each timed run of both arms in A/B/A order: baseline runs 0..R, candidate runs 1..R.
+
+    The harness times A, B, A, ..., A: candidate round r (1-based) sits between baseline runs r-1 and r,
+    and is paired with their mean. Points are labelled by round so a drifting or outlying run shows.
+    """
+    a = np.asarray(baseline_seconds, dtype=np.float64)
+    b = np.asarray(candidate_seconds, dtype=np.float64)
+    if a.ndim != 1 or b.ndim != 1 or b.size == 0 or a.size != b.size + 1:
+        raise ValueError(
+            f"baseline_seconds, candidate_seconds: expected R + 1 and R >= 1 timings (A/B/A), got {a.size} and {b.size}"
+        )
+    figure = Figure(figsize=(6, 3), layout="constrained")
+    axes = figure.subplots()
+    order_a = np.arange(a.size) * 2  # run position in the A, B, A, ... sequence
+    axes.plot(order_a, a, marker="o", color="#4e79a7", label="baseline")
+    axes.plot(order_a[:-1] + 1, b, marker="s", color="#f28e2b", label="candidate")
+    ticks = np.arange(a.size + b.size)
+    axes.set_xticks(ticks, [f"A{i // 2}" if i % 2 == 0 else f"B{i // 2 + 1}" for i in ticks])
+    axes.set_xlabel("timed run (A = baseline, B = candidate round)")
+    axes.set_ylabel("seconds")
+    axes.set_ylim(bottom=0)
+    axes.legend(fontsize=8)
+    axes.set_title("per-round request time", fontsize=10)
     return figure
 
 

@@ -16,6 +16,24 @@ from workbench.io import write_atomic
 from workbench.media import encode_mp4
 from workbench.telemetry import Event
 
+VISIBLE_SIDE = 256  # px: a video in a report or notebook shows at least this on its long side
+
+
+def enlargement(height: int, width: int, min_side: int = VISIBLE_SIDE) -> int:
+    """The smallest whole factor that brings the long side of a height x width frame to `min_side` (1 if
+    it is already there): whole factors keep a nearest-neighbour enlargement's pixels square."""
+    if height < 1 or width < 1:
+        raise ValueError(f"frame size: expected height, width >= 1, got {height}x{width}")
+    return max(1, -(-min_side // max(height, width)))
+
+
+def video_style(height: int, width: int, min_side: int = VISIBLE_SIDE, max_side: int = 480) -> str:
+    """CSS for a `<video>` of a height x width clip: at least `min_side` px on the long side, at most
+    `max_side`, square pixels when enlarged."""
+    factor = enlargement(height, width, min_side)
+    scale = factor if factor > 1 else min(1.0, max_side / max(height, width))
+    return f"width:{round(width * scale)}px;height:{round(height * scale)}px;image-rendering:pixelated"
+
 
 @dataclass
 class Result:
@@ -40,8 +58,13 @@ class Result:
     def audio_seconds(self) -> float | None:
         return None if self.audio is None else self.audio.shape[1] / self.sample_rate
 
-    def mp4_bytes(self) -> bytes:
-        return encode_mp4(self.frames, self.fps, self.audio, self.sample_rate)
+    def mp4_bytes(self, min_side: int = 0) -> bytes:
+        """The clip as MP4 (H.264 + AAC). With `min_side`, frames whose long side is shorter are first
+        enlarged by `enlargement(...)` (nearest-neighbour, so pixels stay square and the codec's chroma
+        subsampling blurs nothing smaller than one source pixel): what a viewer can see at a glance."""
+        factor = enlargement(*self.frames.shape[1:3], min_side)
+        frames = self.frames if factor == 1 else self.frames.repeat(factor, axis=1).repeat(factor, axis=2)
+        return encode_mp4(frames, self.fps, self.audio, self.sample_rate)
 
     def summary(self) -> dict[str, Any]:
         """The JSON-friendly part of the result (no pixels, no tensors)."""
@@ -71,14 +94,21 @@ class Result:
         directory.mkdir(parents=True, exist_ok=True)
         path = write_atomic(directory / f"{name}.mp4", mp4)
         write_atomic(directory / f"{name}.json", json.dumps(self.summary(), indent=2, default=str).encode())
-        write_atomic(directory / f"{name}.html", self._html(mp4).encode())
+        request = self.metadata.get("request", {})
+        title = " · ".join(str(x) for x in (request.get("prompt"), self.metadata.get("model")) if x) or name
+        page = (
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
+            f"<body style='font-family:sans-serif'>{self._html(self.mp4_bytes(min_side=VISIBLE_SIDE))}</body></html>"
+        )
+        write_atomic(directory / f"{name}.html", page.encode())
         return path
 
     def _repr_html_(self) -> str:
-        return self._html(self.mp4_bytes())
+        return self._html(self.mp4_bytes(min_side=VISIBLE_SIDE))
 
     def _html(self, mp4: bytes) -> str:
-        """Self-contained: the video is a data URI, tables are plain HTML, no script."""
+        """Self-contained: the video is a data URI (of frames enlarged to >= VISIBLE_SIDE px), tables are
+        plain HTML, no script."""
         request = self.metadata.get("request", {})
         rows = "".join(
             f"<tr><td>{html.escape(stage)}</td><td>{seconds * 1000:.1f}</td>"
@@ -100,7 +130,8 @@ class Result:
             f"{self.frames.shape[2]}x{self.frames.shape[1]} @ {self.fps} fps"
             f"{'' if self.audio is None else f' &middot; audio {self.audio_seconds:.2f} s'}"
             f" &middot; exact={self.exact}</p>"
-            f'<video controls src="data:video/mp4;base64,{video}" style="max-width:480px"></video>'
+            f'<video controls loop src="data:video/mp4;base64,{video}" style="{video_style(*self.frames.shape[1:3])}">'
+            "</video>"
             f"<table><tr><th>stage</th><th>ms</th><th>peak MiB</th></tr>{rows}</table>"
             f"<table><tr><th>acceleration</th><th>receipt</th></tr>{receipts}</table></div>"
         )

@@ -20,6 +20,8 @@ from workbench.accelerations.base import Handle
 from workbench.models import resolve
 from workbench.models.loaded import LoadedModel
 from workbench.probes import stage_probes
+from workbench.progress import library_bars_off
+from workbench.progress import progress as progress_bar
 from workbench.request import Request
 from workbench.result import Result
 from workbench.telemetry import Event, NvmlSampler, Telemetry, summarize_samples
@@ -65,7 +67,8 @@ class Session:
         if isinstance(model, LoadedModel):
             loaded = model
         else:
-            loaded = resolve(model, seed=seed, dtype=torch_dtype, device=torch_device)
+            with library_bars_off():
+                loaded = resolve(model, seed=seed, dtype=torch_dtype, device=torch_device)
         loaded.pipeline.to(device=torch_device)
         if torch_device.type == "cuda":
             torch.cuda.synchronize(torch_device)
@@ -132,7 +135,8 @@ class Session:
 
     def _run(self, request: Request, request_id: int, progress: bool) -> Result:
         pipe = self.model.pipeline
-        pipe.set_progress_bar_config(disable=not progress, leave=False)
+        # diffusers' own bar is a tqdm.auto widget in a kernel, "model not found" once the notebook is reopened
+        pipe.progress_bar = lambda iterable=None, total=None: progress_bar(iterable, total, "denoise steps", progress)
         telemetry = Telemetry(self.device, self._subscribers)
         kwargs = {**self.family.call_kwargs(request), **self.model.call_overrides}
         with ExitStack() as stack:

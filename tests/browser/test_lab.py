@@ -1,4 +1,12 @@
-"""One real-browser check: 10_explore.ipynb in JupyterLab, driven by headless Debian Chromium.
+"""What a person sees of the A/B players: a real JupyterLab driven by headless Debian Chromium.
+
+A small notebook generates two demo-av clips (24 fps, 64x64: stock and easycache) and shows an
+`ABPlayer` and an `ABAudio` of them. The checks: every frame 0..T-1 is reached by ArrowRight, End and
+the mouse with both videos on that frame after each step (Chromium truncates `currentTime` to
+microseconds, which once made the slider skip frames at 24 fps), the videos render at least 256 px,
+the row of videos, heatmap and curves fits a 1400 px screen beside Lab's file browser, and the audio
+shows its true duration.
+`python -m pytest tests/browser -k screenshot` rewrites docs/ab_view.png (1400x1100).
 
 Needs /usr/bin/chromium (`apt-get install chromium`) and the `playwright` Python package; without
 either it is skipped with the reason (never a fake pass). `playwright install` cannot download a
@@ -6,9 +14,9 @@ browser here, so the system Chromium is launched by path.
 """
 
 import json
+import math
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,16 +24,30 @@ import time
 import urllib.request
 from pathlib import Path
 
+import nbformat
 import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOT = ROOT / "docs" / "ab_view.png"
 ARGS = [
     "--no-sandbox",
     "--disable-gpu",
     "--disable-background-networking",
     "--disable-component-update",
     "--no-first-run",
+]
+FPS, FRAMES = 24, 9  # demo-av's defaults: 9 frames at 24 fps, where 1/24 s is not a whole microsecond
+AB_NOTEBOOK = [
+    "from workbench import Request, Session\nfrom workbench.widgets import ABAudio, ABPlayer\n"
+    "session = Session.open('demo-av', device='cpu')\n"
+    "request = Request('a red circle moves left, low hum', seed=0, steps=6)\n"
+    "stock = session.generate(request, progress=False)\n"
+    "session.accelerate({'easycache': {'threshold': 0.2}})\n"
+    "cached = session.generate(request, progress=False)\n"
+    "assert (stock.fps, stock.frames.shape[0]) == (24, 9), (stock.fps, stock.frames.shape)",
+    "ABPlayer(stock, cached, labels=('stock', 'easycache'))",
+    "ABAudio(stock, cached, labels=('stock', 'easycache'))",
 ]
 
 if not CHROMIUM.exists():
@@ -41,11 +63,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """JupyterLab on 127.0.0.1 with a token, rooted at a copy of notebooks/, kernel = this interpreter."""
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab on 127.0.0.1 with a token, rooted at a folder holding the A/B notebook, kernel = this
+    interpreter, progress bars off."""
+    tmp_path = tmp_path_factory.mktemp("lab")
     root = tmp_path / "root"
-    shutil.copytree(NOTEBOOKS, root)
+    root.mkdir()
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in AB_NOTEBOOK])
+    nbformat.write(notebook, root / "ab.ipynb")
     spec = tmp_path / "jupyter" / "kernels" / "python3"
     spec.mkdir(parents=True)
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
@@ -61,6 +87,9 @@ def lab(tmp_path):
     tracker = tmp_path / "settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
     tracker.parent.mkdir(parents=True)
     tracker.write_text(json.dumps({"windowingMode": "none"}))
+    news = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))  # no pop-up over the screenshot
     port, token = free_port(), secrets.token_hex(16)
     command = [
         sys.executable,
@@ -91,7 +120,7 @@ def lab(tmp_path):
             if server.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"JupyterLab did not start:\n{(tmp_path / 'lab.log').read_text()[-3000:]}")
             time.sleep(0.3)
-        yield base, token
+        yield base, token, tmp_path
     finally:
         server.terminate()
         try:
@@ -101,18 +130,20 @@ def lab(tmp_path):
         log.close()
 
 
-def test_explore_notebook_in_jupyterlab_syncs_ab_videos(lab, tmp_path):
-    base, token = lab
+@pytest.fixture(scope="module")
+def ab_page(lab):
+    """The A/B notebook run in Lab at 1400x1100 as Lab opens (file browser shown): (page, player locator)."""
+    base, token, tmp_path = lab
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{base}/lab/tree/10_explore.ipynb?reset&token={token}")
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(f"{base}/lab/tree/ab.ipynb?reset&token={token}")
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
             select = page.locator(".jp-Dialog button", has_text="Select")  # "Select Kernel", when Lab asks
             try:
-                select.wait_for(timeout=5_000)
+                select.wait_for(timeout=3_000)
                 select.click()
             except sync_api.TimeoutError:
                 pass
@@ -120,47 +151,144 @@ def test_explore_notebook_in_jupyterlab_syncs_ab_videos(lab, tmp_path):
             page.locator(".jp-Notebook .jp-Cell").first.click()  # the notebook has focus: its commands apply
             page.locator(".lm-MenuBar-item", has_text="Run").first.click()
             page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
-            # The last cell prints the contract once the A/B comparison exists.
+            player = page.locator(".vflash-ab-player").first
             try:
-                page.wait_for_selector("text=cross_kv_cache: bitwise", timeout=90_000)
-            except sync_api.TimeoutError:
-                page.screenshot(path=str(tmp_path / "failed.png"), full_page=True)
-                raise
-
-            panel = page.locator(".vflash-acceleration-panel").first
-            row = panel.locator(".vflash-acceleration-row", has_text="attention_backend").first
-            checkbox = row.locator("input[type=checkbox]").first
-            assert not checkbox.is_checked()
-            checkbox.check()
-            assert checkbox.is_checked()
-            panel.locator("button", has_text="apply").click()
-            try:
-                panel.locator(".widget-html", has_text="installed:").filter(has_text="attention_backend").wait_for(
-                    timeout=30_000
+                player.wait_for(timeout=120_000)
+                page.wait_for_function(
+                    "() => [...document.querySelectorAll('.vflash-ab-player video')].every((v) => v.readyState >= 2)",
+                    timeout=30_000,
                 )
             except sync_api.TimeoutError:
                 page.screenshot(path=str(tmp_path / "failed.png"), full_page=True)
-                raise AssertionError(
-                    f"apply did not install attention_backend; the panel says: {panel.inner_text()}"
-                ) from None
-
-            # Move the A/B frame scrubber (the ABPlayer's slider) with the keyboard.
-            videos = page.locator("video")
-            assert videos.count() >= 2
-            slider = page.locator(".widget-slider", has_text="frame").first.locator(".noUi-handle").first
-            slider.focus()
-            for _ in range(4):
-                slider.press("ArrowRight")
-            page.wait_for_function(
-                """() => {
-                    const times = [...document.querySelectorAll('video')].map((v) => v.currentTime);
-                    return times.length >= 2 && times[0] > 0 && times.every((t) => Math.abs(t - times[0]) < 1e-3);
-                }""",
-                timeout=30_000,
-            )
-            times = page.evaluate("() => [...document.querySelectorAll('video')].map((v) => v.currentTime)")
-            assert len(times) >= 2 and times[0] > 0 and all(t == pytest.approx(times[0], abs=1e-3) for t in times)
-            page.screenshot(path=str(tmp_path / "lab.png"), full_page=True)
+                raise
+            yield page, player
         finally:
             browser.close()
-    assert (tmp_path / "lab.png").stat().st_size > 0
+
+
+def frame_state(page) -> dict:
+    return page.evaluate(
+        """() => {
+            const player = document.querySelector('.vflash-ab-player');
+            const times = [...player.querySelectorAll('video')].map((v) => v.currentTime);
+            const readout = player.querySelector('.widget-slider .widget-readout');
+            return { times, frame: Number(readout.textContent.trim()) };
+        }"""
+    )
+
+
+def wait_for_frame(page, frame: int) -> dict:
+    """Wait until the slider reads `frame` and both videos show it at the same time; the state."""
+    try:
+        _wait_for_frame(page, frame)
+    except sync_api.TimeoutError:
+        raise AssertionError(f"frame {frame} not reached: {frame_state(page)}") from None
+    return frame_state(page)
+
+
+def _wait_for_frame(page, frame: int) -> None:
+    page.wait_for_function(
+        """([frame, fps]) => {
+            const player = document.querySelector('.vflash-ab-player');
+            const times = [...player.querySelectorAll('video')].map((v) => v.currentTime);
+            const readout = Number(player.querySelector('.widget-slider .widget-readout').textContent.trim());
+            return readout === frame && times.length === 2 && times[0] === times[1]
+                && Math.floor(times[0] * fps) === frame && !player.querySelector('video').seeking;
+        }""",
+        arg=[frame, FPS],
+        timeout=10_000,
+    )
+
+
+def test_every_frame_is_reachable_with_both_videos_together(ab_page):
+    page, player = ab_page
+    handle = player.locator(".widget-slider .noUi-handle").first
+    handle.focus()
+    reached = [wait_for_frame(page, 0)["frame"]]
+    for _ in range(FRAMES - 1):
+        handle.press("ArrowRight")
+        state = wait_for_frame(page, reached[-1] + 1)
+        reached.append(state["frame"])
+    assert reached == list(range(FRAMES))  # ArrowRight steps 0, 1, 2, ..., T-1
+    handle.press("Home")
+    wait_for_frame(page, 0)
+    handle.press("End")
+    end = wait_for_frame(page, FRAMES - 1)
+    assert math.floor(end["times"][0] * FPS) == FRAMES - 1
+    track = player.locator(".widget-slider .noUi-base").first.bounding_box()
+    middle = track["y"] + track["height"] / 2
+    # noUiSlider ignores a tap while the previous one's 300 ms animation (.noUi-state-tap) runs, and the
+    # handle is only where it belongs once that animation is over
+    settled = "() => !document.querySelector('.vflash-ab-player .noUi-state-tap')"
+    for frame in (5, 2):  # the mouse: a click where the frame sits on the track
+        page.wait_for_function(settled)
+        page.mouse.click(track["x"] + track["width"] * frame / (FRAMES - 1), middle)
+        wait_for_frame(page, frame)
+    page.wait_for_function(settled)
+    box = handle.bounding_box()  # and a drag of the handle past the end of the track
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(track["x"] + track["width"] + 50, middle, steps=8)
+    page.mouse.up()
+    wait_for_frame(page, FRAMES - 1)
+    handle.press("Home")
+    wait_for_frame(page, 0)
+    player.locator("button[title='next frame']").click()
+    wait_for_frame(page, 1)
+    player.locator("button[title='previous frame']").click()
+    wait_for_frame(page, 0)
+    print(f"frames reached by keyboard: {reached}; End -> {end}")
+
+
+def test_videos_heatmap_and_curves_fit_one_row_at_1400_px(ab_page):
+    page, player = ab_page
+    boxes = page.evaluate(
+        """() => {
+            const player = document.querySelector('.vflash-ab-player');
+            const box = (el) => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; };
+            const images = [...player.querySelectorAll('img')];
+            return {
+                videos: [...player.querySelectorAll('video')].map(box),
+                images: images.map(box),
+                controls: [...player.querySelectorAll('video')].map((v) => v.controls && v.loop),
+                pixelated: getComputedStyle(player.querySelector('video')).imageRendering,
+                overflow: document.documentElement.scrollWidth - window.innerWidth,
+                row: box(player.querySelector('video').closest('.widget-hbox')),
+            };
+        }"""
+    )
+    print(f"A/B row: {boxes}")
+    videos, images = boxes["videos"], boxes["images"]
+    assert len(videos) == 2 and len(images) == 2  # heatmap and PSNR/SSIM curves
+    assert all(width >= 256 and height >= 256 for _, _, width, height in videos)
+    assert boxes["controls"] == [True, True] and boxes["pixelated"] == "pixelated"
+    tops = [top for _, top, _, _ in videos + images]
+    assert max(tops) - min(tops) < 40, f"not one row: tops {tops}"
+    assert max(left + width for left, _, width, _ in videos + images) <= 1400 and boxes["overflow"] <= 0
+    assert "64x64 px, shown x4" in player.inner_text()
+
+
+def test_audio_players_show_the_true_duration(ab_page):
+    page, _ = ab_page
+    readouts = page.locator(".vflash-ab-audio .vflash-audio-time")
+    readouts.first.wait_for(timeout=10_000)
+    texts = readouts.all_inner_texts()
+    durations = [float(text.split(" / ")[1].removesuffix(" s")) for text in texts]
+    assert len(texts) == 2 and all(0.3 < d < 0.5 for d in durations), texts  # 9 frames at 24 fps; Chromium: "0:00"
+
+
+def test_ab_view_screenshot(ab_page):
+    """Writes docs/ab_view.png: the A/B player at the top of a 1400x1100 screen, on its most different frame."""
+    page, player = ab_page
+    page.evaluate("() => document.querySelector('.vflash-ab-player').closest('.jp-Cell').scrollIntoView()")
+    handle = player.locator(".widget-slider .noUi-handle").first
+    handle.focus()
+    handle.press("End")
+    handle.press("ArrowLeft")
+    wait_for_frame(page, FRAMES - 2)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=30_000)
+    page.wait_for_timeout(500)  # the curves' PNG (drawn last) reaches the page
+    page.evaluate("() => document.activeElement.blur()")
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT))
+    assert SCREENSHOT.stat().st_size > 10_000

@@ -38,15 +38,19 @@ def _pinned(folder, rng, name="ref_42.bin", size=4096):
 
 
 @pytest.mark.parametrize(
-    ("name", "frames", "height", "width", "steps"),
-    [("tiny-smoke", 9, 64, 64, 2), ("wan-1.3b-480p", 81, 480, 832, 16)],
+    ("name", "frames", "height", "width", "steps", "mode"),
+    [
+        ("tiny-smoke", 9, 64, 64, 2, "t2v"),
+        ("demo-av-smoke", 9, 64, 64, 8, "t2va"),
+        ("wan-1.3b-480p", 81, 480, 832, 16, "t2v"),
+    ],
 )
-def test_shipped_manifests_load_with_apart_seeds(name, frames, height, width, steps):
+def test_shipped_manifests_load_with_apart_seeds(name, frames, height, width, steps, mode):
     manifest = load_manifest(SHIPPED / f"{name}.json")
     assert manifest.name == name
     assert [c.seed for c in manifest.calibration] == [11, 12] and [c.seed for c in manifest.test] == [42, 43]
     for case in manifest.calibration + manifest.test:
-        assert (case.frames, case.height, case.width, case.steps, case.mode) == (frames, height, width, steps, "t2v")
+        assert (case.frames, case.height, case.width, case.steps, case.mode) == (frames, height, width, steps, mode)
         request = case.to_request()
         assert (request.prompt, request.seed, request.frames) == (case.prompt, case.seed, frames)
     assert manifest.sha256 == hashlib.sha256((SHIPPED / f"{name}.json").read_bytes()).hexdigest()

@@ -22,6 +22,7 @@ def test_quickstart_notebook_runs_without_error(tmp_path, kernel_env):
     notebook = nbformat.read(executed, as_version=4)
     outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
     assert not [output for output in outputs if output.output_type == "error"]
+    assert not [output.text for output in outputs if output.output_type == "stream" and output.name == "stderr"]
     assert any("injected-parameters" in cell.metadata.get("tags", []) for cell in notebook.cells)
     mimes = {mime for output in outputs for mime in output.get("data", {})}
     assert {"text/html", "image/png"} <= mimes  # the embedded video/audio and the static timeline

@@ -1,5 +1,9 @@
 // Drives SyncedVideos' ESM in Node with a minimal fake DOM and model: the sync rules, without a browser.
-// Usage: node synced_videos_harness.mjs /path/to/esm.mjs   (exits 1 at the first broken rule)
+// Usage: node synced_videos_harness.mjs /path/to/esm.mjs [steps.json]   (exits 1 at the first broken rule)
+// The fake <video> reads currentTime back truncated to microseconds, as Chromium does. With steps.json
+// ({"times": [...]}: the time Python sets for each frame of the slider, in order) it also steps through
+// them and prints one line "steps <json>": per step the model's time, both videos' currentTime, and the
+// times the view published back to Python meanwhile (Python maps those to the slider's frame).
 import { pathToFileURL } from "node:url";
 
 class El {
@@ -11,7 +15,7 @@ class El {
 class Video extends El {
   constructor() { super("video"); this._t = 0; this.paused = true; this.ended = false; this.seeks = 0; }
   get currentTime() { return this._t; }
-  set currentTime(t) { this._t = t; this.seeks++; this.fire("seeked"); }
+  set currentTime(t) { this._t = Math.trunc(t * 1e6) / 1e6; this.seeks++; this.fire("seeked"); }
   play() { if (this.paused) { this.paused = false; this.fire("play"); } return Promise.resolve(); }
   pause() { if (!this.paused) { this.paused = true; this.fire("pause"); } }
 }
@@ -21,19 +25,23 @@ class Model {
   get(k) { return this.s[k]; }
   set(k, v) { const old = this.s[k]; this.s[k] = v; if (old !== v) (this.h["change:" + k] || []).forEach((f) => f()); }
   save_changes() { this.saved.push({ ...this.s }); }
+  published(k, since) { return this.saved.slice(since).map((state) => state[k]); }
   on(names, f) { names.split(" ").forEach((n) => (this.h[n] ||= []).push(f)); }
   off(names, f) { names.split(" ").forEach((n) => (this.h[n] = (this.h[n] || []).filter((g) => g !== f))); }
 }
 const { default: widget } = await import(pathToFileURL(process.argv[2]).href);
-const model = new Model({ src_a: "data:a", src_b: "data:b", label_a: "dense", label_b: "cached", time: 0, playing: false });
+const state = { src_a: "data:a", src_b: "data:b", label_a: "dense", label_b: "cached", time: 0, playing: false };
+const model = new Model({ ...state, loop: true, display_width: 256, display_height: 192 });
 const el = new El("div");
 const cleanup = widget.render({ model, el });
 const [a, b] = el.children[0].children.map((fig) => fig.children[0]);
 const ok = (c, m) => { if (!c) { console.error("FAIL", m); process.exit(1); } console.log("ok", m); };
 ok(a.src === "data:a" && b.src === "data:b" && b.muted && !a.muted, "sources loaded, B muted");
+ok(a.loop && b.loop && a.controls && a.style.width === "256px" && b.style.height === "192px", "loop, controls, size");
 // Python sets time -> both seek
 model.set("time", 5 / 24);
-ok(Math.abs(a.currentTime - 5 / 24) < 1e-9 && Math.abs(b.currentTime - 5 / 24) < 1e-9, "setting time seeks both");
+ok(Math.abs(a.currentTime - 5 / 24) < 1e-6 && a.currentTime === b.currentTime, "setting time seeks both");
+ok(model.get("time") === 5 / 24, "a seek the view made does not write the browser's rounded time back");
 const savedBefore = model.saved.length;
 // user scrubs A -> time published, B follows
 a.currentTime = 0.3;
@@ -54,6 +62,16 @@ ok(a.paused && b.paused, "playing=false pauses both");
 model.set("playing", true); ok(!a.paused && !b.paused, "playing=true plays both");
 a.pause();
 ok(b.paused && model.get("playing") === false, "pausing one pauses both");
+a.pause();
+if (process.argv[3]) {
+  const { times } = JSON.parse((await import("node:fs")).readFileSync(process.argv[3], "utf8"));
+  const steps = times.map((t) => {
+    const since = model.saved.length;
+    model.set("time", t);  // what the slider's observer does in Python
+    return { time: model.get("time"), a: a.currentTime, b: b.currentTime, published: model.published("time", since) };
+  });
+  console.log("steps " + JSON.stringify(steps));
+}
 cleanup();
 model.set("time", 0.1);
 ok(a.currentTime !== 0.1, "cleanup removed listeners");

@@ -1,20 +1,24 @@
+import base64
 import io
 import wave
 
 import numpy as np
 import pytest
 
-from workbench.widgets import ABAudio
+from workbench.widgets import ABAudio, AudioPlayer
 
 
-def test_ab_audio_has_two_quiet_players_and_a_figure(make_result):
+def test_ab_audio_has_two_quiet_players_with_their_true_duration_and_a_figure(make_result):
     a = make_result(audio_samples=4000)
     b = make_result(like=a, noise=2)
     widget = ABAudio(a, b)
     assert len(widget.players) == 2
     for player, result in zip(widget.players, (a, b), strict=True):
-        assert player.autoplay is False and player.loop is False and player.format == "wav"
-        with wave.open(io.BytesIO(player.value)) as file:
+        assert isinstance(player, AudioPlayer) and player.loop is False
+        assert player.duration == pytest.approx(0.25)  # 4000 samples at 16 kHz; Chromium's control says 0:00
+        prefix = "data:audio/wav;base64,"
+        assert player.src.startswith(prefix)
+        with wave.open(io.BytesIO(base64.b64decode(player.src[len(prefix) :]))) as file:
             assert (file.getnchannels(), file.getnframes(), file.getframerate()) == (2, 4000, 16000)
             pcm = np.frombuffer(file.readframes(4000), dtype="<i2").reshape(4000, 2).T
         np.testing.assert_allclose(pcm / 32767, result.audio, atol=1 / 32767)  # not normalised
@@ -37,3 +41,11 @@ def test_non_finite_audio_shows_in_the_widget(make_result):
     b.audio[0, 10] = np.nan
     widget = ABAudio(a, b)
     assert "audio figure failed" in widget.errors.value and "non-finite" in widget.errors.value
+
+
+def test_ab_audio_compare_swaps_in_a_new_pair(make_result):
+    widget = ABAudio(make_result(), make_result(), labels=("#1", "#2"))
+    c = make_result(audio_samples=8000)
+    widget.compare(c, make_result(like=c, noise=1), labels=("#3", "#4"))
+    assert widget.labels == ("#3", "#4") and widget.players[0].duration == pytest.approx(0.5)
+    assert "#3" in widget.titles[0].value and not widget.errors.value

@@ -1,5 +1,8 @@
 import base64
+import io
+import math
 
+import av
 import numpy as np
 import pytest
 
@@ -7,17 +10,16 @@ from workbench.plots import array_png
 from workbench.quality import psnr_per_frame, ssim_per_frame
 from workbench.widgets import ABPlayer, SyncedVideos
 from workbench.widgets._common import upscale
+from workbench.widgets.player import display_size, frame_at, frame_time
 
 
-def test_slider_moves_both_images_and_sets_synced_videos_time(make_result):
+def test_slider_moves_heatmap_and_sets_synced_videos_time_to_the_middle_of_the_frame(make_result):
     a = make_result()
     b = make_result(like=a, noise=6)
     player = ABPlayer(a, b, labels=("dense", "cached"))
     player.slider.value = 5
-    assert player.image_a.value == array_png(upscale(a.frames[5]))
-    assert player.image_b.value == array_png(upscale(b.frames[5]))
-    assert player.image_diff.value == array_png(upscale(player.heatmap(5)))
-    assert player.videos.time == pytest.approx(5 / 24)
+    assert player.image_diff.value == array_png(upscale(player.heatmap(5), 192))
+    assert player.videos.time == pytest.approx(5.5 / 24)
     assert "frame 5 of 8" in player.caption.value
     assert not player.errors.value
 
@@ -27,8 +29,70 @@ def test_synced_videos_time_moves_the_slider(make_result):
     player = ABPlayer(a, make_result(like=a, noise=3))
     player.videos.time = 3.5 / 24  # the middle of frame 3, as a scrubbed video reports it
     assert player.slider.value == 3
+    player.videos.time = math.trunc(1e6 / 24) / 1e6  # a seek to 1/24 s as Chromium reads it back: still frame 0
+    assert player.slider.value == 0
     player.videos.time = 99.0  # past the end (the video's last frame lasts a whole frame period)
     assert player.slider.value == 8
+
+
+@pytest.mark.parametrize("fps", [8, 16, 24, 25, 30, 60, 120])
+def test_every_frame_maps_to_a_time_and_back_through_microsecond_truncation(fps):
+    count = 2 * fps + 1
+    for frame in range(count):
+        seen = math.trunc(frame_time(frame, fps) * 1e6) / 1e6  # what the browser reports after the seek
+        assert frame_at(seen, fps, count) == frame
+        assert frame * 1e6 / fps <= seen * 1e6 < (frame + 1) * 1e6 / fps  # inside the frame's display interval
+    assert frame_at(-1.0, fps, count) == 0 and frame_at(1e9, fps, count) == count - 1
+
+
+def test_previous_and_next_buttons_step_one_frame_and_stop_at_the_ends(make_result):
+    a = make_result()
+    player = ABPlayer(a, make_result(like=a, noise=3))
+    player.previous.click()
+    assert player.slider.value == 0
+    for expected in range(1, 9):
+        player.next.click()
+        assert player.slider.value == expected and player.videos.time == pytest.approx((expected + 0.5) / 24)
+    player.next.click()
+    assert player.slider.value == 8
+    player.previous.click()
+    assert player.slider.value == 7
+
+
+def test_small_clips_show_enlarged_nearest_neighbour_with_their_true_size(make_result):
+    a = make_result(frames=(9, 20, 28))
+    player = ABPlayer(a, make_result(like=a, noise=3), labels=("dense", "cached"))
+    assert player.factor == 10 and (player.videos.display_width, player.videos.display_height) == (280, 200)
+    assert "28x20 px, shown x10" in player.videos.label_a and player.videos.label_a.startswith("dense")
+    assert player.videos.loop and not player.videos.playing
+    mp4 = base64.b64decode(player.videos.src_a.split(",", 1)[1])
+    with av.open(io.BytesIO(mp4)) as container:
+        frame = next(container.decode(video=0))
+    assert (frame.width, frame.height) == (280, 200)
+    assert (player.image_diff.layout.width, player.image_diff.layout.height) == ("196px", "140px")  # x7
+    assert display_size(64, 64) == (4, (256, 256)) and display_size(480, 832) == (1, (320, 185))
+
+
+def test_compare_swaps_in_a_new_pair_in_place(make_result):
+    a = make_result()
+    player = ABPlayer(a, make_result(like=a, noise=3), labels=("#1 stock", "#2 x"))
+    player.slider.value = 6
+    c = make_result(frames=(5, 16, 16))
+    d = make_result(like=c, noise=20)
+    player.compare(c, d, labels=("#3 stock", "#4 y"))
+    assert player.labels == ("#3 stock", "#4 y") and player.slider.max == 4 and player.slider.value == 0
+    assert player.psnr.shape == (5,) and "#4 y" in player.header.value and not player.errors.value
+    player.slider.value = 4
+    assert player.videos.time == pytest.approx(4.5 / 24)
+
+
+def test_play_button_plays_both_and_says_pause(make_result):
+    a = make_result()
+    player = ABPlayer(a, a)
+    player.play.value = True
+    assert player.videos.playing and player.play.description == "pause both"
+    player.videos.playing = False  # the browser paused (a video ended or the user paused one)
+    assert not player.play.value and player.play.description == "play both"
 
 
 def test_curves_are_the_quality_metrics_per_frame(make_result):
@@ -80,3 +144,22 @@ def test_a_failure_while_browsing_shows_in_the_widget(make_result):
     player = ABPlayer(a, a)
     player.show(42)  # no such frame: the error box says so, no traceback escapes
     assert "showing frame 42 failed" in player.errors.value and "IndexError" in player.errors.value
+
+
+def test_a_dashboard_player_already_on_screen_tracks_the_latest_pair(sessions):
+    from workbench.widgets import Dashboard
+
+    session = sessions("tiny-wan")
+    session.accelerate({})
+    dash = Dashboard(session)
+    try:
+        dash.set_request(prompt="a red circle", seed=3, frames=5, height=32, width=32, steps=1)
+        dash.generate()
+        dash.generate()
+        shown = dash.ab_player  # what a notebook cell displayed a second time
+        dash.set_request(seed=4)
+        third = dash.generate()
+        assert dash.ab_player is shown and shown.result_b is third and shown.labels[1].startswith("#3")
+        assert dash.ab.children == (shown,)
+    finally:
+        dash.live.detach()

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from workbench import environment
 from workbench.evidence.stats import RatioCI, paired_ratio_ci, verdict
+from workbench.progress import progress as progress_bar
 from workbench.quality import Budget, compare
 from workbench.request import Request
 from workbench.result import Result
@@ -45,7 +45,7 @@ def qualify(
         raise ValueError("requests: at least one request is required")
     budget = budget or Budget()
     cases, pilots = [], []
-    with tqdm(total=len(requests) * (2 * rounds + 3), desc="qualify", disable=not progress) as bar:
+    with progress_bar(total=len(requests) * (2 * rounds + 3), desc="qualify runs", enabled=progress) as bar:
         for request in requests:
             case, pair = _qualify_one(session, request, baseline, candidate, rounds, budget, bar)
             cases.append(case)

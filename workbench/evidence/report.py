@@ -1,5 +1,5 @@
-"""A static HTML report of a qualification record: tables, and both arms' pilot MP4s as data URIs,
-so the report opens offline and survives being mailed or exported."""
+"""A static HTML report of a qualification record: tables, PNG plots and both arms' pilot MP4s as data
+URIs, so the report opens offline and survives being mailed or exported (no script, nothing fetched)."""
 
 from __future__ import annotations
 
@@ -8,24 +8,44 @@ import html
 import json
 from typing import Any
 
-from workbench.result import Result
+import numpy as np
+
+from workbench.environment import device_label
+from workbench.plots import figure_png, frame_metric_curves, round_times
+from workbench.result import VISIBLE_SIDE, Result, video_style
+
+# Scoped to the report's own wrapper: shown inside a notebook, the page must not restyle the notebook.
+STYLE = (
+    ".vflash-report{font-family:sans-serif;max-width:1200px}.vflash-report td,.vflash-report th{border:1px solid #ccc;"
+    "padding:2px 6px;text-align:left}.vflash-report table{border-collapse:collapse;margin:0.5em 0}"
+    ".vflash-report figure{display:inline-block;margin:0 12px 8px 0;vertical-align:top}"
+    ".vflash-report figcaption{font-size:0.9em}.vflash-report img{max-width:100%}"
+)
+
+
+def page(title: str, body: list[str]) -> str:
+    """A whole static HTML document: `title`, the scoped style, and `body` inside a `.vflash-report` div."""
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body><div class='vflash-report'>{''.join(body)}</div></body></html>"
+    )
 
 
 def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -> str:
     """The report page; with `pilots=None` (a record read back without its outputs) the videos are
-    replaced by a note saying so."""
+    replaced by a note saying so. A case whose candidate did not execute (`not_executed`) shows no
+    speed-up anywhere: its timings measured something other than the candidate."""
+    candidate = json.dumps(record["candidate"])
+    title = f"Qualification: {record['verdict']} · {candidate} vs {json.dumps(record['baseline'])} on {record['model']}"
     parts = [
-        "<!doctype html><meta charset='utf-8'><title>qualification</title>",
-        "<style>body{font-family:sans-serif;margin:1.5em}td,th{border:1px solid #ccc;padding:2px 6px}"
-        "table{border-collapse:collapse;margin:0.5em 0}video{max-width:45%;margin-right:1%}</style>",
         f"<h1>Qualification: {html.escape(record['verdict'])}</h1>",
         _table(
             {
                 "model": record["model"],
                 "baseline": json.dumps(record["baseline"]),
-                "candidate": json.dumps(record["candidate"]),
-                "rounds": record["rounds"],
-                "device": record["device"].get("name"),
+                "candidate": candidate,
+                "rounds": f"{record['rounds']} (timed A, B, A, ..., A after one warm-up run per arm)",
+                "device": device_label(record["device"]),
                 "commit": f"{record['git'].get('commit')} (dirty={record['git'].get('dirty')})",
                 "budget": json.dumps(record["budget"]),
             }
@@ -33,41 +53,91 @@ def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -
     ]
     pairs = pilots if pilots is not None else [None] * len(record["cases"])
     for index, (case, pair) in enumerate(zip(record["cases"], pairs, strict=True)):
-        quality = case["quality"]
-        speed = case["speedup"]
+        parts += _case(index, case, pair, record["budget"])
+    return page(title, parts)
+
+
+def _case(index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, budget: dict) -> list[str]:
+    quality = case["quality"]
+    rows = {"speed-up (median, CI95)": speedup_text(case)}
+    rows |= {
+        "warm-up seconds": ", ".join(f"{arm} {seconds:.4f}" for arm, seconds in case["warmup_seconds"].items()),
+        "timed outputs match pilot": json.dumps(case["timed_outputs_match_pilot"]),
+        "latent rel-L2": quality.get("latent_rel_l2"),
+        "PSNR dB (clip / min frame)": f"{quality.get('psnr_db')} / {quality.get('psnr_min_db')}",
+        "min-frame SSIM": quality.get("min_ssim"),
+        "budget failures": "; ".join(quality.get("failures", [])) or "none",
+        "receipts": json.dumps(case["receipts"]),
+    }
+    parts = [
+        f"<h2>Case {index}: {html.escape(case['request']['prompt'])} (seed {case['request']['seed']})</h2>",
+        f"<p><b>{html.escape(case['verdict'])}</b>: {html.escape(case['reason'])}</p>",
+        _table(rows),
+        "<h3>Timed rounds</h3>",
+        _rounds_table(case),
+        _png(round_times(case["baseline_seconds"], case["candidate_seconds"]), "per-round request time of both arms"),
+    ]
+    psnr, ssim = _floats(quality.get("psnr_per_frame")), _floats(quality.get("ssim_per_frame"))
+    if psnr.size and psnr.shape == ssim.shape:
         parts += [
-            f"<h2>Case {index}: {html.escape(case['request']['prompt'])} (seed {case['request']['seed']})</h2>",
-            f"<p><b>{html.escape(case['verdict'])}</b>: {html.escape(case['reason'])}</p>",
-            _table(
-                {
-                    "speed-up (median, CI95)": f"{speed['median']:.4f} [{speed['low']:.4f}, {speed['high']:.4f}]",
-                    "baseline seconds": _numbers(case["baseline_seconds"]),
-                    "candidate seconds": _numbers(case["candidate_seconds"]),
-                    "warm-up seconds": json.dumps(case["warmup_seconds"]),
-                    "timed outputs match pilot": json.dumps(case["timed_outputs_match_pilot"]),
-                    "latent rel-L2": quality.get("latent_rel_l2"),
-                    "PSNR dB (clip / min frame)": f"{quality.get('psnr_db')} / {quality.get('psnr_min_db')}",
-                    "min-frame SSIM": quality.get("min_ssim"),
-                    "budget failures": "; ".join(quality.get("failures", [])) or "none",
-                    "receipts": json.dumps(case["receipts"]),
-                }
-            ),
-            _video(pair[0], "baseline") + _video(pair[1], "candidate")
-            if pair is not None
-            else "<p><i>Videos not embedded: this report was rendered from the record alone.</i></p>",
+            "<h3>Per-frame quality of the candidate against the baseline</h3>",
+            _png(frame_metric_curves(psnr, ssim, budget=budget), "per-frame PSNR and SSIM with the budget's limits"),
         ]
-    return "".join(parts)
+    parts.append("<h3>Pilot outputs</h3>")
+    if pair is None:
+        parts.append("<p><i>Videos not embedded: this report was rendered from the record alone.</i></p>")
+    else:
+        parts.append(video(pair[0], "baseline") + video(pair[1], "candidate"))
+    return parts
+
+
+def speedup_text(case: dict[str, Any]) -> str:
+    """A case's speed-up as a reader should see it: none at all when the candidate did not execute."""
+    if case["verdict"] == "not_executed":
+        return "none: the candidate did not execute, so its timings measure something else"
+    speed = case["speedup"]
+    text = f"{speed['median']:.4f} [{speed['low']:.4f}, {speed['high']:.4f}] (baseline / candidate time)"
+    return text + ("; not a speed claim (see the verdict)" if case["verdict"] == "no_speed_claim" else "")
+
+
+def _rounds_table(case: dict[str, Any]) -> str:
+    """Round r pairs candidate run B_r with the mean of the baseline runs either side, A_(r-1) and A_r."""
+    a, b = case["baseline_seconds"], case["candidate_seconds"]
+    head = "<tr><th>round</th><th>baseline before (s)</th><th>candidate (s)</th><th>baseline after (s)</th>"
+    show_ratio = case["verdict"] != "not_executed"
+    head += "<th>paired ratio</th></tr>" if show_ratio else "</tr>"
+    rows = []
+    for r, seconds in enumerate(b):
+        ratio = f"<td>{(a[r] + a[r + 1]) / 2 / seconds:.4f}</td>" if show_ratio else ""
+        rows.append(
+            f"<tr><td>{r + 1}: A{r} B{r + 1} A{r + 1}</td><td>{a[r]:.4f}</td><td>{seconds:.4f}</td>"
+            f"<td>{a[r + 1]:.4f}</td>{ratio}</tr>"
+        )
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _floats(values: list[Any] | None) -> np.ndarray:
+    """A per-frame metric list as written by `Comparison.to_dict` ("inf" strings, None for NaN)."""
+    return np.array([np.nan if v is None else float(v) for v in values or []], dtype=np.float64)
+
+
+def _png(figure: Any, alt: str) -> str:
+    data = base64.b64encode(figure_png(figure, dpi=80)).decode()
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>{alt}</figcaption></figure>'
 
 
 def _table(rows: dict[str, Any]) -> str:
+    """Rows of (heading, value) as a two-column HTML table, every cell escaped."""
     cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows.items())
     return f"<table>{cells}</table>"
 
 
-def _numbers(values: list[float]) -> str:
-    return ", ".join(f"{v:.4f}" for v in values)
-
-
-def _video(result: Result, label: str) -> str:
-    data = base64.b64encode(result.mp4_bytes()).decode()
-    return f'<video controls title="{label}" src="data:video/mp4;base64,{data}"></video>'
+def video(result: Result, label: str) -> str:
+    """The clip enlarged to >= VISIBLE_SIDE px (nearest-neighbour), captioned with its label and true size."""
+    data = base64.b64encode(result.mp4_bytes(min_side=VISIBLE_SIDE)).decode()
+    frames, height, width = result.frames.shape[:3]
+    caption = f"{label}: {width}x{height} px, {frames} frames @ {result.fps} fps"
+    return (
+        f'<figure><video controls loop title="{label}" style="{video_style(height, width)}" '
+        f'src="data:video/mp4;base64,{data}"></video><figcaption>{html.escape(caption)}</figcaption></figure>'
+    )

@@ -22,17 +22,24 @@ from workbench.training.model import FPS
 
 
 def caption_match_eval(
-    model: str | Path, count: int, device: str = "cpu", steps: int | None = None, guidance: float | None = None
+    model: str | Path,
+    count: int,
+    device: str = "cpu",
+    steps: int | None = None,
+    guidance: float | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
-    """Generate `count` held-out cases with the model's defaults and score them against their captions."""
+    """Generate `count` held-out cases with the model's defaults and score them against their captions
+    (a text progress bar per request unless `progress` is False)."""
     from workbench import Request, Session
+    from workbench.progress import progress as progress_bar
 
     if count < 1:
         raise ValueError(f"count: must be >= 1, got {count}")
     start = time.perf_counter()
     session = Session.open(model, device=device, dtype="float32")
     rows, seconds = [], []
-    for seed, caption, held_out in eval_cases(count):
+    for seed, caption, held_out in progress_bar(eval_cases(count), count, "caption-match requests", progress):
         began = time.perf_counter()
         result = session.generate(Request(caption, seed=seed, steps=steps, guidance=guidance), progress=False)
         seconds.append(time.perf_counter() - began)

@@ -1,0 +1,114 @@
+"""The static qualification report and result page: what they name they carry, offline (no script)."""
+
+import base64
+import io
+import random
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from workbench import Request, Result, Session, environment
+from workbench.environment import cpu_model_name
+from workbench.evidence.report import render
+from workbench.quality import Budget, compare
+
+
+@pytest.fixture
+def rng():
+    seed = random.SystemRandom().randrange(2**32)
+    print(f"rng seed = {seed}")
+    return np.random.default_rng(seed)
+
+
+def make_record(verdict: str, make_pair) -> tuple[dict, list]:
+    """A qualification record as `qualify` writes it, with real quality metrics of two fake pilots."""
+    a, b = make_pair()
+    case = {
+        "request": {"prompt": "a red circle moves left", "seed": 42},
+        "verdict": verdict,
+        "reason": "why",
+        "speedup": {"median": 1.2345, "low": 1.1111, "high": 1.3333, "n_pairs": 3},
+        "baseline_seconds": [1.0, 1.1, 0.9, 1.0],
+        "candidate_seconds": [0.8, 0.85, 0.82],
+        "warmup_seconds": {"baseline": 2.0, "candidate": 2.5},
+        "timed_outputs_match_pilot": {"baseline": True, "candidate": True},
+        "quality": compare(a, b).to_dict(),
+        "receipts": {"cross_kv_cache": {"executed": True, "hits": 4}},
+    }
+    record = {
+        "verdict": verdict,
+        "cases": [case],
+        "baseline": {},
+        "candidate": {"cross_kv_cache": {}},
+        "rounds": 3,
+        "budget": Budget().to_dict(),
+        "model": "tiny-wan",
+        "git": {"commit": "f" * 40, "dirty": False},
+        "device": environment.device_info(torch.device("cpu")),
+    }
+    return record, [(a, b)]
+
+
+@pytest.fixture
+def make_pair(rng):
+    def make():
+        frames = rng.integers(0, 256, (5, 32, 32, 3), dtype=np.uint8)
+        noisy = np.clip(frames.astype(np.int16) + rng.integers(-3, 4, frames.shape), 0, 255).astype(np.uint8)
+        return tuple(
+            Result(frames=f, audio=None, sample_rate=None, fps=16, latents=None, timings={}, memory={})
+            for f in (frames, noisy)
+        )
+
+    return make
+
+
+@pytest.fixture
+def exact_report(make_pair):
+    record, pilots = make_record("no_speed_claim", make_pair)
+    return record, render(record, pilots)
+
+
+def pngs(page: str) -> list[Image.Image]:
+    return [Image.open(io.BytesIO(base64.b64decode(d))) for d in re.findall(r"data:image/png;base64,([^\"']+)", page)]
+
+
+def test_report_carries_round_and_quality_plots_as_png_data_uris(exact_report):
+    record, page = exact_report
+    assert "<script" not in page and "http" not in page.replace("http-equiv", "")  # nothing fetched
+    assert "per-round request time of both arms" in page
+    assert "per-frame PSNR and SSIM with the budget" in page
+    images = pngs(page)
+    assert len(images) == 2 and all(image.width >= 400 for image in images)
+
+
+def test_report_labels_rounds_and_names_the_device(exact_report):
+    record, page = exact_report
+    for r in (1, 2, 3):
+        assert f"{r}: A{r - 1} B{r} A{r}" in page
+    assert f"{cpu_model_name()}, {record['device']['threads']} threads" in page
+    assert re.search(r"<title>Qualification: no_speed_claim · \{&quot;cross_kv_cache&quot;: \{\}\} vs", page)
+
+
+def test_report_videos_show_at_least_256_px_with_their_labels(exact_report):
+    _, page = exact_report
+    videos = re.findall(r"<video [^>]*style=\"width:(\d+)px;height:(\d+)px;image-rendering:pixelated\"", page)
+    assert [(int(w), int(h)) for w, h in videos] == [(256, 256), (256, 256)]
+    assert "baseline: 32x32 px, 5 frames @ 16 fps" in page and "candidate: 32x32 px" in page
+
+
+def test_not_executed_report_shows_no_speed_up(make_pair):
+    record, pilots = make_record("not_executed", make_pair)
+    page = render(record, pilots)
+    assert "1.2345" not in page and "1.1111" not in page and "paired ratio" not in page
+    assert "the candidate did not execute" in page
+
+
+def test_result_page_has_a_title_and_a_visible_video(tmp_path):
+    session = Session.open("tiny-wan", device="cpu")
+    result = session.generate(Request("a red circle moves left", seed=1, steps=1, frames=5, height=32, width=32))
+    page = result.save(tmp_path).with_suffix(".html").read_text()
+    assert "<title>a red circle moves left · tiny-wan</title>" in page
+    assert "width:256px;height:256px;image-rendering:pixelated" in page and "<script" not in page

@@ -1,0 +1,80 @@
+"""Two or more qualification records side by side, as one static HTML page (the review notebook's report).
+
+A record whose candidate did not execute (`not_executed`) shows no speed-up anywhere, in no table:
+its timings measured the baseline twice, whatever the numbers say.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+from workbench.environment import device_label
+from workbench.evidence.report import page, speedup_text, video
+from workbench.result import Result
+
+QUALITY = ("within_budget", "exact", "latent_rel_l2", "psnr_db", "psnr_min_db", "ssim_mean", "min_ssim")
+QUALITY_AUDIO = ("audio_snr_db", "lsd_db")
+
+
+def review_page(
+    records: dict[str, dict[str, Any]], pilots: dict[str, list[tuple[Result, Result]]] | None = None
+) -> str:
+    """The page comparing `records` (label -> record as `qualify` made it): a summary, the speed-ups with
+    their CI95 and pairs, the quality metrics per case, and, for labels in `pilots`, each case's baseline
+    and candidate pilot videos (>= 256 px, captioned). Static: data URIs, no script."""
+    if not records:
+        raise ValueError("records: at least one record is required")
+    labels = list(records)
+    summary = {
+        "verdict": [r["verdict"] for r in records.values()],
+        "model": [r.get("model") for r in records.values()],
+        "device": [device_label(r["device"]) for r in records.values()],
+        "baseline": [json.dumps(r["baseline"]) for r in records.values()],
+        "candidate": [json.dumps(r["candidate"]) for r in records.values()],
+        "rounds": [r["rounds"] for r in records.values()],
+        "cases": [len(r["cases"]) for r in records.values()],
+    }
+    speed, quality, receipts = {}, {}, {}
+    audio = any(case["quality"].get("audio_snr_db") is not None for r in records.values() for case in r["cases"])
+    metrics = QUALITY + (QUALITY_AUDIO if audio else ())
+    for label, record in records.items():
+        for index, case in enumerate(record["cases"]):
+            row = f"{label} case {index}"
+            speed[row] = [case["verdict"], speedup_text(case), case["speedup"].get("n_pairs"), case["reason"]]
+            quality[row] = [case["quality"].get(m) for m in metrics]
+            receipts[row] = [json.dumps(case["receipts"])]
+    title = "Review: " + " vs ".join(f"{label} {json.dumps(records[label]['candidate'])}" for label in labels)
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        "<h2>Records</h2>",
+        grid(summary, labels),
+        "<h2>Speed (baseline time / candidate time, median and CI95 of paired rounds)</h2>",
+        grid(speed, ["verdict", "speed-up", "pairs", "reason"]),
+        "<h2>Quality of each candidate against its baseline</h2>",
+        grid(quality, list(metrics)),
+        "<h2>What ran (receipts of the candidate's pilot)</h2>",
+        grid(receipts, ["receipts"]),
+    ]
+    for label, pairs in (pilots or {}).items():
+        for index, (a, b) in enumerate(pairs):
+            candidate = json.dumps(records[label]["candidate"])
+            body += [f"<h2>{html.escape(label)} case {index}</h2>", video(a, "baseline"), video(b, candidate)]
+    return page(title, body)
+
+
+def grid(rows: dict[str, list[Any]], columns: list[str]) -> str:
+    """A table with a heading row (`columns`) and one row per key of `rows`; floats to 4 significant digits."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["", *columns])
+    body = "".join(
+        f"<tr><th>{html.escape(name)}</th>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in values) + "</tr>"
+        for name, values in rows.items()
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
