@@ -2,7 +2,7 @@
 
 `run` measures each scenario in this process and writes `<out>/<scenario>.json` (benchmarks/envelope.py) as soon as
 it is done; a scenario that fails is reported and the next one still runs (exit status 1 if any failed).
-`docs` regenerates docs/measurements.md from the results folder.
+`docs` regenerates docs/measurements.md and the README's generated blocks (plugin table, headline figures).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 
 RESULTS = Path(__file__).parent / "results"
 DOCS = Path(__file__).parent.parent / "docs" / "measurements.md"
+README = Path(__file__).parent.parent / "README.md"
 
 
 def run_scenario(name: str, out: Path, smoke: bool, rounds: int) -> Path:
@@ -50,9 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the code, not the speed")
     run.add_argument("--rounds", type=int, default=3, help="A/B/A rounds (default 3, the least for a CI95)")
     commands.add_parser("list", help="the scenarios")
-    docs = commands.add_parser("docs", help="regenerate docs/measurements.md from the results")
+    docs = commands.add_parser("docs", help="regenerate docs/measurements.md and the README's generated blocks")
     docs.add_argument("--results", type=Path, default=RESULTS)
     docs.add_argument("--out", type=Path, default=DOCS)
+    docs.add_argument("--readme", type=Path, default=README)
     args = parser.parse_args(argv)
     if args.command == "list":
         from benchmarks.scenarios import SCENARIOS
@@ -62,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "docs":
         from benchmarks.docs import generate
+        from benchmarks.readme import update
 
         print(f"wrote {generate(args.results, args.out)}")
+        print(f"wrote {update(args.readme, args.results)}")
         return 0
     from benchmarks.scenarios import SCENARIOS
 
