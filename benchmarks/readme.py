@@ -25,6 +25,7 @@ HEADLINE = (
     ("forward-h3", "stock/block_sparse", "MiniMax-H3 forward: block_sparse at 20 % density"),
     ("forward-h3", "stock/block_sparse+norms+fp8", "MiniMax-H3 forward: block_sparse + fused_block_norms + FP8"),
     ("sparse-attention", "cudnn/block_sparse@0.20 (queued)", "block-sparse attention call at 20 % vs cuDNN dense"),
+    ("memory", "stock/group_offload", "Wan2.1-1.3B request: group_offload under a memory cap (< 1: slower)"),
 )
 
 

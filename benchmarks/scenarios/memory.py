@@ -10,6 +10,7 @@ equal stock's. `--smoke`: group_offload needs CUDA, so the smoke runs the stock 
 
 from __future__ import annotations
 
+import os
 import statistics
 from typing import Any
 
@@ -56,9 +57,15 @@ def run(context: Context) -> Measurement:
         timed = [requests.visit("stock", {}) for _ in range(context.rounds)]
         notes.append("Smoke: group_offload runs on CUDA only and no cap can be enforced on a CPU; stock path only.")
         return Measurement(SUMMARY, shape, {"stock": {**requests.row("stock", {}), "seconds": timed}}, {}, notes)
+    allocator = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments:True" not in allocator:  # without it the cap measures the allocator's fragmentation
+        raise RuntimeError(
+            "memory: run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in its own process (set before CUDA "
+            f"starts; got {allocator!r}): blocks the denoise reserved otherwise leave the capped decode no room"
+        )
     stock_peak = max(requests.pilots["stock"].memory.values())
     cap = int(stock_peak - weights / 2)
-    shape.update(stock_peak_bytes=stock_peak, cap_bytes=cap)
+    shape.update(stock_peak_bytes=stock_peak, cap_bytes=cap, allocator=allocator)
 
     def capped() -> Capped:  # the request runs under the cap; installing and removing the offload do not
         return Capped(device, cap)
