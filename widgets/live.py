@@ -36,8 +36,11 @@ class LiveStagePlot(ipywidgets.VBox):
 
     def __init__(self, max_updates_per_second: float = 2.0, show_static: bool = True):
         self.status = ipywidgets.HTML("not attached to a session")
-        self.timeline = ipywidgets.Image(format="png")
-        self.memory = ipywidgets.Image(format="png")
+        # Hidden until they hold a figure: an empty image shows the browser's broken-image icon.
+        self.timeline = ipywidgets.Image(format="png", layout=ipywidgets.Layout(display="none"))
+        self.memory = ipywidgets.Image(format="png", layout=ipywidgets.Layout(display="none"))
+        for image in (self.timeline, self.memory):
+            image.observe(_reveal, names="value")
         self.errors = ErrorBox()
         super().__init__([self.status, self.timeline, self.memory, self.errors])
         self._unsubscribe: Callable[[], None] | None = None
@@ -138,3 +141,8 @@ class LiveStagePlot(ipywidgets.VBox):
                         self.status.value = f"running: {now:.1f} s, {sum(e.kind == 'step' for e in events)} steps"
                         self.updates += 1
             self._closing.wait(self.interval)
+
+
+def _reveal(change: dict) -> None:
+    """Show an image once it holds a figure (and hide it again if it is emptied)."""
+    change["owner"].layout.display = "" if change["new"] else "none"

@@ -195,7 +195,9 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
         result = sweeps.search(session, requests, candidates, configs["baseline"], args.rounds, budget)
         print(f"best: {_show(result.best)} ({result.reason})")
     for row in result.rows:
-        print(f"  {row.label}: {row.verdict}, speed-up {row.speedup:.4f}, within budget {row.within_budget}")
+        # A verdict that makes no speed claim (the candidate did not execute, or a CPU run) shows no speed-up.
+        speed = "" if row.verdict in ("not_executed", "no_speed_claim") else f", speed-up {row.speedup:.4f}"
+        print(f"  {row.label}: {row.verdict}{speed}, within budget {row.within_budget}")
     args.out.mkdir(parents=True, exist_ok=True)
     record, page = sweeps.write(result, args.out)
     print(f"record: {record}")

@@ -7,20 +7,14 @@
 plugin whose contract became approximate makes this raise instead of silently joining the profile). Each family
 names its set (`Family.exact_fast` in workbench/models/); the measurements behind them:
 
-Measured on the H200 (random weights, A/B/A in one process; benchmarks/results/2026-11-30-*-run3.json and
-2026-11-30-flash4-attention.json):
-- Wan: `fused_block_norms` (norms, modulation, residual adds, q/k RMSNorm + rotary as Triton kernels) +
-  `adaln_precompute` + `cross_kv_cache` + `gelu_epilogue` + `flash4_attention`. One 32,760-token Wan2.1-1.3B forward:
-  1.374x stock [1.370, 1.377] and 1.165x cuDNN + `compile_repeated_blocks` [1.159, 1.167], output relative L2
-  4.9e-3 against stock; a 16-step request 1.33x (one A/B/A round). Without FlashAttention-4 the same set ran
-  1.221x stock. The bit-equal set (`fused_block_ops` + precompute + cross-KV) ran 1.158x and is what a user who
-  needs `torch.equal` to stock installs by hand.
-- H3: `fused_block_norms` (fused_block_ops' modulation and gated residuals plus the q/k RMSNorm + rotary as one
-  kernel each) + `flash4_attention`: 1.183x stock on the 33.1B forward (3 A/B/A rounds,
-  benchmarks/results/2026-11-30-h3-full-forward-run8.json), relative L2 2.4e-3 (video) / 2.5e-3 (audio); the previous
-  profile, `fused_block_ops` (bit-equal to stock at full size) + `flash4_attention`, ran 1.116x beside it.
+The sets were chosen from A/B/A measurements on an H200 (random weights); `python -m benchmarks run forward-wan
+request-wan forward-h3` re-measures them against stock (docs/measurements.md):
+- Wan: `fused_block_norms` + `adaln_precompute` + `cross_kv_cache` + `gelu_epilogue` + `flash4_attention` (output
+  relative L2 about 5e-3 against stock). The bit-equal set (`fused_block_ops` + precompute + cross-KV) is what a
+  user who needs `torch.equal` to stock installs by hand.
+- H3: `fused_block_norms` + `flash4_attention` (relative L2 about 2.5e-3).
 - LTX-2: `adaln_precompute` and `cross_kv_cache` where their `Spec.families` accept the family (its fused block
-  measured 0.87x per block, and FlashAttention-4 was not measured on it).
+  measured slower per block, and FlashAttention-4 was not measured on it).
 Attention is never forced to `_native_cudnn`: that measured slower than diffusers' default (0.970x Wan, 0.985x H3).
 
 What a machine cannot run is left out, and `profile_plan` says why: a plugin whose `Spec.devices` excludes the

@@ -200,6 +200,8 @@ def test_cli_sweep_writes_json_and_html(tmp_path, capsys):
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "recommended: none" in printed and "cliff: 10" in printed
+    not_executed = [line for line in printed.splitlines() if ": not_executed" in line]
+    assert not_executed and not any("speed-up" in line for line in not_executed)  # threshold 0 skipped nothing
     record = json.loads((out / "sweep.json").read_text())
     assert [r["executed"] for r in record["rows"]] == [False, True]
     assert "<script" not in (out / "sweep.html").read_text()

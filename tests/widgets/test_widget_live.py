@@ -14,6 +14,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def test_live_stage_plot_follows_a_real_request_and_leaves_pngs(sessions):
     session = sessions("tiny-ltx2")
     live = LiveStagePlot(max_updates_per_second=5).attach(session)
+    assert live.timeline.layout.display == live.memory.layout.display == "none"  # no broken-image icon before
     try:
         start = time.perf_counter()
         result = session.generate(
@@ -27,6 +28,7 @@ def test_live_stage_plot_follows_a_real_request_and_leaves_pngs(sessions):
     assert 1 <= live.updates <= 5 * elapsed + 1  # it drew while running, within the throttle
     assert live.timeline.value == live.png["timeline"] and live.png["timeline"].startswith(PNG)
     assert live.memory.value == live.png["memory"] and live.png["memory"].startswith(PNG)
+    assert live.timeline.layout.display == live.memory.layout.display == ""  # shown once they hold a figure
     assert [image.data for image in live.static()] == [live.png["timeline"], live.png["memory"]]
     assert "request done" in live.status.value and not live.errors.value
     assert result.metadata["subscriber_errors"] == []

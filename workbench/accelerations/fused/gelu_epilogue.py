@@ -3,16 +3,13 @@ reduction).
 
 diffusers' `GELU(approximate="tanh")` (Wan's and LTX-2's feed-forward) runs `proj(x)` (a bf16 GEMM writing
 (T, ffn) to memory), then `F.gelu(..., "tanh")`, which reads that tensor back and writes it again: at the
-Wan2.1-1.3B shape (32,760 x 8,960 bf16, 587 MB) that is 1.2 GB of traffic per block, 11.2 ms of a 535 ms forward
-on the H200 (2026-11-30-exact-fast-forward.json). `torch._addmm_activation(bias, x, W^T, use_gelu=True)` asks
+Wan2.1-1.3B shape (32,760 x 8,960 bf16, 587 MB) that is 1.2 GB of extra traffic per block. `torch._addmm_activation(bias, x, W^T, use_gelu=True)` asks
 cuBLASLt for the GEMM with a bias+GELU epilogue, so the activation is applied to the fp32 accumulator before the
 one rounding to bf16.
 
 Why `reduction` and not `rounding`: stock rounds the pre-activation to bf16 and then rounds the GELU again;
-the epilogue rounds once, after the GELU. Outputs differ by about one bf16 ulp where they differ. Measured on the
-H200 (2026-11-30-exact-fast-forward-run2.json): added to fused_block_norms + precompute + cross-KV it took the Wan
-forward from 1.207x to 1.224x stock (the GELU kernel's 11.2 ms left the profile), output relative L2 against stock
-4.8e-3 -> 4.9e-3; tests/accelerations/fused/test_gelu_epilogue.py has a gpu-marked bound for a tiny request.
+the epilogue rounds once, after the GELU. Outputs differ by about one bf16 ulp where they differ; it is part of
+Wan's exact-fast profile, whose speed and distance to stock `python -m benchmarks run forward-wan` measures.
 
 Fail closed: CUDA only. On a CPU torch's `_addmm_activation` applies the erf GELU, not the tanh one the model
 asks for, so the plugin refuses there; on a GPU, activation first checks on a small random problem that the

@@ -11,14 +11,11 @@ this plugin refuses them instead). Without those the plugin refuses with a Runti
 so a receipt with only fallbacks is not executed and the result stays exact.
 
 `path="fused"`: the same row-wise recipe without torchao's eager quantization, which costs about six torch passes
-per activation (on the 33.1B MiniMax-H3 forward at 52,648 rows: 1.4 s against 1.36 s saved in the GEMMs, 1.019x,
-benchmarks/results/2026-11-30-h3-full-forward-run5.json; compiling torchao's quantized Linears did not trace with
-torch 2.11, run 6). Each weight is quantized once at install by `kernels/fp8_rowwise.quantize_rows` (kept by the
+per activation (on the 33.1B MiniMax-H3 forward about as much as the FP8 GEMMs save). Each weight is quantized once at install by `kernels/fp8_rowwise.quantize_rows` (kept by the
 handle, not the module: the module's parameters are untouched); each call quantizes its activation rows in one
 kernel and runs `torch._scaled_mm` with both row scales (`fp8_linear`), through an instance-level forward on the
 Linear that uninstall deletes. Same hardware and layer rules; another plugin's forward on the Linear is refused.
-Measured on the H200 on the same six Linears per H3 block (run 7): 1.105x stock (GEMMs 2.65 -> 1.49 s, the
-quantization kernel 0.16 s per forward), output rel-L2 0.009 video / 0.010 audio against bf16.
+`python -m benchmarks run forward-h3` measures it on H3's six Linears per block (its block_sparse+norms+fp8 arm).
 
 torchao has no unquantize: each original weight Parameter is kept and put back on uninstall, along with
 the instance attributes torchao adds (`extra_repr`), so the model's fingerprint is restored exactly. The
