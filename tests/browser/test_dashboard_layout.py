@@ -16,7 +16,7 @@ import json
 import urllib.request
 from pathlib import Path
 
-from test_lab import ARGS, CHROMIUM, lab, sync_api  # noqa: F401  (lab: the JupyterLab fixture)
+from test_lab import ARGS, CHROMIUM, lab, run_all, sync_api  # noqa: F401  (lab: the JupyterLab fixture)
 
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "dashboard.png"
 WIDTH, HEIGHT = 1400, 1100
@@ -87,22 +87,6 @@ def put(base: str, token: str, path: str, body: dict) -> None:
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.status in (200, 201, 204), (path, response.status)
-
-
-def run_all(page, base: str, token: str, name: str) -> None:
-    """Open notebook `name` in JupyterLab, pick the kernel if asked, and run every cell."""
-    page.goto(f"{base}/lab/tree/{name}?reset&token={token}")
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-    select = page.locator(".jp-Dialog button", has_text="Select")  # "Select Kernel", when Lab asks
-    try:
-        select.wait_for(timeout=3_000)
-        select.click()
-    except sync_api.TimeoutError:
-        pass
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-    page.locator(".jp-Notebook .jp-Cell").first.click()
-    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
-    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
 
 
 def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):  # noqa: F811  (lab: test_lab's fixture)

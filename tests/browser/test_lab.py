@@ -130,6 +130,22 @@ def lab(tmp_path_factory):
         log.close()
 
 
+def run_all(page, base: str, token: str, name: str) -> None:
+    """Open notebook `name` in JupyterLab, pick the kernel if asked, and run every cell."""
+    page.goto(f"{base}/lab/tree/{name}?reset&token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    select = page.locator(".jp-Dialog button", has_text="Select")  # "Select Kernel", when Lab asks
+    try:
+        select.wait_for(timeout=3_000)
+        select.click()
+    except sync_api.TimeoutError:
+        pass
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    page.locator(".jp-Notebook .jp-Cell").first.click()
+    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+
+
 @pytest.fixture(scope="module")
 def ab_page(lab):
     """The A/B notebook run in Lab at 1400x1100 as Lab opens (file browser shown): (page, player locator)."""
@@ -138,19 +154,7 @@ def ab_page(lab):
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.goto(f"{base}/lab/tree/ab.ipynb?reset&token={token}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-            select = page.locator(".jp-Dialog button", has_text="Select")  # "Select Kernel", when Lab asks
-            try:
-                select.wait_for(timeout=3_000)
-                select.click()
-            except sync_api.TimeoutError:
-                pass
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-            page.locator(".jp-Notebook .jp-Cell").first.click()  # the notebook has focus: its commands apply
-            page.locator(".lm-MenuBar-item", has_text="Run").first.click()
-            page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+            run_all(page, base, token, "ab.ipynb")
             player = page.locator(".vflash-ab-player").first
             try:
                 player.wait_for(timeout=120_000)
