@@ -208,6 +208,19 @@ def test_option_declaration_with_bad_bounds_is_a_type_error(bounds):
         option(0.0, **bounds)
 
 
+def test_options_dataclass_with_a_default_its_check_refuses_is_a_type_error():
+    from dataclasses import dataclass
+
+    from workbench.accelerations.base import options_of
+
+    @dataclass(frozen=True)
+    class BadConfig:
+        ratio: float = option(math.nan, minimum=0.0)
+
+    with pytest.raises(TypeError, match=r"^BadConfig.ratio: the default fails its own check \(BadConfig.ratio: nan"):
+        options_of(BadConfig)
+
+
 @pytest.mark.parametrize(
     "config, message",
     [

@@ -154,7 +154,8 @@ def _kind(hint: Any, required: bool) -> type | tuple[type, ...]:
 
 
 def options_of(config: type) -> tuple[Option, ...]:
-    """The `Option`s of an options dataclass, in field order; TypeError for a field not made with `option(...)`."""
+    """The `Option`s of an options dataclass, in field order; TypeError for a field not made with `option(...)` or
+    a default its own check refuses (NaN, out of range), so a plugin's mistake shows when its module is imported."""
     hints = typing.get_type_hints(config)
     found = []
     for f in dataclasses.fields(config):
@@ -164,7 +165,13 @@ def options_of(config: type) -> tuple[Option, ...]:
         declared = dict(declared)
         cls, kind = declared.pop("cls"), declared.pop("kind")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        found.append(cls(f.name, kind or _kind(hints[f.name], declared["required"]), default, **declared))
+        declared_option = cls(f.name, kind or _kind(hints[f.name], declared["required"]), default, **declared)
+        if not (declared_option.required and default is None):
+            try:
+                declared_option.check(config.__name__, default)
+            except ValueError as error:
+                raise TypeError(f"{config.__name__}.{f.name}: the default fails its own check ({error})") from None
+        found.append(declared_option)
     return tuple(found)
 
 
