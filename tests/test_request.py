@@ -219,8 +219,10 @@ def test_request_empty_keyframe_raises(keyframe):
         Request("p", last_image=keyframe)
 
 
-def test_request_rgb_keyframes_accepted():
-    Request("p", image=Image.new("RGB", (5, 3)), last_image=np.zeros((3, 5, 3), np.uint8)[:, ::-1])
+def test_request_rgb_keyframes_accepted_and_recorded_by_shape():
+    request = Request("p", image=Image.new("RGB", (5, 3)), last_image=np.zeros((3, 5, 3), np.uint8)[:, ::-1])
+    record = json.loads(json.dumps(request.to_dict(), allow_nan=False))
+    assert record["image"] == record["last_image"] == {"shape": [3, 5, 3]}
 
 
 def test_request_mode_given_is_kept_when_defaults_name_none():

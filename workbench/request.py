@@ -11,17 +11,18 @@ message starts with the field's name, then the value and what is allowed.
 - Keyframes (`image`, `last_image`): a PIL image in mode RGB, or a uint8 numpy array (H, W, 3); 1 <= H, W <=
   MAX_KEYFRAME_SIDE.
 
-Size limits, checked before any allocation (the largest released settings are far inside them: Wan 81x720x1280,
-LTX-2 257x1088x1920 at 50 fps, MiniMax-H3 345x768x1344):
-- MAX_FRAMES: of the forms 4n + 1 and 8n + 1, 42 s at 24 fps.
-- MAX_SIDE: height and width, 4K.
-- MAX_STEPS: the number of training timesteps of the families' flow-matching schedulers.
-- MAX_FPS: a frame rate for the written video (LTX-2 also conditions on it).
-- MAX_GUIDANCE: classifier-free guidance scales in use are 1-20; far above, the guided prediction overflows.
-- MAX_VIDEO_ELEMENTS: frames x height x width. It bounds what a request allocates: the uint8 frames the Result
-  holds are 3 bytes per element, the decoded float32 video 12, and the latents one element per
-  (temporal x spatial^2 compression / latent channels) pixels (Wan: 4 x 8 x 8 / 16 = 16 pixels per latent
-  element). At the maximum, 121 frames of 3840x2160 fit; 2**30 elements are 3 GiB of uint8 frames.
+Size limits, checked before any allocation (the families' own defaults are far inside them: Wan 81x480x832,
+LTX-2 121x512x768, MiniMax-H3 124-345 frames at 768x1344):
+- MAX_FRAMES: 1025 is of the forms 4n + 1 (Wan), 8n + 1 (LTX-2) and 17n + 5 (H3); 42 s at 24 fps.
+- MAX_SIDE: height and width, 4096 px (a multiple of every family's size multiple).
+- MAX_STEPS: 1000, the default number of training timesteps of diffusers' flow-matching schedulers.
+- MAX_FPS: 240, a frame rate for the written video (LTX-2 also conditions on it).
+- MAX_GUIDANCE: 100; classifier-free guidance scales in use are about 1-20.
+- MAX_VIDEO_ELEMENTS: 2**30 for frames x height x width, the estimate of what a request allocates: the uint8 frames
+  the Result holds take 3 bytes per element (3 GiB at the limit), the decoded float32 video 12, and the latents
+  fewer elements than the video (Wan's VAE: 16 latent channels per 4 x 8 x 8 pixels, one element per 16 pixels).
+  121 frames of 3840x2160 fit.
+- MAX_PROMPT_CHARS, MAX_KEYFRAME_SIDE: generous; text encoders truncate and pipelines resize keyframes far below.
 """
 
 from __future__ import annotations
@@ -134,10 +135,11 @@ class Request:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form; keyframes are described by shape, not embedded."""
-        out = dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # plain values; keyframes follow
         for name in ("image", "last_image"):
             if (value := getattr(self, name)) is not None:
-                out[name] = {"shape": list(np.asarray(value).shape)}
+                shape = value.shape if isinstance(value, np.ndarray) else (value.size[1], value.size[0], 3)  # PIL: RGB
+                out[name] = {"shape": list(shape)}
         return out
 
 
