@@ -126,7 +126,8 @@ def test_request_any_field_value_is_accepted_as_plain_json_or_refused_naming_fie
     if field in request_module.INT_RANGES and stored is not None:
         low, high = request_module.INT_RANGES[field]
         assert low <= stored <= high
-    json.dumps(request.to_dict(), allow_nan=False)  # records serialise strictly
+    record = json.dumps(request.to_dict(), allow_nan=False)  # records serialise strictly ...
+    assert Request(**json.loads(record)) == request  # ... and read back as the same request
 
 
 @settings(max_examples=60, deadline=None)

@@ -148,8 +148,10 @@ def test_open_refuses_a_model_or_seed_of_the_wrong_type_before_loading(kwargs, m
         Session.open(device="cpu", **kwargs)
 
 
-def test_subscribe_refuses_a_non_callable(sessions):
+def test_subscribe_refuses_a_non_callable_and_resolve_a_non_request(sessions):
     session = sessions("tiny-wan")
+    with pytest.raises(ValueError, match=r"^request: expected a workbench.Request, got dict"):
+        session.resolve({"prompt": "p"})
     with pytest.raises(ValueError, match=r"^callback: 5 is not callable"):
         session.subscribe(5)
     assert session.subscribe(print)() is None

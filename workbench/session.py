@@ -123,6 +123,9 @@ class Session:
             self._lock.release()
 
     def resolve(self, request: Request) -> Request:
+        """`request` with this model's defaults filled in and checked against its family (ValueError if not)."""
+        if not isinstance(request, Request):
+            raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
         return request.resolved(self.family, self.model.defaults)
 
     def generate(self, request: Request, progress: bool = True) -> Result:
