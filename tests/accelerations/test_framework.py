@@ -191,14 +191,19 @@ def test_numpy_option_values_become_python_numbers():
 def test_option_declared_allow_inf_takes_inf_never_nan():
     declared = Option("limit", float, math.inf, minimum=0.0, allow_inf=True)
     assert declared.check("plugin", math.inf) == math.inf
-    with pytest.raises(ValueError, match=r"^plugin.limit: nan is not allowed; allowed: finite numbers or \+-inf"):
+    with pytest.raises(
+        ValueError,
+        match=r"^plugin.limit: nan is not allowed; allowed: numbers \(inf allowed, NaN not\) in \[0.0, inf\]",
+    ):
         declared.check("plugin", math.nan)
 
 
 def test_int_option_without_range_is_bounded_to_int64():
     unbounded = Option("count", int, 0)
     assert unbounded.check("plugin", 2**63 - 1) == 2**63 - 1
-    with pytest.raises(ValueError, match=r"^plugin.count: 9223372036854775808 is above the maximum"):
+    with pytest.raises(
+        ValueError, match=r"^plugin.count: 9223372036854775808 is above the maximum .* integers in \[-9"
+    ):
         unbounded.check("plugin", 2**63)
 
 

@@ -66,28 +66,37 @@ class Option:
             try:
                 value = float(value)
             except OverflowError:
-                raise ValueError(f"{where}: {shown(value)} is not a finite float; {self._range()}") from None
+                raise ValueError(f"{where}: {shown(value)} is not allowed; allowed: {self._allowed(float)}") from None
         if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
             names = "/".join(k.__name__ for k in kinds)
             raise ValueError(f"{where}: expected {names}, got {type(value).__name__} {shown(value)}")
         if isinstance(value, float) and (math.isnan(value) or math.isinf(value) and not self.allow_inf):
-            allowed = "finite numbers or +-inf" if self.allow_inf else "finite numbers"
-            raise ValueError(f"{where}: {value!r} is not allowed; allowed: {allowed}, {self._range()}")
+            raise ValueError(f"{where}: {value!r} is not allowed; allowed: {self._allowed(float)}")
         if self.allowed is not None and value not in self.allowed:
             raise ValueError(f"{where}: {shown(value)} is not allowed; allowed: {list(self.allowed)}")
         if isinstance(value, int | float) and not isinstance(value, bool):
-            low = self.minimum if self.minimum is not None else (INT64[0] if isinstance(value, int) else -math.inf)
-            high = self.maximum if self.maximum is not None else (INT64[1] if isinstance(value, int) else math.inf)
+            number = int if isinstance(value, int) else float
+            low, high = self._bounds(number)
             if value < low:
-                raise ValueError(f"{where}: {shown(value)} is below the minimum {low}; {self._range()}")
+                raise ValueError(
+                    f"{where}: {shown(value)} is below the minimum {low}; allowed: {self._allowed(number)}"
+                )
             if value > high:
-                raise ValueError(f"{where}: {shown(value)} is above the maximum {high}; {self._range()}")
+                raise ValueError(
+                    f"{where}: {shown(value)} is above the maximum {high}; allowed: {self._allowed(number)}"
+                )
         return value
 
-    def _range(self) -> str:
-        low = "-inf" if self.minimum is None else self.minimum
-        high = "inf" if self.maximum is None else self.maximum
-        return f"range [{low}, {high}]"
+    def _bounds(self, kind: type) -> tuple[float, float]:
+        """The range a number of `kind` (int or float) must lie in: the declared one, else int64 / unbounded."""
+        low, high = INT64 if kind is int else (-math.inf, math.inf)
+        return (low if self.minimum is None else self.minimum, high if self.maximum is None else self.maximum)
+
+    def _allowed(self, kind: type) -> str:
+        low, high = self._bounds(kind)
+        if kind is int:
+            return f"integers in [{low}, {high}]"
+        return f"{'numbers (inf allowed, NaN not)' if self.allow_inf else 'finite numbers'} in [{low}, {high}]"
 
     def describe(self) -> dict[str, Any]:
         return {
