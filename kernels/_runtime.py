@@ -8,6 +8,7 @@ something else imported the module still gets the interpreter.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +22,24 @@ ROUNDING = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 INDEX_DTYPES = (torch.int64, torch.int32)
 
 
+# How Triton reads a boolean switch such as TRITON_INTERPRET (triton.knobs, case-insensitive): these are on, these
+# off; unset or empty is off. Any other value Triton also takes as off, silently; `interpreting` refuses it.
+SWITCH_ON = ("1", "true", "on", "yes", "y")
+SWITCH_OFF = ("0", "false", "off", "no", "n")
+
+
 def interpreting() -> bool:
-    """True when Triton kernels run under the CPU interpreter (`TRITON_INTERPRET=1`)."""
+    """True when Triton kernels run under the CPU interpreter: `triton.knobs.runtime.interpret`, which reads
+    TRITON_INTERPRET as SWITCH_ON / SWITCH_OFF (so "true" and "1" both turn it on) unless a program set the knob.
+
+    ValueError for a TRITON_INTERPRET Triton does not recognise ("2", " 1", "interpret"), which it would take as off
+    while the person who set it meant on."""
+    value = os.environ.get("TRITON_INTERPRET")
+    if value and value.lower() not in SWITCH_ON + SWITCH_OFF:
+        raise ValueError(
+            f"TRITON_INTERPRET: {value[:40]!r} is not a switch value Triton recognises (it would read it as off); "
+            f"allowed: one of {list(SWITCH_ON)} (on) or {list(SWITCH_OFF)} (off), any case, or unset"
+        )
     return bool(triton.knobs.runtime.interpret)
 
 

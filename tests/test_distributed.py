@@ -7,7 +7,7 @@ import torch
 
 from workbench import Request
 from workbench.cli import main
-from workbench.distributed import check_gpus, cli_accelerations, run_arms, torchrun_command
+from workbench.distributed import WORKER_ENV, check_gpus, cli_accelerations, is_worker, run_arms, torchrun_command
 from workbench.kernels.relayout import ENV_VAR
 
 REQUEST = Request("a red circle", frames=9, height=64, width=64, steps=2)
@@ -144,3 +144,44 @@ def test_cli_parallel_decode_reaches_the_workers_accelerations(tmp_path, monkeyp
     with pytest.raises(Opened):
         main([*argv, "--out", str(tmp_path / "b")])
     assert seen["accelerations"] == {"context_parallel": {"ulysses_degree": 2}}
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (
+            {WORKER_ENV: "1"},
+            rf"^{WORKER_ENV}: '1' is set outside a torchrun worker \(RANK, LOCAL_RANK, WORLD_SIZE: not set",
+        ),
+        ({WORKER_ENV: "1", "RANK": "0", "LOCAL_RANK": "0"}, r"WORLD_SIZE: not set"),
+        ({WORKER_ENV: "1", "RANK": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}, r"RANK: 'x'; allowed: a non-negative"),
+        ({WORKER_ENV: "1", "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}, r"RANK: 2; allowed: 0 to 1"),
+        ({WORKER_ENV: "yes"}, rf"^{WORKER_ENV}: 'yes'; allowed: unset, '0', or '1'"),
+    ],
+)
+def test_stray_worker_switch_is_a_clear_error(monkeypatch, env, message):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=message):
+        is_worker()
+
+
+def test_stray_worker_switch_stops_the_cli_before_loading(monkeypatch, tmp_path, capsys):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(WORKER_ENV, "1")
+    out = tmp_path / "out"
+    assert main(["generate", "--model", "tiny-wan", "--prompt", "p", "--out", str(out)]) == 2
+    assert f"{WORKER_ENV}: '1' is set outside a torchrun worker" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value", [None, "", "0"])
+def test_worker_switch_unset_or_off_is_not_a_worker(monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv(WORKER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(WORKER_ENV, value)
+    assert is_worker() is False

@@ -104,3 +104,23 @@ def test_exact_fast_on_tiny_wan_cpu_equals_stock(monkeypatch, interpret):
     else:  # the bitwise plugins alone
         assert torch.equal(result.latents, stock.latents), f"seed {seed}"
         assert np.array_equal(result.frames, stock.frames), f"seed {seed}"
+
+
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", "on", "Yes", "y", "0", "false", "Off", "no", "n", ""])
+def test_triton_interpret_is_read_as_triton_reads_it(monkeypatch, value):
+    import triton
+
+    from workbench.kernels._runtime import interpreting
+
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert interpreting() == bool(triton.knobs.runtime.interpret) == (value.lower() in ("1", "true", "on", "yes", "y"))
+    config, left_out = profile_plan("exact-fast", "wan", "cpu")
+    assert ("fused_block_norms" in config) == interpreting()
+    assert ("fused_block_norms" in left_out) != interpreting()
+
+
+@pytest.mark.parametrize("value", ["2", " 1", "interpret", "01"])
+def test_triton_interpret_value_triton_ignores_is_refused(monkeypatch, value):
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    with pytest.raises(ValueError, match=r"^TRITON_INTERPRET: .* allowed: one of \['1', 'true'"):
+        profile_plan("exact-fast", "wan", "cpu")

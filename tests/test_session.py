@@ -133,6 +133,30 @@ def test_open_rejects_bad_arguments():
         Session.open("tiny-wan", device="tpu")
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"model": 123}, r"^model: 123 \(int\); allowed: a model name"),
+        ({"model": None}, r"^model: None \(NoneType\); allowed"),
+        ({"model": ""}, r"^model: '' \(str\); allowed"),
+        ({"model": "tiny-wan", "seed": -1}, r"^seed: -1 is out of range; allowed: integers in \[0, "),
+        ({"model": "tiny-wan", "seed": 1.5}, r"^seed: must be an integer"),
+    ],
+)
+def test_open_refuses_a_model_or_seed_of_the_wrong_type_before_loading(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Session.open(device="cpu", **kwargs)
+
+
+def test_subscribe_refuses_a_non_callable_and_resolve_a_non_request(sessions):
+    session = sessions("tiny-wan")
+    with pytest.raises(ValueError, match=r"^request: expected a workbench.Request, got dict"):
+        session.resolve({"prompt": "p"})
+    with pytest.raises(ValueError, match=r"^callback: 5 is not callable"):
+        session.subscribe(5)
+    assert session.subscribe(print)() is None
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 def test_open_cuda_without_gpu_is_runtime_error():
     with pytest.raises(RuntimeError, match="no CUDA device"):

@@ -36,9 +36,47 @@ WORKER_ENV = "WORKBENCH_PARALLEL_WORKER"
 DEVICES = ("auto", "cuda", "cpu")
 
 
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
 def is_worker() -> bool:
-    """True inside a worker this module started (torchrun sets RANK; the launcher sets WORKBENCH_PARALLEL_WORKER)."""
-    return os.environ.get(WORKER_ENV) == "1" and "RANK" in os.environ
+    """True inside a worker this module started: `launch` sets WORKBENCH_PARALLEL_WORKER=1 and torchrun sets RANK,
+    LOCAL_RANK and WORLD_SIZE. The switch unset, "" or "0": not a worker. ValueError for any other value, and for
+    "1" without a valid torchrun environment (the switch set stray by hand)."""
+    value = os.environ.get(WORKER_ENV)
+    if value in (None, "", "0"):
+        return False
+    if value != "1":
+        raise ValueError(f"{WORKER_ENV}: {value!r}; allowed: unset, '0', or '1' (set by launch for its workers only)")
+    try:
+        torchrun_ranks()
+    except ValueError as error:
+        raise ValueError(
+            f"{WORKER_ENV}: '1' is set outside a torchrun worker ({error}); it is set by workbench.distributed.launch "
+            "for the workers it starts: unset it, and use --gpus N to run on several GPUs"
+        ) from None
+    return True
+
+
+def torchrun_ranks() -> tuple[int, int, int]:
+    """(RANK, LOCAL_RANK, WORLD_SIZE) from the environment torchrun gives a worker; ValueError naming a variable that
+    is missing or not an integer in range (WORLD_SIZE >= 1, 0 <= RANK and LOCAL_RANK < WORLD_SIZE)."""
+    missing = [name for name in TORCHRUN_ENV if name not in os.environ]
+    if missing:
+        raise ValueError(f"{', '.join(missing)}: not set; a torchrun worker has all of {list(TORCHRUN_ENV)}")
+    values = {}
+    for name in TORCHRUN_ENV:
+        try:
+            values[name] = int(os.environ[name])
+        except ValueError:
+            raise ValueError(f"{name}: {os.environ[name][:40]!r}; allowed: a non-negative integer") from None
+    world = values["WORLD_SIZE"]
+    if world < 1:
+        raise ValueError(f"WORLD_SIZE: {world}; allowed: an integer >= 1")
+    for name in ("RANK", "LOCAL_RANK"):
+        if not 0 <= values[name] < world:
+            raise ValueError(f"{name}: {values[name]}; allowed: 0 to {world - 1} (WORLD_SIZE={world})")
+    return values["RANK"], values["LOCAL_RANK"], world
 
 
 def rank() -> int:
@@ -104,8 +142,8 @@ def init_worker(device: str = "auto", timeout_s: float | None = None) -> torch.d
     `timeout_s` bounds how long a collective may wait for the other ranks (torch's default otherwise)."""
     if "RANK" not in os.environ or "LOCAL_RANK" not in os.environ:
         raise RuntimeError("init_worker: not in a torchrun worker (RANK/LOCAL_RANK unset); start it with torchrun")
-    kind = check_gpus(int(os.environ["WORLD_SIZE"]), device)
-    local = int(os.environ["LOCAL_RANK"])
+    _, local, world = torchrun_ranks()
+    kind = check_gpus(world, device)
     timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
     if kind == "cuda":
         torch_device = torch.device("cuda", local)

@@ -19,7 +19,8 @@ Attention is never forced to `_native_cudnn`: that measured slower than diffuser
 
 What a machine cannot run is left out, and `profile_plan` says why: a plugin whose `Spec.devices` excludes the
 device (gelu_epilogue, flash4_attention on a CPU), and a plugin whose `Spec.unusable` gives a reason (a Triton
-plugin on a CPU without `TRITON_INTERPRET=1`; flash4_attention: `flash_attn.cute` not installed, or a GPU other
+plugin on a CPU without `TRITON_INTERPRET` on, read as Triton reads it: `workbench.kernels._runtime.interpreting`, which
+refuses a value Triton would silently take as off; flash4_attention: `flash_attn.cute` not installed, or a GPU other
 than sm_90/sm_100; README: FlashAttention-4). The receipts of a request
 say which plugins ran.
 """

@@ -1,8 +1,35 @@
-"""A generation request: validated on construction, completed from the model's defaults when generated."""
+"""A generation request: validated on construction, completed from the model's defaults when generated.
+
+Every field is checked for type, finiteness and size when a `Request` is made, before anything is allocated or
+imported, and again once the model's defaults are filled in (`resolved`). A bad value raises `ValueError` whose
+message starts with the field's name, then the value and what is allowed.
+
+- Numbers: numpy integer and float scalars are taken as the Python numbers they hold (converted, so a record
+  serialises to JSON); bools are refused where a number is meant; floats must be finite.
+- Text: `prompt` (non-blank) and `negative_prompt` are `str` that encode as UTF-8 (no lone surrogates), at most
+  MAX_PROMPT_CHARS characters.
+- Keyframes (`image`, `last_image`): a PIL image in mode RGB, or a uint8 numpy array (H, W, 3); 1 <= H, W <=
+  MAX_KEYFRAME_SIDE.
+
+Size limits, checked before any allocation (the families' own defaults are far inside them: Wan 81x480x832,
+LTX-2 121x512x768, MiniMax-H3 124-345 frames at 768x1344):
+- MAX_FRAMES: 1025 is of the forms 4n + 1 (Wan), 8n + 1 (LTX-2) and 17n + 5 (H3); 42 s at 24 fps.
+- MAX_SIDE: height and width, 4096 px (a multiple of every family's size multiple).
+- MAX_STEPS: 1000, the default number of training timesteps of diffusers' flow-matching schedulers.
+- MAX_FPS: 240, a frame rate for the written video (LTX-2 also conditions on it).
+- MAX_GUIDANCE: 100; classifier-free guidance scales in use are about 1-20.
+- MAX_VIDEO_ELEMENTS: 2**30 for frames x height x width, the estimate of what a request allocates: the uint8 frames
+  the Result holds take 3 bytes per element (3 GiB at the limit), the decoded float32 video 12, and the latents
+  fewer elements than the video (Wan's VAE: 16 latent channels per 4 x 8 x 8 pixels, one element per 16 pixels).
+  121 frames of 3840x2160 fit.
+- MAX_PROMPT_CHARS, MAX_KEYFRAME_SIDE: generous; text encoders truncate and pipelines resize keyframes far below.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +38,27 @@ import numpy as np
 from workbench.models.family import Family
 
 KEYFRAME_HELP = "a PIL.Image.Image or a uint8 numpy array of shape (H, W, 3)"
+KEYFRAME_MODES = ("RGB",)  # PIL modes a keyframe may have; anything else is converted by the caller, on purpose
+
+MAX_SEED = 2**63 - 1  # a signed 64-bit integer: what torch.Generator.manual_seed and JSON readers hold exactly
+MAX_FRAMES = 1025
+MAX_SIDE = 4096
+MAX_STEPS = 1000
+MAX_FPS = 240
+MAX_GUIDANCE = 100.0
+MAX_VIDEO_ELEMENTS = 2**30
+MAX_PROMPT_CHARS = 100_000
+MAX_KEYFRAME_SIDE = 8192
+
+# field -> (minimum, maximum) of the integer fields
+INT_RANGES = {
+    "seed": (0, MAX_SEED),
+    "frames": (1, MAX_FRAMES),
+    "height": (1, MAX_SIDE),
+    "width": (1, MAX_SIDE),
+    "steps": (1, MAX_STEPS),
+    "fps": (1, MAX_FPS),
+}
 
 
 @dataclass(frozen=True)
@@ -31,29 +79,44 @@ class Request:
     last_image: Any = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.prompt, str) or not self.prompt.strip():
-            raise ValueError(f"prompt: must be a non-empty string, got {self.prompt!r}")
-        if not isinstance(self.negative_prompt, str):
-            raise ValueError(f"negative_prompt: must be a string, got {type(self.negative_prompt).__name__}")
-        _check_int("seed", self.seed, minimum=0)
-        for name in ("frames", "height", "width", "steps", "fps"):
-            if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), minimum=1)
-        if self.guidance is not None and (
-            isinstance(self.guidance, bool) or not isinstance(self.guidance, int | float) or self.guidance < 0
-        ):
-            raise ValueError(f"guidance: must be a number >= 0, got {self.guidance!r}")
+        _set = object.__setattr__  # frozen: the checked (converted) values replace what was given
+        _set(self, "prompt", _text("prompt", self.prompt, required=True))
+        _set(self, "negative_prompt", _text("negative_prompt", self.negative_prompt, required=False))
+        for name, (low, high) in INT_RANGES.items():
+            if name == "seed" or getattr(self, name) is not None:
+                _set(self, name, integer(name, getattr(self, name), low, high))
+        if self.guidance is not None:
+            _set(self, "guidance", number("guidance", self.guidance, 0.0, MAX_GUIDANCE))
+        if self.mode is not None:
+            if not isinstance(self.mode, str) or not self.mode:
+                raise ValueError(f"mode: must be a non-empty string (one of the model's modes), got {shown(self.mode)}")
+            _set(self, "mode", str(self.mode))
+        if None not in (self.frames, self.height, self.width):
+            _check_video_size(self.frames, self.height, self.width)
         for name in ("image", "last_image"):
-            value = getattr(self, name)
-            if value is not None and not _is_keyframe(value):
-                raise ValueError(f"{name}: must be {KEYFRAME_HELP}, got {type(value).__name__}")
+            if getattr(self, name) is not None:
+                _check_keyframe(name, getattr(self, name))
 
     def resolved(self, family: Family, defaults: dict[str, Any]) -> Request:
-        """This request with defaults filled in, checked against what the family's VAE and modes accept."""
-        filled = {k: (v if (v := getattr(self, k)) is not None else defaults.get(k)) for k in defaults}
-        request = dataclasses.replace(self, **filled, mode=self.mode or family.modes[0])
+        """This request with defaults filled in, checked against what the family's VAE and modes accept.
+
+        The defaults go through the same checks as the fields of a new Request (a model's `workbench.json` is
+        input too); a key that is not a Request field is refused."""
+        if not isinstance(defaults, dict):
+            raise ValueError(f"defaults: must be a dict of Request field -> value, got {type(defaults).__name__}")
+        names = {f.name for f in dataclasses.fields(Request)} - {"prompt", "image", "last_image"}
+        unknown = [k for k in defaults if not isinstance(k, str) or k not in names]
+        if unknown:
+            raise ValueError(f"defaults: unknown field(s) {shown(unknown)}; allowed: {sorted(names)}")
+        filled = {k: (v if (v := getattr(self, k)) is not None else defaults[k]) for k in defaults}
+        if self.mode is None:
+            filled["mode"] = defaults.get("mode") if defaults.get("mode") is not None else family.modes[0]
+        request = dataclasses.replace(self, **filled)  # __post_init__ checks the filled-in values
         if request.mode not in family.modes:
-            raise ValueError(f"mode: {request.mode!r} is not supported by {family.name}; allowed: {family.modes}")
+            raise ValueError(f"mode: {shown(request.mode)} is not supported by {family.name}; allowed: {family.modes}")
+        for name in ("frames", "height", "width", "steps", "fps"):
+            if getattr(request, name) is None:
+                raise ValueError(f"{name}: not given and {family.name} has no default for it; give it explicitly")
         if not family.frames_allowed(request.frames):
             allowed = f"{family.frame_step}*n + {family.frame_offset}"
             raise ValueError(f"frames: {request.frames} is not accepted by the {family.name} VAE; allowed: {allowed}")
@@ -72,23 +135,87 @@ class Request:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form; keyframes are described by shape, not embedded."""
-        out = dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # plain values; keyframes follow
         for name in ("image", "last_image"):
             if (value := getattr(self, name)) is not None:
-                out[name] = {"shape": list(np.asarray(value).shape)}
+                shape = value.shape if isinstance(value, np.ndarray) else (value.size[1], value.size[0], 3)  # PIL: RGB
+                out[name] = {"shape": list(shape)}
         return out
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+def shown(value: Any, limit: int = 80) -> str:
+    """`repr(value)` for an error message, cut to about `limit` characters; safe for ints too long to print."""
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"<an integer of {value.bit_length()} bits>"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 15]}...<{len(text)} chars>"
 
 
-def _is_keyframe(value: Any) -> bool:
+def integer(name: str, value: Any, minimum: int, maximum: int) -> int:
+    """`value` as a Python int in [minimum, maximum]; numpy integers accepted, bools and floats refused."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        kind = type(value).__name__
+        raise ValueError(f"{name}: must be an integer in [{minimum}, {maximum}], got {kind} {shown(value)}")
+    value = int(value)
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name}: {shown(value)} is out of range; allowed: integers in [{minimum}, {maximum}]")
+    return value
+
+
+def number(name: str, value: Any, minimum: float, maximum: float) -> float:
+    """`value` as a finite Python float in [minimum, maximum]; ints and numpy numbers accepted, bools refused."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+        kind = type(value).__name__
+        raise ValueError(f"{name}: must be a finite number in [{minimum}, {maximum}], got {kind} {shown(value)}")
+    if isinstance(value, int | np.integer) and not minimum <= value <= maximum:  # before float(): 10**400 overflows
+        raise ValueError(f"{name}: {shown(value)} is out of range; allowed: finite numbers in [{minimum}, {maximum}]")
+    value = float(value)
+    if not math.isfinite(value) or not minimum <= value <= maximum:
+        raise ValueError(f"{name}: {value!r} is out of range; allowed: finite numbers in [{minimum}, {maximum}]")
+    return value
+
+
+def _text(name: str, value: Any, required: bool) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name}: must be a string, got {type(value).__name__} {shown(value)}")
+    if required and not value.strip():
+        raise ValueError(f"{name}: must be a non-empty string, got {shown(value)}")
+    if len(value) > MAX_PROMPT_CHARS:
+        raise ValueError(f"{name}: {len(value)} characters; allowed: at most {MAX_PROMPT_CHARS}")
     try:
-        from PIL import Image
-    except ImportError:  # pragma: no cover - Pillow comes with scikit-image and matplotlib
-        Image = None
-    if Image is not None and isinstance(value, Image.Image):
-        return True
-    return isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 3 and value.shape[2] == 3
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{name}: holds a lone surrogate {value[error.start]!r} at index {error.start} (a half of a UTF-16 pair, "
+            "not a character); allowed: text that encodes as UTF-8"
+        ) from None
+    return str(value)
+
+
+def _check_video_size(frames: int, height: int, width: int) -> None:
+    elements = frames * height * width
+    if elements > MAX_VIDEO_ELEMENTS:
+        raise ValueError(
+            f"frames: {frames} frames of {height}x{width} are {elements:,} video elements; allowed: at most "
+            f"{MAX_VIDEO_ELEMENTS:,} (frames x height x width; e.g. 121 frames of 2160x3840)"
+        )
+
+
+def _check_keyframe(name: str, value: Any) -> None:
+    image_module = sys.modules.get("PIL.Image")  # no PIL image can exist unless PIL is imported already
+    if image_module is not None and isinstance(value, image_module.Image):
+        if value.mode not in KEYFRAME_MODES:
+            raise ValueError(
+                f"{name}: a PIL image in mode {value.mode!r}; allowed modes: {list(KEYFRAME_MODES)} "
+                f"(convert it yourself, e.g. image.convert('RGB'), so what is dropped is your choice)"
+            )
+        width, height = value.size
+    elif isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 3 and value.shape[2] == 3:
+        height, width = value.shape[:2]
+    else:
+        details = f" {value.dtype} {value.shape}" if isinstance(value, np.ndarray) else ""
+        raise ValueError(f"{name}: must be {KEYFRAME_HELP}, got {type(value).__name__}{details}")
+    if not (1 <= height <= MAX_KEYFRAME_SIDE and 1 <= width <= MAX_KEYFRAME_SIDE):
+        raise ValueError(
+            f"{name}: a {height}x{width} keyframe; allowed: height and width in [1, {MAX_KEYFRAME_SIDE}] pixels"
+        )

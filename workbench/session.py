@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from workbench.models.loaded import LoadedModel
 from workbench.probes import stage_probes
 from workbench.progress import library_bars_off
 from workbench.progress import progress as progress_bar
-from workbench.request import Request
+from workbench.request import MAX_SEED, Request, integer, shown
 from workbench.result import Result
 from workbench.telemetry import Event, NvmlSampler, Telemetry, summarize_samples
 
@@ -61,6 +62,12 @@ class Session:
         `device` is `auto`, `cpu`, `cuda` or `cuda:N`; `dtype` defaults to bfloat16 on CUDA, float32 on CPU.
         `accelerations` is installed after loading (see `accelerate`).
         """
+        if isinstance(model, str) and not model.strip() or not isinstance(model, str | os.PathLike | LoadedModel):
+            raise ValueError(
+                f"model: {shown(model)} ({type(model).__name__}); allowed: a model name such as 'tiny-wan', "
+                "a local diffusers directory (str or pathlib.Path), or a LoadedModel"
+            )
+        seed = integer("seed", seed, 0, MAX_SEED)
         start = time.perf_counter()
         torch_device = environment.device(device)
         torch_dtype = _dtype(dtype, torch_device)
@@ -83,6 +90,8 @@ class Session:
 
     def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
         """Call `callback(event)` for every telemetry event of later requests; returns an unsubscribe."""
+        if not callable(callback):
+            raise ValueError(f"callback: {shown(callback)} is not callable; allowed: a function taking one Event")
         self._subscribers.append(callback)
         return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
 
@@ -93,6 +102,7 @@ class Session:
         activating one plugin fails, the ones already activated are removed and the previous set is
         put back, so the model is as it was. Refused while a request runs. Returns what is installed.
         """
+        check_config(config)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(f"accelerate: refused while request {self.active_request} runs")
         try:
@@ -113,6 +123,9 @@ class Session:
             self._lock.release()
 
     def resolve(self, request: Request) -> Request:
+        """`request` with this model's defaults filled in and checked against its family (ValueError if not)."""
+        if not isinstance(request, Request):
+            raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
         return request.resolved(self.family, self.model.defaults)
 
     def generate(self, request: Request, progress: bool = True) -> Result:
@@ -195,6 +208,16 @@ class Session:
             f"Session(model={self.model.name!r}, family={self.family.name!r}, device={self.device}, "
             f"dtype={self.dtype}, init={self.init_seconds:.2f}s)"
         )
+
+
+def check_config(config: Any) -> None:
+    """An accelerations config is a dict keyed by plugin name (str); ValueError naming the first key that is not.
+    Each plugin's options (a dict, its options dataclass or None) are checked by its `Spec.validate`."""
+    if not isinstance(config, dict):
+        raise ValueError(f"accelerations: expected a dict of name -> options, got {type(config).__name__}")
+    for name in config:
+        if not isinstance(name, str):
+            raise ValueError(f"accelerations: key {shown(name)} ({type(name).__name__}); allowed: plugin names (str)")
 
 
 def _to_uint8(frames: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import math
 import types
 import typing
 from collections import Counter
@@ -25,14 +26,24 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
+
+from workbench.request import shown
 
 CONTRACTS = ("bitwise", "rounding", "reduction", "approximate")
 
 
+INT64 = (-(2**63), 2**63 - 1)  # what an int option holds without its own range: a record's JSON reader and torch
+
+
 @dataclass(frozen=True)
 class Option:
-    """One plugin option: its type, default and allowed values or range."""
+    """One plugin option: its type, default and allowed values or range.
+
+    `check` takes numpy scalars as the Python values they hold (so records serialise), refuses bools where a number
+    is meant, NaN always and +-inf unless `allow_inf` (a plugin that needs "no limit" declares it), and an int
+    outside `minimum`/`maximum` or, without them, outside a signed 64-bit integer."""
 
     name: str
     kind: type | tuple[type, ...]
@@ -42,24 +53,50 @@ class Option:
     maximum: float | None = None
     required: bool = False
     help: str = ""
+    allow_inf: bool = False
 
     def check(self, plugin: str, value: Any) -> Any:
         where = f"{plugin}.{self.name}"
         if value is None and self.required:
             raise ValueError(f"{where}: required; give it explicitly")
         kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+        if isinstance(value, np.generic):  # numpy scalars: the Python value they hold
+            value = value.item()
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:
+                raise ValueError(f"{where}: {shown(value)} is not allowed; allowed: {self._allowed(float)}") from None
         if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
             names = "/".join(k.__name__ for k in kinds)
-            raise ValueError(f"{where}: expected {names}, got {type(value).__name__} {value!r}")
+            raise ValueError(f"{where}: expected {names}, got {type(value).__name__} {shown(value)}")
+        if isinstance(value, float) and (math.isnan(value) or math.isinf(value) and not self.allow_inf):
+            raise ValueError(f"{where}: {value!r} is not allowed; allowed: {self._allowed(float)}")
         if self.allowed is not None and value not in self.allowed:
-            raise ValueError(f"{where}: {value!r} is not allowed; allowed: {list(self.allowed)}")
-        if self.minimum is not None and value < self.minimum:
-            raise ValueError(f"{where}: {value!r} is below the minimum {self.minimum}")
-        if self.maximum is not None and value > self.maximum:
-            raise ValueError(f"{where}: {value!r} is above the maximum {self.maximum}")
+            raise ValueError(f"{where}: {shown(value)} is not allowed; allowed: {list(self.allowed)}")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = int if isinstance(value, int) else float
+            low, high = self._bounds(number)
+            if value < low:
+                raise ValueError(
+                    f"{where}: {shown(value)} is below the minimum {low}; allowed: {self._allowed(number)}"
+                )
+            if value > high:
+                raise ValueError(
+                    f"{where}: {shown(value)} is above the maximum {high}; allowed: {self._allowed(number)}"
+                )
         return value
+
+    def _bounds(self, kind: type) -> tuple[float, float]:
+        """The range a number of `kind` (int or float) must lie in: the declared one, else int64 / unbounded."""
+        low, high = INT64 if kind is int else (-math.inf, math.inf)
+        return (low if self.minimum is None else self.minimum, high if self.maximum is None else self.maximum)
+
+    def _allowed(self, kind: type) -> str:
+        low, high = self._bounds(kind)
+        if kind is int:
+            return f"integers in [{low}, {high}]"
+        return f"{'numbers (inf allowed, NaN not)' if self.allow_inf else 'finite numbers'} in [{low}, {high}]"
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -86,11 +123,20 @@ def option(
     help: str = "",
     kind: type | tuple[type, ...] | None = None,
     cls: type[Option] = Option,
+    allow_inf: bool = False,
 ) -> Any:
     """A field of a plugin's options dataclass, carrying its `Option` metadata. The option's type is the field's
     annotation (`float`, `int | str`, `list[str] | None`; a `required` field's `| None` only marks it unset)
     unless `kind` is given; `cls` is an `Option` subclass with its own check (sparse_routing's `RowsOption`).
-    A list or dict default is copied for each instance."""
+    `allow_inf`: a float option also takes +-inf (NaN never). A list or dict default is copied for each instance.
+    TypeError for a bound that is not a finite number or a minimum above the maximum (a plugin's mistake)."""
+    for bound in (minimum, maximum):
+        if bound is not None and (
+            isinstance(bound, bool) or not isinstance(bound, int | float) or not math.isfinite(bound)
+        ):
+            raise TypeError(f"option(): minimum/maximum must be finite numbers or None, got {bound!r}")
+    if minimum is not None and maximum is not None and minimum > maximum:
+        raise TypeError(f"option(): minimum {minimum} is above maximum {maximum}")
     declaration = {
         "allowed": allowed,
         "minimum": minimum,
@@ -99,6 +145,7 @@ def option(
         "help": help,
         "kind": kind,
         "cls": cls,
+        "allow_inf": allow_inf,
     }
     if isinstance(default, list | dict):
         return field(default_factory=lambda: copy.copy(default), metadata={_OPTION: declaration})
@@ -116,7 +163,8 @@ def _kind(hint: Any, required: bool) -> type | tuple[type, ...]:
 
 
 def options_of(config: type) -> tuple[Option, ...]:
-    """The `Option`s of an options dataclass, in field order; TypeError for a field not made with `option(...)`."""
+    """The `Option`s of an options dataclass, in field order; TypeError for a field not made with `option(...)` or
+    a default its own check refuses (NaN, out of range), so a plugin's mistake shows when its module is imported."""
     hints = typing.get_type_hints(config)
     found = []
     for f in dataclasses.fields(config):
@@ -126,7 +174,13 @@ def options_of(config: type) -> tuple[Option, ...]:
         declared = dict(declared)
         cls, kind = declared.pop("cls"), declared.pop("kind")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        found.append(cls(f.name, kind or _kind(hints[f.name], declared["required"]), default, **declared))
+        declared_option = cls(f.name, kind or _kind(hints[f.name], declared["required"]), default, **declared)
+        if not (declared_option.required and default is None):
+            try:
+                declared_option.check(config.__name__, default)
+            except ValueError as error:
+                raise TypeError(f"{config.__name__}.{f.name}: the default fails its own check ({error})") from None
+        found.append(declared_option)
     return tuple(found)
 
 
@@ -295,9 +349,9 @@ class Spec:
             expected = "a dict" if self.config is None else f"a dict or {self.config.__name__}"
             raise ValueError(f"{self.name}: options must be {expected}, got {type(options).__name__}")
         known = {o.name: o for o in self.options}
-        unknown = sorted(set(options) - set(known))
+        unknown = sorted(map(shown, (name for name in options if not isinstance(name, str) or name not in known)))
         if unknown:
-            raise ValueError(f"{self.name}: unknown option(s) {unknown}; allowed: {sorted(known)}")
+            raise ValueError(f"{self.name}: unknown option(s) [{', '.join(unknown)}]; allowed: {sorted(known)}")
         return {name: o.check(self.name, options.get(name, o.default)) for name, o in known.items()}
 
     def check_capabilities(self, model: Any, device: torch.device) -> None:

@@ -33,6 +33,7 @@ from diffusers.hooks.hooks import BaseState, StateManager
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
 from workbench.accelerations.base import Handle, Option, Receipt, Spec, drop_restored_forwards, option
+from workbench.request import shown
 
 STEP_HOOK = "workbench_sparse_routing_step"
 FAMILY = "family"  # sink_tokens / protect_prefix: take the rows from the family adapter, per call
@@ -75,11 +76,12 @@ class RowsOption(Option):
     """An option that is a row count >= 0 or "family" (the family adapter's non-video prefix rows)."""
 
     def check(self, plugin: str, value: Any) -> Any:
-        if value == FAMILY:
+        if isinstance(value, str) and value == FAMILY:
             return value
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{plugin}.{self.name}: {value!r}; allowed: an int >= 0 or {FAMILY!r}")
-        return value
+        try:
+            return Option(self.name, int, self.default, minimum=0).check(plugin, value)
+        except ValueError:
+            raise ValueError(f"{plugin}.{self.name}: {shown(value)}; allowed: an int >= 0 or {FAMILY!r}") from None
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "type": ["int", "str"], "allowed": [FAMILY, "int >= 0"]}
