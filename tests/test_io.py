@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import workbench
-from workbench.io import json_bytes, json_value, recover_sets, write_atomic, write_set
+from workbench.io import check_writable, json_bytes, json_value, recover_sets, write_atomic, write_set
 
 
 def test_write_atomic_replaces_whole_file(tmp_path):
@@ -203,3 +203,15 @@ def test_json_value_numpy_scalars_are_numbers_and_non_finite_is_null():
 def test_json_value_unknown_type_names_where():
     with pytest.raises(TypeError, match=r"value.outer\[1\]: object is not JSON-serialisable"):
         json_value({"outer": [1, object()]})
+
+
+def test_check_writable_probes_and_leaves_nothing_behind(tmp_path):
+    target = tmp_path / "a" / "b" / "c"
+    assert check_writable(target, "--out") == target
+    assert list(tmp_path.iterdir()) == []  # the folders it made for the probe are gone again
+    (tmp_path / "kept").mkdir()
+    check_writable(tmp_path / "kept")
+    assert list((tmp_path / "kept").iterdir()) == []
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"--out: cannot write to .*file/sub \(Not a directory\)"):
+        check_writable(tmp_path / "file" / "sub", "--out")

@@ -22,6 +22,7 @@ per set at a time: a second writer that finds another's commit folder mid-publis
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -91,6 +92,33 @@ def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Pa
     _fsync_directory(directory)
     _publish(commit)
     return {name: directory / name for name in files}
+
+
+def check_writable(directory: str | Path, field: str = "out") -> Path:
+    """Refuse, before any work, a `directory` that a run could not write its outputs into: the folders that
+    are missing are created, a probe file is written and removed, then the folders this call created are
+    removed again (a refused run leaves nothing behind; the writers create them when they publish). Returns
+    the path. A path that cannot be created or written (a file in the way, no permission, a read-only file
+    system) is a ValueError naming `field`, the path and the reason."""
+    directory = Path(directory)
+    missing = [folder for folder in (directory, *directory.parents) if not folder.exists()]
+    probe = directory / f".probe.tmp-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_synced(probe, b"")
+        probe.unlink()
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise ValueError(f"{field}: cannot write to {directory} ({reason})") from error
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+        for folder in missing:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+    return directory
 
 
 def recover_sets(directory: str | Path) -> list[Path]:
