@@ -289,6 +289,7 @@ def _info() -> int:
     import torch
 
     from workbench import environment
+    from workbench.io import json_bytes
     from workbench.models import TINY_MODELS, families
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -300,7 +301,7 @@ def _info() -> int:
         },
         "tiny_models": list(TINY_MODELS),
     }
-    print(json.dumps(info, indent=2, default=str))
+    print(json_bytes(info).decode(), end="")
     return 0
 
 

@@ -181,10 +181,15 @@ def _key(key: Any, where: str) -> str:
 
 
 def _publish(commit: Path) -> list[str]:
-    manifest = commit / MANIFEST
-    names = json.loads(manifest.read_bytes()) if manifest.exists() else []
+    """Move a committed set's files into place and remove its folder. Idempotent, and safe when another
+    process (a `recover_sets` elsewhere) publishes the same commit at the same time: every file it moves is
+    the new version, and a file or manifest already gone was moved by the other."""
+    try:
+        names = json.loads((commit / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        names = []
     for name in names:
-        if (commit / name).exists():
+        with contextlib.suppress(FileNotFoundError):
             os.replace(commit / name, commit.parent / name)
     _fsync_directory(commit.parent)
     shutil.rmtree(commit, ignore_errors=True)
