@@ -9,12 +9,13 @@ Every scenario's result is one JSON object with these keys (`FIELDS`), written a
 - `smoke`: True for a `--smoke` run (tiny shapes on the CPU: its numbers say nothing about speed);
 - `shape`, `arms` ({arm: {median_s, seconds, ...}}), `ratios` ({"A/B": RatioCI dict (median, low, high, ...)}),
   `notes` (list of sentences: what was skipped and why, what a number means).
+The JSON is strict (`workbench.io.json_bytes`): a non-finite number is written as null, numpy and torch scalars
+as numbers, dtypes, devices and paths as strings.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import os
 import shlex
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from workbench import environment
-from workbench.io import write_atomic
+from workbench.io import json_bytes, write_atomic
 
 FORMAT = "workbench-benchmark/1"
 FIELDS = (
@@ -87,10 +88,11 @@ def command_line() -> str:
 
 
 def write(record: dict[str, Any], out: Path) -> Path:
-    """`record` as `<out>/<scenario>.json`, written to a temporary name in `out` and renamed when complete."""
+    """`record` as strict JSON in `<out>/<scenario>.json`, written to a temporary name in `out` and renamed when
+    complete."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{record['scenario']}.json"
-    write_atomic(path, (json.dumps(record, indent=2, default=_jsonable, allow_nan=True) + "\n").encode())
+    write_atomic(path, json_bytes(record))
     return path
 
 
@@ -101,13 +103,3 @@ def finite_ratios(record: dict[str, Any]) -> bool:
         if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
             return False
     return True
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, torch.dtype | torch.device | Path):
-        return str(value)
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.item()
-    if isinstance(value, tuple | set):
-        return list(value)
-    raise TypeError(f"envelope: {type(value).__name__} is not JSON-serialisable: {value!r}")

@@ -1,6 +1,11 @@
 import json
+import re
+from pathlib import Path
+
+import pytest
 
 from workbench.cli import main
+from workbench.session import Session
 
 
 def test_cli_generate_writes_video_report_and_record(tmp_path, capsys):
@@ -69,3 +74,92 @@ def test_cli_generate_bad_accelerations_write_nothing(tmp_path, capsys):
     assert main([*args, "--accelerate", '{"no_such_plugin": {}}']) == 2
     assert "no_such_plugin" in capsys.readouterr().err
     assert not out.exists()
+
+
+SUITE = Path(__file__).resolve().parents[1] / "data_manifests" / "tiny-smoke.json"
+SUITE_ARGS = ["--model", "tiny-wan", "--suite", str(SUITE)]
+COMMANDS = {
+    "generate": ["generate", "--model", "tiny-wan", "--prompt", "p"],
+    "qualify": ["qualify", *SUITE_ARGS, "--candidate", '{"cross_kv_cache": {}}'],
+    "sweep": ["sweep", *SUITE_ARGS, "--plugin", "easycache", "--option", "threshold", "--values", "0,0.1"],
+    "search": ["search", *SUITE_ARGS, "--candidates", '[{"cross_kv_cache": {}}]'],
+    "train-tiny": ["train-tiny", "--device", "cpu", "--minutes", "0"],
+}
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model (or training) fails the test: every refusal below must come before any of it."""
+
+    def reached(*args, **kwargs):
+        raise AssertionError("a model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(Session, "open", classmethod(reached))
+    monkeypatch.setattr("workbench.training.train_tiny.train", reached)
+
+
+def _one_line_error(capsys, command: str) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"workbench {command}: error: "), err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_cli_unwritable_out_exits_2_before_loading(command, tmp_path, capsys, no_model):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("in the way")
+    for out in (blocker, blocker / "sub"):  # a file where the folder goes, and a file as its parent
+        assert main([*COMMANDS[command], "--out", str(out)]) == 2
+        err = _one_line_error(capsys, command)
+        assert f"--out: cannot write to {out}" in err
+    assert blocker.read_text() == "in the way"
+
+
+@pytest.mark.parametrize("command", ["qualify", "sweep", "search"])
+def test_cli_bad_suite_exits_2_naming_the_file(command, tmp_path, capsys, no_model):
+    out = tmp_path / "out"
+    args = [a if a != str(SUITE) else str(tmp_path / "missing.json") for a in COMMANDS[command]]
+    assert main([*args, "--out", str(out)]) == 2
+    assert f"suite: cannot read {tmp_path / 'missing.json'} (No such file" in _one_line_error(capsys, command)
+    torn = tmp_path / "suite.json"
+    torn.write_text(SUITE.read_text() + "\n{}")
+    args = [a if a != str(SUITE) else str(torn) for a in COMMANDS[command]]
+    assert main([*args, "--out", str(out)]) == 2
+    assert re.search(rf"suite: {re.escape(str(torn))}: Extra data at line \d+", _one_line_error(capsys, command))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["qualify", "sweep", "search"])
+def test_cli_suite_pinned_to_another_model_needs_allow_other_model(command, tmp_path, capsys, no_model):
+    args = [a if a != "tiny-wan" else "tiny-ltx2" for a in COMMANDS[command]]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 2
+    assert "pinned to 'tiny-wan', got 'tiny-ltx2'" in _one_line_error(capsys, command)
+    with pytest.raises(AssertionError, match="a model was loaded"):  # allowed: it goes on to load the model
+        main([*args, "--allow-other-model", "--out", str(tmp_path / "out")])
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "value"),
+    [
+        ("generate", "--accelerate", '{"cross_kv_cache": {}} trailing'),
+        ("qualify", "--candidate", '{"cross_kv_cache": {}}}'),
+        ("qualify", "--baseline", "{} {}"),
+        ("sweep", "--base", '{"threshold": 0.1} x'),
+        ("sweep", "--budget", "{"),
+        ("search", "--candidates", '[{"cross_kv_cache": {}}] ]'),
+    ],
+)
+def test_cli_json_flags_that_do_not_parse_name_the_flag(command, flag, value, tmp_path, capsys, no_model):
+    out = tmp_path / "out"
+    assert main([*COMMANDS[command], flag, value, "--out", str(out)]) == 2
+    assert f"error: {flag}: not valid JSON" in _one_line_error(capsys, command)
+    assert not out.exists()
+
+
+def test_cli_train_tiny_unwritable_pack_exits_2(tmp_path, capsys, no_model):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main([*COMMANDS["train-tiny"], "--out", str(tmp_path / "run"), "--pack", str(blocker / "p")]) == 2
+    assert f"--pack: cannot write to {blocker / 'p'}" in _one_line_error(capsys, "train-tiny")
+    assert not (tmp_path / "run").exists()

@@ -1,8 +1,18 @@
+import json
+import math
 import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from workbench.io import write_atomic
+import workbench
+from workbench.io import check_writable, json_bytes, json_value, recover_sets, write_atomic, write_set
 
 
 def test_write_atomic_replaces_whole_file(tmp_path):
@@ -21,3 +31,187 @@ def test_write_atomic_leaves_nothing_on_failure(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         write_atomic(tmp_path / "a.json", b"{}")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- sets -------------------------------------------------------------------------------------------------------
+
+
+NAMES = ("clip.mp4", "clip.json", "clip.html")
+
+
+def _payload(version: int, size: int = 64) -> dict[str, bytes]:
+    return {name: f"{version}:{name}:".encode() + bytes(size) for name in NAMES}
+
+
+def _versions(folder: Path) -> set[str]:
+    return {(folder / name).read_bytes().split(b":")[0].decode() for name in NAMES if (folder / name).exists()}
+
+
+def test_write_set_publishes_every_file_and_leaves_nothing_else(tmp_path):
+    paths = write_set(tmp_path / "out", _payload(1))
+    assert paths == {name: tmp_path / "out" / name for name in NAMES}
+    write_set(tmp_path / "out", _payload(2))
+    assert _versions(tmp_path / "out") == {"2"}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(NAMES)
+
+
+def test_write_set_failure_keeps_the_old_set_and_no_staging(tmp_path, monkeypatch):
+    write_set(tmp_path, _payload(1))
+    calls = []
+
+    def full_disk(path, data):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        Path(path).write_bytes(data)
+
+    monkeypatch.setattr("workbench.io._write_synced", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        write_set(tmp_path, _payload(2))
+    assert _versions(tmp_path) == {"1"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(NAMES)
+
+
+def test_write_set_bad_names_raise_before_writing(tmp_path):
+    for name in ("../x", ".hidden", "a/b", ""):
+        with pytest.raises(ValueError, match="plain, non-hidden file name"):
+            write_set(tmp_path / "o", {name: b"x"})
+    with pytest.raises(ValueError, match="expected bytes"):
+        write_set(tmp_path / "o", {"a.json": "text"})
+    assert not (tmp_path / "o").exists()
+
+
+# The child imports workbench.io without workbench/__init__ (torch, diffusers): the same code, a start in
+# milliseconds. With a stop point K it blocks forever at the K-th rename (staging -> commit is rename 0, then
+# one os.replace per file); without one it saves in a loop until killed.
+CHILD = """
+import os, sys, time, types
+package = types.ModuleType("workbench")
+package.__path__ = [sys.argv[2]]
+sys.modules["workbench"] = package
+from workbench import io
+names = ("clip.mp4", "clip.json", "clip.html")
+stop = int(sys.argv[3])
+count = [0]
+def hook(real):
+    def renamed(*args):
+        if count[0] == stop:
+            print("stopped", flush=True)
+            time.sleep(3600)
+        count[0] += 1
+        return real(*args)
+    return renamed
+os.rename, os.replace = hook(os.rename), hook(os.replace)
+version = 2
+print("ready", flush=True)
+while True:
+    io.write_set(sys.argv[1], {n: f"{version}:{n}:".encode() + bytes(200_000) for n in names})
+    version += 1
+"""
+
+
+def _kill_child(folder: Path, stop: int, delay: float | None = None) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(folder), str(Path(workbench.__file__).parent), str(stop)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        if delay is None:
+            assert child.stdout.readline().strip() == "stopped"
+        else:
+            time.sleep(delay)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_write_set_killed_at_every_rename_leaves_one_complete_set(tmp_path):
+    for stop in range(1 + len(NAMES)):
+        folder = tmp_path / f"stop{stop}"
+        write_set(folder, _payload(1))
+        _kill_child(folder, stop)
+        versions = _versions(folder)
+        hidden = [p.name for p in folder.iterdir() if p.name.startswith(".")]
+        if stop == 0:  # killed before the commit point: the old set, untouched
+            assert versions == {"1"}
+        else:  # killed mid-publish (stop - 1 files moved): the commit folder marks it, recovery finishes it
+            published = [name for name in NAMES if (folder / name).read_bytes().startswith(b"2:")]
+            assert len(published) == stop - 1 and versions <= {"1", "2"}
+            assert any(name.endswith(".commit") for name in hidden)
+        recover_sets(folder)
+        assert _versions(folder) == ({"1"} if stop == 0 else {"2"})
+        assert all((folder / name).exists() for name in NAMES)
+        write_set(folder, _payload(9))
+        assert sorted(p.name for p in folder.iterdir()) == sorted(NAMES)
+        assert _versions(folder) == {"9"}
+
+
+def test_write_set_killed_at_random_times_never_leaves_a_mix(tmp_path):
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    folder = tmp_path / "random"
+    write_set(folder, _payload(1))
+    for _ in range(4):
+        _kill_child(folder, stop=-1, delay=rng.uniform(0.0, 0.3))
+        recover_sets(folder)
+        assert len(_versions(folder)) == 1, f"seed {seed}: {_versions(folder)}"
+        assert sorted(p.name for p in folder.iterdir()) == sorted(NAMES), f"seed {seed}"
+    write_set(folder, _payload(9))
+    assert _versions(folder) == {"9"}
+
+
+def test_recover_sets_removes_write_atomic_leftovers_of_dead_writers(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".a.json.tmp-{dead.stdout.strip()}"
+    stale.write_bytes(b"half")
+    mine = tmp_path / ".notes.tmp-keep"  # not a name this module makes: left alone
+    mine.write_bytes(b"user")
+    write_set(tmp_path, {"a.json": b"{}"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".notes.tmp-keep", "a.json"]
+
+
+# --- strict JSON ------------------------------------------------------------------------------------------------
+
+
+def test_json_value_numpy_scalars_are_numbers_and_non_finite_is_null():
+    value = {
+        "n": np.int64(3),
+        "x": np.float32(0.5),
+        "flag": np.bool_(True),
+        "bad": [math.nan, math.inf, -np.inf, np.float64("nan")],
+        "shape": (2, np.int32(4)),
+        "path": Path("/tmp/a"),
+        np.int64(7): "key",
+    }
+    assert json_value(value) == {
+        "n": 3,
+        "x": 0.5,
+        "flag": True,
+        "bad": [None, None, None, None],
+        "shape": [2, 4],
+        "path": "/tmp/a",
+        "7": "key",
+    }
+    text = json_bytes(value).decode()
+    assert "NaN" not in text and "Infinity" not in text and '"3"' not in text
+    assert json.loads(text)["n"] == 3
+
+
+def test_json_value_unknown_type_names_where():
+    with pytest.raises(TypeError, match=r"value.outer\[1\]: object is not JSON-serialisable"):
+        json_value({"outer": [1, object()]})
+
+
+def test_check_writable_probes_and_leaves_nothing_behind(tmp_path):
+    target = tmp_path / "a" / "b" / "c"
+    assert check_writable(target, "--out") == target
+    assert list(tmp_path.iterdir()) == []  # the folders it made for the probe are gone again
+    (tmp_path / "kept").mkdir()
+    check_writable(tmp_path / "kept")
+    assert list((tmp_path / "kept").iterdir()) == []
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"--out: cannot write to .*file/sub \(Not a directory\)"):
+        check_writable(tmp_path / "file" / "sub", "--out")

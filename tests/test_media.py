@@ -47,3 +47,31 @@ def test_verifier_flags_black_frames_and_wrong_counts(tmp_path):
 def test_encode_rejects_bad_frames():
     with pytest.raises(ValueError, match="frames: expected uint8"):
         encode_mp4(np.zeros((2, 8, 8, 3), np.float32), 8)
+
+
+def test_result_save_writes_strict_json_with_numpy_numbers(tmp_path):
+    import json
+    import math
+
+    from workbench.result import Result
+
+    rng = np.random.default_rng()
+    result = Result(
+        frames=rng.integers(0, 255, (5, 16, 16, 3), dtype=np.uint8),
+        audio=None,
+        sample_rate=None,
+        fps=8,
+        latents=None,
+        timings={"denoise": math.nan, "decode": np.float32(0.5)},
+        memory={"denoise": np.int64(1 << 40)},
+        metadata={"request": {"seed": np.uint64(2**63), "guidance": math.inf, "prompt": "p"}},
+    )
+    result.save(tmp_path, "clip")
+    text = (tmp_path / "clip.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    record = json.loads(text)
+    assert record["timings"] == {"denoise": None, "decode": 0.5} and record["memory"]["denoise"] == 1 << 40
+    assert record["metadata"]["request"] == {"seed": 2**63, "guidance": None, "prompt": "p"}
+    with pytest.raises(ValueError, match="name: must be a plain file stem"):
+        result.save(tmp_path, "../escape")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.html", "clip.json", "clip.mp4"]

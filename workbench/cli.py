@@ -1,4 +1,9 @@
-"""`workbench generate ...` and `workbench info`."""
+"""`workbench generate ...`, `qualify`, `sweep`, `search`, `train-tiny` and `info`.
+
+A bad input (a bad value, a missing or unreadable file, JSON that does not parse, an `--out` that cannot be
+written) exits with status 2 and one line on stderr naming the flag or file and what is wrong. Every `--out`
+is created and probed for writing before a model loads, so no run loses its work to an unwritable folder.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default=None)
     gen.add_argument("--name", default="result", help="file stem of the outputs")
-    gen.add_argument("--out", required=True, type=Path, help="directory for the outputs (created on success)")
+    gen.add_argument(
+        "--out", required=True, type=Path, help="directory for the outputs (created and probed before the model loads)"
+    )
     gen.add_argument("--gpus", type=int, default=1, help="processes (one per GPU) running one context-parallel request")
     gen.add_argument(
         "--profile",
@@ -51,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     qual.add_argument("--budget", default="{}", help="JSON overrides of the quality budget")
     qual.add_argument("--device", default="auto")
     qual.add_argument("--out", required=True, type=Path)
+    qual.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
 
     swp = commands.add_parser("sweep", help="qualify one plugin at each value of one option; knee, cliff, Pareto")
     swp.add_argument("--plugin", required=True, help="the acceleration plugin, e.g. easycache")
@@ -68,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--budget", default="{}", help="JSON overrides of the quality budget")
         sub.add_argument("--device", default="auto")
         sub.add_argument("--out", required=True, type=Path)
+        sub.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
 
     tiny = commands.add_parser("train-tiny", help="train the demo-av model on synthetic scenes (resumable)")
     tiny.add_argument("--out", required=True, type=Path, help="run folder: checkpoint/, demo-av/, train.json, loss.png")
@@ -96,13 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train-tiny":
             return _train_tiny(args)
         return _generate(args) if args.command == "generate" else _info()
-    except (ValueError, RuntimeError) as error:
-        print(f"workbench {args.command}: error: {error}", file=sys.stderr)
+    except (ValueError, RuntimeError, OSError) as error:
+        message = " ".join(str(error).split())  # one line, whatever the message holds
+        print(f"workbench {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 
 def _generate(args: argparse.Namespace) -> int:
     from workbench import Request, Session, distributed
+    from workbench.io import check_writable
     from workbench.media import verify_mp4
     from workbench.profiles import profile_plan
 
@@ -114,6 +125,8 @@ def _generate(args: argparse.Namespace) -> int:
         **{name: getattr(args, name) for name in fields},
     )
     device, accelerations = args.device, {}
+    extra = _json_arg("accelerate", args.accelerate)  # refused before the model loads
+    check_writable(args.out, "--out")
     if args.parallel_decode:  # a bad combination is refused before any process starts
         distributed.cli_accelerations(args.gpus, parallel_decode=True)
     if args.gpus != 1 or distributed.is_worker():  # see workbench.distributed
@@ -122,9 +135,8 @@ def _generate(args: argparse.Namespace) -> int:
             return distributed.launch(args.gpus, "workbench.cli", args.argv).returncode
         device = str(distributed.init_worker(args.device))
         accelerations = distributed.cli_accelerations(args.gpus, parallel_decode=args.parallel_decode)
-    extra = _json_arg("accelerate", args.accelerate)  # refused before the model loads
     session = Session.open(args.model, device=device, dtype=args.dtype, seed=args.seed, accelerations=accelerations)
-    session.resolve(request)  # refuse a bad request before any work and before --out exists
+    session.resolve(request)  # refuse a bad request before any work
     print(f"loaded {session} in {session.init_seconds:.2f} s", file=sys.stderr)
     if args.profile != "stock" or extra:
         chosen, left_out = profile_plan(args.profile, session.model.family.name, session.device)
@@ -151,24 +163,24 @@ def _qualify(args: argparse.Namespace) -> int:
     from workbench import Session
     from workbench.evidence.harness import qualify
     from workbench.evidence.manifest import load_manifest
-    from workbench.evidence.records import write_record
+    from workbench.evidence.records import record_bytes
     from workbench.evidence.report import render
-    from workbench.io import write_atomic
+    from workbench.io import check_writable, write_set
     from workbench.quality import Budget
 
     configs = {name: _json_arg(name, getattr(args, name)) for name in ("baseline", "candidate", "budget")}
     budget = Budget.from_dict(configs["budget"])
-    suite = load_manifest(args.suite)
+    suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
+    check_writable(args.out, "--out")
     requests = [case.to_request() for case in getattr(suite, args.cases)]
     session = Session.open(args.model, device=args.device)
     record, pilots = qualify(session, requests, configs["baseline"], configs["candidate"], args.rounds, budget)
     record["suite"] = {"name": suite.name, "path": str(args.suite), "sha256": suite.sha256, "cases": args.cases}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = write_record(args.out / "qualification.json", record)
-    write_atomic(args.out / "qualification.html", render(record, pilots).encode())
+    files = {"qualification.json": record_bytes(record), "qualification.html": render(record, pilots).encode()}
+    paths = write_set(args.out, files)
     print(f"verdict: {record['verdict']}")
-    print(f"record: {path}")
-    print(f"report: {args.out / 'qualification.html'}")
+    print(f"record: {paths['qualification.json']}")
+    print(f"report: {paths['qualification.html']}")
     return 0
 
 
@@ -176,6 +188,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     from workbench import Session
     from workbench.evidence import sweep as sweeps
     from workbench.evidence.manifest import load_manifest
+    from workbench.io import check_writable
     from workbench.quality import Budget
 
     names = ("baseline", "budget", "base") if args.command == "sweep" else ("baseline", "budget")
@@ -183,7 +196,8 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     values = _values_arg(args.values) if args.command == "sweep" else None
     candidates = _candidates_arg(args.candidates) if args.command == "search" else None
     budget = Budget.from_dict(configs["budget"])
-    suite = load_manifest(args.suite)
+    suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
+    check_writable(args.out, "--out")
     requests = [case.to_request() for case in getattr(suite, args.cases)]
     session = Session.open(args.model, device=args.device)
     if args.command == "sweep":
@@ -198,7 +212,6 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
         # A verdict that makes no speed claim (the candidate did not execute, or a CPU run) shows no speed-up.
         speed = "" if row.verdict in ("not_executed", "no_speed_claim") else f", speed-up {row.speedup:.4f}"
         print(f"  {row.label}: {row.verdict}{speed}, within budget {row.within_budget}")
-    args.out.mkdir(parents=True, exist_ok=True)
     record, page = sweeps.write(result, args.out)
     print(f"record: {record}")
     print(f"report: {page}")
@@ -206,6 +219,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
 
 
 def _train_tiny(args: argparse.Namespace) -> int:
+    from workbench.io import check_writable
     from workbench.training.train_tiny import TrainConfig, train
 
     fields = (
@@ -220,7 +234,12 @@ def _train_tiny(args: argparse.Namespace) -> int:
         "pack",
         "stage",
     )
-    record = train(TrainConfig(**{name: getattr(args, name) for name in fields}))
+    config = TrainConfig(**{name: getattr(args, name) for name in fields})
+    config.validate()  # a bad option is refused before --out is made
+    check_writable(args.out, "--out")
+    if args.pack is not None:
+        check_writable(args.pack, "--pack")
+    record = train(config)
     print(f"model:  {args.out / 'demo-av'}")
     print(f"record: {args.out / 'train.json'}")
     if "eval" in record:
@@ -270,6 +289,7 @@ def _info() -> int:
     import torch
 
     from workbench import environment
+    from workbench.io import json_bytes
     from workbench.models import TINY_MODELS, families
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -281,7 +301,7 @@ def _info() -> int:
         },
         "tiny_models": list(TINY_MODELS),
     }
-    print(json.dumps(info, indent=2, default=str))
+    print(json_bytes(info).decode(), end="")
     return 0
 
 

@@ -1,9 +1,41 @@
-"""Atomic file writes: every file the workbench produces appears whole or not at all."""
+"""Atomic writes and strict JSON: every file the workbench produces appears whole or not at all, every set of
+files (an MP4 with its record and report) appears as a complete old set or a complete new set, and every JSON
+document is strict (no NaN/inf tokens, numpy scalars as numbers).
+
+How a set is published (`write_set`), and why a folder never ends up with a mix:
+
+1. `recover_sets(directory)` first finishes or discards whatever an earlier, killed writer left (below).
+2. The new files are written and fsynced into a fresh hidden staging folder `.wbset-<key>.tmp-<pid>-<random>`
+   inside the target folder (same file system, so the later moves are renames). A failure here removes the
+   staging folder; the published files were not touched.
+3. A manifest (`MANIFEST`, the list of names) is written into the staging folder, then the staging folder is
+   renamed to `.wbset-<key>.commit`. That directory rename is the commit point: before it the old set is
+   intact, after it the new set is decided.
+4. Each file is moved (`os.replace`) from the commit folder onto its published name, then the commit folder
+   is removed.
+
+A kill during step 4 leaves a commit folder beside a half-published set: `recover_sets` (run by every
+`write_set` and available to readers) sees it and moves the remaining files, so the folder then holds the
+complete new set; a staging folder without a commit is deleted, which leaves the complete old set. One writer
+per set at a time: a second writer that finds another's commit folder mid-publish raises RuntimeError.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import math
+import numbers
 import os
-from pathlib import Path
+import secrets
+import shutil
+from collections.abc import Mapping
+from pathlib import Path, PurePath
+from typing import Any
+
+MANIFEST = ".manifest.json"
+_PREFIX = ".wbset-"
 
 
 def write_atomic(path: Path, data: bytes) -> Path:
@@ -19,3 +51,179 @@ def write_atomic(path: Path, data: bytes) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Path]:
+    """Publish `files` (plain file name -> bytes) into `directory` as one set; returns name -> path.
+
+    After this returns, or after any kill followed by `recover_sets(directory)` (which every `write_set`
+    runs first), `directory` holds either all of the previous versions of these files or all of the new
+    ones, and no staging folders or temporary files. `directory` is created if missing. Names must be plain
+    file names (no folder part, not hidden, not `.`/`..`); a bad name is a ValueError before anything is
+    written.
+    """
+    if not files:
+        raise ValueError("files: at least one file is required")
+    for name, data in files.items():
+        if not isinstance(name, str) or not name or name != Path(name).name or name.startswith("."):
+            raise ValueError(f"files: {name!r} is not a plain, non-hidden file name")
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise ValueError(f"files[{name!r}]: expected bytes, got {type(data).__name__}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    recover_sets(directory)
+    key = hashlib.sha256("\0".join(sorted(files)).encode()).hexdigest()[:12]
+    staging = directory / f"{_PREFIX}{key}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    commit = directory / f"{_PREFIX}{key}.commit"
+    staging.mkdir()
+    try:
+        for name, data in files.items():
+            _write_synced(staging / name, bytes(data))
+        _write_synced(staging / MANIFEST, json.dumps(sorted(files)).encode())
+        _fsync_directory(staging)
+        try:
+            os.rename(staging, commit)  # the commit point
+        except OSError as error:
+            if commit.exists():
+                raise RuntimeError(f"{directory}: another writer is publishing {sorted(files)} now") from error
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _fsync_directory(directory)
+    _publish(commit)
+    return {name: directory / name for name in files}
+
+
+def check_writable(directory: str | Path, field: str = "out") -> Path:
+    """Refuse, before any work, a `directory` that a run could not write its outputs into: the folders that
+    are missing are created, a probe file is written and removed, then the folders this call created are
+    removed again (a refused run leaves nothing behind; the writers create them when they publish). Returns
+    the path. A path that cannot be created or written (a file in the way, no permission, a read-only file
+    system) is a ValueError naming `field`, the path and the reason."""
+    directory = Path(directory)
+    missing = [folder for folder in (directory, *directory.parents) if not folder.exists()]
+    probe = directory / f".probe.tmp-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_synced(probe, b"")
+        probe.unlink()
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise ValueError(f"{field}: cannot write to {directory} ({reason})") from error
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+        for folder in missing:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+    return directory
+
+
+def recover_sets(directory: str | Path) -> list[Path]:
+    """Finish every set whose publishing was interrupted after its commit point (moves its remaining files
+    into place) and delete staging folders and `write_atomic` temporaries left by writers that no longer
+    run. Returns the paths of the sets finished. A missing `directory` is nothing to recover."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    finished = []
+    for entry in sorted(directory.iterdir()):
+        name = entry.name
+        if name.startswith(_PREFIX) and name.endswith(".commit") and entry.is_dir():
+            finished += [directory / n for n in _publish(entry)]
+        elif name.startswith(_PREFIX) and ".tmp-" in name and _dead(name.split(".tmp-")[-1].split("-")[0]):
+            shutil.rmtree(entry, ignore_errors=True)
+        elif name.startswith(".") and ".tmp-" in name and entry.is_file() and _dead(name.rsplit("-", 1)[-1]):
+            entry.unlink(missing_ok=True)  # a write_atomic temporary of a killed writer
+    return finished
+
+
+def json_value(value: Any, where: str = "value") -> Any:
+    """The strict-JSON form of `value`: non-finite floats become None, numpy/torch scalars their Python
+    number, tuples/sets lists, paths and torch dtypes/devices strings, mapping keys strings. Anything else
+    is a TypeError naming `where` (the key path) and the type. Fields that document "inf"/"-inf" strings
+    convert them before calling this."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, numbers.Integral) and not hasattr(value, "dtype"):
+        return int(value)
+    if isinstance(value, numbers.Real) and not hasattr(value, "dtype"):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    if isinstance(value, Mapping):
+        return {_key(k, where): json_value(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, set | frozenset):
+        return [json_value(v, f"{where}[]") for v in sorted(value, key=repr)]
+    if isinstance(value, PurePath):
+        return str(value)
+    if hasattr(value, "dtype") and hasattr(value, "tolist"):  # numpy scalars/arrays, torch tensors
+        return json_value(value.tolist(), where)
+    if type(value).__module__ == "torch" and type(value).__name__ in ("dtype", "device"):
+        return str(value)
+    raise TypeError(f"{where}: {type(value).__name__} is not JSON-serialisable: {value!r}")
+
+
+def json_bytes(value: Any, indent: int | None = 2) -> bytes:
+    """`json_value(value)` as strict JSON (`allow_nan=False`), UTF-8, with a trailing newline."""
+    return (json.dumps(json_value(value), indent=indent, allow_nan=False) + "\n").encode()
+
+
+def _key(key: Any, where: str) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool) or key is None or not isinstance(key, numbers.Number):
+        raise TypeError(f"{where}: key {key!r} ({type(key).__name__}) is not a string or number")
+    return str(json_value(key, where))
+
+
+def _publish(commit: Path) -> list[str]:
+    """Move a committed set's files into place and remove its folder. Idempotent, and safe when another
+    process (a `recover_sets` elsewhere) publishes the same commit at the same time: every file it moves is
+    the new version, and a file or manifest already gone was moved by the other."""
+    try:
+        names = json.loads((commit / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(commit / name, commit.parent / name)
+    _fsync_directory(commit.parent)
+    shutil.rmtree(commit, ignore_errors=True)
+    return names
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_directory(path: Path) -> None:
+    try:
+        handle = os.open(path, os.O_RDONLY)
+    except OSError:  # a platform without directory handles: the renames are still atomic
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
+
+
+def _dead(pid: str) -> bool:
+    """Whether `pid` (a decimal string from a temporary's name) names a process that no longer runs."""
+    if not pid.isdigit():
+        return False  # not a name this module made: left alone
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False

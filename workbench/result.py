@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.io import write_atomic
+from workbench.io import json_bytes, write_set
 from workbench.media import encode_mp4
 from workbench.telemetry import Event
 
@@ -83,25 +83,23 @@ class Result:
         }
 
     def save(self, directory: str | Path, name: str = "result") -> Path:
-        """Write `<name>.mp4`, `<name>.json` and `<name>.html` into `directory`; returns the MP4 path.
-
-        Each file is written under a temporary name and renamed when complete.
-        """
-        if not name or "/" in name or name.startswith("."):
+        """Write `<name>.mp4`, `<name>.json` (strict JSON) and `<name>.html` into `directory` as one set
+        (`workbench.io.write_set`): the folder holds the complete previous set or the complete new one, never
+        a mix, even when the process is killed part-way. Returns the MP4 path."""
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
             raise ValueError(f"name: must be a plain file stem, got {name!r}")
-        directory = Path(directory)
-        mp4 = self.mp4_bytes()
-        directory.mkdir(parents=True, exist_ok=True)
-        path = write_atomic(directory / f"{name}.mp4", mp4)
-        write_atomic(directory / f"{name}.json", json.dumps(self.summary(), indent=2, default=str).encode())
         request = self.metadata.get("request", {})
         title = " · ".join(str(x) for x in (request.get("prompt"), self.metadata.get("model")) if x) or name
         page = (
             f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
             f"<body style='font-family:sans-serif'>{self._html(self.mp4_bytes(min_side=VISIBLE_SIDE))}</body></html>"
         )
-        write_atomic(directory / f"{name}.html", page.encode())
-        return path
+        files = {
+            f"{name}.mp4": self.mp4_bytes(),
+            f"{name}.json": json_bytes(self.summary()),
+            f"{name}.html": page.encode(),
+        }
+        return write_set(directory, files)[f"{name}.mp4"]
 
     def _repr_html_(self) -> str:
         return self._html(self.mp4_bytes(min_side=VISIBLE_SIDE))

@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.envelope import Context, Measurement
 from benchmarks.workloads import wan_request
-from workbench.io import write_atomic
+from workbench.io import json_bytes, write_atomic
 
 NAME = "parallel"
 SUMMARY = "Wan2.1-1.3B request, 4 steps CFG: Ulysses context parallelism over 2 GPUs vs 1 GPU"
@@ -112,7 +112,7 @@ def worker(out: Path, rounds: int) -> None:
         "notes": [f"arm {k} failed: {v}" for k, v in measured.errors.items()]
         + ["Times: rank 0's wall clock around one request between barriers (text encoding and decode included)."],
     }
-    write_atomic(out, json.dumps(record, indent=2).encode())
+    write_atomic(out, json_bytes(record))
 
 
 if __name__ == "__main__":

@@ -116,3 +116,40 @@ def test_manifest_missing_field_raises_naming_it(tmp_path):
     del case["steps"]
     with pytest.raises(ValueError, match=r"^test\[0\].steps: missing"):
         load_manifest(_write(tmp_path, test=[case]))
+
+
+def test_manifest_refuses_reference_paths_that_escape_the_suite_folder(tmp_path, rng):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    outside, pin = _pinned(tmp_path, rng, name="secret.bin")  # tmp_path/refs/secret.bin, beside the suite
+    path = _write(suite, test=[_case(42, reference={**pin, "path": "../refs/secret.bin"})])
+    with pytest.raises(ValueError, match=r"test\[0\].reference.path: '../refs/secret.bin' resolves outside"):
+        load_manifest(path)
+    (suite / "refs").mkdir()
+    (suite / "refs" / "link.bin").symlink_to(outside)  # a symlink inside the folder pointing out of it
+    path = _write(suite, test=[_case(42, reference={**pin, "path": "refs/link.bin"})])
+    with pytest.raises(ValueError, match=r"test\[0\].reference.path: 'refs/link.bin' resolves outside"):
+        load_manifest(path)
+
+
+def test_manifest_missing_or_torn_file_names_it(tmp_path):
+    missing = tmp_path / "nowhere.json"
+    with pytest.raises(ValueError, match=rf"suite: cannot read {re.escape(str(missing))} \(No such file"):
+        load_manifest(missing)
+    path = _write(tmp_path)
+    path.write_text(path.read_text() + "\n}")
+    with pytest.raises(ValueError, match=rf"suite: {re.escape(str(path))}: Extra data at line 2 column 1"):
+        load_manifest(path)
+
+
+def test_manifest_pinned_model_refuses_another_unless_allowed(tmp_path):
+    path = _write(tmp_path)  # pinned to tiny-wan
+    assert load_manifest(path, model="tiny-wan").model == "tiny-wan"
+    assert load_manifest(path, model="/models/tiny-wan/").model == "tiny-wan"  # a local folder of that model
+    with pytest.raises(ValueError, match=r"model: suite .* is pinned to 'tiny-wan', got 'tiny-ltx2'.*allow_other"):
+        load_manifest(path, model="tiny-ltx2")
+    assert load_manifest(path, model="tiny-ltx2", allow_other_model=True).model == "tiny-wan"
+    manifest = load_manifest(path)
+    with pytest.raises(ValueError, match="--allow-other-model"):
+        manifest.check_model("tiny-wan22")
+    manifest.check_model("tiny-wan22", allow_other_model=True)

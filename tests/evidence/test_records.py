@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import workbench
@@ -21,9 +22,17 @@ def test_record_round_trips_and_creates_folders(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["record.json"]  # no temporary left behind
 
 
-def test_record_refuses_nan_and_non_objects(tmp_path):
-    with pytest.raises(ValueError):
-        write_record(tmp_path / "r.json", {"psnr_db": math.inf})
+def test_record_is_strict_json_with_numpy_numbers(tmp_path):
+    record = {"psnr_db": math.inf, "ratio": math.nan, "steps": np.int64(4), "loss": np.float32(0.25)}
+    text = write_record(tmp_path / "r.json", record).read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"psnr_db": None, "ratio": None, "steps": 4, "loss": 0.25}
+
+
+def test_record_refuses_unserialisable_and_non_objects(tmp_path):
+    with pytest.raises(ValueError, match=r"record: value.when: object is not JSON-serialisable"):
+        write_record(tmp_path / "r.json", {"when": object()})
+    assert not (tmp_path / "r.json").exists()
     with pytest.raises(ValueError, match="record: must be a dict"):
         write_record(tmp_path / "r.json", [1, 2])
     (tmp_path / "list.json").write_text("[1]")

@@ -3,7 +3,11 @@
 Schema: {"name": str, "version": int >= 1, "model": str, optional "description": str,
 "calibration": [case, ...], "test": [case, ...]}; a case is {"prompt": str, "seed": int >= 0,
 "frames", "height", "width", "steps": int >= 1, "mode": str, optional "reference": {"path": str,
-"size": int, "sha256": str}}. Reference paths are relative to the manifest file.
+"size": int, "sha256": str}}. Reference paths are relative to the manifest file and must resolve (symlinks
+followed) inside the manifest's folder.
+
+A suite names the model its cases and references were made for: `load_manifest(path, model=...)` refuses a
+suite pinned to another model unless `allow_other_model=True` (the CLI's `--allow-other-model`).
 
 Calibration cases tune a technique (thresholds, FP8 scales); test cases judge it. A seed in both would
 let a technique be judged on what it was tuned on, so loading refuses a manifest where they overlap.
@@ -15,7 +19,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from workbench.request import Request
@@ -75,21 +79,40 @@ class Manifest:
     path: Path
     sha256: str
 
+    def check_model(self, model: str, allow_other_model: bool = False) -> None:
+        """Refuse (ValueError) to run this suite against `model` unless it is the suite's model: the same
+        name, or a local folder with the same last path component (`/models/Wan2.1-T2V-1.3B-Diffusers` for
+        `Wan-AI/Wan2.1-T2V-1.3B-Diffusers`). `allow_other_model=True` lets a caller compare on purpose."""
+        if allow_other_model or _same_model(str(model), self.model):
+            return
+        raise ValueError(
+            f"model: suite {self.path} is pinned to {self.model!r}, got {str(model)!r}; "
+            "pass allow_other_model=True (CLI: --allow-other-model) to run it against another model"
+        )
 
-def load_manifest(path: str | Path) -> Manifest:
+
+def load_manifest(path: str | Path, model: str | None = None, allow_other_model: bool = False) -> Manifest:
     """Read and validate a manifest, and verify every referenced file's size and SHA-256.
 
-    A bad or unknown field is a ValueError naming it (e.g. `test[1].seed`); a missing, absolute or changed
-    reference file is a ValueError naming its path; so is a seed used by both calibration and test cases.
+    A missing or unreadable file, or one that is not JSON, is a ValueError naming it (and the line of a
+    JSON error); a bad or unknown field is a ValueError naming it (e.g. `test[1].seed`); a missing, absolute,
+    escaping or changed reference file is a ValueError naming its path; so is a seed used by both calibration
+    and test cases. With `model` (the name or folder the suite is about to run against), a suite pinned to
+    another model is a ValueError unless `allow_other_model` (see `Manifest.check_model`).
     """
     path = Path(path)
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"suite: cannot read {path} ({error.strerror or error})") from error
     try:
         raw = json.loads(data)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"suite: {path} is not UTF-8 text ({error.reason})") from error
     except json.JSONDecodeError as error:
-        raise ValueError(f"manifest: {path} is not valid JSON ({error})") from error
+        raise ValueError(f"suite: {path}: {error.msg} at line {error.lineno} column {error.colno}") from error
     if not isinstance(raw, dict):
-        raise ValueError(f"manifest: {path} must hold a JSON object, got {type(raw).__name__}")
+        raise ValueError(f"suite: {path} must hold a JSON object, got {type(raw).__name__}")
     _check_keys("manifest", raw, _TOP, required=_TOP - {"description"})
     for name in ("name", "model"):
         _check_str(name, raw[name])
@@ -106,7 +129,7 @@ def load_manifest(path: str | Path) -> Manifest:
     shared = sorted({c.seed for c in splits["calibration"]} & {c.seed for c in splits["test"]})
     if shared:
         raise ValueError(f"seed: calibration and test cases share seed(s) {shared}; keep calibration seeds apart")
-    return Manifest(
+    manifest = Manifest(
         name=raw["name"],
         version=raw["version"],
         model=raw["model"],
@@ -116,6 +139,9 @@ def load_manifest(path: str | Path) -> Manifest:
         path=path,
         sha256=hashlib.sha256(data).hexdigest(),
     )
+    if model is not None:
+        manifest.check_model(model, allow_other_model)
+    return manifest
 
 
 def _case(where: str, raw: Any, folder: Path) -> Case:
@@ -143,6 +169,8 @@ def _reference(where: str, raw: Any, folder: Path) -> Reference:
     if Path(raw["path"]).is_absolute():
         raise ValueError(f"{where}.path: must be relative to the manifest's folder, got {raw['path']!r}")
     file = folder / raw["path"]
+    if not file.resolve().is_relative_to(folder.resolve()):
+        raise ValueError(f"{where}.path: {raw['path']!r} resolves outside the manifest's folder {folder}")
     if not file.is_file():
         raise ValueError(f"{where}.path: reference file {file} is missing")
     size = file.stat().st_size
@@ -152,6 +180,10 @@ def _reference(where: str, raw: Any, folder: Path) -> Reference:
     if digest != raw["sha256"]:
         raise ValueError(f"{where}: reference file {file} has SHA-256 {digest}, the manifest pins {raw['sha256']}")
     return Reference(path=file, size=size, sha256=digest)
+
+
+def _same_model(model: str, pinned: str) -> bool:
+    return model == pinned or PurePosixPath(model.rstrip("/")).name == PurePosixPath(pinned.rstrip("/")).name
 
 
 def _sha256_file(path: Path) -> str:

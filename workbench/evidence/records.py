@@ -6,22 +6,32 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workbench.io import write_atomic
+from workbench.io import json_bytes, write_atomic
 
 
 def write_record(path: str | Path, record: dict[str, Any]) -> Path:
-    """Write `record` as strict JSON (no NaN/inf: a ValueError instead) to `path`, atomically; returns the path.
+    """Write `record` as strict JSON (`record_bytes`) to `path`, atomically; returns the path.
 
     The bytes go to a temporary name beside `path` and are renamed over it when complete, so a reader (or
     a later run after a crash) sees either the previous complete record or the new one, never a mix.
-    Missing parent folders are created.
+    Missing parent folders are created. A record published with other files (its HTML report) goes
+    through `workbench.io.write_set` with `record_bytes` instead.
     """
-    if not isinstance(record, dict):
-        raise ValueError(f"record: must be a dict, got {type(record).__name__}")
-    data = json.dumps(record, indent=2, allow_nan=False).encode()
+    data = record_bytes(record)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_atomic(path, data)
+
+
+def record_bytes(record: dict[str, Any]) -> bytes:
+    """`record` as strict JSON bytes (`workbench.io.json_bytes`): non-finite numbers become null, numpy
+    scalars numbers; a record that is not a dict, or holds a value JSON cannot express, is refused."""
+    if not isinstance(record, dict):
+        raise ValueError(f"record: must be a dict, got {type(record).__name__}")
+    try:
+        return json_bytes(record)
+    except TypeError as error:
+        raise ValueError(f"record: {error}") from error
 
 
 def read_record(path: str | Path) -> dict[str, Any]:

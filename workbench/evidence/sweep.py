@@ -28,9 +28,9 @@ from matplotlib.figure import Figure
 
 from workbench.accelerations import REGISTRY, install
 from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, qualify
-from workbench.evidence.records import write_record
+from workbench.evidence.records import record_bytes
 from workbench.evidence.report import _table
-from workbench.io import write_atomic
+from workbench.io import write_set
 from workbench.plots import figure_png
 from workbench.quality import Budget
 from workbench.request import Request
@@ -449,12 +449,11 @@ def render(result: SweepResult | SearchResult) -> str:
 
 
 def write(result: SweepResult | SearchResult, out: str | Path) -> tuple[Path, Path]:
-    """Write `<kind>.json` (atomic, strict JSON) and `<kind>.html` into `out`; returns both paths."""
-    out = Path(out)
+    """Write `<kind>.json` (strict JSON) and `<kind>.html` into `out` as one set (`workbench.io.write_set`:
+    a killed write leaves the previous pair or the new pair, never a mix); returns both paths."""
     kind = "sweep" if isinstance(result, SweepResult) else "search"
-    record_path = write_record(out / f"{kind}.json", result.to_record())
-    page = write_atomic(out / f"{kind}.html", render(result).encode())
-    return record_path, page
+    paths = write_set(out, {f"{kind}.json": record_bytes(result.to_record()), f"{kind}.html": render(result).encode()})
+    return paths[f"{kind}.json"], paths[f"{kind}.html"]
 
 
 def _validate(session: Session, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from workbench.io import json_bytes
 
 
 @dataclass
@@ -30,7 +31,7 @@ class LoadedModel:
         path = Path(path)
         self.pipeline.save_pretrained(str(path), safe_serialization=True)  # modular pipelines need a str
         stored = {"defaults": self.defaults, "call_overrides": self.call_overrides}
-        (path / "workbench.json").write_text(json.dumps(stored, indent=2))
+        (path / "workbench.json").write_bytes(json_bytes(stored))
         return path
 
 

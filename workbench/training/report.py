@@ -52,13 +52,13 @@ def record(config: Any, state: dict[str, Any], environment: dict[str, Any], stag
 
 
 def write_outputs(out: Path, run_record: dict[str, Any], stages: Iterable[str]) -> None:
-    """`train.json` and `loss.png` in `out`, each written atomically."""
-    from workbench.evidence.records import write_record
-    from workbench.io import write_atomic
+    """`train.json` and `loss.png` in `out`, published as one set (`workbench.io.write_set`)."""
+    from workbench.evidence.records import record_bytes
+    from workbench.io import write_set
     from workbench.plots import figure_png
 
-    write_record(out / "train.json", run_record)
-    write_atomic(out / "loss.png", figure_png(loss_figure(run_record["loss"], tuple(stages))))
+    png = figure_png(loss_figure(run_record["loss"], tuple(stages)))
+    write_set(out, {"train.json": record_bytes(run_record), "loss.png": png})
 
 
 def loss_figure(history: list[dict[str, Any]], stages: tuple[str, ...]) -> Figure:
