@@ -423,7 +423,7 @@ def read_model_index(root: str | Path, file_name: str) -> tuple[Path, dict[str, 
     index_file = root / file_name
     if not index_file.is_file():
         raise ValueError(f"model path {str(root)!r} has no {file_name} (not a diffusers-format directory)")
-    _check_inside(index_file, _confines(root)[:1], "model index")
+    _check_inside(index_file, _confines(root), "model index")
     return index_file, read_json(index_file, "model index")
 
 
@@ -528,7 +528,7 @@ def read_workbench_file(root: Path, family: Family) -> tuple[dict[str, Any], dic
     path = Path(root) / WORKBENCH_FILE
     if not path.is_file():
         return dict(family.defaults), {}
-    _check_inside(path, _confines(Path(root))[:1], "workbench file")
+    _check_inside(path, _confines(Path(root)), "workbench file")
     stored = read_json(path, "workbench file")
     unknown = set(stored) - {"defaults", "call_overrides"}
     if unknown:
