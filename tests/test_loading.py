@@ -263,3 +263,15 @@ def test_call_overrides_and_defaults_that_ran_are_in_the_record(saved_wan, tmp_p
     result = session.generate(Request("a green triangle", seed=1), progress=False)
     assert result.metadata["call_overrides"] == {"max_sequence_length": 16}
     assert result.metadata["request"]["steps"] == 3 and len(result.step_seconds) == 3
+
+
+def test_load_refuses_a_config_implying_far_more_than_its_weights(saved_wan, tmp_path):
+    broken = _copy(saved_wan, tmp_path / "m")
+    path = broken / "transformer" / "config.json"
+    config = json.loads(path.read_text())
+    config.update(num_layers=200, num_attention_heads=64, attention_head_dim=1024, ffn_dim=200_000)  # each in range
+    path.write_text(json.dumps(config))
+    with pytest.raises(
+        ValueError, match=r"transformer/config.json: the config implies [\d,]+ parameters but the weights"
+    ):
+        resolve(broken)

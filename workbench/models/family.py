@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -388,6 +389,44 @@ def _check_safetensors(folder: Path) -> None:
                 raise ValueError(f"{index}: shard {shard!r} is not a plain .safetensors file name in {folder}")
 
 
+def stored_parameters(folder: Path) -> int:
+    """Elements in the safetensors files of `folder`, read from their headers (no tensor data is read)."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in folder.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as weights:
+            total += sum(math.prod(weights.get_slice(key).get_shape()) for key in weights.keys())
+    return total
+
+
+def check_implied_size(cls: type, folder: Path) -> None:
+    """Refuse a module config that implies far more parameters than its weight files hold.
+
+    The module is built from its config on the meta device (no memory is allocated) and its parameter and buffer
+    elements are counted; a config implying more than twice the stored elements plus 2^20 (tied and computed
+    tensors are not stored) is refused with a ValueError naming the config file, before the libraries build it for
+    real: a combination of in-range fields (CONFIG_MAXIMA) can still describe a model of terabytes. A config the
+    meta device cannot build is left to `from_pretrained`, which reports it.
+    """
+    try:
+        with torch.device("meta"):
+            if hasattr(cls, "config_class"):  # transformers
+                config = cls.config_class.from_pretrained(folder, local_files_only=True)
+                model = cls._from_config(config)
+            else:  # diffusers
+                model = cls.from_config(cls.load_config(folder, local_files_only=True))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, OSError):
+        return
+    implied = sum(t.numel() for t in itertools.chain(model.parameters(), model.buffers()))
+    stored = stored_parameters(folder)
+    if implied > 2 * stored + 2**20:
+        raise ValueError(
+            f"{folder / 'config.json'}: the config implies {implied:,} parameters but the weights hold {stored:,}; "
+            "a config must describe the weights beside it"
+        )
+
+
 def load_component(root: Path, name: str, cls: Any, dtype: torch.dtype, index_file: Path) -> Any:
     """Load component `name` of the model directory `root` as `cls` (from the family's table), strictly.
 
@@ -403,6 +442,7 @@ def load_component(root: Path, name: str, cls: Any, dtype: torch.dtype, index_fi
         except (OSError, TypeError, ValueError, KeyError) as error:
             raise ValueError(f"{folder}: {type(error).__name__}: {error}") from error
     _check_safetensors(folder)
+    check_implied_size(cls, folder)
     try:
         model, info = cls.from_pretrained(
             folder, torch_dtype=dtype, use_safetensors=True, local_files_only=True, output_loading_info=True
