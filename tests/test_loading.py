@@ -275,3 +275,11 @@ def test_load_refuses_a_config_implying_far_more_than_its_weights(saved_wan, tmp
         ValueError, match=r"transformer/config.json: the config implies [\d,]+ parameters but the weights"
     ):
         resolve(broken)
+
+
+def test_load_names_a_corrupt_safetensors_file(saved_wan, tmp_path):
+    broken = _copy(saved_wan, tmp_path / "m")
+    (weights,) = (broken / "vae").glob("*.safetensors")
+    weights.write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError, match=r"vae/diffusion_pytorch_model.safetensors: not a valid safetensors file"):
+        resolve(broken)

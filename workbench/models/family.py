@@ -390,13 +390,17 @@ def _check_safetensors(folder: Path) -> None:
 
 
 def stored_parameters(folder: Path) -> int:
-    """Elements in the safetensors files of `folder`, read from their headers (no tensor data is read)."""
-    from safetensors import safe_open
+    """Elements in the safetensors files of `folder`, read from their headers (no tensor data is read); a
+    ValueError naming the file when a header is not valid safetensors."""
+    from safetensors import SafetensorError, safe_open
 
     total = 0
     for file in folder.glob("*.safetensors"):
-        with safe_open(str(file), "pt") as weights:
-            total += sum(math.prod(weights.get_slice(key).get_shape()) for key in weights.keys())
+        try:
+            with safe_open(str(file), "pt") as weights:
+                total += sum(math.prod(weights.get_slice(key).get_shape()) for key in weights.keys())
+        except SafetensorError as error:
+            raise ValueError(f"{file}: not a valid safetensors file ({error})") from error
     return total
 
 
