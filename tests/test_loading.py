@@ -1,12 +1,18 @@
 import json
+import re
+import shutil
+import sys
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import UMT5Config, UMT5EncoderModel
 
 from workbench import Request, Session
 from workbench.models import ltx2, resolve, wan
+from workbench.models.family import check_config_sizes
+from workbench.models.loaded import LoadedModel
 
 
 @pytest.fixture(scope="module")
@@ -35,16 +41,16 @@ def test_load_ltx2_round_trip(tmp_path):
 
 
 def _copy(src, dst):
-    import shutil
-
-    shutil.copytree(src, dst)
+    shutil.copytree(src, dst, symlinks=True)
     return dst
+
+
+def _tiny_umt5():
+    return {"vocab_size": 128, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4}
 
 
 def test_load_missing_component_folder_names_it(saved_wan, tmp_path):
     broken = _copy(saved_wan, tmp_path / "m")
-    import shutil
-
     shutil.rmtree(broken / "vae")
     with pytest.raises(ValueError, match=r"component folder .*vae is missing"):
         resolve(broken)
@@ -98,3 +104,182 @@ def test_load_unknown_pipeline_class(saved_wan, tmp_path):
 def test_load_not_a_directory(tmp_path):
     with pytest.raises(ValueError, match="neither a known name"):
         resolve(tmp_path / "absent")
+
+
+# Hostile model folders: each is refused with a ValueError naming the folder, component or field, before anything
+# it names is imported or allocated.
+
+
+def _edit_index(folder, **entries):
+    index = json.loads((folder / "model_index.json").read_text())
+    index.update(entries)
+    (folder / "model_index.json").write_text(json.dumps(index))
+
+
+def test_load_refuses_a_foreign_loader_class_with_pickled_weights(saved_wan, tmp_path):
+    broken = _copy(saved_wan, tmp_path / "m")
+    # T5EncoderModel would read a pickled pytorch_model.bin (with a tensor missing) and generate
+    (broken / "text_encoder" / "model.safetensors").unlink()
+    state = UMT5EncoderModel(UMT5Config(**_tiny_umt5())).state_dict()
+    state.pop("encoder.final_layer_norm.weight")
+    torch.save(state, broken / "text_encoder" / "pytorch_model.bin")
+    _edit_index(broken, text_encoder=["transformers", "T5EncoderModel"])
+    with pytest.raises(
+        ValueError, match=r"component 'text_encoder' names class transformers.T5EncoderModel.*allowed: "
+    ):
+        resolve(broken)
+
+
+def test_load_never_imports_a_module_the_index_names(saved_wan, tmp_path, monkeypatch):
+    marker = tmp_path / "imported.marker"
+    (tmp_path / "wb_hostile_module.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\nclass Evil:\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broken = _copy(saved_wan, tmp_path / "m")
+    _edit_index(broken, transformer=["wb_hostile_module", "Evil"])
+    with pytest.raises(ValueError, match=r"component 'transformer' names class wb_hostile_module.Evil, which is not"):
+        resolve(broken)
+    assert not marker.exists() and "wb_hostile_module" not in sys.modules
+    # the same for a component name the family does not take at all
+    _edit_index(broken, transformer=["diffusers", "WanTransformer3DModel"], evil=["wb_hostile_module", "Evil"])
+    with pytest.raises(ValueError, match=r"component 'evil' \(wb_hostile_module.Evil\) is not one this family takes"):
+        resolve(broken)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("key", ["../x", "/abs/vae", "vae/../../x"])
+def test_load_refuses_a_component_key_that_is_a_path(saved_wan, tmp_path, key):
+    broken = _copy(saved_wan, tmp_path / "m")
+    _copy(broken / "vae", tmp_path / "x")  # a loadable folder outside the model directory
+    index = json.loads((broken / "model_index.json").read_text())
+    index[key] = index.pop("vae")
+    (broken / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=rf"component key {re.escape(repr(key))} is not a plain folder name"):
+        resolve(broken)
+
+
+def test_load_refuses_symlinks_out_of_the_model_folder(saved_wan, tmp_path):
+    broken = _copy(saved_wan, tmp_path / "m")
+    outside = _copy(broken / "vae", tmp_path / "outside_vae")
+    shutil.rmtree(broken / "vae")
+    (broken / "vae").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ValueError, match=r"component folder .*m/vae resolves to .*outside_vae, outside the model"):
+        resolve(broken)
+    (broken / "vae").unlink()
+    (broken / "vae").mkdir()
+    (broken / "vae" / "config.json").write_text((outside / "config.json").read_text())
+    (broken / "vae" / "diffusion_pytorch_model.safetensors").symlink_to(outside / "diffusion_pytorch_model.safetensors")
+    with pytest.raises(ValueError, match=r"component file .*vae/diffusion_pytorch_model.safetensors resolves to"):
+        resolve(broken)
+
+
+def test_load_follows_links_of_a_hugging_face_cache_snapshot_into_its_blobs(saved_wan, tmp_path):
+    snapshot = tmp_path / "models--org--tiny" / "snapshots" / "abc123"
+    blobs = tmp_path / "models--org--tiny" / "blobs"
+    blobs.mkdir(parents=True)
+    _copy(saved_wan, snapshot)
+    for file in [p for p in snapshot.rglob("*") if p.is_file()]:
+        blob = blobs / f"{abs(hash(str(file)))}"
+        file.rename(blob)
+        file.symlink_to(blob)
+    assert resolve(snapshot, dtype=torch.float32).family is wan.FAMILY
+
+
+def test_load_refuses_a_bin_only_text_encoder(saved_wan, tmp_path):
+    broken = _copy(saved_wan, tmp_path / "m")
+    (broken / "text_encoder" / "model.safetensors").unlink()
+    torch.save({}, broken / "text_encoder" / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"text_encoder: pickled weights \['pytorch_model.bin'\] are refused"):
+        resolve(broken)
+
+
+def test_load_refuses_a_shard_index_pointing_outside(saved_wan, tmp_path):
+    broken = _copy(saved_wan, tmp_path / "m")
+    index = {"metadata": {}, "weight_map": {"blocks.0.attn1.to_q.weight": "../../x.safetensors"}}
+    (broken / "transformer" / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"shard '../../x.safetensors' is not a plain .safetensors file name"):
+        resolve(broken)
+
+
+@pytest.mark.parametrize(
+    ("component", "file", "field", "value"),
+    [
+        ("transformer", "config.json", "num_layers", 10**6),
+        ("transformer", "config.json", "ffn_dim", 4e9),
+        ("scheduler", "scheduler_config.json", "num_train_timesteps", 1e10),
+        ("text_encoder", "config.json", "vocab_size", 10**9),
+        ("vae", "config.json", "base_dim", -3),
+    ],
+)
+def test_load_refuses_an_oversized_config_field_before_building(saved_wan, tmp_path, component, file, field, value):
+    broken = _copy(saved_wan, tmp_path / "m")
+    path = broken / component / file
+    config = json.loads(path.read_text())
+    config[field] = value
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=rf"{component}/{file}: field {field} is {re.escape(repr(value))}; allowed 0"):
+        resolve(broken)
+
+
+def test_load_refuses_nested_oversized_and_non_finite_config_fields(saved_wan, tmp_path):
+    broken = _copy(saved_wan, tmp_path / "m")
+    path = broken / "scheduler" / "scheduler_config.json"
+    path.write_text(path.read_text().replace('"shift": 3.0', '"shift": NaN'))
+    with pytest.raises(ValueError, match=r"scheduler_config.json: not valid JSON \(NaN is not a JSON number\)"):
+        resolve(broken)
+    config = {"text_config": {"layers": [{"num_hidden_layers": 2}, {"num_hidden_layers": 5000}]}}
+    with pytest.raises(ValueError, match=r"c.json: field text_config.layers\[1\].num_hidden_layers is 5000"):
+        check_config_sizes(config, tmp_path / "c.json")
+    with pytest.raises(ValueError, match=r"c.json: field block_out_channels\[1\] is 100000"):
+        check_config_sizes({"block_out_channels": [8, 100_000]}, tmp_path / "c.json")
+
+
+def test_load_names_the_index_file_with_trailing_garbage(saved_wan, tmp_path):
+    broken = _copy(saved_wan, tmp_path / "m")
+    (broken / "model_index.json").write_text((broken / "model_index.json").read_text() + "}x")
+    with pytest.raises(ValueError, match=r"model index .*m/model_index.json: not valid JSON"):
+        resolve(broken)
+
+
+def test_call_overrides_may_not_replace_what_the_request_sets(saved_wan, tmp_path):
+    broken = _copy(saved_wan, tmp_path / "m")
+    for key, field in (("num_inference_steps", "steps"), ("guidance_scale", "guidance"), ("num_frames", "frames")):
+        (broken / "workbench.json").write_text(json.dumps({"call_overrides": {key: 7}}))
+        with pytest.raises(ValueError, match=rf"workbench.json: call_overrides.{key} .*\(Request.{field}\)"):
+            resolve(broken)
+    (broken / "workbench.json").write_text(json.dumps({"call_overrides": {"generator": None}}))
+    with pytest.raises(ValueError, match=r"call_overrides.generator is set by the workbench's runner"):
+        resolve(broken)
+    with pytest.raises(ValueError, match=r"model 'x': call_overrides.guidance_scale"):
+        LoadedModel("x", ltx2.FAMILY, None, {}, {"guidance_scale": 1.0})
+
+
+def test_call_overrides_and_defaults_that_ran_are_in_the_record(saved_wan, tmp_path):
+    model = _copy(saved_wan, tmp_path / "m")
+    stored = {"defaults": {**wan.TINY_DEFAULTS, "steps": 3}, "call_overrides": {"max_sequence_length": 16}}
+    (model / "workbench.json").write_text(json.dumps(stored))
+    session = Session.open(resolve(model, dtype=torch.float32), device="cpu")
+    result = session.generate(Request("a green triangle", seed=1), progress=False)
+    assert result.metadata["call_overrides"] == {"max_sequence_length": 16}
+    assert result.metadata["request"]["steps"] == 3 and len(result.step_seconds) == 3
+
+
+def test_load_refuses_a_config_implying_far_more_than_its_weights(saved_wan, tmp_path):
+    broken = _copy(saved_wan, tmp_path / "m")
+    path = broken / "transformer" / "config.json"
+    config = json.loads(path.read_text())
+    config.update(num_layers=200, num_attention_heads=64, attention_head_dim=1024, ffn_dim=200_000)  # each in range
+    path.write_text(json.dumps(config))
+    with pytest.raises(
+        ValueError, match=r"transformer/config.json: the config implies [\d,]+ parameters but the weights"
+    ):
+        resolve(broken)
+
+
+def test_load_names_a_corrupt_safetensors_file(saved_wan, tmp_path):
+    broken = _copy(saved_wan, tmp_path / "m")
+    (weights,) = (broken / "vae").glob("*.safetensors")
+    weights.write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError, match=r"vae/diffusion_pytorch_model.safetensors: not a valid safetensors file"):
+        resolve(broken)

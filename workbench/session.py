@@ -177,6 +177,7 @@ class Session:
             "dtype": str(self.dtype).removeprefix("torch."),
             "init_seconds": self.init_seconds,
             "request": request.to_dict(),
+            "call_overrides": dict(self.model.call_overrides),  # pipeline kwargs added to the request's
             "accelerations": dict(self.accelerations),
             "nvml": summarize_samples(samples),
             "subscriber_errors": telemetry.subscriber_errors,

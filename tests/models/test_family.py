@@ -10,6 +10,7 @@ import workbench.accelerations as accelerations
 import workbench.models as models
 from workbench.accelerations import available
 from workbench.models import families, wan
+from workbench.models.family import COMPONENT_NAME
 
 ASKING = ("cross_kv_cache", "teacache", "fused_block_ops", "fused_block_norms", "block_sparse", "sol_attn")
 
@@ -62,3 +63,7 @@ def test_family_tables_are_consistent(name):
     registered = set(available())
     assert set(family.unsupported) <= registered, "unsupported names an unregistered plugin"
     assert {plugin for plugin, _ in family.exact_fast} <= registered
+    # the loader's table: plain component names, each allowed (library, class name) mapped to a class object
+    assert family.components and all(COMPONENT_NAME.fullmatch(name) for name in family.components)
+    for allowed in family.components.values():
+        assert allowed and all(isinstance(cls, type) and isinstance(lib, str) for (lib, _), cls in allowed.items())

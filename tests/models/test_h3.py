@@ -1,4 +1,5 @@
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -141,6 +142,21 @@ def test_save_and_strict_local_load_round_trip(tmp_path):
     (tmp_path / "vae" / "diffusion_pytorch_model.bin").write_bytes(b"")
     with pytest.raises(ValueError, match="vae: pickled weights"):
         resolve(tmp_path, dtype=torch.float32)
+
+
+def test_strict_load_refuses_foreign_classes_and_path_keys_in_the_modular_index(tmp_path):
+    h3.tiny(0).pipeline.save_pretrained(str(tmp_path), overwrite_modular_index=True)
+    index_file = tmp_path / h3.INDEX_FILE
+    index = json.loads(index_file.read_text())
+    spec = index["processor"][2]
+    for key, value, message in (
+        ("processor", ["os", "system", spec], r"component 'processor' names class os.system, which is not allowed"),
+        ("transformer_ref", ["transformers", "AutoModel", spec], r"'transformer_ref' names class transformers.Auto"),
+        ("../vae", index["vae"], r"component key '../vae' is not a plain folder name"),
+    ):
+        index_file.write_text(json.dumps({**index, key: value}))
+        with pytest.raises(ValueError, match=message):
+            resolve(tmp_path, dtype=torch.float32)
 
 
 def test_tokenizer_extra_special_tokens_keep_default_ids():

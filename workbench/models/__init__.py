@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from workbench.models.family import read_json
 from workbench.models.loaded import LoadedModel, cast_components
 
 TINY_MODELS = ("tiny-wan", "tiny-wan22", "tiny-ltx2", "tiny-h3")
@@ -49,7 +49,7 @@ def resolve(
     index = path / "model_index.json"
     if not index.is_file() and (path / MODULAR_INDEX).is_file():
         index = path / MODULAR_INDEX
-    class_name = json.loads(index.read_text()).get("_class_name") if index.is_file() else None
+    class_name = read_json(index, "model index").get("_class_name") if index.is_file() else None
     if class_name not in PIPELINE_FAMILIES:
         raise ValueError(f"model: {index} names pipeline {class_name!r}; supported: {sorted(PIPELINE_FAMILIES)}")
     module = {"wan": wan, "ltx2": ltx2, "h3": h3}[PIPELINE_FAMILIES[class_name]]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
+import itertools
 import json
+import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -99,6 +102,10 @@ class Family:
     - `unsupported`: plugin name -> why this family cannot take it, for what the structure above does not say
       (a diffusers processor that ignores fused weights, a third-party package that rejects the pipeline).
     - `exact_fast`: the `exact-fast` profile of this family: (plugin, options) in install order (`profiles`).
+
+    What the loader reads (`load_components`):
+    - `components`: component name -> {(library, class name) as a model index spells it: the class}. The only
+      classes a model folder may name; the loader never imports a name it reads from a file.
     """
 
     name: str
@@ -124,6 +131,7 @@ class Family:
     timestep_embedder: str | None = None
     unsupported: Mapping[str, str] = field(default_factory=dict)
     exact_fast: tuple[tuple[str, dict[str, Any]], ...] = ()
+    components: Mapping[str, Mapping[tuple[str, str], type]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.runner is None:
@@ -158,73 +166,292 @@ def run_standard_pipeline(pipeline: Any, kwargs: dict[str, Any], generator: Any,
     return output.frames[0], None if audio is None else audio[0]
 
 
+# The strict local loader. Every name a model folder holds is data, never code: component classes come from the
+# family's `components` table (classes the family module already imported), every path must resolve inside the
+# model folder, weights are read from safetensors only, and size-setting config fields are bounded before anything
+# is built. Each refusal is a ValueError naming the file, the component or field, the value and what is allowed.
+
 SAFE_WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
-UNSAFE_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+UNSAFE_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".msgpack", ".h5")
+COMPONENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Config files of a component folder whose numbers are checked against CONFIG_MAXIMA (tokenizer files are not
+# configs: their vocabularies map arbitrary token strings to ids).
+CHECKED_CONFIGS = ("config.json", "scheduler_config.json")
+
+# Documented maxima of the config fields that set sizes (anywhere in a component's config.json or
+# scheduler_config.json, nested configs and lists included). Each is about 10x the largest value in the released
+# checkpoints of the three families (Wan2.1/2.2 14B with UMT5-XXL, LTX-2 with Gemma-3 12B, MiniMax-H3 33B with
+# Qwen3-VL): enough head-room for any real model, small enough that a hostile config is refused before a module is
+# built (10^6 layers or an FFN of 4e9 would otherwise start allocating).
+_LAYERS, _HEADS, _HEAD_DIM, _WIDTH, _FFN = 1_000, 1_024, 4_096, 65_536, 262_144
+CONFIG_MAXIMA: dict[str, int] = {
+    # layer / block counts (largest released: 64)
+    **dict.fromkeys(
+        (
+            "num_layers",
+            "num_hidden_layers",
+            "num_decoder_layers",
+            "num_refiner_layers",
+            "num_single_layers",
+            "decoder_num_layers",
+            "video_connector_num_layers",
+            "audio_connector_num_layers",
+            "depth",
+            "num_res_blocks",
+            "layers_per_block",
+            "decoder_layers_per_block",
+        ),
+        _LAYERS,
+    ),
+    # attention heads (largest released: 64)
+    **dict.fromkeys(
+        (
+            "num_attention_heads",
+            "num_heads",
+            "num_key_value_heads",
+            "audio_num_attention_heads",
+            "decoder_num_attention_heads",
+            "video_connector_num_attention_heads",
+            "audio_connector_num_attention_heads",
+        ),
+        _HEADS,
+    ),
+    # per-head width (largest released: 256)
+    **dict.fromkeys(
+        (
+            "attention_head_dim",
+            "head_dim",
+            "d_kv",
+            "audio_attention_head_dim",
+            "decoder_attention_head_dim",
+            "video_connector_attention_head_dim",
+            "audio_connector_attention_head_dim",
+        ),
+        _HEAD_DIM,
+    ),
+    # model widths and channel counts (largest released: 5120)
+    **dict.fromkeys(
+        (
+            "hidden_size",
+            "d_model",
+            "text_dim",
+            "caption_channels",
+            "cross_attention_dim",
+            "audio_cross_attention_dim",
+            "out_hidden_size",
+            "freq_dim",
+            "time_embed_dim",
+            "time_embed_hidden_dim",
+            "video_hidden_dim",
+            "audio_hidden_dim",
+            "in_channels",
+            "out_channels",
+            "audio_in_channels",
+            "audio_out_channels",
+            "latent_channels",
+            "latent_dim",
+            "z_dim",
+            "base_dim",
+            "base_channels",
+            "hidden_channels",
+            "block_out_channels",
+            "decoder_block_out_channels",
+            "encoder_dim",
+            "decoder_dim",
+        ),
+        _WIDTH,
+    ),
+    # feed-forward widths (largest released: 25600)
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "d_ff"), _FFN),
+    "vocab_size": 2_621_440,  # Gemma-3: 262,208
+    "max_position_embeddings": 2_621_440,  # Qwen3-VL: 262,144
+    "num_position_embeddings": 65_536,  # Qwen3-VL vision: 2,304
+    "rope_max_seq_len": 16_384,  # Wan: 1,024 (its rotary table is built at this length)
+    "num_train_timesteps": 10_000,  # every released scheduler: 1,000
+}
 
 
-def load_pipeline(path: str | Path, expected_class: str, dtype: torch.dtype = torch.float32) -> Any:
-    """Load a local diffusers-format directory component by component, safetensors only, strictly.
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from `path`; a ValueError naming the file when it is not strict JSON holding an object."""
 
-    Loading each component ourselves (rather than `DiffusionPipeline.from_pretrained`) lets us refuse
-    pickled weights and turn missing, unexpected or mis-shaped tensors into an error naming the file,
-    where the libraries would only log a warning and initialise the missing part randomly.
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        data = json.loads(path.read_text(), parse_constant=no_constant)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ValueError(f"{what} {path}: not valid JSON ({error})") from error
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} {path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _confines(root: Path) -> tuple[Path, ...]:
+    """Where the files of a model folder may resolve: the folder itself, and for a Hugging Face cache snapshot
+    (`models--ORG--NAME/snapshots/REV`, whose files are links into the repository's `blobs/`) that `blobs/`."""
+    resolved = root.resolve()
+    if resolved.parent.name == "snapshots" and resolved.parent.parent.name.startswith("models--"):
+        return resolved, resolved.parent.parent / "blobs"
+    return (resolved,)
+
+
+def _check_inside(path: Path, confines: tuple[Path, ...], what: str) -> None:
+    resolved = path.resolve()
+    if not any(resolved.is_relative_to(c) for c in confines):
+        raise ValueError(
+            f"{what} {path} resolves to {resolved}, outside the model directory {confines[0]}; "
+            "component folders and files (symlinks included) must stay inside it"
+        )
+
+
+def component_class(table: Mapping[str, Mapping[tuple[str, str], type]], index_file: Path, name: str, spec: Any) -> Any:
+    """The class a model index names for component `name`, looked up in the family's table, never imported.
+
+    `spec` is `[library, class, ...]` (classic indexes have two entries, modular ones add a loading spec, which is
+    ignored: components are always read from the folder `name` inside the model directory). ValueError naming the
+    component, the class and the allowed ones for anything the table does not list.
     """
-    root = Path(path)
-    index_file = root / "model_index.json"
-    if not root.is_dir():
-        raise ValueError(f"model path {str(root)!r} is not a directory")
-    if not index_file.is_file():
-        raise ValueError(f"model path {str(root)!r} has no model_index.json (not a diffusers-format directory)")
-    index = json.loads(index_file.read_text())
-    if index.get("_class_name") != expected_class:
-        raise ValueError(f"{index_file}: _class_name is {index.get('_class_name')!r}, expected {expected_class!r}")
+    if not COMPONENT_NAME.fullmatch(name):
+        raise ValueError(
+            f"{index_file}: component key {name!r} is not a plain folder name (letters, digits, underscores); "
+            "paths such as '../x' or '/abs' are refused"
+        )
+    if not (isinstance(spec, list) and len(spec) >= 2 and all(isinstance(s, str) for s in spec[:2])):
+        raise ValueError(f"{index_file}: component {name!r} is {spec!r}; expected [library, class]")
+    library, class_name = spec[0], spec[1]
+    allowed = table.get(name)
+    if allowed is None:
+        raise ValueError(
+            f"{index_file}: component {name!r} ({library}.{class_name}) is not one this family takes; "
+            f"allowed components: {sorted(table)}"
+        )
+    if (library, class_name) not in allowed:
+        choices = ", ".join(f"{lib}.{cls}" for lib, cls in allowed)
+        raise ValueError(
+            f"{index_file}: component {name!r} names class {library}.{class_name}, which is not allowed; "
+            f"allowed: {choices}"
+        )
+    return allowed[(library, class_name)]
 
-    components: dict[str, Any] = {}
-    for name, spec in index.items():
-        if name.startswith("_") or not isinstance(spec, list):
-            if not name.startswith("_"):
-                components[name] = spec  # plain config values such as boundary_ratio
+
+def check_config_sizes(config: Any, path: Path, prefix: str = "") -> None:
+    """Refuse a config whose size-setting fields exceed CONFIG_MAXIMA (or are negative), or that holds a
+    non-finite number, with a ValueError naming the file and the field. Nested objects and lists are walked."""
+    items = config.items() if isinstance(config, dict) else enumerate(config) if isinstance(config, list) else ()
+    for key, value in items:
+        field_name = f"{prefix}{key}" if isinstance(config, dict) else f"{prefix[:-1]}[{key}]"
+        if isinstance(value, dict | list):
+            check_config_sizes(value, path, f"{field_name}.")
             continue
-        library, class_name = spec
-        if library is None or class_name is None:
-            components[name] = None
+        if isinstance(value, bool) or not isinstance(value, int | float):
             continue
-        components[name] = _load_component(root / name, library, class_name, dtype)
-
-    pipeline_cls = getattr(importlib.import_module("diffusers"), expected_class)
-    return pipeline_cls(**components)
-
-
-def _import_class(library: str, class_name: str) -> Any:
-    """model_index.json names either a top-level library or a diffusers pipeline module (`ltx2`)."""
-    for module_name in (library, f"diffusers.pipelines.{library}"):
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError:
-            continue
-        if hasattr(module, class_name):
-            return getattr(module, class_name)
-    raise ValueError(f"model_index.json: class {class_name!r} from library {library!r} cannot be imported")
+        if not math.isfinite(value):
+            raise ValueError(f"{path}: field {field_name} is {value!r}; config numbers must be finite")
+        name = key if isinstance(config, dict) else prefix[:-1].rsplit(".", 1)[-1]
+        maximum = CONFIG_MAXIMA.get(name)
+        if maximum is not None and not 0 <= value <= maximum:
+            raise ValueError(
+                f"{path}: field {field_name} is {value!r}; allowed 0..{maximum} "
+                "(workbench.models.family.CONFIG_MAXIMA, about 10x the largest released model)"
+            )
 
 
-def _load_component(folder: Path, library: str, class_name: str, dtype: torch.dtype) -> Any:
+def component_folder(root: Path, name: str, index_file: Path) -> Path:
+    """The folder of component `name`, checked: it exists, and it and every file under it resolve inside the model
+    directory; none holds pickled weights; every config is within CONFIG_MAXIMA."""
+    folder = root / name
+    confines = _confines(root)
     if not folder.is_dir():
-        raise ValueError(f"component folder {folder} is missing (named in model_index.json)")
-    cls = _import_class(library, class_name)
-    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
-        return cls.from_pretrained(folder, local_files_only=True)  # tokenizer, scheduler, processor
-
-    files = [p.name for p in folder.iterdir()]
-    unsafe = [f for f in files if f.endswith(UNSAFE_WEIGHT_SUFFIXES)]
+        raise ValueError(f"component folder {folder} is missing (named in {index_file.name})")
+    _check_inside(folder, confines[:1], "component folder")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+    for file in files:
+        _check_inside(file, confines, "component file")
+    unsafe = [str(f.relative_to(folder)) for f in files if f.name.endswith(UNSAFE_WEIGHT_SUFFIXES)]
     if unsafe:
         raise ValueError(f"{folder}: pickled weights {unsafe} are refused; convert them to safetensors")
-    if not any(f.endswith(SAFE_WEIGHT_SUFFIXES) for f in files):
+    for file in files:
+        if file.parent == folder and file.name in CHECKED_CONFIGS:
+            check_config_sizes(read_json(file, "config"), file)
+    return folder
+
+
+def _check_safetensors(folder: Path) -> None:
+    """The folder holds safetensors weights, and a shard index names only shards inside the folder."""
+    files = [p for p in folder.iterdir() if p.name.endswith(SAFE_WEIGHT_SUFFIXES)]
+    if not files:
         raise ValueError(f"{folder}: no safetensors weights found")
+    for index in (p for p in files if p.name.endswith(".index.json")):
+        weight_map = read_json(index, "shard index").get("weight_map", {})
+        shards = set(weight_map.values()) if isinstance(weight_map, dict) else {weight_map}
+        for shard in shards:
+            if not (isinstance(shard, str) and COMPONENT_NAME.fullmatch(shard.removesuffix(".safetensors"))):
+                raise ValueError(f"{index}: shard {shard!r} is not a plain .safetensors file name in {folder}")
+
+
+def stored_parameters(folder: Path) -> int:
+    """Elements in the safetensors files of `folder`, read from their headers (no tensor data is read); a
+    ValueError naming the file when a header is not valid safetensors."""
+    from safetensors import SafetensorError, safe_open
+
+    total = 0
+    for file in folder.glob("*.safetensors"):
+        try:
+            with safe_open(str(file), "pt") as weights:
+                total += sum(math.prod(weights.get_slice(key).get_shape()) for key in weights.keys())
+        except SafetensorError as error:
+            raise ValueError(f"{file}: not a valid safetensors file ({error})") from error
+    return total
+
+
+def check_implied_size(cls: type, folder: Path) -> None:
+    """Refuse a module config that implies far more parameters than its weight files hold.
+
+    The module is built from its config on the meta device (no memory is allocated) and its parameter and buffer
+    elements are counted; a config implying more than twice the stored elements plus 2^20 (tied and computed
+    tensors are not stored) is refused with a ValueError naming the config file, before the libraries build it for
+    real: a combination of in-range fields (CONFIG_MAXIMA) can still describe a model of terabytes. A config the
+    meta device cannot build is left to `from_pretrained`, which reports it.
+    """
+    try:
+        with torch.device("meta"):
+            if hasattr(cls, "config_class"):  # transformers
+                config = cls.config_class.from_pretrained(folder, local_files_only=True)
+                model = cls._from_config(config)
+            else:  # diffusers
+                model = cls.from_config(cls.load_config(folder, local_files_only=True))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, OSError):
+        return
+    implied = sum(t.numel() for t in itertools.chain(model.parameters(), model.buffers()))
+    stored = stored_parameters(folder)
+    if implied > 2 * stored + 2**20:
+        raise ValueError(
+            f"{folder / 'config.json'}: the config implies {implied:,} parameters but the weights hold {stored:,}; "
+            "a config must describe the weights beside it"
+        )
+
+
+def load_component(root: Path, name: str, cls: Any, dtype: torch.dtype, index_file: Path) -> Any:
+    """Load component `name` of the model directory `root` as `cls` (from the family's table), strictly.
+
+    Modules are read from safetensors only (`use_safetensors=True`, and a folder holding pickled files is refused
+    first), and missing, unexpected or mis-shaped tensors are an error naming the folder, where the libraries would
+    only log a warning and initialise the missing part randomly. Tokenizers, schedulers and processors are read from
+    their JSON / tokenizer files by `cls.from_pretrained`, offline.
+    """
+    folder = component_folder(root, name, index_file)
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        try:
+            return cls.from_pretrained(folder, local_files_only=True)
+        except (OSError, TypeError, ValueError, KeyError) as error:
+            raise ValueError(f"{folder}: {type(error).__name__}: {error}") from error
+    _check_safetensors(folder)
+    check_implied_size(cls, folder)
     try:
         model, info = cls.from_pretrained(
             folder, torch_dtype=dtype, use_safetensors=True, local_files_only=True, output_loading_info=True
         )
-    except (OSError, RuntimeError, ValueError) as error:  # the libraries' messages omit which folder
+    except (OSError, RuntimeError, ValueError, TypeError, KeyError) as error:  # the libraries' messages omit the folder
         raise ValueError(f"{folder}: {error}") from error
     problems = {k: v for k in ("missing_keys", "unexpected_keys", "mismatched_keys") if (v := info.get(k))}
     if problems:
@@ -232,16 +459,129 @@ def _load_component(folder: Path, library: str, class_name: str, dtype: torch.dt
     return model.eval()
 
 
+def read_model_index(root: str | Path, file_name: str) -> tuple[Path, dict[str, Any]]:
+    """The checked path and contents of a model directory's index (`model_index.json` or a modular one)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"model path {str(root)!r} is not a directory")
+    index_file = root / file_name
+    if not index_file.is_file():
+        raise ValueError(f"model path {str(root)!r} has no {file_name} (not a diffusers-format directory)")
+    _check_inside(index_file, _confines(root), "model index")
+    return index_file, read_json(index_file, "model index")
+
+
+def load_components(
+    root: str | Path,
+    index_file: Path,
+    index: Mapping[str, Any],
+    family: Family,
+    dtype: torch.dtype,
+    skip: tuple[str, ...] = (),
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(components, config values) of a model index: every `[library, class, ...]` entry's class is checked
+    against `family.components` before anything is loaded, then each is loaded strictly; `[null, null]` entries
+    are None. Entries in `skip` are checked but not loaded. Plain values (`boundary_ratio`) are returned apart;
+    they must be JSON scalars."""
+    root = Path(root)
+    classes: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    for name, spec in index.items():
+        if name.startswith("_"):
+            continue
+        if isinstance(spec, list) and len(spec) >= 2 and spec[0] is None and spec[1] is None:
+            classes[name] = None
+        elif isinstance(spec, list) or name in family.components:
+            classes[name] = component_class(family.components, index_file, name, spec)
+        elif spec is None or isinstance(spec, str | bool) or (isinstance(spec, int | float) and math.isfinite(spec)):
+            config[name] = spec
+        else:
+            raise ValueError(f"{index_file}: {name} is {spec!r}; a config value must be a finite number, text or bool")
+    components = {
+        name: None if cls is None else load_component(root, name, cls, dtype, index_file)
+        for name, cls in classes.items()
+        if name not in skip
+    }
+    return components, config
+
+
+def load_pipeline(path: str | Path, family: Family, pipeline_cls: type, dtype: torch.dtype = torch.float32) -> Any:
+    """Load a local diffusers-format directory component by component (`load_components`) into `pipeline_cls`."""
+    index_file, index = read_model_index(path, "model_index.json")
+    if index.get("_class_name") != family.pipeline_class:
+        raise ValueError(
+            f"{index_file}: _class_name is {index.get('_class_name')!r}, expected {family.pipeline_class!r}"
+        )
+    components, config = load_components(path, index_file, index, family, dtype)
+    try:
+        return pipeline_cls(**components, **config)
+    except TypeError as error:
+        raise ValueError(f"{index_file}: {pipeline_cls.__name__} does not take these entries: {error}") from error
+
+
+# Pipeline kwargs the runner sets itself (`run_standard_pipeline`, the modular runner): never from call_overrides.
+RUNNER_KWARGS = ("generator", "output_type", "callback_on_step_end", "callback_on_step_end_tensor_inputs")
+REQUEST_FIELDS = (
+    "prompt",
+    "negative_prompt",
+    "seed",
+    "frames",
+    "height",
+    "width",
+    "steps",
+    "guidance",
+    "fps",
+    "mode",
+    "image",
+    "last_image",
+)
+
+
+def request_kwargs(family: Family) -> dict[str, str]:
+    """Pipeline kwarg -> the Request field it comes from, for every kwarg `family.call_kwargs` derives from a
+    request (found by calling it on a probe whose fields hold distinct numbers)."""
+    probe = {name: 1_000_001 + i for i, name in enumerate(REQUEST_FIELDS)}
+    field_of = {value: name for name, value in probe.items()}
+    kwargs = family.call_kwargs(SimpleNamespace(**probe))
+    return {key: field_of.get(value, "?") if isinstance(value, int | float) else "?" for key, value in kwargs.items()}
+
+
+def check_call_overrides(family: Family, overrides: Mapping[str, Any], where: str) -> None:
+    """call_overrides may add pipeline kwargs but not replace what the request sets (steps, guidance, sizes, ...)
+    or what the runner sets: those would run something other than what the Result's request records. ValueError
+    naming the key and the request field to use instead."""
+    if not isinstance(overrides, Mapping) or not all(isinstance(k, str) for k in overrides):
+        raise ValueError(f"{where}: call_overrides must be an object of pipeline kwargs, got {overrides!r}")
+    from_request = request_kwargs(family)
+    for key in overrides:
+        if key in from_request:
+            raise ValueError(
+                f"{where}: call_overrides.{key} would replace what the request sets (Request.{from_request[key]}); "
+                f"set it through the request or the model's defaults instead"
+            )
+        if key in RUNNER_KWARGS:
+            raise ValueError(f"{where}: call_overrides.{key} is set by the workbench's runner; not allowed: {key}")
+
+
 def read_workbench_file(root: Path, family: Family) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The (defaults, call_overrides) stored beside a checkpoint, or the family's defaults when absent."""
+    """The (defaults, call_overrides) stored beside a checkpoint, or the family's defaults when absent.
+
+    `defaults` fill request fields (and so are recorded with the request); `call_overrides` are extra pipeline
+    kwargs (recorded in `Result.metadata["call_overrides"]`) and may not replace a request-derived kwarg.
+    """
     path = Path(root) / WORKBENCH_FILE
     if not path.is_file():
         return dict(family.defaults), {}
-    stored = json.loads(path.read_text())
+    _check_inside(path, _confines(Path(root)), "workbench file")
+    stored = read_json(path, "workbench file")
     unknown = set(stored) - {"defaults", "call_overrides"}
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: defaults, call_overrides")
-    bad = set(stored.get("defaults", {})) - set(family.defaults)
+    defaults, overrides = stored.get("defaults", {}), stored.get("call_overrides", {})
+    if not isinstance(defaults, dict):
+        raise ValueError(f"{path}: defaults must be an object of request fields, got {defaults!r}")
+    bad = set(defaults) - set(family.defaults)
     if bad:
         raise ValueError(f"{path}: defaults {sorted(bad)} are not request fields; allowed: {sorted(family.defaults)}")
-    return {**family.defaults, **stored.get("defaults", {})}, dict(stored.get("call_overrides", {}))
+    check_call_overrides(family, overrides, str(path))
+    return {**family.defaults, **defaults}, dict(overrides)

@@ -26,7 +26,6 @@ it to the session's contract:
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,13 +39,30 @@ from diffusers import (
     MiniMaxH3Transformer3DModel,
 )
 from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
+from diffusers.image_processor import VaeImageProcessor
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3TransformerBlock
 from diffusers.modular_pipelines import MiniMaxH3Blocks
 from diffusers.modular_pipelines.minimax_h3.denoise import MiniMaxH3LoopDenoiser, MiniMaxH3LoopSchedulerStep
-from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+from diffusers.video_processor import VideoProcessor
+from transformers import (
+    Qwen2TokenizerFast,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLProcessor,
+    TokenizersBackend,
+)
 from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
-from workbench.models.family import Family, SelfAttention, TeaCache, _load_component, block_arg, read_workbench_file
+from workbench.models.family import (
+    Family,
+    SelfAttention,
+    TeaCache,
+    block_arg,
+    component_folder,
+    load_components,
+    read_model_index,
+    read_workbench_file,
+)
 from workbench.models.fused.h3 import FUSED
 from workbench.models.loaded import LoadedModel
 from workbench.models.tokenizer import build_tokenizer
@@ -224,6 +240,32 @@ def teacache_indicator(block: torch.nn.Module, args: tuple, kwargs: dict) -> tor
     return block.norm1(x) * (1.0 + scale.index_select(0, indices)) + shift.index_select(0, indices)
 
 
+# What an H3 model folder may name, per component (`MiniMaxH3Blocks().expected_components`, plus the tokenizer
+# class and the torchvision-free processor `LoadedModel.save` writes). `transformer_ref` (ref2va) is checked but
+# not loaded; the processor is rebuilt from its folder by `_load_processor`.
+_TRANSFORMER = {("diffusers", "MiniMaxH3Transformer3DModel"): MiniMaxH3Transformer3DModel}
+_SCHEDULER = {("diffusers", "MiniMaxH3Scheduler"): MiniMaxH3Scheduler}
+COMPONENTS = {
+    "transformer": _TRANSFORMER,
+    "transformer_ref": _TRANSFORMER,
+    "vae": {("diffusers", "AutoencoderKLMiniMaxH3"): AutoencoderKLMiniMaxH3},
+    "audio_vae": {("diffusers", "AutoencoderKLMiniMaxH3Audio"): AutoencoderKLMiniMaxH3Audio},
+    "text_encoder": {("transformers", "Qwen3VLForConditionalGeneration"): Qwen3VLForConditionalGeneration},
+    "tokenizer": {
+        ("transformers", "Qwen2TokenizerFast"): Qwen2TokenizerFast,
+        ("transformers", "Qwen2Tokenizer"): Qwen2TokenizerFast,
+        ("transformers", "TokenizersBackend"): TokenizersBackend,
+    },
+    "processor": {
+        ("transformers", "Qwen3VLProcessor"): Qwen3VLProcessor,
+        ("workbench.models.h3", "_ProcessorWithoutVideo"): Qwen3VLProcessor,
+    },
+    "scheduler": _SCHEDULER,
+    "audio_scheduler": _SCHEDULER,
+    "image_processor": {("diffusers", "VaeImageProcessor"): VaeImageProcessor},
+    "video_processor": {("diffusers", "VideoProcessor"): VideoProcessor},
+}
+
 FAMILY = H3Family(
     name="h3",
     pipeline_class="MiniMaxH3ModularPipeline",
@@ -261,6 +303,7 @@ FAMILY = H3Family(
         ("cross_kv_cache", {}),
         ("flash4_attention", {}),
     ),
+    components=COMPONENTS,
 )
 TINY_DEFAULTS = {"frames": 124, "height": 32, "width": 64, "steps": 3, "fps": FPS}
 TINY_CANVAS = {"canvas_short_edge": 32, "canvas_max_pixels": 2048}
@@ -433,49 +476,37 @@ def tiny(seed: int = 0) -> LoadedModel:
 def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
     """Load a local H3 directory (its `modular_model_index.json`), component by component, strictly.
 
-    `family.load_pipeline` builds classic pipelines from `model_index.json`; a modular repository names its
-    components in `modular_model_index.json` as `[library, class, loading spec]`. Each component folder is loaded
-    with the same strict loader (safetensors only, missing/unexpected/mis-shaped tensors are an error naming the
-    folder). `transformer_ref` (the ref2va partition) is not loaded: the workbench runs t2va/i2va/l2va/fl2va. The
+    A modular repository names its components in `modular_model_index.json` as `[library, class, loading spec]`;
+    `family.load_components` checks every class against `COMPONENTS` and loads each folder with the strict loader
+    (inside the directory, safetensors only, missing/unexpected/mis-shaped tensors are an error naming the folder).
+    The loading spec's own path is ignored: a component is always its folder here. `transformer_ref` (the ref2va
+    partition) and components without a folder are not loaded: the workbench runs t2va/i2va/l2va/fl2va. The
     processor is rebuilt from its tokenizer and image processor when torchvision is unavailable.
     """
     root = Path(path)
-    index_file = root / INDEX_FILE
-    if not index_file.is_file():
-        raise ValueError(f"model path {str(root)!r} has no {INDEX_FILE} (not a diffusers modular directory)")
-    index = json.loads(index_file.read_text())
+    index_file, index = read_model_index(root, INDEX_FILE)
     if index.get("_class_name") not in (FAMILY.pipeline_class, "MiniMaxH3Blocks"):
         raise ValueError(f"{index_file}: _class_name is {index.get('_class_name')!r}, expected a MiniMax-H3 pipeline")
-    components: dict[str, Any] = {}
-    config: dict[str, Any] = {}
-    for name, spec in index.items():
-        if name.startswith("_") or name == "transformer_ref":
-            continue
-        if not isinstance(spec, list):
-            config[name] = spec
-            continue
-        library, class_name = spec[0], spec[1]
-        if library is None or class_name is None or not (root / name).is_dir():
-            continue
-        if name == "processor":
-            continue  # built below from the tokenizer and the image processor
-        components[name] = _load_component(root / name, library, class_name, dtype)
-    components["processor"] = _load_processor(root / "processor", components.get("tokenizer"))
+    absent = tuple(name for name in index if not name.startswith("_") and not (root / name).is_dir())
+    components, config = load_components(
+        root, index_file, index, FAMILY, dtype, skip=("transformer_ref", "processor", *absent)
+    )
+    components = {name: value for name, value in components.items() if value is not None}
+    components["processor"] = _load_processor(
+        component_folder(root, "processor", index_file), components.get("tokenizer")
+    )
     pipeline = assemble(components, **{k: v for k, v in config.items() if k.startswith("canvas_")})
     return LoadedModel(str(path), FAMILY, pipeline, *read_workbench_file(root, FAMILY))
 
 
 def _load_processor(folder: Path, tokenizer: Any) -> Qwen3VLProcessor:
-    if not folder.is_dir():
-        raise ValueError(f"component folder {folder} is missing (named in {INDEX_FILE})")
+    """The processor from a checked component folder (`family.component_folder`)."""
     try:
         return Qwen3VLProcessor.from_pretrained(folder, local_files_only=True)
     except (ImportError, AttributeError, TypeError, ValueError):  # no torchvision: no Qwen3-VL video processor
         image_processor = Qwen2VLImageProcessorPil.from_pretrained(folder, local_files_only=True)
         if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            tokenizer = Qwen2TokenizerFast.from_pretrained(folder, local_files_only=True)
         return build_processor(tokenizer, image_processor)
 
 

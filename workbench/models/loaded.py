@@ -10,17 +10,25 @@ from typing import Any
 import torch
 
 from workbench.io import json_bytes
+from workbench.models.family import check_call_overrides
 
 
 @dataclass
 class LoadedModel:
-    """`defaults` fill request fields left out; `call_overrides` are extra pipeline kwargs (tiny text lengths)."""
+    """`defaults` fill request fields left out; `call_overrides` are extra pipeline kwargs (tiny text lengths).
+
+    `call_overrides` may not replace a kwarg the request sets (steps, guidance, sizes, ...): what runs is what the
+    Result's request says, and the overrides themselves are recorded in `Result.metadata["call_overrides"]`.
+    """
 
     name: str
     family: Any  # workbench.models.family.Family
     pipeline: Any
     defaults: dict[str, Any]
     call_overrides: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        check_call_overrides(self.family, self.call_overrides, f"model {self.name!r}")
 
     def denoisers(self) -> list[torch.nn.Module]:
         """The transformer(s) that run the denoising loop (two for Wan2.2)."""

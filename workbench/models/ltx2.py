@@ -15,7 +15,14 @@ from diffusers import (
 )
 from diffusers.pipelines.ltx2 import LTX2TextConnectors
 from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
-from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+from transformers import (
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3TextConfig,
+    GemmaTokenizerFast,
+    SiglipVisionConfig,
+    TokenizersBackend,
+)
 
 from workbench.models.family import Family, SelfAttention, TeaCache, block_arg, load_pipeline, read_workbench_file
 from workbench.models.fused.ltx2 import FUSED
@@ -56,6 +63,23 @@ def teacache_indicator(block: torch.nn.Module, args: tuple, kwargs: dict) -> tor
     return block.norm1(x) * (1 + scale) + shift
 
 
+# What an LTX-2 model folder may name, per component: the released LTX-2 index (connectors and vocoder from the
+# `ltx2` pipeline module, Gemma-3 encoder and tokenizer) and what `LoadedModel.save` writes for the tiny builds.
+COMPONENTS = {
+    "transformer": {("diffusers", "LTX2VideoTransformer3DModel"): LTX2VideoTransformer3DModel},
+    "vae": {("diffusers", "AutoencoderKLLTX2Video"): AutoencoderKLLTX2Video},
+    "audio_vae": {("diffusers", "AutoencoderKLLTX2Audio"): AutoencoderKLLTX2Audio},
+    "connectors": {("ltx2", "LTX2TextConnectors"): LTX2TextConnectors},
+    "vocoder": {("ltx2", "LTX2Vocoder"): LTX2Vocoder},
+    "text_encoder": {("transformers", "Gemma3ForConditionalGeneration"): Gemma3ForConditionalGeneration},
+    "tokenizer": {
+        ("transformers", "GemmaTokenizerFast"): GemmaTokenizerFast,
+        ("transformers", "GemmaTokenizer"): GemmaTokenizerFast,
+        ("transformers", "TokenizersBackend"): TokenizersBackend,
+    },
+    "scheduler": {("diffusers", "FlowMatchEulerDiscreteScheduler"): FlowMatchEulerDiscreteScheduler},
+}
+
 FAMILY = Family(
     name="ltx2",
     pipeline_class="LTX2Pipeline",
@@ -85,6 +109,7 @@ FAMILY = Family(
         "cache_dit": "cache-dit 1.5.3's patched LTX-2 transformer forward rejects the pipeline's `sigma` argument",
     },
     exact_fast=(("adaln_precompute", {}), ("cross_kv_cache", {})),
+    components=COMPONENTS,
 )
 TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance": 4.0, "fps": 24}
 # The tiny config keeps the sampler's auxiliary guidance passes off so a CPU request stays one
@@ -241,7 +266,7 @@ def tiny(seed: int = 0) -> LoadedModel:
 
 
 def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
-    pipe = load_pipeline(path, FAMILY.pipeline_class, dtype)
+    pipe = load_pipeline(path, FAMILY, LTX2Pipeline, dtype)
     return LoadedModel(str(path), FAMILY, pipe, *read_workbench_file(path, FAMILY))
 
 

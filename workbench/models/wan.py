@@ -6,8 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
-from transformers import UMT5Config, UMT5EncoderModel
+from diffusers import (
+    AutoencoderKLWan,
+    FlowMatchEulerDiscreteScheduler,
+    UniPCMultistepScheduler,
+    WanPipeline,
+    WanTransformer3DModel,
+)
+from transformers import T5TokenizerFast, TokenizersBackend, UMT5Config, UMT5EncoderModel
 
 from workbench.models.family import Family, SelfAttention, TeaCache, block_arg, load_pipeline, read_workbench_file
 from workbench.models.fused.wan import FUSED
@@ -60,6 +66,24 @@ TEACACHE = TeaCache(
     },
 )
 
+# What a Wan model folder may name, per component: the released Wan2.1/2.2 T2V indexes (UniPC scheduler, UMT5
+# encoder, T5 tokenizer) and what `LoadedModel.save` writes for the tiny builds (FlowMatch Euler, tokenizers backend).
+_TRANSFORMER = {("diffusers", "WanTransformer3DModel"): WanTransformer3DModel}
+COMPONENTS = {
+    "transformer": _TRANSFORMER,
+    "transformer_2": _TRANSFORMER,
+    "vae": {("diffusers", "AutoencoderKLWan"): AutoencoderKLWan},
+    "text_encoder": {("transformers", "UMT5EncoderModel"): UMT5EncoderModel},
+    "tokenizer": {
+        ("transformers", "T5TokenizerFast"): T5TokenizerFast,
+        ("transformers", "TokenizersBackend"): TokenizersBackend,
+    },
+    "scheduler": {
+        ("diffusers", "UniPCMultistepScheduler"): UniPCMultistepScheduler,
+        ("diffusers", "FlowMatchEulerDiscreteScheduler"): FlowMatchEulerDiscreteScheduler,
+    },
+}
+
 FAMILY = Family(
     name="wan",
     pipeline_class="WanPipeline",
@@ -84,6 +108,7 @@ FAMILY = Family(
         ("gelu_epilogue", {}),
         ("flash4_attention", {}),
     ),
+    components=COMPONENTS,
 )
 TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance": 5.0, "fps": 16}
 TINY_TEXT_DIM = 32
@@ -196,5 +221,5 @@ def random_1_3b(seed: int = 0, device: str | torch.device = "cpu") -> LoadedMode
 
 
 def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
-    pipe = load_pipeline(path, FAMILY.pipeline_class, dtype)
+    pipe = load_pipeline(path, FAMILY, WanPipeline, dtype)
     return LoadedModel(str(path), FAMILY, pipe, *read_workbench_file(path, FAMILY))
