@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from workbench.io import json_bytes
+from workbench.io import json_bytes, write_atomic
 from workbench.models.family import check_call_overrides
 
 
@@ -39,7 +39,7 @@ class LoadedModel:
         path = Path(path)
         self.pipeline.save_pretrained(str(path), safe_serialization=True)  # modular pipelines need a str
         stored = {"defaults": self.defaults, "call_overrides": self.call_overrides}
-        (path / "workbench.json").write_bytes(json_bytes(stored))
+        write_atomic(path / "workbench.json", json_bytes(stored))
         return path
 
 
