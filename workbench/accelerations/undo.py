@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import types
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -163,9 +164,11 @@ def _bound(tensor: torch.Tensor, data: torch.Tensor) -> bool:
 
 def _refill(container: Any, items: list[Any]) -> None:
     """Put `items` back into `container` in place (others hold it: torch's hook handles, diffusers' registries)."""
-    if isinstance(container, dict):
-        dict.clear(container)  # the dict methods: a FrozenDict refuses its own
-        dict.update(container, items)
+    if isinstance(container, dict):  # the base class's methods: a FrozenDict refuses its own
+        base = OrderedDict if isinstance(container, OrderedDict) else dict  # dict's would break an OrderedDict
+        base.clear(container)
+        for key, value in items:
+            base.__setitem__(container, key, value)
     elif isinstance(container, list):
         container[:] = items
     else:
