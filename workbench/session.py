@@ -220,7 +220,7 @@ class Session:
             **environment.describe(self.device),
         }
         return Result(
-            frames=_to_uint8(frames),
+            frames=_to_uint8(np.nan_to_num(frames, nan=0.0) if non_finite else frames),  # NaN: black, said so
             audio=None if audio is None else audio.float().cpu().numpy(),
             sample_rate=self._sample_rate() if audio is not None else None,
             fps=request.fps,
