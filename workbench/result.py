@@ -39,7 +39,8 @@ def video_style(height: int, width: int, min_side: int = VISIBLE_SIDE, max_side:
 class Result:
     """`frames` uint8 (T, H, W, 3); `audio` float32 (C, N) or None; `timings` seconds and `memory` peak
     bytes per stage; `receipts` what each acceleration actually executed; `exact` False once an
-    approximate acceleration ran."""
+    approximate acceleration ran; `finite` False when latents, frames or audio held NaN/inf (only returned when
+    the caller allowed it; `metadata["non_finite"]` names the stages)."""
 
     frames: np.ndarray
     audio: np.ndarray | None
@@ -50,6 +51,7 @@ class Result:
     memory: dict[str, int]
     receipts: dict[str, dict[str, Any]] = field(default_factory=dict)
     exact: bool = True
+    finite: bool = True
     metadata: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
@@ -78,6 +80,7 @@ class Result:
             "step_seconds": list(self.step_seconds),
             "receipts": self.receipts,
             "exact": self.exact,
+            "finite": self.finite,
             "metadata": self.metadata,
             "events": [e.to_dict() for e in self.events],
         }

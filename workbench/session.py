@@ -18,6 +18,7 @@ import torch
 from workbench import environment
 from workbench.accelerations import REGISTRY, install
 from workbench.accelerations.base import Handle
+from workbench.accelerations.undo import UndoFailed
 from workbench.models import resolve
 from workbench.models.loaded import LoadedModel
 from workbench.probes import stage_probes
@@ -45,8 +46,8 @@ class Session:
         self._subscribers: list[Callable[[Event], None]] = []
         self._request_ids = itertools.count(1)
         self.active_request: int | None = None
-        self.accelerations: dict[str, dict[str, Any]] = {}  # what is installed, options filled in
-        self._handles: list[Handle] = []
+        self._handles: list[Handle] = []  # installed, in installation order
+        self._unknown_state: str | None = None  # why a failed change could not be undone
 
     @classmethod
     def open(
@@ -95,32 +96,48 @@ class Session:
         self._subscribers.append(callback)
         return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
 
+    @property
+    def accelerations(self) -> dict[str, dict[str, Any]]:
+        """What is installed now, {name: options with defaults filled in}. Read from the installed handles, so it
+        stays true after a failed install, a failed uninstall and an interrupted request."""
+        return {handle.spec.name: handle.options for handle in self._handles}
+
     def accelerate(self, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Replace the installed accelerations with `config` ({name: options}); `{}` removes them all.
 
-        All or nothing: every option, capability and conflict is checked before anything changes; if
-        activating one plugin fails, the ones already activated are removed and the previous set is
-        put back, so the model is as it was. Refused while a request runs. Returns what is installed.
+        All or nothing: every option, capability and conflict is checked before anything changes; a plugin
+        whose own activation fails part-way is undone first, then the ones already activated are removed and
+        the previous set is put back, so the model is as it was. A plugin whose uninstall fails stays installed
+        (its uninstall is undone) and the error names it; the ones removed before it are put back. If a change
+        cannot be undone, the session refuses further work (`RuntimeError` naming why). Refused while a request
+        runs. Returns what is installed.
         """
         check_config(config)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(f"accelerate: refused while request {self.active_request} runs")
         try:
+            self._check_usable()
             install.validate(REGISTRY, self.model, config, self.device)  # bad config: nothing touched
-            previous = dict(self.accelerations)
-            install.uninstall(self._handles)
-            self._handles, self.accelerations = [], {}
+            previous = self.accelerations
             try:
-                prepared = install.plan(REGISTRY, self.model, config, self.device)
-                self._handles = install.activate(prepared)
-            except BaseException:
-                self._handles = install.activate(install.plan(REGISTRY, self.model, previous, self.device))
-                self.accelerations = previous
+                try:
+                    install.uninstall(self._handles)
+                    install.activate(install.plan(REGISTRY, self.model, config, self.device), self._handles)
+                except BaseException:
+                    if set(self.accelerations) <= set(previous):  # the new set is gone: put the old one back whole
+                        missing = {name: o for name, o in previous.items() if name not in self.accelerations}
+                        install.activate(install.plan(REGISTRY, self.model, missing, self.device), self._handles)
+                    raise
+            except UndoFailed as error:
+                self._unknown_state = str(error)
                 raise
-            self.accelerations = {p.spec.name: p.options for p in prepared}
-            return dict(self.accelerations)
+            return self.accelerations
         finally:
             self._lock.release()
+
+    def _check_usable(self) -> None:
+        if self._unknown_state is not None:
+            raise RuntimeError(f"session: the model is in an unknown state ({self._unknown_state})")
 
     def resolve(self, request: Request) -> Request:
         """`request` with this model's defaults filled in and checked against its family (ValueError if not)."""
@@ -128,17 +145,27 @@ class Session:
             raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
         return request.resolved(self.family, self.model.defaults)
 
-    def generate(self, request: Request, progress: bool = True) -> Result:
-        """Run one request end to end and return frames, audio, latents, timings, memory and metadata."""
+    def generate(self, request: Request, progress: bool = True, allow_non_finite: bool = False) -> Result:
+        """Run one request end to end and return frames, audio, latents, timings, memory and metadata.
+
+        Non-finite numbers fail the request: the final latents (stage `denoise`), the decoded frames
+        (`video_decode`) and the decoded audio (`audio_decode`) are each checked once, and the first stage with a
+        NaN or inf raises `RuntimeError` naming it, how many values and the request. With `allow_non_finite=True`
+        the Result is returned with `finite=False` and `metadata["non_finite"]` saying which stages; evidence
+        refuses such a result.
+        """
+        if not isinstance(allow_non_finite, bool):
+            raise ValueError(f"allow_non_finite: expected a bool, got {type(allow_non_finite).__name__}")
         if not isinstance(request, Request):
             raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
+        self._check_usable()
         request = self.resolve(request)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(f"session is busy with request {self.active_request}; one request at a time")
         request_id = next(self._request_ids)
         self.active_request = request_id
         try:
-            return self._run(request, request_id, progress)
+            return self._run(request, request_id, progress, allow_non_finite)
         finally:
             self.active_request = None
             self._lock.release()
@@ -146,7 +173,7 @@ class Session:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
 
-    def _run(self, request: Request, request_id: int, progress: bool) -> Result:
+    def _run(self, request: Request, request_id: int, progress: bool, allow_non_finite: bool) -> Result:
         pipe = self.model.pipeline
         # diffusers' own bar is a tqdm.auto widget in a kernel, "model not found" once the notebook is reopened
         pipe.progress_bar = lambda iterable=None, total=None: progress_bar(iterable, total, "denoise steps", progress)
@@ -166,6 +193,14 @@ class Session:
                 frames, audio = self.family.runner(pipe, kwargs, generator, on_step_end)
             total = telemetry.finish()
             samples = sampler.samples if sampler is not None else []
+        outputs = (("denoise", "latents", clock.latents), ("video_decode", "frames", frames))
+        non_finite = _non_finite((*outputs, ("audio_decode", "audio", audio)))
+        if non_finite and not allow_non_finite:
+            installed = f"; accelerations: {sorted(self.accelerations)}" if self._handles else ""
+            raise RuntimeError(
+                f"{non_finite[0]}; the request: {_describe(request)}{installed} "
+                "(generate(..., allow_non_finite=True) returns it marked finite=False)"
+            )
         receipts = {handle.spec.name: handle.report() for handle in self._handles}
         timings = dict(telemetry.timings)
         timings["other"] = max(0.0, total - sum(timings.values()))
@@ -181,10 +216,11 @@ class Session:
             "accelerations": dict(self.accelerations),
             "nvml": summarize_samples(samples),
             "subscriber_errors": telemetry.subscriber_errors,
+            **({"non_finite": non_finite} if non_finite else {}),
             **environment.describe(self.device),
         }
         return Result(
-            frames=_to_uint8(frames),
+            frames=_to_uint8(np.nan_to_num(frames, nan=0.0) if non_finite else frames),  # NaN: black, said so
             audio=None if audio is None else audio.float().cpu().numpy(),
             sample_rate=self._sample_rate() if audio is not None else None,
             fps=request.fps,
@@ -193,6 +229,7 @@ class Session:
             memory=dict(telemetry.memory),
             receipts=receipts,
             exact=not any(r["contract"] == "approximate" and r["executed"] for r in receipts.values()),
+            finite=not non_finite,
             metadata=metadata,
             events=list(telemetry.events),
             step_seconds=telemetry.step_seconds(),
@@ -219,6 +256,26 @@ def check_config(config: Any) -> None:
     for name in config:
         if not isinstance(name, str):
             raise ValueError(f"accelerations: key {shown(name)} ({type(name).__name__}); allowed: plugin names (str)")
+
+
+def _non_finite(outputs: tuple[tuple[str, str, Any], ...]) -> list[str]:
+    """For each (stage, name, tensor or array or None) holding a NaN or inf: one line naming the stage and the count.
+    One `isfinite(...).all()` per output; the values are counted only when one is not finite."""
+    found = []
+    for stage, name, values in outputs:
+        if values is None:
+            continue
+        finite = torch.isfinite(values) if isinstance(values, torch.Tensor) else np.isfinite(values)
+        if not bool(finite.all()):
+            bad, total = int((~finite).sum()), finite.numel() if isinstance(finite, torch.Tensor) else finite.size
+            found.append(f"{stage} produced non-finite {name} ({bad} of {total} values NaN/inf)")
+    return found
+
+
+def _describe(request: Request) -> str:
+    """The numeric settings of a request, for an error message."""
+    fields = ("guidance", "steps", "seed", "frames", "height", "width", "fps", "mode")
+    return ", ".join(f"{name}={getattr(request, name)!r}" for name in fields)
 
 
 def _to_uint8(frames: np.ndarray) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 Life cycle (seed 004): `Spec.prepare(model, options)` validates and mutates nothing and returns a
 `Prepared`; `Prepared.activate()` mutates and returns a `Handle`; `Handle.uninstall()` restores the
-model exactly. Receipts count what actually ran in a request: installed is not executed.
+model exactly. Both are all or nothing (`workbench.accelerations.undo`): one that raises part-way leaves the
+model as it was before the call. Receipts count what actually ran in a request: installed is not executed.
 
 Options: each plugin module declares a frozen dataclass `<Name>Config` whose fields are made with `option(...)`
 (default, allowed values, range, required, help; the type is the field's annotation), as diffusers'
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.accelerations.undo import all_or_nothing
 from workbench.request import shown
 
 CONTRACTS = ("bitwise", "rounding", "reduction", "approximate")
@@ -272,6 +274,7 @@ class Handle:
         self.options = options
         self.receipt = Receipt(proof)
         self.installed = True
+        self.model: Any = None  # the LoadedModel it changed, set by `Prepared.activate`: uninstall is guarded on it
 
     def begin_request(self, request_id: int, steps: int) -> None:
         """Called before each request; per-request state starts empty."""
@@ -281,8 +284,15 @@ class Handle:
         """Called after each request, on success and on exception: release per-request state."""
 
     def uninstall(self) -> None:
+        """Undo the plugin's mutation. All or nothing: if `_remove` raises, the model is put back as it was before
+        the attempt (the plugin still installed, `installed` still true) and the error re-raised; if it cannot be
+        put back, `undo.UndoFailed` says so."""
         if self.installed:
-            self._remove()
+            if self.model is None:
+                self._remove()
+            else:
+                with all_or_nothing(self.model, f"{self.spec.name}: uninstall"):
+                    self._remove()
             self.installed = False
 
     def _remove(self) -> None:
@@ -294,11 +304,21 @@ class Handle:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A validated plan: nothing has changed yet; `activate()` makes the change."""
+    """A validated plan: nothing has changed yet; `activate()` makes the change by calling `make`."""
 
     spec: Spec
     options: dict[str, Any]
-    activate: Callable[[], Handle]
+    make: Callable[[], Handle]
+    model: Any  # the LoadedModel `make` changes
+
+    def activate(self) -> Handle:
+        """Make the change, all or nothing: if the plugin's activation raises part-way, everything it had changed
+        (module attributes and forwards, hooks, processors, registries; `undo.Snapshot` says what is covered) is
+        put back before the error propagates, so the model is as it was; `undo.UndoFailed` if it cannot be."""
+        with all_or_nothing(self.model, f"{self.spec.name}: activation"):
+            handle = self.make()
+        handle.model = self.model
+        return handle
 
 
 @dataclass(frozen=True)
@@ -386,7 +406,7 @@ class Spec:
     def prepare(self, model: Any, options: Any, device: torch.device) -> Prepared:
         """Validate `options` through the options dataclass, then prepare: nothing is mutated yet."""
         options = self.validate(options)
-        return Prepared(self, options, self.prepare_fn(model, options, device))
+        return Prepared(self, options, self.prepare_fn(model, options, device), model)
 
     def describe(self) -> dict[str, Any]:
         return {

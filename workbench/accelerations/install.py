@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from workbench.accelerations.base import Handle, Prepared, Spec
+from workbench.accelerations.undo import UndoFailed
 
 
 def plan(registry: dict[str, Spec], model: Any, config: dict[str, Any], device: torch.device) -> list[Prepared]:
@@ -55,18 +56,48 @@ def _check_conflicts(chosen: list[Spec]) -> None:
             resources[resource] = spec.name
 
 
-def activate(prepared: list[Prepared]) -> list[Handle]:
-    """Activate in order; if one fails, uninstall the ones already active (reverse order) and re-raise."""
-    handles: list[Handle] = []
+def activate(prepared: list[Prepared], handles: list[Handle]) -> None:
+    """Activate in order, appending each handle to `handles` (the caller's record of what is installed).
+
+    A plugin's own activation is all or nothing (`Prepared.activate`); if one fails, the ones activated here are
+    uninstalled in reverse order and the error re-raised. `handles` holds exactly what is installed at every
+    point, also when that rollback itself fails (see `uninstall`).
+    """
+    start = len(handles)
     try:
         for item in prepared:
             handles.append(item.activate())
-    except BaseException:
-        uninstall(handles)
+    except BaseException as error:
+        try:
+            uninstall(handles, keep=start)
+        except BaseException as rollback:
+            raise rollback from error
         raise
-    return handles
 
 
-def uninstall(handles: list[Handle]) -> None:
-    for handle in reversed(handles):
-        handle.uninstall()
+def uninstall(handles: list[Handle], keep: int = 0) -> None:
+    """Uninstall `handles[keep:]` in reverse order, removing each from `handles` once it is removed.
+
+    Stops at the first that fails: its uninstall is all or nothing (`Handle.uninstall`), so it stays installed
+    and fully so, with the ones before it; RuntimeError names it, what stays installed and what was removed
+    (`UndoFailed` when the failed uninstall could not be undone either).
+    """
+    removed = []
+    while len(handles) > keep:
+        handle = handles[-1]
+        try:
+            handle.uninstall()
+        except Exception as error:
+            installed = [h.spec.name for h in handles]
+            unknown = isinstance(error, UndoFailed)
+            state = (
+                "the model is in an unknown state; open a new session"
+                if unknown
+                else f"it is still installed as before the attempt; installed now: {installed}"
+            )
+            raise (UndoFailed if unknown else RuntimeError)(
+                f"accelerations: could not uninstall {handle.spec.name!r} ({error!r}); {state}"
+                + (f"; removed: {removed}" if removed else "")
+            ) from error
+        handles.pop()
+        removed.append(handle.spec.name)

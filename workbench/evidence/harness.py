@@ -79,6 +79,11 @@ def _qualify_one(
         session.accelerate(arms[arm])
         install_seconds[arm].append(time.perf_counter() - start)
         result = session.generate(request, progress=False)
+        if not result.finite:  # a session may return one when told to (generate's allow_non_finite)
+            raise RuntimeError(
+                f"qualify: the {arm} arm's output is not finite ({'; '.join(result.metadata.get('non_finite', []))}); "
+                "evidence is never taken from NaN/inf outputs"
+            )
         bar.update(1)
         return result
 

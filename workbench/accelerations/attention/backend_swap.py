@@ -32,6 +32,8 @@ class BackendSwap(Handle):
         self.previous_active = _AttentionBackendRegistry._active_backend
         self.original_fn = _AttentionBackendRegistry._backends[self.backend]
         function = self._function()
+        # processors without their own `_attention_backend` (the class's None) get it back removed, not set to None
+        self.inherited = [p for p in _processors(modules) if "_attention_backend" not in vars(p)]
         for module in modules:
             module.set_attention_backend(backend)
         _AttentionBackendRegistry._backends[self.backend] = function
@@ -49,4 +51,17 @@ class BackendSwap(Handle):
         _AttentionBackendRegistry._backends[self.backend] = self.original_fn
         for module in self.modules:
             module.reset_attention_backend()
+        for processor in self.inherited:
+            vars(processor).pop("_attention_backend", None)
         _AttentionBackendRegistry.set_active_backend(self.previous_active)
+
+
+def _processors(modules: list[torch.nn.Module]) -> list[Any]:
+    """The attention processors (with an instance dict) of `modules` and their submodules, each once."""
+    found = {}
+    for module in modules:
+        for sub in module.modules():
+            processor = vars(sub).get("processor")
+            if processor is not None and hasattr(processor, "__dict__"):
+                found.setdefault(id(processor), processor)
+    return list(found.values())

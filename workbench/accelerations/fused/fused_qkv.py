@@ -42,6 +42,8 @@ class _Installed(Handle):
         self.receipt.traceable(device, counters=("fused_projection_calls",))  # counted inside the blocks
         self.attentions: list[torch.nn.Module] = []
         self.hooks = []
+        # modules without their own `fused_projections` flag (the class's) get it back removed, not set to False
+        self.inherited = {id(a) for a in attentions if "fused_projections" not in vars(a)}
         try:
             for attention in attentions:
                 attention.fuse_projections()
@@ -61,6 +63,8 @@ class _Installed(Handle):
             hook.remove()
         for attention in self.attentions:
             attention.unfuse_projections()
+            if id(attention) in self.inherited:
+                vars(attention).pop("fused_projections", None)
 
 
 @dataclass(frozen=True)
