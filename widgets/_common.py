@@ -11,6 +11,7 @@ import ipywidgets
 import numpy as np
 
 from workbench.progress import progress as text_progress
+from workbench.result import enlargement
 
 T = TypeVar("T")
 
@@ -54,7 +55,7 @@ def upscale(image: np.ndarray, min_side: int = 256) -> np.ndarray:
     Nearest-neighbour on purpose: a smoothed enlargement would hide exactly the pixel differences an
     A/B view is for.
     """
-    factor = max(1, -(-min_side // max(image.shape[0], image.shape[1])))  # ceil: 100 px -> x3 = 300 px
+    factor = enlargement(image.shape[0], image.shape[1], min_side)  # ceil: 100 px -> x3 = 300 px
     return image if factor == 1 else image.repeat(factor, axis=0).repeat(factor, axis=1)
 
 

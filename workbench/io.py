@@ -43,10 +43,7 @@ def write_atomic(path: Path, data: bytes) -> Path:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        _write_synced(tmp, data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

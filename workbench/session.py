@@ -112,7 +112,7 @@ class Session:
         cannot be undone, the session refuses further work (`RuntimeError` naming why). Refused while a request
         runs. Returns what is installed.
         """
-        check_config(config)
+        install.check_config(config)  # before the lock: a bad config is a ValueError even mid-request
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(f"accelerate: refused while request {self.active_request} runs")
         try:
@@ -246,16 +246,6 @@ class Session:
             f"Session(model={self.model.name!r}, family={self.family.name!r}, device={self.device}, "
             f"dtype={self.dtype}, init={self.init_seconds:.2f}s)"
         )
-
-
-def check_config(config: Any) -> None:
-    """An accelerations config is a dict keyed by plugin name (str); ValueError naming the first key that is not.
-    Each plugin's options (a dict, its options dataclass or None) are checked by its `Spec.validate`."""
-    if not isinstance(config, dict):
-        raise ValueError(f"accelerations: expected a dict of name -> options, got {type(config).__name__}")
-    for name in config:
-        if not isinstance(name, str):
-            raise ValueError(f"accelerations: key {shown(name)} ({type(name).__name__}); allowed: plugin names (str)")
 
 
 def _non_finite(outputs: tuple[tuple[str, str, Any], ...]) -> list[str]:

@@ -8,6 +8,7 @@ import torch
 
 from workbench.accelerations.base import Handle, Prepared, Spec
 from workbench.accelerations.undo import UndoFailed
+from workbench.request import shown
 
 
 def plan(registry: dict[str, Spec], model: Any, config: dict[str, Any], device: torch.device) -> list[Prepared]:
@@ -23,8 +24,7 @@ def validate(
     Options are checked before capabilities so a bad option is a ValueError on any machine, and a good
     option this machine cannot run is a RuntimeError.
     """
-    if not isinstance(config, dict):
-        raise ValueError(f"accelerations: expected a dict of name -> options, got {type(config).__name__}")
+    check_config(config)
     unknown = sorted(set(config) - set(registry))
     if unknown:
         raise ValueError(f"accelerations: unknown {unknown}; available: {sorted(registry)}")
@@ -34,6 +34,16 @@ def validate(
         spec.check_capabilities(model, device)
     _check_conflicts(chosen)
     return [(spec, options[spec.name]) for spec in chosen]
+
+
+def check_config(config: Any) -> None:
+    """An accelerations config is a dict keyed by plugin name (str); ValueError naming the first key that is not.
+    Each plugin's options (a dict, its options dataclass or None) are checked by its `Spec.validate`."""
+    if not isinstance(config, dict):
+        raise ValueError(f"accelerations: expected a dict of name -> options, got {type(config).__name__}")
+    for name in config:
+        if not isinstance(name, str):
+            raise ValueError(f"accelerations: key {shown(name)} ({type(name).__name__}); allowed: plugin names (str)")
 
 
 def _check_conflicts(chosen: list[Spec]) -> None:
