@@ -306,4 +306,9 @@ def _info() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from workbench import distributed
+
+    code = main()
+    if distributed.is_worker():  # a torchrun rank: leave without the interpreter's teardown
+        distributed.exit_worker(code or 0)
+    sys.exit(code)

@@ -163,6 +163,16 @@ def finish_worker() -> None:
         dist.destroy_process_group()
 
 
+def exit_worker(code: int = 0) -> None:
+    """End a torchrun worker whose work is done and whose group is destroyed: flush stdio and leave with `code`
+    without the interpreter's teardown, where gloo's threads can still abort the process (SIGABRT, "terminate called
+    without an active exception") after every rank has finished."""
+    finish_worker()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def cli_accelerations(gpus: int, parallel_decode: bool = False) -> dict[str, dict[str, Any]]:
     """What `workbench generate --gpus N [--parallel-decode]` installs: Ulysses over N processes with the direct
     relayouts; with `parallel_decode`, also the Wan VAE decode split into one band per rank
@@ -284,3 +294,4 @@ def _worker(spec_path: Path) -> None:
 
 if __name__ == "__main__":
     _worker(Path(sys.argv[1]))
+    exit_worker(0)

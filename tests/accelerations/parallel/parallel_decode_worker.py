@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from workbench import Session
 from workbench.accelerations.parallel.parallel_decode import band_tiling
-from workbench.distributed import finish_worker, init_worker
+from workbench.distributed import exit_worker, finish_worker, init_worker
 
 LATENTS = (1, 16, 2, 11, 7)  # (B, C, T, H, W): odd height and width, two latent frames (5 video frames)
 OVERLAP = 3
@@ -78,3 +78,4 @@ def main(out: Path, seed: int) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), int(sys.argv[2]))
+    exit_worker(0)
