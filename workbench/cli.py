@@ -1,4 +1,4 @@
-"""`workbench generate ...`, `qualify`, `sweep`, `search`, `train-tiny` and `info`.
+"""`workbench generate ...`, `qualify`, `sweep`, `search`, `calibrate`, `train-tiny` and `info`.
 
 A bad input (a bad value, a missing or unreadable file, JSON that does not parse, an `--out` that cannot be
 written) exits with status 2 and one line on stderr naming the flag or file and what is wrong. Every `--out`
@@ -38,9 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument(
         "--profile",
         default="stock",
-        choices=("stock", "exact-fast"),
+        choices=("stock", "exact-fast", "within-budget"),
         help="a named acceleration set for the model's family and device (workbench.profiles)",
     )
+    gen.add_argument("--calibration", type=Path, help="with --profile within-budget: the calibrate record it reads")
     gen.add_argument("--accelerate", default="{}", help="accelerations JSON, installed over --profile's set")
     gen.add_argument(
         "--parallel-decode",
@@ -78,6 +79,22 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--out", required=True, type=Path)
         sub.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
 
+    cal = commands.add_parser(
+        "calibrate", help="the most aggressive setting inside a quality budget; several --plugin: a greedy stack"
+    )
+    cal.add_argument("--model", required=True)
+    cal.add_argument("--suite", required=True, type=Path, help="a data_manifests/*.json suite (calibration + test)")
+    cal.add_argument("--plugin", required=True, action="append", help="a plugin with a knob; repeat to stack")
+    cal.add_argument("--knob", help="the option searched (default: the plugin's declared knob)")
+    cal.add_argument("--budget", default="{}", help="JSON overrides of the default budget (audio limits included)")
+    cal.add_argument("--margin", type=float, default=0.8, help="share of the budget a setting may use when searched")
+    cal.add_argument("--max-evals", type=int, default=7, help="knob values tried per search")
+    cal.add_argument("--base-profile", default="exact-fast", choices=("exact-fast", "stock"), help="installed under")
+    cal.add_argument("--rounds", type=int, default=3, help="A/B/A rounds of the confirmation")
+    cal.add_argument("--device", default="auto")
+    cal.add_argument("--out", required=True, type=Path)
+    cal.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
+
     tiny = commands.add_parser("train-tiny", help="train the demo-av model on synthetic scenes (resumable)")
     tiny.add_argument("--out", required=True, type=Path, help="run folder: checkpoint/, demo-av/, train.json, loss.png")
     tiny.add_argument("--minutes", type=float, default=6.0, help="training time of this session")
@@ -102,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             return _qualify(args)
         if args.command in ("sweep", "search"):
             return _sweep_or_search(args)
+        if args.command == "calibrate":
+            return _calibrate(args)
         if args.command == "train-tiny":
             return _train_tiny(args)
         return _generate(args) if args.command == "generate" else _info()
@@ -115,7 +134,7 @@ def _generate(args: argparse.Namespace) -> int:
     from workbench import Request, Session, distributed
     from workbench.io import check_writable
     from workbench.media import verify_mp4
-    from workbench.profiles import profile_plan
+    from workbench.profiles import profile_plan, within_budget
 
     fields = ("frames", "height", "width", "steps", "guidance", "fps")
     request = Request(
@@ -127,6 +146,8 @@ def _generate(args: argparse.Namespace) -> int:
     device, accelerations = args.device, {}
     extra = _json_arg("accelerate", args.accelerate)  # refused before the model loads
     check_writable(args.out, "--out")
+    if (args.profile == "within-budget") != (args.calibration is not None):
+        raise ValueError("--calibration: a calibrate record goes with --profile within-budget, and only with it")
     if args.parallel_decode:  # a bad combination is refused before any process starts
         distributed.cli_accelerations(args.gpus, parallel_decode=True)
     if args.gpus != 1 or distributed.is_worker():  # see workbench.distributed
@@ -139,7 +160,11 @@ def _generate(args: argparse.Namespace) -> int:
     session.resolve(request)  # refuse a bad request before any work
     print(f"loaded {session} in {session.init_seconds:.2f} s", file=sys.stderr)
     if args.profile != "stock" or extra:
-        chosen, left_out = profile_plan(args.profile, session.model.family.name, session.device)
+        if args.profile == "within-budget":
+            resolved = session.resolve(request).to_dict()
+            chosen, left_out = within_budget(args.calibration, session.model.name, session.device, resolved), {}
+        else:
+            chosen, left_out = profile_plan(args.profile, session.model.family.name, session.device)
         for plugin, reason in left_out.items():
             print(f"profile {args.profile}: {plugin} left out ({reason})", file=sys.stderr)
         installed = session.accelerate({**accelerations, **chosen, **extra})
@@ -213,6 +238,48 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
         speed = "" if row.verdict in ("not_executed", "no_speed_claim") else f", speed-up {row.speedup:.4f}"
         print(f"  {row.label}: {row.verdict}{speed}, within budget {row.within_budget}")
     record, page = sweeps.write(result, args.out)
+    print(f"record: {record}")
+    print(f"report: {page}")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from workbench import Session
+    from workbench.evidence import calibrate as calibration
+    from workbench.evidence.manifest import load_manifest
+    from workbench.io import check_writable
+    from workbench.profiles import profile
+    from workbench.quality import Budget
+
+    overrides = _json_arg("budget", args.budget)
+    Budget.from_dict(overrides)  # an unknown field or a bad limit is refused before the model loads
+    if args.knob is not None and len(args.plugin) > 1:
+        raise ValueError("--knob: names one plugin's option; give it with a single --plugin")
+    calibration.check_arguments(args.plugin, args.knob, args.margin, args.max_evals)
+    suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
+    if not suite.calibration or not suite.test:
+        raise ValueError(f"--suite: {args.suite} needs both calibration and test cases")
+    check_writable(args.out, "--out")
+    session = Session.open(args.model, device=args.device)
+    budget = Budget.from_dict({**calibration.default_budget(session).to_dict(), **overrides})
+    base = profile(args.base_profile, session.model.family.name, session.device)
+    calibration_requests = [case.to_request() for case in suite.calibration]
+    test = [case.to_request() for case in suite.test]
+    options = {"margin": args.margin, "max_evals": args.max_evals, "rounds": args.rounds}
+    if len(args.plugin) == 1:
+        result = calibration.calibrate(
+            session, calibration_requests, test, args.plugin[0], budget, knob=args.knob, base=base, **options
+        )
+        print(f"knee: {_show(result.knee)}; cliff: {_show(result.cliff)}")
+        config = result.setting
+    else:
+        result = calibration.stack(session, calibration_requests, test, args.plugin, budget, base=base, **options)
+        for plugin, why in result.left_out.items():
+            print(f"left out {plugin}: {why}")
+        config = result.config if result.members else None
+    print(f"{result.status}: {result.reason}")
+    print(f"setting: {_show(config)}")
+    record, page = calibration.write(result, args.out)
     print(f"record: {record}")
     print(f"report: {page}")
     return 0

@@ -2,6 +2,11 @@
 
 `stock`: nothing installed ({}).
 
+`within-budget`: what a calibration found (`workbench calibrate`, `workbench.evidence.calibrate`): the config of a
+calibration or stack record, given as `record=`. It holds only where it was measured: the same model, device (type,
+and name on a GPU) and request geometry; `within_budget` refuses anything else, and a record whose setting was not
+confirmed (status other than "calibrated" or "quality_confirmed").
+
 `exact-fast`: the best measured combination of plugins whose contract is `bitwise`, `rounding` or
 `reduction` (never `approximate`; checked against `workbench.accelerations.available()` at every call, so a
 plugin whose contract became approximate makes this raise instead of silently joining the profile). Each family
@@ -27,13 +32,16 @@ say which plugins ran.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from workbench.models import families
 
-PROFILES = ("stock", "exact-fast")
+PROFILES = ("stock", "exact-fast", "within-budget")
+CONFIRMED = ("calibrated", "quality_confirmed")
 EXACT_CONTRACTS = ("bitwise", "rounding", "reduction")
 # Each family names its exact-fast set (`Family.exact_fast`: plugin, options, in install order); a new family
 # brings its own, and the registry says what each plugin is and where it runs.
@@ -49,6 +57,37 @@ def profile(name: str, family: str, device: str | torch.device) -> dict[str, dic
     return profile_plan(name, family, device)[0]
 
 
+def within_budget(
+    record: str | Path | dict[str, Any], model: str, device: str | torch.device, request: dict[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The config of a calibration or stack record (a path or the loaded dict), after checking that it holds here:
+    its status is confirmed, its model is `model`, its device matches `device` and, given the `request` (resolved,
+    as `Request.to_dict`), the geometry matches. ValueError naming what differs otherwise."""
+    from workbench import environment
+
+    data = json.loads(Path(record).read_text()) if not isinstance(record, dict) else record
+    kind = data.get("kind")
+    if kind not in ("calibration", "stack"):
+        raise ValueError(f"record: kind {kind!r}; allowed: a 'calibration' or 'stack' record (workbench calibrate)")
+    if data.get("status") not in CONFIRMED:
+        raise ValueError(f"record: status {data.get('status')!r} ({data.get('reason')}); allowed: {list(CONFIRMED)}")
+    config = data["setting"] if kind == "calibration" else data["config"]
+    scope = data["scope"]
+    measured = {"model": scope["model"], "device": scope["device"]["name"], "type": scope["device"]["type"]}
+    here = environment.device_info(torch.device(device))
+    if measured["model"] != model:
+        raise ValueError(f"record: calibrated for model {measured['model']!r}, not {model!r}")
+    if measured["type"] != here["type"] or (here["type"] == "cuda" and measured["device"] != here["name"]):
+        raise ValueError(f"record: calibrated on {measured['device']} ({measured['type']}), not {here['name']}")
+    if request is not None:
+        held = scope["request"]
+        differ = {k: (v, request.get(k)) for k, v in held.items() if v != request.get(k)}
+        if differ:
+            shown = ", ".join(f"{k} {a!r} (calibrated) vs {b!r}" for k, (a, b) in differ.items())
+            raise ValueError(f"record: holds for another request geometry: {shown}")
+    return config
+
+
 def profile_plan(
     name: str, family: str, device: str | torch.device
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
@@ -57,6 +96,10 @@ def profile_plan(
         raise ValueError(f"profile: unknown profile {name!r}; allowed: {list(PROFILES)}")
     if family not in FAMILIES:
         raise ValueError(f"profile: unknown family {family!r}; allowed: {list(FAMILIES)}")
+    if name == "within-budget":
+        raise ValueError(
+            "profile: 'within-budget' comes from a calibration record: profiles.within_budget(record, ...)"
+        )
     if name == "stock":
         return {}, {}
     from workbench.accelerations import available

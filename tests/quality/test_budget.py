@@ -3,8 +3,10 @@ import math
 import pytest
 
 from workbench.quality import Budget
+from workbench.quality.budget import AUDIO_LIMITS
 
 AT_LIMIT = {"latent_rel_l2": 0.03, "psnr_db": 33.0, "min_ssim": 0.98, "audio_snr_db": 20.0, "lsd_db": 2.0}
+AT_LIMIT |= {"spectral_cosine": 0.98, "rms_ratio_error": 0.1}
 # the next float beyond each limit, on its failing side
 BEYOND = {
     "latent_rel_l2": math.nextafter(0.03, math.inf),
@@ -12,6 +14,8 @@ BEYOND = {
     "min_ssim": math.nextafter(0.98, -math.inf),
     "audio_snr_db": math.nextafter(20.0, -math.inf),
     "lsd_db": math.nextafter(2.0, math.inf),
+    "spectral_cosine": math.nextafter(0.98, -math.inf),
+    "rms_ratio_error": math.nextafter(0.1, math.inf),
 }
 
 
@@ -22,16 +26,41 @@ def test_budget_defaults_are_the_seeds():
         "min_ssim": 0.98,
         "audio_snr_db": None,
         "lsd_db": None,
+        "spectral_cosine": None,
+        "rms_ratio_error": None,
     }
+    audio = Budget().with_audio().to_dict()
+    assert {k: audio[k] for k in AUDIO_LIMITS} == AUDIO_LIMITS and Budget(lsd_db=1.0).with_audio().lsd_db == 1.0
 
 
 def test_budget_exactly_at_limit_passes_and_just_beyond_fails():
-    budget = Budget(audio_snr_db=20.0, lsd_db=2.0)
-    assert budget.failures(AT_LIMIT) == []
+    budget = Budget().with_audio()
+    assert budget.failures(AT_LIMIT) == [] and budget.spent(AT_LIMIT) == pytest.approx(1.0)
     for name, value in BEYOND.items():
         failures = budget.failures({**AT_LIMIT, name: value})
         assert len(failures) == 1 and failures[0].startswith(f"{name}: ")
         assert f"{AT_LIMIT[name]:g}" in failures[0]
+        assert budget.spent({**AT_LIMIT, name: value}) > 1.0
+
+
+def test_budget_spent_scales_with_the_error_amplitude(rng):
+    """Halving every error (rel-L2, 1 - SSIM, 1 - cosine, LSD, RMS error; +6.02 dB of PSNR and SNR) halves `spent`."""
+    budget = Budget().with_audio()
+    share = float(rng.uniform(0.05, 0.95))
+    measured = {
+        "latent_rel_l2": 0.03 * share,
+        "psnr_db": 33.0 - 20 * math.log10(share),
+        "min_ssim": 1 - 0.02 * share,
+        "audio_snr_db": 20.0 - 20 * math.log10(share),
+        "lsd_db": 2.0 * share,
+        "spectral_cosine": 1 - 0.02 * share,
+        "rms_ratio_error": 0.1 * share,
+    }
+    assert budget.spent(measured) == pytest.approx(share)
+    worse = {**measured, "psnr_db": measured["psnr_db"] - 20 * math.log10(1.5)}  # PSNR error 1.5x larger
+    assert budget.spent(worse) == pytest.approx(1.5 * share)
+    assert budget.spent({**measured, "psnr_db": math.inf, "min_ssim": 1.0}) == pytest.approx(share)
+    assert budget.spent({**measured, "lsd_db": None}) == math.inf and Budget().spent({}) == math.inf
 
 
 def test_budget_unmeasured_or_nan_metric_fails_and_none_limit_is_not_checked():

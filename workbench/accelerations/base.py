@@ -322,6 +322,31 @@ class Prepared:
 
 
 @dataclass(frozen=True)
+class Knob:
+    """The option a calibration searches (`workbench.evidence.calibrate`): from `low` (least aggressive, the
+    closest to dense) to `high` (most aggressive searched; never beyond), on a linear or log scale. Moving
+    towards `high` is assumed to trade quality for speed monotonically; the search records every point it tried,
+    so a non-monotone stretch shows in the record."""
+
+    option: str
+    low: float
+    high: float
+    scale: str = "linear"
+
+    def __post_init__(self) -> None:
+        if self.scale not in ("linear", "log"):
+            raise ValueError(f"{self.option}: scale {self.scale!r}; allowed: 'linear', 'log'")
+        if not self.low < self.high or (self.scale == "log" and self.low <= 0):
+            raise ValueError(
+                f"{self.option}: low {self.low!r} must be below high {self.high!r} (and > 0 on a log scale)"
+            )
+
+    def between(self, a: float, b: float) -> float:
+        """The midpoint of `a` and `b` on this knob's scale."""
+        return (a * b) ** 0.5 if self.scale == "log" else (a + b) / 2
+
+
+@dataclass(frozen=True)
 class Spec:
     """A registered acceleration.
 
@@ -351,12 +376,15 @@ class Spec:
     order: int = 50
     unusable: Callable[[torch.device], str | None] | None = None
     kind: str = ""  # the subpackage it lives in (attention, caching, ...); set by the registry
+    knob: Knob | None = None  # approximate plugins: the option calibration searches
 
     def __post_init__(self) -> None:
         if self.contract not in CONTRACTS:
             raise ValueError(f"{self.name}: contract {self.contract!r}; allowed: {CONTRACTS}")
         if self.config is not None:
             object.__setattr__(self, "options", options_of(self.config))
+        if self.knob is not None and self.knob.option not in {o.name for o in self.options}:
+            raise ValueError(f"{self.name}: knob {self.knob.option!r} is not one of its options")
 
     def validate(self, options: Any) -> dict[str, Any]:
         """Options with defaults filled in, from a dict of option values or an instance of `config`; unknown

@@ -14,6 +14,23 @@ _LIMITS = {
     "min_ssim": ("min", ""),
     "audio_snr_db": ("min", " dB"),
     "lsd_db": ("max", " dB"),
+    "spectral_cosine": ("min", ""),
+    "rms_ratio_error": ("max", ""),
+}
+# The audio limits `Budget.with_audio()` fills in (the seeds name none; chosen so that a change a listener would
+# notice fails: a waveform SNR under 20 dB, a log-spectral distance over 2 dB, a spectrum whose cosine to the
+# reference drops under 0.98, a loudness off by more than 10 %).
+AUDIO_LIMITS = {"audio_snr_db": 20.0, "lsd_db": 2.0, "spectral_cosine": 0.98, "rms_ratio_error": 0.1}
+# How a metric's distance from perfect is read as an error amplitude, for `Budget.spent`: "ratio" value/limit,
+# "db" 10**((limit - value)/20) (dB of an amplitude ratio), "one_minus" (1 - value)/(1 - limit).
+_SPENT = {
+    "latent_rel_l2": "ratio",
+    "psnr_db": "db",
+    "min_ssim": "one_minus",
+    "audio_snr_db": "db",
+    "lsd_db": "ratio",
+    "spectral_cosine": "one_minus",
+    "rms_ratio_error": "ratio",
 }
 
 
@@ -24,7 +41,8 @@ class Budget:
     The defaults are the seeds' budget: latent relative L2 <= 0.03, PSNR >= 33 dB, minimum per-frame
     SSIM >= 0.98. `psnr_db` applies to the whole-clip PSNR (`video_psnr`: mean squared error over all
     frames, then dB); a single bad frame is caught by `min_ssim`, which applies to the worst frame.
-    Audio is not checked by default (`audio_snr_db`, `lsd_db` = None): the seeds name no audio budget.
+    Audio is not checked by default (its limits are None): the seeds name no audio budget; `with_audio()` sets
+    the stated `AUDIO_LIMITS` (waveform SNR, log-spectral distance, spectral cosine, RMS ratio off 1).
     A limit is inclusive: a value exactly at the limit passes. A set limit whose metric could not be
     measured (no latents, no audio) is a failure, never a silent pass.
     """
@@ -34,6 +52,8 @@ class Budget:
     min_ssim: float | None = 0.98
     audio_snr_db: float | None = None
     lsd_db: float | None = None
+    spectral_cosine: float | None = None
+    rms_ratio_error: float | None = None
 
     def __post_init__(self) -> None:
         for name in _LIMITS:
@@ -42,8 +62,34 @@ class Budget:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name}: must be a finite number >= 0 or None, got {value!r}")
-        if self.min_ssim is not None and self.min_ssim > 1:
-            raise ValueError(f"min_ssim: must be <= 1 (SSIM never exceeds 1), got {self.min_ssim!r}")
+        for name in ("min_ssim", "spectral_cosine"):
+            if getattr(self, name) is not None and getattr(self, name) > 1:
+                raise ValueError(f"{name}: must be <= 1 (it never exceeds 1), got {getattr(self, name)!r}")
+
+    def with_audio(self) -> Budget:
+        """This budget with `AUDIO_LIMITS` in place of each audio limit left unset."""
+        return dataclasses.replace(self, **{k: v for k, v in AUDIO_LIMITS.items() if getattr(self, k) is None})
+
+    def spent(self, measured: dict[str, float | None]) -> float:
+        """The largest share of any set limit that `measured` uses, as an error amplitude: 0 is identical, 1 is
+        exactly at a limit, above 1 outside it (inf when a set limit's metric is missing or NaN). So
+        `spent <= 1` is `not failures(measured)`, and `spent <= m` is the budget with every error scaled by m:
+        the margin a calibration keeps."""
+        shares = [0.0]
+        for name, rule in _SPENT.items():
+            limit, value = getattr(self, name), measured.get(name)
+            if limit is None:
+                continue
+            if value is None or math.isnan(value):
+                return math.inf
+            if rule == "ratio":
+                error, room = value, limit
+            elif rule == "db":
+                error, room = (0.0 if value == math.inf else 10 ** (-value / 20)), 10 ** (-limit / 20)
+            else:
+                error, room = max(1.0 - value, 0.0), 1.0 - limit
+            shares.append(error / room if room > 0 else (0.0 if error <= 0 else math.inf))
+        return max(shares)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Budget:

@@ -172,6 +172,8 @@ def compare_arrays(
     )
     metrics = {"latent_rel_l2": latents, "psnr_db": video_psnr(ref_common, cand_common), "min_ssim": float(ssim.min())}
     metrics.update(audio)
+    if audio["rms_ratio"] is not None:
+        metrics["rms_ratio_error"] = abs(audio["rms_ratio"] - 1.0)
     failures = budget.failures(metrics) + failures
     return Comparison(
         budget=budget,

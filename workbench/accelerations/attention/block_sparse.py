@@ -39,7 +39,7 @@ from workbench.accelerations.attention.sparse_routing import (
     SparseAttentionConfig,
     needs_self_attention,
 )
-from workbench.accelerations.base import Spec, option
+from workbench.accelerations.base import Knob, Spec, option
 from workbench.kernels.block_sparse_attention import DTYPES, HEAD_DIM
 
 
@@ -64,6 +64,7 @@ SPEC = Spec(
     summary="self-attention through an own Triton block-sparse kernel with Sol-style routing (Wan, LTX-2, H3)",
     prepare_fn=_prepare,
     config=BlockSparseConfig,
+    knob=Knob("tau", -1.0, 3.0),
     requires=needs_self_attention,
     # The dispatcher entry it replaces; and the blocks' compiled call, because compiling over the routed
     # processors is not verified (the seed's Sol path refuses compile too).

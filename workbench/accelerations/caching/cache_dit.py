@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.base import Handle, Spec, drop_restored_forwards, option
+from workbench.accelerations.base import Handle, Knob, Spec, drop_restored_forwards, option
 
 NAME = "cache_dit"
 EXTRA = "pip install 'vflash-workbench[cache-dit]' (cache-dit==1.5.3)"
@@ -129,6 +129,7 @@ SPEC = Spec(
     summary="cache-dit DBCache: skip middle blocks while the first blocks' residual barely changes",
     prepare_fn=_prepare,
     config=CacheDiTConfig,
+    knob=Knob("residual_diff_threshold", 0.0, 0.5),
     group="feature_cache",
     touches=("denoiser.forward",),
     order=80,

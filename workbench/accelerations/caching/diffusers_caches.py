@@ -19,7 +19,7 @@ from typing import Any
 import diffusers
 import torch
 
-from workbench.accelerations.base import Spec, option
+from workbench.accelerations.base import Knob, Spec, option
 from workbench.accelerations.caching.diffusers_hooks import CacheHandle, needs_registered_blocks
 
 
@@ -114,6 +114,7 @@ FIRST_BLOCK = Spec(
     summary="diffusers FirstBlockCache: skip the remaining blocks while the first block's residual barely moves",
     prepare_fn=_prepare_first_block,
     config=FirstBlockCacheConfig,
+    knob=Knob("threshold", 0.0, 0.5),
     **COMMON,
 )
 TAYLORSEER = Spec(

@@ -19,7 +19,7 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
-from workbench.accelerations.base import Handle, Spec, drop_restored_forwards, option
+from workbench.accelerations.base import Handle, Knob, Spec, drop_restored_forwards, option
 
 HOOK_NAME = "workbench_easycache"
 
@@ -164,6 +164,7 @@ SPEC = Spec(
     summary="reuse the denoiser's input->output transformation while its predicted change stays small",
     prepare_fn=_prepare,
     config=EasyCacheConfig,
+    knob=Knob("threshold", 0.0, 0.5),
     requires=lambda family: None if family.streams else "it names no denoiser streams",
     group="feature_cache",
     touches=("denoiser.forward",),

@@ -24,7 +24,7 @@ import diffusers
 import torch
 from diffusers.hooks import HookRegistry
 
-from workbench.accelerations.base import Spec, option
+from workbench.accelerations.base import Knob, Spec, option
 from workbench.accelerations.caching.diffusers_hooks import CacheHandle, needs_registered_blocks
 
 NAME = "mag_cache"
@@ -122,6 +122,7 @@ SPEC = Spec(
     summary="diffusers MagCache: skip the block stack while residual-magnitude ratios predict little change",
     prepare_fn=_prepare,
     config=MagCacheConfig,
+    knob=Knob("threshold", 0.0, 0.5),  # with mag_ratios from a calibrate=True run
     contract="approximate",
     group="feature_cache",
     touches=("denoiser.forward",),

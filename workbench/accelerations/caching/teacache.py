@@ -39,7 +39,7 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
-from workbench.accelerations.base import Handle, Spec, drop_restored_forwards, option
+from workbench.accelerations.base import Handle, Knob, Spec, drop_restored_forwards, option
 from workbench.models import families
 from workbench.models.family import block_arg
 
@@ -233,6 +233,7 @@ SPEC = Spec(
     summary="skip the block stack while the first block's timestep-modulated input barely changes (TeaCache)",
     prepare_fn=_prepare,
     config=TeaCacheConfig,
+    knob=Knob("rel_l1_thresh", 0.0, 0.6),
     requires=lambda family: None if family.teacache is not None else "it names no TeaCache indicator",
     group="feature_cache",
     touches=("denoiser.forward",),

@@ -1,0 +1,144 @@
+"""Calibration (issue 22): the knob search on synthetic quality curves (property tests), and the real flow on CPU:
+demo-av with easycache (its audio limits included), a stack of block_sparse and easycache on a tiny LTX-2 whose
+attention head is 128 wide (the sparse kernel's), budgets too tight for anything, and the record it writes."""
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.accelerations.attention.test_block_sparse_families import _ltx2_d128
+from workbench import Request, Session
+from workbench.accelerations.base import Knob
+from workbench.cli import main
+from workbench.evidence.calibrate import Point, _search, calibratable, calibrate, stack, write
+from workbench.profiles import within_budget
+from workbench.quality import Budget
+
+DEMO = {"frames": 9, "height": 64, "width": 64, "steps": 6}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    boundary=st.floats(0.0, 1.2),
+    margin=st.floats(0.2, 1.0),
+    evals=st.integers(2, 9),
+    scale=st.sampled_from(["linear", "log"]),
+)
+def test_search_keeps_the_knee_inside_and_never_passes_the_cliff(boundary, margin, evals, scale):
+    """Quality spent grows with the knob and crosses the margin at `boundary` (in knob units)."""
+    knob = Knob("x", 0.01 if scale == "log" else 0.0, 1.0, scale)
+    tried = []
+
+    def evaluate(value):
+        tried.append(value)
+        spent = 0.0 if value <= knob.low else margin * value / boundary if boundary > 0 else math.inf
+        return Point(value, spent, 1.0, 1.0 + value)
+
+    points, knee, cliff = _search(evaluate, knob, margin, evals)
+    assert len(points) <= evals and all(knob.low <= v <= knob.high for v in tried)
+    if knee is not None:
+        assert knee <= boundary + 1e-12 and next(p for p in points if p.value == knee).spent <= margin
+        assert cliff is None or knee < cliff
+        assert cliff is None or cliff > boundary - 1e-12
+    if cliff is None:
+        assert knee == knob.high  # the top of the range was inside; nothing beyond it was tried
+    if boundary >= knob.high:
+        assert knee == knob.high
+
+
+def test_calibratable_plugins_declare_their_knob():
+    assert {"easycache", "teacache", "first_block_cache", "block_sparse"} <= set(calibratable())
+    with pytest.raises(ValueError, match="declares no knob"):
+        calibrate(None, [Request("x")], None, "fused_block_norms")
+    with pytest.raises(ValueError, match="unknown 'nope'"):
+        calibrate(None, [Request("x")], None, "nope")
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return Session.open("demo-av", device="cpu")
+
+
+def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_record(demo, tmp_path, capsys):
+    calibration = [Request("a red circle moves left, low hum", seed=5, **DEMO)]
+    test = [Request("a blue square moves up, high beeps", seed=1_000_005, **DEMO)]
+    budget = Budget(latent_rel_l2=0.15, psnr_db=20.0, min_ssim=0.8).with_audio()
+    result = calibrate(demo, calibration, test, "easycache", budget, max_evals=5, progress=False)
+    values = [p.value for p in result.points]
+    assert values[:2] == [0.0, 0.5] and result.knee is not None and result.knee > 0
+    assert result.cliff is None or result.knee < result.cliff
+    assert result.knee_point.spent <= result.margin
+    assert result.status == "quality_confirmed", result.reason  # CPU: quality holds, no speed claim
+    assert all(case["quality"]["within_budget"] for case in result.confirmation["cases"])
+    assert result.setting == {"easycache": {"threshold": result.knee}}
+    json_path, html_path = write(result, tmp_path / "cal")
+    record = json.loads(json_path.read_text())
+    assert record["status"] == "quality_confirmed" and len(record["points"]) == len(values)
+    assert "data:image/png;base64," in html_path.read_text()
+    resolved = demo.resolve(test[0]).to_dict()
+    assert within_budget(json_path, "demo-av", "cpu", resolved) == result.setting
+    with pytest.raises(ValueError, match="model 'demo-av', not 'tiny-ltx2'"):
+        within_budget(json_path, "tiny-ltx2", "cpu")
+    with pytest.raises(ValueError, match="steps 6 \\(calibrated\\) vs 8"):
+        within_budget(json_path, "demo-av", "cpu", {**resolved, "steps": 8})
+    args = ["generate", "--model", "demo-av", "--prompt", "a red circle moves left, low hum", "--device", "cpu"]
+    args += [
+        "--steps",
+        "6",
+        "--out",
+        str(tmp_path / "gen"),
+        "--profile",
+        "within-budget",
+        "--calibration",
+        str(json_path),
+    ]
+    assert main(args) == 0 and "accelerations: easycache" in capsys.readouterr().err
+
+
+def test_budget_too_tight_for_any_setting_says_so(demo):
+    calibration = [Request("a green triangle moves right, mid hum", seed=6, **DEMO)]
+    tight = Budget(latent_rel_l2=1e-9, psnr_db=None, min_ssim=None)
+    result = calibrate(demo, calibration, None, "easycache", tight, max_evals=3, progress=False)
+    assert result.status == "no_setting" and result.setting is None and result.knee is None
+    assert "no setting qualifies" in result.reason
+    audio_only = Budget(latent_rel_l2=None, psnr_db=None, min_ssim=None, audio_snr_db=300.0)
+    deaf = calibrate(demo, calibration, None, "easycache", audio_only, max_evals=3, progress=False)
+    assert deaf.status == "no_setting" and any("audio_snr_db" in f for p in deaf.points for f in p.failures)
+
+
+def test_stack_composes_block_sparse_and_easycache_and_confirms_inside_the_budget(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    session = Session(_ltx2_d128(), torch.device("cpu"), torch.float32, 0.0)  # 256 video rows: 4 blocks of 64
+    size = {"steps": 4}
+    calibration = [Request("a red circle", seed=3, **size)]
+    test = [Request("a blue square", seed=1_000_003, **size)]
+    budget = Budget(latent_rel_l2=0.3, psnr_db=15.0, min_ssim=0.5)
+    result = stack(session, calibration, test, ["easycache", "block_sparse"], budget, max_evals=3, progress=False)
+    assert result.status == "quality_confirmed", (result.reason, result.left_out)
+    assert set(result.config) <= {"easycache", "block_sparse"} and result.members and not result.ranked_by_speed
+    for member in result.members:
+        assert member.knee_point.spent <= result.margin and (member.cliff is None or member.knee < member.cliff)
+    assert all(case["quality"]["within_budget"] for case in result.confirmation["cases"])
+    scope = result.scope
+    assert scope["calibration_seeds"] == [3] and scope["test_seeds"] == [1_000_003] and scope["request"]["steps"] == 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--budget", '{"psnr": 30}'], "unknown field"),
+        (["--plugin", "fused_block_norms"], "declares no knob"),
+        (["--plugin", "easycache", "--knob", "threshold"], "--knob: names one plugin"),
+        (["--margin", "1.5"], "margin"),
+    ],
+)
+def test_cli_calibrate_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, extra, message):
+    out = tmp_path / "cal"
+    args = ["calibrate", "--model", "demo-av", "--suite", "data_manifests/demo-av-smoke.json", "--out", str(out)]
+    args += ["--device", "cpu", "--plugin", "easycache", *extra, "--max-evals", "2"]
+    assert main(args) == 2
+    assert message in capsys.readouterr().err and not out.exists()

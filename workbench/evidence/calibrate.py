@@ -1,0 +1,532 @@
+"""Calibration: a quality budget turned into a setting (issue 22; seed 004 "Combination search").
+
+`calibrate` searches one approximate plugin's knob (`Spec.knob`: an option from `low`, the closest to dense, to
+`high`, the most aggressive value ever tried) on the calibration requests. Each tried value runs every calibration
+request once and is compared with the stock dense output of the same request; its `spent` is the worst request's
+`Budget.spent` (0 identical, 1 exactly at a limit). A value is inside when `spent <= margin`. The search tries
+`low` (outside: no setting qualifies), then `high` (inside: `high` is the setting; the search never goes past it),
+then bisects between the last value inside and the first outside until `max_evals` runs are spent. The knee is
+the most aggressive value found inside, the cliff the least aggressive found outside: the setting is always on
+the dense side of the cliff. A value whose outputs equal stock bit for bit (`spent == 0`: a threshold of 0 skips
+nothing) is inside but does nothing; when nothing else is inside, no setting qualifies.
+
+The setting is then confirmed on the test requests (other seeds) by `qualify`, the A/B/A harness, against the
+full budget. It is *calibrated* only when that confirmation's verdict is `qualified` (inside the budget with a
+speed claim: a clean CUDA run). On a CPU the confirmation can at most show the quality holds
+(`quality_confirmed`); no speed is claimed there. The seconds in the search are one run per value: indicative,
+used to order and plot, never a claim.
+
+`stack` calibrates each plugin alone over the same base (the exact plugins the caller puts underneath), orders
+them by indicative speed-up gained per budget spent, then adds them one at a time, re-searching each added knob
+with the others installed (a cache changes what attention sees), keeping a plugin only when the stack gets faster,
+and confirms the whole stack on the test requests. Off CUDA one run's seconds rank nothing: the plugins keep the
+given order and each is kept when the stack stays inside the budget (the record says `ranked_by_speed: false`). Its record is the `within-budget` profile: the config with the
+budget, model, request geometry, device and seeds it holds for (`workbench.profiles.within_budget`).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from workbench import environment
+from workbench.accelerations import REGISTRY
+from workbench.accelerations.base import Knob
+from workbench.evidence.harness import MIN_ROUNDS, qualify
+from workbench.evidence.records import record_bytes
+from workbench.io import write_set
+from workbench.plots import figure_png
+from workbench.progress import progress as progress_bar
+from workbench.quality import Budget, compare
+from workbench.request import Request
+from workbench.result import Result
+from workbench.session import Session
+
+MARGIN = 0.8  # a calibrated setting uses at most 80 % of the budget on the calibration requests
+MAX_EVALS = 7  # tried values per knob: low, high, then five bisections (the gap shrinks 32x)
+PROFILE = "within-budget"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One tried knob value: worst `spent` over the calibration requests (inf when a run failed), the failures of
+    that worst request against the full budget, total seconds of one run per request and the indicative speed-up
+    against stock."""
+
+    value: float
+    spent: float
+    seconds: float
+    speedup: float
+    failures: tuple[str, ...] = ()
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        spent = "inf" if math.isinf(self.spent) else self.spent
+        return {"value": self.value, "spent": spent, "seconds": self.seconds, "speedup": self.speedup} | {
+            "failures": list(self.failures),
+            "error": self.error,
+        }
+
+
+@dataclass
+class Calibration:
+    """One plugin's calibration. `setting` is the accelerations config found (base + plugin), or None; `status`:
+    "calibrated" (confirmed, qualified), "quality_confirmed" (confirmed inside the budget, no speed claim here),
+    "not_confirmed" (the test requests left the budget or the confirmation failed), "searched" (not confirmed
+    yet: inside a stack) or "no_setting"; `reason` says why in words."""
+
+    plugin: str
+    knob: Knob
+    base: dict[str, Any]
+    options: dict[str, Any]
+    budget: Budget
+    margin: float
+    points: list[Point]
+    knee: float | None
+    cliff: float | None
+    setting: dict[str, Any] | None
+    status: str
+    reason: str
+    confirmation: dict[str, Any] | None = None
+    scope: dict[str, Any] | None = None
+
+    @property
+    def knee_point(self) -> Point | None:
+        return next((p for p in self.points if p.value == self.knee), None)
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "kind": "calibration",
+            "plugin": self.plugin,
+            "knob": {
+                "option": self.knob.option,
+                "low": self.knob.low,
+                "high": self.knob.high,
+                "scale": self.knob.scale,
+            },
+            "base": self.base,
+            "options": self.options,
+            "budget": self.budget.to_dict(),
+            "margin": self.margin,
+            "points": [p.to_dict() for p in self.points],
+            "knee": self.knee,
+            "cliff": self.cliff,
+            "setting": self.setting,
+            "status": self.status,
+            "reason": self.reason,
+            "scope": self.scope,
+            "confirmation": self.confirmation,
+        }
+
+
+@dataclass
+class Stack:
+    """A greedy stack of calibrated plugins: `config` (what `Session.accelerate` takes), the single-plugin
+    calibrations it started from, the re-searches in the order added (`members`), the plugins left out and why,
+    the confirmation on the test requests, and what the profile holds for (`scope`)."""
+
+    config: dict[str, Any]
+    base: dict[str, Any]
+    budget: Budget
+    margin: float
+    singles: list[Calibration]
+    members: list[Calibration]
+    left_out: dict[str, str]
+    status: str
+    reason: str
+    scope: dict[str, Any]
+    confirmation: dict[str, Any] | None = None
+    base_point: Point | None = None
+    ranked_by_speed: bool = False
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "kind": "stack",
+            "profile": PROFILE,
+            "config": self.config,
+            "base": self.base,
+            "budget": self.budget.to_dict(),
+            "margin": self.margin,
+            "status": self.status,
+            "reason": self.reason,
+            "scope": self.scope,
+            "base_point": None if self.base_point is None else self.base_point.to_dict(),
+            "members": [m.to_record() for m in self.members],
+            "singles": [s.to_record() for s in self.singles],
+            "left_out": self.left_out,
+            "ranked_by_speed": self.ranked_by_speed,
+            "confirmation": self.confirmation,
+        }
+
+
+class _Evaluator:
+    """Runs configs on the calibration requests against stock references computed once."""
+
+    def __init__(self, session: Session, requests: list[Request], budget: Budget, progress: bool):
+        self.session, self.requests, self.budget, self.progress = session, requests, budget, progress
+        session.accelerate({})
+        session.generate(requests[0], progress=False)  # warm-up: first-use costs stay out of the seconds
+        self.references, self.seconds = self._run()
+
+    def _run(self) -> tuple[list[Result], float]:
+        results, seconds = [], 0.0
+        for request in self.requests:
+            start = time.perf_counter()
+            results.append(self.session.generate(request, progress=False))
+            seconds += time.perf_counter() - start
+        return results, seconds
+
+    def point(self, value: float, config: dict[str, Any]) -> Point:
+        try:
+            self.session.accelerate(config)
+            results, seconds = self._run()
+        except (RuntimeError, ValueError) as error:  # a value the plugin refuses, a non-finite output
+            return Point(value, math.inf, math.nan, math.nan, error=f"{type(error).__name__}: {error}")
+        finally:
+            self.session.accelerate({})
+        spent, failures = 0.0, ()
+        for reference, result in zip(self.references, results, strict=True):
+            comparison = compare(reference, result, self.budget)
+            share = self.budget.spent(_measured(comparison))
+            if comparison.failures and share <= 1:  # structural failures (frame count, black frames) count fully
+                share = math.inf
+            if share >= spent:
+                spent, failures = share, tuple(comparison.failures)
+        return Point(value, spent, seconds, self.seconds / seconds, failures)
+
+
+def calibrate(
+    session: Session,
+    calibration: list[Request],
+    test: list[Request] | None,
+    plugin: str,
+    budget: Budget | None = None,
+    *,
+    knob: str | None = None,
+    options: dict[str, Any] | None = None,
+    base: dict[str, Any] | None = None,
+    margin: float = MARGIN,
+    max_evals: int = MAX_EVALS,
+    rounds: int = MIN_ROUNDS,
+    progress: bool = True,
+    _evaluator: _Evaluator | None = None,
+) -> Calibration:
+    """Search `plugin`'s knob (its `Spec.knob`, or the option named `knob` on the spec's range) for the most
+    aggressive value inside `margin` of `budget` on `calibration`, over `base` (installed underneath, with the
+    plugin's other `options`), then confirm it on `test` (None: leave it "searched"). See the module docstring.
+
+    ValueError for an unknown plugin, one without a knob, a bad margin or max_evals, or empty request lists."""
+    spec = check_arguments([plugin], knob, margin, max_evals)[0]
+    if not calibration or (test is not None and not test):
+        raise ValueError("requests: calibration (and test, when given) need at least one request each")
+    budget = budget or default_budget(session)
+    base, options = dict(base or {}), dict(options or {})
+    if plugin in base:
+        raise ValueError(f"base: already installs {plugin!r}, the plugin being calibrated")
+    if spec.knob.option in options:
+        raise ValueError(f"options: sets {spec.knob.option!r}, the knob being searched")
+    spec.validate({**options, spec.knob.option: spec.knob.low})  # a bad option fails before any run
+    scope = _scope(session, calibration, test)  # one geometry, checked before any run
+    evaluator = _evaluator or _Evaluator(session, calibration, budget, progress)
+    config_of = _configs(base, plugin, options, spec.knob.option)
+    with progress_bar(total=max_evals, desc=f"calibrate {plugin}.{spec.knob.option}", enabled=progress) as bar:
+
+        def evaluate(value: float) -> Point:
+            point = evaluator.point(value, config_of(value))
+            bar.update(1)
+            bar.set_postfix_str(f"{value:.4g}: spent {point.spent:.3g}")
+            return point
+
+        points, knee, cliff = _search(evaluate, spec.knob, margin, max_evals)
+    result = Calibration(plugin, spec.knob, base, options, budget, margin, points, knee, cliff, None, "", "")
+    result.scope = scope
+    if knee is None:
+        result.status = "no_setting"
+        result.reason = _no_setting_reason(points, spec.knob, margin)
+        return result
+    result.setting = config_of(knee)
+    result.status, result.reason = "searched", f"{spec.knob.option}={knee:.4g} spends {result.knee_point.spent:.3g}"
+    if test is not None:
+        _confirm(session, test, result, budget, rounds, progress)
+    return result
+
+
+def stack(
+    session: Session,
+    calibration: list[Request],
+    test: list[Request],
+    plugins: list[str],
+    budget: Budget | None = None,
+    *,
+    base: dict[str, Any] | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+    margin: float = MARGIN,
+    max_evals: int = MAX_EVALS,
+    rounds: int = MIN_ROUNDS,
+    progress: bool = True,
+) -> Stack:
+    """Greedy composition of `plugins` over `base` (the exact set underneath; see the module docstring).
+
+    `options` gives each plugin's fixed options besides its knob. ValueError as for `calibrate`, and for a
+    repeated or empty plugin list."""
+    if not plugins or len(set(plugins)) != len(plugins):
+        raise ValueError(f"plugins: need at least one, each once; got {plugins!r}")
+    check_arguments(plugins, None, margin, max_evals)
+    budget = budget or default_budget(session)
+    base, options = dict(base or {}), dict(options or {})
+    scope = _scope(session, calibration, test)
+    evaluator = _Evaluator(session, calibration, budget, progress)
+    base_point = evaluator.point(math.nan, base)
+    kwargs = {"margin": margin, "max_evals": max_evals, "rounds": rounds, "progress": progress}
+    singles = [
+        calibrate(
+            session, calibration, None, p, budget, options=options.get(p), base=base, _evaluator=evaluator, **kwargs
+        )
+        for p in plugins
+    ]
+    left_out = {s.plugin: s.reason for s in singles if s.knee is None}
+    usable = [s for s in singles if s.knee is not None]
+    timed = session.device.type == "cuda"  # elsewhere one run's seconds cannot rank anything: keep the given order
+    if timed:
+        usable.sort(key=lambda s: -_gain_per_spent(s.knee_point, base_point))
+    config, speed, members = dict(base), base_point.speedup, []
+    for single in usable:
+        again = (
+            single
+            if config == base
+            else calibrate(
+                session,
+                calibration,
+                None,
+                single.plugin,
+                budget,
+                options=options.get(single.plugin),
+                base=config,
+                _evaluator=evaluator,
+                **kwargs,
+            )
+        )  # fmt: skip  (the first one added sees the same base it was calibrated on)
+        if again.knee is None:
+            left_out[single.plugin] = f"with {sorted(config)} installed: {again.reason}"
+        elif timed and not again.knee_point.speedup > speed:
+            left_out[single.plugin] = (
+                f"no gain on the stack: {again.knee_point.speedup:.3f}x against {speed:.3f}x without it (indicative)"
+            )
+        else:
+            config, speed = dict(again.setting), again.knee_point.speedup
+            members.append(again)
+    result = Stack(config, base, budget, margin, singles, members, left_out, "", "", scope)
+    result.base_point, result.ranked_by_speed = base_point, timed
+    if not members:
+        result.status = "no_setting"
+        result.reason = "no plugin has a setting inside the budget: " + "; ".join(
+            f"{k}: {v}" for k, v in left_out.items()
+        )
+        return result
+    _confirm(session, test, result, budget, rounds, progress)
+    return result
+
+
+def check_arguments(plugins: list[str], knob: str | None, margin: float, max_evals: int) -> list[Any]:
+    """The plugins' specs, after checking what needs no model: each plugin exists and declares a knob (`knob`, when
+    given, is that knob), the margin is in (0, 1], max_evals >= 2. ValueError naming the field otherwise."""
+    specs = []
+    for plugin in plugins:
+        spec = REGISTRY.get(plugin)
+        if spec is None:
+            raise ValueError(f"plugin: unknown {plugin!r}; calibratable: {calibratable()}")
+        if spec.knob is None:
+            raise ValueError(f"plugin: {plugin!r} declares no knob; calibratable: {calibratable()}")
+        if knob is not None and knob != spec.knob.option:
+            raise ValueError(f"knob: {plugin} calibrates {spec.knob.option!r}, got {knob!r}")
+        specs.append(spec)
+    if isinstance(margin, bool) or not (isinstance(margin, int | float) and 0 < margin <= 1):
+        raise ValueError(f"margin: {margin!r}; allowed: a number in (0, 1]")
+    if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 2:
+        raise ValueError(f"max_evals: {max_evals!r}; allowed: an integer >= 2 (low and high)")
+    return specs
+
+
+def default_budget(session: Session) -> Budget:
+    """The seeds' budget, with the stated audio limits for a model that makes audio."""
+    return Budget().with_audio() if session.model.family.has_audio else Budget()
+
+
+def calibratable() -> list[str]:
+    """The registered plugins that declare a knob."""
+    return sorted(name for name, spec in REGISTRY.items() if spec.knob is not None)
+
+
+def _configs(base: dict[str, Any], plugin: str, options: dict[str, Any], option: str) -> Callable[[float], dict]:
+    return lambda value: {**base, plugin: {**options, option: value}}
+
+
+def _search(evaluate: Callable[[float], Point], knob: Knob, margin: float, max_evals: int):
+    """(points in the order tried, knee, cliff); a point inside is `spent <= margin`, and useful when `spent > 0`."""
+    points = [evaluate(knob.low)]
+    if points[0].spent > margin:
+        return points, None, knob.low
+    points.append(evaluate(knob.high))
+    if points[-1].spent <= margin:
+        good, bad = knob.high, None
+    else:
+        good, bad = knob.low, knob.high
+        while len(points) < max_evals:
+            middle = knob.between(good, bad)
+            points.append(evaluate(middle))
+            good, bad = (middle, bad) if points[-1].spent <= margin else (good, middle)
+    knee_point = next(p for p in points if p.value == good)
+    return points, (good if knee_point.spent > 0 else None), bad
+
+
+def _no_setting_reason(points: list[Point], knob: Knob, margin: float) -> str:
+    first = points[0]
+    if first.spent > margin:
+        why = first.error or "; ".join(first.failures) or f"spends {first.spent:.3g} of the budget"
+        return f"no setting qualifies: even {knob.option}={knob.low:g} leaves {margin:g} of the budget ({why})"
+    return (
+        f"no setting qualifies: the values inside {margin:g} of the budget change nothing "
+        f"(outputs equal stock); the least aggressive value that changes anything is outside"
+    )
+
+
+def _confirm(session: Session, test: list[Request], result: Calibration | Stack, budget, rounds, progress) -> None:
+    config = result.setting if isinstance(result, Calibration) else result.config
+    record, _ = qualify(session, test, {}, config, rounds, budget, progress)
+    result.confirmation = record
+    inside = all(case["quality"]["within_budget"] for case in record["cases"])
+    if record["verdict"] == "qualified":
+        result.status, result.reason = "calibrated", f"confirmed on {len(test)} test request(s): qualified"
+    elif inside and record["verdict"] == "no_speed_claim":
+        reasons = sorted({case["reason"] for case in record["cases"]})
+        result.status = "quality_confirmed"
+        result.reason = f"inside the budget on {len(test)} test request(s); no speed claim: {'; '.join(reasons)}"
+    else:
+        worst = min(record["cases"], key=lambda c: c["quality"]["within_budget"])
+        result.status = "not_confirmed"
+        result.reason = f"confirmation {record['verdict']}: {worst['reason']}"
+
+
+def _measured(comparison: Any) -> dict[str, float | None]:
+    names = ("latent_rel_l2", "psnr_db", "min_ssim", "audio_snr_db", "lsd_db", "spectral_cosine")
+    measured = {name: getattr(comparison, name) for name in names}
+    measured["rms_ratio_error"] = None if comparison.rms_ratio is None else abs(comparison.rms_ratio - 1.0)
+    return measured
+
+
+def _gain_per_spent(point: Point, base: Point) -> float:
+    return (point.speedup / base.speedup - 1.0) / max(point.spent, 1e-3)
+
+
+def _scope(session: Session, calibration: list[Request], test: list[Request] | None) -> dict[str, Any]:
+    """What a setting holds for: model, dtype, device, request geometry (one for every request), seeds."""
+    test = test or []
+    shapes = [
+        {k: v for k, v in session.resolve(r).to_dict().items() if k not in ("prompt", "negative_prompt", "seed")}
+        for r in [*calibration, *test]
+    ]
+    if any(shape != shapes[0] for shape in shapes):
+        raise ValueError(f"requests: calibration and test requests must share one geometry, got {shapes}")
+    geometry = shapes[0]
+    return {
+        "model": session.model.name,
+        "family": session.model.family.name,
+        "dtype": str(session.dtype).removeprefix("torch."),
+        "request": geometry,
+        "calibration_seeds": [r.seed for r in calibration],
+        "test_seeds": [r.seed for r in test],
+        **environment.describe(session.device),
+    }
+
+
+# ---- evidence --------------------------------------------------------------------------------------------------
+
+
+def pareto_figure(result: Calibration | Stack) -> Figure:
+    """Indicative speed-up against budget spent, one series per searched knob; knee circled, cliff crossed."""
+    if isinstance(result, Calibration):
+        runs = [(result, f"{result.plugin}.{result.knob.option}")]
+    else:
+        runs = [(s, f"{s.plugin}.{s.knob.option} alone") for s in result.singles]
+        runs += [(m, f"{m.plugin}.{m.knob.option} on the stack") for m in result.members]
+    figure = Figure(figsize=(7.0, 4.2), dpi=100)
+    axes = figure.subplots()
+    for run, label in runs:
+        points = [p for p in run.points if math.isfinite(p.spent) and math.isfinite(p.speedup)]
+        if not points:
+            continue
+        line = axes.plot([p.spent for p in points], [p.speedup for p in points], "o", label=label, alpha=0.8)[0]
+        for p in points:
+            axes.annotate(f"{p.value:.3g}", (p.spent, p.speedup), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        knee = run.knee_point
+        if knee is not None:
+            axes.plot([knee.spent], [knee.speedup], "o", ms=14, mfc="none", mec=line.get_color())
+        cliff = next((p for p in points if p.value == run.cliff), None)
+        if cliff is not None:
+            axes.plot([cliff.spent], [cliff.speedup], "x", ms=12, color=line.get_color())
+    axes.axvline(result.margin, color="#888", ls="--", lw=1, label=f"margin {result.margin:g}")
+    axes.axvline(1.0, color="#e15759", lw=1, label="budget limit")
+    axes.set_xlabel("budget spent (worst calibration request; 1 = at a limit)")
+    axes.set_ylabel("speed-up vs stock (one run: indicative)")
+    axes.set_xscale("symlog", linthresh=0.05)
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def render(result: Calibration | Stack) -> str:
+    """A static HTML report: status, the Pareto plot, every tried point, the confirmation's cases and receipts."""
+    record = result.to_record()
+    title = f"calibration: {result.plugin}" if isinstance(result, Calibration) else f"{PROFILE} stack"
+    runs = [result] if isinstance(result, Calibration) else [*result.singles, *result.members]
+    parts = [
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        "<style>body{font-family:sans-serif;max-width:1000px;margin:1em auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}</style>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p><b>{html.escape(result.status)}</b>: {html.escape(result.reason)}</p>",
+        f"<p>budget {html.escape(str(result.budget.to_dict()))}, margin {result.margin:g}</p>",
+        f"<pre>{html.escape(str(record.get('setting', record.get('config'))))}</pre>",
+        f"<img alt='pareto' src='data:image/png;base64,{figure_png(pareto_figure(result))}'>",
+    ]
+    for run in runs:
+        parts.append(
+            f"<h2>{html.escape(run.plugin)}.{html.escape(run.knob.option)} over {html.escape(str(sorted(run.base)))}</h2>"
+        )
+        parts.append(f"<p>knee {run.knee}, cliff {run.cliff}: {html.escape(run.status)}, {html.escape(run.reason)}</p>")
+        head = ("value", "spent", "seconds", "speed-up", "failures")
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
+                f"{p.value:.4g}", f"{p.spent:.3g}", f"{p.seconds:.3f}", f"{p.speedup:.3f}",
+                "; ".join(p.failures) or p.error,
+            )) + "</tr>"
+            for p in run.points
+        )  # fmt: skip
+        parts.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + rows + "</table>")
+    if result.confirmation is not None:
+        parts.append("<h2>confirmation on the test requests</h2><table><tr><th>seed</th><th>verdict</th>"
+                     "<th>speed-up (CI95)</th><th>reason</th></tr>")  # fmt: skip
+        for case in result.confirmation["cases"]:
+            s = case["speedup"]
+            parts.append(
+                f"<tr><td>{case['request']['seed']}</td><td>{html.escape(case['verdict'])}</td>"
+                f"<td>{s['median']:.3f} [{s['low']:.3f}, {s['high']:.3f}]</td><td>{html.escape(case['reason'])}</td></tr>"
+            )
+        parts.append("</table><h3>receipts</h3>")
+        parts.append(f"<pre>{html.escape(str(result.confirmation['cases'][0]['receipts']))}</pre>")
+    return "\n".join(parts)
+
+
+def write(result: Calibration | Stack, out: str | Path) -> tuple[Path, Path]:
+    """`<kind>.json` and `<kind>.html` in `out`, written as one set (both or neither)."""
+    kind = "calibration" if isinstance(result, Calibration) else "stack"
+    paths = write_set(out, {f"{kind}.json": record_bytes(result.to_record()), f"{kind}.html": render(result).encode()})
+    return paths[f"{kind}.json"], paths[f"{kind}.html"]
