@@ -2,6 +2,7 @@
 demo-av with easycache (its audio limits included), a stack of block_sparse and easycache on a tiny LTX-2 whose
 attention head is 128 wide (the sparse kernel's), budgets too tight for anything, and the record it writes."""
 
+import base64
 import json
 import math
 
@@ -78,7 +79,9 @@ def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_r
     json_path, html_path = write(result, tmp_path / "cal")
     record = json.loads(json_path.read_text())
     assert record["status"] == "quality_confirmed" and len(record["points"]) == len(values)
-    assert "data:image/png;base64," in html_path.read_text()
+    page = html_path.read_text()
+    png = page.split("data:image/png;base64,")[1].split("'")[0]
+    assert base64.b64decode(png).startswith(b"\x89PNG") and "<script" not in page
     resolved = demo.resolve(test[0]).to_dict()
     assert within_budget(json_path, "demo-av", "cpu", resolved) == result.setting
     with pytest.raises(ValueError, match="model 'demo-av', not 'tiny-ltx2'"):

@@ -38,6 +38,15 @@ def parameters(name: str, tmp_path: Path) -> dict:
         },
         "30_kernels": {"device": "cuda"},  # on a machine without CUDA this is the clean skip
         "40_review": {"record_a": "", "record_b": "", "out": out, "device": "cpu", "rounds": 3},
+        "50_calibrate": {
+            "model": "demo-av",
+            "suite": str(ROOT / "data_manifests" / "demo-av-smoke.json"),
+            "plugins": ["easycache"],
+            "budget": {"latent_rel_l2": 0.2, "psnr_db": 20.0, "min_ssim": 0.7},
+            "out": out,
+            "device": "cpu",
+            "max_evals": 3,
+        },
     }[name]
 
 
@@ -120,6 +129,14 @@ def test_review_notebook_makes_and_compares_two_executed_records_and_writes_its_
     assert report.count("data:video/mp4;base64,") == 4 and "<script" not in report and "<title>Review: " in report
     shown = text(notebook)
     assert "CI95" in shown and "latent_rel_l2" in shown and "verdict" in shown
+
+
+def test_calibrate_notebook_writes_its_record_and_shows_the_panel(tmp_path, kernel_env):
+    notebook = execute("50_calibrate", tmp_path)
+    record = json.loads((tmp_path / "out" / "calibration.json").read_text())
+    assert record["plugin"] == "easycache" and record["status"] in text(notebook)
+    assert record["status"] == "quality_confirmed", record["reason"]
+    assert {"application/vnd.jupyter.widget-view+json", "text/html"} <= mimes(notebook)
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)

@@ -26,6 +26,7 @@ budget, model, request geometry, device and seeds it holds for (`workbench.profi
 
 from __future__ import annotations
 
+import base64
 import html
 import math
 import time
@@ -495,7 +496,7 @@ def render(result: Calibration | Stack) -> str:
         f"<p><b>{html.escape(result.status)}</b>: {html.escape(result.reason)}</p>",
         f"<p>budget {html.escape(str(result.budget.to_dict()))}, margin {result.margin:g}</p>",
         f"<pre>{html.escape(str(record.get('setting', record.get('config'))))}</pre>",
-        f"<img alt='pareto' src='data:image/png;base64,{figure_png(pareto_figure(result))}'>",
+        f"<img alt='pareto' src='data:image/png;base64,{base64.b64encode(figure_png(pareto_figure(result))).decode()}'>",
     ]
     for run in runs:
         parts.append(

@@ -1,0 +1,49 @@
+"""The calibration panel drives the real calibrate on demo-av (tiny requests), shows the outcome, and applies only
+a confirmed setting."""
+
+import pytest
+
+from workbench import Request, Session
+from workbench.quality.budget import AUDIO_LIMITS
+from workbench.widgets import CalibrationPanel
+
+SIZE = {"frames": 9, "height": 32, "width": 32, "steps": 8}
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return Session.open("demo-av", device="cpu")
+
+
+def test_panel_shows_the_default_budget_with_audio_and_reads_edited_limits(demo):
+    panel = CalibrationPanel(demo, [Request("a red circle moves left, low hum", seed=1, **SIZE)], [])
+    budget = panel.budget()
+    assert budget.psnr_db == 33.0 and {k: getattr(budget, k) for k in AUDIO_LIMITS} == AUDIO_LIMITS
+    use, box = panel.limits["psnr_db"]
+    box.value, panel.limits["lsd_db"][0].value = 28.5, False
+    assert panel.budget().psnr_db == 28.5 and panel.budget().lsd_db is None
+    panel.plugins.value = ()
+    assert panel.run() is None and "choose at least one plugin" in panel.error.value
+    with pytest.raises(RuntimeError, match="no confirmed setting"):
+        panel.apply()
+
+
+def test_panel_calibrates_shows_the_pareto_plot_and_applies_the_confirmed_setting(demo):
+    calibration = [Request("a red circle moves left, low hum", seed=2, **SIZE)]
+    test = [Request("a blue square moves up, high beeps", seed=1_000_002, **SIZE)]
+    panel = CalibrationPanel(demo, calibration, test, plugins=["easycache"])
+    for name, (use, _) in panel.limits.items():
+        use.value = name == "latent_rel_l2"
+    panel.limits["latent_rel_l2"][1].value = 0.2
+    panel.evals.value = 3
+    result = panel.run()
+    assert result is not None and panel.error.value == "", panel.error.value
+    assert result.status == "quality_confirmed", (result.reason, result.points)
+    assert "quality_confirmed" in panel.status.value
+    assert bytes(panel.plot.value).startswith(b"\x89PNG") and panel.plot.layout.display is None
+    assert not panel.apply_button.disabled
+    try:
+        installed = panel.apply()
+        assert list(installed) == ["easycache"] and installed["easycache"]["threshold"] == result.knee
+    finally:
+        demo.accelerate({})

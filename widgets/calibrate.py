@@ -1,0 +1,135 @@
+"""The calibration panel: a quality budget as the control, a calibrate action, the Pareto plot, and "apply"."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets
+
+from workbench import Session
+from workbench.evidence import calibrate as cal
+from workbench.plots import figure_png
+from workbench.quality import Budget
+from workbench.request import Request
+
+from ._common import ErrorBox
+
+_LIMIT_HELP = {
+    "latent_rel_l2": "latent rel-L2 <=",
+    "psnr_db": "PSNR dB >=",
+    "min_ssim": "min SSIM >=",
+    "audio_snr_db": "audio SNR dB >=",
+    "lsd_db": "log-spectral dist. dB <=",
+    "spectral_cosine": "spectral cosine >=",
+    "rms_ratio_error": "|RMS ratio - 1| <=",
+}
+
+
+class CalibrationPanel(ipywidgets.VBox):
+    """Budget limits (the session's default budget shown; untick a limit to leave it unchecked), the plugins to
+    calibrate (one: its knob is searched; several: a greedy stack), margin and tries per knob; "calibrate" runs
+    `workbench.evidence.calibrate` on `calibration` and confirms on `test` (a text bar counts the tried values);
+    the result shows as status, the Pareto plot (knee circled, cliff crossed) and the setting; "apply" installs the
+    setting into the session, and only a confirmed one. `result` holds the last `Calibration` or `Stack`."""
+
+    def __init__(
+        self,
+        session: Session,
+        calibration: list[Request],
+        test: list[Request],
+        plugins: list[str] | None = None,
+        budget: Budget | None = None,
+    ):
+        self.session, self.calibration, self.test = session, calibration, test
+        self.result: cal.Calibration | cal.Stack | None = None
+        budget = budget or cal.default_budget(session)
+        style = {"description_width": "170px"}
+        self.limits: dict[str, tuple[ipywidgets.Checkbox, ipywidgets.FloatText]] = {}
+        rows = []
+        for name, value in budget.to_dict().items():
+            use = ipywidgets.Checkbox(value=value is not None, indent=False, layout={"width": "24px"})
+            box = ipywidgets.FloatText(
+                value=0.0 if value is None else value, description=_LIMIT_HELP[name], style=style, step=None
+            )
+            box.layout.width = "300px"
+            self.limits[name] = (use, box)
+            rows.append(ipywidgets.HBox([use, box]))
+        choices = cal.calibratable()
+        self.plugins = ipywidgets.SelectMultiple(
+            options=choices, value=tuple(p for p in (plugins or ["easycache"]) if p in choices), rows=len(choices),
+            description="plugins", style={"description_width": "60px"},
+        )  # fmt: skip
+        self.margin = ipywidgets.FloatSlider(value=cal.MARGIN, min=0.1, max=1.0, step=0.05, description="margin")
+        self.evals = ipywidgets.IntSlider(value=cal.MAX_EVALS, min=2, max=12, description="tries / knob")
+        self.run_button = ipywidgets.Button(description="calibrate", button_style="primary", icon="search")
+        self.apply_button = ipywidgets.Button(description="apply", disabled=True, icon="check")
+        self.status = ipywidgets.HTML()
+        self.plot = ipywidgets.Image(format="png", layout=ipywidgets.Layout(display="none", max_width="720px"))
+        self.setting = ipywidgets.HTML()
+        self.error = ErrorBox()
+        self.run_button.on_click(lambda _: self.run())
+        self.apply_button.on_click(lambda _: self.apply())
+        controls = ipywidgets.VBox([self.plugins, self.margin, self.evals])
+        super().__init__(
+            [
+                ipywidgets.HTML("<b>quality budget</b> (against the stock dense output of the same request)"),
+                ipywidgets.HBox([ipywidgets.VBox(rows), controls]),
+                ipywidgets.HBox([self.run_button, self.apply_button]),
+                self.error,
+                self.status,
+                self.plot,
+                self.setting,
+            ]
+        )
+
+    def budget(self) -> Budget:
+        """The budget the controls describe (a bad limit is a ValueError naming it)."""
+        values = {name: (box.value if use.value else None) for name, (use, box) in self.limits.items()}
+        return Budget.from_dict(values)
+
+    def run(self) -> cal.Calibration | cal.Stack | None:
+        """Calibrate with the controls' settings; the panel shows the outcome (or the error) and returns it."""
+        self.error.clear()
+        self.apply_button.disabled = True
+        with self.error.catching("calibrate"):
+            plugins = list(self.plugins.value)
+            if not plugins:
+                raise ValueError("plugins: choose at least one plugin to calibrate")
+            options = {"margin": self.margin.value, "max_evals": self.evals.value}
+            self.run_button.disabled = True
+            try:
+                if len(plugins) == 1:
+                    result = cal.calibrate(
+                        self.session, self.calibration, self.test, plugins[0], self.budget(), **options
+                    )
+                else:
+                    result = cal.stack(self.session, self.calibration, self.test, plugins, self.budget(), **options)
+            finally:
+                self.run_button.disabled = False
+            self.show(result)
+            return result
+        return None
+
+    def show(self, result: cal.Calibration | cal.Stack) -> None:
+        """Display a finished calibration or stack (also one loaded from elsewhere)."""
+        self.result = result
+        colour = {"calibrated": "#59a14f", "quality_confirmed": "#4e79a7"}.get(result.status, "#e15759")
+        self.status.value = (
+            f"<span style='color:{colour};font-weight:bold'>{html.escape(result.status)}</span>: "
+            f"{html.escape(result.reason)}"
+        )
+        self.plot.value = figure_png(cal.pareto_figure(result))
+        self.plot.layout.display = None
+        config = result.setting if isinstance(result, cal.Calibration) else result.config
+        self.setting.value = f"<pre>{html.escape(str(config))}</pre>" if config else ""
+        self.apply_button.disabled = result.status not in ("calibrated", "quality_confirmed")
+
+    def apply(self) -> dict:
+        """Install the confirmed setting into the session; returns what `Session.accelerate` installed (name ->
+        options with defaults filled in)."""
+        if self.result is None or self.result.status not in ("calibrated", "quality_confirmed"):
+            raise RuntimeError("apply: no confirmed setting to install; calibrate first")
+        config = self.result.setting if isinstance(self.result, cal.Calibration) else self.result.config
+        installed = self.session.accelerate(dict(config))
+        self.status.value += f"<br>installed: {html.escape(', '.join(installed))}"
+        return installed
