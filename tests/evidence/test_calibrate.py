@@ -68,7 +68,7 @@ def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_r
     calibration = [Request("a red circle moves left, low hum", seed=5, **DEMO)]
     test = [Request("a blue square moves up, high beeps", seed=1_000_005, **DEMO)]
     budget = Budget(latent_rel_l2=0.15, psnr_db=20.0, min_ssim=0.8).with_audio()
-    result = calibrate(demo, calibration, test, "easycache", budget, max_evals=5, progress=False)
+    result = calibrate(demo, calibration, test, "easycache", budget, max_evals=4, progress=False)
     values = [p.value for p in result.points]
     assert values[:2] == [0.0, 0.5] and result.knee is not None and result.knee > 0
     assert result.cliff is None or result.knee < result.cliff
@@ -105,11 +105,11 @@ def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_r
 def test_budget_too_tight_for_any_setting_says_so(demo):
     calibration = [Request("a green triangle moves right, mid hum", seed=6, **DEMO)]
     tight = Budget(latent_rel_l2=1e-9, psnr_db=None, min_ssim=None)
-    result = calibrate(demo, calibration, None, "easycache", tight, max_evals=3, progress=False)
+    result = calibrate(demo, calibration, None, "easycache", tight, max_evals=2, progress=False)
     assert result.status == "no_setting" and result.setting is None and result.knee is None
     assert "no setting qualifies" in result.reason
     audio_only = Budget(latent_rel_l2=None, psnr_db=None, min_ssim=None, audio_snr_db=300.0)
-    deaf = calibrate(demo, calibration, None, "easycache", audio_only, max_evals=3, progress=False)
+    deaf = calibrate(demo, calibration, None, "easycache", audio_only, max_evals=2, progress=False)
     assert deaf.status == "no_setting" and any("audio_snr_db" in f for p in deaf.points for f in p.failures)
 
 

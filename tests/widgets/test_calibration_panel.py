@@ -35,7 +35,7 @@ def test_panel_calibrates_shows_the_pareto_plot_and_applies_the_confirmed_settin
     for name, (use, _) in panel.limits.items():
         use.value = name == "latent_rel_l2"
     panel.limits["latent_rel_l2"][1].value = 0.2
-    panel.evals.value = 3
+    panel.evals.value = 2
     result = panel.run()
     assert result is not None and panel.error.value == "", panel.error.value
     assert result.status == "quality_confirmed", (result.reason, result.points)
