@@ -40,7 +40,7 @@ import torch
 
 from workbench.models import families
 
-PROFILES = ("stock", "exact-fast", "within-budget")
+PROFILES = ("stock", "exact-fast")  # computed from (family, device); `within-budget` is read from a record
 CONFIRMED = ("calibrated", "quality_confirmed")
 EXACT_CONTRACTS = ("bitwise", "rounding", "reduction")
 # Each family names its exact-fast set (`Family.exact_fast`: plugin, options, in install order); a new family
@@ -92,14 +92,12 @@ def profile_plan(
     name: str, family: str, device: str | torch.device
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """(`profile(name, family, device)`, {plugin the profile lists but leaves out here: why})."""
+    if name == "within-budget":
+        raise ValueError("profile: 'within-budget' is read from a calibration record: profiles.within_budget(record)")
     if name not in PROFILES:
         raise ValueError(f"profile: unknown profile {name!r}; allowed: {list(PROFILES)}")
     if family not in FAMILIES:
         raise ValueError(f"profile: unknown family {family!r}; allowed: {list(FAMILIES)}")
-    if name == "within-budget":
-        raise ValueError(
-            "profile: 'within-budget' comes from a calibration record: profiles.within_budget(record, ...)"
-        )
     if name == "stock":
         return {}, {}
     from workbench.accelerations import available
