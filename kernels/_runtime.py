@@ -58,6 +58,24 @@ class LazyKernel:
         return self._jitted[mode][grid]
 
 
+def capability(device: torch.device) -> int | None:
+    """The CUDA device's compute capability as one number (8.9 -> 89), or None off CUDA (a CPU, the interpreter):
+    what a kernel picks its launch by (`workbench.kernels.targets`)."""
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
+
+
+def check_fp8(kernel: str, device: torch.device) -> None:
+    """RuntimeError below sm_89: e4m3 tensor cores (and Triton's e4m3 conversions) start with Ada."""
+    number = capability(device)
+    if number is not None and number < 89:
+        raise RuntimeError(
+            f"{kernel}: FP8 (e4m3) needs compute capability 8.9 or newer (Ada, Hopper); this GPU is sm_{number}"
+        )
+
+
 INTERPRET_TILE = 16384  # elements per program under the interpreter
 
 

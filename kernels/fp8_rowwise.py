@@ -32,6 +32,7 @@ import triton.language as tl
 from workbench.kernels._runtime import (
     LazyKernel,
     check_float,
+    check_fp8,
     check_power_of_two,
     check_runtime,
     check_warps,
@@ -106,6 +107,7 @@ def quantize_rows(x: torch.Tensor, launch: Launch = DEFAULT) -> tuple[torch.Tens
             f"{tuple(x.shape)} strides {tuple(x.stride())}"
         )
     check_runtime("quantize_rows", x)
+    check_fp8("quantize_rows", x.device)
     m, k = x.shape
     cast = not interpreting()
     q = torch.empty((m, k), dtype=FP8 if cast else torch.float32, device=x.device)

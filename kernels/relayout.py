@@ -45,6 +45,7 @@ import triton.language as tl
 
 from workbench.kernels._runtime import (
     LazyKernel,
+    capability,
     check_float,
     check_power_of_two,
     check_runtime,
@@ -70,7 +71,18 @@ class Launch:
         check_warps("relayout", self.num_warps)
 
 
-DEFAULT = Launch()
+DEFAULT = Launch()  # sm_90's: measured on the H200
+# sm_80/86/89: the H200's tile with twice the warps. DEFAULT's 4 warps need ~255 registers a thread there and spill
+# ~460 bytes (ptxas, tests/kernels/test_targets.py); 8 warps halve the per-thread share and spill nothing. Chosen from
+# the compile reports; not timed on such a card.
+AMPERE_ADA = Launch(num_warps=8)
+
+
+def launch_for(device: torch.device) -> Launch:
+    """The launch the copy uses on `device` when none is given: DEFAULT on sm_90 and newer (and off CUDA),
+    AMPERE_ADA below."""
+    number = capability(device)
+    return AMPERE_ADA if number is not None and number < 90 else DEFAULT
 
 
 def _tiled_copy(
@@ -152,7 +164,9 @@ def _copy(
     )  # fmt: skip
 
 
-def _check_launch(launch: Launch) -> Launch:
+def _check_launch(launch: Launch | None, device: torch.device) -> Launch:
+    if launch is None:
+        return launch_for(device)
     if not isinstance(launch, Launch):
         raise ValueError(f"relayout: launch must be a relayout.Launch, got {type(launch).__name__}")
     return launch
@@ -190,7 +204,7 @@ def pack_qkv_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_
 
 
 def pack_qkv(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int, launch: Launch = DEFAULT
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int, launch: Launch | None = None
 ) -> torch.Tensor:
     """`pack_qkv_reference(q, k, v, world_size)` in one strided pass (one launch when q, k and v share their
     strides, else one per operand), no stacked intermediate."""
@@ -208,7 +222,7 @@ def pack_qkv(
     check_runtime(name, q, k, v)
     b, t, h, d = q.shape
     hw = _divisible(name, "H (q.shape[2])", h, world_size)
-    launch = _check_launch(launch)
+    launch = _check_launch(launch, q.device)
     out = torch.empty((world_size, b, t, 3, hw, d), dtype=q.dtype, device=q.device)
     dst_strides = out.stride()[:3] + out.stride()[4:]
     sizes = (world_size, b, t, hw, d)  # (rank, b, t, head-in-rank, d); head = rank * hw + head-in-rank
@@ -234,7 +248,7 @@ def split_result_reference(out: torch.Tensor, world_size: int) -> torch.Tensor:
     return out.reshape(b, world_size, t // world_size, hw, d).permute(1, 0, 2, 3, 4).contiguous()
 
 
-def split_result(out: torch.Tensor, world_size: int, launch: Launch = DEFAULT) -> torch.Tensor:
+def split_result(out: torch.Tensor, world_size: int, launch: Launch | None = None) -> torch.Tensor:
     """`split_result_reference(out, world_size)` in one strided pass; a contiguous batch-1 `out` is already rank-major,
     so it is returned as a view (what the reference's `.contiguous()` also does: no copy at all)."""
     name = "split_result"
@@ -249,7 +263,14 @@ def split_result(out: torch.Tensor, world_size: int, launch: Launch = DEFAULT) -
         return out.view(world_size, b, tc, hw, d)
     result = torch.empty((world_size, b, tc, hw, d), dtype=out.dtype, device=out.device)
     sb, st, sh, sd = out.stride()
-    _copy((out,), result, (world_size, b, tc, hw, d), (tc * st, sb, st, sh, sd), result.stride(), _check_launch(launch))
+    _copy(
+        (out,),
+        result,
+        (world_size, b, tc, hw, d),
+        (tc * st, sb, st, sh, sd),
+        result.stride(),
+        _check_launch(launch, out.device),
+    )
     return result
 
 
@@ -262,7 +283,7 @@ def merge_heads_reference(received: torch.Tensor, world_size: int) -> torch.Tens
     return received.permute(1, 2, 0, 3, 4).reshape(b, t, w * hw, d).contiguous()
 
 
-def merge_heads(received: torch.Tensor, world_size: int, launch: Launch = DEFAULT) -> torch.Tensor:
+def merge_heads(received: torch.Tensor, world_size: int, launch: Launch | None = None) -> torch.Tensor:
     """`merge_heads_reference(received, world_size)` in one strided pass."""
     name = "merge_heads"
     _check_world(name, world_size)
@@ -277,7 +298,7 @@ def merge_heads(received: torch.Tensor, world_size: int, launch: Launch = DEFAUL
     check_runtime(name, received)
     w, b, t, hw, d = received.shape
     result = torch.empty((b, t, w * hw, d), dtype=received.dtype, device=received.device)
-    launch = _check_launch(launch)
+    launch = _check_launch(launch, received.device)
     # source order (rank, b, t, head-in-rank, d): the sequence is the long axis of every tile, as in the others
     _copy((received,), result, (w, b, t, hw, d), received.stride(), (hw * d, t * w * hw * d, w * hw * d, d, 1), launch)
     return result

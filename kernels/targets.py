@@ -1,0 +1,201 @@
+"""The GPUs the kernels are built for, and ahead-of-time compiles for each of them without a GPU (issue 28).
+
+`TARGETS`: the compute capabilities the project supports, with what the kernels must respect there: shared memory a
+block may use (the opt-in maximum), and whether the tensor cores take FP8 (e4m3). The seeds' cards are sm_86
+(RTX 3090) and sm_89 (RTX 4090); sm_80 is the A100, sm_90 the H100/H200 everything was measured on.
+
+`record(call)` runs a kernel's public function on CPU tensors with every Triton launch intercepted instead of run: it
+returns what the compiled path would launch (the kernel, its argument types, its constexprs, warps and stages: the
+launch that ships, chosen by the same code a GPU call takes) and writes nothing the caller can use. `compile_for`
+compiles one such launch for a target with Triton's own compiler (the PTX assembler ships with Triton) and reports
+the shared memory the launch needs and ptxas' registers and spills. The CI compiles every kernel for every target
+with it (tests/kernels/test_targets.py), so a kernel that stops compiling for a card, or outgrows its shared memory,
+fails there and not on a user's GPU.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+import triton
+
+from workbench.kernels import _runtime
+
+
+@dataclass(frozen=True)
+class Target:
+    """A compute capability the kernels support: `shared_bytes` a block may use, `fp8` e4m3 tensor cores."""
+
+    name: str
+    capability: int
+    shared_bytes: int
+    fp8: bool
+
+
+TARGETS = {
+    t.name: t
+    for t in (
+        Target("sm_80", 80, 166_912, False),  # A100: 163 KB per block
+        Target("sm_86", 86, 101_376, False),  # RTX 3090 / A-series workstation: 99 KB
+        Target("sm_89", 89, 101_376, True),  # RTX 4090 / L40: 99 KB, FP8 tensor cores
+        Target("sm_90", 90, 232_448, True),  # H100 / H200: 227 KB
+    )
+}
+_TYPES = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "fp32",
+    torch.float64: "fp64",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "i1",
+    torch.float8_e4m3fn: "fp8e4nv",
+    torch.float8_e5m2: "fp8e5",
+}
+
+
+def target_for(capability: tuple[int, int] | int) -> Target | None:
+    """The supported target of a device capability ((8, 9) or 89), or None when the project has none for it."""
+    number = capability[0] * 10 + capability[1] if isinstance(capability, tuple) else int(capability)
+    return next((t for t in TARGETS.values() if t.capability == number), None)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """One intercepted launch: the kernel's Python function, its signature and constexprs as Triton's compiler takes
+    them, and the launch options (warps, stages, fp fusion, ...) the compiled path passed."""
+
+    name: str
+    fn: Callable[..., Any]
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one launch needs on one target: shared memory (bytes), registers per thread, spilled bytes."""
+
+    kernel: str
+    target: str
+    shared_bytes: int
+    registers: int
+    spill_bytes: int
+
+
+def record(call: Callable[[], Any], target: Target | None = None) -> list[Launched]:
+    """The launches `call()` makes on the compiled path for a GPU of `target` (default sm_90), intercepted: the
+    kernels pick their launch by that capability as on the card, and no kernel runs (outputs are garbage)."""
+    number = (target or TARGETS["sm_90"]).capability
+    launches: list[Launched] = []
+
+    def launcher(self: _runtime.LazyKernel, grid: Any) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            launches.append(_launched(self.fn, args, kwargs))
+
+        return launch
+
+    with ExitStack() as patches:
+        patches.enter_context(mock.patch.object(_runtime.LazyKernel, "__getitem__", launcher))
+        for module in [_runtime, *_kernel_modules()]:  # the compiled path: no interpreter, a device to run it
+            if hasattr(module, "interpreting"):
+                patches.enter_context(mock.patch.object(module, "interpreting", lambda: False))
+            if hasattr(module, "check_runtime"):
+                patches.enter_context(mock.patch.object(module, "check_runtime", lambda *a, **k: None))
+            if hasattr(module, "capability"):
+                patches.enter_context(mock.patch.object(module, "capability", lambda device: number))
+            if hasattr(module, "check_fp8"):  # the refusal below sm_89 is checked on its own; here: what would launch
+                patches.enter_context(mock.patch.object(module, "check_fp8", lambda *a: None))
+        patches.enter_context(mock.patch.object(triton, "set_allocator", lambda *a, **k: None))
+        call()
+    if not launches:
+        raise RuntimeError("record: the call launched no kernel")
+    return launches
+
+
+def compile_for(launched: Launched, target: Target) -> Report:
+    """Compile `launched` for `target` with Triton (no GPU needed); raises whatever the compiler raises."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    # JITFunction directly: triton.jit would hand back the interpreter's wrapper while TRITON_INTERPRET is on
+    source = ASTSource(fn=JITFunction(launched.fn), signature=launched.signature, constexprs=launched.constexprs)
+    kernel = triton.compile(source, target=GPUTarget("cuda", target.capability, 32), options=launched.options)
+    registers, spills = _ptxas_usage(kernel.asm["ptx"], target)
+    return Report(launched.name, target.name, int(kernel.metadata.shared), registers, spills)
+
+
+def _launched(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Launched:
+    import inspect
+
+    names = list(inspect.signature(fn).parameters)
+    options = {k: v for k, v in kwargs.items() if k not in names}  # launch options: warps, stages, fp fusion, ...
+    constexprs = {k: v for k, v in kwargs.items() if k in names}
+    signature = {}
+    for name, value in zip(names, args, strict=False):
+        signature[name] = _type(name, value)
+    for name in constexprs:
+        signature[name] = "constexpr"
+    missing = [n for n in names if n not in signature]
+    if missing:
+        raise RuntimeError(f"record: {fn.__name__} launched without {missing}")
+    return Launched(fn.__name__, fn, signature, constexprs, options)
+
+
+def _type(name: str, value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + _TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise RuntimeError(f"record: argument {name} of type {type(value).__name__} has no Triton type here")
+
+
+def _ptxas_usage(ptx: str, target: Target) -> tuple[int, int]:
+    """(registers, spilled bytes) from ptxas -v on the kernel's PTX (the ptxas Triton itself uses for the target)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(target.capability).path
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kernel.ptx"
+        path.write_text(ptx)
+        arch = f"sm_{target.capability}a" if target.capability == 90 else target.name
+        run = subprocess.run(
+            [ptxas, "-v", f"-arch={arch}", str(path), "-o", str(Path(folder) / "kernel.cubin")],
+            capture_output=True,
+            text=True,
+        )
+    report = run.stderr + run.stdout
+    if run.returncode:
+        raise RuntimeError(f"ptxas for {target.name} failed: {report.strip()[-500:]}")
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", report))
+    return registers, spills
+
+
+def _kernel_modules() -> list[Any]:
+    import importlib
+    import pkgutil
+
+    import workbench.kernels as package
+
+    names = [
+        m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_") and m.name != "targets"
+    ]
+    return [importlib.import_module(f"workbench.kernels.{name}") for name in names]
