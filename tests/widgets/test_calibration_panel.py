@@ -34,7 +34,7 @@ def test_panel_calibrates_shows_the_pareto_plot_and_applies_the_confirmed_settin
     panel = CalibrationPanel(demo, calibration, test, plugins=["easycache"])
     for name, (use, _) in panel.limits.items():
         use.value = name == "latent_rel_l2"
-    panel.limits["latent_rel_l2"][1].value = 0.2
+    panel.limits["latent_rel_l2"][1].value = 0.3
     panel.evals.value = 2
     result = panel.run()
     assert result is not None and panel.error.value == "", panel.error.value
