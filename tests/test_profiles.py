@@ -124,3 +124,17 @@ def test_triton_interpret_value_triton_ignores_is_refused(monkeypatch, value):
     monkeypatch.setenv("TRITON_INTERPRET", value)
     with pytest.raises(ValueError, match=r"^TRITON_INTERPRET: .* allowed: one of \['1', 'true'"):
         profile_plan("exact-fast", "wan", "cpu")
+
+
+def test_card_plan_says_what_exact_fast_installs_on_the_seeds_cards():
+    from workbench.profiles import card_plan
+
+    for card in ("sm_86", "sm_89"):
+        config, left_out = card_plan("exact-fast", "wan", card)
+        assert "flash4_attention" not in config and "fused_block_norms" in config and "gelu_epilogue" in config
+        assert left_out == {"flash4_attention": f"runs on sm_90/sm_100, not {card}"}
+    config, left_out = card_plan("exact-fast", "h3", "sm_90")
+    assert set(config) == {"fused_block_norms", "flash4_attention"} and left_out == {}
+    assert card_plan("stock", "ltx2", "sm_89") == ({}, {})
+    with pytest.raises(ValueError, match=r"card: unknown 'sm_75'; allowed: \['sm_80', 'sm_86', 'sm_89', 'sm_90'\]"):
+        card_plan("exact-fast", "wan", "sm_75")

@@ -88,6 +88,39 @@ def within_budget(
     return config
 
 
+def card_plan(name: str, family: str, card: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """What profile `name` installs for `family` on a GPU of `card` ("sm_86", "sm_89", ... of
+    `workbench.kernels.targets.TARGETS`), without that GPU: (config, {plugin left out: why}), from each plugin's
+    declared `Spec.capabilities`. Packages this machine lacks are not asked about: that is `profile_plan`'s answer
+    on the card itself. Where FlashAttention-4 is left out, attention stays PyTorch's SDPA (its flash / memory-
+    efficient kernels on Ampere and Ada), the best exact attention those cards have."""
+    from workbench.accelerations import available
+    from workbench.kernels.targets import TARGETS
+
+    if card not in TARGETS:
+        raise ValueError(f"card: unknown {card!r}; allowed: {list(TARGETS)}")
+    if name not in PROFILES:
+        raise ValueError(f"profile: unknown profile {name!r}; allowed: {list(PROFILES)}")
+    if family not in FAMILIES:
+        raise ValueError(f"profile: unknown family {family!r}; allowed: {list(FAMILIES)}")
+    number = TARGETS[card].capability
+    config: dict[str, dict[str, Any]] = {}
+    left_out: dict[str, str] = {}
+    specs = available()
+    for plugin, options in families()[family].exact_fast if name == "exact-fast" else ():
+        spec = specs[plugin]
+        if spec.families is not None and family not in spec.families:
+            continue
+        if "cuda" not in spec.devices:
+            left_out[plugin] = f"runs on {list(spec.devices)}"
+        elif spec.capabilities is not None and number not in spec.capabilities:
+            runs = "/".join(f"sm_{c}" for c in spec.capabilities)
+            left_out[plugin] = f"runs on {runs}, not {card}"
+        else:
+            config[plugin] = dict(options)
+    return config, left_out
+
+
 def profile_plan(
     name: str, family: str, device: str | torch.device
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:

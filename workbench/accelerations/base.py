@@ -377,6 +377,7 @@ class Spec:
     unusable: Callable[[torch.device], str | None] | None = None
     kind: str = ""  # the subpackage it lives in (attention, caching, ...); set by the registry
     knob: Knob | None = None  # approximate plugins: the option calibration searches
+    capabilities: tuple[int, ...] | None = None  # CUDA compute capabilities it runs on (90 = sm_90); None: any
 
     def __post_init__(self) -> None:
         if self.contract not in CONTRACTS:

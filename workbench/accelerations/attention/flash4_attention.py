@@ -96,11 +96,11 @@ def unusable(device: torch.device) -> str | None:
     """Why FA4 cannot run on `device` here (not CUDA, not installed, another GPU), or None."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return f"runs on a CUDA device; {device} is not one here"
+    capability = torch.cuda.get_device_capability(device)
+    if capability not in ARCHES:  # first: on such a card installing FA4 would not help
+        return f"FA4's forward runs on sm_90/sm_100; {device} is sm_{capability[0]}{capability[1]}"
     if importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec("flash_attn.cute") is None:
         return "`flash_attn.cute` is not installed"
-    capability = torch.cuda.get_device_capability(device)
-    if capability not in ARCHES:
-        return f"FA4's forward runs on sm_90/sm_100; {device} is sm_{capability[0]}{capability[1]}"
     return None
 
 
@@ -128,5 +128,6 @@ SPEC = Spec(
     touches=("attention_processor.backend",),
     order=20,
     unusable=unusable,
+    capabilities=tuple(major * 10 + minor for major, minor in ARCHES),
 )
 SPECS = (SPEC,)

@@ -225,5 +225,6 @@ SPEC = Spec(
     config=SelectiveFP8Config,
     touches=("attention.projections", "linear.weights"),
     order=30,
+    capabilities=(89, 90, 100),  # FP8 (e4m3) tensor cores: Ada, Hopper, Blackwell
 )
 SPECS = (SPEC,)
