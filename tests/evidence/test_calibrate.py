@@ -15,6 +15,7 @@ from tests.accelerations.attention.test_block_sparse_families import _ltx2_d128
 from workbench import Request, Session
 from workbench.accelerations.base import Knob
 from workbench.cli import main
+from workbench.evidence import calibrate as calibrate_module
 from workbench.evidence.calibrate import Point, _search, calibratable, calibrate, stack, write
 from workbench.profiles import within_budget
 from workbench.quality import Budget
@@ -145,3 +146,33 @@ def test_cli_calibrate_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, ex
     args += ["--device", "cpu", "--plugin", "easycache", *extra, "--max-evals", "2"]
     assert main(args) == 2
     assert message in capsys.readouterr().err and not out.exists()
+
+
+def test_a_calibrated_sparse_setting_becomes_an_attention_policy_entry(monkeypatch, tmp_path):
+    """On a GPU a confirmed block_sparse setting is `calibrated`; `write` then adds the registry attention_policy
+    reads. Here the CPU's confirmation is relabelled qualified (a GPU verdict cannot be made on a CPU) to check the
+    wiring: the entry loads against its evidence, and auto routes sparse at that size only."""
+    from workbench.accelerations.attention import attention_policy
+    from workbench.models import wan
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    session = Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
+    size = {"frames": 1, "height": 128, "width": 192, "steps": 2, "guidance": 1.0}  # 96 video rows
+    calibration, test = [Request("a red circle", seed=4, **size)], [Request("a blue square", seed=1_000_004, **size)]
+    budget = Budget(latent_rel_l2=1.0, psnr_db=None, min_ssim=None)
+    result = calibrate(session, calibration, test, "block_sparse", budget, max_evals=2, progress=False)
+    assert result.status == "quality_confirmed" and calibrate_module.registry_entry(result) is None
+    result.status, result.confirmation["verdict"] = "calibrated", "qualified"
+    entry = calibrate_module.registry_entry(result)
+    assert entry["video_tokens"] == 96 and entry["options"] == result.setting["block_sparse"]
+    write(result, tmp_path / "cal")
+    registry = tmp_path / "cal" / "attention_registry.json"
+    assert attention_policy.load_registry(registry)[0]["model_key"] == attention_policy.model_key(session.model)
+    session.accelerate({"attention_policy": {"registry": str(registry)}})
+    try:
+        report = session.generate(test[0], progress=False).receipts["attention_policy"]
+        assert report["policy"] == "block_sparse" and report["sparse_calls"] > 0, report
+        other = session.generate(Request("x", seed=1, **{**size, "height": 64, "width": 64}), progress=False)
+        assert other.receipts["attention_policy"]["policy"] == "dense"
+    finally:
+        session.accelerate({})

@@ -436,8 +436,11 @@ def _scope(session: Session, calibration: list[Request], test: list[Request] | N
     if any(shape != shapes[0] for shape in shapes):
         raise ValueError(f"requests: calibration and test requests must share one geometry, got {shapes}")
     geometry = shapes[0]
+    from workbench.accelerations.attention.attention_policy import model_key
+
     return {
         "model": session.model.name,
+        "model_key": model_key(session.model),
         "family": session.model.family.name,
         "dtype": str(session.dtype).removeprefix("torch."),
         "request": geometry,
@@ -526,8 +529,41 @@ def render(result: Calibration | Stack) -> str:
     return "\n".join(parts)
 
 
+def registry_entry(result: Calibration) -> dict[str, Any] | None:
+    """The `attention_policy` registry entry a calibrated sparse-attention setting earns, or None: only a setting
+    whose status is "calibrated" (qualified on a GPU), of a plugin attention_policy can route, searched with nothing
+    underneath (so its qualification's candidate is exactly {plugin: options}), at the one video size it ran. Its
+    `evidence` is "qualification.json" beside it (`write` puts it there)."""
+    from workbench.accelerations.attention.attention_policy import ROUTABLE
+
+    if result.status != "calibrated" or result.plugin not in ROUTABLE or result.base or result.confirmation is None:
+        return None
+    sizes = {
+        n for case in result.confirmation["cases"] for n in case["receipts"][result.plugin]["notes"]["video_tokens"]
+    }
+    if len(sizes) != 1:
+        return None
+    return {
+        "family": result.scope["family"],
+        "device": result.scope["device"]["name"],
+        "model_key": result.scope["model_key"],
+        "video_tokens": sizes.pop(),
+        "plugin": result.plugin,
+        "options": result.setting[result.plugin],
+        "evidence": "qualification.json",
+    }
+
+
 def write(result: Calibration | Stack, out: str | Path) -> tuple[Path, Path]:
-    """`<kind>.json` and `<kind>.html` in `out`, written as one set (both or neither)."""
+    """`<kind>.json` and `<kind>.html` in `out`, written as one set (both or neither). A calibrated sparse-attention
+    setting (`registry_entry`) also gets `qualification.json` (its confirmation) and `attention_registry.json`, which
+    `attention_policy` takes as `registry` (the evidence path in it is absolute: the folder's, as written)."""
     kind = "calibration" if isinstance(result, Calibration) else "stack"
-    paths = write_set(out, {f"{kind}.json": record_bytes(result.to_record()), f"{kind}.html": render(result).encode()})
+    files = {f"{kind}.json": record_bytes(result.to_record()), f"{kind}.html": render(result).encode()}
+    entry = registry_entry(result) if isinstance(result, Calibration) else None
+    if entry is not None:
+        entry["evidence"] = str((Path(out) / "qualification.json").resolve())
+        files["qualification.json"] = record_bytes(result.confirmation)
+        files["attention_registry.json"] = record_bytes({"version": 1, "entries": [entry]})
+    paths = write_set(out, files)
     return paths[f"{kind}.json"], paths[f"{kind}.html"]

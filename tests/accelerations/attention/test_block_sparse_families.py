@@ -128,7 +128,11 @@ def test_block_sparse_ltx2_video_self_attention(interpreter):
     exact = _generate(session, {"block_sparse": {"tau": -1e9}})
     sparse = _generate(session, {"block_sparse": {"tau": 1e9}})
     report = exact.receipts["block_sparse"]
-    assert report["sparse_calls"] == 4 and report["notes"] == {"prefix_rows": 0, "mean_density": 1.0}, report
+    assert report["sparse_calls"] == 4 and report["notes"] == {
+        "prefix_rows": 0,
+        "mean_density": 1.0,
+        "video_tokens": [256],
+    }, report
     for name in ("latents", "audio"):
         err = (torch.as_tensor(getattr(exact, name)) - torch.as_tensor(getattr(dense, name))).abs().max().item()
         assert err < 1e-3, f"all-exact block_sparse moves LTX-2 {name} by {err}"

@@ -292,6 +292,9 @@ class Router:
     def decide(self, block: int, rows: int) -> Settings | None:
         """The Settings for a sparse call, or None after counting why this one runs dense."""
         self.receipt.notes["prefix_rows"] = self.prefix
+        seen = self.receipt.notes.setdefault("video_tokens", [])  # the sizes routed: what a registry entry names
+        if rows - self.prefix not in seen:
+            seen.append(rows - self.prefix)
         settings = self.settings_for(rows - self.prefix)
         reason = None
         if settings is None:
