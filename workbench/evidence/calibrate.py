@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from workbench import environment
 from workbench.accelerations import REGISTRY
@@ -480,6 +481,8 @@ def pareto_figure(result: Calibration | Stack) -> Figure:
     axes.set_xlabel("budget spent (worst calibration request; 1 = at a limit)")
     axes.set_ylabel("speed-up vs stock (one run: indicative)")
     axes.set_xscale("symlog", linthresh=0.05)
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))  # plain text: no mathtext fonts
+    axes.xaxis.set_minor_formatter(NullFormatter())
     axes.legend(fontsize=8)
     axes.grid(alpha=0.3)
     figure.tight_layout()
