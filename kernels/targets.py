@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import torch
 import triton
 
 from workbench.kernels import _runtime
@@ -49,20 +48,6 @@ TARGETS = {
         Target("sm_89", 89, 101_376, True),  # RTX 4090 / L40: 99 KB, FP8 tensor cores
         Target("sm_90", 90, 232_448, True),  # H100 / H200: 227 KB
     )
-}
-_TYPES = {
-    torch.bfloat16: "bf16",
-    torch.float16: "fp16",
-    torch.float32: "fp32",
-    torch.float64: "fp64",
-    torch.int64: "i64",
-    torch.int32: "i32",
-    torch.int16: "i16",
-    torch.int8: "i8",
-    torch.uint8: "u8",
-    torch.bool: "i1",
-    torch.float8_e4m3fn: "fp8e4nv",
-    torch.float8_e5m2: "fp8e5",
 }
 
 
@@ -141,30 +126,20 @@ def compile_for(launched: Launched, target: Target) -> Report:
 def _launched(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Launched:
     import inspect
 
+    from triton.runtime.jit import mangle_type
+
     names = list(inspect.signature(fn).parameters)
     options = {k: v for k, v in kwargs.items() if k not in names}  # launch options: warps, stages, fp fusion, ...
     constexprs = {k: v for k, v in kwargs.items() if k in names}
     signature = {}
     for name, value in zip(names, args, strict=False):
-        signature[name] = _type(name, value)
+        signature[name] = mangle_type(value)  # Triton's own: "*bf16", "i32", "fp32", ...
     for name in constexprs:
         signature[name] = "constexpr"
     missing = [n for n in names if n not in signature]
     if missing:
         raise RuntimeError(f"record: {fn.__name__} launched without {missing}")
     return Launched(fn.__name__, fn, signature, constexprs, options)
-
-
-def _type(name: str, value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return "*" + _TYPES[value.dtype]
-    if isinstance(value, bool):
-        return "i1"
-    if isinstance(value, int):
-        return "i32" if -(2**31) <= value < 2**31 else "i64"
-    if isinstance(value, float):
-        return "fp32"
-    raise RuntimeError(f"record: argument {name} of type {type(value).__name__} has no Triton type here")
 
 
 def _ptxas_usage(ptx: str, target: Target) -> tuple[int, int]:

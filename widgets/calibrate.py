@@ -120,8 +120,7 @@ class CalibrationPanel(ipywidgets.VBox):
         )
         self.plot.value = figure_png(cal.pareto_figure(result))
         self.plot.layout.display = None
-        config = result.setting if isinstance(result, cal.Calibration) else result.config
-        self.setting.value = f"<pre>{html.escape(str(config))}</pre>" if config else ""
+        self.setting.value = f"<pre>{html.escape(str(result.config))}</pre>" if result.config else ""
         self.apply_button.disabled = result.status not in ("calibrated", "quality_confirmed")
 
     def apply(self) -> dict:
@@ -129,7 +128,6 @@ class CalibrationPanel(ipywidgets.VBox):
         options with defaults filled in)."""
         if self.result is None or self.result.status not in ("calibrated", "quality_confirmed"):
             raise RuntimeError("apply: no confirmed setting to install; calibrate first")
-        config = self.result.setting if isinstance(self.result, cal.Calibration) else self.result.config
-        installed = self.session.accelerate(dict(config))
+        installed = self.session.accelerate(dict(self.result.config))
         self.status.value += f"<br>installed: {html.escape(', '.join(installed))}"
         return installed

@@ -271,14 +271,12 @@ def _calibrate(args: argparse.Namespace) -> int:
             session, calibration_requests, test, args.plugin[0], budget, knob=args.knob, base=base, **options
         )
         print(f"knee: {_show(result.knee)}; cliff: {_show(result.cliff)}")
-        config = result.setting
     else:
         result = calibration.stack(session, calibration_requests, test, args.plugin, budget, base=base, **options)
         for plugin, why in result.left_out.items():
             print(f"left out {plugin}: {why}")
-        config = result.config if result.members else None
     print(f"{result.status}: {result.reason}")
-    print(f"setting: {_show(config)}")
+    print(f"setting: {_show(None if result.status == 'no_setting' else result.config)}")
     record, page = calibration.write(result, args.out)
     print(f"record: {record}")
     print(f"report: {page}")

@@ -33,6 +33,7 @@ say which plugins ran.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,37 +95,40 @@ def card_plan(name: str, family: str, card: str) -> tuple[dict[str, dict[str, An
     declared `Spec.capabilities`. Packages this machine lacks are not asked about: that is `profile_plan`'s answer
     on the card itself. Where FlashAttention-4 is left out, attention stays PyTorch's SDPA (its flash / memory-
     efficient kernels on Ampere and Ada), the best exact attention those cards have."""
-    from workbench.accelerations import available
     from workbench.kernels.targets import TARGETS
 
     if card not in TARGETS:
         raise ValueError(f"card: unknown {card!r}; allowed: {list(TARGETS)}")
-    if name not in PROFILES:
-        raise ValueError(f"profile: unknown profile {name!r}; allowed: {list(PROFILES)}")
-    if family not in FAMILIES:
-        raise ValueError(f"profile: unknown family {family!r}; allowed: {list(FAMILIES)}")
     number = TARGETS[card].capability
-    config: dict[str, dict[str, Any]] = {}
-    left_out: dict[str, str] = {}
-    specs = available()
-    for plugin, options in families()[family].exact_fast if name == "exact-fast" else ():
-        spec = specs[plugin]
-        if spec.families is not None and family not in spec.families:
-            continue
+
+    def why_not(spec: Any) -> str | None:
         if "cuda" not in spec.devices:
-            left_out[plugin] = f"runs on {list(spec.devices)}"
-        elif spec.capabilities is not None and number not in spec.capabilities:
-            runs = "/".join(f"sm_{c}" for c in spec.capabilities)
-            left_out[plugin] = f"runs on {runs}, not {card}"
-        else:
-            config[plugin] = dict(options)
-    return config, left_out
+            return f"runs on {list(spec.devices)}"
+        if spec.capabilities is not None and number not in spec.capabilities:
+            return f"runs on {'/'.join(f'sm_{c}' for c in spec.capabilities)}, not {card}"
+        return None
+
+    return _plan(name, family, why_not)
 
 
 def profile_plan(
     name: str, family: str, device: str | torch.device
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """(`profile(name, family, device)`, {plugin the profile lists but leaves out here: why})."""
+    kind = torch.device(device).type
+
+    def why_not(spec: Any) -> str | None:
+        if kind not in spec.devices:
+            return f"runs on {list(spec.devices)}, not {kind}"
+        return None if spec.unusable is None else spec.unusable(torch.device(device))
+
+    return _plan(name, family, why_not)
+
+
+def _plan(
+    name: str, family: str, why_not: Callable[[Any], str | None]
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The profile's plugins for `family`, each kept or left out with `why_not(spec)`'s reason."""
     if name == "within-budget":
         raise ValueError("profile: 'within-budget' is read from a calibration record: profiles.within_budget(record)")
     if name not in PROFILES:
@@ -136,7 +140,6 @@ def profile_plan(
     from workbench.accelerations import available
 
     specs = available()
-    kind = torch.device(device).type
     config: dict[str, dict[str, Any]] = {}
     left_out: dict[str, str] = {}
     for plugin, options in families()[family].exact_fast:
@@ -149,10 +152,9 @@ def profile_plan(
             )
         if spec.families is not None and family not in spec.families:
             continue  # listed for other families
-        if kind not in spec.devices:
-            left_out[plugin] = f"runs on {list(spec.devices)}, not {kind}"
-        elif spec.unusable is not None and (reason := spec.unusable(torch.device(device))) is not None:
-            left_out[plugin] = reason
-        else:
+        reason = why_not(spec)
+        if reason is None:
             config[plugin] = dict(options)
+        else:
+            left_out[plugin] = reason
     return config, left_out

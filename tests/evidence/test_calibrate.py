@@ -5,6 +5,7 @@ attention head is 128 wide (the sparse kernel's), budgets too tight for anything
 import base64
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -81,7 +82,7 @@ def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_r
     record = json.loads(json_path.read_text())
     assert record["status"] == "quality_confirmed" and len(record["points"]) == len(values)
     page = html_path.read_text()
-    png = page.split("data:image/png;base64,")[1].split("'")[0]
+    png = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page).group(1)
     assert base64.b64decode(png).startswith(b"\x89PNG") and "<script" not in page
     resolved = demo.resolve(test[0]).to_dict()
     assert within_budget(json_path, "demo-av", "cpu", resolved) == result.setting
@@ -161,9 +162,11 @@ def test_a_calibrated_sparse_setting_becomes_an_attention_policy_entry(monkeypat
     calibration, test = [Request("a red circle", seed=4, **size)], [Request("a blue square", seed=1_000_004, **size)]
     budget = Budget(latent_rel_l2=1.0, psnr_db=None, min_ssim=None)
     result = calibrate(session, calibration, test, "block_sparse", budget, max_evals=2, progress=False)
-    assert result.status == "quality_confirmed" and calibrate_module.registry_entry(result) is None
+    assert (
+        result.status == "quality_confirmed" and calibrate_module.registry_entry(result, "qualification.json") is None
+    )
     result.status, result.confirmation["verdict"] = "calibrated", "qualified"
-    entry = calibrate_module.registry_entry(result)
+    entry = calibrate_module.registry_entry(result, "qualification.json")
     assert entry["video_tokens"] == 96 and entry["options"] == result.setting["block_sparse"]
     write(result, tmp_path / "cal")
     registry = tmp_path / "cal" / "attention_registry.json"

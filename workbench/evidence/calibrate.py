@@ -26,8 +26,9 @@ budget, model, request geometry, device and seeds it holds for (`workbench.profi
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 import html
+import json
 import math
 import time
 from collections.abc import Callable
@@ -43,8 +44,8 @@ from workbench.accelerations import REGISTRY
 from workbench.accelerations.base import Knob
 from workbench.evidence.harness import MIN_ROUNDS, qualify
 from workbench.evidence.records import record_bytes
+from workbench.evidence.report import _png, _table, page, speedup_text
 from workbench.io import write_set
-from workbench.plots import figure_png
 from workbench.progress import progress as progress_bar
 from workbench.quality import Budget, compare
 from workbench.request import Request
@@ -100,6 +101,11 @@ class Calibration:
     scope: dict[str, Any] | None = None
 
     @property
+    def config(self) -> dict[str, Any] | None:
+        """The setting as `Session.accelerate` takes it (a Stack's `config`, for code that takes either)."""
+        return self.setting
+
+    @property
     def knee_point(self) -> Point | None:
         return next((p for p in self.points if p.value == self.knee), None)
 
@@ -107,12 +113,7 @@ class Calibration:
         return {
             "kind": "calibration",
             "plugin": self.plugin,
-            "knob": {
-                "option": self.knob.option,
-                "low": self.knob.low,
-                "high": self.knob.high,
-                "scale": self.knob.scale,
-            },
+            "knob": dataclasses.asdict(self.knob),
             "base": self.base,
             "options": self.options,
             "budget": self.budget.to_dict(),
@@ -171,8 +172,8 @@ class Stack:
 class _Evaluator:
     """Runs configs on the calibration requests against stock references computed once."""
 
-    def __init__(self, session: Session, requests: list[Request], budget: Budget, progress: bool):
-        self.session, self.requests, self.budget, self.progress = session, requests, budget, progress
+    def __init__(self, session: Session, requests: list[Request], budget: Budget):
+        self.session, self.requests, self.budget = session, requests, budget
         session.accelerate({})
         session.generate(requests[0], progress=False)  # warm-up: first-use costs stay out of the seconds
         self.references, self.seconds = self._run()
@@ -196,7 +197,7 @@ class _Evaluator:
         spent, failures = 0.0, ()
         for reference, result in zip(self.references, results, strict=True):
             comparison = compare(reference, result, self.budget)
-            share = self.budget.spent(_measured(comparison))
+            share = self.budget.spent(comparison.measured())
             if comparison.failures and share <= 1:  # structural failures (frame count, black frames) count fully
                 share = math.inf
             if share >= spent:
@@ -236,7 +237,7 @@ def calibrate(
         raise ValueError(f"options: sets {spec.knob.option!r}, the knob being searched")
     spec.validate({**options, spec.knob.option: spec.knob.low})  # a bad option fails before any run
     scope = _scope(session, calibration, test)  # one geometry, checked before any run
-    evaluator = _evaluator or _Evaluator(session, calibration, budget, progress)
+    evaluator = _evaluator or _Evaluator(session, calibration, budget)
     config_of = _configs(base, plugin, options, spec.knob.option)
     with progress_bar(total=max_evals, desc=f"calibrate {plugin}.{spec.knob.option}", enabled=progress) as bar:
 
@@ -284,7 +285,7 @@ def stack(
     budget = budget or default_budget(session)
     base, options = dict(base or {}), dict(options or {})
     scope = _scope(session, calibration, test)
-    evaluator = _Evaluator(session, calibration, budget, progress)
+    evaluator = _Evaluator(session, calibration, budget)
     base_point = evaluator.point(math.nan, base)
     kwargs = {"margin": margin, "max_evals": max_evals, "rounds": rounds, "progress": progress}
     singles = [
@@ -300,21 +301,13 @@ def stack(
         usable.sort(key=lambda s: -_gain_per_spent(s.knee_point, base_point))
     config, speed, members = dict(base), base_point.speedup, []
     for single in usable:
-        again = (
-            single
-            if config == base
-            else calibrate(
-                session,
-                calibration,
-                None,
-                single.plugin,
-                budget,
-                options=options.get(single.plugin),
-                base=config,
-                _evaluator=evaluator,
-                **kwargs,
-            )
-        )  # fmt: skip  (the first one added sees the same base it was calibrated on)
+        if config == base:  # the first one added sees the base it was calibrated on
+            again = single
+        else:
+            again = calibrate(
+                session, calibration, None, single.plugin, budget, options=options.get(single.plugin), base=config,
+                _evaluator=evaluator, **kwargs,
+            )  # fmt: skip
         if again.knee is None:
             left_out[single.plugin] = f"with {sorted(config)} installed: {again.reason}"
         elif timed and not again.knee_point.speedup > speed:
@@ -400,8 +393,7 @@ def _no_setting_reason(points: list[Point], knob: Knob, margin: float) -> str:
 
 
 def _confirm(session: Session, test: list[Request], result: Calibration | Stack, budget, rounds, progress) -> None:
-    config = result.setting if isinstance(result, Calibration) else result.config
-    record, _ = qualify(session, test, {}, config, rounds, budget, progress)
+    record, _ = qualify(session, test, {}, result.config, rounds, budget, progress)
     result.confirmation = record
     inside = all(case["quality"]["within_budget"] for case in record["cases"])
     if record["verdict"] == "qualified":
@@ -416,19 +408,14 @@ def _confirm(session: Session, test: list[Request], result: Calibration | Stack,
         result.reason = f"confirmation {record['verdict']}: {worst['reason']}"
 
 
-def _measured(comparison: Any) -> dict[str, float | None]:
-    names = ("latent_rel_l2", "psnr_db", "min_ssim", "audio_snr_db", "lsd_db", "spectral_cosine")
-    measured = {name: getattr(comparison, name) for name in names}
-    measured["rms_ratio_error"] = None if comparison.rms_ratio is None else abs(comparison.rms_ratio - 1.0)
-    return measured
-
-
 def _gain_per_spent(point: Point, base: Point) -> float:
     return (point.speedup / base.speedup - 1.0) / max(point.spent, 1e-3)
 
 
 def _scope(session: Session, calibration: list[Request], test: list[Request] | None) -> dict[str, Any]:
     """What a setting holds for: model, dtype, device, request geometry (one for every request), seeds."""
+    from workbench.accelerations.attention.attention_policy import model_key
+
     test = test or []
     shapes = [
         {k: v for k, v in session.resolve(r).to_dict().items() if k not in ("prompt", "negative_prompt", "seed")}
@@ -436,15 +423,12 @@ def _scope(session: Session, calibration: list[Request], test: list[Request] | N
     ]
     if any(shape != shapes[0] for shape in shapes):
         raise ValueError(f"requests: calibration and test requests must share one geometry, got {shapes}")
-    geometry = shapes[0]
-    from workbench.accelerations.attention.attention_policy import model_key
-
     return {
         "model": session.model.name,
         "model_key": model_key(session.model),
         "family": session.model.family.name,
         "dtype": str(session.dtype).removeprefix("torch."),
-        "request": geometry,
+        "request": shapes[0],
         "calibration_seeds": [r.seed for r in calibration],
         "test_seeds": [r.seed for r in test],
         **environment.describe(session.device),
@@ -491,25 +475,16 @@ def pareto_figure(result: Calibration | Stack) -> Figure:
 
 def render(result: Calibration | Stack) -> str:
     """A static HTML report: status, the Pareto plot, every tried point, the confirmation's cases and receipts."""
-    record = result.to_record()
     title = f"calibration: {result.plugin}" if isinstance(result, Calibration) else f"{PROFILE} stack"
     runs = [result] if isinstance(result, Calibration) else [*result.singles, *result.members]
-    parts = [
-        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>",
-        "<style>body{font-family:sans-serif;max-width:1000px;margin:1em auto}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}</style>",
-        f"<h1>{html.escape(title)}</h1>",
-        f"<p><b>{html.escape(result.status)}</b>: {html.escape(result.reason)}</p>",
-        f"<p>budget {html.escape(str(result.budget.to_dict()))}, margin {result.margin:g}</p>",
-        f"<pre>{html.escape(str(record.get('setting', record.get('config'))))}</pre>",
-        f"<img alt='pareto' src='data:image/png;base64,{base64.b64encode(figure_png(pareto_figure(result))).decode()}'>",
-    ]
+    summary = {"status": result.status, "reason": result.reason, "setting": result.config}
+    summary |= {"budget": result.budget.to_dict(), "margin": result.margin}
+    body = [f"<h1>{html.escape(title)}</h1>", _table(summary), _png(pareto_figure(result), "Pareto plot")]
+    head = "".join(f"<th>{h}</th>" for h in ("value", "spent", "seconds", "speed-up", "failures"))
     for run in runs:
-        parts.append(
-            f"<h2>{html.escape(run.plugin)}.{html.escape(run.knob.option)} over {html.escape(str(sorted(run.base)))}</h2>"
-        )
-        parts.append(f"<p>knee {run.knee}, cliff {run.cliff}: {html.escape(run.status)}, {html.escape(run.reason)}</p>")
-        head = ("value", "spent", "seconds", "speed-up", "failures")
+        under = ", ".join(sorted(run.base)) or "stock"
+        body.append(f"<h2>{html.escape(f'{run.plugin}.{run.knob.option} over {under}')}</h2>")
+        body.append(f"<p>knee {run.knee}, cliff {run.cliff}: {html.escape(f'{run.status}, {run.reason}')}</p>")
         rows = "".join(
             "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
                 f"{p.value:.4g}", f"{p.spent:.3g}", f"{p.seconds:.3f}", f"{p.speedup:.3f}",
@@ -517,26 +492,23 @@ def render(result: Calibration | Stack) -> str:
             )) + "</tr>"
             for p in run.points
         )  # fmt: skip
-        parts.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + rows + "</table>")
+        body.append(f"<table><tr>{head}</tr>{rows}</table>")
     if result.confirmation is not None:
-        parts.append("<h2>confirmation on the test requests</h2><table><tr><th>seed</th><th>verdict</th>"
-                     "<th>speed-up (CI95)</th><th>reason</th></tr>")  # fmt: skip
+        body.append("<h2>confirmation on the test requests</h2>")
         for case in result.confirmation["cases"]:
-            s = case["speedup"]
-            parts.append(
-                f"<tr><td>{case['request']['seed']}</td><td>{html.escape(case['verdict'])}</td>"
-                f"<td>{s['median']:.3f} [{s['low']:.3f}, {s['high']:.3f}]</td><td>{html.escape(case['reason'])}</td></tr>"
-            )
-        parts.append("</table><h3>receipts</h3>")
-        parts.append(f"<pre>{html.escape(str(result.confirmation['cases'][0]['receipts']))}</pre>")
-    return "\n".join(parts)
+            seed = case["request"]["seed"]
+            rows = {"seed": seed, "verdict": case["verdict"], "speed-up (CI95)": speedup_text(case)}
+            body.append(_table(rows | {"reason": case["reason"]}))
+        receipts = json.dumps(result.confirmation["cases"][0]["receipts"], indent=1, default=str)
+        body.append(f"<h3>receipts</h3><pre>{html.escape(receipts)}</pre>")
+    return page(title, body)
 
 
-def registry_entry(result: Calibration) -> dict[str, Any] | None:
+def registry_entry(result: Calibration, evidence: str) -> dict[str, Any] | None:
     """The `attention_policy` registry entry a calibrated sparse-attention setting earns, or None: only a setting
     whose status is "calibrated" (qualified on a GPU), of a plugin attention_policy can route, searched with nothing
-    underneath (so its qualification's candidate is exactly {plugin: options}), at the one video size it ran. Its
-    `evidence` is "qualification.json" beside it (`write` puts it there)."""
+    underneath (so its qualification's candidate is exactly {plugin: options}), at the one video size it ran, backed
+    by `evidence` (the path of its confirmation record)."""
     from workbench.accelerations.attention.attention_policy import ROUTABLE
 
     if result.status != "calibrated" or result.plugin not in ROUTABLE or result.base or result.confirmation is None:
@@ -553,7 +525,7 @@ def registry_entry(result: Calibration) -> dict[str, Any] | None:
         "video_tokens": sizes.pop(),
         "plugin": result.plugin,
         "options": result.setting[result.plugin],
-        "evidence": "qualification.json",
+        "evidence": evidence,
     }
 
 
@@ -563,9 +535,9 @@ def write(result: Calibration | Stack, out: str | Path) -> tuple[Path, Path]:
     `attention_policy` takes as `registry` (the evidence path in it is absolute: the folder's, as written)."""
     kind = "calibration" if isinstance(result, Calibration) else "stack"
     files = {f"{kind}.json": record_bytes(result.to_record()), f"{kind}.html": render(result).encode()}
-    entry = registry_entry(result) if isinstance(result, Calibration) else None
+    evidence = str((Path(out) / "qualification.json").resolve())
+    entry = registry_entry(result, evidence) if isinstance(result, Calibration) else None
     if entry is not None:
-        entry["evidence"] = str((Path(out) / "qualification.json").resolve())
         files["qualification.json"] = record_bytes(result.confirmation)
         files["attention_registry.json"] = record_bytes({"version": 1, "entries": [entry]})
     paths = write_set(out, files)

@@ -21,17 +21,6 @@ _LIMITS = {
 # notice fails: a waveform SNR under 20 dB, a log-spectral distance over 2 dB, a spectrum whose cosine to the
 # reference drops under 0.98, a loudness off by more than 10 %).
 AUDIO_LIMITS = {"audio_snr_db": 20.0, "lsd_db": 2.0, "spectral_cosine": 0.98, "rms_ratio_error": 0.1}
-# How a metric's distance from perfect is read as an error amplitude, for `Budget.spent`: "ratio" value/limit,
-# "db" 10**((limit - value)/20) (dB of an amplitude ratio), "one_minus" (1 - value)/(1 - limit).
-_SPENT = {
-    "latent_rel_l2": "ratio",
-    "psnr_db": "db",
-    "min_ssim": "one_minus",
-    "audio_snr_db": "db",
-    "lsd_db": "ratio",
-    "spectral_cosine": "one_minus",
-    "rms_ratio_error": "ratio",
-}
 
 
 @dataclass(frozen=True)
@@ -76,17 +65,17 @@ class Budget:
         `spent <= 1` is `not failures(measured)`, and `spent <= m` is the budget with every error scaled by m:
         the margin a calibration keeps."""
         shares = [0.0]
-        for name, rule in _SPENT.items():
+        for name, (direction, unit) in _LIMITS.items():
             limit, value = getattr(self, name), measured.get(name)
             if limit is None:
                 continue
             if value is None or math.isnan(value):
                 return math.inf
-            if rule == "ratio":
+            if direction == "max":  # a distance: value / limit
                 error, room = value, limit
-            elif rule == "db":
+            elif unit:  # dB of an amplitude ratio (PSNR, SNR): 10**((limit - value) / 20)
                 error, room = (0.0 if value == math.inf else 10 ** (-value / 20)), 10 ** (-limit / 20)
-            else:
+            else:  # a similarity up to 1 (SSIM, cosine): (1 - value) / (1 - limit)
                 error, room = max(1.0 - value, 0.0), 1.0 - limit
             shares.append(error / room if room > 0 else (0.0 if error <= 0 else math.inf))
         return max(shares)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,12 @@ class Comparison:
     @property
     def within_budget(self) -> bool:
         return not self.failures
+
+    def measured(self) -> dict[str, float | None]:
+        """The metrics the budget limits, by limit name (`rms_ratio_error` is |rms_ratio - 1|)."""
+        values = {f.name: getattr(self, f.name, None) for f in dataclasses.fields(self.budget)}
+        values["rms_ratio_error"] = None if self.rms_ratio is None else abs(self.rms_ratio - 1.0)
+        return values
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly: arrays become lists; inf/-inf become the strings "inf"/"-inf" and NaN becomes None.
@@ -170,22 +177,17 @@ def compare_arrays(
         {"reference": (reference_audio[0], reference_latents), "candidate": (candidate_audio[0], candidate_latents)},
         failures,
     )
-    metrics = {"latent_rel_l2": latents, "psnr_db": video_psnr(ref_common, cand_common), "min_ssim": float(ssim.min())}
-    metrics.update(audio)
-    if audio["rms_ratio"] is not None:
-        metrics["rms_ratio_error"] = abs(audio["rms_ratio"] - 1.0)
-    failures = budget.failures(metrics) + failures
-    return Comparison(
+    comparison = Comparison(
         budget=budget,
         frames_compared=count,
         reference_frames=len(ref_frames),
         candidate_frames=len(cand_frames),
         psnr_per_frame=psnr,
         ssim_per_frame=ssim,
-        psnr_db=metrics["psnr_db"],
+        psnr_db=video_psnr(ref_common, cand_common),
         psnr_min_db=float(psnr.min()),
         ssim_mean=float(ssim.mean()),
-        min_ssim=metrics["min_ssim"],
+        min_ssim=float(ssim.min()),
         temporal_consistency=temporal_consistency(ref_common, cand_common),
         reference_black_frames=ref_black,
         candidate_black_frames=cand_black,
@@ -201,8 +203,9 @@ def compare_arrays(
             and _bitwise_equal(reference_audio[0], candidate_audio[0])
             and _bitwise_equal(reference_latents, candidate_latents)
         ),
-        failures=failures,
     )
+    comparison.failures = budget.failures(comparison.measured()) + failures
+    return comparison
 
 
 def _latents(reference: torch.Tensor | None, candidate: torch.Tensor | None) -> float | None:
