@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import LazyKernel, interpreting
+from workbench.kernels._runtime import LazyKernel, capability, interpreting
 from workbench.kernels.block_sparse_routing import BLOCK
 
 LOG2E = 1.4426950408889634
@@ -42,20 +42,32 @@ LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True)
 class Launch:
-    """The attention kernel's GPU launch: `num_warps` warps per program, `num_stages` software-pipeline stages."""
+    """The attention kernel's GPU launch: `num_warps` warps per program, `num_stages` software-pipeline stages, and
+    `rows` query rows per program (a 64-row query block is split over 64 // rows programs that share its key list)."""
 
     num_warps: int = 4
     num_stages: int = 3
+    rows: int = BLOCK
 
     def __post_init__(self) -> None:
-        if self.num_warps not in (1, 2, 4, 8, 16) or not 1 <= self.num_stages <= 8:
+        if self.num_warps not in (1, 2, 4, 8, 16) or not 1 <= self.num_stages <= 8 or self.rows not in (16, 32, 64):
             raise ValueError(
-                f"block_sparse_attention: Launch num_warps must be a power of two <= 16 and num_stages 1..8, "
-                f"got {self.num_warps!r}, {self.num_stages!r}"
+                f"block_sparse_attention: Launch num_warps must be a power of two <= 16, num_stages 1..8 and rows "
+                f"16, 32 or 64, got {self.num_warps!r}, {self.num_stages!r}, {self.rows!r}"
             )
 
 
 DEFAULT = Launch()
+# Below sm_90 the dots are mma.sync with operands in registers: a 64-row program keeps a 64x128 fp32 accumulator,
+# the query tile and 64x64 scores in registers and spills past 255 per thread (ptxas); 32 rows over 8 warps spill
+# nothing on sm_80/86/89 (tests/kernels/test_targets.py).
+AMPERE_ADA = Launch(num_warps=8, num_stages=2, rows=32)
+
+
+def launch_for(device: torch.device) -> Launch:
+    """The launch used on `device` when none is given: DEFAULT on sm_90 and newer (and off CUDA), AMPERE_ADA below."""
+    number = capability(device)
+    return AMPERE_ADA if number is not None and number < 90 else DEFAULT
 
 
 @dataclass
@@ -82,16 +94,17 @@ def _block_sparse_fwd(
     q_sb, q_sh, q_st, q_sd,
     k_sb, k_sh, k_st,
     v_sb, v_sh, v_st,
-    F32: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr,
+    F32: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
     # Reductions are tl.reduce with tl.standard's combines, and zeros are tl.full: tl.sum/tl.max/tl.zeros are
     # JITFunctions decorated when triton was imported, which the interpreter cannot call when
     # TRITON_INTERPRET was set later (LazyKernel's case).
-    g = tl.program_id(0)  # query block
+    part = tl.program_id(0)  # ROWS query rows: part `part % (BLOCK // ROWS)` of query block g
+    g = part // (BLOCK // ROWS)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    rows = g * BLOCK + tl.arange(0, BLOCK)
+    rows = part * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     d = tl.arange(0, D).to(tl.int64)
     row_ok = rows < TQ
@@ -99,12 +112,12 @@ def _block_sparse_fwd(
         q_ptr + b * q_sb + h * q_sh + rows.to(tl.int64)[:, None] * q_st + d[None, :] * q_sd,
         mask=row_ok[:, None],
         other=0.0,
-    )  # (BLOCK, D)
+    )  # (ROWS, D)
     if F32:
         q = q.to(tl.float32)
-    m_i = tl.full((BLOCK,), float("-inf"), tl.float32)
-    l_i = tl.full((BLOCK,), 0.0, tl.float32)
-    acc = tl.full((BLOCK, D), 0.0, tl.float32)
+    m_i = tl.full((ROWS,), float("-inf"), tl.float32)
+    l_i = tl.full((ROWS,), 0.0, tl.float32)
+    acc = tl.full((ROWS, D), 0.0, tl.float32)
     row = bh.to(tl.int64) * QB + g  # this query block's row of mask, idx and count
     # 1. Exact key blocks, from the compacted list; K/V tiles through per-head 2-D TMA descriptors
     n_exact = tl.load(count_ptr + row)
@@ -124,7 +137,7 @@ def _block_sparse_fwd(
         else:
             s = tl.dot(q, tl.trans(k))
         # keys past TK get -inf through one fused multiply-add (a (BLOCK,) bias, not a select per element)
-        s = s * qk_scale + tl.where(key_ok, 0.0, float("-inf"))[None, :]  # (BLOCK, BLOCK), log2 units
+        s = s * qk_scale + tl.where(key_ok, 0.0, float("-inf"))[None, :]  # (ROWS, BLOCK), log2 units
         m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no finite logit yet stays at zero weight
         alpha = tl.exp2(m_i - m_use)
@@ -189,8 +202,12 @@ def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launch: Launch = DEFAULT) -> torch.Tensor:
-    """The attention kernel alone on a `plan(...)` of the same q, k, v: (B, H, Tq, D) contiguous in q's dtype."""
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launch: Launch | None = None
+) -> torch.Tensor:
+    """The attention kernel alone on a `plan(...)` of the same q, k, v: (B, H, Tq, D) contiguous in q's dtype.
+    `launch` defaults to `launch_for(q.device)`."""
+    launch = launch_for(q.device) if launch is None else launch
     if not isinstance(launch, Launch):
         raise ValueError(f"block_sparse_attention: launch must be a Launch, got {type(launch).__name__}")
     _check_tma(k, v)
@@ -202,10 +219,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launc
     else:
         tuning = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
         triton.set_allocator(_tma_scratch)  # device-side descriptors need Triton's global scratch
-    _KERNEL[(qb, b * h)](
+    _KERNEL[(qb * (BLOCK // launch.rows), b * h)](
         q, k, v, route.k_mean, route.v_mean, route.log_len, route.mask.view(torch.uint8), route.idx, route.count, out,
         h, tq, k.shape[2], kb, qb, route.scale * LOG2E,
         *q.stride(), *k.stride()[:3], *v.stride()[:3],
-        F32=q.dtype == torch.float32 or interpreting(), BLOCK=BLOCK, D=d, **tuning,
+        F32=q.dtype == torch.float32 or interpreting(), BLOCK=BLOCK, ROWS=launch.rows, D=d, **tuning,
     )  # fmt: skip
     return out

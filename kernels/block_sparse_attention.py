@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from workbench.kernels._runtime import check_float, check_runtime, dtype_size, interpreting
-from workbench.kernels.block_sparse_attend import DEFAULT, Launch, Plan, attend
+from workbench.kernels.block_sparse_attend import AMPERE_ADA, DEFAULT, Launch, Plan, attend, launch_for
 from workbench.kernels.block_sparse_routing import (
     BLOCK,
     block_means,
@@ -45,6 +45,7 @@ HEAD_DIM = 128
 DTYPES = (torch.float32, torch.bfloat16)
 
 __all__ = [
+    "AMPERE_ADA",
     "BLOCK",
     "DEFAULT",
     "DTYPES",
@@ -54,6 +55,7 @@ __all__ = [
     "attend",
     "block_sparse_attention",
     "cost",
+    "launch_for",
     "plan",
     "reference",
     "routing",
@@ -124,13 +126,14 @@ def block_sparse_attention(
     sink_tokens: int,
     scale: float | None = None,
     return_density: bool = False,
-    launch: Launch = DEFAULT,
+    launch: Launch | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`reference(q, k, v, tau, sink_tokens)` up to the contract (module doc): `plan`, then `attend`.
 
     Exact key blocks load their 64 keys (only those: a compacted index list per query block); folded ones enter
     as mean keys/values, 64 pseudo-keys per dot, with the log-length bias. With `return_density`, also the routing
-    density as a 0-dim tensor on q's device (no host sync: `float()` it when needed)."""
+    density as a 0-dim tensor on q's device (no host sync: `float()` it when needed). `launch` defaults to
+    `launch_for(q.device)` (the H200's launch on sm_90+, AMPERE_ADA below)."""
     route = plan(q, k, v, tau, sink_tokens, scale)
     out = attend(q, k, v, route, launch)
     return (out, route.density) if return_density else out

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from workbench.kernels.block_sparse_attention import (
+    AMPERE_ADA,
     BLOCK,
     DEFAULT,
     Launch,
@@ -160,9 +161,12 @@ def test_block_sparse_attention_matches_reference_many_key_blocks(rng):
     assert err < 1e-4, f"seed {rng.initial_seed()}: max error {err} at density {float(density)}"
 
 
-@pytest.mark.parametrize("launch", [DEFAULT, Launch(num_warps=8, num_stages=2)], ids=["default", "w8_s2"])
+@pytest.mark.parametrize(
+    "launch", [DEFAULT, AMPERE_ADA, Launch(rows=16, num_warps=2)], ids=["default", "ampere_ada", "r16_w2"]
+)
 def test_block_sparse_attention_launch_matches_reference(rng, launch):
-    """A launch sets only the GPU schedule: the same maths on an odd number of query blocks and transposed views."""
+    """A launch sets only the GPU schedule (and how many programs share a query block's key list): the same maths
+    on an odd number of query blocks, a partial last block and transposed views."""
     q, k, v = _qkv(rng, 5 * BLOCK - 7, noncontiguous=True)
     got = block_sparse_attention(q, k, v, 0.5, 70, launch=launch)
     want = reference(q, k, v, 0.5, 70)
@@ -308,7 +312,12 @@ def test_block_sparse_kernel_lists_of_every_length_match_reference(rng):
 
 @pytest.mark.parametrize(
     "fields,match",
-    [({"num_warps": 3}, "num_warps"), ({"num_stages": 0}, "num_stages"), ({"num_stages": 9}, "num_stages")],
+    [
+        ({"num_warps": 3}, "num_warps"),
+        ({"num_stages": 0}, "num_stages"),
+        ({"num_stages": 9}, "num_stages"),
+        ({"rows": 48}, "rows"),
+    ],
 )
 def test_block_sparse_bad_launch_raises(fields, match):
     with pytest.raises(ValueError, match=match):
