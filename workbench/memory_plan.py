@@ -8,7 +8,7 @@ request. The choices:
 - each component a stage runs (text encoder, VAE, audio VAE, vocoder, connectors: `Family.stage_components`) stays
   resident, or lives in (pinned) host memory and is on the device only during its stages;
 - each denoiser keeps all its transformer blocks resident, or streams S of them per forward through a ring
-  (`workbench.accelerations.memory.block_ring`, which also says which S blocks);
+  (`workbench.accelerations.memory.ring`, which also says which S blocks);
 - the video VAE decodes untiled, or tiled (diffusers' `enable_tiling`) only where no untiled plan fits.
 
 Peak of a stage = bytes resident on the device all the time (resident components, the denoisers' resident blocks and
@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.memory.block_ring import RING_IN_FLIGHT, module_bytes, streamed_positions
+from workbench.accelerations.memory.ring import RING_IN_FLIGHT, module_bytes, streamed_positions
 from workbench.request import shown
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}

@@ -238,7 +238,7 @@ class Session:
             )
         receipts = {handle.spec.name: handle.report() for handle in self._handles}
         if residency is not None:
-            receipts.update(residency.reports())
+            receipts["memory_residency"] = residency.report()
         timings = dict(telemetry.timings)
         timings["other"] = max(0.0, total - sum(timings.values()))
         timings["total"] = total

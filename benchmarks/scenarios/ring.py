@@ -27,7 +27,7 @@ from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.forward_h3 import FULL, SMOKE, SMOKE_CONFIG, build, packed_inputs, transformer_session
 from benchmarks.scenarios.memory import Capped
 from benchmarks.workloads import ForwardArm, equal, rel_l2
-from workbench.accelerations.memory.block_ring import module_bytes
+from workbench.accelerations.memory.ring import module_bytes
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.memory_plan import Footprint, gib, plan_memory
 

@@ -5,7 +5,7 @@ import torch
 
 from workbench import Request
 from workbench.accelerations import fingerprint
-from workbench.accelerations.memory.block_ring import module_bytes, streamed_positions
+from workbench.accelerations.memory.ring import module_bytes, streamed_positions
 
 REQUEST = {"tiny-wan": {"height": 32, "width": 32}, "tiny-h3": {}}
 

@@ -13,7 +13,7 @@ so a plan that is wrong fails with out-of-memory, never by borrowing memory the 
 - tiled video decode: diffusers' `vae.enable_tiling()` where the plan says so.
 
 On the CPU the moves are no-ops (one memory) and the cap is not enforced; the schedule runs the same and the receipt
-counts it: `component_onloads`, `component_bytes_moved`, and the ring's counters under its own receipt. Contract
+counts it: `component_onloads`, `component_bytes_moved`, and the ring's (`blocks_streamed`, `bytes_moved`, ...). Contract
 bitwise for the residency itself; a tiled decode is not bit-equal to an untiled one, and the plan says which it is.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from diffusers.hooks.group_offloading import ModuleGroup
 
-from workbench.accelerations.base import Handle, Receipt
-from workbench.accelerations.memory.block_ring import module_bytes, prepare_ring, tensors_of
+from workbench.accelerations.base import Receipt
+from workbench.accelerations.memory.ring import Ring, check_resident, module_bytes, rings_for, tensors_of
 
 
 class Residency:
@@ -34,10 +34,10 @@ class Residency:
     def __init__(self, model: Any, plan: Any, device: torch.device):
         self.model, self.plan, self.device = model, plan, device
         self.stages = {stage: set(names) for stage, names in model.family.stage_components.items()}
-        self.receipt = Receipt(proof=("component_onloads",))
+        self.receipt = Receipt(proof=("component_onloads", "blocks_streamed"))
         self.groups: dict[str, ModuleGroup] = {}
         self.on_device: set[str] = set()
-        self.ring: Handle | None = None
+        self.rings: list[Ring] = []
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     @classmethod
@@ -78,15 +78,16 @@ class Residency:
             pipeline.vae.enable_tiling()
         if any(plan.streamed_blocks.values()):
             positions = {name: list(p) for name, p in plan.streamed_blocks.items()}
-            residency.ring = prepare_ring(model, {}, device, positions)()
+            check_resident(model, positions, device)
+            residency.rings = rings_for(model, positions, device, residency.receipt)
         if stream is not None:
             torch.cuda.synchronize(device)
         return residency
 
     def begin_request(self, request_id: int, steps: int) -> None:
         self.receipt.reset()
-        if self.ring is not None:
-            self.ring.begin_request(request_id, steps)
+        for ring in self.rings:
+            ring.check()
 
     def enter_stage(self, stage: str) -> None:
         """Before `stage` computes: its offloaded components on the device, the other offloaded ones on host."""
@@ -109,10 +110,9 @@ class Residency:
         """Every offloaded component back on host and every streamed block released, also after an error."""
         for name in sorted(self.on_device):
             self._offload(name)
-        if self.ring is not None:
-            self.ring.end_request(request_id)
+        for ring in self.rings:
+            ring.release_all()
 
-    def reports(self) -> dict[str, dict[str, Any]]:
-        """Receipts for the Result: the residency's own and the ring's (when the plan streams blocks)."""
-        own = {"contract": "bitwise", "options": {"offloaded": list(self.plan.offloaded)}, **self.receipt.to_dict()}
-        return {"memory_residency": own, **({"block_ring": self.ring.report()} if self.ring is not None else {})}
+    def report(self) -> dict[str, Any]:
+        """The receipt for the Result (`receipts["memory_residency"]`): component and ring counters together."""
+        return {"contract": "bitwise", "options": {"offloaded": list(self.plan.offloaded)}, **self.receipt.to_dict()}
