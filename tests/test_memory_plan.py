@@ -100,3 +100,33 @@ def test_memory_cap_session_bitwise_equal_resident(sessions, name):
         assert result.metadata["memory_plan"]["offloaded"] == list(plan.offloaded)
     with pytest.raises(ValueError, match=r"\['group_offload'\] move the denoiser's weights"):
         session.accelerate({"group_offload": {}})
+
+
+@pytest.mark.gpu
+def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped():
+    """The CPU-planned smallest arrangement of tiny-wan carried out on CUDA (pinned host copies, side-stream copies)
+    under a 1 GiB cap (a tiny model's own cap is below the allocator's granularity)."""
+    import dataclasses
+
+    from workbench.accelerations.memory.residency import Residency
+    from workbench.models import resolve
+
+    resident_session = Session.open("tiny-wan", device="cuda")
+    request = Request("a red circle moves left", seed=3, height=32, width=32)
+    resident = resident_session.generate(request, progress=False)
+    model = resolve("tiny-wan", dtype=torch.bfloat16)
+    planned = Request("p").resolved(model.family, model.defaults)
+    smallest = plan_for(model, MemoryBudget(2**40), planned).minimum_cap
+    plan = dataclasses.replace(plan_for(model, MemoryBudget(smallest), planned), cap=2**30)
+    device = torch.device("cuda", torch.cuda.current_device())
+    try:
+        session = Session(model, device, torch.bfloat16, 0.0)
+        session.residency, session._budget = Residency.arrange(model, plan, device), MemoryBudget(2**30)
+        for _ in range(2):
+            result = session.generate(request, progress=False)
+            assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()
+            text = next(model.pipeline.text_encoder.parameters())
+            assert text.device.type == "cpu" and text.is_pinned(), "the text encoder did not go back to host"
+            assert result.receipts["memory_residency"]["blocks_streamed"] > 0
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)

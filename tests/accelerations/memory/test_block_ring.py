@@ -61,3 +61,27 @@ def test_block_ring_refuses_weights_replaced_after_install(sessions):
     finally:
         block.ffn.net[2].weight = original
         session.accelerate({})
+
+
+@pytest.mark.gpu
+def test_block_ring_bitwise_equal_resident_on_cuda():
+    from workbench import Session
+
+    session = Session.open("tiny-wan", device="cuda")
+    denoiser = session.model.pipeline.transformer
+    blocks = session.family.blocks(denoiser)
+    before = fingerprint(denoiser)
+    request = Request("a red circle moves left", seed=5, height=32, width=32)
+    resident = session.generate(request, progress=False)
+    session.accelerate({"block_ring": {"resident_blocks": 1}})
+    try:
+        streamed = next(blocks[1].parameters())
+        assert streamed.device.type == "cpu" and streamed.is_pinned()
+        assert next(blocks[0].parameters()).device.type == "cuda"
+        ringed = session.generate(request, progress=False)
+        assert next(blocks[1].parameters()).device.type == "cpu", "a streamed block stayed on the device"
+    finally:
+        session.accelerate({})
+    assert fingerprint(denoiser) == before and all(p.device.type == "cuda" for p in denoiser.parameters())
+    assert ringed.receipts["block_ring"]["blocks_streamed"] > 0 and "late" not in ringed.receipts["block_ring"]
+    assert torch.equal(ringed.latents, resident.latents) and (ringed.frames == resident.frames).all()
