@@ -27,15 +27,19 @@ def test_planner_picks_the_cheapest_plan_that_fits():
     resident = plan(380)
     assert resident.offloaded == () and resident.streamed_blocks == {"transformer": ()} and resident.bytes_moved == 0
     assert not resident.tiled_decode and resident.stage_peaks["video_decode"] == 380
-    # 379: offloading the text encoder (100 B moved, peaks 240/325/280) is cheaper than streaming a block (4 x 40)
-    # and an untiled plan is preferred to a tiled one whatever it moves
-    text_off = plan(379)
-    assert text_off.offloaded == ("text_encoder",) and text_off.bytes_moved == 100 and not text_off.tiled_decode
-    assert text_off.stage_peaks == {"denoise": 240, "text_encode": 325, "video_decode": 280}
-    # 324: the text encoder's stage no longer fits with it alone offloaded; both components (150 B) beat
-    # text encoder + one streamed block (100 + 160 B)
+    # 379: only the decode is over; tiling it (320 + 15) moves nothing
+    tiled = plan(379)
+    assert tiled.tiled_decode and tiled.bytes_moved == 0 and tiled.stage_peaks["video_decode"] == 335
+    # 339: the denoise stage (340) is over too; offloading the VAE (50 B moved) beats the text encoder (100 B) and
+    # streaming one block (4 forwards x 40 B); the decode stays tiled (untiled: 270 + 50 + 60 = 380)
+    vae_off = plan(339)
+    assert vae_off.offloaded == ("vae",) and vae_off.bytes_moved == 50 and vae_off.tiled_decode
+    assert vae_off.stage_peaks == {"denoise": 290, "text_encode": 275, "video_decode": 335}
+    # 324: the VAE's tiled decode (335) no longer fits, nor the text encoder's stage with it alone offloaded (325);
+    # both components (150 B, and the decode fits untiled again: 170 + 50 + 60) beat text encoder + one streamed
+    # block (100 + 160 B)
     both = plan(324)
-    assert set(both.offloaded) == {"text_encoder", "vae"} and both.bytes_moved == 150
+    assert set(both.offloaded) == {"text_encoder", "vae"} and both.bytes_moved == 150 and not both.tiled_decode
     # the smallest: everything offloaded, all four blocks streamed, three in flight: 10 + 3 * 40 + 20 = 150
     smallest = plan(150)
     assert smallest.streamed_blocks == {"transformer": (0, 1, 2, 3)} and smallest.stage_peaks["denoise"] == 150
@@ -43,7 +47,7 @@ def test_planner_picks_the_cheapest_plan_that_fits():
     assert "4 streamed" in str(smallest) and "offloaded between stages: text_encoder, vae" in str(smallest)
 
 
-def test_planner_tiles_the_decode_only_where_untiled_cannot_fit():
+def test_planner_tiles_the_decode_where_untiled_cannot_fit():
     huge_decode = {**ACTIVATION, "video_decode": 400}  # untiled needs >= 10 + 50 + 400 even with all else off
     tiled = plan(200, huge_decode)
     assert tiled.tiled_decode and tiled.stage_peaks["video_decode"] <= 200

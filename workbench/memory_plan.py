@@ -9,7 +9,8 @@ request. The choices:
   resident, or lives in (pinned) host memory and is on the device only during its stages;
 - each denoiser keeps all its transformer blocks resident, or streams S of them per forward through a ring
   (`workbench.accelerations.memory.ring`, which also says which S blocks);
-- the video VAE decodes untiled, or tiled (diffusers' `enable_tiling`) only where no untiled plan fits.
+- the video VAE decodes untiled, or tiled (diffusers' `enable_tiling`) where untiled would not fit without moving
+  more bytes (streaming a 14B denoiser's blocks 100 times a request to make room for one untiled decode is no deal).
 
 Peak of a stage = bytes resident on the device all the time (resident components, the denoisers' resident blocks and
 their non-block weights) + the offloaded components that stage runs + its activation peak; the denoise stage adds the
@@ -207,8 +208,9 @@ def plan_memory(
     """The plan moving the fewest bytes per request whose every stage fits in `cap * (1 - headroom)`.
 
     `activation`: stage -> activation peak (stages missing count 0); `tiled_activation`: the video decode's peak when
-    tiled (None: the model has no tiled mode, or it is its default). A tiled decode (slower, and not bit-equal to
-    untiled) is chosen only when no untiled plan fits; ties in bytes go to fewer offloaded components. ValueError naming `memory` with the smallest cap that fits when none does."""
+    tiled (None: the model has no tiled mode, or it is its default). A tiled decode moves nothing, so it is chosen
+    where untiled would fit only by moving more bytes; at equal bytes untiled wins (tiled is slower and not
+    bit-equal to untiled), then fewer offloaded components. ValueError naming `memory` with the smallest cap that fits when none does."""
     usable = int(cap * (1 - headroom))
     offloadable = sorted({c for names in fp.stages.values() for c in names})
     always = sum(size for name, size in fp.components.items() if name not in offloadable)
@@ -224,7 +226,7 @@ def plan_memory(
         peaks, moved, resident = _evaluate(fp, activation, offloaded, positions, tiled_activation if tiled else None)
         moved_per_request = moved["components"] + forwards * moved["per_forward"]
         top = max(peaks.values(), default=0) + always
-        key = (tiled, moved_per_request, len(offloaded))
+        key = (moved_per_request, tiled, len(offloaded))
         if smallest is None or top < smallest[0]:
             smallest = (top, key)
         if top <= usable and (best is None or key < best[0]):
@@ -236,7 +238,7 @@ def plan_memory(
             f"the device at once, with {headroom:.0%} headroom); the smallest cap that fits is {gib(minimum_cap)} "
             f"({minimum_cap} bytes)"
         )
-    (_, moved_per_request, _), offloaded, positions, tiled, peaks, resident_bytes = best
+    (moved_per_request, _, _), offloaded, positions, tiled, peaks, resident_bytes = best
     return MemoryPlan(
         cap=cap,
         usable=usable,

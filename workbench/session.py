@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench import environment, memory_plan
+from workbench import environment
 from workbench.accelerations import REGISTRY, install
 from workbench.accelerations.base import Handle
 from workbench.accelerations.memory.residency import Residency
 from workbench.accelerations.undo import UndoFailed
+from workbench.memory_plan import MemoryBudget, MemoryPlan, check_request, plan_for
 from workbench.models import resolve
 from workbench.models.loaded import LoadedModel
 from workbench.probes import stage_probes
@@ -50,7 +51,7 @@ class Session:
         self._handles: list[Handle] = []  # installed, in installation order
         self._unknown_state: str | None = None  # why a failed change could not be undone
         self.residency: Residency | None = None  # the memory budget's arrangement (`open(..., memory=...)`)
-        self._budget: memory_plan.MemoryBudget | None = None
+        self._budget: MemoryBudget | None = None
 
     @classmethod
     def open(
@@ -60,7 +61,7 @@ class Session:
         dtype: str | torch.dtype | None = None,
         seed: int = 0,
         accelerations: dict[str, Any] | None = None,
-        memory: str | int | memory_plan.MemoryBudget | None = None,
+        memory: str | int | MemoryBudget | None = None,
     ) -> Session:
         """Load `model` (a name such as `tiny-ltx2`, a local diffusers directory, or a LoadedModel) once.
 
@@ -76,7 +77,7 @@ class Session:
                 "a local diffusers directory (str or pathlib.Path), or a LoadedModel"
             )
         seed = integer("seed", seed, 0, MAX_SEED)
-        budget = None if memory is None else memory_plan.MemoryBudget.of(memory)
+        budget = None if memory is None else MemoryBudget.of(memory)
         start = time.perf_counter()
         torch_device = environment.device(device)
         torch_dtype = _dtype(dtype, torch_device)
@@ -91,7 +92,7 @@ class Session:
             loaded.pipeline.to(device=torch_device)
         else:
             planned = (budget.request or Request("memory plan")).resolved(loaded.family, loaded.defaults)
-            residency = Residency.arrange(loaded, memory_plan.plan_for(loaded, budget, planned), torch_device)
+            residency = Residency.arrange(loaded, plan_for(loaded, budget, planned), torch_device)
         if torch_device.type == "cuda":
             torch.cuda.synchronize(torch_device)
         session = cls(loaded, torch_device, torch_dtype, time.perf_counter() - start)
@@ -105,7 +106,7 @@ class Session:
         return self.model.family
 
     @property
-    def memory_plan(self) -> memory_plan.MemoryPlan | None:
+    def memory_plan(self) -> MemoryPlan | None:
         """The plan of `open(..., memory=...)` (print it to read it), or None without a budget."""
         return None if self.residency is None else self.residency.plan
 
@@ -189,7 +190,7 @@ class Session:
         self._check_usable()
         request = self.resolve(request)
         if self.residency is not None:
-            memory_plan.check_request(self.model, self.residency.plan, self._budget, request)
+            check_request(self.model, self.residency.plan, self._budget, request)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(f"session is busy with request {self.active_request}; one request at a time")
         request_id = next(self._request_ids)
