@@ -125,7 +125,7 @@ def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped():
     device = torch.device("cuda", torch.cuda.current_device())
     try:
         session = Session(model, device, torch.bfloat16, 0.0)
-        session.residency, session._budget = Residency.arrange(model, plan, device), MemoryBudget(2**30)
+        session.residency = Residency.arrange(model, plan, device, MemoryBudget(2**30))
         for _ in range(2):
             result = session.generate(request, progress=False)
             assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()

@@ -51,7 +51,6 @@ class Session:
         self._handles: list[Handle] = []  # installed, in installation order
         self._unknown_state: str | None = None  # why a failed change could not be undone
         self.residency: Residency | None = None  # the memory budget's arrangement (`open(..., memory=...)`)
-        self._budget: MemoryBudget | None = None
 
     @classmethod
     def open(
@@ -92,11 +91,11 @@ class Session:
             loaded.pipeline.to(device=torch_device)
         else:
             planned = (budget.request or Request("memory plan")).resolved(loaded.family, loaded.defaults)
-            residency = Residency.arrange(loaded, plan_for(loaded, budget, planned), torch_device)
+            residency = Residency.arrange(loaded, plan_for(loaded, budget, planned), torch_device, budget)
         if torch_device.type == "cuda":
             torch.cuda.synchronize(torch_device)
         session = cls(loaded, torch_device, torch_dtype, time.perf_counter() - start)
-        session.residency, session._budget = residency, budget
+        session.residency = residency
         if accelerations:
             session.accelerate(accelerations)
         return session
@@ -190,7 +189,7 @@ class Session:
         self._check_usable()
         request = self.resolve(request)
         if self.residency is not None:
-            check_request(self.model, self.residency.plan, self._budget, request)
+            check_request(self.model, self.residency.plan, self.residency.budget, request)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(f"session is busy with request {self.active_request}; one request at a time")
         request_id = next(self._request_ids)
@@ -213,8 +212,8 @@ class Session:
         residency = self.residency
         with ExitStack() as stack:
             if residency is not None:
-                residency.begin_request(request_id, request.steps)
-                stack.callback(residency.end_request, request_id)
+                residency.begin_request()
+                stack.callback(residency.end_request)
             for handle in self._handles:
                 handle.begin_request(request_id, request.steps)
                 stack.callback(handle.end_request, request_id)

@@ -31,8 +31,8 @@ from workbench.accelerations.memory.ring import Ring, check_resident, module_byt
 class Residency:
     """A model arranged on a device under a plan; one per session."""
 
-    def __init__(self, model: Any, plan: Any, device: torch.device):
-        self.model, self.plan, self.device = model, plan, device
+    def __init__(self, model: Any, plan: Any, device: torch.device, budget: Any):
+        self.model, self.plan, self.device, self.budget = model, plan, device, budget
         self.stages = {stage: set(names) for stage, names in model.family.stage_components.items()}
         self.receipt = Receipt(proof=("component_onloads", "blocks_streamed"))
         self.groups: dict[str, ModuleGroup] = {}
@@ -41,8 +41,9 @@ class Residency:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     @classmethod
-    def arrange(cls, model: Any, plan: Any, device: torch.device) -> Residency:
-        """Cap the device (CUDA), move what stays resident, install the ring, offload the rest."""
+    def arrange(cls, model: Any, plan: Any, device: torch.device, budget: Any) -> Residency:
+        """Cap the device (CUDA), move what stays resident, install the ring, offload the rest. `budget` (the
+        `MemoryBudget` planned from) is kept to check later requests against the plan."""
         if device.type == "cuda":
             if device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())
@@ -50,7 +51,7 @@ class Residency:
             if plan.cap > total:
                 raise ValueError(f"memory: the cap {plan.cap} bytes is above {device}'s {total} bytes")
             torch.cuda.set_per_process_memory_fraction(plan.cap / total, device)
-        residency = cls(model, plan, device)
+        residency = cls(model, plan, device, budget)
         pipeline, family = model.pipeline, model.family
         stream = residency.stream
         for name, component in pipeline.components.items():
@@ -84,7 +85,7 @@ class Residency:
             torch.cuda.synchronize(device)
         return residency
 
-    def begin_request(self, request_id: int, steps: int) -> None:
+    def begin_request(self) -> None:
         self.receipt.reset()
         for ring in self.rings:
             ring.check()
@@ -106,7 +107,7 @@ class Residency:
         self.groups[name].offload_()
         self.on_device.discard(name)
 
-    def end_request(self, request_id: int) -> None:
+    def end_request(self) -> None:
         """Every offloaded component back on host and every streamed block released, also after an error."""
         for name in sorted(self.on_device):
             self._offload(name)
