@@ -163,3 +163,13 @@ def test_cli_train_tiny_unwritable_pack_exits_2(tmp_path, capsys, no_model):
     assert main([*COMMANDS["train-tiny"], "--out", str(tmp_path / "run"), "--pack", str(blocker / "p")]) == 2
     assert f"--pack: cannot write to {blocker / 'p'}" in _one_line_error(capsys, "train-tiny")
     assert not (tmp_path / "run").exists()
+
+
+def test_cli_generate_memory_cap_refused_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "out"
+    base = ["generate", "--model", "tiny-wan", "--prompt", "p", "--out", str(out), "--memory"]
+    assert main([*base, "lots"]) == 2
+    assert "--memory: 'lots' is not an amount of memory" in capsys.readouterr().err
+    assert main([*base, "1000"]) == 2
+    assert "the smallest cap that fits is" in capsys.readouterr().err
+    assert not (out / "result.mp4").exists()

@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--calibration", type=Path, help="with --profile within-budget: the calibrate record it reads")
     gen.add_argument("--accelerate", default="{}", help="accelerations JSON, installed over --profile's set")
     gen.add_argument(
+        "--memory", help="device memory cap, e.g. 48GiB or 24GB: planned before loading, refused if it cannot fit"
+    )
+    gen.add_argument(
         "--parallel-decode",
         action="store_true",
         help="with --gpus N >= 2: split the Wan VAE decode into one band per GPU (approximate vs untiled decode)",
@@ -134,6 +137,7 @@ def _generate(args: argparse.Namespace) -> int:
     from workbench import Request, Session, distributed
     from workbench.io import check_writable
     from workbench.media import verify_mp4
+    from workbench.memory_plan import MemoryBudget, parse_bytes
     from workbench.profiles import profile_plan, within_budget
 
     fields = ("frames", "height", "width", "steps", "guidance", "fps")
@@ -145,6 +149,7 @@ def _generate(args: argparse.Namespace) -> int:
     )
     device, accelerations = args.device, {}
     extra = _json_arg("accelerate", args.accelerate)  # refused before the model loads
+    memory = None if args.memory is None else MemoryBudget(parse_bytes(args.memory, "--memory"), request=request)
     check_writable(args.out, "--out")
     if (args.profile == "within-budget") != (args.calibration is not None):
         raise ValueError("--calibration: a calibrate record goes with --profile within-budget, and only with it")
@@ -156,9 +161,13 @@ def _generate(args: argparse.Namespace) -> int:
             return distributed.launch(args.gpus, "workbench.cli", args.argv).returncode
         device = str(distributed.init_worker(args.device))
         accelerations = distributed.cli_accelerations(args.gpus, parallel_decode=args.parallel_decode)
-    session = Session.open(args.model, device=device, dtype=args.dtype, seed=args.seed, accelerations=accelerations)
+    session = Session.open(
+        args.model, device=device, dtype=args.dtype, seed=args.seed, accelerations=accelerations, memory=memory
+    )
     session.resolve(request)  # refuse a bad request before any work
     print(f"loaded {session} in {session.init_seconds:.2f} s", file=sys.stderr)
+    if session.memory_plan is not None:
+        print(session.memory_plan, file=sys.stderr)
     if args.profile != "stock" or extra:
         if args.profile == "within-budget":
             resolved = session.resolve(request).to_dict()

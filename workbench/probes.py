@@ -15,9 +15,13 @@ from workbench.telemetry import Telemetry
 
 
 @contextmanager
-def stage_probes(model: Any, telemetry: Telemetry):
-    """Install the family's probes plus denoise-step probes; yields the step-end callback to pass on."""
+def stage_probes(model: Any, telemetry: Telemetry, on_stage: Callable[[str], None] | None = None):
+    """Install the family's probes plus denoise-step probes; yields the step-end callback to pass on.
+
+    `on_stage(stage)` runs at the start of every probed call, inside the stage (its time and peak count there) and
+    before the call computes: the memory residency brings the stage's offloaded components onto the device there."""
     pipe = model.pipeline
+    entered = on_stage or (lambda stage: None)
     undo: list[Callable[[], None]] = []
     try:
         for stage, attribute, method in model.family.stage_probes:
@@ -25,10 +29,10 @@ def stage_probes(model: Any, telemetry: Telemetry):
             if target is None:
                 continue
             if method is None:
-                undo += _probe_forward(target, stage, telemetry)
+                undo += _probe_forward(target, stage, telemetry, entered)
             else:
-                undo.append(_probe_method(target, method, stage, telemetry))
-        denoise = _DenoiseClock(pipe, telemetry)
+                undo.append(_probe_method(target, method, stage, telemetry, entered))
+        denoise = _DenoiseClock(pipe, telemetry, entered)
         for module in model.denoisers():
             undo.append(module.register_forward_pre_hook(denoise.on_forward).remove)
         yield denoise.on_step_end
@@ -47,21 +51,30 @@ def _component(pipe: Any, attribute: str) -> Any:
     return target
 
 
-def _probe_method(target: Any, name: str, stage: str, telemetry: Telemetry) -> Callable[[], None]:
+def _probe_method(
+    target: Any, name: str, stage: str, telemetry: Telemetry, entered: Callable[[str], None]
+) -> Callable[[], None]:
     original = getattr(target, name)
 
     @functools.wraps(original)
     def timed(*args: Any, **kwargs: Any) -> Any:
         telemetry.end("denoise")  # decoding starts where denoising ended
         with telemetry.stage(stage):
+            entered(stage)
             return original(*args, **kwargs)
 
     target.__dict__[name] = timed
     return lambda: target.__dict__.pop(name, None)
 
 
-def _probe_forward(module: Any, stage: str, telemetry: Telemetry) -> list[Callable[[], None]]:
-    before = module.register_forward_pre_hook(lambda *_: telemetry.begin(stage))
+def _probe_forward(
+    module: Any, stage: str, telemetry: Telemetry, entered: Callable[[str], None]
+) -> list[Callable[[], None]]:
+    def begin(*_: Any) -> None:
+        telemetry.begin(stage)
+        entered(stage)
+
+    before = module.register_forward_pre_hook(begin)
     after = module.register_forward_hook(lambda *_: telemetry.end(stage))
     return [before.remove, after.remove]
 
@@ -69,15 +82,17 @@ def _probe_forward(module: Any, stage: str, telemetry: Telemetry) -> list[Callab
 class _DenoiseClock:
     """Opens `denoise` at the first transformer call and closes one step per scheduler step."""
 
-    def __init__(self, pipe: Any, telemetry: Telemetry):
+    def __init__(self, pipe: Any, telemetry: Telemetry, entered: Callable[[str], None]):
         self.pipe = pipe
         self.telemetry = telemetry
+        self.entered = entered
         self.step_start: Any = None
         self.latents: Any = None
 
     def on_forward(self, *_: Any) -> None:
         if self.step_start is None:
             self.telemetry.begin("denoise")
+            self.entered("denoise")
             self.step_start = self.telemetry.marker()
 
     def on_step_end(self, pipe: Any, index: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:

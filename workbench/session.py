@@ -18,7 +18,9 @@ import torch
 from workbench import environment
 from workbench.accelerations import REGISTRY, install
 from workbench.accelerations.base import Handle
+from workbench.accelerations.memory.residency import Residency
 from workbench.accelerations.undo import UndoFailed
+from workbench.memory_plan import MemoryBudget, MemoryPlan, check_request, plan_for
 from workbench.models import resolve
 from workbench.models.loaded import LoadedModel
 from workbench.probes import stage_probes
@@ -48,6 +50,7 @@ class Session:
         self.active_request: int | None = None
         self._handles: list[Handle] = []  # installed, in installation order
         self._unknown_state: str | None = None  # why a failed change could not be undone
+        self.residency: Residency | None = None  # the memory budget's arrangement (`open(..., memory=...)`)
 
     @classmethod
     def open(
@@ -57,11 +60,15 @@ class Session:
         dtype: str | torch.dtype | None = None,
         seed: int = 0,
         accelerations: dict[str, Any] | None = None,
+        memory: str | int | MemoryBudget | None = None,
     ) -> Session:
         """Load `model` (a name such as `tiny-ltx2`, a local diffusers directory, or a LoadedModel) once.
 
         `device` is `auto`, `cpu`, `cuda` or `cuda:N`; `dtype` defaults to bfloat16 on CUDA, float32 on CPU.
         `accelerations` is installed after loading (see `accelerate`).
+        `memory`: a device memory cap ("48GiB", "24GB", bytes, or a `MemoryBudget`). The model is built in host
+        memory, planned (`workbench.memory_plan`; `session.memory_plan` says the plan) and only then arranged on the
+        device; a cap no plan meets is a ValueError naming the smallest that fits, before any weight moves.
         """
         if isinstance(model, str) and not model.strip() or not isinstance(model, str | os.PathLike | LoadedModel):
             raise ValueError(
@@ -69,18 +76,26 @@ class Session:
                 "a local diffusers directory (str or pathlib.Path), or a LoadedModel"
             )
         seed = integer("seed", seed, 0, MAX_SEED)
+        budget = None if memory is None else MemoryBudget.of(memory)
         start = time.perf_counter()
         torch_device = environment.device(device)
         torch_dtype = _dtype(dtype, torch_device)
         if isinstance(model, LoadedModel):
             loaded = model
         else:
+            build_on = torch_device if budget is None else torch.device("cpu")  # a budget plans before moving
             with library_bars_off():
-                loaded = resolve(model, seed=seed, dtype=torch_dtype, device=torch_device)
-        loaded.pipeline.to(device=torch_device)
+                loaded = resolve(model, seed=seed, dtype=torch_dtype, device=build_on)
+        residency = None
+        if budget is None:
+            loaded.pipeline.to(device=torch_device)
+        else:
+            planned = (budget.request or Request("memory plan")).resolved(loaded.family, loaded.defaults)
+            residency = Residency.arrange(loaded, plan_for(loaded, budget, planned), torch_device, budget)
         if torch_device.type == "cuda":
             torch.cuda.synchronize(torch_device)
         session = cls(loaded, torch_device, torch_dtype, time.perf_counter() - start)
+        session.residency = residency
         if accelerations:
             session.accelerate(accelerations)
         return session
@@ -88,6 +103,11 @@ class Session:
     @property
     def family(self) -> Any:
         return self.model.family
+
+    @property
+    def memory_plan(self) -> MemoryPlan | None:
+        """The plan of `open(..., memory=...)` (print it to read it), or None without a budget."""
+        return None if self.residency is None else self.residency.plan
 
     def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
         """Call `callback(event)` for every telemetry event of later requests; returns an unsubscribe."""
@@ -117,6 +137,14 @@ class Session:
             raise RuntimeError(f"accelerate: refused while request {self.active_request} runs")
         try:
             self._check_usable()
+            placing = [
+                name for name in config if "denoiser.weights_device" in getattr(REGISTRY.get(name), "touches", ())
+            ]
+            if self.residency is not None and placing:
+                raise ValueError(
+                    f"accelerations: {placing} move the denoiser's weights, which this session's memory plan places; "
+                    "open a session without memory=... to use them"
+                )
             install.validate(REGISTRY, self.model, config, self.device)  # bad config: nothing touched
             previous = self.accelerations
             try:
@@ -160,6 +188,8 @@ class Session:
             raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
         self._check_usable()
         request = self.resolve(request)
+        if self.residency is not None:
+            check_request(self.model, self.residency.plan, self.residency.budget, request)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(f"session is busy with request {self.active_request}; one request at a time")
         request_id = next(self._request_ids)
@@ -179,14 +209,19 @@ class Session:
         pipe.progress_bar = lambda iterable=None, total=None: progress_bar(iterable, total, "denoise steps", progress)
         telemetry = Telemetry(self.device, self._subscribers)
         kwargs = {**self.family.call_kwargs(request), **self.model.call_overrides}
+        residency = self.residency
         with ExitStack() as stack:
+            if residency is not None:
+                residency.begin_request()
+                stack.callback(residency.end_request)
             for handle in self._handles:
                 handle.begin_request(request_id, request.steps)
                 stack.callback(handle.end_request, request_id)
             sampler = None
             if self.device.type == "cuda":
                 sampler = stack.enter_context(_maybe_sampler(self.device, telemetry))
-            on_step_end = stack.enter_context(stage_probes(self.model, telemetry))
+            on_stage = None if residency is None else residency.enter_stage
+            on_step_end = stack.enter_context(stage_probes(self.model, telemetry, on_stage))
             clock = on_step_end.__self__
             generator = torch.Generator("cpu").manual_seed(request.seed)
             with torch.inference_mode():
@@ -202,6 +237,8 @@ class Session:
                 "(generate(..., allow_non_finite=True) returns it marked finite=False)"
             )
         receipts = {handle.spec.name: handle.report() for handle in self._handles}
+        if residency is not None:
+            receipts["memory_residency"] = residency.report()
         timings = dict(telemetry.timings)
         timings["other"] = max(0.0, total - sum(timings.values()))
         timings["total"] = total
@@ -214,6 +251,7 @@ class Session:
             "request": request.to_dict(),
             "call_overrides": dict(self.model.call_overrides),  # pipeline kwargs added to the request's
             "accelerations": dict(self.accelerations),
+            **({"memory_plan": residency.plan.to_dict()} if residency is not None else {}),
             "nvml": summarize_samples(samples),
             "subscriber_errors": telemetry.subscriber_errors,
             **({"non_finite": non_finite} if non_finite else {}),

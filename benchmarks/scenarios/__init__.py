@@ -16,10 +16,11 @@ from benchmarks.scenarios import (
     parallel,
     relayout,
     request_wan,
+    ring,
     sparse_attention,
 )
 
 MODULES: tuple[ModuleType, ...] = (
-    forward_wan, forward_h3, request_wan, sparse_attention, kernels, relayout, parallel, memory
+    forward_wan, forward_h3, request_wan, sparse_attention, kernels, relayout, parallel, memory, ring
 )  # fmt: skip
 SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}

@@ -26,6 +26,7 @@ PLUGINS = (
     "caching.easycache",
     "caching.diffusers_caches",
     "memory.group_offload",
+    "memory.block_ring",
     "compile.regional_compile",
     "caching.teacache",
     "quantization.selective_fp8",

@@ -103,6 +103,12 @@ class Family:
       (a diffusers processor that ignores fused weights, a third-party package that rejects the pipeline).
     - `exact_fast`: the `exact-fast` profile of this family: (plugin, options) in install order (`profiles`).
 
+    What the memory planner asks (`workbench.memory_plan`):
+    - `stage_components`: stage -> the pipeline components it runs besides the denoisers (what may be offloaded to
+      host between its stages).
+    - `denoise_shape(request)`: (rows, forwards) of a resolved request: the tokens one denoiser forward processes
+      (CFG batch included) and the denoiser forwards per request.
+
     What the loader reads (`load_components`):
     - `components`: component name -> {(library, class name) as a model index spells it: the class}. The only
       classes a model folder may name; the loader never imports a name it reads from a file.
@@ -131,6 +137,8 @@ class Family:
     timestep_embedder: str | None = None
     unsupported: Mapping[str, str] = field(default_factory=dict)
     exact_fast: tuple[tuple[str, dict[str, Any]], ...] = ()
+    stage_components: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    denoise_shape: Callable[[Any], tuple[int, int]] = field(default=lambda request: (0, 0), repr=False)
     components: Mapping[str, Mapping[tuple[str, str], type]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

@@ -26,6 +26,7 @@ it to the session's contract:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,14 @@ def _call_kwargs(request: Any) -> dict[str, Any]:
         if getattr(request, name) is not None:
             kwargs[name] = _keyframe(getattr(request, name))
     return kwargs
+
+
+def _denoise_shape(request: Any) -> tuple[int, int]:
+    """(rows, forwards) of the t2va packing: latent frames 5n + 2 for 17n + 5 frames at 1/16 of the pixels in
+    (1, 2, 2) patches, up to 512 text rows, 40 audio latents per second x 2 channels; N - 1 forwards for N steps."""
+    latent_frames = 5 * ((request.frames - 5) // 17) + 2
+    rows = latent_frames * (request.height // 32) * (request.width // 32)
+    return rows + 512 + 2 * math.ceil(40 * request.frames / request.fps), max(request.steps - 1, 1)
 
 
 class _InCacheContext:
@@ -304,6 +313,13 @@ FAMILY = H3Family(
         ("flash4_attention", {}),
     ),
     components=COMPONENTS,
+    stage_components={
+        "text_encode": ("text_encoder",),
+        "image_encode": ("vae",),
+        "video_decode": ("vae",),
+        "audio_decode": ("audio_vae",),
+    },
+    denoise_shape=_denoise_shape,
 )
 TINY_DEFAULTS = {"frames": 124, "height": 32, "width": 64, "steps": 3, "fps": FPS}
 TINY_CANVAS = {"canvas_short_edge": 32, "canvas_max_pixels": 2048}

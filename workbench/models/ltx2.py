@@ -43,6 +43,13 @@ def _call_kwargs(request: Any) -> dict[str, Any]:
     }
 
 
+def _denoise_shape(request: Any) -> tuple[int, int]:
+    """(rows, forwards): video latents (frames - 1) / 8 + 1 at 1/32 of the pixels, patch 1, the CFG branches batched
+    in one forward (the audio stream's rows, a few % of these, are left out)."""
+    rows = ((request.frames - 1) // 8 + 1) * (request.height // 32) * (request.width // 32)
+    return rows * (2 if request.guidance > 1 else 1), request.steps
+
+
 # LTX-2 runs two streams: video self-attention (`attn1`) sees video rows only; audio has its own stream
 # (`audio_attn1`, head dim 64 in the release) and meets video only in the a2v/v2a cross-attentions; text enters
 # through `attn2` / `audio_attn2`. So the routable self-attention is `attn1`, with no sink rows.
@@ -110,6 +117,12 @@ FAMILY = Family(
     },
     exact_fast=(("adaln_precompute", {}), ("cross_kv_cache", {})),
     components=COMPONENTS,
+    stage_components={
+        "text_encode": ("text_encoder", "connectors"),
+        "video_decode": ("vae",),
+        "audio_decode": ("audio_vae", "vocoder"),
+    },
+    denoise_shape=_denoise_shape,
 )
 TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance": 4.0, "fps": 24}
 # The tiny config keeps the sampler's auxiliary guidance passes off so a CPU request stays one

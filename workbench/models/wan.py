@@ -33,6 +33,13 @@ def _call_kwargs(request: Any) -> dict[str, Any]:
     }
 
 
+def _denoise_shape(request: Any) -> tuple[int, int]:
+    """(rows, forwards): latent frames (frames - 1) / 4 + 1 at 1/8 of the pixels, (1, 2, 2) patches; the CFG
+    branches are separate forwards."""
+    rows = ((request.frames - 1) // 4 + 1) * (request.height // 16) * (request.width // 16)
+    return rows, request.steps * (2 if request.guidance > 1 else 1)
+
+
 # Wan's self-attention (`attn1` of each block) sees video rows only: the text, and for image-to-video the CLIP
 # image tokens, enter through cross-attention (`attn2`, whose `add_k_proj` carries the image tokens), and the
 # I2V conditioning latents are concatenated on the channel axis, not as rows. No sink rows, whatever the mode.
@@ -109,6 +116,8 @@ FAMILY = Family(
         ("flash4_attention", {}),
     ),
     components=COMPONENTS,
+    stage_components={"text_encode": ("text_encoder",), "video_decode": ("vae",)},
+    denoise_shape=_denoise_shape,
 )
 TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance": 5.0, "fps": 16}
 TINY_TEXT_DIM = 32

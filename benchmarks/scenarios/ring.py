@@ -1,0 +1,132 @@
+"""The block ring under a memory cap: one forward of the full-size MiniMax-H3 transformer (33.1B, random weights,
+bf16, the 52,648-row t2va packing of `forward_h3`), resident (uncapped) against `block_ring` and diffusers' group
+offloading (`group_offload`, one block per group, streams) under caps of 48 GiB and 24 GiB. Issue 23's bar: the ring
+>= 0.97x resident at 48 GiB and >= 0.92x at 24 GiB, both faster than group offloading at the same cap.
+
+The ring's resident block count comes from the planner (`workbench.memory_plan.plan_memory`) given the cap and the
+activation peak measured in the resident forward (allocated peak less the weights). A cap is enforced around each
+capped arm's timed forwards with `torch.cuda.set_per_process_memory_fraction` (an allocation past it raises, recorded
+as the arm's failure); installing and removing an arm happen outside it. A/B/A rounds through
+`workbench.evidence.timing.aba_rounds`, one timed forward per visit; per arm its peak and whether its output equals
+the resident one. Runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts).
+`--smoke`: tiny-h3's transformer (8 blocks) on the CPU with the estimated activation and two caps, the smallest that fits and
+halfway from it to the resident peak; the ring runs its schedule (no copies on one memory) and group offloading
+(CUDA only) is left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from typing import Any
+
+import torch
+
+from benchmarks.envelope import Context, Measurement
+from benchmarks.scenarios.forward_h3 import FULL, SMOKE, SMOKE_CONFIG, build, packed_inputs, transformer_session
+from benchmarks.scenarios.memory import Capped
+from benchmarks.workloads import ForwardArm, equal, rel_l2
+from workbench.accelerations.memory.ring import module_bytes
+from workbench.evidence.timing import aba_rounds, time_call
+from workbench.memory_plan import Footprint, gib, plan_memory
+
+NAME = "ring"
+SUMMARY = "MiniMax-H3 33.1B forward under 48/24 GiB caps: block_ring vs group_offload vs resident (uncapped)"
+GPUS = 1
+GIB = 2**30
+CAPS = {"48GiB": 48 * GIB, "24GiB": 24 * GIB}
+
+
+def run(context: Context) -> Measurement:
+    device, notes = context.device, []
+    cuda = device.type == "cuda"
+    if cuda and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        raise RuntimeError("ring: run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts)")
+    built = build({**SMOKE_CONFIG, "num_layers": 8} if context.smoke else {}, device, torch.bfloat16, seed=0)
+    model = built.pop("model")
+    shape = dict(SMOKE if context.smoke else FULL)
+    inputs = packed_inputs(model, shape, device, seed=1)
+    session = transformer_session(model, device)
+    blocks = session.family.blocks(model)
+    weights = module_bytes(model)
+    rows = inputs["position_ids"].shape[0]
+
+    def forward() -> tuple[torch.Tensor, ...]:
+        return tuple(model(**inputs))
+
+    resident = ForwardArm("resident", {})
+    with torch.inference_mode():
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        resident.output = forward()
+    footprint = Footprint({}, {"transformer": tuple(module_bytes(b) for b in blocks)},
+                          {"transformer": weights - sum(module_bytes(b) for b in blocks)}, {})  # fmt: skip
+    if cuda:
+        activation = torch.cuda.max_memory_allocated(device) - weights
+        caps = CAPS
+    else:  # the planner's estimate (workbench.memory_plan): rows x b x max(8 D, 2 D + 3 F)
+        d, f = model.config.hidden_size, model.config.ffn_dim
+        activation = rows * 2 * max(8 * d, 2 * d + 3 * f)
+        everything = plan_memory(footprint, {"denoise": activation}, 2**62, forwards=1)
+        resident_cap = math.ceil(everything.stage_peaks["denoise"] / 0.9)
+        caps = {"halfway": (everything.minimum_cap + resident_cap) // 2, "smallest": everything.minimum_cap}
+    arms, capped, plans = [resident], {}, {}
+    for label, cap in caps.items():
+        plan = plan_memory(footprint, {"denoise": activation}, cap, forwards=1)
+        plans[label] = str(plan)
+        resident_blocks = len(blocks) - len(plan.streamed_blocks["transformer"])
+        ring = ForwardArm(f"ring-{label}", {"block_ring": {"resident_blocks": resident_blocks}})
+        arms.append(ring)
+        capped[ring.name] = cap
+        if cuda:
+            offload = ForwardArm(f"group_offload-{label}", {"group_offload": {}})
+            arms.append(offload)
+            capped[offload.name] = cap
+    if not cuda:
+        notes.append(
+            "Smoke: group_offload runs on CUDA only and a CPU enforces no cap; the ring's schedule runs alone."
+        )
+    peaks: dict[str, int] = {}
+
+    def visit(arm: ForwardArm) -> float:
+        session.accelerate(arm.config)
+        try:
+            with Capped(device, capped[arm.name]) if cuda and arm.name in capped else contextlib.nullcontext():
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(device)
+                last: list[Any] = [None]
+                with torch.inference_mode():
+                    timing = time_call(lambda: last.__setitem__(0, forward()), device, 1, 0, queued=False)
+                if cuda:
+                    peaks[arm.name] = max(peaks.get(arm.name, 0), torch.cuda.max_memory_allocated(device))
+        finally:
+            session.accelerate({})
+        if arm.output is None:
+            arm.output = last[0]
+        arm.mismatches += not equal(last[0], arm.output)
+        arm.timings.append(timing)
+        return timing.median_s
+
+    rounds = aba_rounds(("resident", lambda: visit(resident)), {a.name: (lambda a=a: visit(a)) for a in arms[1:]},
+                        context.rounds)  # fmt: skip
+    notes += [f"arm {name} failed during the rounds: {error}" for name, error in rounds.errors.items()]
+    medians = rounds.medians()
+    rows_out: dict[str, Any] = {}
+    for arm in arms:
+        row: dict[str, Any] = {"config": arm.config, "seconds": rounds.seconds.get(arm.name, [])}
+        if arm.name in medians:
+            row["median_s"] = medians[arm.name]
+        if arm.name in capped:
+            row["cap_bytes"] = capped[arm.name]
+        if arm.name in peaks:  # CUDA only
+            row["peak_bytes"] = peaks[arm.name]
+            row["under_cap"] = peaks[arm.name] <= capped.get(arm.name, peaks[arm.name])
+        if arm.output is not None and arm is not resident:
+            row.update(equal_to_resident=equal(arm.output, resident.output), rel_l2=rel_l2(arm.output, resident.output))
+        rows_out[arm.name] = row
+    shape.update(rows=rows, layers=len(blocks), parameters=built["parameters"], weight_bytes=weights,
+                 activation_bytes=activation, activation_source="measured" if cuda else "estimate",
+                 plans=plans)  # fmt: skip
+    notes.append(f"Ratios are resident / arm forward seconds (< 1: the arm is slower); weights {gib(weights)}.")
+    return Measurement(SUMMARY, shape, rows_out, {k: v.to_dict() for k, v in rounds.ratios().items()}, notes)

@@ -1,0 +1,136 @@
+"""The memory planner's arithmetic, memory strings, and a session under a cap: refused below the smallest cap that
+fits, bit-equal to the resident session at it, with the plan's bytes moved equal to what the receipts counted."""
+
+import pytest
+import torch
+
+from workbench import Request, Session
+from workbench.memory_plan import Footprint, MemoryBudget, parse_bytes, plan_for, plan_memory
+
+# A synthetic model: a text encoder of 100 B, a VAE of 50 B, a denoiser of four 40 B blocks and 10 B besides.
+# Activations: denoise 20, text_encode 5, video_decode 60 untiled / 15 tiled; 4 denoiser forwards per request.
+FP = Footprint(
+    components={"text_encoder": 100, "vae": 50},
+    blocks={"transformer": (40, 40, 40, 40)},
+    denoiser_rest={"transformer": 10},
+    stages={"text_encode": ("text_encoder",), "video_decode": ("vae",)},
+)
+ACTIVATION = {"denoise": 20, "text_encode": 5, "video_decode": 60}
+
+
+def plan(cap, activation=ACTIVATION, tiled=15):
+    return plan_memory(FP, activation, cap, forwards=4, tiled_activation=tiled, headroom=0.0)
+
+
+def test_planner_picks_the_cheapest_plan_that_fits():
+    # all resident: 10 + 160 + 100 + 50 = 320 B on the device; the video decode peaks at 320 + 60 = 380
+    resident = plan(380)
+    assert resident.offloaded == () and resident.streamed_blocks == {"transformer": ()} and resident.bytes_moved == 0
+    assert not resident.tiled_decode and resident.stage_peaks["video_decode"] == 380
+    # 379: only the decode is over; tiling it (320 + 15) moves nothing
+    tiled = plan(379)
+    assert tiled.tiled_decode and tiled.bytes_moved == 0 and tiled.stage_peaks["video_decode"] == 335
+    # 339: the denoise stage (340) is over too; offloading the VAE (50 B moved) beats the text encoder (100 B) and
+    # streaming one block (4 forwards x 40 B); the decode stays tiled (untiled: 270 + 50 + 60 = 380)
+    vae_off = plan(339)
+    assert vae_off.offloaded == ("vae",) and vae_off.bytes_moved == 50 and vae_off.tiled_decode
+    assert vae_off.stage_peaks == {"denoise": 290, "text_encode": 275, "video_decode": 335}
+    # 324: the VAE's tiled decode (335) no longer fits, nor the text encoder's stage with it alone offloaded (325);
+    # both components (150 B, and the decode fits untiled again: 170 + 50 + 60) beat text encoder + one streamed
+    # block (100 + 160 B)
+    both = plan(324)
+    assert set(both.offloaded) == {"text_encoder", "vae"} and both.bytes_moved == 150 and not both.tiled_decode
+    # the smallest: everything offloaded, all four blocks streamed, three in flight: 10 + 3 * 40 + 20 = 150
+    smallest = plan(150)
+    assert smallest.streamed_blocks == {"transformer": (0, 1, 2, 3)} and smallest.stage_peaks["denoise"] == 150
+    assert smallest.bytes_moved == 150 + 4 * 160 and smallest.minimum_cap == 150
+    assert "4 streamed" in str(smallest) and "offloaded between stages: text_encoder, vae" in str(smallest)
+
+
+def test_planner_tiles_the_decode_where_untiled_cannot_fit():
+    huge_decode = {**ACTIVATION, "video_decode": 400}  # untiled needs >= 10 + 50 + 400 even with all else off
+    tiled = plan(200, huge_decode)
+    assert tiled.tiled_decode and tiled.stage_peaks["video_decode"] <= 200
+    assert not plan(10 + 160 + 100 + 50 + 400, huge_decode).tiled_decode
+
+
+def test_planner_refuses_a_cap_too_small_naming_the_smallest_that_fits():
+    with pytest.raises(ValueError, match=r"memory: a cap of 149 B .* the smallest cap that fits is 150 B"):
+        plan(149)
+    with_headroom = plan_memory(FP, ACTIVATION, 10**6, forwards=4, tiled_activation=15, headroom=0.1)
+    assert with_headroom.minimum_cap == 167  # ceil(150 / 0.9)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [("48GiB", 48 * 2**30), ("24GB", 24 * 10**9), ("1.5 gib", 3 * 2**29), ("512MiB", 2**29), (4096, 4096)],
+)
+def test_memory_strings_parse(value, expected):
+    assert parse_bytes(value) == expected
+
+
+@pytest.mark.parametrize("value", ["48 gigs", "-1GiB", "GiB", 0, -5, True, 1.5, [48], "", "1e9"])
+def test_bad_memory_raises_value_error_naming_memory(value):
+    with pytest.raises(ValueError, match=r"^memory: .*allowed: a positive int of bytes"):
+        Session.open("tiny-wan", device="cpu", memory=value)
+
+
+def _smallest_cap(model):
+    return plan_for(model, MemoryBudget(2**40), Request("p").resolved(model.family, model.defaults)).minimum_cap
+
+
+@pytest.mark.parametrize("name", ["tiny-wan", "tiny-ltx2"])
+def test_memory_cap_session_bitwise_equal_resident(sessions, name):
+    """At the smallest cap that fits: components offloaded between stages and denoiser blocks streamed, the output
+    equal to the resident session's, twice in a row (offloaded components come back for the next request)."""
+    cap = _smallest_cap(sessions(name).model)
+    with pytest.raises(ValueError, match=rf"the smallest cap that fits is .*\({cap} bytes\)"):
+        Session.open(name, device="cpu", memory=cap - 1)
+    session = Session.open(name, device="cpu", memory=cap)
+    plan = session.memory_plan
+    assert plan.offloaded and plan.streamed_blocks["transformer"], str(plan)
+    request = Request("a red circle moves left", seed=3, height=32, width=32)  # within the plan's default shape
+    resident = sessions(name).generate(request, progress=False)
+    first, second = (session.generate(request, progress=False) for _ in range(2))
+    for result in (first, second):
+        assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()
+        assert resident.audio is None or (result.audio == resident.audio).all()
+        own = ring = result.receipts["memory_residency"]
+        stages = sum(len(set(names) & set(plan.offloaded)) for names in session.family.stage_components.values())
+        assert own["component_onloads"] == stages
+        assert ring["blocks_streamed"] == ring["released"] == plan.forwards * len(plan.streamed_blocks["transformer"])
+        assert ring["prefetched"] == ring["blocks_streamed"] and "late" not in ring  # every copy issued ahead
+        assert own["component_bytes_moved"] + ring["bytes_moved"] == plan.bytes_moved
+        assert result.metadata["memory_plan"]["offloaded"] == list(plan.offloaded)
+    with pytest.raises(ValueError, match=r"\['group_offload'\] move the denoiser's weights"):
+        session.accelerate({"group_offload": {}})
+
+
+@pytest.mark.gpu
+def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped():
+    """The CPU-planned smallest arrangement of tiny-wan carried out on CUDA (pinned host copies, side-stream copies)
+    under a 1 GiB cap (a tiny model's own cap is below the allocator's granularity)."""
+    import dataclasses
+
+    from workbench.accelerations.memory.residency import Residency
+    from workbench.models import resolve
+
+    resident_session = Session.open("tiny-wan", device="cuda")
+    request = Request("a red circle moves left", seed=3, height=32, width=32)
+    resident = resident_session.generate(request, progress=False)
+    model = resolve("tiny-wan", dtype=torch.bfloat16)
+    planned = Request("p").resolved(model.family, model.defaults)
+    smallest = plan_for(model, MemoryBudget(2**40), planned).minimum_cap
+    plan = dataclasses.replace(plan_for(model, MemoryBudget(smallest), planned), cap=2**30)
+    device = torch.device("cuda", torch.cuda.current_device())
+    try:
+        session = Session(model, device, torch.bfloat16, 0.0)
+        session.residency = Residency.arrange(model, plan, device, MemoryBudget(2**30))
+        for _ in range(2):
+            result = session.generate(request, progress=False)
+            assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()
+            text = next(model.pipeline.text_encoder.parameters())
+            assert text.device.type == "cpu" and text.is_pinned(), "the text encoder did not go back to host"
+            assert result.receipts["memory_residency"]["blocks_streamed"] > 0
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)

@@ -1,0 +1,105 @@
+"""Block ring: K transformer blocks of each denoiser stay on the device, the others stream in per forward (bitwise).
+
+The streamed blocks' weights live in pinned host memory. Each forward, the first streamed block is prefetched when
+the denoiser starts; when a streamed block starts, its copy is waited for and the next streamed block's copy is
+issued on a side CUDA stream, so it lands while the blocks in between compute; when a streamed block ends its device
+copy is released (`record_stream` keeps the memory until the queued kernels that read it have run). The streamed
+blocks are spread evenly among the resident ones (`streamed_positions`), so each transfer hides behind the compute
+of the resident blocks before it. Same kernels, same inputs: only where the weights live changes.
+
+What does the moving: diffusers' `ModuleGroup` (diffusers.hooks.group_offloading), one per streamed block, holds its
+pinned host copies and does the side-stream copy (`onload_`) and the release (`offload_`). diffusers'
+`apply_group_offloading` itself cannot keep chosen blocks resident (it offloads every block of a ModuleList and the
+rest of the model too), so the scheduling is a small own hook: torch forward pre/post hooks on the blocks and the
+denoiser, which also run when another plugin replaces a block's `forward` (a diffusers `HookRegistry` wrapper would
+be replaced with it).
+
+On the CPU there is no second memory: the groups' onload/offload are no-ops there, but the schedule (which block is
+on the device, prefetch order, release) runs the same and its receipt counts it: `blocks_streamed` (onloads),
+`prefetched` (those issued ahead of their block), `late` (a streamed block that started without its copy issued:
+loaded synchronously), `released`, `bytes_moved` (host -> device bytes). Bytes moved per request are
+`forwards x streamed bytes`.
+
+Installing moves the streamed blocks to pinned host memory (from wherever they are); the denoiser's other weights and
+its resident blocks must already be on the session device. Uninstall puts the streamed blocks back on the device.
+If another plugin replaces the weights of a streamed block after the ring is installed (fused projections, FP8),
+the ring would not move them: the next request refuses to run (RuntimeError naming the block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from workbench.accelerations.base import Handle, Spec, option
+from workbench.accelerations.memory.ring import check_resident, rings_for, streamed_positions
+
+
+class _Installed(Handle):
+    def __init__(self, spec: Spec, options: dict[str, Any], model: Any, plan: dict[str, list[int]], device):
+        super().__init__(spec, options, proof=("blocks_streamed",))
+        self.rings = rings_for(model, plan, device, self.receipt)
+        self.streamed = dict(plan)
+
+    def begin_request(self, request_id: int, steps: int) -> None:
+        super().begin_request(request_id, steps)
+        for ring in self.rings:
+            ring.check()
+        self.receipt.notes["streamed_blocks"] = self.streamed
+
+    def end_request(self, request_id: int) -> None:
+        for ring in self.rings:
+            ring.release_all()
+
+    def _remove(self) -> None:
+        for ring in self.rings:
+            ring.remove()
+        self.rings = []
+
+
+@dataclass(frozen=True)
+class BlockRingConfig:
+    """block_ring's options."""
+
+    resident_blocks: int = option(
+        0, minimum=0, help="transformer blocks of each denoiser kept on the device; the others stream per forward"
+    )
+
+
+def ring_plan(model: Any, resident_blocks: int) -> dict[str, list[int]]:
+    """denoiser name -> positions of its streamed blocks when `resident_blocks` stay (ValueError if it has fewer)."""
+    plan = {}
+    for name in model.family.denoisers:
+        denoiser = getattr(model.pipeline, name, None)
+        if denoiser is None:
+            continue
+        count = len(model.family.blocks(denoiser))
+        if resident_blocks > count:
+            raise ValueError(
+                f"block_ring.resident_blocks: {resident_blocks} is more than {name}'s {count} blocks; "
+                f"allowed: 0 to {count}"
+            )
+        plan[name] = streamed_positions(count, count - resident_blocks)
+    return plan
+
+
+def _prepare(model: Any, options: dict[str, Any], device: torch.device):
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    plan = ring_plan(model, options["resident_blocks"])
+    check_resident(model, plan, device)
+    return lambda: _Installed(SPEC, options, model, plan, device)
+
+
+SPEC = Spec(
+    name="block_ring",
+    contract="bitwise",
+    summary="K denoiser blocks resident, the rest streamed per forward from pinned host memory with prefetch",
+    prepare_fn=_prepare,
+    config=BlockRingConfig,
+    touches=("denoiser.weights_device",),
+    order=85,
+)
+SPECS = (SPEC,)
