@@ -21,10 +21,14 @@ A request that sets `steps` or `guidance` itself keeps its own; two adapters nam
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import math
 import os
 import re
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,15 +187,8 @@ def fuse(model: Any, adapters: list[Adapter]) -> Fused:
     shift = defaults.pop("shift", None)
     fused = Fused(model, list(adapters), defaults, records=records)
     try:
-        for adapter in adapters:
-            for expert in targets[adapter.name]:
-                pipe.load_lora_weights(
-                    str(adapter.path.parent),
-                    weight_name=adapter.path.name,
-                    adapter_name=adapter.name,
-                    local_files_only=True,
-                    **({"load_into_transformer_2": True} if expert == "transformer_2" else {}),
-                )
+        with _no_torchao_probe():
+            _load(pipe, adapters, targets)
         for expert in available:
             names = [a.name for a in adapters if expert in targets[a.name]]
             if names:
@@ -206,6 +203,38 @@ def fuse(model: Any, adapters: list[Adapter]) -> Fused:
         fused.restore()
         raise
     return fused
+
+
+def _load(pipe: Any, adapters: list[Adapter], targets: dict[str, list[str]]) -> None:
+    """Each adapter into each of its experts through the pipeline's diffusers LoRA loader, from its local file."""
+    for adapter in adapters:
+        for expert in targets[adapter.name]:
+            pipe.load_lora_weights(
+                str(adapter.path.parent),
+                weight_name=adapter.path.name,
+                adapter_name=adapter.name,
+                local_files_only=True,
+                **({"load_into_transformer_2": True} if expert == "transformer_2" else {}),
+            )
+
+
+@contextlib.contextmanager
+def _no_torchao_probe() -> Iterator[None]:
+    """peft asks, per wrapped layer, whether torchao is installed to detect torchao-quantized weights, importing it
+    (which prints its C-extension failures, see `workbench._quiet_imports`). Adapters are fused before any plugin
+    installs, so no weight is a torchao tensor here: while torchao is not imported, the probe answers False."""
+    if "torchao" in sys.modules:
+        yield
+        return
+    modules = [importlib.import_module(m) for m in ("peft.tuners.lora.torchao", "peft.utils.quantization_utils")]
+    real = [module.is_torchao_available for module in modules]
+    for module in modules:
+        module.is_torchao_available = lambda: False
+    try:
+        yield
+    finally:
+        for module, probe in zip(modules, real, strict=True):
+            module.is_torchao_available = probe
 
 
 def _fuse_into(fused: Fused, expert: str, names: list[str], scales: list[float]) -> None:

@@ -146,7 +146,8 @@ class Session:
         new weights (a quantization quantizes the fused weights). Their metadata's steps / guidance become the
         defaults of requests that leave them out. Refused while a request runs. Returns what is fused."""
         specs = lora.parse(adapters)  # bad specs: nothing touched
-        installed = self.accelerate({})  # refused while a request runs
+        installed = self.accelerations
+        self.accelerate({})  # refused while a request runs
         try:
             if not self._lock.acquire(blocking=False):
                 raise RuntimeError(f"load_adapters: refused while request {self.active_request} runs")
