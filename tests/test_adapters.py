@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from workbench import Adapter, Request, Session
 from workbench.accelerations import fingerprint
 from workbench.accelerations.quantization import selective_fp8 as fp8
+from workbench.models import wan
 
 SIZE = {"frames": 5, "height": 32, "width": 32}
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]
@@ -108,12 +109,11 @@ def test_adapters_fuse_per_expert_match_diffusers_lora_and_unfuse_bitwise(tmp_pa
 
 
 def test_adapter_metadata_sets_request_defaults_and_shift(tmp_path):
-    session = Session.open("tiny-wan", device="cpu")
-    pipe = session.model.pipeline
     metadata = {"num_inference_steps": "3", "guidance": "1.5", "shift": "5.0"}
-    path = lora_file(tmp_path / "fast.safetensors", pipe.transformer, _seed(), metadata)
-    shift = pipe.scheduler.config.shift
-    session.load_adapters([Adapter(path)])
+    path = lora_file(tmp_path / "fast.safetensors", wan.tiny().pipeline.transformer, _seed(), metadata)
+    session = Session.open("tiny-wan", device="cpu", adapters=[{"path": path, "scale": 0.5}])
+    pipe = session.model.pipeline
+    shift = wan.tiny().pipeline.scheduler.config.shift
     assert pipe.scheduler.config.shift == 5.0
     request = session.resolve(Request("x", **SIZE))
     assert (request.steps, request.guidance) == (3, 1.5)
