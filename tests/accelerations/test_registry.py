@@ -90,6 +90,7 @@ def test_session_accelerate_takes_config_objects():
         result = session.generate(request, progress=False)
     finally:
         session.accelerate({})
-    assert result.receipts["easycache"]["options"] == {"threshold": 0.0, "warmup": 2, "final_dense": 1}
+    options = {"threshold": 0.0, "warmup": 2, "final_dense": 1, "per_expert": True}
+    assert result.receipts["easycache"]["options"] == options
     assert torch.equal(result.latents, dense.latents), f"seed {request.seed}"
     assert fingerprint(session.model.pipeline.transformer) == before
