@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench import adapters as lora
 from workbench import environment
 from workbench.accelerations import REGISTRY, install
 from workbench.accelerations.base import Handle
@@ -51,6 +52,7 @@ class Session:
         self._handles: list[Handle] = []  # installed, in installation order
         self._unknown_state: str | None = None  # why a failed change could not be undone
         self.residency: Residency | None = None  # the memory budget's arrangement (`open(..., memory=...)`)
+        self._adapters: lora.Fused | None = None  # LoRA adapters fused into the weights (`load_adapters`)
 
     @classmethod
     def open(
@@ -61,11 +63,12 @@ class Session:
         seed: int = 0,
         accelerations: dict[str, Any] | None = None,
         memory: str | int | MemoryBudget | None = None,
+        adapters: list[lora.Adapter] | None = None,
     ) -> Session:
         """Load `model` (a name such as `tiny-ltx2`, a local diffusers directory, or a LoadedModel) once.
 
         `device` is `auto`, `cpu`, `cuda` or `cuda:N`; `dtype` defaults to bfloat16 on CUDA, float32 on CPU.
-        `accelerations` is installed after loading (see `accelerate`).
+        `accelerations` is installed after loading (see `accelerate`), after `adapters` are fused (`load_adapters`).
         `memory`: a device memory cap ("48GiB", "24GB", bytes, or a `MemoryBudget`). The model is built in host
         memory, planned (`workbench.memory_plan`; `session.memory_plan` says the plan) and only then arranged on the
         device; a cap no plan meets is a ValueError naming the smallest that fits, before any weight moves.
@@ -96,6 +99,8 @@ class Session:
             torch.cuda.synchronize(torch_device)
         session = cls(loaded, torch_device, torch_dtype, time.perf_counter() - start)
         session.residency = residency
+        if adapters:
+            session.load_adapters(adapters)
         if accelerations:
             session.accelerate(accelerations)
         return session
@@ -163,6 +168,29 @@ class Session:
         finally:
             self._lock.release()
 
+    def load_adapters(self, adapters: list[lora.Adapter]) -> list[dict[str, Any]]:
+        """Fuse LoRA `adapters` into the weights in place of any fused before (`[]`: back to the model's own weights,
+        bit for bit); see `workbench.adapters`. The installed accelerations come off first and go back on over the
+        new weights (a quantization quantizes the fused weights). Their metadata's steps / guidance become the
+        defaults of requests that leave them out. Refused while a request runs. Returns what is fused."""
+        specs = lora.parse(adapters)  # bad specs: nothing touched
+        installed = self.accelerations
+        self.accelerate({})  # refused while a request runs
+        try:
+            if not self._lock.acquire(blocking=False):
+                raise RuntimeError(f"load_adapters: refused while request {self.active_request} runs")
+            try:
+                if self._adapters is not None:
+                    self._adapters.restore()
+                    self._adapters = None
+                if specs:
+                    self._adapters = lora.fuse(self.model, specs)
+            finally:
+                self._lock.release()
+        finally:
+            self.accelerate(installed)
+        return list(self._adapters.records) if self._adapters else []
+
     def _check_usable(self) -> None:
         if self._unknown_state is not None:
             raise RuntimeError(f"session: the model is in an unknown state ({self._unknown_state})")
@@ -171,7 +199,9 @@ class Session:
         """`request` with this model's defaults filled in and checked against its family (ValueError if not)."""
         if not isinstance(request, Request):
             raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
-        return request.resolved(self.family, self.model.defaults)
+        return request.resolved(
+            self.family, {**self.model.defaults, **(self._adapters.defaults if self._adapters else {})}
+        )
 
     def generate(self, request: Request, progress: bool = True, allow_non_finite: bool = False) -> Result:
         """Run one request end to end and return frames, audio, latents, timings, memory and metadata.
@@ -252,6 +282,7 @@ class Session:
             "call_overrides": dict(self.model.call_overrides),  # pipeline kwargs added to the request's
             "accelerations": dict(self.accelerations),
             **({"memory_plan": residency.plan.to_dict()} if residency is not None else {}),
+            **({"adapters": list(self._adapters.records)} if self._adapters else {}),
             "nvml": summarize_samples(samples),
             "subscriber_errors": telemetry.subscriber_errors,
             **({"non_finite": non_finite} if non_finite else {}),

@@ -66,7 +66,7 @@ def test_config_instance_validates_like_the_dict_of_its_fields():
     spec = REGISTRY["easycache"]
     config = spec.config(threshold=1, warmup=3)
     assert spec.validate(config) == spec.validate({"threshold": 1, "warmup": 3})
-    assert spec.validate(config) == {"threshold": 1.0, "warmup": 3, "final_dense": 1}  # int -> float, defaults
+    assert spec.validate(config) == {"threshold": 1.0, "warmup": 3, "final_dense": 1, "per_expert": True}  # defaults
     assert spec.parse({"threshold": 0.5}) == spec.config(threshold=0.5)
     with pytest.raises(ValueError, match=r"easycache.warmup: -1 is below the minimum 0"):
         spec.validate(spec.config(threshold=0.1, warmup=-1))
@@ -90,6 +90,7 @@ def test_session_accelerate_takes_config_objects():
         result = session.generate(request, progress=False)
     finally:
         session.accelerate({})
-    assert result.receipts["easycache"]["options"] == {"threshold": 0.0, "warmup": 2, "final_dense": 1}
+    options = {"threshold": 0.0, "warmup": 2, "final_dense": 1, "per_expert": True}
+    assert result.receipts["easycache"]["options"] == options
     assert torch.equal(result.latents, dense.latents), f"seed {request.seed}"
     assert fingerprint(session.model.pipeline.transformer) == before

@@ -289,7 +289,7 @@ def test_failed_uninstall_in_a_set_puts_the_removed_ones_back(monkeypatch):
         session.accelerate({})
     assert session.accelerations == {
         "cross_kv_cache": {},
-        "easycache": {"threshold": 0.1, "warmup": 2, "final_dense": 1},
+        "easycache": {"threshold": 0.1, "warmup": 2, "final_dense": 1, "per_expert": True},
     }
     assert _prints(session) == installed_prints  # easycache is back (a new handle), cross_kv_cache never left
     assert session._handles[0] is cross_kv and session._handles[1] is not easycache

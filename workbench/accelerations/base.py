@@ -196,6 +196,10 @@ class Receipt:
     fullgraph=True: FailOnRecompileLimitHit). While compiling, a count is an in-place add on a 0-dim
     int64 tensor made at install time by `traceable`; dynamo lifts it as a graph input and guards its
     dtype, device and shape, not its value. Reading the receipt (`executed`, `to_dict`) folds those in.
+
+    Split by expert (Wan2.2, `workbench.models.experts`): a count given `expert=` is added to the total and to that
+    expert's share (`to_dict()["experts"][expert]`), so the shares of a counter sum to its total when every count
+    of it names its expert. Decisions given `expert=` are kept under `"<expert>/<branch>"`.
     """
 
     proof: tuple[str, ...]
@@ -204,23 +208,35 @@ class Receipt:
     notes: dict[str, Any] = field(default_factory=dict)
     traced_counters: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> count made in compiled code
     traced_fallbacks: dict[str, torch.Tensor] = field(default_factory=dict)  # reason -> count made in compiled code
+    expert_counters: Counter = field(default_factory=Counter)  # "expert/key" -> the expert's share of counters[key]
 
     @property
     def executed(self) -> bool:
         self.fold()
         return any(self.counters[key] > 0 for key in self.proof)
 
-    def traceable(self, device: torch.device, counters: Iterable[str] = (), fallbacks: Iterable[str] = ()) -> None:
-        """Make the tensors that counts in compiled code add to, on the device the model runs on. At install
-        time: a tensor made while tracing would belong to the graph, not to this receipt."""
+    def traceable(
+        self,
+        device: torch.device,
+        counters: Iterable[str] = (),
+        fallbacks: Iterable[str] = (),
+        experts: Iterable[str] = (),
+    ) -> None:
+        """Make the tensors that counts in compiled code add to, on the device the model runs on (and, for each of
+        `experts`, its share of every counter). At install time: a tensor made while tracing would belong to the
+        graph, not to this receipt."""
+        counters = tuple(counters)
+        counters += tuple(f"{expert}/{key}" for expert in experts for key in counters)
         for tensors, keys in ((self.traced_counters, counters), (self.traced_fallbacks, fallbacks)):
             for key in keys:
                 tensors[key] = torch.zeros((), dtype=torch.int64, device=device)
                 torch._dynamo.mark_static_address(tensors[key])  # reduce-overhead: CUDA graphs may mutate it
 
-    def count(self, key: str, n: int = 1) -> None:
-        """`counters[key] += n`, also inside compiled code (see the class docstring)."""
+    def count(self, key: str, n: int = 1, expert: str | None = None) -> None:
+        """`counters[key] += n` (and the expert's share), also inside compiled code (see the class docstring)."""
         _add(self.counters, self.traced_counters, key, n)
+        if expert is not None:
+            _add(self.expert_counters, self.traced_counters, f"{expert}/{key}", n)
 
     def count_fallback(self, reason: str, n: int = 1) -> None:
         """`fallbacks[reason] += n`, also inside compiled code (see the class docstring)."""
@@ -231,16 +247,28 @@ class Receipt:
         for python, tensors in ((self.counters, self.traced_counters), (self.fallbacks, self.traced_fallbacks)):
             for key, tensor in tensors.items():
                 if value := int(tensor):
-                    python[key] += value
+                    (self.expert_counters if "/" in key and python is self.counters else python)[key] += value
                     tensor.zero_()
 
-    def record_decision(self, branch: str, decision: str) -> None:
-        """A feature cache's step: computed (C) or reused (R), counted and kept as a per-branch sequence (CCRRC)."""
-        self.counters["reused" if decision == "R" else "computed"] += 1
+    def record_decision(self, branch: str, decision: str, expert: str | None = None) -> None:
+        """A feature cache's step: computed (C) or reused (R), counted and kept as a per-branch sequence (CCRRC);
+        with `expert`, counted in its share too and kept under `"<expert>/<branch>"`."""
+        self.count("reused" if decision == "R" else "computed", expert=expert)
         decisions = self.notes.setdefault("decisions", {})
-        decisions[branch] = decisions.get(branch, "") + decision
+        key = branch if expert is None else f"{expert}/{branch}"
+        decisions[key] = decisions.get(key, "") + decision
+
+    def by_expert(self) -> dict[str, dict[str, int]]:
+        """Each expert's share of the counters, {expert: {key: count}} (empty on a single-expert model)."""
+        self.fold()
+        shares: dict[str, dict[str, int]] = {}
+        for key, value in sorted(self.expert_counters.items()):
+            expert, counter = key.split("/", 1)
+            shares.setdefault(expert, {})[counter] = int(value)
+        return shares
 
     def reset(self) -> None:
+        self.expert_counters.clear()
         self.counters.clear()
         self.fallbacks.clear()
         self.notes.clear()
@@ -253,6 +281,7 @@ class Receipt:
             "executed": executed,
             **{key: int(value) for key, value in sorted(self.counters.items())},
             "fallbacks": dict(self.fallbacks),
+            **({"experts": shares} if (shares := self.by_expert()) else {}),
             **({"notes": dict(self.notes)} if self.notes else {}),
         }
 

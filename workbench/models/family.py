@@ -102,6 +102,9 @@ class Family:
     - `unsupported`: plugin name -> why this family cannot take it, for what the structure above does not say
       (a diffusers processor that ignores fused weights, a third-party package that rejects the pipeline).
     - `exact_fast`: the `exact-fast` profile of this family: (plugin, options) in install order (`profiles`).
+    - `expert_schedule(pipeline, steps)`: which of `denoisers` runs each step of a `steps`-step request, as the
+      pipeline will switch them (Wan2.2's boundary); None: the first denoiser runs every step
+      (`workbench.models.experts`).
 
     What the memory planner asks (`workbench.memory_plan`):
     - `stage_components`: stage -> the pipeline components it runs besides the denoisers (what may be offloaded to
@@ -137,8 +140,12 @@ class Family:
     timestep_embedder: str | None = None
     unsupported: Mapping[str, str] = field(default_factory=dict)
     exact_fast: tuple[tuple[str, dict[str, Any]], ...] = ()
+<<<<<<< HEAD
     stage_components: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     denoise_shape: Callable[[Any], tuple[int, int]] = field(default=lambda request: (0, 0), repr=False)
+=======
+    expert_schedule: Callable[[Any, int], tuple[str, ...]] | None = field(default=None, repr=False)
+>>>>>>> wan22
     components: Mapping[str, Mapping[tuple[str, str], type]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

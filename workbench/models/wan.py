@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,21 @@ COMPONENTS = {
     },
 }
 
+
+def expert_schedule(pipeline: WanPipeline, steps: int) -> tuple[str, ...]:
+    """The expert `WanPipeline.__call__` picks at each of `steps` steps: `transformer` while the timestep is at or
+    above `boundary_ratio * num_train_timesteps`, `transformer_2` below (Wan2.2); `transformer` throughout when the
+    pipeline has no boundary or no second expert. The timesteps come from a copy of the pipeline's scheduler set
+    for `steps`, as the pipeline sets its own."""
+    ratio = pipeline.config.boundary_ratio
+    if ratio is None or getattr(pipeline, "transformer_2", None) is None:
+        return ("transformer",) * steps
+    scheduler = copy.deepcopy(pipeline.scheduler)
+    scheduler.set_timesteps(steps, device="cpu")
+    boundary = ratio * scheduler.config.num_train_timesteps
+    return tuple("transformer" if t >= boundary else "transformer_2" for t in scheduler.timesteps.tolist())
+
+
 FAMILY = Family(
     name="wan",
     pipeline_class="WanPipeline",
@@ -118,6 +134,7 @@ FAMILY = Family(
     components=COMPONENTS,
     stage_components={"text_encode": ("text_encoder",), "video_decode": ("vae",)},
     denoise_shape=_denoise_shape,
+    expert_schedule=expert_schedule,
 )
 TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance": 5.0, "fps": 16}
 TINY_TEXT_DIM = 32

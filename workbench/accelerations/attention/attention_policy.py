@@ -122,7 +122,7 @@ class _Installed(Handle):
         if self.router is None:
             self.receipt.counters["dense_requests"] += 1  # nothing installed: every call is the stock backend
         else:
-            self.router.reset()
+            self.router.reset(steps)
 
     def report(self) -> dict[str, Any]:
         report = super().report()

@@ -12,7 +12,8 @@ the family's text / conditioning / audio prefix of each call, 0 for Wan and LTX-
 `[text | conditioning | audio]` rows for H3; or a fixed count); `dense_steps` (first denoising steps dense:
 the pipeline's cache-context step index, or without one the count of denoiser calls in the request);
 `dense_blocks` (first transformer blocks dense); `protect_prefix` (the first query rows take dense attention
-and only the rest keep the sparse output; "family" protects the non-video prefix, as the seed's Sol path does).
+and only the rest keep the sparse output; "family" protects the non-video prefix, as the seed's Sol path does);
+`per_expert` (Wan2.2: `dense_steps` counted within each expert's run of steps, `sparse_routing`).
 
 Receipts: `sparse_calls`, `dense_calls` (split into `dense_step_calls` and `dense_block_calls`),
 `protected_rows`, `notes["mean_density"]` (fraction of exact block pairs over the sparse calls) and
@@ -53,7 +54,7 @@ class BlockSparseConfig(SparseAttentionConfig):
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     check_block_sparse_device("block_sparse", device)
     settings = Settings.from_options(options)
-    router = Router("block_sparse", model, None, block_sparse_attend, lambda rows: settings)
+    router = Router("block_sparse", model, None, block_sparse_attend, lambda rows: settings, options["per_expert"])
     router.check_modules(HEAD_DIM, DTYPES)
     return lambda: RoutedHandle(SPEC, options, router)
 

@@ -83,6 +83,6 @@ def router_for(model: Any, device: torch.device, options: dict[str, Any], settin
         call.router.receipt.notes.update(backend=got, package_version=version)
         return out, None
 
-    router = Router("sol_attn", model, None, attend, settings_for)
+    router = Router("sol_attn", model, None, attend, settings_for, options["per_expert"])
     router.check_modules(HEAD_DIM, (torch.bfloat16,))
     return router

@@ -17,6 +17,11 @@ Fail closed: a routed call that carries a mask, is causal, runs under context pa
 self-attention, or never reaches the shim (its backend changed after install) raises RuntimeError; the only
 call let through dense is one whose processor itself skipped attention (LTX-2's fully perturbed STG pass),
 which is counted under `fallbacks`.
+
+Experts (Wan2.2, `workbench.models.experts`): a step hook on each denoiser tells the router which expert runs the
+call. With `per_expert` (the default) `dense_steps` counts within each expert's run of steps, so the low-noise
+expert's first steps after the switch run dense too; `per_expert=False` counts over the whole request. On Wan2.2
+the counts are split by expert in the receipt (`experts`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from diffusers.hooks.hooks import BaseState, StateManager
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
 from workbench.accelerations.base import Handle, Option, Receipt, Spec, drop_restored_forwards, option
+from workbench.models import experts
 from workbench.request import shown
 
 STEP_HOOK = "workbench_sparse_routing_step"
@@ -104,6 +110,7 @@ class SparseAttentionConfig:
     protect_prefix: int | str = option(
         FAMILY, cls=RowsOption, help="first query rows take dense attention; 'family': non-video"
     )
+    per_expert: bool = option(True, help=experts.PER_EXPERT_HELP)
 
 
 @dataclass
@@ -188,13 +195,14 @@ class _NoState(BaseState):
 
 
 class _StepHook(ModelHook):
-    """On each denoiser: the step of each call (cache-context step index, else the call count) and the prefix."""
+    """On each denoiser: the expert and step of each call (cache-context step index, else the call count; per expert
+    when the router counts so) and the prefix."""
 
     _is_stateful = True
 
-    def __init__(self, router: Router):
+    def __init__(self, router: Router, expert: str):
         super().__init__()
-        self.router = router
+        self.router, self.expert = router, expert
         self.state_manager = StateManager(_NoState)
 
     def reset_state(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -203,7 +211,12 @@ class _StepHook(ModelHook):
     def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         context = self.state_manager._context
         router = self.router
-        router.step = context.step_index if context is not None and context.step_index is not None else router.calls
+        index = context.step_index if context is not None else None
+        if router.schedule is None:  # not inside a request (captured_qkv): the request-wide count
+            router.step = router.calls if index is None else index
+        else:
+            router.step, _ = router.schedule.counted(self.expert, index, router.calls, None, router.per_expert)
+            router.expert = router.schedule.label(self.expert)
         router.calls += 1
         router.prefix = router.prefix_rows(args, kwargs)
         return self.fn_ref.original_forward(*args, **kwargs)
@@ -217,7 +230,8 @@ class Router:
     """Routes one model's self-attention. `settings_for(video_rows)` gives the Settings for a call of that
     many target-video rows, or None to run it dense (counted as `unqualified_calls`). Built at prepare time
     (it only reads the model); `install` mutates, `remove` restores. `receipt` may be given later (the
-    plugin's handle owns it) but must be set before `install`."""
+    plugin's handle owns it) but must be set before `install`. `per_expert`: count `dense_steps` within each expert's
+    run of steps (module docstring); `reset(steps)` at each request's start reads the expert schedule."""
 
     def __init__(
         self,
@@ -226,13 +240,18 @@ class Router:
         receipt: Receipt | None,
         attend: Attend,
         settings_for: Callable[[int], Settings | None],
+        per_expert: bool = True,
     ):
         spec = model.family.self_attention
         if spec is None:
             raise RuntimeError(f"{name}: family {model.family.name!r} names no self-attention that can be routed")
         self.name, self.receipt, self.attend, self.settings_for = name, receipt, attend, settings_for
         self.prefix_rows = spec.prefix_rows
-        self.denoisers = model.denoisers()
+        self.model, self.per_expert = model, per_expert
+        self.named = experts.named_denoisers(model)
+        self.denoisers = [denoiser for _, denoiser in self.named]
+        self.schedule: experts.Schedule | None = None
+        self.expert: str | None = None  # the running expert's receipt label (None: a single-expert model)
         self.modules = [(d, i, m) for d in self.denoisers for i, m in enumerate(spec.modules(d))]
         self.step = self.calls = self.prefix = 0
         self.density_sum: torch.Tensor | float = 0.0
@@ -254,7 +273,8 @@ class Router:
     def install(self) -> None:
         if self.receipt is None:
             raise RuntimeError(f"{self.name}: the router has no receipt to count into")
-        self.receipt.traceable(self.denoisers[0].device, counters=COUNTERS, fallbacks=(PERTURBED,))
+        names = [name for name, _ in self.named] if len(self.named) > 1 else []
+        self.receipt.traceable(self.denoisers[0].device, counters=COUNTERS, fallbacks=(PERTURBED,), experts=names)
         for _, _, module in self.modules:
             name = _backend_of(module.processor)
             current = _AttentionBackendRegistry._backends[name]
@@ -262,8 +282,8 @@ class Router:
                 raise RuntimeError(f"{self.name}: attention backend {name.value} is already routed by another plugin")
             self._backends.setdefault(name, current)
         try:
-            for denoiser in self.denoisers:
-                HookRegistry.check_if_exists_or_initialize(denoiser).register_hook(_StepHook(self), STEP_HOOK)
+            for expert, denoiser in self.named:
+                HookRegistry.check_if_exists_or_initialize(denoiser).register_hook(_StepHook(self, expert), STEP_HOOK)
             for _, index, module in self.modules:
                 self._processors.append((module, module.processor))
                 module.processor = _Routed(module.processor, self, index)
@@ -285,7 +305,10 @@ class Router:
             drop_restored_forwards(denoiser)
         self._processors, self._backends = [], {}
 
-    def reset(self) -> None:
+    def reset(self, steps: int) -> None:
+        """Start a request of `steps` steps: counts back to 0, the expert schedule read for it."""
+        self.schedule = experts.schedule(self.model, steps)
+        self.expert = None
         self.step = self.calls = self.prefix = 0
         self.density_sum, self.density_calls = 0.0, 0
 
@@ -305,8 +328,8 @@ class Router:
             reason = "dense_block_calls"
         if reason is None:
             return settings
-        self.receipt.count("dense_calls")
-        self.receipt.count(reason)
+        self.receipt.count("dense_calls", expert=self.expert)
+        self.receipt.count(reason, expert=self.expert)
         return None
 
     def run(self, call: Call) -> torch.Tensor:
@@ -330,8 +353,8 @@ class Router:
         if rows:
             dense = call.backend_fn(**{**kwargs, "query": q[:, :rows]})
             out = torch.cat([dense.to(out.dtype), out[:, rows:]], 1)
-            self.receipt.count("protected_rows", rows)
-        self.receipt.count("sparse_calls")
+            self.receipt.count("protected_rows", rows, expert=self.expert)
+        self.receipt.count("sparse_calls", expert=self.expert)
         if density is not None:
             self.density_sum = self.density_sum + density.detach()
             self.density_calls += 1
@@ -386,7 +409,7 @@ class RoutedHandle(Handle):
 
     def begin_request(self, request_id: int, steps: int) -> None:
         super().begin_request(request_id, steps)
-        self.router.reset()
+        self.router.reset(steps)
 
     def report(self) -> dict[str, Any]:
         self.receipt.notes.update(self.router.notes())

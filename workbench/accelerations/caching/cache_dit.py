@@ -11,6 +11,10 @@ when the step count changes. Receipts come from `cache_dit.summary` after each r
 
 Refused on LTX-2: with diffusers 0.42.1 cache-dit 1.5.3's patched LTX-2 transformer forward rejects the
 pipeline's `sigma` argument. `residual_diff_threshold=0` caches nothing and equals dense bit for bit.
+
+Experts (Wan2.2): cache-dit's Wan adapter gives each expert's block list its own cache context, so its state and
+its step counts (`max_warmup_steps`) are per expert already; the receipt's counts are split by expert (`experts`),
+matched through the context name cache-dit gives each block list (`<name>_<hash(id(blocks))>`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import torch
 
 from workbench.accelerations.base import Handle, Knob, Spec, drop_restored_forwards, option
+from workbench.models import experts
 
 NAME = "cache_dit"
 EXTRA = "pip install 'vflash-workbench[cache-dit]' (cache-dit==1.5.3)"
@@ -39,7 +44,10 @@ class _Installed(Handle):
         super().__init__(spec, options, proof=("cached_steps",))
         self.cache_dit = _cache_dit()
         self.pipe = model.pipeline
-        self.denoisers = model.denoisers()
+        named = experts.named_denoisers(model)
+        self.denoisers = [denoiser for _, denoiser in named]
+        # cache-dit's context name suffix of each expert's block list -> the expert (only where there are two)
+        self.experts = {f"_{hash(id(d.blocks))}": name for name, d in named if len(named) > 1}
         # disable_cache re-registers the block list (changing module order) and leaves counters behind
         self.children = [dict(d._modules) for d in self.denoisers]
         self.attributes = [{name: set(m.__dict__) for name, m in d.named_modules()} for d in self.denoisers]
@@ -80,8 +88,9 @@ class _Installed(Handle):
             if name in seen:  # summary lists each cached block list once per context manager lookup
                 continue
             seen.add(name)
-            self.receipt.counters["cached_steps"] += len(stats.cached_steps) + len(stats.cfg_cached_steps)
-            self.receipt.counters["executed_steps"] += int(stats.accumulated_executed_steps)
+            expert = next((e for suffix, e in self.experts.items() if str(name).endswith(suffix)), None)
+            self.receipt.count("cached_steps", len(stats.cached_steps) + len(stats.cfg_cached_steps), expert)
+            self.receipt.count("executed_steps", int(stats.accumulated_executed_steps), expert)
 
     def _disable(self) -> None:
         if self.steps is not None:

@@ -33,7 +33,7 @@ class FirstBlockCacheConfig:
 def _prepare_first_block(model: Any, options: dict[str, Any], device: torch.device):
     needs_registered_blocks("first_block_cache", model)
     return lambda: CacheHandle(
-        FIRST_BLOCK, options, model, lambda: diffusers.FirstBlockCacheConfig(threshold=options["threshold"])
+        FIRST_BLOCK, options, model, lambda expert: diffusers.FirstBlockCacheConfig(threshold=options["threshold"])
     )
 
 
@@ -68,7 +68,7 @@ def _prepare_taylorseer(model: Any, options: dict[str, Any], device: torch.devic
         )
     targets = sorted(set().union(*per_denoiser))  # names relative to each denoiser (Wan2.2's two are alike)
 
-    def config() -> diffusers.TaylorSeerCacheConfig:
+    def config(expert: str) -> diffusers.TaylorSeerCacheConfig:
         return diffusers.TaylorSeerCacheConfig(
             cache_interval=options["cache_interval"],
             disable_cache_before_step=options["disable_cache_before_step"],
@@ -98,7 +98,7 @@ def _prepare_pab(model: Any, options: dict[str, Any], device: torch.device):
     if options["timestep_low"] >= options["timestep_high"]:
         raise ValueError("pyramid_attention_broadcast.timestep_low: must be below timestep_high")
 
-    def config() -> diffusers.PyramidAttentionBroadcastConfig:
+    def config(expert: str) -> diffusers.PyramidAttentionBroadcastConfig:
         return diffusers.PyramidAttentionBroadcastConfig(
             spatial_attention_block_skip_range=options["skip_range"],
             spatial_attention_timestep_skip_range=(options["timestep_low"], options["timestep_high"]),

@@ -4,6 +4,10 @@ Shared by `diffusers_caches` (first-block cache, TaylorSeer, PAB) and `mag_cache
 no Spec). Receipts count work that really ran: a skipped block or predicted module still passes through its
 `__call__` (the cache hook answers for it), so executions are counted one level down, a block at the first layer
 of its feed-forward, an attention at its output projection.
+
+Experts (Wan2.2): diffusers keeps each cache's state in hooks on each denoiser, so the low-noise expert's state is its
+own and its step counts (TaylorSeer's `disable_cache_before_step`, MagCache's step index) start at 0 when it first
+runs. The receipt's counts are split by expert (`experts` in the receipt, `workbench.models.experts`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 from diffusers.hooks._helpers import TransformerBlockRegistry
 
 from workbench.accelerations.base import Handle, Spec, drop_restored_forwards
+from workbench.models import experts
 
 FEED_FORWARD_NAMES = ("ffn", "ff")
 # Counted by hooks inside the blocks, so through Receipt.count (compile-safe).
@@ -22,32 +27,37 @@ COUNTERS = ("block_calls", "blocks_executed", "attention_calls", "attention_exec
 
 
 class CacheHandle(Handle):
-    """diffusers' cache installed on every denoiser by `config_fn()`, with execution counted one level down (see
-    the module docstring); `blocks_skipped` / `attention_skipped` are filled in at the end of each request."""
+    """diffusers' cache installed on every denoiser by `config_fn(expert)` (the denoiser's pipeline attribute), with
+    execution counted one level down (see the module docstring); `blocks_skipped` / `attention_skipped` are filled
+    in at the end of each request."""
 
-    def __init__(self, spec: Spec, options: dict[str, Any], model: Any, config_fn: Callable[[], Any]):
+    def __init__(self, spec: Spec, options: dict[str, Any], model: Any, config_fn: Callable[[str], Any]):
         super().__init__(spec, options, proof=("blocks_skipped", "attention_skipped"))
-        self.denoisers = model.denoisers()
-        self.receipt.traceable(self.denoisers[0].device, counters=COUNTERS)
+        named = experts.named_denoisers(model)
+        self.denoisers = [denoiser for _, denoiser in named]
+        self.experts = [name for name, _ in named] if len(named) > 1 else []  # receipt shares: Wan2.2's two
+        self.receipt.traceable(self.denoisers[0].device, counters=COUNTERS, experts=self.experts)
         self.hooks = []
         self_attention = model.family.self_attention  # the attention PAB broadcasts, as the family names it
-        for denoiser in self.denoisers:
+        for name, denoiser in named:
+            expert = name if self.experts else None
             for block in model.family.blocks(denoiser):
-                self._count(block, "block_calls")
-                self._count(_first_module(_feed_forward(block)), "blocks_executed")
+                self._count(block, "block_calls", expert)
+                self._count(_first_module(_feed_forward(block)), "blocks_executed", expert)
             for attention in [] if self_attention is None else self_attention.modules(denoiser):
-                self._count(attention, "attention_calls")
-                self._count(_first_module(attention.to_out), "attention_executed")
+                self._count(attention, "attention_calls", expert)
+                self._count(_first_module(attention.to_out), "attention_executed", expert)
+        self.names = [name for name, _ in named]
         try:
-            for denoiser in self.denoisers:
-                denoiser.enable_cache(config_fn())
+            for name, denoiser in named:
+                denoiser.enable_cache(config_fn(name))
         except Exception:
             self._remove()
             raise
 
-    def _count(self, module: torch.nn.Module, counter: str) -> None:
+    def _count(self, module: torch.nn.Module, counter: str, expert: str | None) -> None:
         def bump(*_: Any) -> None:
-            self.receipt.count(counter)
+            self.receipt.count(counter, expert=expert)
 
         self.hooks.append(module.register_forward_pre_hook(bump))
 
@@ -58,9 +68,13 @@ class CacheHandle(Handle):
 
     def end_request(self, request_id: int) -> None:
         self.receipt.fold()
-        c = self.receipt.counters
-        c["blocks_skipped"] = c["block_calls"] - c["blocks_executed"]
-        c["attention_skipped"] = c["attention_calls"] - c["attention_executed"]
+        for prefix, c in (
+            ("", self.receipt.counters),
+            *((f"{e}/", self.receipt.expert_counters) for e in self.experts),
+        ):
+            for kind in ("blocks", "attention"):
+                calls = "block_calls" if kind == "blocks" else "attention_calls"
+                c[f"{prefix}{kind}_skipped"] = c[f"{prefix}{calls}"] - c[f"{prefix}{kind}_executed"]
         for denoiser in self.denoisers:
             denoiser._reset_stateful_cache()
 

@@ -7,7 +7,13 @@ it predicts the relative output change `k * |x - x_prev| / |v_prev|` and accumul
 stays below `threshold` it returns `x + delta` instead of running the transformer. Warm-up steps and
 the final steps always run. The streams are the family's (`Family.streams`: the denoiser inputs one step
 transforms, in output order; LTX-2 and H3: video, then audio). State lives per CFG branch (diffusers' cache
-context) and per request; `threshold=0` never reuses, so its output is the dense output bit for bit.
+context), per expert (one hook on each denoiser: Wan2.2's low-noise expert starts with no cached transformation)
+and per request; `threshold=0` never reuses, so its output is the dense output bit for bit.
+
+Experts (`workbench.models.experts`): with `per_expert=True` (the default) `warmup` and `final_dense` count within
+each expert's run of steps, so each expert starts and ends dense; `per_expert=False` counts them over the whole
+request (the boundary-unaware count). On Wan2.2 the decisions are kept per expert and branch
+(`notes["decisions"]["transformer_2/cond"]`) and the counts split under `experts`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
 from workbench.accelerations.base import Handle, Knob, Spec, drop_restored_forwards, option
+from workbench.models import experts
 
 HOOK_NAME = "workbench_easycache"
 
@@ -45,20 +52,25 @@ def _l1(t: torch.Tensor) -> float:
 class _EasyCacheHook(ModelHook):
     _is_stateful = True
 
-    def __init__(self, handle: _Installed, streams: tuple[str, ...]):
+    def __init__(self, handle: _Installed, streams: tuple[str, ...], expert: str):
         super().__init__()
-        self.handle = handle
+        self.handle, self.expert = handle, expert
         self.streams = streams
         self.state_manager = StateManager(_BranchState)
 
     def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        handle, state = self.handle, self.state_manager.get_state()
+        handle, state, options = self.handle, self.state_manager.get_state(), self.handle.options
         context = self.state_manager.context
-        step = context.step_index if context.step_index is not None else state.calls
-        steps = context.num_inference_steps or handle.steps
+        step, steps = handle.schedule.counted(
+            self.expert,
+            context.step_index,
+            state.calls,
+            context.num_inference_steps or handle.steps,
+            options["per_expert"],
+        )
+        label = handle.schedule.label(self.expert)
         state.calls += 1
         inputs = [kwargs[name] for name in self.streams]
-        options = handle.options
         must_run = (
             options["threshold"] == 0.0
             or step < options["warmup"]
@@ -73,11 +85,11 @@ class _EasyCacheHook(ModelHook):
             )
             if state.accumulated + predicted < options["threshold"]:
                 state.accumulated += predicted
-                handle.receipt.record_decision(context.name, "R")
+                handle.receipt.record_decision(context.name, "R", label)
                 return _rebuild(state.template, [x + d for x, d in zip(inputs, state.deltas, strict=True)])
 
         output = self.fn_ref.original_forward(*args, **kwargs)
-        handle.receipt.record_decision(context.name, "C")
+        handle.receipt.record_decision(context.name, "C", label)
         outputs = _tensors(output)[: len(inputs)]
         if state.inputs is not None:
             state.rate = [
@@ -114,19 +126,22 @@ def _rebuild(template: Any, tensors: list[torch.Tensor]) -> Any:
 
 
 class _Installed(Handle):
-    def __init__(self, spec: Spec, options: dict[str, Any], denoisers: list[torch.nn.Module], streams: tuple):
+    def __init__(self, spec: Spec, options: dict[str, Any], model: Any, streams: tuple):
         super().__init__(spec, options, proof=("reused",))
-        self.denoisers = denoisers
+        named = experts.named_denoisers(model)
+        self.denoisers = [denoiser for _, denoiser in named]
         self.steps: int | None = None
+        self.schedule: experts.Schedule | None = None
         self.hooks = []
-        for denoiser in denoisers:
-            hook = _EasyCacheHook(self, streams)
+        for expert, denoiser in named:
+            hook = _EasyCacheHook(self, streams, expert)
             HookRegistry.check_if_exists_or_initialize(denoiser).register_hook(hook, HOOK_NAME)
             self.hooks.append(hook)
 
     def begin_request(self, request_id: int, steps: int) -> None:
         super().begin_request(request_id, steps)
         self.steps = steps
+        self.schedule = experts.schedule(self.model, steps)
         self._reset()
 
     def end_request(self, request_id: int) -> None:
@@ -150,12 +165,12 @@ class EasyCacheConfig:
     threshold: float | None = option(None, minimum=0.0, required=True, help="accumulated relative change allowed")
     warmup: int = option(2, minimum=0, help="first steps always computed")
     final_dense: int = option(1, minimum=0, help="last steps always computed")
+    per_expert: bool = option(True, help=experts.PER_EXPERT_HELP)
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     streams = model.family.streams
-    denoisers = model.denoisers()
-    return lambda: _Installed(SPEC, options, denoisers, streams)
+    return lambda: _Installed(SPEC, options, model, streams)
 
 
 SPEC = Spec(

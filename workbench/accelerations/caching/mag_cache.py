@@ -13,6 +13,14 @@ diffusers' config fixes `num_inference_steps`, so the cache is (re)enabled at `b
 the step count changes. Receipts as the other diffusers caches: executed blocks counted at their
 feed-forward, `blocks_skipped` is proof. `max_skip_steps=0` or `calibrate=True` never skip (dense bit
 for bit); `threshold=0` alone still skips when the ratios are exactly 1.
+
+Experts (Wan2.2, `workbench.models.experts`): diffusers' state, and so its step index, lives in hooks on each
+denoiser, so the low-noise expert counts its steps from 0. With `per_expert=True` (the default) each expert's cache
+is configured for its own run of steps: `num_inference_steps` its step count, `mag_ratios` its slice of the
+request's ratios (one per request step, as before), `retention_ratio` of its own steps never skipped; calibration
+records the ratios per expert (`"cond/transformer_2"`), which concatenate in request order to the request's list.
+`per_expert=False` is the boundary-unaware configuration: every expert gets the whole list and step count, so the
+low-noise expert reads the ratios of the first steps of the request.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from diffusers.hooks import HookRegistry
 
 from workbench.accelerations.base import Knob, Spec, option
 from workbench.accelerations.caching.diffusers_hooks import CacheHandle, needs_registered_blocks
+from workbench.models import experts
 
 NAME = "mag_cache"
 TAIL_HOOK = "mag_cache_block_hook"
@@ -33,18 +42,23 @@ TAIL_HOOK = "mag_cache_block_hook"
 
 class _Installed(CacheHandle):
     def __init__(self, spec: Spec, options: dict[str, Any], model: Any, steps: int):
-        self.steps = steps
-        super().__init__(spec, options, model, lambda: self._config(self.steps))
+        self.schedule = experts.schedule(model, steps)
+        super().__init__(spec, options, model, self._config)
         self._watch_calibration()
 
-    def _config(self, steps: int) -> diffusers.MagCacheConfig:
-        options = self.options
+    def _config(self, expert: str) -> diffusers.MagCacheConfig:
+        """The expert's config for the current schedule: its own span per expert, else the whole request."""
+        options, steps = self.options, len(self.schedule.experts)
+        ratios = None if options["calibrate"] else list(options["mag_ratios"])
+        span = self.schedule.span(expert)
+        if options["per_expert"] and len(span):  # an expert that never runs keeps the whole-request config
+            steps, ratios = len(span), None if ratios is None else ratios[span.start : span.stop]
         return diffusers.MagCacheConfig(
             threshold=options["threshold"],
             max_skip_steps=options["max_skip_steps"],
             retention_ratio=options["retention_ratio"],
             num_inference_steps=steps,
-            mag_ratios=None if options["calibrate"] else list(options["mag_ratios"]),
+            mag_ratios=ratios,
             calibrate=options["calibrate"],
         )
 
@@ -55,11 +69,12 @@ class _Installed(CacheHandle):
                 f"{NAME}.mag_ratios: {len(ratios)} ratios given but the request has {steps} steps; "
                 "give one per step (calibrate=True with this step count records them)"
             )
-        if steps != self.steps:
-            for denoiser in self.denoisers:
+        schedule = experts.schedule(self.model, steps)
+        if schedule != self.schedule:
+            self.schedule = schedule
+            for name, denoiser in zip(self.names, self.denoisers, strict=True):
                 denoiser.disable_cache()
-                denoiser.enable_cache(self._config(steps))
-            self.steps = steps
+                denoiser.enable_cache(self._config(name))
             self._watch_calibration()
         super().begin_request(request_id, steps)
 
@@ -67,20 +82,20 @@ class _Installed(CacheHandle):
         """Copy each ratio diffusers' tail hook records into the receipt (diffusers only prints them)."""
         if not self.options["calibrate"]:
             return
-        for index, denoiser in enumerate(self.denoisers):
+        for name, denoiser in zip(self.names, self.denoisers, strict=True):
             for module in denoiser.modules():
                 registry = getattr(module, "_diffusers_hook", None)
                 hook = registry.get_hook(TAIL_HOOK) if registry is not None else None
                 if hook is not None and hook.is_tail:
-                    hook._perform_calibration_step = self._recorder(hook, index)
+                    hook._perform_calibration_step = self._recorder(hook, name)
 
-    def _recorder(self, hook: Any, denoiser_index: int):
+    def _recorder(self, hook: Any, expert: str):
         record = type(hook)._perform_calibration_step.__get__(hook)
 
         def perform(state: Any, residual: torch.Tensor) -> None:
             record(state, residual)
             branch = hook.state_manager.context.name
-            key = branch if len(self.denoisers) == 1 else f"{branch}/denoiser{denoiser_index}"
+            key = branch if len(self.denoisers) == 1 else f"{branch}/{expert}"
             self.receipt.notes.setdefault("mag_ratios", {}).setdefault(key, []).append(state.calibration_ratios[-1])
 
         return perform
@@ -100,6 +115,7 @@ class MagCacheConfig:
     threshold: float = option(0.06, minimum=0.0, help="accumulated error allowed while skipping")
     max_skip_steps: int = option(3, minimum=0, help="most consecutive skipped steps")
     retention_ratio: float = option(0.2, minimum=0.0, maximum=1.0, help="fraction of first steps never skipped")
+    per_expert: bool = option(True, help=experts.PER_EXPERT_HELP)
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):

@@ -28,6 +28,12 @@ the raw change, to be calibrated on the family itself. Negative polynomial value
 never decreases.
 
 `rel_l1_thresh=0` never reuses, so its output is the dense output bit for bit.
+
+Experts (`workbench.models.experts`): each denoiser's stack has its own leader, so Wan2.2's low-noise expert starts
+with no residual and no previous indicator of its own. With `per_expert=True` (the default) `warmup` and
+`final_dense` count within each expert's run of steps; `per_expert=False` counts them over the whole request (the
+boundary-unaware count). On Wan2.2 decisions are kept per expert and branch (`"transformer_2/cond"`) and the counts
+split under `experts`.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
 from workbench.accelerations.base import Handle, Knob, Spec, drop_restored_forwards, option
-from workbench.models import families
+from workbench.models import experts, families
 from workbench.models.family import block_arg
 
 LEADER_HOOK = "workbench_teacache_leader"
@@ -73,17 +79,23 @@ class _LeaderHook(ModelHook):
 
     _is_stateful = True
 
-    def __init__(self, handle: _Installed, family: Any, is_last: bool):
+    def __init__(self, handle: _Installed, family: Any, is_last: bool, expert: str):
         super().__init__()
         self.handle, self.indicator, self.is_last = handle, family.teacache.indicator, is_last
+        self.expert = expert
         self.streams = family.block_streams
         self.state_manager = StateManager(_BranchState)
 
     def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         handle, options = self.handle, self.handle.options
         state, context = self.state_manager.get_state(), self.state_manager.context
-        step = context.step_index if context.step_index is not None else state.calls
-        steps = context.num_inference_steps or handle.steps
+        step, steps = handle.schedule.counted(
+            self.expert,
+            context.step_index,
+            state.calls,
+            context.num_inference_steps or handle.steps,
+            options["per_expert"],
+        )
         state.calls += 1
         inputs = [block_arg(args, kwargs, name, index) for name, index in self.streams]
         modulated = self.indicator(module, args, kwargs)
@@ -106,7 +118,7 @@ class _LeaderHook(ModelHook):
             state.accumulated = 0.0
         state.previous = modulated
         state.skipping = reuse
-        handle.receipt.record_decision(context.name, "R" if reuse else "C")
+        handle.receipt.record_decision(context.name, "R" if reuse else "C", handle.schedule.label(self.expert))
         if reuse:
             outputs = [x + r for x, r in zip(inputs, state.residuals, strict=True)]
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
@@ -146,15 +158,16 @@ def _store_residuals(state: _BranchState, output: Any) -> None:
 
 
 class _Installed(Handle):
-    def __init__(self, spec: Spec, options: dict[str, Any], family: Any, stacks: list[tuple[Any, list]]):
+    def __init__(self, spec: Spec, options: dict[str, Any], family: Any, stacks: list[tuple[str, Any, list]]):
         super().__init__(spec, options, proof=("reused",))
         self.steps: int | None = None
+        self.schedule: experts.Schedule | None = None
         rescale = options["rescale"]
         self.coefficients = None if rescale == "none" else family.teacache.coefficients[rescale]
         self.blocks: list[torch.nn.Module] = []
         self.leaders: list[_LeaderHook] = []
-        for _, blocks in stacks:
-            leader = _LeaderHook(self, family, is_last=len(blocks) == 1)
+        for expert, _, blocks in stacks:
+            leader = _LeaderHook(self, family, is_last=len(blocks) == 1, expert=expert)
             HookRegistry.check_if_exists_or_initialize(blocks[0]).register_hook(leader, LEADER_HOOK)
             self.leaders.append(leader)
             self.blocks.append(blocks[0])
@@ -162,7 +175,7 @@ class _Installed(Handle):
                 follower = _FollowerHook(leader, is_last=index == len(blocks))
                 HookRegistry.check_if_exists_or_initialize(block).register_hook(follower, FOLLOWER_HOOK)
                 self.blocks.append(block)
-        self.denoisers = [denoiser for denoiser, _ in stacks]
+        self.denoisers = [denoiser for _, denoiser, _ in stacks]
         for denoiser in self.denoisers:  # the denoiser's cache_context must reach the new block registries
             HookRegistry.check_if_exists_or_initialize(denoiser).invalidate_child_registries_cache()
 
@@ -177,6 +190,7 @@ class _Installed(Handle):
     def begin_request(self, request_id: int, steps: int) -> None:
         super().begin_request(request_id, steps)
         self.steps = steps
+        self.schedule = experts.schedule(self.model, steps)
         self._reset()
 
     def end_request(self, request_id: int) -> None:
@@ -208,6 +222,7 @@ class TeaCacheConfig:
     warmup: int = option(1, minimum=0, help="first steps always computed")
     final_dense: int = option(1, minimum=0, help="last steps always computed")
     rescale: str = option("none", allowed=RESCALES, help="polynomial applied to each step's change")
+    per_expert: bool = option(True, help=experts.PER_EXPERT_HELP)
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
@@ -219,11 +234,11 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
             "has no published coefficients here, use rescale='none'"
         )
     stacks = []
-    for denoiser in model.denoisers():
+    for expert, denoiser in experts.named_denoisers(model):
         blocks = family.blocks(denoiser)
         if not blocks:
             raise RuntimeError(f"teacache: {type(denoiser).__name__} has no {list(family.block_classes)} blocks")
-        stacks.append((denoiser, blocks))
+        stacks.append((expert, denoiser, blocks))
     return lambda: _Installed(SPEC, options, family, stacks)
 
 

@@ -1,0 +1,101 @@
+"""Wan2.2's two experts: the schedule plugins read, and caches / sparse routing counting per expert (issue 24)."""
+
+import pytest
+import torch
+
+from workbench import Request, Session
+from workbench.accelerations.attention.sparse_routing import Router, Settings
+from workbench.accelerations.base import Receipt
+from workbench.models import experts
+
+STEPS = 8
+SIZE = {"frames": 5, "height": 32, "width": 32}
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session.open("tiny-wan22", device="cpu")
+
+
+def _generate(session, seed):
+    return session.generate(Request("a red circle moves left", seed=seed, steps=STEPS, **SIZE), progress=False)
+
+
+def _seed():
+    return int(torch.randint(0, 2**20, ()).item())
+
+
+def test_expert_schedule_matches_the_experts_the_pipeline_runs(session):
+    ran = []
+    hooks = [
+        denoiser.register_forward_pre_hook(lambda *_, name=name: ran.append(name))
+        for name, denoiser in experts.named_denoisers(session.model)
+    ]
+    try:
+        _generate(session, _seed())
+    finally:
+        for hook in hooks:
+            hook.remove()
+    schedule = experts.schedule(session.model, STEPS)
+    assert tuple(ran[::2]) == tuple(ran[1::2]) == schedule.experts  # cond and uncond call the same expert
+    high, low = schedule.span("transformer"), schedule.span("transformer_2")
+    assert high.start == 0 and high.stop == low.start and low.stop == STEPS and len(high) >= 2 and len(low) >= 3
+
+
+def _shares_sum_to_totals(receipt):
+    for key in ("computed", "reused"):
+        assert sum(share.get(key, 0) for share in receipt["experts"].values()) == receipt.get(key, 0), receipt
+
+
+def test_teacache_per_expert_changes_decisions_after_the_switch(session):
+    """The same threshold (reuse whenever allowed), warm-up 2 and final step 1: the boundary-unaware count lets the
+    low-noise expert reuse on its second step and the high-noise expert on its last; per expert both stay dense."""
+    seed = _seed()
+    options = {"rel_l1_thresh": 1e6, "warmup": 2, "final_dense": 1}
+    decisions = {}
+    for per_expert in (False, True):
+        session.accelerate({"teacache": {**options, "per_expert": per_expert}})
+        try:
+            receipt = _generate(session, seed).receipts["teacache"]
+        finally:
+            session.accelerate({})
+        _shares_sum_to_totals(receipt)
+        decisions[per_expert] = receipt["notes"]["decisions"]
+    schedule = experts.schedule(session.model, STEPS)
+    high, low = len(schedule.span("transformer")), len(schedule.span("transformer_2"))
+    for branch in ("cond", "uncond"):
+        assert decisions[True][f"transformer/{branch}"] == "C" * high, decisions
+        assert decisions[True][f"transformer_2/{branch}"] == "CC" + "R" * (low - 3) + "C", decisions
+        assert decisions[False][f"transformer/{branch}"] == "CC" + "R" * (high - 2), decisions
+        assert decisions[False][f"transformer_2/{branch}"] == "C" + "R" * (low - 2) + "C", decisions
+
+
+def test_sparse_dense_steps_count_per_expert(session):
+    """dense_steps=2: per expert, each expert's first two steps run dense; boundary-unaware, only the request's."""
+    seed, shares = _seed(), {}
+    settings = Settings(tau=0.0, dense_steps=2, sink_tokens=0, protect_prefix=0)
+    for per_expert in (False, True):
+        receipt = Receipt(("sparse_calls",))
+        router = Router("test", session.model, receipt, lambda c: (c.backend_fn(**c.kwargs), None), lambda r: settings)
+        router.per_expert = per_expert
+        router.install()
+        try:
+            router.reset(STEPS)
+            _generate(session, seed)
+        finally:
+            router.remove()
+        shares[per_expert] = receipt.by_expert()
+        for key in ("dense_step_calls", "sparse_calls"):
+            assert sum(s.get(key, 0) for s in shares[per_expert].values()) == receipt.counters[key]
+    blocks = 2 * 2  # two self-attentions per expert, two CFG branches per step
+    assert shares[True]["transformer"]["dense_step_calls"] == shares[True]["transformer_2"]["dense_step_calls"]
+    assert shares[True]["transformer_2"]["dense_step_calls"] == 2 * blocks
+    assert shares[False]["transformer"]["dense_step_calls"] == 2 * blocks
+    assert "dense_step_calls" not in shares[False]["transformer_2"]
+
+
+def test_per_expert_counting_refuses_a_step_the_schedule_gives_another_expert(session):
+    schedule = experts.schedule(session.model, STEPS)
+    with pytest.raises(RuntimeError, match=r"expert 'transformer_2' ran request step 0, where the schedule has"):
+        schedule.counted("transformer_2", 0, 0, STEPS, per_expert=True)
+    assert schedule.counted("transformer_2", 0, 0, STEPS, per_expert=False) == (0, STEPS)

@@ -1,0 +1,152 @@
+"""LoRA adapters fused through diffusers' loader (issue 24): per expert, exact unfuse, metadata defaults, plugins on
+the fused weights. The LoRA files are random, made here with peft in diffusers' Wan LoRA key format."""
+
+import numpy as np
+import pytest
+import torch
+from diffusers import WanTransformer3DModel
+from peft import LoraConfig
+from peft.utils import get_peft_model_state_dict
+from safetensors.torch import save_file
+
+from workbench import Adapter, Request, Session
+from workbench.accelerations import fingerprint
+from workbench.accelerations.quantization import selective_fp8 as fp8
+from workbench.models import wan
+
+SIZE = {"frames": 5, "height": 32, "width": 32}
+TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]
+
+
+def _seed():
+    return int(torch.randint(0, 2**20, ()).item())
+
+
+def lora_file(path, denoiser, seed, metadata=None):
+    """A random rank-4 LoRA for a denoiser shaped like `denoiser`, saved as diffusers' `transformer.<module>.lora_A/B`
+    keys (what `WanPipeline.save_lora_weights` writes), with `metadata` in the safetensors header."""
+    torch.manual_seed(seed)
+    shaped = WanTransformer3DModel.from_config(denoiser.config)
+    shaped.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=TARGETS, init_lora_weights=False))
+    state = {f"transformer.{key}": value.contiguous() for key, value in get_peft_model_state_dict(shaped).items()}
+    save_file(state, str(path), metadata=metadata or {})
+    return path
+
+
+def _state(module):
+    return {key: tensor.clone() for key, tensor in module.state_dict().items()}
+
+
+def _generate(session, seed, **fields):
+    return session.generate(
+        Request("a red circle moves left", seed=seed, **{"steps": 2, **SIZE, **fields}), progress=False
+    )
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"path": "missing.safetensors"}, r"adapter.path: 'missing.safetensors' is not an existing .safetensors file"),
+        ({"scale": float("nan")}, r"adapter.scale: nan; allowed: a finite number"),
+        ({"scale": True}, r"adapter.scale: True; allowed: a finite number"),
+        ({"scale": 1e3}, r"adapter.scale: 1000.0; allowed: a finite number in \[-100.0, 100.0\]"),
+        ({"target": "transformer_3"}, r"adapter.target: 'transformer_3'; allowed: \['transformer', 'transformer_2'"),
+        ({"name": "a b"}, r"adapter.name: 'a b'; allowed: 1-64 letters"),
+    ],
+)
+def test_adapter_bad_field_raises(tmp_path, fields, message):
+    path = tmp_path / "lora.safetensors"
+    save_file({"transformer.x.lora_A.weight": torch.ones(1)}, str(path))
+    with pytest.raises(ValueError, match=message):
+        Adapter(**{"path": path, **fields})
+
+
+def test_adapter_target_the_model_lacks_raises_and_changes_nothing(tmp_path):
+    session = Session.open("tiny-wan", device="cpu")
+    transformer = session.model.pipeline.transformer
+    path = lora_file(tmp_path / "a.safetensors", transformer, _seed())
+    before = fingerprint(transformer)
+    with pytest.raises(ValueError, match=r"adapter.target: 'transformer_2' needs \['transformer_2'\]"):
+        session.load_adapters([Adapter(path, target="transformer_2")])
+    assert fingerprint(transformer) == before
+
+
+def test_adapters_fuse_per_expert_match_diffusers_lora_and_unfuse_bitwise(tmp_path):
+    """One adapter on each Wan2.2 expert: only its expert's weights change; the fused request is diffusers' own
+    (unfused, peft-layer) LoRA request up to float rounding; unloading restores every tensor bit for bit."""
+    session = Session.open("tiny-wan22", device="cpu")
+    pipe, seed = session.model.pipeline, _seed()
+    high = lora_file(tmp_path / "high.safetensors", pipe.transformer, seed)
+    low = lora_file(tmp_path / "low.safetensors", pipe.transformer_2, seed + 1)
+    dense = _generate(session, seed)
+    states = [_state(pipe.transformer), _state(pipe.transformer_2)]
+    prints = [fingerprint(pipe.transformer), fingerprint(pipe.transformer_2)]
+
+    session.load_adapters([Adapter(high, scale=0.7)])
+    assert fingerprint(pipe.transformer) != prints[0] and fingerprint(pipe.transformer_2) == prints[1]
+    assert fingerprint(pipe.transformer)["leftovers"] == () and not hasattr(pipe.transformer, "peft_config")
+    records = session.load_adapters([Adapter(high, scale=0.7), Adapter(low, scale=-0.5, target="transformer_2")])
+    assert [(r["name"], r["target"], r["scale"]) for r in records] == [
+        ("high", "transformer", 0.7),
+        ("low", "transformer_2", -0.5),
+    ]
+    fused = _generate(session, seed)
+    assert fused.metadata["adapters"] == records and not torch.equal(fused.latents, dense.latents)
+
+    session.load_adapters([])
+    for module, state, before in zip((pipe.transformer, pipe.transformer_2), states, prints, strict=True):
+        assert fingerprint(module) == before
+        assert all(torch.equal(tensor, state[key]) for key, tensor in module.state_dict().items())
+    assert torch.equal(_generate(session, seed).latents, dense.latents)
+
+    pipe.load_lora_weights(str(tmp_path), weight_name=high.name, adapter_name="high")  # diffusers' unfused path
+    pipe.load_lora_weights(str(tmp_path), weight_name=low.name, adapter_name="low", load_into_transformer_2=True)
+    pipe.transformer.set_adapters(["high"], weights=[0.7])
+    pipe.transformer_2.set_adapters(["low"], weights=[-0.5])
+    reference = _generate(session, seed)
+    rel = float((fused.latents - reference.latents).norm() / reference.latents.norm())
+    assert rel < 1e-5, f"seed {seed}: fused vs diffusers' LoRA layers rel L2 {rel:.2e}"
+
+
+def test_adapter_metadata_sets_request_defaults_and_shift(tmp_path):
+    metadata = {"num_inference_steps": "3", "guidance": "1.5", "shift": "5.0"}
+    path = lora_file(tmp_path / "fast.safetensors", wan.tiny().pipeline.transformer, _seed(), metadata)
+    session = Session.open("tiny-wan", device="cpu", adapters=[{"path": path, "scale": 0.5}])
+    pipe = session.model.pipeline
+    shift = wan.tiny().pipeline.scheduler.config.shift
+    assert pipe.scheduler.config.shift == 5.0
+    request = session.resolve(Request("x", **SIZE))
+    assert (request.steps, request.guidance) == (3, 1.5)
+    assert session.resolve(Request("x", steps=2, guidance=4.0, **SIZE)).steps == 2  # the request's own win
+    session.load_adapters([])
+    assert pipe.scheduler.config.shift == shift and session.resolve(Request("x", **SIZE)).steps != 3
+
+
+def test_plugins_compose_with_a_fused_adapter(tmp_path, monkeypatch):
+    """With an adapter fused: a bitwise cache and a rounding fused-op plugin equal the fused request bit for bit;
+    selective_fp8 quantizes the fused weights (FP8 GEMMs run, near the fused request); all come off exactly."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(fp8, "machine_problem", lambda device: None)
+    session = Session.open("tiny-wan", device="cpu", dtype="bfloat16")
+    transformer, seed = session.model.pipeline.transformer, _seed()
+    original = fingerprint(transformer)
+    session.accelerate({"cross_kv_cache": {}})  # installed before: comes off for the fusion, goes back on after
+    session.load_adapters([Adapter(lora_file(tmp_path / "a.safetensors", transformer, seed), scale=0.8)])
+    assert session.accelerations == {"cross_kv_cache": {}}
+    session.accelerate({})
+    fused_print = fingerprint(transformer)
+    fused = _generate(session, seed)
+    for config in ({"cross_kv_cache": {}}, {"fused_block_ops": {}}):
+        session.accelerate(config)
+        result = _generate(session, seed)
+        session.accelerate({})
+        assert torch.equal(result.latents, fused.latents) and np.array_equal(result.frames, fused.frames), config
+        assert all(r["executed"] for r in result.receipts.values()) and fingerprint(transformer) == fused_print
+    session.accelerate({"selective_fp8": {"include": ["blocks.*.ffn.net.*"], "path": "fused"}})
+    result = _generate(session, seed)
+    session.accelerate({})
+    assert result.receipts["selective_fp8"]["fp8_gemms"] > 0 and fingerprint(transformer) == fused_print
+    rel = float((result.latents.float() - fused.latents.float()).norm() / fused.latents.float().norm())
+    assert 0 < rel < 0.1, f"seed {seed}: latents rel L2 {rel:.3e}"
+    session.load_adapters([])
+    assert fingerprint(transformer) == original
