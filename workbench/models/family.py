@@ -140,12 +140,9 @@ class Family:
     timestep_embedder: str | None = None
     unsupported: Mapping[str, str] = field(default_factory=dict)
     exact_fast: tuple[tuple[str, dict[str, Any]], ...] = ()
-<<<<<<< HEAD
     stage_components: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     denoise_shape: Callable[[Any], tuple[int, int]] = field(default=lambda request: (0, 0), repr=False)
-=======
     expert_schedule: Callable[[Any, int], tuple[str, ...]] | None = field(default=None, repr=False)
->>>>>>> wan22
     components: Mapping[str, Mapping[tuple[str, str], type]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
