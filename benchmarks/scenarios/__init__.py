@@ -14,6 +14,7 @@ from benchmarks.scenarios import (
     kernels,
     memory,
     parallel,
+    portability,
     relayout,
     request_wan,
     ring,
@@ -21,6 +22,6 @@ from benchmarks.scenarios import (
 )
 
 MODULES: tuple[ModuleType, ...] = (
-    forward_wan, forward_h3, request_wan, sparse_attention, kernels, relayout, parallel, memory, ring
+    forward_wan, forward_h3, request_wan, sparse_attention, kernels, relayout, portability, parallel, memory, ring
 )  # fmt: skip
 SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}

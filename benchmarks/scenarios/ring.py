@@ -6,7 +6,8 @@ offloading (`group_offload`, one block per group, streams) under caps of 48 GiB 
 The ring's resident block count comes from the planner (`workbench.memory_plan.plan_memory`) given the cap and the
 activation peak measured in the resident forward (allocated peak less the weights). A cap is enforced around each
 capped arm's timed forwards with `torch.cuda.set_per_process_memory_fraction` (an allocation past it raises, recorded
-as the arm's failure); installing and removing an arm happen outside it. A/B/A rounds through
+as the arm's failure); installing and removing an arm happen outside it. `RING_CAPS=48GiB` (a comma list of the caps'
+names) measures a subset, so each cap's A/B/A can fit one device call. A/B/A rounds through
 `workbench.evidence.timing.aba_rounds`, one timed forward per visit; per arm its peak and whether its output equals
 the resident one. Runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts).
 `--smoke`: tiny-h3's transformer (8 blocks) on the CPU with the estimated activation and two caps, the smallest that fits and
@@ -64,7 +65,10 @@ def run(context: Context) -> Measurement:
                           {"transformer": weights - sum(module_bytes(b) for b in blocks)}, {})  # fmt: skip
     if cuda:
         activation = torch.cuda.max_memory_allocated(device) - weights
-        caps = CAPS
+        chosen = os.environ.get("RING_CAPS", ",".join(CAPS)).split(",")
+        if unknown := set(chosen) - set(CAPS):
+            raise ValueError(f"RING_CAPS: {sorted(unknown)}; allowed: a comma list of {list(CAPS)}")
+        caps = {name: CAPS[name] for name in chosen}
     else:  # the planner's estimate (workbench.memory_plan): rows x b x max(8 D, 2 D + 3 F)
         d, f = model.config.hidden_size, model.config.ffn_dim
         activation = rows * 2 * max(8 * d, 2 * d + 3 * f)
