@@ -3,8 +3,9 @@
 Wan2.1-1.3B shapes, for correctness against the reference and for time, A/B/A (DEFAULT / AMPERE_ADA).
 
 Block-sparse: 1 x 12 x 32,760 x 128 bf16 structured q/k/v (`sparse_attention.structured_qkv`) at 20 % exact block
-pairs, the attention kernel alone (`attend` on one plan), max |error| against the dense torch maths of the same
-routing (`reference`). Relayout: `pack_qkv` and `merge_heads` at world size 2, bit-equal to their reference
+pairs, the attention kernel alone (`attend` on one plan), max |error| on the first head against the dense torch maths
+of the same routing (`reference` on that head: the routing is per head, and all 12 heads' dense scores would need
+52 GB). Relayout: `pack_qkv` and `merge_heads` at world size 2, bit-equal to their reference
 chains. Both launches are compiled for sm_90 here (the H200 runs sm_90 code only), so this measures the launch
 shapes' cost on Hopper, not an A100's or a 4090's speed; what the sm_80/86/89 builds need (shared memory,
 registers, spills) is checked without a GPU by tests/kernels/test_targets.py. `--smoke`: tiny shapes on the CPU
@@ -45,7 +46,7 @@ def ops(smoke: bool, device: torch.device) -> dict[str, tuple[Callable[[Any], to
     received = torch.randn(w, b, t // w, h // w, d, generator=g, device=device).to(dtype)
     return {
         "block_sparse_attend": (lambda launch: bsa.attend(q, k, v, route, launch),
-                                lambda: bsa.reference(q, k, v, tau, 0), bsa.DEFAULT, bsa.AMPERE_ADA),
+                                lambda: bsa.reference(q[:, :1], k[:, :1], v[:, :1], tau, 0), bsa.DEFAULT, bsa.AMPERE_ADA),
         "pack_qkv": (lambda launch: relayout.pack_qkv(*heads, w, launch=launch),
                      lambda: relayout.pack_qkv_reference(*heads, w), relayout.DEFAULT, relayout.AMPERE_ADA),
         "merge_heads": (lambda launch: relayout.merge_heads(received, w, launch=launch),
@@ -60,8 +61,10 @@ def run(context: Context) -> Measurement:
     ratios: dict[str, Any] = {}
     for op, (call, reference, hopper, ampere) in ops(smoke, device).items():
         want = reference()
-        errors = {name: float((call(launch).float() - want.float()).abs().max()) for name, launch in
-                  (("default", hopper), ("ampere_ada", ampere))}  # fmt: skip
+        errors = {}
+        for name, launch in (("default", hopper), ("ampere_ada", ampere)):
+            got = call(launch)[:, : want.shape[1]] if op == "block_sparse_attend" else call(launch)  # the first head
+            errors[name] = float((got.float() - want.float()).abs().max())
         rounds = aba_rounds(
             (f"{op} default", lambda c=call, x=hopper: time_call(lambda: c(x), device, **clock).median_s),
             {f"{op} ampere_ada": lambda c=call, x=ampere: time_call(lambda: c(x), device, **clock).median_s},

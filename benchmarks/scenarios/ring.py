@@ -7,7 +7,10 @@ The ring's resident block count comes from the planner (`workbench.memory_plan.p
 activation peak measured in the resident forward (allocated peak less the weights). A cap is enforced around each
 capped arm's timed forwards with `torch.cuda.set_per_process_memory_fraction` (an allocation past it raises, recorded
 as the arm's failure); installing and removing an arm happen outside it. `RING_CAPS=48GiB` (a comma list of the caps'
-names) measures a subset, so each cap's A/B/A can fit one device call. A/B/A rounds through
+names) measures a subset, so each cap's A/B/A can fit one device call; `RING_ARMS=block_ring` leaves group offloading
+out. After each capped visit the pinned host copies go back to the OS (torch's host-cache flush): the host
+allocator caches freed pinned memory, and the arms' copies (up to the whole 66 GB model each) would otherwise pile up
+in the machine's memory. A/B/A rounds through
 `workbench.evidence.timing.aba_rounds`, one timed forward per visit; per arm its peak and whether its output equals
 the resident one. Runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts).
 `--smoke`: tiny-h3's transformer (8 blocks) on the CPU with the estimated activation and two caps, the smallest that fits and
@@ -37,6 +40,8 @@ SUMMARY = "MiniMax-H3 33.1B forward under 48/24 GiB caps: block_ring vs group_of
 GPUS = 1
 GIB = 2**30
 CAPS = {"48GiB": 48 * GIB, "24GiB": 24 * GIB}
+# torch's flush of its pinned host cache: `_accelerator_emptyHostCache` in 2.13, `_host_emptyCache` before
+EMPTY_HOST_CACHE = getattr(torch._C, "_accelerator_emptyHostCache", None) or getattr(torch._C, "_host_emptyCache", None)
 
 
 def run(context: Context) -> Measurement:
@@ -69,6 +74,9 @@ def run(context: Context) -> Measurement:
         if unknown := set(chosen) - set(CAPS):
             raise ValueError(f"RING_CAPS: {sorted(unknown)}; allowed: a comma list of {list(CAPS)}")
         caps = {name: CAPS[name] for name in chosen}
+    arm_names = os.environ.get("RING_ARMS", "block_ring,group_offload").split(",")
+    if unknown := set(arm_names) - {"block_ring", "group_offload"}:
+        raise ValueError(f"RING_ARMS: {sorted(unknown)}; allowed: a comma list of block_ring, group_offload")
     else:  # the planner's estimate (workbench.memory_plan): rows x b x max(8 D, 2 D + 3 F)
         d, f = model.config.hidden_size, model.config.ffn_dim
         activation = rows * 2 * max(8 * d, 2 * d + 3 * f)
@@ -83,7 +91,7 @@ def run(context: Context) -> Measurement:
         ring = ForwardArm(f"ring-{label}", {"block_ring": {"resident_blocks": resident_blocks}})
         arms.append(ring)
         capped[ring.name] = cap
-        if cuda:
+        if cuda and "group_offload" in arm_names:
             offload = ForwardArm(f"group_offload-{label}", {"group_offload": {}})
             arms.append(offload)
             capped[offload.name] = cap
@@ -106,6 +114,8 @@ def run(context: Context) -> Measurement:
                     peaks[arm.name] = max(peaks.get(arm.name, 0), torch.cuda.max_memory_allocated(device))
         finally:
             session.accelerate({})
+            if cuda and EMPTY_HOST_CACHE is not None:
+                EMPTY_HOST_CACHE()
         if arm.output is None:
             arm.output = last[0]
         arm.mismatches += not equal(last[0], arm.output)
@@ -132,5 +142,7 @@ def run(context: Context) -> Measurement:
     shape.update(rows=rows, layers=len(blocks), parameters=built["parameters"], weight_bytes=weights,
                  activation_bytes=activation, activation_source="measured" if cuda else "estimate",
                  plans=plans)  # fmt: skip
+    if cuda and EMPTY_HOST_CACHE is None:
+        notes.append("This torch has no pinned host-cache flush: the arms' pinned copies stayed cached between visits.")
     notes.append(f"Ratios are resident / arm forward seconds (< 1: the arm is slower); weights {gib(weights)}.")
     return Measurement(SUMMARY, shape, rows_out, {k: v.to_dict() for k, v in rounds.ratios().items()}, notes)
