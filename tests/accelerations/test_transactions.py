@@ -36,6 +36,7 @@ INSTALLS = {
         "fused_block_ops",
         "fused_block_norms",
         "adaln_precompute",
+        "block_ring",
     ),
     "tiny-ltx2": (
         "attention_backend",
@@ -47,6 +48,7 @@ INSTALLS = {
         "regional_compile",
         "teacache",
         "fused_block_ops",
+        "block_ring",
     ),
 }
 OPTIONS = {
