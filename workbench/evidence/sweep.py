@@ -279,15 +279,8 @@ def sweep(
     configuration is validated before anything runs, so a bad plugin, option or value is a ValueError
     (RuntimeError: not runnable on this device) without spending any time.
     """
-    values = list(values)
-    if not values:
-        raise ValueError("values: at least one value is required")
-    if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
-        raise ValueError(f"values: {values!r} repeats a value")
-    base_options, baseline = dict(base_options or {}), dict(baseline or {})
-    if option in base_options:
-        raise ValueError(f"base_options: sets {option!r}, the option being swept")
-    configs = [{plugin: {**base_options, option: value}} for value in values]
+    values, base_options, baseline = list(values), dict(base_options or {}), dict(baseline or {})
+    configs = sweep_configs(plugin, option, values, base_options)
     validate(session, [baseline, *configs], rounds, requests)
     budget = budget or Budget()
     records = [qualify(session, requests, baseline, c, rounds, budget, progress)[0] for c in configs]
@@ -337,11 +330,7 @@ def search(
 
     Every candidate is validated before anything runs (ValueError/RuntimeError as for `sweep`).
     """
-    if not isinstance(candidates, list) or not candidates:
-        raise ValueError("candidates: at least one candidate configuration is required")
-    for i, candidate in enumerate(candidates):
-        if not isinstance(candidate, dict):
-            raise ValueError(f"candidates[{i}]: expected a dict of name -> options, got {type(candidate).__name__}")
+    check_candidates(candidates)
     baseline = dict(baseline or {})
     validate(session, [baseline, *candidates], rounds, requests)
     budget = budget or Budget()
@@ -475,6 +464,27 @@ def write(result: SweepResult | SearchResult, out: str | Path) -> tuple[Path, Pa
     kind = "sweep" if isinstance(result, SweepResult) else "search"
     paths = write_set(out, {f"{kind}.json": record_bytes(result.to_record()), f"{kind}.html": render(result).encode()})
     return paths[f"{kind}.json"], paths[f"{kind}.html"]
+
+
+def sweep_configs(plugin: str, option: str, values: list[Any], base_options: dict[str, Any]) -> list[dict[str, Any]]:
+    """The configuration of each value, `{plugin: {**base_options, option: value}}`, after refusing no values,
+    a repeated value, or `base_options` setting the swept option (ValueError naming the field)."""
+    if not values:
+        raise ValueError("values: at least one value is required")
+    if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
+        raise ValueError(f"values: {values!r} repeats a value")
+    if option in base_options:
+        raise ValueError(f"base_options: sets {option!r}, the option being swept")
+    return [{plugin: {**base_options, option: value}} for value in values]
+
+
+def check_candidates(candidates: list[dict[str, Any]]) -> None:
+    """Refuse an empty candidate list or a candidate that is not a dict of name -> options (ValueError)."""
+    if not isinstance(candidates, list) or not candidates:
+        raise ValueError("candidates: at least one candidate configuration is required")
+    for i, candidate in enumerate(candidates):
+        if not isinstance(candidate, dict):
+            raise ValueError(f"candidates[{i}]: expected a dict of name -> options, got {type(candidate).__name__}")
 
 
 def validate(session: Session, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
