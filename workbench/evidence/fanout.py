@@ -98,7 +98,9 @@ class Store:
     resumed run sees a cell whole or not at all. `get`, `put` and `entries` are the whole interface a run uses:
     an object store can stand in for the directory later.
 
-    An entry: {"key", "kind", "label", "status": "finished" | "failed", "attempts", "seconds", "worker" (host,
+    An entry: {"key", "kind", "label", "status": "finished" | "failed", "attempts", "seconds" (the cell in its
+    worker), "wall_seconds" (from handing it to the worker to its result: the difference is the engine's overhead
+    per cell; both of the last attempt), "worker" (host,
     pid, device of the worker it last ran on), "error" and "traceback" (None when finished), "record", "outputs"
     (folder relative to the store root, or None)}.
     """
@@ -319,12 +321,12 @@ class Fanout:
         if queue:
             self._start_all()
         attempts: dict[str, int] = {}
-        running: dict[Any, tuple[int, Cell, str]] = {}  # run() call -> (worker, cell, key)
+        running: dict[Any, tuple[int, Cell, str, float]] = {}  # run() call -> (worker, cell, key, submitted)
         while queue or running:
             for index, state in enumerate(self.workers):
                 if queue and state.state == "idle":
                     cell, key = queue.popleft()
-                    running[self.actors[index].run.remote(cell)] = (index, cell, key)
+                    running[self.actors[index].run.remote(cell)] = (index, cell, key, time.perf_counter())
                     state.state, state.cell = "running", cell.label
                     progress.running += 1
                     self._emit(Event("cell_started", progress, key, cell.label, index))
@@ -332,7 +334,7 @@ class Fanout:
             if ready in self._opening:
                 self._await_open(ready, progress)
                 continue
-            index, cell, key = running.pop(ready)
+            index, cell, key, submitted = running.pop(ready)
             identity, died = self.identities[index], False
             progress.running -= 1
             attempts[key] = attempts.get(key, 0) + 1
@@ -353,6 +355,9 @@ class Fanout:
                     "seconds": None,
                 }
                 died = True
+            except ray.exceptions.RayTaskError as error:  # the worker's cell guard itself failed
+                out = {"status": "failed", "error": _first_line(error), "seconds": None}
+                self.workers[index].state, self.workers[index].cell = "idle", ""
             else:
                 self.workers[index].state, self.workers[index].cell = "idle", ""
             entry = {
@@ -362,6 +367,7 @@ class Fanout:
                 "status": out["status"],
                 "attempts": attempts[key],
                 "seconds": out["seconds"],
+                "wall_seconds": time.perf_counter() - submitted,
                 "worker": identity,
                 "error": out.get("error"),
                 "traceback": out.get("traceback"),

@@ -218,7 +218,7 @@ def _qualifications(fanout, store, requests, baseline, candidates, rounds, budge
             Cell(
                 "qualify",
                 {"request": r, "baseline": baseline, "candidate": c, "rounds": rounds, "budget": budget},
-                f"{json.dumps(c, sort_keys=True)[:60]} · seed {r.seed} · {r.prompt[:30]}",
+                f"{json.dumps(c, sort_keys=True, separators=(',', ':'))} seed {r.seed}: {r.prompt[:24]}",
             )
             for r in requests
         ]
