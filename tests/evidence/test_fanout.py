@@ -5,6 +5,7 @@ raises is recorded as failed while the run completes."""
 import threading
 
 import pytest
+import torch
 
 from workbench import Request, Session
 from workbench.evidence import fanout_jobs
@@ -50,9 +51,13 @@ def ray_sweep(fanout, tmp_path_factory):
 
 def test_ray_sweep_store_equals_single_process_sweep(ray_sweep):
     store, result, _, _ = ray_sweep
-    single = sweep(
-        Session.open("tiny-wan", device="cpu"), [REQUEST], "easycache", "threshold", VALUES, BASE, progress=False
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each worker runs (Ray gives a num_cpus=1 actor one thread): the same arithmetic
+    try:
+        session = Session.open("tiny-wan", device="cpu")
+        single = sweep(session, [REQUEST], "easycache", "threshold", VALUES, BASE, progress=False)
+    finally:
+        torch.set_num_threads(threads)
     entries = list(store.entries().values())
     assert len(entries) == 2 and all(entry["status"] == "finished" for entry in entries)
     for entry in entries:  # each record names where it ran

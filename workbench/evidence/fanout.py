@@ -112,14 +112,15 @@ class Store:
         path = self._path(key)
         return read_record(path) if path.exists() else None
 
-    def put(self, entry: dict[str, Any], files: dict[str, bytes] | None = None, name: str = "") -> None:
-        """Write `entry` (after `files`, into `outputs/<name>/` as one set, when given)."""
+    def put(self, entry: dict[str, Any], files: dict[str, bytes] | None = None, name: str = "") -> dict[str, Any]:
+        """Write `entry` (after `files`, into `outputs/<name>/` as one set, when given); returns the entry written."""
         if files:
             if not _NAME.fullmatch(name):
                 raise ValueError(f"name: {name!r}; allowed: letters, digits, '.', '_', '-' (first a letter or digit)")
             write_set(self.root / "outputs" / name, files)
             entry = {**entry, "outputs": f"outputs/{name}"}
         write_record(self._path(entry["key"]), entry)
+        return entry
 
     def entries(self) -> dict[str, dict[str, Any]]:
         folder = self.root / "entries"
@@ -374,8 +375,7 @@ class Fanout:
                 "record": out.get("record"),
                 "outputs": None,
             }
-            store.put(entry, out.get("files"), cell.name)
-            entries[key] = entry
+            entries[key] = entry = store.put(entry, out.get("files"), cell.name)
             finished = out["status"] == "finished"
             progress.done += finished
             progress.failed += not finished
