@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from workbench import Request, Session
+from workbench.cli import main
 from workbench.evidence import fanout_jobs
 from workbench.evidence.fanout import Cell, Fanout, Store
 from workbench.evidence.sweep import sweep
@@ -121,3 +122,20 @@ def test_fanout_duplicate_cells_and_bad_options_raise(fanout, tmp_path):
         Fanout("tiny-wan", workers=0, device="cpu")
     with pytest.raises(ValueError, match="workers: 3 needs 3 CPUs"):
         Fanout("tiny-wan", workers=3, device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["sweep", "--plugin", "easycache", "--option", "threshold", "--values", "0", "--workers", "2"],
+            "go with --ray",
+        ),
+        (["qualify", "--candidate", "{}", "--store", "s"], "go with --ray"),
+        (["batch", "--requests", "data_manifests/tiny-smoke.json", "--accelerate", "{x"], "--accelerate"),
+    ],
+)
+def test_cli_ray_options_bad_input_exits_2(tmp_path, capsys, argv, message):
+    suite = [] if argv[0] == "batch" else ["--suite", "data_manifests/tiny-smoke.json"]
+    assert main([*argv, "--model", "tiny-wan", *suite, "--out", str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "o").exists()

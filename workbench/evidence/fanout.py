@@ -27,26 +27,35 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import socket
 import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from workbench.environment import device_info, device_label
-from workbench.evidence.records import read_record, write_record
-from workbench.io import write_set
+from workbench.evidence.fanout_progress import Event, Progress, TqdmView, WorkerState
+from workbench.evidence.store import Store
 from workbench.request import Request
 
+__all__ = [
+    "RETRIES",
+    "Cell",
+    "Event",
+    "Fanout",
+    "Progress",
+    "Store",
+    "TqdmView",
+    "Worker",
+    "WorkerState",
+    "fingerprint",
+]
+
 RETRIES = 2  # re-runs of a cell whose worker died under it, before it is recorded as failed
-_KEY = re.compile(r"[0-9a-f]{64}")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -89,99 +98,6 @@ def fingerprint(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [fingerprint(v) for v in value]
     return value
-
-
-class Store:
-    """A record store in a directory: `entries/<key>.json` holds one entry per cell (the index: cell key ->
-    entry, the entry holding the record), `outputs/<name>/` the files a cell returned (a generated request's
-    MP4, JSON and HTML). Only the driver writes. An entry is written atomically after its files, so a reader or a
-    resumed run sees a cell whole or not at all. `get`, `put` and `entries` are the whole interface a run uses:
-    an object store can stand in for the directory later.
-
-    An entry: {"key", "kind", "label", "status": "finished" | "failed", "attempts", "seconds" (the cell in its
-    worker), "wall_seconds" (from handing it to the worker to its result: the difference is the engine's overhead
-    per cell; both of the last attempt), "worker" (host,
-    pid, device of the worker it last ran on), "error" and "traceback" (None when finished), "record", "outputs"
-    (folder relative to the store root, or None)}.
-    """
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        path = self._path(key)
-        return read_record(path) if path.exists() else None
-
-    def put(self, entry: dict[str, Any], files: dict[str, bytes] | None = None, name: str = "") -> dict[str, Any]:
-        """Write `entry` (after `files`, into `outputs/<name>/` as one set, when given); returns the entry written."""
-        if files:
-            if not _NAME.fullmatch(name):
-                raise ValueError(f"name: {name!r}; allowed: letters, digits, '.', '_', '-' (first a letter or digit)")
-            write_set(self.root / "outputs" / name, files)
-            entry = {**entry, "outputs": f"outputs/{name}"}
-        write_record(self._path(entry["key"]), entry)
-        return entry
-
-    def entries(self) -> dict[str, dict[str, Any]]:
-        folder = self.root / "entries"
-        return {p.stem: read_record(p) for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
-
-    def _path(self, key: str) -> Path:
-        if not _KEY.fullmatch(key):
-            raise ValueError(f"key: {key!r} is not a cell key (64 hex digits)")
-        return self.root / "entries" / f"{key}.json"
-
-
-@dataclass
-class WorkerState:
-    """One worker as progress shows it: where it runs (host, device), its state ("starting", "idle", "running",
-    "lost": died, a replacement is starting), the cell it runs and how many it finished or failed."""
-
-    index: int
-    host: str = ""
-    device: str = ""
-    state: str = "starting"
-    cell: str = ""
-    done: int = 0
-    failed: int = 0
-
-
-@dataclass
-class Progress:
-    """A run's counts: `total` cells, `skipped` (finished in the store before this run), `done`/`failed` in this
-    run, `running`, `retried` (re-queued after their worker died), the workers, and `eta()`."""
-
-    total: int
-    workers: list[WorkerState]
-    skipped: int = 0
-    done: int = 0
-    failed: int = 0
-    running: int = 0
-    retried: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def remaining(self) -> int:
-        return self.total - self.skipped - self.done - self.failed
-
-    def eta(self) -> float | None:
-        """Seconds left at this run's rate so far (None before a cell has ended)."""
-        ended = self.done + self.failed
-        return self.remaining * (time.monotonic() - self.started) / ended if ended else None
-
-
-@dataclass(frozen=True)
-class Event:
-    """One change in a run. `kind`: "start", "worker_ready", "worker_lost", "cell_started", "cell_finished",
-    "cell_failed", "cell_retried" or "end"; `key`/`label` name the cell, `worker` the worker's index, `detail`
-    an error or a reason. `progress` is the run's live state (read it in the callback; it keeps changing)."""
-
-    kind: str
-    progress: Progress
-    key: str = ""
-    label: str = ""
-    worker: int | None = None
-    detail: str = ""
 
 
 class Worker:
@@ -257,20 +173,18 @@ class Fanout:
         ray = _ray()
         self._started_ray = not ray.is_initialized()
         if self._started_ray:
-            quiet = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+            options = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
             if address is not None:
-                ray.init(address=address, **quiet)
-            else:
-                ray.init(num_cpus=workers or 1, **quiet) if device == "cpu" else ray.init(**quiet)
-        gpus = int(ray.cluster_resources().get("GPU", 0))
-        if device == "cuda" and not gpus:
-            raise RuntimeError("device: 'cuda' requested but the Ray cluster has no GPU")
-        on_gpu = device == "cuda" or (device == "auto" and gpus > 0)
-        count = workers or (gpus if on_gpu else 1)
-        capacity = gpus if on_gpu else int(ray.cluster_resources().get("CPU", 0))
-        if count > capacity:
-            unit = "GPUs" if on_gpu else "CPUs"
-            raise ValueError(f"workers: {count} needs {count} {unit}; the Ray cluster has {capacity}")
+                options["address"] = address
+            elif device == "cpu":
+                options["num_cpus"] = workers or 1
+            ray.init(**options)
+        try:
+            on_gpu, count = _placement(ray.cluster_resources(), device, workers)
+        except (ValueError, RuntimeError):
+            if self._started_ray:
+                ray.shutdown()
+            raise
         self.model, self.retries = model, retries
         self.session_key = {"model": str(model), "dtype": dtype, "seed": seed}
         self._remote = (
@@ -435,43 +349,19 @@ class Fanout:
             callback(event)
 
 
-class TqdmView:
-    """The command line's progress (tqdm.auto): one bar of cells (done/running/failed, ETA) and one line per
-    worker (host, device, the cell it runs, its counts). Subscribe it with `Fanout.subscribe(TqdmView())`."""
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
-        self._bars: list[Any] = []
-
-    def __call__(self, event: Event) -> None:
-        from tqdm.auto import tqdm
-
-        p = event.progress
-        if event.kind == "start":
-            off = not self.enabled or p.remaining == 0
-            self._bars = [tqdm(total=p.total, initial=p.skipped, desc="cells", unit="cell", disable=off)]
-            self._bars += [
-                tqdm(desc=f"worker {w.index}", bar_format="{desc}", position=w.index + 1, disable=off)
-                for w in p.workers
-            ]
-            return
-        if not self._bars:
-            return
-        main, lines = self._bars[0], self._bars[1:]
-        if event.kind in ("cell_finished", "cell_failed"):
-            main.update(1)
-        main.set_postfix(done=p.skipped + p.done, running=p.running, failed=p.failed, retried=p.retried, refresh=False)
-        main.refresh()
-        for worker, line in zip(p.workers, lines, strict=True):
-            doing = f": {worker.cell}" if worker.cell else ""
-            line.set_description_str(
-                f"worker {worker.index} {worker.host} {worker.device} [{worker.state}{doing}] "
-                f"done {worker.done} failed {worker.failed}"
-            )
-        if event.kind == "end":
-            for bar in self._bars:
-                bar.close()
-            self._bars = []
+def _placement(resources: dict[str, float], device: str, workers: int | None) -> tuple[bool, int]:
+    """(GPU workers?, how many) on a cluster with `resources`; refuses more workers than GPUs (CPUs)."""
+    gpus = int(resources.get("GPU", 0))
+    if device == "cuda" and not gpus:
+        raise RuntimeError("device: 'cuda' requested but the Ray cluster has no GPU")
+    on_gpu = device == "cuda" or (device == "auto" and gpus > 0)
+    count = workers or (gpus if on_gpu else 1)
+    capacity = gpus if on_gpu else int(resources.get("CPU", 0))
+    if count > capacity:
+        raise ValueError(
+            f"workers: {count} needs {count} {'GPUs' if on_gpu else 'CPUs'}; the Ray cluster has {capacity}"
+        )
+    return on_gpu, count
 
 
 def _ray() -> Any:
