@@ -1,4 +1,7 @@
-"""`workbench generate ...`, `qualify`, `sweep`, `search`, `calibrate`, `train-tiny` and `info`.
+"""`workbench generate ...`, `qualify`, `sweep`, `search`, `calibrate`, `batch`, `train-tiny` and `info`.
+
+`qualify`, `sweep`, `search` and `calibrate` take `--ray [ADDRESS]`: their cells run on Ray workers, one resident
+session each, into a resumable record store (`--store`, default `<out>/cells`); see `workbench.evidence.fanout`.
 
 A bad input (a bad value, a missing or unreadable file, JSON that does not parse, an `--out` that cannot be
 written) exits with status 2 and one line on stderr naming the flag or file and what is wrong. Every `--out`
@@ -8,6 +11,7 @@ is created and probed for writing before a model loads, so no run loses its work
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -114,10 +118,33 @@ def main(argv: list[str] | None = None) -> int:
         "--pack", type=Path, help="also write the run as <=15 MiB tar parts (+ train.json, loss.png) here"
     )
 
+    bat = commands.add_parser("batch", help="generate many requests of one model on Ray workers; outputs per request")
+    bat.add_argument("--model", required=True)
+    bat.add_argument("--requests", required=True, type=Path, help="JSON list of requests (with 'name'), or a suite")
+    bat.add_argument("--accelerate", default="{}", help="accelerations JSON installed on every worker")
+    bat.add_argument("--dtype", default=None)
+    bat.add_argument("--out", required=True, type=Path, help="the store: entries/<key>.json, outputs/<name>/")
+    for sub in (qual, swp, search_cmd, cal, bat):
+        sub.add_argument(
+            "--ray",
+            nargs="?",
+            const="local",
+            metavar="ADDRESS",
+            help="run the cells on Ray workers: a cluster's ADDRESS ('auto': the running one), none: start a local one",
+        )
+        sub.add_argument("--workers", type=int, help="with --ray: workers (default: one per GPU, 1 on CPU)")
+        sub.add_argument("--retries", type=int, default=2, help="with --ray: re-runs of a cell whose worker died")
+        if sub is not bat:
+            sub.add_argument("--store", type=Path, help="with --ray: the record store (default: <out>/cells)")
+    bat.add_argument("--device", default="auto", help="auto, cuda or cpu (one GPU per worker)")
+
     commands.add_parser("info", help="versions, device and registered model families")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what `--gpus N` re-executes under torchrun
     try:
+        if args.command not in ("batch", "generate", "info", "train-tiny") and args.ray is None:
+            if args.workers is not None or args.store is not None or args.retries != 2:
+                raise ValueError("--workers, --retries, --store: go with --ray")
         if args.command == "qualify":
             return _qualify(args)
         if args.command in ("sweep", "search"):
@@ -126,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             return _calibrate(args)
         if args.command == "train-tiny":
             return _train_tiny(args)
+        if args.command == "batch":
+            return _batch(args)
         return _generate(args) if args.command == "generate" else _info()
     except (ValueError, RuntimeError, OSError) as error:
         message = " ".join(str(error).split())  # one line, whatever the message holds
@@ -207,8 +236,17 @@ def _qualify(args: argparse.Namespace) -> int:
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     check_writable(args.out, "--out")
     requests = [case.to_request() for case in getattr(suite, args.cases)]
-    session = Session.open(args.model, device=args.device)
-    record, pilots = qualify(session, requests, configs["baseline"], configs["candidate"], args.rounds, budget)
+    if args.ray is not None:
+        from workbench.evidence import fanout_jobs
+
+        with _fanout(args) as (fanout, store):
+            record = fanout_jobs.qualify(
+                fanout, store, requests, configs["baseline"], configs["candidate"], args.rounds, budget
+            )
+        pilots = None  # the pilots stayed on the workers: the report says the videos are not embedded
+    else:
+        session = Session.open(args.model, device=args.device)
+        record, pilots = qualify(session, requests, configs["baseline"], configs["candidate"], args.rounds, budget)
     record["suite"] = {"name": suite.name, "path": str(args.suite), "sha256": suite.sha256, "cases": args.cases}
     files = {"qualification.json": record_bytes(record), "qualification.html": render(record, pilots).encode()}
     paths = write_set(args.out, files)
@@ -233,14 +271,20 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     check_writable(args.out, "--out")
     requests = [case.to_request() for case in getattr(suite, args.cases)]
-    session = Session.open(args.model, device=args.device)
+    if args.ray is not None:
+        from workbench.evidence import fanout_jobs
+
+        with _fanout(args) as (fanout, store):
+            run = fanout_jobs.sweep if args.command == "sweep" else fanout_jobs.search
+            result = run(fanout, store, requests, *_sweep_arguments(args, configs, values, candidates), budget)
+    else:
+        session = Session.open(args.model, device=args.device)
+        run = sweeps.sweep if args.command == "sweep" else sweeps.search
+        result = run(session, requests, *_sweep_arguments(args, configs, values, candidates), budget)
     if args.command == "sweep":
-        base, baseline = configs["base"], configs["baseline"]
-        result = sweeps.sweep(session, requests, args.plugin, args.option, values, base, baseline, args.rounds, budget)
         print(f"knee: {_show(result.knee)}; cliff: {_show(result.cliff)}")
         print(f"recommended: {_show(result.recommended)} ({result.reason})")
     else:
-        result = sweeps.search(session, requests, candidates, configs["baseline"], args.rounds, budget)
         print(f"best: {_show(result.best)} ({result.reason})")
     for row in result.rows:
         # A verdict that makes no speed claim (the candidate did not execute, or a CPU run) shows no speed-up.
@@ -269,19 +313,36 @@ def _calibrate(args: argparse.Namespace) -> int:
     if not suite.calibration or not suite.test:
         raise ValueError(f"--suite: {args.suite} needs both calibration and test cases")
     check_writable(args.out, "--out")
-    session = Session.open(args.model, device=args.device)
-    budget = Budget.from_dict({**calibration.default_budget(session).to_dict(), **overrides})
-    base = profile(args.base_profile, session.model.family.name, session.device)
     calibration_requests = [case.to_request() for case in suite.calibration]
     test = [case.to_request() for case in suite.test]
     options = {"margin": args.margin, "max_evals": args.max_evals, "rounds": args.rounds}
+    if args.ray is not None:
+        from workbench.evidence import fanout_jobs
+
+        with _fanout(args) as (fanout, store):
+            result = fanout_jobs.calibrate(
+                fanout, store, calibration_requests, test, args.plugin, overrides, knob=args.knob,
+                base_profile=args.base_profile, **options,
+            )  # fmt: skip
+        return _calibrate_report(args, result)
+    session = Session.open(args.model, device=args.device)
+    budget = Budget.from_dict({**calibration.default_budget(session).to_dict(), **overrides})
+    base = profile(args.base_profile, session.model.family.name, session.device)
     if len(args.plugin) == 1:
         result = calibration.calibrate(
             session, calibration_requests, test, args.plugin[0], budget, knob=args.knob, base=base, **options
         )
-        print(f"knee: {_show(result.knee)}; cliff: {_show(result.cliff)}")
     else:
         result = calibration.stack(session, calibration_requests, test, args.plugin, budget, base=base, **options)
+    return _calibrate_report(args, result)
+
+
+def _calibrate_report(args: argparse.Namespace, result) -> int:
+    from workbench.evidence import calibrate as calibration
+
+    if isinstance(result, calibration.Calibration):
+        print(f"knee: {_show(result.knee)}; cliff: {_show(result.cliff)}")
+    else:
         for plugin, why in result.left_out.items():
             print(f"left out {plugin}: {why}")
     print(f"{result.status}: {result.reason}")
@@ -290,6 +351,43 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(f"record: {record}")
     print(f"report: {page}")
     return 0
+
+
+def _batch(args: argparse.Namespace) -> int:
+    from workbench.evidence import fanout_jobs
+    from workbench.io import check_writable
+
+    accelerations = _json_arg("accelerate", args.accelerate)
+    requests = fanout_jobs.read_requests(args.requests)
+    check_writable(args.out, "--out")
+    args.store = args.out
+    with _fanout(args) as (fanout, store):
+        entries = fanout_jobs.batch(fanout, store, requests, accelerations)
+    for name, entry in entries.items():
+        print(
+            f"{name}: {args.out / entry['outputs'] / name}.mp4 ({entry['worker']['host']}, {entry['worker']['label']})"
+        )
+    return 0
+
+
+@contextlib.contextmanager
+def _fanout(args: argparse.Namespace):
+    """(Fanout, Store) of a `--ray` run, progress on stderr; the workers end with the block."""
+    from workbench.evidence.fanout import Fanout, Store, TqdmView
+
+    address = None if args.ray in (None, "local") else args.ray
+    device = args.device
+    options = {"address": address, "workers": args.workers, "device": device, "retries": args.retries}
+    with Fanout(args.model, dtype=getattr(args, "dtype", None), **options) as fanout:
+        fanout.subscribe(TqdmView())
+        yield fanout, Store(args.store or args.out / "cells")
+
+
+def _sweep_arguments(args: argparse.Namespace, configs: dict, values: list | None, candidates: list | None) -> tuple:
+    """The positional arguments of `sweep` (or `search`) after the requests, up to the budget."""
+    if args.command == "sweep":
+        return args.plugin, args.option, values, configs["base"], configs["baseline"], args.rounds
+    return candidates, configs["baseline"], args.rounds
 
 
 def _train_tiny(args: argparse.Namespace) -> int:

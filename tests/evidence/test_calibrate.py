@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 
 from tests.accelerations.attention.test_block_sparse_families import _ltx2_d128
 from workbench import Request, Session
+from workbench.accelerations import REGISTRY
 from workbench.accelerations.base import Knob
 from workbench.cli import main
 from workbench.evidence import calibrate as calibrate_module
-from workbench.evidence.calibrate import Point, _search, calibratable, calibrate, stack, write
+from workbench.evidence.calibrate import Calibration, Point, Stack, _search, calibratable, calibrate, stack, write
+from workbench.evidence.records import record_bytes
 from workbench.profiles import within_budget
 from workbench.quality import Budget
 
@@ -179,3 +181,18 @@ def test_a_calibrated_sparse_setting_becomes_an_attention_policy_entry(monkeypat
         assert other.receipts["attention_policy"]["policy"] == "dense"
     finally:
         session.accelerate({})
+
+
+def test_calibration_and_stack_records_round_trip():
+    knob = REGISTRY["easycache"].knob
+    points = [
+        Point(knob.low, 0.0, 1.0, 1.0),
+        Point(knob.high, math.inf, math.nan, math.nan, ("psnr",), "ValueError: x"),
+    ]
+    single = Calibration("easycache", knob, {}, {}, Budget(), 0.8, points, knob.low, knob.high, None, "no_setting", "r")
+    single.scope = {"model": "tiny-wan"}
+    greedy = Stack({"easycache": {}}, {}, Budget(), 0.8, [single], [single], {"teacache": "why"}, "searched", "r", {})
+    greedy.base_point, greedy.ranked_by_speed = points[0], True
+    for result in (single, greedy):
+        saved = record_bytes(result.to_record())
+        assert record_bytes(type(result).from_record(json.loads(saved)).to_record()) == saved

@@ -77,6 +77,12 @@ class Point:
             "error": self.error,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Point:
+        """The point `to_dict` wrote (a strict-JSON null stands for NaN)."""
+        number = {k: math.nan if data[k] is None else float(data[k]) for k in ("value", "spent", "seconds", "speedup")}
+        return cls(**number, failures=tuple(data["failures"]), error=data["error"])
+
 
 @dataclass
 class Calibration:
@@ -128,6 +134,19 @@ class Calibration:
             "confirmation": self.confirmation,
         }
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Calibration:
+        """The calibration `to_record` wrote (a record read back from a store, to report or confirm it)."""
+        fields = ("plugin", "base", "options", "margin", "knee", "cliff", "setting", "status", "reason")
+        result = cls(
+            **{name: record[name] for name in fields},
+            knob=Knob(**record["knob"]),
+            budget=Budget.from_dict(record["budget"]),
+            points=[Point.from_dict(p) for p in record["points"]],
+        )
+        result.confirmation, result.scope = record["confirmation"], record["scope"]
+        return result
+
 
 @dataclass
 class Stack:
@@ -167,6 +186,20 @@ class Stack:
             "ranked_by_speed": self.ranked_by_speed,
             "confirmation": self.confirmation,
         }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Stack:
+        """The stack `to_record` wrote."""
+        fields = ("config", "base", "margin", "left_out", "status", "reason", "scope", "confirmation")
+        result = cls(
+            **{name: record[name] for name in fields},
+            budget=Budget.from_dict(record["budget"]),
+            singles=[Calibration.from_record(r) for r in record["singles"]],
+            members=[Calibration.from_record(r) for r in record["members"]],
+        )
+        result.ranked_by_speed = record["ranked_by_speed"]
+        result.base_point = None if record["base_point"] is None else Point.from_dict(record["base_point"])
+        return result
 
 
 class _Evaluator:
@@ -236,7 +269,7 @@ def calibrate(
     if spec.knob.option in options:
         raise ValueError(f"options: sets {spec.knob.option!r}, the knob being searched")
     spec.validate({**options, spec.knob.option: spec.knob.low})  # a bad option fails before any run
-    scope = _scope(session, calibration, test)  # one geometry, checked before any run
+    scope = scope_of(session, calibration, test)  # one geometry, checked before any run
     evaluator = _evaluator or _Evaluator(session, calibration, budget)
     config_of = _configs(base, plugin, options, spec.knob.option)
     with progress_bar(total=max_evals, desc=f"calibrate {plugin}.{spec.knob.option}", enabled=progress) as bar:
@@ -264,7 +297,7 @@ def calibrate(
 def stack(
     session: Session,
     calibration: list[Request],
-    test: list[Request],
+    test: list[Request] | None,
     plugins: list[str],
     budget: Budget | None = None,
     *,
@@ -277,14 +310,14 @@ def stack(
 ) -> Stack:
     """Greedy composition of `plugins` over `base` (the exact set underneath; see the module docstring).
 
-    `options` gives each plugin's fixed options besides its knob. ValueError as for `calibrate`, and for a
-    repeated or empty plugin list."""
+    `options` gives each plugin's fixed options besides its knob; `test=None` leaves the stack "searched" (not
+    confirmed). ValueError as for `calibrate`, and for a repeated or empty plugin list."""
     if not plugins or len(set(plugins)) != len(plugins):
         raise ValueError(f"plugins: need at least one, each once; got {plugins!r}")
     check_arguments(plugins, None, margin, max_evals)
     budget = budget or default_budget(session)
     base, options = dict(base or {}), dict(options or {})
-    scope = _scope(session, calibration, test)
+    scope = scope_of(session, calibration, test)
     evaluator = _Evaluator(session, calibration, budget)
     base_point = evaluator.point(math.nan, base)
     kwargs = {"margin": margin, "max_evals": max_evals, "rounds": rounds, "progress": progress}
@@ -324,6 +357,9 @@ def stack(
         result.reason = "no plugin has a setting inside the budget: " + "; ".join(
             f"{k}: {v}" for k, v in left_out.items()
         )
+        return result
+    if test is None:
+        result.status, result.reason = "searched", f"stack of {[m.plugin for m in members]} (not confirmed yet)"
         return result
     _confirm(session, test, result, budget, rounds, progress)
     return result
@@ -394,16 +430,22 @@ def _no_setting_reason(points: list[Point], knob: Knob, margin: float) -> str:
 
 def _confirm(session: Session, test: list[Request], result: Calibration | Stack, budget, rounds, progress) -> None:
     record, _ = qualify(session, test, {}, result.config, rounds, budget, progress)
-    result.confirmation = record
-    inside = all(case["quality"]["within_budget"] for case in record["cases"])
+    apply_confirmation(result, record)
+
+
+def apply_confirmation(result: Calibration | Stack, record: dict[str, Any]) -> None:
+    """Set `result`'s confirmation, status and reason from `record`, the qualification of its config (candidate)
+    against stock (baseline) on the test requests with its budget."""
+    result.confirmation, cases = record, record["cases"]
+    inside = all(case["quality"]["within_budget"] for case in cases)
     if record["verdict"] == "qualified":
-        result.status, result.reason = "calibrated", f"confirmed on {len(test)} test request(s): qualified"
+        result.status, result.reason = "calibrated", f"confirmed on {len(cases)} test request(s): qualified"
     elif inside and record["verdict"] == "no_speed_claim":
-        reasons = sorted({case["reason"] for case in record["cases"]})
+        reasons = sorted({case["reason"] for case in cases})
         result.status = "quality_confirmed"
-        result.reason = f"inside the budget on {len(test)} test request(s); no speed claim: {'; '.join(reasons)}"
+        result.reason = f"inside the budget on {len(cases)} test request(s); no speed claim: {'; '.join(reasons)}"
     else:
-        worst = min(record["cases"], key=lambda c: c["quality"]["within_budget"])
+        worst = min(cases, key=lambda c: c["quality"]["within_budget"])
         result.status = "not_confirmed"
         result.reason = f"confirmation {record['verdict']}: {worst['reason']}"
 
@@ -412,7 +454,7 @@ def _gain_per_spent(point: Point, base: Point) -> float:
     return (point.speedup / base.speedup - 1.0) / max(point.spent, 1e-3)
 
 
-def _scope(session: Session, calibration: list[Request], test: list[Request] | None) -> dict[str, Any]:
+def scope_of(session: Session, calibration: list[Request], test: list[Request] | None) -> dict[str, Any]:
     """What a setting holds for: model, dtype, device, request geometry (one for every request), seeds."""
     from workbench.accelerations.attention.attention_policy import model_key
 

@@ -279,21 +279,28 @@ def sweep(
     configuration is validated before anything runs, so a bad plugin, option or value is a ValueError
     (RuntimeError: not runnable on this device) without spending any time.
     """
-    values = list(values)
-    if not values:
-        raise ValueError("values: at least one value is required")
-    if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
-        raise ValueError(f"values: {values!r} repeats a value")
-    base_options, baseline = dict(base_options or {}), dict(baseline or {})
-    if option in base_options:
-        raise ValueError(f"base_options: sets {option!r}, the option being swept")
-    configs = [{plugin: {**base_options, option: value}} for value in values]
-    _validate(session, [baseline, *configs], rounds, requests)
+    values, base_options, baseline = list(values), dict(base_options or {}), dict(baseline or {})
+    configs = sweep_configs(plugin, option, values, base_options)
+    validate(session, [baseline, *configs], rounds, requests)
     budget = budget or Budget()
     records = [qualify(session, requests, baseline, c, rounds, budget, progress)[0] for c in configs]
+    return sweep_result(plugin, option, values, base_options, baseline, budget, records)
+
+
+def sweep_result(
+    plugin: str,
+    option: str,
+    values: list[Any],
+    base_options: dict[str, Any],
+    baseline: dict[str, Any],
+    budget: Budget,
+    records: list[dict[str, Any]],
+) -> SweepResult:
+    """The `SweepResult` of one qualification record per value (in `values` order), however they were run
+    (`sweep` here, or cells fanned out over workers: `workbench.evidence.fanout_jobs`)."""
     rows = [summarize(record, value) for record, value in zip(records, values, strict=True)]
     knee, cliff = knee_and_cliff(rows)
-    chosen, reason = recommend(rows, session.device.type)
+    chosen, reason = recommend(rows, records[0]["device"]["type"])
     return SweepResult(
         plugin=plugin,
         option=option,
@@ -323,18 +330,21 @@ def search(
 
     Every candidate is validated before anything runs (ValueError/RuntimeError as for `sweep`).
     """
-    if not isinstance(candidates, list) or not candidates:
-        raise ValueError("candidates: at least one candidate configuration is required")
-    for i, candidate in enumerate(candidates):
-        if not isinstance(candidate, dict):
-            raise ValueError(f"candidates[{i}]: expected a dict of name -> options, got {type(candidate).__name__}")
+    check_candidates(candidates)
     baseline = dict(baseline or {})
-    _validate(session, [baseline, *candidates], rounds, requests)
+    validate(session, [baseline, *candidates], rounds, requests)
     budget = budget or Budget()
     records = [qualify(session, requests, baseline, c, rounds, budget, progress)[0] for c in candidates]
+    return search_result(candidates, baseline, budget, records)
+
+
+def search_result(
+    candidates: list[dict[str, Any]], baseline: dict[str, Any], budget: Budget, records: list[dict[str, Any]]
+) -> SearchResult:
+    """The `SearchResult` of one qualification record per candidate (in `candidates` order), as `sweep_result`."""
     rows = [summarize(record, candidate) for record, candidate in zip(records, candidates, strict=True)]
     ranking = rank(rows)
-    chosen, reason = recommend(rows, session.device.type)
+    chosen, reason = recommend(rows, records[0]["device"]["type"])
     return SearchResult(
         candidates=candidates,
         baseline=baseline,
@@ -456,7 +466,30 @@ def write(result: SweepResult | SearchResult, out: str | Path) -> tuple[Path, Pa
     return paths[f"{kind}.json"], paths[f"{kind}.html"]
 
 
-def _validate(session: Session, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
+def sweep_configs(plugin: str, option: str, values: list[Any], base_options: dict[str, Any]) -> list[dict[str, Any]]:
+    """The configuration of each value, `{plugin: {**base_options, option: value}}`, after refusing no values,
+    a repeated value, or `base_options` setting the swept option (ValueError naming the field)."""
+    if not values:
+        raise ValueError("values: at least one value is required")
+    if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
+        raise ValueError(f"values: {values!r} repeats a value")
+    if option in base_options:
+        raise ValueError(f"base_options: sets {option!r}, the option being swept")
+    return [{plugin: {**base_options, option: value}} for value in values]
+
+
+def check_candidates(candidates: list[dict[str, Any]]) -> None:
+    """Refuse an empty candidate list or a candidate that is not a dict of name -> options (ValueError)."""
+    if not isinstance(candidates, list) or not candidates:
+        raise ValueError("candidates: at least one candidate configuration is required")
+    for i, candidate in enumerate(candidates):
+        if not isinstance(candidate, dict):
+            raise ValueError(f"candidates[{i}]: expected a dict of name -> options, got {type(candidate).__name__}")
+
+
+def validate(session: Session, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
+    """Refuse, before any run, too few rounds, no requests, or a configuration `session` cannot install
+    (ValueError naming it; RuntimeError when this device cannot run it)."""
     if not isinstance(rounds, int) or rounds < MIN_ROUNDS:
         raise ValueError(f"rounds: {rounds!r}; at least {MIN_ROUNDS} interleaved rounds are required")
     if not requests:

@@ -1,0 +1,141 @@
+"""Cells fanned out over a local Ray instance with 2 CPU workers (issue 26): the store of a Ray sweep holds what
+the single-process sweep computes, a re-run runs nothing, a killed worker's cell is retried elsewhere, a cell that
+raises is recorded as failed while the run completes."""
+
+import threading
+
+import pytest
+import torch
+
+from workbench import Request, Session
+from workbench.cli import main
+from workbench.evidence import fanout_jobs
+from workbench.evidence.fanout import Cell, Fanout, Store
+from workbench.evidence.sweep import sweep
+
+ray = pytest.importorskip("ray")
+
+REQUEST = Request("a red circle moves left", seed=42, frames=5, steps=4, height=16, width=16)
+BASE = {"warmup": 1, "final_dense": 1}
+VALUES = [0.0, 10.0]  # threshold 0 skips nothing (not_executed); 10 reuses steps and leaves the budget
+
+
+@pytest.fixture(scope="module")
+def fanout():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        with Fanout("tiny-wan", workers=2, device="cpu") as pool:
+            yield pool
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_sweep(fanout, tmp_path_factory):
+    """The sweep on Ray, with the worker of the first cell killed 1 s into it; (store, result, events, killed pid)."""
+    events, killed = [], []
+
+    def kill_first_worker(event):
+        events.append(event)
+        if event.kind == "cell_started" and not killed:
+            killed.append(fanout.identities[event.worker]["pid"])
+            threading.Timer(1.0, ray.kill, [fanout.actors[event.worker]]).start()
+
+    store = Store(tmp_path_factory.mktemp("sweep-store"))
+    stop = fanout.subscribe(kill_first_worker)
+    try:
+        result = fanout_jobs.sweep(fanout, store, [REQUEST], "easycache", "threshold", VALUES, BASE)
+    finally:
+        stop()
+    return store, result, events, killed[0]
+
+
+def test_ray_sweep_store_equals_single_process_sweep(ray_sweep):
+    store, result, _, _ = ray_sweep
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each worker runs (Ray gives a num_cpus=1 actor one thread): the same arithmetic
+    try:
+        session = Session.open("tiny-wan", device="cpu")
+        single = sweep(session, [REQUEST], "easycache", "threshold", VALUES, BASE, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    entries = list(store.entries().values())
+    assert len(entries) == 2 and all(entry["status"] == "finished" for entry in entries)
+    for entry in entries:  # each record names where it ran
+        worker = entry["record"]["worker"]
+        assert worker["host"] and worker["pid"] and worker["device"]["type"] == "cpu" and worker == entry["worker"]
+    by_value = {e["record"]["candidate"]["easycache"]["threshold"]: e for e in entries}
+    for value, record in zip(VALUES, single.records, strict=True):
+        case, stored = record["cases"][0], by_value[value]["record"]["cases"][0]
+        assert stored["verdict"] == case["verdict"] and stored["quality"] == case["quality"]
+        assert stored["receipts"] == case["receipts"]
+    assert [row.verdict for row in result.rows] == ["not_executed", "rejected_quality"]
+    timing = ("speedup", "speedup_low", "speedup_high")
+    for ours, theirs in zip(result.rows, single.rows, strict=True):
+        assert {k: v for k, v in vars(ours).items() if k not in timing} == {
+            k: v for k, v in vars(theirs).items() if k not in timing
+        }
+    assert (result.knee, result.cliff, result.recommended) == (single.knee, single.cliff, single.recommended)
+    assert result.records[1]["cases"][0]["worker"] == by_value[10.0]["worker"]
+
+
+def test_ray_killed_worker_cell_is_retried_elsewhere(ray_sweep):
+    store, _, events, killed = ray_sweep
+    kinds = [e.kind for e in events]
+    assert kinds.count("worker_lost") == 1 and kinds.count("cell_retried") == 1 and kinds.count("cell_finished") == 2
+    lost = next(e for e in events if e.kind == "worker_lost")
+    (entry,) = [e for e in store.entries().values() if e["key"] == lost.key]
+    assert entry["status"] == "finished" and entry["attempts"] == 2 and entry["worker"]["pid"] != killed
+    assert events[-1].kind == "end" and events[-1].progress.retried == 1 and events[-1].progress.failed == 0
+
+
+def test_ray_rerun_with_same_store_runs_nothing(fanout, ray_sweep):
+    store, first, _, _ = ray_sweep
+    events = []
+    stop = fanout.subscribe(events.append)
+    try:
+        again = fanout_jobs.sweep(fanout, store, [REQUEST], "easycache", "threshold", VALUES, BASE)
+    finally:
+        stop()
+    assert not [e for e in events if e.kind.startswith("cell_")]
+    assert events[-1].kind == "end" and events[-1].progress.skipped == 2 and events[-1].progress.done == 0
+    assert again.to_record() == first.to_record()
+
+
+def test_ray_raising_cell_is_recorded_failed_and_run_completes(fanout, tmp_path):
+    bad = Request("frames the family refuses", seed=1, frames=6, steps=4, height=16, width=16)  # Wan: 4k+1 frames
+    store = Store(tmp_path)
+    with pytest.raises(RuntimeError, match=r"1 of 2 cells failed .*bad: .*frames"):
+        fanout_jobs.batch(fanout, store, [("good", REQUEST), ("bad", bad)], {})
+    entries = {e["label"].split(":")[0]: e for e in store.entries().values()}
+    assert entries["bad"]["status"] == "failed" and entries["bad"]["error"].startswith("ValueError:")
+    assert "frames" in entries["bad"]["error"] and entries["bad"]["worker"]["host"]
+    assert entries["good"]["status"] == "finished" and entries["good"]["outputs"] == "outputs/good"
+    assert sorted(p.name for p in (store.root / "outputs" / "good").iterdir()) == ["good.html", "good.json", "good.mp4"]
+
+
+def test_fanout_duplicate_cells_and_bad_options_raise(fanout, tmp_path):
+    cell = Cell("generate", {"request": REQUEST, "accelerations": {}, "name": "a"}, "a", "a")
+    with pytest.raises(ValueError, match="same work"):
+        fanout.run([cell, cell], Store(tmp_path))
+    with pytest.raises(ValueError, match="workers: 0"):
+        Fanout("tiny-wan", workers=0, device="cpu")
+    with pytest.raises(ValueError, match="workers: 3 needs 3 CPUs"):
+        Fanout("tiny-wan", workers=3, device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["sweep", "--plugin", "easycache", "--option", "threshold", "--values", "0", "--workers", "2"],
+            "go with --ray",
+        ),
+        (["qualify", "--candidate", "{}", "--store", "s"], "go with --ray"),
+        (["batch", "--requests", "data_manifests/tiny-smoke.json", "--accelerate", "{x"], "--accelerate"),
+    ],
+)
+def test_cli_ray_options_bad_input_exits_2(tmp_path, capsys, argv, message):
+    suite = [] if argv[0] == "batch" else ["--suite", "data_manifests/tiny-smoke.json"]
+    assert main([*argv, "--model", "tiny-wan", *suite, "--out", str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "o").exists()

@@ -1,0 +1,54 @@
+"""The record store of fanned-out runs (`workbench.evidence.fanout`): one entry per cell, written by the driver."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from workbench.evidence.records import read_record, write_record
+from workbench.io import write_set
+
+_KEY = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+class Store:
+    """A record store in a directory: `entries/<key>.json` holds one entry per cell (the index: cell key ->
+    entry, the entry holding the record), `outputs/<name>/` the files a cell returned (a generated request's
+    MP4, JSON and HTML). Only the driver writes. An entry is written atomically after its files, so a reader or a
+    resumed run sees a cell whole or not at all. `get`, `put` and `entries` are the whole interface a run uses:
+    an object store can stand in for the directory later.
+
+    An entry: {"key", "kind", "label", "status": "finished" | "failed", "attempts", "seconds" (the cell in its
+    worker), "wall_seconds" (from handing it to the worker to its result: the difference is the engine's overhead
+    per cell; both of the last attempt), "worker" (host,
+    pid, device of the worker it last ran on), "error" and "traceback" (None when finished), "record", "outputs"
+    (folder relative to the store root, or None)}.
+    """
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        path = self._path(key)
+        return read_record(path) if path.exists() else None
+
+    def put(self, entry: dict[str, Any], files: dict[str, bytes] | None = None, name: str = "") -> dict[str, Any]:
+        """Write `entry` (after `files`, into `outputs/<name>/` as one set, when given); returns the entry written."""
+        if files:
+            if not _NAME.fullmatch(name):
+                raise ValueError(f"name: {name!r}; allowed: letters, digits, '.', '_', '-' (first a letter or digit)")
+            write_set(self.root / "outputs" / name, files)
+            entry = {**entry, "outputs": f"outputs/{name}"}
+        write_record(self._path(entry["key"]), entry)
+        return entry
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        folder = self.root / "entries"
+        return {p.stem: read_record(p) for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
+
+    def _path(self, key: str) -> Path:
+        if not _KEY.fullmatch(key):
+            raise ValueError(f"key: {key!r} is not a cell key (64 hex digits)")
+        return self.root / "entries" / f"{key}.json"
