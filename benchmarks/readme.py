@@ -3,6 +3,8 @@
 A block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->`:
 - `plugins`: every registered acceleration (`workbench.accelerations.available()`, the registry's order): name,
   kind, contract, one-line summary, options with their defaults (`*`: required, no default);
+- `cards`: the named cards of `workbench.cards` (memory, compute capability, FP8) and what the exact-fast profile
+  leaves out on each per family (`profiles.card_plan`, from the plugins' declared capabilities);
 - `headline`: the headline ratios of `HEADLINE` from `benchmarks/results/<scenario>.json` (current envelope only),
   each with its CI95, device and date; a result that is missing is left out, never filled in.
 """
@@ -42,6 +44,26 @@ def plugins_table() -> list[str]:
     return lines
 
 
+def cards_table() -> list[str]:
+    """One row per named card: what it has and what exact-fast leaves out there, per family."""
+    from workbench.cards import CARDS
+    from workbench.kernels.targets import TARGETS
+    from workbench.profiles import card_plan
+
+    families = ("wan", "ltx2", "h3")
+    lines = ["| card (`memory=`) | memory | compute | FP8 tensor cores | exact-fast leaves out (" + ", ".join(families)
+             + ") |", "|---|---|---|---|---|"]  # fmt: skip
+    for name, card in CARDS.items():
+        left = {}
+        for family in families:
+            for plugin, why in card_plan("exact-fast", family, name)[1].items():
+                left.setdefault(f"`{plugin}` ({why})", []).append(family)
+        said = "; ".join(f"{what}: {', '.join(fams)}" for what, fams in left.items()) or "nothing"
+        fp8 = "yes" if TARGETS[card.target].fp8 else "no"
+        lines.append(f"| {card.label} (`{name}`) | {card.memory // 2**30} GiB | {card.target} | {fp8} | {said} |")
+    return lines
+
+
 def headline_table(results: Path) -> list[str]:
     """The `HEADLINE` ratios found in `results` (current envelope), in `HEADLINE`'s order."""
     lines = ["| measurement | speed-up | CI95 | device, date |", "|---|---|---|---|"]
@@ -61,7 +83,8 @@ def headline_table(results: Path) -> list[str]:
 
 def render(text: str, results: Path) -> str:
     """`text` (the README) with its generated blocks rewritten. ValueError if a block's markers are missing."""
-    for name, lines in (("plugins", plugins_table()), ("headline", headline_table(results))):
+    blocks = (("plugins", plugins_table()), ("cards", cards_table()), ("headline", headline_table(results)))
+    for name, lines in blocks:
         pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)", re.DOTALL)
         if not pattern.search(text):
             raise ValueError(f"README: the markers of the generated block {name!r} are missing")

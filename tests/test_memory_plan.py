@@ -69,9 +69,20 @@ def test_memory_strings_parse(value, expected):
     assert parse_bytes(value) == expected
 
 
+def test_card_names_are_memory_caps_and_card_plans():
+    from workbench.cards import CARDS
+    from workbench.profiles import card_plan
+
+    assert MemoryBudget.of("RTX4090-48GB").cap_bytes == 48 * 2**30 == CARDS["rtx4090-48gb"].memory
+    assert MemoryBudget.of("rtx3080-20gb").cap_bytes == 20 * 2**30
+    assert card_plan("exact-fast", "wan", "rtx4090") == card_plan("exact-fast", "wan", "sm_89")
+    with pytest.raises(ValueError, match=r"card: unknown 'gtx1080'; allowed: .*'rtx4090-48gb'"):
+        card_plan("exact-fast", "wan", "gtx1080")
+
+
 @pytest.mark.parametrize("value", ["48 gigs", "-1GiB", "GiB", 0, -5, True, 1.5, [48], "", "1e9"])
 def test_bad_memory_raises_value_error_naming_memory(value):
-    with pytest.raises(ValueError, match=r"^memory: .*allowed: a positive int of bytes"):
+    with pytest.raises(ValueError, match=r"^memory: .*allowed: a positive int of bytes.*or a card's name \(rtx3080"):
         Session.open("tiny-wan", device="cpu", memory=value)
 
 

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from workbench.accelerations.memory.ring import RING_IN_FLIGHT, module_bytes, streamed_positions
+from workbench.cards import CARDS, card, is_card
 from workbench.request import shown
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -62,6 +63,8 @@ def parse_bytes(value: Any, name: str = "memory") -> int:
     """`value` in bytes: an int, or a string such as "48GiB", "24GB", "1.5 GiB", "512MiB" (KB/MB/GB/TB are powers
     of 10, KiB/MiB/GiB/TiB powers of 2, case-insensitive). ValueError naming `name` for anything else or <= 0."""
     allowed = "allowed: a positive int of bytes or a string such as '48GiB', '24GB', '512MiB'"
+    if name == "memory":
+        allowed += f", or a card's name ({', '.join(CARDS)})"
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
     elif isinstance(value, str) and (match := _AMOUNT.fullmatch(value)) and match[2].upper() in UNITS:
@@ -79,7 +82,7 @@ def gib(value: int) -> str:
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """What `Session.open(..., memory=...)` takes: a cap (or just the cap as "48GiB" / bytes).
+    """What `Session.open(..., memory=...)` takes: a cap (or just the cap as "48GiB" / bytes / a card's name).
 
     `activation`: measured activation peaks per stage (bytes or strings) replacing the estimates; `request`: the
     request shape to plan for (default: the model's defaults); `headroom`: share of the cap left unplanned."""
@@ -92,7 +95,7 @@ class MemoryBudget:
     @classmethod
     def of(cls, memory: Any) -> MemoryBudget:
         budget = memory if isinstance(memory, MemoryBudget) else cls(memory)
-        parse_bytes(budget.cap)
+        budget.cap_bytes  # noqa: B018 (validates the cap)
         if not isinstance(budget.activation, dict):
             raise ValueError(f"memory.activation: expected a dict of stage -> bytes, got {shown(budget.activation)}")
         for stage, amount in budget.activation.items():
@@ -105,7 +108,8 @@ class MemoryBudget:
 
     @property
     def cap_bytes(self) -> int:
-        return parse_bytes(self.cap)
+        """The cap in bytes: bytes, an amount ("48GiB"), or a card's memory (`workbench.cards`: "rtx4090-48gb")."""
+        return card(self.cap).memory if is_card(self.cap) else parse_bytes(self.cap)
 
 
 @dataclass(frozen=True)

@@ -90,15 +90,19 @@ def within_budget(
 
 
 def card_plan(name: str, family: str, card: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """What profile `name` installs for `family` on a GPU of `card` ("sm_86", "sm_89", ... of
-    `workbench.kernels.targets.TARGETS`), without that GPU: (config, {plugin left out: why}), from each plugin's
+    """What profile `name` installs for `family` on a GPU of `card` (a capability "sm_86", "sm_89", ... of
+    `workbench.kernels.targets.TARGETS`, or a card's name of `workbench.cards.CARDS` such as "rtx4090-48gb"),
+    without that GPU: (config, {plugin left out: why}), from each plugin's
     declared `Spec.capabilities`. Packages this machine lacks are not asked about: that is `profile_plan`'s answer
     on the card itself. Where FlashAttention-4 is left out, attention stays PyTorch's SDPA (its flash / memory-
     efficient kernels on Ampere and Ada), the best exact attention those cards have."""
+    from workbench import cards
     from workbench.kernels.targets import TARGETS
 
+    if cards.is_card(card):
+        card = cards.card(card).target
     if card not in TARGETS:
-        raise ValueError(f"card: unknown {card!r}; allowed: {list(TARGETS)}")
+        raise ValueError(f"card: unknown {card!r}; allowed: {list(TARGETS)} or one of {list(cards.CARDS)}")
     number = TARGETS[card].capability
 
     def why_not(spec: Any) -> str | None:
