@@ -77,6 +77,9 @@ def test_block_ring_bitwise_equal_resident_on_cuda():
     try:
         streamed = next(blocks[1].parameters())
         assert streamed.device.type == "cpu" and streamed.is_pinned()
+        bases = {p.untyped_storage().data_ptr() for b in blocks[1:] if b is not blocks[0] for p in b.parameters()
+                 if p.device.type == "cpu"}  # fmt: skip
+        assert len(bases) == 1, "the streamed weights are views of one pinned buffer"
         assert next(blocks[0].parameters()).device.type == "cuda"
         ringed = session.generate(request, progress=False)
         assert next(blocks[1].parameters()).device.type == "cpu", "a streamed block stayed on the device"
