@@ -13,13 +13,12 @@ install the streamed weights never touch the caching allocator: allocating per o
 `ModuleGroup`, which has no fixed-slot mode) lets the reserved memory outgrow the allocated one, and under a memory
 fraction the allocator then frees cached blocks with device syncs. diffusers is not used here.
 
-Ordering, per slot s (`done[s]` recorded on the compute stream, `landed[s]` on the side stream; no host sync):
-- a copy into s is queued on the side stream behind a wait on `done[s]`, recorded when the block before it left s
-  (after its forward, or evicted): no copy overwrites weights that queued kernels still read (a slot never used waits
-  on nothing). Block j's copy, issued when block j-1 starts, waits on block j-3's `done`, recorded before that.
-- the copy records `landed[s]`; the compute stream waits on it before the block's first kernel is queued.
-- onloading into s first releases the block there (one prefetched and skipped, or left by an error): a block's
-  `.data` point into a slot only while it holds the slot, so no block reads another's weights.
+Ordering (per slot s: `done[s]` recorded on the compute stream when a block leaves s, after its forward or evicted;
+`landed[s]` on the side stream after a copy into s; all waits are device-side). A copy into s waits on `done[s]`, so
+it never overwrites weights that queued kernels still read (block j's copy, issued when j-1 starts, waits on j-3's
+`done`, recorded on the host before; a never-used slot waits on nothing). A block's first kernel is queued after the
+compute stream waits on its `landed`. A copy into s first releases the block holding s (prefetched but skipped, or
+left by an error), so a block's `.data` point into a slot only while it holds it, and no block reads another's.
 """
 
 from __future__ import annotations
