@@ -138,7 +138,7 @@ class Ring:
         self.tensors = [tensors_of(block) for block in blocks]
         self.nbytes = [sum(_nbytes(t) for t in tensors) for tensors in self.tensors]
         self.host = [[t.data for t in tensors] for tensors in self.tensors]
-        self.views = [slots.views(j, tensors) for j, tensors in enumerate(self.tensors)] if slots else []
+        self.views = [slots.views(j, tensors) for j, tensors in enumerate(self.tensors)] if slots is not None else []
         self.on_device = [False] * len(blocks)
         if blocks:
             self.hooks.append(denoiser.register_forward_pre_hook(lambda *_: self.onload(0, ahead=True)))
@@ -230,6 +230,11 @@ def rings_for(model: Any, plan: dict[str, list[int]], device: torch.device, rece
     slots = None
     if device.type == "cuda" and blocks:
         tensors = list({id(t): t for block in blocks for t in tensors_of(block)}.values())
+        if odd := sorted({type(t.data).__name__ for t in tensors if type(t.data) is not torch.Tensor}):
+            raise RuntimeError(
+                f"block_ring: streamed weights of type {odd} (a tensor subclass, such as torchao's FP8) have no byte "
+                "layout the ring's slots can hold; keep those blocks resident or install the ring without that plugin"
+            )
         pin_into_one_buffer(tensors)
         try:
             slots = Slots(blocks, min(RING_IN_FLIGHT, max(len(chosen) for chosen in streamed.values())), device)
