@@ -14,9 +14,10 @@ request. The choices:
 
 Peak of a stage = bytes resident on the device all the time (resident components, the denoisers' resident blocks and
 their non-block weights) + the offloaded components that stage runs + its activation peak; the denoise stage adds the
-ring's working set, `RING_IN_FLIGHT` streamed blocks (the one computing, the one arriving, the one released whose
-kernels may still be queued). A plan fits when every stage's peak is at most `cap * (1 - headroom)`; the headroom is
-for the allocator's fragmentation and library workspaces (cuBLAS, attention), which no formula here sees.
+ring's working set: `RING_IN_FLIGHT` slots (the block computing, the one arriving, the one released whose kernels may
+still be queued), each the size of the largest streamed block, shared by the denoisers. A plan fits when every stage's
+peak is at most `cap * (1 - headroom)`; the headroom is for the allocator's fragmentation and library workspaces
+(cuBLAS, attention), which no formula here sees.
 
 Activation estimates (bytes; `b` is the element size of the module's weights). Rough on purpose and documented so a
 measured value can replace them (`measured_activation(result, plan)` reads them back from a Result):
@@ -271,13 +272,13 @@ def _evaluate(
     """Stage peaks (without the always-resident components), bytes moved, and the resident bytes of one arrangement."""
     resident = sum(fp.components[c] for c in {c for names in fp.stages.values() for c in names} - set(offloaded))
     resident += sum(fp.denoiser_rest.values())
-    ring, per_forward = 0, []
+    slots, largest, per_forward = 0, 0, []
     for name, blocks in fp.blocks.items():
         streamed = [blocks[i] for i in positions[name]]
         resident += sum(blocks) - sum(streamed)
-        ring = max(ring, sum(sorted(streamed, reverse=True)[:RING_IN_FLIGHT]))
+        slots, largest = max(slots, min(len(streamed), RING_IN_FLIGHT)), max([largest, *streamed])
         per_forward.append(sum(streamed))
-    peaks = {"denoise": resident + ring + activation.get("denoise", 0)}
+    peaks = {"denoise": resident + slots * largest + activation.get("denoise", 0)}
     moved = 0
     for stage, names in fp.stages.items():
         here = sum(fp.components[c] for c in names if c in offloaded)

@@ -11,8 +11,10 @@ names) measures a subset, so each cap's A/B/A can fit one device call; `RING_ARM
 out. After each capped visit the pinned host copies go back to the OS (torch's host-cache flush): the host
 allocator caches freed pinned memory, and the arms' copies (up to the whole 66 GB model each) would otherwise pile up
 in the machine's memory. A/B/A rounds through
-`workbench.evidence.timing.aba_rounds`, one timed forward per visit; per arm its peak and whether its output equals
-the resident one. Runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts).
+`workbench.evidence.timing.aba_rounds`, one timed forward per visit; per arm its peak, its allocator retries over the
+timed forwards (`num_alloc_retries`: under the cap the caching allocator frees cached blocks, with device syncs, and
+retries; the ring's fixed slots should make none) and whether its output equals the resident one. Runs with
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts).
 `--smoke`: tiny-h3's transformer (8 blocks) on the CPU with the estimated activation and two caps, the smallest that fits and
 halfway from it to the resident peak; the ring runs its schedule (no copies on one memory) and group offloading
 (CUDA only) is left out.
@@ -100,6 +102,7 @@ def run(context: Context) -> Measurement:
             "Smoke: group_offload runs on CUDA only and a CPU enforces no cap; the ring's schedule runs alone."
         )
     peaks: dict[str, int] = {}
+    retries: dict[str, int] = {}
 
     def visit(arm: ForwardArm) -> float:
         session.accelerate(arm.config)
@@ -107,11 +110,15 @@ def run(context: Context) -> Measurement:
             with Capped(device, capped[arm.name]) if cuda and arm.name in capped else contextlib.nullcontext():
                 if cuda:
                     torch.cuda.reset_peak_memory_stats(device)
+                    start = torch.cuda.memory_stats(device)["num_alloc_retries"]
                 last: list[Any] = [None]
                 with torch.inference_mode():
                     timing = time_call(lambda: last.__setitem__(0, forward()), device, 1, 0, queued=False)
                 if cuda:
                     peaks[arm.name] = max(peaks.get(arm.name, 0), torch.cuda.max_memory_allocated(device))
+                    retries[arm.name] = (
+                        retries.get(arm.name, 0) + torch.cuda.memory_stats(device)["num_alloc_retries"] - start
+                    )
         finally:
             session.accelerate({})
             if cuda and EMPTY_HOST_CACHE is not None:
@@ -136,6 +143,7 @@ def run(context: Context) -> Measurement:
         if arm.name in peaks:  # CUDA only
             row["peak_bytes"] = peaks[arm.name]
             row["under_cap"] = peaks[arm.name] <= capped.get(arm.name, peaks[arm.name])
+            row["alloc_retries"] = retries[arm.name]
         if arm.output is not None and arm is not resident:
             row.update(equal_to_resident=equal(arm.output, resident.output), rel_l2=rel_l2(arm.output, resident.output))
         rows_out[arm.name] = row

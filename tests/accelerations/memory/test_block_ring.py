@@ -1,11 +1,21 @@
-"""The block ring: bitwise equal to the resident model, its schedule counted, uninstalled exactly, fails closed."""
+"""The block ring: bitwise equal to the resident model, its schedule counted, its streamed blocks taking turns in fixed
+device slots, uninstalled exactly, fails closed."""
 
 import pytest
 import torch
 
 from workbench import Request
 from workbench.accelerations import fingerprint
-from workbench.accelerations.memory.ring import module_bytes, streamed_positions
+from workbench.accelerations.base import Receipt
+from workbench.accelerations.memory.ring import (
+    RING_IN_FLIGHT,
+    Ring,
+    Slots,
+    module_bytes,
+    pin_into_one_buffer,
+    streamed_positions,
+    tensors_of,
+)
 
 REQUEST = {"tiny-wan": {"height": 32, "width": 32}, "tiny-h3": {}}
 
@@ -63,8 +73,91 @@ def test_block_ring_refuses_weights_replaced_after_install(sessions):
         session.accelerate({})
 
 
+class _Stack(torch.nn.Module):
+    """A toy denoiser: residual blocks of different layouts (hidden widths, with or without a norm and a bias) applied
+    in order; `run` names the blocks a forward runs (the others skipped, as a feature cache skips blocks)."""
+
+    def __init__(self, width: int, hidden: list[int]):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(
+                torch.nn.LayerNorm(width) if i % 2 else torch.nn.Identity(),
+                torch.nn.Linear(width, h),
+                torch.nn.GELU(),
+                torch.nn.Linear(h, width, bias=i % 3 != 0),
+            )
+            for i, h in enumerate(hidden)
+        )
+
+    def forward(self, x: torch.Tensor, run: tuple[int, ...] | None = None) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            if run is None or i in run:
+                x = x + block(x)
+        return x
+
+
+def _spans(module: torch.nn.Module) -> list[tuple[int, int]]:
+    """Where a module's weights are now: (first byte, end) of each."""
+    return [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors_of(module)]
+
+
+def _in_slot(spans: list[tuple[int, int]], slot: torch.Tensor) -> bool:
+    return all(slot.data_ptr() <= start and end <= slot.data_ptr() + slot.numel() for start, end in spans)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_ring_slots_bitwise_equal_resident(rng, device):
+    """5 of 7 blocks of different layouts stream through 3 slots: during its forward streamed block j's weights are
+    views of slot j % 3, outside it they are the host tensors again; the output is torch.equal to the resident stack's
+    for a full forward, one that skips every block (block 0 prefetched, never run), one that runs only ring blocks
+    3 and 4 (block 3 late: it takes slot 0 from block 0, which must be released, not left reading block 3's weights)
+    and a full one again. On CUDA the weights are large enough (MiB) that a copy racing its kernels would show."""
+    torch.manual_seed(int(rng.integers(2**31)))
+    scale = 64 if device == "cuda" else 1  # widths 1024 and up to 2560 on CUDA
+    stack = _Stack(16 * scale, [h * scale for h in (24, 8, 16, 40, 12, 16, 32)]).to(device).eval()
+    x = torch.randn(33, 16 * scale, device=device)
+    positions = [0, 2, 3, 4, 6]
+    runs = [None, (), (4, 6), None]
+    with torch.inference_mode():
+        expected = [stack(x, run) for run in runs]
+    streamed = [stack.blocks[i] for i in positions]
+    if device == "cuda":
+        pin_into_one_buffer([t for block in streamed for t in tensors_of(block)])
+    receipt = Receipt(proof=("blocks_streamed",))
+    slots = Slots(streamed, RING_IN_FLIGHT, torch.device(device))
+    ring = Ring(stack, streamed, receipt, slots)
+    host = [_spans(block) for block in streamed]
+    seen = []
+    capture = [block.register_forward_pre_hook(lambda m, _, j=j: seen.append((j, _spans(m))))
+               for j, block in enumerate(streamed)]  # fmt: skip
+    try:
+        with torch.inference_mode():
+            for run, want in zip(runs, expected, strict=True):
+                assert torch.equal(stack(x, run), want), f"run {run}"
+                for j, block in enumerate(streamed):  # between forwards: a prefetched block in its slot, others on host
+                    now = _spans(block)
+                    assert _in_slot(now, slots.buffers[j % RING_IN_FLIGHT]) if ring.on_device[j] else now == host[j]
+        ring.release_all()
+    finally:
+        for hook in capture:
+            hook.remove()
+        ring.remove()
+    assert [j for j, _ in seen] == [0, 1, 2, 3, 4, 3, 4, 0, 1, 2, 3, 4]
+    assert all(_in_slot(spans, slots.buffers[j % RING_IN_FLIGHT]) for j, spans in seen)
+    assert all(t.device.type == device and not t.is_pinned() for t in tensors_of(stack))
+    with torch.inference_mode():
+        assert torch.equal(stack(x), expected[0]), "remove() did not restore the weights"
+    onloads = [0, 1, 2, 3, 4, 0, 3, 4, 0, 1, 2, 3, 4]
+    assert receipt.counters["late"] == 1 and receipt.counters["prefetched"] == len(onloads) - 1
+    assert receipt.counters["blocks_streamed"] == receipt.counters["released"] == len(onloads)
+    assert receipt.counters["bytes_moved"] == sum(module_bytes(streamed[j]) for j in onloads)
+
+
 @pytest.mark.gpu
 def test_block_ring_bitwise_equal_resident_on_cuda():
+    """tiny-wan with both blocks streamed on CUDA: bitwise equal to resident; during a forward each streamed block's
+    weights are views of its device slot; a ringed request makes exactly as many device allocations as the resident
+    one (the streamed weights never touch the caching allocator after install); uninstall restores the model."""
     from workbench import Session
 
     session = Session.open("tiny-wan", device="cuda")
@@ -72,17 +165,33 @@ def test_block_ring_bitwise_equal_resident_on_cuda():
     blocks = session.family.blocks(denoiser)
     before = fingerprint(denoiser)
     request = Request("a red circle moves left", seed=5, height=32, width=32)
+
+    def allocations() -> int:
+        start = torch.cuda.memory_stats()["allocation.all.allocated"]
+        session.generate(request, progress=False)
+        return torch.cuda.memory_stats()["allocation.all.allocated"] - start
+
     resident = session.generate(request, progress=False)
-    session.accelerate({"block_ring": {"resident_blocks": 1}})
+    resident_allocations = allocations()
+    session.accelerate({"block_ring": {"resident_blocks": 0}})
     try:
         streamed = next(blocks[1].parameters())
         assert streamed.device.type == "cpu" and streamed.is_pinned()
-        bases = {p.untyped_storage().data_ptr() for b in blocks[1:] if b is not blocks[0] for p in b.parameters()
-                 if p.device.type == "cpu"}  # fmt: skip
+        bases = {p.untyped_storage().data_ptr() for b in blocks for p in b.parameters()}
         assert len(bases) == 1, "the streamed weights are views of one pinned buffer"
-        assert next(blocks[0].parameters()).device.type == "cuda"
-        ringed = session.generate(request, progress=False)
+        assert denoiser.proj_out.weight.device.type == "cuda"
+        slots = session._handles[0].rings[0].slots.buffers
+        seen = []
+        capture = [b.register_forward_pre_hook(lambda m, _, j=j: seen.append((j, _spans(m))))
+                   for j, b in enumerate(blocks)]  # fmt: skip
+        try:
+            ringed = session.generate(request, progress=False)
+        finally:
+            for hook in capture:
+                hook.remove()
+        assert len(slots) == 2 and seen and all(_in_slot(spans, slots[j]) for j, spans in seen)
         assert next(blocks[1].parameters()).device.type == "cpu", "a streamed block stayed on the device"
+        assert allocations() == resident_allocations, "the ring allocated device memory during a request"
     finally:
         session.accelerate({})
     assert fingerprint(denoiser) == before and all(p.device.type == "cuda" for p in denoiser.parameters())

@@ -1,29 +1,29 @@
 """Block ring: K transformer blocks of each denoiser stay on the device, the others stream in per forward (bitwise).
 
 The streamed blocks' weights live in pinned host memory. Each forward, the first streamed block is prefetched when
-the denoiser starts; when a streamed block starts, its copy is waited for and the next streamed block's copy is
-issued on a side CUDA stream, so it lands while the blocks in between compute; when a streamed block ends its device
-copy is released (`record_stream` keeps the memory until the queued kernels that read it have run). The streamed
-blocks are spread evenly among the resident ones (`streamed_positions`), so each transfer hides behind the compute
-of the resident blocks before it. Same kernels, same inputs: only where the weights live changes.
+the denoiser starts; when a streamed block starts, the compute stream waits (on the device) for its copy and the next
+streamed block's copy is issued on a side CUDA stream, so it lands while the blocks in between compute; when a
+streamed block ends its weights point back at the host copy. On the device the streamed blocks take turns in
+RING_IN_FLIGHT fixed slots allocated at install (`workbench.accelerations.memory.ring`: the slots, the events that
+order the copies against the kernels, and why not diffusers' `ModuleGroup`), so streaming allocates nothing per
+forward. The streamed blocks are spread evenly among the resident ones (`streamed_positions`), so each transfer hides
+behind the compute of the resident blocks before it. Same kernels, same inputs: only where the weights live changes.
 
-What does the moving: diffusers' `ModuleGroup` (diffusers.hooks.group_offloading), one per streamed block, holds its
-pinned host copies and does the side-stream copy (`onload_`) and the release (`offload_`). diffusers'
-`apply_group_offloading` itself cannot keep chosen blocks resident (it offloads every block of a ModuleList and the
-rest of the model too), so the scheduling is a small own hook: torch forward pre/post hooks on the blocks and the
-denoiser, which also run when another plugin replaces a block's `forward` (a diffusers `HookRegistry` wrapper would
-be replaced with it).
+The scheduling is torch forward pre/post hooks on the blocks and the denoiser (diffusers' `apply_group_offloading`
+cannot keep chosen blocks resident: it offloads every block of a ModuleList and the rest of the model too); they
+also run when another plugin replaces a block's `forward` (a diffusers `HookRegistry` wrapper would be replaced with
+it).
 
-On the CPU there is no second memory: the groups' onload/offload are no-ops there, but the schedule (which block is
-on the device, prefetch order, release) runs the same and its receipt counts it: `blocks_streamed` (onloads),
-`prefetched` (those issued ahead of their block), `late` (a streamed block that started without its copy issued:
-loaded synchronously), `released`, `bytes_moved` (host -> device bytes). Bytes moved per request are
-`forwards x streamed bytes`.
+On the CPU there is no second memory and nothing is copied, but the schedule (which block is on the device, prefetch
+order, release) runs the same and its receipt counts it: `blocks_streamed` (onloads), `prefetched` (those issued
+ahead of their block), `late` (a streamed block that started without its copy issued: issued then), `released`,
+`bytes_moved` (host -> device bytes). Bytes moved per request are `forwards x streamed bytes`.
 
-Installing moves the streamed blocks to pinned host memory (from wherever they are); the denoiser's other weights and
-its resident blocks must already be on the session device. Uninstall puts the streamed blocks back on the device.
-If another plugin replaces the weights of a streamed block after the ring is installed (fused projections, FP8),
-the ring would not move them: the next request refuses to run (RuntimeError naming the block).
+Installing moves the streamed blocks to pinned host memory (from wherever they are) and allocates the slots; the
+denoiser's other weights and its resident blocks must already be on the session device. Uninstall puts the streamed
+blocks back on the device (fresh copies) and frees the slots. If another plugin replaces the weights of a streamed
+block after the ring is installed (fused projections, FP8), the ring would not move them: the next request refuses
+to run (RuntimeError naming the block).
 """
 
 from __future__ import annotations

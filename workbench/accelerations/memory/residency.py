@@ -9,7 +9,8 @@ so a plan that is wrong fails with out-of-memory, never by borrowing memory the 
   come onto the device and the other offloaded ones go back to host; the denoise stage sends them all back, and so
   does the end of every request (`end_request`), so each request starts from the same state. Going back costs no
   copy: the pinned host copy is still the weights (nothing writes them).
-- the denoisers' streamed blocks: a block ring (`block_ring.prepare_ring`) with the plan's positions.
+- the denoisers' streamed blocks: a block ring (`ring.rings_for`) with the plan's positions; its device slots are
+  allocated here, under the cap.
 - tiled video decode: diffusers' `vae.enable_tiling()` where the plan says so.
 
 On the CPU the moves are no-ops (one memory) and the cap is not enforced; the schedule runs the same and the receipt
