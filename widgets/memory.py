@@ -43,7 +43,7 @@ class MemoryCapField(ipywidgets.VBox):
         self.error: str | None = None
         self.widget = ipywidgets.Text(
             value="",
-            placeholder="no cap (e.g. 48GiB, 24GB)",
+            placeholder="no cap, e.g. 48GiB",
             description="memory cap",
             tooltip="device memory cap used when the model is opened; empty: no cap",
             continuous_update=False,
