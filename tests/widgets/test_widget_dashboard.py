@@ -154,6 +154,10 @@ def test_dashboard_memory_cap_refusal_at_field_then_smallest_cap_plans_and_shows
         plan = session.memory_plan
         assert plan.streamed_blocks["transformer"] and plan.offloaded  # the tightest plan streams and offloads
         assert str(plan) in html.unescape(dash.plan.value) and dash.plan.layout.display is None
+        given = Dashboard(session)  # a dashboard on a capped session shows its cap and plan
+        given.live.detach()
+        assert given.memory.widget.value == smallest[1] and given.plan.value == dash.plan.value
+        assert f"under a {gib(plan.cap)} cap" in given.session_status.value
         dash.set_request(**TINY)
         result = dash.generate()
         assert result is not None and dash.errors.value == ""
