@@ -22,7 +22,7 @@ from workbench.models import SHIPPED_MODELS
 from ._common import ErrorBox
 from .audio import ABAudio
 from .live import LiveStagePlot
-from .memory import MemoryCapField, cap_text, plan_html, residency_html
+from .memory import MemoryCapField, plan_html, residency_html
 from .panel import AccelerationPanel
 from .player import ABPlayer
 
@@ -202,7 +202,7 @@ class Dashboard(ipywidgets.VBox):
         self.ab_player = self.ab_audio = None
         plan = session.memory_plan
         if plan is not None:
-            self.memory.widget.value = cap_text(plan.cap)  # the cap this session runs under
+            self.memory.show_cap(plan.cap)
         self.plan.value = plan_html(plan)
         self.plan.layout.display = None if plan is not None else "none"
         self.residency.value, self.residency.layout.display = "", "none"

@@ -1,11 +1,13 @@
 """The dashboard's memory budget: the cap field, the plan it made, and each result's residency receipt.
 
-    memory cap [ 24GiB        ]      <- empty: no cap; "48GiB", "24GB", "1.5 GiB", "512MiB" or bytes
+    memory cap [ rtx4090-48gb v]     <- empty: no cap; "48GiB", "24GB", "512MiB", bytes, or a card offered
     memory: a cap of ... the smallest cap that fits is 1.53 GiB (1642070 bytes)   <- a refusal, at the field (red)
 
-The cap is used when the model is opened (`Session.open(..., memory=cap)`); the plan is made then, before any
-weight moves, and shown as its text (`str(session.memory_plan)`) until the next open. A value that does not parse
-and a cap the planner refuses are both shown at the field; neither is a traceback.
+The cards offered are `workbench.cards.CARDS` (the seeds' 48 GB RTX 4090 and 20 GB RTX 3080, the common 24 GB
+cards, data-centre cards); a card's name caps at its memory. The cap is used when the model is opened
+(`Session.open(..., memory=cap)`); the plan is made then, before any weight moves, and shown as its text
+(`str(session.memory_plan)`) until the next open. A value that does not parse and a cap the planner refuses are both
+shown at the field; neither is a traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import ipywidgets
 
+from workbench.cards import CARDS
 from workbench.memory_plan import MemoryBudget, MemoryPlan, gib
 
 from ._fields import INVALID_BACKGROUND, MARK_COLOR
@@ -41,11 +44,14 @@ class MemoryCapField(ipywidgets.VBox):
 
     def __init__(self) -> None:
         self.error: str | None = None
-        self.widget = ipywidgets.Text(
+        cards = "; ".join(f"{c.name}: {c.label}" for c in CARDS.values())
+        self.widget = ipywidgets.Combobox(
             value="",
+            options=list(CARDS),
+            ensure_option=False,
             placeholder="no cap, e.g. 48GiB",
             description="memory cap",
-            tooltip="device memory cap used when the model is opened; empty: no cap",
+            tooltip=f"device memory cap used when the model is opened; empty: no cap. Cards: {cards}",
             continuous_update=False,
             style={"description_width": "initial"},
             layout={"width": "250px"},
@@ -60,6 +66,16 @@ class MemoryCapField(ipywidgets.VBox):
         if self.check() is not None:
             raise ValueError(self.error)
         return self.widget.value.strip() or None
+
+    def show_cap(self, cap: int) -> None:
+        """Show the cap a session runs under: the text stays when it already means `cap` (a card's name)."""
+        text = self.widget.value.strip()
+        try:
+            if text and MemoryBudget.of(text).cap_bytes == cap:
+                return
+        except ValueError:
+            pass
+        self.widget.value = cap_text(cap)
 
     def check(self) -> str | None:
         """Parse the value as `Session.open` will and mark the field; the message, or None when fine."""

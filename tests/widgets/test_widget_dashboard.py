@@ -4,7 +4,7 @@ import re
 import numpy as np
 import pytest
 
-from workbench.memory_plan import gib
+from workbench.memory_plan import MemoryBudget, gib
 from workbench.models import SHIPPED_MODELS
 from workbench.widgets import ABAudio, ABPlayer, AccelerationPanel, Dashboard
 from workbench.widgets.dashboard import MODELS, model_name
@@ -144,6 +144,8 @@ def test_dashboard_memory_cap_refusal_at_field_then_smallest_cap_plans_and_shows
         dash.memory.widget.value = "48 gigs"  # marked as typed; open refuses it at the field, nothing loads
         assert "48 gigs" in dash.memory.message.value and "vflash-invalid" in dash.memory._dom_classes
         assert dash.open_model() is None and dash.session is None and dash.errors.value == ""
+        dash.memory.widget.value = "rtx4090-48gb"  # a card preset is offered and parses
+        assert "rtx4090-48gb" in dash.memory.widget.options and dash.memory.error is None
         dash.memory.widget.value = "1KiB"  # parses, but no plan fits: the planner's refusal shows at the field
         assert dash.memory.error is None and dash.open_model() is None and dash.errors.value == ""
         smallest = re.search(r"the smallest cap that fits is .* \((\d+) bytes\)", dash.memory.error)
@@ -156,7 +158,7 @@ def test_dashboard_memory_cap_refusal_at_field_then_smallest_cap_plans_and_shows
         assert str(plan) in html.unescape(dash.plan.value) and dash.plan.layout.display is None
         given = Dashboard(session)  # a dashboard on a capped session shows its cap and plan
         given.live.detach()
-        assert given.memory.widget.value == smallest[1] and given.plan.value == dash.plan.value
+        assert MemoryBudget.of(given.memory.widget.value).cap_bytes == plan.cap and given.plan.value == dash.plan.value
         assert f"under a {gib(plan.cap)} cap" in given.session_status.value
         dash.set_request(**TINY)
         result = dash.generate()
