@@ -3,6 +3,7 @@
 from .audio import ABAudio, AudioPlayer
 from .calibrate import CalibrationPanel
 from .dashboard import Dashboard
+from .fanout import FanoutProgress
 from .live import LiveStagePlot
 from .panel import AccelerationPanel
 from .player import ABPlayer, SyncedVideos
@@ -14,6 +15,7 @@ __all__ = [
     "AccelerationPanel",
     "CalibrationPanel",
     "Dashboard",
+    "FanoutProgress",
     "LiveStagePlot",
     "SyncedVideos",
 ]

@@ -1,7 +1,8 @@
 """One screen for exploring: pick a model, toggle accelerations, generate, and compare the last two results.
 
-Top to bottom: the model row, the request form, the acceleration panel, the generate row (together they fit one
-1,100 px screen while the plugins are off), then the error box, the live stage plot and the A/B area.
+Top to bottom: the model row (with the memory cap), the memory plan (only under a cap), the request form, the
+acceleration panel, the generate row (together they fit one 1,100 px screen while the plugins are off), then the error
+box, the live stage plot, the last result's memory residency (only under a cap) and the A/B area.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 import ipywidgets
 
 from workbench import Request, Result, Session
+from workbench.memory_plan import gib
 from workbench.models import SHIPPED_MODELS
 
 from ._common import ErrorBox
 from .audio import ABAudio
 from .live import LiveStagePlot
+from .memory import MemoryCapField, plan_html, residency_html
 from .panel import AccelerationPanel
 from .player import ABPlayer
 
@@ -43,7 +46,9 @@ class Dashboard(ipywidgets.VBox):
     """Session picker, request form, acceleration panel, generate button, live stage plot and an A/B area.
 
     `Dashboard(session)` works on an open session; `Dashboard(["demo-av", ...], device="cpu")` lets the
-    user open one (nothing is loaded until `open_model` or the open button). Models show by name (`demo-av`,
+    user open one (nothing is loaded until `open_model` or the open button), under the memory cap typed in
+    `memory` (empty: none; a cap the planner refuses is shown at that field, naming the smallest that fits); the
+    plan shows under the model row, and each result's residency receipt under the live plot. Models show by name (`demo-av`,
     not the folder it loads from). Results are numbered per model (`#1 stock`, `#2 cross_kv_cache`; opening
     a model starts again at #1). The A/B area (`ab`, a box that always holds the current comparison: display
     it to follow the latest pair) keeps the last two results: an `ABPlayer` (and an `ABAudio` when both have
@@ -70,6 +75,9 @@ class Dashboard(ipywidgets.VBox):
         self.picker = ipywidgets.Dropdown(
             options=names, value=names[0], description="model", style=short, layout={"width": "240px"}
         )
+        self.memory = MemoryCapField()
+        self.plan = ipywidgets.HTML(layout={"display": "none"})
+        self.residency = ipywidgets.HTML(layout={"display": "none"})
         self.open_button = ipywidgets.Button(description="open", icon="folder-open", layout={"width": "auto"})
         self.session_status = ipywidgets.HTML("no session open", layout={"flex": "1 1 0", "min_width": "0"})
         self.panel = AccelerationPanel()
@@ -87,7 +95,7 @@ class Dashboard(ipywidgets.VBox):
         self.ab.add_class("vflash-ab")
         self.errors = ErrorBox()
         row = {"align_items": "center", "flex_flow": "row wrap", "overflow": "visible"}
-        model_row = ipywidgets.HBox([self.picker, self.open_button, self.session_status], layout=row)
+        model_row = ipywidgets.HBox([self.picker, self.memory, self.open_button, self.session_status], layout=row)
         form = ipywidgets.VBox(
             [self.prompt, ipywidgets.HBox([self.seed, *self.fields.values()], layout=row)],
             layout={"overflow": "visible"},
@@ -95,9 +103,13 @@ class Dashboard(ipywidgets.VBox):
         form.add_class("vflash-request")
         generate_row = ipywidgets.HBox([self.generate_button, self.request_status], layout=row)
         generate_row.add_class("vflash-generate")
-        self.controls = ipywidgets.VBox([model_row, form, self.panel, generate_row], layout={"overflow": "visible"})
+        self.controls = ipywidgets.VBox(
+            [model_row, self.plan, form, self.panel, generate_row], layout={"overflow": "visible"}
+        )
         self.controls.add_class("vflash-controls")
-        super().__init__([self.controls, self.errors, self.live, self.ab], layout={"overflow": "visible"})
+        super().__init__(
+            [self.controls, self.errors, self.live, self.residency, self.ab], layout={"overflow": "visible"}
+        )
         self.add_class("vflash-dashboard")
         self.open_button.on_click(lambda _: self._in_background("open", lambda: self.open_model(self.picker.value)))
         self.generate_button.on_click(lambda _: self._in_background("generate", self.generate))
@@ -106,15 +118,19 @@ class Dashboard(ipywidgets.VBox):
 
     # -- actions ----------------------------------------------------------------------------------
     def open_model(self, name: str | None = None) -> Session | None:
-        """Open model `name` (default: the picker's) with `Session.open(name, device=...)` and use it."""
+        """Open model `name` (default: the picker's) with `Session.open(name, device=..., memory=<the cap field>)`
+        and use it. A bad or refused cap is shown at the cap field; other failures in the error box."""
         name = name or self.picker.value
         self.errors.clear()
         self.session_status.value = f"opening {html.escape(name)} ..."
         try:
-            session = Session.open(name, device=self.device)
+            session = Session.open(name, device=self.device, memory=self.memory.cap())
         except (ValueError, RuntimeError, OSError) as error:
             self.session_status.value = "no session open" if self.session is None else self._describe_session()
-            self.errors.show(f"opening {name}", error)
+            if isinstance(error, ValueError) and str(error).startswith("memory"):
+                self.memory.refuse(str(error))
+            else:
+                self.errors.show(f"opening {name}", error)
             return None
         if name not in self.picker.options:
             self.picker.options = [*self.picker.options, name]
@@ -163,6 +179,8 @@ class Dashboard(ipywidgets.VBox):
         label = f"#{self._count} " + (" + ".join(self.session.accelerations) or "stock")
         self.request_status.value = f"{html.escape(label)}: {result.timings.get('total', 0.0):.3f} s"
         self.results = [*self.results, (label, result)][-2:]
+        self.residency.value = residency_html(result, label)
+        self.residency.layout.display = None if self.residency.value else "none"
         self._show_ab()
         return result
 
@@ -182,6 +200,12 @@ class Dashboard(ipywidgets.VBox):
         self._count = 0  # results are numbered per model
         self.ab.children = [ipywidgets.HTML("<i>A/B: generate twice to compare the last two results</i>")]
         self.ab_player = self.ab_audio = None
+        plan = session.memory_plan
+        if plan is not None:
+            self.memory.show_cap(plan.cap)
+        self.plan.value = plan_html(plan)
+        self.plan.layout.display = None if plan is not None else "none"
+        self.residency.value, self.residency.layout.display = "", "none"
         defaults = session.model.defaults
         for name, widget in self.fields.items():
             widget.value = int(defaults.get(name) or 0)
@@ -190,7 +214,8 @@ class Dashboard(ipywidgets.VBox):
     def _describe_session(self) -> str:
         session = self.session
         name = html.escape(model_name(session.model.name))
-        return f"<b>{name}</b> on {session.device}, loaded in {session.init_seconds:.2f} s"
+        cap = "" if session.memory_plan is None else f" under a {gib(session.memory_plan.cap)} cap"
+        return f"<b>{name}</b> on {session.device}{cap}, loaded in {session.init_seconds:.2f} s"
 
     def _show_ab(self) -> None:
         if len(self.results) < 2:

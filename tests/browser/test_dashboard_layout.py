@@ -3,7 +3,8 @@
 Checks the layout, not the maths: no element is wider than its container, the page or the dashboard; the
 controls (model, request form, acceleration panel, generate) fit one 1,100 px screen while every plugin is
 off; the rows with many options wrap inside the panel when switched on; an expanded description reads as
-lines of text, not a column of single words; apply with a required option left empty marks that field.
+lines of text, not a column of single words; apply with a required option left empty marks that field; a memory cap
+too small is refused at its field, and a card preset's plan shows, both within the width.
 Writes the screenshot the README shows, docs/dashboard.png (`pytest tests/browser/test_dashboard_layout.py`
 regenerates it).
 
@@ -144,6 +145,23 @@ def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):  # noqa: F
                 assert "required" in marked.inner_text()
             assert "nothing (stock diffusers)" in panel.inner_text()
             page.screenshot(path=str(tmp_path / "marked.png"), full_page=True)
+
+            # A memory cap: a refused one is marked at its field, a fitting one shows its plan; both fit the width.
+            cap = page.locator(".vflash-memory-cap input").first
+            for value, shown in (
+                ("1KiB", ".vflash-memory-cap.vflash-invalid"),
+                ("rtx4090-48gb", ".vflash-memory-plan"),
+            ):
+                cap.fill(value)
+                cap.press("Enter")
+                page.locator(".vflash-controls button", has_text="open").first.click()
+                page.locator(shown).first.wait_for(state="visible", timeout=30_000)
+                layout = page.evaluate(OVERFLOW)
+                print(f"memory cap {value}: {layout}")
+                page.screenshot(path=str(tmp_path / f"memory-{value}.png"), full_page=True)
+                assert layout["page"][0] <= layout["page"][1] and layout["offenders"] == [], layout
+            assert "smallest cap that fits" not in page.locator(".vflash-memory-cap").first.inner_text()
+            assert cap.input_value() == "rtx4090-48gb"  # the card's name stays in the field
         finally:
             browser.close()
     assert SCREENSHOT.stat().st_size > 0

@@ -1,6 +1,10 @@
+import html
+import re
+
 import numpy as np
 import pytest
 
+from workbench.memory_plan import MemoryBudget, gib
 from workbench.models import SHIPPED_MODELS
 from workbench.widgets import ABAudio, ABPlayer, AccelerationPanel, Dashboard
 from workbench.widgets.dashboard import MODELS, model_name
@@ -96,8 +100,9 @@ def test_dashboard_rejects_no_models():
 def test_dashboard_defaults_to_demo_av_and_lays_out_controls_first():
     dash = Dashboard(device="cpu")
     assert MODELS[0] == "demo-av" and dash.picker.value == "demo-av" and dash.session is None
-    model_row, form, panel, generate_row = dash.controls.children
-    assert dash.picker in model_row.children and dash.prompt in form.children
+    model_row, plan, form, panel, generate_row = dash.controls.children
+    assert dash.picker in model_row.children and dash.memory in model_row.children and dash.prompt in form.children
+    assert plan is dash.plan and plan.layout.display == "none"  # no cap, no plan
     assert panel is dash.panel and dash.generate_button in generate_row.children
     assert dash.children[0] is dash.controls and dash.children[-1] is dash.ab
 
@@ -131,3 +136,41 @@ def test_dashboard_shows_models_by_name_not_path(sessions):
         dash.live.detach()
     assert model_name(str(SHIPPED_MODELS["demo-av"])) == "demo-av"
     assert model_name("/data/models/wan-1.3b") == "wan-1.3b" and model_name("tiny-wan") == "tiny-wan"
+
+
+def test_dashboard_memory_cap_refusal_at_field_then_smallest_cap_plans_and_shows_residency():
+    dash = Dashboard(["tiny-wan"], device="cpu")
+    try:
+        dash.memory.widget.value = "48 gigs"  # marked as typed; open refuses it at the field, nothing loads
+        assert "48 gigs" in dash.memory.message.value and "vflash-invalid" in dash.memory._dom_classes
+        assert dash.open_model() is None and dash.session is None and dash.errors.value == ""
+        dash.memory.widget.value = "rtx4090-48gb"  # a card preset is offered and parses
+        assert "rtx4090-48gb" in dash.memory.widget.options and dash.memory.error is None
+        dash.memory.widget.value = "1KiB"  # parses, but no plan fits: the planner's refusal shows at the field
+        assert dash.memory.error is None and dash.open_model() is None and dash.errors.value == ""
+        smallest = re.search(r"the smallest cap that fits is .* \((\d+) bytes\)", dash.memory.error)
+        assert smallest is not None and "Traceback" not in dash.memory.message.value
+        dash.memory.widget.value = smallest[1]  # the cap the refusal named fits
+        session = dash.open_model()
+        assert session is not None and dash.memory.error is None
+        plan = session.memory_plan
+        assert plan.streamed_blocks["transformer"] and plan.offloaded  # the tightest plan streams and offloads
+        assert str(plan) in html.unescape(dash.plan.value) and dash.plan.layout.display is None
+        given = Dashboard(session)  # a dashboard on a capped session shows its cap and plan
+        given.live.detach()
+        assert MemoryBudget.of(given.memory.widget.value).cap_bytes == plan.cap and given.plan.value == dash.plan.value
+        assert f"under a {gib(plan.cap)} cap" in given.session_status.value
+        dash.set_request(**TINY)
+        result = dash.generate()
+        assert result is not None and dash.errors.value == ""
+        receipt = result.receipts["memory_residency"]
+        counts = (receipt["blocks_streamed"], receipt["prefetched"], receipt.get("late", 0))
+        assert (
+            counts[0] > 0 and "ring {} blocks streamed ({} prefetched, {} late)".format(*counts) in dash.residency.value
+        )
+        assert all(gib(peak) in dash.residency.value for peak in plan.stage_peaks.values())
+        dash.memory.widget.value = ""  # empty: no cap, no plan, no residency block
+        assert dash.open_model().memory_plan is None
+        assert dash.plan.layout.display == dash.residency.layout.display == "none"
+    finally:
+        dash.live.detach()
