@@ -282,34 +282,37 @@ def fp8_attention(
     pv: str = "fp8",
     launch: Launch | None = None,
 ) -> torch.Tensor:
-    """`reference(q, k, v, scale, pv, launch.block_n)` up to the contract (module doc): `quantize`, one kernel
-    launch. `scale` defaults to 1/sqrt(128); `launch` to `launch_for(q.device)`."""
+    """`reference(q, k, v, scale, pv, launch.block_n)` up to the contract (module doc): `quantize`, then `attend`.
+    `scale` defaults to 1/sqrt(128); `launch` to `launch_for(q.device)`."""
     _check(q, k, v, pv, scale)
-    launch = launch_for(q.device) if launch is None else launch
-    if not isinstance(launch, Launch):
-        raise ValueError(f"fp8_attention: launch must be an fp8_attention.Launch, got {type(launch).__name__}")
     check_runtime("fp8_attention", q, k, v)
     check_fp8("fp8_attention", q.device)
-    z = quantize(q, k, v, pv)
-    b, h, tq, d = q.shape
-    tk = k.shape[2]
     out = torch.empty_like(q)  # q's memory order when q is a dense permutation, else contiguous
+    attend(quantize(q, k, v, pv), out, k.shape[2], q.shape[-1] ** -0.5 if scale is None else scale, launch)
+    return out
+
+
+def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launch | None = None) -> None:
+    """The kernel alone (step 3) on `quantize`'s operands of Tk = `tk` keys, written into `out` (B, H, Tq, 128) of
+    any strides. No checks beyond the launch: `fp8_attention` is the checked entry."""
+    launch = launch_for(out.device) if launch is None else launch
+    if not isinstance(launch, Launch):
+        raise ValueError(f"fp8_attention: launch must be an fp8_attention.Launch, got {type(launch).__name__}")
+    b, h, tq, d = out.shape
     emulate = interpreting()
     if emulate:
         tuning = {}
     else:
         tuning = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
         triton.set_allocator(_tma_scratch)  # device-side descriptors need Triton's global scratch
-    qk_scale = (d**-0.5 if scale is None else scale) * LOG2E
     v_scale = z.q_scale if z.v_scale is None else z.v_scale  # (unread with pv="bf16")
     _KERNEL[(triton.cdiv(tq, launch.block_m), b * h)](
         z.q8, z.q_scale, z.k8, z.k_scale, z.v, v_scale, out,
-        h, tq, tk, z.q8.shape[2], z.k8.shape[2], qk_scale,
+        h, tq, tk, z.q8.shape[2], z.k8.shape[2], scale * LOG2E,
         *z.v.stride()[:3], *out.stride()[:3],
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, D=d, QUANT=QUANT_BLOCK,
-        PV_FP8=pv == "fp8", EMULATE=emulate, **tuning,
+        PV_FP8=z.pv == "fp8", EMULATE=emulate, **tuning,
     )  # fmt: skip
-    return out
 
 
 def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
