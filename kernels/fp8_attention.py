@@ -8,7 +8,7 @@ The maths, in the order it happens:
 1. Key smoothing: `k <- k - mean_t(k)` per (batch, head), in fp32. Every logit of one query row moves by the same
    `q . mean_t(k)`, so the softmax is unchanged in exact maths; what it removes is the common offset trained keys
    carry, which would otherwise set every block's FP8 scale and leave the per-token part a few e4m3 steps.
-2. Quantization (`quantize`, torch ops, one pass per tensor): q and the smoothed k per block of QUANT_BLOCK = 128
+2. Quantization (`quantize`, torch ops: several passes per tensor): q and the smoothed k per block of QUANT_BLOCK = 128
    tokens, scale `max(amax(|block|), EPS) / 448`, value `clamp(x / scale, -448, 448)` rounded to nearest-even e4m3.
    pv="fp8": v per (batch, head, channel) over all tokens, the same recipe, stored transposed (B, H, 128, Tk) so the
    P.V dot reads it K-major; pv="bf16": v rounded to bf16.
