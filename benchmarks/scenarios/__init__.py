@@ -11,6 +11,7 @@ from types import ModuleType
 from benchmarks.scenarios import (
     forward_h3,
     forward_wan,
+    fp8_attention,
     kernels,
     memory,
     parallel,
@@ -22,6 +23,7 @@ from benchmarks.scenarios import (
 )
 
 MODULES: tuple[ModuleType, ...] = (
-    forward_wan, forward_h3, request_wan, sparse_attention, kernels, relayout, portability, parallel, memory, ring
+    forward_wan, forward_h3, request_wan, sparse_attention, fp8_attention, kernels, relayout, portability, parallel,
+    memory, ring,
 )  # fmt: skip
 SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}

@@ -2,12 +2,16 @@
 ships, fits the card's shared memory, and spills nothing where the H200's launch spills nothing (issue 28). No GPU: Triton's own
 compiler and ptxas, on launches recorded from the public functions at production shapes (bf16, Wan-1.3B widths)."""
 
+from unittest import mock
+
 import pytest
 import torch
 
 from workbench.kernels import (
+    _runtime,
     adaln_modulate,
     block_sparse_attention,
+    fp8_attention,
     fp8_rowwise,
     gated_residual,
     head_norm_rope,
@@ -64,7 +68,12 @@ EXAMPLES = {
     "block_sparse_attention": lambda: block_sparse_attention.block_sparse_attention(
         *(torch.zeros(B, H, T, D, dtype=BF16) for _ in range(3)), 0.0, 64
     ),
+    "fp8_attention": lambda: fp8_attention.fp8_attention(*(torch.zeros(B, H, T, D, dtype=BF16) for _ in range(3))),
+    "fp8_attention_bf16_pv": lambda: fp8_attention.fp8_attention(
+        *(torch.zeros(B, H, T, D, dtype=BF16) for _ in range(3)), pv="bf16"
+    ),
 }
+FP8_KERNELS = ("_quantize_rows", "_fp8_attention_fwd")  # refused before any launch below sm_89
 
 
 def _record(target: str) -> dict[str, list]:
@@ -89,6 +98,7 @@ def test_every_kernel_has_an_example_and_records_its_shipped_launch(hopper):
     assert {
         "_modulate", "_gated_residual", "_head_norm_rope", "_layernorm_modulate", "_tiled_qk_norm_rope",
         "_row_qk_norm_rope", "_tiled_copy", "_quantize_rows", "_block_means_qkv", "_compact", "_block_sparse_fwd",
+        "_fp8_attention_fwd",
     } <= recorded  # fmt: skip
     attention = next(x for x in launches["block_sparse_attention"] if x.name == "_block_sparse_fwd")
     assert attention.options == {"num_warps": 4, "num_stages": 3} and attention.constexprs["D"] == D
@@ -100,7 +110,7 @@ def test_every_kernel_compiles_for_the_card_within_its_shared_memory_and_spills_
     _, reference = hopper
     for name, found in _record(target).items():
         for i, launch in enumerate(found):
-            if launch.name == "_quantize_rows" and not card.fp8:
+            if launch.name in FP8_KERNELS and not card.fp8:
                 continue  # refused before any launch below sm_89 (test_fp8_is_refused_below_sm_89)
             report = compile_for(launch, card) if target != "sm_90" else reference[(name, i)]
             assert report.shared_bytes <= card.shared_bytes, (name, report)
@@ -130,6 +140,22 @@ def test_fp8_is_refused_below_sm_89(monkeypatch):
                 _runtime.check_fp8("quantize_rows", torch.device("cuda"))
         else:
             _runtime.check_fp8("quantize_rows", torch.device("cuda"))
+
+
+def test_fp8_attention_takes_one_launch_per_card_and_is_refused_below_sm_89():
+    """sm_89 and sm_90 take their own (spill-free) launches; below sm_89 the public function refuses before any
+    launch."""
+    heads = torch.zeros(B, H, T, D, dtype=BF16)
+    for target, launch in (("sm_89", fp8_attention.ADA), ("sm_90", fp8_attention.DEFAULT)):
+        (found,) = record(lambda: fp8_attention.fp8_attention(heads, heads, heads), TARGETS[target])
+        assert found.options == {"num_warps": launch.num_warps, "num_stages": launch.num_stages}, target
+        assert (found.constexprs["BLOCK_M"], found.constexprs["BLOCK_N"]) == (launch.block_m, launch.block_n)
+    for target in ("sm_80", "sm_86"):
+        with (
+            mock.patch.object(_runtime, "capability", lambda device, n=TARGETS[target].capability: n),
+            pytest.raises(RuntimeError, match=f"fp8_attention: FP8 .* needs compute capability 8.9.*{target}"),
+        ):
+            fp8_attention.fp8_attention(heads[:, :1, :64], heads[:, :1, :64], heads[:, :1, :64])
 
 
 def test_target_for_names_the_supported_capabilities():

@@ -19,6 +19,7 @@ PLUGINS = (
     "attention.attention_backend",
     "attention.flash4_attention",
     "attention.block_sparse",
+    "attention.fp8_attention",
     "attention.sol_attn",
     "attention.attention_policy",
     "fused.fused_qkv",

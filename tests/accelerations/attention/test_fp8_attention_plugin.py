@@ -1,0 +1,108 @@
+"""fp8_attention (contract: approximate) on tiny models of head dim 128 under the Triton CPU interpreter: installs
+through the attention dispatcher, counts its calls, keeps the family's prefix rows dense, uninstalls exactly, and
+refuses what it cannot run."""
+
+import pytest
+import torch
+from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+from workbench import Request, Session
+from workbench.accelerations import REGISTRY, fingerprint
+from workbench.accelerations.attention import fp8_attention as plugin
+from workbench.accelerations.attention.sparse_routing import Call, Router, Settings
+from workbench.accelerations.base import Receipt
+from workbench.kernels import _runtime
+from workbench.kernels.fp8_attention import fp8_attention
+from workbench.models import wan
+
+SIZE = {"frames": 9, "height": 128, "width": 192, "steps": 2, "guidance": 1.0}  # 288 tokens, 2 steps x 2 blocks
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _run(session, config):
+    session.accelerate(config)
+    try:
+        return session.generate(Request("a red circle moves left", seed=3, **SIZE), progress=False)
+    finally:
+        session.accelerate({})
+
+
+def test_fp8_attention_wan_counts_calls_is_close_to_dense_and_uninstalls_exactly(interpreter):
+    session = Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
+    before = [fingerprint(d) for d in session.model.denoisers()]
+    backends = dict(_AttentionBackendRegistry._backends)
+    dense = _run(session, {})
+    fp8 = _run(session, {"fp8_attention": {}})
+    partly = _run(session, {"fp8_attention": {"pv": "bf16", "dense_blocks": 1}})
+    assert [fingerprint(d) for d in session.model.denoisers()] == before, "uninstall did not restore the model"
+    assert _AttentionBackendRegistry._backends == backends
+    report = fp8.receipts["fp8_attention"]
+    assert report["executed"] and report["fp8_calls"] == 4 and report.get("dense_calls", 0) == 0, report
+    assert report["notes"]["pv"] == "fp8" and report.get("protected_rows", 0) == 0, report  # Wan: video rows only
+    assert partly.receipts["fp8_attention"]["fp8_calls"] == 2 and partly.receipts["fp8_attention"]["dense_calls"] == 2
+    assert not fp8.exact and dense.exact
+    err = ((fp8.latents - dense.latents).norm() / dense.latents.norm()).item()
+    assert 1e-6 < err < 3e-3, f"fp8 attention moves the latents by {err} (relative L2; measured 2.9e-4)"
+
+
+def test_fp8_attention_protected_rows_are_dense_attention(interpreter):
+    """Router.run with the plugin's kernel: rows [0, protect) are the backend's dense attention (H3's text /
+    conditioning / audio queries with protect_prefix="family"), the rest the FP8 kernel's output."""
+    q, k, v = (torch.randn(1, 150, 2, 128) for _ in range(3))  # dispatcher layout (B, T, H, D)
+    backend = _AttentionBackendRegistry._backends[_AttentionBackendRegistry._active_backend]
+    receipt = Receipt(("fp8_calls",))
+    router = Router("fp8_attention", wan.tiny_d128(), receipt, plugin.fp8_attend, None)
+    settings = Settings(tau=0.0, sink_tokens=0, protect_prefix="family", extra={"pv": "bf16"})
+    call = Call(router, settings, 0, prefix=40)
+    call.kwargs, call.backend_fn = {"query": q, "key": k, "value": v, "attn_mask": None, "scale": None}, backend
+    out = router.run(call)
+    dense = backend(query=q, key=k, value=v)
+    kernel = fp8_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), pv="bf16").transpose(1, 2)
+    assert torch.equal(out[:, :40], dense[:, :40]) and torch.equal(out[:, 40:], kernel[:, 40:])
+    assert (out[:, 40:] - dense[:, 40:]).abs().max() > 1e-3  # the other rows really are FP8
+    assert receipt.counters["protected_rows"] == 40 and receipt.counters["fp8_calls"] == 1
+
+
+def test_fp8_attention_refuses_what_it_cannot_run(monkeypatch):
+    session = Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="fp8_attention: the Triton kernel on CPU needs TRITON_INTERPRET=1"):
+        session.accelerate({"fp8_attention": {}})
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="fp8_attention.pv"):
+        session.accelerate({"fp8_attention": {"pv": "fp4"}})
+    with pytest.raises(RuntimeError, match="head dim 128"):
+        Session.open("tiny-wan", device="cpu").accelerate({"fp8_attention": {}})
+    with pytest.raises(ValueError, match="cannot be installed together"):
+        session.accelerate({"fp8_attention": {}, "block_sparse": {}})
+    assert session.accelerations == {} and REGISTRY["fp8_attention"].contract == "approximate"
+    monkeypatch.setattr(_runtime, "capability", lambda device: 86)
+    assert "compute capability 8.9" in plugin.unusable(torch.device("cuda")) and plugin.unusable(torch.device("cpu"))
+
+
+def test_fp8_attention_h3_keeps_text_and_audio_queries_dense(interpreter, h3_d128):
+    """H3 packs [text | audio | video] in one self-attention: with protect_prefix="family" the prefix queries take
+    dense attention, so the audio moves only through FP8 video rows (measured 7e-7 relative L2, against 1.6e-4 when
+    every query runs FP8)."""
+    session = Session(h3_d128(32, 64), torch.device("cpu"), torch.float32, 0.0)
+
+    def audio_error(config):
+        session.accelerate(config)
+        try:
+            result = session.generate(Request("a red circle moves left, low hum", seed=4), progress=False)
+        finally:
+            session.accelerate({})
+        return result, (torch.as_tensor(result.audio) - dense).norm() / dense.norm()
+
+    dense = torch.as_tensor(session.generate(Request("a red circle moves left, low hum", seed=4), progress=False).audio)
+    protected, protected_error = audio_error({"fp8_attention": {}})
+    everything, everything_error = audio_error({"fp8_attention": {"protect_prefix": 0}})
+    report = protected.receipts["fp8_attention"]
+    prefix = report["notes"]["prefix_rows"]
+    assert report["fp8_calls"] == 2 and prefix > 0 and report["protected_rows"] == 2 * prefix, report
+    assert everything.receipts["fp8_attention"].get("protected_rows", 0) == 0
+    assert 0 < protected_error < 0.1 * everything_error, (protected_error, everything_error)
