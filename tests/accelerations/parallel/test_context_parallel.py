@@ -159,13 +159,15 @@ def test_parallel_decode_one_rank_bitwise_equal_diffusers_tiled_decode(
     z = torch.randn(*latent, generator=torch.Generator().manual_seed(seed))
     tiling = band_tiling(vae, latent[3], latent[4], bands, overlap)
     receipt = Receipt(("parallel_decodes",))
+    saved = {name: getattr(vae, name) for name in (*tiling.to_dict(), "use_tiling")}  # the shared session's VAE
     try:
         with torch.inference_mode():
             ours = tiled_decode(vae, z, tiling, receipt)
             vae.enable_tiling(**tiling.to_dict())
             stock = vae.decode(z).sample
     finally:
-        vae.use_tiling = False
+        for name, value in saved.items():
+            setattr(vae, name, value)
     assert torch.equal(ours, stock), f"seed {seed}"
     assert receipt.counters["decode_tiles"] == bands and receipt.notes["decode_tiles_per_rank"] == [bands]
 
