@@ -146,22 +146,6 @@ def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):  # noqa: F
             assert "nothing (stock diffusers)" in panel.inner_text()
             page.screenshot(path=str(tmp_path / "marked.png"), full_page=True)
 
-            # A memory cap: a refused one is marked at its field, a fitting one shows its plan; both fit the width.
-            cap = page.locator(".vflash-memory-cap input").first
-            for value, shown in (
-                ("1KiB", ".vflash-memory-cap.vflash-invalid"),
-                ("rtx4090-48gb", ".vflash-memory-plan"),
-            ):
-                cap.fill(value)
-                cap.press("Enter")
-                page.locator(".vflash-controls button", has_text="open").first.click()
-                page.locator(shown).first.wait_for(state="visible", timeout=30_000)
-                layout = page.evaluate(OVERFLOW)
-                print(f"memory cap {value}: {layout}")
-                page.screenshot(path=str(tmp_path / f"memory-{value}.png"), full_page=True)
-                assert layout["page"][0] <= layout["page"][1] and layout["offenders"] == [], layout
-            assert "smallest cap that fits" not in page.locator(".vflash-memory-cap").first.inner_text()
-            assert cap.input_value() == "rtx4090-48gb"  # the card's name stays in the field
         finally:
             browser.close()
     assert SCREENSHOT.stat().st_size > 0
