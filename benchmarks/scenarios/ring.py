@@ -70,15 +70,15 @@ def run(context: Context) -> Measurement:
         resident.output = forward()
     footprint = Footprint({}, {"transformer": tuple(module_bytes(b) for b in blocks)},
                           {"transformer": weights - sum(module_bytes(b) for b in blocks)}, {})  # fmt: skip
+    arm_names = os.environ.get("RING_ARMS", "block_ring,group_offload").split(",")
+    if unknown := set(arm_names) - {"block_ring", "group_offload"}:
+        raise ValueError(f"RING_ARMS: {sorted(unknown)}; allowed: a comma list of block_ring, group_offload")
     if cuda:
         activation = torch.cuda.max_memory_allocated(device) - weights
         chosen = os.environ.get("RING_CAPS", ",".join(CAPS)).split(",")
         if unknown := set(chosen) - set(CAPS):
             raise ValueError(f"RING_CAPS: {sorted(unknown)}; allowed: a comma list of {list(CAPS)}")
         caps = {name: CAPS[name] for name in chosen}
-    arm_names = os.environ.get("RING_ARMS", "block_ring,group_offload").split(",")
-    if unknown := set(arm_names) - {"block_ring", "group_offload"}:
-        raise ValueError(f"RING_ARMS: {sorted(unknown)}; allowed: a comma list of block_ring, group_offload")
     else:  # the planner's estimate (workbench.memory_plan): rows x b x max(8 D, 2 D + 3 F)
         d, f = model.config.hidden_size, model.config.ffn_dim
         activation = rows * 2 * max(8 * d, 2 * d + 3 * f)
