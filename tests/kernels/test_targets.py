@@ -72,6 +72,9 @@ EXAMPLES = {
     "fp8_attention_bf16_pv": lambda: fp8_attention.fp8_attention(
         *(torch.zeros(B, H, T, D, dtype=BF16) for _ in range(3)), pv="bf16"
     ),
+    "fp8_attention_int8_qk": lambda: fp8_attention.fp8_attention(
+        *(torch.zeros(B, H, T, D, dtype=BF16) for _ in range(3)), qk="int8"
+    ),
 }
 FP8_KERNELS = ("_quantize_rows", "_fp8_attention_fwd")  # refused before any launch below sm_89
 
