@@ -132,6 +132,30 @@ def check_float(kernel: str, name: str, tensor: torch.Tensor, allowed: tuple[tor
         raise ValueError(f"{kernel}: {name} has dtype {tensor.dtype}; allowed: {[str(d) for d in allowed]}")
 
 
+def check_qkv(
+    kernel: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dtypes: tuple[torch.dtype, ...],
+    layout: Callable[[str, torch.Tensor], str | None],
+) -> None:
+    """An attention kernel's q (B, H, Tq, D), k and v (B, H, Tk, D): each a tensor of one of `dtypes` whose shape
+    `layout(name, tensor)` accepts (it returns the kernel's message for one it cannot take, else None), one dtype for
+    the three, k and v of one shape, batch and heads shared with q, no empty sequence; ValueError otherwise."""
+    for arg, tensor in (("q", q), ("k", k), ("v", v)):
+        check_float(kernel, arg, tensor, dtypes)
+        message = layout(arg, tensor)
+        if message is not None:
+            raise ValueError(f"{kernel}: {message}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"{kernel}: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2]:
+        raise ValueError(f"{kernel}: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise ValueError(f"{kernel}: empty sequence: q {tuple(q.shape)}, k {tuple(k.shape)}")
+
+
 def broadcast_rows(kernel: str, name: str, tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """A (B, 1, C) or (B, T, C) operand as a (B, T, C) view (stride 0 over tokens when broadcast)."""
     b, t, c = shape

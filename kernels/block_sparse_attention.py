@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.kernels._runtime import check_float, check_runtime, dtype_size, interpreting
+from workbench.kernels._runtime import check_qkv, check_runtime, dtype_size, interpreting
 from workbench.kernels.block_sparse_attend import AMPERE_ADA, DEFAULT, Launch, Plan, attend, launch_for
 from workbench.kernels.block_sparse_routing import (
     BLOCK,
@@ -62,20 +62,16 @@ __all__ = [
 ]
 
 
+def _layout(arg: str, tensor: torch.Tensor) -> str | None:
+    if tensor.ndim != 4:
+        return f"{arg} must be (B, H, T, D), got shape {tuple(tensor.shape)}"
+    if tensor.shape[-1] != HEAD_DIM:
+        return f"{arg} has head dim {tensor.shape[-1]}; only {HEAD_DIM} is supported"
+    return None
+
+
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    name = "block_sparse_attention"
-    for arg, tensor in (("q", q), ("k", k), ("v", v)):
-        check_float(name, arg, tensor, DTYPES)
-        if tensor.ndim != 4:
-            raise ValueError(f"{name}: {arg} must be (B, H, T, D), got shape {tuple(tensor.shape)}")
-        if tensor.shape[-1] != HEAD_DIM:
-            raise ValueError(f"{name}: {arg} has head dim {tensor.shape[-1]}; only {HEAD_DIM} is supported")
-    if not q.dtype == k.dtype == v.dtype:
-        raise ValueError(f"{name}: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2]:
-        raise ValueError(f"{name}: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        raise ValueError(f"{name}: empty sequence: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    check_qkv("block_sparse_attention", q, k, v, DTYPES, _layout)
 
 
 def reference(

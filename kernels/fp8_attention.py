@@ -62,8 +62,8 @@ import triton.language as tl
 from workbench.kernels._runtime import (
     LazyKernel,
     capability,
-    check_float,
     check_fp8,
+    check_qkv,
     check_runtime,
     check_warps,
     dtype_size,
@@ -254,24 +254,23 @@ def _fp8_attention_fwd(
 _KERNEL = LazyKernel(_fp8_attention_fwd, helpers=(quantized_tile,))
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str, scale: float | None, qk: str) -> None:
+def _layout(arg: str, tensor: torch.Tensor) -> str | None:
+    if tensor.ndim != 4 or tensor.shape[-1] != HEAD_DIM:
+        return f"{arg} has shape {tuple(tensor.shape)}; expected (B, H, T, {HEAD_DIM})"
+    return None
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str, scale: float | None, qk: str) -> float:
+    """Every argument of a call; returns the softmax scale (`scale`, or 1/sqrt(128) for None)."""
     name = "fp8_attention"
-    for arg, tensor in (("q", q), ("k", k), ("v", v)):
-        check_float(name, arg, tensor, DTYPES)
-        if tensor.ndim != 4 or tensor.shape[-1] != HEAD_DIM:
-            raise ValueError(f"{name}: {arg} has shape {tuple(tensor.shape)}; expected (B, H, T, {HEAD_DIM})")
-    if not q.dtype == k.dtype == v.dtype:
-        raise ValueError(f"{name}: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2]:
-        raise ValueError(f"{name}: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        raise ValueError(f"{name}: empty sequence: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    check_qkv(name, q, k, v, DTYPES, _layout)
     if pv not in PV_MODES:
         raise ValueError(f"{name}: pv: {pv!r}; allowed: {list(PV_MODES)}")
     if qk not in QK_MODES:
         raise ValueError(f"{name}: qk: {qk!r}; allowed: {list(QK_MODES)}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0):
         raise ValueError(f"{name}: scale: {scale!r}; allowed: a number > 0 or None (1/sqrt(head dim))")
+    return HEAD_DIM**-0.5 if scale is None else scale
 
 
 def reference(
@@ -286,12 +285,12 @@ def reference(
 ) -> torch.Tensor:
     """The kernel's maths in fp32 torch: `quantize`, then the online softmax over key tiles of `block_n` with P
     rounded per tile as the kernel does. (B, H, Tq, 128) in q's dtype."""
-    _check(q, k, v, pv, scale, qk)
+    scale = _check(q, k, v, pv, scale, qk)
     if block_n not in TILES:
         raise ValueError(f"fp8_attention: block_n: {block_n!r}; allowed: {list(TILES)}")
     z = quantize(q, k, v, pv, smooth, qk)
     tq, tk = q.shape[2], k.shape[2]
-    qk_scale = torch.tensor((q.shape[-1] ** -0.5 if scale is None else scale) * LOG2E, dtype=torch.float32)
+    qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32)
     q_scale = z.q_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, :tq, None] * qk_scale  # (B, H, Tq, 1)
     k_scale = z.k_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, None, :tk]  # (B, H, 1, Tk)
     v = z.v[..., :tk].transpose(-1, -2).float() if pv == "fp8" else z.v.float()  # (B, H, Tk, D)
@@ -326,11 +325,11 @@ def fp8_attention(
 ) -> torch.Tensor:
     """`reference(q, k, v, scale, pv, launch.block_n, qk=qk)` up to the contract (module doc): `quantize`, then
     `attend`. `scale` defaults to 1/sqrt(128); `launch` to `launch_for(q.device)`."""
-    _check(q, k, v, pv, scale, qk)
+    scale = _check(q, k, v, pv, scale, qk)
     check_runtime("fp8_attention", q, k, v)
     check_fp8("fp8_attention", q.device)
     out = torch.empty_like(q)  # q's memory order when q is a dense permutation, else contiguous
-    attend(quantize(q, k, v, pv, qk=qk), out, k.shape[2], q.shape[-1] ** -0.5 if scale is None else scale, launch)
+    attend(quantize(q, k, v, pv, qk=qk), out, k.shape[2], scale, launch)
     return out
 
 
