@@ -373,3 +373,23 @@ def test_block_sparse_attention_low_precision_bad_option_raises(rng, monkeypatch
     shape = (1, 12, 32760, D)
     exact, low = cost(shape, 0.2), cost(shape, 0.2, precision="int8")
     assert low[1] == exact[1] and low[0] < exact[0], (exact, low)  # same flops, one-byte K/V per exact pair
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs CUDA sm >= 8.9"
+)
+@pytest.mark.parametrize("precision,pv", [("int8", "fp8"), ("int8", "bf16"), ("e4m3", "fp8")])
+def test_block_sparse_attention_low_precision_compiled_matches_reference_on_gpu(monkeypatch, precision, pv):
+    """The compiled low-precision path (int8/e4m3 tensor-core dots, hardware P rounding, TMA on the quantized
+    operands) on bf16 dispatcher views of an odd length, against the reference and against the exact path."""
+    monkeypatch.delenv("TRITON_INTERPRET")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 1000, 4, D, generator=g, device="cuda").bfloat16().transpose(1, 2) for _ in range(3))
+    k = k + 1.0
+    got = block_sparse_attention(q, k, v, 0.5, 64, precision=precision, pv=pv)
+    # bf16 on the GPU: bf16 mean keys and folded P, bf16 output (the exact path's contract) on top of the quantization
+    assert _rel(got, reference(q, k, v, 0.5, 64, precision=precision, pv=pv)) < 2e-2
+    assert _rel(got, block_sparse_attention(q, k, v, 0.5, 64)) < (
+        6e-2 if pv == "fp8" and precision == "e4m3" else 4.5e-2
+    )

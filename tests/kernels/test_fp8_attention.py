@@ -178,14 +178,15 @@ def test_fp8_attention_launch_and_cost():
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs CUDA sm >= 8.9"
 )
+@pytest.mark.parametrize("qk", QK_MODES)
 @pytest.mark.parametrize("pv", ["fp8", "bf16"])
-def test_fp8_attention_compiled_matches_reference_on_gpu(monkeypatch, pv):
+def test_fp8_attention_compiled_matches_reference_on_gpu(monkeypatch, pv, qk):
     """The compiled path (hardware e4m3 / bf16 conversions, TMA, tensor-core dots) against the same reference, on
     bf16 inputs of an odd length in the dispatcher's layout, and its error against cuDNN-class dense attention."""
     monkeypatch.delenv("TRITON_INTERPRET")
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 1000, 4, D, generator=g, device="cuda").bfloat16().transpose(1, 2) for _ in range(3))
-    out = fp8_attention(q, k, v, pv=pv)
-    assert _rel(out, reference(q, k, v, pv=pv, block_n=launch_for(q.device).block_n)) < 1e-2
-    bound = 6e-2 if pv == "fp8" else 4.5e-2
+    out = fp8_attention(q, k, v, pv=pv, qk=qk)
+    assert _rel(out, reference(q, k, v, pv=pv, block_n=launch_for(q.device).block_n, qk=qk)) < 1e-2
+    bound = {("e4m3", "fp8"): 6e-2, ("e4m3", "bf16"): 4.5e-2, ("int8", "fp8"): 4.5e-2, ("int8", "bf16"): 2e-2}[qk, pv]
     assert _rel(out, torch.nn.functional.scaled_dot_product_attention(q, k, v)) < bound

@@ -21,7 +21,7 @@ to the routing's and needs FP8 tensor cores (sm_89+).
 
 Receipts: `sparse_calls`, `dense_calls` (split into `dense_step_calls` and `dense_block_calls`),
 `protected_rows`, `notes["mean_density"]` (fraction of exact block pairs over the sparse calls),
-`notes["prefix_rows"]` and `notes["precision"]`.
+`notes["prefix_rows"]`, and with a low precision `notes["precision"]` (e.g. "int8, pv fp8").
 
 Fail closed: head dim != 128, a dtype other than bfloat16/float32, a family without routable self-attention, a
 CPU without `TRITON_INTERPRET=1`, a low precision on a GPU below sm_89, or a routed call with a mask / causal / context-parallel layout is a
@@ -63,7 +63,8 @@ class BlockSparseConfig(SparseAttentionConfig):
 
 class _Installed(RoutedHandle):
     def report(self) -> dict[str, Any]:
-        self.receipt.notes["precision"] = self.options["precision"]
+        if self.options["precision"] != "exact":  # the default's receipt stays as it was
+            self.receipt.notes["precision"] = f"{self.options['precision']}, pv {self.options['pv']}"
         return super().report()
 
 
