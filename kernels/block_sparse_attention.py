@@ -52,7 +52,7 @@ from workbench.kernels.block_sparse_routing import (
     route,
     routing,
 )
-from workbench.kernels.fp8_attention import FP8, FP8_MAX, PV_MODES, QK_MODES, QUANT_BLOCK, quantize
+from workbench.kernels.fp8_attention import PV_MODES, QK_MODES, online_step, quantize, reference_logits
 
 HEAD_DIM = 128
 DTYPES = (torch.float32, torch.bfloat16)
@@ -136,15 +136,12 @@ def _lowbit_reference(
     softmax over the exact key blocks in ascending order (P rounded per block as `quantized_tile` does, v's e4m3
     scale applied after them), then the folded blocks' smoothed mean keys 64 at a time, unrounded."""
     z = quantize(q, k, v, pv, qk=qk)
-    tq, tk = q.shape[2], k.shape[2]
-    qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32)
-    q_scale = z.q_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, :tq, None] * qk_scale  # (B, H, Tq, 1)
-    k_scale = z.k_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, None, :tk]  # (B, H, 1, Tk)
-    v8 = z.v[..., :tk].transpose(-1, -2).float() if pv == "fp8" else z.v.float()  # (B, H, Tk, D)
-    logits = z.q8[:, :, :tq].float() @ z.k8[:, :, :tk].float().transpose(-1, -2)  # exact (fp8_attention.reference)
+    tq = q.shape[2]
+    logits, values = reference_logits(z, tq, k.shape[2], scale)
     exact_rows = mask[:, :, torch.arange(tq, device=q.device) // BLOCK]  # (B, H, Tq, Kb)
     k_mean, lengths = block_means_torch(k, BLOCK)
     v_mean, _ = block_means_torch(v, BLOCK)
+    qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32)
     folded = (q.float() @ (k_mean - z.k_mean).transpose(-1, -2) * qk_scale + lengths.log() * LOG2E).masked_fill(
         exact_rows, float("-inf")
     )  # (B, H, Tq, Kb) in log2 units
@@ -153,28 +150,13 @@ def _lowbit_reference(
     acc = torch.zeros(q.shape, device=q.device)
     for j in range(mask.shape[-1]):  # exact blocks, ascending (a row skips the blocks not exact for it)
         tile = slice(j * BLOCK, (j + 1) * BLOCK)
-        s = (logits[..., tile] * (q_scale * k_scale[..., tile])).masked_fill(~exact_rows[..., j, None], float("-inf"))
-        m, l, acc = _online_step(s, v8[:, :, tile], m, l, acc, pv)  # noqa: E741
+        s = logits[..., tile].masked_fill(~exact_rows[..., j, None], float("-inf"))
+        m, l, acc = online_step(s, values[:, :, tile], m, l, acc, pv)  # noqa: E741
     if pv == "fp8":
         acc = acc * z.v_scale[:, :, None, :]
     for c in range(0, mask.shape[-1], BLOCK):  # folded blocks' pseudo-keys
-        m, l, acc = _online_step(folded[..., c : c + BLOCK], v_mean[:, :, c : c + BLOCK], m, l, acc, None)  # noqa: E741
+        m, l, acc = online_step(folded[..., c : c + BLOCK], v_mean[:, :, c : c + BLOCK], m, l, acc, None)  # noqa: E741
     return (acc / l[..., None]).to(q.dtype)
-
-
-def _online_step(s, values, m, l, acc, pv):  # noqa: E741
-    """One tile of the online softmax on log2-unit logits `s` (B, H, Tq, n); P rounded to e4m3 (x448) or bf16 by
-    `pv`, or not at all (None). A row whose logits are all -inf so far keeps zero weight."""
-    m_new = torch.maximum(m, s.amax(-1))
-    m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = torch.exp2(m - m_use)
-    p = torch.exp2(s - m_use[..., None])
-    l = l * alpha + p.sum(-1)  # noqa: E741
-    if pv == "fp8":
-        p = (p * FP8_MAX).to(FP8).float()
-    elif pv == "bf16":
-        p = p.to(torch.bfloat16).float()
-    return m_new, l, acc * alpha[..., None] + p @ values
 
 
 def plan(

@@ -289,29 +289,53 @@ def reference(
     if block_n not in TILES:
         raise ValueError(f"fp8_attention: block_n: {block_n!r}; allowed: {list(TILES)}")
     z = quantize(q, k, v, pv, smooth, qk)
-    tq, tk = q.shape[2], k.shape[2]
-    qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32)
-    q_scale = z.q_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, :tq, None] * qk_scale  # (B, H, Tq, 1)
-    k_scale = z.k_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, None, :tk]  # (B, H, 1, Tk)
-    v = z.v[..., :tk].transpose(-1, -2).float() if pv == "fp8" else z.v.float()  # (B, H, Tk, D)
-    # (B, H, Tq, Tk): int8 products summed over 128 channels stay below 2^24, so these fp32 logits are exact
-    logits = z.q8[:, :, :tq].float() @ z.k8[:, :, :tk].float().transpose(-1, -2)
+    s, values = reference_logits(z, q.shape[2], k.shape[2], scale)
     m = torch.full(q.shape[:3], float("-inf"), device=q.device)
     l = torch.zeros(q.shape[:3], device=q.device)  # noqa: E741
     acc = torch.zeros(q.shape[:3] + (q.shape[3],), device=q.device)
-    for start in range(0, tk, block_n):
+    for start in range(0, k.shape[2], block_n):
         tile = slice(start, start + block_n)
-        s = logits[..., tile] * (q_scale * k_scale[..., tile])
-        m_new = torch.maximum(m, s.amax(-1))
-        alpha = torch.exp2(m - m_new)
-        p = torch.exp2(s - m_new[..., None])
-        l = l * alpha + p.sum(-1)  # noqa: E741
-        p = (p * FP8_MAX).to(FP8).float() if pv == "fp8" else p.to(torch.bfloat16).float()
-        acc = acc * alpha[..., None] + p @ v[:, :, tile]
-        m = m_new
+        m, l, acc = online_step(s[..., tile], values[:, :, tile], m, l, acc, pv)  # noqa: E741
     if pv == "fp8":
         acc = acc * z.v_scale[:, :, None, :]
     return (acc / l[..., None]).to(q.dtype)
+
+
+def reference_logits(z: Quantized, tq: int, tk: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The references' view of `quantize`'s operands for Tq = `tq` queries and Tk = `tk` keys: the logits in log2
+    units `(q8 . k8) * ((scale_q * scale * log2(e)) * scale_k)` (B, H, Tq, Tk) fp32, in the kernel's order of
+    products, and v (B, H, Tk, 128) fp32 as the P.V dot reads it (e4m3 values without their scale, or bf16)."""
+    qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32)
+    q_scale = z.q_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, :tq, None] * qk_scale  # (B, H, Tq, 1)
+    k_scale = z.k_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, None, :tk]  # (B, H, 1, Tk)
+    values = z.v[..., :tk].transpose(-1, -2).float() if z.pv == "fp8" else z.v.float()
+    # int8 products summed over 128 channels stay below 2^24, so these fp32 logits are exact
+    logits = z.q8[:, :, :tq].float() @ z.k8[:, :, :tk].float().transpose(-1, -2)
+    return logits * (q_scale * k_scale), values
+
+
+def online_step(
+    s: torch.Tensor,
+    values: torch.Tensor,
+    m: torch.Tensor,
+    l: torch.Tensor,  # noqa: E741
+    acc: torch.Tensor,
+    pv: str | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One key tile of the references' online softmax, as `quantized_tile` computes it: logits `s` (B, H, Tq, n) in
+    log2 units, `values` (B, H, n, D); running max m, sum l (B, H, Tq) and acc (B, H, Tq, D). P is rounded to e4m3
+    as `P * 448` (pv "fp8"), to bf16 ("bf16") or not at all (None). A row with no finite logit yet keeps zero
+    weight. Returns the updated (m, l, acc)."""
+    m_new = torch.maximum(m, s.amax(-1))
+    m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = torch.exp2(m - m_use)
+    p = torch.exp2(s - m_use[..., None])
+    l = l * alpha + p.sum(-1)  # noqa: E741
+    if pv == "fp8":
+        p = (p * FP8_MAX).to(FP8).float()
+    elif pv == "bf16":
+        p = p.to(torch.bfloat16).float()
+    return m_new, l, acc * alpha[..., None] + p @ values
 
 
 def fp8_attention(
