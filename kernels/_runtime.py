@@ -9,6 +9,7 @@ something else imported the module still gets the interpreter.
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -45,16 +46,34 @@ def interpreting() -> bool:
 
 class LazyKernel:
     """`kernel[grid](...)` for a plain Python function written in Triton, decorated at first launch
-    (once per interpreter/compiled mode)."""
+    (once per interpreter/compiled mode).
 
-    def __init__(self, fn: Callable[..., Any]):
+    `helpers`: plain Python functions written in Triton that the kernel calls by their global name (device functions
+    shared between kernels). Each mode gets its own copy of the kernel whose globals name the helpers decorated for
+    that mode (`function`), so a helper is never frozen in the mode that was current at import."""
+
+    def __init__(self, fn: Callable[..., Any], helpers: tuple[Callable[..., Any], ...] = ()):
         self.fn = fn
+        self.helpers = helpers
         self._jitted: dict[bool, Any] = {}
+
+    def function(self, interpret: bool) -> Callable[..., Any]:
+        """The kernel's function with its helpers decorated for the interpreter (`interpret`) or the compiler."""
+        if not self.helpers:
+            return self.fn
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        wrap = InterpretedFunction if interpret else JITFunction
+        scope = {**self.fn.__globals__, **{h.__name__: wrap(h) for h in self.helpers}}
+        copy = types.FunctionType(self.fn.__code__, scope, self.fn.__name__, self.fn.__defaults__, self.fn.__closure__)
+        copy.__qualname__, copy.__doc__ = self.fn.__qualname__, self.fn.__doc__
+        return copy
 
     def __getitem__(self, grid: Any) -> Any:
         mode = interpreting()
         if mode not in self._jitted:
-            self._jitted[mode] = triton.jit(self.fn)
+            self._jitted[mode] = triton.jit(self.function(mode))
         return self._jitted[mode][grid]
 
 
@@ -111,6 +130,30 @@ def check_float(kernel: str, name: str, tensor: torch.Tensor, allowed: tuple[tor
         raise ValueError(f"{kernel}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in allowed:
         raise ValueError(f"{kernel}: {name} has dtype {tensor.dtype}; allowed: {[str(d) for d in allowed]}")
+
+
+def check_qkv(
+    kernel: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dtypes: tuple[torch.dtype, ...],
+    layout: Callable[[str, torch.Tensor], str | None],
+) -> None:
+    """An attention kernel's q (B, H, Tq, D), k and v (B, H, Tk, D): each a tensor of one of `dtypes` whose shape
+    `layout(name, tensor)` accepts (it returns the kernel's message for one it cannot take, else None), one dtype for
+    the three, k and v of one shape, batch and heads shared with q, no empty sequence; ValueError otherwise."""
+    for arg, tensor in (("q", q), ("k", k), ("v", v)):
+        check_float(kernel, arg, tensor, dtypes)
+        message = layout(arg, tensor)
+        if message is not None:
+            raise ValueError(f"{kernel}: {message}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"{kernel}: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2]:
+        raise ValueError(f"{kernel}: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise ValueError(f"{kernel}: empty sequence: q {tuple(q.shape)}, k {tuple(k.shape)}")
 
 
 def broadcast_rows(kernel: str, name: str, tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:

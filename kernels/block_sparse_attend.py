@@ -17,6 +17,12 @@ bf16, as flash attention does); fp32 inputs run IEEE-precision fp32 dots. INTERP
 interpreter computes `tl.dot` on bfloat16 operands wrongly (numpy has no bfloat16), so under
 `TRITON_INTERPRET=1` q, k, v are widened to fp32 (exact) and the dots run in fp32.
 
+Low precision (`attend(..., quantized=z)`, `block_sparse_attention(..., precision=...)`): each exact block is one
+call of `fp8_attention.quantized_tile` on z's int8/e4m3 q and k rows (the q8 tile and the per-128-token scales are
+loaded once per program; the 64-key block indexes the k scale) and z's e4m3 (transposed) or bf16 v; after the exact
+list the accumulator takes v's per-channel e4m3 scale, so the folded pass adds real-valued mean values to it. The
+folded pass runs as in the exact path, on q in its dtype.
+
 Contract against the dense torch maths of the same routing (`block_sparse_attention.reference`): equal up to
 rounding (fp32: ~1e-6; bf16: ~1e-2 absolute on unit-scale values, the output itself rounded to bf16).
 
@@ -36,6 +42,7 @@ import triton.language as tl
 
 from workbench.kernels._runtime import LazyKernel, capability, interpreting
 from workbench.kernels.block_sparse_routing import BLOCK
+from workbench.kernels.fp8_attention import QUANT_BLOCK, Quantized, quantized_tile
 
 LOG2E = 1.4426950408889634
 
@@ -90,11 +97,13 @@ class Plan:
 
 def _block_sparse_fwd(
     q_ptr, k_ptr, v_ptr, km_ptr, vm_ptr, loglen_ptr, mask_ptr, idx_ptr, count_ptr, out_ptr,
-    H, TQ, TK, KB, QB, qk_scale,
+    q8_ptr, qs_ptr, ks_ptr, vs_ptr,
+    H, TQ, TK, KB, QB, qk_scale, TQP, TKP,
     q_sb, q_sh, q_st, q_sd,
     k_sb, k_sh, k_st,
     v_sb, v_sh, v_st,
     F32: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
+    LOWBIT: tl.constexpr, QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, QUANT: tl.constexpr, EMULATE: tl.constexpr,
 ):  # fmt: skip
     # Reductions are tl.reduce with tl.standard's combines, and zeros are tl.full: tl.sum/tl.max/tl.zeros are
     # JITFunctions decorated when triton was imported, which the interpreter cannot call when
@@ -124,31 +133,50 @@ def _block_sparse_fwd(
     k_desc = tl.make_tensor_descriptor(
         k_ptr + b * k_sb + h * k_sh, shape=[TK, D], strides=[k_st, 1], block_shape=[BLOCK, D]
     )
-    v_desc = tl.make_tensor_descriptor(
-        v_ptr + b * v_sb + h * v_sh, shape=[TK, D], strides=[v_st, 1], block_shape=[BLOCK, D]
-    )
+    if LOWBIT and PV_FP8:  # quantize's e4m3 v, transposed: (D, TKP) per head
+        v_desc = tl.make_tensor_descriptor(
+            v_ptr + b * v_sb + h * v_sh, shape=[D, TKP], strides=[v_st, 1], block_shape=[D, BLOCK]
+        )
+    else:
+        v_desc = tl.make_tensor_descriptor(
+            v_ptr + b * v_sb + h * v_sh, shape=[TK, D], strides=[v_st, 1], block_shape=[BLOCK, D]
+        )
+    if LOWBIT:  # quantize's padded q8 rows and the per-128-token scales (module doc: low precision)
+        q8 = tl.load(q8_ptr + (bh.to(tl.int64) * TQP + rows.to(tl.int64))[:, None] * D + d[None, :])
+        q_scale = tl.load(qs_ptr + bh.to(tl.int64) * (TQP // QUANT) + (part * ROWS) // QUANT) * qk_scale
     for n in tl.range(0, n_exact):
         j = tl.load(idx_ptr + row * KB + n)
         key_ok = j * BLOCK + cols < TK
         k = k_desc.load([j * BLOCK, 0])
-        v = v_desc.load([j * BLOCK, 0])
-        if F32:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        if LOWBIT:
+            if PV_FP8:
+                v = v_desc.load([0, j * BLOCK])
+            else:
+                v = v_desc.load([j * BLOCK, 0])
+            factor = q_scale * tl.load(ks_ptr + bh.to(tl.int64) * (TKP // QUANT) + (j * BLOCK) // QUANT)
+            bias = tl.where(key_ok, 0.0, float("-inf"))
+            m_i, l_i, acc = quantized_tile(q8, k, v, factor, bias, m_i, l_i, acc, QK_INT8, PV_FP8, EMULATE)
         else:
-            s = tl.dot(q, tl.trans(k))
-        # keys past TK get -inf through one fused multiply-add (a (BLOCK,) bias, not a select per element)
-        s = s * qk_scale + tl.where(key_ok, 0.0, float("-inf"))[None, :]  # (ROWS, BLOCK), log2 units
-        m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no finite logit yet stays at zero weight
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-        if F32:
-            pv = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+            v = v_desc.load([j * BLOCK, 0])
+            if F32:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            # keys past TK get -inf through one fused multiply-add (a (BLOCK,) bias, not a select per element)
+            s = s * qk_scale + tl.where(key_ok, 0.0, float("-inf"))[None, :]  # (ROWS, BLOCK), log2 units
+            m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no finite logit yet stays at zero weight
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+            if F32:
+                pv = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+    if LOWBIT and PV_FP8:  # P.V ran on e4m3 v without its per-channel scale; the folded pass adds real values
+        acc = acc * tl.load(vs_ptr + bh.to(tl.int64) * D + d)[None, :]
     # 2. Folded key blocks: their mean keys, BLOCK at a time, as pseudo-keys with log(length) on the logit.
     # km/vm arrive in the dot's dtype (bf16 rounded once when the means are made, or fp32); .to() is then a no-op.
     means = bh.to(tl.int64) * KB * D
@@ -183,7 +211,7 @@ def _block_sparse_fwd(
     tl.store(optr, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-_KERNEL = LazyKernel(_block_sparse_fwd)
+_KERNEL = LazyKernel(_block_sparse_fwd, helpers=(quantized_tile,))
 
 
 def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:
@@ -203,26 +231,43 @@ def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Plan, launch: Launch | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    route: Plan,
+    launch: Launch | None = None,
+    quantized: Quantized | None = None,
 ) -> torch.Tensor:
     """The attention kernel alone on a `plan(...)` of the same q, k, v: (B, H, Tq, D) contiguous in q's dtype.
-    `launch` defaults to `launch_for(q.device)`."""
+    `launch` defaults to `launch_for(q.device)`. `quantized`: `fp8_attention.quantize` of the same q, k, v; the
+    exact blocks then run on it (module doc: low precision) and `route.k_mean` must be smoothed by its k_mean."""
     launch = launch_for(q.device) if launch is None else launch
     if not isinstance(launch, Launch):
         raise ValueError(f"block_sparse_attention: launch must be a Launch, got {type(launch).__name__}")
-    _check_tma(k, v)
+    if quantized is None:
+        _check_tma(k, v)
     b, h, tq, d = q.shape
     qb, kb = route.mask.shape[-2:]
     out = torch.empty((b, h, tq, d), dtype=q.dtype, device=q.device)
-    if interpreting():
+    emulate = interpreting()
+    if emulate:
         tuning = {}
     else:
         tuning = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
         triton.set_allocator(_tma_scratch)  # device-side descriptors need Triton's global scratch
+    z = quantized
+    if z is None:  # the exact path: the low-precision operands are not read
+        kv, lowbit, scales = (k, v), {"QK_INT8": False, "PV_FP8": False}, (q, q, q, q, 1, 1)
+    else:
+        kv = (z.k8, z.v)
+        lowbit = {"QK_INT8": z.qk == "int8", "PV_FP8": z.pv == "fp8"}
+        v_scale = z.q_scale if z.v_scale is None else z.v_scale  # (unread with pv="bf16")
+        scales = (z.q8, z.q_scale, z.k_scale, v_scale, z.q8.shape[2], z.k8.shape[2])
     _KERNEL[(qb * (BLOCK // launch.rows), b * h)](
-        q, k, v, route.k_mean, route.v_mean, route.log_len, route.mask.view(torch.uint8), route.idx, route.count, out,
-        h, tq, k.shape[2], kb, qb, route.scale * LOG2E,
-        *q.stride(), *k.stride()[:3], *v.stride()[:3],
-        F32=q.dtype == torch.float32 or interpreting(), BLOCK=BLOCK, ROWS=launch.rows, D=d, **tuning,
+        q, *kv, route.k_mean, route.v_mean, route.log_len, route.mask.view(torch.uint8), route.idx, route.count, out,
+        *scales[:4], h, tq, k.shape[2], kb, qb, route.scale * LOG2E, *scales[4:],
+        *q.stride(), *kv[0].stride()[:3], *kv[1].stride()[:3],
+        F32=q.dtype == torch.float32 or emulate, BLOCK=BLOCK, ROWS=launch.rows, D=d,
+        LOWBIT=z is not None, QUANT=QUANT_BLOCK, EMULATE=emulate, **lowbit, **tuning,
     )  # fmt: skip
     return out

@@ -17,6 +17,16 @@ aligned base and strides (the kernel reads them through TMA descriptors; ValueEr
 contiguous (B, H, Tq, 128) in q's dtype. Non-causal, forward only. Head dim 128 only. bfloat16 is the production
 dtype; float32 is accepted (on a GPU its dots run in IEEE precision).
 
+Low precision (`precision="int8"` or `"e4m3"`, with `pv` "fp8" or "bf16"; default "exact"): the routing and the
+folded blocks are unchanged; the exact blocks run `fp8_attention`'s quantized tile (`quantized_tile`, the same device
+function) on `fp8_attention.quantize`'s operands of the same call: q and the mean-smoothed k per 128 tokens in int8
+or e4m3, v in e4m3 or bf16, P rounded per 64-key block. The folded blocks' mean keys are smoothed by the same key
+mean (in fp32, then rounded to the dot dtype), so exact and folded logits shift by the same `q . mean(k)` and the
+softmax is unchanged. Needs FP8 tensor cores (sm_89+, RuntimeError below). Its contract: `reference(...,
+precision, pv)` (`_lowbit_reference`: the same quantized operands, the same block order, fp32 torch maths) up to
+fp32 summation order and exp2's last bit crossing a rounding boundary of P (fp32 inputs: ~1e-7 relative L2 with
+pv="fp8", ~1e-5 with pv="bf16"); against the exact path its error is fp8_attention's at the same precisions.
+
 Contract against `reference` (dense fp32 torch maths of the same method on torch's routing, `routing`): the kernel's
 plan makes its block means in one Triton launch (fp32, another sum order), so a block whose score ties its row's
 threshold within rounding could route differently; otherwise the two differ only in rounding (fp32: ~1e-6; bf16 on
@@ -27,10 +37,12 @@ bf16).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from workbench.kernels._runtime import check_float, check_runtime, dtype_size, interpreting
-from workbench.kernels.block_sparse_attend import AMPERE_ADA, DEFAULT, Launch, Plan, attend, launch_for
+from workbench.kernels._runtime import check_fp8, check_qkv, check_runtime, dtype_size, interpreting
+from workbench.kernels.block_sparse_attend import AMPERE_ADA, DEFAULT, LOG2E, Launch, Plan, attend, launch_for
 from workbench.kernels.block_sparse_routing import (
     BLOCK,
     block_means,
@@ -40,9 +52,11 @@ from workbench.kernels.block_sparse_routing import (
     route,
     routing,
 )
+from workbench.kernels.fp8_attention import PV_MODES, QK_MODES, online_step, quantize, reference_logits
 
 HEAD_DIM = 128
 DTYPES = (torch.float32, torch.bfloat16)
+PRECISIONS = ("exact", *QK_MODES)
 
 __all__ = [
     "AMPERE_ADA",
@@ -50,6 +64,7 @@ __all__ = [
     "DEFAULT",
     "DTYPES",
     "HEAD_DIM",
+    "PRECISIONS",
     "Launch",
     "Plan",
     "attend",
@@ -62,30 +77,43 @@ __all__ = [
 ]
 
 
+def _layout(arg: str, tensor: torch.Tensor) -> str | None:
+    if tensor.ndim != 4:
+        return f"{arg} must be (B, H, T, D), got shape {tuple(tensor.shape)}"
+    if tensor.shape[-1] != HEAD_DIM:
+        return f"{arg} has head dim {tensor.shape[-1]}; only {HEAD_DIM} is supported"
+    return None
+
+
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    name = "block_sparse_attention"
-    for arg, tensor in (("q", q), ("k", k), ("v", v)):
-        check_float(name, arg, tensor, DTYPES)
-        if tensor.ndim != 4:
-            raise ValueError(f"{name}: {arg} must be (B, H, T, D), got shape {tuple(tensor.shape)}")
-        if tensor.shape[-1] != HEAD_DIM:
-            raise ValueError(f"{name}: {arg} has head dim {tensor.shape[-1]}; only {HEAD_DIM} is supported")
-    if not q.dtype == k.dtype == v.dtype:
-        raise ValueError(f"{name}: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2]:
-        raise ValueError(f"{name}: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        raise ValueError(f"{name}: empty sequence: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    check_qkv("block_sparse_attention", q, k, v, DTYPES, _layout)
+
+
+def _check_precision(precision: str, pv: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"block_sparse_attention: precision: {precision!r}; allowed: {list(PRECISIONS)}")
+    if pv not in PV_MODES:
+        raise ValueError(f"block_sparse_attention: pv: {pv!r}; allowed: {list(PV_MODES)}")
 
 
 def reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: float, sink_tokens: int, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tau: float,
+    sink_tokens: int,
+    scale: float | None = None,
+    precision: str = "exact",
+    pv: str = "fp8",
 ) -> torch.Tensor:
     """Dense fp32 torch maths of the same method (torch's routing): exact keys plus one pseudo-key per folded
-    block, in one softmax. Returns (B, H, Tq, D) in q's dtype."""
+    block, in one softmax; with a low `precision`, `_lowbit_reference`. Returns (B, H, Tq, D) in q's dtype."""
     _check(q, k, v)
+    _check_precision(precision, pv)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     mask, _ = routing(q, k, tau, sink_tokens, scale=scale)
+    if precision != "exact":
+        return _lowbit_reference(q, k, v, mask, scale, precision, pv)
     tq, tk = q.shape[2], k.shape[2]
     k_mean, lengths = block_means_torch(k, BLOCK)
     v_mean, _ = block_means_torch(v, BLOCK)
@@ -99,6 +127,36 @@ def reference(
     probs = torch.softmax(torch.cat([logits, pseudo], -1), -1)
     out = probs[..., :tk] @ v.float() + probs[..., tk:] @ v_mean
     return out.to(q.dtype)
+
+
+def _lowbit_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, qk: str, pv: str
+) -> torch.Tensor:
+    """The low-precision kernel's maths in fp32 torch on routing `mask` (B, H, Qb, Kb): `quantize`, then the online
+    softmax over the exact key blocks in ascending order (P rounded per block as `quantized_tile` does, v's e4m3
+    scale applied after them), then the folded blocks' smoothed mean keys 64 at a time, unrounded."""
+    z = quantize(q, k, v, pv, qk=qk)
+    tq = q.shape[2]
+    logits, values = reference_logits(z, tq, k.shape[2], scale)
+    exact_rows = mask[:, :, torch.arange(tq, device=q.device) // BLOCK]  # (B, H, Tq, Kb)
+    k_mean, lengths = block_means_torch(k, BLOCK)
+    v_mean, _ = block_means_torch(v, BLOCK)
+    qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32)
+    folded = (q.float() @ (k_mean - z.k_mean).transpose(-1, -2) * qk_scale + lengths.log() * LOG2E).masked_fill(
+        exact_rows, float("-inf")
+    )  # (B, H, Tq, Kb) in log2 units
+    m = torch.full(q.shape[:3], float("-inf"), device=q.device)
+    l = torch.zeros(q.shape[:3], device=q.device)  # noqa: E741
+    acc = torch.zeros(q.shape, device=q.device)
+    for j in range(mask.shape[-1]):  # exact blocks, ascending (a row skips the blocks not exact for it)
+        tile = slice(j * BLOCK, (j + 1) * BLOCK)
+        s = logits[..., tile].masked_fill(~exact_rows[..., j, None], float("-inf"))
+        m, l, acc = online_step(s, values[:, :, tile], m, l, acc, pv)  # noqa: E741
+    if pv == "fp8":
+        acc = acc * z.v_scale[:, :, None, :]
+    for c in range(0, mask.shape[-1], BLOCK):  # folded blocks' pseudo-keys
+        m, l, acc = online_step(folded[..., c : c + BLOCK], v_mean[:, :, c : c + BLOCK], m, l, acc, None)  # noqa: E741
+    return (acc / l[..., None]).to(q.dtype)
 
 
 def plan(
@@ -127,30 +185,55 @@ def block_sparse_attention(
     scale: float | None = None,
     return_density: bool = False,
     launch: Launch | None = None,
+    precision: str = "exact",
+    pv: str = "fp8",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`reference(q, k, v, tau, sink_tokens)` up to the contract (module doc): `plan`, then `attend`.
 
     Exact key blocks load their 64 keys (only those: a compacted index list per query block); folded ones enter
     as mean keys/values, 64 pseudo-keys per dot, with the log-length bias. With `return_density`, also the routing
     density as a 0-dim tensor on q's device (no host sync: `float()` it when needed). `launch` defaults to
-    `launch_for(q.device)` (the H200's launch on sm_90+, AMPERE_ADA below)."""
+    `launch_for(q.device)` (the H200's launch on sm_90+, AMPERE_ADA below). `precision` "int8" / "e4m3" with `pv`:
+    the exact blocks in low precision (module doc), `reference(..., precision, pv)` up to its contract."""
+    _check_precision(precision, pv)
     route = plan(q, k, v, tau, sink_tokens, scale)
-    out = attend(q, k, v, route, launch)
+    if precision == "exact":
+        out = attend(q, k, v, route, launch)
+    else:
+        check_fp8("block_sparse_attention", q.device)
+        z = quantize(q, k, v, pv, qk=precision)
+        smoothed = (route.k_mean.float() - z.k_mean).to(route.k_mean.dtype)  # the shift the exact keys took
+        out = attend(q, k, v, dataclasses.replace(route, k_mean=smoothed), launch, z)
     return (out, route.density) if return_density else out
 
 
-def cost(shape: tuple[int, int, int, int], density: float, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+def cost(
+    shape: tuple[int, int, int, int],
+    density: float,
+    dtype: torch.dtype = torch.bfloat16,
+    precision: str = "exact",
+    pv: str = "fp8",
+) -> tuple[int, int]:
     """(bytes_moved, flops) for q, k, v of `shape` (B, H, T, D) at routing `density` (fraction of exact
     block pairs). Bytes: q read and output written once, K/V of each exact block pair read once per
-    query block, the fp32 mean K/V of the folded blocks read once per query block. Flops: 4*D per exact
-    (query, key) pair (QK^T and PV), 4*D per (query, folded block) pair. Both are lower bounds: the folded
-    pass works in chunks of 64 mean keys and computes a chunk whole when any block in it is folded.
-    Routing and softmax exponentials are not counted."""
+    query block, the fp32 mean K/V of the folded blocks read once per query block; with a low `precision` the exact
+    pairs read one-byte keys and one-byte (pv="fp8") or two-byte values, the kernel reads q8 besides q, and the
+    quantization reads q, k, v in `dtype` and writes q8, k8 and v once. Flops: 4*D per exact (query, key) pair
+    (QK^T and PV), 4*D per (query, folded block) pair. Both are lower bounds: the folded pass works in chunks of 64
+    mean keys and computes a chunk whole when any block in it is folded. Routing and softmax exponentials are not
+    counted."""
+    _check_precision(precision, pv)
     b, h, t, d = shape
     nb = -(-t // BLOCK)
     size = dtype_size(dtype)
     exact_pairs = density * nb * nb
     folded_pairs = (1.0 - density) * nb * nb
-    bytes_moved = b * h * (2 * t * d * size + exact_pairs * 2 * BLOCK * d * size + folded_pairs * 2 * d * 4)
+    if precision == "exact":
+        pair_bytes, extra = 2 * BLOCK * d * size, 0
+    else:
+        v_bytes = 1 if pv == "fp8" else 2
+        pair_bytes = (1 + v_bytes) * BLOCK * d
+        extra = t * d + 3 * t * d * size + (2 + v_bytes) * t * d  # q8 read; quantization: q, k, v in, q8, k8, v out
+    bytes_moved = b * h * (2 * t * d * size + exact_pairs * pair_bytes + folded_pairs * 2 * d * 4 + extra)
     flops = b * h * (exact_pairs * BLOCK * BLOCK * 4 * d + folded_pairs * BLOCK * 4 * d)
     return int(bytes_moved), int(flops)

@@ -1,4 +1,5 @@
-"""FP8 (e4m3) attention with smoothed keys, for Hopper and Ada (contract: approximate).
+"""Low-bit attention with smoothed keys, for Hopper and Ada (contract: approximate): Q.K^T in FP8 (e4m3) or INT8,
+P.V in FP8 or bf16.
 
 Non-causal softmax attention `softmax(q k^T * scale) v` of q (B, H, Tq, 128) and k, v (B, H, Tk, 128), any strides,
 bfloat16 (production) or float32; the output is (B, H, Tq, 128) in q's dtype, with q's memory order when q is a
@@ -7,18 +8,22 @@ dense permutation (the dispatcher's (B, T, H, D) seen as (B, H, T, D) gets a (B,
 The maths, in the order it happens:
 1. Key smoothing: `k <- k - mean_t(k)` per (batch, head), in fp32. Every logit of one query row moves by the same
    `q . mean_t(k)`, so the softmax is unchanged in exact maths; what it removes is the common offset trained keys
-   carry, which would otherwise set every block's FP8 scale and leave the per-token part a few e4m3 steps.
+   carry, which would otherwise set every block's scale and leave the per-token part a few quantization steps.
 2. Quantization (`quantize`, torch ops: several passes per tensor): q and the smoothed k per block of QUANT_BLOCK = 128
-   tokens, scale `max(amax(|block|), EPS) / 448`, value `clamp(x / scale, -448, 448)` rounded to nearest-even e4m3.
-   pv="fp8": v per (batch, head, channel) over all tokens, the same recipe, stored transposed (B, H, 128, Tk) so the
-   P.V dot reads it K-major; pv="bf16": v rounded to bf16.
+   tokens, symmetric, one fp32 scale a block: qk="e4m3" scale `max(amax(|block|), EPS) / 448`, value
+   `clamp(x / scale, -448, 448)` rounded to nearest-even e4m3; qk="int8" (SageAttention's choice) scale
+   `max(amax, EPS) / 127`, value `round(x / scale)` (half to even) in int8. pv="fp8": v per (batch, head, channel)
+   over all tokens, the e4m3 recipe, stored transposed (B, H, 128, Tk) so the P.V dot reads it K-major; pv="bf16":
+   v rounded to bf16.
 3. The kernel, FlashAttention-2 style: one program per (BLOCK_M query rows, batch*head), query blocks fastest over
-   the grid; key tiles of BLOCK_N tokens through TMA descriptors. Per tile: `s = dot_fp8(q8, k8^T)` with fp32
-   accumulation, times `scale_q * scale_k * scale * log2(e)` (one scalar per tile: BLOCK_M and BLOCK_N divide 128);
-   online softmax in fp32 with exp2 (running max m, row sum l of the fp32 probabilities); P = exp2(s - m) <= 1:
-   pv="fp8" rounds `P * 448` to e4m3 (P's row-block scale is 1/448: its amax is at most 1 by construction) and
-   runs `dot_fp8(P8, v8)`, pv="bf16" rounds P to bf16 and runs a bf16 dot, both with fp32 accumulation. The
-   epilogue divides by l and, for pv="fp8", multiplies each channel by `scale_v / 448`.
+   the grid; key tiles of BLOCK_N tokens through TMA descriptors; each tile is one call of the device function
+   `quantized_tile` (which block_sparse_attend's low-precision path calls too). Per tile: `s = dot(q8, k8^T)`, an
+   FP8 dot with fp32 accumulation or an INT8 dot with int32 accumulation (exact), times
+   `scale_q * scale_k * scale * log2(e)` (one scalar per tile: BLOCK_M and BLOCK_N divide 128); online softmax in
+   fp32 with exp2 (running max m, row sum l of the fp32 probabilities); P = exp2(s - m) <= 1: pv="fp8" rounds
+   `P * 448` to e4m3 (P's row-block scale is 1/448: its amax is at most 1 by construction) and runs
+   `dot_fp8(P8, v8)`, pv="bf16" rounds P to bf16 and runs a bf16 dot, both with fp32 accumulation. The epilogue
+   divides by l and, for pv="fp8", multiplies each channel by `scale_v / 448`.
 
 The quantization of P is per key tile against the running max, so the result depends on BLOCK_N (`reference` takes
 it); nothing else depends on the launch but float rounding order inside the dots.
@@ -27,13 +32,16 @@ Error contract:
 - against `reference` (the same quantized operands and the same tiled online softmax, in fp32 torch maths): equal
   up to fp32 summation order and exp2's last bit, which can move one P across a rounding boundary (rarely; more
   often for bf16's finer grid): ~1e-7 relative L2 with pv="fp8", ~1e-4 with pv="bf16" on fp32 inputs;
-- against dense bf16 attention: the FP8 error itself, dominated by e4m3's 3 mantissa bits on q and k (about 2.5 %
-  RMS an element, which moves every logit). On iid normal q, k, v (T = 257) the relative L2 error is 5.2e-2 with
-  pv="fp8" and 3.8e-2 with pv="bf16" (tests/kernels/test_fp8_attention.py bounds them at 6e-2 and 4.5e-2); bf16
-  dense itself is 2e-3 from exact. The benchmark scenario `fp8-attention` reports it at the production shape on iid
-  and structured inputs.
+- against dense bf16 attention: the quantization error itself. e4m3's 3 mantissa bits on q and k (about 2.5 % RMS
+  an element) move every logit; INT8's 127 levels a block lose less wherever a block's values are not dominated by
+  a few large ones, which is the case for q/k (measured: int8 is the lower-error Q.K^T on iid inputs and on q/k with
+  a shared channel offset and outlier channels). P in e4m3 adds about 3.6 % per probability, which does not
+  average out on zero-mean v. Relative L2 against bf16 dense at T = 257 (tests/kernels/test_fp8_attention.py bounds
+  them): iid normal q, k, v: e4m3/fp8 5.1e-2, e4m3/bf16 3.8e-2, int8/fp8 3.7e-2, int8/bf16 1.4e-2; RMS-normed q/k
+  with a shared channel offset and 4 outlier channels (x6): e4m3 7.7e-2 / 6.9e-2, int8 4.1e-2 / 2.3e-2; bf16 dense
+  itself is 2e-3 from exact. The benchmark scenario `fp8-attention` reports them at the production shape.
 
-The CPU interpreter (`TRITON_INTERPRET=1`): its FP8 dots are right, but its fp32 -> e4m3 and fp32 -> bf16
+The CPU interpreter (`TRITON_INTERPRET=1`): its FP8 and INT8 dots are right, but its fp32 -> e4m3 and fp32 -> bf16
 conversions are not round-to-nearest-even (e.g. 31.9999 -> 16). Under it the kernel rounds P to e4m3 / bf16 with an
 integer round-to-nearest-even on the fp32 bits (exact, and what the GPU's `cvt.rn.satfinite` does) before the
 conversion, and the bf16 P.V dot runs on the rounded values widened to fp32. The quantization of q, k, v is torch's
@@ -54,8 +62,8 @@ import triton.language as tl
 from workbench.kernels._runtime import (
     LazyKernel,
     capability,
-    check_float,
     check_fp8,
+    check_qkv,
     check_runtime,
     check_warps,
     dtype_size,
@@ -64,11 +72,13 @@ from workbench.kernels._runtime import (
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
+INT8_MAX = 127.0
 EPS = 1e-12  # the smallest amax a scale is made from
 QUANT_BLOCK = 128  # tokens per q / k quantization block
 HEAD_DIM = 128
 DTYPES = (torch.bfloat16, torch.float32)
 PV_MODES = ("fp8", "bf16")
+QK_MODES = ("e4m3", "int8")
 LOG2E = 1.4426950408889634
 TILES = (16, 32, 64, 128)  # a tile must divide QUANT_BLOCK
 
@@ -107,10 +117,11 @@ def launch_for(device: torch.device) -> Launch:
 
 @dataclass
 class Quantized:
-    """The kernel's operands. q8 (B, H, Tq', 128) and k8 (B, H, Tk', 128) float8_e4m3fn, contiguous, tokens padded
-    with zeros to a multiple of QUANT_BLOCK; q_scale (B, H, Tq'/128), k_scale (B, H, Tk'/128) fp32; v: pv="fp8" the
-    e4m3 values transposed (B, H, 128, Tk') contiguous, pv="bf16" bf16 (B, H, Tk, 128) with unit last stride;
-    v_scale (B, H, 128) fp32 `scale_v / 448` (pv="fp8") or None."""
+    """The kernel's operands. q8 (B, H, Tq', 128) and k8 (B, H, Tk', 128) float8_e4m3fn (qk="e4m3") or int8
+    (qk="int8"), contiguous, tokens padded with zeros to a multiple of QUANT_BLOCK; q_scale (B, H, Tq'/128), k_scale
+    (B, H, Tk'/128) fp32; v: pv="fp8" the e4m3 values transposed (B, H, 128, Tk') contiguous, pv="bf16" bf16
+    (B, H, Tk, 128) with unit last stride; v_scale (B, H, 128) fp32 `scale_v / 448` (pv="fp8") or None; k_mean
+    (B, H, 1, 128) fp32: the mean subtracted from k (zeros with smooth=False)."""
 
     q8: torch.Tensor
     q_scale: torch.Tensor
@@ -119,34 +130,79 @@ class Quantized:
     v: torch.Tensor
     v_scale: torch.Tensor | None
     pv: str
+    qk: str
+    k_mean: torch.Tensor
 
 
-def _blocks_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 (B, H, T, D) -> (e4m3 (B, H, T', D) zero-padded to T' = QUANT_BLOCK * nb, scales (B, H, nb))."""
+def _blocks(x: torch.Tensor, qk: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 (B, H, T, D) -> (e4m3 or int8 (B, H, T', D) zero-padded to T' = QUANT_BLOCK * nb, scales (B, H, nb)):
+    e4m3 `clamp(x / scale)` cast (round to nearest even) with scale = amax / 448; int8 `round(x / scale)` (half to
+    even) with scale = amax / 127, symmetric."""
     b, h, t, d = x.shape
     nb = -(-t // QUANT_BLOCK)
     x = torch.nn.functional.pad(x, (0, 0, 0, nb * QUANT_BLOCK - t)).view(b, h, nb, QUANT_BLOCK, d)
-    scale = x.abs().amax((3, 4)).clamp(min=EPS) / FP8_MAX  # (B, H, nb)
-    q = (x / scale[..., None, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    top = INT8_MAX if qk == "int8" else FP8_MAX
+    scale = x.abs().amax((3, 4)).clamp(min=EPS) / top  # (B, H, nb)
+    x = (x / scale[..., None, None]).clamp(-top, top)
+    q = x.round().to(torch.int8) if qk == "int8" else x.to(FP8)
     return q.view(b, h, nb * QUANT_BLOCK, d), scale
 
 
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8", smooth: bool = True) -> Quantized:
+def quantize(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8", smooth: bool = True, qk: str = "e4m3"
+) -> Quantized:
     """Steps 1 and 2 of the module doc in torch ops (`smooth=False` skips the key smoothing: for comparisons)."""
-    q8, q_scale = _blocks_e4m3(q.float())
+    q8, q_scale = _blocks(q.float(), qk)
     kf = k.float()
-    k8, k_scale = _blocks_e4m3(kf - kf.mean(2, keepdim=True) if smooth else kf)
+    k_mean = kf.mean(2, keepdim=True) if smooth else torch.zeros_like(kf[:, :, :1])
+    k8, k_scale = _blocks(kf - k_mean, qk)
     if pv == "bf16":
         vb = v.to(torch.bfloat16)
         if vb.stride(-1) != 1 or vb.data_ptr() % 16 or any(s * 2 % 16 for s in vb.stride()[:-1]):
             vb = vb.contiguous()  # the kernel reads v through a TMA descriptor
-        return Quantized(q8, q_scale, k8, k_scale, vb, None, pv)
+        return Quantized(q8, q_scale, k8, k_scale, vb, None, pv, qk, k_mean)
     vf = v.float()
     scale = vf.abs().amax(2).clamp(min=EPS) / FP8_MAX  # (B, H, D)
     v8 = (vf / scale[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     pad = k8.shape[2] - v.shape[2]
     vt = torch.nn.functional.pad(v8.transpose(-1, -2).view(torch.uint8), (0, pad)).view(FP8)  # (B, H, D, Tk')
-    return Quantized(q8, q_scale, k8, k_scale, vt.contiguous(), scale / FP8_MAX, pv)
+    return Quantized(q8, q_scale, k8, k_scale, vt.contiguous(), scale / FP8_MAX, pv, qk, k_mean)
+
+
+def quantized_tile(
+    q, k, v, factor, bias, m_i, l_i, acc, QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, EMULATE: tl.constexpr
+):
+    """One key tile of the online softmax on quantized operands (a Triton device function; the fp8_attention and
+    block_sparse_attend kernels call it). q (M, D) and k (N, D): e4m3, or int8 with QK_INT8 (an int8 dot with int32
+    accumulation, exact); `factor`: the scalar `scale_q * scale_k * softmax scale * log2(e)`; `bias` (N,): 0, or
+    -inf for a key that must weigh nothing. v: PV_FP8 e4m3 (D, N) (`quantize`'s transposed layout), else (N, D)
+    bf16. m_i (M,) running max in log2 units, l_i (M,) running sum, acc (M, D) fp32; returns the updated three.
+    P = exp2(s - m) <= 1 is rounded to e4m3 as `P * 448` (PV_FP8) or to bf16; EMULATE rounds in fp32 bits for the
+    CPU interpreter (module doc)."""
+    if QK_INT8:
+        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = s * factor + bias[None, :]  # (M, N) fp32, log2 units
+    m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])  # <= 1
+    l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+    if PV_FP8:
+        p = p * 448.0
+        if EMULATE:  # round to e4m3 in fp32 (the interpreter's conversion does not): 3 mantissa bits, or a
+            # multiple of 2^-9 below e4m3's smallest normal 2^-6 (adding 2^14 leaves fp32 steps of 2^-9)
+            bits = p.to(tl.int32, bitcast=True)
+            bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
+            p = tl.where(p < 0.015625, (p + 16384.0) - 16384.0, bits.to(tl.float32, bitcast=True))
+        pv = tl.dot(p.to(tl.float8e4nv), tl.trans(v))
+    elif EMULATE:  # round to bf16 in fp32, then an fp32 dot (the interpreter's bf16 dots are wrong too)
+        bits = p.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000
+        pv = tl.dot(bits.to(tl.float32, bitcast=True), v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(tl.bfloat16), v)
+    return m_new, l_i, acc * alpha[:, None] + pv
 
 
 def _fp8_attention_fwd(
@@ -155,7 +211,7 @@ def _fp8_attention_fwd(
     v_sb, v_sh, v_st,
     o_sb, o_sh, o_st,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, QUANT: tl.constexpr,
-    PV_FP8: tl.constexpr, EMULATE: tl.constexpr,
+    QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, EMULATE: tl.constexpr,
 ):  # fmt: skip
     # tl.reduce with tl.standard's combines and tl.full, not tl.max/tl.sum/tl.zeros: see block_sparse_attend.
     pid = tl.program_id(0)
@@ -165,7 +221,7 @@ def _fp8_attention_fwd(
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     d = tl.arange(0, D).to(tl.int64)
-    q = tl.load(q_ptr + (bh * TQP + rows.to(tl.int64))[:, None] * D + d[None, :])  # (BLOCK_M, D) e4m3, padded
+    q = tl.load(q_ptr + (bh * TQP + rows.to(tl.int64))[:, None] * D + d[None, :])  # (BLOCK_M, D) e4m3/int8, padded
     q_scale = tl.load(qs_ptr + bh * (TQP // QUANT) + (pid * BLOCK_M) // QUANT) * qk_scale
     k_desc = tl.make_tensor_descriptor(k_ptr + bh * TKP * D, shape=[TKP, D], strides=[D, 1], block_shape=[BLOCK_N, D])
     if PV_FP8:  # v8 transposed: (D, TKP) per head
@@ -180,33 +236,14 @@ def _fp8_attention_fwd(
     l_i = tl.full((BLOCK_M,), 0.0, tl.float32)
     acc = tl.full((BLOCK_M, D), 0.0, tl.float32)
     for start in tl.range(0, TK, BLOCK_N):
-        k = k_desc.load([start, 0])  # (BLOCK_N, D) e4m3
+        k = k_desc.load([start, 0])  # (BLOCK_N, D) e4m3 / int8
         factor = q_scale * tl.load(ks_ptr + bh * (TKP // QUANT) + start // QUANT)
         bias = tl.where(start + cols < TK, 0.0, float("-inf"))  # keys past TK (zero padding) weigh nothing
-        s = tl.dot(q, tl.trans(k)) * factor + bias[None, :]  # (BLOCK_M, BLOCK_N) fp32, log2 units
-        m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])  # <= 1
-        l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
         if PV_FP8:
-            p = p * 448.0
-            if EMULATE:  # round to e4m3 in fp32 (the interpreter's conversion does not): 3 mantissa bits, or a
-                # multiple of 2^-9 below e4m3's smallest normal 2^-6 (adding 2^14 leaves fp32 steps of 2^-9)
-                bits = p.to(tl.int32, bitcast=True)
-                bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
-                p = tl.where(p < 0.015625, (p + 16384.0) - 16384.0, bits.to(tl.float32, bitcast=True))
-            vt = v_desc.load([0, start])  # (D, BLOCK_N) e4m3
-            pv = tl.dot(p.to(tl.float8e4nv), tl.trans(vt))
+            v = v_desc.load([0, start])  # (D, BLOCK_N) e4m3
         else:
             v = v_desc.load([start, 0])  # (BLOCK_N, D) bf16
-            if EMULATE:  # round to bf16 in fp32, then an fp32 dot (the interpreter's bf16 dots are wrong too)
-                bits = p.to(tl.int32, bitcast=True)
-                bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000
-                pv = tl.dot(bits.to(tl.float32, bitcast=True), v.to(tl.float32), input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(tl.bfloat16), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = quantized_tile(q, k, v, factor, bias, m_i, l_i, acc, QK_INT8, PV_FP8, EMULATE)
     if PV_FP8:
         acc = acc * tl.load(vs_ptr + bh * D + d)[None, :]
     out = acc / l_i[:, None]
@@ -214,25 +251,26 @@ def _fp8_attention_fwd(
     tl.store(optr, out.to(out_ptr.dtype.element_ty), mask=(rows < TQ)[:, None])
 
 
-_KERNEL = LazyKernel(_fp8_attention_fwd)
+_KERNEL = LazyKernel(_fp8_attention_fwd, helpers=(quantized_tile,))
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str, scale: float | None) -> None:
+def _layout(arg: str, tensor: torch.Tensor) -> str | None:
+    if tensor.ndim != 4 or tensor.shape[-1] != HEAD_DIM:
+        return f"{arg} has shape {tuple(tensor.shape)}; expected (B, H, T, {HEAD_DIM})"
+    return None
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str, scale: float | None, qk: str) -> float:
+    """Every argument of a call; returns the softmax scale (`scale`, or 1/sqrt(128) for None)."""
     name = "fp8_attention"
-    for arg, tensor in (("q", q), ("k", k), ("v", v)):
-        check_float(name, arg, tensor, DTYPES)
-        if tensor.ndim != 4 or tensor.shape[-1] != HEAD_DIM:
-            raise ValueError(f"{name}: {arg} has shape {tuple(tensor.shape)}; expected (B, H, T, {HEAD_DIM})")
-    if not q.dtype == k.dtype == v.dtype:
-        raise ValueError(f"{name}: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2]:
-        raise ValueError(f"{name}: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        raise ValueError(f"{name}: empty sequence: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    check_qkv(name, q, k, v, DTYPES, _layout)
     if pv not in PV_MODES:
         raise ValueError(f"{name}: pv: {pv!r}; allowed: {list(PV_MODES)}")
+    if qk not in QK_MODES:
+        raise ValueError(f"{name}: qk: {qk!r}; allowed: {list(QK_MODES)}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0):
         raise ValueError(f"{name}: scale: {scale!r}; allowed: a number > 0 or None (1/sqrt(head dim))")
+    return HEAD_DIM**-0.5 if scale is None else scale
 
 
 def reference(
@@ -243,35 +281,61 @@ def reference(
     pv: str = "fp8",
     block_n: int = DEFAULT.block_n,
     smooth: bool = True,
+    qk: str = "e4m3",
 ) -> torch.Tensor:
     """The kernel's maths in fp32 torch: `quantize`, then the online softmax over key tiles of `block_n` with P
     rounded per tile as the kernel does. (B, H, Tq, 128) in q's dtype."""
-    _check(q, k, v, pv, scale)
+    scale = _check(q, k, v, pv, scale, qk)
     if block_n not in TILES:
         raise ValueError(f"fp8_attention: block_n: {block_n!r}; allowed: {list(TILES)}")
-    z = quantize(q, k, v, pv, smooth)
-    tq, tk = q.shape[2], k.shape[2]
-    qk_scale = torch.tensor((q.shape[-1] ** -0.5 if scale is None else scale) * LOG2E, dtype=torch.float32)
-    q_scale = z.q_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, :tq, None] * qk_scale  # (B, H, Tq, 1)
-    k_scale = z.k_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, None, :tk]  # (B, H, 1, Tk)
-    v = z.v[..., :tk].transpose(-1, -2).float() if pv == "fp8" else z.v.float()  # (B, H, Tk, D)
-    logits = z.q8[:, :, :tq].float() @ z.k8[:, :, :tk].float().transpose(-1, -2)  # (B, H, Tq, Tk)
+    z = quantize(q, k, v, pv, smooth, qk)
+    s, values = reference_logits(z, q.shape[2], k.shape[2], scale)
     m = torch.full(q.shape[:3], float("-inf"), device=q.device)
     l = torch.zeros(q.shape[:3], device=q.device)  # noqa: E741
     acc = torch.zeros(q.shape[:3] + (q.shape[3],), device=q.device)
-    for start in range(0, tk, block_n):
+    for start in range(0, k.shape[2], block_n):
         tile = slice(start, start + block_n)
-        s = logits[..., tile] * (q_scale * k_scale[..., tile])
-        m_new = torch.maximum(m, s.amax(-1))
-        alpha = torch.exp2(m - m_new)
-        p = torch.exp2(s - m_new[..., None])
-        l = l * alpha + p.sum(-1)  # noqa: E741
-        p = (p * FP8_MAX).to(FP8).float() if pv == "fp8" else p.to(torch.bfloat16).float()
-        acc = acc * alpha[..., None] + p @ v[:, :, tile]
-        m = m_new
+        m, l, acc = online_step(s[..., tile], values[:, :, tile], m, l, acc, pv)  # noqa: E741
     if pv == "fp8":
         acc = acc * z.v_scale[:, :, None, :]
     return (acc / l[..., None]).to(q.dtype)
+
+
+def reference_logits(z: Quantized, tq: int, tk: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The references' view of `quantize`'s operands for Tq = `tq` queries and Tk = `tk` keys: the logits in log2
+    units `(q8 . k8) * ((scale_q * scale * log2(e)) * scale_k)` (B, H, Tq, Tk) fp32, in the kernel's order of
+    products, and v (B, H, Tk, 128) fp32 as the P.V dot reads it (e4m3 values without their scale, or bf16)."""
+    qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32)
+    q_scale = z.q_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, :tq, None] * qk_scale  # (B, H, Tq, 1)
+    k_scale = z.k_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, None, :tk]  # (B, H, 1, Tk)
+    values = z.v[..., :tk].transpose(-1, -2).float() if z.pv == "fp8" else z.v.float()
+    # int8 products summed over 128 channels stay below 2^24, so these fp32 logits are exact
+    logits = z.q8[:, :, :tq].float() @ z.k8[:, :, :tk].float().transpose(-1, -2)
+    return logits * (q_scale * k_scale), values
+
+
+def online_step(
+    s: torch.Tensor,
+    values: torch.Tensor,
+    m: torch.Tensor,
+    l: torch.Tensor,  # noqa: E741
+    acc: torch.Tensor,
+    pv: str | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One key tile of the references' online softmax, as `quantized_tile` computes it: logits `s` (B, H, Tq, n) in
+    log2 units, `values` (B, H, n, D); running max m, sum l (B, H, Tq) and acc (B, H, Tq, D). P is rounded to e4m3
+    as `P * 448` (pv "fp8"), to bf16 ("bf16") or not at all (None). A row with no finite logit yet keeps zero
+    weight. Returns the updated (m, l, acc)."""
+    m_new = torch.maximum(m, s.amax(-1))
+    m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = torch.exp2(m - m_use)
+    p = torch.exp2(s - m_use[..., None])
+    l = l * alpha + p.sum(-1)  # noqa: E741
+    if pv == "fp8":
+        p = (p * FP8_MAX).to(FP8).float()
+    elif pv == "bf16":
+        p = p.to(torch.bfloat16).float()
+    return m_new, l, acc * alpha[..., None] + p @ values
 
 
 def fp8_attention(
@@ -281,14 +345,15 @@ def fp8_attention(
     scale: float | None = None,
     pv: str = "fp8",
     launch: Launch | None = None,
+    qk: str = "e4m3",
 ) -> torch.Tensor:
-    """`reference(q, k, v, scale, pv, launch.block_n)` up to the contract (module doc): `quantize`, then `attend`.
-    `scale` defaults to 1/sqrt(128); `launch` to `launch_for(q.device)`."""
-    _check(q, k, v, pv, scale)
+    """`reference(q, k, v, scale, pv, launch.block_n, qk=qk)` up to the contract (module doc): `quantize`, then
+    `attend`. `scale` defaults to 1/sqrt(128); `launch` to `launch_for(q.device)`."""
+    scale = _check(q, k, v, pv, scale, qk)
     check_runtime("fp8_attention", q, k, v)
     check_fp8("fp8_attention", q.device)
     out = torch.empty_like(q)  # q's memory order when q is a dense permutation, else contiguous
-    attend(quantize(q, k, v, pv), out, k.shape[2], q.shape[-1] ** -0.5 if scale is None else scale, launch)
+    attend(quantize(q, k, v, pv, qk=qk), out, k.shape[2], scale, launch)
     return out
 
 
@@ -311,7 +376,7 @@ def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launc
         h, tq, tk, z.q8.shape[2], z.k8.shape[2], scale * LOG2E,
         *z.v.stride()[:3], *out.stride()[:3],
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, D=d, QUANT=QUANT_BLOCK,
-        PV_FP8=z.pv == "fp8", EMULATE=emulate, **tuning,
+        QK_INT8=z.qk == "int8", PV_FP8=z.pv == "fp8", EMULATE=emulate, **tuning,
     )  # fmt: skip
 
 
@@ -322,7 +387,7 @@ def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
 def cost(shape: tuple[int, int, int, int], pv: str = "fp8", dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
     """(bytes_moved, flops) of one call on q, k, v of `shape` (B, H, T, D), self-attention. Flops: 4*T*T*D per head
     (Q.K^T and P.V), as dense attention is counted. Bytes, lower bounds: the quantization reads q, k, v in `dtype`
-    and writes q8, k8 and v (one byte an element, two for pv="bf16"); the kernel reads those once (re-reads of K/V
+    and writes q8, k8 (one byte an element, e4m3 and int8 alike) and v (one byte, two for pv="bf16"); the kernel reads those once (re-reads of K/V
     by other query tiles are assumed to hit L2) and writes the output in `dtype`. Exponentials are not counted."""
     b, h, t, d = shape
     size = dtype_size(dtype)

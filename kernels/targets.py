@@ -88,7 +88,7 @@ def record(call: Callable[[], Any], target: Target | None = None) -> list[Launch
 
     def launcher(self: _runtime.LazyKernel, grid: Any) -> Callable[..., None]:
         def launch(*args: Any, **kwargs: Any) -> None:
-            launches.append(_launched(self.fn, args, kwargs))
+            launches.append(_launched(self.function(False), args, kwargs))
 
         return launch
 

@@ -1,13 +1,21 @@
-"""The FP8 attention kernel against cuDNN dense attention and FlashAttention-4 (when importable) at the Wan2.1-1.3B
-attention shape (1 x 12 heads x 32,760 tokens x 128, bf16), with P.V in FP8 and in bf16.
+"""The low-bit attention kernel (Q.K^T in INT8 or FP8 e4m3 x P.V in FP8 or bf16) against cuDNN dense attention and
+FlashAttention-4 (when importable), and block_sparse at 20 % exact block pairs with its exact blocks in low precision
+against block_sparse alone, at the Wan2.1-1.3B attention shape (1 x 12 heads x 32,760 tokens x 128, bf16).
 
-Each whole call (`fp8_attention`: torch quantization + kernel) is timed A/B/A against cuDNN SDPA, and against FA4's
-`flash_attn_func` when `flash4_attention` finds it usable here (ratio with CI95, queued clock: calls back to back, as
-inside a forward); the kernel alone (`attend` on quantized operands) and the quantization alone with both clocks of
-`time_call`. TFLOP/s from `cost()` (dense-attention FLOPs, so arms compare directly). Relative L2 of each output
-against cuDNN's bf16 output on iid normal q, k, v and on structured ones (`sparse_attention.structured_qkv`: q and k
-share smooth positional features, as video attention does). `--smoke`: (1, 1, 128, 128) float32 on the CPU under
-the Triton interpreter against the math backend.
+fp8_attention, per precision pair: each whole call (torch quantization + kernel) is timed A/B/A against cuDNN SDPA,
+and against FA4's `flash_attn_func` when `flash4_attention` finds it usable here (ratio with CI95, queued clock:
+calls back to back, as inside a forward); the kernel alone (`attend` on quantized operands) and the quantization
+alone with both clocks of `time_call`. TFLOP/s from `cost()` (dense-attention FLOPs, so arms compare directly).
+Relative L2 of each output against cuDNN's bf16 output on three inputs: iid normal q, k, v; `structured`
+(`sparse_attention.structured_qkv`: q and k share smooth positional features, as video attention does); `outliers`
+(`outlier_qkv`: RMS-normed q/k with a shared channel offset and 4 outlier channels, as a DiT's q/k norm leaves them).
+A launch sweep (`LAUNCHES`) times the kernel alone for the plugin's default pair (qk int8, pv fp8) at other tile
+sizes, warps and stages; the A/B/A arms use the shipped launch (`launch_for`).
+
+block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
+low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued clock, each with its relative L2 against dense and
+against the exact arm. `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math
+backend, every arm and swept launch; the numbers say nothing.
 """
 
 from __future__ import annotations
@@ -21,14 +29,46 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.sparse_attention import SMOKE_GRID, SMOKE_HEADS, structured_qkv
-from benchmarks.workloads import WAN_TOKENS_GRID, calls, rel_l2
+from benchmarks.workloads import WAN_TOKENS_GRID, calls, rel_l2, tau_for
 from workbench.accelerations.attention import flash4_attention
 from workbench.evidence.timing import aba_rounds, time_call
+from workbench.kernels import block_sparse_attention as bsa
 from workbench.kernels import fp8_attention as fa
 
 NAME = "fp8-attention"
-SUMMARY = "FP8 attention kernel (P.V fp8 / bf16) vs cuDNN dense and FA4, 1x12x32760x128 bf16"
+SUMMARY = "low-bit attention (QK int8/e4m3 x PV fp8/bf16) vs cuDNN and FA4; block_sparse 20 % exact vs low-bit"
 GPUS = 1
+PAIRS = tuple((qk, pv) for qk in fa.QK_MODES for pv in fa.PV_MODES)
+SWEEP_PAIR = ("int8", "fp8")  # the plugin's defaults
+LAUNCHES = {
+    "m64_n64_w4_s3": fa.Launch(64, 64, 4, 3),
+    "m128_n64_w8_s2": fa.Launch(128, 64, 8, 2),
+    "m128_n64_w8_s3": fa.Launch(128, 64, 8, 3),
+    "m64_n128_w4_s3": fa.Launch(64, 128, 4, 3),
+    "m128_n128_w8_s2": fa.Launch(128, 128, 8, 2),
+}
+SPARSE_DENSITY = 0.20
+SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "bf16"), ("e4m3", "fp8"))
+
+
+def outlier_qkv(tokens: int, heads: int, device: torch.device, dtype: torch.dtype, seed: int):
+    """(1, heads, T, 128): q and k share a per-channel offset, 4 channels get 6x gain, then each token is
+    RMS-normalised (the models' q/k norm); v iid normal."""
+    g = torch.Generator(device).manual_seed(seed)
+    q, k, v = (torch.randn(1, heads, tokens, fa.HEAD_DIM, generator=g, device=device) for _ in range(3))
+    offset = torch.randn(1, heads, 1, fa.HEAD_DIM, generator=g, device=device)
+    gain = torch.ones(fa.HEAD_DIM, device=device)
+    gain[torch.randperm(fa.HEAD_DIM, generator=g, device=device)[:4]] = 6.0
+
+    def normed(x: torch.Tensor) -> torch.Tensor:
+        x = (x + offset) * gain
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))).to(dtype)
+
+    return normed(q), normed(k), v.to(dtype)
+
+
+def _label(qk: str, pv: str) -> str:
+    return f"qk={qk},pv={pv}"
 
 
 def run(context: Context) -> Measurement:
@@ -41,6 +81,7 @@ def run(context: Context) -> Measurement:
     inputs = {
         "iid": tuple(torch.randn(1, heads, tokens, fa.HEAD_DIM, generator=g, device=device).to(dtype) for _ in "qkv"),
         "structured": structured_qkv(grid, heads, device, dtype, seed=11),
+        "outliers": outlier_qkv(tokens, heads, device, dtype, seed=13),
     }
     q, k, v = inputs["iid"]
     clock = calls(smoke, repeats=10, warmup=2)
@@ -49,6 +90,9 @@ def run(context: Context) -> Measurement:
     def dense(q=q, k=k, v=v) -> torch.Tensor:
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v)
+
+    def queued(fn) -> float:
+        return time_call(fn, device, **clock).device_s
 
     arms: dict[str, Any] = {"cudnn": {}}
     visits = {"cudnn": dense}
@@ -61,42 +105,85 @@ def run(context: Context) -> Measurement:
     else:
         notes.append(f"FlashAttention-4 not measured: {reason}.")
     _, flops = fa.cost(tuple(q.shape))
-    for pv in fa.PV_MODES:
-        name = f"fp8_attention[pv={pv}]"
-        z = fa.quantize(q, k, v, pv)
+    scale = fa.HEAD_DIM**-0.5
+    for qk, pv in PAIRS:
+        name = f"fp8_attention[{_label(qk, pv)}]"
+        z = fa.quantize(q, k, v, pv, qk=qk)
         out = torch.empty_like(q)
-        kernel = time_call(lambda z=z, out=out: fa.attend(z, out, tokens, fa.HEAD_DIM**-0.5), device, **clock)
-        quantize = time_call(lambda pv=pv: fa.quantize(q, k, v, pv), device, **clock)
+        kernel = time_call(lambda z=z, out=out: fa.attend(z, out, tokens, scale), device, **clock)
+        quantize = time_call(lambda pv=pv, qk=qk: fa.quantize(q, k, v, pv, qk=qk), device, **clock)
         arms[name] = {
             "rel_l2_vs_dense": {
-                kind: rel_l2(fa.fp8_attention(*qkv, pv=pv), dense(*qkv)) for kind, qkv in inputs.items()
+                kind: rel_l2(fa.fp8_attention(*qkv, pv=pv, qk=qk), dense(*qkv)) for kind, qkv in inputs.items()
             },
             "kernel": kernel.to_dict(),
             "quantize": quantize.to_dict(),
             "kernel_tflops": flops / kernel.median_s / 1e12,
             "bytes_moved": fa.cost(tuple(q.shape), pv, dtype)[0],
         }
-        visits[name] = lambda pv=pv: fa.fp8_attention(q, k, v, pv=pv)
+        if (qk, pv) == SWEEP_PAIR:
+            sweep = {}
+            for label, launch in LAUNCHES.items():
+                timing = time_call(lambda z=z, out=out, launch=launch: fa.attend(z, out, tokens, scale, launch),
+                                   device, **clock)  # fmt: skip
+                sweep[label] = {"kernel": timing.to_dict(), "kernel_tflops": flops / timing.median_s / 1e12}
+            arms[name]["launch_sweep"] = sweep
+        visits[name] = lambda pv=pv, qk=qk: fa.fp8_attention(q, k, v, pv=pv, qk=qk)
     ratios: dict[str, Any] = {}
     candidates = {name: fn for name, fn in visits.items() if name.startswith("fp8_attention")}
     for baseline in [name for name in ("cudnn", "flash4") if name in visits]:
         others = {**candidates, **({"flash4": visits["flash4"]} if baseline == "cudnn" and "flash4" in visits else {})}
         rounds = aba_rounds(
-            (baseline, lambda fn=visits[baseline]: time_call(fn, device, **clock).device_s),
-            {name: lambda fn=fn: time_call(fn, device, **clock).device_s for name, fn in others.items()},
+            (baseline, lambda fn=visits[baseline]: queued(fn)),
+            {name: lambda fn=fn: queued(fn) for name, fn in others.items()},
             context.rounds,
         )
         for name, median in rounds.medians().items():
             arms[name]["queued_median_s"] = median
             arms[name]["tflops"] = flops / median / 1e12
         ratios.update({key: value.to_dict() for key, value in rounds.ratios().items()})
+    ratios.update(_block_sparse_arms(arms, inputs["structured"], SPARSE_PRECISIONS, dense, queued, context.rounds))
     notes.append(
         "Whole calls A/B/A on the queued clock; `kernel` (attend alone) and `quantize` (torch ops) carry both "
         "clocks. TFLOP/s count dense attention's 4*T*T*D per head for every arm. Relative L2 against cuDNN's bf16 "
-        "output; `structured` q/k are synthetic, captured activations of a trained model differ."
+        "output; `structured` and `outliers` q/k are synthetic, captured activations of a trained model differ. "
+        f"`launch_sweep` (kernel alone, {_label(*SWEEP_PAIR)}) against the shipped launch {fa.DEFAULT}. "
+        f"block_sparse@{SPARSE_DENSITY:.2f}: structured q/k, low-precision arms A/B/A against the exact arm."
     )
     if smoke:
         notes.append("Smoke: float32 on the CPU, math SDPA as the dense arm; the numbers say nothing about speed.")
     shape = {"batch": 1, "heads": heads, "tokens": tokens, "head_dim": fa.HEAD_DIM, "grid": list(grid),
              "dtype": str(dtype).removeprefix("torch.")}  # fmt: skip
     return Measurement(SUMMARY, shape, arms, ratios, notes)
+
+
+def _block_sparse_arms(arms: dict[str, Any], qkv: tuple, pairs: tuple, dense, queued, rounds: int) -> dict[str, Any]:
+    """block_sparse at SPARSE_DENSITY: the exact arm and one arm per (qk, pv) of `pairs` into `arms`; returns the
+    A/B/A ratios of the low-precision arms against the exact one."""
+    q, k, v = qkv
+    chosen = tau_for(q, k, 0, SPARSE_DENSITY)
+    tau, base = chosen["tau"], f"block_sparse@{SPARSE_DENSITY:.2f}"
+    want = dense(q, k, v)
+    exact = bsa.block_sparse_attention(q, k, v, tau, 0)
+    _, flops = bsa.cost(tuple(q.shape), chosen["density"])
+    arms[base] = {**chosen, "rel_l2_vs_dense": rel_l2(exact, want)}
+    visits = {}
+    for qk, pv in pairs:
+        name = f"{base}[{_label(qk, pv)}]"
+        out = bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
+        arms[name] = {
+            **chosen,
+            "rel_l2_vs_dense": rel_l2(out, want),
+            "rel_l2_vs_exact_blocks": rel_l2(out, exact),
+            "bytes_moved": bsa.cost(tuple(q.shape), chosen["density"], q.dtype, qk, pv)[0],
+        }
+        visits[name] = lambda qk=qk, pv=pv: bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
+    result = aba_rounds(
+        (base, lambda: queued(lambda: bsa.block_sparse_attention(q, k, v, tau, 0))),
+        {name: lambda fn=fn: queued(fn) for name, fn in visits.items()},
+        rounds,
+    )
+    for name, median in result.medians().items():
+        arms[name]["queued_median_s"] = median
+        arms[name]["tflops"] = flops / median / 1e12
+    return {key: value.to_dict() for key, value in result.ratios().items()}

@@ -331,3 +331,65 @@ def test_block_sparse_tma_kernel_bad_strides_raises(rng):
     k_strided = torch.randn(1, 2, 2 * BLOCK, 2 * D, generator=rng)[..., ::2]
     with pytest.raises(ValueError, match="tma"):
         attend(q, k_strided, v, route)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("precision,pv", [("int8", "fp8"), ("e4m3", "bf16")])
+def test_block_sparse_attention_low_precision_matches_reference(rng, precision, pv):
+    """The exact blocks through fp8_attention's quantized tile, against `reference(..., precision, pv)` (the same
+    quantized operands and block order in fp32 torch): Tq != Tk, q a dispatcher view, keys with a common offset
+    (smoothed in the exact and the folded blocks alike), 32-row programs, sinks; exact and folded blocks both
+    present. Against the exact path the error is the quantization's (fp8_attention's size), not the routing's."""
+    seed = rng.initial_seed()
+    q = torch.randn(1, 203, 2, D, generator=rng).transpose(1, 2)
+    k = torch.randn(1, 2, 300, D, generator=rng) + 2.0 * torch.randn(1, 2, 1, D, generator=rng)
+    v = torch.randn(1, 2, 300, D, generator=rng)
+    launch = Launch(num_warps=8, num_stages=2, rows=32)
+    got, density = block_sparse_attention(
+        q, k, v, 0.5, 70, return_density=True, launch=launch, precision=precision, pv=pv
+    )
+    want = reference(q, k, v, 0.5, 70, precision=precision, pv=pv)
+    exact = reference(q, k, v, 0.5, 70)
+    assert got.shape == q.shape and 0.0 < float(density) < 1.0, f"seed {seed}: density {float(density)}"
+    tolerance = 1e-6 if pv == "fp8" else 5e-4  # bf16 P: an exp2 ulp can cross its finer rounding grid
+    assert _rel(got, want) < tolerance, f"seed {seed}: {_rel(got, want)}"
+    assert 1e-3 < _rel(got, exact) < 6e-2, f"seed {seed}: {_rel(got, exact)}"
+
+
+def test_block_sparse_attention_low_precision_bad_option_raises(rng, monkeypatch):
+    from workbench.kernels import _runtime
+
+    q, k, v = _qkv(rng, 70)
+    with pytest.raises(ValueError, match=r"block_sparse_attention: precision: 'fp4'; allowed: \['exact', 'e4m3'"):
+        block_sparse_attention(q, k, v, 0.0, 0, precision="fp4")
+    with pytest.raises(ValueError, match=r"block_sparse_attention: pv: 'int8'; allowed: \['fp8', 'bf16'\]"):
+        reference(q, k, v, 0.0, 0, precision="int8", pv="int8")
+    monkeypatch.setattr(_runtime, "capability", lambda device: 86)
+    with pytest.raises(RuntimeError, match=r"block_sparse_attention: FP8 \(e4m3\) needs compute capability 8.9"):
+        block_sparse_attention(q, k, v, 0.0, 0, precision="int8")
+    shape = (1, 12, 32760, D)
+    exact, low = cost(shape, 0.2), cost(shape, 0.2, precision="int8")
+    assert low[1] == exact[1] and low[0] < exact[0], (exact, low)  # same flops, one-byte K/V per exact pair
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs CUDA sm >= 8.9"
+)
+@pytest.mark.parametrize("precision,pv", [("int8", "fp8"), ("int8", "bf16"), ("e4m3", "fp8")])
+def test_block_sparse_attention_low_precision_compiled_matches_reference_on_gpu(monkeypatch, precision, pv):
+    """The compiled low-precision path (int8/e4m3 tensor-core dots, hardware P rounding, TMA on the quantized
+    operands) on bf16 dispatcher views of an odd length, against the reference and against the exact path."""
+    monkeypatch.delenv("TRITON_INTERPRET")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 1000, 4, D, generator=g, device="cuda").bfloat16().transpose(1, 2) for _ in range(3))
+    k = k + 1.0
+    got = block_sparse_attention(q, k, v, 0.5, 64, precision=precision, pv=pv)
+    # bf16 on the GPU: bf16 mean keys and folded P, bf16 output (the exact path's contract) on top of the quantization
+    assert _rel(got, reference(q, k, v, 0.5, 64, precision=precision, pv=pv)) < 2e-2
+    assert _rel(got, block_sparse_attention(q, k, v, 0.5, 64)) < (
+        6e-2 if pv == "fp8" and precision == "e4m3" else 4.5e-2
+    )

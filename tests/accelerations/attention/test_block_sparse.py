@@ -159,3 +159,23 @@ def test_block_sparse_call_that_misses_the_kernel_raises(interpreter, session):
         session.accelerate({})
         transformer.reset_attention_backend()
         _AttentionBackendRegistry._active_backend = active
+
+
+def test_block_sparse_low_precision_stays_close_to_exact_blocks_and_says_so(interpreter, session, monkeypatch):
+    """precision="int8": the same routing, the exact blocks through fp8_attention's quantized tile; the receipt names
+    the precision, and against exact blocks at the same tau the latents move by the quantization only (measured
+    1.7e-4 relative L2); a bad precision and a GPU without FP8 are refused."""
+    exact, _ = _run(session, {"block_sparse": {"tau": 0.5}})
+    low, report = _run(session, {"block_sparse": {"tau": 0.5, "precision": "int8"}})
+    assert report["sparse_calls"] == 4 and report["notes"]["precision"] == "int8, pv fp8", report
+    assert not low.exact
+    err = ((low.latents - exact.latents).norm() / exact.latents.norm()).item()
+    assert 1e-7 < err < 3e-3, f"int8 exact blocks move the latents by {err} (relative L2)"
+    with pytest.raises(ValueError, match="block_sparse.precision"):
+        session.accelerate({"block_sparse": {"precision": "fp4"}})
+    from workbench.kernels import _runtime
+
+    monkeypatch.setattr(_runtime, "capability", lambda device: 86)
+    with pytest.raises(RuntimeError, match=r"block_sparse: FP8 \(e4m3\) needs compute capability 8.9"):
+        session.accelerate({"block_sparse": {"precision": "int8"}})
+    assert session.accelerations == {}

@@ -37,12 +37,14 @@ def test_fp8_attention_wan_counts_calls_is_close_to_dense_and_uninstalls_exactly
     backends = dict(_AttentionBackendRegistry._backends)
     dense = _run(session, {})
     fp8 = _run(session, {"fp8_attention": {}})
-    partly = _run(session, {"fp8_attention": {"pv": "bf16", "dense_blocks": 1}})
+    partly = _run(session, {"fp8_attention": {"qk": "e4m3", "pv": "bf16", "dense_blocks": 1}})
     assert [fingerprint(d) for d in session.model.denoisers()] == before, "uninstall did not restore the model"
     assert _AttentionBackendRegistry._backends == backends
     report = fp8.receipts["fp8_attention"]
     assert report["executed"] and report["fp8_calls"] == 4 and report.get("dense_calls", 0) == 0, report
-    assert report["notes"]["pv"] == "fp8" and report.get("protected_rows", 0) == 0, report  # Wan: video rows only
+    assert report["notes"]["pv"] == "fp8" and report["notes"]["qk"] == "int8", report  # the defaults
+    assert report.get("protected_rows", 0) == 0, report  # Wan: video rows only
+    assert partly.receipts["fp8_attention"]["notes"]["qk"] == "e4m3"
     assert partly.receipts["fp8_attention"]["fp8_calls"] == 2 and partly.receipts["fp8_attention"]["dense_calls"] == 2
     assert not fp8.exact and dense.exact
     err = ((fp8.latents - dense.latents).norm() / dense.latents.norm()).item()
@@ -56,12 +58,13 @@ def test_fp8_attention_protected_rows_are_dense_attention(interpreter):
     backend = _AttentionBackendRegistry._backends[_AttentionBackendRegistry._active_backend]
     receipt = Receipt(("fp8_calls",))
     router = Router("fp8_attention", wan.tiny_d128(), receipt, plugin.fp8_attend, None)
-    settings = Settings(tau=0.0, sink_tokens=0, protect_prefix="family", extra={"pv": "bf16"})
+    settings = Settings(tau=0.0, sink_tokens=0, protect_prefix="family", extra={"pv": "bf16", "qk": "int8"})
     call = Call(router, settings, 0, prefix=40)
     call.kwargs, call.backend_fn = {"query": q, "key": k, "value": v, "attn_mask": None, "scale": None}, backend
     out = router.run(call)
     dense = backend(query=q, key=k, value=v)
-    kernel = fp8_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), pv="bf16").transpose(1, 2)
+    q_, k_, v_ = (x.transpose(1, 2) for x in (q, k, v))
+    kernel = fp8_attention(q_, k_, v_, pv="bf16", qk="int8").transpose(1, 2)
     assert torch.equal(out[:, :40], dense[:, :40]) and torch.equal(out[:, 40:], kernel[:, 40:])
     assert (out[:, 40:] - dense[:, 40:]).abs().max() > 1e-3  # the other rows really are FP8
     assert receipt.counters["protected_rows"] == 40 and receipt.counters["fp8_calls"] == 1
@@ -75,6 +78,8 @@ def test_fp8_attention_refuses_what_it_cannot_run(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match="fp8_attention.pv"):
         session.accelerate({"fp8_attention": {"pv": "fp4"}})
+    with pytest.raises(ValueError, match="fp8_attention.qk"):
+        session.accelerate({"fp8_attention": {"qk": "int4"}})
     with pytest.raises(RuntimeError, match="head dim 128"):
         Session.open("tiny-wan", device="cpu").accelerate({"fp8_attention": {}})
     with pytest.raises(ValueError, match="cannot be installed together"):

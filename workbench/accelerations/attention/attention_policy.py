@@ -161,7 +161,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     settings = {
         rows: Settings.from_options(
             {**_spec(e["plugin"]).validate(e["options"]), "plugin": e["plugin"]},
-            extra=("plugin", "thresh_type") if e["plugin"] == "sol_attn" else ("plugin",),
+            extra=("plugin", "thresh_type") if e["plugin"] == "sol_attn" else ("plugin", "precision", "pv"),
         )
         for rows, e in matching.items()
     }

@@ -13,14 +13,18 @@ the family's text / conditioning / audio prefix of each call, 0 for Wan and LTX-
 the pipeline's cache-context step index, or without one the count of denoiser calls in the request);
 `dense_blocks` (first transformer blocks dense); `protect_prefix` (the first query rows take dense attention
 and only the rest keep the sparse output; "family" protects the non-video prefix, as the seed's Sol path does);
-`per_expert` (Wan2.2: `dense_steps` counted within each expert's run of steps, `sparse_routing`).
+`per_expert` (Wan2.2: `dense_steps` counted within each expert's run of steps, `sparse_routing`); `precision`
+("exact" by default: the exact blocks in the model's dtype; "int8" / "e4m3": the exact blocks through fp8_attention's
+quantized tile, Q.K^T in INT8 or FP8 on mean-smoothed keys) and `pv` (P.V of those blocks in FP8 or bf16). The
+contract is approximate either way (results say exact=False); a low precision adds fp8_attention's quantization error
+to the routing's and needs FP8 tensor cores (sm_89+).
 
 Receipts: `sparse_calls`, `dense_calls` (split into `dense_step_calls` and `dense_block_calls`),
-`protected_rows`, `notes["mean_density"]` (fraction of exact block pairs over the sparse calls) and
-`notes["prefix_rows"]`.
+`protected_rows`, `notes["mean_density"]` (fraction of exact block pairs over the sparse calls),
+`notes["prefix_rows"]`, and with a low precision `notes["precision"]` (e.g. "int8, pv fp8").
 
 Fail closed: head dim != 128, a dtype other than bfloat16/float32, a family without routable self-attention, a
-CPU without `TRITON_INTERPRET=1`, or a routed call with a mask / causal / context-parallel layout is a
+CPU without `TRITON_INTERPRET=1`, a low precision on a GPU below sm_89, or a routed call with a mask / causal / context-parallel layout is a
 RuntimeError; never a silent dense run.
 """
 
@@ -41,7 +45,11 @@ from workbench.accelerations.attention.sparse_routing import (
     needs_self_attention,
 )
 from workbench.accelerations.base import Knob, Spec, option
-from workbench.kernels.block_sparse_attention import DTYPES, HEAD_DIM
+from workbench.kernels import _runtime
+from workbench.kernels.block_sparse_attention import DTYPES, HEAD_DIM, PRECISIONS
+from workbench.kernels.fp8_attention import PV_MODES
+
+LOW_PRECISION = ("precision", "pv")  # the options block_sparse_attend reads from Settings.extra
 
 
 @dataclass(frozen=True)
@@ -49,14 +57,25 @@ class BlockSparseConfig(SparseAttentionConfig):
     """block_sparse's options: the sparse-attention options, with `tau` 0 (exact above the blocks' mean score)."""
 
     tau: float = option(0.0, help=TAU_HELP)
+    precision: str = option("exact", allowed=PRECISIONS, help="exact blocks in the model's dtype, or INT8/FP8 Q.K^T")
+    pv: str = option("fp8", allowed=PV_MODES, help="P.V of low-precision exact blocks: FP8 or bf16")
+
+
+class _Installed(RoutedHandle):
+    def report(self) -> dict[str, Any]:
+        if self.options["precision"] != "exact":  # the default's receipt stays as it was
+            self.receipt.notes["precision"] = f"{self.options['precision']}, pv {self.options['pv']}"
+        return super().report()
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     check_block_sparse_device("block_sparse", device)
-    settings = Settings.from_options(options)
+    if options["precision"] != "exact":
+        _runtime.check_fp8("block_sparse", device)
+    settings = Settings.from_options(options, extra=LOW_PRECISION)
     router = Router("block_sparse", model, None, block_sparse_attend, lambda rows: settings, options["per_expert"])
     router.check_modules(HEAD_DIM, DTYPES)
-    return lambda: RoutedHandle(SPEC, options, router)
+    return lambda: _Installed(SPEC, options, router)
 
 
 SPEC = Spec(

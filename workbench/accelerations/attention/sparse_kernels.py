@@ -15,7 +15,8 @@ from workbench.kernels.block_sparse_attention import DTYPES, HEAD_DIM, block_spa
 
 
 def block_sparse_attend(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel on the dispatcher's (B, T, H, D) tensors, read as (B, H, T, D) views without a copy."""
+    """The kernel on the dispatcher's (B, T, H, D) tensors, read as (B, H, T, D) views without a copy; the
+    setting's `extra` carries block_sparse's `precision` and `pv` (a setting without them is exact)."""
     q, k, v = call.qkv
     if q.shape[-1] != HEAD_DIM or q.dtype not in DTYPES:
         raise RuntimeError(
@@ -26,6 +27,7 @@ def block_sparse_attend(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     out, density = block_sparse_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), settings.tau, call.rows(settings.sink_tokens),
         scale=call.kwargs.get("scale"), return_density=True,
+        precision=settings.extra.get("precision", "exact"), pv=settings.extra.get("pv", "fp8"),
     )  # fmt: skip
     return out.transpose(1, 2), density
 
