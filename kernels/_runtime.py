@@ -68,6 +68,10 @@ class LazyKernel:
         scope = {**self.fn.__globals__, **{h.__name__: wrap(h) for h in self.helpers}}
         copy = types.FunctionType(self.fn.__code__, scope, self.fn.__name__, self.fn.__defaults__, self.fn.__closure__)
         copy.__qualname__, copy.__doc__ = self.fn.__qualname__, self.fn.__doc__
+        copy.__annotations__, copy.__module__ = (
+            self.fn.__annotations__,
+            self.fn.__module__,
+        )  # Triton reads constexpr there
         return copy
 
     def __getitem__(self, grid: Any) -> Any:
