@@ -41,8 +41,9 @@ import triton
 import triton.language as tl
 
 from workbench.kernels._runtime import LazyKernel, capability, interpreting
+from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
 from workbench.kernels.block_sparse_routing import BLOCK
-from workbench.kernels.fp8_attention import QUANT_BLOCK, Quantized, quantized_tile
+from workbench.kernels.fp8_attention import quantized_tile
 
 LOG2E = 1.4426950408889634
 
@@ -239,7 +240,7 @@ def attend(
     quantized: Quantized | None = None,
 ) -> torch.Tensor:
     """The attention kernel alone on a `plan(...)` of the same q, k, v: (B, H, Tq, D) contiguous in q's dtype.
-    `launch` defaults to `launch_for(q.device)`. `quantized`: `fp8_attention.quantize` of the same q, k, v; the
+    `launch` defaults to `launch_for(q.device)`. `quantized`: `attention_quantize.quantize` of the same q, k, v; the
     exact blocks then run on it (module doc: low precision) and `route.k_mean` must be smoothed by its k_mean."""
     launch = launch_for(q.device) if launch is None else launch
     if not isinstance(launch, Launch):

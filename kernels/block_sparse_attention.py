@@ -19,7 +19,7 @@ dtype; float32 is accepted (on a GPU its dots run in IEEE precision).
 
 Low precision (`precision="int8"` or `"e4m3"`, with `pv` "fp8" or "bf16"; default "exact"): the routing and the
 folded blocks are unchanged; the exact blocks run `fp8_attention`'s quantized tile (`quantized_tile`, the same device
-function) on `fp8_attention.quantize`'s operands of the same call: q and the mean-smoothed k per 128 tokens in int8
+function) on `attention_quantize.quantize`'s operands of the same call: q and the mean-smoothed k per 128 tokens in int8
 or e4m3, v in e4m3 or bf16, P rounded per 64-key block. The folded blocks' mean keys are smoothed by the same key
 mean (in fp32, then rounded to the dot dtype), so exact and folded logits shift by the same `q . mean(k)` and the
 softmax is unchanged. Needs FP8 tensor cores (sm_89+, RuntimeError below). Its contract: `reference(...,
@@ -42,6 +42,7 @@ import dataclasses
 import torch
 
 from workbench.kernels._runtime import check_fp8, check_qkv, check_runtime, dtype_size, interpreting
+from workbench.kernels.attention_quantize import quantize, quantize_reference
 from workbench.kernels.block_sparse_attend import AMPERE_ADA, DEFAULT, LOG2E, Launch, Plan, attend, launch_for
 from workbench.kernels.block_sparse_routing import (
     BLOCK,
@@ -52,7 +53,7 @@ from workbench.kernels.block_sparse_routing import (
     route,
     routing,
 )
-from workbench.kernels.fp8_attention import PV_MODES, QK_MODES, online_step, quantize, reference_logits
+from workbench.kernels.fp8_attention import PV_MODES, QK_MODES, online_step, reference_logits
 
 HEAD_DIM = 128
 DTYPES = (torch.float32, torch.bfloat16)
@@ -132,10 +133,10 @@ def reference(
 def _lowbit_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, qk: str, pv: str
 ) -> torch.Tensor:
-    """The low-precision kernel's maths in fp32 torch on routing `mask` (B, H, Qb, Kb): `quantize`, then the online
-    softmax over the exact key blocks in ascending order (P rounded per block as `quantized_tile` does, v's e4m3
-    scale applied after them), then the folded blocks' smoothed mean keys 64 at a time, unrounded."""
-    z = quantize(q, k, v, pv, qk=qk)
+    """The low-precision kernel's maths in fp32 torch on routing `mask` (B, H, Qb, Kb): `quantize_reference`, then
+    the online softmax over the exact key blocks in ascending order (P rounded per block as `quantized_tile` does,
+    v's e4m3 scale applied after them), then the folded blocks' smoothed mean keys 64 at a time, unrounded."""
+    z = quantize_reference(q, k, v, pv, qk=qk)
     tq = q.shape[2]
     logits, values = reference_logits(z, tq, k.shape[2], scale)
     exact_rows = mask[:, :, torch.arange(tq, device=q.device) // BLOCK]  # (B, H, Tq, Kb)

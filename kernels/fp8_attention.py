@@ -6,15 +6,11 @@ bfloat16 (production) or float32; the output is (B, H, Tq, 128) in q's dtype, wi
 dense permutation (the dispatcher's (B, T, H, D) seen as (B, H, T, D) gets a (B, T, H, D) output, no copy).
 
 The maths, in the order it happens:
-1. Key smoothing: `k <- k - mean_t(k)` per (batch, head), in fp32. Every logit of one query row moves by the same
-   `q . mean_t(k)`, so the softmax is unchanged in exact maths; what it removes is the common offset trained keys
-   carry, which would otherwise set every block's scale and leave the per-token part a few quantization steps.
-2. Quantization (`quantize`, torch ops: several passes per tensor): q and the smoothed k per block of QUANT_BLOCK = 128
-   tokens, symmetric, one fp32 scale a block: qk="e4m3" scale `max(amax(|block|), EPS) / 448`, value
-   `clamp(x / scale, -448, 448)` rounded to nearest-even e4m3; qk="int8" (SageAttention's choice) scale
-   `max(amax, EPS) / 127`, value `round(x / scale)` (half to even) in int8. pv="fp8": v per (batch, head, channel)
-   over all tokens, the e4m3 recipe, stored transposed (B, H, 128, Tk) so the P.V dot reads it K-major; pv="bf16":
-   v rounded to bf16.
+1-2. `attention_quantize.quantize` (Triton; `quantize_reference` is the same in torch ops, bit for bit): k smoothed by
+   its fp32 mean over tokens (softmax-invariant), q and the smoothed k per block of QUANT_BLOCK = 128 tokens to int8
+   (qk="int8", SageAttention's choice, scale amax / 127) or e4m3 (qk="e4m3", amax / 448), symmetric, rounded to
+   nearest even; pv="fp8": v per (batch, head, channel) over all tokens to e4m3, stored transposed (B, H, 128, Tk')
+   so the P.V dot reads it K-major; pv="bf16": v in bf16. That module's doc holds the exact recipe.
 3. The kernel, FlashAttention-2 style: one program per (BLOCK_M query rows, batch*head), query blocks fastest over
    the grid; key tiles of BLOCK_N tokens through TMA descriptors; each tile is one call of the device function
    `quantized_tile` (which block_sparse_attend's low-precision path calls too). Per tile: `s = dot(q8, k8^T)`, an
@@ -44,8 +40,8 @@ Error contract:
 The CPU interpreter (`TRITON_INTERPRET=1`): its FP8 and INT8 dots are right, but its fp32 -> e4m3 and fp32 -> bf16
 conversions are not round-to-nearest-even (e.g. 31.9999 -> 16). Under it the kernel rounds P to e4m3 / bf16 with an
 integer round-to-nearest-even on the fp32 bits (exact, and what the GPU's `cvt.rn.satfinite` does) before the
-conversion, and the bf16 P.V dot runs on the rounded values widened to fp32. The quantization of q, k, v is torch's
-cast on both.
+conversion, and the bf16 P.V dot runs on the rounded values widened to fp32 (`attention_quantize` does the same for q,
+k and v in e4m3).
 
 Needs FP8 tensor cores: compute capability 8.9+ (RuntimeError below, `_runtime.check_fp8`). Launch: `Launch` (tile
 sizes, warps, stages); `launch_for(device)` picks DEFAULT on sm_90+ and ADA below.
@@ -59,6 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
+from workbench.kernels import attention_quantize
 from workbench.kernels._runtime import (
     LazyKernel,
     capability,
@@ -69,12 +66,8 @@ from workbench.kernels._runtime import (
     dtype_size,
     interpreting,
 )
+from workbench.kernels.attention_quantize import FP8, FP8_MAX, QUANT_BLOCK, Quantized, quantize, quantize_reference
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
-INT8_MAX = 127.0
-EPS = 1e-12  # the smallest amax a scale is made from
-QUANT_BLOCK = 128  # tokens per q / k quantization block
 HEAD_DIM = 128
 DTYPES = (torch.bfloat16, torch.float32)
 PV_MODES = ("fp8", "bf16")
@@ -113,60 +106,6 @@ def launch_for(device: torch.device) -> Launch:
     """DEFAULT on sm_90 and newer (and off CUDA), ADA below."""
     number = capability(device)
     return ADA if number is not None and number < 90 else DEFAULT
-
-
-@dataclass
-class Quantized:
-    """The kernel's operands. q8 (B, H, Tq', 128) and k8 (B, H, Tk', 128) float8_e4m3fn (qk="e4m3") or int8
-    (qk="int8"), contiguous, tokens padded with zeros to a multiple of QUANT_BLOCK; q_scale (B, H, Tq'/128), k_scale
-    (B, H, Tk'/128) fp32; v: pv="fp8" the e4m3 values transposed (B, H, 128, Tk') contiguous, pv="bf16" bf16
-    (B, H, Tk, 128) with unit last stride; v_scale (B, H, 128) fp32 `scale_v / 448` (pv="fp8") or None; k_mean
-    (B, H, 1, 128) fp32: the mean subtracted from k (zeros with smooth=False)."""
-
-    q8: torch.Tensor
-    q_scale: torch.Tensor
-    k8: torch.Tensor
-    k_scale: torch.Tensor
-    v: torch.Tensor
-    v_scale: torch.Tensor | None
-    pv: str
-    qk: str
-    k_mean: torch.Tensor
-
-
-def _blocks(x: torch.Tensor, qk: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 (B, H, T, D) -> (e4m3 or int8 (B, H, T', D) zero-padded to T' = QUANT_BLOCK * nb, scales (B, H, nb)):
-    e4m3 `clamp(x / scale)` cast (round to nearest even) with scale = amax / 448; int8 `round(x / scale)` (half to
-    even) with scale = amax / 127, symmetric."""
-    b, h, t, d = x.shape
-    nb = -(-t // QUANT_BLOCK)
-    x = torch.nn.functional.pad(x, (0, 0, 0, nb * QUANT_BLOCK - t)).view(b, h, nb, QUANT_BLOCK, d)
-    top = INT8_MAX if qk == "int8" else FP8_MAX
-    scale = x.abs().amax((3, 4)).clamp(min=EPS) / top  # (B, H, nb)
-    x = (x / scale[..., None, None]).clamp(-top, top)
-    q = x.round().to(torch.int8) if qk == "int8" else x.to(FP8)
-    return q.view(b, h, nb * QUANT_BLOCK, d), scale
-
-
-def quantize(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8", smooth: bool = True, qk: str = "e4m3"
-) -> Quantized:
-    """Steps 1 and 2 of the module doc in torch ops (`smooth=False` skips the key smoothing: for comparisons)."""
-    q8, q_scale = _blocks(q.float(), qk)
-    kf = k.float()
-    k_mean = kf.mean(2, keepdim=True) if smooth else torch.zeros_like(kf[:, :, :1])
-    k8, k_scale = _blocks(kf - k_mean, qk)
-    if pv == "bf16":
-        vb = v.to(torch.bfloat16)
-        if vb.stride(-1) != 1 or vb.data_ptr() % 16 or any(s * 2 % 16 for s in vb.stride()[:-1]):
-            vb = vb.contiguous()  # the kernel reads v through a TMA descriptor
-        return Quantized(q8, q_scale, k8, k_scale, vb, None, pv, qk, k_mean)
-    vf = v.float()
-    scale = vf.abs().amax(2).clamp(min=EPS) / FP8_MAX  # (B, H, D)
-    v8 = (vf / scale[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    pad = k8.shape[2] - v.shape[2]
-    vt = torch.nn.functional.pad(v8.transpose(-1, -2).view(torch.uint8), (0, pad)).view(FP8)  # (B, H, D, Tk')
-    return Quantized(q8, q_scale, k8, k_scale, vt.contiguous(), scale / FP8_MAX, pv, qk, k_mean)
 
 
 def quantized_tile(
@@ -283,12 +222,12 @@ def reference(
     smooth: bool = True,
     qk: str = "e4m3",
 ) -> torch.Tensor:
-    """The kernel's maths in fp32 torch: `quantize`, then the online softmax over key tiles of `block_n` with P
-    rounded per tile as the kernel does. (B, H, Tq, 128) in q's dtype."""
+    """The kernel's maths in fp32 torch: `quantize_reference`, then the online softmax over key tiles of `block_n`
+    with P rounded per tile as the kernel does. (B, H, Tq, 128) in q's dtype."""
     scale = _check(q, k, v, pv, scale, qk)
     if block_n not in TILES:
         raise ValueError(f"fp8_attention: block_n: {block_n!r}; allowed: {list(TILES)}")
-    z = quantize(q, k, v, pv, smooth, qk)
+    z = quantize_reference(q, k, v, pv, smooth, qk)
     s, values = reference_logits(z, q.shape[2], k.shape[2], scale)
     m = torch.full(q.shape[:3], float("-inf"), device=q.device)
     l = torch.zeros(q.shape[:3], device=q.device)  # noqa: E741
@@ -386,12 +325,10 @@ def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
 
 def cost(shape: tuple[int, int, int, int], pv: str = "fp8", dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
     """(bytes_moved, flops) of one call on q, k, v of `shape` (B, H, T, D), self-attention. Flops: 4*T*T*D per head
-    (Q.K^T and P.V), as dense attention is counted. Bytes, lower bounds: the quantization reads q, k, v in `dtype`
-    and writes q8, k8 (one byte an element, e4m3 and int8 alike) and v (one byte, two for pv="bf16"); the kernel reads those once (re-reads of K/V
-    by other query tiles are assumed to hit L2) and writes the output in `dtype`. Exponentials are not counted."""
+    (Q.K^T and P.V), as dense attention is counted. Bytes, lower bounds: the quantization's (`attention_quantize.cost`)
+    and the kernel's: q8, k8 (one byte an element, e4m3 and int8 alike) and v (one byte, two for pv="bf16") read once
+    (re-reads of K/V by other query tiles are assumed to hit L2), the output written in `dtype`. Exponentials are not
+    counted."""
     b, h, t, d = shape
-    size = dtype_size(dtype)
-    v_bytes = 1 if pv == "fp8" else 2
-    quantize_bytes = 3 * t * d * size + (2 + v_bytes) * t * d
-    kernel_bytes = (2 + v_bytes) * t * d + t * d * size
-    return int(b * h * (quantize_bytes + kernel_bytes)), int(b * h * 4 * t * t * d)
+    kernel_bytes = b * h * t * d * (2 + (1 if pv == "fp8" else 2) + dtype_size(dtype))
+    return int(attention_quantize.cost(shape, pv, dtype) + kernel_bytes), int(b * h * 4 * t * t * d)

@@ -59,14 +59,17 @@ def target_for(capability: tuple[int, int] | int) -> Target | None:
 
 @dataclass(frozen=True)
 class Launched:
-    """One intercepted launch: the kernel's Python function, its signature and constexprs as Triton's compiler takes
-    them, and the launch options (warps, stages, fp fusion, ...) the compiled path passed."""
+    """One intercepted launch: the kernel's Python function, its signature, constexprs and argument attributes as
+    Triton's JIT would specialize them (an int argument equal to 1 becomes a constexpr; pointers 16-byte aligned and
+    ints divisible by 16 are marked so, which lets the compiler vectorize), and the launch options (warps, stages,
+    fp fusion, ...) the compiled path passed."""
 
     name: str
     fn: Callable[..., Any]
     signature: dict[str, str]
     constexprs: dict[str, Any]
     options: dict[str, Any]
+    attrs: dict[tuple[int, ...], Any]
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,9 @@ def compile_for(launched: Launched, target: Target) -> Report:
     from triton.runtime.jit import JITFunction
 
     # JITFunction directly: triton.jit would hand back the interpreter's wrapper while TRITON_INTERPRET is on
-    source = ASTSource(fn=JITFunction(launched.fn), signature=launched.signature, constexprs=launched.constexprs)
+    source = ASTSource(
+        fn=JITFunction(launched.fn), signature=launched.signature, constexprs=launched.constexprs, attrs=launched.attrs
+    )
     kernel = triton.compile(source, target=GPUTarget("cuda", target.capability, 32), options=launched.options)
     registers, spills = _ptxas_usage(kernel.asm["ptx"], target)
     return Report(launched.name, target.name, int(kernel.metadata.shared), registers, spills)
@@ -126,20 +131,27 @@ def compile_for(launched: Launched, target: Target) -> Report:
 def _launched(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Launched:
     import inspect
 
-    from triton.runtime.jit import mangle_type
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
 
     names = list(inspect.signature(fn).parameters)
     options = {k: v for k, v in kwargs.items() if k not in names}  # launch options: warps, stages, fp fusion, ...
     constexprs = {k: v for k, v in kwargs.items() if k in names}
-    signature = {}
-    for name, value in zip(names, args, strict=False):
-        signature[name] = mangle_type(value)  # Triton's own: "*bf16", "i32", "fp32", ...
+    signature, attrs = {}, {}
+    for i, (name, value) in enumerate(zip(names, args, strict=False)):
+        # the JIT's own specialization: ("*bf16" | "i32" | "fp32" | "constexpr", "D" for 16-divisible or aligned)
+        kind, spec = native_specialize_impl(BaseBackend, value, False, True, True)
+        signature[name] = kind
+        if kind == "constexpr":
+            constexprs[name] = value
+        elif isinstance(spec, str):
+            attrs[(i,)] = BaseBackend.parse_attr(spec)
     for name in constexprs:
         signature[name] = "constexpr"
     missing = [n for n in names if n not in signature]
     if missing:
         raise RuntimeError(f"record: {fn.__name__} launched without {missing}")
-    return Launched(fn.__name__, fn, signature, constexprs, options)
+    return Launched(fn.__name__, fn, signature, constexprs, options, attrs)
 
 
 def _ptxas_usage(ptx: str, target: Target) -> tuple[int, int]:

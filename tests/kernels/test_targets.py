@@ -79,7 +79,7 @@ EXAMPLES = {
         *(torch.zeros(B, H, T, D, dtype=BF16) for _ in range(3)), qk="int8"
     ),
 }
-FP8_KERNELS = ("_quantize_rows", "_fp8_attention_fwd")  # refused before any launch below sm_89
+FP8_KERNELS = ("_quantize_rows", "_fp8_attention_fwd", "_quantize_fwd")  # refused before any launch below sm_89
 FP8_EXAMPLES = ("block_sparse_attention_int8",)  # a kernel that also runs without FP8, in its FP8 mode: refused too
 
 
@@ -105,7 +105,7 @@ def test_every_kernel_has_an_example_and_records_its_shipped_launch(hopper):
     assert {
         "_modulate", "_gated_residual", "_head_norm_rope", "_layernorm_modulate", "_tiled_qk_norm_rope",
         "_row_qk_norm_rope", "_tiled_copy", "_quantize_rows", "_block_means_qkv", "_compact", "_block_sparse_fwd",
-        "_fp8_attention_fwd",
+        "_fp8_attention_fwd", "_quantize_fwd",
     } <= recorded  # fmt: skip
     attention = next(x for x in launches["block_sparse_attention"] if x.name == "_block_sparse_fwd")
     assert attention.options == {"num_warps": 4, "num_stages": 3} and attention.constexprs["D"] == D
@@ -154,7 +154,8 @@ def test_fp8_attention_takes_one_launch_per_card_and_is_refused_below_sm_89():
     launch."""
     heads = torch.zeros(B, H, T, D, dtype=BF16)
     for target, launch in (("sm_89", fp8_attention.ADA), ("sm_90", fp8_attention.DEFAULT)):
-        (found,) = record(lambda: fp8_attention.fp8_attention(heads, heads, heads), TARGETS[target])
+        launches = record(lambda: fp8_attention.fp8_attention(heads, heads, heads), TARGETS[target])
+        found = next(x for x in launches if x.name == "_fp8_attention_fwd")
         assert found.options == {"num_warps": launch.num_warps, "num_stages": launch.num_stages}, target
         assert (found.constexprs["BLOCK_M"], found.constexprs["BLOCK_N"]) == (launch.block_m, launch.block_n)
     for target in ("sm_80", "sm_86"):

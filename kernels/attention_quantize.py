@@ -1,0 +1,210 @@
+"""The quantization step of the low-bit attention kernels (`fp8_attention`, `block_sparse_attention`'s `precision=`):
+q, the mean-smoothed k and v turned into the int8 / e4m3 operands and scales the attention kernels read.
+
+The maths (`quantize_reference` in torch ops; `quantize` the same in Triton, one read of each tensor):
+1. Key smoothing: `k <- k - key_mean(k)` per (batch, head), with `key_mean` the fp32 mean over tokens (torch's
+   reduction, shared by both paths). Every logit of one query row moves by the same `q . mean(k)`, so the softmax is
+   unchanged in exact maths; what it removes is the common offset trained keys carry, which would otherwise set every
+   block's scale and leave the per-token part a few quantization steps.
+2. q and the smoothed k per block of QUANT_BLOCK = 128 tokens, symmetric, one fp32 scale a block
+   `max(amax(|block|), EPS) / top` (IEEE division), value `clamp(x / scale, -top, top)` (IEEE division) rounded to
+   nearest even: qk="int8" top = 127, int8 values (SageAttention's choice); qk="e4m3" top = 448, e4m3 values. Tokens
+   past T are zeros (padded to a multiple of 128; padding is added after smoothing, so it stays zero).
+3. pv="fp8": v per (batch, head, channel) over all tokens with the e4m3 recipe (`scale_v = max(amax, EPS) / 448`),
+   stored transposed (B, H, 128, Tk') so the P.V dot reads it K-major, zero-padded like k; `v_scale = scale_v / 448`
+   (the kernels' P carries a factor 448). pv="bf16": v rounded to bf16, made contiguous only when TMA cannot read it.
+
+Contract: `quantize` equals `quantize_reference` bit for bit (every step is an exact or IEEE-rounded fp32 operation in
+both, the Triton kernel divides with `div_rn`; v's per-channel amax comes from `torch.aminmax`, exact). Under the
+CPU interpreter the fp32 -> e4m3 conversion is not round-to-nearest-even (fp8_attention's module doc), so the kernel
+rounds to the e4m3 grid in fp32 first (EMULATE), as the GPU's `cvt.rn.satfinite` does.
+
+The Triton path: torch's fp32 mean of k (one read) and, for pv="fp8", `torch.aminmax` of v over tokens (one read),
+then one launch per tensor of `_quantize_fwd`: one program per (128-token block, batch*head) reads the block once
+(any strides), smooths, reduces its amax (q, k) or takes the per-channel scale (v), and writes the one-byte values
+(transposed for v) and the block's scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton.language as tl
+
+from workbench.kernels._runtime import LazyKernel, dtype_size, interpreting
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+INT8_MAX = 127.0
+EPS = 1e-12  # the smallest amax a scale is made from
+QUANT_BLOCK = 128  # tokens per q / k quantization block (and per program of `_quantize_fwd`)
+QUANT_WARPS = 8  # a (128, 128) fp32 tile over 256 threads: 64 values a thread, no spills (tests/kernels/test_targets)
+
+
+@dataclass
+class Quantized:
+    """The attention kernels' operands. q8 (B, H, Tq', 128) and k8 (B, H, Tk', 128) float8_e4m3fn (qk="e4m3") or
+    int8 (qk="int8"), contiguous, tokens padded with zeros to a multiple of QUANT_BLOCK; q_scale (B, H, Tq'/128),
+    k_scale (B, H, Tk'/128) fp32; v: pv="fp8" the e4m3 values transposed (B, H, 128, Tk') contiguous, pv="bf16" bf16
+    (B, H, Tk, 128) with unit last stride; v_scale (B, H, 128) fp32 `scale_v / 448` (pv="fp8") or None; k_mean
+    (B, H, 1, 128) fp32: the mean subtracted from k (zeros with smooth=False)."""
+
+    q8: torch.Tensor
+    q_scale: torch.Tensor
+    k8: torch.Tensor
+    k_scale: torch.Tensor
+    v: torch.Tensor
+    v_scale: torch.Tensor | None
+    pv: str
+    qk: str
+    k_mean: torch.Tensor
+
+
+def key_mean(k: torch.Tensor) -> torch.Tensor:
+    """(B, H, 1, D) fp32 mean of k (B, H, T, D) over tokens, accumulated in fp32 (no fp32 copy of k)."""
+    return k.mean(2, keepdim=True, dtype=torch.float32)
+
+
+def _top(qk: str) -> float:
+    return INT8_MAX if qk == "int8" else FP8_MAX
+
+
+def _bf16_v(v: torch.Tensor) -> torch.Tensor:
+    """v in bf16 as the kernels' TMA descriptors read it: unit last stride, 16-byte aligned base and strides."""
+    vb = v.to(torch.bfloat16)
+    if vb.stride(-1) != 1 or vb.data_ptr() % 16 or any(s * 2 % 16 for s in vb.stride()[:-1]):
+        vb = vb.contiguous()
+    return vb
+
+
+def _v_scale(amax: torch.Tensor) -> torch.Tensor:
+    """scale_v (B, H, D) fp32 from v's per-channel amax, IEEE division (a device tensor, not torch's scalar path,
+    which multiplies by the reciprocal on CUDA)."""
+    amax = amax.float().clamp(min=EPS)
+    return amax / torch.full_like(amax, FP8_MAX)
+
+
+def _blocks(x: torch.Tensor, qk: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 (B, H, T, D) -> (e4m3 or int8 (B, H, T', D) zero-padded to T' = QUANT_BLOCK * nb, scales (B, H, nb))."""
+    b, h, t, d = x.shape
+    nb = -(-t // QUANT_BLOCK)
+    x = torch.nn.functional.pad(x, (0, 0, 0, nb * QUANT_BLOCK - t)).view(b, h, nb, QUANT_BLOCK, d)
+    top = _top(qk)
+    amax = x.abs().amax((3, 4)).clamp(min=EPS)  # (B, H, nb)
+    scale = amax / torch.full_like(amax, top)
+    x = (x / scale[..., None, None]).clamp(-top, top)
+    q = x.round().to(torch.int8) if qk == "int8" else x.to(FP8)
+    return q.view(b, h, nb * QUANT_BLOCK, d), scale
+
+
+def quantize_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8", smooth: bool = True, qk: str = "e4m3"
+) -> Quantized:
+    """Steps 1-3 of the module doc in torch ops on q (B, H, Tq, 128), k and v (B, H, Tk, 128) (`smooth=False`
+    skips the key smoothing: for comparisons)."""
+    q8, q_scale = _blocks(q.float(), qk)
+    k_mean = key_mean(k) if smooth else torch.zeros_like(k[:, :, :1], dtype=torch.float32)
+    k8, k_scale = _blocks(k.float() - k_mean, qk)
+    if pv == "bf16":
+        return Quantized(q8, q_scale, k8, k_scale, _bf16_v(v), None, pv, qk, k_mean)
+    scale = _v_scale(v.float().abs().amax(2))  # (B, H, D)
+    v8 = (v.float() / scale[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    pad = k8.shape[2] - v.shape[2]
+    vt = torch.nn.functional.pad(v8.transpose(-1, -2).view(torch.uint8), (0, pad)).view(FP8)  # (B, H, D, Tk')
+    return Quantized(q8, q_scale, k8, k_scale, vt.contiguous(), scale / FP8_MAX, pv, qk, k_mean)
+
+
+def _quantize_fwd(
+    x_ptr, mean_ptr, scale_ptr, out_ptr,
+    H, T, TP,
+    x_sb, x_sh, x_st, x_sd,
+    BLOCK: tl.constexpr, D: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr, CHANNEL: tl.constexpr,
+    EMULATE: tl.constexpr,
+):  # fmt: skip
+    # Step 2 (q, k; SMOOTH subtracts mean_ptr's (D,) per head first) or, with CHANNEL, step 3 (v: scale_ptr holds the
+    # per-channel scales, the output is transposed). tl.reduce with tl.standard's combines: see block_sparse_attend.
+    blk = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, D)
+    ok = (rows < T)[:, None]
+    ptrs = x_ptr + b * x_sb + h * x_sh + rows.to(tl.int64)[:, None] * x_st + d[None, :] * x_sd
+    x = tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)  # (BLOCK, D); rows past T are zeros
+    if SMOOTH:
+        x = tl.where(ok, x - tl.load(mean_ptr + bh * D + d)[None, :], 0.0)
+    top = 127.0 if INT8 else 448.0
+    if CHANNEL:
+        scale = tl.broadcast_to(tl.load(scale_ptr + bh * D + d)[None, :], (BLOCK, D))
+    else:
+        amax = tl.reduce(tl.reduce(tl.abs(x), 1, tl.standard._elementwise_max), 0, tl.standard._elementwise_max)
+        block_scale = tl.div_rn(tl.maximum(amax, 1e-12), top)
+        tl.store(scale_ptr + bh * (TP // BLOCK) + blk, block_scale)
+        scale = tl.broadcast_to(block_scale, (BLOCK, D))
+    y = tl.minimum(tl.maximum(tl.div_rn(x, scale), -top), top)
+    if INT8:
+        y = (y + 12582912.0) - 12582912.0  # round half to even: 1.5 * 2^23 leaves fp32 steps of 1
+        values = y.to(tl.int8)
+    else:
+        if EMULATE:  # round to e4m3 in fp32 (the interpreter's conversion does not): 3 mantissa bits, or a
+            # multiple of 2^-9 below e4m3's smallest normal 2^-6 (adding 2^14 leaves fp32 steps of 2^-9)
+            a = tl.abs(y)
+            bits = a.to(tl.int32, bitcast=True)
+            bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
+            a = tl.where(a < 0.015625, (a + 16384.0) - 16384.0, bits.to(tl.float32, bitcast=True))
+            y = tl.where(y < 0, -a, a)
+        values = y.to(tl.float8e4nv)
+    if CHANNEL:  # (D, TP) per head
+        tl.store(out_ptr + bh * D * TP + d[None, :].to(tl.int64) * TP + rows[:, None], values)
+    else:  # (TP, D) per head
+        tl.store(out_ptr + (bh * TP + rows.to(tl.int64))[:, None] * D + d[None, :], values)
+
+
+_KERNEL = LazyKernel(_quantize_fwd)
+
+
+def _launch(
+    x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor | None, int8: bool, channel: bool
+) -> None:
+    b, h, t, d = x.shape
+    tp = out.shape[-1] if channel else out.shape[2]
+    tuning = {} if interpreting() else {"num_warps": QUANT_WARPS}
+    _KERNEL[(tp // QUANT_BLOCK, b * h)](
+        x, scale if mean is None else mean, scale, out, h, t, tp, *x.stride(),
+        BLOCK=QUANT_BLOCK, D=d, INT8=int8, SMOOTH=mean is not None, CHANNEL=channel, EMULATE=interpreting(),
+        **tuning,
+    )  # fmt: skip
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8", qk: str = "e4m3") -> Quantized:
+    """`quantize_reference(q, k, v, pv, qk=qk)`, bit for bit, in Triton (module doc): q (B, H, Tq, 128), k and v
+    (B, H, Tk, 128) of one float dtype and any strides, on a CUDA device or the CPU under the interpreter. No checks
+    of shapes and dtypes: the attention functions are the checked entries."""
+    b, h, tq, d = q.shape
+    tk = k.shape[2]
+    dtype = torch.int8 if qk == "int8" else FP8
+    qp, kp = -(-tq // QUANT_BLOCK) * QUANT_BLOCK, -(-tk // QUANT_BLOCK) * QUANT_BLOCK
+    q8 = torch.empty((b, h, qp, d), dtype=dtype, device=q.device)
+    k8 = torch.empty((b, h, kp, d), dtype=dtype, device=q.device)
+    q_scale = torch.empty((b, h, qp // QUANT_BLOCK), dtype=torch.float32, device=q.device)
+    k_scale = torch.empty((b, h, kp // QUANT_BLOCK), dtype=torch.float32, device=q.device)
+    k_mean = key_mean(k)
+    _launch(q, q8, q_scale, None, qk == "int8", False)
+    _launch(k, k8, k_scale, k_mean, qk == "int8", False)
+    if pv == "bf16":
+        return Quantized(q8, q_scale, k8, k_scale, _bf16_v(v), None, pv, qk, k_mean)
+    low, high = torch.aminmax(v, dim=2)  # (B, H, D): amax(|v|) = max(high, -low), exact
+    scale = _v_scale(torch.maximum(high, -low))
+    vt = torch.empty((b, h, d, kp), dtype=FP8, device=q.device)
+    _launch(v, vt, scale, None, False, True)
+    return Quantized(q8, q_scale, k8, k_scale, vt, scale / FP8_MAX, pv, qk, k_mean)
+
+
+def cost(shape: tuple[int, int, int, int], pv: str = "fp8", dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes moved by `quantize` on q, k, v of `shape` (B, H, T, D), a lower bound: q, k, v read once in `dtype` and
+    q8, k8 and v written (one byte an element, two for pv="bf16"). The torch reductions' second read of k (and of v
+    with pv="fp8") is not counted."""
+    b, h, t, d = shape
+    return int(b * h * t * d * (3 * dtype_size(dtype) + 2 + (1 if pv == "fp8" else 2)))

@@ -1,0 +1,42 @@
+"""attention_quantize: the Triton quantizer equals its torch reference bit for bit (int8 and e4m3 values, scales,
+the key mean and v's transposed e4m3 copy) under the Triton CPU interpreter, on odd lengths and strided views."""
+
+import pytest
+import torch
+
+from workbench.kernels.attention_quantize import FP8, QUANT_BLOCK, cost, quantize, quantize_reference
+
+D = 128
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.uint8) if x.dtype == FP8 else x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_bitwise_equal_reference(rng, dtype):
+    """q a (B, T, H, D) dispatcher view of odd length, k a strided slice with a common offset (smoothing matters)
+    and values spanning e4m3's subnormals, v with per-channel gains; every (qk, pv) pair."""
+    seed = rng.initial_seed()
+    q = torch.randn(2, 203, 2, D, generator=rng).to(dtype).transpose(1, 2)  # (2, 2, 203, D), token stride 2 * D
+    k = (torch.randn(2, 2, 2 * 171, D, generator=rng) + 3.0 * torch.randn(2, 2, 1, D, generator=rng))[:, :, ::2]
+    k = k.to(dtype)  # (2, 2, 171, D), every other token of the draw
+    v = (torch.randn(2, 2, 171, D, generator=rng) * torch.rand(D, generator=rng).exp2()).to(dtype)
+    for qk in ("int8", "e4m3"):
+        for pv in ("fp8", "bf16"):
+            got, want = quantize(q, k, v, pv, qk=qk), quantize_reference(q, k, v, pv, qk=qk)
+            assert got.q8.dtype == want.q8.dtype == (torch.int8 if qk == "int8" else FP8)
+            assert got.q8.shape == (2, 2, 2 * QUANT_BLOCK, D) and got.k8.shape == (2, 2, 2 * QUANT_BLOCK, D)
+            for name in ("q8", "q_scale", "k8", "k_scale", "v", "v_scale", "k_mean"):
+                a, b = getattr(got, name), getattr(want, name)
+                if b is None:
+                    assert a is None, (qk, pv, name)
+                    continue
+                assert a.shape == b.shape and a.dtype == b.dtype, (qk, pv, name, a.shape, b.shape)
+                differ = (_bits(a) != _bits(b)).sum().item()
+                assert differ == 0, f"seed {seed}, {qk}/{pv}: {name} differs in {differ} of {a.numel()}"
+            assert (got.k8[:, :, 171:] == 0).all() and (got.q8[:, :, 203:] == 0).all(), f"seed {seed}: padding"
+            if pv == "fp8":
+                assert (got.v[..., 171:].view(torch.uint8) == 0).all(), f"seed {seed}: v padding"
+                assert (got.v[..., :171].float() != 0).float().mean() > 0.9, f"seed {seed}: v8 mostly zero"
+    assert cost((1, 12, 32760, D)) == 12 * 32760 * D * (3 * 2 + 3)
