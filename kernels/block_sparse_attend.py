@@ -118,13 +118,11 @@ def _block_sparse_fwd(
     cols = tl.arange(0, BLOCK)
     d = tl.arange(0, D).to(tl.int64)
     row_ok = rows < TQ
-    q = tl.load(
-        q_ptr + b * q_sb + h * q_sh + rows.to(tl.int64)[:, None] * q_st + d[None, :] * q_sd,
-        mask=row_ok[:, None],
-        other=0.0,
-    )  # (ROWS, D)
-    if F32:
-        q = q.to(tl.float32)
+    q_ptrs = q_ptr + b * q_sb + h * q_sh + rows.to(tl.int64)[:, None] * q_st + d[None, :] * q_sd
+    if not LOWBIT:  # (the low-precision exact blocks read q8: q is loaded for the folded pass only, after them)
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # (ROWS, D)
+        if F32:
+            q = q.to(tl.float32)
     m_i = tl.full((ROWS,), float("-inf"), tl.float32)
     l_i = tl.full((ROWS,), 0.0, tl.float32)
     acc = tl.full((ROWS, D), 0.0, tl.float32)
@@ -145,19 +143,33 @@ def _block_sparse_fwd(
     if LOWBIT:  # quantize's padded q8 rows and the per-128-token scales (module doc: low precision)
         q8 = tl.load(q8_ptr + (bh.to(tl.int64) * TQP + rows.to(tl.int64))[:, None] * D + d[None, :])
         q_scale = tl.load(qs_ptr + bh.to(tl.int64) * (TQP // QUANT) + (part * ROWS) // QUANT) * qk_scale
-    for n in tl.range(0, n_exact):
-        j = tl.load(idx_ptr + row * KB + n)
-        key_ok = j * BLOCK + cols < TK
-        k = k_desc.load([j * BLOCK, 0])
-        if LOWBIT:
-            if PV_FP8:
-                v = v_desc.load([0, j * BLOCK])
-            else:
-                v = v_desc.load([j * BLOCK, 0])
-            factor = q_scale * tl.load(ks_ptr + bh.to(tl.int64) * (TKP // QUANT) + (j * BLOCK) // QUANT)
-            bias = tl.where(key_ok, 0.0, float("-inf"))
-            m_i, l_i, acc = quantized_tile(q8, k, v, factor, bias, m_i, l_i, acc, QK_INT8, PV_FP8, EMULATE)
-        else:
+        # the entries whose 64 keys are all real run unmasked; only key block KB - 1 can be partial, and when it is
+        # exact it is the list's last entry
+        last = tl.load(idx_ptr + row * KB + n_exact - 1, mask=n_exact > 0, other=0)
+        n_full = n_exact - ((TK % BLOCK != 0) & (n_exact > 0) & (last == KB - 1)).to(tl.int32)
+        ks_base = ks_ptr + bh.to(tl.int64) * (TKP // QUANT)
+        for n in tl.range(0, n_full):
+            j = tl.load(idx_ptr + row * KB + n)
+            k = k_desc.load([j * BLOCK, 0])
+            v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
+            factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
+            m_i, l_i, acc = quantized_tile(q8, k, v, factor, 0, m_i, l_i, acc, False, QK_INT8, PV_FP8, EMULATE)
+        for n in tl.range(n_full, n_exact):  # the partial last block, if exact: keys past TK weigh nothing
+            j = tl.load(idx_ptr + row * KB + n)
+            k = k_desc.load([j * BLOCK, 0])
+            v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
+            factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
+            m_i, l_i, acc = quantized_tile(
+                q8, k, v, factor, TK - j * BLOCK, m_i, l_i, acc, True, QK_INT8, PV_FP8, EMULATE
+            )
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+        if F32:
+            q = q.to(tl.float32)
+    else:
+        for n in tl.range(0, n_exact):
+            j = tl.load(idx_ptr + row * KB + n)
+            key_ok = j * BLOCK + cols < TK
+            k = k_desc.load([j * BLOCK, 0])
             v = v_desc.load([j * BLOCK, 0])
             if F32:
                 s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")

@@ -82,7 +82,7 @@ class Launch:
     `num_stages` software-pipeline stages. `block_n` also sets the tiles P is quantized over (module doc)."""
 
     block_m: int = 64
-    block_n: int = 64
+    block_n: int = 128
     num_warps: int = 4
     num_stages: int = 3
 
@@ -95,11 +95,12 @@ class Launch:
             raise ValueError(f"fp8_attention: Launch.num_stages: {self.num_stages!r}; allowed: an int in 1..8")
 
 
-# Both launches spill no register on their card (ptxas, tests/kernels/test_targets.py) and share block_n, so a call
-# computes the same maths on Ada and Hopper. On sm_90, 128-row or 128-key tiles spill at 255 registers; on sm_89
-# (mma.sync, operands in registers) 32 rows over 8 warps are needed, as for block_sparse_attend.
+# DEFAULT: the fastest launch the H200 sweep measured (benchmarks/results/fp8-attention.json, m64_n128_w4_s3). Both
+# launches spill no register on their card (ptxas on the JIT's specialization, tests/kernels/test_targets.py) and
+# share block_n, so a call computes the same maths on Ada and Hopper; ADA (sm_89: mma.sync, operands in registers)
+# keeps 32 rows over 8 warps, as block_sparse_attend does there (no Ada card has measured it).
 DEFAULT = Launch()
-ADA = Launch(block_m=32, block_n=64, num_warps=8, num_stages=2)
+ADA = Launch(block_m=32, block_n=128, num_warps=8, num_stages=2)
 
 
 def launch_for(device: torch.device) -> Launch:
@@ -109,12 +110,13 @@ def launch_for(device: torch.device) -> Launch:
 
 
 def quantized_tile(
-    q, k, v, factor, bias, m_i, l_i, acc, QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, EMULATE: tl.constexpr
-):
+    q, k, v, factor, limit, m_i, l_i, acc,
+    MASKED: tl.constexpr, QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, EMULATE: tl.constexpr,
+):  # fmt: skip
     """One key tile of the online softmax on quantized operands (a Triton device function; the fp8_attention and
     block_sparse_attend kernels call it). q (M, D) and k (N, D): e4m3, or int8 with QK_INT8 (an int8 dot with int32
-    accumulation, exact); `factor`: the scalar `scale_q * scale_k * softmax scale * log2(e)`; `bias` (N,): 0, or
-    -inf for a key that must weigh nothing. v: PV_FP8 e4m3 (D, N) (`quantize`'s transposed layout), else (N, D)
+    accumulation, exact); `factor`: the scalar `scale_q * scale_k * softmax scale * log2(e)`; with MASKED, keys
+    `limit` and later weigh nothing (their logits are -inf: padding past Tk), else `limit` is unread. v: PV_FP8 e4m3 (D, N) (`quantize`'s transposed layout), else (N, D)
     bf16. m_i (M,) running max in log2 units, l_i (M,) running sum, acc (M, D) fp32; returns the updated three.
     P = exp2(s - m) <= 1 is rounded to e4m3 as `P * 448` (PV_FP8) or to bf16; EMULATE rounds in fp32 bits for the
     CPU interpreter (module doc)."""
@@ -122,11 +124,14 @@ def quantized_tile(
         s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
     else:
         s = tl.dot(q, tl.trans(k))
-    s = s * factor + bias[None, :]  # (M, N) fp32, log2 units
+    s = s * factor  # (M, N) fp32, log2 units
+    if MASKED:
+        s = tl.where(tl.arange(0, k.shape[0])[None, :] < limit, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])  # <= 1
     l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+    acc = acc * alpha[:, None]  # the P.V dots accumulate into it: no second (M, D) fp32 tile
     if PV_FP8:
         p = p * 448.0
         if EMULATE:  # round to e4m3 in fp32 (the interpreter's conversion does not): 3 mantissa bits, or a
@@ -134,14 +139,14 @@ def quantized_tile(
             bits = p.to(tl.int32, bitcast=True)
             bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
             p = tl.where(p < 0.015625, (p + 16384.0) - 16384.0, bits.to(tl.float32, bitcast=True))
-        pv = tl.dot(p.to(tl.float8e4nv), tl.trans(v))
+        acc = tl.dot(p.to(tl.float8e4nv), tl.trans(v), acc)
     elif EMULATE:  # round to bf16 in fp32, then an fp32 dot (the interpreter's bf16 dots are wrong too)
         bits = p.to(tl.int32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000
-        pv = tl.dot(bits.to(tl.float32, bitcast=True), v.to(tl.float32), input_precision="ieee")
+        acc = tl.dot(bits.to(tl.float32, bitcast=True), v.to(tl.float32), acc, input_precision="ieee")
     else:
-        pv = tl.dot(p.to(tl.bfloat16), v)
-    return m_new, l_i, acc * alpha[:, None] + pv
+        acc = tl.dot(p.to(tl.bfloat16), v, acc)
+    return m_new, l_i, acc
 
 
 def _fp8_attention_fwd(
@@ -158,7 +163,6 @@ def _fp8_attention_fwd(
     b = bh // H
     h = bh % H
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
     d = tl.arange(0, D).to(tl.int64)
     q = tl.load(q_ptr + (bh * TQP + rows.to(tl.int64))[:, None] * D + d[None, :])  # (BLOCK_M, D) e4m3/int8, padded
     q_scale = tl.load(qs_ptr + bh * (TQP // QUANT) + (pid * BLOCK_M) // QUANT) * qk_scale
@@ -174,15 +178,17 @@ def _fp8_attention_fwd(
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.full((BLOCK_M,), 0.0, tl.float32)
     acc = tl.full((BLOCK_M, D), 0.0, tl.float32)
-    for start in tl.range(0, TK, BLOCK_N):
+    full = TK // BLOCK_N * BLOCK_N  # tiles of BLOCK_N real keys, then one masked tile for the rest
+    for start in tl.range(0, full, BLOCK_N):
         k = k_desc.load([start, 0])  # (BLOCK_N, D) e4m3 / int8
         factor = q_scale * tl.load(ks_ptr + bh * (TKP // QUANT) + start // QUANT)
-        bias = tl.where(start + cols < TK, 0.0, float("-inf"))  # keys past TK (zero padding) weigh nothing
-        if PV_FP8:
-            v = v_desc.load([0, start])  # (D, BLOCK_N) e4m3
-        else:
-            v = v_desc.load([start, 0])  # (BLOCK_N, D) bf16
-        m_i, l_i, acc = quantized_tile(q, k, v, factor, bias, m_i, l_i, acc, QK_INT8, PV_FP8, EMULATE)
+        v = v_desc.load([0, start]) if PV_FP8 else v_desc.load([start, 0])  # (D, BLOCK_N) e4m3 / (BLOCK_N, D) bf16
+        m_i, l_i, acc = quantized_tile(q, k, v, factor, 0, m_i, l_i, acc, False, QK_INT8, PV_FP8, EMULATE)
+    if full < TK:  # keys past TK (zero padding) weigh nothing
+        k = k_desc.load([full, 0])
+        factor = q_scale * tl.load(ks_ptr + bh * (TKP // QUANT) + full // QUANT)
+        v = v_desc.load([0, full]) if PV_FP8 else v_desc.load([full, 0])
+        m_i, l_i, acc = quantized_tile(q, k, v, factor, TK - full, m_i, l_i, acc, True, QK_INT8, PV_FP8, EMULATE)
     if PV_FP8:
         acc = acc * tl.load(vs_ptr + bh * D + d)[None, :]
     out = acc / l_i[:, None]
