@@ -2,24 +2,28 @@
 FlashAttention-4 (when importable), and block_sparse at 20 % exact block pairs with its exact blocks in low precision
 against block_sparse alone, at the Wan2.1-1.3B attention shape (1 x 12 heads x 32,760 tokens x 128, bf16).
 
-fp8_attention, per precision pair: each whole call (torch quantization + kernel) is timed A/B/A against cuDNN SDPA,
-and against FA4's `flash_attn_func` when `flash4_attention` finds it usable here (ratio with CI95, queued clock:
-calls back to back, as inside a forward); the kernel alone (`attend` on quantized operands) and the quantization
-alone with both clocks of `time_call`. TFLOP/s from `cost()` (dense-attention FLOPs, so arms compare directly).
-Relative L2 of each output against cuDNN's bf16 output on three inputs: iid normal q, k, v; `structured`
-(`sparse_attention.structured_qkv`: q and k share smooth positional features, as video attention does); `outliers`
-(`outlier_qkv`: RMS-normed q/k with a shared channel offset and 4 outlier channels, as a DiT's q/k norm leaves them).
-A launch sweep (`LAUNCHES`) times the kernel alone for the plugin's default pair (qk int8, pv fp8) at other tile
-sizes, warps and stages; the A/B/A arms use the shipped launch (`launch_for`).
+fp8_attention, per precision pair: each whole call (Triton quantization + kernel) is timed A/B/A against cuDNN
+SDPA, and against FA4's `flash_attn_func` when `flash4_attention` finds it usable here (ratio with CI95, queued
+clock: calls back to back, as inside a forward); the kernel alone (`attend` on quantized operands) and the
+quantization alone (`attention_quantize.quantize`, with its GB/s from `attention_quantize.cost`) with both clocks of
+`time_call`. TFLOP/s from `cost()` (dense-attention FLOPs, so arms compare directly). Relative L2 of each output
+against cuDNN's bf16 output on three inputs: iid normal q, k, v; `structured` (`sparse_attention.structured_qkv`: q
+and k share smooth positional features, as video attention does); `outliers` (`outlier_qkv`: RMS-normed q/k with a
+shared channel offset and 4 outlier channels, as a DiT's q/k norm leaves them). A launch sweep (`LAUNCHES`) times the
+kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages; the A/B/A arms use the shipped
+launch (`launch_for`). `compiled` lists what Triton's JIT built in this process for the attention and quantization
+kernels: launch, registers and spilled bytes per variant (from the JIT's cache; the CPU compile reports of
+`workbench.kernels.targets` should agree).
 
 block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
 low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued clock, each with its relative L2 against dense and
-against the exact arm. `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math
+against the exact arm; the plan (routing), the quantization and the attention kernel alone are timed apart. `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math
 backend, every arm and swept launch; the numbers say nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -32,6 +36,8 @@ from benchmarks.scenarios.sparse_attention import SMOKE_GRID, SMOKE_HEADS, struc
 from benchmarks.workloads import WAN_TOKENS_GRID, calls, rel_l2, tau_for
 from workbench.accelerations.attention import flash4_attention
 from workbench.evidence.timing import aba_rounds, time_call
+from workbench.kernels import attention_quantize as aq
+from workbench.kernels import block_sparse_attend
 from workbench.kernels import block_sparse_attention as bsa
 from workbench.kernels import fp8_attention as fa
 
@@ -39,13 +45,14 @@ NAME = "fp8-attention"
 SUMMARY = "low-bit attention (QK int8/e4m3 x PV fp8/bf16) vs cuDNN and FA4; block_sparse 20 % exact vs low-bit"
 GPUS = 1
 PAIRS = tuple((qk, pv) for qk in fa.QK_MODES for pv in fa.PV_MODES)
-SWEEP_PAIR = ("int8", "fp8")  # the plugin's defaults
+SWEEP_PAIRS = (("int8", "fp8"), ("int8", "bf16"))  # the plugin's default, and the lowest-error pair
 LAUNCHES = {
+    "m64_n128_w4_s3": fa.Launch(64, 128, 4, 3),  # shipped on sm_90
+    "m64_n128_w4_s2": fa.Launch(64, 128, 4, 2),
+    "m64_n128_w4_s4": fa.Launch(64, 128, 4, 4),
     "m64_n64_w4_s3": fa.Launch(64, 64, 4, 3),
-    "m128_n64_w8_s2": fa.Launch(128, 64, 8, 2),
-    "m128_n64_w8_s3": fa.Launch(128, 64, 8, 3),
-    "m64_n128_w4_s3": fa.Launch(64, 128, 4, 3),
     "m128_n128_w8_s2": fa.Launch(128, 128, 8, 2),
+    "m128_n128_w8_s3": fa.Launch(128, 128, 8, 3),
 }
 SPARSE_DENSITY = 0.20
 SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "bf16"), ("e4m3", "fp8"))
@@ -65,6 +72,36 @@ def outlier_qkv(tokens: int, heads: int, device: torch.device, dtype: torch.dtyp
         return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))).to(dtype)
 
     return normed(q), normed(k), v.to(dtype)
+
+
+COMPILED_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "ROWS", "QK_INT8", "PV_FP8", "LOWBIT", "INT8", "CHANNEL", "SMOOTH", "F32")
+
+
+def compiled_kernels() -> list[dict[str, Any]] | str:
+    """Every variant Triton's JIT compiled in this process for fp8_attention, attention_quantize and
+    block_sparse_attend: kernel name, the constexprs that pick the variant, warps, stages, registers per thread and
+    spilled bytes (ptxas' counts as the driver reports them). Read from the JIT's cache (Triton 3.x internals): a
+    string saying why when they cannot be read."""
+    rows = []
+    try:
+        for module in (fa, aq, block_sparse_attend):
+            jitted = module._KERNEL._jitted.get(False)
+            if jitted is None:
+                continue
+            for cache in jitted.device_caches.values():
+                for kernel in cache[0].values():
+                    kernel._init_handles()  # registers and spills are read when the binary is loaded
+                    names = kernel.src.fn.arg_names
+                    constants = {names[key[0]]: value for key, value in kernel.src.constants.items()}
+                    rows.append({
+                        "kernel": kernel.metadata.name,
+                        **{k: v for k, v in constants.items() if k in COMPILED_CONSTEXPRS},
+                        "num_warps": kernel.metadata.num_warps, "num_stages": kernel.metadata.num_stages,
+                        "registers": kernel.n_regs, "spill_bytes": kernel.n_spills,
+                    })  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - a diagnostic read of Triton internals must not fail the run
+        return f"not readable from this Triton's JIT cache: {type(error).__name__}: {error}"
+    return rows
 
 
 def _label(qk: str, pv: str) -> str:
@@ -108,20 +145,21 @@ def run(context: Context) -> Measurement:
     scale = fa.HEAD_DIM**-0.5
     for qk, pv in PAIRS:
         name = f"fp8_attention[{_label(qk, pv)}]"
-        z = fa.quantize(q, k, v, pv, qk=qk)
+        z = aq.quantize(q, k, v, pv, qk=qk)
         out = torch.empty_like(q)
         kernel = time_call(lambda z=z, out=out: fa.attend(z, out, tokens, scale), device, **clock)
-        quantize = time_call(lambda pv=pv, qk=qk: fa.quantize(q, k, v, pv, qk=qk), device, **clock)
+        quantize = time_call(lambda pv=pv, qk=qk: aq.quantize(q, k, v, pv, qk=qk), device, **clock)
         arms[name] = {
             "rel_l2_vs_dense": {
                 kind: rel_l2(fa.fp8_attention(*qkv, pv=pv, qk=qk), dense(*qkv)) for kind, qkv in inputs.items()
             },
             "kernel": kernel.to_dict(),
             "quantize": quantize.to_dict(),
+            "quantize_gbps": aq.cost(tuple(q.shape), pv, dtype) / quantize.median_s / 1e9,
             "kernel_tflops": flops / kernel.median_s / 1e12,
             "bytes_moved": fa.cost(tuple(q.shape), pv, dtype)[0],
         }
-        if (qk, pv) == SWEEP_PAIR:
+        if (qk, pv) in SWEEP_PAIRS:
             sweep = {}
             for label, launch in LAUNCHES.items():
                 timing = time_call(lambda z=z, out=out, launch=launch: fa.attend(z, out, tokens, scale, launch),
@@ -142,12 +180,16 @@ def run(context: Context) -> Measurement:
             arms[name]["queued_median_s"] = median
             arms[name]["tflops"] = flops / median / 1e12
         ratios.update({key: value.to_dict() for key, value in rounds.ratios().items()})
-    ratios.update(_block_sparse_arms(arms, inputs["structured"], SPARSE_PRECISIONS, dense, queued, context.rounds))
+    ratios.update(
+        _block_sparse_arms(arms, inputs["structured"], SPARSE_PRECISIONS, dense, queued, context.rounds, clock)
+    )
+    arms["compiled"] = compiled_kernels()
     notes.append(
-        "Whole calls A/B/A on the queued clock; `kernel` (attend alone) and `quantize` (torch ops) carry both "
-        "clocks. TFLOP/s count dense attention's 4*T*T*D per head for every arm. Relative L2 against cuDNN's bf16 "
+        "Whole calls A/B/A on the queued clock; `kernel` (attend alone) and `quantize` (the Triton quantizer) carry "
+        "both clocks. TFLOP/s count dense attention's 4*T*T*D per head for every arm. Relative L2 against cuDNN's bf16 "
         "output; `structured` and `outliers` q/k are synthetic, captured activations of a trained model differ. "
-        f"`launch_sweep` (kernel alone, {_label(*SWEEP_PAIR)}) against the shipped launch {fa.DEFAULT}. "
+        f"`launch_sweep` (kernel alone, {', '.join(_label(*p) for p in SWEEP_PAIRS)}) against the shipped launch "
+        f"{fa.DEFAULT}. "
         f"block_sparse@{SPARSE_DENSITY:.2f}: structured q/k, low-precision arms A/B/A against the exact arm."
     )
     if smoke:
@@ -157,9 +199,12 @@ def run(context: Context) -> Measurement:
     return Measurement(SUMMARY, shape, arms, ratios, notes)
 
 
-def _block_sparse_arms(arms: dict[str, Any], qkv: tuple, pairs: tuple, dense, queued, rounds: int) -> dict[str, Any]:
-    """block_sparse at SPARSE_DENSITY: the exact arm and one arm per (qk, pv) of `pairs` into `arms`; returns the
-    A/B/A ratios of the low-precision arms against the exact one."""
+def _block_sparse_arms(
+    arms: dict[str, Any], qkv: tuple, pairs: tuple, dense, queued, rounds: int, clock: dict[str, Any]
+) -> dict[str, Any]:
+    """block_sparse at SPARSE_DENSITY: the exact arm and one arm per (qk, pv) of `pairs` into `arms`, with the plan,
+    the quantization and the kernel alone timed by `time_call(**clock)`; returns the A/B/A ratios of the
+    low-precision arms against the exact one."""
     q, k, v = qkv
     chosen = tau_for(q, k, 0, SPARSE_DENSITY)
     tau, base = chosen["tau"], f"block_sparse@{SPARSE_DENSITY:.2f}"
@@ -167,15 +212,24 @@ def _block_sparse_arms(arms: dict[str, Any], qkv: tuple, pairs: tuple, dense, qu
     exact = bsa.block_sparse_attention(q, k, v, tau, 0)
     _, flops = bsa.cost(tuple(q.shape), chosen["density"])
     arms[base] = {**chosen, "rel_l2_vs_dense": rel_l2(exact, want)}
+    route = bsa.plan(q, k, v, tau, 0)
+    arms[base]["plan"] = time_call(lambda: bsa.plan(q, k, v, tau, 0), q.device, **clock).to_dict()
+    arms[base]["kernel"] = time_call(lambda: bsa.attend(q, k, v, route), q.device, **clock).to_dict()
     visits = {}
     for qk, pv in pairs:
         name = f"{base}[{_label(qk, pv)}]"
         out = bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
+        z = aq.quantize(q, k, v, pv, qk=qk)
+        smoothed = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
         arms[name] = {
             **chosen,
             "rel_l2_vs_dense": rel_l2(out, want),
             "rel_l2_vs_exact_blocks": rel_l2(out, exact),
             "bytes_moved": bsa.cost(tuple(q.shape), chosen["density"], q.dtype, qk, pv)[0],
+            "quantize": time_call(lambda qk=qk, pv=pv: aq.quantize(q, k, v, pv, qk=qk), q.device, **clock).to_dict(),
+            "kernel": time_call(
+                lambda z=z, r=smoothed: block_sparse_attend.attend(q, k, v, r, None, z), q.device, **clock
+            ).to_dict(),  # fmt: skip
         }
         visits[name] = lambda qk=qk, pv=pv: bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
     result = aba_rounds(
