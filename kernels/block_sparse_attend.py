@@ -21,7 +21,10 @@ Low precision (`attend(..., quantized=z)`, `block_sparse_attention(..., precisio
 call of `fp8_attention.quantized_tile` on z's int8/e4m3 q and k rows (the q8 tile and the per-128-token scales are
 loaded once per program; the 64-key block indexes the k scale) and z's e4m3 (transposed) or bf16 v; after the exact
 list the accumulator takes v's per-channel e4m3 scale, so the folded pass adds real-valued mean values to it. The
-folded pass runs as in the exact path, on q in its dtype.
+folded pass runs as in the exact path, on q in its dtype, which is loaded only then (not held in registers through
+the exact list). k and v are quantized once per call, before the kernel (`attention_quantize.quantize`, the dense
+kernel's operands); a visit only loads its one-byte tiles and one k scale. Only the last key block can hold keys
+past Tk: it is the list's last entry when exact, and the only masked tile.
 
 Contract against the dense torch maths of the same routing (`block_sparse_attention.reference`): equal up to
 rounding (fp32: ~1e-6; bf16: ~1e-2 absolute on unit-scale values, the output itself rounded to bf16).

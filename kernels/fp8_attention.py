@@ -18,8 +18,10 @@ The maths, in the order it happens:
    `scale_q * scale_k * scale * log2(e)` (one scalar per tile: BLOCK_M and BLOCK_N divide 128); online softmax in
    fp32 with exp2 (running max m, row sum l of the fp32 probabilities); P = exp2(s - m) <= 1: pv="fp8" rounds
    `P * 448` to e4m3 (P's row-block scale is 1/448: its amax is at most 1 by construction) and runs
-   `dot_fp8(P8, v8)`, pv="bf16" rounds P to bf16 and runs a bf16 dot, both with fp32 accumulation. The epilogue
-   divides by l and, for pv="fp8", multiplies each channel by `scale_v / 448`.
+   `dot_fp8(P8, v8)`, pv="bf16" rounds P to bf16 and runs a bf16 dot, both with fp32 accumulation into the running
+   accumulator (rescaled by the max's change first). Keys past Tk (q8/k8 padding) get -inf logits; only the last
+   tile holds any, so only it is masked. The epilogue divides by l and, for pv="fp8", multiplies each channel by
+   `scale_v / 448`.
 
 The quantization of P is per key tile against the running max, so the result depends on BLOCK_N (`reference` takes
 it); nothing else depends on the launch but float rounding order inside the dots.
@@ -95,7 +97,7 @@ class Launch:
             raise ValueError(f"fp8_attention: Launch.num_stages: {self.num_stages!r}; allowed: an int in 1..8")
 
 
-# DEFAULT: the fastest launch the H200 sweep measured (benchmarks/results/fp8-attention.json, m64_n128_w4_s3). Both
+# DEFAULT: the fastest launch of the first H200 sweep (benchmarks/results/fp8-attention.json, m64_n128_w4_s3). Both
 # launches spill no register on their card (ptxas on the JIT's specialization, tests/kernels/test_targets.py) and
 # share block_n, so a call computes the same maths on Ada and Hopper; ADA (sm_89: mma.sync, operands in registers)
 # keeps 32 rows over 8 warps, as block_sparse_attend does there (no Ada card has measured it).
@@ -116,10 +118,10 @@ def quantized_tile(
     """One key tile of the online softmax on quantized operands (a Triton device function; the fp8_attention and
     block_sparse_attend kernels call it). q (M, D) and k (N, D): e4m3, or int8 with QK_INT8 (an int8 dot with int32
     accumulation, exact); `factor`: the scalar `scale_q * scale_k * softmax scale * log2(e)`; with MASKED, keys
-    `limit` and later weigh nothing (their logits are -inf: padding past Tk), else `limit` is unread. v: PV_FP8 e4m3 (D, N) (`quantize`'s transposed layout), else (N, D)
-    bf16. m_i (M,) running max in log2 units, l_i (M,) running sum, acc (M, D) fp32; returns the updated three.
-    P = exp2(s - m) <= 1 is rounded to e4m3 as `P * 448` (PV_FP8) or to bf16; EMULATE rounds in fp32 bits for the
-    CPU interpreter (module doc)."""
+    `limit` and later weigh nothing (their logits are -inf: padding past Tk), else `limit` is unread. v: PV_FP8 e4m3
+    (D, N) (`quantize`'s transposed layout), else (N, D) bf16. m_i (M,) running max in log2 units, l_i (M,) running
+    sum, acc (M, D) fp32; returns the updated three. P = exp2(s - m) <= 1 is rounded to e4m3 as `P * 448` (PV_FP8) or
+    to bf16; EMULATE rounds in fp32 bits for the CPU interpreter (module doc)."""
     if QK_INT8:
         s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
     else:
