@@ -157,8 +157,8 @@ def _block_sparse_fwd(
             v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
             factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
             m_i, l_i, acc = quantized_tile(q8, k, v, factor, 0, m_i, l_i, acc, False, QK_INT8, PV_FP8, EMULATE)
-        for n in tl.range(n_full, n_exact):  # the partial last block, if exact: keys past TK weigh nothing
-            j = tl.load(idx_ptr + row * KB + n)
+        if n_full < n_exact:  # the partial last block is exact: keys past TK weigh nothing
+            j = tl.load(idx_ptr + row * KB + n_full)
             k = k_desc.load([j * BLOCK, 0])
             v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
             factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
