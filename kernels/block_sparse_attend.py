@@ -21,10 +21,9 @@ Low precision (`attend(..., quantized=z)`, `block_sparse_attention(..., precisio
 call of `fp8_attention.quantized_tile` on z's int8/e4m3 q and k rows (the q8 tile and the per-128-token scales are
 loaded once per program; the 64-key block indexes the k scale) and z's e4m3 (transposed) or bf16 v; after the exact
 list the accumulator takes v's per-channel e4m3 scale, so the folded pass adds real-valued mean values to it. The
-folded pass runs as in the exact path, on q in its dtype, which is loaded only then (not held in registers through
-the exact list). k and v are quantized once per call, before the kernel (`attention_quantize.quantize`, the dense
-kernel's operands); a visit only loads its one-byte tiles and one k scale. Only the last key block can hold keys
-past Tk: it is the list's last entry when exact, and the only masked tile.
+folded pass runs as in the exact path, on q in its dtype. k and v are quantized once per call, before the kernel
+(`attention_quantize.quantize`, the dense kernel's operands); a visit only loads its one-byte tiles and one k scale.
+Only the last key block can hold keys past Tk: it is the list's last entry when exact, and the only masked tile.
 
 Contract against the dense torch maths of the same routing (`block_sparse_attention.reference`): equal up to
 rounding (fp32: ~1e-6; bf16: ~1e-2 absolute on unit-scale values, the output itself rounded to bf16).
@@ -121,11 +120,13 @@ def _block_sparse_fwd(
     cols = tl.arange(0, BLOCK)
     d = tl.arange(0, D).to(tl.int64)
     row_ok = rows < TQ
-    q_ptrs = q_ptr + b * q_sb + h * q_sh + rows.to(tl.int64)[:, None] * q_st + d[None, :] * q_sd
-    if not LOWBIT:  # (the low-precision exact blocks read q8: q is loaded for the folded pass only, after them)
-        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # (ROWS, D)
-        if F32:
-            q = q.to(tl.float32)
+    q = tl.load(
+        q_ptr + b * q_sb + h * q_sh + rows.to(tl.int64)[:, None] * q_st + d[None, :] * q_sd,
+        mask=row_ok[:, None],
+        other=0.0,
+    )  # (ROWS, D)
+    if F32:
+        q = q.to(tl.float32)
     m_i = tl.full((ROWS,), float("-inf"), tl.float32)
     l_i = tl.full((ROWS,), 0.0, tl.float32)
     acc = tl.full((ROWS, D), 0.0, tl.float32)
@@ -165,9 +166,6 @@ def _block_sparse_fwd(
             m_i, l_i, acc = quantized_tile(
                 q8, k, v, factor, TK - j * BLOCK, m_i, l_i, acc, True, QK_INT8, PV_FP8, EMULATE
             )
-        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-        if F32:
-            q = q.to(tl.float32)
     else:
         for n in tl.range(0, n_exact):
             j = tl.load(idx_ptr + row * KB + n)
