@@ -22,8 +22,8 @@ call of `fp8_attention.quantized_tile` on z's int8/e4m3 q and k rows (the q8 til
 loaded once per program; the 64-key block indexes the k scale) and z's e4m3 (transposed) or bf16 v; after the exact
 list the accumulator takes v's per-channel e4m3 scale, so the folded pass adds real-valued mean values to it. The
 folded pass runs as in the exact path, on q in its dtype. k and v are quantized once per call, before the kernel
-(`attention_quantize.quantize`, the dense kernel's operands); a visit only loads its one-byte tiles and one k scale.
-Only the last key block can hold keys past Tk: it is the list's last entry when exact, and the only masked tile.
+(`attention_quantize.quantize`, the dense kernel's operands); a visit only loads its one-byte tiles and one k scale,
+and masks the logits of keys past Tk (a select per logit: fewer registers than a separate masked last tile).
 
 Contract against the dense torch maths of the same routing (`block_sparse_attention.reference`): equal up to
 rounding (fp32: ~1e-6; bf16: ~1e-2 absolute on unit-scale values, the output itself rounded to bf16).
@@ -147,19 +147,9 @@ def _block_sparse_fwd(
     if LOWBIT:  # quantize's padded q8 rows and the per-128-token scales (module doc: low precision)
         q8 = tl.load(q8_ptr + (bh.to(tl.int64) * TQP + rows.to(tl.int64))[:, None] * D + d[None, :])
         q_scale = tl.load(qs_ptr + bh.to(tl.int64) * (TQP // QUANT) + (part * ROWS) // QUANT) * qk_scale
-        # the entries whose 64 keys are all real run unmasked; only key block KB - 1 can be partial, and when it is
-        # exact it is the list's last entry
-        last = tl.load(idx_ptr + row * KB + n_exact - 1, mask=n_exact > 0, other=0)
-        n_full = n_exact - ((TK % BLOCK != 0) & (n_exact > 0) & (last == KB - 1)).to(tl.int32)
         ks_base = ks_ptr + bh.to(tl.int64) * (TKP // QUANT)
-        for n in tl.range(0, n_full):
+        for n in tl.range(0, n_exact):
             j = tl.load(idx_ptr + row * KB + n)
-            k = k_desc.load([j * BLOCK, 0])
-            v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
-            factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
-            m_i, l_i, acc = quantized_tile(q8, k, v, factor, 0, m_i, l_i, acc, False, QK_INT8, PV_FP8, EMULATE)
-        if n_full < n_exact:  # the partial last block is exact: keys past TK weigh nothing
-            j = tl.load(idx_ptr + row * KB + n_full)
             k = k_desc.load([j * BLOCK, 0])
             v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
             factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
