@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from benchmarks.scenarios import (
+    fanout,
     forward_h3,
     forward_wan,
     fp8_attention,
@@ -24,6 +25,6 @@ from benchmarks.scenarios import (
 
 MODULES: tuple[ModuleType, ...] = (
     forward_wan, forward_h3, request_wan, sparse_attention, fp8_attention, kernels, relayout, portability, parallel,
-    memory, ring,
+    memory, ring, fanout,
 )  # fmt: skip
 SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}
