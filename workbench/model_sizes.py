@@ -6,8 +6,10 @@ parameter counts of its large components. `meta_model(name)` builds its diffuser
 below with every tensor on the meta device (shapes and dtypes, no storage), cast as `from_pretrained(torch_dtype=
 torch.bfloat16)` casts (diffusers models keep their `_keep_in_fp32_modules` in float32, transformers models their
 `_keep_in_fp32_modules_strict`), inside a `LoadedModel` whose defaults are the reference request: `memory_plan.plan_for`
-plans it exactly as it plans the loaded checkpoint. `plan(name, memory)` is that plan; tokenizers and schedulers are
-left out (they hold no weights).
+plans it exactly as it plans the loaded checkpoint. `plan(name, memory)` is that plan, `card_plans()` every release's
+plan on every named card; tokenizers and schedulers are left out (they hold no weights). The build runs under
+transformers' `no_init_weights` (torch's init functions are no-ops meanwhile, in every thread; the transformers models'
+tied weights are tied after it): initialising meta tensors is moot, and it is most of the build's time.
 
 Where the numbers come from (the public checkpoints' config.json files and file listings, read as text; diffusers'
 class defaults where they equal the published config):
@@ -237,14 +239,19 @@ def _cast_like_from_pretrained(module: torch.nn.Module, dtype: torch.dtype) -> N
 def meta_model(name: str) -> Any:
     """The released model `name` (a key of `RELEASED`) as a `LoadedModel` whose every tensor is on the meta device,
     bf16 as loaded, with the reference request as its defaults. Built once per process (a few seconds for all)."""
+    from transformers import PreTrainedModel
+    from transformers.initialization import no_init_weights
+
     from workbench.models import families
     from workbench.models.loaded import LoadedModel
 
     released = _released(name)
     family = families()[released.family]
-    with torch.device("meta"):
+    with torch.device("meta"), no_init_weights():  # initialising meta tensors is moot, and slow on the CPU
         modules, kwargs = released.build()
     for module in modules.values():
+        if isinstance(module, PreTrainedModel):
+            module.tie_weights()  # `init_weights` ties them, and `no_init_weights` skipped it
         _cast_like_from_pretrained(module, torch.bfloat16)
         module.eval().requires_grad_(False)
     if released.family == "h3":
@@ -271,6 +278,23 @@ def plan(name: str, memory: Any) -> Any:
     from workbench.memory_plan import MemoryBudget, plan_for
 
     return plan_for(meta_model(name), MemoryBudget.of(memory), reference_request(name))
+
+
+@functools.cache
+def card_plans() -> dict[str, dict[str, Any]]:
+    """card name (`workbench.cards.CARDS`) -> released model -> its `plan` under that card's memory, or None where
+    the planner refuses the card (its memory below the plan's `minimum_cap`). Computed once per process."""
+    from workbench.cards import CARDS
+
+    plans: dict[str, dict[str, Any]] = {}
+    for card in CARDS:
+        plans[card] = {}
+        for name in RELEASED:
+            try:
+                plans[card][name] = plan(name, card)
+            except ValueError:  # "memory: a cap of ... cannot hold this model and request"
+                plans[card][name] = None
+    return plans
 
 
 def _released(name: str) -> Released:
