@@ -24,15 +24,18 @@ class defaults where they equal the published config):
   heads x 128, audio 32 x 64, caption width 3840; video VAE, audio VAE (audio_vae/config.json: base 128, ch_mult
   1, 2, 4), vocoder (1024 wide, upsampling 6, 5, 2, 2, 2 to 24 kHz) and text connectors (2 layers of 30 x 128, 128
   registers, projection factor 49): diffusers' class defaults, the published configs and diffusers'
-  scripts/convert_ltx2_to_diffusers.py "2.0" configs alike; text encoder Gemma-3 12B (google/gemma-3-12b-it
-  config.json: hidden 3840, FFN 15360, 48 layers, 16 heads / 8 KV heads of 256, vocabulary 262,208, tied embeddings;
-  SigLIP vision tower 27 layers of 1152, FFN 4304, 896 px in patches of 14). Documented: 19B (the transformer), 12.2B
-  (Gemma-3 12B).
-- MiniMax-H3 (MiniMaxAI/MiniMax-H3): transformer/config.json and vae/config.json equal diffusers' class defaults
-  (hidden 5376, 50 layers, 56 heads x 128, FFN 14336; VAE latent 24, decoder 36 layers of 32 x 64), the audio VAE its
-  class default; the conditioner is the full Qwen3-VL-32B (hidden 5120, FFN 25600, 64 layers, 64 heads / 8 KV heads
-  of 128, vocabulary 151,936, untied head; vision 27 layers of 1152, FFN 4304, patch 16, output 5120), of which H3
-  reads hidden state 50. Documented: 33.1B (the transformer, model card), 62 GiB in bf16 (the text_encoder folder).
+  scripts/convert_ltx2_to_diffusers.py "2.0" configs alike; text encoder Gemma-3 12B (its published
+  configuration: hidden 3840, FFN 15360, 48 layers, 16 heads / 8 KV heads of 256, vocabulary 262,208, tied embeddings;
+  SigLIP vision tower 27 layers of 1152, FFN 4304, 896 px in patches of 14). Documented: 19B (the transformer, the
+  release's ltx-2-19b checkpoint), 12.2B (Gemma-3 12B's model card).
+- MiniMax-H3 (MiniMaxAI/MiniMax-H3): vae/config.json equals `AutoencoderKLMiniMaxH3`'s defaults (latent 24, decoder
+  36 layers of 32 x 64); the transformer is `MiniMaxH3Transformer3DModel`'s default (hidden 5376, 50 layers, 56 heads
+  x 128, FFN 14336), whose 33.1B parameters are the model card's; the audio VAE is `AutoencoderKLMiniMaxH3Audio`'s
+  default (not checked against the release); the conditioner is the whole Qwen3-VL-32B (its config.json: hidden 5120,
+  FFN 25600, 64 layers, 64 heads / 8 KV heads of 128, vocabulary 151,936, untied head; vision 27 layers of 1152, FFN
+  4304, patch 16, output 5120), of which H3 reads hidden state 50 (diffusers' MiniMax-H3 docs: the full checkpoint is
+  loaded). Documented: 33.1B (the transformer), 62 GiB in bf16 (the text_encoder folder, as InvokeAI's MiniMax-H3
+  loader, lstein/InvokeAI#146, reports it).
 
 Reference requests: Wan at 480x832, 81 frames (the family defaults: 50 steps, CFG 5); LTX-2 at its pipeline's
 defaults, 512x768, 121 frames, 40 steps, CFG 4; MiniMax-H3 at the benchmarks' packing (`benchmarks/scenarios/
