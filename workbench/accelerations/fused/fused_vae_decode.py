@@ -13,7 +13,7 @@ lever, each with its contract:
   algorithms, other summation orders (the norms too).
 - `norm` "torch" (default) or "triton": the residual blocks' and the head's RMS norm + SiLU as the `rms_norm_silu`
   kernel (kernels/rms_norm_silu.py). `reduction`: its sum of squares is summed in another order, so an element is
-  torch's or one ulp of the dtype away before the next convolution; those differences travel through the decoder.
+  torch's or an ulp or two of the dtype away before the next convolution; those differences travel through the decoder.
 
 The contract a handle reports (`report()["contract"]`) is that of its options: `bitwise` unless channels_last or the
 Triton norm is on; the registry's `contract` is the weaker, `reduction`. Bounds tested on the CPU

@@ -18,7 +18,7 @@ attribute; `decode`, its hooks and slicing stay diffusers') by the same maths wi
   convolution algorithms and reduction orders (and norms reduced along the inner dimension): not bit-equal
   (`reduction`).
 - `norm="triton"`: each residual block's and the head's `WanRMS_norm` + SiLU as one `rms_norm_silu` kernel writing
-  into the convolution buffer (its sum of squares in another order: `reduction`, at most one ulp per element, see
+  into the convolution buffer (its sum of squares in another order: `reduction`, an element torch's or an ulp or two away, see
   kernels/rms_norm_silu.py). `"torch"`: the module's own norm, SiLU written into the buffer with `silu.out` on CUDA
   (one elementwise kernel whatever the strides); on a CPU into a temporary then copied, because torch's CPU SiLU rounds
   differently in its vectorised and scalar loops and the buffer's strides would pick other loops for some elements.
