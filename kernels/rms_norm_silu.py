@@ -36,6 +36,7 @@ from workbench.kernels._runtime import ROUNDING, LazyKernel, check_float, check_
 
 MAX_CHANNELS = 2048
 TILE = 4096  # channels x positions per program (compiled); under the interpreter one program takes INTERPRET_TILE
+POSITIONS_OUTER = 32  # positions per program at least when channels are strided (NCDHW): 64-byte runs along W
 INTERPRET_TILE = 32768
 
 
@@ -166,14 +167,17 @@ def rms_norm_silu(
     if positions == 0:
         return out
     block_c = triton.next_power_of_2(c)
-    block_p = max(1, (INTERPRET_TILE if interpreting() else TILE) // block_c)
+    channels_inner = x.stride(1) == 1 and c > 1
+    block_p = max(1 if channels_inner else POSITIONS_OUTER, TILE // block_c)  # channels outer: runs along W
+    if interpreting():
+        block_p = max(1, INTERPRET_TILE // block_c)
     block_p = min(block_p, triton.next_power_of_2(positions))
     grid = (triton.cdiv(positions, block_p),)
     _KERNEL[grid](
         x, gamma, bias_tensor, out, positions, c, t, h, w, *x.stride(), *out.stride(),
         float(c**0.5 if scale is None else scale), 0.0 if has_bias else float(bias), float(eps),
         HAS_BIAS=has_bias, ROUND=ROUNDING[x.dtype], OUT_BF16=x.dtype == torch.bfloat16,
-        CHANNELS_INNER=x.stride(1) == 1 and c > 1, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4, enable_fp_fusion=False,
+        CHANNELS_INNER=channels_inner, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8 if block_p * block_c > TILE else 4, enable_fp_fusion=False,
     )  # fmt: skip
     return out
 

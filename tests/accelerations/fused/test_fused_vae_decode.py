@@ -66,7 +66,8 @@ def test_fused_vae_decode_bitwise_equal_in_a_request_and_uninstall_restores(sess
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_vae_decode_levers_bitwise_or_within_bound_of_stock(monkeypatch, rng, dtype):
     """Wide VAE, 3 latent frames (the time upsamplers' first, second and steady chunks): buffer and stock cache are
-    torch.equal to diffusers; channels_last and the Triton norm (interpreter) within REL_L2, reported `reduction`."""
+    torch.equal to diffusers; channels_last (and in fp32 with the Triton norm, interpreted) within REL_L2, reported
+    `reduction`."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     model = _wide(int(rng.integers(2**20)), dtype)
     vae = model.pipeline.vae
@@ -77,7 +78,10 @@ def test_fused_vae_decode_levers_bitwise_or_within_bound_of_stock(monkeypatch, r
         got, report = _decode(model, options, z)
         assert torch.equal(got, want), options
         assert report["contract"] == "bitwise"
-    for options in ({"channels_last": True}, {"channels_last": True, "norm": "triton", "conv_cache": "stock"}):
+    levers = [{"channels_last": True}]
+    if dtype == torch.float32:  # the interpreter is slow; fp32 has the tighter bound
+        levers.append({"channels_last": True, "norm": "triton", "conv_cache": "stock"})
+    for options in levers:
         got, report = _decode(model, options, z)
         rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
         assert rel <= REL_L2[dtype], f"{options}: rel L2 {rel:.2e} > {REL_L2[dtype]}"
