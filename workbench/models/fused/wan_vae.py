@@ -148,12 +148,12 @@ class WanDecode:
                     form = torch.channels_last_3d if isinstance(module, torch.nn.Conv3d) else torch.channels_last
                     module.weight.data = module.weight.data.contiguous(memory_format=form)
                     self.relaid.append(module.weight)
-        vae.__dict__["_decode"] = self._decode
+        vae._decode = self._decode  # an instance attribute (Module.__setattr__ keeps non-tensors in __dict__)
 
     def remove(self) -> None:
         """Put `_decode` and the weights' layout back (the same values, contiguous as loaded)."""
         if self.vae.__dict__.get("_decode") == self._decode:
-            del self.vae.__dict__["_decode"]
+            del self.vae._decode
         for weight in self.relaid:
             weight.data = weight.data.contiguous()
         self.relaid.clear()
