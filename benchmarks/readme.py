@@ -5,6 +5,9 @@ A block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->`:
   kind, contract, one-line summary, options with their defaults (`*`: required, no default);
 - `cards`: the named cards of `workbench.cards` (memory, compute capability, FP8) and what the exact-fast profile
   leaves out on each per family (`profiles.card_plan`, from the plugins' declared capabilities);
+- `fits`: per named card and released model size (`workbench.model_sizes`), the memory planner's arrangement for one
+  whole request at the model's reference size (bf16 weights, estimated activations), or "no" with the smallest cap
+  that fits; then what `ring.json` measured under a cap, when present;
 - `headline`: the headline ratios of `HEADLINE` from `benchmarks/results/<scenario>.json` (current envelope only),
   each with its CI95, device and date; a result that is missing is left out, never filled in.
 """
@@ -12,6 +15,7 @@ A block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->`:
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -64,6 +68,83 @@ def cards_table() -> list[str]:
     return lines
 
 
+def fits_table(results: Path) -> list[str]:
+    """One row per named card, one column per released model size (`workbench.model_sizes.card_plans`: the planner's
+    plan, "no" with the smallest cap that fits where it refuses the card), the requests, weights and smallest caps
+    above, a legend, and the capped forwards `results/ring.json` measured (left out when missing or a smoke run)."""
+    from workbench.cards import CARDS
+    from workbench.memory_plan import footprint
+    from workbench.model_sizes import RELEASED, card_plans, meta_model, plan, reference_request
+
+    requests, weights, smallest = [], [], {}
+    for name in RELEASED:
+        request = reference_request(name)
+        cfg = f", CFG {request.guidance:g}" if request.guidance is not None and request.guidance > 1 else ""
+        requests.append(f"{request.height}x{request.width}, {request.frames} frames, {request.steps} steps{cfg}")
+        fp = footprint(meta_model(name), request)
+        weights.append(sum(fp.components.values()) + sum(map(sum, fp.blocks.values())) + sum(fp.denoiser_rest.values()))
+        smallest[name] = plan(name, 2**50).minimum_cap
+    lines = [
+        "| card (`memory=`) | " + " | ".join(RELEASED) + " |",
+        "|---" * (len(RELEASED) + 1) + "|",
+        "| request | " + " | ".join(requests) + " |",
+        "| bf16 weights | " + " | ".join(map(_gib_up, weights)) + " |",
+        "| smallest cap that fits | " + " | ".join(map(_gib_up, smallest.values())) + " |",
+    ]
+    for card, plans in card_plans().items():
+        cells = [_cell(p) if p else f"no (needs {_gib_up(smallest[name])})" for name, p in plans.items()]
+        lines.append(f"| `{card}` ({CARDS[card].memory // 2**30} GiB) | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Planner estimates, not measurements: `workbench.memory_plan.plan_for` on each release built from its published "
+        "configuration on the meta device (`workbench.model_sizes`, which names the reference requests), activation "
+        "peaks from the planner's formulas, 10 % of the card kept as headroom. `resident`: everything stays on the "
+        "card; `offload X`: X waits in host memory between its stages; `ring S/N`: S of the denoiser's N blocks "
+        "stream from pinned host memory each forward (`block_ring`, one per expert on Wan2.2); `tiled decode`: the "
+        "VAE decodes in tiles.",
+    ]
+    return lines + _measured_under_cap(results)
+
+
+def _gib_up(value: int) -> str:
+    return f"{math.ceil(value / 2**30 * 10) / 10:.1f} GiB"
+
+
+def _cell(plan: Any) -> str:
+    parts = [f"offload {'+'.join(plan.offloaded)}"] if plan.offloaded else []
+    rings = [f"{len(plan.streamed_blocks[d])}/{n}" for d, n in plan.block_counts.items() if plan.streamed_blocks[d]]
+    parts += [f"ring {' + '.join(rings)}"] if rings else []
+    parts += ["tiled decode"] if plan.tiled_decode else []
+    return ", ".join(parts) or "resident"
+
+
+def _measured_under_cap(results: Path) -> list[str]:
+    """A line on the block-ring arms of `results/ring.json` (current envelope, not a smoke run) that ran under their
+    cap with output equal to resident, or nothing."""
+    from workbench.model_sizes import RELEASED, plan
+
+    path = results / "ring.json"
+    record = json.loads(path.read_text()) if path.exists() else {}
+    arms = [
+        arm
+        for arm in (record.get("arms") or {}).values()
+        if "block_ring" in (arm.get("config") or {}) and arm.get("under_cap") and arm.get("equal_to_resident")
+    ]
+    if record.get("format") != FORMAT or record.get("smoke") or not arms:
+        return []
+    shape, device = record.get("shape") or {}, (record.get("device") or {}).get("name", "?")
+    h3 = next(name for name, released in RELEASED.items() if released.family == "h3")
+    return [
+        "",
+        f"Measured (`benchmarks/results/ring.json`, {device}, {str(record.get('date', '?'))[:10]}): the MiniMax-H3 "
+        f"transformer forward alone ({shape.get('rows', '?'):,} rows; no text encoder, no decode) ran with the block "
+        f"ring under caps of {' and '.join(_gib_up(arm['cap_bytes']) for arm in arms)} (peaks "
+        f"{' and '.join(_gib_up(arm['peak_bytes']) for arm in arms)}, output equal to resident); activation peak "
+        f"{_gib_up(shape.get('activation_bytes', 0))} ({shape.get('activation_source', '?')}; the planner's estimate "
+        f"for the {h3} column: {_gib_up(plan(h3, 2**50).activation['denoise'])}).",
+    ]
+
+
 def headline_table(results: Path) -> list[str]:
     """The `HEADLINE` ratios found in `results` (current envelope), in `HEADLINE`'s order."""
     lines = ["| measurement | speed-up | CI95 | device, date |", "|---|---|---|---|"]
@@ -83,7 +164,12 @@ def headline_table(results: Path) -> list[str]:
 
 def render(text: str, results: Path) -> str:
     """`text` (the README) with its generated blocks rewritten. ValueError if a block's markers are missing."""
-    blocks = (("plugins", plugins_table()), ("cards", cards_table()), ("headline", headline_table(results)))
+    blocks = (
+        ("plugins", plugins_table()),
+        ("cards", cards_table()),
+        ("fits", fits_table(results)),
+        ("headline", headline_table(results)),
+    )
     for name, lines in blocks:
         pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)", re.DOTALL)
         if not pattern.search(text):

@@ -22,8 +22,8 @@ peak is at most `cap * (1 - headroom)`; the headroom is for the allocator's frag
 Activation estimates (bytes; `b` is the element size of the module's weights). Rough on purpose and documented so a
 measured value can replace them (`measured_activation(result, plan)` reads them back from a Result):
 - denoise: `rows * b * max(8 * D, 2 * D + 3 * F)` with `rows` from `Family.denoise_shape` (tokens of one denoiser
-  forward, CFG batch included), `D` a block's width (the most common `in_features` of its Linears) and `F` its widest
-  Linear: inside a block, the residual, the norm output, q, k, v, the attention output and rotary temporaries (~8 D
+  forward, CFG batch included), `D` a block's width (the most common `in_features` of its Linears) and `F` its
+  feed-forward width (the widest input of a Linear back to `D`): inside a block, the residual, the norm output, q, k, v, the attention output and rotary temporaries (~8 D
   per row), or the residual, the norm output and the feed-forward's up / gate / product (2 D + 3 F per row).
 - text_encode: the same per-row formula on the text encoder's Linears, for `TEXT_ROWS` rows.
 - video_decode / image_encode: `b * frames * height * width * C * 3`, `C` the input channels of the decoder's last
@@ -291,12 +291,15 @@ def _evaluate(
 
 
 def _linear_widths(module: torch.nn.Module) -> tuple[int, int, int]:
-    """(D, F, element bytes) of a module's Linears: the most common input width, the widest output."""
+    """(D, F, element bytes) of a module's Linears: D the most common input width; F the feed-forward width, the
+    widest input of a Linear back to D (the down projection; a conditioning projection such as an adaLN one that
+    widens D many times but runs on one row per sample does not count), D when there is none."""
     linears = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
     if not linears:
         return 0, 0, 0
     width = Counter(m.in_features for m in linears).most_common(1)[0][0]
-    return width, max(m.out_features for m in linears), linears[0].weight.element_size()
+    ffn = max((m.in_features for m in linears if m.out_features == width), default=width)
+    return width, max(ffn, width), linears[0].weight.element_size()
 
 
 def _per_row(module: torch.nn.Module) -> int:

@@ -229,8 +229,8 @@ class Session:
         finally:
             self.active_request = None
             self._lock.release()
-            gc.collect()
-            if self.device.type == "cuda":
+            if self.device.type == "cuda":  # cycles holding device tensors go before the cache is emptied
+                gc.collect()
                 torch.cuda.empty_cache()
 
     def _run(self, request: Request, request_id: int, progress: bool, allow_non_finite: bool) -> Result:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from benchmarks.scenarios import (
+    fanout,
     forward_h3,
     forward_wan,
     fp8_attention,
@@ -20,10 +21,11 @@ from benchmarks.scenarios import (
     request_wan,
     ring,
     sparse_attention,
+    vae_decode,
 )
 
 MODULES: tuple[ModuleType, ...] = (
     forward_wan, forward_h3, request_wan, sparse_attention, fp8_attention, kernels, relayout, portability, parallel,
-    memory, ring,
+    memory, ring, fanout, vae_decode,
 )  # fmt: skip
 SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}

@@ -37,6 +37,7 @@ INSTALLS = {
         "fused_block_norms",
         "adaln_precompute",
         "block_ring",
+        "fused_vae_decode",
     ),
     "tiny-ltx2": (
         "attention_backend",
@@ -56,6 +57,7 @@ OPTIONS = {
     "teacache": {"rel_l1_thresh": 0.1},
     "mag_cache": {"calibrate": True},
     "selective_fp8": {"include": ["blocks.*"]},
+    "fused_vae_decode": {"channels_last": True},  # rebinds weights too: a fault after that must put them back
 }
 REQUEST = Request("a red circle moves left", seed=11, steps=2, frames=9, height=32, width=32)
 

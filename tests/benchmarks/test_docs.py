@@ -45,6 +45,7 @@ def test_docs_command_writes_the_page_and_refuses_a_non_object(tmp_path, capsys)
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- generated:plugins -->\nSTALE\n<!-- /generated:plugins -->\n"
                       "<!-- generated:cards -->\nSTALE\n<!-- /generated:cards -->\n"
+                      "<!-- generated:fits -->\nSTALE\n<!-- /generated:fits -->\n"
                       "<!-- generated:headline -->\nSTALE\n<!-- /generated:headline -->\nend\n")  # fmt: skip
     assert main(["docs", "--results", str(results), "--out", str(tmp_path / "m.md"), "--readme", str(readme)]) == 0
     assert "(earlier format)" in (tmp_path / "m.md").read_text()
@@ -58,11 +59,11 @@ def test_docs_command_writes_the_page_and_refuses_a_non_object(tmp_path, capsys)
 
 
 def test_readme_generated_blocks_are_current():
-    """The README's plugin table, cards table and headline figures are what `python -m benchmarks docs` writes from the registry
+    """The README's plugin table, cards and fits tables and headline figures are what `python -m benchmarks docs` writes from the registry
     and benchmarks/results/ now: a new plugin or result without regenerating fails here."""
     root = Path(__file__).resolve().parents[2]
     text = (root / "README.md").read_text()
     assert blocks(render(text, root / "benchmarks" / "results")) == blocks(text)
-    assert set(blocks(text)) == {"plugins", "cards", "headline"}
+    assert set(blocks(text)) == {"plugins", "cards", "fits", "headline"}
     with pytest.raises(ValueError, match="markers of the generated block 'plugins'"):
         render("no markers here", root / "benchmarks" / "results")

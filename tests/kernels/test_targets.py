@@ -18,6 +18,7 @@ from workbench.kernels import (
     layernorm_modulate,
     qk_norm_rope,
     relayout,
+    rms_norm_silu,
 )
 from workbench.kernels.targets import TARGETS, compile_for, record, target_for
 
@@ -63,6 +64,11 @@ EXAMPLES = {
     "qk_norm_rope": lambda: qk_norm_rope.qk_norm_rope(_rows(), torch.ones(C, dtype=BF16), 1e-6, *_freqs(), H),
     "rope_only": lambda: qk_norm_rope.rope_only(_heads(), *_freqs()),
     "pack_qkv": lambda: relayout.pack_qkv(_heads(), _heads(), _heads(), 2),
+    "rms_norm_silu": lambda: rms_norm_silu.rms_norm_silu(  # the Wan VAE's widest norm, into a padded conv buffer
+        torch.zeros(1, 384, 2, 60, 104, dtype=BF16),
+        torch.ones(384, dtype=BF16),
+        out=torch.zeros(1, 384, 4, 62, 106, dtype=BF16)[:, :, 2:, 1:-1, 1:-1],
+    ),
     "merge_heads": lambda: relayout.merge_heads(torch.zeros(2, B, T // 2, H // 2, D, dtype=BF16), 2),
     "quantize_rows": lambda: fp8_rowwise.quantize_rows(torch.zeros(T, C, dtype=BF16)),
     "block_sparse_attention": lambda: block_sparse_attention.block_sparse_attention(
@@ -105,7 +111,7 @@ def test_every_kernel_has_an_example_and_records_its_shipped_launch(hopper):
     assert {
         "_modulate", "_gated_residual", "_head_norm_rope", "_layernorm_modulate", "_tiled_qk_norm_rope",
         "_row_qk_norm_rope", "_tiled_copy", "_quantize_rows", "_block_means_qkv", "_compact", "_block_sparse_fwd",
-        "_fp8_attention_fwd", "_quantize_fwd",
+        "_fp8_attention_fwd", "_quantize_fwd", "_rms_norm_silu",
     } <= recorded  # fmt: skip
     attention = next(x for x in launches["block_sparse_attention"] if x.name == "_block_sparse_fwd")
     assert attention.options == {"num_warps": 4, "num_stages": 3} and attention.constexprs["D"] == D

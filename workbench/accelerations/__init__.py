@@ -36,6 +36,7 @@ PLUGINS = (
     "fused.fused_block_ops",
     "fused.fused_block_norms",
     "fused.gelu_epilogue",
+    "fused.fused_vae_decode",
     "caching.adaln_precompute",
     "parallel.context_parallel",
 )

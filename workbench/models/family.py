@@ -83,6 +83,19 @@ class FusedBlocks:
 
 
 @dataclass(frozen=True)
+class VaeDecode:
+    """The family's own decode path for its VAE (`workbench.models.fused.<family>_vae`), installed by fused_vae_decode.
+
+    - `check(vae)`: why this VAE cannot take it now (another class or configuration, hooks, a replaced decode), or None.
+    - `install(vae, options, receipt)` -> `remove()`: replaces the VAE's decode with the path for the plugin's options
+      (`conv_cache`, `channels_last`, `norm`), counting into `receipt`; `remove()` puts back what it changed.
+    """
+
+    check: Callable[[Any], str | None] = field(repr=False)
+    install: Callable[[Any, dict[str, Any], Any], Callable[[], None]] = field(repr=False)
+
+
+@dataclass(frozen=True)
 class Family:
     """A diffusers pipeline family: request defaults, the geometry rules its VAE imposes, its stages.
 
@@ -98,6 +111,7 @@ class Family:
       (rotary and q/k are the processor's own; None: the family offers none).
     - `teacache`: TeaCache's indicator and the rescale coefficients fitted on this family (None: not wired).
     - `fused`: the block forwards the fused-kernel plugins install (None: not wired).
+    - `vae_decode`: the VAE decode path fused_vae_decode installs (None: not wired).
     - `timestep_embedder`: the denoiser attribute of a Wan-style `WanTimeTextImageEmbedding` (adaln_precompute).
     - `unsupported`: plugin name -> why this family cannot take it, for what the structure above does not say
       (a diffusers processor that ignores fused weights, a third-party package that rejects the pipeline).
@@ -137,6 +151,7 @@ class Family:
     text_cross_attention: tuple[str, ...] = ()
     teacache: TeaCache | None = None
     fused: FusedBlocks | None = None
+    vae_decode: VaeDecode | None = None
     timestep_embedder: str | None = None
     unsupported: Mapping[str, str] = field(default_factory=dict)
     exact_fast: tuple[tuple[str, dict[str, Any]], ...] = ()

@@ -16,7 +16,16 @@ from diffusers import (
 )
 from transformers import T5TokenizerFast, TokenizersBackend, UMT5Config, UMT5EncoderModel
 
-from workbench.models.family import Family, SelfAttention, TeaCache, block_arg, load_pipeline, read_workbench_file
+from workbench.models.family import (
+    Family,
+    SelfAttention,
+    TeaCache,
+    VaeDecode,
+    block_arg,
+    load_pipeline,
+    read_workbench_file,
+)
+from workbench.models.fused import wan_vae
 from workbench.models.fused.wan import FUSED
 from workbench.models.loaded import LoadedModel
 from workbench.models.tokenizer import build_tokenizer
@@ -123,6 +132,7 @@ FAMILY = Family(
     text_cross_attention=("attn2",),
     teacache=TEACACHE,
     fused=FUSED,
+    vae_decode=VaeDecode(check=wan_vae.check, install=wan_vae.install),
     timestep_embedder="condition_embedder",
     exact_fast=(
         ("fused_block_norms", {}),

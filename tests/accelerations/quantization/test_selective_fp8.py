@@ -134,7 +134,9 @@ def test_selective_fp8_runs_fp8_gemms_on_gpu(path):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
     net = net.to("cuda", torch.bfloat16)
-    model = SimpleNamespace(denoisers=lambda: [net], family=SimpleNamespace(name="wan"))
+    model = SimpleNamespace(
+        denoisers=lambda: [net], family=SimpleNamespace(name="wan"), pipeline=SimpleNamespace(net=net)
+    )
     x = torch.randn(4, 77, 256, device="cuda", dtype=torch.bfloat16)
     dense = net(x)
     before = fingerprint(net)

@@ -1,0 +1,191 @@
+"""Channel RMS norm + SiLU over 5-D video activations in one pass, written into any strided view (contract: reduction).
+
+The maths is diffusers' `WanRMS_norm` (channel-first, no images) followed by `F.silu`, as the Wan VAE's residual
+blocks and decoder head run it on (B, C, T, H, W) activations:
+
+    n = F.normalize(x.float(), dim=1).to(x.dtype)      # x / max(||x||_2 over C, eps), in fp32, rounded once
+    v = n * scale * gamma + bias                         # each product and the sum rounded to x's dtype, as torch
+    y = silu(v) = v / (1 + exp(-v))                      # in fp32, rounded once to x's dtype
+
+Rounding boundaries kept from torch: the fp32 normalisation is rounded to the dtype, then `* scale` (a Python float,
+applied in fp32), `* gamma` and `+ bias` are each rounded to the dtype (torch's in-dtype ops compute in fp32 and round
+per op; a float `bias` of 0.0 only turns -0 into +0), then SiLU in fp32 rounded once. BF16 rounding is written in
+integers (round to nearest even, NaN -> 0x7FC0) because the CPU interpreter's `.to(tl.bfloat16)` truncates.
+
+Why `reduction`, not `rounding`: the sum of squares over C is a Triton tree reduction (numpy's pairwise sum under the
+interpreter), not torch's order, and `exp` is Triton's (ex2-based on NVIDIA GPUs) rather than CUDA's `expf`; the
+norm and the division use `sqrt_rn` / `div_rn` (IEEE). So a normed value can differ from torch's by about an ulp of
+fp32 before it is rounded to the dtype: in bf16/fp16 an output element is torch's or, rarely, an ulp or two away (one
+ulp off in the normed value can round to two after `* scale`); in fp32 (nothing rounded in between; SiLU's slope
+amplifies a relative error of a negative input several times) within 16 eps of torch's value, relative. Tested in
+tests/kernels/test_rms_norm_silu.py: 4 eps relative for bf16/fp16, 16 eps for fp32.
+
+Layout: `x` (B, C, T, H, W) with any strides (contiguous NCDHW or channels_last_3d are the fast ones); `out`, when
+given, any (B, C, T, H, W) view of x's dtype (the interior of a padded convolution buffer: the caller saves the copy),
+else a new tensor in x's memory format. gamma (C,) or (C, 1, 1, 1); bias a float or a (C,)-shaped tensor.
+One program normalises BLOCK_P positions with all of their channels in registers (C <= 2048).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.kernels._runtime import ROUNDING, LazyKernel, check_float, check_runtime, dtype_size, interpreting
+
+MAX_CHANNELS = 2048
+TILE = 4096  # channels x positions per program (compiled); under the interpreter one program takes INTERPRET_TILE
+POSITIONS_OUTER = 32  # positions per program at least when channels are strided (NCDHW): 64-byte runs along W
+INTERPRET_TILE = 32768
+
+
+def _rms_norm_silu(
+    x_ptr, gamma_ptr, bias_ptr, out_ptr,
+    P, C, T, H, W,
+    x_sb, x_sc, x_st, x_sh, x_sw,
+    o_sb, o_sc, o_st, o_sh, o_sw,
+    scale, bias_value, eps,
+    HAS_BIAS: tl.constexpr, ROUND: tl.constexpr, OUT_BF16: tl.constexpr, CHANNELS_INNER: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    # CHANNELS_INNER: tile (positions, channels), threads run along channels (channels_last_3d, C stride 1);
+    # else tile (channels, positions), threads run along positions (NCDHW, W stride 1): coalesced either way
+    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    w = (p % W).to(tl.int64)
+    rest = p // W
+    h = (rest % H).to(tl.int64)
+    rest = rest // H
+    t = (rest % T).to(tl.int64)
+    b = (rest // T).to(tl.int64)
+    c = tl.arange(0, BLOCK_C).to(tl.int64)
+    if CHANNELS_INNER:
+        pos_x = (b * x_sb + t * x_st + h * x_sh + w * x_sw)[:, None]
+        pos_o = (b * o_sb + t * o_st + h * o_sh + w * o_sw)[:, None]
+        ch = c[None, :]
+        mask = (p < P)[:, None] & (c < C)[None, :]
+    else:
+        pos_x = (b * x_sb + t * x_st + h * x_sh + w * x_sw)[None, :]
+        pos_o = (b * o_sb + t * o_st + h * o_sh + w * o_sw)[None, :]
+        ch = c[:, None]
+        mask = (c < C)[:, None] & (p < P)[None, :]
+    x = tl.load(x_ptr + pos_x + ch * x_sc, mask=mask, other=0.0).to(tl.float32)
+    # tl.reduce with tl.standard's combine, not tl.sum: tl.sum is decorated at triton import, which the interpreter
+    # cannot call when TRITON_INTERPRET was set later (the benchmark harness's --smoke)
+    if CHANNELS_INNER:
+        denom = tl.maximum(tl.math.sqrt_rn(tl.reduce(x * x, 1, tl.standard._sum_combine)), eps)[:, None]
+    else:
+        denom = tl.maximum(tl.math.sqrt_rn(tl.reduce(x * x, 0, tl.standard._sum_combine)), eps)[None, :]
+    # each step rounded to the dtype as torch's in-dtype ops do (ROUND 1: bf16 nearest even in integers, see module
+    # doc; 2: fp16), kept as fp32 values
+    gamma = tl.load(gamma_ptr + ch, mask=(ch < C), other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + ch, mask=(ch < C), other=0.0).to(tl.float32)
+    else:
+        bias = bias_value
+    v = tl.math.div_rn(x, denom)
+    if ROUND == 1:
+        bits = v.to(tl.uint32, bitcast=True)
+        v = tl.where(v != v, v, (((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16).to(tl.float32, bitcast=True))
+        v = v * scale
+        bits = v.to(tl.uint32, bitcast=True)
+        v = tl.where(v != v, v, (((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16).to(tl.float32, bitcast=True))
+        v = v * gamma
+        bits = v.to(tl.uint32, bitcast=True)
+        v = tl.where(v != v, v, (((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16).to(tl.float32, bitcast=True))
+        v = v + bias
+        bits = v.to(tl.uint32, bitcast=True)
+        v = tl.where(v != v, v, (((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16).to(tl.float32, bitcast=True))
+    elif ROUND == 2:
+        v = (v.to(tl.float16).to(tl.float32) * scale).to(tl.float16).to(tl.float32)
+        v = ((v * gamma).to(tl.float16).to(tl.float32) + bias).to(tl.float16).to(tl.float32)
+    else:
+        v = (v * scale) * gamma + bias
+    y = tl.math.div_rn(v, 1.0 + tl.exp(-v))
+    out = out_ptr + pos_o + ch * o_sc
+    if OUT_BF16:
+        bits = y.to(tl.uint32, bitcast=True)
+        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
+        bits = tl.where(y != y, 0x7FC0, bits)
+        tl.store(out, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+    else:
+        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_KERNEL = LazyKernel(_rms_norm_silu)  # enable_fp_fusion=False at launch: torch multiplies and adds apart
+
+
+def reference(
+    x: torch.Tensor, gamma: torch.Tensor, bias: float | torch.Tensor = 0.0, scale: float | None = None
+) -> torch.Tensor:
+    """diffusers' `WanRMS_norm(channel_first=True, images=False)` then `F.silu`, op for op. `scale` defaults to
+    sqrt(C), as the module sets it; gamma and bias in the module's (C, 1, 1, 1) form or (C,)."""
+    c = x.shape[1]
+    scale = c**0.5 if scale is None else scale
+    low = x.dtype in (torch.float16, torch.bfloat16)
+    normalized = torch.nn.functional.normalize(x.float() if low else x, dim=1).to(x.dtype)
+    gamma = gamma.reshape(c, 1, 1, 1)
+    bias = bias.reshape(c, 1, 1, 1) if isinstance(bias, torch.Tensor) else bias
+    return torch.nn.functional.silu(normalized * scale * gamma + bias)
+
+
+def rms_norm_silu(
+    x: torch.Tensor,
+    gamma: torch.Tensor,
+    bias: float | torch.Tensor = 0.0,
+    scale: float | None = None,
+    eps: float = 1e-12,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`reference(x, gamma, bias, scale)` in one pass, written into `out` (see module doc); returns `out`."""
+    name = "rms_norm_silu"
+    check_float(name, "x", x)
+    if x.ndim != 5:
+        raise ValueError(f"{name}: x must be (B, C, T, H, W), got shape {tuple(x.shape)}")
+    b, c, t, h, w = x.shape
+    if not 1 <= c <= MAX_CHANNELS:
+        raise ValueError(f"{name}: x has {c} channels; allowed: 1 to {MAX_CHANNELS}")
+    check_float(name, "gamma", gamma)
+    if gamma.numel() != c or gamma.shape not in ((c,), (c, 1, 1, 1)):
+        raise ValueError(f"{name}: gamma has shape {tuple(gamma.shape)}; expected ({c},) or ({c}, 1, 1, 1)")
+    has_bias = isinstance(bias, torch.Tensor)
+    if has_bias:
+        check_float(name, "bias", bias)
+        if bias.shape not in ((c,), (c, 1, 1, 1)):
+            raise ValueError(f"{name}: bias has shape {tuple(bias.shape)}; expected ({c},) or ({c}, 1, 1, 1)")
+    elif isinstance(bias, bool) or not isinstance(bias, int | float):
+        raise ValueError(f"{name}: bias must be a number or a tensor, got {type(bias).__name__}")
+    if out is None:
+        out = torch.empty_like(x)
+    elif not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != x.dtype:
+        got = (tuple(out.shape), out.dtype) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"{name}: out {got}; expected shape {tuple(x.shape)} and dtype {x.dtype}")
+    gamma = gamma.reshape(c).contiguous()
+    bias_tensor = bias.reshape(c).contiguous() if has_bias else gamma
+    check_runtime(name, x, gamma, bias_tensor, out)
+    positions = b * t * h * w
+    if positions == 0:
+        return out
+    block_c = triton.next_power_of_2(c)
+    channels_inner = x.stride(1) == 1 and c > 1
+    block_p = max(1 if channels_inner else POSITIONS_OUTER, TILE // block_c)  # channels outer: runs along W
+    if interpreting():
+        block_p = max(1, INTERPRET_TILE // block_c)
+    block_p = min(block_p, triton.next_power_of_2(positions))
+    grid = (triton.cdiv(positions, block_p),)
+    _KERNEL[grid](
+        x, gamma, bias_tensor, out, positions, c, t, h, w, *x.stride(), *out.stride(),
+        float(c**0.5 if scale is None else scale), 0.0 if has_bias else float(bias), float(eps),
+        HAS_BIAS=has_bias, ROUND=ROUNDING[x.dtype], OUT_BF16=x.dtype == torch.bfloat16,
+        CHANNELS_INNER=channels_inner, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=8 if block_p * block_c > TILE else 4, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+def cost(shape: tuple[int, int, int, int, int], dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+    """(bytes_moved, flops) for x of `shape` (B, C, T, H, W): reads x once, writes the output once; about 12
+    flops per element (square-add, divide, three multiplies, add, exp, add, divide)."""
+    elements = 1
+    for size in shape:
+        elements *= size
+    return 2 * elements * dtype_size(dtype), 12 * elements

@@ -1,0 +1,99 @@
+"""The family's VAE decode with its causal-convolution cache in padded buffers, optionally channels-last and with the
+norm + SiLU as one kernel (contract: bitwise with the default options, reduction with either of the other levers).
+
+A stock Wan VAE decode at 480x832x81 (1.8 s on an H200, bf16) runs the whole decoder once per latent frame; each of
+its ~30 causal 3x3x3 convolutions copies its input twice (cat with the cached frames, then pad) and is preceded by a
+norm + SiLU of seven elementwise passes, and cuDNN transposes NCDHW activations for its NDHWC kernels. The family's
+path (`Family.vae_decode`, for Wan `workbench.models.fused.wan_vae`) replaces the VAE's `_decode`; options, one per
+lever, each with its contract:
+
+- `conv_cache` "buffer" (default): each causal convolution reads a preallocated zero-bordered buffer whose interior the
+  norm + SiLU writes into and whose first two frames carry the cache; "stock": diffusers' cat + pad. Both `bitwise`.
+- `channels_last` (default off): convolution weights and activations in channels_last_3d. `reduction`: other cuDNN
+  algorithms, other summation orders (the norms too).
+- `norm` "torch" (default) or "triton": the residual blocks' and the head's RMS norm + SiLU as the `rms_norm_silu`
+  kernel (kernels/rms_norm_silu.py). `reduction`: its sum of squares is summed in another order, so an element is
+  torch's or an ulp or two of the dtype away before the next convolution; those differences travel through the decoder.
+
+The contract a handle reports (`report()["contract"]`) is that of its options: `bitwise` unless channels_last or the
+Triton norm is on; the registry's `contract` is the weaker, `reduction`. Bounds tested on the CPU
+(tests/accelerations/fused/test_fused_vae_decode.py): the default options are `torch.equal` to the stock decode on
+tiny-wan (bf16 and fp32); channels_last and the Triton norm stay within the relative L2 stated there. On a GPU the
+benchmark scenario `vae-decode` reports each option's speed and error against the stock decode at 480x832x81.
+
+Fail closed: a family without a decode path, a VAE it does not cover (Wan2.2-TI2V), a decoder with offload hooks or
+an already replaced decode raise RuntimeError at prepare; the Triton norm on a CPU needs TRITON_INTERPRET=1. A tiled
+decode and grad mode run diffusers' own decode, counted under `fallbacks`.
+Receipts: `decodes`, `latent_frames`, `buffered_convs` (buffer mode), `norm_silu_kernel_calls` (Triton norm).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from workbench.accelerations.base import Handle, Spec, option
+from workbench.accelerations.fused.blocks import triton_unusable
+
+NAME = "fused_vae_decode"
+
+
+def contract_of(options: dict[str, Any]) -> str:
+    """`bitwise` for the buffer/stock cache alone; `reduction` once channels_last or the Triton norm is on."""
+    return "reduction" if options["channels_last"] or options["norm"] == "triton" else "bitwise"
+
+
+class _Installed(Handle):
+    def __init__(self, spec: Spec, options: dict[str, Any], model: Any):
+        super().__init__(spec, options, proof=("decodes",))
+        self.remove = model.family.vae_decode.install(model.pipeline.vae, options, self.receipt)
+
+    def report(self) -> dict[str, Any]:
+        return {**super().report(), "contract": contract_of(self.options)}
+
+    def _remove(self) -> None:
+        self.remove()
+
+
+@dataclass(frozen=True)
+class FusedVaeDecodeConfig:
+    """fused_vae_decode's options: one per lever (module docstring)."""
+
+    conv_cache: str = option(
+        "buffer", allowed=("buffer", "stock"), help="buffer: padded buffers, no cat/pad copies; stock: cat + pad"
+    )
+    channels_last: bool = option(False, help="channels_last_3d weights and activations (contract: reduction)")
+    norm: str = option(
+        "torch", allowed=("torch", "triton"), help="triton: RMS norm + SiLU as one kernel (contract: reduction)"
+    )
+
+
+def _prepare(model: Any, options: dict[str, Any], device: torch.device):
+    vae = getattr(model.pipeline, "vae", None)
+    if vae is None:
+        raise RuntimeError(f"{NAME}: the pipeline has no `vae`")
+    reason = model.family.vae_decode.check(vae)
+    if reason is not None:
+        raise RuntimeError(f"{NAME}: {reason}")
+    if options["norm"] == "triton" and (why := triton_unusable(device)) is not None:
+        raise RuntimeError(f"{NAME}: norm='triton' {why}; or use norm='torch'")
+    return lambda: _Installed(SPEC, options, model)
+
+
+def _requires(family: Any) -> str | None:
+    return None if family.vae_decode is not None else "no fast VAE decode path is wired for its VAE"
+
+
+SPEC = Spec(
+    name=NAME,
+    contract="reduction",
+    summary="VAE decode with the causal-conv cache in padded buffers, optional channels-last and norm+SiLU kernel",
+    prepare_fn=_prepare,
+    config=FusedVaeDecodeConfig,
+    requires=_requires,
+    touches=("vae.decode",),
+    order=40,
+)
+SPECS = (SPEC,)
