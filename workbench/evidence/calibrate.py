@@ -11,10 +11,14 @@ the dense side of the cliff. A value whose outputs equal stock bit for bit (`spe
 nothing) is inside but does nothing; when nothing else is inside, no setting qualifies.
 
 The setting is then confirmed on the test requests (other seeds) by `qualify`, the A/B/A harness, against the
-full budget. It is *calibrated* only when that confirmation's verdict is `qualified` (inside the budget with a
-speed claim: a clean CUDA run). On a CPU the confirmation can at most show the quality holds
-(`quality_confirmed`); no speed is claimed there. The seconds in the search are one run per value: indicative,
-used to order and plot, never a claim.
+full budget, one test request at a time. It is *calibrated* only when that confirmation's verdict is `qualified`
+(inside the budget with a speed claim: a clean CUDA run). On a CPU the confirmation can at most show the quality
+holds (`quality_confirmed`); no speed is claimed there. A point's speed-up is one run per value against the dense
+references' run in the same process (`Point.session`): indicative, used to order and plot, never a claim; seconds
+of different processes are never compared.
+
+`resume=` (a folder) makes a calibration or stack resumable at one step (a tried value, or one test request's
+confirmation) and `max_seconds=` stops it cleanly at a step boundary with a `Partial`: `workbench.evidence.resume`.
 
 `stack` calibrates each plugin alone over the same base (the exact plugins the caller puts underneath), orders
 them by indicative speed-up gained per budget spent, then adds them one at a time, re-searching each added knob
@@ -45,6 +49,7 @@ from workbench.accelerations.base import Knob
 from workbench.evidence.harness import MIN_ROUNDS, qualify
 from workbench.evidence.records import record_bytes
 from workbench.evidence.report import _png, _table, page, speedup_text
+from workbench.evidence.resume import Journal, Partial, Paused, merge_cases
 from workbench.io import write_set
 from workbench.progress import progress as progress_bar
 from workbench.quality import Budget, compare
@@ -61,7 +66,8 @@ PROFILE = "within-budget"
 class Point:
     """One tried knob value: worst `spent` over the calibration requests (inf when a run failed), the failures of
     that worst request against the full budget, total seconds of one run per request and the indicative speed-up
-    against stock."""
+    against stock: the stock run of the same requests in the same process, `session` (seconds are comparable only
+    within one session; speed-ups across sessions)."""
 
     value: float
     spent: float
@@ -69,19 +75,21 @@ class Point:
     speedup: float
     failures: tuple[str, ...] = ()
     error: str = ""
+    session: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         spent = "inf" if math.isinf(self.spent) else self.spent
         return {"value": self.value, "spent": spent, "seconds": self.seconds, "speedup": self.speedup} | {
             "failures": list(self.failures),
             "error": self.error,
+            "session": self.session,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Point:
         """The point `to_dict` wrote (a strict-JSON null stands for NaN)."""
         number = {k: math.nan if data[k] is None else float(data[k]) for k in ("value", "spent", "seconds", "speedup")}
-        return cls(**number, failures=tuple(data["failures"]), error=data["error"])
+        return cls(**number, failures=tuple(data["failures"]), error=data["error"], session=data.get("session", ""))
 
 
 @dataclass
@@ -203,13 +211,15 @@ class Stack:
 
 
 class _Evaluator:
-    """Runs configs on the calibration requests against stock references computed once."""
+    """Runs configs on the calibration requests against stock references computed once in this process (their
+    digests checked against the journal's), each point through the journal (answered from it when recorded)."""
 
-    def __init__(self, session: Session, requests: list[Request], budget: Budget):
-        self.session, self.requests, self.budget = session, requests, budget
+    def __init__(self, session: Session, requests: list[Request], budget: Budget, journal: Journal):
+        self.session, self.requests, self.budget, self.journal = session, requests, budget, journal
         session.accelerate({})
         session.generate(requests[0], progress=False)  # warm-up: first-use costs stay out of the seconds
         self.references, self.seconds = self._run()
+        journal.check_references(self.references, [r.seed for r in requests])
 
     def _run(self) -> tuple[list[Result], float]:
         results, seconds = [], 0.0
@@ -220,11 +230,29 @@ class _Evaluator:
         return results, seconds
 
     def point(self, value: float, config: dict[str, Any]) -> Point:
+        """The point of `value` (`config` installed): recorded, or measured now."""
+        key = {"config": config, "value": value}
+        return Point.from_dict(
+            self.journal.step("point", key, lambda: self._measure(value, config).to_dict(), self.seconds)
+        )
+
+    def confirmation(self, request: Request, config: dict[str, Any], rounds: int, progress: bool) -> dict[str, Any]:
+        """`qualify` of `config` against stock on `request` (one case): recorded, or run now."""
+        expected = (2 * rounds + 3) * self.seconds / len(self.requests)
+        key = {"config": config, "request": request.to_dict()}
+
+        def run() -> dict[str, Any]:
+            return qualify(self.session, [request], {}, config, rounds, self.budget, progress)[0]
+
+        return self.journal.step("confirmation", key, run, expected)
+
+    def _measure(self, value: float, config: dict[str, Any]) -> Point:
+        session = self.journal.session
         try:
             self.session.accelerate(config)
             results, seconds = self._run()
         except (RuntimeError, ValueError) as error:  # a value the plugin refuses, a non-finite output
-            return Point(value, math.inf, math.nan, math.nan, error=f"{type(error).__name__}: {error}")
+            return Point(value, math.inf, math.nan, math.nan, error=f"{type(error).__name__}: {error}", session=session)
         finally:
             self.session.accelerate({})
         spent, failures = 0.0, ()
@@ -235,7 +263,7 @@ class _Evaluator:
                 share = math.inf
             if share >= spent:
                 spent, failures = share, tuple(comparison.failures)
-        return Point(value, spent, seconds, self.seconds / seconds, failures)
+        return Point(value, spent, seconds, self.seconds / seconds, failures, session=session)
 
 
 def calibrate(
@@ -252,25 +280,50 @@ def calibrate(
     max_evals: int = MAX_EVALS,
     rounds: int = MIN_ROUNDS,
     progress: bool = True,
-    _evaluator: _Evaluator | None = None,
-) -> Calibration:
+    resume: str | Path | None = None,
+    max_seconds: float | None = None,
+) -> Calibration | Partial:
     """Search `plugin`'s knob (its `Spec.knob`, or the option named `knob` on the spec's range) for the most
     aggressive value inside `margin` of `budget` on `calibration`, over `base` (installed underneath, with the
     plugin's other `options`), then confirm it on `test` (None: leave it "searched"). See the module docstring.
 
-    ValueError for an unknown plugin, one without a knob, a bad margin or max_evals, or empty request lists."""
+    `resume`: a folder for the partial record, read when there and rewritten after every step; `max_seconds`
+    (needs `resume`): stop at the step boundary past which the next step would not end in time, and return a
+    `Partial` (`workbench.evidence.resume`). ValueError for an unknown plugin, one without a knob, a bad margin,
+    max_evals or max_seconds, empty request lists, or a partial record of another run."""
     spec = check_arguments([plugin], knob, margin, max_evals)[0]
     if not calibration or (test is not None and not test):
         raise ValueError("requests: calibration (and test, when given) need at least one request each")
     budget = budget or default_budget(session)
     base, options = dict(base or {}), dict(options or {})
-    if plugin in base:
-        raise ValueError(f"base: already installs {plugin!r}, the plugin being calibrated")
-    if spec.knob.option in options:
-        raise ValueError(f"options: sets {spec.knob.option!r}, the knob being searched")
-    spec.validate({**options, spec.knob.option: spec.knob.low})  # a bad option fails before any run
+    _check_options(spec, plugin, base, options)  # a bad option fails before any run
     scope = scope_of(session, calibration, test)  # one geometry, checked before any run
-    evaluator = _evaluator or _Evaluator(session, calibration, budget)
+    arguments = {"plugins": [plugin], "knob": spec.knob.option, "options": options, "base": base, "margin": margin}
+    run = _identity("calibration", session, calibration, test, budget, arguments | {"max_evals": max_evals})
+    journal = Journal(resume, "calibration", run | {"rounds": rounds}, max_evals + len(test or []), max_seconds)
+    try:
+        evaluator = _Evaluator(session, calibration, budget, journal)
+        result = _calibrate(evaluator, plugin, spec, options, base, margin, max_evals, progress)
+        result.scope = scope
+        if result.status == "searched" and test is not None:
+            _confirm(evaluator, test, result, rounds, progress)
+    except Paused as paused:
+        return paused.partial
+    return result
+
+
+def _calibrate(
+    evaluator: _Evaluator,
+    plugin: str,
+    spec: Any,
+    options: dict[str, Any],
+    base: dict[str, Any],
+    margin: float,
+    max_evals: int,
+    progress: bool,
+) -> Calibration:
+    """The knob search of `calibrate` on `evaluator` (status "searched" or "no_setting"; no scope)."""
+    _check_options(spec, plugin, base, options)
     config_of = _configs(base, plugin, options, spec.knob.option)
     with progress_bar(total=max_evals, desc=f"calibrate {plugin}.{spec.knob.option}", enabled=progress) as bar:
 
@@ -281,16 +334,14 @@ def calibrate(
             return point
 
         points, knee, cliff = _search(evaluate, spec.knob, margin, max_evals)
+    budget = evaluator.budget
     result = Calibration(plugin, spec.knob, base, options, budget, margin, points, knee, cliff, None, "", "")
-    result.scope = scope
     if knee is None:
         result.status = "no_setting"
         result.reason = _no_setting_reason(points, spec.knob, margin)
         return result
     result.setting = config_of(knee)
     result.status, result.reason = "searched", f"{spec.knob.option}={knee:.4g} spends {result.knee_point.spent:.3g}"
-    if test is not None:
-        _confirm(session, test, result, budget, rounds, progress)
     return result
 
 
@@ -307,40 +358,64 @@ def stack(
     max_evals: int = MAX_EVALS,
     rounds: int = MIN_ROUNDS,
     progress: bool = True,
-) -> Stack:
+    resume: str | Path | None = None,
+    max_seconds: float | None = None,
+) -> Stack | Partial:
     """Greedy composition of `plugins` over `base` (the exact set underneath; see the module docstring).
 
     `options` gives each plugin's fixed options besides its knob; `test=None` leaves the stack "searched" (not
-    confirmed). ValueError as for `calibrate`, and for a repeated or empty plugin list."""
+    confirmed); `resume` and `max_seconds` as for `calibrate`. ValueError as for `calibrate`, and for a repeated or
+    empty plugin list."""
     if not plugins or len(set(plugins)) != len(plugins):
         raise ValueError(f"plugins: need at least one, each once; got {plugins!r}")
-    check_arguments(plugins, None, margin, max_evals)
+    specs = check_arguments(plugins, None, margin, max_evals)
     budget = budget or default_budget(session)
-    base, options = dict(base or {}), dict(options or {})
-    scope = scope_of(session, calibration, test)
-    evaluator = _Evaluator(session, calibration, budget)
+    base, options = dict(base or {}), {p: dict(o or {}) for p, o in (options or {}).items()}
+    scope, search_scope = scope_of(session, calibration, test), scope_of(session, calibration, None)
+    arguments = {"plugins": plugins, "options": options, "base": base, "margin": margin, "max_evals": max_evals}
+    run = _identity("stack", session, calibration, test, budget, arguments | {"rounds": rounds})
+    at_most = 1 + (2 * len(plugins) - 1) * max_evals + len(test or [])
+    journal = Journal(resume, "stack", run, at_most, max_seconds)
+    try:
+        evaluator = _Evaluator(session, calibration, budget, journal)
+        result = _stack(evaluator, plugins, specs, options, base, margin, max_evals, progress, search_scope)
+        result.scope = scope
+        if result.status == "searched" and test is not None:
+            _confirm(evaluator, test, result, rounds, progress)
+    except Paused as paused:
+        return paused.partial
+    return result
+
+
+def _stack(
+    evaluator: _Evaluator,
+    plugins: list[str],
+    specs: list[Any],
+    options: dict[str, dict[str, Any]],
+    base: dict[str, Any],
+    margin: float,
+    max_evals: int,
+    progress: bool,
+    search_scope: dict[str, Any],
+) -> Stack:
+    """The searches of `stack` on `evaluator` (status "searched" or "no_setting"; not confirmed)."""
+
+    def search(plugin: str, spec: Any, under: dict[str, Any]) -> Calibration:
+        found = _calibrate(evaluator, plugin, spec, options.get(plugin, {}), under, margin, max_evals, progress)
+        found.scope = search_scope
+        return found
+
     base_point = evaluator.point(math.nan, base)
-    kwargs = {"margin": margin, "max_evals": max_evals, "rounds": rounds, "progress": progress}
-    singles = [
-        calibrate(
-            session, calibration, None, p, budget, options=options.get(p), base=base, _evaluator=evaluator, **kwargs
-        )
-        for p in plugins
-    ]
+    singles = [search(p, spec, base) for p, spec in zip(plugins, specs, strict=True)]
     left_out = {s.plugin: s.reason for s in singles if s.knee is None}
     usable = [s for s in singles if s.knee is not None]
-    timed = session.device.type == "cuda"  # elsewhere one run's seconds cannot rank anything: keep the given order
+    timed = evaluator.session.device.type == "cuda"  # elsewhere one run's seconds rank nothing: keep the given order
     if timed:
         usable.sort(key=lambda s: -_gain_per_spent(s.knee_point, base_point))
     config, speed, members = dict(base), base_point.speedup, []
     for single in usable:
-        if config == base:  # the first one added sees the base it was calibrated on
-            again = single
-        else:
-            again = calibrate(
-                session, calibration, None, single.plugin, budget, options=options.get(single.plugin), base=config,
-                _evaluator=evaluator, **kwargs,
-            )  # fmt: skip
+        # the first one added sees the base it was calibrated on
+        again = single if config == base else search(single.plugin, REGISTRY[single.plugin], config)
         if again.knee is None:
             left_out[single.plugin] = f"with {sorted(config)} installed: {again.reason}"
         elif timed and not again.knee_point.speedup > speed:
@@ -350,18 +425,15 @@ def stack(
         else:
             config, speed = dict(again.setting), again.knee_point.speedup
             members.append(again)
-    result = Stack(config, base, budget, margin, singles, members, left_out, "", "", scope)
+    result = Stack(config, base, evaluator.budget, margin, singles, members, left_out, "", "", search_scope)
     result.base_point, result.ranked_by_speed = base_point, timed
     if not members:
         result.status = "no_setting"
         result.reason = "no plugin has a setting inside the budget: " + "; ".join(
             f"{k}: {v}" for k, v in left_out.items()
         )
-        return result
-    if test is None:
+    else:
         result.status, result.reason = "searched", f"stack of {[m.plugin for m in members]} (not confirmed yet)"
-        return result
-    _confirm(session, test, result, budget, rounds, progress)
     return result
 
 
@@ -393,6 +465,31 @@ def default_budget(session: Session) -> Budget:
 def calibratable() -> list[str]:
     """The registered plugins that declare a knob."""
     return sorted(name for name, spec in REGISTRY.items() if spec.knob is not None)
+
+
+def _check_options(spec: Any, plugin: str, base: dict[str, Any], options: dict[str, Any]) -> None:
+    if plugin in base:
+        raise ValueError(f"base: already installs {plugin!r}, the plugin being calibrated")
+    if spec.knob.option in options:
+        raise ValueError(f"options: sets {spec.knob.option!r}, the knob being searched")
+    spec.validate({**options, spec.knob.option: spec.knob.low})
+
+
+def _identity(
+    kind: str, session: Session, calibration: list[Request], test: list[Request] | None, budget: Budget, arguments
+) -> dict[str, Any]:
+    """What a partial record must agree on to be resumed: the arguments, requests, model, dtype and device."""
+    from workbench.accelerations.attention.attention_policy import model_key
+
+    device = environment.device_info(session.device)
+    return {"kind": kind, **arguments, "budget": budget.to_dict()} | {
+        "calibration": [r.to_dict() for r in calibration],
+        "test": None if test is None else [r.to_dict() for r in test],
+        "model": session.model.name,
+        "model_key": model_key(session.model),
+        "dtype": str(session.dtype).removeprefix("torch."),
+        "device": device["type"] if device["type"] != "cuda" else f"cuda: {device['name']}",
+    }
 
 
 def _configs(base: dict[str, Any], plugin: str, options: dict[str, Any], option: str) -> Callable[[float], dict]:
@@ -428,9 +525,10 @@ def _no_setting_reason(points: list[Point], knob: Knob, margin: float) -> str:
     )
 
 
-def _confirm(session: Session, test: list[Request], result: Calibration | Stack, budget, rounds, progress) -> None:
-    record, _ = qualify(session, test, {}, result.config, rounds, budget, progress)
-    apply_confirmation(result, record)
+def _confirm(evaluator: _Evaluator, test: list[Request], result: Calibration | Stack, rounds, progress) -> None:
+    """Qualify `result`'s config against stock on `test`, one request (one journal step) at a time."""
+    records = [evaluator.confirmation(request, result.config, rounds, progress) for request in test]
+    apply_confirmation(result, merge_cases(records))
 
 
 def apply_confirmation(result: Calibration | Stack, record: dict[str, Any]) -> None:

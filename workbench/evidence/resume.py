@@ -1,0 +1,211 @@
+"""The partial record of a calibration (`calibrate.calibrate` / `calibrate.stack` with `resume=`): a search resumable
+at the granularity of one step, across processes, sessions and machines.
+
+A step is one evaluated knob value (a `Point`: its worst quality against the dense references on the calibration
+requests, and its speed-up against them) or one test request's confirmation (its A/B/A `qualify` record). After
+every new step the whole partial record (`PARTIAL` in the folder) is rewritten atomically, so a run killed at any
+moment loses at most the step in flight.
+
+Resuming replays. The search is a deterministic function of the points it has seen, so a resumed run asks for the
+same steps in the same order: each step already recorded is answered from the record (its key, the exact
+accelerations config and knob value, or the test request, must be the one asked for; anything else means the
+record belongs to another run, a ValueError), and the first step not recorded is run. The final result is then an
+uninterrupted run's, except for timing fields. The run's arguments (plugins, options, base, budget, margin,
+max_evals, rounds, the requests, model, dtype, device) are stored; a resume with other arguments is refused.
+
+The dense references are recomputed in every process, not stored: at the Wan2.1-1.3B shape one request's frames are
+~100 MB, too much to carry from one device call to the next, and every process runs the dense requests anyway, as
+the baseline of its own speed-ups. Their digests (sha256 of latents, frames and audio) are stored by the first
+process and checked by every later one: a resumed run whose dense output differs bit for bit (another model,
+weights, device or kernels) raises RuntimeError rather than judge new points against other references.
+
+Speed: seconds measured in different processes are never compared. A point's `speedup` is its seconds against the
+dense references' seconds measured in the same process (`Point.session` names the process); the search and the
+stack compare only speed-ups.
+
+Time: with `max_seconds`, a new step starts only while the seconds spent since the call began plus the step's
+expected seconds (the longest step of its kind in this call, or before one: the dense references' seconds for a
+point, `2 * rounds + 3` dense requests for a confirmation) stay within `max_seconds`; otherwise the call stops at
+that step boundary and returns a `Partial`. Every call runs at least one new step, so repeating it always finishes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from workbench.evidence.harness import SUITE_ORDER
+from workbench.evidence.records import read_record, record_bytes, write_record
+from workbench.result import Result
+
+PARTIAL = "calibrate.partial.json"
+
+
+@dataclass
+class Partial:
+    """A calibration stopped at a step boundary (`max_seconds`): nothing is decided yet. `path` is its partial
+    record; the same call with `resume=` its folder continues it. `remaining`: `next` (the step it stopped before),
+    `done` (steps recorded) and `at_most` (steps still to run, at most)."""
+
+    kind: str
+    path: Path
+    reason: str
+    remaining: dict[str, Any] = field(default_factory=dict)
+    status: str = "partial"
+
+
+class Paused(Exception):
+    """Raised at a step boundary when the time is up; the calibration catches it and returns `partial`."""
+
+    def __init__(self, partial: Partial):
+        super().__init__(partial.reason)
+        self.partial = partial
+
+
+def partial_path(folder: str | Path) -> Path:
+    return Path(folder) / PARTIAL
+
+
+class Journal:
+    """The steps of one calibration run, replayed from the partial record in `folder` and extended there (`folder`
+    None: kept in memory only, nothing written, no time limit). `run` identifies the run (its arguments: JSON);
+    `at_most` is how many steps the whole run takes at most.
+
+    ValueError for a bad `max_seconds`, one without a folder, or a partial record of another run."""
+
+    def __init__(
+        self, folder: str | Path | None, kind: str, run: dict[str, Any], at_most: int, max_seconds: float | None
+    ):
+        if max_seconds is not None and (
+            isinstance(max_seconds, bool) or not isinstance(max_seconds, int | float) or not max_seconds >= 0
+        ):
+            raise ValueError(f"max_seconds: {max_seconds!r}; allowed: a number of seconds >= 0, or None")
+        if max_seconds is not None and folder is None:
+            raise ValueError("max_seconds: needs resume= (the folder the partial record is written to)")
+        self.path = None if folder is None else partial_path(folder)
+        self.kind, self.run, self.at_most, self.max_seconds = kind, _plain(run), at_most, max_seconds
+        self.steps: list[dict[str, Any]] = []
+        self.references: list[dict[str, str]] | None = None
+        self.session = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+        self.start, self.cursor, self.new, self.longest = time.perf_counter(), 0, 0, {}
+        if self.path is not None and self.path.exists():
+            record = read_record(self.path)
+            if record.get("kind") != kind or record.get("status") != "partial":
+                raise ValueError(f"resume: {self.path} is a {record.get('kind')!r} record, not a partial {kind!r} one")
+            differ = sorted(k for k in {*self.run, *record["run"]} if self.run.get(k) != record["run"].get(k))
+            if differ:
+                shown = "; ".join(f"{k}: {record['run'].get(k)!r} recorded, {self.run.get(k)!r} now" for k in differ)
+                raise ValueError(f"resume: {self.path} was made by another run ({shown})")
+            self.steps, self.references = record["steps"], record["references"]
+
+    def check_references(self, references: list[Result], seeds: list[int]) -> None:
+        """Store the dense references' digests, or check them against the stored ones (RuntimeError if any
+        differs: the recorded points were judged against other outputs)."""
+        digests = [{"seed": seed, **digest(result)} for seed, result in zip(seeds, references, strict=True)]
+        if self.references is None:
+            self.references = digests
+            self._write("in progress: no step recorded yet")
+            return
+        for stored, now in zip(self.references, digests, strict=True):
+            if stored != now:
+                parts = [k for k in now if stored.get(k) != now[k]]
+                raise RuntimeError(
+                    f"resume: the dense output of calibration seed {now['seed']} differs from the one the recorded "
+                    f"points were judged against ({', '.join(parts)} sha256 differ); another model, weights, device "
+                    f"or kernels made it. Resume where the record was made, or start a new record in another folder"
+                )
+
+    def step(self, kind: str, key: dict[str, Any], run: Callable[[], dict[str, Any]], expected: float) -> dict:
+        """The value of step `key`: the recorded one when the run has reached that far before (replay), else
+        `run()`, recorded at once. Raises `Paused` before a new step that would end past `max_seconds`."""
+        key = _plain(key)
+        if self.cursor < len(self.steps):
+            recorded = self.steps[self.cursor]
+            if recorded["key"] != key:
+                raise ValueError(
+                    f"resume: step {self.cursor} of {self.path} is {recorded['key']!r}, this run asks for {key!r}; "
+                    "the record was made by other code or arguments"
+                )
+            self.cursor += 1
+            return recorded["value"]
+        if self.max_seconds is not None and self.new > 0:
+            elapsed = time.perf_counter() - self.start
+            if elapsed + self.longest.get(kind, expected) > self.max_seconds:
+                raise Paused(self._pause(kind, key, elapsed))
+        start = time.perf_counter()
+        value = _plain(run())
+        seconds = time.perf_counter() - start
+        self.longest[kind] = max(self.longest.get(kind, 0.0), seconds)
+        self.steps.append({"kind": kind, "key": key, "value": value, "session": self.session, "seconds": seconds})
+        self.cursor, self.new = self.cursor + 1, self.new + 1
+        self._write(f"in progress: {len(self.steps)} step(s) recorded")
+        return value
+
+    def _pause(self, kind: str, key: dict[str, Any], elapsed: float) -> Partial:
+        remaining = {"next": describe(kind, key), "done": len(self.steps), "at_most": self.at_most - len(self.steps)}
+        reason = (
+            f"stopped at a step boundary: {elapsed:.0f} s spent of max_seconds={self.max_seconds:g}, and the next "
+            f"step ({remaining['next']}) is expected to take {self.longest.get(kind, 0.0):.0f} s or more; "
+            f"{len(self.steps)} step(s) recorded, at most {remaining['at_most']} to go"
+        )
+        self._write(reason, remaining)
+        return Partial(self.kind, self.path, reason, remaining)
+
+    def _write(self, reason: str, remaining: dict[str, Any] | None = None) -> None:
+        if self.path is None:
+            return
+        remaining = remaining or {"done": len(self.steps), "at_most": self.at_most - len(self.steps)}
+        write_record(self.path, {
+            "kind": self.kind, "status": "partial", "reason": reason, "remaining": remaining, "run": self.run,
+            "references": self.references, "steps": self.steps,
+        })  # fmt: skip
+
+
+def digest(result: Result) -> dict[str, str]:
+    """sha256 of a result's latents (dtype, shape and bytes), frames and audio: equal only for bit-equal outputs."""
+
+    def sha(array: np.ndarray | None) -> str:
+        if array is None:
+            return "none"
+        array = np.ascontiguousarray(array)
+        return hashlib.sha256(f"{array.dtype}{array.shape}".encode() + array.tobytes()).hexdigest()
+
+    latents = result.latents
+    if isinstance(latents, torch.Tensor):
+        latents = latents.detach().cpu().contiguous().view(torch.uint8).numpy() if latents.numel() else None
+        latents_dtype = str(result.latents.dtype)
+    else:
+        latents_dtype = "none"
+    return {"latents": f"{latents_dtype}:{sha(latents)}", "frames": sha(result.frames), "audio": sha(result.audio)}
+
+
+def merge_cases(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One qualification record from per-request `qualify` records of one configuration (in request order): the
+    cases in order, the verdict the weakest case's, the rest the first record's (as `qualify` of all at once)."""
+    cases = [case for record in records for case in record["cases"]]
+    return {**records[0], "verdict": min((c["verdict"] for c in cases), key=SUITE_ORDER.index), "cases": cases}
+
+
+def describe(kind: str, key: dict[str, Any]) -> str:
+    """A step's key in words: "point easycache.threshold=0.25 over {...}" or "confirmation on seed 42"."""
+    if kind == "confirmation":
+        return f"confirmation of {json.dumps(key['config'], sort_keys=True)} on seed {key['request']['seed']}"
+    value = key["value"]
+    shown = "the base alone" if value is None else f"value {value:g}"
+    return f"point {shown}: {json.dumps(key['config'], sort_keys=True)}"
+
+
+def _plain(value: dict[str, Any]) -> dict[str, Any]:
+    """`value` as strict JSON reads it back (non-finite numbers become null): recorded and fresh steps compare and
+    replay alike."""
+    return json.loads(record_bytes(value))
