@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 import sys
+import time
 from pathlib import Path
 
 
@@ -101,6 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--device", default="auto")
     cal.add_argument("--out", required=True, type=Path)
     cal.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
+    cal.add_argument(
+        "--resume",
+        type=Path,
+        metavar="DIR",
+        help="continue the run whose partial record (written after every step) is in DIR",
+    )
+    cal.add_argument(
+        "--max-seconds",
+        type=float,
+        help="stop cleanly at a step boundary before this many seconds; prints how to resume",
+    )
 
     tiny = commands.add_parser("train-tiny", help="train the demo-av model on synthetic scenes (resumable)")
     tiny.add_argument("--out", required=True, type=Path, help="run folder: checkpoint/, demo-av/, train.json, loss.png")
@@ -141,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("info", help="versions, device and registered model families")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what `--gpus N` re-executes under torchrun
+    args.started = time.perf_counter()  # what `calibrate --max-seconds` counts from
     try:
         if args.command not in ("batch", "generate", "info", "train-tiny") and args.ray is None:
             if args.workers is not None or args.store is not None or args.retries != 2:
@@ -300,6 +314,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from workbench import Session
     from workbench.evidence import calibrate as calibration
     from workbench.evidence.manifest import load_manifest
+    from workbench.evidence.resume import PARTIAL, partial_path
     from workbench.io import check_writable
     from workbench.profiles import profile
     from workbench.quality import Budget
@@ -316,6 +331,17 @@ def _calibrate(args: argparse.Namespace) -> int:
     calibration_requests = [case.to_request() for case in suite.calibration]
     test = [case.to_request() for case in suite.test]
     options = {"margin": args.margin, "max_evals": args.max_evals, "rounds": args.rounds}
+    if args.ray is not None and (args.resume is not None or args.max_seconds is not None):
+        raise ValueError("--resume, --max-seconds: not with --ray (its --store resumes a Ray run cell by cell)")
+    if args.max_seconds is not None and not args.max_seconds >= 0:
+        raise ValueError(f"--max-seconds: {args.max_seconds!r}; allowed: seconds >= 0")
+    if args.resume is not None and not partial_path(args.resume).exists():
+        raise ValueError(f"--resume: {args.resume} holds no partial calibration record ({PARTIAL})")
+    if args.resume is None and args.ray is None and partial_path(args.out).exists():
+        raise ValueError(
+            f"--out: {args.out} holds a partial calibration record ({PARTIAL}); continue it with --resume "
+            f"{args.out}, or choose another --out"
+        )
     if args.ray is not None:
         from workbench.evidence import fanout_jobs
 
@@ -328,6 +354,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     session = Session.open(args.model, device=args.device)
     budget = Budget.from_dict({**calibration.default_budget(session).to_dict(), **overrides})
     base = profile(args.base_profile, session.model.family.name, session.device)
+    options["resume"] = args.resume or args.out  # the partial record, rewritten after every step, lives there
+    if args.max_seconds is not None:
+        options["max_seconds"] = max(0.0, args.max_seconds - (time.perf_counter() - args.started))
     if len(args.plugin) == 1:
         result = calibration.calibrate(
             session, calibration_requests, test, args.plugin[0], budget, knob=args.knob, base=base, **options
@@ -339,7 +368,18 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _calibrate_report(args: argparse.Namespace, result) -> int:
     from workbench.evidence import calibrate as calibration
+    from workbench.evidence.resume import Partial, partial_path
 
+    if isinstance(result, Partial):
+        print(f"partial: {result.reason}")
+        print(f"record: {result.path}")
+        argv, skip = [], False
+        for item in args.argv:  # the same command, reading the partial record
+            if not skip and item != "--resume" and not item.startswith("--resume="):
+                argv.append(item)
+            skip = item == "--resume"
+        print(f"resume: {shlex.join(['workbench', *argv, '--resume', str(result.path.parent)])}")
+        return 0
     if isinstance(result, calibration.Calibration):
         print(f"knee: {_show(result.knee)}; cliff: {_show(result.cliff)}")
     else:
@@ -348,6 +388,8 @@ def _calibrate_report(args: argparse.Namespace, result) -> int:
     print(f"{result.status}: {result.reason}")
     print(f"setting: {_show(None if result.status == 'no_setting' else result.config)}")
     record, page = calibration.write(result, args.out)
+    if args.ray is None:
+        partial_path(args.resume or args.out).unlink(missing_ok=True)  # the final record holds every step
     print(f"record: {record}")
     print(f"report: {page}")
     return 0

@@ -371,7 +371,8 @@ def stack(
     specs = check_arguments(plugins, None, margin, max_evals)
     budget = budget or default_budget(session)
     base, options = dict(base or {}), {p: dict(o or {}) for p, o in (options or {}).items()}
-    scope, search_scope = scope_of(session, calibration, test), scope_of(session, calibration, None)
+    scope = scope_of(session, calibration, test)
+    search_scope = {**scope, "test_seeds": []}  # what the searches alone hold for
     arguments = {"plugins": plugins, "options": options, "base": base, "margin": margin, "max_evals": max_evals}
     run = _identity("stack", session, calibration, test, budget, arguments | {"rounds": rounds})
     at_most = 1 + (2 * len(plugins) - 1) * max_evals + len(test or [])

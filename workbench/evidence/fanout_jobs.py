@@ -6,8 +6,9 @@ What one cell is, so that every speed ratio comes from one process:
   worker it ran on, the suite verdict the weakest case's; the same record `harness.qualify` writes otherwise.
 - sweep / search: one qualification per value / candidate, so one cell per (value, request); the result is built
   by `sweep.sweep_result` / `search_result` from those records, as the single-process sweep builds it.
-- calibrate: the knob search (one plugin, or a greedy stack) is one cell, because it orders values by seconds
-  measured run after run; its confirmation on the test requests is one qualify cell per request.
+- calibrate: the knob search (one plugin, or a greedy stack) is one cell, because its points' speed-ups are
+  against the dense references run in its own process; its confirmation on the test requests is one qualify cell
+  per request. (Without Ray, `calibrate.calibrate(resume=...)` resumes a search point by point.)
 - generate (`batch`): one request, generated with the run's accelerations; its MP4, JSON and HTML come back.
 
 Each function runs its cells, then raises RuntimeError naming every cell that failed (the others all ran; the

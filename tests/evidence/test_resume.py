@@ -1,0 +1,111 @@
+"""Resumable calibration (workbench.evidence.resume): a stack interrupted by a kill and then stopped after every
+step by `max_seconds=0` finishes with the record an uninterrupted run writes, timing fields aside; a partial record
+of other arguments or other dense references is refused; the CLI prints the command that continues a stopped run."""
+
+import json
+import shlex
+
+import pytest
+
+from workbench import Request, Session
+from workbench.cli import main
+from workbench.evidence.calibrate import calibrate, stack
+from workbench.evidence.resume import PARTIAL, Journal, Partial
+from workbench.quality import Budget
+
+SIZE = {"frames": 5, "height": 16, "width": 16, "steps": 6, "guidance": 1.0}
+CALIBRATION = [Request("a red fox runs through snow", seed=7, **SIZE)]
+TEST = [Request("a blue kite over a beach", seed=1_000_007, **SIZE)]
+BUDGET = Budget(latent_rel_l2=0.03, psnr_db=None, min_ssim=None)  # teacache crosses it inside its range on tiny-wan
+TIMING = {"seconds", "speedup", "session", "baseline_seconds", "candidate_seconds", "warmup_seconds"}
+TIMING |= {"install_seconds", "stage_speedups", "nvml", "init_seconds"}
+
+
+def untimed(value):
+    """`value` (a record) without the fields a run's timing decides."""
+    if isinstance(value, dict):
+        return {k: untimed(v) for k, v in value.items() if k not in TIMING}
+    return [untimed(v) for v in value] if isinstance(value, list) else value
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return Session.open("tiny-wan", device="cpu")
+
+
+def test_stack_killed_and_stopped_then_resumed_equals_the_uninterrupted_run(tiny, tmp_path, monkeypatch):
+    kwargs = {"max_evals": 3, "progress": False}
+    plugins = ["teacache", "easycache"]  # one feature-cache group: easycache's re-search over teacache is refused
+    whole = stack(tiny, CALIBRATION, TEST, plugins, BUDGET, **kwargs)
+    assert whole.status == "quality_confirmed", whole.reason
+    assert [p.spent <= whole.margin for p in whole.singles[0].points] == [True, False, True], "needs a bisection"
+    real_step = Journal.step
+
+    def killed(when):
+        """Run the stack until `when(journal, kind)` holds before a new step, then kill it there."""
+
+        def step(self, kind, key, run, expected):
+            if self.cursor == len(self.steps) and when(self, kind):
+                raise KeyboardInterrupt
+            return real_step(self, kind, key, run, expected)
+
+        with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+            patch.setattr(Journal, "step", step)
+            stack(tiny, CALIBRATION, TEST, plugins, BUDGET, resume=tmp_path, **kwargs)
+        return json.loads((tmp_path / PARTIAL).read_text())
+
+    record = killed(lambda journal, kind: journal.new == 2)  # mid-bisection: base point and teacache's low value
+    assert record["status"] == "partial" and len(record["steps"]) == 2
+    stopped = stack(tiny, CALIBRATION, TEST, plugins, BUDGET, resume=tmp_path, max_seconds=0, **kwargs)
+    assert isinstance(stopped, Partial) and stopped.remaining["done"] == 3  # one new step, then a clean stop
+    assert "step boundary" in stopped.reason and stopped.remaining["next"].startswith("point value 0.3")
+    record = killed(lambda journal, kind: kind == "confirmation")
+    assert [step["kind"] for step in record["steps"]] == ["point"] * len(record["steps"])
+    result = stack(tiny, CALIBRATION, TEST, plugins, BUDGET, resume=tmp_path, **kwargs)
+    assert untimed(result.to_record()) == untimed(whole.to_record())
+    sessions = [p.session for run in [*result.singles, *result.members] for p in run.points]
+    assert len(set(sessions)) == 3 and len({p.session for p in whole.singles[0].points}) == 1
+
+
+def test_resume_refuses_other_arguments_other_references_and_a_bad_time_budget(tiny, tmp_path):
+    kwargs = {"max_evals": 3, "progress": False, "resume": tmp_path}
+    first = calibrate(tiny, CALIBRATION, None, "teacache", BUDGET, max_seconds=0, **kwargs)
+    assert isinstance(first, Partial) and first.path == tmp_path / PARTIAL and first.remaining["done"] == 1
+    with pytest.raises(ValueError, match="made by another run \\(margin: 0.8 recorded, 0.5 now"):
+        calibrate(tiny, CALIBRATION, None, "teacache", BUDGET, margin=0.5, **kwargs)
+    record = json.loads(first.path.read_text())
+    record["references"][0]["frames"] = "0" * 64
+    first.path.write_text(json.dumps(record))
+    with pytest.raises(RuntimeError, match="dense output of calibration seed 7 differs"):
+        calibrate(tiny, CALIBRATION, None, "teacache", BUDGET, **kwargs)
+    with pytest.raises(ValueError, match="max_seconds: needs resume="):
+        calibrate(tiny, CALIBRATION, None, "teacache", BUDGET, max_seconds=10)
+    with pytest.raises(ValueError, match="max_seconds: -1"):
+        calibrate(tiny, CALIBRATION, None, "teacache", BUDGET, max_seconds=-1, **kwargs)
+
+
+def test_cli_calibrate_stops_at_max_seconds_and_prints_the_command_that_finishes_it(tmp_path, capsys):
+    suite = tmp_path / "suite.json"
+    fields = ("prompt", "seed", "frames", "height", "width", "steps")  # a manifest case: the default guidance
+    cases = {
+        split: [{"mode": "t2v", **{f: getattr(r, f) for f in fields}} for r in requests]
+        for split, requests in (("calibration", CALIBRATION), ("test", TEST))
+    }
+    suite.write_text(json.dumps({"name": "resume", "version": 1, "model": "tiny-wan", **cases}))
+    out = tmp_path / "cal"
+    args = ["calibrate", "--model", "tiny-wan", "--suite", str(suite), "--plugin", "teacache", "--device", "cpu"]
+    args += ["--budget", '{"latent_rel_l2": 0.1, "psnr_db": null, "min_ssim": null}', "--max-evals", "2"]
+    assert main([*args, "--out", str(out), "--max-seconds", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "partial: stopped at a step boundary" in printed and (out / PARTIAL).exists()
+    command = shlex.split(printed.split("resume: ", 1)[1].splitlines()[0])
+    assert command[0] == "workbench" and command[-2:] == ["--resume", str(out)]
+    assert main([*args, "--out", str(out)]) == 2  # a partial record in --out is continued only when asked
+    assert "continue it with --resume" in capsys.readouterr().err
+    while "partial:" in printed:
+        assert main(command[1:]) == 0
+        printed = capsys.readouterr().out
+    record = json.loads((out / "calibration.json").read_text())
+    assert record["status"] == "quality_confirmed" and len(record["points"]) == 2 and not (out / PARTIAL).exists()
+    assert main([*args, "--out", str(tmp_path / "other"), "--resume", str(tmp_path / "none")]) == 2
+    assert "holds no partial calibration record" in capsys.readouterr().err
