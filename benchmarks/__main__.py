@@ -1,7 +1,10 @@
-"""`python -m benchmarks run SCENARIO [SCENARIO ...] [--out DIR] [--smoke] [--rounds N]`, `list`, `docs`.
+"""`python -m benchmarks run SCENARIO [SCENARIO ...] [--out DIR] [--smoke] [--rounds N] [--max-seconds S]`, `list`,
+`docs`.
 
 `run` measures each scenario in this process and writes `<out>/<scenario>.json` (benchmarks/envelope.py) as soon as
-it is done; a scenario that fails is reported and the next one still runs (exit status 1 if any failed).
+it is done; a scenario that fails is reported and the next one still runs (exit status 1 if any failed). A scenario
+that runs in chunks (calibrate-wan) stops cleanly at `--max-seconds` with its partial state under `<out>`, says so,
+and writes no envelope: the same command continues it (exit status 0).
 `docs` regenerates docs/measurements.md and the README's generated blocks (plugin table, headline figures).
 """
 
@@ -20,9 +23,10 @@ DOCS = Path(__file__).parent.parent / "docs" / "measurements.md"
 README = Path(__file__).parent.parent / "README.md"
 
 
-def run_scenario(name: str, out: Path, smoke: bool, rounds: int) -> Path:
+def run_scenario(name: str, out: Path, smoke: bool, rounds: int, max_seconds: float | None = None) -> Path:
     """Run scenario `name` and write its envelope into `out`; returns the file. ValueError for an unknown name or
-    rounds < 1; RuntimeError when a full run has no CUDA device (or fewer than the scenario's GPUs)."""
+    rounds < 1; RuntimeError when a full run has no CUDA device (or fewer than the scenario's GPUs); `Unfinished`
+    when a scenario run in chunks stopped at `max_seconds` (its partial state is under `out`)."""
     from benchmarks.envelope import Context, envelope, write
     from benchmarks.scenarios import SCENARIOS
 
@@ -38,7 +42,7 @@ def run_scenario(name: str, out: Path, smoke: bool, rounds: int) -> Path:
     else:
         device = torch.device("cuda")
     module = SCENARIOS[name]
-    measurement = module.run(Context(smoke=smoke, rounds=rounds, device=device))
+    measurement = module.run(Context(smoke, rounds, device, out, max_seconds))
     return write(envelope(name, measurement, device, smoke), out)
 
 
@@ -50,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
     run.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the code, not the speed")
     run.add_argument("--rounds", type=int, default=3, help="A/B/A rounds (default 3, the least for a CI95)")
+    run.add_argument("--max-seconds", type=float, help="a scenario run in chunks stops cleanly after about this long")
     commands.add_parser("list", help="the scenarios")
     docs = commands.add_parser("docs", help="regenerate docs/measurements.md and the README's generated blocks")
     docs.add_argument("--results", type=Path, default=RESULTS)
@@ -74,11 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.scenarios if name not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; allowed: {sorted(SCENARIOS)}")
+    from benchmarks.envelope import Unfinished
+
     failed = []
     for name in args.scenarios:
         print(f"== {name}", flush=True)
         try:
-            print(f"wrote {run_scenario(name, args.out, args.smoke, args.rounds)}", flush=True)
+            print(f"wrote {run_scenario(name, args.out, args.smoke, args.rounds, args.max_seconds)}", flush=True)
+        except Unfinished as unfinished:
+            print(f"unfinished {name}: {unfinished}", flush=True)
         except Exception:
             traceback.print_exc()
             failed.append(name)

@@ -38,11 +38,20 @@ FIELDS = (
 
 @dataclass(frozen=True)
 class Context:
-    """How to run a scenario: `smoke` (tiny, CPU), A/B/A `rounds` (>= 3 for a CI95), the device to measure on."""
+    """How to run a scenario: `smoke` (tiny, CPU), A/B/A `rounds` (>= 3 for a CI95), the device to measure on; for a
+    scenario that runs in chunks, the results folder `out` (its partial state lives there) and `max_seconds`, the
+    time this run may take (None: no limit)."""
 
     smoke: bool
     rounds: int
     device: torch.device
+    out: Path | None = None
+    max_seconds: float | None = None
+
+
+class Unfinished(Exception):
+    """A scenario stopped cleanly at `max_seconds` with its partial state under `out`: the same command continues it.
+    No envelope is written for it."""
 
 
 @dataclass

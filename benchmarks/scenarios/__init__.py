@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from benchmarks.scenarios import (
+    calibrate_wan,
     fanout,
     forward_h3,
     forward_wan,
@@ -26,6 +27,6 @@ from benchmarks.scenarios import (
 
 MODULES: tuple[ModuleType, ...] = (
     forward_wan, forward_h3, request_wan, sparse_attention, fp8_attention, kernels, relayout, portability, parallel,
-    memory, ring, fanout, vae_decode,
+    memory, ring, fanout, vae_decode, calibrate_wan,
 )  # fmt: skip
 SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}

@@ -75,3 +75,18 @@ def test_envelope_names_the_commit_the_sender_gives(monkeypatch):
     given = envelope("kernels", measurement, torch.device("cpu"), smoke=True)
     assert given["commit"] == "0123456789ab" and given["dirty"] is None
     assert from_git["commit"] != "0123456789ab" and set(given) == set(FIELDS)
+
+
+def test_calibrate_wan_stops_unfinished_at_max_seconds_and_the_same_command_finishes_it(tmp_path, capsys):
+    """The chunked scenario: `--max-seconds 0` records one step, writes no envelope and exits 0 saying how to go on;
+    the same command (without the limit here) continues from the partial record and writes the envelope."""
+    command = ["run", "calibrate-wan", "--smoke", "--out", str(tmp_path)]
+    assert main([*command, "--max-seconds", "0"]) == 0
+    assert "unfinished calibrate-wan: stopped at a step boundary" in capsys.readouterr().out
+    partial = json.loads((tmp_path / "calibrate-wan" / "calibrate.partial.json").read_text())
+    assert len(partial["steps"]) == 1 and not (tmp_path / "calibrate-wan.json").exists()
+    assert main(command) == 0
+    record = json.loads((tmp_path / "calibrate-wan.json").read_text())
+    assert any("over 2 process(es)" in note for note in record["notes"]), record["notes"]
+    assert (tmp_path / "calibrate-wan" / "stack.json").exists()
+    assert not (tmp_path / "calibrate-wan" / "calibrate.partial.json").exists()
