@@ -139,9 +139,9 @@ class Journal:
             self.cursor += 1
             return recorded["value"]
         if self.max_seconds is not None and self.new > 0:
-            elapsed = time.perf_counter() - self.start
-            if elapsed + self.longest.get(kind, expected) > self.max_seconds:
-                raise Paused(self._pause(kind, key, elapsed))
+            elapsed, expected = time.perf_counter() - self.start, self.longest.get(kind, expected)
+            if elapsed + expected > self.max_seconds:
+                raise Paused(self._pause(kind, key, elapsed, expected))
         start = time.perf_counter()
         value = _plain(run())
         seconds = time.perf_counter() - start
@@ -151,11 +151,11 @@ class Journal:
         self._write(f"in progress: {len(self.steps)} step(s) recorded")
         return value
 
-    def _pause(self, kind: str, key: dict[str, Any], elapsed: float) -> Partial:
+    def _pause(self, kind: str, key: dict[str, Any], elapsed: float, expected: float) -> Partial:
         remaining = {"next": describe(kind, key), "done": len(self.steps), "at_most": self.at_most - len(self.steps)}
         reason = (
             f"stopped at a step boundary: {elapsed:.0f} s spent of max_seconds={self.max_seconds:g}, and the next "
-            f"step ({remaining['next']}) is expected to take {self.longest.get(kind, 0.0):.0f} s or more; "
+            f"step ({remaining['next']}) is expected to take about {expected:.0f} s; "
             f"{len(self.steps)} step(s) recorded, at most {remaining['at_most']} to go"
         )
         self._write(reason, remaining)
