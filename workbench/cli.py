@@ -2,6 +2,8 @@
 
 `qualify`, `sweep`, `search` and `calibrate` take `--ray [ADDRESS]`: their cells run on Ray workers, one resident
 session each, into a resumable record store (`--store`, default `<out>/cells`); see `workbench.evidence.fanout`.
+Without Ray, `calibrate` keeps a partial record in `--out` while it runs (rewritten after every tried value):
+`--resume DIR` continues it, `--max-seconds S` stops it cleanly and prints the command that continues it.
 
 A bad input (a bad value, a missing or unreadable file, JSON that does not parse, an `--out` that cannot be
 written) exits with status 2 and one line on stderr naming the flag or file and what is wrong. Every `--out`
@@ -327,10 +329,6 @@ def _calibrate(args: argparse.Namespace) -> int:
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     if not suite.calibration or not suite.test:
         raise ValueError(f"--suite: {args.suite} needs both calibration and test cases")
-    check_writable(args.out, "--out")
-    calibration_requests = [case.to_request() for case in suite.calibration]
-    test = [case.to_request() for case in suite.test]
-    options = {"margin": args.margin, "max_evals": args.max_evals, "rounds": args.rounds}
     if args.ray is not None and (args.resume is not None or args.max_seconds is not None):
         raise ValueError("--resume, --max-seconds: not with --ray (its --store resumes a Ray run cell by cell)")
     if args.max_seconds is not None and not args.max_seconds >= 0:
@@ -342,6 +340,10 @@ def _calibrate(args: argparse.Namespace) -> int:
             f"--out: {args.out} holds a partial calibration record ({PARTIAL}); continue it with --resume "
             f"{args.out}, or choose another --out"
         )
+    check_writable(args.out, "--out")
+    calibration_requests = [case.to_request() for case in suite.calibration]
+    test = [case.to_request() for case in suite.test]
+    options = {"margin": args.margin, "max_evals": args.max_evals, "rounds": args.rounds}
     if args.ray is not None:
         from workbench.evidence import fanout_jobs
 
