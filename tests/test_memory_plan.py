@@ -40,11 +40,52 @@ def test_planner_picks_the_cheapest_plan_that_fits():
     # block (100 + 160 B)
     both = plan(324)
     assert set(both.offloaded) == {"text_encoder", "vae"} and both.bytes_moved == 150 and not both.tiled_decode
-    # the smallest: everything offloaded, all four blocks streamed, three in flight: 10 + 3 * 40 + 20 = 150
-    smallest = plan(150)
-    assert smallest.streamed_blocks == {"transformer": (0, 1, 2, 3)} and smallest.stage_peaks["denoise"] == 150
-    assert smallest.bytes_moved == 150 + 4 * 160 and smallest.minimum_cap == 150
-    assert "4 streamed" in str(smallest) and "offloaded between stages: text_encoder, vae" in str(smallest)
+    # the smallest: both components and the denoiser offloaded between stages: 10 + 160 + 20 = 190 (streaming its
+    # blocks instead would leave the ring's slots on the device beside the whole text encoder: 120 + 100 + 5)
+    smallest = plan(190)
+    assert smallest.denoisers_offloaded and smallest.streamed_blocks == {"transformer": ()}
+    assert smallest.stage_peaks == {"denoise": 190, "text_encode": 105, "video_decode": 110}
+    assert smallest.bytes_moved == 150 + 170 and smallest.minimum_cap == 190
+    assert "on the device during denoise only" in str(smallest) and "text_encoder, vae" in str(smallest)
+
+
+# A text encoder of 100 B whose 8 decoder layers (10 B each) may stream; the denoiser as above; two stages.
+# Activations: denoise 20, text_encode 5; 4 denoiser forwards; CFG: the text encoder runs twice a request.
+TEXT_FP = Footprint(
+    components={"text_encoder": 100},
+    blocks={"transformer": (40, 40, 40, 40)},
+    denoiser_rest={"transformer": 10},
+    stages={"text_encode": ("text_encoder",)},
+    text_layers=(10,) * 8,
+)
+
+
+def text_plan(cap, text_forwards=2):
+    activation = {"denoise": 20, "text_encode": 5}
+    return plan_memory(TEXT_FP, activation, cap, forwards=4, headroom=0.0, text_forwards=text_forwards)
+
+
+def test_planner_streams_text_layers_or_offloads_the_denoiser_whichever_moves_less():
+    assert text_plan(290).bytes_moved == 0 and text_plan(275).offloaded == ("text_encoder",)  # 170 + 100 + 5
+    # 260: the whole text encoder no longer fits beside the denoiser. Streaming t of its layers through 3 slots of
+    # 10 B: 170 + 30 + 100 - 10 t + 5 <= 260 from t = 5, moving the streamed layers once more for the negative
+    # prompt (100 + 50 B); offloading the denoiser outside denoise would move 100 + 170 B
+    streamed = text_plan(260)
+    assert streamed.streamed_text_layers == (0, 2, 3, 5, 7) and not streamed.denoisers_offloaded
+    assert streamed.bytes_moved == 150 and streamed.stage_peaks == {"denoise": 220, "text_encode": 255}
+    assert "text_encoder: 3 of 8 layers resident, 5 streamed during text_encode" in str(streamed)
+    # the same cap when the text encoder runs 8 times a request: streaming costs 100 + 7 x 50, offloading 270
+    many = text_plan(260, text_forwards=8)
+    assert many.denoisers_offloaded and many.streamed_text_layers == () and many.bytes_moved == 270
+    # 224: every layer streamed (225) is not enough; offloading the denoiser is the cheapest way left
+    assert text_plan(224).denoisers_offloaded and text_plan(224).bytes_moved == 270
+    # the smallest: everything streams and the denoiser leaves the device outside denoise: 10 + 3 x 40 + 20
+    smallest = text_plan(150)
+    assert smallest.streamed_text_layers == tuple(range(8)) and smallest.streamed_blocks["transformer"] == (0, 1, 2, 3)
+    assert smallest.denoisers_offloaded and smallest.stage_peaks == {"denoise": 150, "text_encode": 145}
+    assert smallest.bytes_moved == 100 + 80 + 4 * 160 + 10 and smallest.minimum_cap == 150
+    with pytest.raises(ValueError, match=r"memory: a cap of 149 B .* the smallest cap that fits is 150 B"):
+        text_plan(149)
 
 
 def test_planner_tiles_the_decode_where_untiled_cannot_fit():
@@ -55,10 +96,10 @@ def test_planner_tiles_the_decode_where_untiled_cannot_fit():
 
 
 def test_planner_refuses_a_cap_too_small_naming_the_smallest_that_fits():
-    with pytest.raises(ValueError, match=r"memory: a cap of 149 B .* the smallest cap that fits is 150 B"):
-        plan(149)
+    with pytest.raises(ValueError, match=r"memory: a cap of 189 B .* the smallest cap that fits is 190 B"):
+        plan(189)
     with_headroom = plan_memory(FP, ACTIVATION, 10**6, forwards=4, tiled_activation=15, headroom=0.1)
-    assert with_headroom.minimum_cap == 167  # ceil(150 / 0.9)
+    assert with_headroom.minimum_cap == 212  # ceil(190 / 0.9)
 
 
 @pytest.mark.parametrize(
