@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from workbench import Request, Session
-from workbench.memory_plan import Footprint, MemoryBudget, parse_bytes, plan_for, plan_memory
+from workbench.memory_plan import Footprint, MemoryBudget, footprint, parse_bytes, plan_for, plan_memory
 
 # A synthetic model: a text encoder of 100 B, a VAE of 50 B, a denoiser of four 40 B blocks and 10 B besides.
 # Activations: denoise 20, text_encode 5, video_decode 60 untiled / 15 tiled; 4 denoiser forwards per request.
@@ -131,31 +131,67 @@ def _smallest_cap(model):
     return plan_for(model, MemoryBudget(2**40), Request("p").resolved(model.family, model.defaults)).minimum_cap
 
 
+def _bitwise_equal_resident_twice(session, resident_session, request):
+    """Two requests under `session`'s plan equal the resident session's (offloaded components, offloaded denoisers
+    and streamed layers come back for the next request); the residency's receipt counts what the plan says, every
+    streamed block and layer prefetched, and the bytes it moved are the plan's `bytes_moved`."""
+    plan, family = session.memory_plan, session.family
+    resident = resident_session.generate(request, progress=False)
+    for _ in range(2):
+        result = session.generate(request, progress=False)
+        assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()
+        assert resident.audio is None or (result.audio == resident.audio).all()
+        got = result.receipts["memory_residency"]
+        stages = sum(len(set(names) & set(plan.offloaded)) for names in family.stage_components.values())
+        assert got.get("component_onloads", 0) == stages + plan.denoisers_offloaded * len(plan.streamed_blocks)
+        for prefix, streamed in (("", plan.forwards * len(plan.streamed_blocks["transformer"])),
+                                 ("text_", plan.text_forwards * len(plan.streamed_text_layers))):  # fmt: skip
+            assert got.get(prefix + "blocks_streamed", 0) == got.get(prefix + "released", 0) == streamed
+            assert got.get(prefix + "prefetched", 0) == streamed and prefix + "late" not in got  # all issued ahead
+        moved = ("component_bytes_moved", "bytes_moved", "text_bytes_moved")
+        assert sum(got.get(key, 0) for key in moved) == plan.bytes_moved, str(plan)
+        assert result.metadata["memory_plan"]["offloaded"] == list(plan.offloaded)
+
+
 @pytest.mark.parametrize("name", ["tiny-wan", "tiny-ltx2"])
 def test_memory_cap_session_bitwise_equal_resident(sessions, name):
-    """At the smallest cap that fits: components offloaded between stages and denoiser blocks streamed, the output
-    equal to the resident session's, twice in a row (offloaded components come back for the next request)."""
+    """At the smallest cap that fits (refused one byte below): components offloaded between stages and the denoiser
+    on the device during denoise only, the output equal to the resident session's twice in a row."""
     cap = _smallest_cap(sessions(name).model)
     with pytest.raises(ValueError, match=rf"the smallest cap that fits is .*\({cap} bytes\)"):
         Session.open(name, device="cpu", memory=cap - 1)
     session = Session.open(name, device="cpu", memory=cap)
-    plan = session.memory_plan
-    assert plan.offloaded and plan.streamed_blocks["transformer"], str(plan)
-    request = Request("a red circle moves left", seed=3, height=32, width=32)  # within the plan's default shape
-    resident = sessions(name).generate(request, progress=False)
-    first, second = (session.generate(request, progress=False) for _ in range(2))
-    for result in (first, second):
-        assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()
-        assert resident.audio is None or (result.audio == resident.audio).all()
-        own = ring = result.receipts["memory_residency"]
-        stages = sum(len(set(names) & set(plan.offloaded)) for names in session.family.stage_components.values())
-        assert own["component_onloads"] == stages
-        assert ring["blocks_streamed"] == ring["released"] == plan.forwards * len(plan.streamed_blocks["transformer"])
-        assert ring["prefetched"] == ring["blocks_streamed"] and "late" not in ring  # every copy issued ahead
-        assert own["component_bytes_moved"] + ring["bytes_moved"] == plan.bytes_moved
-        assert result.metadata["memory_plan"]["offloaded"] == list(plan.offloaded)
+    assert session.memory_plan.offloaded and session.memory_plan.denoisers_offloaded, str(session.memory_plan)
+    _bitwise_equal_resident_twice(
+        session, sessions(name), Request("a red circle moves left", seed=3, height=32, width=32)
+    )
     with pytest.raises(ValueError, match=r"\['group_offload'\] move the denoiser's weights"):
         session.accelerate({"group_offload": {}})
+
+
+# Requests whose text encoder runs once (tiny-wan without CFG): streaming its layers then moves nothing extra.
+TEXT_RING_REQUEST = {"tiny-wan": {"guidance": 1.0, "height": 32, "width": 32}, "tiny-ltx2": {}, "tiny-h3": {}}
+
+
+@pytest.mark.parametrize("name", sorted(TEXT_RING_REQUEST))
+def test_memory_plan_streaming_text_encoder_bitwise_equal_resident(sessions, name):
+    """Measured activations of 100 kB for denoise and text_encode (1 kB for the decodes) and the largest cap whose
+    plan streams some of the text encoder's layers through the ring during text_encode: the output equals the
+    resident session's, twice."""
+    model = sessions(name).model
+    request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST[name])
+    activation = {"denoise": 100_000, "text_encode": 100_000, "video_decode": 1000, "audio_decode": 1000}
+
+    def budget(cap):
+        return MemoryBudget(cap, activation, request, headroom=0.0)
+
+    planned = request.resolved(model.family, model.defaults)
+    cap = max(plan_for(model, budget(2**40), planned).stage_peaks.values())
+    while not plan_for(model, budget(cap), planned).streamed_text_layers:
+        cap -= min(footprint(model, planned).text_layers)
+    session = Session.open(name, device="cpu", memory=budget(cap))
+    assert f"{len(session.memory_plan.streamed_text_layers)} streamed during text_encode" in str(session.memory_plan)
+    _bitwise_equal_resident_twice(session, sessions(name), request)
 
 
 @pytest.mark.gpu
