@@ -173,52 +173,75 @@ def test_memory_cap_session_bitwise_equal_resident(sessions, name):
 TEXT_RING_REQUEST = {"tiny-wan": {"guidance": 1.0, "height": 32, "width": 32}, "tiny-ltx2": {}, "tiny-h3": {}}
 
 
+def _text_ring_budget(model, request):
+    """Measured activations of 100 kB for denoise and text_encode (1 kB for the decodes), no headroom, and the largest
+    cap (in steps of a text layer) whose plan for `request` streams some of the text encoder's layers."""
+    activation = {"denoise": 100_000, "text_encode": 100_000, "video_decode": 1000, "audio_decode": 1000}
+    planned = request.resolved(model.family, model.defaults)
+    cap = max(plan_for(model, MemoryBudget(2**40, activation, request, 0.0), planned).stage_peaks.values())
+    while not plan_for(model, MemoryBudget(cap, activation, request, 0.0), planned).streamed_text_layers:
+        cap -= min(footprint(model, planned).text_layers)
+    return MemoryBudget(cap, activation, request, 0.0)
+
+
 @pytest.mark.parametrize("name", sorted(TEXT_RING_REQUEST))
 def test_memory_plan_streaming_text_encoder_bitwise_equal_resident(sessions, name):
-    """Measured activations of 100 kB for denoise and text_encode (1 kB for the decodes) and the largest cap whose
-    plan streams some of the text encoder's layers through the ring during text_encode: the output equals the
-    resident session's, twice."""
-    model = sessions(name).model
+    """A plan that streams some of the text encoder's layers through the ring during text_encode (`_text_ring_budget`;
+    tiny-wan and tiny-ltx2 stream a denoiser block through the same slots): the output equals the resident
+    session's, twice."""
     request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST[name])
-    activation = {"denoise": 100_000, "text_encode": 100_000, "video_decode": 1000, "audio_decode": 1000}
-
-    def budget(cap):
-        return MemoryBudget(cap, activation, request, headroom=0.0)
-
-    planned = request.resolved(model.family, model.defaults)
-    cap = max(plan_for(model, budget(2**40), planned).stage_peaks.values())
-    while not plan_for(model, budget(cap), planned).streamed_text_layers:
-        cap -= min(footprint(model, planned).text_layers)
-    session = Session.open(name, device="cpu", memory=budget(cap))
+    session = Session.open(name, device="cpu", memory=_text_ring_budget(sessions(name).model, request))
     assert f"{len(session.memory_plan.streamed_text_layers)} streamed during text_encode" in str(session.memory_plan)
     _bitwise_equal_resident_twice(session, sessions(name), request)
 
 
 @pytest.mark.gpu
-def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped():
-    """The CPU-planned smallest arrangement of tiny-wan carried out on CUDA (pinned host copies, side-stream copies)
-    under a 1 GiB cap (a tiny model's own cap is below the allocator's granularity)."""
+@pytest.mark.parametrize("name, arrangement", [("tiny-wan", "smallest"), ("tiny-wan", "text"), ("tiny-h3", "text")])
+def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(name, arrangement):
+    """A CPU-planned arrangement carried out on CUDA (pinned host copies, side-stream copies, one set of ring slots for
+    the denoiser's and the text encoder's streamed blocks) under a 1 GiB cap (a tiny model's own cap is below the
+    allocator's granularity): tiny-wan's smallest (components and the denoiser offloaded between stages) and the
+    text-ring plans of the CPU test. Equal to the resident CUDA session twice; the streamed text layers compute on
+    the device; after each request every offloaded weight is back in pinned host memory."""
     import dataclasses
 
     from workbench.accelerations.memory.residency import Residency
+    from workbench.accelerations.memory.ring import tensors_of
     from workbench.models import resolve
 
-    resident_session = Session.open("tiny-wan", device="cuda")
-    request = Request("a red circle moves left", seed=3, height=32, width=32)
-    resident = resident_session.generate(request, progress=False)
-    model = resolve("tiny-wan", dtype=torch.bfloat16)
-    planned = Request("p").resolved(model.family, model.defaults)
-    smallest = plan_for(model, MemoryBudget(2**40), planned).minimum_cap
-    plan = dataclasses.replace(plan_for(model, MemoryBudget(smallest), planned), cap=2**30)
+    request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST[name])
+    if arrangement == "smallest":
+        request = Request("a red circle moves left", seed=3, height=32, width=32)
+    resident = Session.open(name, device="cuda").generate(request, progress=False)
+    model = resolve(name, dtype=torch.bfloat16)
+    planned = request.resolved(model.family, model.defaults)
+    budget = MemoryBudget(2**40, request=request)
+    budget = _text_ring_budget(model, request) if arrangement == "text" else MemoryBudget(
+        plan_for(model, budget, planned).minimum_cap, request=request
+    )  # fmt: skip
+    plan = dataclasses.replace(plan_for(model, budget, planned), cap=2**30)
+    assert plan.streamed_text_layers if arrangement == "text" else plan.denoisers_offloaded, str(plan)
+    away = [getattr(model.pipeline, c) for c in plan.offloaded]
+    away += [model.pipeline.transformer] if plan.denoisers_offloaded else []
+    layers = model.family.text_blocks(model.pipeline.text_encoder)[1]
+    on_device = []
+    hooks = [layers[i].register_forward_pre_hook(lambda m, _: on_device.append({t.device.type for t in tensors_of(m)}))
+             for i in plan.streamed_text_layers]  # fmt: skip
     device = torch.device("cuda", torch.cuda.current_device())
     try:
         session = Session(model, device, torch.bfloat16, 0.0)
-        session.residency = Residency.arrange(model, plan, device, MemoryBudget(2**30))
+        session.residency = Residency.arrange(model, plan, device, dataclasses.replace(budget, cap=2**30))
         for _ in range(2):
             result = session.generate(request, progress=False)
             assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()
-            text = next(model.pipeline.text_encoder.parameters())
-            assert text.device.type == "cpu" and text.is_pinned(), "the text encoder did not go back to host"
-            assert result.receipts["memory_residency"]["blocks_streamed"] > 0
+            assert resident.audio is None or (result.audio == resident.audio).all()
+            left = [t for module in away for t in tensors_of(module) if t.device.type != "cpu" or not t.is_pinned()]
+            assert not left, f"{len(left)} offloaded weights did not go back to pinned host memory"
+            got = result.receipts["memory_residency"]
+            assert got.get("text_blocks_streamed", 0) == plan.text_forwards * len(plan.streamed_text_layers)
+            assert "late" not in got and "text_late" not in got
+        assert on_device == [{"cuda"}] * (2 * plan.text_forwards * len(plan.streamed_text_layers))
     finally:
+        for hook in hooks:
+            hook.remove()
         torch.cuda.set_per_process_memory_fraction(1.0, device)
