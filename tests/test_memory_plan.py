@@ -110,6 +110,20 @@ def test_memory_strings_parse(value, expected):
     assert parse_bytes(value) == expected
 
 
+def test_text_blocks_of_another_text_encoder_raises(sessions):
+    import dataclasses
+
+    model = sessions("tiny-wan").model
+    root, layers = model.family.text_blocks(model.pipeline.text_encoder)
+    assert root is model.pipeline.text_encoder.encoder and len(layers) == len(root.block)
+    for path in ("model.language_model.layers", None):
+        family = dataclasses.replace(model.family, text_layers=path)
+        with pytest.raises(
+            RuntimeError, match=rf"wan: the text encoder UMT5EncoderModel has no layer list at {path!r}"
+        ):
+            family.text_blocks(model.pipeline.text_encoder)
+
+
 def test_card_names_are_memory_caps_and_card_plans():
     from workbench.cards import CARDS
     from workbench.profiles import card_plan
@@ -151,6 +165,7 @@ def _bitwise_equal_resident_twice(session, resident_session, request):
         moved = ("component_bytes_moved", "bytes_moved", "text_bytes_moved")
         assert sum(got.get(key, 0) for key in moved) == plan.bytes_moved, str(plan)
         assert result.metadata["memory_plan"]["offloaded"] == list(plan.offloaded)
+    return result
 
 
 @pytest.mark.parametrize("name", ["tiny-wan", "tiny-ltx2"])
@@ -188,11 +203,16 @@ def _text_ring_budget(model, request):
 def test_memory_plan_streaming_text_encoder_bitwise_equal_resident(sessions, name):
     """A plan that streams some of the text encoder's layers through the ring during text_encode (`_text_ring_budget`;
     tiny-wan and tiny-ltx2 stream a denoiser block through the same slots): the output equals the resident
-    session's, twice."""
+    session's, twice; the dashboard's residency line counts the streamed layers."""
+    from workbench.widgets.memory import residency_html
+
     request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST[name])
     session = Session.open(name, device="cpu", memory=_text_ring_budget(sessions(name).model, request))
-    assert f"{len(session.memory_plan.streamed_text_layers)} streamed during text_encode" in str(session.memory_plan)
-    _bitwise_equal_resident_twice(session, sessions(name), request)
+    plan = session.memory_plan
+    assert f"{len(plan.streamed_text_layers)} streamed during text_encode" in str(plan)
+    result = _bitwise_equal_resident_twice(session, sessions(name), request)
+    n = plan.text_forwards * len(plan.streamed_text_layers)
+    assert f"text encoder {n} layers streamed ({n} prefetched, 0 late)" in residency_html(result, "capped")
 
 
 @pytest.mark.gpu

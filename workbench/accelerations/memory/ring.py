@@ -204,13 +204,18 @@ class Ring:
                     "was installed (a plugin that rewrites weights); install that plugin first or drop the ring"
                 )
 
+    def unhook(self) -> None:
+        """Stop scheduling: the hooks go and every streamed block's weights are its host tensors again."""
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
+        for j in range(len(self.blocks)):
+            self.release(j, count=False)
+
     def remove(self) -> None:
         """Unhook; every streamed weight becomes a plain tensor on the slots' device (a fresh copy of its host view),
         and this ring lets go of the slots (freed with the last ring that holds them)."""
-        for hook in self.hooks:
-            hook.remove()
-        for j in range(len(self.blocks)):
-            self.release(j, count=False)
+        self.unhook()
         if self.slots is None:
             return
         device = self.slots.device
