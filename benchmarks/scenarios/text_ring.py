@@ -44,7 +44,8 @@ from workbench.accelerations.memory.ring import (
     tensors_of,
 )
 from workbench.evidence.timing import aba_rounds, time_call
-from workbench.memory_plan import TEXT_ROWS, gib
+from workbench.memory_estimate import TEXT_ROWS
+from workbench.memory_plan import gib
 
 NAME = "text-ring"
 SUMMARY = (
