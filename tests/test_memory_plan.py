@@ -244,13 +244,13 @@ def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(name, arrangement
     away = [getattr(model.pipeline, c) for c in plan.offloaded]
     away += [model.pipeline.transformer] if plan.denoisers_offloaded else []
     layers = model.family.text_blocks(model.pipeline.text_encoder)[1]
-    on_device = []
-    hooks = [layers[i].register_forward_pre_hook(lambda m, _: on_device.append({t.device.type for t in tensors_of(m)}))
-             for i in plan.streamed_text_layers]  # fmt: skip
+    on_device, hooks = [], []
     device = torch.device("cuda", torch.cuda.current_device())
     try:
         session = Session(model, device, torch.bfloat16, 0.0)
         session.residency = Residency.arrange(model, plan, device, dataclasses.replace(budget, cap=2**30))
+        hooks = [layers[i].register_forward_pre_hook(lambda m, _: on_device.append({t.device.type for t in tensors_of(m)}))
+                 for i in plan.streamed_text_layers]  # fmt: skip
         for _ in range(2):
             result = session.generate(request, progress=False)
             assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()

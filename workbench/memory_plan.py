@@ -159,7 +159,8 @@ class MemoryPlan:
     in the other stages; brought back once per request).
     `bytes_moved`: host -> device bytes per request (offloaded components once per stage that runs them; streamed
     blocks once per denoiser forward, streamed text layers once per text-encoder forward; offloaded denoisers once).
-    `minimum_cap`: the smallest cap any plan fits under."""
+    `resident_bytes`: what is on the device in every stage (components not offloaded, the ring's slots, the
+    denoisers' non-streamed weights unless offloaded). `minimum_cap`: the smallest cap any plan fits under."""
 
     cap: int
     usable: int
