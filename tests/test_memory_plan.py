@@ -249,8 +249,8 @@ def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(name, arrangement
     try:
         session = Session(model, device, torch.bfloat16, 0.0)
         session.residency = Residency.arrange(model, plan, device, dataclasses.replace(budget, cap=2**30))
-        hooks = [layers[i].register_forward_pre_hook(lambda m, _: on_device.append({t.device.type for t in tensors_of(m)}))
-                 for i in plan.streamed_text_layers]  # fmt: skip
+        where = lambda module, _: on_device.append({t.device.type for t in tensors_of(module)})  # noqa: E731
+        hooks = [layers[i].register_forward_pre_hook(where) for i in plan.streamed_text_layers]
         for _ in range(2):
             result = session.generate(request, progress=False)
             assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()

@@ -18,8 +18,9 @@ so a plan that is wrong fails with out-of-memory, never by borrowing memory the 
 
 On the CPU the moves are no-ops (one memory) and the cap is not enforced; the schedule runs the same and the receipt
 counts it: `component_onloads`, `component_bytes_moved` (offloaded components and denoisers), the denoisers' ring's
-(`blocks_streamed`, `bytes_moved`, ...) and the text encoder's (`text_blocks_streamed`, `text_bytes_moved`, ...). Contract
-bitwise for the residency itself; a tiled decode is not bit-equal to an untiled one, and the plan says which it is.
+(`blocks_streamed`, `bytes_moved`, ...) and the text encoder's (`text_blocks_streamed`, `text_bytes_moved`, ...).
+Contract bitwise for the residency itself; a tiled decode is not bit-equal to an untiled one, and the plan says which
+it is.
 """
 
 from __future__ import annotations

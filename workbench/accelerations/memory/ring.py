@@ -9,9 +9,9 @@ Where the streamed weights live (CUDA). On the host: views of one pinned buffer 
 allocation and one device -> pinned copy per weight; torch's pinned cache would round each weight's own allocation up
 to a power of two, ~1.6x the weights). On the device: `Slots`, RING_IN_FLIGHT flat buffers allocated once at install,
 each the size of the largest streamed block, shared by all the rings of one install (one ring's blocks compute at a
-time: Wan2.2's experts take turns and the text encoder runs before denoising, as the planner's working set assumes). Streamed block j computes from views of slot j % count,
-its tensors at aligned offsets in its own layout; outside its forward its `.data` are the pinned views again. So after
-install the streamed weights never touch the caching allocator: allocating per onload on a side stream (diffusers'
+time: Wan2.2's experts take turns and the text encoder runs before denoising, as the planner's working set assumes).
+Streamed block j computes from views of slot j % count, its tensors at aligned offsets in its own layout; outside its
+forward its `.data` are the pinned views again. So after install the streamed weights never touch the caching allocator: allocating per onload on a side stream (diffusers'
 `ModuleGroup`, which has no fixed-slot mode) lets the reserved memory outgrow the allocated one, and under a memory
 fraction the allocator then frees cached blocks with device syncs. diffusers is not used here.
 
