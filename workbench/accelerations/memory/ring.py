@@ -11,9 +11,10 @@ to a power of two, ~1.6x the weights). On the device: `Slots`, RING_IN_FLIGHT fl
 each the size of the largest streamed block, shared by all the rings of one install (one ring's blocks compute at a
 time: Wan2.2's experts take turns and the text encoder runs before denoising, as the planner's working set assumes).
 Streamed block j computes from views of slot j % count, its tensors at aligned offsets in its own layout; outside its
-forward its `.data` are the pinned views again. So after install the streamed weights never touch the caching allocator: allocating per onload on a side stream (diffusers'
-`ModuleGroup`, which has no fixed-slot mode) lets the reserved memory outgrow the allocated one, and under a memory
-fraction the allocator then frees cached blocks with device syncs. diffusers is not used here.
+forward its `.data` are the pinned views again. So after install the streamed weights never touch the caching
+allocator: allocating per onload on a side stream (diffusers' `ModuleGroup`, which has no fixed-slot mode) lets the
+reserved memory outgrow the allocated one, and under a memory fraction the allocator then frees cached blocks with
+device syncs. diffusers is not used here.
 
 Ordering (per slot s: `done[s]` recorded on the compute stream when a block leaves s, after its forward or evicted;
 `landed[s]` on the side stream after a copy into s; all waits are device-side). A copy into s waits on `done[s]`, so
