@@ -145,13 +145,13 @@ def _smallest_cap(model):
     return plan_for(model, MemoryBudget(2**40), Request("p").resolved(model.family, model.defaults)).minimum_cap
 
 
-def _bitwise_equal_resident_twice(session, resident_session, request):
-    """Two requests under `session`'s plan equal the resident session's (offloaded components, offloaded denoisers
-    and streamed layers come back for the next request); the residency's receipt counts what the plan says, every
-    streamed block and layer prefetched, and the bytes it moved are the plan's `bytes_moved`."""
+def _bitwise_equal_resident(session, resident_session, request, times):
+    """`times` requests under `session`'s plan equal the resident session's (offloaded components and denoisers come
+    back for the next request); the residency's receipt counts what the plan says, every streamed block and layer
+    prefetched and released, and the bytes it moved are the plan's `bytes_moved`. Returns the last result."""
     plan, family = session.memory_plan, session.family
     resident = resident_session.generate(request, progress=False)
-    for _ in range(2):
+    for _ in range(times):
         result = session.generate(request, progress=False)
         assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()
         assert resident.audio is None or (result.audio == resident.audio).all()
@@ -177,9 +177,8 @@ def test_memory_cap_session_bitwise_equal_resident(sessions, name):
         Session.open(name, device="cpu", memory=cap - 1)
     session = Session.open(name, device="cpu", memory=cap)
     assert session.memory_plan.offloaded and session.memory_plan.denoisers_offloaded, str(session.memory_plan)
-    _bitwise_equal_resident_twice(
-        session, sessions(name), Request("a red circle moves left", seed=3, height=32, width=32)
-    )
+    request = Request("a red circle moves left", seed=3, height=32, width=32)
+    _bitwise_equal_resident(session, sessions(name), request, times=2)
     with pytest.raises(ValueError, match=r"\['group_offload'\] move the denoiser's weights"):
         session.accelerate({"group_offload": {}})
 
@@ -203,14 +202,14 @@ def _text_ring_budget(model, request):
 def test_memory_plan_streaming_text_encoder_bitwise_equal_resident(sessions, name):
     """A plan that streams some of the text encoder's layers through the ring during text_encode (`_text_ring_budget`;
     tiny-wan and tiny-ltx2 stream a denoiser block through the same slots): the output equals the resident
-    session's, twice; the dashboard's residency line counts the streamed layers."""
+    session's, every streamed layer released after its forward; the dashboard's residency line counts them."""
     from workbench.widgets.memory import residency_html
 
     request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST[name])
     session = Session.open(name, device="cpu", memory=_text_ring_budget(sessions(name).model, request))
     plan = session.memory_plan
     assert f"{len(plan.streamed_text_layers)} streamed during text_encode" in str(plan)
-    result = _bitwise_equal_resident_twice(session, sessions(name), request)
+    result = _bitwise_equal_resident(session, sessions(name), request, times=1)
     n = plan.text_forwards * len(plan.streamed_text_layers)
     assert f"text encoder {n} layers streamed ({n} prefetched, 0 late)" in residency_html(result, "capped")
 
