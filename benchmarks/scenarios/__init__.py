@@ -21,11 +21,12 @@ from benchmarks.scenarios import (
     request_wan,
     ring,
     sparse_attention,
+    text_ring,
     vae_decode,
 )
 
 MODULES: tuple[ModuleType, ...] = (
     forward_wan, forward_h3, request_wan, sparse_attention, fp8_attention, kernels, relayout, portability, parallel,
-    memory, ring, fanout, vae_decode,
+    memory, ring, text_ring, fanout, vae_decode,
 )  # fmt: skip
 SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}
