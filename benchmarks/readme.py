@@ -100,8 +100,10 @@ def fits_table(results: Path) -> list[str]:
         "configuration on the meta device (`workbench.model_sizes`, which names the reference requests), activation "
         "peaks from the planner's formulas, 10 % of the card kept as headroom. `resident`: everything stays on the "
         "card; `offload X`: X waits in host memory between its stages; `ring S/N`: S of the denoiser's N blocks "
-        "stream from pinned host memory each forward (`block_ring`, one per expert on Wan2.2); `tiled decode`: the "
-        "VAE decodes in tiles.",
+        "stream from pinned host memory each forward (`block_ring`, one per expert on Wan2.2); `text ring S/N`: S of "
+        "the (offloaded) text encoder's N layers stream through the same ring during text encoding, the rest of it "
+        "comes on whole for that stage; `denoiser offloaded outside denoise`: the denoiser's resident weights wait in "
+        "host memory during the other stages and come back once a request; `tiled decode`: the VAE decodes in tiles.",
     ]
     return lines + _measured_under_cap(results)
 
@@ -114,6 +116,10 @@ def _cell(plan: Any) -> str:
     parts = [f"offload {'+'.join(plan.offloaded)}"] if plan.offloaded else []
     rings = [f"{len(plan.streamed_blocks[d])}/{n}" for d, n in plan.block_counts.items() if plan.streamed_blocks[d]]
     parts += [f"ring {' + '.join(rings)}"] if rings else []
+    parts += (
+        [f"text ring {len(plan.streamed_text_layers)}/{plan.text_layer_count}"] if plan.streamed_text_layers else []
+    )
+    parts += ["denoiser offloaded outside denoise"] if plan.denoisers_offloaded else []
     parts += ["tiled decode"] if plan.tiled_decode else []
     return ", ".join(parts) or "resident"
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from workbench import Request, Session
-from workbench.memory_plan import Footprint, MemoryBudget, parse_bytes, plan_for, plan_memory
+from workbench.memory_plan import Footprint, MemoryBudget, footprint, parse_bytes, plan_for, plan_memory
 
 # A synthetic model: a text encoder of 100 B, a VAE of 50 B, a denoiser of four 40 B blocks and 10 B besides.
 # Activations: denoise 20, text_encode 5, video_decode 60 untiled / 15 tiled; 4 denoiser forwards per request.
@@ -40,11 +40,52 @@ def test_planner_picks_the_cheapest_plan_that_fits():
     # block (100 + 160 B)
     both = plan(324)
     assert set(both.offloaded) == {"text_encoder", "vae"} and both.bytes_moved == 150 and not both.tiled_decode
-    # the smallest: everything offloaded, all four blocks streamed, three in flight: 10 + 3 * 40 + 20 = 150
-    smallest = plan(150)
-    assert smallest.streamed_blocks == {"transformer": (0, 1, 2, 3)} and smallest.stage_peaks["denoise"] == 150
-    assert smallest.bytes_moved == 150 + 4 * 160 and smallest.minimum_cap == 150
-    assert "4 streamed" in str(smallest) and "offloaded between stages: text_encoder, vae" in str(smallest)
+    # the smallest: both components and the denoiser offloaded between stages: 10 + 160 + 20 = 190 (streaming its
+    # blocks instead would leave the ring's slots on the device beside the whole text encoder: 120 + 100 + 5)
+    smallest = plan(190)
+    assert smallest.denoisers_offloaded and smallest.streamed_blocks == {"transformer": ()}
+    assert smallest.stage_peaks == {"denoise": 190, "text_encode": 105, "video_decode": 110}
+    assert smallest.bytes_moved == 150 + 170 and smallest.minimum_cap == 190
+    assert "on the device during denoise only" in str(smallest) and "text_encoder, vae" in str(smallest)
+
+
+# A text encoder of 100 B whose 8 decoder layers (10 B each) may stream; the denoiser as above; two stages.
+# Activations: denoise 20, text_encode 5; 4 denoiser forwards; CFG: the text encoder runs twice a request.
+TEXT_FP = Footprint(
+    components={"text_encoder": 100},
+    blocks={"transformer": (40, 40, 40, 40)},
+    denoiser_rest={"transformer": 10},
+    stages={"text_encode": ("text_encoder",)},
+    text_layers=(10,) * 8,
+)
+
+
+def text_plan(cap, text_forwards=2):
+    activation = {"denoise": 20, "text_encode": 5}
+    return plan_memory(TEXT_FP, activation, cap, forwards=4, headroom=0.0, text_forwards=text_forwards)
+
+
+def test_planner_streams_text_layers_or_offloads_the_denoiser_whichever_moves_less():
+    assert text_plan(290).bytes_moved == 0 and text_plan(275).offloaded == ("text_encoder",)  # 170 + 100 + 5
+    # 260: the whole text encoder no longer fits beside the denoiser. Streaming t of its layers through 3 slots of
+    # 10 B: 170 + 30 + 100 - 10 t + 5 <= 260 from t = 5, moving the streamed layers once more for the negative
+    # prompt (100 + 50 B); offloading the denoiser outside denoise would move 100 + 170 B
+    streamed = text_plan(260)
+    assert streamed.streamed_text_layers == (0, 2, 3, 5, 7) and not streamed.denoisers_offloaded
+    assert streamed.bytes_moved == 150 and streamed.stage_peaks == {"denoise": 220, "text_encode": 255}
+    assert "text_encoder: 3 of 8 layers resident, 5 streamed during text_encode" in str(streamed)
+    # the same cap when the text encoder runs 8 times a request: streaming costs 100 + 7 x 50, offloading 270
+    many = text_plan(260, text_forwards=8)
+    assert many.denoisers_offloaded and many.streamed_text_layers == () and many.bytes_moved == 270
+    # 224: every layer streamed (225) is not enough; offloading the denoiser is the cheapest way left
+    assert text_plan(224).denoisers_offloaded and text_plan(224).bytes_moved == 270
+    # the smallest: everything streams and the denoiser leaves the device outside denoise: 10 + 3 x 40 + 20
+    smallest = text_plan(150)
+    assert smallest.streamed_text_layers == tuple(range(8)) and smallest.streamed_blocks["transformer"] == (0, 1, 2, 3)
+    assert smallest.denoisers_offloaded and smallest.stage_peaks == {"denoise": 150, "text_encode": 145}
+    assert smallest.bytes_moved == 100 + 80 + 4 * 160 + 10 and smallest.minimum_cap == 150
+    with pytest.raises(ValueError, match=r"memory: a cap of 149 B .* the smallest cap that fits is 150 B"):
+        text_plan(149)
 
 
 def test_planner_tiles_the_decode_where_untiled_cannot_fit():
@@ -55,10 +96,10 @@ def test_planner_tiles_the_decode_where_untiled_cannot_fit():
 
 
 def test_planner_refuses_a_cap_too_small_naming_the_smallest_that_fits():
-    with pytest.raises(ValueError, match=r"memory: a cap of 149 B .* the smallest cap that fits is 150 B"):
-        plan(149)
+    with pytest.raises(ValueError, match=r"memory: a cap of 189 B .* the smallest cap that fits is 190 B"):
+        plan(189)
     with_headroom = plan_memory(FP, ACTIVATION, 10**6, forwards=4, tiled_activation=15, headroom=0.1)
-    assert with_headroom.minimum_cap == 167  # ceil(150 / 0.9)
+    assert with_headroom.minimum_cap == 212  # ceil(190 / 0.9)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +108,20 @@ def test_planner_refuses_a_cap_too_small_naming_the_smallest_that_fits():
 )
 def test_memory_strings_parse(value, expected):
     assert parse_bytes(value) == expected
+
+
+def test_text_blocks_of_another_text_encoder_raises(sessions):
+    import dataclasses
+
+    model = sessions("tiny-wan").model
+    root, layers = model.family.text_blocks(model.pipeline.text_encoder)
+    assert root is model.pipeline.text_encoder.encoder and len(layers) == len(root.block)
+    for path in ("model.language_model.layers", None):
+        family = dataclasses.replace(model.family, text_layers=path)
+        with pytest.raises(
+            RuntimeError, match=rf"wan: the text encoder UMT5EncoderModel has no layer list at {path!r}"
+        ):
+            family.text_blocks(model.pipeline.text_encoder)
 
 
 def test_card_names_are_memory_caps_and_card_plans():
@@ -90,58 +145,122 @@ def _smallest_cap(model):
     return plan_for(model, MemoryBudget(2**40), Request("p").resolved(model.family, model.defaults)).minimum_cap
 
 
+def _bitwise_equal_resident(session, resident_session, request, times):
+    """`times` requests under `session`'s plan equal the resident session's (offloaded components and denoisers come
+    back for the next request); the residency's receipt counts what the plan says, every streamed block and layer
+    prefetched and released, and the bytes it moved are the plan's `bytes_moved`. Returns the last result."""
+    plan, family = session.memory_plan, session.family
+    resident = resident_session.generate(request, progress=False)
+    for _ in range(times):
+        result = session.generate(request, progress=False)
+        assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()
+        assert resident.audio is None or (result.audio == resident.audio).all()
+        got = result.receipts["memory_residency"]
+        stages = sum(len(set(names) & set(plan.offloaded)) for names in family.stage_components.values())
+        assert got.get("component_onloads", 0) == stages + plan.denoisers_offloaded * len(plan.streamed_blocks)
+        for prefix, streamed in (("", plan.forwards * len(plan.streamed_blocks["transformer"])),
+                                 ("text_", plan.text_forwards * len(plan.streamed_text_layers))):  # fmt: skip
+            assert got.get(prefix + "blocks_streamed", 0) == got.get(prefix + "released", 0) == streamed
+            assert got.get(prefix + "prefetched", 0) == streamed and prefix + "late" not in got  # all issued ahead
+        moved = ("component_bytes_moved", "bytes_moved", "text_bytes_moved")
+        assert sum(got.get(key, 0) for key in moved) == plan.bytes_moved, str(plan)
+        assert result.metadata["memory_plan"]["offloaded"] == list(plan.offloaded)
+    return result
+
+
 @pytest.mark.parametrize("name", ["tiny-wan", "tiny-ltx2"])
 def test_memory_cap_session_bitwise_equal_resident(sessions, name):
-    """At the smallest cap that fits: components offloaded between stages and denoiser blocks streamed, the output
-    equal to the resident session's, twice in a row (offloaded components come back for the next request)."""
+    """At the smallest cap that fits (refused one byte below): components offloaded between stages and the denoiser
+    on the device during denoise only, the output equal to the resident session's twice in a row."""
     cap = _smallest_cap(sessions(name).model)
     with pytest.raises(ValueError, match=rf"the smallest cap that fits is .*\({cap} bytes\)"):
         Session.open(name, device="cpu", memory=cap - 1)
     session = Session.open(name, device="cpu", memory=cap)
-    plan = session.memory_plan
-    assert plan.offloaded and plan.streamed_blocks["transformer"], str(plan)
-    request = Request("a red circle moves left", seed=3, height=32, width=32)  # within the plan's default shape
-    resident = sessions(name).generate(request, progress=False)
-    first, second = (session.generate(request, progress=False) for _ in range(2))
-    for result in (first, second):
-        assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()
-        assert resident.audio is None or (result.audio == resident.audio).all()
-        own = ring = result.receipts["memory_residency"]
-        stages = sum(len(set(names) & set(plan.offloaded)) for names in session.family.stage_components.values())
-        assert own["component_onloads"] == stages
-        assert ring["blocks_streamed"] == ring["released"] == plan.forwards * len(plan.streamed_blocks["transformer"])
-        assert ring["prefetched"] == ring["blocks_streamed"] and "late" not in ring  # every copy issued ahead
-        assert own["component_bytes_moved"] + ring["bytes_moved"] == plan.bytes_moved
-        assert result.metadata["memory_plan"]["offloaded"] == list(plan.offloaded)
+    assert session.memory_plan.offloaded and session.memory_plan.denoisers_offloaded, str(session.memory_plan)
+    request = Request("a red circle moves left", seed=3, height=32, width=32)
+    _bitwise_equal_resident(session, sessions(name), request, times=2)
     with pytest.raises(ValueError, match=r"\['group_offload'\] move the denoiser's weights"):
         session.accelerate({"group_offload": {}})
 
 
+# Requests whose text encoder runs once (tiny-wan without CFG): streaming its layers then moves nothing extra.
+TEXT_RING_REQUEST = {"tiny-wan": {"guidance": 1.0, "height": 32, "width": 32}, "tiny-ltx2": {}, "tiny-h3": {}}
+
+
+def _text_ring_budget(model, request):
+    """Measured activations of 100 kB for denoise and text_encode (1 kB for the decodes), no headroom, and the largest
+    cap (in steps of a text layer) whose plan for `request` streams some of the text encoder's layers."""
+    activation = {"denoise": 100_000, "text_encode": 100_000, "video_decode": 1000, "audio_decode": 1000}
+    planned = request.resolved(model.family, model.defaults)
+    cap = max(plan_for(model, MemoryBudget(2**40, activation, request, 0.0), planned).stage_peaks.values())
+    while not plan_for(model, MemoryBudget(cap, activation, request, 0.0), planned).streamed_text_layers:
+        cap -= min(footprint(model, planned).text_layers)
+    return MemoryBudget(cap, activation, request, 0.0)
+
+
+@pytest.mark.parametrize("name", sorted(TEXT_RING_REQUEST))
+def test_memory_plan_streaming_text_encoder_bitwise_equal_resident(sessions, name):
+    """A plan that streams some of the text encoder's layers through the ring during text_encode (`_text_ring_budget`;
+    tiny-wan and tiny-ltx2 stream a denoiser block through the same slots): the output equals the resident
+    session's, every streamed layer released after its forward; the dashboard's residency line counts them."""
+    from workbench.widgets.memory import residency_html
+
+    request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST[name])
+    session = Session.open(name, device="cpu", memory=_text_ring_budget(sessions(name).model, request))
+    plan = session.memory_plan
+    assert f"{len(plan.streamed_text_layers)} streamed during text_encode" in str(plan)
+    result = _bitwise_equal_resident(session, sessions(name), request, times=1)
+    n = plan.text_forwards * len(plan.streamed_text_layers)
+    assert f"text encoder {n} layers streamed ({n} prefetched, 0 late)" in residency_html(result, "capped")
+
+
 @pytest.mark.gpu
-def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped():
-    """The CPU-planned smallest arrangement of tiny-wan carried out on CUDA (pinned host copies, side-stream copies)
-    under a 1 GiB cap (a tiny model's own cap is below the allocator's granularity)."""
+@pytest.mark.parametrize("name, arrangement", [("tiny-wan", "smallest"), ("tiny-wan", "text"), ("tiny-h3", "text")])
+def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(name, arrangement):
+    """A CPU-planned arrangement carried out on CUDA (pinned host copies, side-stream copies, one set of ring slots for
+    the denoiser's and the text encoder's streamed blocks) under a 1 GiB cap (a tiny model's own cap is below the
+    allocator's granularity): tiny-wan's smallest (components and the denoiser offloaded between stages) and the
+    text-ring plans of the CPU test. Equal to the resident CUDA session twice; the streamed text layers compute on
+    the device; after each request every offloaded weight is back in pinned host memory."""
     import dataclasses
 
     from workbench.accelerations.memory.residency import Residency
+    from workbench.accelerations.memory.ring import tensors_of
     from workbench.models import resolve
 
-    resident_session = Session.open("tiny-wan", device="cuda")
-    request = Request("a red circle moves left", seed=3, height=32, width=32)
-    resident = resident_session.generate(request, progress=False)
-    model = resolve("tiny-wan", dtype=torch.bfloat16)
-    planned = Request("p").resolved(model.family, model.defaults)
-    smallest = plan_for(model, MemoryBudget(2**40), planned).minimum_cap
-    plan = dataclasses.replace(plan_for(model, MemoryBudget(smallest), planned), cap=2**30)
+    request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST[name])
+    if arrangement == "smallest":
+        request = Request("a red circle moves left", seed=3, height=32, width=32)
+    resident = Session.open(name, device="cuda").generate(request, progress=False)
+    model = resolve(name, dtype=torch.bfloat16)
+    planned = request.resolved(model.family, model.defaults)
+    budget = MemoryBudget(2**40, request=request)
+    budget = _text_ring_budget(model, request) if arrangement == "text" else MemoryBudget(
+        plan_for(model, budget, planned).minimum_cap, request=request
+    )  # fmt: skip
+    plan = dataclasses.replace(plan_for(model, budget, planned), cap=2**30)
+    assert plan.streamed_text_layers if arrangement == "text" else plan.denoisers_offloaded, str(plan)
+    away = [getattr(model.pipeline, c) for c in plan.offloaded]
+    away += [model.pipeline.transformer] if plan.denoisers_offloaded else []
+    layers = model.family.text_blocks(model.pipeline.text_encoder)[1]
+    on_device, hooks = [], []
     device = torch.device("cuda", torch.cuda.current_device())
     try:
         session = Session(model, device, torch.bfloat16, 0.0)
-        session.residency = Residency.arrange(model, plan, device, MemoryBudget(2**30))
+        session.residency = Residency.arrange(model, plan, device, dataclasses.replace(budget, cap=2**30))
+        where = lambda module, _: on_device.append({t.device.type for t in tensors_of(module)})  # noqa: E731
+        hooks = [layers[i].register_forward_pre_hook(where) for i in plan.streamed_text_layers]
         for _ in range(2):
             result = session.generate(request, progress=False)
             assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()
-            text = next(model.pipeline.text_encoder.parameters())
-            assert text.device.type == "cpu" and text.is_pinned(), "the text encoder did not go back to host"
-            assert result.receipts["memory_residency"]["blocks_streamed"] > 0
+            assert resident.audio is None or (result.audio == resident.audio).all()
+            left = [t for module in away for t in tensors_of(module) if t.device.type != "cpu" or not t.is_pinned()]
+            assert not left, f"{len(left)} offloaded weights did not go back to pinned host memory"
+            got = result.receipts["memory_residency"]
+            assert got.get("text_blocks_streamed", 0) == plan.text_forwards * len(plan.streamed_text_layers)
+            assert "late" not in got and "text_late" not in got
+        assert on_device == [{"cuda"}] * (2 * plan.text_forwards * len(plan.streamed_text_layers))
     finally:
+        for hook in hooks:
+            hook.remove()
         torch.cuda.set_per_process_memory_fraction(1.0, device)

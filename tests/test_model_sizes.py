@@ -37,8 +37,9 @@ def test_released_meta_builds_allocate_nothing_and_match_documented_parameter_co
 def test_fits_table_cells_are_the_planners_plans():
     """The README's fits table shows, per card and release, `plan_for`'s plan under that card's memory: "no (needs
     <smallest cap>)" exactly where the card's memory is below the plan's `minimum_cap` (the planner refuses it),
-    otherwise the plan's offloaded components, streamed blocks per denoiser and decode mode. A 24 GiB card cannot hold
-    MiniMax-H3's 62 GiB text encoder for its stage; an H200 holds Wan2.1-1.3B resident."""
+    otherwise the plan's offloaded components, streamed blocks per denoiser, streamed text-encoder layers, offloaded
+    denoisers and decode mode. MiniMax-H3 fits a 48 GiB card only by streaming its 62 GiB text encoder's layers; an
+    H200 holds Wan2.1-1.3B resident."""
     rows = [line.split(" | ") for line in fits_table(RESULTS) if line.startswith("| `")]
     cells = {row[0].split("`")[1]: dict(zip(RELEASED, [c.strip(" |") for c in row[1:]], strict=True)) for row in rows}
     assert list(cells) == list(CARDS)
@@ -54,14 +55,20 @@ def test_fits_table_cells_are_the_planners_plans():
             for denoiser, count in arranged.block_counts.items():
                 streamed = len(arranged.streamed_blocks[denoiser])
                 assert (f"{streamed}/{count}" in cell) == (streamed > 0), (card_name, model, cell)
+            text = f"text ring {len(arranged.streamed_text_layers)}/{arranged.text_layer_count}"
+            assert (text in cell) == bool(arranged.streamed_text_layers), (card_name, model, cell)
+            assert ("denoiser offloaded outside denoise" in cell) == arranged.denoisers_offloaded, cell
             assert ("tiled decode" in cell) == arranged.tiled_decode, cell
             resident = not (arranged.offloaded or arranged.tiled_decode or any(arranged.streamed_blocks.values()))
+            resident = resident and not arranged.denoisers_offloaded
             assert (cell == "resident") == resident, cell
     h3, wan = "MiniMax-H3 33.1B", "Wan2.1-T2V-14B"
     with pytest.raises(ValueError, match=rf"the smallest cap that fits is .*\({smallest[h3]} bytes\)"):
-        plan_for(meta_model(h3), MemoryBudget("rtx4090"), reference_request(h3))
+        plan_for(meta_model(h3), MemoryBudget(smallest[h3] - 1), reference_request(h3))
     assert card_plans()["rtx4090"][wan] == plan_for(meta_model(wan), MemoryBudget("rtx4090"), reference_request(wan))
-    assert cells["rtx4090"][h3].startswith("no (needs ") and cells["h200"]["Wan2.1-T2V-1.3B"] == "resident"
+    h3_48 = card_plans()["rtx4090-48gb"][h3]
+    assert "text_encoder" in h3_48.offloaded and h3_48.streamed_text_layers, str(h3_48)
+    assert cells["h200"]["Wan2.1-T2V-1.3B"] == "resident"
 
 
 def test_released_unknown_name_raises_naming_model():

@@ -108,19 +108,27 @@ def plan_html(plan: MemoryPlan | None) -> str:
 
 def residency_html(result: Any, label: str) -> str:
     """The memory receipt of a result made under a plan ("" otherwise): what the residency moved (ring blocks
-    streamed, prefetched and late, bytes moved; components brought on) and, per stage, the planned peak beside the
-    allocated peak the result measured (none on a CPU)."""
+    streamed, prefetched and late, bytes moved; the text encoder's streamed layers where it streams them; components
+    brought on) and, per stage, the planned peak beside the allocated peak the result measured (none on a CPU)."""
     plan = result.metadata.get("memory_plan")
     receipt = result.receipts.get("memory_residency")
     if plan is None or receipt is None:
         return ""
     n = {key: receipt.get(key, 0) for key in ("blocks_streamed", "prefetched", "late", "bytes_moved")}
+    text = {key: receipt.get("text_" + key, 0) for key in n}
     onloads, moved = receipt.get("component_onloads", 0), receipt.get("component_bytes_moved", 0)
     ran = "executed" if receipt.get("executed") else "nothing moved"
     lines = [
         f"<b>memory residency</b> of {html.escape(label)} under {html.escape(gib(plan['cap']))} ({ran}): "
         f"ring {n['blocks_streamed']} blocks streamed ({n['prefetched']} prefetched, {n['late']} late), "
-        f"{html.escape(gib(n['bytes_moved']))} moved; {onloads} component onloads, {html.escape(gib(moved))} moved"
+        f"{html.escape(gib(n['bytes_moved']))} moved; "
+        + (
+            f"text encoder {text['blocks_streamed']} layers streamed ({text['prefetched']} prefetched, "
+            f"{text['late']} late), {html.escape(gib(text['bytes_moved']))} moved; "
+            if text["blocks_streamed"]
+            else ""
+        )
+        + f"{onloads} component onloads, {html.escape(gib(moved))} moved"
     ]
     stages = [*plan["stage_peaks"], *(s for s in result.memory if s not in plan["stage_peaks"])]
     rows = "".join(

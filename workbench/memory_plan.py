@@ -9,29 +9,25 @@ request. The choices:
   resident, or lives in (pinned) host memory and is on the device only during its stages;
 - each denoiser keeps all its transformer blocks resident, or streams S of them per forward through a ring
   (`workbench.accelerations.memory.ring`, which also says which S blocks);
+- an offloaded text encoder comes onto the device whole for text_encode, or streams T of its decoder layers
+  (`Family.text_blocks`) through the same ring while the rest of it comes on whole; the streamed layers move once
+  per text-encoder forward (`Family.text_forwards`: twice with a separately encoded negative prompt);
+- the denoisers' non-streamed weights stay on the device, or are there during denoise only (host memory in the other
+  stages, moved back once per request): what makes room for a large text encoder or decode without streaming more
+  blocks every forward;
 - the video VAE decodes untiled, or tiled (diffusers' `enable_tiling`) where untiled would not fit without moving
   more bytes (streaming a 14B denoiser's blocks 100 times a request to make room for one untiled decode is no deal).
 
-Peak of a stage = bytes resident on the device all the time (resident components, the denoisers' resident blocks and
-their non-block weights) + the offloaded components that stage runs + its activation peak; the denoise stage adds the
-ring's working set: `RING_IN_FLIGHT` slots (the block computing, the one arriving, the one released whose kernels may
-still be queued), each the size of the largest streamed block, shared by the denoisers. A plan fits when every stage's
-peak is at most `cap * (1 - headroom)`; the headroom is for the allocator's fragmentation and library workspaces
-(cuBLAS, attention), which no formula here sees.
+Peak of a stage = the components not offloaded + the ring's working set + the denoisers' non-streamed weights (in
+every stage, or during denoise only) + the offloaded components that stage runs (less the streamed text layers) +
+its activation peak. The ring's working set is `RING_IN_FLIGHT` slots (the block computing, the one arriving, the one
+released whose kernels may still be queued; fewer when fewer blocks stream), each the size of the largest streamed
+block or layer, shared by the denoisers and the text encoder and allocated for the whole session, so on the device in
+every stage. A plan fits when every stage's peak is at most `cap * (1 - headroom)`; the headroom is for the
+allocator's fragmentation and library workspaces (cuBLAS, attention), which no formula here sees.
 
-Activation estimates (bytes; `b` is the element size of the module's weights). Rough on purpose and documented so a
-measured value can replace them (`measured_activation(result, plan)` reads them back from a Result):
-- denoise: `rows * b * max(8 * D, 2 * D + 3 * F)` with `rows` from `Family.denoise_shape` (tokens of one denoiser
-  forward, CFG batch included), `D` a block's width (the most common `in_features` of its Linears) and `F` its
-  feed-forward width (the widest input of a Linear back to `D`): inside a block, the residual, the norm output, q, k, v, the attention output and rotary temporaries (~8 D
-  per row), or the residual, the norm output and the feed-forward's up / gate / product (2 D + 3 F per row).
-- text_encode: the same per-row formula on the text encoder's Linears, for `TEXT_ROWS` rows.
-- video_decode / image_encode: `b * frames * height * width * C * 3`, `C` the input channels of the decoder's last
-  convolution (the widest map at full resolution), 3 live maps (input, output, norm). Tiled: `height` and `width`
-  capped at the VAE's tile size (and `frames` at its temporal tile where it has one). An upper bound: a VAE that
-  decodes a few frames at a time (Wan's causal decoder) peaks lower.
-- audio_decode: `b * samples * C * 3` with `samples` = the clip's seconds x the output sample rate, `C` as above over
-  the audio VAE's and vocoder's last convolutions.
+Activation peaks come from `workbench.memory_estimate` (rough formulas, documented there) or are measured and given in
+`MemoryBudget.activation` (`measured_activation(result, plan)` reads them back from a Result).
 
 On the CPU a cap is planning arithmetic only (nothing enforces it); on CUDA the session enforces it with
 `torch.cuda.set_per_process_memory_fraction`, so a wrong plan fails with out-of-memory instead of borrowing memory
@@ -43,21 +39,22 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from workbench.accelerations.memory.ring import RING_IN_FLIGHT, module_bytes, streamed_positions
 from workbench.cards import CARDS, card, is_card
+from workbench.memory_estimate import estimate_activation
 from workbench.request import shown
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
 _AMOUNT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
-TEXT_ROWS = 1024  # text-encoder rows planned for: a 512-token prompt and its negative
 DEFAULT_HEADROOM = 0.1
+TEXT = "text_encoder"  # the component whose decoder layers may stream (`Family.text_layers`)
 
 
 def parse_bytes(value: Any, name: str = "memory") -> int:
@@ -119,12 +116,15 @@ class Footprint:
 
     `components`: every module component that is not a denoiser -> bytes. `blocks`: denoiser -> bytes of each
     transformer block in order; `denoiser_rest`: denoiser -> bytes outside its blocks. `stages`: stage -> the
-    components it runs (the planner may offload exactly these)."""
+    components it runs (the planner may offload exactly these). `text_layers`: bytes of each of the text encoder's
+    decoder layers in order (`Family.text_blocks`; part of `components["text_encoder"]`), empty where they cannot
+    stream."""
 
     components: dict[str, int]
     blocks: dict[str, tuple[int, ...]]
     denoiser_rest: dict[str, int]
     stages: dict[str, tuple[str, ...]]
+    text_layers: tuple[int, ...] = ()
 
 
 def footprint(model: Any, request: Any = None) -> Footprint:
@@ -143,7 +143,9 @@ def footprint(model: Any, request: Any = None) -> Footprint:
     stages = {stage: tuple(c for c in names if c in components) for stage, names in family.stage_components.items()}
     keyframes = request is None or request.image is not None or request.last_image is not None
     runs = {stage: names for stage, names in stages.items() if names and (keyframes or stage != "image_encode")}
-    return Footprint(components, blocks, rest, runs)
+    text = getattr(pipeline, TEXT, None) if family.text_layers else None
+    layers = tuple(module_bytes(layer) for layer in family.text_blocks(text)[1]) if text is not None else ()
+    return Footprint(components, blocks, rest, runs, layers)
 
 
 @dataclass(frozen=True)
@@ -151,8 +153,14 @@ class MemoryPlan:
     """The receipt of a plan: what stays where, the decode mode, the planned peak per stage and what it costs.
 
     `streamed_blocks`: denoiser -> positions of the blocks the ring streams (empty: all resident).
+    `streamed_text_layers`: positions of the text encoder's layers (of `text_layer_count`) the ring streams during
+    text_encode (the text encoder is then offloaded; its other weights come on whole for its stage).
+    `denoisers_offloaded`: the denoisers' non-streamed weights are on the device during denoise only (host memory
+    in the other stages; brought back once per request).
     `bytes_moved`: host -> device bytes per request (offloaded components once per stage that runs them; streamed
-    blocks once per denoiser forward). `minimum_cap`: the smallest cap any plan fits under."""
+    blocks once per denoiser forward, streamed text layers once per text-encoder forward; offloaded denoisers once).
+    `resident_bytes`: what is on the device in every stage (components not offloaded, the ring's slots, the
+    denoisers' non-streamed weights unless offloaded). `minimum_cap`: the smallest cap any plan fits under."""
 
     cap: int
     usable: int
@@ -160,6 +168,9 @@ class MemoryPlan:
     offloaded: tuple[str, ...]
     streamed_blocks: dict[str, tuple[int, ...]]
     block_counts: dict[str, int]
+    streamed_text_layers: tuple[int, ...]
+    text_layer_count: int
+    denoisers_offloaded: bool
     tiled_decode: bool
     stage_peaks: dict[str, int]
     activation: dict[str, int]
@@ -167,6 +178,7 @@ class MemoryPlan:
     resident_bytes: int
     bytes_moved: int
     forwards: int
+    text_forwards: int
     minimum_cap: int
 
     def __str__(self) -> str:
@@ -176,6 +188,14 @@ class MemoryPlan:
                self.streamed_blocks[name] else "")
             for name, count in self.block_counts.items()
         )  # fmt: skip
+        if self.denoisers_offloaded:
+            ring += "; on the device during denoise only"
+        text, streamed = self.text_layer_count, len(self.streamed_text_layers)
+        layers = (
+            [f"  {TEXT}: {text - streamed} of {text} layers resident, {streamed} streamed during text_encode"]
+            if streamed
+            else []
+        )
         peaks = ", ".join(f"{stage} {gib(peak)}" for stage, peak in self.stage_peaks.items())
         return "\n".join(
             (
@@ -184,6 +204,7 @@ class MemoryPlan:
                 f"  resident: {', '.join(self.resident) or 'none'}; offloaded between stages: "
                 f"{', '.join(self.offloaded) or 'none'}",
                 f"  denoiser: {ring}",
+                *layers,
                 f"  video decode: {'tiled' if self.tiled_decode else 'untiled'}",
                 f"  planned peaks: {peaks}",
                 f"  moves {gib(self.bytes_moved)} host->device per request ({self.forwards} denoiser forwards)",
@@ -194,6 +215,7 @@ class MemoryPlan:
         values = asdict(self)
         values["streamed_blocks"] = {k: list(v) for k, v in self.streamed_blocks.items()}
         values["resident"], values["offloaded"] = list(self.resident), list(self.offloaded)
+        values["streamed_text_layers"] = list(self.streamed_text_layers)
         return values
 
     def weights_on_device(self, stage: str) -> int:
@@ -209,154 +231,153 @@ def plan_memory(
     tiled_activation: int | None = None,
     headroom: float = DEFAULT_HEADROOM,
     sources: dict[str, str] | None = None,
+    text_forwards: int = 1,
 ) -> MemoryPlan:
     """The plan moving the fewest bytes per request whose every stage fits in `cap * (1 - headroom)`.
 
     `activation`: stage -> activation peak (stages missing count 0); `tiled_activation`: the video decode's peak when
-    tiled (None: the model has no tiled mode, or it is its default). A tiled decode moves nothing, so it is chosen
-    where untiled would fit only by moving more bytes; at equal bytes untiled wins (tiled is slower and not
-    bit-equal to untiled), then fewer offloaded components. ValueError naming `memory` with the smallest cap that fits when none does."""
+    tiled (None: the model has no tiled mode, or it is its default); `text_forwards`: text-encoder forwards per
+    request. Every arrangement is weighed (offloaded components x streamed denoiser blocks x streamed text layers x
+    denoisers offloaded or not x decode mode). A tiled decode moves nothing, so it is chosen where untiled would fit
+    only by moving more bytes; at equal bytes untiled wins (tiled is slower and not bit-equal to untiled), then fewer
+    offloaded components, denoisers kept, fewer streamed text layers, fewer streamed blocks. ValueError naming
+    `memory` with the smallest cap that fits when none does."""
     usable = int(cap * (1 - headroom))
     offloadable = sorted({c for names in fp.stages.values() for c in names})
-    always = sum(size for name, size in fp.components.items() if name not in offloadable)
-    most_blocks = max((len(b) for b in fp.blocks.values()), default=0)
+    tables = _Tables.of(fp)
     best, smallest = None, None
-    for mask, streamed, tiled in itertools.product(
+    for mask, offload_denoisers, tiled in itertools.product(
         range(2 ** len(offloadable)),
-        range(most_blocks + 1),
+        (False, True) if fp.blocks else (False,),
         (False, True) if tiled_activation is not None else (False,),
     ):
         offloaded = tuple(c for i, c in enumerate(offloadable) if mask >> i & 1)
-        positions = {name: tuple(streamed_positions(len(b), min(streamed, len(b)))) for name, b in fp.blocks.items()}
-        peaks, moved, resident = _evaluate(fp, activation, offloaded, positions, tiled_activation if tiled else None)
-        moved_per_request = moved["components"] + forwards * moved["per_forward"]
-        top = max(peaks.values(), default=0) + always
-        key = (moved_per_request, tiled, len(offloaded))
-        if smallest is None or top < smallest[0]:
-            smallest = (top, key)
-        if top <= usable and (best is None or key < best[0]):
-            best = (key, offloaded, positions, tiled, {s: p + always for s, p in peaks.items()}, resident + always)
-    minimum_cap = math.ceil(smallest[0] / (1 - headroom))
+        layers = len(fp.text_layers) if TEXT in offloaded else 0
+        s, t = np.arange(len(tables.resident))[:, None], np.arange(layers + 1)[None, :]
+        peaks, moved = _arrange(fp, tables, activation, offloaded, s, t, tiled_activation if tiled else None,
+                                offload_denoisers, forwards, text_forwards)  # fmt: skip
+        top = np.max(np.stack(list(peaks.values())), axis=0)
+        smallest = int(top.min()) if smallest is None else min(smallest, int(top.min()))
+        fits = top <= usable
+        if not fits.any():
+            continue
+        cheapest = int(moved[fits].min())
+        t_best, s_best = min((int(b), int(a)) for a, b in np.argwhere(fits & (moved == cheapest)))
+        key = (cheapest, tiled, len(offloaded), offload_denoisers, t_best, s_best)
+        if best is None or key < best[0]:
+            chosen = {stage: int(peak[s_best, t_best]) for stage, peak in peaks.items()}
+            best = (key, offloaded, tiled, chosen)
+    minimum_cap = math.ceil(smallest / (1 - headroom))
     if best is None:
         raise ValueError(
-            f"memory: a cap of {gib(cap)} cannot hold this model and request (at least {gib(smallest[0])} must be on "
+            f"memory: a cap of {gib(cap)} cannot hold this model and request (at least {gib(smallest)} must be on "
             f"the device at once, with {headroom:.0%} headroom); the smallest cap that fits is {gib(minimum_cap)} "
             f"({minimum_cap} bytes)"
         )
-    (moved_per_request, _, _), offloaded, positions, tiled, peaks, resident_bytes = best
+    (moved_per_request, _, _, offload_denoisers, t_best, s_best), offloaded, tiled, peaks = best
+    slots = int(tables.slots(s_best, t_best))
+    kept = sum(fp.components[c] for c in fp.components if c not in offloaded)
     return MemoryPlan(
         cap=cap,
         usable=usable,
         resident=tuple(c for c in fp.components if c not in offloaded),
         offloaded=offloaded,
-        streamed_blocks=positions,
+        streamed_blocks=tables.positions(fp, s_best),
         block_counts={name: len(b) for name, b in fp.blocks.items()},
+        streamed_text_layers=tuple(streamed_positions(len(fp.text_layers), t_best)),
+        text_layer_count=len(fp.text_layers),
+        denoisers_offloaded=offload_denoisers,
         tiled_decode=tiled,
         stage_peaks=peaks,
         activation={**activation, **({"video_decode": tiled_activation} if tiled else {})},
         activation_source=dict(sources or dict.fromkeys(activation, "estimate")),
-        resident_bytes=resident_bytes,
+        resident_bytes=kept + slots + (0 if offload_denoisers else int(tables.resident[s_best])),
         bytes_moved=moved_per_request,
         forwards=forwards,
+        text_forwards=text_forwards,
         minimum_cap=minimum_cap,
     )
 
 
-def _evaluate(
+@dataclass(frozen=True)
+class _Tables:
+    """What the device holds for each count of streamed denoiser blocks (index s: each denoiser streams min(s, its
+    blocks) at `streamed_positions`) and of streamed text layers (index t)."""
+
+    resident: np.ndarray  # the denoisers' non-streamed weights (all denoisers: their rest and resident blocks)
+    per_forward: np.ndarray  # streamed bytes of one denoiser forward (the denoisers' mean: Wan2.2 switches experts)
+    largest: np.ndarray  # the largest streamed block
+    count: np.ndarray  # the most blocks one denoiser streams
+    text_streamed: np.ndarray  # bytes of the streamed text layers
+    text_largest: np.ndarray  # the largest streamed text layer
+
+    @classmethod
+    def of(cls, fp: Footprint) -> _Tables:
+        most = max((len(b) for b in fp.blocks.values()), default=0)
+        rows = []
+        for s in range(most + 1):
+            streamed = {
+                name: [b[i] for i in streamed_positions(len(b), min(s, len(b)))] for name, b in fp.blocks.items()
+            }
+            sums = [sum(chosen) for chosen in streamed.values()]
+            rows.append((
+                sum(fp.denoiser_rest.values()) + sum(map(sum, fp.blocks.values())) - sum(sums),
+                sum(sums) // len(sums) if sums else 0,
+                max((size for chosen in streamed.values() for size in chosen), default=0),
+                max((len(chosen) for chosen in streamed.values()), default=0),
+            ))  # fmt: skip
+        text = [[fp.text_layers[i] for i in streamed_positions(len(fp.text_layers), t)]
+                for t in range(len(fp.text_layers) + 1)]  # fmt: skip
+        columns = [np.array(column, dtype=np.int64) for column in zip(*rows, strict=True)]
+        return cls(
+            *columns,
+            np.array([sum(chosen) for chosen in text], dtype=np.int64),
+            np.array([max(chosen, default=0) for chosen in text], dtype=np.int64),
+        )
+
+    def slots(self, s: Any, t: Any) -> Any:
+        """The ring's working set: RING_IN_FLIGHT slots (fewer when fewer blocks stream) shared by the denoisers and
+        the text encoder, each the size of the largest block any of them streams; on the device in every stage."""
+        count = np.minimum(RING_IN_FLIGHT, np.maximum(self.count[s], t))
+        return count * np.maximum(self.largest[s], self.text_largest[t])
+
+    def positions(self, fp: Footprint, s: int) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(streamed_positions(len(b), min(s, len(b)))) for name, b in fp.blocks.items()}
+
+
+def _arrange(
     fp: Footprint,
+    tables: _Tables,
     activation: dict[str, int],
     offloaded: tuple[str, ...],
-    positions: dict[str, tuple[int, ...]],
+    s: Any,
+    t: Any,
     tiled: int | None,
-) -> tuple[dict[str, int], dict[str, int], int]:
-    """Stage peaks (without the always-resident components), bytes moved, and the resident bytes of one arrangement."""
-    resident = sum(fp.components[c] for c in {c for names in fp.stages.values() for c in names} - set(offloaded))
-    resident += sum(fp.denoiser_rest.values())
-    slots, largest, per_forward = 0, 0, []
-    for name, blocks in fp.blocks.items():
-        streamed = [blocks[i] for i in positions[name]]
-        resident += sum(blocks) - sum(streamed)
-        slots, largest = max(slots, min(len(streamed), RING_IN_FLIGHT)), max([largest, *streamed])
-        per_forward.append(sum(streamed))
-    peaks = {"denoise": resident + slots * largest + activation.get("denoise", 0)}
-    moved = 0
+    offload_denoisers: bool,
+    forwards: int,
+    text_forwards: int,
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(stage -> peak, host -> device bytes per request) of one arrangement for each s streamed denoiser blocks and
+    t streamed text layers (index arrays, broadcast together; t > 0 only with the text encoder offloaded).
+
+    A stage's peak: the always-resident components, the stage components not offloaded, the ring's slots, the
+    denoisers' non-streamed weights (during denoise; in the other stages unless `offload_denoisers`), the offloaded
+    components the stage runs (the text encoder less its streamed layers) and the stage's activation."""
+    kept = sum(size for name, size in fp.components.items() if name not in offloaded)
+    base = kept + tables.slots(s, t)
+    denoisers = tables.resident[s]
+    shape = np.broadcast_shapes(np.shape(s), np.shape(t))
+    peaks = {"denoise": np.broadcast_to(base + denoisers + activation.get("denoise", 0), shape)}
+    moved = forwards * tables.per_forward[s] + (denoisers if offload_denoisers else 0)
     for stage, names in fp.stages.items():
         here = sum(fp.components[c] for c in names if c in offloaded)
-        moved += here
+        moved = moved + here
+        if TEXT in names and TEXT in offloaded:  # the streamed layers move once per text-encoder forward
+            here = here - tables.text_streamed[t]
+            moved = moved + (text_forwards - 1) * tables.text_streamed[t]
         act = tiled if stage == "video_decode" and tiled is not None else activation.get(stage, 0)
-        peaks[stage] = resident + here + act
-    # one forward runs one denoiser (Wan2.2 switches experts): the mean of their streamed bytes
-    mean = sum(per_forward) // len(per_forward) if per_forward else 0
-    return peaks, {"components": moved, "per_forward": mean}, resident
-
-
-def _linear_widths(module: torch.nn.Module) -> tuple[int, int, int]:
-    """(D, F, element bytes) of a module's Linears: D the most common input width; F the feed-forward width, the
-    widest input of a Linear back to D (the down projection; a conditioning projection such as an adaLN one that
-    widens D many times but runs on one row per sample does not count), D when there is none."""
-    linears = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
-    if not linears:
-        return 0, 0, 0
-    width = Counter(m.in_features for m in linears).most_common(1)[0][0]
-    ffn = max((m.in_features for m in linears if m.out_features == width), default=width)
-    return width, max(ffn, width), linears[0].weight.element_size()
-
-
-def _per_row(module: torch.nn.Module) -> int:
-    d, f, b = _linear_widths(module)
-    return b * max(8 * d, 2 * d + 3 * f)
-
-
-def _last_conv_channels(modules: list[torch.nn.Module]) -> tuple[int, int]:
-    """(input channels, element bytes) of the last convolution among `modules` (a VAE's decoder, a vocoder)."""
-    channels, size = 0, 0
-    for module in modules:
-        root = getattr(module, "decoder", module)
-        convs = [m for m in root.modules() if isinstance(m, torch.nn.modules.conv._ConvNd)]
-        if convs:
-            channels = max(channels, convs[-1].in_channels)
-            size = max(size, convs[-1].weight.element_size())
-    return channels, size
-
-
-def estimate_activation(model: Any, request: Any) -> tuple[dict[str, int], int | None]:
-    """(stage -> estimated activation peak, the video decode's peak when tiled or None) for a resolved `request`
-    (module docstring: the formulas). The tiled figure is None when the VAE has no tiling or tiles by default."""
-    pipeline, family = model.pipeline, model.family
-    rows, _ = family.denoise_shape(request)
-    denoisers = model.denoisers()
-    estimate = {"denoise": max(rows * _per_row(family.blocks(d)[0]) for d in denoisers if family.blocks(d))}
-    text = getattr(pipeline, "text_encoder", None)
-    if text is not None:
-        estimate["text_encode"] = TEXT_ROWS * _per_row(text)
-    tiled = None
-    vae = getattr(pipeline, "vae", None)
-    if vae is not None:
-        channels, size = _last_conv_channels([vae])
-        per_pixel = size * channels * 3
-        estimate["video_decode"] = per_pixel * request.frames * request.height * request.width
-        if request.image is not None or request.last_image is not None:
-            estimate["image_encode"] = per_pixel * request.height * request.width
-        if hasattr(vae, "use_tiling") and hasattr(vae, "tile_sample_min_height"):
-            frames = min(request.frames, getattr(vae, "tile_sample_min_num_frames", request.frames))
-            height = min(request.height, vae.tile_sample_min_height)
-            width = min(request.width, vae.tile_sample_min_width)
-            tiled_peak = per_pixel * frames * height * width
-            if vae.use_tiling:  # tiled is this model's own decode (MiniMax-H3): the only mode
-                estimate["video_decode"] = tiled_peak
-            else:
-                tiled = tiled_peak
-    audio = [m for name in ("audio_vae", "vocoder") if (m := getattr(pipeline, name, None)) is not None]
-    if family.has_audio and audio:
-        channels, size = _last_conv_channels(audio)
-        rate = getattr(pipeline, "audio_sampling_rate", None) or _vocoder_rate(pipeline)
-        estimate["audio_decode"] = size * channels * 3 * math.ceil(request.frames / request.fps * rate)
-    return estimate, tiled
-
-
-def _vocoder_rate(pipeline: Any) -> int:
-    vocoder = getattr(pipeline, "vocoder", None)
-    return int(vocoder.config.output_sampling_rate) if vocoder is not None else 48_000
+        peaks[stage] = np.broadcast_to(base + (0 if offload_denoisers else denoisers) + here + act, shape)
+    return peaks, np.broadcast_to(moved, shape)
 
 
 def plan_for(model: Any, budget: MemoryBudget, request: Any) -> MemoryPlan:
@@ -368,9 +389,9 @@ def plan_for(model: Any, budget: MemoryBudget, request: Any) -> MemoryPlan:
     if "video_decode" in measured:
         tiled = None  # a measured decode peak is of the mode it was measured in
     _, forwards = model.family.denoise_shape(request)
-    return plan_memory(
-        footprint(model, request), {**estimate, **measured}, budget.cap_bytes, forwards, tiled, budget.headroom, sources
-    )
+    fp, activation = footprint(model, request), {**estimate, **measured}
+    text_forwards = model.family.text_forwards(request)
+    return plan_memory(fp, activation, budget.cap_bytes, forwards, tiled, budget.headroom, sources, text_forwards)
 
 
 def measured_activation(result: Any, plan: MemoryPlan) -> dict[str, int]:
@@ -389,9 +410,11 @@ def check_request(model: Any, plan: MemoryPlan, budget: MemoryBudget, request: A
     estimate, tiled = estimate_activation(model, request)
     activation = {**estimate, **{s: parse_bytes(v) for s, v in budget.activation.items()}}
     fp = footprint(model, request)
-    always = sum(size for name, size in fp.components.items() if name not in {c for n in fp.stages.values() for c in n})
-    peaks, _, _ = _evaluate(fp, activation, plan.offloaded, plan.streamed_blocks, tiled if plan.tiled_decode else None)
-    over = {stage: peak + always for stage, peak in peaks.items() if peak + always > plan.usable}
+    streamed = max((len(p) for p in plan.streamed_blocks.values()), default=0)
+    tiled = tiled if plan.tiled_decode else None
+    peaks, _ = _arrange(fp, _Tables.of(fp), activation, plan.offloaded, streamed, len(plan.streamed_text_layers),
+                        tiled, plan.denoisers_offloaded, plan.forwards, plan.text_forwards)  # fmt: skip
+    over = {stage: int(peak) for stage, peak in peaks.items() if peak > plan.usable}
     if over:
         stage, peak = max(over.items(), key=lambda item: item[1])
         raise ValueError(

@@ -142,19 +142,22 @@ def _ltx2() -> tuple[dict, dict]:
     return modules, {}
 
 
+# Qwen3-VL-32B's text model (MiniMax-H3's conditioner), as its config.json gives it
+QWEN3_VL_32B_TEXT = {
+    "vocab_size": 151_936,
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20]},
+}
+
+
 def _qwen3_vl_32b() -> torch.nn.Module:
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    text = {
-        "vocab_size": 151_936,
-        "hidden_size": 5120,
-        "intermediate_size": 25600,
-        "num_hidden_layers": 64,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20]},
-    }
     vision = {
         "depth": 27,
         "hidden_size": 1152,
@@ -167,7 +170,7 @@ def _qwen3_vl_32b() -> torch.nn.Module:
         "num_position_embeddings": 2304,
         "deepstack_visual_indexes": [8, 16, 24],
     }
-    config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    config = Qwen3VLConfig(text_config=QWEN3_VL_32B_TEXT, vision_config=vision, tie_word_embeddings=False)
     return Qwen3VLForConditionalGeneration(config)
 
 

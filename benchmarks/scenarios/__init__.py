@@ -22,11 +22,12 @@ from benchmarks.scenarios import (
     request_wan,
     ring,
     sparse_attention,
+    text_ring,
     vae_decode,
 )
 
 MODULES: tuple[ModuleType, ...] = (
     forward_wan, forward_h3, request_wan, sparse_attention, fp8_attention, kernels, relayout, portability, parallel,
-    memory, ring, fanout, vae_decode, calibrate_wan,
+    memory, ring, text_ring, fanout, vae_decode, calibrate_wan,
 )  # fmt: skip
 SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}

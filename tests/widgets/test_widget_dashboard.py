@@ -154,7 +154,7 @@ def test_dashboard_memory_cap_refusal_at_field_then_smallest_cap_plans_and_shows
         session = dash.open_model()
         assert session is not None and dash.memory.error is None
         plan = session.memory_plan
-        assert plan.streamed_blocks["transformer"] and plan.offloaded  # the tightest plan streams and offloads
+        assert plan.offloaded and plan.denoisers_offloaded  # the tightest plan offloads components and the denoiser
         assert str(plan) in html.unescape(dash.plan.value) and dash.plan.layout.display is None
         given = Dashboard(session)  # a dashboard on a capped session shows its cap and plan
         given.live.detach()
@@ -164,9 +164,11 @@ def test_dashboard_memory_cap_refusal_at_field_then_smallest_cap_plans_and_shows
         result = dash.generate()
         assert result is not None and dash.errors.value == ""
         receipt = result.receipts["memory_residency"]
-        counts = (receipt["blocks_streamed"], receipt["prefetched"], receipt.get("late", 0))
+        counts = [receipt.get(key, 0) for key in ("blocks_streamed", "prefetched", "late", "component_onloads")]
         assert (
-            counts[0] > 0 and "ring {} blocks streamed ({} prefetched, {} late)".format(*counts) in dash.residency.value
+            counts[3] > 0
+            and "ring {} blocks streamed ({} prefetched, {} late)".format(*counts[:3]) in dash.residency.value
+            and f"{counts[3]} component onloads" in dash.residency.value
         )
         assert all(gib(peak) in dash.residency.value for peak in plan.stage_peaks.values())
         dash.memory.widget.value = ""  # empty: no cap, no plan, no residency block

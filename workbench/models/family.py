@@ -125,6 +125,10 @@ class Family:
       host between its stages).
     - `denoise_shape(request)`: (rows, forwards) of a resolved request: the tokens one denoiser forward processes
       (CFG batch included) and the denoiser forwards per request.
+    - `text_layers`: the dotted path, inside the text encoder, of its decoder layers' list (the layers a plan may
+      stream through the ring during text_encode; `text_blocks`); None: its layers do not stream.
+    - `text_forwards(request)`: how many times a resolved request runs that layer stack (a negative prompt encoded
+      apart is a second forward): each forward moves the streamed layers once.
 
     What the loader reads (`load_components`):
     - `components`: component name -> {(library, class name) as a model index spells it: the class}. The only
@@ -158,6 +162,8 @@ class Family:
     stage_components: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     denoise_shape: Callable[[Any], tuple[int, int]] = field(default=lambda request: (0, 0), repr=False)
     expert_schedule: Callable[[Any, int], tuple[str, ...]] | None = field(default=None, repr=False)
+    text_layers: str | None = None
+    text_forwards: Callable[[Any], int] = field(default=lambda request: 1, repr=False)
     components: Mapping[str, Mapping[tuple[str, str], type]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -167,6 +173,21 @@ class Family:
     def blocks(self, denoiser: torch.nn.Module) -> list[torch.nn.Module]:
         """The denoiser's transformer blocks (modules of a `block_classes` class), in module order."""
         return [module for module in denoiser.modules() if type(module).__name__ in self.block_classes]
+
+    def text_blocks(self, text_encoder: torch.nn.Module) -> tuple[torch.nn.Module, list[torch.nn.Module]]:
+        """(the module whose forward runs them, the text encoder's decoder layers in order) at `text_layers`;
+        RuntimeError when the family names none or the text encoder has no such list (another class)."""
+        owner: Any = text_encoder
+        path = (self.text_layers or "").split(".")
+        for name in path[:-1]:
+            owner = getattr(owner, name, None)
+        layers = getattr(owner, path[-1], None) if self.text_layers else None
+        if not isinstance(layers, torch.nn.ModuleList) or not isinstance(owner, torch.nn.Module):
+            raise RuntimeError(
+                f"{self.name}: the text encoder {type(text_encoder).__name__} has no layer list at "
+                f"{self.text_layers!r}, so its layers cannot stream"
+            )
+        return owner, list(layers)
 
     def frames_allowed(self, frames: int) -> bool:
         return frames >= 1 and frames % self.frame_step == self.frame_offset

@@ -320,6 +320,7 @@ FAMILY = H3Family(
         "audio_decode": ("audio_vae",),
     },
     denoise_shape=_denoise_shape,
+    text_layers="model.language_model.layers",
 )
 TINY_DEFAULTS = {"frames": 124, "height": 32, "width": 64, "steps": 3, "fps": FPS}
 TINY_CANVAS = {"canvas_short_edge": 32, "canvas_max_pixels": 2048}

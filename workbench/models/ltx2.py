@@ -50,6 +50,11 @@ def _denoise_shape(request: Any) -> tuple[int, int]:
     return rows * (2 if request.guidance > 1 else 1), request.steps
 
 
+def _text_forwards(request: Any) -> int:
+    """Gemma-3 runs once for the prompt and, with CFG (guidance > 1), once more for the negative prompt."""
+    return 2 if request.guidance > 1 else 1
+
+
 # LTX-2 runs two streams: video self-attention (`attn1`) sees video rows only; audio has its own stream
 # (`audio_attn1`, head dim 64 in the release) and meets video only in the a2v/v2a cross-attentions; text enters
 # through `attn2` / `audio_attn2`. So the routable self-attention is `attn1`, with no sink rows.
@@ -123,6 +128,8 @@ FAMILY = Family(
         "audio_decode": ("audio_vae", "vocoder"),
     },
     denoise_shape=_denoise_shape,
+    text_layers="model.language_model.layers",
+    text_forwards=_text_forwards,
 )
 TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance": 4.0, "fps": 24}
 # The tiny config keeps the sampler's auxiliary guidance passes off so a CPU request stays one

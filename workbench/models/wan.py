@@ -50,6 +50,11 @@ def _denoise_shape(request: Any) -> tuple[int, int]:
     return rows, request.steps * (2 if request.guidance > 1 else 1)
 
 
+def _text_forwards(request: Any) -> int:
+    """The UMT5 encoder runs once for the prompt and, with CFG (guidance > 1), once more for the negative prompt."""
+    return 2 if request.guidance > 1 else 1
+
+
 # Wan's self-attention (`attn1` of each block) sees video rows only: the text, and for image-to-video the CLIP
 # image tokens, enter through cross-attention (`attn2`, whose `add_k_proj` carries the image tokens), and the
 # I2V conditioning latents are concatenated on the channel axis, not as rows. No sink rows, whatever the mode.
@@ -144,6 +149,8 @@ FAMILY = Family(
     components=COMPONENTS,
     stage_components={"text_encode": ("text_encoder",), "video_decode": ("vae",)},
     denoise_shape=_denoise_shape,
+    text_layers="encoder.block",
+    text_forwards=_text_forwards,
     expert_schedule=expert_schedule,
 )
 TINY_DEFAULTS = {"frames": 9, "height": 64, "width": 64, "steps": 2, "guidance": 5.0, "fps": 16}

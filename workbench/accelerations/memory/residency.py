@@ -9,13 +9,18 @@ so a plan that is wrong fails with out-of-memory, never by borrowing memory the 
   come onto the device and the other offloaded ones go back to host; the denoise stage sends them all back, and so
   does the end of every request (`end_request`), so each request starts from the same state. Going back costs no
   copy: the pinned host copy is still the weights (nothing writes them).
-- the denoisers' streamed blocks: a block ring (`ring.rings_for`) with the plan's positions; its device slots are
-  allocated here, under the cap.
+- the denoisers' streamed blocks and the text encoder's streamed layers: rings sharing one set of device slots
+  (`ring.shared_rings`), allocated here, under the cap. An offloaded text encoder with streamed layers is offloaded
+  less those layers (they come through the slots during text_encode, prefetched on a side stream).
+- offloaded denoisers (`plan.denoisers_offloaded`): their non-streamed weights are a group like an offloaded
+  component's, brought on at the denoise stage and sent back at the next stage and at the end of the request.
 - tiled video decode: diffusers' `vae.enable_tiling()` where the plan says so.
 
 On the CPU the moves are no-ops (one memory) and the cap is not enforced; the schedule runs the same and the receipt
-counts it: `component_onloads`, `component_bytes_moved`, and the ring's (`blocks_streamed`, `bytes_moved`, ...). Contract
-bitwise for the residency itself; a tiled decode is not bit-equal to an untiled one, and the plan says which it is.
+counts it: `component_onloads`, `component_bytes_moved` (offloaded components and denoisers), the denoisers' ring's
+(`blocks_streamed`, `bytes_moved`, ...) and the text encoder's (`text_blocks_streamed`, `text_bytes_moved`, ...).
+Contract bitwise for the residency itself; a tiled decode is not bit-equal to an untiled one, and the plan says which
+it is.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch
 from diffusers.hooks.group_offloading import ModuleGroup
 
 from workbench.accelerations.base import Receipt
-from workbench.accelerations.memory.ring import Ring, check_resident, module_bytes, rings_for, tensors_of
+from workbench.accelerations.memory.ring import Ring, check_resident, shared_rings, tensors_of
 
 
 class Residency:
@@ -35,8 +40,9 @@ class Residency:
     def __init__(self, model: Any, plan: Any, device: torch.device, budget: Any):
         self.model, self.plan, self.device, self.budget = model, plan, device, budget
         self.stages = {stage: set(names) for stage, names in model.family.stage_components.items()}
-        self.receipt = Receipt(proof=("component_onloads", "blocks_streamed"))
+        self.receipt = Receipt(proof=("component_onloads", "blocks_streamed", "text_blocks_streamed"))
         self.groups: dict[str, ModuleGroup] = {}
+        self.group_bytes: dict[str, int] = {}
         self.on_device: set[str] = set()
         self.rings: list[Ring] = []
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -54,37 +60,53 @@ class Residency:
             torch.cuda.set_per_process_memory_fraction(plan.cap / total, device)
         residency = cls(model, plan, device, budget)
         pipeline, family = model.pipeline, model.family
-        stream = residency.stream
+        streams = []  # (the module running them, streamed blocks, receipt prefix) of each ring
+        for name, positions in plan.streamed_blocks.items():
+            if positions:
+                blocks = family.blocks(getattr(pipeline, name))
+                streams.append((getattr(pipeline, name), [blocks[i] for i in positions], ""))
+        if plan.streamed_text_layers:
+            root, layers = family.text_blocks(pipeline.text_encoder)
+            streams.append((root, [layers[i] for i in plan.streamed_text_layers], "text_"))
+        streamed = {id(t) for _, blocks, _ in streams for block in blocks for t in tensors_of(block)}
         for name, component in pipeline.components.items():
             if not isinstance(component, torch.nn.Module):
                 continue
-            if name in plan.offloaded:
-                residency.groups[name] = ModuleGroup(
-                    modules=[component],
-                    offload_device=torch.device("cpu"),
-                    onload_device=device,
-                    offload_leader=component,
-                    onload_leader=component,
-                    non_blocking=stream is not None,
-                    stream=stream,
-                )
-                residency.groups[name].offload_()  # to its pinned copy (the original host tensor is freed)
-            elif name in plan.streamed_blocks:
-                streamed = {id(t) for i in plan.streamed_blocks[name] for t in tensors_of(family.blocks(component)[i])}
+            if name in plan.offloaded or (plan.denoisers_offloaded and name in plan.streamed_blocks):
+                residency._offload_group(name, component, streamed)
+            else:
                 for tensor in tensors_of(component):
                     if id(tensor) not in streamed:
                         tensor.data = tensor.data.to(device)
-            else:
-                component.to(device)
         if plan.tiled_decode:
             pipeline.vae.enable_tiling()
-        if any(plan.streamed_blocks.values()):
-            positions = {name: list(p) for name, p in plan.streamed_blocks.items()}
-            check_resident(model, positions, device)
-            residency.rings = rings_for(model, positions, device, residency.receipt)
-        if stream is not None:
+        if plan.denoisers_offloaded:
+            residency.stages["denoise"] = set(plan.streamed_blocks)
+        elif any(plan.streamed_blocks.values()):
+            check_resident(model, {name: list(p) for name, p in plan.streamed_blocks.items()}, device)
+        if streams:
+            residency.rings = shared_rings(streams, device, residency.receipt)
+        if residency.stream is not None:
             torch.cuda.synchronize(device)
         return residency
+
+    def _offload_group(self, name: str, component: torch.nn.Module, streamed: set[int]) -> None:
+        """`component`'s weights that do not stream become one diffusers `ModuleGroup` (pinned host copies), on host."""
+        parameters = [p for p in component.parameters() if id(p) not in streamed]
+        buffers = [b for b in component.buffers() if id(b) not in streamed]
+        self.groups[name] = ModuleGroup(
+            modules=[],
+            offload_device=torch.device("cpu"),
+            onload_device=self.device,
+            offload_leader=component,
+            onload_leader=component,
+            parameters=parameters,
+            buffers=buffers,
+            non_blocking=self.stream is not None,
+            stream=self.stream,
+        )
+        self.groups[name].offload_()  # to its pinned copy (the original host tensor is freed)
+        self.group_bytes[name] = sum(t.numel() * t.element_size() for t in (*parameters, *buffers))
 
     def begin_request(self) -> None:
         self.receipt.reset()
@@ -100,7 +122,7 @@ class Residency:
             self.groups[name].onload_()
             self.on_device.add(name)
             self.receipt.count("component_onloads")
-            self.receipt.count("component_bytes_moved", module_bytes(self.groups[name].modules[0]))
+            self.receipt.count("component_bytes_moved", self.group_bytes[name])
         if wanted and self.stream is not None:
             self.stream.synchronize()
 
@@ -117,4 +139,9 @@ class Residency:
 
     def report(self) -> dict[str, Any]:
         """The receipt for the Result (`receipts["memory_residency"]`): component and ring counters together."""
-        return {"contract": "bitwise", "options": {"offloaded": list(self.plan.offloaded)}, **self.receipt.to_dict()}
+        options = {
+            "offloaded": list(self.plan.offloaded),
+            "streamed_text_layers": list(self.plan.streamed_text_layers),
+            "denoisers_offloaded": self.plan.denoisers_offloaded,
+        }
+        return {"contract": "bitwise", "options": options, **self.receipt.to_dict()}

@@ -1,17 +1,20 @@
 """The block ring's machinery, shared by the `block_ring` plugin and the session's memory residency.
 
-A `Ring` holds one denoiser's streamed transformer blocks and the schedule that moves them (the `block_ring` module
-docstring describes it); torch forward pre/post hooks say when. Counts go to the `Receipt` it is given.
+A `Ring` holds one ordered list of streamed blocks (a denoiser's transformer blocks, a text encoder's decoder layers)
+and the schedule that moves them (the `block_ring` module docstring describes it); torch forward pre/post hooks say
+when. Counts go to the `Receipt` it is given, under its own prefix. Rings installed together (`shared_rings`) share
+one set of slots: their blocks run at different times (one denoiser at a time, the text encoder before denoising).
 
 Where the streamed weights live (CUDA). On the host: views of one pinned buffer (`pin_into_one_buffer`: one
 allocation and one device -> pinned copy per weight; torch's pinned cache would round each weight's own allocation up
 to a power of two, ~1.6x the weights). On the device: `Slots`, RING_IN_FLIGHT flat buffers allocated once at install,
-each the size of the largest streamed block, shared by all the rings of one install (one denoiser computes at a time,
-Wan2.2's experts too, as the planner's working set assumes). Streamed block j computes from views of slot j % count,
-its tensors at aligned offsets in its own layout; outside its forward its `.data` are the pinned views again. So after
-install the streamed weights never touch the caching allocator: allocating per onload on a side stream (diffusers'
-`ModuleGroup`, which has no fixed-slot mode) lets the reserved memory outgrow the allocated one, and under a memory
-fraction the allocator then frees cached blocks with device syncs. diffusers is not used here.
+each the size of the largest streamed block, shared by all the rings of one install (one ring's blocks compute at a
+time: Wan2.2's experts take turns and the text encoder runs before denoising, as the planner's working set assumes).
+Streamed block j computes from views of slot j % count, its tensors at aligned offsets in its own layout; outside its
+forward its `.data` are the pinned views again. So after install the streamed weights never touch the caching
+allocator: allocating per onload on a side stream (diffusers' `ModuleGroup`, which has no fixed-slot mode) lets the
+reserved memory outgrow the allocated one, and under a memory fraction the allocator then frees cached blocks with
+device syncs. diffusers is not used here.
 
 Ordering (per slot s: `done[s]` recorded on the compute stream when a block leaves s, after its forward or evicted;
 `landed[s]` on the side stream after a copy into s; all waits are device-side). A copy into s waits on `done[s]`, so
@@ -129,11 +132,20 @@ class Slots:
 
 
 class Ring:
-    """One denoiser's streamed blocks, in execution order, and the schedule that moves them through `slots` (None on
-    the CPU: one memory, nothing to copy; the schedule and its counts run the same)."""
+    """Streamed blocks, in execution order, and the schedule that moves them through `slots` (None on the CPU: one
+    memory, nothing to copy; the schedule and its counts run the same). `root` is the module whose forward runs them
+    (a denoiser, a text encoder's layer stack): its start prefetches the first. The receipt's counters are named
+    `prefix` + blocks_streamed, prefetched, late, released, bytes_moved."""
 
-    def __init__(self, denoiser: torch.nn.Module, blocks: list[torch.nn.Module], receipt: Any, slots: Slots | None):
-        self.receipt, self.slots, self.hooks = receipt, slots, []
+    def __init__(
+        self,
+        root: torch.nn.Module,
+        blocks: list[torch.nn.Module],
+        receipt: Any,
+        slots: Slots | None,
+        prefix: str = "",
+    ):
+        self.receipt, self.slots, self.hooks, self.prefix = receipt, slots, [], prefix
         self.blocks = blocks
         self.tensors = [tensors_of(block) for block in blocks]
         self.nbytes = [sum(_nbytes(t) for t in tensors) for tensors in self.tensors]
@@ -141,7 +153,7 @@ class Ring:
         self.views = [slots.views(j, tensors) for j, tensors in enumerate(self.tensors)] if slots is not None else []
         self.on_device = [False] * len(blocks)
         if blocks:
-            self.hooks.append(denoiser.register_forward_pre_hook(lambda *_: self.onload(0, ahead=True)))
+            self.hooks.append(root.register_forward_pre_hook(lambda *_: self.onload(0, ahead=True)))
         for j, block in enumerate(blocks):
             self.hooks.append(block.register_forward_pre_hook(lambda *_, j=j: self.enter(j)))
             self.hooks.append(block.register_forward_hook(lambda *_, j=j: self.release(j)))
@@ -154,14 +166,14 @@ class Ring:
             for t, view in zip(self.tensors[j], self.views[j], strict=True):
                 t.data = view
         self.on_device[j] = True
-        self.receipt.count("blocks_streamed")
-        self.receipt.count("bytes_moved", self.nbytes[j])
+        self.receipt.count(self.prefix + "blocks_streamed")
+        self.receipt.count(self.prefix + "bytes_moved", self.nbytes[j])
         if ahead:
-            self.receipt.count("prefetched")
+            self.receipt.count(self.prefix + "prefetched")
 
     def enter(self, j: int) -> None:
         if not self.on_device[j]:
-            self.receipt.count("late")
+            self.receipt.count(self.prefix + "late")
             self.onload(j, ahead=False)
         if self.slots is not None:
             self.slots.ready(j)
@@ -177,7 +189,7 @@ class Ring:
                 t.data = host
         self.on_device[j] = False
         if count:
-            self.receipt.count("released")
+            self.receipt.count(self.prefix + "released")
 
     def release_all(self) -> None:
         """After a request (also one that raised part-way): no streamed block points into a slot."""
@@ -193,13 +205,18 @@ class Ring:
                     "was installed (a plugin that rewrites weights); install that plugin first or drop the ring"
                 )
 
+    def unhook(self) -> None:
+        """Stop scheduling: the hooks go and every streamed block's weights are its host tensors again."""
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
+        for j in range(len(self.blocks)):
+            self.release(j, count=False)
+
     def remove(self) -> None:
         """Unhook; every streamed weight becomes a plain tensor on the slots' device (a fresh copy of its host view),
         and this ring lets go of the slots (freed with the last ring that holds them)."""
-        for hook in self.hooks:
-            hook.remove()
-        for j in range(len(self.blocks)):
-            self.release(j, count=False)
+        self.unhook()
         if self.slots is None:
             return
         device = self.slots.device
@@ -223,10 +240,22 @@ def check_resident(model: Any, plan: dict[str, list[int]], device: torch.device)
 
 
 def rings_for(model: Any, plan: dict[str, list[int]], device: torch.device, receipt: Any) -> list[Ring]:
-    """One `Ring` per denoiser in `plan`, all sharing one set of `Slots` on CUDA; the streamed blocks' weights moved
-    to one pinned host buffer first (so their device copies are freed before the slots are allocated); all or none."""
-    streamed = {name: [model.family.blocks(getattr(model.pipeline, name))[i] for i in p] for name, p in plan.items()}
-    blocks = [block for chosen in streamed.values() for block in chosen]
+    """One `Ring` per denoiser in `plan` (name -> streamed positions), sharing one set of slots (`shared_rings`)."""
+    streams = []
+    for name, positions in plan.items():
+        denoiser = getattr(model.pipeline, name)
+        blocks = model.family.blocks(denoiser)
+        streams.append((denoiser, [blocks[i] for i in positions], ""))
+    return shared_rings(streams, device, receipt)
+
+
+def shared_rings(
+    streams: list[tuple[torch.nn.Module, list[torch.nn.Module], str]], device: torch.device, receipt: Any
+) -> list[Ring]:
+    """One `Ring` per (root, streamed blocks, receipt prefix) of `streams`, all sharing one set of `Slots` on CUDA
+    (as many as the longest ring needs, up to RING_IN_FLIGHT); the streamed blocks' weights moved to one pinned host
+    buffer first (so their device copies are freed before the slots are allocated); all or none."""
+    blocks = [block for _, chosen, _ in streams for block in chosen]
     slots = None
     if device.type == "cuda" and blocks:
         tensors = list({id(t): t for block in blocks for t in tensors_of(block)}.values())
@@ -237,9 +266,9 @@ def rings_for(model: Any, plan: dict[str, list[int]], device: torch.device, rece
             )
         pin_into_one_buffer(tensors)
         try:
-            slots = Slots(blocks, min(RING_IN_FLIGHT, max(len(chosen) for chosen in streamed.values())), device)
+            slots = Slots(blocks, min(RING_IN_FLIGHT, max(len(chosen) for _, chosen, _ in streams)), device)
         except BaseException:
             for t in tensors:
                 t.data = t.data.to(device)
             raise
-    return [Ring(getattr(model.pipeline, name), chosen, receipt, slots) for name, chosen in streamed.items()]
+    return [Ring(root, chosen, receipt, slots, prefix) for root, chosen, prefix in streams]
