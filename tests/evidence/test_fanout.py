@@ -2,8 +2,6 @@
 the single-process sweep computes, a re-run runs nothing, a killed worker's cell is retried elsewhere, a cell that
 raises is recorded as failed while the run completes."""
 
-import threading
-
 import pytest
 import torch
 
@@ -32,14 +30,15 @@ def fanout():
 
 @pytest.fixture(scope="module")
 def ray_sweep(fanout, tmp_path_factory):
-    """The sweep on Ray, with the worker of the first cell killed 1 s into it; (store, result, events, killed pid)."""
+    """The sweep on Ray, with the worker of the first cell killed as the cell is handed to it (a timer could fire
+    after a tiny cell had finished); (store, result, events, killed pid)."""
     events, killed = [], []
 
     def kill_first_worker(event):
         events.append(event)
         if event.kind == "cell_started" and not killed:
             killed.append(fanout.identities[event.worker]["pid"])
-            threading.Timer(1.0, ray.kill, [fanout.actors[event.worker]]).start()
+            ray.kill(fanout.actors[event.worker])
 
     store = Store(tmp_path_factory.mktemp("sweep-store"))
     stop = fanout.subscribe(kill_first_worker)
