@@ -1,7 +1,7 @@
 """The family's VAE decode with its causal-convolution cache in padded buffers, optionally channels-last and with the
 norm + SiLU as one kernel (contract: bitwise with the default options, reduction with either of the other levers).
 
-A stock Wan VAE decode at 480x832x81 (1.8 s on an H200, bf16) runs the whole decoder once per latent frame; each of
+A stock Wan VAE decode runs the whole decoder once per latent frame; each of
 its ~30 causal 3x3x3 convolutions copies its input twice (cat with the cached frames, then pad) and is preceded by a
 norm + SiLU of seven elementwise passes, and cuDNN transposes NCDHW activations for its NDHWC kernels. The family's
 path (`Family.vae_decode`, for Wan `workbench.models.fused.wan_vae`) replaces the VAE's `_decode`; options, one per
