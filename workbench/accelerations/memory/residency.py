@@ -15,6 +15,9 @@ so a plan that is wrong fails with out-of-memory, never by borrowing memory the 
 - offloaded denoisers (`plan.denoisers_offloaded`): their non-streamed weights are a group like an offloaded
   component's, brought on at the denoise stage and sent back at the next stage and at the end of the request.
 - tiled video decode: diffusers' `vae.enable_tiling()` where the plan says so.
+- the pipeline's execution device: diffusers infers it from where the components' weights are, which is the host
+  when the first components are offloaded; latents, token ids and embeddings would then be made on the host.
+  `pin_execution_device` fixes it to the plan's device.
 
 On the CPU the moves are no-ops (one memory) and the cap is not enforced; the schedule runs the same and the receipt
 counts it: `component_onloads`, `component_bytes_moved` (offloaded components and denoisers), the denoisers' ring's
@@ -32,6 +35,20 @@ from diffusers.hooks.group_offloading import ModuleGroup
 
 from workbench.accelerations.base import Receipt
 from workbench.accelerations.memory.ring import Ring, check_resident, shared_rings, tensors_of
+
+
+def pin_execution_device(pipeline: Any, device: torch.device) -> None:
+    """Make `pipeline._execution_device` (read by diffusers' standard and modular pipelines alike) return `device`
+    whatever the components' weights are on: the instance's class becomes a subclass of its class (same name) with
+    that one property replaced. Idempotent; `device` may be changed by calling it again."""
+    base = type(pipeline)
+    base = base.__bases__[0] if getattr(base, "_pinned_execution_device", False) else base
+    pipeline.__class__ = type(
+        base.__name__,
+        (base,),
+        {"_execution_device": property(lambda self: device), "_pinned_execution_device": True,
+         "__module__": base.__module__},
+    )  # fmt: skip
 
 
 class Residency:
@@ -86,6 +103,7 @@ class Residency:
             check_resident(model, {name: list(p) for name, p in plan.streamed_blocks.items()}, device)
         if streams:
             residency.rings = shared_rings(streams, device, residency.receipt)
+        pin_execution_device(pipeline, device)
         if residency.stream is not None:
             torch.cuda.synchronize(device)
         return residency
