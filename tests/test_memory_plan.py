@@ -266,18 +266,22 @@ def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(name, arrangement
         torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
-def test_pinned_execution_device_is_what_the_pipeline_computes_on():
-    """Offloaded components leave diffusers inferring the host as the execution device (latents made there, then a
-    device mismatch on the GPU): the residency pins it. Pinning keeps the class's name and base, and re-pinning
-    replaces the device instead of stacking subclasses."""
-    from workbench.accelerations.memory.residency import pin_execution_device
+def test_pinned_devices_are_where_diffusers_makes_tensors():
+    """Offloaded components leave diffusers inferring the host as the pipeline's execution device and as the device a
+    component's inputs go to (latents made or moved there, then a device mismatch on the GPU): the residency pins
+    both. Pinning keeps the class's name and base, and re-pinning replaces the device instead of stacking subclasses."""
+    from diffusers.utils.torch_utils import get_module_execution_device
+
+    from workbench.accelerations.memory.residency import pin_device
     from workbench.models import resolve
 
     pipeline = resolve("tiny-wan").pipeline
     stock = type(pipeline)
     assert pipeline._execution_device == torch.device("cpu")
-    pin_execution_device(pipeline, torch.device("cuda", 1))
-    assert pipeline._execution_device == torch.device("cuda", 1) and pipeline.device == torch.device("cpu")
-    pin_execution_device(pipeline, torch.device("meta"))
+    pin_device(pipeline, "_execution_device", torch.device("cuda", 1))
+    pin_device(pipeline.vae, "device", torch.device("cuda", 1))
+    assert pipeline._execution_device == torch.device("cuda", 1) == get_module_execution_device(pipeline.vae)
+    assert next(pipeline.vae.parameters()).device == torch.device("cpu")
+    pin_device(pipeline, "_execution_device", torch.device("meta"))
     assert pipeline._execution_device == torch.device("meta")
     assert type(pipeline).__name__ == stock.__name__ and type(pipeline).__bases__ == (stock,)

@@ -15,9 +15,10 @@ so a plan that is wrong fails with out-of-memory, never by borrowing memory the 
 - offloaded denoisers (`plan.denoisers_offloaded`): their non-streamed weights are a group like an offloaded
   component's, brought on at the denoise stage and sent back at the next stage and at the end of the request.
 - tiled video decode: diffusers' `vae.enable_tiling()` where the plan says so.
-- the pipeline's execution device: diffusers infers it from where the components' weights are, which is the host
-  when the first components are offloaded; latents, token ids and embeddings would then be made on the host.
-  `pin_execution_device` fixes it to the plan's device.
+- where diffusers makes its tensors: it infers the pipeline's execution device, and the device a component's inputs
+  go to (`get_module_execution_device`), from where the weights are, which is the host for an offloaded component
+  until its stage begins. `pin_device` fixes the pipeline's `_execution_device` and each offloaded component's
+  `device` to the plan's device.
 
 On the CPU the moves are no-ops (one memory) and the cap is not enforced; the schedule runs the same and the receipt
 counts it: `component_onloads`, `component_bytes_moved` (offloaded components and denoisers), the denoisers' ring's
@@ -37,18 +38,14 @@ from workbench.accelerations.base import Receipt
 from workbench.accelerations.memory.ring import Ring, check_resident, shared_rings, tensors_of
 
 
-def pin_execution_device(pipeline: Any, device: torch.device) -> None:
-    """Make `pipeline._execution_device` (read by diffusers' standard and modular pipelines alike) return `device`
-    whatever the components' weights are on: the instance's class becomes a subclass of its class (same name) with
-    that one property replaced. Idempotent; `device` may be changed by calling it again."""
-    base = type(pipeline)
-    base = base.__bases__[0] if getattr(base, "_pinned_execution_device", False) else base
-    pipeline.__class__ = type(
-        base.__name__,
-        (base,),
-        {"_execution_device": property(lambda self: device), "_pinned_execution_device": True,
-         "__module__": base.__module__},
-    )  # fmt: skip
+def pin_device(obj: Any, attribute: str, device: torch.device) -> None:
+    """Make `obj.<attribute>` (a property) return `device` whatever its weights are on: the instance's class becomes a
+    subclass of its class (same name) with that one property replaced. Re-pinning replaces the device instead of
+    stacking subclasses."""
+    base = type(obj)
+    base = base.__bases__[0] if getattr(base, "_pinned_device", False) else base
+    body = {attribute: property(lambda self: device), "_pinned_device": True, "__module__": base.__module__}
+    obj.__class__ = type(base.__name__, (base,), body)
 
 
 class Residency:
@@ -103,7 +100,9 @@ class Residency:
             check_resident(model, {name: list(p) for name, p in plan.streamed_blocks.items()}, device)
         if streams:
             residency.rings = shared_rings(streams, device, residency.receipt)
-        pin_execution_device(pipeline, device)
+        pin_device(pipeline, "_execution_device", device)
+        for name in residency.groups:
+            pin_device(getattr(pipeline, name), "device", device)
         if residency.stream is not None:
             torch.cuda.synchronize(device)
         return residency
