@@ -51,10 +51,14 @@ def cast_components(pipeline: Any, dtype: torch.dtype) -> None:
     the tiny models would then run different arithmetic from a real checkpoint.
     """
     for component in pipeline.components.values():
-        if not isinstance(component, torch.nn.Module):
-            continue
-        keep = set(getattr(component, "_keep_in_fp32_modules", None) or [])
-        tensors = itertools.chain(component.named_parameters(), component.named_buffers())
-        for name, tensor in tensors:
-            if tensor.is_floating_point():
-                tensor.data = tensor.data.to(torch.float32 if keep & set(name.split(".")) else dtype)
+        if isinstance(component, torch.nn.Module):
+            cast_module(component, dtype)
+
+
+def cast_module(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast one component as `cast_components` does (its `_keep_in_fp32_modules` stay float32), tensor by tensor:
+    the float32 copy of a large model is freed while the cast goes, not after it."""
+    keep = set(getattr(module, "_keep_in_fp32_modules", None) or [])
+    for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
+        if tensor.is_floating_point():
+            tensor.data = tensor.data.to(torch.float32 if keep & set(name.split(".")) else dtype)

@@ -27,7 +27,7 @@ from workbench.models.family import (
 )
 from workbench.models.fused import wan_vae
 from workbench.models.fused.wan import FUSED
-from workbench.models.loaded import LoadedModel
+from workbench.models.loaded import LoadedModel, cast_components, cast_module
 from workbench.models.tokenizer import build_tokenizer
 
 
@@ -232,27 +232,8 @@ def random_1_3b(seed: int = 0, device: str | torch.device = "cpu") -> LoadedMode
     """
     with torch.device(device):
         torch.manual_seed(seed)
-        transformer = WanTransformer3DModel(
-            patch_size=(1, 2, 2),
-            num_attention_heads=12,
-            attention_head_dim=128,
-            in_channels=16,
-            out_channels=16,
-            text_dim=4096,
-            freq_dim=256,
-            ffn_dim=8960,
-            num_layers=30,
-            cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads",
-            eps=1e-6,
-            rope_max_seq_len=1024,
-        )
-        vae = AutoencoderKLWan()  # the Wan2.1 VAE configuration is the class default
-        text_encoder = UMT5EncoderModel(
-            UMT5Config(
-                vocab_size=128, d_model=4096, d_kv=64, d_ff=10240, num_layers=2, num_heads=64, is_encoder_decoder=False
-            )
-        )
+        transformer = _random_transformer(heads=12, ffn=8960, layers=30)
+        vae, text_encoder = _random_vae_and_text()
     pipe = WanPipeline(
         tokenizer=build_tokenizer(128, model_max_length=512),
         text_encoder=text_encoder.eval(),
@@ -261,6 +242,72 @@ def random_1_3b(seed: int = 0, device: str | torch.device = "cpu") -> LoadedMode
         transformer=transformer.eval(),
     )
     return LoadedModel("random-wan-1.3b", FAMILY, pipe, dict(FAMILY.defaults), {})
+
+
+A14B_SHIFT, A14B_BOUNDARY = 12.0, 0.875  # Wan2.2's T2V-A14B inference config: sample_shift, boundary
+A14B_DEFAULTS = {**FAMILY.defaults, "steps": 40, "guidance": 4.0}  # its sample_steps; high-noise guide scale
+
+
+def random_a14b(seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
+    """Wan2.2-T2V-A14B shapes with random weights: two experts of 40 layers, 40 heads x 128 (dim 5120), FFN 13824
+    (`transformer` for high noise, `transformer_2` for low), the Wan2.1 VAE, the text encoder shape-reduced as in
+    `random_1_3b`; UniPC flow-matching scheduler with shift 12 and the boundary at 0.875 (Wan2.2's T2V-A14B config);
+    request defaults 40 steps, guidance 4 (its high-noise scale; diffusers uses it for both experts when
+    `guidance_scale_2` is not given).
+
+    Built on `device` and cast to `dtype` as `from_pretrained(torch_dtype=dtype)` casts (`cast_components`), each
+    expert as soon as it is initialised: the float32 peak is one expert (57 GB) beside the other in `dtype` (29 GB
+    in bf16), and a GPU initialises the 28.6 B parameters in seconds (on a CPU it takes minutes).
+    """
+    experts = []
+    with torch.device(device):
+        torch.manual_seed(seed)
+        for _ in range(2):
+            expert = _random_transformer(heads=40, ffn=13824, layers=40)
+            cast_module(expert, dtype)
+            experts.append(expert.eval())
+        vae, text_encoder = _random_vae_and_text()
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=A14B_SHIFT)
+    pipe = WanPipeline(
+        tokenizer=build_tokenizer(128, model_max_length=512),
+        text_encoder=text_encoder.eval(),
+        vae=vae.eval(),
+        scheduler=scheduler,
+        transformer=experts[0],
+        transformer_2=experts[1],
+        boundary_ratio=A14B_BOUNDARY,
+    )
+    cast_components(pipe, dtype)
+    return LoadedModel("random-wan2.2-a14b", FAMILY, pipe, dict(A14B_DEFAULTS), {})
+
+
+def _random_transformer(heads: int, ffn: int, layers: int) -> WanTransformer3DModel:
+    """A Wan transformer of the released configuration at this width and depth (heads x 128), random weights."""
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=heads,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=4096,
+        freq_dim=256,
+        ffn_dim=ffn,
+        num_layers=layers,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        eps=1e-6,
+        rope_max_seq_len=1024,
+    )
+
+
+def _random_vae_and_text() -> tuple[AutoencoderKLWan, UMT5EncoderModel]:
+    """The Wan2.1 VAE (its configuration is the class default) and UMT5-XXL shape-reduced to two layers at its real
+    width (4096), random weights."""
+    vae = AutoencoderKLWan()
+    text_encoder = UMT5EncoderModel(
+        UMT5Config(vocab_size=128, d_model=4096, d_kv=64, d_ff=10240, num_layers=2, num_heads=64, is_encoder_decoder=False)
+    )
+    return vae, text_encoder
 
 
 def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
