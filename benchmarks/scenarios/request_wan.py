@@ -26,12 +26,16 @@ GPUS = 1
 STEPS = 6
 
 
+Arm = tuple[dict[str, Any], Callable[[], AbstractContextManager]]  # accelerations config, what wraps its request
+
+
 class Requests:
     """Pilot and timed requests of arms on a session (installed per request, removed after it); a timed request whose
-    latents differ from its arm's pilot is counted, and its row says `outputs_match_pilot: false`."""
+    latents differ from its arm's pilot is counted, and its row says `outputs_match_pilot: false`. Rows compare each
+    pilot's latents with the `reference` arm's pilot."""
 
-    def __init__(self, session: Session, request: Any):
-        self.session, self.request = session, request
+    def __init__(self, session: Session, request: Any, reference: str = "stock"):
+        self.session, self.request, self.reference = session, request, reference
         self.pilots: dict[str, Result] = {}
         self.timed: dict[str, list[Result]] = {}
         self.mismatches: dict[str, int] = {}  # timed requests whose latents differ from the arm's pilot
@@ -67,9 +71,26 @@ class Requests:
                 stage: statistics.median(r.timings[stage] for r in timed) for stage in timed[0].timings
             }
             row["peak_bytes"] = {stage: max(r.memory.get(stage, 0) for r in timed) for stage in timed[0].memory}
-        if name != "stock":
-            row["latent_rel_l2_vs_stock"] = rel_l2(pilot.latents, self.pilots["stock"].latents)
+        if name != self.reference:
+            row[f"latent_rel_l2_vs_{self.reference}"] = rel_l2(pilot.latents, self.pilots[self.reference].latents)
         return row
+
+
+def compare_requests(requests: Requests, arms: dict[str, Arm], rounds: int, notes: list[str]) -> tuple[dict, dict]:
+    """One untimed pilot request per arm, then A/B/A rounds of whole requests of every other arm against
+    `requests.reference` (an arm of `arms`): (rows, ratios). An arm failing in the rounds is dropped, noted."""
+    for name, (config, within) in arms.items():
+        requests.pilots[name] = requests.generate(name, config, within)
+    base = requests.reference
+    measured = aba_rounds(
+        (base, lambda: requests.visit(base, *arms[base])),
+        {name: (lambda name=name: requests.visit(name, *arms[name])) for name in arms if name != base},
+        rounds,
+    )
+    for name, error in measured.errors.items():
+        notes.append(f"arm {name} failed during the rounds: {error}")
+    rows = {name: requests.row(name, config) for name, (config, _) in arms.items()}
+    return rows, {key: ratio.to_dict() for key, ratio in measured.ratios().items()}
 
 
 def run(context: Context) -> Measurement:
@@ -77,22 +98,15 @@ def run(context: Context) -> Measurement:
     session = open_wan(context.smoke, context.device)
     request = wan_request(STEPS, context.smoke)
     configs = {"stock": {}, "exact-fast": exact_fast("wan", context.device, notes)}
-    requests = Requests(session, request)
-    for name, config in configs.items():
-        requests.pilots[name] = requests.generate(name, config)
-    rounds = aba_rounds(
-        ("stock", lambda: requests.visit("stock", {})),
-        {"exact-fast": lambda: requests.visit("exact-fast", configs["exact-fast"])},
-        context.rounds,
-    )
-    for name, error in rounds.errors.items():
-        notes.append(f"arm {name} failed during the rounds: {error}")
+    arms, ratios = compare_requests(
+        Requests(session, request), {name: (config, nullcontext) for name, config in configs.items()}, context.rounds,
+        notes,
+    )  # fmt: skip
     shape = {"model": session.model.name, "request": session.resolve(request).to_dict(), "dtype": "bfloat16",
              "init_seconds": session.init_seconds}  # fmt: skip
-    arms = {name: requests.row(name, config) for name, config in configs.items()}
     notes.append(
         "Times: the session's request total (CUDA events per stage); pilots untimed."
         if not context.smoke
         else "Smoke: tiny-wan, 5 frames at 16x16, 1 step, on the CPU; the numbers say nothing about speed."
     )
-    return Measurement(SUMMARY, shape, arms, {k: v.to_dict() for k, v in rounds.ratios().items()}, notes)
+    return Measurement(SUMMARY, shape, arms, ratios, notes)

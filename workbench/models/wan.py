@@ -305,7 +305,9 @@ def _random_vae_and_text() -> tuple[AutoencoderKLWan, UMT5EncoderModel]:
     width (4096), random weights."""
     vae = AutoencoderKLWan()
     text_encoder = UMT5EncoderModel(
-        UMT5Config(vocab_size=128, d_model=4096, d_kv=64, d_ff=10240, num_layers=2, num_heads=64, is_encoder_decoder=False)
+        UMT5Config(
+            vocab_size=128, d_model=4096, d_kv=64, d_ff=10240, num_layers=2, num_heads=64, is_encoder_decoder=False
+        )
     )
     return vae, text_encoder
 
