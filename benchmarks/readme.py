@@ -27,6 +27,13 @@ HEADLINE = (
     ("forward-wan", "stock/exact-fast", "Wan2.1-1.3B forward (32,760 tokens): exact-fast profile"),
     ("forward-wan", "stock/bit-equal", "Wan2.1-1.3B forward: the bit-equal set"),
     ("request-wan", "stock/exact-fast", "Wan2.1-1.3B request (480x832x81, 6 steps, CFG): exact-fast"),
+    (
+        "request-lora",
+        "stock+unfused/exact-fast+fused",
+        "Wan2.1-1.3B 4-step request with a LoRA: exact-fast + fused "
+        "adapter + fused decode vs stock + diffusers' LoRA layers",
+    ),
+    ("request-wan22", "stock/exact-fast", "Wan2.2-A14B request (2 x 14B experts, reduced steps): exact-fast"),
     ("forward-h3", "stock/exact-fast", "MiniMax-H3 33.1B forward (52,648 rows): exact-fast"),
     ("forward-h3", "stock/block_sparse", "MiniMax-H3 forward: block_sparse at 20 % density"),
     ("forward-h3", "stock/block_sparse+norms+fp8", "MiniMax-H3 forward: block_sparse + fused_block_norms + FP8"),

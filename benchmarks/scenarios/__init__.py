@@ -21,6 +21,7 @@ from benchmarks.scenarios import (
     relayout,
     request_lora,
     request_wan,
+    request_wan22,
     ring,
     sparse_attention,
     text_ring,
@@ -29,6 +30,6 @@ from benchmarks.scenarios import (
 
 MODULES: tuple[ModuleType, ...] = (
     forward_wan, forward_h3, request_wan, sparse_attention, fp8_attention, kernels, relayout, portability, parallel,
-    memory, ring, text_ring, fanout, vae_decode, calibrate_wan, request_lora,
+    memory, ring, text_ring, fanout, vae_decode, calibrate_wan, request_lora, request_wan22,
 )  # fmt: skip
 SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}

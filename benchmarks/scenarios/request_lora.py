@@ -20,7 +20,7 @@ rounds of whole requests against `stock+unfused` (`request_wan.compare_requests`
 medians (text_encode, denoise, video_decode, other), peak memory per stage, the pilot's receipts, its contract, its
 latent relative L2 and frame PSNR against the reference's pilot. The base weights' fingerprint is taken before the
 first and after the last request: `shape.weights_restored` says every arm put them back. Needs peft (the `lora`
-extra). `--smoke`: tiny-wan on the CPU, rank 4, 5 frames at 16x16, 1 step.
+extra). `--smoke`: tiny-wan on the CPU, rank 4, 5 frames at 16x16, 1 step, the decode without the Triton norm.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from benchmarks.envelope import Context, Measurement
-from benchmarks.scenarios.request_wan import Requests, compare_requests
+from benchmarks.scenarios.request_wan import Requests, compare_requests, stage_notes
 from benchmarks.workloads import exact_fast, open_wan, wan_request
 from workbench import Adapter, Session
 from workbench.accelerations import fingerprint
@@ -50,6 +50,7 @@ RELATIVE = 0.1  # RMS of B @ A over the RMS of the weight it adds to
 TARGETS = tuple(f"attn{i}.{p}" for i in (1, 2) for p in ("to_q", "to_k", "to_v", "to_out.0"))
 TARGETS += ("ffn.net.0.proj", "ffn.net.2")
 DECODE = {"channels_last": True, "norm": "triton"}  # fused_vae_decode's fastest setting on the H200 (reduction)
+SMOKE_DECODE = {"channels_last": True}  # the Triton norm under the interpreter is most of a smoke run's time
 REFERENCE = "stock+unfused"
 
 
@@ -99,11 +100,17 @@ def unfused(session: Session, adapter: Adapter, seen: dict[str, Any]) -> Iterato
 
 
 @contextlib.contextmanager
-def fused(session: Session, adapter: Adapter) -> Iterator[None]:
-    """The adapter fused into the weights around one request (`load_adapters`), the weights restored after."""
+def fused(session: Session, adapter: Adapter, config: dict[str, Any]) -> Iterator[None]:
+    """The adapter fused into the weights (`load_adapters`), then the plugins of `config` installed over them, around
+    one request; both taken off after (the weights restored bit for bit). Installing after fusing spares
+    `load_adapters` taking the plugins off and putting them back."""
     session.load_adapters([adapter])
     try:
-        yield
+        session.accelerate(config)
+        try:
+            yield
+        finally:
+            session.accelerate({})
     finally:
         session.load_adapters([])
 
@@ -125,14 +132,18 @@ def run(context: Context) -> Measurement:
         path = Path(folder) / "random-lora.safetensors"
         made = random_lora(session.model.pipeline.transformer, path, SMOKE_RANK if smoke else RANK, seed=24)
         adapter = Adapter(path, scale=1.0, name="random_lora")
-        fast = {**exact_fast("wan", device, notes), "fused_vae_decode": DECODE}
-        arms = {
+        decode = SMOKE_DECODE if smoke else DECODE
+        fast = {**exact_fast("wan", device, notes), "fused_vae_decode": decode}
+        configs = {REFERENCE: {}, "stock+fused": {}, "exact-fast+fused": fast}
+        arms = {  # the fused arms install their plugins themselves (`fused`), the harness installs nothing
             REFERENCE: ({}, lambda: unfused(session, adapter, seen)),
-            "stock+fused": ({}, lambda: fused(session, adapter)),
-            "exact-fast+fused": (fast, lambda: fused(session, adapter)),
+            "stock+fused": ({}, lambda: fused(session, adapter, {})),
+            "exact-fast+fused": ({}, lambda: fused(session, adapter, fast)),
         }
         requests = Requests(session, request, reference=REFERENCE)
         rows, ratios = compare_requests(requests, arms, context.rounds, notes)
+    for name, config in configs.items():
+        rows[name]["config"] = config
     restored = fingerprint(session.model.pipeline.transformer) == before
     reference = requests.pilots[REFERENCE]
     for name, row in rows.items():
@@ -142,10 +153,7 @@ def run(context: Context) -> Measurement:
                 "video_decode_s": stages.get("video_decode")}  # fmt: skip
         if name != REFERENCE:
             row["psnr_db_vs_reference"] = video_psnr(reference.frames, pilot.frames)
-    for name, row in rows.items():
-        if "stages_median_s" in row:
-            split = ", ".join(f"{stage} {seconds:.3f} s" for stage, seconds in row["stages_median_s"].items())
-            notes.append(f"Stage split of {name} (medians): {split}.")
+    notes += stage_notes(rows)
     notes.append(
         f"Adapter: {made['linears']} linears at rank {made['rank']}, {made['parameters']:,} parameters; in the "
         f"{REFERENCE} arm diffusers ran {seen.get('lora_layers')} LoRA layers in {seen.get('lora_dtype')}."
@@ -158,9 +166,10 @@ def run(context: Context) -> Measurement:
         "restoring the adapter, installing plugins) is outside it; pilots untimed. Random weights: the error figures "
         "compare outputs of the same noise, not image quality."
         if not smoke
-        else "Smoke: tiny-wan, rank-4 adapter, 5 frames at 16x16, 1 step, on the CPU; the numbers say nothing about "
-        "speed."
+        else f"Smoke: tiny-wan, rank-4 adapter, 5 frames at 16x16, 1 step, on the CPU, fused_vae_decode {decode} (its "
+        "Triton norm runs in the vae-decode smoke); the numbers say nothing about speed."
     )
     shape = {"model": session.model.name, "request": session.resolve(request).to_dict(), "dtype": "bfloat16",
-             "adapter": made | {"scale": adapter.scale}, "weights_restored": restored, "decode_options": DECODE}  # fmt: skip
+             "adapter": made | {"scale": adapter.scale}, "weights_restored": restored,
+             "decode_options": decode}  # fmt: skip
     return Measurement(SUMMARY, shape, rows, ratios, notes)

@@ -93,6 +93,16 @@ def compare_requests(requests: Requests, arms: dict[str, Arm], rounds: int, note
     return rows, {key: ratio.to_dict() for key, ratio in measured.ratios().items()}
 
 
+def stage_notes(rows: dict[str, Any]) -> list[str]:
+    """One sentence per timed arm: its per-stage medians (the envelope's docs table shows no nested values)."""
+    notes = []
+    for name, row in rows.items():
+        if "stages_median_s" in row:
+            split = ", ".join(f"{stage} {seconds:.3f} s" for stage, seconds in row["stages_median_s"].items())
+            notes.append(f"Stage split of {name} (medians): {split}.")
+    return notes
+
+
 def run(context: Context) -> Measurement:
     notes: list[str] = []
     session = open_wan(context.smoke, context.device)

@@ -197,7 +197,10 @@ def merge_cases(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def describe(kind: str, key: dict[str, Any]) -> str:
-    """A step's key in words: "point easycache.threshold=0.25 over {...}" or "confirmation on seed 42"."""
+    """A step's key in words: "point easycache.threshold=0.25 over {...}" or "confirmation on seed 42"; another
+    user's step (a benchmark's part) as its kind and key."""
+    if kind not in ("confirmation", "point"):
+        return f"{kind} {json.dumps(key, sort_keys=True)}"
     if kind == "confirmation":
         return f"confirmation of {json.dumps(key['config'], sort_keys=True)} on seed {key['request']['seed']}"
     value = key["value"]
