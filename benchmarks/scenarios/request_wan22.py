@@ -4,8 +4,9 @@ both resident, ~57 GB in bf16; random weights; 480x832, 81 frames; CFG 4; UniPC 
 
 - `speed`: whole requests through `Session.generate`, stock against the `exact-fast` profile: one untimed pilot per
   arm, then A/B/A rounds (`request_wan.compare_requests`): total and per-stage medians, peak memory per stage, the
-  pilots' receipts and latent relative L2. At 40 steps one stock request takes about 5 minutes on an H200, so an A/B/A
-  of whole requests cannot fit a 10-minute device call: the part runs `WAN22_STEPS` steps (default 4). The boundary
+  pilots' receipts and latent relative L2. At 40 steps a request is 80 forwards of ~1.7 PFLOP (about 5 minutes on an
+  H200 at the throughput request-wan measured), so an A/B/A of whole requests cannot fit a 10-minute device call:
+  the part runs `WAN22_STEPS` steps (default 4, about 7 minutes with pilots and 3 rounds). The boundary
   stays the same noise level (timestep 875 of 1000) on the same shifted schedule, so the high-noise expert keeps
   about the same share of the steps, up to the coarser discretisation; `shape.experts` gives the split at the
   measured steps and at 40 (4 steps: 3 high + 1 low; 40 steps: 26 + 14). The ratio is that of a reduced-steps
@@ -14,7 +15,7 @@ both resident, ~57 GB in bf16; random weights; 480x832, 81 frames; CFG 4; UniPC 
 - `cache`, once per threshold of `WAN22_THRESHOLDS` (default 0.3): easycache at that threshold, per expert
   (`per_expert=True`: warm-up and final dense steps counted within each expert's run) and boundary-unaware
   (`per_expert=False`: counted over the whole request), one request each at `WAN22_CACHE_STEPS` steps (default 12:
-  8 high + 4 low, the 40-step share), against the dense (stock) request of the same model and steps in the same
+  8 high + 4 low, about the 40-step share), against the dense (stock) request of the same model and steps in the same
   process: latent relative L2, PSNR, minimum-frame SSIM and the default budget's verdict (`workbench.quality.compare`),
   each expert's computed/reused decisions per CFG branch, the request steps each skipped, and the request seconds
   (one run each: indicative, no CI). Both arms keep the cache state per expert (one hook per denoiser); they differ
