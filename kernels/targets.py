@@ -127,7 +127,7 @@ def built_for(target: Target) -> Iterator[None]:
     `override_arch` knob (TRITON_OVERRIDE_ARCH) for the duration, restored after; `_runtime.LazyKernel` keeps these
     builds apart from the GPU's own. RuntimeError when this Triton has no such knob."""
     runtime = triton.knobs.runtime
-    if not hasattr(type(runtime), "override_arch") or not hasattr(runtime, "scope"):
+    if not hasattr(runtime, "override_arch") or not hasattr(runtime, "scope"):
         raise RuntimeError(
             f"built_for({target.name}): this Triton ({triton.__version__}) has no knobs.runtime.override_arch "
             "(TRITON_OVERRIDE_ARCH) to compile for another card; install a Triton that has it"
