@@ -165,9 +165,12 @@ def run(context: Context) -> Measurement:
     rows: dict[str, Any] = {}
     ratios: dict[str, Any] = {}
     notes: list[str] = []
+    built = arms(smoke, device)
     covered: dict[str, list[str]] = {}
-    for op, arm in arms(smoke, device).items():
+    for op, arm in built.items():
         covered.setdefault(arm.table, []).append(op)
+    considered = kernels_considered(covered)  # before any timing: a launch table without an arm fails at once
+    for op, arm in built.items():
         label = arm.other.lower()
         builds = {"default": (arm.hopper, None), label: (arm.launch, None)}
         if not smoke:
@@ -224,7 +227,6 @@ def run(context: Context) -> Measurement:
         row["fraction_of_roofline"] = {name.removeprefix(f"{op} "): roofline / s for name, s in medians.items()}
         row["errors"].update(rounds.errors)
         ratios.update({key: value.to_dict() for key, value in rounds.ratios().items()})
-    considered = kernels_considered(covered)
     rows["kernels_considered"] = considered
     notes += [
         "Ratios are default / candidate seconds (< 1: the candidate is slower on the H200). `ampere_ada` / `ada`: the "
