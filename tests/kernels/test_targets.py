@@ -73,6 +73,9 @@ EXAMPLES = {
         out=torch.zeros(1, 384, 4, 62, 106, dtype=BF16)[:, :, 2:, 1:-1, 1:-1],
     ),
     "merge_heads": lambda: relayout.merge_heads(torch.zeros(2, B, T // 2, H // 2, D, dtype=BF16), 2),
+    "split_result": lambda: relayout.split_result(  # attention's (B, H/W, T, D) output seen as (B, T, H/W, D)
+        torch.zeros(B, H // 2, T, D, dtype=BF16).transpose(1, 2), 2
+    ),
     "quantize_rows": lambda: fp8_rowwise.quantize_rows(torch.zeros(T, C, dtype=BF16)),
     "block_sparse_attention": lambda: block_sparse_attention.block_sparse_attention(
         *(torch.zeros(B, H, T, D, dtype=BF16) for _ in range(3)), 0.0, 64
