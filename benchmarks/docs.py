@@ -59,18 +59,19 @@ def _current(path: Path, record: dict[str, Any]) -> list[str]:
              f"commit `{(record.get('commit') or '?')[:10]}`{' (dirty tree)' if record.get('dirty') else ''}, "
              f"{record.get('date', '?')}; {_versions(record.get('versions') or {})}. File: `{path.name}`.", ""]  # fmt: skip
     arms = {name: row for name, row in (record.get("arms") or {}).items() if isinstance(row, dict)}
+    columns: list[str] = []
+    for row in arms.values():
+        for key, value in row.items():
+            if key != "median_s" and key not in columns and _scalar(value):
+                columns.append(key)
+    columns = columns[:MAX_COLUMNS]
+    # rows with neither a median nor a shown fact (only nested data: launches, lists) stay in the file
+    arms = {name: row for name, row in arms.items() if _scalar(row.get("median_s")) or set(row) & set(columns)}
     if arms:
-        columns: list[str] = []
-        for row in arms.values():
-            for key, value in row.items():
-                if key != "median_s" and key not in columns and _scalar(value):
-                    columns.append(key)
-        columns = columns[:MAX_COLUMNS]
-        lines += ["| arm | median | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
+        lines += ["| " + " | ".join(["arm", "median", *columns]) + " |", "|---" * (len(columns) + 2) + "|"]
         for name, row in arms.items():
             median = _seconds(row["median_s"]) if _scalar(row.get("median_s")) else ""
-            cells = [_cell(row.get(column)) for column in columns]
-            lines.append(f"| {name} | {median} | " + " | ".join(cells) + " |")
+            lines.append("| " + " | ".join([name, median, *(_cell(row.get(column)) for column in columns)]) + " |")
         lines.append("")
     lines += _ratios(record.get("ratios") or {})
     for note in record.get("notes") or []:

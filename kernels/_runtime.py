@@ -50,12 +50,16 @@ class LazyKernel:
 
     `helpers`: plain Python functions written in Triton that the kernel calls by their global name (device functions
     shared between kernels). Each mode gets its own copy of the kernel whose globals name the helpers decorated for
-    that mode (`function`), so a helper is never frozen in the mode that was current at import."""
+    that mode (`function`), so a helper is never frozen in the mode that was current at import.
+
+    A build for another card (Triton's `override_arch` knob, set by `targets.built_for`) is decorated apart too:
+    Triton's in-process cache key leaves the architecture out, so one JIT function would hand back the build it made
+    first for a launch."""
 
     def __init__(self, fn: Callable[..., Any], helpers: tuple[Callable[..., Any], ...] = ()):
         self.fn = fn
         self.helpers = helpers
-        self._jitted: dict[bool, Any] = {}
+        self._jitted: dict[tuple[bool, str | None], Any] = {}  # (interpreted, override_arch) -> JIT function
 
     def function(self, interpret: bool) -> Callable[..., Any]:
         """The kernel's function with its helpers decorated for the interpreter (`interpret`) or the compiler."""
@@ -76,9 +80,10 @@ class LazyKernel:
 
     def __getitem__(self, grid: Any) -> Any:
         mode = interpreting()
-        if mode not in self._jitted:
-            self._jitted[mode] = triton.jit(self.function(mode))
-        return self._jitted[mode][grid]
+        key = (mode, None if mode else getattr(triton.knobs.runtime, "override_arch", None))
+        if key not in self._jitted:
+            self._jitted[key] = triton.jit(self.function(mode))
+        return self._jitted[key][grid]
 
 
 def capability(device: torch.device) -> int | None:

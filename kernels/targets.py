@@ -11,14 +11,19 @@ compiles one such launch for a target with Triton's own compiler (the PTX assemb
 the shared memory the launch needs and ptxas' registers and spills. The CI compiles every kernel for every target
 with it (tests/kernels/test_targets.py), so a kernel that stops compiling for a card, or outgrows its shared memory,
 fails there and not on a user's GPU.
+
+`built_for(target)` runs kernels on the GPU at hand as the card's build: Triton generates their code for `target` and
+assembles it for this GPU (PTX is forward compatible), so the H200 can check and time what a 3090 or 4090 would run
+(benchmarks scenario `portability`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +102,7 @@ def record(call: Callable[[], Any], target: Target | None = None) -> list[Launch
 
     with ExitStack() as patches:
         patches.enter_context(mock.patch.object(_runtime.LazyKernel, "__getitem__", launcher))
-        for module in [_runtime, *_kernel_modules()]:  # the compiled path: no interpreter, a device to run it
+        for module in [_runtime, *kernel_modules()]:  # the compiled path: no interpreter, a device to run it
             if hasattr(module, "interpreting"):
                 patches.enter_context(mock.patch.object(module, "interpreting", lambda: False))
             if hasattr(module, "check_runtime"):
@@ -111,6 +116,25 @@ def record(call: Callable[[], Any], target: Target | None = None) -> list[Launch
     if not launches:
         raise RuntimeError("record: the call launched no kernel")
     return launches
+
+
+@contextlib.contextmanager
+def built_for(target: Target) -> Iterator[None]:
+    """Inside, kernels launched on a GPU are compiled as Triton compiles them for `target` (its code generation: below
+    sm_90 no wgmma, no TMA, no warp specialization; FP8 conversions from sm_89) and assembled for the GPU they run on.
+    Only the build changes: the launch is still the caller's (pass the card's, e.g. `launch_for`'s choice below
+    sm_90), and the GPU's own limits apply (shared memory is checked per card by `compile_for`). Triton's
+    `override_arch` knob (TRITON_OVERRIDE_ARCH) for the duration, restored after; `_runtime.LazyKernel` keeps these
+    builds apart from the GPU's own. RuntimeError when this Triton has no such knob."""
+    runtime = triton.knobs.runtime
+    if not hasattr(runtime, "override_arch") or not hasattr(runtime, "scope"):
+        raise RuntimeError(
+            f"built_for({target.name}): this Triton ({triton.__version__}) has no knobs.runtime.override_arch "
+            "(TRITON_OVERRIDE_ARCH) to compile for another card; install a Triton that has it"
+        )
+    with runtime.scope():  # restores the knob and TRITON_OVERRIDE_ARCH, which setting the knob exports
+        runtime.override_arch = f"sm{target.capability}"
+        yield
 
 
 def compile_for(launched: Launched, target: Target) -> Report:
@@ -176,7 +200,8 @@ def _ptxas_usage(ptx: str, target: Target) -> tuple[int, int]:
     return registers, spills
 
 
-def _kernel_modules() -> list[Any]:
+def kernel_modules() -> list[Any]:
+    """Every kernel module of `workbench.kernels` (not the shared plumbing, not this one), imported, in name order."""
     import importlib
     import pkgutil
 

@@ -86,7 +86,7 @@ def compiled_kernels() -> list[dict[str, Any]] | str:
     rows = []
     try:
         for module in (fa, aq, block_sparse_attend):
-            jitted = module._KERNEL._jitted.get(False)
+            jitted = module._KERNEL._jitted.get((False, None))  # this GPU's own builds
             if jitted is None:
                 continue
             for cache in jitted.device_caches.values():

@@ -2,10 +2,13 @@
 ships, fits the card's shared memory, and spills nothing where the H200's launch spills nothing (issue 28). No GPU: Triton's own
 compiler and ptxas, on launches recorded from the public functions at production shapes (bf16, Wan-1.3B widths)."""
 
+import contextlib
+import os
 from unittest import mock
 
 import pytest
 import torch
+import triton
 
 from workbench.kernels import (
     _runtime,
@@ -20,7 +23,7 @@ from workbench.kernels import (
     relayout,
     rms_norm_silu,
 )
-from workbench.kernels.targets import TARGETS, compile_for, record, target_for
+from workbench.kernels.targets import TARGETS, built_for, compile_for, record, target_for
 
 B, T, H, D = 1, 1024, 12, 128
 C = H * D
@@ -70,6 +73,9 @@ EXAMPLES = {
         out=torch.zeros(1, 384, 4, 62, 106, dtype=BF16)[:, :, 2:, 1:-1, 1:-1],
     ),
     "merge_heads": lambda: relayout.merge_heads(torch.zeros(2, B, T // 2, H // 2, D, dtype=BF16), 2),
+    "split_result": lambda: relayout.split_result(  # attention's (B, H/W, T, D) output seen as (B, T, H/W, D)
+        torch.zeros(B, H // 2, T, D, dtype=BF16).transpose(1, 2), 2
+    ),
     "quantize_rows": lambda: fp8_rowwise.quantize_rows(torch.zeros(T, C, dtype=BF16)),
     "block_sparse_attention": lambda: block_sparse_attention.block_sparse_attention(
         *(torch.zeros(B, H, T, D, dtype=BF16) for _ in range(3)), 0.0, 64
@@ -174,3 +180,41 @@ def test_fp8_attention_takes_one_launch_per_card_and_is_refused_below_sm_89():
 
 def test_target_for_names_the_supported_capabilities():
     assert target_for((8, 9)).name == "sm_89" and target_for(90).name == "sm_90" and target_for((7, 5)) is None
+
+
+def _ptx(launch) -> str:
+    """`launch` compiled by Triton for the H200 (sm_90), as the JIT would on that GPU: its PTX."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    source = ASTSource(fn=JITFunction(launch.fn), signature=launch.signature, constexprs=launch.constexprs,
+                       attrs=launch.attrs)  # fmt: skip
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=launch.options).asm["ptx"]
+
+
+def test_built_for_runs_the_cards_code_on_this_gpu_and_keeps_it_apart(monkeypatch):
+    """Inside built_for(sm_86) Triton generates the card's code for the GPU at hand: block-sparse attention's Ampere
+    launch, built for the H200, loads K/V through TMA descriptors; built for the 3090 it does not, and is still
+    sm_90 code. LazyKernel decorates such builds apart (Triton's cache key has no architecture, and would hand back
+    the GPU's own build); the knob and TRITON_OVERRIDE_ARCH are restored after."""
+    monkeypatch.delenv("TRITON_OVERRIDE_ARCH", raising=False)
+    heads = torch.zeros(B, H, T, D, dtype=BF16)
+    launches = record(lambda: block_sparse_attention.block_sparse_attention(heads, heads, heads, 0.0, 64),
+                      TARGETS["sm_86"])  # fmt: skip
+    attention = next(x for x in launches if x.name == "_block_sparse_fwd")
+    native = _ptx(attention)
+    with built_for(TARGETS["sm_86"]):
+        assert triton.knobs.runtime.override_arch == "sm86"
+        card = _ptx(attention)
+    assert "tensormap" in native and "tensormap" not in card and ".target sm_90a" in card
+    assert triton.knobs.runtime.override_arch is None and "TRITON_OVERRIDE_ARCH" not in os.environ
+
+    monkeypatch.setattr(_runtime, "interpreting", lambda: False)
+    decorated = []
+    monkeypatch.setattr(triton, "jit", lambda fn: decorated.append(fn) or mock.MagicMock())
+    kernel = _runtime.LazyKernel(lambda x: None)
+    for target in (None, "sm_89", "sm_89", None, "sm_86"):
+        with built_for(TARGETS[target]) if target else contextlib.nullcontext():
+            kernel[(1,)]
+    assert len(decorated) == 3  # this GPU's build, the 4090's, the 3090's
