@@ -22,3 +22,14 @@ def test_random_a14b_has_the_released_expert_shapes_dtypes_and_boundary():
     schedule = experts.schedule(model, 40).experts
     assert (schedule.count("transformer"), schedule.count("transformer_2")) == (26, 14)
     assert schedule == ("transformer",) * 26 + ("transformer_2",) * 14
+
+
+def test_random_14b_has_the_released_transformer_shapes_and_dtypes():
+    """Built on the meta device: the transformer has the parameters of model_sizes' Wan2.1-T2V-14B (shape for shape,
+    dtype for dtype), and nothing but the one denoiser."""
+    model = wan.random_14b(0, "meta", torch.bfloat16)
+    built, want = model.pipeline.transformer, meta_model("Wan2.1-T2V-14B").pipeline.transformer
+    shapes = {key: (tuple(p.shape), p.dtype) for key, p in built.named_parameters()}
+    assert shapes == {key: (tuple(p.shape), p.dtype) for key, p in want.named_parameters()}
+    assert model.pipeline.transformer_2 is None and model.pipeline.config.boundary_ratio is None
+    assert sum(p.numel() for p in built.parameters()) > 14e9 and built.config.qk_norm == "rms_norm_across_heads"

@@ -244,6 +244,27 @@ def random_1_3b(seed: int = 0, device: str | torch.device = "cpu") -> LoadedMode
     return LoadedModel("random-wan-1.3b", FAMILY, pipe, dict(FAMILY.defaults), {})
 
 
+def random_14b(seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
+    """Wan2.1-T2V-14B shapes with random weights: one transformer of 40 layers, 40 heads x 128 (dim 5120), FFN 13824
+    (14.3 B parameters, 28.6 GB in bf16), the Wan2.1 VAE, the text encoder shape-reduced as in `random_1_3b`, and
+    `random_1_3b`'s scheduler (flow matching, shift 3: Wan's 480p setting), so its requests differ from the 1.3B's in
+    the transformer only. Built on `device` and cast to `dtype` as `random_a14b` builds each expert (the float32 peak
+    is the transformer alone, 57 GB; a GPU initialises it in seconds)."""
+    with torch.device(device):
+        torch.manual_seed(seed)
+        transformer = _random_transformer_as(dtype)
+        vae, text_encoder = _random_vae_and_text()
+    pipe = WanPipeline(
+        tokenizer=build_tokenizer(128, model_max_length=512),
+        text_encoder=text_encoder.eval(),
+        vae=vae.eval(),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        transformer=transformer,
+    )
+    cast_components(pipe, dtype)
+    return LoadedModel("random-wan-14b", FAMILY, pipe, dict(FAMILY.defaults), {})
+
+
 A14B_SHIFT, A14B_BOUNDARY = 12.0, 0.875  # Wan2.2's T2V-A14B inference config: sample_shift, boundary
 A14B_DEFAULTS = {**FAMILY.defaults, "steps": 40, "guidance": 4.0}  # its sample_steps; high-noise guide scale
 
@@ -259,13 +280,9 @@ def random_a14b(seed: int = 0, device: str | torch.device = "cpu", dtype: torch.
     expert as soon as it is initialised: the float32 peak is one expert (57 GB) beside the other in `dtype` (29 GB
     in bf16), and a GPU initialises the 28.6 B parameters in seconds (on a CPU it takes minutes).
     """
-    experts = []
     with torch.device(device):
         torch.manual_seed(seed)
-        for _ in range(2):
-            expert = _random_transformer(heads=40, ffn=13824, layers=40)
-            cast_module(expert, dtype)
-            experts.append(expert.eval())
+        experts = [_random_transformer_as(dtype) for _ in range(2)]
         vae, text_encoder = _random_vae_and_text()
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=A14B_SHIFT)
     pipe = WanPipeline(
@@ -279,6 +296,14 @@ def random_a14b(seed: int = 0, device: str | torch.device = "cpu", dtype: torch.
     )
     cast_components(pipe, dtype)
     return LoadedModel("random-wan2.2-a14b", FAMILY, pipe, dict(A14B_DEFAULTS), {})
+
+
+def _random_transformer_as(dtype: torch.dtype) -> WanTransformer3DModel:
+    """A 14B-shaped transformer (40 heads x 128, FFN 13824, 40 layers), cast to `dtype` as soon as it is initialised
+    (its fp32-kept modules stay float32)."""
+    transformer = _random_transformer(heads=40, ffn=13824, layers=40)
+    cast_module(transformer, dtype)
+    return transformer.eval()
 
 
 def _random_transformer(heads: int, ffn: int, layers: int) -> WanTransformer3DModel:
