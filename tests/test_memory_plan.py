@@ -214,6 +214,37 @@ def test_memory_plan_streaming_text_encoder_bitwise_equal_resident(sessions, nam
     assert f"text encoder {n} layers streamed ({n} prefetched, 0 late)" in residency_html(result, "capped")
 
 
+@pytest.mark.parametrize("arrangement", ["smallest", "text"])
+def test_residency_dismantle_gives_back_the_resident_model_bitwise(sessions, arrangement):
+    """A session arranged under a plan (the smallest: components and the denoiser offloaded between stages; or one
+    streaming a denoiser block and text layers through the ring), run once, then dismantled: the session refuses
+    requests, the weights are the same tensors with the same values, no hook, pinned device or tiling is left, and a
+    resident session over the same model gives the resident output bit for bit."""
+    from workbench.accelerations.memory.ring import tensors_of
+    from workbench.models import resolve
+
+    request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST["tiny-wan"])
+    model = resolve("tiny-wan", dtype=torch.float32)
+    budget = _text_ring_budget(model, request) if arrangement == "text" else _smallest_cap(model)
+    classes = {name: type(c) for name, c in model.pipeline.components.items()} | {"": type(model.pipeline)}
+    modules = [m for c in model.pipeline.components.values() if isinstance(c, torch.nn.Module) for m in c.modules()]
+    weights = {id(t): (t, t.clone()) for m in modules for t in tensors_of(m)}
+    capped = Session.open(model, device="cpu", memory=budget)
+    plan = capped.memory_plan
+    assert plan.streamed_text_layers if arrangement == "text" else plan.denoisers_offloaded, str(plan)
+    capped.generate(request, progress=False)
+    capped.residency.dismantle()
+    with pytest.raises(RuntimeError, match="memory arrangement was dismantled"):
+        capped.generate(request, progress=False)
+    assert {id(t) for m in modules for t in tensors_of(m)} == set(weights)
+    assert all(torch.equal(t, copy) for t, copy in weights.values())
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in modules)
+    assert {name: type(c) for name, c in model.pipeline.components.items()} | {"": type(model.pipeline)} == classes
+    assert not model.pipeline.vae.use_tiling
+    again = Session.open(model, device="cpu").generate(request, progress=False)
+    assert torch.equal(again.latents, sessions("tiny-wan").generate(request, progress=False).latents)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name, arrangement", [("tiny-wan", "smallest"), ("tiny-wan", "text"), ("tiny-h3", "text")])
 def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(name, arrangement):
@@ -221,7 +252,8 @@ def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(name, arrangement
     the denoiser's and the text encoder's streamed blocks) under a 1 GiB cap (a tiny model's own cap is below the
     allocator's granularity): tiny-wan's smallest (components and the denoiser offloaded between stages) and the
     text-ring plans of the CPU test. Equal to the resident CUDA session twice; the streamed text layers compute on
-    the device; after each request every offloaded weight is back in pinned host memory."""
+    the device; after each request every offloaded weight is back in pinned host memory. Dismantled, the model is
+    resident on the device again and gives the resident output."""
     import dataclasses
 
     from workbench.accelerations.memory.residency import Residency
@@ -260,6 +292,14 @@ def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(name, arrangement
             assert got.get("text_blocks_streamed", 0) == plan.text_forwards * len(plan.streamed_text_layers)
             assert "late" not in got and "text_late" not in got
         assert on_device == [{"cuda"}] * (2 * plan.text_forwards * len(plan.streamed_text_layers))
+        for hook in hooks:
+            hook.remove()
+        session.residency.dismantle()  # every weight back on the device, the cap lifted: resident again
+        where = {t.device.type for c in model.pipeline.components.values() if isinstance(c, torch.nn.Module)
+                 for t in tensors_of(c)}  # fmt: skip
+        assert where == {"cuda"}
+        again = Session.open(model, device="cuda").generate(request, progress=False)
+        assert torch.equal(again.latents, resident.latents) and (again.frames == resident.frames).all()
     finally:
         for hook in hooks:
             hook.remove()

@@ -25,6 +25,9 @@ counts it: `component_onloads`, `component_bytes_moved` (offloaded components an
 (`blocks_streamed`, `bytes_moved`, ...) and the text encoder's (`text_blocks_streamed`, `text_bytes_moved`, ...).
 Contract bitwise for the residency itself; a tiled decode is not bit-equal to an untiled one, and the plan says which
 it is.
+
+`dismantle()` undoes the arrangement (every weight back on the device, the cap lifted), so one process can compare a
+capped request with the resident one on the same weights; the session it served refuses requests afterwards.
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ def pin_device(obj: Any, attribute: str, device: torch.device) -> None:
     obj.__class__ = type(base.__name__, (base,), body)
 
 
+def unpin_device(obj: Any) -> None:
+    """Undo `pin_device`: `obj` is an instance of its own class again (nothing happens to an unpinned one)."""
+    if getattr(type(obj), "_pinned_device", False):
+        obj.__class__ = type(obj).__bases__[0]
+
+
 class Residency:
     """A model arranged on a device under a plan; one per session."""
 
@@ -60,6 +69,8 @@ class Residency:
         self.on_device: set[str] = set()
         self.rings: list[Ring] = []
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.tiled = False  # tiling turned on by the plan (`dismantle` turns it off)
+        self.dismantled = False
 
     @classmethod
     def arrange(cls, model: Any, plan: Any, device: torch.device, budget: Any) -> Residency:
@@ -92,8 +103,9 @@ class Residency:
                 for tensor in tensors_of(component):
                     if id(tensor) not in streamed:
                         tensor.data = tensor.data.to(device)
-        if plan.tiled_decode:
+        if plan.tiled_decode and not pipeline.vae.use_tiling:
             pipeline.vae.enable_tiling()
+            residency.tiled = True
         if plan.denoisers_offloaded:
             residency.stages["denoise"] = set(plan.streamed_blocks)
         elif any(plan.streamed_blocks.values()):
@@ -126,6 +138,8 @@ class Residency:
         self.group_bytes[name] = sum(t.numel() * t.element_size() for t in (*parameters, *buffers))
 
     def begin_request(self) -> None:
+        if self.dismantled:
+            raise RuntimeError("memory: this session's memory arrangement was dismantled; open a new session")
         self.receipt.reset()
         for ring in self.rings:
             ring.check()
@@ -153,6 +167,29 @@ class Residency:
             self._offload(name)
         for ring in self.rings:
             ring.release_all()
+
+    def dismantle(self) -> None:
+        """Undo `arrange`: the cap lifted first (the whole model comes back), every streamed and offloaded weight a
+        plain tensor on the device again (fresh copies; the pinned host copies go back to torch's host cache), the
+        rings' hooks and slots gone, the pinned devices and the tiled decode undone. The model is then as a session
+        without a budget holds it, bit for bit; `begin_request` refuses from now on."""
+        if self.device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+        self.end_request()
+        for ring in self.rings:
+            ring.remove()
+        for group in self.groups.values():
+            for tensor in (*group.parameters, *group.buffers):
+                tensor.data = tensor.data.to(self.device)
+        if self.stream is not None:
+            torch.cuda.synchronize(self.device)
+        pipeline = self.model.pipeline
+        if self.tiled:
+            pipeline.vae.disable_tiling()
+        unpin_device(pipeline)
+        for name in self.groups:
+            unpin_device(getattr(pipeline, name))
+        self.rings, self.groups, self.on_device, self.dismantled = [], {}, set(), True
 
     def report(self) -> dict[str, Any]:
         """The receipt for the Result (`receipts["memory_residency"]`): component and ring counters together."""
