@@ -19,6 +19,7 @@ from benchmarks.scenarios import (
     parallel,
     portability,
     relayout,
+    request_capped,
     request_lora,
     request_wan,
     request_wan22,
@@ -31,5 +32,6 @@ from benchmarks.scenarios import (
 MODULES: tuple[ModuleType, ...] = (
     forward_wan, forward_h3, request_wan, sparse_attention, fp8_attention, kernels, relayout, portability, parallel,
     memory, ring, text_ring, fanout, vae_decode, calibrate_wan, request_lora, request_wan22,
+    request_capped,
 )  # fmt: skip
 SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}
