@@ -1,14 +1,19 @@
 """The block ring under a memory cap: one forward of the full-size MiniMax-H3 transformer (33.1B, random weights,
 bf16, the 52,648-row t2va packing of `forward_h3`), resident (uncapped) against `block_ring` and diffusers' group
-offloading (`group_offload`, one block per group, streams) under caps of 48 GiB and 24 GiB. Issue 23's bar: the ring
->= 0.97x resident at 48 GiB and >= 0.92x at 24 GiB, both faster than group offloading at the same cap.
+offloading (`group_offload`, one block per group, streams) under caps of 48 GiB and 24 GiB, and the ring stacked with
+the `exact-fast` profile (`block_ring+exact-fast`: the profile's plugins installed with the same ring). Issue 23's
+bars: the ring >= 0.97x resident at 48 GiB and >= 0.92x at 24 GiB, both faster than group offloading at the same cap;
+stacked with exact-fast, faster than resident stock (> 1x) under both caps.
 
 The ring's resident block count comes from the planner (`workbench.memory_plan.plan_memory`) given the cap and the
 activation peak measured in the resident forward (allocated peak less the weights). A cap is enforced around each
 capped arm's timed forwards with `torch.cuda.set_per_process_memory_fraction` (an allocation past it raises, recorded
 as the arm's failure); installing and removing an arm happen outside it. `RING_CAPS=48GiB` (a comma list of the caps'
-names) measures a subset, so each cap's A/B/A can fit one device call; `RING_ARMS=block_ring` leaves group offloading
-out. After each capped visit the pinned host copies go back to the OS (torch's host-cache flush): the host
+names) measures a subset, so each cap's A/B/A can fit one device call; `RING_ARMS` (a comma list of block_ring,
+group_offload, block_ring+exact-fast; default all) the arms, e.g. `RING_ARMS=block_ring+exact-fast` for the stacked
+bar alone. The stacked arms' kernels compile in one untimed forward of exact-fast alone (resident, uncapped) before the
+rounds; its output is what the stacked arms must equal (the ring is bitwise; exact-fast's own contract is
+`reduction` against stock). After each capped visit the pinned host copies go back to the OS (torch's host-cache flush): the host
 allocator caches freed pinned memory, and the arms' copies (up to the whole 66 GB model each) would otherwise pile up
 in the machine's memory. A/B/A rounds through
 `workbench.evidence.timing.aba_rounds`, one timed forward per visit; per arm its peak, its allocator retries over the
@@ -16,8 +21,8 @@ timed forwards (`num_alloc_retries`: under the cap the caching allocator frees c
 retries; the ring's fixed slots should make none) and whether its output equals the resident one. Runs with
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts).
 `--smoke`: tiny-h3's transformer (8 blocks) on the CPU with the estimated activation and two caps, the smallest that fits and
-halfway from it to the resident peak; the ring runs its schedule (no copies on one memory) and group offloading
-(CUDA only) is left out.
+halfway from it to the resident peak; the ring runs its schedule (no copies on one memory), alone and with exact-fast
+(its Triton kernels interpreted), and group offloading (CUDA only) is left out.
 """
 
 from __future__ import annotations
@@ -32,16 +37,20 @@ import torch
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.forward_h3 import FULL, SMOKE, SMOKE_CONFIG, build, packed_inputs, transformer_session
 from benchmarks.scenarios.memory import Capped
-from benchmarks.workloads import ForwardArm, equal, rel_l2
+from benchmarks.workloads import ForwardArm, equal, exact_fast, rel_l2
 from workbench.accelerations.memory.ring import module_bytes
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.memory_plan import Footprint, gib, plan_memory
 
 NAME = "ring"
-SUMMARY = "MiniMax-H3 33.1B forward under 48/24 GiB caps: block_ring vs group_offload vs resident (uncapped)"
+SUMMARY = (
+    "MiniMax-H3 33.1B forward under 48/24 GiB caps: block_ring (alone and with exact-fast) vs group_offload vs "
+    "resident (uncapped)"
+)
 GPUS = 1
 GIB = 2**30
 CAPS = {"48GiB": 48 * GIB, "24GiB": 24 * GIB}
+ARMS = ("block_ring", "group_offload", "block_ring+exact-fast")
 # torch's flush of its pinned host cache: `_accelerator_emptyHostCache` in 2.13, `_host_emptyCache` before
 EMPTY_HOST_CACHE = getattr(torch._C, "_accelerator_emptyHostCache", None) or getattr(torch._C, "_host_emptyCache", None)
 
@@ -70,9 +79,9 @@ def run(context: Context) -> Measurement:
         resident.output = forward()
     footprint = Footprint({}, {"transformer": tuple(module_bytes(b) for b in blocks)},
                           {"transformer": weights - sum(module_bytes(b) for b in blocks)}, {})  # fmt: skip
-    arm_names = os.environ.get("RING_ARMS", "block_ring,group_offload").split(",")
-    if unknown := set(arm_names) - {"block_ring", "group_offload"}:
-        raise ValueError(f"RING_ARMS: {sorted(unknown)}; allowed: a comma list of block_ring, group_offload")
+    arm_names = os.environ.get("RING_ARMS", ",".join(ARMS)).split(",")
+    if unknown := set(arm_names) - set(ARMS):
+        raise ValueError(f"RING_ARMS: {sorted(unknown)}; allowed: a comma list of {', '.join(ARMS)}")
     if cuda:
         activation = torch.cuda.max_memory_allocated(device) - weights
         chosen = os.environ.get("RING_CAPS", ",".join(CAPS)).split(",")
@@ -85,21 +94,35 @@ def run(context: Context) -> Measurement:
         everything = plan_memory(footprint, {"denoise": activation}, 2**62, forwards=1)
         resident_cap = math.ceil(everything.stage_peaks["denoise"] / 0.9)
         caps = {"halfway": (everything.minimum_cap + resident_cap) // 2, "smallest": everything.minimum_cap}
+    fast, fast_output = None, None
+    if "block_ring+exact-fast" in arm_names:  # compiles its kernels; what the stacked arms must equal (after the
+        # resident peak is read)
+        fast = exact_fast("h3", device, notes)
+        session.accelerate(fast)
+        try:
+            with torch.inference_mode():
+                fast_output = forward()
+        finally:
+            session.accelerate({})
     arms, capped, plans = [resident], {}, {}
     for label, cap in caps.items():
         plan = plan_memory(footprint, {"denoise": activation}, cap, forwards=1)
         plans[label] = str(plan)
         resident_blocks = len(blocks) - len(plan.streamed_blocks["transformer"])
-        ring = ForwardArm(f"ring-{label}", {"block_ring": {"resident_blocks": resident_blocks}})
-        arms.append(ring)
-        capped[ring.name] = cap
+        ring_config = {"block_ring": {"resident_blocks": resident_blocks}}
+        if "block_ring" in arm_names:
+            arms.append(ForwardArm(f"ring-{label}", ring_config))
+            capped[arms[-1].name] = cap
+        if fast is not None:
+            arms.append(ForwardArm(f"ring+exact-fast-{label}", {**fast, **ring_config}))
+            capped[arms[-1].name] = cap
         if cuda and "group_offload" in arm_names:
             offload = ForwardArm(f"group_offload-{label}", {"group_offload": {}})
             arms.append(offload)
             capped[offload.name] = cap
     if not cuda:
         notes.append(
-            "Smoke: group_offload runs on CUDA only and a CPU enforces no cap; the ring's schedule runs alone."
+            "Smoke: group_offload runs on CUDA only and a CPU enforces no cap; the ring's schedule runs without it."
         )
     peaks: dict[str, int] = {}
     retries: dict[str, int] = {}
@@ -146,11 +169,17 @@ def run(context: Context) -> Measurement:
             row["alloc_retries"] = retries[arm.name]
         if arm.output is not None and arm is not resident:
             row.update(equal_to_resident=equal(arm.output, resident.output), rel_l2=rel_l2(arm.output, resident.output))
+            if "block_ring" in arm.config and fast is not None and set(fast) <= set(arm.config):
+                row["equal_to_exact_fast"] = equal(arm.output, fast_output)
         rows_out[arm.name] = row
     shape.update(rows=rows, layers=len(blocks), parameters=built["parameters"], weight_bytes=weights,
                  activation_bytes=activation, activation_source="measured" if cuda else "estimate",
                  plans=plans)  # fmt: skip
+    if fast is not None:
+        shape["exact_fast"] = {"config": fast, "rel_l2_vs_resident": rel_l2(fast_output, resident.output)}
     if cuda and EMPTY_HOST_CACHE is None:
         notes.append("This torch has no pinned host-cache flush: the arms' pinned copies stayed cached between visits.")
-    notes.append(f"Ratios are resident / arm forward seconds (< 1: the arm is slower); weights {gib(weights)}.")
+    notes.append(
+        f"Ratios are resident (stock, uncapped) / arm forward seconds (< 1: the arm is slower); weights {gib(weights)}."
+    )
     return Measurement(SUMMARY, shape, rows_out, {k: v.to_dict() for k, v in rounds.ratios().items()}, notes)
