@@ -68,7 +68,9 @@ SUMMARY = (
 GPUS = 1
 CAP, STEPS = "24GiB", 6
 ARMS = ("plan", "group_offload", "model_cpu_offload", "sequential_cpu_offload")
-CPU_ARMS = ("plan", "model_cpu_offload")  # group_offload is a CUDA plugin; accelerate's sequential offload to the CPU
+# what a CPU runs: group_offload is a CUDA plugin, and accelerate's sequential offload with the CPU as its execution
+# device ("cpu:0", as diffusers names it) leaves a shared embedding a plain tensor and fails on the next move
+CPU_ARMS = ("plan", "model_cpu_offload")
 DIFFUSERS = {"model_cpu_offload": "enable_model_cpu_offload", "sequential_cpu_offload": "enable_sequential_cpu_offload"}
 GROUP_OFFLOAD = {"group_offload": {}}
 MOVED = ("bytes_moved", "component_bytes_moved", "text_bytes_moved")  # the residency receipt's host -> device bytes
