@@ -24,7 +24,16 @@ from transformers import (
     TokenizersBackend,
 )
 
-from workbench.models.family import Family, SelfAttention, TeaCache, block_arg, load_pipeline, read_workbench_file
+from workbench.models.family import (
+    Family,
+    SelfAttention,
+    TeaCache,
+    VaeDecode,
+    block_arg,
+    load_pipeline,
+    read_workbench_file,
+)
+from workbench.models.fused import ltx2_vae
 from workbench.models.fused.ltx2 import FUSED
 from workbench.models.loaded import LoadedModel
 from workbench.models.tokenizer import build_tokenizer
@@ -116,6 +125,7 @@ FAMILY = Family(
     text_cross_attention=("attn2", "audio_attn2"),  # a2v / v2a attend to the other stream, which changes every step
     teacache=TeaCache(indicator=teacache_indicator),
     fused=FUSED,
+    vae_decode=VaeDecode(check=ltx2_vae.check, install=ltx2_vae.install),
     unsupported={
         "fused_qkv": "diffusers 0.42.1's LTX-2 attention processor never reads fused projections (it could not run)",
         "cache_dit": "cache-dit 1.5.3's patched LTX-2 transformer forward rejects the pipeline's `sigma` argument",
