@@ -295,6 +295,21 @@ def tiny(seed: int = 0) -> LoadedModel:
     return LoadedModel("tiny-ltx2", FAMILY, tiny_pipeline(seed), TINY_DEFAULTS, dict(TINY_CALL))
 
 
+# The LTX-2 release's video VAE (Lightricks/LTX-2, as diffusers' scripts/convert_ltx2_to_diffusers.py "2.0" configures
+# it): AutoencoderKLLTX2Video's defaults (latent 128, decoder 1024 / 512 / 256 channels of 5 + 5 x 3 resnets, three
+# residual spatiotemporal upsamplers, patch 4) except the decoder, which is not causal; reflect padding, no timestep.
+RELEASE_VAE = {"decoder_causal": False, "decoder_spatial_padding_mode": "reflect", "timestep_conditioning": False}
+
+
+def random_release_vae(seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16) -> Any:
+    """The LTX-2 release's video VAE configuration (`RELEASE_VAE`) with random weights, built directly on `device`,
+    for timing its decode without a checkpoint."""
+    with torch.device(device):
+        torch.manual_seed(seed)
+        vae = AutoencoderKLLTX2Video(**RELEASE_VAE)
+    return vae.to(dtype).eval()
+
+
 def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
     pipe = load_pipeline(path, FAMILY, LTX2Pipeline, dtype)
     return LoadedModel(str(path), FAMILY, pipe, *read_workbench_file(path, FAMILY))
