@@ -297,8 +297,16 @@ def tiny(seed: int = 0) -> LoadedModel:
 
 # The LTX-2 release's video VAE (Lightricks/LTX-2, as diffusers' scripts/convert_ltx2_to_diffusers.py "2.0" configures
 # it): AutoencoderKLLTX2Video's defaults (latent 128, decoder 1024 / 512 / 256 channels of 5 + 5 x 3 resnets, three
-# residual spatiotemporal upsamplers, patch 4) except the decoder, which is not causal; reflect padding, no timestep.
-RELEASE_VAE = {"decoder_causal": False, "decoder_spatial_padding_mode": "reflect", "timestep_conditioning": False}
+# residual spatiotemporal upsamplers, patch 4) except the decoder, which is not causal, and the compression ratios,
+# which the release states (the class would derive 64 and 16 from the encoder's four downsamplers); reflect padding,
+# no timestep conditioning.
+RELEASE_VAE = {
+    "decoder_causal": False,
+    "decoder_spatial_padding_mode": "reflect",
+    "timestep_conditioning": False,
+    "spatial_compression_ratio": 32,
+    "temporal_compression_ratio": 8,
+}
 
 
 def random_release_vae(seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16) -> Any:
