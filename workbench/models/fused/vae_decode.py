@@ -17,9 +17,6 @@ import torch.nn.functional as F
 
 from workbench.models.fused.guards import hooked
 
-CONV_CACHES = ("buffer", "stock")
-NORMS = ("torch", "triton")
-
 
 def decoder_reason(vae: Any) -> str | None:
     """Why `vae`'s decode cannot be replaced now (a replaced `_decode`, a decoder module with hooks), or None."""
