@@ -1,19 +1,24 @@
-"""The Wan VAE decode at 480x832x81 (latents 1x16x21x60x104, bf16, random weights at the Wan2.1 VAE's real shape):
-diffusers' `AutoencoderKLWan.decode` against `fused_vae_decode` with each of its levers.
+"""The families' VAE decodes at their real shapes (bf16, random weights): diffusers' `decode` against
+`fused_vae_decode` with each of its levers. Wan: the Wan2.1 VAE at 480x832x81 (latents 1x16x21x60x104). LTX-2: the
+release's video VAE (`ltx2.RELEASE_VAE`) at its pipeline's default 512x768x121 (latents 1x128x16x16x24).
 
-Arms: `stock` (no plugin); `buffer` (padded conv buffers; bitwise); `channels_last` (diffusers' cat + pad, channels-last
-weights and activations: that lever alone); `buffer+channels_last`; `buffer+triton` (the rms_norm_silu kernel);
-`buffer+channels_last+triton`. The plugin is installed for each visit and removed after it, outside the timed call.
-One untimed pilot decode per arm (Triton compiles there); every timed decode must equal its arm's pilot. Per arm: the
-decode's median seconds (CUDA events around one `vae.decode`), its peak allocated memory, the receipt of the pilot,
-the contract the handle reports and the pilot's error against the stock pilot: `equal_to_stock`, relative L2, max
-abs and PSNR (the output is in [-1, 1]: peak-to-peak 2). `--smoke`: tiny-wan's VAE, 2 latent frames at 4x6, on the
-CPU under the Triton interpreter.
+`VAE_DECODE_MODELS` picks the families, comma-separated (default `wan,ltx2`; one alone fits a shorter device call);
+each family is measured on its own: its VAE built, its arms' pilots, its A/B/A rounds against its own stock arm,
+then freed. Arms, named `<family>:<arm>`: `stock` (no plugin); `buffer` (padded conv buffers; bitwise);
+`channels_last` (diffusers' cat + pad, channels-last weights and activations: that lever alone);
+`buffer+channels_last`; `buffer+triton` (the norm + SiLU kernel); `buffer+channels_last+triton`. The plugin is
+installed for each visit and removed after it, outside the timed call. One untimed pilot decode per arm (Triton
+compiles there); every timed decode must equal its arm's pilot. Per arm: the decode's median seconds (CUDA events
+around one `vae.decode`), its peak allocated memory, the receipt of the pilot, the contract the handle reports and the
+pilot's error against the stock pilot: `equal_to_stock`, relative L2, max abs and PSNR (the output is in [-1, 1]:
+peak-to-peak 2). `--smoke`: tiny-wan's and tiny-ltx2's VAEs, 2 latent frames at 4x6, on the CPU under the Triton
+interpreter.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from typing import Any
 
@@ -23,13 +28,16 @@ from benchmarks.envelope import Context, Measurement
 from benchmarks.workloads import rel_l2
 from workbench.accelerations import REGISTRY
 from workbench.evidence.timing import aba_rounds, time_call
-from workbench.models import wan
+from workbench.models import ltx2, wan
 
 NAME = "vae-decode"
-SUMMARY = "Wan VAE decode 480x832x81 (latents 1x16x21x60x104, bf16): stock vs fused_vae_decode per lever"
+SUMMARY = "VAE decode, Wan 480x832x81 and LTX-2 512x768x121 (bf16): stock vs fused_vae_decode per lever"
 GPUS = 1
-LATENTS = (1, 16, 21, 60, 104)
-SMOKE_LATENTS = (1, 16, 2, 4, 6)
+MODELS_ENV = "VAE_DECODE_MODELS"
+MODELS = ("wan", "ltx2")
+LATENTS = {"wan": (1, 16, 21, 60, 104), "ltx2": (1, 128, 16, 16, 24)}
+SMOKE_LATENTS = {"wan": (1, 16, 2, 4, 6), "ltx2": (1, 4, 2, 4, 6)}
+VAES = {"wan": "AutoencoderKLWan (Wan2.1 configuration)", "ltx2": "AutoencoderKLLTX2Video (LTX-2 release)"}
 ARMS = {
     "buffer": {},
     "channels_last": {"conv_cache": "stock", "channels_last": True},
@@ -41,11 +49,33 @@ ARMS = {
 SMOKE_SKIPS = ("buffer+channels_last+triton",)  # the interpreter's time; each lever runs in another arm
 
 
-class Decodes:
-    """Pilot and timed decodes per arm on one VAE; the plugin is installed around each decode, never inside its time."""
+def models() -> tuple[str, ...]:
+    """The families `VAE_DECODE_MODELS` names (comma-separated, in MODELS' order); all of MODELS when unset."""
+    value = os.environ.get(MODELS_ENV, "")
+    names = {name.strip() for name in value.split(",") if name.strip()} if value.strip() else set(MODELS)
+    if not names or names - set(MODELS):
+        raise ValueError(f"{MODELS_ENV}: {value!r}; allowed: a comma-separated subset of {list(MODELS)}")
+    return tuple(name for name in MODELS if name in names)
 
-    def __init__(self, model: Any, latents: torch.Tensor, device: torch.device):
-        self.model, self.latents, self.device = model, latents, device
+
+def _model(name: str, smoke: bool, device: torch.device) -> Any:
+    """The family's model whose `pipeline.vae` is measured, in bf16 on `device`."""
+    if name == "wan":
+        model = wan.tiny(0) if smoke else wan.random_1_3b(0, device)
+    else:
+        model = ltx2.tiny(0)
+        if not smoke:
+            model.pipeline.register_modules(vae=ltx2.random_release_vae(0, device))
+    model.pipeline.vae.to(device=device, dtype=torch.bfloat16)
+    return model
+
+
+class Decodes:
+    """Pilot and timed decodes per arm on one VAE; the plugin is installed around each decode, never inside its time.
+    `baseline`: the stock arm's name, which every other arm's error is taken against."""
+
+    def __init__(self, model: Any, latents: torch.Tensor, device: torch.device, baseline: str):
+        self.model, self.latents, self.device, self.baseline = model, latents, device, baseline
         self.pilots: dict[str, torch.Tensor] = {}
         self.receipts: dict[str, Any] = {}
         self.seconds: dict[str, list[float]] = {}
@@ -84,14 +114,14 @@ class Decodes:
         return seconds
 
     def row(self, name: str, options: dict[str, Any] | None) -> dict[str, Any]:
-        got, want = self.pilots[name], self.pilots["stock"]
+        got, want = self.pilots[name], self.pilots[self.baseline]
         row: dict[str, Any] = {"options": options}
         if name in self.seconds:
             row |= {"seconds": self.seconds[name], "median_s": statistics.median(self.seconds[name]),
                     "outputs_match_pilot": not self.mismatches.get(name)}  # fmt: skip
         if name in self.peaks:
             row["peak_bytes"] = self.peaks[name]
-        if name != "stock":
+        if name != self.baseline:
             mse = (got.double() - want.double()).pow(2).mean().item()
             row |= {
                 "contract": self.receipts[name]["contract"],
@@ -104,33 +134,52 @@ class Decodes:
         return row
 
 
-def run(context: Context) -> Measurement:
+def _measure(family: str, context: Context) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[str]]:
+    """One family's (shape, rows, ratios, notes), its arms named `<family>:<arm>`."""
     device, smoke = context.device, context.smoke
-    model = wan.tiny(0) if smoke else wan.random_1_3b(0, device)
-    model.pipeline.vae.to(device=device, dtype=torch.bfloat16)
-    shape = SMOKE_LATENTS if smoke else LATENTS
+    model = _model(family, smoke, device)
+    shape = (SMOKE_LATENTS if smoke else LATENTS)[family]
     generator = torch.Generator(device).manual_seed(0)
     latents = torch.randn(shape, generator=generator, device=device).to(torch.bfloat16)
-    decodes = Decodes(model, latents, device)
-    candidates = {name: options for name, options in ARMS.items() if not smoke or name not in SMOKE_SKIPS}
-    arms: dict[str, dict[str, Any] | None] = {"stock": None, **candidates}
+    stock = f"{family}:stock"
+    decodes = Decodes(model, latents, device, stock)
+    candidates = {f"{family}:{arm}": options for arm, options in ARMS.items() if not smoke or arm not in SMOKE_SKIPS}
+    arms: dict[str, dict[str, Any] | None] = {stock: None, **candidates}
     for name, options in arms.items():
         decodes.pilot(name, options)
     rounds = aba_rounds(
-        ("stock", lambda: decodes.visit("stock", None)),
+        (stock, lambda: decodes.visit(stock, None)),
         {name: (lambda n=name, o=options: decodes.visit(n, o)) for name, options in candidates.items()},
         context.rounds,
     )
     notes = [f"arm {name} failed during the rounds: {error}" for name, error in rounds.errors.items()]
+    measured = {"latents": list(shape), "video": list(decodes.pilots[stock].shape[2:]), "dtype": "bfloat16",
+                "vae": VAES[family] + (" tiny" if smoke else "")}  # fmt: skip
+    rows = {name: decodes.row(name, options) for name, options in arms.items()}
+    return measured, rows, {k: v.to_dict() for k, v in rounds.ratios().items()}, notes
+
+
+def run(context: Context) -> Measurement:
+    families = models()
+    shapes: dict[str, Any] = {}
+    rows: dict[str, Any] = {}
+    ratios: dict[str, Any] = {}
+    notes: list[str] = []
+    for family in families:
+        shapes[family], family_rows, family_ratios, family_notes = _measure(family, context)
+        rows |= family_rows
+        ratios |= family_ratios
+        notes += family_notes
+        if context.device.type == "cuda":  # the family's VAE went with _measure's frame
+            torch.cuda.empty_cache()
     notes.append(
         "Times: CUDA events around one vae.decode per visit (install and removal outside); pilots untimed. "
-        "Ratios are stock / arm (> 1: the arm is faster). Random weights: the error figures compare two decodes of "
-        "the same noise, not image quality."
-        if not smoke
-        else "Smoke: tiny-wan's VAE (3 channels), 2 latent frames at 4x6 on the CPU under the Triton interpreter, "
+        "Ratios are <family>:stock / arm (> 1: the arm is faster), each family's rounds apart. Random weights: the "
+        "error figures compare two decodes of the same noise, not image quality."
+        if not context.smoke
+        else "Smoke: tiny-wan's and tiny-ltx2's VAEs, 2 latent frames at 4x6 on the CPU under the Triton interpreter, "
         f"without {list(SMOKE_SKIPS)} (its pieces run in the other arms); the numbers say nothing about speed."
     )
-    measured_shape = {"latents": list(shape), "video": [shape[2] * 4 - 3, shape[3] * 8, shape[4] * 8],
-                      "dtype": "bfloat16", "vae": "AutoencoderKLWan (Wan2.1 configuration)" + (" tiny" if smoke else "")}  # fmt: skip
-    rows = {name: decodes.row(name, options) for name, options in arms.items()}
-    return Measurement(SUMMARY, measured_shape, rows, {k: v.to_dict() for k, v in rounds.ratios().items()}, notes)
+    what = {"wan": "Wan 480x832x81", "ltx2": "LTX-2 512x768x121"}
+    summary = f"VAE decode, {' and '.join(what[f] for f in families)} (bf16): stock vs fused_vae_decode per lever"
+    return Measurement(summary, shapes, rows, ratios, notes)

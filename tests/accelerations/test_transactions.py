@@ -50,6 +50,7 @@ INSTALLS = {
         "teacache",
         "fused_block_ops",
         "block_ring",
+        "fused_vae_decode",
     ),
 }
 OPTIONS = {

@@ -72,6 +72,12 @@ EXAMPLES = {
         torch.ones(384, dtype=BF16),
         out=torch.zeros(1, 384, 4, 62, 106, dtype=BF16)[:, :, 2:, 1:-1, 1:-1],
     ),
+    "pixel_norm_silu": lambda: rms_norm_silu.pixel_norm_silu(  # LTX-2's widest norm, channels-last into a buffer
+        torch.zeros(1, 1024, 2, 16, 24, dtype=BF16).contiguous(memory_format=torch.channels_last_3d),
+        out=torch.zeros(1, 1024, 4, 18, 26, dtype=BF16).contiguous(memory_format=torch.channels_last_3d)[
+            :, :, 1:-1, 1:-1, 1:-1
+        ],
+    ),
     "merge_heads": lambda: relayout.merge_heads(torch.zeros(2, B, T // 2, H // 2, D, dtype=BF16), 2),
     "split_result": lambda: relayout.split_result(  # attention's (B, H/W, T, D) output seen as (B, T, H/W, D)
         torch.zeros(B, H // 2, T, D, dtype=BF16).transpose(1, 2), 2

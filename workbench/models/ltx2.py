@@ -24,7 +24,16 @@ from transformers import (
     TokenizersBackend,
 )
 
-from workbench.models.family import Family, SelfAttention, TeaCache, block_arg, load_pipeline, read_workbench_file
+from workbench.models.family import (
+    Family,
+    SelfAttention,
+    TeaCache,
+    VaeDecode,
+    block_arg,
+    load_pipeline,
+    read_workbench_file,
+)
+from workbench.models.fused import ltx2_vae
 from workbench.models.fused.ltx2 import FUSED
 from workbench.models.loaded import LoadedModel
 from workbench.models.tokenizer import build_tokenizer
@@ -116,6 +125,7 @@ FAMILY = Family(
     text_cross_attention=("attn2", "audio_attn2"),  # a2v / v2a attend to the other stream, which changes every step
     teacache=TeaCache(indicator=teacache_indicator),
     fused=FUSED,
+    vae_decode=VaeDecode(check=ltx2_vae.check, install=ltx2_vae.install),
     unsupported={
         "fused_qkv": "diffusers 0.42.1's LTX-2 attention processor never reads fused projections (it could not run)",
         "cache_dit": "cache-dit 1.5.3's patched LTX-2 transformer forward rejects the pipeline's `sigma` argument",
@@ -283,6 +293,29 @@ def tiny_pipeline(seed: int = 0) -> LTX2Pipeline:
 
 def tiny(seed: int = 0) -> LoadedModel:
     return LoadedModel("tiny-ltx2", FAMILY, tiny_pipeline(seed), TINY_DEFAULTS, dict(TINY_CALL))
+
+
+# The LTX-2 release's video VAE (Lightricks/LTX-2, as diffusers' scripts/convert_ltx2_to_diffusers.py "2.0" configures
+# it): AutoencoderKLLTX2Video's defaults (latent 128, decoder 1024 / 512 / 256 channels of 5 + 5 x 3 resnets, three
+# residual spatiotemporal upsamplers, patch 4) except the decoder, which is not causal, and the compression ratios,
+# which the release states (the class would derive 64 and 16 from the encoder's four downsamplers); reflect padding,
+# no timestep conditioning.
+RELEASE_VAE = {
+    "decoder_causal": False,
+    "decoder_spatial_padding_mode": "reflect",
+    "timestep_conditioning": False,
+    "spatial_compression_ratio": 32,
+    "temporal_compression_ratio": 8,
+}
+
+
+def random_release_vae(seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16) -> Any:
+    """The LTX-2 release's video VAE configuration (`RELEASE_VAE`) with random weights, built directly on `device`,
+    for timing its decode without a checkpoint."""
+    with torch.device(device):
+        torch.manual_seed(seed)
+        vae = AutoencoderKLLTX2Video(**RELEASE_VAE)
+    return vae.to(dtype).eval()
 
 
 def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:

@@ -1,15 +1,15 @@
-"""fused_vae_decode on the Wan VAE: with the default options (padded conv buffers) bit-equal to diffusers' decode, in a
-whole request and on a wider VAE; channels_last and the Triton norm within stated bounds (contract reduction);
-uninstall restores the VAE; what it cannot take is refused."""
+"""fused_vae_decode on the Wan VAE and LTX-2's video VAE: with the default options (padded conv buffers) bit-equal to
+diffusers' decode, in a whole request and on a wider VAE; channels_last and the Triton norm within stated bounds
+(contract reduction); uninstall restores the VAE; what it cannot take is refused."""
 
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderKLWan
+from diffusers import AutoencoderKLLTX2Video, AutoencoderKLWan
 
 from workbench import Request
 from workbench.accelerations import REGISTRY, fingerprint
-from workbench.models import families, wan
+from workbench.models import families, ltx2, wan
 
 SPEC = REGISTRY["fused_vae_decode"]
 CPU = torch.device("cpu")
@@ -105,8 +105,8 @@ def test_fused_vae_decode_tiled_decode_falls_back_to_stock(rng):
 
 
 def test_fused_vae_decode_refuses_what_it_cannot_take(monkeypatch):
-    assert SPEC.refusal(families()["ltx2"]) and SPEC.refusal(families()["h3"])
-    assert SPEC.refusal(families()["wan"]) is None
+    assert SPEC.refusal(families()["h3"])
+    assert SPEC.refusal(families()["wan"]) is None and SPEC.refusal(families()["ltx2"]) is None
     model = wan.tiny(0)
     with pytest.raises(ValueError, match=r"fused_vae_decode.conv_cache: 'ring' is not allowed"):
         SPEC.prepare(model, {"conv_cache": "ring"}, CPU)
@@ -125,3 +125,90 @@ def test_fused_vae_decode_refuses_what_it_cannot_take(monkeypatch):
                                                         is_residual=True, patch_size=2))  # fmt: skip
     with pytest.raises(RuntimeError, match="Wan2.2-TI2V"):
         SPEC.prepare(ti2v, {}, CPU)
+
+
+def _wide_ltx2(seed: int, dtype: torch.dtype, causal: bool, **config):
+    """tiny-ltx2 with a video VAE of 16..64 decoder channels: the three upsampler strides (2, 2, 2), (2, 1, 1),
+    (1, 2, 2), with and without residual, an up block whose channels change (its conv_in: LayerNorm + 1x1x1
+    shortcut), patch size 2, reflect padding (the release's) unless `config` says otherwise."""
+    model = ltx2.tiny(0)
+    torch.manual_seed(seed)
+    vae = AutoencoderKLLTX2Video(
+        latent_channels=8, block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
+        decoder_block_out_channels=(16, 16, 64), decoder_layers_per_block=(1, 1, 1, 1),
+        upsample_type=("spatiotemporal", "temporal", "spatial"), upsample_residual=(True, False, True),
+        upsample_factor=(1, 1, 2), patch_size=2, decoder_causal=causal, **config,
+    )  # fmt: skip
+    model.pipeline.register_modules(vae=vae.eval().to(dtype))
+    return model
+
+
+def test_fused_vae_decode_ltx2_bitwise_equal_in_a_request_and_uninstall_restores(sessions, rng):
+    session = sessions("tiny-ltx2")
+    request = Request("a red circle", seed=int(rng.integers(2**20)), frames=9, height=64, width=64, steps=1)
+    stock = session.generate(request, progress=False)
+    vae = session.model.pipeline.vae
+    before = fingerprint(vae)
+    session.accelerate({"fused_vae_decode": {}})
+    try:
+        result = session.generate(request, progress=False)
+    finally:
+        session.accelerate({})
+    assert fingerprint(vae) == before and "_decode" not in vae.__dict__
+    assert np.array_equal(result.frames, stock.frames), f"seed {request.seed}"
+    receipt = result.receipts["fused_vae_decode"]
+    assert receipt["executed"] and receipt["contract"] == "bitwise" and receipt["fallbacks"] == {}
+    # tiny-ltx2's decoder: conv_in, a mid and an up resnet (2 each), the upsampler, conv_out
+    assert receipt["decodes"] == 1 and receipt["latent_frames"] == 5 and receipt["buffered_convs"] == 7
+    assert "video_decode" in result.timings
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_vae_decode_ltx2_levers_bitwise_or_within_bound_of_stock(monkeypatch, rng, dtype):
+    """Wide LTX-2 VAE, causal and not, 3 latent frames: buffer and stock convolutions torch.equal to diffusers;
+    channels_last and the pixel-norm kernel (interpreted) within REL_L2, reported `reduction`; uninstall leaves
+    the weights as they were, contiguous."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for causal in (False, True):
+        model = _wide_ltx2(int(rng.integers(2**20)), dtype, causal)
+        vae = model.pipeline.vae
+        g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+        z = torch.randn(1, 8, 3, 4, 6, generator=g).to(dtype)
+        before = fingerprint(vae)
+        want, _ = _decode(model, None, z)
+        for options in ({}, {"conv_cache": "stock"}):
+            got, report = _decode(model, options, z)
+            assert torch.equal(got, want), (causal, options)
+            assert report["contract"] == "bitwise"
+        levers = [{"channels_last": True}, {"norm": "triton", "channels_last": causal}]
+        for options in levers:
+            got, report = _decode(model, options, z)
+            rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
+            assert rel <= REL_L2[dtype], f"{causal} {options}: rel L2 {rel:.2e} > {REL_L2[dtype]}"
+            assert report["contract"] == "reduction" and report["executed"]
+            if options.get("norm") == "triton":
+                assert report["norm_silu_kernel_calls"] == 11  # 5 resnets (conv_in one of them) x 2 + the head
+        assert fingerprint(vae) == before
+        assert all(p.is_contiguous() for p in vae.parameters()), "channels_last left a weight relaid"
+
+
+def test_fused_vae_decode_ltx2_falls_back_or_refuses(rng):
+    """A tiled decode runs diffusers' own (counted); a timestep-conditioned decoder, noise injection or a padding
+    mode the path does not write are refused at prepare."""
+    model = ltx2.tiny(0)
+    vae = model.pipeline.vae  # spatial compression 2: latent tiles of 4 x 4, every 2
+    vae.enable_tiling(tile_sample_min_height=8, tile_sample_min_width=8, tile_sample_stride_height=4,
+                      tile_sample_stride_width=4)  # fmt: skip
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    z = torch.randn(1, 4, 2, 6, 6, generator=g)
+    want, _ = _decode(model, None, z)
+    got, report = _decode(model, {}, z)
+    assert torch.equal(got, want)
+    assert not report["executed"] and report["fallbacks"] == {"tiled decode: diffusers' own": 1}
+    for config, match in (
+        ({"timestep_conditioning": True}, "timestep-conditioned"),
+        ({"decoder_inject_noise": (True, False, False, False)}, "injects noise"),
+        ({"decoder_spatial_padding_mode": "replicate"}, "pads with 'replicate'"),
+    ):
+        with pytest.raises(RuntimeError, match=f"fused_vae_decode: .*{match}"):
+            SPEC.prepare(_wide_ltx2(0, torch.float32, False, **config), {}, CPU)

@@ -1,29 +1,35 @@
-"""The family's VAE decode with its causal-convolution cache in padded buffers, optionally channels-last and with the
+"""The family's VAE decode with each convolution's padded input in a buffer, optionally channels-last and with the
 norm + SiLU as one kernel (contract: bitwise with the default options, reduction with either of the other levers).
 
-A stock Wan VAE decode runs the whole decoder once per latent frame; each of
-its ~30 causal 3x3x3 convolutions copies its input twice (cat with the cached frames, then pad) and is preceded by a
-norm + SiLU of seven elementwise passes, and cuDNN transposes NCDHW activations for its NDHWC kernels. The family's
-path (`Family.vae_decode`, for Wan `workbench.models.fused.wan_vae`) replaces the VAE's `_decode`; options, one per
-lever, each with its contract:
+The family's path (`Family.vae_decode`: for Wan `workbench.models.fused.wan_vae`, for LTX-2
+`workbench.models.fused.ltx2_vae`, sharing `workbench.models.fused.vae_decode`) replaces the VAE's `_decode`. A stock
+Wan VAE decode runs the whole decoder once per latent frame, each of its ~30 causal 3x3x3 convolutions copying its
+input twice (cat with the cached frames, then pad); LTX-2's decodes the clip at once, each convolution copying its
+input twice too (cat with the repeated edge frames, then the reflect pad). Each is preceded by a norm + SiLU of five to
+seven elementwise passes, and cuDNN transposes NCDHW activations for its NDHWC kernels. Options, one per lever, each
+with its contract:
 
-- `conv_cache` "buffer" (default): each causal convolution reads a preallocated zero-bordered buffer whose interior the
-  norm + SiLU writes into and whose first two frames carry the cache; "stock": diffusers' cat + pad. Both `bitwise`.
+- `conv_cache` "buffer" (default): each convolution reads a preallocated buffer whose interior the norm + SiLU
+  writes into and whose border (Wan: zeros and the two cached frames; LTX-2: the repeated frames and the reflected
+  rows and columns) is filled from there; "stock": diffusers' cat + pad. Both `bitwise`.
 - `channels_last` (default off): convolution weights and activations in channels_last_3d. `reduction`: other cuDNN
   algorithms, other summation orders (the norms too).
-- `norm` "torch" (default) or "triton": the residual blocks' and the head's RMS norm + SiLU as the `rms_norm_silu`
-  kernel (kernels/rms_norm_silu.py). `reduction`: its sum of squares is summed in another order, so an element is
-  torch's or an ulp or two of the dtype away before the next convolution; those differences travel through the decoder.
+- `norm` "torch" (default) or "triton": the residual blocks' and the head's RMS norm + SiLU as one kernel of
+  kernels/rms_norm_silu.py (Wan: `rms_norm_silu`; LTX-2: `pixel_norm_silu`). `reduction`: its sum of squares is
+  summed in another order, so an element is torch's or an ulp or two of the dtype away before the next convolution;
+  those differences travel through the decoder.
 
 The contract a handle reports (`report()["contract"]`) is that of its options: `bitwise` unless channels_last or the
 Triton norm is on; the registry's `contract` is the weaker, `reduction`. Bounds tested on the CPU
 (tests/accelerations/fused/test_fused_vae_decode.py): the default options are `torch.equal` to the stock decode on
-tiny-wan (bf16 and fp32); channels_last and the Triton norm stay within the relative L2 stated there. On a GPU the
-benchmark scenario `vae-decode` reports each option's speed and error against the stock decode at 480x832x81.
+tiny-wan and tiny-ltx2 in a request and on wider VAEs (bf16 and fp32); channels_last and the Triton norm stay within
+the relative L2 stated there. On a GPU the benchmark scenario `vae-decode` reports each option's speed and error
+against the stock decode at each family's real shape.
 
-Fail closed: a family without a decode path, a VAE it does not cover (Wan2.2-TI2V), a decoder with offload hooks or
-an already replaced decode raise RuntimeError at prepare; the Triton norm on a CPU needs TRITON_INTERPRET=1. A tiled
-decode and grad mode run diffusers' own decode, counted under `fallbacks`.
+Fail closed: a family without a decode path, a VAE it does not cover (Wan2.2-TI2V; a timestep-conditioned or
+noise-injecting LTX decoder), a decoder with offload hooks or an already replaced decode raise RuntimeError at
+prepare; the Triton norm on a CPU needs TRITON_INTERPRET=1. A tiled (or framewise) decode and grad mode run
+diffusers' own decode, counted under `fallbacks`.
 Receipts: `decodes`, `latent_frames`, `buffered_convs` (buffer mode), `norm_silu_kernel_calls` (Triton norm).
 """
 
@@ -62,7 +68,7 @@ class FusedVaeDecodeConfig:
     """fused_vae_decode's options: one per lever (module docstring)."""
 
     conv_cache: str = option(
-        "buffer", allowed=("buffer", "stock"), help="buffer: padded buffers, no cat/pad copies; stock: cat + pad"
+        "buffer", allowed=("buffer", "stock"), help="buffer: padded conv buffers, no cat/pad copies; stock: cat + pad"
     )
     channels_last: bool = option(False, help="channels_last_3d weights and activations (contract: reduction)")
     norm: str = option(
@@ -89,7 +95,7 @@ def _requires(family: Any) -> str | None:
 SPEC = Spec(
     name=NAME,
     contract="reduction",
-    summary="VAE decode with the causal-conv cache in padded buffers, optional channels-last and norm+SiLU kernel",
+    summary="VAE decode (Wan, LTX-2) with padded conv buffers, optional channels-last and norm+SiLU kernel",
     prepare_fn=_prepare,
     config=FusedVaeDecodeConfig,
     requires=_requires,

@@ -44,10 +44,9 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import WanResample, WanRes
 from diffusers.models.autoencoders.vae import DecoderOutput
 
 from workbench.kernels.rms_norm_silu import rms_norm_silu
+from workbench.models.fused.vae_decode import ReplacedDecode, decoder_reason
 
 CACHED_FRAMES = 2  # diffusers' CACHE_T: the frames a causal 3x3x3 convolution carries to the next chunk
-CONV_CACHES = ("buffer", "stock")
-NORMS = ("torch", "triton")
 
 
 def check(vae: Any) -> str | None:
@@ -56,15 +55,11 @@ def check(vae: Any) -> str | None:
         return f"the VAE is {type(vae).__name__}, not diffusers' AutoencoderKLWan"
     if vae.config.patch_size is not None or vae.config.is_residual:
         return "the VAE is the Wan2.2-TI2V one (patch_size / is_residual); only the Wan2.1 VAE is implemented"
-    if "_decode" in vae.__dict__:
-        return "its _decode is already replaced (context_parallel's parallel_decode?)"
+    reason = decoder_reason(vae)
+    if reason is not None:
+        return reason
     decoder = vae.decoder
     for name, module in decoder.named_modules():
-        if module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__:
-            return f"decoder module {name or '<decoder>'} has hooks or a replaced forward (offloading?)"
-        registry = getattr(module, "_diffusers_hook", None)
-        if registry is not None and registry.hooks:
-            return f"decoder module {name or '<decoder>'} has diffusers hooks {list(registry.hooks)} (offloading?)"
         if isinstance(module, WanResidualBlock) and not (
             isinstance(module.dropout, torch.nn.Dropout) and module.dropout.p == 0.0
         ):
@@ -129,34 +124,17 @@ def install(vae: Any, options: dict[str, Any], receipt: Any) -> Any:
     return WanDecode(vae, options, receipt).remove
 
 
-class WanDecode:
+class WanDecode(ReplacedDecode):
     """Replaces `vae._decode` until `remove()`; `options`: conv_cache, channels_last, norm (module docstring)."""
 
     def __init__(self, vae: Any, options: dict[str, Any], receipt: Any):
         reason = check(vae)
         if reason is not None:
             raise RuntimeError(f"fast Wan VAE decode: {reason}")
-        self.vae, self.decoder, self.receipt = vae, vae.decoder, receipt
-        self.buffered = options["conv_cache"] == "buffer"
-        self.kernel = options["norm"] == "triton"
-        self.channels_last = options["channels_last"]
-        self.format = torch.channels_last_3d if self.channels_last else torch.contiguous_format
-        self.relaid: list[torch.nn.Parameter] = []
-        if self.channels_last:
-            for module in self.decoder.modules():
-                if isinstance(module, torch.nn.Conv3d | torch.nn.Conv2d):
-                    form = torch.channels_last_3d if isinstance(module, torch.nn.Conv3d) else torch.channels_last
-                    module.weight.data = module.weight.data.contiguous(memory_format=form)
-                    self.relaid.append(module.weight)
-        vae._decode = self._decode  # an instance attribute (Module.__setattr__ keeps non-tensors in __dict__)
+        super().__init__(vae, options, receipt)
 
-    def remove(self) -> None:
-        """Put `_decode` and the weights' layout back (the same values, contiguous as loaded)."""
-        if self.vae.__dict__.get("_decode") == self._decode:
-            del self.vae._decode
-        for weight in self.relaid:
-            weight.data = weight.data.contiguous()
-        self.relaid.clear()
+    def _norm_kernel(self, norm: torch.nn.Module, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return rms_norm_silu(x, norm.gamma, norm.bias, norm.scale, out=out)
 
     def _decode(self, z: torch.Tensor, return_dict: bool = True) -> Any:
         vae = self.vae
@@ -164,9 +142,7 @@ class WanDecode:
         tiled = vae.use_tiling and (
             z.shape[-1] > vae.tile_sample_min_width // ratio or z.shape[-2] > vae.tile_sample_min_height // ratio
         )
-        grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.decoder.parameters())
-        if tiled or grad:
-            self.receipt.fallbacks["tiled decode: diffusers' own" if tiled else "grad mode: diffusers' own"] += 1
+        if self.runs_stock("tiled decode" if tiled else None):
             return type(vae)._decode(vae, z, return_dict=return_dict)
         x = vae.post_quant_conv(z)
         chunks = _Chunks()
@@ -203,24 +179,10 @@ class WanDecode:
             stream = chunks.streams.get(key)
             if stream is None:
                 stream = chunks.streams[key] = _Stream(conv, self.format)
-            inside = stream.interior(x)
-            if norm is None:
-                inside.copy_(x)
-            elif self.kernel:
-                rms_norm_silu(x, norm.gamma, norm.bias, norm.scale, out=inside)
-                self.receipt.counters["norm_silu_kernel_calls"] += 1
-            elif inside.is_cuda:  # one elementwise kernel per element, whatever the strides: torch's values
-                torch.ops.aten.silu.out(norm(x), out=inside)
-            else:  # the CPU's vectorised and scalar SiLU loops round differently, and the strides pick the loop
-                inside.copy_(F.silu(norm(x)))
+            self.write_activation(stream.interior(x), x, norm)
             self.receipt.counters["buffered_convs"] += 1
             return stream.run()
-        if norm is not None:
-            if self.kernel:
-                x = rms_norm_silu(x, norm.gamma, norm.bias, norm.scale)
-                self.receipt.counters["norm_silu_kernel_calls"] += 1
-            else:
-                x = F.silu(norm(x))
+        x = self.activation(x, norm)
         if self.channels_last:
             x = x.contiguous(memory_format=self.format)
         cache = chunks.caches.get(key)
