@@ -246,7 +246,9 @@ def test_residency_dismantle_gives_back_the_resident_model_bitwise(sessions, arr
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name, arrangement", [("tiny-wan", "smallest"), ("tiny-wan", "text"), ("tiny-h3", "text")])
+@pytest.mark.parametrize(
+    "name, arrangement", [("tiny-wan", "smallest"), ("tiny-wan", "text"), ("tiny-ltx2", "text"), ("tiny-h3", "text")]
+)
 def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(name, arrangement):
     """A CPU-planned arrangement carried out on CUDA (pinned host copies, side-stream copies, one set of ring slots for
     the denoiser's and the text encoder's streamed blocks) under a 1 GiB cap (a tiny model's own cap is below the
