@@ -15,11 +15,13 @@ as numbers, dtypes, devices and paths as strings.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
 import shlex
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 
 from workbench import environment
+from workbench.evidence.resume import Paused, partial_path
 from workbench.io import json_bytes, write_atomic
 
 FORMAT = "workbench-benchmark/1"
@@ -52,6 +55,22 @@ class Context:
 class Unfinished(Exception):
     """A scenario stopped cleanly at `max_seconds` with its partial state under `out`: the same command continues it.
     No envelope is written for it."""
+
+
+@contextlib.contextmanager
+def journal_parts(folder: Path | None) -> Iterator[None]:
+    """Around the `Journal` steps of a scenario run in parts (partial record in `folder`): a pause becomes
+    `Unfinished` naming the partial record; once every part is done the partial record is removed (the envelope holds
+    every part), and `folder` too unless something else lives there."""
+    try:
+        yield
+    except Paused as paused:
+        reason = f"{paused.partial.reason}. Partial record: {paused.partial.path}; the same command continues it"
+        raise Unfinished(reason) from None
+    if folder is not None and partial_path(folder).exists():
+        partial_path(folder).unlink()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 @dataclass

@@ -48,14 +48,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.envelope import Context, Measurement, Unfinished
+from benchmarks.envelope import Context, Measurement, journal_parts
 from benchmarks.scenarios.memory import Capped
 from benchmarks.scenarios.request_wan import stage_notes
 from benchmarks.scenarios.ring import EMPTY_HOST_CACHE
 from benchmarks.workloads import wan_forward_inputs, wan_request
 from workbench import Result, Session
 from workbench.accelerations.memory.ring import module_bytes
-from workbench.evidence.resume import Journal, Paused, digest, partial_path
+from workbench.evidence.resume import Journal, digest
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.memory_plan import MemoryBudget, gib, plan_for
 from workbench.models import resolve, wan
@@ -113,17 +113,9 @@ def run(context: Context) -> Measurement:
                "request": shape["request"], "cap": capped.cap, "arms": list(arms)}  # fmt: skip
     limit = None if deadline is None else max(0.0, deadline - time.perf_counter())
     journal = Journal(folder, NAME, run_key, at_most=len(arms), max_seconds=limit)
-    try:
+    with journal_parts(folder):
         parts = [journal.step(arm, {"arm": arm, "steps": steps}, lambda a=arm: capped.part(a), capped.expected(arm))
                  for arm in arms]  # fmt: skip
-    except Paused as paused:
-        raise Unfinished(
-            f"{paused.partial.reason}. Partial record: {paused.partial.path}; the same command continues it"
-        ) from None
-    if folder is not None and partial_path(folder).exists():
-        partial_path(folder).unlink()  # the envelope holds every part
-        with contextlib.suppress(OSError):
-            folder.rmdir()
     rows, ratios, notes = {}, {}, []
     for part in parts:
         rows |= part["arms"]

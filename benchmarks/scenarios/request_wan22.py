@@ -34,7 +34,6 @@ exact-fast's Triton kernels run in the interpreter), 8 for the cache part (3 hig
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -44,11 +43,11 @@ from typing import Any
 
 import torch
 
-from benchmarks.envelope import Context, Measurement, Unfinished
+from benchmarks.envelope import Context, Measurement, journal_parts
 from benchmarks.scenarios.request_wan import Requests, compare_requests, stage_notes
 from benchmarks.workloads import exact_fast, wan_request
 from workbench import Session
-from workbench.evidence.resume import Journal, Paused, digest, partial_path
+from workbench.evidence.resume import Journal, digest
 from workbench.models import experts, wan
 from workbench.quality import compare
 
@@ -83,21 +82,13 @@ def run(context: Context) -> Measurement:
     limit = None if context.max_seconds is None else max(0.0, context.max_seconds - (time.perf_counter() - started))
     journal = Journal(folder, NAME, run_key, at_most=1 + len(thresholds), max_seconds=limit)
     caches = _Caches(session, cache_request)
-    try:
+    with journal_parts(folder):
         speed = journal.step("speed", {"steps": steps}, lambda: _speed(session, speed_request, context), 0.0)
         done = []
         for threshold in thresholds:
             expected = caches.expected(speed, steps)
             key = {"threshold": threshold, "steps": cache_steps}
             done.append(journal.step("cache", key, lambda t=threshold: caches.measure(t), expected))
-    except Paused as paused:
-        raise Unfinished(
-            f"{paused.partial.reason}. Partial record: {paused.partial.path}; the same command continues it"
-        ) from None
-    if folder is not None and partial_path(folder).exists():
-        partial_path(folder).unlink()  # the envelope holds every part
-        with contextlib.suppress(OSError):  # left when something else lives there
-            folder.rmdir()
     arms, notes = dict(speed["arms"]), list(speed["notes"])
     for part in done:
         arms |= part["arms"]
