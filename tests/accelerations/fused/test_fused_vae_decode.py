@@ -44,9 +44,17 @@ def _latents(rng, dtype, frames=3, height=4, width=6):
     return torch.randn(1, 16, frames, height, width, generator=g).to(dtype)
 
 
-def test_fused_vae_decode_bitwise_equal_in_a_request_and_uninstall_restores(sessions, rng):
-    session = sessions("tiny-wan")
-    request = Request("a red circle", seed=int(rng.integers(2**20)), frames=9, height=32, width=32, steps=1)
+# (model, request size, latent frames, buffered convs: None = some); tiny-ltx2's decoder buffers conv_in, a mid and an
+# up resnet (2 each), the upsampler and conv_out
+IN_A_REQUEST = [("tiny-wan", 32, 3, None), ("tiny-ltx2", 64, 5, 7)]
+
+
+@pytest.mark.parametrize("name, size, latent_frames, buffered", IN_A_REQUEST)
+def test_fused_vae_decode_bitwise_equal_in_a_request_and_uninstall_restores(
+    sessions, rng, name, size, latent_frames, buffered
+):
+    session = sessions(name)
+    request = Request("a red circle", seed=int(rng.integers(2**20)), frames=9, height=size, width=size, steps=1)
     stock = session.generate(request, progress=False)
     vae = session.model.pipeline.vae
     before = fingerprint(vae)
@@ -59,7 +67,8 @@ def test_fused_vae_decode_bitwise_equal_in_a_request_and_uninstall_restores(sess
     assert np.array_equal(result.frames, stock.frames), f"seed {request.seed}"
     receipt = result.receipts["fused_vae_decode"]
     assert receipt["executed"] and receipt["contract"] == "bitwise" and receipt["fallbacks"] == {}
-    assert receipt["decodes"] == 1 and receipt["latent_frames"] == 3 and receipt["buffered_convs"] > 0
+    assert receipt["decodes"] == 1 and receipt["latent_frames"] == latent_frames
+    assert receipt["buffered_convs"] == buffered if buffered is not None else receipt["buffered_convs"] > 0
     assert "video_decode" in result.timings
 
 
@@ -141,26 +150,6 @@ def _wide_ltx2(seed: int, dtype: torch.dtype, causal: bool, **config):
     )  # fmt: skip
     model.pipeline.register_modules(vae=vae.eval().to(dtype))
     return model
-
-
-def test_fused_vae_decode_ltx2_bitwise_equal_in_a_request_and_uninstall_restores(sessions, rng):
-    session = sessions("tiny-ltx2")
-    request = Request("a red circle", seed=int(rng.integers(2**20)), frames=9, height=64, width=64, steps=1)
-    stock = session.generate(request, progress=False)
-    vae = session.model.pipeline.vae
-    before = fingerprint(vae)
-    session.accelerate({"fused_vae_decode": {}})
-    try:
-        result = session.generate(request, progress=False)
-    finally:
-        session.accelerate({})
-    assert fingerprint(vae) == before and "_decode" not in vae.__dict__
-    assert np.array_equal(result.frames, stock.frames), f"seed {request.seed}"
-    receipt = result.receipts["fused_vae_decode"]
-    assert receipt["executed"] and receipt["contract"] == "bitwise" and receipt["fallbacks"] == {}
-    # tiny-ltx2's decoder: conv_in, a mid and an up resnet (2 each), the upsampler, conv_out
-    assert receipt["decodes"] == 1 and receipt["latent_frames"] == 5 and receipt["buffered_convs"] == 7
-    assert "video_decode" in result.timings
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
