@@ -41,6 +41,7 @@ import dataclasses
 
 import torch
 
+from workbench.kernels import attention_quantize
 from workbench.kernels._runtime import check_fp8, check_qkv, check_runtime, dtype_size, interpreting
 from workbench.kernels.attention_quantize import quantize, quantize_reference
 from workbench.kernels.block_sparse_attend import AMPERE_ADA, DEFAULT, LOG2E, Launch, Plan, attend, launch_for
@@ -216,13 +217,13 @@ def cost(
     pv: str = "fp8",
 ) -> tuple[int, int]:
     """(bytes_moved, flops) for q, k, v of `shape` (B, H, T, D) at routing `density` (fraction of exact
-    block pairs). Bytes: q read and output written once, K/V of each exact block pair read once per
-    query block, the fp32 mean K/V of the folded blocks read once per query block; with a low `precision` the exact
-    pairs read one-byte keys and one-byte (pv="fp8") or two-byte values, the kernel reads q8 besides q, and the
-    quantization reads q, k, v in `dtype` and writes q8, k8 and v once. Flops: 4*D per exact (query, key) pair
-    (QK^T and PV), 4*D per (query, folded block) pair. Both are lower bounds: the folded pass works in chunks of 64
-    mean keys and computes a chunk whole when any block in it is folded. Routing and softmax exponentials are not
-    counted."""
+    block pairs), both lower bounds, so `bytes / bandwidth` and `flops / peak` bound the time from below. Bytes: what
+    must cross DRAM once: q, k, v read and the output written in `dtype`, the fp32 mean K/V of every block read once
+    (re-reads of K/V blocks by other query blocks are assumed to hit L2, as `fp8_attention.cost` assumes); with a low
+    `precision` the kernel reads q8, one-byte keys and one-byte (pv="fp8") or two-byte values besides q, and the
+    quantization (`attention_quantize.cost`) is added. Flops: 4*D per exact (query, key) pair (QK^T and PV), 4*D per
+    (query, folded block) pair; the folded pass works in chunks of 64 mean keys and computes a chunk whole when any
+    block in it is folded. Routing and softmax exponentials are not counted."""
     _check_precision(precision, pv)
     b, h, t, d = shape
     nb = -(-t // BLOCK)
@@ -230,11 +231,10 @@ def cost(
     exact_pairs = density * nb * nb
     folded_pairs = (1.0 - density) * nb * nb
     if precision == "exact":
-        pair_bytes, extra = 2 * BLOCK * d * size, 0
+        kernel = 4 * t * d * size  # q, k, v in, out
     else:
-        v_bytes = 1 if pv == "fp8" else 2
-        pair_bytes = (1 + v_bytes) * BLOCK * d
-        extra = t * d + 3 * t * d * size + (2 + v_bytes) * t * d  # q8 read; quantization: q, k, v in, q8, k8, v out
-    bytes_moved = b * h * (2 * t * d * size + exact_pairs * pair_bytes + folded_pairs * 2 * d * 4 + extra)
+        kernel = 2 * t * d * size + (3 if pv == "fp8" else 4) * t * d  # q in, out; q8, k8, v in
+    means = nb * 2 * d * 4
+    bytes_moved = b * h * (kernel + means) + (0 if precision == "exact" else attention_quantize.cost(shape, pv, dtype))
     flops = b * h * (exact_pairs * BLOCK * BLOCK * 4 * d + folded_pairs * BLOCK * 4 * d)
     return int(bytes_moved), int(flops)
