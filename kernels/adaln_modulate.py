@@ -11,9 +11,7 @@ emit no contracted mul+add (and ptxas `--fmad=false`). The CPU interpreter runs 
 contracts, so the tests there prove the op sequence bit for bit; on a GPU the kernel benchmark compares the
 output with torch's on the device (`torch.equal`).
 
-BF16_ROUNDING: the fp32 -> bf16 cast is written out in integers (round to nearest even, as c10::BFloat16; NaN becomes
-0x7FC0, NaN bit patterns are outside the contract) because the Triton CPU interpreter's `.to(tl.bfloat16)` truncates; on a GPU the
-written-out form equals `cvt.rn.bf16.f32`, costs a few integer ops, and keeps one code path.
+bf16 results are rounded as c10::BFloat16 rounds (`_rounding`, BF16_ROUNDING).
 
 Shapes: `n` (B, T, C) float32, any strides; `scale`, `shift` float32 of shape (B, 1, C) (Wan2.1,
 broadcast over tokens) or (B, T, C) (Wan2.2 TI2V per-token timesteps), any strides (Wan passes chunks
@@ -38,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from workbench.kernels._rounding import round_to, store_bf16
 from workbench.kernels._runtime import (
     FLOAT_DTYPES,
     ROUNDING,
@@ -93,32 +92,17 @@ def _modulate(
     n = tl.load(n_ptr + b * n_sb + t * n_st + c * n_sc, mask=mask, other=0.0).to(tl.float32)
     scale = tl.load(scale_ptr + b * sc_sb + t_table * sc_st + c * sc_sc, mask=mask, other=0.0).to(tl.float32)
     shift = tl.load(shift_ptr + b * sh_sb + t_table * sh_st + c * sh_sc, mask=mask, other=0.0).to(tl.float32)
-    one_plus = 1.0 + scale  # torch: `1 + scale`, its own rounding
-    if ROUND == 1:  # to bf16, nearest even (BF16_ROUNDING), kept as an fp32 value
-        bits = one_plus.to(tl.uint32, bitcast=True)
-        bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
-        one_plus = tl.where(one_plus != one_plus, one_plus, bits.to(tl.float32, bitcast=True))
-    elif ROUND == 2:
-        one_plus = one_plus.to(tl.float16).to(tl.float32)
-    product = n * one_plus  # rounded to fp32 (no contraction: enable_fp_fusion=False)
-    if ROUND == 1:
-        bits = product.to(tl.uint32, bitcast=True)
-        bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
-        product = tl.where(product != product, product, bits.to(tl.float32, bitcast=True))
-    elif ROUND == 2:
-        product = product.to(tl.float16).to(tl.float32)
+    one_plus = round_to(1.0 + scale, ROUND)  # torch: `1 + scale`, its own rounding
+    product = round_to(n * one_plus, ROUND)  # (no contraction: enable_fp_fusion=False)
     y = product + shift
     out = out_ptr + rows.to(tl.int64)[:, None] * C + c
-    if OUT_BF16:  # round to nearest even in integers, as c10::BFloat16 does (see BF16_ROUNDING)
-        bits = y.to(tl.uint32, bitcast=True)
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
-        bits = tl.where(y != y, 0x7FC0, bits)
-        tl.store(out, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+    if OUT_BF16:
+        store_bf16(out, y, mask)
     else:
         tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_KERNEL = LazyKernel(_modulate)
+_KERNEL = LazyKernel(_modulate, helpers=(round_to, store_bf16))
 
 
 def reference(n: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:

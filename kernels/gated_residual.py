@@ -12,8 +12,7 @@ FMA contraction: `x + y * gate` is the textbook contraction; the launcher passes
 (numpy) never contracts: the tests there prove the op sequence bit for bit; on a GPU the kernel benchmark
 compares the output with torch's on the device (`torch.equal`).
 
-BF16_ROUNDING: fp32 -> bf16 is written out in integers (round to nearest even, as c10::BFloat16; NaN becomes
-0x7FC0, NaN bit patterns are outside the contract) because the CPU interpreter's `.to(tl.bfloat16)` truncates.
+bf16 results are rounded as c10::BFloat16 rounds (`_rounding`, BF16_ROUNDING).
 
 Shapes: `x` (B, T, C) in fp32/bf16/fp16; `y` (B, T, C) in any of those; `gate` float32 (B, 1, C) or
 (B, T, C). Any strides. Output: contiguous (B, T, C) in `x.dtype`.
@@ -34,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from workbench.kernels._rounding import round_to, store_bf16
 from workbench.kernels._runtime import (
     ROUNDING,
     LazyKernel,
@@ -88,25 +88,16 @@ def _gated_residual(
     x = tl.load(x_ptr + b * x_sb + t * x_st + c * x_sc, mask=mask, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + b * y_sb + t * y_st + c * y_sc, mask=mask, other=0.0).to(tl.float32)
     gate = tl.load(gate_ptr + b * g_sb + t_table * g_st + c * g_sc, mask=mask, other=0.0).to(tl.float32)
-    product = y * gate  # rounded to fp32 (no contraction: enable_fp_fusion=False)
-    if ROUND == 1:  # to bf16, nearest even (BF16_ROUNDING), kept as an fp32 value
-        bits = product.to(tl.uint32, bitcast=True)
-        bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
-        product = tl.where(product != product, product, bits.to(tl.float32, bitcast=True))
-    elif ROUND == 2:
-        product = product.to(tl.float16).to(tl.float32)
+    product = round_to(y * gate, ROUND)  # (no contraction: enable_fp_fusion=False)
     s = x + product
     out = out_ptr + rows.to(tl.int64)[:, None] * C + c
-    if OUT_BF16:  # round to nearest even in integers, as c10::BFloat16 does (see BF16_ROUNDING)
-        bits = s.to(tl.uint32, bitcast=True)
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
-        bits = tl.where(s != s, 0x7FC0, bits)
-        tl.store(out, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+    if OUT_BF16:
+        store_bf16(out, s, mask)
     else:
         tl.store(out, s.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_KERNEL = LazyKernel(_gated_residual)
+_KERNEL = LazyKernel(_gated_residual, helpers=(round_to, store_bf16))
 
 
 def reference(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

@@ -24,8 +24,7 @@ The rotation needs, for channel c < r, its partner c + r/2 (negated) or c - r/2.
 not a power of two, so the partner is loaded again (a second read of the same head row, from L1/L2) and normed with
 the row's scale, instead of being shuffled in registers.
 
-BF16 rounding is written out in integers (round to nearest even; NaN stays NaN), because the CPU interpreter's
-`.to(tl.bfloat16)` truncates.
+BF16 rounding is c10::BFloat16's (`_rounding`, BF16_ROUNDING).
 
 Launch (`Launch`): head rows per program and warps; the result never depends on it except through the order of
 the sum of squares (every launch is held to the float64 bound above).
@@ -42,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from workbench.kernels._rounding import bf16_round, store_bf16
 from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size, interpreting
 
 DTYPES = (torch.bfloat16, torch.float32)
@@ -97,36 +97,26 @@ def _head_norm_rope(
     wp = tl.load(w_ptr + partner, mask=rotated, other=0.0).to(tl.float32)[None, :]
     y = tl.join((x * r) * w, (xp * r) * wp)  # RMSNorm's output for c and for its partner: [BLOCK_R, BLOCK_D, 2]
     if X_BF16:  # torch rounds RMSNorm's output to x's dtype
-        bits = y.to(tl.uint32, bitcast=True)
-        bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
-        y = tl.where(y != y, y, bits.to(tl.float32, bitcast=True))
+        y = bf16_round(y)
     y, yp = tl.split(y)
     yp = tl.where((c < half)[None, :], -yp, yp)  # cat(-x2, x1): exact in any dtype
     cos = tl.load(cos_ptr + (t * c_st)[:, None] + (c * c_sd)[None, :], mask=rot_mask, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + (t * s_st)[:, None] + (c * s_sd)[None, :], mask=rot_mask, other=0.0).to(tl.float32)
     if X_BF16:  # torch's `cos.to(x.dtype)`, `sin.to(x.dtype)`
-        tables = tl.join(cos, sin)
-        bits = tables.to(tl.uint32, bitcast=True)
-        bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
-        cos, sin = tl.split(tl.where(tables != tables, tables, bits.to(tl.float32, bitcast=True)))
+        cos, sin = tl.split(bf16_round(tl.join(cos, sin)))
     products = tl.join(y * cos, yp * sin)  # each rounded to x's dtype on its own
     if X_BF16:
-        bits = products.to(tl.uint32, bitcast=True)
-        bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
-        products = tl.where(products != products, products, bits.to(tl.float32, bitcast=True))
+        products = bf16_round(products)
     a, bb = tl.split(products)
     out = tl.where(rotated[None, :], a + bb, y)  # channels past ROT pass through
     at = out_ptr + (n.to(tl.int64) * D)[:, None] + c[None, :]
     if X_BF16:
-        bits = out.to(tl.uint32, bitcast=True)
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
-        bits = tl.where(out != out, 0x7FC0, bits)
-        tl.store(at, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+        store_bf16(at, out, mask)
     else:
         tl.store(at, out, mask=mask)
 
 
-_KERNEL = LazyKernel(_head_norm_rope)
+_KERNEL = LazyKernel(_head_norm_rope, helpers=(bf16_round, store_bf16))
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

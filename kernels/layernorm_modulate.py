@@ -35,10 +35,9 @@ Triton picks for the tile (elements per thread, threads and warps along C), whic
 can change, so a launch can move a row statistic by an ulp: launches are held to the float64 bound above, not to
 one launch's bits. DEFAULT's bits are the ones the fused_block_norms plugin ships.
 
-BF16_ROUNDING: under the interpreter fp32 -> bf16 is written out in integers (round to nearest even, as
-c10::BFloat16; NaN becomes 0x7FC0) because the interpreter's `.to(tl.bfloat16)` truncates. Compiled, the kernel
-uses `.to(tl.bfloat16)` (`cvt.rn.bf16.f32`): the same value for every non-NaN input, in one instruction instead
-of six (a NaN's payload may differ). Offsets are int32 unless some tensor reaches 2^31 elements (`IDX64`).
+bf16 rounding: under the interpreter fp32 -> bf16 is written out in integers (`_rounding`, BF16_ROUNDING). Compiled,
+the kernel uses `.to(tl.bfloat16)` (`cvt.rn.bf16.f32`): the same value for every non-NaN input, in one instruction
+instead of six (a NaN's payload may differ). Offsets are int32 unless some tensor reaches 2^31 elements (`IDX64`).
 Broadcast scale/shift of a one-batch call (stride 0 over tokens) are loaded once per program as (C,) vectors
 (`MOD_VEC`), not per element: the same values.
 
@@ -57,6 +56,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from workbench.kernels._rounding import bf16_round, store_bf16
 from workbench.kernels._runtime import (
     FLOAT_DTYPES,
     ROUNDING,
@@ -126,12 +126,9 @@ def _layernorm_modulate(
             rounded = x.to(tl.bfloat16)
             x = rounded.to(tl.float32)
             tl.store(at, rounded, mask=mask)
-        elif SUM_ROUND == 1:  # BF16_ROUNDING
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
-            bits = tl.where(x != x, 0x7FC0, bits)
-            x = (bits << 16).to(tl.float32, bitcast=True)
-            tl.store(at, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+        elif SUM_ROUND == 1:
+            x = bf16_round(x)
+            store_bf16(at, x, mask)
         elif SUM_ROUND == 2:
             x = x.to(tl.float16).to(tl.float32)
             tl.store(at, x.to(tl.float16), mask=mask)
@@ -166,16 +163,13 @@ def _layernorm_modulate(
     out = out_ptr + rows[:, None] * C + c
     if OUT_ROUND == 1 and NATIVE_BF16:
         tl.store(out, y.to(tl.bfloat16), mask=mask)
-    elif OUT_ROUND == 1:  # BF16_ROUNDING
-        bits = y.to(tl.uint32, bitcast=True)
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
-        bits = tl.where(y != y, 0x7FC0, bits)
-        tl.store(out, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+    elif OUT_ROUND == 1:
+        store_bf16(out, y, mask)
     else:
         tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_KERNEL = LazyKernel(_layernorm_modulate)
+_KERNEL = LazyKernel(_layernorm_modulate, helpers=(bf16_round, store_bf16))
 
 
 def reference(

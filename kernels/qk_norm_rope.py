@@ -29,8 +29,7 @@ Two entry points, two contracts:
   so. Bound (tested against a float64 ground truth of the whole chain): the kernel's max abs and relative L2
   error are each at most 2x torch's own error plus 1e-7 of the output scale.
 
-BF16_ROUNDING: fp32 -> bf16 is written out in integers (round to nearest even, as c10::BFloat16; NaN becomes
-0x7FC0) because the CPU interpreter's `.to(tl.bfloat16)` truncates. NATIVE_BF16 (qk_norm_rope's row kernel when
+bf16 rounding: c10::BFloat16's, written out in integers (`_rounding`, BF16_ROUNDING). NATIVE_BF16 (qk_norm_rope's row kernel when
 compiled): `.to(tl.bfloat16, fp_downcast_rounding="rtne")`, PTX `cvt.rn.bf16(x2).f32`, also round to nearest even,
 so the same bits for every non-NaN value (infinities, overflow and subnormals included); a NaN stays NaN with the
 hardware's canonical payload.
@@ -62,6 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
+from workbench.kernels._rounding import bf16_round, store_bf16
 from workbench.kernels._runtime import (
     LazyKernel,
     check_float,
@@ -150,10 +150,8 @@ def _tiled_qk_norm_rope(
         if NORM:
             w = tl.load(w_ptr + h * D + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
             x = (x * r) * w
-            if X_BF16:  # torch rounds RMSNorm's output to x's dtype (BF16_ROUNDING)
-                bits = x.to(tl.uint32, bitcast=True)
-                bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
-                x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+            if X_BF16:  # torch rounds RMSNorm's output to x's dtype
+                x = bf16_round(x)
         if HEAD_TABLES:
             cos, _ = tl.split(tl.reshape(tl.load(cos_at + h * c_sh, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
             _, sin = tl.split(tl.reshape(tl.load(sin_at + h * s_sh, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
@@ -170,16 +168,13 @@ def _tiled_qk_norm_rope(
         y = tl.reshape(tl.join(y1, y2), [BLOCK_R, BLOCK_D])  # channel order again: 2j <- y1, 2j + 1 <- y2
         if F64:  # torch casts float64 -> float32 first, then (for bf16) float32 -> bf16
             y = y.to(tl.float32)
-        if X_BF16:  # BF16_ROUNDING
-            bits = y.to(tl.uint32, bitcast=True)
-            bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
-            bits = tl.where(y != y, 0x7FC0, bits)
-            tl.store(out_at + h * D, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+        if X_BF16:
+            store_bf16(out_at + h * D, y, mask)
         else:
             tl.store(out_at + h * D, y, mask=mask)
 
 
-_TILED = LazyKernel(_tiled_qk_norm_rope)
+_TILED = LazyKernel(_tiled_qk_norm_rope, helpers=(bf16_round, store_bf16))
 
 
 def _row_qk_norm_rope(
@@ -226,10 +221,8 @@ def _row_qk_norm_rope(
     x = (x * r) * w[None, :, :]
     if X_BF16 and NATIVE_BF16:  # torch rounds RMSNorm's output to x's dtype
         x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
-    elif X_BF16:  # BF16_ROUNDING
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16
-        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    elif X_BF16:
+        x = bf16_round(x)
     x1, x2 = tl.split(tl.reshape(x, [BLOCK_R, BLOCK_H, BLOCK_D // 2, 2]))  # channels 2j, 2j + 1
     if F64:  # promote(x, float64): the arithmetic runs in float64 (the upcast is exact)
         x1 = x1.to(tl.float64)
@@ -246,16 +239,13 @@ def _row_qk_norm_rope(
     out_at = out_ptr + (rows.to(INDEX) * (H * D))[:, None, None] + ((heads * D)[:, None] + cols[None, :])[None, :, :]
     if X_BF16 and NATIVE_BF16:
         tl.store(out_at, y.to(tl.bfloat16, fp_downcast_rounding="rtne"), mask=mask)
-    elif X_BF16:  # BF16_ROUNDING
-        bits = y.to(tl.uint32, bitcast=True)
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
-        bits = tl.where(y != y, 0x7FC0, bits)
-        tl.store(out_at, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+    elif X_BF16:
+        store_bf16(out_at, y, mask)
     else:
         tl.store(out_at, y, mask=mask)
 
 
-_ROW = LazyKernel(_row_qk_norm_rope)
+_ROW = LazyKernel(_row_qk_norm_rope, helpers=(bf16_round, store_bf16))
 
 
 def rope_reference(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,8 @@ fp32 sum by C, the same value but for the last bit of the fp32 quotient).
 
 Rounding boundaries kept from torch (Wan's form; the pixel form rounds after every op as written above): the fp32 normalisation is rounded to the dtype, then `* scale` (a Python float,
 applied in fp32), `* gamma` and `+ bias` are each rounded to the dtype (torch's in-dtype ops compute in fp32 and round
-per op; a float `bias` of 0.0 only turns -0 into +0), then SiLU in fp32 rounded once. BF16 rounding is written in
-integers (round to nearest even, NaN -> 0x7FC0) because the CPU interpreter's `.to(tl.bfloat16)` truncates.
+per op; a float `bias` of 0.0 only turns -0 into +0), then SiLU in fp32 rounded once. BF16 rounding is c10::BFloat16's
+(`_rounding`, BF16_ROUNDING).
 
 Why `reduction`, not `rounding`: the sum of squares over C is a Triton tree reduction (numpy's pairwise sum under the
 interpreter), not torch's order, and `exp` is Triton's (ex2-based on NVIDIA GPUs) rather than CUDA's `expf`; the
@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from workbench.kernels._rounding import round_to, store_bf16
 from workbench.kernels._runtime import ROUNDING, LazyKernel, check_float, check_runtime, dtype_size, interpreting
 
 MAX_CHANNELS = 2048
@@ -88,7 +89,7 @@ def _rms_norm_silu(
     x = tl.load(x_ptr + pos_x + ch * x_sc, mask=mask, other=0.0).to(tl.float32)
     squares = x * x
     if PIXEL:  # x ** 2 is an op of its own, rounded to the dtype
-        squares = _rounded(squares, ROUND)
+        squares = round_to(squares, ROUND)
     # tl.reduce with tl.standard's combine, not tl.sum: tl.sum is decorated at triton import, which the interpreter
     # cannot call when TRITON_INTERPRET was set later (the benchmark harness's --smoke)
     if CHANNELS_INNER:
@@ -97,65 +98,27 @@ def _rms_norm_silu(
         total = tl.reduce(squares, 0, tl.standard._sum_combine)[None, :]
     if PIXEL:
         # mean (fp32 sum times 1/C, as torch's CUDA mean), + eps, sqrt, x / rms: each rounded to the dtype
-        rms = _rounded(tl.math.sqrt_rn(_rounded(_rounded(total * inv_c, ROUND) + eps, ROUND)), ROUND)
-        v = _rounded(tl.math.div_rn(x, rms), ROUND)
-    else:
-        v = _wan_affine(x, tl.maximum(tl.math.sqrt_rn(total), eps), gamma_ptr, bias_ptr, ch, C, scale, bias_value,
-                        HAS_BIAS, ROUND)  # fmt: skip
+        rms = round_to(tl.math.sqrt_rn(round_to(round_to(total * inv_c, ROUND) + eps, ROUND)), ROUND)
+        v = round_to(tl.math.div_rn(x, rms), ROUND)
+    else:  # WanRMS_norm: `normalize(x) * scale * gamma + bias` (fp32 normalisation), each op rounded to the dtype
+        gamma = tl.load(gamma_ptr + ch, mask=(ch < C), other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + ch, mask=(ch < C), other=0.0).to(tl.float32)
+        else:
+            bias = bias_value
+        v = round_to(tl.math.div_rn(x, tl.maximum(tl.math.sqrt_rn(total), eps)), ROUND)
+        v = round_to(round_to(v * scale, ROUND) * gamma, ROUND)
+        v = round_to(v + bias, ROUND)
     y = tl.math.div_rn(v, 1.0 + tl.exp(-v))
     out = out_ptr + pos_o + ch * o_sc
     if OUT_BF16:
-        bits = y.to(tl.uint32, bitcast=True)
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
-        bits = tl.where(y != y, 0x7FC0, bits)
-        tl.store(out, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+        store_bf16(out, y, mask)
     else:
         tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _rounded(v, ROUND: tl.constexpr):
-    """fp32 `v` rounded to the dtype and kept as fp32 (ROUND 1: bf16 nearest even in integers, see module doc; 2:
-    fp16; 0: fp32, unchanged)."""
-    if ROUND == 1:
-        bits = v.to(tl.uint32, bitcast=True)
-        v = tl.where(v != v, v, (((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16).to(tl.float32, bitcast=True))
-    elif ROUND == 2:
-        v = v.to(tl.float16).to(tl.float32)
-    return v
-
-
-def _wan_affine(x, denom, gamma_ptr, bias_ptr, ch, C, scale, bias_value, HAS_BIAS: tl.constexpr, ROUND: tl.constexpr):
-    """WanRMS_norm's `normalize(x) * scale * gamma + bias` (fp32 normalisation), each step rounded to the dtype as
-    torch's in-dtype ops do."""
-    gamma = tl.load(gamma_ptr + ch, mask=(ch < C), other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + ch, mask=(ch < C), other=0.0).to(tl.float32)
-    else:
-        bias = bias_value
-    v = tl.math.div_rn(x, denom)
-    if ROUND == 1:
-        bits = v.to(tl.uint32, bitcast=True)
-        v = tl.where(v != v, v, (((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16).to(tl.float32, bitcast=True))
-        v = v * scale
-        bits = v.to(tl.uint32, bitcast=True)
-        v = tl.where(v != v, v, (((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16).to(tl.float32, bitcast=True))
-        v = v * gamma
-        bits = v.to(tl.uint32, bitcast=True)
-        v = tl.where(v != v, v, (((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16).to(tl.float32, bitcast=True))
-        v = v + bias
-        bits = v.to(tl.uint32, bitcast=True)
-        v = tl.where(v != v, v, (((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16) << 16).to(tl.float32, bitcast=True))
-    elif ROUND == 2:
-        v = (v.to(tl.float16).to(tl.float32) * scale).to(tl.float16).to(tl.float32)
-        v = ((v * gamma).to(tl.float16).to(tl.float32) + bias).to(tl.float16).to(tl.float32)
-    else:
-        v = (v * scale) * gamma + bias
-    return v
-
-
-# enable_fp_fusion=False at launch: torch multiplies and adds apart. The helpers do not call each other (a helper's
-# own globals name the undecorated functions).
-_KERNEL = LazyKernel(_rms_norm_silu, helpers=(_rounded, _wan_affine))
+# enable_fp_fusion=False at launch: torch multiplies and adds apart.
+_KERNEL = LazyKernel(_rms_norm_silu, helpers=(round_to, store_bf16))
 
 
 def reference(
