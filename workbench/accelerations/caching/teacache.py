@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
@@ -182,10 +183,7 @@ class _Installed(Handle):
     def rescale(self, change: float) -> float:
         if self.coefficients is None:
             return change
-        value = 0.0
-        for coefficient in self.coefficients:  # Horner, highest power first
-            value = value * change + coefficient
-        return max(value, 0.0)
+        return max(float(np.polyval(self.coefficients, change)), 0.0)  # highest power first
 
     def begin_request(self, request_id: int, steps: int) -> None:
         super().begin_request(request_id, steps)
