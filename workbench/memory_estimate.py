@@ -4,14 +4,17 @@ Activation estimates (bytes). Rough on purpose and documented so a measured valu
 (`MemoryBudget.activation`; `memory_plan.measured_activation(result, plan)` reads them back from a Result). Every
 stage's estimate adds `WORKSPACE` (128 MiB) for what no formula here sees and a measured peak holds: cuBLAS's
 workspace (32 MiB on Hopper) and the request's own tensors (latents, prompt embeddings, the other CFG branch's
-prediction); the H200 measurements held 60-90 MB of them beside the tensors counted below.
+prediction); the H200 measurements in `benchmarks/results` held 74-86 MB of them beside the tensors counted below
+(`tests/test_memory_estimate.py` holds the estimates to those measurements).
 
 A transformer block's bytes per row, `row_bytes(block)`, from what a pre-norm block forward keeps alive (diffusers
 0.42.1's MiniMax-H3, Wan and their kind) at each point that can be its widest:
-`b * max(4 D + FFN, 2 D + 7 A, 11 D) + 8 h`, with the widths read off its Linears: `D` the residual width (their most
-common `in_features`), `F` the feed-forward width (the widest input of a Linear back to D), `A` the attention width
-(the other inputs of Linears back to D, i.e. `to_out`; D when there is none), `b` the weights' element size and `h`
-the attention's head width (`head_dim`, or A / `heads`).
+`b * max(4 D + FFN, 2 D + 7 A, 11 D) + 8 h`, with the widths read off its Linears: `D` a residual width (the output
+of a narrowing Linear, such as the feed-forward's down projection; the widest result of a block with several
+streams, LTX-2's video and audio; their most common `in_features` when none narrows), `F` the feed-forward width
+(the widest input of a Linear back to D), `A` the attention width (the other inputs of Linears back to D, i.e.
+`to_out`; D when there is none), `b` the weights' element size and `h` the attention's head width (`head_dim`, or
+A / `heads`; no tables counted when neither is stated).
 - the feed-forward, `4 D + FFN`: the block's input (its caller's loop still holds it), the attention output, the
   residual after attention and the FFN's normed input (4 D), then the up projection's output and its activation
   (GELU: FFN = 2 F), or gated (SwiGLU: an up projection 2 F wide, or two F wide ones per down projection) the
@@ -23,8 +26,6 @@ the attention's head width (`head_dim`, or A / `heads`).
   `11 D`: the block's input, the attention output, the residual, the FFN's input and output, and three D-wide
   float32 tensors at once (the upcast residual, the gated output and their sum);
 - `8 h`: the rotary tables (cosine and sine, float32, a head wide), alive for the whole forward.
-Traced on the CPU (allocator events, full widths), the peak's growth per row is 4 D + 4 F on MiniMax-H3 33.1B (plus
-its held embedding and 96-wide tables), 4 D + 2 F on Wan2.1-1.3B and 11 D on Wan2.1-14B, each plus its tables.
 
 - denoise: `rows * (row_bytes(block) + held)` with `rows` from `Family.denoise_shape` (tokens of one denoiser
   forward, CFG batch included) and `held` the output its forward keeps of `Family.denoise_held` per row (MiniMax-H3:
@@ -37,9 +38,10 @@ its held embedding and 96-wide tables), 4 D + 2 F on Wan2.1-1.3B and 11 D on Wan
 - video_decode, a decoder without a final convolution (MiniMax-H3's ViT decoder): `tokens * row_bytes(decoder) +
   2 * frames * height * width * channels * b_out`. `tokens`: what one decoder call attends over, the latent grid of
   the decoder's clip (`clip_length` pixel frames make ceil(clip_length / temporal factor) latent frames, plus the
-  overlap `token_drop` leaves; the whole clip without `clip_length`) at the latent size of a tile (or of the frame,
-  untiled), the downsample factors from the VAE config, plus its register tokens. The output at the decoder's output
-  projection's element size `b_out`, twice: the decoded clips are held until they are concatenated into the video.
+  overlap `token_drop` leaves; all the video's latent frames without `clip_length`) at the latent size of a tile
+  (or of the frame, untiled), the downsample factors from the VAE config, plus its register tokens. The output at
+  the decoder's output projection's element size `b_out`, twice: the decoded clips are held until they are
+  concatenated into the video.
   image_encode then takes `C` from the encoder's first convolution (its full-resolution width, at its element size).
 - audio_decode: `b * samples * C * 3` with `samples` = the clip's seconds x the output sample rate, `C` as above over
   the audio VAE's and vocoder's last convolutions.
@@ -73,22 +75,29 @@ def _head_width(module: torch.nn.Module, attention: int) -> int:
     return 0
 
 
-def row_bytes(module: torch.nn.Module) -> int:
-    """Activation bytes per row of a transformer block (or a stack of them) from its Linears' widths: the module
-    docstring's `b * max(4 D + FFN, 2 D + 7 A, 11 D) + 8 h`; 0 for a module without Linears."""
-    linears = _linears(module)
-    if not linears:
-        return 0
-    d = Counter(m.in_features for m in linears).most_common(1)[0][0]
+def _stream(linears: list[torch.nn.Linear], d: int) -> tuple[int, int]:
+    """(elements per row at the widest point, attention width A) of a block whose residual stream is `d` wide
+    (module docstring: F, A, gated and the three candidate points)."""
     back = {m.in_features for m in linears if m.out_features == d}
     f = max(back | {d})
     a = max(back - {f}, default=d)
     ups = sum(m.in_features == d and m.out_features == f for m in linears)
     downs = sum(m.in_features == f and m.out_features == d for m in linears)
     gated = any(m.in_features == d and m.out_features == 2 * f for m in linears) or ups >= 2 * max(downs, 1)
-    ffn = 4 * f if gated else 2 * f
-    size = linears[0].weight.element_size()
-    return size * max(4 * d + ffn, 2 * d + 7 * a, 11 * d) + ROPE_TABLES * _head_width(module, a)
+    return max(4 * d + (4 * f if gated else 2 * f), 2 * d + 7 * a, 11 * d), a
+
+
+def row_bytes(module: torch.nn.Module) -> int:
+    """Activation bytes per row of a transformer block (or a stack of them) from its Linears' widths: the module
+    docstring's `b * max(4 D + FFN, 2 D + 7 A, 11 D) + 8 h` for the widest of its residual streams (the outputs of
+    its narrowing Linears: LTX-2's blocks carry a video and an audio stream); 0 for a module without Linears."""
+    linears = _linears(module)
+    if not linears:
+        return 0
+    streams = {m.out_features for m in linears if m.in_features > m.out_features}
+    streams = streams or {Counter(m.in_features for m in linears).most_common(1)[0][0]}
+    elements, a = max(_stream(linears, d) for d in streams)
+    return linears[0].weight.element_size() * elements + ROPE_TABLES * _head_width(module, a)
 
 
 def denoise_activation(family: Any, denoiser: torch.nn.Module, rows: int) -> int:
