@@ -24,7 +24,8 @@ its activation peak. The ring's working set is `RING_IN_FLIGHT` slots (the block
 released whose kernels may still be queued; fewer when fewer blocks stream), each the size of the largest streamed
 block or layer, shared by the denoisers and the text encoder and allocated for the whole session, so on the device in
 every stage. A plan fits when every stage's peak is at most `cap * (1 - headroom)`; the headroom is for the
-allocator's fragmentation and library workspaces (cuBLAS, attention), which no formula here sees.
+allocator's fragmentation and transient library workspaces (attention, convolution algorithms), which no formula
+here sees.
 
 Activation peaks come from `workbench.memory_estimate` (rough formulas, documented there) or are measured and given in
 `MemoryBudget.activation` (`measured_activation(result, plan)` reads them back from a Result).

@@ -40,6 +40,7 @@ from benchmarks.scenarios.memory import Capped
 from benchmarks.workloads import ForwardArm, equal, exact_fast, rel_l2
 from workbench.accelerations.memory.ring import module_bytes
 from workbench.evidence.timing import aba_rounds, time_call
+from workbench.memory_estimate import denoise_activation
 from workbench.memory_plan import Footprint, gib, plan_memory
 
 NAME = "ring"
@@ -88,9 +89,8 @@ def run(context: Context) -> Measurement:
         if unknown := set(chosen) - set(CAPS):
             raise ValueError(f"RING_CAPS: {sorted(unknown)}; allowed: a comma list of {list(CAPS)}")
         caps = {name: CAPS[name] for name in chosen}
-    else:  # the planner's estimate (workbench.memory_plan): rows x b x max(8 D, 2 D + 3 F)
-        d, f = model.config.hidden_size, model.config.ffn_dim
-        activation = rows * 2 * max(8 * d, 2 * d + 3 * f)
+    else:  # the planner's estimate (workbench.memory_estimate)
+        activation = denoise_activation(session.family, model, rows)
         everything = plan_memory(footprint, {"denoise": activation}, 2**62, forwards=1)
         resident_cap = math.ceil(everything.stage_peaks["denoise"] / 0.9)
         caps = {"halfway": (everything.minimum_cap + resident_cap) // 2, "smallest": everything.minimum_cap}

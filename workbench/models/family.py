@@ -125,6 +125,9 @@ class Family:
       host between its stages).
     - `denoise_shape(request)`: (rows, forwards) of a resolved request: the tokens one denoiser forward processes
       (CFG batch included) and the denoiser forwards per request.
+    - `denoise_held`: dotted names of the denoiser's submodules whose output its forward keeps referenced while the
+      blocks run (one row of their `out_features` per row, at their weights' element size), beyond the residual
+      stream the blocks pass on: MiniMax-H3 keeps its float32 video embedding (`proj_in`'s output) to the end.
     - `text_layers`: the dotted path, inside the text encoder, of its decoder layers' list (the layers a plan may
       stream through the ring during text_encode; `text_blocks`); None: its layers do not stream.
     - `text_forwards(request)`: how many times a resolved request runs that layer stack (a negative prompt encoded
@@ -161,6 +164,7 @@ class Family:
     exact_fast: tuple[tuple[str, dict[str, Any]], ...] = ()
     stage_components: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     denoise_shape: Callable[[Any], tuple[int, int]] = field(default=lambda request: (0, 0), repr=False)
+    denoise_held: tuple[str, ...] = ()
     expert_schedule: Callable[[Any, int], tuple[str, ...]] | None = field(default=None, repr=False)
     text_layers: str | None = None
     text_forwards: Callable[[Any], int] = field(default=lambda request: 1, repr=False)

@@ -320,6 +320,7 @@ FAMILY = H3Family(
         "audio_decode": ("audio_vae",),
     },
     denoise_shape=_denoise_shape,
+    denoise_held=("proj_in",),  # `video_embeds`, float32, a local of the forward until it returns
     text_layers="model.language_model.layers",
 )
 TINY_DEFAULTS = {"frames": 124, "height": 32, "width": 64, "steps": 3, "fps": FPS}
