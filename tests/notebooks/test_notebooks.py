@@ -3,18 +3,13 @@
 The assertions live in the notebooks' own code cells; here a run must finish without an error output
 and leave the content a reader expects (the executed copy is what CI keeps).
 
-Each run is its own process with its own fresh kernel (`python -m papermill ...`, and the nbval run's pytest).
-The test process only waits on them, so `runs` keeps one run per CPU core going (at most `LANES`), started in
-the order the tests ask for them: each test waits for its own run, and the runs behind it go on meanwhile.
+Each run is its own process with its own fresh kernel (`python -m papermill ...`, and the nbval run's pytest),
+started in the background when the session starts (conftest.py); a test waits for its run and checks it.
 """
 
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -22,7 +17,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-LANES = max(1, min(2, len(os.sched_getaffinity(0))))  # concurrent runs: the notebooks' tiny work is one core each
 NBVAL = "nbval"  # the name of the nbval run among the runs
 
 
@@ -46,150 +40,39 @@ def parameters(name: str, folder: Path) -> dict:
     }[name]
 
 
-def python3_kernel_of_this_interpreter(root: Path) -> Path:
-    """A `python3` kernelspec that starts this very interpreter, found first through JUPYTER_PATH.
-
-    `kernel_name="python3"` otherwise resolves to whichever spec comes first on the machine (a user's
-    ~/.local one may point at another Python without the workbench). JUPYTER_PATH has the highest
-    priority, and the spec lives in a temporary folder, so nothing is installed anywhere.
-    """
-    spec = root / "kernels" / "python3"
-    spec.mkdir(parents=True)
-    kernel = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (this interpreter)",
-        "language": "python",
-    }
-    (spec / "kernel.json").write_text(json.dumps(kernel))
-    return root
-
-
-@dataclass
-class Run:
-    """One notebook run as a subprocess: `command` in `cwd`, its output in `folder` (log.txt holds its stdout
-    and stderr)."""
-
-    command: list[str]
-    cwd: Path
-    folder: Path
-    process: subprocess.Popen | None = None
-    started: float = 0.0
-    log: object = field(default=None, repr=False)
-
-    def start(self, env: dict[str, str]) -> None:
-        self.log = (self.folder / "log.txt").open("w")
-        self.started = time.monotonic()
-        self.process = subprocess.Popen(self.command, cwd=self.cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def done(self) -> bool:
-        if self.process is None or self.process.poll() is None:
-            return False
-        self.log.close()
-        return True
-
-    def output(self) -> str:
-        return (self.folder / "log.txt").read_text()
-
-
-class Runs:
-    """The module's runs, `LANES` at a time, started in `order`; `wait(name)` keeps the lanes full until that one
-    ends and returns (its folder, its exit status)."""
-
-    def __init__(self, runs: dict[str, Run], order: list[str], env: dict[str, str], timeout: float = 900) -> None:
-        self.runs, self.pending, self.env, self.timeout = runs, list(order), env, timeout
-
-    def fill(self) -> None:
-        running = [run for run in self.runs.values() if run.process is not None and not run.done()]
-        while self.pending and len(running) < LANES:
-            run = self.runs[self.pending.pop(0)]
-            run.start(self.env)
-            running.append(run)
-
-    def wait(self, name: str) -> tuple[Path, int]:
-        run = self.runs[name]
-        if name in self.pending:  # asked for before its turn: it goes next
-            self.pending.remove(name)
-            self.pending.insert(0, name)
-        while True:
-            self.fill()
-            if run.done():
-                self.fill()
-                return run.folder, run.process.returncode
-            if run.process is not None and time.monotonic() - run.started > self.timeout:
-                run.process.kill()
-                pytest.fail(f"{name}: still running after {self.timeout} s:\n{run.output()[-4000:]}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        for run in self.runs.values():
-            if run.process is not None and run.process.poll() is None:
-                run.process.kill()
-                run.process.wait()
-            if run.log is not None:
-                run.log.close()
-
-
-def papermill_run(name: str, folder: Path) -> Run:
+def papermill_run(name: str, folder: Path) -> tuple[list[str], Path]:
     """`python -m papermill` of notebook `name` from folder/notebooks, beside a copy of data_manifests (so a suite's
     default path `../data_manifests/...` resolves as it does in the repository), writing folder/NAME.ipynb."""
-    (folder / "notebooks").mkdir(parents=True)
+    (folder / "notebooks").mkdir()
     shutil.copytree(ROOT / "data_manifests", folder / "data_manifests")
     command = [sys.executable, "-m", "papermill", str(NOTEBOOKS / f"{name}.ipynb"), str(folder / f"{name}.ipynb")]
     command += ["-y", json.dumps(parameters(name, folder)), "-k", "python3", "--no-progress-bar"]
     command += ["--execution-timeout", "300"]
-    return Run(command, folder / "notebooks", folder)
+    return command, folder / "notebooks"
 
 
-def nbval_run(folder: Path) -> Run:
+def nbval_run(folder: Path) -> tuple[list[str], Path]:
     """`pytest --nbval-lax` over every notebook with its own (tiny CPU) defaults, on a copy of the tree (except
     `RUN_WITH_DEFAULTS`, which their papermill tests run with their defaults).
 
     The copy keeps what the notebooks write (out/...) away from the repository, and keeps the relative
-    suite path of 20_qualify (`../data_manifests/...`) working. 30_kernels runs its no-CUDA stop here.
+    suite path (`../data_manifests/...`) working.
     """
     shutil.copytree(NOTEBOOKS, folder / "notebooks")
     shutil.copytree(ROOT / "data_manifests", folder / "data_manifests")
     names = [p.name for p in sorted((folder / "notebooks").glob("*.ipynb")) if p.stem not in RUN_WITH_DEFAULTS]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", *names]
     command += ["--rootdir", str(folder / "notebooks"), "--nbval-cell-timeout", "300"]
-    return Run(command, folder / "notebooks", folder)
+    return command, folder / "notebooks"
 
 
-def needs(*names: str):
-    """Marks a test as waiting for the runs `names` (so `runs` starts only what the selected tests need)."""
-
-    def mark(test):
-        test.needs_runs = names
-        return test
-
-    return mark
+def make_run(name: str, folder: Path) -> tuple[list[str], Path]:
+    """The run `name` (a notebook's papermill run, or `NBVAL`) with its files in `folder`: (command, working
+    folder); conftest.py starts it."""
+    return nbval_run(folder) if name == NBVAL else papermill_run(name, folder)
 
 
-@pytest.fixture(scope="module")
-def runs(request, tmp_path_factory):
-    """The runs the selected tests of this module need, in the order those tests come, with a temporary
-    `python3` kernelspec of this interpreter and progress bars off (they would become widgets)."""
-    order = []
-    for item in request.session.items:
-        for name in getattr(getattr(item, "function", None), "needs_runs", ()):
-            if item.module is request.module and name not in order:
-                order.append(name)
-    kernels = python3_kernel_of_this_interpreter(tmp_path_factory.mktemp("jupyter"))
-    env = {**os.environ, "JUPYTER_PATH": str(kernels), "TQDM_DISABLE": "1"}
-    if LANES > 1:
-        env.setdefault("OMP_NUM_THREADS", "1")  # two runs on two cores: one thread each, not two fighting
-    made = {
-        name: nbval_run(tmp_path_factory.mktemp(name))
-        if name == NBVAL
-        else papermill_run(name, tmp_path_factory.mktemp(name))
-        for name in order
-    }
-    pool = Runs(made, order, env)
-    yield pool
-    pool.stop()
-
-
-def executed(runs: Runs, name: str) -> tuple[nbformat.NotebookNode, Path]:
+def executed(runs, name: str) -> tuple[nbformat.NotebookNode, Path]:
     """Notebook `name` as its papermill run executed it, checked for errors and stderr output; (notebook, folder)."""
     folder, status = runs.wait(name)
     assert status == 0, runs.runs[name].output()[-6000:]
@@ -228,21 +111,21 @@ def text(notebook: nbformat.NotebookNode) -> str:
     return "\n".join(parts)
 
 
-@needs("00_quickstart")
+@pytest.mark.notebook_run("00_quickstart")
 def test_quickstart_notebook_plays_the_demo_and_writes_the_video(runs):
     notebook, folder = executed(runs, "00_quickstart")
     assert {"text/html", "image/png"} <= mimes(notebook)  # the embedded video/audio and the static timeline
     assert (folder / "out" / "result.mp4").stat().st_size > 0
 
 
-@needs("10_explore")
+@pytest.mark.notebook_run("10_explore")
 def test_explore_notebook_runs_the_dashboard(runs):
     notebook, _ = executed(runs, "10_explore")
     assert {"application/vnd.jupyter.widget-view+json", "image/png"} <= mimes(notebook)  # widgets + static timelines
     assert "cross_kv_cache: bitwise" in text(notebook)
 
 
-@needs("20_qualify")
+@pytest.mark.notebook_run("20_qualify")
 def test_qualify_notebook_writes_record_and_report(runs):
     notebook, folder = executed(runs, "20_qualify")
     record = json.loads((folder / "out" / "qualification.json").read_text())
@@ -252,7 +135,7 @@ def test_qualify_notebook_writes_record_and_report(runs):
     assert "text/html" in mimes(notebook)
 
 
-@needs("30_kernels")
+@pytest.mark.notebook_run("30_kernels")
 def test_kernels_notebook_stops_cleanly_or_lists_kernels(runs):
     import torch
 
@@ -261,7 +144,7 @@ def test_kernels_notebook_stops_cleanly_or_lists_kernels(runs):
         assert "skipped: no CUDA device; kernel micro-benchmarks need the GPU" in text(notebook)
 
 
-@needs("40_review")
+@pytest.mark.notebook_run("40_review")
 def test_review_notebook_makes_and_compares_two_executed_records_and_writes_its_report(runs):
     notebook, folder = executed(runs, "40_review")
     records = [json.loads((folder / "out" / f"{name}.json").read_text()) for name in ("cross_kv_cache", "easycache")]
@@ -274,7 +157,7 @@ def test_review_notebook_makes_and_compares_two_executed_records_and_writes_its_
     assert "CI95" in shown and "latent_rel_l2" in shown and "verdict" in shown
 
 
-@needs("50_calibrate")
+@pytest.mark.notebook_run("50_calibrate")
 def test_calibrate_notebook_writes_its_record_and_shows_the_panel(runs):
     notebook, folder = executed(runs, "50_calibrate")
     record = json.loads((folder / "out" / "calibration.json").read_text())
@@ -307,7 +190,7 @@ def test_run_with_defaults_really_passes_the_defaults(tmp_path):
         assert given.items() <= defaults.items(), name
 
 
-@needs(NBVAL)
+@pytest.mark.notebook_run(NBVAL)
 def test_notebooks_pass_nbval_lax(runs):
     """The nbval run (`nbval_run`) passes."""
     folder, status = runs.wait(NBVAL)
