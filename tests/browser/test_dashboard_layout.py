@@ -8,16 +8,15 @@ too small is refused at its field, and a card preset's plan shows, both within t
 Writes the screenshot the README shows, docs/dashboard.png (`pytest tests/browser/test_dashboard_layout.py`
 regenerates it).
 
-Reuses the JupyterLab fixture and the Chromium launch of test_lab.py (skipped the same way when
-/usr/bin/chromium or playwright is missing); the notebook goes in through the server's contents API, so
-it does not depend on which folder the fixture serves.
+Uses the JupyterLab server of conftest.py (shared with test_lab.py) and the Chromium launch of test_lab.py
+(skipped the same way when /usr/bin/chromium or playwright is missing); the notebook goes in through the
+server's contents API.
 """
 
 import json
-import urllib.request
 from pathlib import Path
 
-from test_lab import ARGS, CHROMIUM, lab, run_all, sync_api  # noqa: F401  (lab: the JupyterLab fixture)
+from test_lab import ARGS, CHROMIUM, put, run_all, sync_api
 
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "dashboard.png"
 WIDTH, HEIGHT = 1400, 1100
@@ -78,19 +77,7 @@ MEASURE = """() => {
 }"""
 
 
-def put(base: str, token: str, path: str, body: dict) -> None:
-    """PUT `body` to the Jupyter server's REST API (a notebook through /api/contents, a setting through the lab)."""
-    request = urllib.request.Request(
-        f"{base}/{path}?token={token}",
-        data=json.dumps(body).encode(),
-        method="PUT",
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        assert response.status in (200, 201, 204), (path, response.status)
-
-
-def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):  # noqa: F811  (lab: test_lab's fixture)
+def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):
     base, token = lab[:2]
     put(base, token, "api/contents/dashboard_layout.ipynb", {"type": "notebook", "content": NOTEBOOK})
     news = json.dumps({"fetchNews": "false"})  # no "get notified about Jupyter news?" toast over the screenshot

@@ -15,12 +15,6 @@ browser here, so the system Chromium is launched by path.
 
 import json
 import math
-import os
-import secrets
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -57,77 +51,16 @@ sync_api = pytest.importorskip(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """JupyterLab on 127.0.0.1 with a token, rooted at a folder holding the A/B notebook, kernel = this
-    interpreter, progress bars off."""
-    tmp_path = tmp_path_factory.mktemp("lab")
-    root = tmp_path / "root"
-    root.mkdir()
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in AB_NOTEBOOK])
-    nbformat.write(notebook, root / "ab.ipynb")
-    spec = tmp_path / "jupyter" / "kernels" / "python3"
-    spec.mkdir(parents=True)
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"}))
-    env = {
-        **os.environ,
-        "JUPYTER_PATH": str(tmp_path / "jupyter"),
-        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-        "TQDM_DISABLE": "1",
-    }
-    # Render every cell: JupyterLab 4 otherwise virtualises cells outside the viewport out of the DOM.
-    tracker = tmp_path / "settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
-    tracker.parent.mkdir(parents=True)
-    tracker.write_text(json.dumps({"windowingMode": "none"}))
-    news = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    news.parent.mkdir(parents=True)
-    news.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))  # no pop-up over the screenshot
-    port, token = free_port(), secrets.token_hex(16)
-    command = [
-        sys.executable,
-        "-m",
-        "jupyterlab",
-        "--no-browser",
-        "--ip=127.0.0.1",
-        f"--port={port}",
-        f"--IdentityProvider.token={token}",
-        "--allow-root",
-        "--LabApp.extension_manager=readonly",
-        f"--ServerApp.root_dir={root}",
-        f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
-        f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
-    ]
-    log = (tmp_path / "lab.log").open("w")
-    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"JupyterLab did not start:\n{(tmp_path / 'lab.log').read_text()[-3000:]}")
-            time.sleep(0.3)
-        yield base, token, tmp_path
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+def put(base: str, token: str, path: str, body: dict) -> None:
+    """PUT `body` to the Jupyter server's REST API (a notebook through /api/contents, a setting through the lab)."""
+    request = urllib.request.Request(
+        f"{base}/{path}?token={token}",
+        data=json.dumps(body).encode(),
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status in (200, 201, 204), (path, response.status)
 
 
 def run_all(page, base: str, token: str, name: str) -> None:
@@ -150,6 +83,8 @@ def run_all(page, base: str, token: str, name: str) -> None:
 def ab_page(lab):
     """The A/B notebook run in Lab at 1400x1100 as Lab opens (file browser shown): (page, player locator)."""
     base, token, tmp_path = lab
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in AB_NOTEBOOK])
+    put(base, token, "api/contents/ab.ipynb", {"type": "notebook", "content": json.loads(nbformat.writes(notebook))})
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
         try:

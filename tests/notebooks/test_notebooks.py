@@ -2,25 +2,26 @@
 
 The assertions live in the notebooks' own code cells; here a run must finish without an error output
 and leave the content a reader expects (the executed copy is what CI keeps).
+
+Each run is its own process with its own fresh kernel (`python -m papermill ...`, and the nbval run's pytest),
+started in the background when the session starts (conftest.py); a test waits for its run and checks it.
 """
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
-import papermill
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
+NBVAL = "nbval"  # the name of the nbval run among the runs
 
 
-def parameters(name: str, tmp_path: Path) -> dict:
-    out = str(tmp_path / "out")
+def parameters(name: str, folder: Path) -> dict:
+    out = str(folder / "out")
     return {
         "00_quickstart": {"out": out},
         "10_explore": {"device": "cpu"},
@@ -39,29 +40,50 @@ def parameters(name: str, tmp_path: Path) -> dict:
     }[name]
 
 
-def execute(name: str, tmp_path: Path) -> nbformat.NotebookNode:
-    """Run notebook `name` under papermill from tmp_path/notebooks, beside a copy of data_manifests (so a suite's
-    default path `../data_manifests/...` resolves as it does in the repository); returns the executed notebook."""
-    executed = tmp_path / f"{name}.ipynb"
-    (tmp_path / "notebooks").mkdir(exist_ok=True)
-    shutil.copytree(ROOT / "data_manifests", tmp_path / "data_manifests", dirs_exist_ok=True)
-    papermill.execute_notebook(
-        str(NOTEBOOKS / f"{name}.ipynb"),
-        str(executed),
-        parameters=parameters(name, tmp_path),
-        kernel_name="python3",
-        cwd=str(tmp_path / "notebooks"),
-        progress_bar=False,
-        execution_timeout=300,
-    )
-    notebook = nbformat.read(executed, as_version=4)
+def papermill_run(name: str, folder: Path) -> tuple[list[str], Path]:
+    """`python -m papermill` of notebook `name` from folder/notebooks, beside a copy of data_manifests (so a suite's
+    default path `../data_manifests/...` resolves as it does in the repository), writing folder/NAME.ipynb."""
+    (folder / "notebooks").mkdir()
+    shutil.copytree(ROOT / "data_manifests", folder / "data_manifests")
+    command = [sys.executable, "-m", "papermill", str(NOTEBOOKS / f"{name}.ipynb"), str(folder / f"{name}.ipynb")]
+    command += ["-y", json.dumps(parameters(name, folder)), "-k", "python3", "--no-progress-bar"]
+    command += ["--execution-timeout", "300"]
+    return command, folder / "notebooks"
+
+
+def nbval_run(folder: Path) -> tuple[list[str], Path]:
+    """`pytest --nbval-lax` over every notebook with its own (tiny CPU) defaults, on a copy of the tree (except
+    `RUN_WITH_DEFAULTS`, which their papermill tests run with their defaults).
+
+    The copy keeps what the notebooks write (out/...) away from the repository, and keeps the relative
+    suite path (`../data_manifests/...`) working.
+    """
+    shutil.copytree(NOTEBOOKS, folder / "notebooks")
+    shutil.copytree(ROOT / "data_manifests", folder / "data_manifests")
+    names = [p.name for p in sorted((folder / "notebooks").glob("*.ipynb")) if p.stem not in RUN_WITH_DEFAULTS]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", *names]
+    command += ["--rootdir", str(folder / "notebooks"), "--nbval-cell-timeout", "300"]
+    return command, folder / "notebooks"
+
+
+def make_run(name: str, folder: Path) -> tuple[list[str], Path]:
+    """The run `name` (a notebook's papermill run, or `NBVAL`) with its files in `folder`: (command, working
+    folder); conftest.py starts it."""
+    return nbval_run(folder) if name == NBVAL else papermill_run(name, folder)
+
+
+def executed(runs, name: str) -> tuple[nbformat.NotebookNode, Path]:
+    """Notebook `name` as its papermill run executed it, checked for errors and stderr output; (notebook, folder)."""
+    folder, status = runs.wait(name)
+    assert status == 0, runs.runs[name].output()[-6000:]
+    notebook = nbformat.read(folder / f"{name}.ipynb", as_version=4)
     errors = [
         o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs if o.output_type == "error"
     ]
     assert not errors
     assert not stderr_outputs(notebook)
     assert any("injected-parameters" in cell.metadata.get("tags", []) for cell in notebook.cells)
-    return notebook
+    return notebook, folder
 
 
 def stderr_outputs(notebook: nbformat.NotebookNode) -> list[str]:
@@ -89,50 +111,56 @@ def text(notebook: nbformat.NotebookNode) -> str:
     return "\n".join(parts)
 
 
-def test_quickstart_notebook_plays_the_demo_and_writes_the_video(tmp_path, kernel_env):
-    notebook = execute("00_quickstart", tmp_path)
+@pytest.mark.notebook_run("00_quickstart")
+def test_quickstart_notebook_plays_the_demo_and_writes_the_video(runs):
+    notebook, folder = executed(runs, "00_quickstart")
     assert {"text/html", "image/png"} <= mimes(notebook)  # the embedded video/audio and the static timeline
-    assert (tmp_path / "out" / "result.mp4").stat().st_size > 0
+    assert (folder / "out" / "result.mp4").stat().st_size > 0
 
 
-def test_explore_notebook_runs_the_dashboard(tmp_path, kernel_env):
-    notebook = execute("10_explore", tmp_path)
+@pytest.mark.notebook_run("10_explore")
+def test_explore_notebook_runs_the_dashboard(runs):
+    notebook, _ = executed(runs, "10_explore")
     assert {"application/vnd.jupyter.widget-view+json", "image/png"} <= mimes(notebook)  # widgets + static timelines
     assert "cross_kv_cache: bitwise" in text(notebook)
 
 
-def test_qualify_notebook_writes_record_and_report(tmp_path, kernel_env):
-    notebook = execute("20_qualify", tmp_path)
-    record = json.loads((tmp_path / "out" / "qualification.json").read_text())
+@pytest.mark.notebook_run("20_qualify")
+def test_qualify_notebook_writes_record_and_report(runs):
+    notebook, folder = executed(runs, "20_qualify")
+    record = json.loads((folder / "out" / "qualification.json").read_text())
     assert record["verdict"] in text(notebook) and len(record["cases"]) == 1
-    report = (tmp_path / "out" / "qualification.html").read_text()
+    report = (folder / "out" / "qualification.html").read_text()
     assert f"Qualification: {record['verdict']}" in report and "data:video/mp4;base64," in report
     assert "text/html" in mimes(notebook)
 
 
-def test_kernels_notebook_stops_cleanly_or_lists_kernels(tmp_path, kernel_env):
+@pytest.mark.notebook_run("30_kernels")
+def test_kernels_notebook_stops_cleanly_or_lists_kernels(runs):
     import torch
 
-    notebook = execute("30_kernels", tmp_path)
+    notebook, _ = executed(runs, "30_kernels")
     if not torch.cuda.is_available():
         assert "skipped: no CUDA device; kernel micro-benchmarks need the GPU" in text(notebook)
 
 
-def test_review_notebook_makes_and_compares_two_executed_records_and_writes_its_report(tmp_path, kernel_env):
-    notebook = execute("40_review", tmp_path)
-    records = [json.loads((tmp_path / "out" / f"{name}.json").read_text()) for name in ("cross_kv_cache", "easycache")]
+@pytest.mark.notebook_run("40_review")
+def test_review_notebook_makes_and_compares_two_executed_records_and_writes_its_report(runs):
+    notebook, folder = executed(runs, "40_review")
+    records = [json.loads((folder / "out" / f"{name}.json").read_text()) for name in ("cross_kv_cache", "easycache")]
     assert all(Path(r["model"]).name == "demo-av" for r in records)
     assert all(x["executed"] for r in records for case in r["cases"] for x in case["receipts"].values())
     assert records[1]["cases"][0]["receipts"]["easycache"]["reused"] > 0  # the approximate arm really skipped work
-    report = (tmp_path / "out" / "review.html").read_text()
+    report = (folder / "out" / "review.html").read_text()
     assert report.count("data:video/mp4;base64,") == 4 and "<script" not in report and "<title>Review: " in report
     shown = text(notebook)
     assert "CI95" in shown and "latent_rel_l2" in shown and "verdict" in shown
 
 
-def test_calibrate_notebook_writes_its_record_and_shows_the_panel(tmp_path, kernel_env):
-    notebook = execute("50_calibrate", tmp_path)
-    record = json.loads((tmp_path / "out" / "calibration.json").read_text())
+@pytest.mark.notebook_run("50_calibrate")
+def test_calibrate_notebook_writes_its_record_and_shows_the_panel(runs):
+    notebook, folder = executed(runs, "50_calibrate")
+    record = json.loads((folder / "out" / "calibration.json").read_text())
     assert record["plugin"] == "easycache" and record["status"] in text(notebook)
     assert record["status"] == "quality_confirmed", record["reason"]
     assert {"application/vnd.jupyter.widget-view+json", "text/html"} <= mimes(notebook)
@@ -162,20 +190,10 @@ def test_run_with_defaults_really_passes_the_defaults(tmp_path):
         assert given.items() <= defaults.items(), name
 
 
-def test_notebooks_pass_nbval_lax(tmp_path, kernel_env):
-    """`pytest --nbval-lax` over every notebook with its own (tiny CPU) defaults, on a copy of the tree (except
-    `RUN_WITH_DEFAULTS`, which their papermill tests run with their defaults).
-
-    The copy keeps what the notebooks write (out/...) away from the repository, and keeps the relative
-    suite path of 20_qualify (`../data_manifests/...`) working. 30_kernels runs its no-CUDA stop here.
-    """
-    shutil.copytree(NOTEBOOKS, tmp_path / "notebooks")
-    shutil.copytree(ROOT / "data_manifests", tmp_path / "data_manifests")
-    names = [p.name for p in sorted((tmp_path / "notebooks").glob("*.ipynb")) if p.stem not in RUN_WITH_DEFAULTS]
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", *names]
-    command += ["--rootdir", str(tmp_path / "notebooks"), "--nbval-cell-timeout", "300"]
-    run = subprocess.run(
-        command, cwd=tmp_path / "notebooks", env=dict(os.environ), capture_output=True, text=True, timeout=900
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout and "failed" not in run.stdout
+@pytest.mark.notebook_run(NBVAL)
+def test_notebooks_pass_nbval_lax(runs):
+    """The nbval run (`nbval_run`) passes."""
+    folder, status = runs.wait(NBVAL)
+    output = runs.runs[NBVAL].output()
+    assert status == 0, output[-6000:]
+    assert " passed" in output and "failed" not in output
