@@ -32,7 +32,7 @@ NAME = "fanout"
 SUMMARY = "Ray fan-out overhead per cell: a sweep's qualification cells on one Ray GPU worker vs in this process"
 GPUS = 1
 STEPS = 2
-VALUES = [0.05, 0.1]
+VALUES = [0.1]  # one cell per sweep: a visit is already ~40 s of whole requests at the full shape
 PILOT_VALUE = 0.2
 PROMPT = "a red fox runs through snow"
 
@@ -51,7 +51,9 @@ def run(context: Context) -> Measurement:
     def in_process(sweep_values: list[float]) -> float:
         start = time.perf_counter()
         sweep(session, [request], "easycache", "threshold", sweep_values, progress=False)
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        print(f"fanout: in-process sweep of {len(sweep_values)} cell(s) {seconds:.1f} s", flush=True)
+        return seconds
 
     with Fanout(model, workers=1, device=device, dtype=dtype) as fanout:
 
@@ -61,6 +63,7 @@ def run(context: Context) -> Measurement:
                 start = time.perf_counter()
                 fanout_jobs.sweep(fanout, store, [request], "easycache", "threshold", sweep_values)
                 seconds = time.perf_counter() - start
+                print(f"fanout: ray sweep of {len(sweep_values)} cell(s) {seconds:.1f} s", flush=True)
                 if keep:
                     entries.extend(store.entries().values())
             return seconds
