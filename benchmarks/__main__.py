@@ -26,7 +26,11 @@ README = Path(__file__).parent.parent / "README.md"
 def run_scenario(name: str, out: Path, smoke: bool, rounds: int, max_seconds: float | None = None) -> Path:
     """Run scenario `name` and write its envelope into `out`; returns the file. ValueError for an unknown name or
     rounds < 1; RuntimeError when a full run has no CUDA device (or fewer than the scenario's GPUs); `Unfinished`
-    when a scenario run in chunks stopped at `max_seconds` (its partial state is under `out`)."""
+    when a scenario run in chunks stopped at `max_seconds` (its partial state is under `out`).
+
+    A smoke run sets TRITON_INTERPRET=1 for the scenario only (the kernels are decorated at first launch, so this is
+    early enough; worker processes it starts inherit it) and puts back the caller's value, or its absence, when the
+    scenario returns or raises."""
     from benchmarks.envelope import Context, envelope, write
     from benchmarks.scenarios import SCENARIOS
 
@@ -35,15 +39,24 @@ def run_scenario(name: str, out: Path, smoke: bool, rounds: int, max_seconds: fl
     if rounds < 1:
         raise ValueError(f"--rounds: must be >= 1 (>= 3 for a CI95), got {rounds}")
     if smoke:
-        os.environ["TRITON_INTERPRET"] = "1"  # the kernels are decorated at first launch: this is early enough
         device = torch.device("cpu")
     elif not torch.cuda.is_available():
         raise RuntimeError(f"{name}: needs a CUDA device (run with --smoke for the CPU check of the scenario)")
     else:
         device = torch.device("cuda")
     module = SCENARIOS[name]
-    measurement = module.run(Context(smoke, rounds, device, out, max_seconds))
-    return write(envelope(name, measurement, device, smoke), out)
+    before = os.environ.get("TRITON_INTERPRET")
+    if smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        measurement = module.run(Context(smoke, rounds, device, out, max_seconds))
+        return write(envelope(name, measurement, device, smoke), out)
+    finally:
+        if smoke:
+            if before is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = before
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,8 +22,10 @@ def test_harness_lists_the_required_scenarios(capsys):
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path):
+def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     path = run_scenario(name, tmp_path, smoke=True, rounds=3)
+    assert "TRITON_INTERPRET" not in os.environ  # the smoke's interpreter ends with it, not in the tests after it
     assert path == tmp_path / f"{name}.json"
     record = json.loads(path.read_text())
     assert tuple(record) == FIELDS
@@ -37,6 +41,25 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path):
             assert math.isfinite(row["median_s"]) and row["median_s"] > 0, arm
     if not record["ratios"]:  # a smoke that measures no pair must say what it skipped
         assert any("smoke" in note.lower() for note in record["notes"]), record["notes"]
+
+
+def test_smoke_interprets_during_the_scenario_and_restores_the_callers_value_when_it_raises(tmp_path, monkeypatch):
+    """run_scenario's TRITON_INTERPRET=1 holds while the scenario runs (Triton reads it at each kernel's first
+    launch) and the caller's earlier value comes back afterwards, also when the scenario raises."""
+    from workbench.kernels._runtime import interpreting
+
+    seen = []
+
+    def run(context):
+        seen.append((os.environ.get("TRITON_INTERPRET"), interpreting(), context.device.type))
+        raise RuntimeError("scenario failed")
+
+    monkeypatch.setitem(SCENARIOS, "failing", SimpleNamespace(run=run))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="scenario failed"):
+        run_scenario("failing", tmp_path, smoke=True, rounds=3)
+    assert seen == [("1", True, "cpu")]
+    assert os.environ["TRITON_INTERPRET"] == "0" and not interpreting()
 
 
 def test_unknown_scenario_and_bad_rounds_raise(tmp_path):
