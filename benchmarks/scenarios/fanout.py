@@ -10,6 +10,9 @@ their kernels outside the timed visits. Per Ray visit the store's entries give t
 directly: `wall_seconds` (from handing the cell to the worker to its result) less `seconds` (the cell inside the
 worker). The ratio in-process / ray of whole sweeps is the overhead seen by a user (< 1: Ray is slower); issue 26's
 target is an overhead under 2 % of a cell's time.
+A cell at the full shape is about a minute (nine whole requests), so one 10-minute call holds the pilots and two
+rounds: with `--max-seconds` the rounds stop after the last one that leaves time for another (the envelope
+says how many ran; a CI95 needs three).
 `--smoke`: tiny-wan on the CPU with one CPU worker, one value, small request: checks the path, not the cost.
 """
 
@@ -26,7 +29,7 @@ from workbench.evidence import fanout_jobs
 from workbench.evidence.fanout import Fanout, Store
 from workbench.evidence.harness import MIN_ROUNDS
 from workbench.evidence.sweep import sweep
-from workbench.evidence.timing import aba_rounds
+from workbench.evidence.timing import Rounds, aba_rounds
 
 NAME = "fanout"
 SUMMARY = "Ray fan-out overhead per cell: a sweep's qualification cells on one Ray GPU worker vs in this process"
@@ -45,6 +48,7 @@ def run(context: Context) -> Measurement:
     values = VALUES[:1] if smoke else VALUES
     dtype = None if smoke else "bfloat16"
     device = "cpu" if smoke else "cuda"
+    started = time.perf_counter()
     session = Session.open(model, device=device, dtype=dtype)
     entries: list[dict[str, Any]] = []
 
@@ -69,9 +73,12 @@ def run(context: Context) -> Measurement:
             return seconds
 
         pilot_ray = through_ray([PILOT_VALUE], keep=False)  # opens the worker's Session
-        pilot_in_process = in_process([PILOT_VALUE])
+        pilot_in_process = in_process([PILOT_VALUE])  # imports and kernels warmed here as in the worker
         rounds = aba_rounds(
-            ("in-process", lambda: in_process(values)), {"ray": lambda: through_ray(values)}, context.rounds
+            ("in-process", lambda: in_process(values)),
+            {"ray": lambda: through_ray(values)},
+            context.rounds,
+            stop=lambda done: out_of_time(done, started, context.max_seconds),
         )
         worker = fanout.identities[0]
     finished = [e for e in entries if e["status"] == "finished"]
@@ -97,9 +104,12 @@ def run(context: Context) -> Measurement:
         arms["ray"]["overhead_fraction_of_cell"] = statistics.median(
             o / c for o, c in zip(overheads, cells, strict=True)
         )
+    pairs = len(rounds.seconds["ray"])
     notes = [
         f"{len(values)} cells per sweep ({MIN_ROUNDS}-round A/B/A qualification each); the Ray worker was opened in "
         f"the pilot ({pilot_ray:.1f} s with its first sweep), outside the timed rounds.",
+        f"{pairs} of {context.rounds} rounds ran"
+        + (" (the time limit ended the others)." if pairs < context.rounds else "."),
         "Ratios are in-process / ray seconds of whole sweeps (< 1: Ray is slower); overhead_seconds_per_cell is "
         "the store's wall_seconds less seconds per cell.",
     ]
@@ -111,3 +121,13 @@ def run(context: Context) -> Measurement:
         {k: v.to_dict() for k, v in rounds.ratios().items()},
         notes,
     )
+
+
+def out_of_time(done: Rounds, started: float, max_seconds: float | None) -> bool:
+    """True when another round like the last one would end after `max_seconds` from `started` (None: never)."""
+    if max_seconds is None:
+        return False
+    if not done.seconds["ray"]:  # the Ray arm failed: nothing left to pair
+        return True
+    last_round = done.seconds["ray"][-1] + done.seconds["in-process"][-1]
+    return time.perf_counter() - started + last_round > max_seconds

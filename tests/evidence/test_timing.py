@@ -36,13 +36,27 @@ def test_time_call_bad_arguments_raise():
 def test_aba_rounds_pair_each_candidate_with_its_neighbouring_baselines():
     baseline_times = itertools.count(1.0)  # 1, 2, 3, ...: drift the pairing must follow
     rounds = aba_rounds(("a", lambda: next(baseline_times)), {"b": lambda: 0.5, "c": lambda: 0.25}, rounds=3)
-    # round 1: a=1, b, a=2, c, a=3; round 2: a=4, b, a=5, c, a=6; ...
-    assert rounds.seconds["a"] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    assert rounds.paired_baseline["b"] == [1.5, 4.5, 7.5] and rounds.paired_baseline["c"] == [2.5, 5.5, 8.5]
+    # a=1; round 1: b, a=2, c, a=3; round 2: b, a=4, c, a=5; round 3: b, a=6, c, a=7
+    assert rounds.seconds["a"] == [1, 2, 3, 4, 5, 6, 7]
+    assert rounds.paired_baseline["b"] == [1.5, 3.5, 5.5] and rounds.paired_baseline["c"] == [2.5, 4.5, 6.5]
     ratios = rounds.ratios()
     assert set(ratios) == {"a/b", "a/c"}
-    assert ratios["a/b"] == paired_ratio_ci([1.5, 4.5, 7.5], [0.5, 0.5, 0.5])
+    assert ratios["a/b"] == paired_ratio_ci([1.5, 3.5, 5.5], [0.5, 0.5, 0.5])
     assert rounds.medians()["b"] == 0.5
+
+
+def test_aba_rounds_stop_ends_after_a_whole_round_and_never_after_the_last():
+    asked = []
+
+    def stop(rounds) -> bool:
+        asked.append(len(rounds.seconds["b"]))
+        return len(rounds.seconds["b"]) == 2
+
+    rounds = aba_rounds(("a", lambda: 1.0), {"b": lambda: 0.5}, rounds=5, stop=stop)
+    assert asked == [1, 2] and rounds.seconds["b"] == [0.5, 0.5] and len(rounds.seconds["a"]) == 3
+    asked.clear()
+    aba_rounds(("a", lambda: 1.0), {"b": lambda: 0.5}, rounds=1, stop=stop)
+    assert asked == []  # the last round is never followed by the question
 
 
 def test_aba_rounds_drop_a_failing_candidate_and_keep_the_others():

@@ -10,8 +10,9 @@ Clocks (`time_call`):
 - CPU: `time.perf_counter` around each call (`queued_s` is the back-to-back mean, which on a CPU is the same work).
 Warm-up calls (Triton compiles, allocator growth, cuDNN plans) are never timed.
 
-A/B/A (`aba_rounds`): per round the baseline visit, then each candidate followed by a baseline visit, so every
-candidate sits between two baseline visits and is paired with their mean; the speed-up and its CI95 come from
+A/B/A (`aba_rounds`): one baseline visit, then per round each candidate followed by a baseline visit (A, B1, A, B2,
+A, B1, A, ...), so every candidate sits between two baseline visits and is paired with their mean; a round reuses
+the previous round's last baseline visit as its first. The speed-up and its CI95 come from
 `workbench.evidence.stats.paired_ratio_ci` (median of per-round ratios, bootstrap over rounds).
 """
 
@@ -155,11 +156,14 @@ def aba_rounds(
     candidates: dict[str, Callable[[], float]],
     rounds: int,
     on_round: Callable[[Rounds], None] | None = None,
+    stop: Callable[[Rounds], bool] | None = None,
 ) -> Rounds:
-    """`rounds` rounds of A, B1, A, B2, A, ...: each callable runs one visit of its arm and returns its seconds.
+    """Up to `rounds` rounds of B1, A, B2, A, ... after one first A: each callable runs one visit of its arm and
+    returns its seconds; `1 + rounds * len(candidates)` baseline visits in all.
 
     A candidate whose visit raises is recorded in `errors` and left out of later rounds; a failing baseline
-    visit raises (nothing can be paired without it). `on_round` sees the partial result after every round.
+    visit raises (nothing can be paired without it). `on_round` sees the partial result after every round;
+    `stop`, asked after every round but the last, ends the rounds early when it returns True (a time limit).
     """
     if rounds < 1:
         raise ValueError(f"rounds: must be >= 1, got {rounds}")
@@ -167,9 +171,9 @@ def aba_rounds(
     if name in candidates:
         raise ValueError(f"candidates: {name!r} is the baseline's name")
     result = Rounds(name, {name: [], **{c: [] for c in candidates}}, {c: [] for c in candidates})
-    for _ in range(rounds):
-        before = visit_baseline()
-        result.seconds[name].append(before)
+    before = visit_baseline()
+    result.seconds[name].append(before)
+    for round_index in range(rounds):
         for candidate, visit in candidates.items():
             if candidate in result.errors:
                 continue
@@ -185,4 +189,6 @@ def aba_rounds(
             before = after
         if on_round is not None:
             on_round(result)
+        if stop is not None and round_index < rounds - 1 and stop(result):
+            break
     return result
