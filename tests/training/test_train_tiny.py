@@ -63,7 +63,7 @@ def test_pack_splits_into_capped_parts_that_restore_the_run(tmp_path, rng):
     joined.write_bytes(b"".join(p.read_bytes() for p in parts))
     with tarfile.open(joined) as tar:
         tar.extractall(tmp_path / "restored", filter="data")
-    assert (tmp_path / "restored" / "run" / "sub" / "blob.bin").read_bytes() == payload
+    assert (tmp_path / "restored" / "sub" / "blob.bin").read_bytes() == payload
 
 
 def test_log_mel_puts_higher_tones_in_higher_bins(rng):

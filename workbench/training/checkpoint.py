@@ -146,18 +146,29 @@ def _expand(optimizer: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"state": states, "param_groups": optimizer["param_groups"]}
 
 
-def pack(run: Path, destination: Path, part_mib: float = 15.0, loose: tuple[str, ...] = ()) -> list[Path]:
-    """Tar `run` and split it into parts of at most `part_mib` MiB in `destination`; copy `loose` files beside.
+def pack(
+    run: Path,
+    destination: Path,
+    part_mib: float = 15.0,
+    loose: tuple[str, ...] = (),
+    include: tuple[str, ...] | None = None,
+) -> list[Path]:
+    """Tar the entries `include` of `run` (all when None), split into parts of at most `part_mib` MiB in
+    `destination`; copy the `loose` files of `run` beside them.
 
-    For machines that return a few files of bounded size: `cat <name>.tar.part-* | tar x` restores the run.
+    For machines that return a few files of bounded size: `cat <name>.tar.part-* | tar x -C RUN` restores the
+    entries into the run folder RUN.
     """
     run, destination = Path(run), Path(destination)
     if part_mib <= 0:
         raise ValueError(f"part_mib: must be > 0, got {part_mib}")
     destination.mkdir(parents=True, exist_ok=True)
     archive = destination / f".{run.name}.tar.tmp"
+    names = sorted(p.name for p in run.iterdir()) if include is None else list(include)
     with tarfile.open(archive, "w") as tar:
-        tar.add(run, arcname=run.name)
+        for name in names:
+            if (run / name).exists():
+                tar.add(run / name, arcname=name)
     limit = int(part_mib * 2**20)
     parts = []
     with open(archive, "rb") as handle:

@@ -68,14 +68,15 @@ def write_outputs(out: Path, run_record: dict[str, Any], stages: Iterable[str]) 
 
 
 def loss_figure(history: list[dict[str, Any]], stages: tuple[str, ...]) -> Figure:
-    """Each stage's losses against that stage's step, log scale, one panel per stage."""
+    """Each stage's losses against that stage's step, log scale, one panel per stage (a loss only where logged)."""
     figure = Figure(figsize=(5 * len(stages), 3.6))
     for i, stage in enumerate(stages):
         axes = figure.add_subplot(1, len(stages), i + 1)
         rows = [h for h in history if h["stage"] == stage]
         keys = sorted({k for h in rows for k in h} - {"stage", "step"})
         for key in keys:
-            axes.plot([h["step"] for h in rows], [max(h[key], 1e-6) for h in rows], label=key)
+            points = [(h["step"], max(h[key], 1e-6)) for h in rows if key in h]  # ae_train may skip a loss
+            axes.plot(*zip(*points, strict=True), label=key)
         axes.set_yscale("log")
         axes.set_title(stage)
         axes.set_xlabel("step")

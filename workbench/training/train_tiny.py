@@ -159,7 +159,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     finally:
         torch.set_float32_matmul_precision(precision)
         if config.pack is not None:  # even after a failure: whatever checkpoint exists goes back
-            parts = checkpoint.pack(out, Path(config.pack), loose=("train.json", "loss.png"))
+            # the checkpoint and the record travel; the export is remade from the checkpoint where needed
+            parts = checkpoint.pack(out, Path(config.pack), loose=("train.json", "loss.png"), include=("checkpoint",))
             print(f"train-tiny: packed into {len(parts)} parts in {config.pack}", flush=True)
     return record
 
