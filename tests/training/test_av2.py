@@ -100,3 +100,21 @@ def test_av2_spec_compresses_to_a_small_latent_and_keeps_caption_words_whole():
     assert demo.tokenize("a red circle") == list("aredcircle")  # demo-av's tokenizer is unchanged
     with pytest.raises(ValueError, match="height"):
         preset("av2", {"height": 120})
+
+
+def test_av2_text_features_of_a_word_do_not_depend_on_the_words_before_it():
+    """What composing an unseen colour-direction pair needs from the frozen text path: "left" after "blue"
+    is the same input as "left" after "red" (demo-av's encoder mixes them)."""
+    from workbench.training.model import build_pipeline
+
+    for name, same in (("av2", True), ("demo-av", False)):
+        spec = preset(name, TOY if name == "av2" else None)
+        pipe = build_pipeline(0, spec)
+        with torch.no_grad():
+            embeds = pipe.encode_prompt(
+                ["a red circle moves left", "a blue square moves left"],
+                do_classifier_free_guidance=False,
+                max_sequence_length=spec.max_tokens,
+            )[0]
+        assert torch.equal(embeds[0, -1], embeds[1, -1]) == same, name
+        assert not torch.equal(embeds[0, -3], embeds[1, -3])  # "circle" and "square" do differ

@@ -7,9 +7,10 @@ a real LTX-2 checkpoint does (`workbench.models.ltx2.load`). A `Spec` holds the 
   4 transformer layers (video 4 heads x 32, audio 2 x 32), the character tokenizer, demo-av 1's scenes.
 - `av2` (demo-av 2: 49 frames at 24 fps, 128 x 128, stereo): the video VAE patchifies 4x4 pixels and then
   halves space twice and time three times (16x in space, 8x in time: 32 x 7 x 8 x 8 latents, 448 tokens),
-  so a CPU request stays cheap; 5 transformer layers of 4 heads x 48 (audio 4 x 16); a tokenizer that keeps each caption
-  word of the vocabulary as one token (the direction word is one position the cross-attention can find,
-  not four characters mixed by a random encoder); rich scenes (speed, background, panned sound).
+  so a CPU request stays cheap; 5 transformer layers of 4 heads x 48 (audio 4 x 16); a tokenizer that keeps
+  each caption word of the vocabulary as one token and a text encoder that does not mix them (the direction
+  word is one position with the same features after any colour, which the cross-attention can find);
+  rich scenes (speed, background, panned sound).
 
 Shared by both: audio is 16 kHz stereo, 32-bin log-mel at hop 160 (the audio VAE compresses 4x in time and
 mel), a HiFi-GAN-style vocoder, and a random-initialised Gemma3 text encoder (hidden 64, 2 layers) that is
@@ -64,6 +65,7 @@ class Spec:
     audio_head_dim: int = 32
     max_tokens: int = 64
     word_tokens: bool = False  # the tokenizer keeps the scene vocabulary's words whole
+    text_mixing: bool = True  # the random text encoder's attention mixes tokens (see `text_encoder`)
     rich: bool = False  # trained on rich scenes (speed, background, panned sound)
     steps: int = 16
     guidance: float = 3.0
@@ -146,6 +148,7 @@ PRESETS: dict[str, Spec] = {
         audio_head_dim=16,
         max_tokens=32,
         word_tokens=True,
+        text_mixing=False,
         rich=True,
     ),
 }
@@ -191,7 +194,11 @@ CALL = {
 DEMO_AV = PRESETS["demo-av"]
 
 
-def text_encoder(seed: int) -> Gemma3ForConditionalGeneration:
+def text_encoder(seed: int, spec: Spec = DEMO_AV) -> Gemma3ForConditionalGeneration:
+    """The frozen random text encoder. Without `spec.text_mixing` its attention output projections are zero,
+    so every token's hidden states depend on that token alone: a word means the same in every caption, and
+    a colour-direction pair never seen in training is made of features that were (the trainable connectors
+    do the mixing)."""
     torch.manual_seed(seed)
     text = Gemma3TextConfig(
         vocab_size=128,
@@ -208,7 +215,12 @@ def text_encoder(seed: int) -> Gemma3ForConditionalGeneration:
         hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8
     )
     config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=127)
-    return Gemma3ForConditionalGeneration(config).eval()
+    encoder = Gemma3ForConditionalGeneration(config).eval()
+    if not spec.text_mixing:
+        with torch.no_grad():
+            for layer in encoder.model.language_model.layers:
+                layer.self_attn.o_proj.weight.zero_()
+    return encoder
 
 
 def transformer(spec: Spec = DEMO_AV) -> LTX2VideoTransformer3DModel:
@@ -351,7 +363,7 @@ def build_pipeline(seed: int = 0, spec: Spec = DEMO_AV) -> LTX2Pipeline:
         parts[name] = make(spec)
     return LTX2Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(shift=SHIFT),
-        text_encoder=text_encoder(seed),
+        text_encoder=text_encoder(seed, spec),
         tokenizer=tokenizer(spec),
         **parts,
     )
