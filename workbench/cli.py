@@ -123,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     tiny.add_argument("--preset", default="demo-av", help="architecture: demo-av (9x64x64) or av2 (49x128x128)")
     tiny.add_argument("--minutes", type=float, default=6.0, help="training time of this call")
-    tiny.add_argument("--wall-minutes", type=float, help="hard limit on the whole call, export and evaluation included")
+    tiny.add_argument(
+        "--wall-minutes",
+        type=float,
+        help="limit on the whole call from set-up to record (Python's start-up not counted): training stops early "
+        "enough for export and evaluation",
+    )
     tiny.add_argument("--device", default="cuda")
     tiny.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
     tiny.add_argument("--train-clips", type=int, default=4096)
@@ -443,7 +448,8 @@ def _sweep_arguments(args: argparse.Namespace, configs: dict, values: list | Non
 
 def _train_tiny(args: argparse.Namespace) -> int:
     from workbench.io import check_writable
-    from workbench.training.train_tiny import TrainConfig, train
+    from workbench.training.config import TrainConfig
+    from workbench.training.train_tiny import train
 
     fields = (
         "out",

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from workbench.training import checkpoint
+from workbench.training.config import TrainConfig
 from workbench.training.model import PRESETS, preset, tokenizer
-from workbench.training.train_tiny import TrainConfig, train
+from workbench.training.train_tiny import train
 
 # av2's structure (VAE 16x space / 8x time, word tokens, rich scenes) at sizes a CPU trains in a blink
 TOY = {"frames": 9, "height": 32, "width": 32, "vae_channels": [8, 16, 32], "video_latent": 4, "audio_latent": 2}
@@ -65,6 +66,8 @@ def test_av2_resume_keeps_its_preset_and_refuses_to_reopen_a_finished_autoencode
         train(replace(config, resume=True, preset="demo-av", overrides=None))
     with pytest.raises(ValueError, match="ae_minutes"):
         train(replace(config, resume=True, ae_minutes=5.0))
+    with pytest.raises(ValueError, match="ae_train"):
+        train(replace(config, resume=True, ae_train="audio"))
 
 
 @pytest.mark.parametrize(

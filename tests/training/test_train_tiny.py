@@ -7,8 +7,8 @@ import torch
 
 from workbench.training import checkpoint
 from workbench.training.audio import log_mel, stft_loss
+from workbench.training.config import TrainConfig
 from workbench.training.model import MEL_BINS, SAMPLE_RATE
-from workbench.training.train_tiny import TrainConfig
 
 
 @pytest.mark.parametrize(

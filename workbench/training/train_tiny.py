@@ -24,7 +24,6 @@ import copy
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,77 +32,17 @@ import torch.nn.functional as F
 
 from workbench.training import checkpoint, dataset, report
 from workbench.training.audio import log_mel, mel_frames, vocoder_loss
-from workbench.training.model import FPS, HOP, PRESETS, SHIFT, preset
+from workbench.training.config import AE_PARTS, TrainConfig
+from workbench.training.model import FPS, HOP, SHIFT, preset
 
-AE_PARTS = {"video": ("vae",), "audio": ("audio_vae", "vocoder"), "all": ("vae", "audio_vae", "vocoder")}
 TRAINED = {
     "autoencoders": AE_PARTS["all"],
     "denoiser": ("transformer", "connectors"),
     "vocoder": ("vocoder",),  # only on request (`stage="vocoder"`): it changes nothing the denoiser depends on
 }
-STAGES = ("vocoder", "denoiser")  # what `stage` may name when resuming
-SCHEDULES = ("cosine", "linear", "constant")
 LR_FLOOR = 0.1  # the annealed learning rate ends at this fraction of the peak
 EMA_DECAY = 0.999
 FIXED_RESERVE_SECONDS = 45.0  # export, reconstruction check, report and packing, within `wall_minutes`
-
-
-@dataclass
-class TrainConfig:
-    """What `train-tiny` does; `validate` names a bad field, its value and what is allowed."""
-
-    out: Path
-    minutes: float = 6.0
-    device: str = "cuda"
-    resume: bool = False
-    preset: str = "demo-av"
-    overrides: dict[str, Any] | None = None  # replace preset fields (tests shrink the sizes); kept on resume
-    seed: int = 0
-    train_clips: int = 4096
-    ae_share: float = 0.4  # without ae_minutes: the first call's share of `minutes` planned for the autoencoders
-    ae_minutes: float | None = None  # the autoencoder stage's planned total (minutes)
-    ae_train: str = "all"  # which autoencoders the stage trains this call: one of AE_PARTS
-    denoise_minutes: float | None = None  # the denoiser stage's planned total; None: no anneal
-    wall_minutes: float | None = None  # hard limit on the whole call, export and evaluation included
-    ae_batch: int = 24
-    denoise_batch: int = 256
-    ae_lr: float = 5e-4
-    denoise_lr: float = 4e-4
-    schedule: str = "cosine"
-    bf16: bool = True  # on CUDA, the denoiser's forward under bfloat16 autocast (weights, optimizer, EMA stay float32)
-    caption_dropout: float = 0.1
-    checkpoint_seconds: float = 60.0
-    warmup_steps: int = 200
-    eval_requests: int = 32
-    pack: Path | None = None
-    stage: str | None = None  # with resume: train only this stage ("vocoder" or "denoiser") for `minutes`
-
-    def validate(self) -> None:
-        if not (isinstance(self.minutes, int | float) and 0 <= self.minutes <= 24 * 60):
-            raise ValueError(f"minutes: {self.minutes!r}; allowed: a number from 0 to 1440")
-        for name in ("ae_minutes", "denoise_minutes", "wall_minutes"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, int | float) and 0 < value <= 24 * 60):
-                raise ValueError(f"{name}: {value!r}; allowed: None or a number above 0, at most 1440")
-        for name in ("train_clips", "ae_batch", "denoise_batch", "warmup_steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: an integer >= 1")
-        if not isinstance(self.eval_requests, int) or self.eval_requests < 0:
-            raise ValueError(f"eval_requests: {self.eval_requests!r}; allowed: an integer >= 0")
-        for name in ("ae_share", "caption_dropout"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: 0 to 1")
-        for name in ("ae_lr", "denoise_lr", "checkpoint_seconds"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: a number > 0")
-        for name, allowed in (("preset", PRESETS), ("ae_train", AE_PARTS), ("schedule", SCHEDULES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: one of {list(allowed)}")
-        preset(self.preset, self.overrides)  # names a bad override field or size
-        if self.stage is not None and self.stage not in STAGES:
-            raise ValueError(f"stage: {self.stage!r}; allowed: None or one of {list(STAGES)}")
-        if self.stage is not None and not self.resume:
-            raise ValueError(f"stage: {self.stage!r} retrains one stage of a checkpoint; allowed only with resume")
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
@@ -120,7 +59,6 @@ def train(config: TrainConfig) -> dict[str, Any]:
         torch.set_float32_matmul_precision("high")  # TF32 for training only; restored before evaluation
     out = Path(config.out)
     run = _Run(config, device, out)
-    record: dict[str, Any] = {}
     try:
         run.stop_at = deadline - run.reserve_seconds()
         print(f"train-tiny: {config.preset} on {device}; stage {run.state['stage']}", flush=True)
@@ -212,9 +150,14 @@ class _Run:
 
     def _replan(self, config: TrainConfig) -> None:
         """On resume: a new `ae_minutes` replaces the autoencoders' plan while they are still training."""
+        done = self.state["seconds"]["autoencoders"]
+        if self.state["stage"] != "autoencoders" and config.ae_train != "all":
+            raise ValueError(
+                f"ae_train: {config.ae_train!r}; the autoencoder stage ended at {done / 60:.2f} minutes; "
+                "allowed: 'all' (retrain the vocoder alone with stage='vocoder')"
+            )
         if config.ae_minutes is None:
             return
-        done = self.state["seconds"]["autoencoders"]
         if self.state["stage"] != "autoencoders" and config.ae_minutes * 60.0 > done + 1e-6:
             raise ValueError(
                 f"ae_minutes: {config.ae_minutes}; the autoencoder stage ended at {done / 60:.2f} minutes and "
