@@ -25,9 +25,7 @@ def _modules(folder, *names):
 def test_av2_calls_resume_train_only_the_named_autoencoders_and_export_a_loadable_model(tmp_path):
     from workbench.models.ltx2 import load
 
-    config = TrainConfig(
-        out=tmp_path / "run", preset="av2", overrides=TOY, minutes=0.002, ae_minutes=0.05, device="cpu"
-    )
+    config = TrainConfig(out=tmp_path / "run", preset="av2", overrides=TOY, minutes=0.002, ae_minutes=1.0, device="cpu")
     config = replace(config, train_clips=3, ae_batch=1, denoise_batch=2, eval_requests=0, warmup_steps=1)
     first = train(config)
     assert first["stage"] == "autoencoders" and first["steps"]["autoencoders"] >= 1

@@ -121,12 +121,13 @@ class _Run:
         overrides = saved[3]["overrides"] if saved is not None else config.overrides
         self.seed = saved[3]["seed"] if saved is not None else config.seed
         self.spec = preset(config.preset, overrides)
+        # rendered before any CUDA work when this call trains: the renderer forks worker processes
+        self._data = self._render(config.train_clips) if config.minutes > 0 else None
         self.pipe = build_pipeline(self.seed, self.spec).to(device)
         self.generator = torch.Generator(device).manual_seed(self.seed)
         self.ema: dict[str, torch.Tensor] = {}
         self.optimizer_saved = None
         self.stop_at = math.inf  # perf_counter time at which training must stop (set by `train`)
-        self._data: dataset.ClipSet | None = None
         out.mkdir(parents=True, exist_ok=True)
         if saved is None:
             ae_minutes = config.ae_minutes if config.ae_minutes is not None else config.ae_share * config.minutes
@@ -165,11 +166,17 @@ class _Run:
             )
         self.state["plan_seconds"]["autoencoders"] = config.ae_minutes * 60.0
 
+    def _render(self, count: int) -> dataset.ClipSet:
+        print(f"train-tiny: rendering {count} clips", flush=True)
+        return dataset.build(count, self.spec)
+
     @property
     def data(self) -> dataset.ClipSet:
-        if self._data is None:  # the renderer forks worker processes: only CPU tensors before this point
-            print(f"train-tiny: rendering {self.config.train_clips} clips", flush=True)
-            self._data = dataset.build(self.config.train_clips, self.spec).to(self.device)
+        """The training clips on the device (a call that trains has them from the start)."""
+        if self._data is None:
+            self._data = self._render(self.config.train_clips)
+        if self._data.video.device != self.device:
+            self._data = self._data.to(self.device)
         return self._data
 
     def reserve_seconds(self) -> float:
@@ -503,5 +510,5 @@ class _Run:
         from workbench.training.evaluate import reconstruction_eval
 
         self._freeze(())
-        data = self._data if self._data is not None else dataset.build(min(32, self.config.train_clips), self.spec)
+        data = self._data if self._data is not None else self._render(min(32, self.config.train_clips))
         return reconstruction_eval(self.pipe, data, self.spec.rich, count=min(32, len(data)))
