@@ -16,6 +16,12 @@ up and anneals. A checkpoint (`workbench.training.checkpoint`, compact) is writt
 `checkpoint_seconds`, at the stage switch and at the end; then the EMA weights are exported in diffusers
 format (`<out>/<preset>`, loadable by `workbench.models.ltx2.load`), evaluated through a Session, and
 `train.json` (with one `calls` row per call) and the loss curve are written.
+
+On a metered machine that returns a few capped files, a call is one command, the same for every call but
+the first (which has no `--resume`): `train-tiny --preset av2 --out RUN --resume --wall-minutes 9
+--pack OUTDIR` leaves the checkpoint as <= 15 MiB tar parts plus `train.json` and `loss.png` in OUTDIR;
+`cat RUN.tar.part-* | tar x -C RUN` restores `RUN/checkpoint` for the next call, and `--minutes 0 --resume`
+remakes the export from it anywhere (the export itself does not travel).
 """
 
 from __future__ import annotations
