@@ -66,6 +66,19 @@ def test_av2_resume_keeps_its_preset_and_refuses_to_reopen_a_finished_autoencode
         train(replace(config, resume=True, ae_minutes=5.0))
     with pytest.raises(ValueError, match="ae_train"):
         train(replace(config, resume=True, ae_train="audio"))
+    # a wall clock that leaves no room beside export and evaluation: no step, but the call still records
+    walled = train(replace(config, resume=True, minutes=5.0, wall_minutes=0.01))
+    assert walled["calls"][-1]["steps"]["denoiser"] == 0 and walled["calls"][-1]["wall_minutes"] == 0.01
+
+
+def test_learning_rate_warms_up_then_anneals_over_the_plan_to_the_floor():
+    from workbench.training.config import LR_FLOOR, learning_rate
+
+    assert learning_rate(1.0, 9, 0.0, 100.0, 20, "cosine") == pytest.approx(0.5)  # half-way through warm-up
+    assert learning_rate(1.0, 50, 50.0, 100.0, 20, "cosine") == pytest.approx(LR_FLOOR + (1 - LR_FLOOR) / 2)
+    assert learning_rate(1.0, 50, 25.0, 100.0, 20, "linear") == pytest.approx(LR_FLOOR + (1 - LR_FLOOR) * 0.75)
+    assert learning_rate(1.0, 50, 500.0, 100.0, 20, "cosine") == pytest.approx(LR_FLOOR)  # past the plan
+    assert learning_rate(1.0, 50, 500.0, None, 20, "cosine") == learning_rate(1.0, 50, 5.0, 1.0, 20, "constant") == 1
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,21 @@ from workbench.training.model import PRESETS, preset
 AE_PARTS = {"video": ("vae",), "audio": ("audio_vae", "vocoder"), "all": ("vae", "audio_vae", "vocoder")}
 STAGES = ("vocoder", "denoiser")  # what `stage` may name when resuming
 SCHEDULES = ("cosine", "linear", "constant")
+LR_FLOOR = 0.1  # an annealed learning rate ends at this fraction of the peak
+
+
+def learning_rate(
+    peak: float, step: int, seconds: float, plan_seconds: float | None, warmup_steps: int, schedule: str
+) -> float:
+    """The learning rate of a stage's `step` (0-based) after `seconds` of it: a linear warm-up over
+    `warmup_steps`, then `schedule` from the peak down to LR_FLOOR x peak over the stage's planned seconds
+    (and the floor after them). Without a plan it stays at the peak."""
+    warm = min(1.0, (step + 1) / warmup_steps)
+    if schedule == "constant" or not plan_seconds:
+        return peak * warm
+    progress = min(1.0, seconds / plan_seconds)
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1 - progress
+    return peak * warm * (LR_FLOOR + (1 - LR_FLOOR) * shape)
 
 
 @dataclass

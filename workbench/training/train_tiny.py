@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from workbench.training import checkpoint, dataset, report
 from workbench.training.audio import log_mel, mel_frames, vocoder_loss
-from workbench.training.config import AE_PARTS, TrainConfig
+from workbench.training.config import AE_PARTS, TrainConfig, learning_rate
 from workbench.training.model import FPS, HOP, SHIFT, preset
 
 TRAINED = {
@@ -46,7 +46,6 @@ TRAINED = {
     "denoiser": ("transformer", "connectors"),
     "vocoder": ("vocoder",),  # only on request (`stage="vocoder"`): it changes nothing the denoiser depends on
 }
-LR_FLOOR = 0.1  # the annealed learning rate ends at this fraction of the peak
 EMA_DECAY = 0.999
 FIXED_RESERVE_SECONDS = 45.0  # export, reconstruction check, report and packing, within `wall_minutes`
 
@@ -255,18 +254,10 @@ class _Run:
         return optimizer
 
     def _learning_rate(self, stage: str) -> float:
-        """Linear warm-up over `warmup_steps`, then the schedule over the stage's planned seconds."""
         peak = self.config.denoise_lr if stage == "denoiser" else self.config.ae_lr
-        warm = min(1.0, (self.state["steps"][stage] + 1) / self.config.warmup_steps)
         plan = self.state["plan_seconds"].get(stage)
-        if self.config.schedule == "constant" or not plan:
-            return peak * warm
-        progress = min(1.0, self.state["seconds"][stage] / plan)
-        if self.config.schedule == "cosine":
-            shape = 0.5 * (1 + math.cos(math.pi * progress))
-        else:
-            shape = 1 - progress
-        return peak * warm * (LR_FLOOR + (1 - LR_FLOOR) * shape)
+        step, seconds = self.state["steps"][stage], self.state["seconds"][stage]
+        return learning_rate(peak, step, seconds, plan, self.config.warmup_steps, self.config.schedule)
 
     # ---- stage 1 -----------------------------------------------------------------------------------------
     def autoencoders(self, seconds: float) -> float:
