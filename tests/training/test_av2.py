@@ -114,6 +114,8 @@ def test_av2_spec_compresses_to_a_small_latent_and_keeps_caption_words_whole():
     assert demo.tokenize("a red circle") == list("aredcircle")  # demo-av's tokenizer is unchanged
     with pytest.raises(ValueError, match="height"):
         preset("av2", {"height": 120})
+    with pytest.raises(ValueError, match="vae_channels"):
+        preset("av2", {"vae_channels": [32, 48, 96]})
 
 
 def test_av2_text_features_of_a_word_do_not_depend_on_the_words_before_it():

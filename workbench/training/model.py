@@ -20,6 +20,7 @@ transformer's cross-attention learn to read them.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -47,7 +48,8 @@ DOWNSAMPLE_TYPES = ("spatial", "temporal", "spatiotemporal")
 @dataclass(frozen=True)
 class Spec:
     """The sizes of one architecture. Invariants (`validate`): frames = 1 + a multiple of the VAE's time
-    compression, height and width multiples of its space compression, heads x head_dim even."""
+    compression, height and width multiples of its space compression, VAE blocks each twice as wide as the
+    last, and an audio width that splits evenly over the video heads."""
 
     frames: int
     height: int
@@ -92,6 +94,8 @@ class Spec:
             raise ValueError(
                 f"vae_channels, vae_downsample: {self.vae_channels}, {self.vae_downsample}; allowed: equal non-empty lengths"
             )
+        if any(b != 2 * a for a, b in itertools.pairwise(self.vae_channels)):
+            raise ValueError(f"vae_channels: {self.vae_channels}; allowed: each twice the last (diffusers' resampler)")
         if any(kind not in DOWNSAMPLE_TYPES for kind in self.vae_downsample):
             raise ValueError(f"vae_downsample: {self.vae_downsample}; allowed: entries of {list(DOWNSAMPLE_TYPES)}")
         if (self.frames - 1) % self.temporal_ratio:
