@@ -69,6 +69,7 @@ def test_av2_resume_keeps_its_preset_and_refuses_to_reopen_a_finished_autoencode
     # a wall clock that leaves no room beside export and evaluation: no step, but the call still records
     walled = train(replace(config, resume=True, minutes=5.0, wall_minutes=0.01))
     assert walled["calls"][-1]["steps"]["denoiser"] == 0 and walled["calls"][-1]["wall_minutes"] == 0.01
+    assert walled["calls"][-1]["seconds"]["denoiser"] == 0.0
 
 
 def test_learning_rate_warms_up_then_anneals_over_the_plan_to_the_floor():

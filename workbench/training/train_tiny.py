@@ -75,7 +75,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         elif run.state["stage"] == "autoencoders":
             remaining = run.state["plan_seconds"]["autoencoders"] - run.state["seconds"]["autoencoders"]
             budget -= run.autoencoders(seconds=min(budget, max(remaining, 0.0)))
-        if run.state["stage"] == "denoiser" and budget > 0:
+        if run.state["stage"] == "denoiser" and budget > 0 and time.perf_counter() < run.stop_at:
             run.denoiser(seconds=budget)
         torch.set_float32_matmul_precision(precision)
         model_dir = run.export(out / config.preset)
