@@ -117,12 +117,24 @@ def main(argv: list[str] | None = None) -> int:
         help="stop cleanly at a step boundary before this many seconds; prints how to resume",
     )
 
-    tiny = commands.add_parser("train-tiny", help="train the demo-av model on synthetic scenes (resumable)")
-    tiny.add_argument("--out", required=True, type=Path, help="run folder: checkpoint/, demo-av/, train.json, loss.png")
-    tiny.add_argument("--minutes", type=float, default=6.0, help="training time of this session")
+    tiny = commands.add_parser("train-tiny", help="train a demo-av preset on synthetic scenes (resumable)")
+    tiny.add_argument(
+        "--out", required=True, type=Path, help="run folder: checkpoint/, <preset>/, train.json, loss.png"
+    )
+    tiny.add_argument("--preset", default="demo-av", help="architecture: demo-av (9x64x64) or av2 (49x128x128)")
+    tiny.add_argument("--minutes", type=float, default=6.0, help="training time of this call")
+    tiny.add_argument(
+        "--wall-minutes",
+        type=float,
+        help="limit on the whole call from set-up to record (Python's start-up not counted): training stops early "
+        "enough for export and evaluation",
+    )
     tiny.add_argument("--device", default="cuda")
     tiny.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
     tiny.add_argument("--train-clips", type=int, default=4096)
+    tiny.add_argument("--ae-minutes", type=float, help="the autoencoder stage's planned total (default: 0.4 x minutes)")
+    tiny.add_argument("--ae-train", default="all", help="autoencoders trained this call: video, audio or all")
+    tiny.add_argument("--denoise-minutes", type=float, help="the denoiser stage's planned total (LR anneal)")
     tiny.add_argument("--ae-batch", type=int, default=24, help="video clips per autoencoder step (audio: twice)")
     tiny.add_argument("--denoise-batch", type=int, default=256)
     tiny.add_argument("--eval-requests", type=int, default=32, help="held-out requests generated at the end")
@@ -436,14 +448,20 @@ def _sweep_arguments(args: argparse.Namespace, configs: dict, values: list | Non
 
 def _train_tiny(args: argparse.Namespace) -> int:
     from workbench.io import check_writable
-    from workbench.training.train_tiny import TrainConfig, train
+    from workbench.training.config import TrainConfig
+    from workbench.training.train_tiny import train
 
     fields = (
         "out",
+        "preset",
         "minutes",
+        "wall_minutes",
         "device",
         "resume",
         "train_clips",
+        "ae_minutes",
+        "ae_train",
+        "denoise_minutes",
         "ae_batch",
         "denoise_batch",
         "eval_requests",
@@ -456,7 +474,7 @@ def _train_tiny(args: argparse.Namespace) -> int:
     if args.pack is not None:
         check_writable(args.pack, "--pack")
     record = train(config)
-    print(f"model:  {args.out / 'demo-av'}")
+    print(f"model:  {args.out / args.preset}")
     print(f"record: {args.out / 'train.json'}")
     if "eval" in record:
         print(f"caption match (held-out seeds): {json.dumps(record['eval']['all'])}")

@@ -42,3 +42,30 @@ def test_scene_bad_input_raises():
         parse_caption("a purple blob moves left")
     with pytest.raises(ValueError, match="exactly one direction"):
         parse_caption("a red circle moves left and right")
+
+
+def test_rich_scene_is_deterministic_and_its_caption_names_every_label(rng):
+    from workbench.data.synthetic import BACKGROUNDS, SPEEDS
+
+    seed = int(rng.integers(0, 2**31))
+    first, again = scene(seed, 49, 128, 128, rich=True), scene(seed, 49, 128, 128, rich=True)
+    assert np.array_equal(first.video, again.video) and np.array_equal(first.audio, again.audio)
+    assert parse_caption(first.caption) == first.labels
+    assert first.labels["speed"] in SPEEDS and first.labels["background"] in BACKGROUNDS
+    assert first.labels["loudness"] == {"slow": "soft", "fast": "loud"}[first.labels["speed"]]
+    assert first.video.shape == (49, 128, 128, 3) and first.audio.shape == (2, round(49 / 24 * 16000))
+    forced = scene(seed, 49, 128, 128, speed="fast", background="light", direction="right", rich=True)
+    left, right = np.abs(forced.audio[:, :4000]).mean(axis=1), np.abs(forced.audio[:, -4000:]).mean(axis=1)
+    assert right[1] / right[0] > left[1] / left[0]  # the sound pans right with the shape
+    assert forced.caption.startswith(
+        f"a {forced.labels['colour']} {forced.labels['shape']} moves right fast on a light"
+    )
+
+
+def test_rich_vocabulary_bad_input_raises():
+    with pytest.raises(ValueError, match="rich"):
+        scene(0, speed="fast")
+    with pytest.raises(ValueError, match="speed.*medium"):
+        scene(0, speed="medium", rich=True)
+    with pytest.raises(ValueError, match="exactly one background"):
+        parse_caption("a red circle moves left fast, loud low hum")

@@ -27,3 +27,20 @@ def test_build_renders_clips_with_caption_ids_from_the_table():
     assert clips.video.shape == (5, 9, 64, 64, 3) and clips.audio.shape == (5, 2, 6000) and len(clips) == 5
     assert [table[int(i)] for i in clips.caption_ids] == [train_scene(s).caption for s in range(5)]
     assert len(set(table)) == len(table) and table[-1] == ""
+
+
+def test_rich_training_captions_never_name_a_held_out_pair_and_eval_cases_balance_every_attribute(rng):
+    from workbench.training.model import preset
+
+    toy = preset("av2", {"frames": 9, "height": 32, "width": 32, "vae_channels": [8, 16, 32]})
+    for seed in rng.integers(0, 10_000, size=12):
+        labels = parse_caption(train_scene(int(seed), toy).caption)
+        assert (labels["colour"], labels["direction"]) in TRAIN_PAIRS and "speed" in labels
+    rich = [parse_caption(c) for c in captions(rich=True)[:-1]]
+    assert len(rich) == 16 * 3 * 2 * 2 and len({str(c) for c in rich}) == len(rich) and captions(rich=True)[-1] == ""
+    pairs = [(c["colour"], c["direction"]) for c in rich]
+    assert set(pairs[: 12 * 12]) == set(TRAIN_PAIRS) and set(pairs[12 * 12 :]) == set(HELD_OUT_PAIRS)
+    cases = [parse_caption(caption) for _, caption, _ in eval_cases(16, rich=True)]
+    for field in ("speed", "background"):
+        assert len({c[field] for c in cases[:4]}) == 2 and Counter(c[field] for c in cases)[cases[0][field]] == 8
+    assert {(c["colour"], c["speed"]) for c in cases[:8]} == {(c, s) for c in COLOURS for s in ("slow", "fast")}

@@ -7,8 +7,8 @@ import torch
 
 from workbench.training import checkpoint
 from workbench.training.audio import log_mel, stft_loss
+from workbench.training.config import TrainConfig
 from workbench.training.model import MEL_BINS, SAMPLE_RATE
-from workbench.training.train_tiny import TrainConfig
 
 
 @pytest.mark.parametrize(
@@ -22,18 +22,31 @@ def test_train_tiny_bad_option_raises(tmp_path, field, value):
         config.validate()
 
 
-def test_checkpoint_round_trips_and_survives_an_interrupted_swap(tmp_path, rng):
-    tensors = {"a.weight": torch.from_numpy(rng.normal(size=(5, 3)).astype(np.float32))}
-    moments = torch.from_numpy(rng.normal(size=(7,)).astype(np.float32))
+def test_checkpoint_round_trips_compactly_and_survives_an_interrupted_swap(tmp_path, rng):
+    from workbench.training.checkpoint import SMALL
+
+    weight = torch.from_numpy(rng.normal(size=(SMALL // 16 + 3, 16)).astype(np.float32))
+    bias = torch.from_numpy(rng.normal(size=(7,)).astype(np.float32))
+    average = weight + torch.from_numpy(rng.normal(0, 1e-3, size=weight.shape).astype(np.float32))
+    second = torch.from_numpy(rng.uniform(0, 1e-4, size=(7,)).astype(np.float32))
+    adam = {"state": {0: {"step": torch.tensor(5.0), "exp_avg": torch.ones(7), "exp_avg_sq": second}}}
+    adam["param_groups"] = [{"lr": 1e-3, "params": [0]}]
     state = {"stage": "denoiser", "steps": {"denoiser": int(rng.integers(1, 100))}}
     folder = tmp_path / "checkpoint"
-    checkpoint.save(folder, tensors, {"optimizer": {"state": {0: {"exp_avg": moments}}}}, state)
-    loaded, optimizer, loaded_state = checkpoint.load(folder)
-    assert torch.equal(loaded["a.weight"], tensors["a.weight"]) and loaded_state == state
-    stored = optimizer["optimizer"]["state"][0]["exp_avg"]
-    assert stored.dtype == torch.bfloat16 and torch.allclose(stored.float(), moments, rtol=1e-2, atol=1e-2)
+    checkpoint.save(folder, {"a.weight": weight, "a.bias": bias}, {"a.weight": average}, {"optimizer": adam}, state)
+    weights, ema, optimizer, loaded_state = checkpoint.load(folder)
+    assert loaded_state == state and torch.equal(weights["a.bias"], bias)  # small tensors stay exact
+    assert torch.equal(weights["a.weight"], weight.to(torch.bfloat16).float())
+    delta = average - weights["a.weight"]  # stored as int8 blocks: error at most half a step of the largest
+    assert float((ema["a.weight"] - average).abs().max()) <= float(delta.abs().max()) / 254 * 1.001
+    restored = optimizer["optimizer"]["state"][0]
+    assert torch.equal(restored["exp_avg"], torch.zeros(7))  # first moment restarts
+    root_step = float(second.sqrt().max()) / 255
+    assert ((restored["exp_avg_sq"].sqrt() - second.sqrt()) >= 0).all()  # rounded up: steps never grow
+    assert float((restored["exp_avg_sq"].sqrt() - second.sqrt()).max()) <= root_step * 1.001
+    assert checkpoint.size_bytes(folder) < 3 * weight.numel() + 2**14  # 2 bytes weight + 1 byte EMA
     folder.rename(tmp_path / "checkpoint.old")  # as if the run died between the two renames
-    assert checkpoint.load(folder)[2] == state
+    assert checkpoint.load(folder)[3] == state
     assert checkpoint.load(tmp_path / "nothing") is None
 
 
@@ -50,7 +63,7 @@ def test_pack_splits_into_capped_parts_that_restore_the_run(tmp_path, rng):
     joined.write_bytes(b"".join(p.read_bytes() for p in parts))
     with tarfile.open(joined) as tar:
         tar.extractall(tmp_path / "restored", filter="data")
-    assert (tmp_path / "restored" / "run" / "sub" / "blob.bin").read_bytes() == payload
+    assert (tmp_path / "restored" / "sub" / "blob.bin").read_bytes() == payload
 
 
 def test_log_mel_puts_higher_tones_in_higher_bins(rng):
@@ -88,7 +101,7 @@ def test_train_tiny_smoke_runs_resumes_and_exports_a_loadable_model(tmp_path):
         train(config)
     second = train(replace(config, resume=True))
     assert second["steps"]["autoencoders"] == first["steps"]["autoencoders"] and second["steps"]["denoiser"] >= 1
-    assert len(second["sessions"]) == 2 and {h["stage"] for h in second["loss"]} == {"autoencoders", "denoiser"}
+    assert len(second["calls"]) == 2 and {h["stage"] for h in second["loss"]} == {"autoencoders", "denoiser"}
     third = train(replace(config, resume=True, stage="vocoder"))  # the vocoder alone; nothing else moves
     assert third["steps"]["vocoder"] >= 1 and third["steps"]["denoiser"] == second["steps"]["denoiser"]
     assert {h["stage"] for h in third["loss"]} == {"autoencoders", "denoiser", "vocoder"}
@@ -109,6 +122,10 @@ def test_cli_train_tiny_bad_input_writes_nothing(tmp_path, capsys):
     assert "minutes" in capsys.readouterr().err
     assert main(["train-tiny", "--out", str(out), "--resume", "--device", "cpu"]) == 2
     assert "resume" in capsys.readouterr().err
+    assert main(["train-tiny", "--out", str(out), "--preset", "av2", "--ae-train", "both", "--device", "cpu"]) == 2
+    assert "ae_train" in capsys.readouterr().err
+    assert main(["train-tiny", "--out", str(out), "--preset", "av3", "--device", "cpu"]) == 2
+    assert "preset" in capsys.readouterr().err
     assert not out.exists()
 
 

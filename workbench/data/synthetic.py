@@ -16,6 +16,12 @@ shift-equivariant by one frame; a steady tone has identical mel frames, so whate
 repeats every 160 samples, i.e. only has partials at multiples of 100 Hz. A 220 Hz tone is unreachable; the
 spectral loss then rates near-silence as the best answer (issue 10: vocoder RMS 0.004 against 0.2).
 `TONE_GRID_HZ` names that constraint and the tests hold the tones to it.
+
+Rich scenes (`rich=True`, demo-av 2's vocabulary) add two attributes and make the sound follow the picture
+more closely: speed (slow: the shape crosses about a fifth of the canvas over the clip, fast: about half)
+sets the loudness (slow "soft", fast "loud"), the background is dark or light, and the tone is panned
+(constant power) to follow the shape's horizontal position. Their captions name everything:
+"a red circle moves left fast on a light background, loud low hum". `parse_caption` reads both forms.
 """
 
 from __future__ import annotations
@@ -38,11 +44,15 @@ DIRECTIONS: dict[str, tuple[int, int]] = {"left": (-1, 0), "right": (1, 0), "up"
 RHYTHMS: dict[str, str] = {"left": "hum", "right": "hum", "up": "beeps", "down": "beeps"}
 SHAPES = ("circle", "square", "triangle")
 BEEP_HZ = 8.0  # on/off rate of "beeps"
+SPEEDS: dict[str, tuple[float, float]] = {"slow": (0.15, 0.25), "fast": (0.45, 0.55)}  # canvas fraction travelled
+LOUDNESS: dict[str, str] = {"slow": "soft", "fast": "loud"}
+AMPLITUDES: dict[str, tuple[float, float]] = {"soft": (0.08, 0.14), "loud": (0.35, 0.45)}  # tone peak, per loudness
+BACKGROUNDS: dict[str, tuple[float, float]] = {"dark": (20.0, 70.0), "light": (150.0, 200.0)}  # base grey level
 
 
 @dataclass(frozen=True)
 class Scene:
-    """One clip: `video` uint8 (F, H, W, 3), `audio` float32 (2, N) in [-1, 1] (stereo, same on both sides)."""
+    """One clip: `video` uint8 (F, H, W, 3), `audio` float32 (2, N) in [-1, 1] (stereo; rich scenes are panned)."""
 
     video: np.ndarray
     audio: np.ndarray
@@ -52,25 +62,41 @@ class Scene:
     labels: dict[str, str]
 
 
-def caption_for(colour: str, shape: str, direction: str) -> str:
-    """The caption of a scene; pitch and rhythm words follow from colour and direction."""
+def caption_for(
+    colour: str, shape: str, direction: str, speed: str | None = None, background: str | None = None
+) -> str:
+    """The caption of a scene; pitch, rhythm (and loudness) words follow from colour, direction (and speed).
+
+    Without speed and background it is demo-av 1's form; a rich caption names both.
+    """
     _check("colour", colour, COLOURS)
     _check("shape", shape, SHAPES)
     _check("direction", direction, DIRECTIONS)
-    return f"a {colour} {shape} moves {direction}, {PITCH_WORDS[colour]} {RHYTHMS[direction]}"
+    sound = f"{PITCH_WORDS[colour]} {RHYTHMS[direction]}"
+    if speed is None and background is None:
+        return f"a {colour} {shape} moves {direction}, {sound}"
+    _check("speed", speed, SPEEDS)
+    _check("background", background, BACKGROUNDS)
+    return f"a {colour} {shape} moves {direction} {speed} on a {background} background, {LOUDNESS[speed]} {sound}"
 
 
 def parse_caption(caption: str) -> dict[str, str]:
-    """Labels (colour, shape, direction, pitch, rhythm) named by a caption of this vocabulary."""
+    """Labels named by a caption of this vocabulary: colour, shape, direction, pitch, rhythm, and for a
+    rich caption (one naming a speed) also speed, background and loudness."""
     words = caption.lower().replace(",", " ").split()
+    fields: list[tuple[str, object]] = [("colour", COLOURS), ("shape", SHAPES), ("direction", DIRECTIONS)]
+    if any(w in SPEEDS for w in words):
+        fields += [("speed", SPEEDS), ("background", BACKGROUNDS)]
     found = {}
-    for field, vocabulary in (("colour", COLOURS), ("shape", SHAPES), ("direction", DIRECTIONS)):
+    for field, vocabulary in fields:
         hits = [w for w in words if w in vocabulary]
         if len(hits) != 1:
             raise ValueError(f"caption: {caption!r} must name exactly one {field} of {sorted(vocabulary)}")
         found[field] = hits[0]
     found["pitch"] = PITCH_WORDS[found["colour"]]
     found["rhythm"] = RHYTHMS[found["direction"]]
+    if "speed" in found:
+        found["loudness"] = LOUDNESS[found["speed"]]
     return found
 
 
@@ -89,11 +115,15 @@ def scene(
     colour: str | None = None,
     direction: str | None = None,
     shape: str | None = None,
+    speed: str | None = None,
+    background: str | None = None,
+    rich: bool = False,
 ) -> Scene:
     """Render one scene; everything not given is drawn from `seed` (same seed, same scene, bit for bit).
 
     Sizes and speeds scale with the canvas so the shape stays inside it for the whole clip; audio lasts
-    `frames / fps` seconds, as the LTX-2 pipeline's audio does.
+    `frames / fps` seconds, as the LTX-2 pipeline's audio does. `speed` and `background` exist only in
+    rich scenes (`rich=True`); a demo-av 1 scene draws its speed from a continuous range instead.
     """
     for name, value, minimum in (("frames", frames, 2), ("height", height, 16), ("width", width, 16)):
         if not isinstance(value, int) or value < minimum:
@@ -103,15 +133,27 @@ def scene(
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
     if not isinstance(seed, int | np.integer) or seed < 0:
         raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")
+    if not rich and (speed is not None or background is not None):
+        raise ValueError(f"speed, background: {speed!r}, {background!r} exist only in rich scenes (rich=True)")
     rng = np.random.default_rng(int(seed))
-    colour = _pick(rng, "colour", colour, list(COLOURS))
-    direction = _pick(rng, "direction", direction, list(DIRECTIONS))
-    shape = _pick(rng, "shape", shape, list(SHAPES))
-    video = _render_video(rng, frames, height, width, colour, direction, shape)
-    audio = _render_audio(rng, frames / fps, sample_rate, colour, direction)
-    labels = {"colour": colour, "shape": shape, "direction": direction}
-    labels |= {"pitch": PITCH_WORDS[colour], "rhythm": RHYTHMS[direction]}
-    return Scene(video, audio, sample_rate, fps, caption_for(colour, shape, direction), labels)
+    labels = {
+        "colour": _pick(rng, "colour", colour, list(COLOURS)),
+        "direction": _pick(rng, "direction", direction, list(DIRECTIONS)),
+        "shape": _pick(rng, "shape", shape, list(SHAPES)),
+    }
+    if rich:
+        labels["speed"] = _pick(rng, "speed", speed, list(SPEEDS))
+        labels["background"] = _pick(rng, "background", background, list(BACKGROUNDS))
+    motion = _motion(rng, frames, height, width, labels["direction"], labels.get("speed"))
+    video = _render_video(rng, motion, frames, height, width, labels)
+    audio = _render_audio(rng, motion, frames, fps, sample_rate, width, labels)
+    labels |= {"pitch": PITCH_WORDS[labels["colour"]], "rhythm": RHYTHMS[labels["direction"]]}
+    if rich:
+        labels["loudness"] = LOUDNESS[labels["speed"]]
+    caption = caption_for(
+        labels["colour"], labels["shape"], labels["direction"], labels.get("speed"), labels.get("background")
+    )
+    return Scene(video, audio, sample_rate, fps, caption, labels)
 
 
 def _pick(rng: np.random.Generator, name: str, value: str | None, allowed: list[str]) -> str:
@@ -122,36 +164,58 @@ def _pick(rng: np.random.Generator, name: str, value: str | None, allowed: list[
     return value
 
 
-def _check(name: str, value: str, allowed: object) -> None:
+def _check(name: str, value: str | None, allowed: object) -> None:
     if value not in allowed:
         raise ValueError(f"{name}: {value!r} is not in the vocabulary; allowed: {sorted(allowed)}")
 
 
-def _render_video(
-    rng: np.random.Generator, frames: int, height: int, width: int, colour: str, direction: str, shape: str
-) -> np.ndarray:
+@dataclass(frozen=True)
+class _Motion:
+    """The shape's size (radius or half side, pixels), start (x0, y0) and velocity (pixels per frame)."""
+
+    size: float
+    x0: float
+    y0: float
+    vx: float
+    vy: float
+
+    def at(self, t: np.ndarray | float) -> tuple:
+        """Centre (x, y) at frame time `t` (fractional frames allowed)."""
+        return self.x0 + self.vx * t, self.y0 + self.vy * t
+
+
+def _motion(
+    rng: np.random.Generator, frames: int, height: int, width: int, direction: str, speed: str | None
+) -> _Motion:
     scale = min(height, width) / 64.0
-    size = rng.uniform(7.0, 11.0) * scale  # radius, or half the side
-    speed = rng.uniform(1.6, 2.6) * scale  # pixels per frame
-    speed = min(speed, 0.45 * min(height, width) / (frames - 1))
-    travel = speed * (frames - 1)
+    size = rng.uniform(7.0, 11.0) * scale
+    if speed is None:  # demo-av 1: 1.6-2.6 pixels per frame at 64 pixels, capped to fit short clips
+        pixels_per_frame = min(rng.uniform(1.6, 2.6) * scale, 0.45 * min(height, width) / (frames - 1))
+    else:
+        pixels_per_frame = rng.uniform(*SPEEDS[speed]) * min(height, width) / (frames - 1)
+    travel = pixels_per_frame * (frames - 1)
     dx, dy = DIRECTIONS[direction]
     margin = size + 2.0
     x0 = _start(rng, width, margin, travel, dx)
     y0 = _start(rng, height, margin, travel, dy)
+    return _Motion(size, x0, y0, dx * pixels_per_frame, dy * pixels_per_frame)
 
-    base = rng.uniform(20.0, 70.0)
+
+def _render_video(
+    rng: np.random.Generator, motion: _Motion, frames: int, height: int, width: int, labels: dict[str, str]
+) -> np.ndarray:
+    base = rng.uniform(*BACKGROUNDS[labels.get("background", "dark")])
     tint = rng.uniform(-10.0, 10.0, size=3)
     gradient = rng.uniform(-15.0, 15.0) * np.linspace(-1.0, 1.0, height)[:, None, None]
     background = np.clip(base + tint[None, None, :] + gradient, 0, 255)
     background = np.broadcast_to(background, (height, width, 3))
-    fill = np.clip(np.array(COLOURS[colour], dtype=np.float64) + rng.uniform(-15.0, 15.0, size=3), 0, 255)
+    fill = np.clip(np.array(COLOURS[labels["colour"]], dtype=np.float64) + rng.uniform(-15.0, 15.0, size=3), 0, 255)
 
     video = np.empty((frames, height, width, 3), dtype=np.uint8)
     for t in range(frames):
         canvas = background.copy()
-        cx, cy = x0 + dx * speed * t, y0 + dy * speed * t
-        rows, cols = _shape_pixels(shape, cy, cx, size, (height, width))
+        cx, cy = motion.at(t)
+        rows, cols = shape_pixels(labels["shape"], cy, cx, motion.size, (height, width))
         canvas[rows, cols] = fill
         video[t] = np.rint(canvas).astype(np.uint8)
     return video
@@ -166,7 +230,9 @@ def _start(rng: np.random.Generator, extent: int, margin: float, travel: float, 
     return start if sign > 0 else extent - start
 
 
-def _shape_pixels(shape: str, cy: float, cx: float, size: float, canvas: tuple[int, int]) -> tuple:
+def shape_pixels(shape: str, cy: float, cx: float, size: float, canvas: tuple[int, int]) -> tuple:
+    """(rows, cols) of a shape centred at (cy, cx): a disk of radius `size`, an axis-aligned square of half
+    side `size`, or an upward triangle with its apex `size` above and its base 0.8 `size` below the centre."""
     if shape == "circle":
         return disk((cy, cx), size, shape=canvas)
     if shape == "square":
@@ -179,15 +245,23 @@ def _shape_pixels(shape: str, cy: float, cx: float, size: float, canvas: tuple[i
 
 
 def _render_audio(
-    rng: np.random.Generator, seconds: float, sample_rate: int, colour: str, direction: str
+    rng: np.random.Generator,
+    motion: _Motion,
+    frames: int,
+    fps: int,
+    sample_rate: int,
+    width: int,
+    labels: dict[str, str],
 ) -> np.ndarray:
+    seconds = frames / fps
     count = int(round(seconds * sample_rate))
     time = np.arange(count) / sample_rate
     rng.uniform(0.98, 1.02)  # was a detuning; still drawn so every other draw of a seed stays as it was
-    frequency = TONES_HZ[colour]  # exact: a frame-periodic vocoder can only emit multiples of TONE_GRID_HZ
-    amplitude = rng.uniform(0.25, 0.4)
+    frequency = TONES_HZ[labels["colour"]]  # exact: a frame-periodic vocoder can only emit multiples of TONE_GRID_HZ
+    speed = labels.get("speed")
+    amplitude = rng.uniform(*AMPLITUDES[LOUDNESS[speed]]) if speed else rng.uniform(0.25, 0.4)
     tone = amplitude * np.sin(2 * np.pi * frequency * time + rng.uniform(0, 2 * np.pi))
-    if RHYTHMS[direction] == "beeps":
+    if RHYTHMS[labels["direction"]] == "beeps":
         phase = (time * BEEP_HZ + rng.uniform(0, 1)) % 1.0
         ramp = 0.01 * BEEP_HZ  # 10 ms fades, so gating adds no clicks
         gate = np.clip(np.minimum(phase, 0.5 - phase) / ramp, 0.0, 1.0)
@@ -195,4 +269,9 @@ def _render_audio(
     else:
         fade = np.clip(np.minimum(time, seconds - time) / 0.01, 0.0, 1.0)
         tone = tone * fade
-    return np.stack([tone, tone]).astype(np.float32)
+    if speed is None:
+        return np.stack([tone, tone]).astype(np.float32)
+    # constant-power pan (left^2 + right^2 = 2, so both sides equal the tone at the centre) following x
+    position = np.clip(motion.at(time * fps)[0] / width, 0.0, 1.0)
+    angle = position * np.pi / 2
+    return np.stack([np.sqrt(2) * np.cos(angle) * tone, np.sqrt(2) * np.sin(angle) * tone]).astype(np.float32)

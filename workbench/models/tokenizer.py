@@ -1,7 +1,9 @@
 """A character-level tokenizer built in code, because hub downloads are impossible here.
 
 Tiny random-initialised text encoders need a tokenizer whose vocabulary matches their embedding size.
-Characters (lower-cased) keep every distinct prompt distinct without shipping a vocabulary file.
+Characters (lower-cased) keep every distinct prompt distinct without shipping a vocabulary file. Optional
+`words` (a known vocabulary, such as the synthetic scenes') are single tokens when they stand alone; any
+other text still falls back to characters.
 """
 
 from __future__ import annotations
@@ -17,24 +19,36 @@ CHARACTERS = sorted(set(string.ascii_lowercase + string.digits + string.punctuat
 
 
 def build_tokenizer(
-    vocab_size: int = 128, model_max_length: int = 128, extra_special_tokens: Sequence[str] = ()
+    vocab_size: int = 128,
+    model_max_length: int = 128,
+    extra_special_tokens: Sequence[str] = (),
+    words: Sequence[str] = (),
 ) -> PreTrainedTokenizerFast:
-    """A deterministic tokenizer with exactly `vocab_size` ids (specials, characters, unused fillers).
+    """A deterministic tokenizer with exactly `vocab_size` ids (specials, characters, words, unused fillers).
 
     `extra_special_tokens` (such as Qwen-VL's `<|image_pad|>`) take the last ids, in order, and are never split;
-    the ids of every other token are the same as without them.
+    the ids of every other token are the same as without them. `words` (lower-case letters only) follow the
+    characters, in order; a whitespace- or punctuation-delimited word equal to one is one token.
     """
-    extra = list(extra_special_tokens)
-    minimum = len(SPECIAL_TOKENS) + len(CHARACTERS) + len(extra)
+    extra, words = list(extra_special_tokens), list(words)
+    if any(not (w.isascii() and w.isalpha() and w.islower()) for w in words):
+        raise ValueError(f"words: {words}; allowed: lower-case ASCII letters only")
+    minimum = len(SPECIAL_TOKENS) + len(CHARACTERS) + len(words) + len(extra)
     if vocab_size < minimum:
-        raise ValueError(f"vocab_size={vocab_size}: must be at least {minimum} (specials + characters + extras)")
+        raise ValueError(
+            f"vocab_size={vocab_size}: must be at least {minimum} (specials + characters + words + extras)"
+        )
     fillers = [f"<unused{i}>" for i in range(vocab_size - minimum)]
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS + fillers + extra)}
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS + words + fillers + extra)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.normalizer = normalizers.Lowercase()
-    core.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex("."), behavior="isolated")]
-    )
+    splits = [pre_tokenizers.WhitespaceSplit()]
+    if words:  # whole known words first (anchored to the piece), else one character at a time
+        alternatives = "|".join(sorted(words, key=len, reverse=True))
+        splits += [pre_tokenizers.Punctuation(), pre_tokenizers.Split(Regex(f"^(?:{alternatives})$|."), "isolated")]
+    else:
+        splits.append(pre_tokenizers.Split(Regex("."), behavior="isolated"))
+    core.pre_tokenizer = pre_tokenizers.Sequence(splits)
     return PreTrainedTokenizerFast(
         tokenizer_object=core,
         pad_token="<pad>",

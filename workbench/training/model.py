@@ -1,17 +1,28 @@
-"""The architecture of `demo-av`: a small LTX-2 (diffusers `LTX2Pipeline`) sized to train in minutes.
+"""The architectures train-tiny builds: small LTX-2s (diffusers `LTX2Pipeline`) sized to train in minutes.
 
 Every component is a stock diffusers/transformers class, so the trained result saves and loads exactly as
-a real LTX-2 checkpoint does (`workbench.models.ltx2.load`). Sizes, and why:
-- video VAE: 64x64x9 RGB <-> 8 x 3 x 16 x 16 latents (4x in space and time, encoder and decoder agree);
-- audio VAE: 2 x 33 x 32 log-mel <-> 4 x 9 x 8 latents (the pipeline's fixed 4x in time and mel);
-- vocoder: 32-bin stereo log-mel at hop 160 -> 16 kHz stereo waveform;
-- text: a random-initialised Gemma3 (hidden 64, 2 layers) over the project's character tokenizer. It is
-  never trained: distinct captions give distinct hidden states, and the trainable connectors and the
-  transformer's cross-attention learn to read them;
-- transformer: 4 layers, video 4 heads x 32, audio 2 heads x 32, attending across modalities.
+a real LTX-2 checkpoint does (`workbench.models.ltx2.load`). A `Spec` holds the sizes; `PRESETS` names two:
+
+- `demo-av` (the shipped 9 x 64 x 64 model): video VAE 4x in space and time (8 x 3 x 16 x 16 latents),
+  4 transformer layers (video 4 heads x 32, audio 2 x 32), the character tokenizer, demo-av 1's scenes.
+- `av2` (demo-av 2: 49 frames at 24 fps, 128 x 128, stereo): the video VAE patchifies 4x4 pixels and then
+  halves space twice and time three times (16x in space, 8x in time: 32 x 7 x 8 x 8 latents, 448 tokens),
+  so a CPU request stays cheap; 5 transformer layers of 4 heads x 48 (audio 4 x 16); a tokenizer that keeps
+  each caption word of the vocabulary as one token and a text encoder that does not mix them (the direction
+  word is one position with the same features after any colour, which the cross-attention can find);
+  rich scenes (speed, background, panned sound).
+
+Shared by both: audio is 16 kHz stereo, 32-bin log-mel at hop 160 (the audio VAE compresses 4x in time and
+mel), a HiFi-GAN-style vocoder, and a random-initialised Gemma3 text encoder (hidden 64, 2 layers) that is
+never trained: distinct captions give distinct hidden states, and the trainable connectors and the
+transformer's cross-attention learn to read them.
 """
 
 from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 from diffusers import (
@@ -25,18 +36,156 @@ from diffusers.pipelines.ltx2 import LTX2TextConnectors
 from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
 
+from workbench.data import synthetic
 from workbench.models.tokenizer import build_tokenizer
 
-FRAMES, HEIGHT, WIDTH, FPS = 9, 64, 64, 24
-SAMPLE_RATE, HOP, MEL_BINS = 16000, 160, 32
-VIDEO_LATENT, AUDIO_LATENT = 8, 4
-TEXT_HIDDEN, TEXT_LAYERS, MAX_TOKENS = 64, 2, 64
+FPS, SAMPLE_RATE, HOP, MEL_BINS = 24, 16000, 160, 32
+TEXT_HIDDEN, TEXT_LAYERS = 64, 2
 SHIFT = 3.0  # flow-matching schedule shift: more steps at high noise, where the layout is decided
+DOWNSAMPLE_TYPES = ("spatial", "temporal", "spatiotemporal")
 
-# Request defaults and pipeline kwargs stored beside the checkpoint (workbench.json).
-DEFAULTS = {"frames": FRAMES, "height": HEIGHT, "width": WIDTH, "steps": 16, "guidance": 3.0, "fps": FPS}
+
+@dataclass(frozen=True)
+class Spec:
+    """The sizes of one architecture. Invariants (`validate`): frames = 1 + a multiple of the VAE's time
+    compression, height and width multiples of its space compression, VAE blocks each twice as wide as the
+    last, and an audio width that splits evenly over the video heads."""
+
+    frames: int
+    height: int
+    width: int
+    video_latent: int  # latent channels of the video VAE
+    vae_channels: tuple[int, ...]  # width of each encoder (and decoder) block; each doubles the last (diffusers)
+    vae_downsample: tuple[str, ...]  # per block, what it halves: one of DOWNSAMPLE_TYPES
+    vae_patch: int  # pixels per side folded into channels before the first block
+    audio_latent: int  # latent channels of the audio VAE (x MEL_BINS / 4 latent mel bins)
+    vocoder_channels: int
+    layers: int  # transformer blocks
+    heads: int  # video attention heads, each head_dim wide
+    audio_heads: int  # audio attention heads, each audio_head_dim wide
+    head_dim: int = 32
+    audio_head_dim: int = 32
+    max_tokens: int = 64
+    word_tokens: bool = False  # the tokenizer keeps the scene vocabulary's words whole
+    text_mixing: bool = True  # the random text encoder's attention mixes tokens (see `text_encoder`)
+    rich: bool = False  # trained on rich scenes (speed, background, panned sound)
+    steps: int = 16
+    guidance: float = 3.0
+
+    @property
+    def spatial_ratio(self) -> int:
+        return self.vae_patch * 2 ** sum(kind != "temporal" for kind in self.vae_downsample)
+
+    @property
+    def temporal_ratio(self) -> int:
+        return 2 ** sum(kind != "spatial" for kind in self.vae_downsample)
+
+    @property
+    def audio_latent_frames(self) -> int:
+        """Audio latent frames of a clip (the pipeline's rounding of its duration at 25 latents per second)."""
+        return round(self.frames / FPS * SAMPLE_RATE / HOP / 4)
+
+    def validate(self) -> None:
+        for name in ("frames", "height", "width", "video_latent", "vae_patch", "audio_latent", "vocoder_channels"):
+            _positive(name, getattr(self, name))
+        for name in ("layers", "heads", "audio_heads", "head_dim", "audio_head_dim", "max_tokens", "steps"):
+            _positive(name, getattr(self, name))
+        if len(self.vae_channels) != len(self.vae_downsample) or not self.vae_channels:
+            raise ValueError(
+                f"vae_channels, vae_downsample: {self.vae_channels}, {self.vae_downsample}; allowed: equal non-empty lengths"
+            )
+        if any(b != 2 * a for a, b in itertools.pairwise(self.vae_channels)):
+            raise ValueError(f"vae_channels: {self.vae_channels}; allowed: each twice the last (diffusers' resampler)")
+        if any(kind not in DOWNSAMPLE_TYPES for kind in self.vae_downsample):
+            raise ValueError(f"vae_downsample: {self.vae_downsample}; allowed: entries of {list(DOWNSAMPLE_TYPES)}")
+        if (self.frames - 1) % self.temporal_ratio:
+            raise ValueError(f"frames: {self.frames}; allowed: 1 + a multiple of {self.temporal_ratio}")
+        for name in ("height", "width"):
+            if getattr(self, name) % self.spatial_ratio:
+                raise ValueError(f"{name}: {getattr(self, name)}; allowed: a multiple of {self.spatial_ratio}")
+        # the audio-video cross-attention's rotary table is audio-wide and split over both streams' heads
+        if (self.audio_heads * self.audio_head_dim // 2) % self.heads or self.audio_head_dim % 2:
+            raise ValueError(
+                f"audio_head_dim: {self.audio_head_dim}; allowed: even, with audio_heads x audio_head_dim / 2 "
+                f"a multiple of heads ({self.heads})"
+            )
+
+    def defaults(self) -> dict[str, Any]:
+        """Request defaults stored beside the checkpoint (workbench.json)."""
+        size = {"frames": self.frames, "height": self.height, "width": self.width}
+        return size | {"steps": self.steps, "guidance": self.guidance, "fps": FPS}
+
+    def call(self) -> dict[str, Any]:
+        """Pipeline keyword arguments stored beside the checkpoint (workbench.json)."""
+        return {"max_sequence_length": self.max_tokens} | CALL
+
+
+PRESETS: dict[str, Spec] = {
+    "demo-av": Spec(
+        frames=9,
+        height=64,
+        width=64,
+        video_latent=8,
+        vae_channels=(32, 64),
+        vae_downsample=("spatiotemporal", "spatiotemporal"),
+        vae_patch=1,
+        audio_latent=4,
+        vocoder_channels=128,
+        layers=4,
+        heads=4,
+        audio_heads=2,
+    ),
+    "av2": Spec(
+        frames=49,
+        height=128,
+        width=128,
+        video_latent=32,
+        vae_channels=(32, 64, 128),
+        vae_downsample=("spatiotemporal", "spatiotemporal", "temporal"),
+        vae_patch=4,
+        audio_latent=4,
+        vocoder_channels=128,
+        layers=5,
+        heads=4,
+        audio_heads=4,
+        head_dim=48,
+        audio_head_dim=16,
+        max_tokens=32,
+        word_tokens=True,
+        text_mixing=False,
+        rich=True,
+    ),
+}
+
+
+def preset(name: str, overrides: dict[str, Any] | None = None) -> Spec:
+    """The named preset, with fields replaced by `overrides` (tests shrink the sizes), validated."""
+    if name not in PRESETS:
+        raise ValueError(f"preset: {name!r}; allowed: {sorted(PRESETS)}")
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - {f.name for f in fields(Spec)})
+    if unknown:
+        raise ValueError(f"overrides: unknown fields {unknown}; allowed: {[f.name for f in fields(Spec)]}")
+    spec = replace(PRESETS[name], **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
+    spec.validate()
+    return spec
+
+
+def _positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}: {value!r}; allowed: an integer >= 1")
+
+
+def vocabulary_words() -> list[str]:
+    """Every word of the scene vocabulary (the word tokenizer keeps these whole)."""
+    words = [*synthetic.COLOURS, *synthetic.SHAPES, *synthetic.DIRECTIONS, *synthetic.SPEEDS, *synthetic.BACKGROUNDS]
+    words += [*synthetic.LOUDNESS.values(), *synthetic.RHYTHMS.values(), "moves", "on", "background"]
+    words += [w for phrase in synthetic.PITCH_WORDS.values() for w in phrase.split()]
+    return sorted(set(words))
+
+
+# Pipeline kwargs every preset stores beside the checkpoint (with its max_sequence_length).
 CALL = {
-    "max_sequence_length": MAX_TOKENS,
     "stg_scale": 0.0,
     "modality_scale": 1.0,
     "guidance_rescale": 0.0,
@@ -46,9 +195,14 @@ CALL = {
     "audio_guidance_rescale": 0.0,
     "spatio_temporal_guidance_blocks": None,
 }
+DEMO_AV = PRESETS["demo-av"]
 
 
-def text_encoder(seed: int) -> Gemma3ForConditionalGeneration:
+def text_encoder(seed: int, spec: Spec = DEMO_AV) -> Gemma3ForConditionalGeneration:
+    """The frozen random text encoder. Without `spec.text_mixing` its attention output projections are zero,
+    so every token's hidden states depend on that token alone: a word means the same in every caption, and
+    a colour-direction pair never seen in training is made of features that were (the trainable connectors
+    do the mixing)."""
     torch.manual_seed(seed)
     text = Gemma3TextConfig(
         vocab_size=128,
@@ -65,31 +219,38 @@ def text_encoder(seed: int) -> Gemma3ForConditionalGeneration:
         hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8
     )
     config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=127)
-    return Gemma3ForConditionalGeneration(config).eval()
+    encoder = Gemma3ForConditionalGeneration(config).eval()
+    if not spec.text_mixing:
+        with torch.no_grad():
+            for layer in encoder.model.language_model.layers:
+                layer.self_attn.o_proj.weight.zero_()
+    return encoder
 
 
-def transformer() -> LTX2VideoTransformer3DModel:
+def transformer(spec: Spec = DEMO_AV) -> LTX2VideoTransformer3DModel:
+    """Rotary positions are normalised by twice the clip (seconds, pixels), as demo-av 1 was."""
+    seconds = max(2, int(2 * spec.frames / FPS + 0.999))
     return LTX2VideoTransformer3DModel(
-        in_channels=VIDEO_LATENT,
-        out_channels=VIDEO_LATENT,
+        in_channels=spec.video_latent,
+        out_channels=spec.video_latent,
         patch_size=1,
         patch_size_t=1,
-        num_attention_heads=4,
-        attention_head_dim=32,
-        cross_attention_dim=128,
-        vae_scale_factors=(4, 4, 4),
-        pos_embed_max_pos=2,
-        base_height=128,
-        base_width=128,
-        audio_in_channels=AUDIO_LATENT * (MEL_BINS // 4),
-        audio_out_channels=AUDIO_LATENT * (MEL_BINS // 4),
-        audio_num_attention_heads=2,
-        audio_attention_head_dim=32,
-        audio_cross_attention_dim=64,
-        audio_pos_embed_max_pos=2,
+        num_attention_heads=spec.heads,
+        attention_head_dim=spec.head_dim,
+        cross_attention_dim=spec.heads * spec.head_dim,
+        vae_scale_factors=(spec.temporal_ratio, spec.spatial_ratio, spec.spatial_ratio),
+        pos_embed_max_pos=seconds,
+        base_height=2 * spec.height,
+        base_width=2 * spec.width,
+        audio_in_channels=spec.audio_latent * (MEL_BINS // 4),
+        audio_out_channels=spec.audio_latent * (MEL_BINS // 4),
+        audio_num_attention_heads=spec.audio_heads,
+        audio_attention_head_dim=spec.audio_head_dim,
+        audio_cross_attention_dim=spec.audio_heads * spec.audio_head_dim,
+        audio_pos_embed_max_pos=seconds,
         audio_sampling_rate=SAMPLE_RATE,
         audio_hop_length=HOP,
-        num_layers=4,
+        num_layers=spec.layers,
         qk_norm="rms_norm_across_heads",
         caption_channels=TEXT_HIDDEN,
         rope_double_precision=False,
@@ -97,7 +258,7 @@ def transformer() -> LTX2VideoTransformer3DModel:
     )
 
 
-def connectors() -> LTX2TextConnectors:
+def connectors(spec: Spec = DEMO_AV) -> LTX2TextConnectors:
     return LTX2TextConnectors(
         caption_channels=TEXT_HIDDEN,
         text_proj_in_factor=TEXT_LAYERS + 1,
@@ -109,7 +270,7 @@ def connectors() -> LTX2TextConnectors:
         audio_connector_attention_head_dim=16,
         audio_connector_num_layers=2,
         audio_connector_num_learnable_registers=None,
-        connector_rope_base_seq_len=MAX_TOKENS,
+        connector_rope_base_seq_len=spec.max_tokens,
         rope_theta=10000.0,
         rope_double_precision=False,
         causal_temporal_positioning=False,
@@ -117,45 +278,53 @@ def connectors() -> LTX2TextConnectors:
     )
 
 
-def video_vae() -> AutoencoderKLLTX2Video:
+def video_vae(spec: Spec = DEMO_AV) -> AutoencoderKLLTX2Video:
+    """Encoder blocks halve what `spec.vae_downsample` names; the decoder undoes it in reverse order.
+
+    The compression ratios are passed explicitly: diffusers' default (patch x 2 ** blocks, in both space
+    and time) is right only when every block is spatiotemporal.
+    """
+    blocks = len(spec.vae_channels)
     vae = AutoencoderKLLTX2Video(
         in_channels=3,
         out_channels=3,
-        latent_channels=VIDEO_LATENT,
-        block_out_channels=(32, 64),
-        decoder_block_out_channels=(32, 64),
-        layers_per_block=(1, 1, 1),
-        decoder_layers_per_block=(1, 1, 1),
-        spatio_temporal_scaling=(True, True),
-        decoder_spatio_temporal_scaling=(True, True),
-        decoder_inject_noise=(False, False, False),
-        downsample_type=("spatiotemporal", "spatiotemporal"),
-        upsample_type=("spatiotemporal", "spatiotemporal"),
-        upsample_residual=(True, True),
-        upsample_factor=(2, 2),
+        latent_channels=spec.video_latent,
+        block_out_channels=spec.vae_channels,
+        decoder_block_out_channels=spec.vae_channels,
+        layers_per_block=(1,) * (blocks + 1),
+        decoder_layers_per_block=(1,) * (blocks + 1),
+        spatio_temporal_scaling=(True,) * blocks,
+        decoder_spatio_temporal_scaling=(True,) * blocks,
+        decoder_inject_noise=(False,) * (blocks + 1),
+        downsample_type=spec.vae_downsample,
+        upsample_type=tuple(reversed(spec.vae_downsample)),
+        upsample_residual=(True,) * blocks,
+        upsample_factor=(2,) * blocks,
         timestep_conditioning=False,
-        patch_size=1,
+        patch_size=spec.vae_patch,
         patch_size_t=1,
         encoder_causal=True,
         decoder_causal=False,
+        spatial_compression_ratio=spec.spatial_ratio,
+        temporal_compression_ratio=spec.temporal_ratio,
     )
     vae.use_framewise_encoding = False
     vae.use_framewise_decoding = False
     return vae
 
 
-def audio_vae() -> AutoencoderKLLTX2Audio:
+def audio_vae(spec: Spec = DEMO_AV) -> AutoencoderKLLTX2Audio:
     # base_channels doubles as the size of the latent statistics the pipeline normalises packed audio
-    # latents with (channels x latent mel bins), so it must equal AUDIO_LATENT * MEL_BINS / 4.
+    # latents with (channels x latent mel bins), so it must equal audio_latent * MEL_BINS / 4.
     return AutoencoderKLLTX2Audio(
-        base_channels=AUDIO_LATENT * (MEL_BINS // 4),
+        base_channels=spec.audio_latent * (MEL_BINS // 4),
         output_channels=2,
         ch_mult=(1, 2, 2),
         num_res_blocks=1,
         attn_resolutions=None,
         in_channels=2,
         resolution=32,
-        latent_channels=AUDIO_LATENT,
+        latent_channels=spec.audio_latent,
         norm_type="pixel",
         causality_axis="height",
         dropout=0.0,
@@ -167,10 +336,10 @@ def audio_vae() -> AutoencoderKLLTX2Audio:
     )
 
 
-def vocoder() -> LTX2Vocoder:
+def vocoder(spec: Spec = DEMO_AV) -> LTX2Vocoder:
     return LTX2Vocoder(
         in_channels=2 * MEL_BINS,
-        hidden_channels=128,
+        hidden_channels=spec.vocoder_channels,
         out_channels=2,
         upsample_kernel_sizes=[10, 8, 8, 4],
         upsample_factors=[5, 4, 4, 2],  # product = HOP
@@ -181,18 +350,24 @@ def vocoder() -> LTX2Vocoder:
     )
 
 
-def build_pipeline(seed: int = 0) -> LTX2Pipeline:
-    """A freshly initialised demo-av pipeline (deterministic in `seed`); training fills in the weights."""
+def tokenizer(spec: Spec = DEMO_AV):
+    """The project's character tokenizer; with `spec.word_tokens`, the vocabulary's words are single tokens."""
+    words = vocabulary_words() if spec.word_tokens else ()
+    return build_tokenizer(128, model_max_length=spec.max_tokens, words=words)
+
+
+def build_pipeline(seed: int = 0, spec: Spec = DEMO_AV) -> LTX2Pipeline:
+    """A freshly initialised pipeline of `spec` (deterministic in `seed`); training fills in the weights."""
     parts = {}
     for offset, (name, make) in enumerate(
         (("transformer", transformer), ("connectors", connectors), ("vae", video_vae))
         + (("audio_vae", audio_vae), ("vocoder", vocoder))
     ):
         torch.manual_seed(seed + 1 + offset)
-        parts[name] = make()
+        parts[name] = make(spec)
     return LTX2Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(shift=SHIFT),
-        text_encoder=text_encoder(seed),
-        tokenizer=build_tokenizer(128, model_max_length=MAX_TOKENS),
+        text_encoder=text_encoder(seed, spec),
+        tokenizer=tokenizer(spec),
         **parts,
     )

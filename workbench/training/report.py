@@ -11,7 +11,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from workbench.training.model import FPS, FRAMES, HEIGHT, SAMPLE_RATE, WIDTH
+from workbench.training.model import FPS, SAMPLE_RATE, Spec
 
 
 def now() -> str:
@@ -27,27 +27,33 @@ def guarded(function, *args, **kwargs) -> dict[str, Any]:
         return {"error": f"{type(error).__name__}: {error}"}
 
 
-def record(config: Any, state: dict[str, Any], environment: dict[str, Any], stages: Iterable[str]) -> dict[str, Any]:
-    """What ran (device, versions, commit), how long and how far (steps, seconds per stage), and the losses."""
+def record(
+    config: Any, spec: Spec, state: dict[str, Any], environment: dict[str, Any], stages: Iterable[str]
+) -> dict[str, Any]:
+    """What ran (device, versions, commit, architecture), how long and how far (steps, seconds and plans per
+    stage), and the losses. The caller adds evaluations and the `calls` rows."""
     versions = environment["versions"]
     history = state["history"]
     return {
-        "what": "train-tiny demo-av",
+        "what": f"train-tiny {config.preset}",
         "device": environment["device"],
         "torch": versions.get("torch"),
         "triton": versions.get("triton"),
         "diffusers": versions.get("diffusers"),
         "commit": environment["git"],
         "date": now(),
-        "shape": {"frames": FRAMES, "height": HEIGHT, "width": WIDTH, "fps": FPS, "sample_rate": SAMPLE_RATE},
+        "shape": {"frames": spec.frames, "height": spec.height, "width": spec.width, "fps": FPS}
+        | {"sample_rate": SAMPLE_RATE},
+        "spec": asdict(spec),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
         "stage": state["stage"],
         "steps": state["steps"],
         "seconds": state["seconds"],
-        "sessions": state["sessions"],
+        "plan_seconds": state["plan_seconds"],
         "final_loss": {s: next((h for h in reversed(history) if h["stage"] == s), None) for s in stages},
         "loss": history,
-        "notes": "text encoder random-initialised and frozen; EMA weights exported; eval through Session.open(path)",
+        "notes": "text encoder random-initialised and frozen; EMA weights exported; eval through Session.open(path); "
+        "checkpoint compact (bf16 weights, int8 EMA difference, uint8 sqrt second moment)",
     }
 
 
@@ -62,14 +68,15 @@ def write_outputs(out: Path, run_record: dict[str, Any], stages: Iterable[str]) 
 
 
 def loss_figure(history: list[dict[str, Any]], stages: tuple[str, ...]) -> Figure:
-    """Each stage's losses against that stage's step, log scale, one panel per stage."""
+    """Each stage's losses against that stage's step, log scale, one panel per stage (a loss only where logged)."""
     figure = Figure(figsize=(5 * len(stages), 3.6))
     for i, stage in enumerate(stages):
         axes = figure.add_subplot(1, len(stages), i + 1)
         rows = [h for h in history if h["stage"] == stage]
         keys = sorted({k for h in rows for k in h} - {"stage", "step"})
         for key in keys:
-            axes.plot([h["step"] for h in rows], [max(h[key], 1e-6) for h in rows], label=key)
+            points = [(h["step"], max(h[key], 1e-6)) for h in rows if key in h]  # ae_train may skip a loss
+            axes.plot(*zip(*points, strict=True), label=key)
         axes.set_yscale("log")
         axes.set_title(stage)
         axes.set_xlabel("step")

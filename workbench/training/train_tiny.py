@@ -1,26 +1,35 @@
-"""`workbench train-tiny`: train demo-av (a small LTX-2) on synthetic scenes, resumably, against a clock.
+"""`workbench train-tiny`: train a small LTX-2 preset on synthetic scenes, resumably, against a clock.
 
-Two stages, one clock. Stage `autoencoders` trains the video VAE, the audio VAE and the vocoder together
-(independent losses, one optimizer) as reconstructors of the synthetic clips. Stage `denoiser` freezes
-them, normalises their latents with the dataset's statistics (stored in the VAEs' `latents_mean/std`
-buffers, where the pipeline reads them), and trains the transformer and the text connectors by flow
-matching exactly as `LTX2Pipeline` samples: x_s = (1 - s) x0 + s noise, the model predicts noise - x0 at
-timestep 1000 s, with s drawn from the scheduler's shifted distribution and audio and video noised at the
-same s. Captions are dropped 10% of the time so classifier-free guidance has an unconditional branch.
-The text encoder stays random-initialised and frozen.
+Two stages. Stage `autoencoders` trains the video VAE, the audio VAE and the vocoder (`ae_train` picks which;
+the others stay bit-identical) as reconstructors of the synthetic clips. When its planned time is spent,
+the autoencoders are rounded to bfloat16 values and frozen, their latents are normalised with the dataset's
+statistics (stored in the VAEs' `latents_mean/std` buffers, where the pipeline reads them), and stage
+`denoiser` trains the transformer and the text connectors by flow matching exactly as `LTX2Pipeline`
+samples: x_s = (1 - s) x0 + s noise, the model predicts noise - x0 at timestep 1000 s, with s drawn from the
+scheduler's shifted distribution and audio and video noised at the same s. Captions are dropped 10% of the
+time so classifier-free guidance has an unconditional branch. The text encoder stays random and frozen.
 
-Time, not steps, is the budget (`minutes` of training; set-up before it and export and evaluation after
-it come on top): a GPU session is metered. The first session gives the autoencoders `ae_share` of it; later sessions (`resume`) continue where the checkpoint stopped. A
-checkpoint is written every `checkpoint_seconds`, at the stage switch and at the end; then the EMA
-weights are exported in diffusers format (`<out>/demo-av`, loadable by `load(path)`), evaluated through a
-Session, and the loss curve and `train.json` are written.
+Time, not steps, is the budget. A call trains for `minutes` (set-up, export and evaluation come on top),
+or less when `wall_minutes` (the whole call) would not leave room for export and evaluation. Each stage has
+a planned total (`ae_minutes`, `denoise_minutes`; extendable on resume) over which its learning rate warms
+up and anneals. A checkpoint (`workbench.training.checkpoint`, compact) is written every
+`checkpoint_seconds`, at the stage switch and at the end; then the EMA weights are exported in diffusers
+format (`<out>/<preset>`, loadable by `workbench.models.ltx2.load`), evaluated through a Session, and
+`train.json` (with one `calls` row per call) and the loss curve are written.
+
+On a metered machine that returns a few capped files, a call is one command, the same for every call but
+the first (which has no `--resume`): `train-tiny --preset av2 --out RUN --resume --wall-minutes 9
+--pack OUTDIR` leaves the checkpoint as <= 15 MiB tar parts plus `train.json` and `loss.png` in OUTDIR;
+`cat RUN.tar.part-* | tar x -C RUN` restores `RUN/checkpoint` for the next call, and `--minutes 0 --resume`
+remakes the export from it anywhere (the export itself does not travel).
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,65 +38,26 @@ import torch.nn.functional as F
 
 from workbench.training import checkpoint, dataset, report
 from workbench.training.audio import log_mel, mel_frames, vocoder_loss
-from workbench.training.model import CALL, DEFAULTS, FPS, FRAMES, HOP, SAMPLE_RATE, SHIFT
+from workbench.training.config import AE_PARTS, TrainConfig, learning_rate
+from workbench.training.model import FPS, HOP, SHIFT, preset
 
 TRAINED = {
-    "autoencoders": ("vae", "audio_vae", "vocoder"),
+    "autoencoders": AE_PARTS["all"],
     "denoiser": ("transformer", "connectors"),
     "vocoder": ("vocoder",),  # only on request (`stage="vocoder"`): it changes nothing the denoiser depends on
 }
-STAGES = ("vocoder", "denoiser")  # what `stage` may name when resuming
 EMA_DECAY = 0.999
-
-
-@dataclass
-class TrainConfig:
-    """What `train-tiny` does; `validate` names a bad field, its value and what is allowed."""
-
-    out: Path
-    minutes: float = 6.0
-    device: str = "cuda"
-    resume: bool = False
-    seed: int = 0
-    train_clips: int = 4096
-    ae_share: float = 0.4
-    ae_batch: int = 24
-    denoise_batch: int = 256
-    ae_lr: float = 5e-4
-    denoise_lr: float = 4e-4
-    caption_dropout: float = 0.1
-    checkpoint_seconds: float = 60.0
-    warmup_steps: int = 200
-    eval_requests: int = 32
-    pack: Path | None = None
-    stage: str | None = None  # with resume: train only this stage ("vocoder" or "denoiser") for `minutes`
-
-    def validate(self) -> None:
-        if not (isinstance(self.minutes, int | float) and 0 <= self.minutes <= 24 * 60):
-            raise ValueError(f"minutes: {self.minutes!r}; allowed: a number from 0 to 1440")
-        for name in ("train_clips", "ae_batch", "denoise_batch", "warmup_steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: an integer >= 1")
-        if not isinstance(self.eval_requests, int) or self.eval_requests < 0:
-            raise ValueError(f"eval_requests: {self.eval_requests!r}; allowed: an integer >= 0")
-        for name in ("ae_share", "caption_dropout"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: 0 to 1")
-        for name in ("ae_lr", "denoise_lr", "checkpoint_seconds"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: a number > 0")
-        if self.stage is not None and self.stage not in STAGES:
-            raise ValueError(f"stage: {self.stage!r}; allowed: None or one of {list(STAGES)}")
-        if self.stage is not None and not self.resume:
-            raise ValueError(f"stage: {self.stage!r} retrains one stage of a checkpoint; allowed only with resume")
+FIXED_RESERVE_SECONDS = 45.0  # export, reconstruction check, report and packing, within `wall_minutes`
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
-    """Run (or resume) training within `config.minutes`, then export, evaluate and report; returns the record."""
+    """Run (or resume) training within `config.minutes` (and `wall_minutes`), then export, evaluate and report;
+    returns the record."""
     from workbench import environment
 
     config.validate()
     started = time.perf_counter()
+    deadline = started + (config.wall_minutes * 60.0 if config.wall_minutes else math.inf)
     device = environment.device(config.device)
     precision = torch.get_float32_matmul_precision()
     if device.type == "cuda":
@@ -95,21 +65,22 @@ def train(config: TrainConfig) -> dict[str, Any]:
     out = Path(config.out)
     run = _Run(config, device, out)
     try:
-        print(f"train-tiny: {len(run.data)} clips on {device}; stage {run.state['stage']}", flush=True)
+        run.stop_at = deadline - run.reserve_seconds()
+        print(f"train-tiny: {config.preset} on {device}; stage {run.state['stage']}", flush=True)
         budget = config.minutes * 60.0  # seconds of training steps; set-up and evaluation come on top
         if config.stage is not None and run.state["stage"] != "denoiser":
             raise ValueError(f"stage: {config.stage!r} needs a checkpoint past its autoencoder stage")
         if config.stage == "vocoder":
             budget -= run.vocoder(seconds=budget)
         elif run.state["stage"] == "autoencoders":
-            remaining = run.state["ae_target_seconds"] - run.state["seconds"]["autoencoders"]
+            remaining = run.state["plan_seconds"]["autoencoders"] - run.state["seconds"]["autoencoders"]
             budget -= run.autoencoders(seconds=min(budget, max(remaining, 0.0)))
-        if run.state["stage"] == "denoiser" and budget > 0:
+        if run.state["stage"] == "denoiser" and budget > 0 and time.perf_counter() < run.stop_at:
             run.denoiser(seconds=budget)
         torch.set_float32_matmul_precision(precision)
-        model_dir = run.export(out / "demo-av")
+        model_dir = run.export(out / config.preset)
         stages = [stage for stage in TRAINED if stage in run.state["steps"]]  # "vocoder" once it has run
-        record = report.record(config, run.state, environment.describe(device), stages)
+        record = report.record(config, run.spec, run.state, environment.describe(device), stages)
         # The evaluations are reported, not trusted to succeed: a one-shot GPU session must still hand back
         # its checkpoint and record when one of them fails, so a failure is recorded with its reason.
         record["reconstruction"] = report.guarded(run.reconstruction)
@@ -117,19 +88,28 @@ def train(config: TrainConfig) -> dict[str, Any]:
             from workbench.training.evaluate import caption_match_eval
 
             print(f"train-tiny: evaluating {config.eval_requests} held-out requests", flush=True)
-            record["eval"] = report.guarded(caption_match_eval, model_dir, config.eval_requests, device=str(device))
+            record["eval"] = report.guarded(
+                caption_match_eval,
+                model_dir,
+                config.eval_requests,
+                device=str(device),
+                rich=run.spec.rich,
+                deadline=deadline - FIXED_RESERVE_SECONDS / 3,
+            )
         record["wall_seconds"] = time.perf_counter() - started
+        run.finish_call(record)
         report.write_outputs(out, record, stages)
     finally:
         torch.set_float32_matmul_precision(precision)
         if config.pack is not None:  # even after a failure: whatever checkpoint exists goes back
-            parts = checkpoint.pack(out, Path(config.pack), loose=("train.json", "loss.png"))
+            # the checkpoint and the record travel; the export is remade from the checkpoint where needed
+            parts = checkpoint.pack(out, Path(config.pack), loose=("train.json", "loss.png"), include=("checkpoint",))
             print(f"train-tiny: packed into {len(parts)} parts in {config.pack}", flush=True)
     return record
 
 
 class _Run:
-    """The pipeline being trained, its data on the device, and the resumable state."""
+    """The pipeline being trained, its data on the device (rendered when first needed), the resumable state."""
 
     def __init__(self, config: TrainConfig, device: torch.device, out: Path):
         from workbench.training.model import build_pipeline
@@ -140,106 +120,194 @@ class _Run:
             raise ValueError(f"out: {out} already holds a checkpoint; pass resume (--resume) or choose another --out")
         if saved is None and config.resume:
             raise ValueError(f"resume: no checkpoint in {self.folder}")
-        clips = dataset.build(config.train_clips)  # before CUDA work: the renderer forks worker processes
-        self.pipe = build_pipeline(config.seed).to(device)
-        self.generator = torch.Generator(device).manual_seed(config.seed)
+        if saved is not None and saved[3]["preset"] != config.preset:
+            raise ValueError(f"preset: {config.preset!r}; allowed: {saved[3]['preset']!r}, the checkpoint's")
+        # a resumed run keeps its architecture and seed: the checkpoint's weights only fit those
+        overrides = saved[3]["overrides"] if saved is not None else config.overrides
+        self.seed = saved[3]["seed"] if saved is not None else config.seed
+        self.spec = preset(config.preset, overrides)
+        # rendered before any CUDA work when this call trains: the renderer forks worker processes
+        self._data = self._render(config.train_clips) if config.minutes > 0 else None
+        self.pipe = build_pipeline(self.seed, self.spec).to(device)
+        self.generator = torch.Generator(device).manual_seed(self.seed)
         self.ema: dict[str, torch.Tensor] = {}
-        out.mkdir(parents=True, exist_ok=True)
         self.optimizer_saved = None
+        self.stop_at = math.inf  # perf_counter time at which training must stop (set by `train`)
+        out.mkdir(parents=True, exist_ok=True)
         if saved is None:
-            self.state = {"stage": "autoencoders", "ae_target_seconds": config.ae_share * config.minutes * 60.0}
+            ae_minutes = config.ae_minutes if config.ae_minutes is not None else config.ae_share * config.minutes
+            self.state = {"preset": config.preset, "overrides": config.overrides, "seed": config.seed}
+            self.state |= {"stage": "autoencoders", "plan_seconds": {"autoencoders": ae_minutes * 60.0}}
             self.state |= {
                 "seconds": {"autoencoders": 0.0, "denoiser": 0.0},
                 "steps": {"autoencoders": 0, "denoiser": 0},
+                "history": [],
+                "calls": [],
             }
-            self.state["history"] = []
-            self.state["sessions"] = []
         else:
-            tensors, self.optimizer_saved, self.state = saved
-            self._load_tensors(tensors)
-        self.state["sessions"].append({"started": report.now(), "device": str(device), "minutes": config.minutes})
-        self.data = clips.to(device)
+            weights, ema, self.optimizer_saved, self.state = saved
+            self._load(weights, ema)
+            self._replan(config)
+        if config.denoise_minutes is not None:
+            self.state["plan_seconds"]["denoiser"] = config.denoise_minutes * 60.0
+        self.call_start = {k: dict(self.state[k]) for k in ("steps", "seconds")} | {"started": report.now()}
         self.last_checkpoint = time.perf_counter()
-        self.latent_frames = round(FRAMES / FPS * SAMPLE_RATE / HOP / 4)
+        self.latent_frames = self.spec.audio_latent_frames
+
+    def _replan(self, config: TrainConfig) -> None:
+        """On resume: a new `ae_minutes` replaces the autoencoders' plan while they are still training."""
+        done = self.state["seconds"]["autoencoders"]
+        if self.state["stage"] != "autoencoders" and config.ae_train != "all":
+            raise ValueError(
+                f"ae_train: {config.ae_train!r}; the autoencoder stage ended at {done / 60:.2f} minutes; "
+                "allowed: 'all' (retrain the vocoder alone with stage='vocoder')"
+            )
+        if config.ae_minutes is None:
+            return
+        if self.state["stage"] != "autoencoders" and config.ae_minutes * 60.0 > done + 1e-6:
+            raise ValueError(
+                f"ae_minutes: {config.ae_minutes}; the autoencoder stage ended at {done / 60:.2f} minutes and "
+                "the denoiser was trained on it; allowed: None or no more than that"
+            )
+        self.state["plan_seconds"]["autoencoders"] = config.ae_minutes * 60.0
+
+    def _render(self, count: int) -> dataset.ClipSet:
+        print(f"train-tiny: rendering {count} clips", flush=True)
+        return dataset.build(count, self.spec)
+
+    @property
+    def data(self) -> dataset.ClipSet:
+        """The training clips on the device (a call that trains has them from the start)."""
+        if self._data is None:
+            self._data = self._render(self.config.train_clips)
+        if self._data.video.device != self.device:
+            self._data = self._data.to(self.device)
+        return self._data
+
+    def reserve_seconds(self) -> float:
+        """Wall-clock seconds kept for export and evaluation: a fixed part plus the evaluation requests at the
+        last call's measured pace (2 s each on a GPU, 30 s on a CPU, before any was measured)."""
+        pace = self.state.get("eval_seconds_per_request") or (2.0 if self.device.type == "cuda" else 30.0)
+        return FIXED_RESERVE_SECONDS + self.config.eval_requests * pace
 
     # ---- state -------------------------------------------------------------------------------------------
-    def _tensors(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for name, module in self.pipe.components.items():
-            if isinstance(module, torch.nn.Module):
-                out |= {f"{name}.{k}": v for k, v in module.state_dict().items()}
-        return out | {f"ema.{k}": v for k, v in self.ema.items()}
+    def _stored_modules(self) -> tuple[str, ...]:
+        """What the checkpoint holds: the autoencoders always, the denoiser once its stage began (before, it is
+        its seeded initialisation); never the text encoder (seeded, frozen)."""
+        denoising = self.state["stage"] == "denoiser"
+        return TRAINED["autoencoders"] + (TRAINED["denoiser"] if denoising else ())
 
-    def _load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        for name, module in self.pipe.components.items():
-            if isinstance(module, torch.nn.Module):
-                prefix = f"{name}."
-                own = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-                module.load_state_dict(own, strict=True)
-        self.ema = {k[4:]: v.to(self.device) for k, v in tensors.items() if k.startswith("ema.")}
+    def _load(self, weights: dict[str, torch.Tensor], ema: dict[str, torch.Tensor]) -> None:
+        for name in self._stored_modules():
+            prefix = f"{name}."
+            own = {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
+            getattr(self.pipe, name).load_state_dict(own, strict=True)
+        self.ema = {k: v.to(self.device) for k, v in ema.items()}
 
-    def save_checkpoint(self, optimizer: torch.optim.Optimizer | None = None, stage: str | None = None) -> None:
+    def save_checkpoint(
+        self, optimizer: torch.optim.Optimizer | None = None, stage: str | None = None, modules: tuple[str, ...] = ()
+    ) -> None:
+        weights = {}
+        for name in self._stored_modules():
+            weights |= {f"{name}.{k}": v for k, v in getattr(self.pipe, name).state_dict().items()}
         saved = {"optimizer": optimizer.state_dict() if optimizer is not None else None, "stage": stage}
+        saved["modules"] = list(modules)
         saved |= {"generator": self.generator.get_state(), "generator_device": self.device.type}
-        checkpoint.save(self.folder, self._tensors(), saved, self.state)
+        checkpoint.save(self.folder, weights, self.ema, saved, self.state)
         self.last_checkpoint = time.perf_counter()
 
-    def _optimizer(self, stage: str, lr: float) -> torch.optim.Optimizer:
-        params = [p for name in TRAINED[stage] for p in getattr(self.pipe, name).parameters()]
+    def finish_call(self, record: dict[str, Any]) -> None:
+        """Append this call's row to `calls` (in the record and the checkpoint's state, written atomically)."""
+        from workbench.io import write_atomic
+
+        row = {"started": self.call_start["started"], "device": record["device"], "preset": self.config.preset}
+        for key in ("minutes", "wall_minutes", "ae_train", "ae_batch", "denoise_batch"):
+            row[key] = getattr(self.config, key)
+        for table in ("steps", "seconds"):
+            row[table] = {k: v - self.call_start[table].get(k, 0) for k, v in self.state[table].items()}
+        row["loss"] = {
+            s: next((h for h in reversed(self.state["history"]) if h["stage"] == s), None) for s in row["steps"]
+        }
+        row["stage_after"] = self.state["stage"]
+        row["wall_seconds"] = record["wall_seconds"]
+        evaluation = record.get("eval") or {}
+        if "all" in evaluation:
+            row["eval"] = {k: evaluation[k] for k in ("all", "held_out_pairs")}
+            self.state["eval_seconds_per_request"] = evaluation["seconds_per_request_median"]
+        self.state["calls"].append(row)
+        record["calls"] = self.state["calls"]
+        record["checkpoint_bytes"] = checkpoint.size_bytes(self.folder)
+        write_atomic(self.folder / checkpoint.STATE, json.dumps(self.state, indent=1, allow_nan=False).encode())
+
+    def _optimizer(self, stage: str, lr: float, modules: tuple[str, ...]) -> torch.optim.Optimizer:
+        params = [p for name in modules for p in getattr(self.pipe, name).parameters()]
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
         saved = self.optimizer_saved
-        if saved is not None and saved.get("optimizer") is not None and saved.get("stage") == stage:
+        same = saved is not None and saved.get("stage") == stage and saved.get("modules") == list(modules)
+        if same and saved.get("optimizer") is not None:  # ae_train may name other modules than last time
             optimizer.load_state_dict(saved["optimizer"])
         if saved is not None and saved.get("generator_device") == self.device.type:
             self.generator.set_state(saved["generator"])
         else:  # another device type cannot take this generator state: reseed from the step count instead
-            self.generator.manual_seed(self.config.seed + 1 + sum(self.state["steps"].values()))
+            self.generator.manual_seed(self.seed + 1 + sum(self.state["steps"].values()))
         self.optimizer_saved = None
         return optimizer
 
+    def _learning_rate(self, stage: str) -> float:
+        peak = self.config.denoise_lr if stage == "denoiser" else self.config.ae_lr
+        plan = self.state["plan_seconds"].get(stage)
+        step, seconds = self.state["steps"][stage], self.state["seconds"][stage]
+        return learning_rate(peak, step, seconds, plan, self.config.warmup_steps, self.config.schedule)
+
     # ---- stage 1 -----------------------------------------------------------------------------------------
     def autoencoders(self, seconds: float) -> float:
-        """Train the autoencoders for up to `seconds`; switch to the denoiser stage once their target is met."""
-        self._freeze(except_stage="autoencoders")
-        optimizer = self._optimizer("autoencoders", self.config.ae_lr)
-        used = self._loop("autoencoders", optimizer, self._autoencoder_step, seconds)
-        if self.state["seconds"]["autoencoders"] >= self.state["ae_target_seconds"] - 1e-6:
+        """Train the `ae_train` autoencoders for up to `seconds`; freeze them once the stage's plan is spent."""
+        parts = AE_PARTS[self.config.ae_train]
+        self._freeze(parts)
+        optimizer = self._optimizer("autoencoders", self.config.ae_lr, parts)
+        used = self._loop("autoencoders", optimizer, self._autoencoder_step, seconds, parts)
+        if self.state["seconds"]["autoencoders"] >= self.state["plan_seconds"]["autoencoders"] - 1e-6:
+            with torch.no_grad():
+                for name in TRAINED["autoencoders"]:  # frozen from here on: make them equal their stored copy
+                    for tensor in getattr(self.pipe, name).state_dict().values():
+                        tensor.copy_(checkpoint.stored(tensor))
             self._set_latent_statistics()
             self.state["stage"] = "denoiser"
             self.save_checkpoint()
         return used
 
     def _autoencoder_step(self) -> dict[str, torch.Tensor]:
-        vae, audio_vae, vocoder = self.pipe.vae, self.pipe.audio_vae, self.pipe.vocoder
-        video = self._video(self._batch(self.config.ae_batch))
-        posterior = vae.encode(video).latent_dist
-        z = posterior.mean + posterior.std * torch.randn(
-            posterior.mean.shape, generator=self.generator, device=self.device
-        )
-        recon = vae.decode(z).sample
-        video_loss = (recon - video).abs().mean() + F.mse_loss(recon, video)
-        kl = 0.5 * (posterior.mean**2 + posterior.var - 1.0 - posterior.logvar).mean()
-
-        wave = self.data.audio[self._batch(2 * self.config.ae_batch)]
-        mel = log_mel(wave, mel_frames(self.latent_frames))
-        audio_posterior = audio_vae.encode(mel).latent_dist
-        noise = torch.randn(audio_posterior.mean.shape, generator=self.generator, device=self.device)
-        mel_recon = audio_vae.decode(audio_posterior.mean + audio_posterior.std * noise).sample
-        mel_loss = (mel_recon - mel).abs().mean() + F.mse_loss(mel_recon, mel)
-        half = mel.shape[0] // 2  # the vocoder hears true mels and (detached) reconstructed ones
-        vocoder_in = torch.cat([mel[:half], mel_recon[half:].detach()])
-        vocoder_term = vocoder_loss(vocoder(vocoder_in), wave[..., : mel.shape[2] * HOP], vocoder_in)
-        total = video_loss + 1e-4 * kl + mel_loss + vocoder_term
-        return {"loss": total, "video": video_loss, "kl": kl, "mel": mel_loss, "vocoder": vocoder_term}
+        parts, losses = AE_PARTS[self.config.ae_train], {}
+        if "vae" in parts:
+            vae = self.pipe.vae
+            video = self._video(self._batch(self.config.ae_batch))
+            posterior = vae.encode(video).latent_dist
+            noise = torch.randn(posterior.mean.shape, generator=self.generator, device=self.device)
+            recon = vae.decode(posterior.mean + posterior.std * noise).sample
+            losses["video"] = (recon - video).abs().mean() + F.mse_loss(recon, video)
+            losses["kl"] = 0.5 * (posterior.mean**2 + posterior.var - 1.0 - posterior.logvar).mean()
+        if "audio_vae" in parts:
+            audio_vae, vocoder = self.pipe.audio_vae, self.pipe.vocoder
+            wave = self.data.audio[self._batch(2 * self.config.ae_batch)]
+            mel = log_mel(wave, mel_frames(self.latent_frames))
+            audio_posterior = audio_vae.encode(mel).latent_dist
+            noise = torch.randn(audio_posterior.mean.shape, generator=self.generator, device=self.device)
+            mel_recon = audio_vae.decode(audio_posterior.mean + audio_posterior.std * noise).sample
+            losses["mel"] = (mel_recon - mel).abs().mean() + F.mse_loss(mel_recon, mel)
+            half = mel.shape[0] // 2  # the vocoder hears true mels and (detached) reconstructed ones
+            vocoder_in = torch.cat([mel[:half], mel_recon[half:].detach()])
+            losses["vocoder"] = vocoder_loss(vocoder(vocoder_in), wave[..., : mel.shape[2] * HOP], vocoder_in)
+        total = sum(v for k, v in losses.items() if k != "kl") + 1e-4 * losses.get("kl", 0.0)
+        return {"loss": total} | losses
 
     # ---- vocoder alone (on request) ----------------------------------------------------------------------
     def vocoder(self, seconds: float) -> float:
         """Train only the vocoder for `seconds` on true and audio-VAE-reconstructed mels (the VAEs stay frozen)."""
         for table in ("seconds", "steps"):
             self.state[table].setdefault("vocoder", 0.0 if table == "seconds" else 0)
-        self._freeze(except_stage="vocoder")
-        optimizer = self._optimizer("vocoder", self.config.ae_lr)
-        return self._loop("vocoder", optimizer, self._vocoder_step, seconds)
+        self._freeze(TRAINED["vocoder"])
+        optimizer = self._optimizer("vocoder", self.config.ae_lr, TRAINED["vocoder"])
+        return self._loop("vocoder", optimizer, self._vocoder_step, seconds, TRAINED["vocoder"])
 
     def _vocoder_step(self) -> dict[str, torch.Tensor]:
         wave = self.data.audio[self._batch(2 * self.config.ae_batch)]
@@ -256,14 +324,15 @@ class _Run:
     def _encode_all(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Posterior means of every clip: video (N, C, f, h, w), audio (N, C, L, M)."""
         videos, audios = [], []
-        for start in range(0, len(self.data), 64):
-            index = torch.arange(start, min(start + 64, len(self.data)), device=self.device)
+        for start in range(0, len(self.data), 32):
+            index = torch.arange(start, min(start + 32, len(self.data)), device=self.device)
             videos.append(self.pipe.vae.encode(self._video(index)).latent_dist.mode())
             mel = log_mel(self.data.audio[index], mel_frames(self.latent_frames))
             audios.append(self.pipe.audio_vae.encode(mel).latent_dist.mode())
         return torch.cat(videos), torch.cat(audios)
 
     def _set_latent_statistics(self) -> None:
+        self._freeze(())
         video, audio = self._encode_all()
         self.pipe.vae.latents_mean.copy_(video.mean(dim=(0, 2, 3, 4)))
         self.pipe.vae.latents_std.copy_(video.std(dim=(0, 2, 3, 4)).clamp(min=1e-6))
@@ -274,7 +343,7 @@ class _Run:
     # ---- stage 2 -----------------------------------------------------------------------------------------
     def denoiser(self, seconds: float) -> float:
         """Train the transformer and connectors for `seconds` (after encoding the clips, which is not counted)."""
-        self._freeze(except_stage="denoiser")
+        self._freeze(TRAINED["denoiser"])
         pipe = self.pipe
         video, audio = self._encode_all()
         video = pipe._normalize_latents(video, pipe.vae.latents_mean, pipe.vae.latents_std)
@@ -284,9 +353,10 @@ class _Run:
         self.audio_latents = pipe._normalize_audio_latents(
             packed, pipe.audio_vae.latents_mean, pipe.audio_vae.latents_std
         )
+        self.captions = dataset.captions(self.spec.rich)
         with torch.no_grad():
             embeds, masks = pipe.encode_prompt(
-                dataset.captions(), do_classifier_free_guidance=False, max_sequence_length=CALL["max_sequence_length"]
+                self.captions, do_classifier_free_guidance=False, max_sequence_length=self.spec.max_tokens
             )[:2]
         self.text_embeds, self.text_masks = embeds.detach(), masks.detach()
         if not self.ema:
@@ -294,8 +364,9 @@ class _Run:
         # built once: detached views share the parameters' storage, so they see every optimizer step
         pairs = [(self.ema[f"{n}.{k}"], p.detach()) for n in TRAINED["denoiser"] for k, p in self._params(n)]
         self.ema_averages, self.ema_params = zip(*pairs, strict=True)
-        optimizer = self._optimizer("denoiser", self.config.denoise_lr)
-        return self._loop("denoiser", optimizer, self._denoiser_step, seconds, after_step=self._update_ema)
+        optimizer = self._optimizer("denoiser", self.config.denoise_lr, TRAINED["denoiser"])
+        step = self._denoiser_step
+        return self._loop("denoiser", optimizer, step, seconds, TRAINED["denoiser"], after_step=self._update_ema)
 
     def _denoiser_step(self) -> dict[str, torch.Tensor]:
         pipe, batch = self.pipe, self.config.denoise_batch
@@ -303,33 +374,34 @@ class _Run:
         x0_video, x0_audio = self.video_latents[index], self.audio_latents[index]
         ids = self.data.caption_ids[index]
         dropped = torch.rand(batch, generator=self.generator, device=self.device) < self.config.caption_dropout
-        ids = torch.where(dropped, torch.full_like(ids, len(dataset.captions()) - 1), ids)
+        ids = torch.where(dropped, torch.full_like(ids, len(self.captions) - 1), ids)
         u = torch.rand(batch, generator=self.generator, device=self.device)
         sigma = SHIFT * u / (1 + (SHIFT - 1) * u)  # the scheduler's shifted sigmas, as sampled at inference
         noise_video = torch.randn(x0_video.shape, generator=self.generator, device=self.device)
         noise_audio = torch.randn(x0_audio.shape, generator=self.generator, device=self.device)
         s = sigma[:, None, None]
-        video_embeds, audio_embeds, mask = pipe.connectors(
-            self.text_embeds[ids], self.text_masks[ids], padding_side="left"
-        )
         frames, height, width = self.latent_shape
-        pred_video, pred_audio = pipe.transformer(
-            hidden_states=(1 - s) * x0_video + s * noise_video,
-            audio_hidden_states=(1 - s) * x0_audio + s * noise_audio,
-            encoder_hidden_states=video_embeds,
-            audio_encoder_hidden_states=audio_embeds,
-            timestep=sigma * 1000.0,
-            sigma=sigma * 1000.0,
-            encoder_attention_mask=mask,
-            audio_encoder_attention_mask=mask,
-            num_frames=frames,
-            height=height,
-            width=width,
-            fps=float(FPS),
-            audio_num_frames=self.latent_frames,
-            use_cross_timestep=True,
-            return_dict=False,
-        )
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.config.bf16 and self.device.type == "cuda"):
+            video_embeds, audio_embeds, mask = pipe.connectors(
+                self.text_embeds[ids], self.text_masks[ids], padding_side="left"
+            )
+            pred_video, pred_audio = pipe.transformer(
+                hidden_states=(1 - s) * x0_video + s * noise_video,
+                audio_hidden_states=(1 - s) * x0_audio + s * noise_audio,
+                encoder_hidden_states=video_embeds,
+                audio_encoder_hidden_states=audio_embeds,
+                timestep=sigma * 1000.0,
+                sigma=sigma * 1000.0,
+                encoder_attention_mask=mask,
+                audio_encoder_attention_mask=mask,
+                num_frames=frames,
+                height=height,
+                width=width,
+                fps=float(FPS),
+                audio_num_frames=self.latent_frames,
+                use_cross_timestep=True,
+                return_dict=False,
+            )
         video_loss = F.mse_loss(pred_video.float(), noise_video - x0_video)
         audio_loss = F.mse_loss(pred_audio.float(), noise_audio - x0_audio)
         return {"loss": video_loss + audio_loss, "video": video_loss, "audio": audio_loss}
@@ -340,12 +412,13 @@ class _Run:
         torch._foreach_lerp_(self.ema_averages, self.ema_params, 1 - decay)  # one launch per group, not per tensor
 
     # ---- shared ------------------------------------------------------------------------------------------
-    def _loop(self, stage: str, optimizer, step_fn, seconds: float, after_step=None) -> float:
-        """Optimise `stage` until `seconds` have passed (checked before each step); returns the seconds used."""
-        trained = [p for name in TRAINED[stage] for p in getattr(self.pipe, name).parameters()]
+    def _loop(self, stage: str, optimizer, step_fn, seconds: float, modules: tuple[str, ...], after_step=None):
+        """Optimise `modules` until `seconds` have passed or `stop_at` (checked before each step); returns the
+        seconds used."""
+        trained = [p for name in modules for p in getattr(self.pipe, name).parameters()]
         sums: dict[str, float] = {}
         count, last_print, began = 0, time.perf_counter(), time.perf_counter()
-        until, skipped = began + seconds, 0
+        until, skipped = min(began + seconds, self.stop_at), 0
         base_seconds = self.state["seconds"][stage]
         while time.perf_counter() < until:
             losses = step_fn()
@@ -360,9 +433,8 @@ class _Run:
                     raise RuntimeError(f"{stage}: 50 consecutive non-finite gradients; training diverged")
                 continue
             skipped = 0
-            warm = min(1.0, (self.state["steps"][stage] + 1) / self.config.warmup_steps)
             for group in optimizer.param_groups:
-                group["lr"] = warm * (self.config.denoise_lr if stage == "denoiser" else self.config.ae_lr)
+                group["lr"] = self._learning_rate(stage)
             optimizer.step()
             self.state["steps"][stage] += 1
             if after_step is not None:
@@ -383,15 +455,15 @@ class _Run:
                     )
                     last_print = now
                 sums, count = {}, 0
-            if stage == "autoencoders" and self.state["seconds"][stage] >= self.state["ae_target_seconds"]:
+            if stage == "autoencoders" and self.state["seconds"][stage] >= self.state["plan_seconds"][stage]:
                 break
             if now - self.last_checkpoint > self.config.checkpoint_seconds:
-                self.save_checkpoint(optimizer, stage)
+                self.save_checkpoint(optimizer, stage, modules)
         if count:
             self.state["history"].append(
                 {"stage": stage, "step": self.state["steps"][stage]} | {k: v / count for k, v in sums.items()}
             )
-        self.save_checkpoint(optimizer, stage)
+        self.save_checkpoint(optimizer, stage, modules)
         return time.perf_counter() - began
 
     def _batch(self, size: int) -> torch.Tensor:
@@ -404,11 +476,10 @@ class _Run:
     def _params(self, name: str):
         return getattr(self.pipe, name).named_parameters()
 
-    def _freeze(self, except_stage: str) -> None:
+    def _freeze(self, trained: tuple[str, ...]) -> None:
         for name, module in self.pipe.components.items():
             if isinstance(module, torch.nn.Module):
-                training = name in TRAINED[except_stage]
-                module.train(training).requires_grad_(training)
+                module.train(name in trained).requires_grad_(name in trained)
 
     # ---- results -----------------------------------------------------------------------------------------
     def export(self, path: Path) -> Path:
@@ -426,7 +497,7 @@ class _Run:
                 module.load_state_dict(ema | {k: v for k, v in module.state_dict().items() if k not in ema})
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        LoadedModel("demo-av", FAMILY, pipe, dict(DEFAULTS), dict(CALL)).save(tmp)
+        LoadedModel(self.config.preset, FAMILY, pipe, self.spec.defaults(), self.spec.call()).save(tmp)
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
         return path
@@ -435,7 +506,6 @@ class _Run:
     def reconstruction(self) -> dict[str, Any]:
         from workbench.training.evaluate import reconstruction_eval
 
-        for module in self.pipe.components.values():
-            if isinstance(module, torch.nn.Module):
-                module.eval()
-        return reconstruction_eval(self.pipe, self.data, count=min(32, len(self.data)))
+        self._freeze(())
+        data = self._data if self._data is not None else self._render(min(32, self.config.train_clips))
+        return reconstruction_eval(self.pipe, data, self.spec.rich, count=min(32, len(data)))
