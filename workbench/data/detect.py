@@ -98,6 +98,25 @@ def trajectory(
 def detect_direction(video: np.ndarray, limits: Thresholds = DEFAULT, mask: np.ndarray | None = None) -> str | None:
     """left/right/up/down from a straight-line fit of the foreground centroid, or None if it barely moves."""
     video = _check_video(video)
+    moved = _movement(video, limits, mask)
+    return None if moved is None else moved[0]
+
+
+def detect_speed(video: np.ndarray, limits: Thresholds = DEFAULT, mask: np.ndarray | None = None) -> str | None:
+    """'fast' when the centroid travels more than `fast_travel` of the canvas along its main axis, else
+    'slow'; None when it does not move (see `detect_direction`)."""
+    video = _check_video(video)
+    moved = _movement(video, limits, mask)
+    if moved is None:
+        return None
+    direction, travel_x, travel_y = moved
+    horizontal = direction in ("left", "right")
+    fraction = abs(travel_x) / video.shape[2] if horizontal else abs(travel_y) / video.shape[1]
+    return "fast" if fraction > limits.fast_travel else "slow"
+
+
+def _movement(video: np.ndarray, limits: Thresholds, mask: np.ndarray | None) -> tuple[str, float, float] | None:
+    """(direction, travel x, travel y) of the foreground centroid, or None if it barely moves."""
     travel = trajectory(video, limits, mask)
     if travel is None:
         return None
@@ -106,22 +125,8 @@ def detect_direction(video: np.ndarray, limits: Thresholds = DEFAULT, mask: np.n
     if max(abs(travel_x), abs(travel_y)) < needed:
         return None
     if abs(travel_x) >= abs(travel_y):
-        return "right" if travel_x > 0 else "left"
-    return "down" if travel_y > 0 else "up"
-
-
-def detect_speed(video: np.ndarray, limits: Thresholds = DEFAULT, mask: np.ndarray | None = None) -> str | None:
-    """'fast' when the centroid travels more than `fast_travel` of the canvas along its main axis, else
-    'slow'; None when it does not move (see `detect_direction`)."""
-    video = _check_video(video)
-    mask = foreground(video, limits) if mask is None else mask
-    direction = detect_direction(video, limits, mask)
-    if direction is None:
-        return None
-    travel_x, travel_y, _ = trajectory(video, limits, mask)
-    horizontal = direction in ("left", "right")
-    fraction = abs(travel_x) / video.shape[2] if horizontal else abs(travel_y) / video.shape[1]
-    return "fast" if fraction > limits.fast_travel else "slow"
+        return ("right" if travel_x > 0 else "left"), travel_x, travel_y
+    return ("down" if travel_y > 0 else "up"), travel_x, travel_y
 
 
 def detect_shape(video: np.ndarray, limits: Thresholds = DEFAULT, mask: np.ndarray | None = None) -> str | None:

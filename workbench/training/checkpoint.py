@@ -16,6 +16,7 @@ zero and refills within ~10 steps (beta1 0.9). Per trained parameter that is 4 b
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tarfile
 from pathlib import Path
@@ -56,10 +57,7 @@ def quantise(values: torch.Tensor, signed: bool) -> dict[str, Any]:
 def dequantise(saved: dict[str, Any]) -> torch.Tensor:
     """float32 tensor of the shape `quantise` was given."""
     values = saved["code"].float() * saved["scale"][:, None]
-    count = 1
-    for size in saved["shape"]:
-        count *= size
-    return values.reshape(-1)[:count].reshape(saved["shape"])
+    return values.reshape(-1)[: math.prod(saved["shape"])].reshape(saved["shape"])
 
 
 def save(
