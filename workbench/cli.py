@@ -137,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--denoise-minutes", type=float, help="the denoiser stage's planned total (LR anneal)")
     tiny.add_argument("--ae-batch", type=int, default=24, help="video clips per autoencoder step (audio: twice)")
     tiny.add_argument("--denoise-batch", type=int, default=256)
+    tiny.add_argument("--vocoder-lr", type=float, default=1e-4, help="peak learning rate of --stage vocoder")
+    tiny.add_argument(
+        "--vocoder-reset", action="store_true", help="with --stage vocoder: start from a freshly initialised vocoder"
+    )
     tiny.add_argument("--eval-requests", type=int, default=32, help="held-out requests generated at the end")
     tiny.add_argument(
         "--stage", choices=("vocoder", "denoiser"), help="with --resume: train only this stage for --minutes"
@@ -464,6 +468,8 @@ def _train_tiny(args: argparse.Namespace) -> int:
         "denoise_minutes",
         "ae_batch",
         "denoise_batch",
+        "vocoder_lr",
+        "vocoder_reset",
         "eval_requests",
         "pack",
         "stage",

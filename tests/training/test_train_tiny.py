@@ -1,9 +1,11 @@
 import json
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from workbench.training import checkpoint
 from workbench.training.audio import log_mel, stft_loss
@@ -13,7 +15,15 @@ from workbench.training.model import MEL_BINS, SAMPLE_RATE
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("minutes", -1.0), ("ae_share", 1.5), ("train_clips", 0), ("ae_batch", 0), ("caption_dropout", -0.1)],
+    [
+        ("minutes", -1.0),
+        ("ae_share", 1.5),
+        ("train_clips", 0),
+        ("ae_batch", 0),
+        ("caption_dropout", -0.1),
+        ("vocoder_lr", 0.0),
+        ("vocoder_reset", True),
+    ],
 )
 def test_train_tiny_bad_option_raises(tmp_path, field, value):
     config = TrainConfig(out=tmp_path)
@@ -105,7 +115,12 @@ def test_train_tiny_smoke_runs_resumes_and_exports_a_loadable_model(tmp_path):
     third = train(replace(config, resume=True, stage="vocoder"))  # the vocoder alone; nothing else moves
     assert third["steps"]["vocoder"] >= 1 and third["steps"]["denoiser"] == second["steps"]["denoiser"]
     assert {h["stage"] for h in third["loss"]} == {"autoencoders", "denoiser", "vocoder"}
-    second = third
+    vocoder_before = {k: v.clone() for k, v in _vocoder_state(tmp_path / "run").items()}
+    fourth = train(replace(config, resume=True, stage="vocoder", vocoder_reset=True))  # a fresh vocoder learns
+    assert fourth["calls"][-1]["steps"]["vocoder"] == fourth["steps"]["vocoder"] >= 1
+    assert fourth["steps"]["denoiser"] == second["steps"]["denoiser"]
+    assert any(not torch.equal(v, vocoder_before[k]) for k, v in _vocoder_state(tmp_path / "run").items())
+    second = fourth
     assert json.loads((tmp_path / "run" / "train.json").read_text())["steps"] == second["steps"]
     assert (tmp_path / "run" / "loss.png").stat().st_size > 0
     loaded = resolve(tmp_path / "run" / "demo-av", dtype=torch.float32)
@@ -164,6 +179,18 @@ def test_vocoder_loss_prefers_the_right_tone_to_silence(rng):
     assert float(vocoder_loss(0.01 * tone, tone, mel)) > float(vocoder_loss(0.8 * tone, tone, mel))
 
 
+def test_channel_gains_scale_each_channel_on_its_own(rng):
+    from workbench.training.audio import CHANNEL_GAIN_LOW, channel_gains
+
+    wave = torch.from_numpy(rng.standard_normal((64, 2, 100)).astype(np.float32))
+    gains = channel_gains(wave, torch.Generator().manual_seed(int(rng.integers(1 << 30)))) / wave
+    per_channel = gains[..., 0]
+    assert torch.allclose(gains, per_channel[..., None].expand_as(gains), rtol=1e-5)  # one gain per clip and channel
+    assert per_channel.min() >= CHANNEL_GAIN_LOW - 1e-6 and per_channel.max() <= 1 + 1e-6
+    balance = per_channel[:, 1] / per_channel[:, 0]
+    assert balance.min() < 0.7 and balance.max() > 1.4  # the channels' levels move apart, both ways
+
+
 @pytest.mark.parametrize(("stage", "resume"), [("audio", True), ("vocoder", False), ("autoencoders", True)])
 def test_train_tiny_bad_stage_raises(tmp_path, stage, resume):
     with pytest.raises(ValueError, match="stage"):
@@ -180,3 +207,8 @@ def test_stft_loss_prefers_a_noisy_right_tone_to_near_silence(rng):
     right_but_noisy = tone + 1e-3 * noise  # about 50 dB below the tone
     whisper = 0.01 * tone + 1e-4 * noise
     assert float(stft_loss(right_but_noisy, tone)) < float(stft_loss(whisper, tone))
+
+
+def _vocoder_state(run: Path) -> dict[str, torch.Tensor]:
+    """The exported vocoder's weights of a train-tiny run folder."""
+    return load_file(run / "demo-av" / "vocoder" / "diffusion_pytorch_model.safetensors")

@@ -21,6 +21,7 @@ LOG_FLOOR = 1e-4
 LOG_CENTRE, LOG_SCALE = -4.0, 4.0  # maps log-magnitudes of silence..loud tones to about [-1, 1.5]
 STFT_LOG_EPS = 1e-2  # see stft_loss
 STFT_RESOLUTIONS = ((256, 64), (512, 128), (1024, 256))  # (n_fft, hop) pairs of the vocoder loss
+CHANNEL_GAIN_LOW = 0.25  # channel_gains draws each channel's gain log-uniformly from [this, 1]
 
 
 @functools.cache
@@ -79,6 +80,20 @@ def stft_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         log_error = (torch.log(predicted + STFT_LOG_EPS) - torch.log(wanted + STFT_LOG_EPS)).abs().mean()
         total = total + convergence + log_error
     return total / len(STFT_RESOLUTIONS)
+
+
+def channel_gains(wave: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """(B, C, N) waveform with an independent random gain per clip and channel (log-uniform in
+    [CHANNEL_GAIN_LOW, 1]), for the vocoder's training.
+
+    Why: the scenes' pan moves both channels' levels together and only slightly, so a vocoder can lower its
+    loss a long way while giving both channels one common level (the av2 run of 2026-12-02 did exactly
+    that: silencing the right channel's mel silenced both outputs). Independent gains make each output
+    channel's level follow its own mel channel, which is what panning needs.
+    """
+    shape = (wave.shape[0], wave.shape[1], 1)
+    u = torch.rand(shape, generator=generator, device=wave.device)
+    return wave * CHANNEL_GAIN_LOW**u
 
 
 def vocoder_loss(prediction: torch.Tensor, target: torch.Tensor, mel: torch.Tensor) -> torch.Tensor:

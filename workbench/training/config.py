@@ -50,6 +50,8 @@ class TrainConfig:
     denoise_batch: int = 256
     ae_lr: float = 5e-4
     denoise_lr: float = 4e-4
+    vocoder_lr: float = 1e-4  # stage "vocoder" fine-tunes a trained vocoder: below ae_lr, annealed over the call
+    vocoder_reset: bool = False  # stage "vocoder" starts from a freshly initialised vocoder (then raise vocoder_lr)
     schedule: str = "cosine"
     bf16: bool = True  # on CUDA, the denoiser's forward under bfloat16 autocast (weights, optimizer, EMA stay float32)
     caption_dropout: float = 0.1
@@ -74,7 +76,7 @@ class TrainConfig:
         for name in ("ae_share", "caption_dropout"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: 0 to 1")
-        for name in ("ae_lr", "denoise_lr", "checkpoint_seconds"):
+        for name in ("ae_lr", "denoise_lr", "vocoder_lr", "checkpoint_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: a number > 0")
         for name, allowed in (("preset", PRESETS), ("ae_train", AE_PARTS), ("schedule", SCHEDULES)):
@@ -83,5 +85,7 @@ class TrainConfig:
         preset(self.preset, self.overrides)  # names a bad override field or size
         if self.stage is not None and self.stage not in STAGES:
             raise ValueError(f"stage: {self.stage!r}; allowed: None or one of {list(STAGES)}")
+        if self.vocoder_reset and self.stage != "vocoder":
+            raise ValueError(f"vocoder_reset: True needs stage='vocoder', got stage={self.stage!r}")
         if self.stage is not None and not self.resume:
             raise ValueError(f"stage: {self.stage!r} retrains one stage of a checkpoint; allowed only with resume")

@@ -37,9 +37,10 @@ import torch
 import torch.nn.functional as F
 
 from workbench.training import checkpoint, dataset, report
-from workbench.training.audio import log_mel, mel_frames, vocoder_loss
+from workbench.training.audio import channel_gains, log_mel, mel_frames, vocoder_loss
 from workbench.training.config import AE_PARTS, TrainConfig, learning_rate
 from workbench.training.model import FPS, HOP, SHIFT, preset
+from workbench.training.model import vocoder as vocoder_module
 
 TRAINED = {
     "autoencoders": AE_PARTS["all"],
@@ -221,7 +222,7 @@ class _Run:
         from workbench.io import write_atomic
 
         row = {"started": self.call_start["started"], "device": record["device"], "preset": self.config.preset}
-        for key in ("minutes", "wall_minutes", "ae_train", "ae_batch", "denoise_batch"):
+        for key in ("minutes", "wall_minutes", "ae_train", "ae_batch", "denoise_batch", "vocoder_lr", "vocoder_reset"):
             row[key] = getattr(self.config, key)
         for table in ("steps", "seconds"):
             row[table] = {k: v - self.call_start[table].get(k, 0) for k, v in self.state[table].items()}
@@ -254,7 +255,7 @@ class _Run:
         return optimizer
 
     def _learning_rate(self, stage: str) -> float:
-        peak = self.config.denoise_lr if stage == "denoiser" else self.config.ae_lr
+        peak = {"denoiser": self.config.denoise_lr, "vocoder": self.config.vocoder_lr}.get(stage, self.config.ae_lr)
         plan = self.state["plan_seconds"].get(stage)
         step, seconds = self.state["steps"][stage], self.state["seconds"][stage]
         return learning_rate(peak, step, seconds, plan, self.config.warmup_steps, self.config.schedule)
@@ -294,23 +295,34 @@ class _Run:
             noise = torch.randn(audio_posterior.mean.shape, generator=self.generator, device=self.device)
             mel_recon = audio_vae.decode(audio_posterior.mean + audio_posterior.std * noise).sample
             losses["mel"] = (mel_recon - mel).abs().mean() + F.mse_loss(mel_recon, mel)
-            half = mel.shape[0] // 2  # the vocoder hears true mels and (detached) reconstructed ones
-            vocoder_in = torch.cat([mel[:half], mel_recon[half:].detach()])
-            losses["vocoder"] = vocoder_loss(vocoder(vocoder_in), wave[..., : mel.shape[2] * HOP], vocoder_in)
+            half = mel.shape[0] // 2  # the vocoder hears true mels (at random channel gains) and reconstructed ones
+            louder = channel_gains(wave[:half], self.generator)
+            vocoder_in = torch.cat([log_mel(louder, mel.shape[2]), mel_recon[half:].detach()])
+            target = torch.cat([louder, wave[half:]])[..., : mel.shape[2] * HOP]
+            losses["vocoder"] = vocoder_loss(vocoder(vocoder_in), target, vocoder_in)
         total = sum(v for k, v in losses.items() if k != "kl") + 1e-4 * losses.get("kl", 0.0)
         return {"loss": total} | losses
 
     # ---- vocoder alone (on request) ----------------------------------------------------------------------
     def vocoder(self, seconds: float) -> float:
-        """Train only the vocoder for `seconds` on true and audio-VAE-reconstructed mels (the VAEs stay frozen)."""
+        """Train only the vocoder for `seconds` on true and audio-VAE-reconstructed mels (the VAEs stay frozen),
+        its learning rate warming up to `vocoder_lr` and annealing over this call's `seconds`."""
         for table in ("seconds", "steps"):
             self.state[table].setdefault("vocoder", 0.0 if table == "seconds" else 0)
+        if self.config.vocoder_reset:  # a fresh vocoder (its own seed) learns from here: warm-up and plan restart
+            torch.manual_seed(self.seed + 1000 + self.state.get("vocoder_resets", 0))
+            self.pipe.vocoder.load_state_dict(vocoder_module(self.spec).state_dict())
+            self.state["vocoder_resets"] = self.state.get("vocoder_resets", 0) + 1
+            self.state["steps"]["vocoder"], self.state["seconds"]["vocoder"] = 0, 0.0
+            self.call_start["steps"]["vocoder"], self.call_start["seconds"]["vocoder"] = 0, 0.0
+            self.optimizer_saved = None
+        self.state["plan_seconds"]["vocoder"] = self.state["seconds"]["vocoder"] + seconds
         self._freeze(TRAINED["vocoder"])
-        optimizer = self._optimizer("vocoder", self.config.ae_lr, TRAINED["vocoder"])
+        optimizer = self._optimizer("vocoder", self.config.vocoder_lr, TRAINED["vocoder"])
         return self._loop("vocoder", optimizer, self._vocoder_step, seconds, TRAINED["vocoder"])
 
     def _vocoder_step(self) -> dict[str, torch.Tensor]:
-        wave = self.data.audio[self._batch(2 * self.config.ae_batch)]
+        wave = channel_gains(self.data.audio[self._batch(2 * self.config.ae_batch)], self.generator)
         with torch.no_grad():
             mel = log_mel(wave, mel_frames(self.latent_frames))
             half = mel.shape[0] // 2
