@@ -86,10 +86,9 @@ def channel_gains(wave: torch.Tensor, generator: torch.Generator) -> torch.Tenso
     """(B, C, N) waveform with an independent random gain per clip and channel (log-uniform in
     [CHANNEL_GAIN_LOW, 1]), for the vocoder's training.
 
-    Why: the scenes' pan moves both channels' levels together and only slightly, so a vocoder can lower its
-    loss a long way while giving both channels one common level (the av2 run of 2026-12-02 did exactly
-    that: silencing the right channel's mel silenced both outputs). Independent gains make each output
-    channel's level follow its own mel channel, which is what panning needs.
+    Why: the scenes' pan moves the two channels' levels only slightly apart, so a vocoder can lower its loss
+    a long way with one level for both channels and stay there. With independent gains one common level is
+    a poor answer: each output channel's level has to follow its own mel channel, which is what panning needs.
     """
     shape = (wave.shape[0], wave.shape[1], 1)
     u = torch.rand(shape, generator=generator, device=wave.device)
