@@ -4,8 +4,9 @@ pitch, rhythm, loudness and stereo pan.
 They are deliberately plain (a hue vote, a template fit, a centroid trajectory, a grey level, an FFT peak,
 an envelope's variation and level, a left/right balance trend), so a match is evidence about the clip and
 not about another learned model. Each returns a label from the synthetic vocabulary or None when there is
-nothing to measure (no foreground, no motion, silence); None never matches a caption. Their accuracy on the generator's own scenes and on mismatched or noise clips is
-tested, so a passing caption-match score cannot come from a detector that always agrees.
+nothing to measure (no foreground, no motion, silence); None never matches a caption. Their accuracy on the
+generator's own scenes and on mismatched or noise clips is tested, so a passing caption-match score cannot
+come from a detector that always agrees.
 """
 
 from __future__ import annotations

@@ -310,9 +310,10 @@ class _Run:
         for table in ("seconds", "steps"):
             self.state[table].setdefault("vocoder", 0.0 if table == "seconds" else 0)
         if self.config.vocoder_reset:  # a fresh vocoder (its own seed) learns from here: warm-up and plan restart
-            torch.manual_seed(self.seed + 1000 + self.state.get("vocoder_resets", 0))
+            resets = self.state.get("vocoder_resets", 0)
+            torch.manual_seed(self.seed + 1000 + resets)
             self.pipe.vocoder.load_state_dict(vocoder_module(self.spec).state_dict())
-            self.state["vocoder_resets"] = self.state.get("vocoder_resets", 0) + 1
+            self.state["vocoder_resets"] = resets + 1
             self.state["steps"]["vocoder"], self.state["seconds"]["vocoder"] = 0, 0.0
             self.call_start["steps"]["vocoder"], self.call_start["seconds"]["vocoder"] = 0, 0.0
             self.optimizer_saved = None
