@@ -47,8 +47,9 @@ def test_checkpoint_round_trips_compactly_and_survives_an_interrupted_swap(tmp_p
     weights, ema, optimizer, loaded_state = checkpoint.load(folder)
     assert loaded_state == state and torch.equal(weights["a.bias"], bias)  # small tensors stay exact
     assert torch.equal(weights["a.weight"], weight.to(torch.bfloat16).float())
-    delta = average - weights["a.weight"]  # stored as int8 blocks: error at most half a step of the largest
-    assert float((ema["a.weight"] - average).abs().max()) <= float(delta.abs().max()) / 254 * 1.001
+    delta = average - weights["a.weight"]  # stored as int8 blocks: error at most half a step of the largest,
+    rounding = torch.finfo(torch.float32).eps * float(average.abs().max())  # plus float32 rounding of the sum
+    assert float((ema["a.weight"] - average).abs().max()) <= float(delta.abs().max()) / 254 * 1.001 + rounding
     restored = optimizer["optimizer"]["state"][0]
     assert torch.equal(restored["exp_avg"], torch.zeros(7))  # first moment restarts
     root_step = float(second.sqrt().max()) / 255
