@@ -135,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--ae-minutes", type=float, help="the autoencoder stage's planned total (default: 0.4 x minutes)")
     tiny.add_argument("--ae-train", default="all", help="autoencoders trained this call: video, audio or all")
     tiny.add_argument("--denoise-minutes", type=float, help="the denoiser stage's planned total (LR anneal)")
-    tiny.add_argument("--ae-batch", type=int, default=24, help="video clips per autoencoder step (audio: twice)")
+    tiny.add_argument(
+        "--ae-batch", type=int, help="video clips per autoencoder step (audio: twice); default: the checkpoint's, or 24"
+    )
     tiny.add_argument("--denoise-batch", type=int, default=256)
     tiny.add_argument("--vocoder-lr", type=float, default=1e-4, help="peak learning rate of --stage vocoder")
     tiny.add_argument(

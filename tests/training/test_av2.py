@@ -32,7 +32,8 @@ def test_av2_calls_resume_train_only_the_named_autoencoders_and_export_a_loadabl
     folder = tmp_path / "run" / "checkpoint"
     audio_before, video_before = _modules(folder, "audio_vae", "vocoder"), _modules(folder, "vae")
 
-    second = train(replace(config, resume=True, ae_train="video"))  # the audio parts must not move at all
+    # the audio parts must not move at all; the batch size is the checkpoint's when none is given
+    second = train(replace(config, resume=True, ae_train="video", ae_batch=None))
     audio_after, video_after = _modules(folder, "audio_vae", "vocoder"), _modules(folder, "vae")
     assert audio_after.keys() == audio_before.keys() and all(
         torch.equal(audio_after[k], v) for k, v in audio_before.items()
@@ -45,6 +46,7 @@ def test_av2_calls_resume_train_only_the_named_autoencoders_and_export_a_loadabl
     assert third["stage"] == "denoiser" and third["steps"]["denoiser"] >= 1
     calls = third["calls"]
     assert [c["ae_train"] for c in calls] == ["all", "video", "all"] and calls[2]["denoise_batch"] == 3
+    assert [c["ae_batch"] for c in calls] == [1, 1, 1] and second["config"]["ae_batch"] == 1
     assert calls[1]["steps"]["autoencoders"] == second["steps"]["autoencoders"] - first["steps"]["autoencoders"]
     assert calls[2]["steps"]["denoiser"] == third["steps"]["denoiser"] and "eval" in calls[2]
     assert third["plan_seconds"]["denoiser"] == 60.0 and third["checkpoint_bytes"] > 0

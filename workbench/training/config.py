@@ -13,6 +13,7 @@ AE_PARTS = {"video": ("vae",), "audio": ("audio_vae", "vocoder"), "all": ("vae",
 STAGES = ("vocoder", "denoiser")  # what `stage` may name when resuming
 SCHEDULES = ("cosine", "linear", "constant")
 LR_FLOOR = 0.1  # an annealed learning rate ends at this fraction of the peak
+AE_BATCH = 24  # a new run's ae_batch when none is given
 
 
 def learning_rate(
@@ -46,7 +47,7 @@ class TrainConfig:
     ae_train: str = "all"  # which autoencoders the stage trains this call: one of AE_PARTS
     denoise_minutes: float | None = None  # the denoiser stage's planned total; None: no anneal
     wall_minutes: float | None = None  # hard limit on the whole call, export and evaluation included
-    ae_batch: int = 24
+    ae_batch: int | None = None  # None: the checkpoint's (a resumed run keeps its batch), else AE_BATCH
     denoise_batch: int = 256
     ae_lr: float = 5e-4
     denoise_lr: float = 4e-4
@@ -69,8 +70,9 @@ class TrainConfig:
             if value is not None and not (isinstance(value, int | float) and 0 < value <= 24 * 60):
                 raise ValueError(f"{name}: {value!r}; allowed: None or a number above 0, at most 1440")
         for name in ("train_clips", "ae_batch", "denoise_batch", "warmup_steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: an integer >= 1")
+            value = getattr(self, name)
+            if not (value is None and name == "ae_batch") and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}: {value!r}; allowed: an integer >= 1" + (" or None" * (name == "ae_batch")))
         if not isinstance(self.eval_requests, int) or self.eval_requests < 0:
             raise ValueError(f"eval_requests: {self.eval_requests!r}; allowed: an integer >= 0")
         for name in ("ae_share", "caption_dropout"):

@@ -30,6 +30,7 @@ import copy
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 
 from workbench.training import checkpoint, dataset, report
 from workbench.training.audio import channel_gains, log_mel, mel_frames, vocoder_loss
-from workbench.training.config import AE_PARTS, TrainConfig, learning_rate
+from workbench.training.config import AE_BATCH, AE_PARTS, TrainConfig, learning_rate
 from workbench.training.model import FPS, HOP, SHIFT, preset
 from workbench.training.model import vocoder as vocoder_module
 
@@ -81,7 +82,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         torch.set_float32_matmul_precision(precision)
         model_dir = run.export(out / config.preset)
         stages = [stage for stage in TRAINED if stage in run.state["steps"]]  # "vocoder" once it has run
-        record = report.record(config, run.spec, run.state, environment.describe(device), stages)
+        record = report.record(run.config, run.spec, run.state, environment.describe(device), stages)
         # The evaluations are reported, not trusted to succeed: a one-shot GPU session must still hand back
         # its checkpoint and record when one of them fails, so a failure is recorded with its reason.
         record["reconstruction"] = report.guarded(run.reconstruction)
@@ -149,6 +150,8 @@ class _Run:
             weights, ema, self.optimizer_saved, self.state = saved
             self._load(weights, ema)
             self._replan(config)
+        self.state["ae_batch"] = config.ae_batch or self.state.get("ae_batch", AE_BATCH)
+        self.config = replace(config, ae_batch=self.state["ae_batch"])
         if config.denoise_minutes is not None:
             self.state["plan_seconds"]["denoiser"] = config.denoise_minutes * 60.0
         self.call_start = {k: dict(self.state[k]) for k in ("steps", "seconds")} | {"started": report.now()}
