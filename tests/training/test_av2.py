@@ -55,6 +55,7 @@ def test_av2_calls_resume_train_only_the_named_autoencoders_and_export_a_loadabl
 
     model = load(tmp_path / "run" / "av2", dtype=torch.float32)
     assert model.defaults["frames"] == 9 and model.pipeline.vae.spatial_compression_ratio == 16
+    assert model.pipeline.vocoder.config.hidden_channels == 2 * TOY["vocoder_channels"]  # channels separated
     assert model.pipeline.tokenizer.tokenize("a red circle moves left")[1] == "red"  # word tokens travel
 
 
@@ -72,6 +73,32 @@ def test_av2_resume_keeps_its_preset_and_refuses_to_reopen_a_finished_autoencode
     walled = train(replace(config, resume=True, minutes=5.0, wall_minutes=0.01))
     assert walled["calls"][-1]["steps"]["denoiser"] == 0 and walled["calls"][-1]["wall_minutes"] == 0.01
     assert walled["calls"][-1]["seconds"]["denoiser"] == 0.0
+
+
+def test_separated_vocoder_plays_each_channel_from_its_own_mel_only(rng):
+    from workbench.training.audio import one_channel
+    from workbench.training.model import MEL_BINS, separate_channels, vocoder
+
+    dense = vocoder(preset("av2", {"vocoder_channels": 16})).eval()
+    stereo = separate_channels(dense).eval()
+    mel = torch.from_numpy(rng.normal(size=(2, 2, 12, MEL_BINS)).astype("float32"))
+    with torch.no_grad():
+        out = stereo(mel)
+        for c in range(2):  # channel c is the dense vocoder's row c on channel c's mel, on both inputs
+            alone = dense(torch.stack([mel[:, c], mel[:, c]], 1))[:, c]
+            torch.testing.assert_close(out[:, c], alone, rtol=1e-5, atol=1e-6)
+            other = mel.clone()
+            other[:, 1 - c] = torch.from_numpy(rng.normal(size=other[:, 1 - c].shape).astype("float32"))
+            assert torch.equal(stereo(other)[:, c], out[:, c])  # the other channel's mel cannot reach it
+    with pytest.raises(ValueError, match="vocoder"):
+        separate_channels(stereo.__class__(in_channels=MEL_BINS, hidden_channels=32, out_channels=1))
+
+    wave = torch.from_numpy(rng.normal(size=(5, 2, 30)).astype("float32"))
+    mono_mel, mono_wave = one_channel(mel.repeat(3, 1, 1, 1)[:5], wave, torch.Generator().manual_seed(0))
+    for i in range(5):  # each clip: one of its channels, the same one for mel and waveform, on both channels
+        c = 0 if torch.equal(mono_wave[i, 0], wave[i, 0]) else 1
+        assert torch.equal(mono_wave[i, 1], wave[i, c]) and torch.equal(mono_wave[i, 0], wave[i, c])
+        assert torch.equal(mono_mel[i, 0], mel.repeat(3, 1, 1, 1)[i, c]) and torch.equal(mono_mel[i, 1], mono_mel[i, 0])
 
 
 def test_learning_rate_warms_up_then_anneals_over_the_plan_to_the_floor():

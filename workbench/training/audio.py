@@ -95,6 +95,15 @@ def channel_gains(wave: torch.Tensor, generator: torch.Generator) -> torch.Tenso
     return wave * CHANNEL_GAIN_LOW**u
 
 
+def one_channel(mel: torch.Tensor, wave: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mels (B, 2, T, M) and waveforms (B, 2, N) -> one randomly chosen channel of each clip on both channels:
+    what each block of a `separate_channels` vocoder plays (see `workbench.training.model.separate_channels`)."""
+    rows = torch.arange(mel.shape[0], device=mel.device)
+    pick = torch.randint(0, 2, (mel.shape[0],), generator=generator, device=mel.device)
+    mono_mel, mono_wave = mel[rows, pick], wave[rows, pick]
+    return torch.stack([mono_mel, mono_mel], 1), torch.stack([mono_wave, mono_wave], 1)
+
+
 def vocoder_loss(prediction: torch.Tensor, target: torch.Tensor, mel: torch.Tensor) -> torch.Tensor:
     """What the vocoder is trained on: `stft_loss` against the true waveform plus the L1 between the log-mel
     of its output and the mel it was given (`mel`, (B, C, frames, MEL_BINS), as `log_mel` makes them).

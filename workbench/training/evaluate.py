@@ -76,8 +76,11 @@ def caption_match_eval(
 
 
 @torch.no_grad()
-def reconstruction_eval(pipeline: Any, data: ClipSet, rich: bool = False, count: int = 32) -> dict[str, Any]:
-    """Caption match of training clips passed through the autoencoders alone (video VAE; audio VAE + vocoder).
+def reconstruction_eval(
+    pipeline: Any, data: ClipSet, rich: bool = False, count: int = 32, vocoder: torch.nn.Module | None = None
+) -> dict[str, Any]:
+    """Caption match of training clips passed through the autoencoders alone (video VAE; audio VAE + vocoder,
+    `vocoder` in place of the pipeline's when given: the one an export ships).
 
     A diagnostic: if these fail, the denoiser cannot succeed whatever it learned.
     """
@@ -89,7 +92,7 @@ def reconstruction_eval(pipeline: Any, data: ClipSet, rich: bool = False, count:
     latent_frames = round(data.video.shape[1] / FPS * pipeline.audio_sampling_rate / pipeline.audio_hop_length / 4)
     mel = log_mel(data.audio[:count].to(device), mel_frames(latent_frames))
     mel_decoded = pipeline.audio_vae.decode(pipeline.audio_vae.encode(mel).latent_dist.mode()).sample
-    audio = pipeline.vocoder(mel_decoded).float().cpu().numpy()
+    audio = (vocoder or pipeline.vocoder)(mel_decoded).float().cpu().numpy()
     psnr = float(10 * np.log10(4.0 / max(float(((decoded.clamp(-1, 1) - video) ** 2).mean()), 1e-12)))
     texts = captions(rich)
     rows = [

@@ -10,7 +10,8 @@ a real LTX-2 checkpoint does (`workbench.models.ltx2.load`). A `Spec` holds the 
   so a CPU request stays cheap; 5 transformer layers of 4 heads x 48 (audio 4 x 16); a tokenizer that keeps
   each caption word of the vocabulary as one token and a text encoder that does not mix them (the direction
   word is one position with the same features after any colour, which the cross-attention can find);
-  rich scenes (speed, background, panned sound).
+  rich scenes (speed, background, panned sound), and a vocoder that plays each stereo channel from its own
+  mel (`separate_channels`: trained on one channel at a time, exported as one block-diagonal vocoder).
 
 Shared by both: audio is 16 kHz stereo, 32-bin log-mel at hop 160 (the audio VAE compresses 4x in time and
 mel), a HiFi-GAN-style vocoder, and a random-initialised Gemma3 text encoder (hidden 64, 2 layers) that is
@@ -69,6 +70,7 @@ class Spec:
     word_tokens: bool = False  # the tokenizer keeps the scene vocabulary's words whole
     text_mixing: bool = True  # the random text encoder's attention mixes tokens (see `text_encoder`)
     rich: bool = False  # trained on rich scenes (speed, background, panned sound)
+    separate_channels: bool = False  # the vocoder plays each channel from its own mel (`separate_channels`)
     steps: int = 16
     guidance: float = 3.0
 
@@ -154,6 +156,7 @@ PRESETS: dict[str, Spec] = {
         word_tokens=True,
         text_mixing=False,
         rich=True,
+        separate_channels=True,
     ),
 }
 
@@ -348,6 +351,48 @@ def vocoder(spec: Spec = DEMO_AV) -> LTX2Vocoder:
         leaky_relu_negative_slope=0.1,
         output_sampling_rate=SAMPLE_RATE,
     )
+
+
+def separate_channels(dense: LTX2Vocoder) -> LTX2Vocoder:
+    """The stereo vocoder that plays each channel alone: its output channel c is `dense`'s row c when both of
+    `dense`'s mel inputs are channel c's mel, so each channel's level follows only its own mel (stereo pan).
+
+    Why: a vocoder that reads both mels at once can (and ours did) play both channels at their mean level.
+    Same class, twice the hidden width: `dense`'s weights on the block diagonal (conv_in's two input halves
+    summed, conv_out's rows split between the blocks), zeros across, so one channel's mel cannot reach the
+    other channel's output. Float32 outputs equal `dense`'s on duplicated inputs up to summation order.
+    """
+    config = {k: v for k, v in dense.config.items() if not k.startswith("_")}
+    if config["out_channels"] != 2 or config["in_channels"] % 2 or config["act_fn"] != "leaky_relu":
+        raise ValueError("vocoder: a stereo leaky-ReLU LTX2Vocoder (out_channels 2, in_channels 2 x mel bins) expected")
+    stereo = LTX2Vocoder(**(config | {"hidden_channels": 2 * config["hidden_channels"]}))
+    mels = config["in_channels"] // 2
+    weights = {}
+    for name, old in dense.state_dict().items():
+        if name == "conv_in.weight":  # (hidden, 2 x mels, k): one channel's mel feeds both halves
+            merged = old[:, :mels] + old[:, mels:]
+            new = old.new_zeros(2 * old.shape[0], *old.shape[1:])
+            new[: old.shape[0], :mels], new[old.shape[0] :, mels:] = merged, merged
+        elif name == "conv_out.weight":  # (2, C, k): row c reads block c
+            new = old.new_zeros(2, 2 * old.shape[1], old.shape[2])
+            new[0, : old.shape[1]], new[1, old.shape[1] :] = old[0], old[1]
+        elif name == "conv_out.bias":
+            new = old.clone()
+        elif old.ndim == 1:  # a bias of the hidden layers: one copy per block
+            new = torch.cat([old, old])
+        else:  # (out, in, k) convs and (in, out, k) transposed convs alike: block diagonal
+            new = old.new_zeros(2 * old.shape[0], 2 * old.shape[1], old.shape[2])
+            new[: old.shape[0], : old.shape[1]], new[old.shape[0] :, old.shape[1] :] = old, old
+        weights[name] = new
+    stereo.load_state_dict(weights, strict=True)
+    return stereo.to(next(dense.parameters()).device)
+
+
+def shipped_vocoder(dense: LTX2Vocoder, spec: Spec) -> LTX2Vocoder:
+    """The vocoder an export of `spec` holds: `dense` itself, or with `spec.separate_channels` its
+    `separate_channels` form stored in float16 (twice the width, four times the weights of `dense`: float16
+    keeps the av2 export under 40 MiB; loading casts it to the requested dtype)."""
+    return separate_channels(dense).half() if spec.separate_channels else dense
 
 
 def tokenizer(spec: Spec = DEMO_AV):

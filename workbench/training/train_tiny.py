@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 
 from workbench.training import checkpoint, dataset, report
-from workbench.training.audio import channel_gains, log_mel, mel_frames, vocoder_loss
+from workbench.training.audio import channel_gains, log_mel, mel_frames, one_channel, vocoder_loss
 from workbench.training.config import AE_BATCH, AE_PARTS, TrainConfig, learning_rate
-from workbench.training.model import FPS, HOP, SHIFT, preset
+from workbench.training.model import FPS, HOP, SHIFT, preset, shipped_vocoder
 from workbench.training.model import vocoder as vocoder_module
 
 TRAINED = {
@@ -302,6 +302,8 @@ class _Run:
             louder = channel_gains(wave[:half], self.generator)
             vocoder_in = torch.cat([log_mel(louder, mel.shape[2]), mel_recon[half:].detach()])
             target = torch.cat([louder, wave[half:]])[..., : mel.shape[2] * HOP]
+            if self.spec.separate_channels:  # the export plays each channel alone: train that
+                vocoder_in, target = one_channel(vocoder_in, target, self.generator)
             losses["vocoder"] = vocoder_loss(vocoder(vocoder_in), target, vocoder_in)
         total = sum(v for k, v in losses.items() if k != "kl") + 1e-4 * losses.get("kl", 0.0)
         return {"loss": total} | losses
@@ -332,8 +334,10 @@ class _Run:
             half = mel.shape[0] // 2
             audio_vae = self.pipe.audio_vae
             recon = audio_vae.decode(audio_vae.encode(mel[half:]).latent_dist.mode()).sample
-            vocoder_in = torch.cat([mel[:half], recon])
-        loss = vocoder_loss(self.pipe.vocoder(vocoder_in), wave[..., : mel.shape[2] * HOP], vocoder_in)
+            vocoder_in, target = torch.cat([mel[:half], recon]), wave[..., : mel.shape[2] * HOP]
+            if self.spec.separate_channels:
+                vocoder_in, target = one_channel(vocoder_in, target, self.generator)
+        loss = vocoder_loss(self.pipe.vocoder(vocoder_in), target, vocoder_in)
         return {"loss": loss}
 
     @torch.no_grad()
@@ -430,7 +434,7 @@ class _Run:
     # ---- shared ------------------------------------------------------------------------------------------
     def _loop(self, stage: str, optimizer, step_fn, seconds: float, modules: tuple[str, ...], after_step=None):
         """Optimise `modules` until `seconds` have passed or `stop_at` (checked before each step); returns the
-        seconds used."""
+        seconds of stepping used (the last checkpoint write not counted)."""
         trained = [p for name in modules for p in getattr(self.pipe, name).parameters()]
         sums: dict[str, float] = {}
         count, last_print, began = 0, time.perf_counter(), time.perf_counter()
@@ -475,12 +479,13 @@ class _Run:
                 break
             if now - self.last_checkpoint > self.config.checkpoint_seconds:
                 self.save_checkpoint(optimizer, stage, modules)
+        used = time.perf_counter() - began  # the budget counts steps; the checkpoint write below comes on top
         if count:
             self.state["history"].append(
                 {"stage": stage, "step": self.state["steps"][stage]} | {k: v / count for k, v in sums.items()}
             )
         self.save_checkpoint(optimizer, stage, modules)
-        return time.perf_counter() - began
+        return used
 
     def _batch(self, size: int) -> torch.Tensor:
         return torch.randint(len(self.data), (size,), generator=self.generator, device=self.device)
@@ -511,6 +516,7 @@ class _Run:
             ema = {k[len(name) + 1 :]: v for k, v in self.ema.items() if k.startswith(f"{name}.")}
             if ema:
                 module.load_state_dict(ema | {k: v for k, v in module.state_dict().items() if k not in ema})
+        pipe.vocoder = shipped_vocoder(pipe.vocoder, self.spec)
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         LoadedModel(self.config.preset, FAMILY, pipe, self.spec.defaults(), self.spec.call()).save(tmp)
@@ -524,4 +530,5 @@ class _Run:
 
         self._freeze(())
         data = self._data if self._data is not None else self._render(min(32, self.config.train_clips))
-        return reconstruction_eval(self.pipe, data, self.spec.rich, count=min(32, len(data)))
+        shipped = shipped_vocoder(self.pipe.vocoder, self.spec).float()  # as the export holds it
+        return reconstruction_eval(self.pipe, data, self.spec.rich, count=min(32, len(data)), vocoder=shipped)
