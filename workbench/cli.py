@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument(
         "--pack", type=Path, help="also write the run as <=15 MiB tar parts (+ train.json, loss.png) here"
     )
+    tiny.add_argument(
+        "--profile-steps", type=int, default=0, help="profile this many steps of each stage: OUT/profile-STAGE.txt"
+    )
 
     bat = commands.add_parser("batch", help="generate many requests of one model on Ray workers; outputs per request")
     bat.add_argument("--model", required=True)
@@ -474,6 +477,7 @@ def _train_tiny(args: argparse.Namespace) -> int:
         "vocoder_reset",
         "eval_requests",
         "pack",
+        "profile_steps",
         "stage",
     )
     config = TrainConfig(**{name: getattr(args, name) for name in fields})

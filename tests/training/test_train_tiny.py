@@ -20,6 +20,7 @@ from workbench.training.model import MEL_BINS, SAMPLE_RATE
         ("ae_share", 1.5),
         ("train_clips", 0),
         ("ae_batch", 0),
+        ("profile_steps", -1),
         ("caption_dropout", -0.1),
         ("vocoder_lr", 0.0),
         ("vocoder_reset", True),
@@ -121,7 +122,10 @@ def test_train_tiny_smoke_runs_resumes_and_exports_a_loadable_model(tmp_path):
     assert fourth["calls"][-1]["steps"]["vocoder"] == fourth["steps"]["vocoder"] >= 1
     assert fourth["steps"]["denoiser"] == second["steps"]["denoiser"]
     assert any(not torch.equal(v, vocoder_before[k]) for k, v in _vocoder_state(tmp_path / "run").items())
-    second = fourth
+    profiled = train(replace(config, resume=True, stage="vocoder", minutes=0.01, profile_steps=2))
+    assert profiled["steps"]["vocoder"] > fourth["steps"]["vocoder"] + 5  # enough steps to reach the profile
+    assert "aten::" in (tmp_path / "run" / "profile-vocoder.txt").read_text()
+    second = profiled
     assert json.loads((tmp_path / "run" / "train.json").read_text())["steps"] == second["steps"]
     assert (tmp_path / "run" / "loss.png").stat().st_size > 0
     loaded = resolve(tmp_path / "run" / "demo-av", dtype=torch.float32)

@@ -60,6 +60,7 @@ class TrainConfig:
     warmup_steps: int = 200
     eval_requests: int = 32
     pack: Path | None = None
+    profile_steps: int = 0  # profile this many steps of each stage this call (after PROFILE_SKIP): profile-<stage>.txt
     stage: str | None = None  # with resume: train only this stage ("vocoder" or "denoiser") for `minutes`
 
     def validate(self) -> None:
@@ -73,8 +74,9 @@ class TrainConfig:
             value = getattr(self, name)
             if not (value is None and name == "ae_batch") and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}: {value!r}; allowed: an integer >= 1" + (" or None" * (name == "ae_batch")))
-        if not isinstance(self.eval_requests, int) or self.eval_requests < 0:
-            raise ValueError(f"eval_requests: {self.eval_requests!r}; allowed: an integer >= 0")
+        for name in ("eval_requests", "profile_steps"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: an integer >= 0")
         for name in ("ae_share", "caption_dropout"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: 0 to 1")

@@ -49,6 +49,7 @@ TRAINED = {
     "vocoder": ("vocoder",),  # only on request (`stage="vocoder"`): it changes nothing the denoiser depends on
 }
 EMA_DECAY = 0.999
+PROFILE_SKIP = 3  # steps of a stage not profiled (first-step set-up), then one warm-up step
 FIXED_RESERVE_SECONDS = 45.0  # export, reconstruction check, report and packing, within `wall_minutes`
 
 
@@ -105,7 +106,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
         torch.set_float32_matmul_precision(precision)
         if config.pack is not None:  # even after a failure: whatever checkpoint exists goes back
             # the checkpoint and the record travel; the export is remade from the checkpoint where needed
-            parts = checkpoint.pack(out, Path(config.pack), loose=("train.json", "loss.png"), include=("checkpoint",))
+            loose = ("train.json", "loss.png") + tuple(f"profile-{stage}.txt" for stage in TRAINED)
+            parts = checkpoint.pack(out, Path(config.pack), loose=loose, include=("checkpoint",))
             print(f"train-tiny: packed into {len(parts)} parts in {config.pack}", flush=True)
     return record
 
@@ -440,6 +442,7 @@ class _Run:
         count, last_print, began = 0, time.perf_counter(), time.perf_counter()
         until, skipped = min(began + seconds, self.stop_at), 0
         base_seconds = self.state["seconds"][stage]
+        profiler = self._profiler(stage)
         while time.perf_counter() < until:
             losses = step_fn()
             optimizer.zero_grad(set_to_none=True)
@@ -462,6 +465,8 @@ class _Run:
             for key, value in losses.items():
                 sums[key] = sums.get(key, 0.0) + float(value.detach())
             count += 1
+            if profiler is not None:
+                profiler.step()
             now = time.perf_counter()
             self.state["seconds"][stage] = base_seconds + now - began
             if count == 25 or now - last_print > 15:
@@ -480,12 +485,43 @@ class _Run:
             if now - self.last_checkpoint > self.config.checkpoint_seconds:
                 self.save_checkpoint(optimizer, stage, modules)
         used = time.perf_counter() - began  # the budget counts steps; the checkpoint write below comes on top
+        if profiler is not None:
+            profiler.stop()
         if count:
             self.state["history"].append(
                 {"stage": stage, "step": self.state["steps"][stage]} | {k: v / count for k, v in sums.items()}
             )
         self.save_checkpoint(optimizer, stage, modules)
         return used
+
+    def _profiler(self, stage: str):
+        """A started torch profiler that records `profile_steps` steps after PROFILE_SKIP and then writes
+        `<out>/profile-<stage>.txt` (operators by device time, then by CPU time: where a step's time goes);
+        None without `profile_steps`. A failure to write is printed, never fatal to training."""
+        if not self.config.profile_steps:
+            return None
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        from workbench.io import write_atomic
+
+        cuda = self.device.type == "cuda"
+        path = self.folder.parent / f"profile-{stage}.txt"
+
+        def write(finished) -> None:
+            def tables() -> dict[str, str]:
+                table = finished.key_averages().table
+                by_device = table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=30)
+                text = f"{self.config.profile_steps} {stage} steps on {self.device}\n{by_device}\n"
+                write_atomic(path, (text + table(sort_by="cpu_time_total", row_limit=30)).encode())
+                return {"path": str(path)}
+
+            print(f"train-tiny: profile of {stage}: {report.guarded(tables)}", flush=True)
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        plan = schedule(wait=PROFILE_SKIP, warmup=1, active=self.config.profile_steps, repeat=1)
+        profiler = profile(activities=activities, schedule=plan, on_trace_ready=write)
+        started = report.guarded(profiler.start)
+        return None if isinstance(started, dict) and "error" in started else profiler
 
     def _batch(self, size: int) -> torch.Tensor:
         return torch.randint(len(self.data), (size,), generator=self.generator, device=self.device)
