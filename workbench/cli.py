@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument(
         "--profile-steps", type=int, default=0, help="profile this many steps of each stage: OUT/profile-STAGE.txt"
     )
+    tiny.add_argument(
+        "--compile", action="store_true", help="the denoiser's transformer blocks through torch.compile (regional)"
+    )
 
     bat = commands.add_parser("batch", help="generate many requests of one model on Ray workers; outputs per request")
     bat.add_argument("--model", required=True)
@@ -478,6 +481,7 @@ def _train_tiny(args: argparse.Namespace) -> int:
         "eval_requests",
         "pack",
         "profile_steps",
+        "compile",
         "stage",
     )
     config = TrainConfig(**{name: getattr(args, name) for name in fields})

@@ -22,7 +22,7 @@ def _modules(folder, *names):
     return {k: v for k, v in weights.items() if k.split(".")[0] in names}
 
 
-def test_av2_calls_resume_train_only_the_named_autoencoders_and_export_a_loadable_model(tmp_path):
+def test_av2_calls_resume_train_only_the_named_autoencoders_and_export_a_loadable_model(tmp_path, monkeypatch):
     from workbench.models.ltx2 import load
 
     config = TrainConfig(out=tmp_path / "run", preset="av2", overrides=TOY, minutes=0.002, ae_minutes=1.0, device="cpu")
@@ -41,9 +41,25 @@ def test_av2_calls_resume_train_only_the_named_autoencoders_and_export_a_loadabl
     assert any(not torch.equal(video_after[k], v) for k, v in video_before.items())
     assert second["steps"]["autoencoders"] > first["steps"]["autoencoders"]
 
-    # a shorter plan ends the autoencoder stage at once; the denoiser then trains with a new batch size
-    third = train(replace(config, resume=True, ae_minutes=0.001, denoise_minutes=1.0, denoise_batch=3, eval_requests=1))
+    # a shorter plan ends the autoencoder stage at once; the denoiser then trains with a new batch size, its blocks
+    # compiled (dynamo's eager backend here: the tracing and the training through it, not inductor's code generation)
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    compiled, compile_block = [], torch.nn.Module.compile
+    monkeypatch.setattr(
+        torch.nn.Module,
+        "compile",
+        lambda module, **options: compiled.append(module) or compile_block(module, backend="eager"),
+    )
+    third = train(
+        replace(
+            config, resume=True, ae_minutes=0.001, denoise_minutes=1.0, denoise_batch=3, eval_requests=1, compile=True
+        )
+    )
     assert third["stage"] == "denoiser" and third["steps"]["denoiser"] >= 1
+    assert len(compiled) == TOY["layers"] and third["calls"][-1]["compile"] is True
+    assert counters["stats"]["unique_graphs"] >= 1  # dynamo traced the blocks the steps ran through
     calls = third["calls"]
     assert [c["ae_train"] for c in calls] == ["all", "video", "all"] and calls[2]["denoise_batch"] == 3
     assert [c["ae_batch"] for c in calls] == [1, 1, 1] and second["config"]["ae_batch"] == 1

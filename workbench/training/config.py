@@ -55,6 +55,9 @@ class TrainConfig:
     vocoder_reset: bool = False  # stage "vocoder" starts from a freshly initialised vocoder (then raise vocoder_lr)
     schedule: str = "cosine"
     bf16: bool = True  # on CUDA, the denoiser's forward under bfloat16 autocast (weights, optimizer, EMA stay float32)
+    compile: bool = (
+        False  # the denoiser's transformer blocks through torch.compile (regional; compiled at the first step)
+    )
     caption_dropout: float = 0.1
     checkpoint_seconds: float = 60.0
     warmup_steps: int = 200

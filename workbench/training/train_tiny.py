@@ -227,7 +227,8 @@ class _Run:
         from workbench.io import write_atomic
 
         row = {"started": self.call_start["started"], "device": record["device"], "preset": self.config.preset}
-        for key in ("minutes", "wall_minutes", "ae_train", "ae_batch", "denoise_batch", "vocoder_lr", "vocoder_reset"):
+        kept = ("minutes", "wall_minutes", "ae_train", "ae_batch", "denoise_batch", "vocoder_lr", "vocoder_reset")
+        for key in kept + ("compile",):
             row[key] = getattr(self.config, key)
         for table in ("steps", "seconds"):
             row[table] = {k: v - self.call_start[table].get(k, 0) for k, v in self.state[table].items()}
@@ -387,6 +388,8 @@ class _Run:
         pairs = [(self.ema[f"{n}.{k}"], p.detach()) for n in TRAINED["denoiser"] for k, p in self._params(n)]
         self.ema_averages, self.ema_params = zip(*pairs, strict=True)
         optimizer = self._optimizer("denoiser", self.config.denoise_lr, TRAINED["denoiser"])
+        if self.config.compile:  # each block in place (state_dict keys unchanged); copies drop the compiled code
+            pipe.transformer.compile_repeated_blocks(dynamic=False)
         step = self._denoiser_step
         return self._loop("denoiser", optimizer, step, seconds, TRAINED["denoiser"], after_step=self._update_ema)
 
