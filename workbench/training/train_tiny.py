@@ -303,10 +303,8 @@ class _Run:
             losses["mel"] = (mel_recon - mel).abs().mean() + F.mse_loss(mel_recon, mel)
             half = mel.shape[0] // 2  # the vocoder hears true mels (at random channel gains) and reconstructed ones
             louder = channel_gains(wave[:half], self.generator)
-            vocoder_in = torch.cat([log_mel(louder, mel.shape[2]), mel_recon[half:].detach()])
-            target = torch.cat([louder, wave[half:]])[..., : mel.shape[2] * HOP]
-            if self.spec.separate_channels:  # the export plays each channel alone: train that
-                vocoder_in, target = one_channel(vocoder_in, target, self.generator)
+            mels = torch.cat([log_mel(louder, mel.shape[2]), mel_recon[half:].detach()])
+            vocoder_in, target = self._vocoder_batch(mels, torch.cat([louder, wave[half:]]))
             losses["vocoder"] = vocoder_loss(vocoder(vocoder_in), target, vocoder_in)
         total = sum(v for k, v in losses.items() if k != "kl") + 1e-4 * losses.get("kl", 0.0)
         return {"loss": total} | losses
@@ -337,11 +335,18 @@ class _Run:
             half = mel.shape[0] // 2
             audio_vae = self.pipe.audio_vae
             recon = audio_vae.decode(audio_vae.encode(mel[half:]).latent_dist.mode()).sample
-            vocoder_in, target = torch.cat([mel[:half], recon]), wave[..., : mel.shape[2] * HOP]
-            if self.spec.separate_channels:
-                vocoder_in, target = one_channel(vocoder_in, target, self.generator)
+            vocoder_in, target = self._vocoder_batch(torch.cat([mel[:half], recon]), wave)
         loss = vocoder_loss(self.pipe.vocoder(vocoder_in), target, vocoder_in)
         return {"loss": loss}
+
+    def _vocoder_batch(self, mels: torch.Tensor, waves: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the vocoder trains on: mels (B, 2, T, M) and their waveforms (B, 2, >= T * HOP), cut to the mels'
+        length; for a `separate_channels` vocoder one random channel of each clip on both channels, since the
+        export plays each channel alone (`one_channel`, one draw from the generator)."""
+        target = waves[..., : mels.shape[2] * HOP]
+        if self.spec.separate_channels:
+            return one_channel(mels, target, self.generator)
+        return mels, target
 
     @torch.no_grad()
     def _encode_all(self) -> tuple[torch.Tensor, torch.Tensor]:
