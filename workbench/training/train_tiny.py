@@ -227,8 +227,17 @@ class _Run:
         from workbench.io import write_atomic
 
         row = {"started": self.call_start["started"], "device": record["device"], "preset": self.config.preset}
-        kept = ("minutes", "wall_minutes", "ae_train", "ae_batch", "denoise_batch", "vocoder_lr", "vocoder_reset")
-        for key in kept + ("compile",):
+        options = (
+            "minutes",
+            "wall_minutes",
+            "ae_train",
+            "ae_batch",
+            "denoise_batch",
+            "vocoder_lr",
+            "vocoder_reset",
+            "compile",
+        )
+        for key in options:
             row[key] = getattr(self.config, key)
         for table in ("steps", "seconds"):
             row[table] = {k: v - self.call_start[table].get(k, 0) for k, v in self.state[table].items()}
