@@ -14,6 +14,7 @@ server's contents API.
 """
 
 import json
+import time
 from pathlib import Path
 
 from test_lab import ARGS, CHROMIUM, put, run_all, sync_api
@@ -72,19 +73,54 @@ OVERFLOW = """() => {
 # Ready to measure: every plugin's row drawn (its line with checkbox and expand button) and the dashboard's size the
 # same for the last SETTLED polls. The session line is drawn before the panel's rows (ipywidgets draws each child
 # view when its promise resolves; here the rows followed it by 0.1-0.5 s), so a measurement taken as soon as the
-# session line showed once saw 12 rows on a loaded 2-core CI machine.
-SETTLED, POLL_MS = 5, 200
-READY = """([expected, settled]) => {
+# session line showed once saw 12 rows on a loaded 2-core CI machine. Polled from Python (not wait_for_function), so
+# a wait that runs out says how the rows came: each change of state with its time, the kernel's status, what the
+# output area shows instead of a widget, and the page's console errors (a child view that failed is one).
+SETTLED, POLL_S, WAIT_S = 5, 0.2, 60
+STATE = """() => {
     const dash = document.querySelector('.vflash-dashboard');
-    if (!dash) return false;
+    if (!dash) return null;
+    const rows = dash.querySelectorAll('.vflash-acceleration-row');
     const lines = [...dash.querySelectorAll('.vflash-acceleration-row .vflash-line')];
     const drawn = lines.filter((line) => line.querySelector('input[type=checkbox]') && line.querySelector('.vflash-more'));
     const box = dash.getBoundingClientRect();
-    const state = `${lines.length} ${drawn.length} ${Math.round(box.width)}x${Math.round(box.height)}`;
-    const last = window.__vflashReady || {state: null, same: 0};
-    window.__vflashReady = {state, same: state === last.state ? last.same + 1 : 0};
-    return drawn.length === expected && lines.length === expected && window.__vflashReady.same >= settled;
+    const kernel = document.querySelector('.jp-Notebook-ExecutionIndicator');
+    return {rows: rows.length, lines: lines.length, drawn: drawn.length,
+            size: `${Math.round(box.width)}x${Math.round(box.height)}`,
+            kernel: kernel && kernel.getAttribute('data-status'),
+            outputs: [...document.querySelectorAll('.jp-OutputArea-output')]
+                .map((el) => el.innerText.trim().slice(0, 80)).filter((text) => /loading widget|error/i.test(text))};
 }"""
+
+
+def collect_errors(page) -> list[str]:
+    """The page's console errors and uncaught exceptions from now on (the list fills as they come)."""
+    errors: list[str] = []
+    page.on("console", lambda message: message.type == "error" and errors.append(message.text[:300]))
+    page.on("pageerror", lambda error: errors.append(f"page error: {str(error)[:300]}"))
+    return errors
+
+
+def wait_for_rows(page, expected: int, errors: list[str]) -> None:
+    """Poll STATE until `expected` rows are drawn and the dashboard's size held SETTLED polls; AssertionError with
+    the timeline of states (seconds since the wait began) and the console's `errors` when it does not."""
+    start, timeline, same, last = time.monotonic(), [], 0, None
+    while time.monotonic() - start < WAIT_S:
+        state = page.evaluate(STATE)
+        key = state and (state["rows"], state["lines"], state["drawn"], state["size"])
+        same = same + 1 if key == last else 0
+        if key != last:
+            timeline.append((round(time.monotonic() - start, 1), state))
+        last = key
+        if state and state["drawn"] == state["lines"] == expected and same >= SETTLED:
+            return
+        time.sleep(POLL_S)
+    raise AssertionError(
+        f"{expected} plugin rows never settled in {WAIT_S} s; last seen {state}; timeline (s, state): {timeline[-20:]}; "
+        f"console errors: {errors[-10:]}"
+    )
+
+
 MEASURE = """() => {
     const rect = (selector) => document.querySelector(selector).getBoundingClientRect();
     const controls = rect('.vflash-controls');
@@ -104,17 +140,15 @@ def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
+            errors = collect_errors(page)
             run_all(page, base, token, "dashboard_layout.ipynb")
             plugins = len(available())
             try:
                 page.wait_for_selector(".vflash-dashboard :text('demo-av on cpu')", timeout=90_000)
-                page.wait_for_function(READY, arg=[plugins, SETTLED], polling=POLL_MS, timeout=60_000)
-            except sync_api.TimeoutError as error:
+                wait_for_rows(page, plugins, errors)
+            except (sync_api.TimeoutError, AssertionError):
                 page.screenshot(path=str(tmp_path / "failed.png"), full_page=True)
-                seen = page.evaluate("() => window.__vflashReady && window.__vflashReady.state")
-                raise AssertionError(
-                    f"{plugins} plugin rows never settled; last seen (rows drawn size): {seen}"
-                ) from error
+                raise
             page.locator(".vflash-dashboard").scroll_into_view_if_needed()
 
             # Plugins off: one line per plugin, nothing sideways, the controls on one screen.
