@@ -11,7 +11,6 @@ import ipywidgets
 import numpy as np
 
 from workbench.progress import progress as text_progress
-from workbench.result import enlargement
 
 T = TypeVar("T")
 
@@ -49,13 +48,12 @@ def check_labels(labels: tuple[str, str]) -> tuple[str, str]:
     return labels[0], labels[1]
 
 
-def upscale(image: np.ndarray, min_side: int = 256) -> np.ndarray:
-    """Repeat pixels by a whole factor so a tiny frame shows at least `min_side` pixels on its long side.
+def upscale(image: np.ndarray, factor: int) -> np.ndarray:
+    """Repeat each pixel of an (H, W, ...) image `factor` x `factor` times.
 
     Nearest-neighbour on purpose: a smoothed enlargement would hide exactly the pixel differences an
     A/B view is for.
     """
-    factor = enlargement(image.shape[0], image.shape[1], min_side)  # ceil: 100 px -> x3 = 300 px
     return image if factor == 1 else image.repeat(factor, axis=0).repeat(factor, axis=1)
 
 

@@ -26,7 +26,8 @@ from .memory import MemoryCapField, plan_html, residency_html
 from .panel import AccelerationPanel
 from .player import ABPlayer
 
-MODELS = ("demo-av", "tiny-wan", "tiny-wan22", "tiny-ltx2")  # demo-av first: the trained one, an A/B you can see
+# the trained ones first: an A/B you can see and hear
+MODELS = ("demo-av", "demo-av-mini", "tiny-wan", "tiny-wan22", "tiny-ltx2")
 _FIELDS = ("frames", "height", "width", "steps")
 
 
@@ -82,7 +83,10 @@ class Dashboard(ipywidgets.VBox):
         self.session_status = ipywidgets.HTML("no session open", layout={"flex": "1 1 0", "min_width": "0"})
         self.panel = AccelerationPanel()
         self.prompt = ipywidgets.Text(
-            "a red circle moves left", description="prompt", style=short, layout={"width": "100%", "max_width": "720px"}
+            "a red circle moves left slow on a dark background, soft low hum",
+            description="prompt",
+            style=short,
+            layout={"width": "100%", "max_width": "720px"},
         )
         self.seed = ipywidgets.IntText(0, description="seed", style=short, layout={"width": "150px"})
         self.fields = {
@@ -143,8 +147,9 @@ class Dashboard(ipywidgets.VBox):
         sizes = {name: widget.value or None for name, widget in self.fields.items()}
         return Request(self.prompt.value, seed=self.seed.value, **sizes)
 
-    def set_request(self, prompt: str | None = None, seed: int | None = None, **sizes: int) -> None:
-        """Fill in the form from code (what a user would type)."""
+    def set_request(self, prompt: str | None = None, seed: int | None = None, **sizes: int | None) -> None:
+        """Fill in the form from code (what a user would type); a size given None keeps the form's value (0 there:
+        the model's default)."""
         unknown = sorted(set(sizes) - set(_FIELDS))
         if unknown:
             raise ValueError(f"request form: unknown field(s) {unknown}; allowed: {list(_FIELDS)}")
@@ -153,7 +158,8 @@ class Dashboard(ipywidgets.VBox):
         if seed is not None:
             self.seed.value = seed
         for name, value in sizes.items():
-            self.fields[name].value = value
+            if value is not None:
+                self.fields[name].value = value
 
     def generate(self) -> Result | None:
         """Run the form's request on the session (LiveStagePlot attached) and update the A/B area.

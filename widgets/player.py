@@ -161,7 +161,10 @@ class ABPlayer(ipywidgets.VBox):
     def __init__(self, result_a: Result, result_b: Result, labels: tuple[str, str] = ("A", "B")):
         self.errors = ErrorBox()
         self.header = ipywidgets.HTML()
-        self.slider = ipywidgets.IntSlider(0, min=0, max=1, description="frame", continuous_update=True)
+        # wide enough that a click on the track lands on its frame: ~9 px a frame for a 2 s clip at 24 fps
+        self.slider = ipywidgets.IntSlider(
+            0, min=0, max=1, description="frame", continuous_update=True, layout={"width": "520px"}
+        )
         self.previous = ipywidgets.Button(icon="step-backward", tooltip="previous frame", layout={"width": "40px"})
         self.next = ipywidgets.Button(icon="step-forward", tooltip="next frame", layout={"width": "40px"})
         self.play = ipywidgets.ToggleButton(False, description="play both", icon="play")
@@ -175,7 +178,9 @@ class ABPlayer(ipywidgets.VBox):
             [self.videos, ipywidgets.VBox([self.image_diff, self.diff_title]), self.curves],
             layout={"flex_flow": "row wrap", "align_items": "flex-start", "grid_gap": "8px"},
         )
-        controls = ipywidgets.HBox([self.previous, self.slider, self.next, self.play, self.caption])
+        controls = ipywidgets.HBox(
+            [self.previous, self.slider, self.next, self.play, self.caption], layout={"flex_flow": "row wrap"}
+        )
         super().__init__([self.header, row, controls, self.errors])
         self.add_class("vflash-ab-player")
         self._ready = False
@@ -211,8 +216,8 @@ class ABPlayer(ipywidgets.VBox):
         self.slider.max = self.frame_count - 1
         self.videos.time = frame_time(0, self.fps)
         dw, dh = self.display_size
-        heat_factor, (hw, hh) = display_size(height, width, HEATMAP_SIDE, HEATMAP_SIDE)
-        heat_shown = f"{width}x{height} px" + (f", shown x{heat_factor}" if heat_factor > 1 else "")
+        self.heat_factor, (hw, hh) = display_size(height, width, HEATMAP_SIDE, HEATMAP_SIDE)
+        heat_shown = f"{width}x{height} px" + (f", shown x{self.heat_factor}" if self.heat_factor > 1 else "")
         self.diff_title.value = f"<b>|{b} - {a}|</b> ({heat_shown})"
         self.videos.display_width, self.videos.display_height = dw, dh
         self.image_diff.layout.width, self.image_diff.layout.height = f"{hw}px", f"{hh}px"
@@ -234,7 +239,7 @@ class ABPlayer(ipywidgets.VBox):
     def show(self, frame: int) -> None:
         """Draw the difference of frame `frame` and mark it on the curves."""
         with self.errors.catching(f"showing frame {frame}"):
-            self.image_diff.value = array_png(upscale(self.heatmap(frame), HEATMAP_SIDE))
+            self.image_diff.value = array_png(upscale(self.heatmap(frame), self.heat_factor))
             self.caption.value = self._caption(frame)
             if self.psnr is not None and self.ssim is not None:
                 figure = frame_metric_curves(self.psnr, self.ssim, current=frame, size=CURVES_SIZE)
@@ -299,10 +304,11 @@ def display_size(
 ) -> tuple[int, tuple[int, int]]:
     """(whole enlargement factor, (width, height) in CSS px) of a frame in the A/B row.
 
-    Small frames are enlarged by the smallest whole factor that reaches `min_side` on the long side;
-    frames already that large show at most `max_side` on the long side (scaled down by the browser).
+    Small frames are enlarged by the smallest whole factor that reaches `min_side` on the long side, unless that
+    passes `max_side`: then by the largest whole factor that stays within it. Frames that no whole factor > 1 fits
+    show at their size, or scaled down by the browser to `max_side` on the long side.
     """
-    factor = enlargement(height, width, min_side)
+    factor = min(enlargement(height, width, min_side), max(1, max_side // max(height, width)))
     if factor > 1:
         return factor, (width * factor, height * factor)
     scale = min(1.0, max_side / max(height, width))

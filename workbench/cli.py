@@ -121,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument(
         "--out", required=True, type=Path, help="run folder: checkpoint/, <preset>/, train.json, loss.png"
     )
-    tiny.add_argument("--preset", default="demo-av", help="architecture: demo-av (9x64x64) or av2 (49x128x128)")
+    tiny.add_argument(
+        "--preset",
+        default="demo-av",
+        help="architecture: av2 (the shipped demo-av: 49x128x128, stereo) or demo-av (the shipped demo-av-mini: 9x64x64)",
+    )
     tiny.add_argument("--minutes", type=float, default=6.0, help="training time of this call")
     tiny.add_argument(
         "--wall-minutes",

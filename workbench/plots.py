@@ -203,7 +203,7 @@ def frame_metric_curves(
     bottom.plot(frames, ssim, marker=".", color="#59a14f")
     bottom.set_ylabel("SSIM")
     bottom.set_xlabel("frame")
-    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    bottom.xaxis.set_major_locator(MaxNLocator(nbins=4 if small else "auto", integer=True))  # small: ticks apart
     bottom.set_title(f"min SSIM {ssim.min():.4f}" if ssim.size else "no frames", fontsize=9 if small else 10)
     limits = budget or {}
     for axes, key, label in ((top, "psnr_db", "budget {:g} dB"), (bottom, "min_ssim", "budget {:g}")):

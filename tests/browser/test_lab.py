@@ -1,6 +1,6 @@
 """What a person sees of the A/B players: a real JupyterLab driven by headless Debian Chromium.
 
-A small notebook generates two demo-av clips (24 fps, 64x64: stock and easycache) and shows an
+A small notebook generates two demo-av clips (2 s at 24 fps, 128x128: stock and easycache) and shows an
 `ABPlayer` and an `ABAudio` of them. The checks: every frame 0..T-1 is reached by ArrowRight, End and
 the mouse with both videos on that frame after each step (Chromium truncates `currentTime` to
 microseconds, which once made the slider skip frames at 24 fps), the videos render at least 256 px,
@@ -31,15 +31,15 @@ ARGS = [
     "--disable-component-update",
     "--no-first-run",
 ]
-FPS, FRAMES = 24, 9  # demo-av's defaults: 9 frames at 24 fps, where 1/24 s is not a whole microsecond
+FPS, FRAMES = 24, 49  # demo-av's defaults: 49 frames at 24 fps, where 1/24 s is not a whole microsecond
 AB_NOTEBOOK = [
     "from workbench import Request, Session\nfrom workbench.widgets import ABAudio, ABPlayer\n"
     "session = Session.open('demo-av', device='cpu')\n"
-    "request = Request('a red circle moves left, low hum', seed=0, steps=6)\n"
+    "request = Request('a red circle moves left slow on a dark background, soft low hum', seed=0, steps=6)\n"
     "stock = session.generate(request, progress=False)\n"
     "session.accelerate({'easycache': {'threshold': 0.2}})\n"
     "cached = session.generate(request, progress=False)\n"
-    "assert (stock.fps, stock.frames.shape[0]) == (24, 9), (stock.fps, stock.frames.shape)",
+    f"assert (stock.fps, stock.frames.shape[0]) == ({FPS}, {FRAMES}), (stock.fps, stock.frames.shape)",
     "ABPlayer(stock, cached, labels=('stock', 'easycache'))",
     "ABAudio(stock, cached, labels=('stock', 'easycache'))",
 ]
@@ -204,7 +204,7 @@ def test_videos_heatmap_and_curves_fit_one_row_at_1400_px(ab_page):
     tops = [top for _, top, _, _ in videos + images]
     assert max(tops) - min(tops) < 40, f"not one row: tops {tops}"
     assert max(left + width for left, _, width, _ in videos + images) <= 1400 and boxes["overflow"] <= 0
-    assert "64x64 px, shown x4" in player.inner_text()
+    assert "128x128 px, shown x2" in player.inner_text()
 
 
 def test_audio_players_show_the_true_duration(ab_page):
@@ -213,7 +213,7 @@ def test_audio_players_show_the_true_duration(ab_page):
     readouts.first.wait_for(timeout=10_000)
     texts = readouts.all_inner_texts()
     durations = [float(text.split(" / ")[1].removesuffix(" s")) for text in texts]
-    assert len(texts) == 2 and all(0.3 < d < 0.5 for d in durations), texts  # 9 frames at 24 fps; Chromium: "0:00"
+    assert len(texts) == 2 and all(abs(d - FRAMES / FPS) < 0.05 for d in durations), texts  # Chromium: "0:00"
 
 
 def test_ab_view_screenshot(ab_page):

@@ -1,5 +1,5 @@
 """Calibration (issue 22): the knob search on synthetic quality curves (property tests), and the real flow on CPU:
-demo-av with easycache (its audio limits included), a stack of block_sparse and easycache on a tiny LTX-2 whose
+demo-av-mini with easycache (its audio limits included), a stack of block_sparse and easycache on a tiny LTX-2 whose
 attention head is 128 wide (the sparse kernel's), budgets too tight for anything, and the record it writes."""
 
 import base64
@@ -65,7 +65,7 @@ def test_calibratable_plugins_declare_their_knob():
 
 @pytest.fixture(scope="module")
 def demo():
-    return Session.open("demo-av", device="cpu")
+    return Session.open("demo-av-mini", device="cpu")
 
 
 def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_record(demo, tmp_path, capsys):
@@ -87,12 +87,12 @@ def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_r
     png = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page).group(1)
     assert base64.b64decode(png).startswith(b"\x89PNG") and "<script" not in page
     resolved = demo.resolve(test[0]).to_dict()
-    assert within_budget(json_path, "demo-av", "cpu", resolved) == result.setting
-    with pytest.raises(ValueError, match="model 'demo-av', not 'tiny-ltx2'"):
+    assert within_budget(json_path, "demo-av-mini", "cpu", resolved) == result.setting
+    with pytest.raises(ValueError, match="model 'demo-av-mini', not 'tiny-ltx2'"):
         within_budget(json_path, "tiny-ltx2", "cpu")
     with pytest.raises(ValueError, match="steps 6 \\(calibrated\\) vs 8"):
-        within_budget(json_path, "demo-av", "cpu", {**resolved, "steps": 8})
-    args = ["generate", "--model", "demo-av", "--prompt", "a red circle moves left, low hum", "--device", "cpu"]
+        within_budget(json_path, "demo-av-mini", "cpu", {**resolved, "steps": 8})
+    args = ["generate", "--model", "demo-av-mini", "--prompt", "a red circle moves left, low hum", "--device", "cpu"]
     args += [
         "--steps",
         "6",
@@ -144,7 +144,8 @@ def test_stack_composes_block_sparse_and_easycache_and_confirms_inside_the_budge
 )
 def test_cli_calibrate_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, extra, message):
     out = tmp_path / "cal"
-    args = ["calibrate", "--model", "demo-av", "--suite", "data_manifests/demo-av-smoke.json", "--out", str(out)]
+    suite = "data_manifests/demo-av-mini-smoke.json"
+    args = ["calibrate", "--model", "demo-av-mini", "--suite", suite, "--out", str(out)]
     args += ["--device", "cpu", "--plugin", "easycache", *extra, "--max-evals", "2"]
     assert main(args) == 2
     assert message in capsys.readouterr().err and not out.exists()

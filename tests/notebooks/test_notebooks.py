@@ -29,8 +29,8 @@ def parameters(name: str, folder: Path) -> dict:
         "30_kernels": {"device": "cuda"},  # on a machine without CUDA this is the clean skip
         "40_review": {"record_a": "", "record_b": "", "out": out, "device": "cpu", "rounds": 3},
         "50_calibrate": {
-            "model": "demo-av",
-            "suite": "../data_manifests/demo-av-smoke.json",
+            "model": "demo-av-mini",
+            "suite": "../data_manifests/demo-av-mini-smoke.json",
             "plugins": ["easycache"],
             "budget": {"latent_rel_l2": 0.2, "psnr_db": 20.0, "min_ssim": 0.7},
             "out": out,

@@ -1,4 +1,4 @@
-"""The calibration panel drives the real calibrate on demo-av (tiny requests), shows the outcome, and applies only
+"""The calibration panel drives the real calibrate on demo-av-mini (tiny requests), shows the outcome, and applies only
 a confirmed setting."""
 
 import pytest
@@ -12,7 +12,7 @@ SIZE = {"frames": 9, "height": 32, "width": 32, "steps": 8}
 
 @pytest.fixture(scope="module")
 def demo():
-    return Session.open("demo-av", device="cpu")
+    return Session.open("demo-av-mini", device="cpu")
 
 
 def test_panel_shows_the_default_budget_with_audio_and_reads_edited_limits(demo):

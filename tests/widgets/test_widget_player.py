@@ -18,7 +18,7 @@ def test_slider_moves_heatmap_and_sets_synced_videos_time_to_the_middle_of_the_f
     b = make_result(like=a, noise=6)
     player = ABPlayer(a, b, labels=("dense", "cached"))
     player.slider.value = 5
-    assert player.image_diff.value == array_png(upscale(player.heatmap(5), 192))
+    assert player.image_diff.value == array_png(upscale(player.heatmap(5), 6))  # 28 px x6: the most within 192
     assert player.videos.time == pytest.approx(5.5 / 24)
     assert "frame 5 of 8" in player.caption.value
     assert not player.errors.value
@@ -69,8 +69,10 @@ def test_small_clips_show_enlarged_nearest_neighbour_with_their_true_size(make_r
     with av.open(io.BytesIO(mp4)) as container:
         frame = next(container.decode(video=0))
     assert (frame.width, frame.height) == (280, 200)
-    assert (player.image_diff.layout.width, player.image_diff.layout.height) == ("196px", "140px")  # x7
+    assert (player.image_diff.layout.width, player.image_diff.layout.height) == ("168px", "120px")  # x6, not past 192
     assert display_size(64, 64) == (4, (256, 256)) and display_size(480, 832) == (1, (320, 185))
+    assert display_size(128, 128) == (2, (256, 256)) and display_size(128, 128, 192, 192) == (1, (128, 128))
+    assert display_size(200, 200) == (1, (200, 200))  # x2 would pass 320: shown at its size
 
 
 def test_compare_swaps_in_a_new_pair_in_place(make_result):

@@ -1,4 +1,5 @@
-"""Model families and the names a user types: `tiny-wan`, `tiny-wan22`, `tiny-ltx2`, `tiny-h3`, `demo-av`, or a local path."""
+"""Model families and the names a user types: `tiny-wan`, `tiny-wan22`, `tiny-ltx2`, `tiny-h3`, `demo-av`,
+`demo-av-mini`, or a local path."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ from workbench.models.loaded import LoadedModel, cast_components
 
 TINY_MODELS = ("tiny-wan", "tiny-wan22", "tiny-ltx2", "tiny-h3")
 RANDOM_MODELS = ("random-wan-1.3b",)  # real shapes, random weights: for GPU timing only
-# Trained checkpoints shipped inside the package, loaded through the same `load(path)` as any local directory.
-SHIPPED_MODELS = {"demo-av": Path(__file__).resolve().parent / "demo-av"}  # `workbench train-tiny` makes it
+# Trained checkpoints shipped inside the package, loaded through the same `load(path)` as any local directory, and
+# the `workbench train-tiny --preset` that made each: demo-av (49 frames of 128x128 at 24 fps, stereo, rich captions)
+# and demo-av-mini (9 frames of 64x64, the fastest trained model, for quick checks).
+_HERE = Path(__file__).resolve().parent
+SHIPPED_MODELS = {"demo-av": _HERE / "demo-av", "demo-av-mini": _HERE / "demo-av-mini"}
+SHIPPED_PRESETS = {"demo-av": "av2", "demo-av-mini": "demo-av"}
 PIPELINE_FAMILIES = {"WanPipeline": "wan", "LTX2Pipeline": "ltx2", "MiniMaxH3ModularPipeline": "h3"}
 MODULAR_INDEX = "modular_model_index.json"  # modular pipelines (MiniMax-H3) name their components here
 
@@ -61,10 +66,10 @@ def resolve(
 
 def shipped_path(name: str) -> Path:
     """The folder of a shipped checkpoint; a RuntimeError saying how to make it when it is not there."""
-    path = SHIPPED_MODELS[name]
+    path, preset = SHIPPED_MODELS[name], SHIPPED_PRESETS[name]
     if not (path / "model_index.json").is_file():
         raise RuntimeError(
             f"model: {name!r} is a shipped checkpoint but {path} holds no model_index.json; train it with "
-            f"`workbench train-tiny --out RUN --device cuda` and copy RUN/demo-av to {path}"
+            f"`workbench train-tiny --preset {preset} --out RUN --device cuda` and copy RUN/{preset} to {path}"
         )
     return path

@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from workbench.data.detect import caption_match, match_rates
+from workbench.models import SHIPPED_PRESETS
 from workbench.training.audio import log_mel, mel_frames
 from workbench.training.dataset import ClipSet, captions, eval_cases
-from workbench.training.model import FPS
+from workbench.training.model import FPS, PRESETS
 
 # What guessing scores on the balanced held-out cases, per attribute.
 CHANCE = {"colour": 0.25, "shape": 1 / 3, "direction": 0.25, "speed": 0.5, "background": 0.5, "pitch": 0.25}
@@ -32,21 +33,24 @@ def caption_match_eval(
     steps: int | None = None,
     guidance: float | None = None,
     progress: bool = True,
-    rich: bool = False,
+    rich: bool | None = None,
     deadline: float | None = None,
 ) -> dict[str, Any]:
     """Generate `count` held-out cases with the model's defaults and score them against their captions
     (a text progress bar per request unless `progress` is False).
 
-    `rich`: the cases use the rich vocabulary (demo-av 2). `deadline` (a `time.perf_counter()` value): no
-    request starts after it; the report then covers the requests that ran (`requested` says how many were
-    asked for).
+    `rich`: the cases use the rich vocabulary (colour, shape, direction, speed, background); None: as the shipped
+    model named by `model` was trained (demo-av: rich, demo-av-mini: not), plain captions for any other model.
+    `deadline` (a `time.perf_counter()` value): no request starts after it; the report then covers the requests
+    that ran (`requested` says how many were asked for).
     """
     from workbench import Request, Session
     from workbench.progress import progress as progress_bar
 
     if count < 1:
         raise ValueError(f"count: must be >= 1, got {count}")
+    if rich is None:
+        rich = str(model) in SHIPPED_PRESETS and PRESETS[SHIPPED_PRESETS[str(model)]].rich
     start = time.perf_counter()
     session = Session.open(model, device=device, dtype="float32")
     rows, seconds = [], []
