@@ -1,13 +1,13 @@
-"""The shipped checkpoints demo-av and demo-av-mini: each loads by name, runs on a CPU in under a minute, and did learn.
+"""The shipped checkpoints demo-av and demo-av-mini: each loads by name and runs on a CPU in under a minute; demo-av
+did learn.
 
 The checks that need a checkpoint skip (with the reason) only when its folder is absent; once it is shipped they
 must pass. Thresholds are floors stated here, from chance, not fitted to a run: on the first 8 held-out requests
-(noise seeds never trained on; each colour and direction twice), demo-av-mini must match colour and pitch in at
-least 6 of 8 clips and direction in 5 of 8 (chance 2 of 8); demo-av must match colour, pitch, rhythm, speed and
+(noise seeds never trained on; each colour and direction twice) demo-av must match colour, pitch, rhythm, speed and
 background in at least 6 of 8 (chance 2 or 4 of 8) and shape and direction in 5 of 8 (chance about 2.7 and 2).
 The full evidence (128 held-out requests, the colour-direction pairs held out of training reported apart) is the
-record under benchmarks/results/av2-training/.
-"""
+record under benchmarks/results/av2-training/; demo-av-mini's is benchmarks/results/2026-11-29-demo-av-cpu-eval.json
+(its weights do not change, and its inference path is demo-av's, so CI checks its learning no more)"""
 
 import time
 
@@ -22,11 +22,8 @@ PROMPTS = {
     "demo-av-mini": "a red circle moves left, low hum",
 }
 SHAPES = {"demo-av": (49, 128, 128, 2), "demo-av-mini": (9, 64, 64, 2)}  # frames, height, width, audio channels
-THRESHOLDS = {
-    "demo-av": {"colour": 0.75, "pitch": 0.75, "rhythm": 0.75, "speed": 0.75, "background": 0.75}
-    | {"shape": 0.625, "direction": 0.625},
-    "demo-av-mini": {"colour": 0.75, "direction": 0.625, "pitch": 0.75},
-}
+THRESHOLDS = {"colour": 0.75, "pitch": 0.75, "rhythm": 0.75, "speed": 0.75, "background": 0.75}
+THRESHOLDS |= {"shape": 0.625, "direction": 0.625}
 
 
 def shipped(name: str):
@@ -65,11 +62,11 @@ def test_loads_by_name_and_generates_its_default_clip_with_sound_on_cpu_within_a
     assert result.sample_rate == 16000 and result.audio_seconds == pytest.approx(frames / 24, abs=0.05)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_matches_held_out_captions_above_threshold(name):
+@pytest.mark.parametrize("name", [shipped("demo-av")])
+def test_demo_av_matches_held_out_captions_above_threshold(name):
     from workbench.training.evaluate import caption_match_eval
 
     report = caption_match_eval(name, count=8, device="cpu", progress=False)
-    rates, minimum = report["all"], THRESHOLDS[name]
-    failing = {k: rates[k] for k, floor in minimum.items() if rates[k] < floor}
-    assert not failing, f"below {minimum}: {failing}; cases: {[r['match'] for r in report['cases']]}"
+    rates = report["all"]
+    failing = {k: rates[k] for k, floor in THRESHOLDS.items() if rates[k] < floor}
+    assert not failing, f"below {THRESHOLDS}: {failing}; cases: {[r['match'] for r in report['cases']]}"
