@@ -109,6 +109,11 @@ class OptionField(ipywidgets.VBox):
         """Put `value` in the field as a user would (text for a Text field)."""
         self.widget.value = show_value(value) if isinstance(self.widget, ipywidgets.Text) else value
 
+    def reset(self, value: Any = None) -> None:
+        """Show `value` (None: the option's default) unmarked, as a fresh field would."""
+        self.set(value if value is not None else self.option.default)
+        self._mark(None)
+
     def value(self) -> Any:
         """The parsed value, or None when the field is empty; ValueError naming the option when it does not parse."""
         raw = self.widget.value

@@ -115,14 +115,18 @@ def description_html(spec: Spec) -> str:
     )
 
 
+def _column_layout() -> ipywidgets.Layout:
+    return ipywidgets.Layout(flex="1 1 420px", min_width="0", margin="0 12px 0 0", overflow="visible")
+
+
 class AccelerationRow(ipywidgets.VBox):
     """One plugin: a single line (checkbox, name, contract badge, one-line summary, expand) while it is off;
     its option fields below while it is on; its full description while expanded."""
 
-    def __init__(self, spec: Spec, options: dict[str, Any] | None = None):
+    def __init__(self, spec: Spec):
         self.spec = spec
         self.enabled = ipywidgets.Checkbox(
-            value=options is not None, description=spec.name, indent=False, layout=ipywidgets.Layout(width="auto")
+            value=False, description=spec.name, indent=False, layout=ipywidgets.Layout(width="auto")
         )
         self.enabled.add_class("vflash-enable")
         self.badge = ipywidgets.HTML(contract_badge(spec.contract), layout=ipywidgets.Layout(flex="0 0 auto"))
@@ -136,8 +140,7 @@ class AccelerationRow(ipywidgets.VBox):
         )
         self.more.add_class("vflash-more")
         self.details = ipywidgets.HTML(layout=ipywidgets.Layout(display="none"))
-        given = options or {}
-        self.inputs = {o.name: OptionField(spec.name, o, given.get(o.name)) for o in spec.options}
+        self.inputs = {o.name: OptionField(spec.name, o) for o in spec.options}
         self.options_box = ipywidgets.Box(
             list(self.inputs.values()),
             layout=ipywidgets.Layout(display="flex", flex_flow="row wrap", margin="0 0 4px 24px", overflow="visible"),
@@ -153,6 +156,13 @@ class AccelerationRow(ipywidgets.VBox):
         self.enabled.observe(lambda _: self._show_options(), "value")
         self.more.observe(lambda _: self._show_details(), "value")
         self._show_options()
+
+    def load(self, options: dict[str, Any] | None) -> None:
+        """Show an installed plugin's `options` (checked), or None: unchecked, every field at its default."""
+        given = options or {}
+        for name, field in self.inputs.items():
+            field.reset(given.get(name))
+        self.enabled.value = options is not None
 
     def show_note(self, problem: str | None) -> None:
         """The one-line summary; a reason this session cannot run the plugin goes in front of it, in red."""
@@ -192,10 +202,19 @@ class AccelerationPanel(ipywidgets.VBox):
     def __init__(self, session: Session | None = None):
         self.specs = available()
         self.session: Session | None = None
-        self.rows: dict[str, AccelerationRow] = {}
+        # The rows are made once; `bind` only sets their values. (Rebuilding them per session left a generation of
+        # ~400 widgets for the garbage collector to close while the page was still drawing the new one.)
+        self.rows = {name: AccelerationRow(spec) for name, spec in self.specs.items()}
         self.groups: dict[str, list[str]] = {}
+        for name, spec in self.specs.items():
+            self.groups.setdefault(plugin_kind(spec), []).append(name)
+        order = [kind for kind in GROUPS if kind in self.groups] + [k for k in self.groups if k not in GROUPS]
+        self.groups = {kind: self.groups[kind] for kind in order}
         self.columns = ipywidgets.Box(
-            layout=ipywidgets.Layout(display="flex", flex_flow="row wrap", align_items="flex-start", overflow="visible")
+            self._columns(),
+            layout=ipywidgets.Layout(
+                display="flex", flex_flow="row wrap", align_items="flex-start", overflow="visible"
+            ),
         )
         self.profiles = {name: ProfileRow(name) for name in PROFILES}
         for name, row in self.profiles.items():
@@ -219,18 +238,12 @@ class AccelerationPanel(ipywidgets.VBox):
         self.bind(session)
 
     def bind(self, session: Session | None) -> None:
-        """Show `session`'s plugins and state (rebuilds the rows from the registry and what it has installed)."""
+        """Show `session`'s state: each row checked with its installed options, or unchecked at the defaults."""
         self.session = session
         installed = session.accelerations if session is not None else {}
-        self.rows = {name: AccelerationRow(spec, installed.get(name)) for name, spec in self.specs.items()}
         for name, row in self.rows.items():
+            row.load(installed.get(name))
             row.show_note(self._problem(self.specs[name]))
-        self.groups = {}
-        for name, spec in self.specs.items():
-            self.groups.setdefault(plugin_kind(spec), []).append(name)
-        order = [kind for kind in GROUPS if kind in self.groups] + [k for k in self.groups if k not in GROUPS]
-        self.groups = {kind: self.groups[kind] for kind in order}
-        self.columns.children = self._columns()
         for row in self.profiles.values():
             row.show(session)
         self.errors.clear()
@@ -313,9 +326,8 @@ class AccelerationPanel(ipywidgets.VBox):
             running += size
             if abs(total - 2 * running) < best:
                 split, best = index + 1, abs(total - 2 * running)
-        column = ipywidgets.Layout(flex="1 1 420px", min_width="0", margin="0 12px 0 0", overflow="visible")
         halves = [[s for _, s in sections[:split]], [s for _, s in sections[split:]]]
-        return [ipywidgets.VBox(half, layout=column) for half in halves if half]
+        return [ipywidgets.VBox(half, layout=_column_layout()) for half in halves if half]
 
     def _show_installed(self) -> None:
         if self.session is None:

@@ -203,6 +203,18 @@ def test_panel_apply_installs_valid_config(wan):
     again = AccelerationPanel(wan)
     assert again.rows["cross_kv_cache"].enabled.value and again.rows["first_block_cache"].enabled.value
     assert again.rows["first_block_cache"].inputs["threshold"].widget.value == "0.1"
+    # Binding another session sets the same rows (no new widgets): unchecked, fields back at their defaults, unmarked.
+    rows = dict(again.rows)
+    again.rows["first_block_cache"].inputs["threshold"].set("not a number")
+    again.bind(None)
+    assert again.rows == rows and all(again.rows[name] is row for name, row in rows.items())
+    assert again.config() == {} and not any(field.error for row in rows.values() for field in row.inputs.values())
+    default = available()["first_block_cache"].options[0]
+    assert (
+        default.name == "threshold" and again.rows["first_block_cache"].inputs["threshold"].value() == default.default
+    )
+    again.bind(wan)
+    assert set(again.config()) == {"cross_kv_cache", "first_block_cache"}
     panel.remove_all()
     assert wan.accelerations == {} and "nothing" in panel.installed.value
 
