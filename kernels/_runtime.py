@@ -165,6 +165,38 @@ def check_qkv(
         raise ValueError(f"{kernel}: empty sequence: q {tuple(q.shape)}, k {tuple(k.shape)}")
 
 
+# The attention kernels' head dims: D is a tl.arange extent (a power of two) and the K of the FP8 dots (>= 32).
+KERNEL_HEAD_DIMS = (32, 64, 128)
+MAX_HEAD_DIM = KERNEL_HEAD_DIMS[-1]
+
+
+def kernel_head_dim(d: int) -> int:
+    """The head dim an attention kernel runs for inputs of head dim `d` (1..MAX_HEAD_DIM): the smallest of
+    KERNEL_HEAD_DIMS >= d. Inputs of another `d` are zero-padded to it (`pad_head_dim`): q.k, the softmax and the
+    first `d` output columns are unchanged, the padded columns come out zero and are dropped."""
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim {d}; the attention kernels take 1..{MAX_HEAD_DIM}")
+    return next(size for size in KERNEL_HEAD_DIMS if size >= d)
+
+
+def head_dim_problem(arg: str, tensor: torch.Tensor) -> str | None:
+    """The attention kernels' layout check (`check_qkv`'s `layout`): (B, H, T, D) with 1 <= D <= MAX_HEAD_DIM."""
+    if tensor.ndim != 4:
+        return f"{arg} must be (B, H, T, D), got shape {tuple(tensor.shape)}"
+    if not 1 <= tensor.shape[-1] <= MAX_HEAD_DIM:
+        return f"{arg} has head dim {tensor.shape[-1]}; supported: 1..{MAX_HEAD_DIM} (run as {list(KERNEL_HEAD_DIMS)})"
+    return None
+
+
+def pad_head_dim(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(B, H, T, D) tensors zero-padded on D to `kernel_head_dim(D)` (each returned as given when D is one)."""
+    out = []
+    for tensor in tensors:
+        extra = kernel_head_dim(tensor.shape[-1]) - tensor.shape[-1]
+        out.append(torch.nn.functional.pad(tensor, (0, extra)) if extra else tensor)
+    return tuple(out)
+
+
 def broadcast_rows(kernel: str, name: str, tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """A (B, 1, C) or (B, T, C) operand as a (B, T, C) view (stride 0 over tokens when broadcast)."""
     b, t, c = shape

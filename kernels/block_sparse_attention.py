@@ -12,10 +12,12 @@ A call is two stages, each in its own module:
 Higher `tau` means fewer exact blocks; `tau = -inf` makes every block exact (dense attention). Density is the
 fraction of exact (query block, key block) pairs, averaged over batch and heads.
 
-Layout: q (B, H, Tq, 128), k and v (B, H, Tk, 128); q any strides, k and v with unit last stride and 16-byte
+Layout: q (B, H, Tq, D), k and v (B, H, Tk, D); q any strides, k and v with unit last stride and 16-byte
 aligned base and strides (the kernel reads them through TMA descriptors; ValueError otherwise). The output is
-contiguous (B, H, Tq, 128) in q's dtype. Non-causal, forward only. Head dim 128 only. bfloat16 is the production
-dtype; float32 is accepted (on a GPU its dots run in IEEE precision).
+contiguous (B, H, Tq, D) in q's dtype. Non-causal, forward only. D is the kernel's for 32, 64 and 128 (128 is the
+production case, the one measured on the H200); another D up to 128 is zero-padded to the next of them
+(`_runtime.pad_head_dim`: a copy of q, k, v; routing, softmax and the first D output columns are unchanged). bfloat16
+is the production dtype; float32 is accepted (on a GPU its dots run in IEEE precision).
 
 Low precision (`precision="int8"` or `"e4m3"`, with `pv` "fp8" or "bf16"; default "exact"): the routing and the
 folded blocks are unchanged; the exact blocks run `fp8_attention`'s quantized tile (`quantized_tile`, the same device
@@ -42,7 +44,16 @@ import dataclasses
 import torch
 
 from workbench.kernels import attention_quantize
-from workbench.kernels._runtime import check_fp8, check_qkv, check_runtime, dtype_size, interpreting
+from workbench.kernels._runtime import (
+    MAX_HEAD_DIM,
+    check_fp8,
+    check_qkv,
+    check_runtime,
+    dtype_size,
+    head_dim_problem,
+    interpreting,
+    pad_head_dim,
+)
 from workbench.kernels.attention_quantize import quantize, quantize_reference
 from workbench.kernels.block_sparse_attend import AMPERE_ADA, DEFAULT, LOG2E, Launch, Plan, attend, launch_for
 from workbench.kernels.block_sparse_routing import (
@@ -56,7 +67,6 @@ from workbench.kernels.block_sparse_routing import (
 )
 from workbench.kernels.fp8_attention import PV_MODES, QK_MODES, online_step, reference_logits
 
-HEAD_DIM = 128
 DTYPES = (torch.float32, torch.bfloat16)
 PRECISIONS = ("exact", *QK_MODES)
 
@@ -65,7 +75,7 @@ __all__ = [
     "BLOCK",
     "DEFAULT",
     "DTYPES",
-    "HEAD_DIM",
+    "MAX_HEAD_DIM",
     "PRECISIONS",
     "Launch",
     "Plan",
@@ -79,16 +89,8 @@ __all__ = [
 ]
 
 
-def _layout(arg: str, tensor: torch.Tensor) -> str | None:
-    if tensor.ndim != 4:
-        return f"{arg} must be (B, H, T, D), got shape {tuple(tensor.shape)}"
-    if tensor.shape[-1] != HEAD_DIM:
-        return f"{arg} has head dim {tensor.shape[-1]}; only {HEAD_DIM} is supported"
-    return None
-
-
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    check_qkv("block_sparse_attention", q, k, v, DTYPES, _layout)
+    check_qkv("block_sparse_attention", q, k, v, DTYPES, head_dim_problem)
 
 
 def _check_precision(precision: str, pv: str) -> None:
@@ -165,11 +167,13 @@ def plan(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: float, sink_tokens: int, scale: float | None = None
 ) -> Plan:
     """The routing and the kernel's index lists (the part of a call before the attention kernel): block means in
-    one Triton launch (k/v means rounded once to bf16 for a bf16 GPU call), torch's threshold, Triton compaction."""
+    one Triton launch (k/v means rounded once to bf16 for a bf16 GPU call), torch's threshold, Triton compaction.
+    The plan's means have the kernel's head dim (`_runtime.kernel_head_dim`)."""
     _check(q, k, v)
     check_tau(tau, sink_tokens)
     check_runtime("block_sparse_attention", q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q, k, v = pad_head_dim(q, k, v)
     bf16 = q.dtype == torch.bfloat16 and not interpreting()
     q_mean, k_mean, k_mean_dot, v_mean_dot, log_len = block_means(q, k, v, torch.bfloat16 if bf16 else torch.float32)
     mask, density = route(q_mean, k_mean, tau, sink_tokens, BLOCK, scale)
@@ -198,6 +202,10 @@ def block_sparse_attention(
     `launch_for(q.device)` (the H200's launch on sm_90+, AMPERE_ADA below). `precision` "int8" / "e4m3" with `pv`:
     the exact blocks in low precision (module doc), `reference(..., precision, pv)` up to its contract."""
     _check_precision(precision, pv)
+    _check(q, k, v)
+    d = q.shape[-1]
+    scale = d**-0.5 if scale is None else scale
+    q, k, v = pad_head_dim(q, k, v)
     route = plan(q, k, v, tau, sink_tokens, scale)
     if precision == "exact":
         out = attend(q, k, v, route, launch)
@@ -206,6 +214,7 @@ def block_sparse_attention(
         z = quantize(q, k, v, pv, qk=precision)
         smoothed = (route.k_mean.float() - z.k_mean).to(route.k_mean.dtype)  # the shift the exact keys took
         out = attend(q, k, v, dataclasses.replace(route, k_mean=smoothed), launch, z)
+    out = out if d == out.shape[-1] else out[..., :d].contiguous()
     return (out, route.density) if return_density else out
 
 

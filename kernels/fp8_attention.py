@@ -1,9 +1,12 @@
 """Low-bit attention with smoothed keys, for Hopper and Ada (contract: approximate): Q.K^T in FP8 (e4m3) or INT8,
 P.V in FP8 or bf16.
 
-Non-causal softmax attention `softmax(q k^T * scale) v` of q (B, H, Tq, 128) and k, v (B, H, Tk, 128), any strides,
-bfloat16 (production) or float32; the output is (B, H, Tq, 128) in q's dtype, with q's memory order when q is a
-dense permutation (the dispatcher's (B, T, H, D) seen as (B, H, T, D) gets a (B, T, H, D) output, no copy).
+Non-causal softmax attention `softmax(q k^T * scale) v` of q (B, H, Tq, D) and k, v (B, H, Tk, D), any strides,
+bfloat16 (production) or float32; the output is (B, H, Tq, D) in q's dtype, with q's memory order when q is a
+dense permutation (the dispatcher's (B, T, H, D) seen as (B, H, T, D) gets a (B, T, H, D) output, no copy). D is the
+kernel's for 32, 64 and 128 (128 is the production case, the one measured on the H200); another D up to 128 is
+zero-padded to the next of them (`_runtime.pad_head_dim`: a copy of q, k, v and of the output; the maths below is
+unchanged, the padded channels are zero throughout). The 128s below are D = 128.
 
 The maths, in the order it happens:
 1-2. `attention_quantize.quantize` (Triton; `quantize_reference` is the same in torch ops, bit for bit): k smoothed by
@@ -66,11 +69,12 @@ from workbench.kernels._runtime import (
     check_runtime,
     check_warps,
     dtype_size,
+    head_dim_problem,
     interpreting,
+    pad_head_dim,
 )
 from workbench.kernels.attention_quantize import FP8, FP8_MAX, QUANT_BLOCK, Quantized, quantize, quantize_reference
 
-HEAD_DIM = 128
 DTYPES = (torch.bfloat16, torch.float32)
 PV_MODES = ("fp8", "bf16")
 QK_MODES = ("e4m3", "int8")
@@ -201,23 +205,17 @@ def _fp8_attention_fwd(
 _KERNEL = LazyKernel(_fp8_attention_fwd, helpers=(quantized_tile,))
 
 
-def _layout(arg: str, tensor: torch.Tensor) -> str | None:
-    if tensor.ndim != 4 or tensor.shape[-1] != HEAD_DIM:
-        return f"{arg} has shape {tuple(tensor.shape)}; expected (B, H, T, {HEAD_DIM})"
-    return None
-
-
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str, scale: float | None, qk: str) -> float:
-    """Every argument of a call; returns the softmax scale (`scale`, or 1/sqrt(128) for None)."""
+    """Every argument of a call; returns the softmax scale (`scale`, or 1/sqrt(D) for None)."""
     name = "fp8_attention"
-    check_qkv(name, q, k, v, DTYPES, _layout)
+    check_qkv(name, q, k, v, DTYPES, head_dim_problem)
     if pv not in PV_MODES:
         raise ValueError(f"{name}: pv: {pv!r}; allowed: {list(PV_MODES)}")
     if qk not in QK_MODES:
         raise ValueError(f"{name}: qk: {qk!r}; allowed: {list(QK_MODES)}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0):
         raise ValueError(f"{name}: scale: {scale!r}; allowed: a number > 0 or None (1/sqrt(head dim))")
-    return HEAD_DIM**-0.5 if scale is None else scale
+    return q.shape[-1] ** -0.5 if scale is None else scale
 
 
 def reference(
@@ -231,7 +229,7 @@ def reference(
     qk: str = "e4m3",
 ) -> torch.Tensor:
     """The kernel's maths in fp32 torch: `quantize_reference`, then the online softmax over key tiles of `block_n`
-    with P rounded per tile as the kernel does. (B, H, Tq, 128) in q's dtype."""
+    with P rounded per tile as the kernel does. (B, H, Tq, D) in q's dtype."""
     scale = _check(q, k, v, pv, scale, qk)
     if block_n not in TILES:
         raise ValueError(f"fp8_attention: block_n: {block_n!r}; allowed: {list(TILES)}")
@@ -295,18 +293,25 @@ def fp8_attention(
     qk: str = "e4m3",
 ) -> torch.Tensor:
     """`reference(q, k, v, scale, pv, launch.block_n, qk=qk)` up to the contract (module doc): `quantize`, then
-    `attend`. `scale` defaults to 1/sqrt(128); `launch` to `launch_for(q.device)`."""
+    `attend`, on q, k, v zero-padded to the kernel's head dim when theirs is not one (module doc). `scale` defaults to
+    1/sqrt(D); `launch` to `launch_for(q.device)`."""
     scale = _check(q, k, v, pv, scale, qk)
     check_runtime("fp8_attention", q, k, v)
     check_fp8("fp8_attention", q.device)
     out = torch.empty_like(q)  # q's memory order when q is a dense permutation, else contiguous
-    attend(quantize(q, k, v, pv, qk=qk), out, k.shape[2], scale, launch)
+    padded = pad_head_dim(q, k, v)
+    if padded[0].shape[-1] == q.shape[-1]:
+        attend(quantize(q, k, v, pv, qk=qk), out, k.shape[2], scale, launch)
+    else:
+        wide = torch.empty_like(padded[0])
+        attend(quantize(*padded, pv, qk=qk), wide, k.shape[2], scale, launch)
+        out.copy_(wide[..., : q.shape[-1]])
     return out
 
 
 def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launch | None = None) -> None:
-    """The kernel alone (step 3) on `quantize`'s operands of Tk = `tk` keys, written into `out` (B, H, Tq, 128) of
-    any strides. No checks beyond the launch: `fp8_attention` is the checked entry."""
+    """The kernel alone (step 3) on `quantize`'s operands of Tk = `tk` keys, written into `out` (B, H, Tq, D) of
+    any strides, D one of `_runtime.KERNEL_HEAD_DIMS`. No checks beyond the launch: `fp8_attention` is the checked entry."""
     launch = launch_for(out.device) if launch is None else launch
     if not isinstance(launch, Launch):
         raise ValueError(f"fp8_attention: launch must be an fp8_attention.Launch, got {type(launch).__name__}")

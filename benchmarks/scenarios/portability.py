@@ -50,6 +50,7 @@ NAME = "portability"
 SUMMARY = "every kernel's Ampere/Ada launch and build vs the H200's, on the H200: error, time, roofline"
 GPUS = 1
 DENSITY = 0.20
+HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3)
 LOWBIT = ("int8", "fp8")  # block_sparse's low-precision exact blocks: fp8_attention's default pair
 FP8_PAIRS = (("int8", "fp8"), ("e4m3", "bf16"))
 WORLD = 2
@@ -81,7 +82,7 @@ def arms(smoke: bool, device: torch.device) -> dict[str, Arm]:
     dtype = torch.float32 if smoke else torch.bfloat16
     bf16 = dtype == torch.bfloat16
     q, k, v = structured_qkv(SMOKE_GRID if smoke else WAN_TOKENS_GRID, 1 if smoke else 12, device, dtype, seed=11)
-    shape, tokens, scale = tuple(q.shape), q.shape[2], fa.HEAD_DIM**-0.5
+    shape, tokens, scale = tuple(q.shape), q.shape[2], HEAD_DIM**-0.5
     tau = tau_for(q, k, 0, DENSITY)["tau"]
     route = bsa.plan(q, k, v, tau, 0)
     density = float(route.density)

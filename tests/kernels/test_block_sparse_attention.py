@@ -116,10 +116,30 @@ def test_block_sparse_partial_last_block_mean_uses_true_length(rng):
     assert err < 1e-5, f"seed {rng.initial_seed()}: max error {err}"
 
 
-@pytest.mark.parametrize("d", [64, 96, 16])
-def test_block_sparse_attention_head_dim_not_128_raises(rng, d):
+@pytest.mark.parametrize("d", [16, 48, 64])
+def test_block_sparse_attention_other_head_dims_match_reference(rng, d):
+    """64 runs as it is, 16 and 48 zero-padded to 32 and 64: each path equals the reference of the unpadded inputs,
+    with the softmax scale of d (tau=-inf: plain dense attention), as a contiguous (B, H, T, d) output."""
+    q, k, v = (torch.randn(1, 2, 150, d, generator=rng) for _ in range(3))
+    for tau, precision, pv, bound in (
+        (0.3, "exact", "fp8", 1e-4),
+        (-math.inf, "exact", "fp8", 1e-4),
+        (0.3, "int8", "bf16", 1e-4),
+    ):
+        got = block_sparse_attention(q, k, v, tau, 0, precision=precision, pv=pv)
+        want = reference(q, k, v, tau, 0, precision=precision, pv=pv)
+        assert got.shape == q.shape and got.is_contiguous()
+        err = (got - want).abs().max().item()
+        assert err < bound, f"seed {rng.initial_seed()}, d={d}, tau={tau}, {precision}: max error {err}"
+        if tau == -math.inf:
+            dense = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), -1) @ v
+            assert (got - dense).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("d", [129, 256])
+def test_block_sparse_attention_head_dim_over_128_raises(rng, d):
     q = torch.randn(1, 2, 70, d, generator=rng)
-    with pytest.raises(ValueError, match="head dim"):
+    with pytest.raises(ValueError, match=f"head dim {d}; supported: 1..128"):
         block_sparse_attention(q, q, q, 0.0, 0)
     with pytest.raises(ValueError, match="head dim"):
         reference(q, q, q, 0.0, 0)
@@ -385,12 +405,14 @@ def test_block_sparse_attention_low_precision_bad_option_raises(rng, monkeypatch
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs CUDA sm >= 8.9"
 )
 @pytest.mark.parametrize("precision,pv", [("int8", "fp8"), ("int8", "bf16"), ("e4m3", "fp8")])
-def test_block_sparse_attention_low_precision_compiled_matches_reference_on_gpu(monkeypatch, precision, pv):
+@pytest.mark.parametrize("d", [D, 48])
+def test_block_sparse_attention_low_precision_compiled_matches_reference_on_gpu(monkeypatch, precision, pv, d):
     """The compiled low-precision path (int8/e4m3 tensor-core dots, hardware P rounding, TMA on the quantized
-    operands) on bf16 dispatcher views of an odd length, against the reference and against the exact path."""
+    operands) on bf16 dispatcher views of an odd length, against the reference and against the exact path (itself
+    compiled); at the production head dim and at demo-av's 48 (zero-padded to 64)."""
     monkeypatch.delenv("TRITON_INTERPRET")
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(1, 1000, 4, D, generator=g, device="cuda").bfloat16().transpose(1, 2) for _ in range(3))
+    q, k, v = (torch.randn(1, 1000, 4, d, generator=g, device="cuda").bfloat16().transpose(1, 2) for _ in range(3))
     k = k + 1.0
     got = block_sparse_attention(q, k, v, 0.5, 64, precision=precision, pv=pv)
     # bf16 on the GPU: bf16 mean keys and folded P, bf16 output (the exact path's contract) on top of the quantization

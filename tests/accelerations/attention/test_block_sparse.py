@@ -1,6 +1,7 @@
 """block_sparse (contract: approximate) on a tiny Wan of head dim 128 under the Triton CPU interpreter.
 
-tiny-wan has head dim 16, which the kernel refuses; `wan.tiny_d128` has one head of 128 instead. 128x192
+`wan.tiny_d128` has one head of 128 (the production head dim, which the kernel takes as it is) instead of tiny-wan's
+two of 16 (zero-padded to 32; one test runs them). 128x192
 frames give 8x12 tokens per latent frame; 9 frames give 3 latent frames: 288 tokens, 5 blocks of 64.
 """
 
@@ -12,6 +13,7 @@ from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
 from workbench import Request, Session
 from workbench.accelerations import REGISTRY, fingerprint
+from workbench.accelerations.attention import block_sparse
 from workbench.accelerations.attention.sparse_routing import Call, Router, Settings, captured_qkv
 from workbench.accelerations.base import Receipt
 from workbench.kernels.block_sparse_attention import block_sparse_attention, reference
@@ -66,11 +68,19 @@ def test_block_sparse_dense_steps_and_blocks_count_dense(interpreter, session):
     assert report["dense_step_calls"] == 2 and report["dense_block_calls"] == 1, report
 
 
-def test_block_sparse_refuses_head_dim_16(interpreter):
+def test_block_sparse_pads_small_heads_and_refuses_wider_than_the_kernel(interpreter, session, monkeypatch):
+    """tiny-wan's heads of 16 run zero-padded to the kernel's 32: every block exact equals the dense output up to
+    fp32 rounding. A head wider than the kernels take is refused at install, naming the block; nothing installed."""
     tiny = Session.open("tiny-wan", device="cpu")
-    with pytest.raises(RuntimeError, match="head dim 128"):
-        tiny.accelerate({"block_sparse": {}})
-    assert tiny.accelerations == {}
+    dense, _ = _run(tiny, {})
+    sparse, report = _run(tiny, {"block_sparse": {"tau": -1e9}})
+    assert report["sparse_calls"] == 4 and report["notes"]["mean_density"] == 1.0, report
+    err = (sparse.latents.float() - dense.latents.float()).abs().max().item()
+    assert err < 1e-3, f"padded all-exact block_sparse differs from dense by {err}"
+    monkeypatch.setattr(block_sparse, "MAX_HEAD_DIM", 64)
+    with pytest.raises(RuntimeError, match="block_sparse: the kernel supports head dims up to 64; block 0 has 128"):
+        session.accelerate({"block_sparse": {}})
+    assert session.accelerations == {}
 
 
 def test_block_sparse_cpu_without_interpreter_raises(monkeypatch, session):

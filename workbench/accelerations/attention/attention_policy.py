@@ -183,9 +183,9 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
 
     router = Router("attention_policy", model, None, attend, settings.get)
     if "block_sparse" in attends:
-        from workbench.kernels.block_sparse_attention import DTYPES, HEAD_DIM
+        from workbench.kernels.block_sparse_attention import DTYPES, MAX_HEAD_DIM
 
-        router.check_modules(HEAD_DIM, DTYPES)
+        router.check_modules(MAX_HEAD_DIM, DTYPES)
     return lambda: _Installed(SPEC, options, router, matching)
 
 

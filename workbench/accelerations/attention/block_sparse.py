@@ -23,7 +23,9 @@ Receipts: `sparse_calls`, `dense_calls` (split into `dense_step_calls` and `dens
 `protected_rows`, `notes["mean_density"]` (fraction of exact block pairs over the sparse calls),
 `notes["prefix_rows"]`, and with a low precision `notes["precision"]` (e.g. "int8, pv fp8").
 
-Fail closed: head dim != 128, a dtype other than bfloat16/float32, a family without routable self-attention, a
+Head dims 32, 64 and 128 run as they are, others up to 128 zero-padded to the next (demo-av: 48 -> 64).
+
+Fail closed: head dim > 128, a dtype other than bfloat16/float32, a family without routable self-attention, a
 CPU without `TRITON_INTERPRET=1`, a low precision on a GPU below sm_89, or a routed call with a mask / causal / context-parallel layout is a
 RuntimeError; never a silent dense run.
 """
@@ -46,7 +48,7 @@ from workbench.accelerations.attention.sparse_routing import (
 )
 from workbench.accelerations.base import Knob, Spec, option
 from workbench.kernels import _runtime
-from workbench.kernels.block_sparse_attention import DTYPES, HEAD_DIM, PRECISIONS
+from workbench.kernels.block_sparse_attention import DTYPES, MAX_HEAD_DIM, PRECISIONS
 from workbench.kernels.fp8_attention import PV_MODES
 
 LOW_PRECISION = ("precision", "pv")  # the options block_sparse_attend reads from Settings.extra
@@ -74,7 +76,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
         _runtime.check_fp8("block_sparse", device)
     settings = Settings.from_options(options, extra=LOW_PRECISION)
     router = Router("block_sparse", model, None, block_sparse_attend, lambda rows: settings, options["per_expert"])
-    router.check_modules(HEAD_DIM, DTYPES)
+    router.check_modules(MAX_HEAD_DIM, DTYPES)
     return lambda: _Installed(SPEC, options, router)
 
 

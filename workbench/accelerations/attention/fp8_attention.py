@@ -23,7 +23,7 @@ Receipts: `fp8_calls` (calls the kernel served), `dense_calls` (split into `dens
 `notes["pv"]` and `notes["qk"]`; `sparse_calls` is the router's name for the same calls as `fp8_calls`.
 
 Fail closed (RuntimeError with the reason): a CUDA device below sm_89 (no e4m3 tensor cores), a CPU without
-`TRITON_INTERPRET=1`, head dim != 128, a dtype other than bfloat16/float32, a family without routable
+`TRITON_INTERPRET=1`, head dim > 128 (32, 64 and 128 run as they are, others zero-padded to the next), a dtype other than bfloat16/float32, a family without routable
 self-attention, or a routed call with a mask / causal / context-parallel layout; never a silent dense run.
 """
 
@@ -45,7 +45,8 @@ from workbench.accelerations.attention.sparse_routing import (
 )
 from workbench.accelerations.base import Spec, option
 from workbench.kernels import _runtime
-from workbench.kernels.fp8_attention import DTYPES, HEAD_DIM, PV_MODES, QK_MODES, fp8_attention
+from workbench.kernels._runtime import MAX_HEAD_DIM
+from workbench.kernels.fp8_attention import DTYPES, PV_MODES, QK_MODES, fp8_attention
 from workbench.models import experts
 
 NAME = "fp8_attention"
@@ -81,10 +82,10 @@ def fp8_attend(call: Call) -> tuple[torch.Tensor, None]:
     """The kernel on the dispatcher's (B, T, H, D) tensors, read as (B, H, T, D) views without a copy; the output
     comes back in the same (B, T, H, D) layout."""
     q, k, v = call.qkv
-    if q.shape[-1] != HEAD_DIM or q.dtype not in DTYPES:
+    if q.shape[-1] > MAX_HEAD_DIM or q.dtype not in DTYPES:
         raise RuntimeError(
             f"{NAME}: attention of head dim {q.shape[-1]} in {q.dtype} reached the kernel; "
-            f"it supports head dim {HEAD_DIM} in {[str(d) for d in DTYPES]}"
+            f"it supports head dims up to {MAX_HEAD_DIM} in {[str(d) for d in DTYPES]}"
         )
     extra = call.settings.extra
     out = fp8_attention(
@@ -119,7 +120,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
         extra={"pv": options["pv"], "qk": options["qk"]},
     )
     router = Router(NAME, model, None, fp8_attend, lambda rows: settings, options["per_expert"])
-    router.check_modules(HEAD_DIM, DTYPES)
+    router.check_modules(MAX_HEAD_DIM, DTYPES)
     return lambda: _Installed(SPEC, options, router)
 
 

@@ -11,17 +11,17 @@ import torch
 
 from workbench.accelerations.attention.sparse_routing import Call
 from workbench.kernels._runtime import interpreting
-from workbench.kernels.block_sparse_attention import DTYPES, HEAD_DIM, block_sparse_attention
+from workbench.kernels.block_sparse_attention import DTYPES, MAX_HEAD_DIM, block_sparse_attention
 
 
 def block_sparse_attend(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel on the dispatcher's (B, T, H, D) tensors, read as (B, H, T, D) views without a copy; the
     setting's `extra` carries block_sparse's `precision` and `pv` (a setting without them is exact)."""
     q, k, v = call.qkv
-    if q.shape[-1] != HEAD_DIM or q.dtype not in DTYPES:
+    if q.shape[-1] > MAX_HEAD_DIM or q.dtype not in DTYPES:
         raise RuntimeError(
             f"block_sparse: attention of head dim {q.shape[-1]} in {q.dtype} reached the kernel; "
-            f"it supports head dim {HEAD_DIM} in {[str(d) for d in DTYPES]}"
+            f"it supports head dims up to {MAX_HEAD_DIM} in {[str(d) for d in DTYPES]}"
         )
     settings = call.settings
     out, density = block_sparse_attention(

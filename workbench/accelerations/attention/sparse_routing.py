@@ -259,13 +259,16 @@ class Router:
         self._processors: list[tuple[torch.nn.Module, Any]] = []
         self._backends: dict[AttentionBackendName, Callable[..., torch.Tensor]] = {}
 
-    def check_modules(self, head_dim: int, dtypes: tuple[torch.dtype, ...]) -> None:
-        """RuntimeError unless every routed module has `head_dim` and its q projection one of `dtypes`."""
+    def check_modules(self, max_head_dim: int, dtypes: tuple[torch.dtype, ...]) -> None:
+        """RuntimeError unless every routed module's head dim is at most `max_head_dim` and its q projection one of
+        `dtypes`."""
         for _, index, module in self.modules:
             weight = module.to_q.weight
             dim = weight.shape[0] // module.heads
-            if dim != head_dim:
-                raise RuntimeError(f"{self.name}: the kernel supports head dim {head_dim}; block {index} has {dim}")
+            if dim > max_head_dim:
+                raise RuntimeError(
+                    f"{self.name}: the kernel supports head dims up to {max_head_dim}; block {index} has {dim}"
+                )
             if weight.dtype not in dtypes:
                 allowed = [str(d) for d in dtypes]
                 raise RuntimeError(f"{self.name}: the kernel runs {allowed}; block {index} is {weight.dtype}")
