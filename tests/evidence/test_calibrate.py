@@ -168,7 +168,8 @@ def test_a_calibrated_sparse_setting_becomes_an_attention_policy_entry(monkeypat
         result.status == "quality_confirmed" and calibrate_module.registry_entry(result, "qualification.json") is None
     )
     result.status, result.confirmation["verdict"] = "calibrated", "qualified"
-    entry = calibrate_module.registry_entry(result, "qualification.json")
+    entry, record = calibrate_module.registry_entry(result, "qualification.json")
+    assert record is result.confirmation and result.attention is None  # the config is block_sparse alone
     assert entry["video_tokens"] == 96 and entry["options"] == result.setting["block_sparse"]
     write(result, tmp_path / "cal")
     registry = tmp_path / "cal" / "attention_registry.json"
@@ -181,6 +182,44 @@ def test_a_calibrated_sparse_setting_becomes_an_attention_policy_entry(monkeypat
         assert other.receipts["attention_policy"]["policy"] == "dense"
     finally:
         session.accelerate({})
+
+
+def test_a_sparse_setting_over_a_base_earns_an_entry_only_from_its_qualification_alone(monkeypatch, tmp_path):
+    """block_sparse calibrated over an exact base: its confirmation's candidate holds the base too, so the entry rests
+    on a second qualification of {block_sparse: setting} alone on the same test requests, run only once the result
+    is calibrated. The CPU's verdicts are relabelled qualified (a GPU verdict cannot be made here) to reach that
+    path; the entry then loads in attention_policy against that record."""
+    from workbench.accelerations.attention import attention_policy
+    from workbench.models import wan
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    apply = calibrate_module.apply_confirmation
+    monkeypatch.setattr(
+        calibrate_module, "apply_confirmation", lambda r, rec: apply(r, {**rec, "verdict": "qualified"})
+    )
+    session = Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
+    size = {"frames": 1, "height": 128, "width": 192, "steps": 2, "guidance": 1.0}
+    calibration, test = [Request("a red circle", seed=5, **size)], [Request("a blue square", seed=1_000_005, **size)]
+    base = {"cross_kv_cache": {}}
+    budget = Budget(latent_rel_l2=1.0, psnr_db=None, min_ssim=None)
+    result = calibrate(session, calibration, test, "block_sparse", budget, base=base, max_evals=2, progress=False)
+    assert result.status == "calibrated" and set(result.confirmation["candidate"]) == {"cross_kv_cache", "block_sparse"}
+    alone = result.attention
+    assert (
+        alone["candidate"] == {"block_sparse": result.setting["block_sparse"]} and alone["verdict"] == "no_speed_claim"
+    )
+    assert calibrate_module.registry_entry(result, "q.json") is None  # the member alone has no speed claim here
+    alone["verdict"] = "qualified"
+    entry, record = calibrate_module.registry_entry(result, "q.json")
+    assert record is alone and entry["plugin"] == "block_sparse" and entry["video_tokens"] == 96
+    write(result, tmp_path / "cal")
+    registry = tmp_path / "cal" / "attention_registry.json"
+    assert attention_policy.load_registry(registry)[0]["options"] == result.setting["block_sparse"]
+    again = Calibration.from_record(json.loads((tmp_path / "cal" / "calibration.json").read_text()))
+    assert (
+        again.attention == alone
+        and "alone (the attention_policy evidence)" in (tmp_path / "cal" / "calibration.html").read_text()
+    )
 
 
 def test_calibration_and_stack_records_round_trip():

@@ -26,6 +26,11 @@ with the others installed (a cache changes what attention sees), keeping a plugi
 and confirms the whole stack on the test requests. Off CUDA one run's seconds rank nothing: the plugins keep the
 given order and each is kept when the stack stays inside the budget (the record says `ranked_by_speed: false`). Its record is the `within-budget` profile: the config with the
 budget, model, request geometry, device and seeds it holds for (`workbench.profiles.within_budget`).
+
+`attention_policy="auto"` serves a sparse-attention setting only on a qualification of that setting alone. A
+calibrated result whose block_sparse (or sol_attn) setting shares its config with a base or other members therefore
+qualifies that member alone on the same test requests too (`result.attention`); `write` turns the qualified record
+into an entry (`registry_entry`, `attention_registry.json`).
 """
 
 from __future__ import annotations
@@ -113,6 +118,7 @@ class Calibration:
     reason: str
     confirmation: dict[str, Any] | None = None
     scope: dict[str, Any] | None = None
+    attention: dict[str, Any] | None = None  # `confirm_attention_alone`'s record, when it ran
 
     @property
     def config(self) -> dict[str, Any] | None:
@@ -140,6 +146,7 @@ class Calibration:
             "reason": self.reason,
             "scope": self.scope,
             "confirmation": self.confirmation,
+            "attention": self.attention,
         }
 
     @classmethod
@@ -153,6 +160,7 @@ class Calibration:
             points=[Point.from_dict(p) for p in record["points"]],
         )
         result.confirmation, result.scope = record["confirmation"], record["scope"]
+        result.attention = record.get("attention")
         return result
 
 
@@ -175,6 +183,7 @@ class Stack:
     confirmation: dict[str, Any] | None = None
     base_point: Point | None = None
     ranked_by_speed: bool = False
+    attention: dict[str, Any] | None = None  # `confirm_attention_alone`'s record, when it ran
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -193,6 +202,7 @@ class Stack:
             "left_out": self.left_out,
             "ranked_by_speed": self.ranked_by_speed,
             "confirmation": self.confirmation,
+            "attention": self.attention,
         }
 
     @classmethod
@@ -205,7 +215,7 @@ class Stack:
             singles=[Calibration.from_record(r) for r in record["singles"]],
             members=[Calibration.from_record(r) for r in record["members"]],
         )
-        result.ranked_by_speed = record["ranked_by_speed"]
+        result.ranked_by_speed, result.attention = record["ranked_by_speed"], record.get("attention")
         result.base_point = None if record["base_point"] is None else Point.from_dict(record["base_point"])
         return result
 
@@ -307,13 +317,15 @@ def calibrate(
     scope = scope_of(session, calibration, test)  # one geometry, checked before any run
     arguments = {"plugins": [plugin], "knob": spec.knob.option, "options": options, "base": base, "margin": margin}
     run = _identity("calibration", session, calibration, test, budget, arguments | {"max_evals": max_evals})
-    journal = Journal(resume, "calibration", run | {"rounds": rounds}, max_evals + len(test or []), max_seconds)
+    at_most = max_evals + 2 * len(test or [])
+    journal = Journal(resume, "calibration", run | {"rounds": rounds}, at_most, max_seconds)
     try:
         evaluator = _Evaluator(session, calibration, budget, journal)
         result = _calibrate(evaluator, plugin, spec, options, base, margin, max_evals, progress)
         result.scope = scope
         if result.status == "searched" and test is not None:
             _confirm(evaluator, test, result, rounds, progress)
+            _confirm_attention_alone(evaluator, test, result, rounds, progress)
     except Paused as paused:
         return paused.partial
     return result
@@ -382,7 +394,7 @@ def stack(
     search_scope = {**scope, "test_seeds": []}  # what the searches alone hold for
     arguments = {"plugins": plugins, "options": options, "base": base, "margin": margin, "max_evals": max_evals}
     run = _identity("stack", session, calibration, test, budget, arguments | {"rounds": rounds})
-    at_most = 1 + (2 * len(plugins) - 1) * max_evals + len(test or [])
+    at_most = 1 + (2 * len(plugins) - 1) * max_evals + 2 * len(test or [])
     journal = Journal(resume, "stack", run, at_most, max_seconds)
     try:
         evaluator = _Evaluator(session, calibration, budget, journal)
@@ -390,6 +402,7 @@ def stack(
         result.scope = scope
         if result.status == "searched" and test is not None:
             _confirm(evaluator, test, result, rounds, progress)
+            _confirm_attention_alone(evaluator, test, result, rounds, progress)
     except Paused as paused:
         return paused.partial
     return result
@@ -539,6 +552,28 @@ def _confirm(evaluator: _Evaluator, test: list[Request], result: Calibration | S
     apply_confirmation(result, merge_cases(records))
 
 
+def attention_member(result: Calibration | Stack) -> tuple[str, dict[str, Any]] | None:
+    """The one sparse-attention plugin `attention_policy` can serve (ROUTABLE) in `result`'s config, with its
+    options; None when there is none (or more than one)."""
+    from workbench.accelerations.attention.attention_policy import ROUTABLE
+
+    config = result.config or {}
+    found = [plugin for plugin in ROUTABLE if plugin in config]
+    return (found[0], config[found[0]]) if len(found) == 1 else None
+
+
+def _confirm_attention_alone(evaluator: _Evaluator, test: list[Request], result, rounds, progress) -> None:
+    """A calibrated `result` whose sparse-attention member shares its config with other plugins (a base, a stack)
+    earns an `attention_policy` entry only with evidence of that member alone: qualify `{plugin: options}` against
+    stock on the same test requests (journal steps of their own) into `result.attention`. Off CUDA nothing is
+    "calibrated", so this never runs there."""
+    member = attention_member(result)
+    if result.status != "calibrated" or member is None or result.config == dict([member]):
+        return
+    records = [evaluator.confirmation(request, dict([member]), rounds, progress) for request in test]
+    result.attention = merge_cases(records)
+
+
 def apply_confirmation(result: Calibration | Stack, record: dict[str, Any]) -> None:
     """Set `result`'s confirmation, status and reason from `record`, the qualification of its config (candidate)
     against stock (baseline) on the test requests with its budget."""
@@ -649,44 +684,53 @@ def render(result: Calibration | Stack) -> str:
             body.append(_table(rows | {"reason": case["reason"]}))
         receipts = json.dumps(result.confirmation["cases"][0]["receipts"], indent=1, default=str)
         body.append(f"<h3>receipts</h3><pre>{html.escape(receipts)}</pre>")
+    if result.attention is not None:
+        body.append(f"<h2>{html.escape(str(result.attention['candidate']))} alone (the attention_policy evidence)</h2>")
+        for case in result.attention["cases"]:
+            rows = {"seed": case["request"]["seed"], "verdict": case["verdict"], "speed-up (CI95)": speedup_text(case)}
+            body.append(_table(rows | {"reason": case["reason"]}))
     return page(title, body)
 
 
-def registry_entry(result: Calibration, evidence: str) -> dict[str, Any] | None:
-    """The `attention_policy` registry entry a calibrated sparse-attention setting earns, or None: only a setting
-    whose status is "calibrated" (qualified on a GPU), of a plugin attention_policy can route, searched with nothing
-    underneath (so its qualification's candidate is exactly {plugin: options}), at the one video size it ran, backed
-    by `evidence` (the path of its confirmation record)."""
-    from workbench.accelerations.attention.attention_policy import ROUTABLE
-
-    if result.status != "calibrated" or result.plugin not in ROUTABLE or result.base or result.confirmation is None:
+def registry_entry(result: Calibration | Stack, evidence: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The `attention_policy` registry entry a calibrated result earns, with the qualification record it rests on
+    (to be written at `evidence`), or None. Earned only by a "calibrated" result (qualified on a GPU) whose config
+    holds one sparse-attention plugin the policy can route, with a qualified record of exactly `{plugin: options}`
+    against stock: the confirmation itself when the config is that alone, else `result.attention` (the member
+    qualified alone); and only at the one video size that record ran."""
+    member = attention_member(result)
+    if result.status != "calibrated" or member is None:
         return None
-    sizes = {
-        n for case in result.confirmation["cases"] for n in case["receipts"][result.plugin]["notes"]["video_tokens"]
-    }
+    plugin, options = member
+    record = result.confirmation if result.config == {plugin: options} else result.attention
+    if record is None or record["verdict"] != "qualified":
+        return None
+    sizes = {n for case in record["cases"] for n in case["receipts"][plugin]["notes"]["video_tokens"]}
     if len(sizes) != 1:
         return None
-    return {
+    entry = {
         "family": result.scope["family"],
         "device": result.scope["device"]["name"],
         "model_key": result.scope["model_key"],
         "video_tokens": sizes.pop(),
-        "plugin": result.plugin,
-        "options": result.setting[result.plugin],
+        "plugin": plugin,
+        "options": options,
         "evidence": evidence,
     }
+    return entry, record
 
 
 def write(result: Calibration | Stack, out: str | Path) -> tuple[Path, Path]:
     """`<kind>.json` and `<kind>.html` in `out`, written as one set (both or neither). A calibrated sparse-attention
-    setting (`registry_entry`) also gets `qualification.json` (its confirmation) and `attention_registry.json`, which
+    setting (`registry_entry`) also gets `qualification.json` (the record it rests on) and `attention_registry.json`, which
     `attention_policy` takes as `registry` (the evidence path in it is absolute: the folder's, as written)."""
     kind = "calibration" if isinstance(result, Calibration) else "stack"
     files = {f"{kind}.json": record_bytes(result.to_record()), f"{kind}.html": render(result).encode()}
     evidence = str((Path(out) / "qualification.json").resolve())
-    entry = registry_entry(result, evidence) if isinstance(result, Calibration) else None
-    if entry is not None:
-        files["qualification.json"] = record_bytes(result.confirmation)
+    earned = registry_entry(result, evidence)
+    if earned is not None:
+        entry, record = earned
+        files["qualification.json"] = record_bytes(record)
         files["attention_registry.json"] = record_bytes({"version": 1, "entries": [entry]})
     paths = write_set(out, files)
     return paths[f"{kind}.json"], paths[f"{kind}.html"]
