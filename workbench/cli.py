@@ -106,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--out", required=True, type=Path)
     cal.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
     cal.add_argument(
+        "--register",
+        action="store_true",
+        help="add the attention_policy entry the run earns (if any) to the committed qualified_attention.json",
+    )
+    cal.add_argument(
         "--resume",
         type=Path,
         metavar="DIR",
@@ -353,6 +358,14 @@ def _calibrate(args: argparse.Namespace) -> int:
     Budget.from_dict(overrides)  # an unknown field or a bad limit is refused before the model loads
     if args.knob is not None and len(args.plugin) > 1:
         raise ValueError("--knob: names one plugin's option; give it with a single --plugin")
+    if args.register:
+        from workbench.accelerations.attention.attention_policy import ROOT
+
+        if not args.out.resolve().is_relative_to(ROOT):
+            raise ValueError(
+                f"--register: --out {args.out} must be inside the repository {ROOT} (the committed registry points "
+                "at the evidence by a path relative to it)"
+            )
     calibration.check_arguments(args.plugin, args.knob, args.margin, args.max_evals)
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     if not suite.calibration or not suite.test:
@@ -422,6 +435,17 @@ def _calibrate_report(args: argparse.Namespace, result) -> int:
         partial_path(args.resume or args.out).unlink(missing_ok=True)  # the final record holds every step
     print(f"record: {record}")
     print(f"report: {page}")
+    if args.register:
+        from workbench.accelerations.attention import attention_policy
+
+        earned = Path(args.out) / "attention_registry.json"
+        if earned.exists():
+            for entry in attention_policy.load_registry(earned):
+                print(f"registered: {entry['plugin']} at {entry['video_tokens']} video rows in "
+                      f"{attention_policy.register(entry)}")  # fmt: skip
+        else:
+            print("not registered: the run earned no attention_policy entry (registry_entry: a calibrated "
+                  "sparse-attention setting, qualified alone)")  # fmt: skip
     return 0
 
 

@@ -140,6 +140,7 @@ def test_stack_composes_block_sparse_and_easycache_and_confirms_inside_the_budge
         (["--plugin", "fused_block_norms"], "declares no knob"),
         (["--plugin", "easycache", "--knob", "threshold"], "--knob: names one plugin"),
         (["--margin", "1.5"], "margin"),
+        (["--register"], "--register: --out"),
     ],
 )
 def test_cli_calibrate_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, extra, message):
@@ -215,6 +216,16 @@ def test_a_sparse_setting_over_a_base_earns_an_entry_only_from_its_qualification
     write(result, tmp_path / "cal")
     registry = tmp_path / "cal" / "attention_registry.json"
     assert attention_policy.load_registry(registry)[0]["options"] == result.setting["block_sparse"]
+    # register: into another registry file (evidence kept absolute), replacing the entry of the same case; the
+    # committed registry refuses evidence outside the repository and is left as it was
+    other = tmp_path / "registry.json"
+    attention_policy.register(attention_policy.load_registry(registry)[0], other)
+    attention_policy.register(attention_policy.load_registry(registry)[0], other)
+    assert len(attention_policy.load_registry(other)) == 1
+    committed = attention_policy.REGISTRY_FILE.read_bytes()
+    with pytest.raises(ValueError, match="register: evidence .* is outside the repository"):
+        attention_policy.register(attention_policy.load_registry(registry)[0])
+    assert attention_policy.REGISTRY_FILE.read_bytes() == committed
     again = Calibration.from_record(json.loads((tmp_path / "cal" / "calibration.json").read_text()))
     assert (
         again.attention == alone

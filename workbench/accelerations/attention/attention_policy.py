@@ -80,6 +80,28 @@ def load_registry(path: str | Path) -> list[dict[str, Any]]:
     return entries
 
 
+def register(entry: dict[str, Any], registry: str | Path = REGISTRY_FILE) -> Path:
+    """Add `entry` (what `workbench.evidence.calibrate.registry_entry` earns) to `registry`, replacing an entry for the
+    same family, device, model and video_tokens; checked against its evidence first, written atomically. The
+    committed registry only takes evidence inside the repository (stored relative to its root, so the entry holds on
+    another checkout). ValueError, with nothing written, otherwise. Returns the registry's path."""
+    from workbench.io import json_bytes, write_atomic
+
+    registry, entry = Path(registry), dict(entry)
+    evidence = Path(entry.get("evidence", "")).resolve()
+    if registry.resolve() == REGISTRY_FILE.resolve():
+        if not evidence.is_relative_to(ROOT):
+            raise ValueError(f"register: evidence {str(evidence)!r} is outside the repository {str(ROOT)!r}")
+        entry["evidence"] = str(evidence.relative_to(ROOT))
+    entries = load_registry(registry) if registry.exists() else []
+    _check_entry(registry, len(entries), entry)
+    same = ("family", "device", "model_key", "video_tokens")
+    kept = [e for e in entries if any(e[key] != entry[key] for key in same)]
+    data = json.loads(registry.read_text()) if registry.exists() else {"version": 1}
+    write_atomic(registry, json_bytes({**data, "entries": [*kept, entry]}))
+    return registry
+
+
 def _check_entry(path: Path, number: int, entry: Any) -> None:
     where = f"attention_policy.registry: {path} entry {number}"
     if not isinstance(entry, dict) or set(ENTRY_FIELDS) - set(entry):
