@@ -28,7 +28,8 @@ _LIMIT_HELP = {
 class CalibrationPanel(ipywidgets.VBox):
     """Budget limits (the session's default budget shown; untick a limit to leave it unchecked), the plugins to
     calibrate (one: its knob is searched; several: a greedy stack), margin and tries per knob; "calibrate" runs
-    `workbench.evidence.calibrate` on `calibration` and confirms on `test` (a text bar counts the tried values);
+    `workbench.evidence.calibrate` on `calibration` and confirms on `test` (each finished step shows in the panel as it
+    comes: the value tried, the share of the budget it spent, the confirmations' verdicts);
     the result shows as status, the Pareto plot (knee circled, cliff crossed) and the setting; "apply" installs the
     setting into the session, and only a confirmed one. `result` holds the last `Calibration` or `Stack`."""
 
@@ -64,6 +65,7 @@ class CalibrationPanel(ipywidgets.VBox):
         self.run_button = ipywidgets.Button(description="calibrate", button_style="primary", icon="search")
         self.apply_button = ipywidgets.Button(description="apply", disabled=True, icon="check")
         self.status = ipywidgets.HTML()
+        self.steps = ipywidgets.HTML(layout=ipywidgets.Layout(display="none"))
         self.plot = ipywidgets.Image(format="png", layout=ipywidgets.Layout(display="none", max_width="720px"))
         self.setting = ipywidgets.HTML()
         self.error = ErrorBox()
@@ -76,6 +78,7 @@ class CalibrationPanel(ipywidgets.VBox):
                 ipywidgets.HBox([ipywidgets.VBox(rows), controls]),
                 ipywidgets.HBox([self.run_button, self.apply_button]),
                 self.error,
+                self.steps,
                 self.status,
                 self.plot,
                 self.setting,
@@ -95,7 +98,10 @@ class CalibrationPanel(ipywidgets.VBox):
             plugins = list(self.plugins.value)
             if not plugins:
                 raise ValueError("plugins: choose at least one plugin to calibrate")
-            options = {"margin": self.margin.value, "max_evals": self.evals.value}
+            options = {"margin": self.margin.value, "max_evals": self.evals.value, "progress": False}
+            options["on_step"] = self._step
+            self.steps.value, self.steps.layout.display = "", None
+            self.status.value = "running: stock references first ..."
             self.run_button.disabled = True
             try:
                 if len(plugins) == 1:
@@ -109,6 +115,11 @@ class CalibrationPanel(ipywidgets.VBox):
             self.show(result)
             return result
         return None
+
+    def _step(self, text: str) -> None:
+        """One finished step, newest first under the running status (the last 8 kept)."""
+        lines = [f"<div>{html.escape(text)}</div>", *self.steps.value.split("\n")[:7]]
+        self.steps.value = "\n".join(line for line in lines if line)
 
     def show(self, result: cal.Calibration | cal.Stack) -> None:
         """Display a finished calibration or stack (also one loaded from elsewhere)."""

@@ -40,6 +40,10 @@ def test_panel_calibrates_shows_the_pareto_plot_and_applies_the_confirmed_settin
     assert result is not None and panel.error.value == "", panel.error.value
     assert result.status == "quality_confirmed", (result.reason, result.points)
     assert "quality_confirmed" in panel.status.value
+    # each step showed while it ran, newest first: two tried values, then the confirmation
+    steps = panel.steps.value.split("\n")
+    assert len(steps) == 3 and "step 3: confirmed easycache on seed 1000002: no_speed_claim" in steps[0], steps
+    assert "step 1: 0 with easycache: spends 0 of the budget" in steps[2] and panel.steps.layout.display is None
     assert bytes(panel.plot.value).startswith(b"\x89PNG") and panel.plot.layout.display is None
     assert not panel.apply_button.disabled
     try:

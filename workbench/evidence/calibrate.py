@@ -226,8 +226,16 @@ class _Evaluator:
     first point of each set of plugins in a process runs one untimed request first on CUDA, so compilation stays out
     of its seconds (elsewhere the seconds rank nothing)."""
 
-    def __init__(self, session: Session, requests: list[Request], budget: Budget, journal: Journal):
+    def __init__(
+        self,
+        session: Session,
+        requests: list[Request],
+        budget: Budget,
+        journal: Journal,
+        on_step: Callable[[str], None] | None = None,
+    ):
         self.session, self.requests, self.budget, self.journal = session, requests, budget, journal
+        self.on_step, self.steps = on_step, 0
         session.accelerate({})
         session.generate(requests[0], progress=False)  # warm-up: first-use costs stay out of the seconds
         self.references, self.seconds = self._run()
@@ -246,9 +254,15 @@ class _Evaluator:
     def point(self, value: float, config: dict[str, Any]) -> Point:
         """The point of `value` (`config` installed): recorded, or measured now."""
         key = {"config": config, "value": value}
-        return Point.from_dict(
+        point = Point.from_dict(
             self.journal.step("point", key, lambda: self._measure(value, config).to_dict(), self.seconds)
         )
+        speed = f", {point.speedup:.2f}x (indicative)" if math.isfinite(point.speedup) else ""
+        trial = "base" if math.isnan(value) else f"{value:g}"
+        self._tell(
+            f"{trial} with {', '.join(sorted(config)) or 'nothing'}: spends {point.spent:.3g} of the budget{speed}"
+        )
+        return point
 
     def confirmation(self, request: Request, config: dict[str, Any], rounds: int, progress: bool) -> dict[str, Any]:
         """`qualify` of `config` against stock on `request` (one case): recorded, or run now."""
@@ -258,7 +272,14 @@ class _Evaluator:
         def run() -> dict[str, Any]:
             return qualify(self.session, [request], {}, config, rounds, self.budget, progress)[0]
 
-        return self.journal.step("confirmation", key, run, expected)
+        record = self.journal.step("confirmation", key, run, expected)
+        self._tell(f"confirmed {', '.join(sorted(config))} on seed {request.seed}: {record['verdict']}")
+        return record
+
+    def _tell(self, what: str) -> None:
+        self.steps += 1
+        if self.on_step is not None:
+            self.on_step(f"step {self.steps}: {what}")
 
     def _measure(self, value: float, config: dict[str, Any]) -> Point:
         session = self.journal.session
@@ -299,6 +320,7 @@ def calibrate(
     progress: bool = True,
     resume: str | Path | None = None,
     max_seconds: float | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> Calibration | Partial:
     """Search `plugin`'s knob (its `Spec.knob`, or the option named `knob` on the spec's range) for the most
     aggressive value inside `margin` of `budget` on `calibration`, over `base` (installed underneath, with the
@@ -306,7 +328,8 @@ def calibrate(
 
     `resume`: a folder for the partial record, read when there and rewritten after every step; `max_seconds`
     (needs `resume`): stop at the step boundary past which the next step would not end in time, and return a
-    `Partial` (`workbench.evidence.resume`). ValueError for an unknown plugin, one without a knob, a bad margin,
+    `Partial` (`workbench.evidence.resume`). `on_step(text)` hears each finished step (a tried value, a
+    confirmation case) in a line of words: what a panel shows while it runs. ValueError for an unknown plugin, one without a knob, a bad margin,
     max_evals or max_seconds, empty request lists, or a partial record of another run."""
     spec = check_arguments([plugin], knob, margin, max_evals)[0]
     if not calibration or (test is not None and not test):
@@ -320,7 +343,7 @@ def calibrate(
     at_most = max_evals + 2 * len(test or [])
     journal = Journal(resume, "calibration", run | {"rounds": rounds}, at_most, max_seconds)
     try:
-        evaluator = _Evaluator(session, calibration, budget, journal)
+        evaluator = _Evaluator(session, calibration, budget, journal, on_step)
         result = _calibrate(evaluator, plugin, spec, options, base, margin, max_evals, progress)
         result.scope = scope
         if result.status == "searched" and test is not None:
@@ -379,11 +402,12 @@ def stack(
     progress: bool = True,
     resume: str | Path | None = None,
     max_seconds: float | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> Stack | Partial:
     """Greedy composition of `plugins` over `base` (the exact set underneath; see the module docstring).
 
     `options` gives each plugin's fixed options besides its knob; `test=None` leaves the stack "searched" (not
-    confirmed); `resume` and `max_seconds` as for `calibrate`. ValueError as for `calibrate`, and for a repeated or
+    confirmed); `resume`, `max_seconds` and `on_step` as for `calibrate`. ValueError as for `calibrate`, and for a repeated or
     empty plugin list."""
     if not plugins or len(set(plugins)) != len(plugins):
         raise ValueError(f"plugins: need at least one, each once; got {plugins!r}")
@@ -397,7 +421,7 @@ def stack(
     at_most = 1 + (2 * len(plugins) - 1) * max_evals + 2 * len(test or [])
     journal = Journal(resume, "stack", run, at_most, max_seconds)
     try:
-        evaluator = _Evaluator(session, calibration, budget, journal)
+        evaluator = _Evaluator(session, calibration, budget, journal, on_step)
         result = _stack(evaluator, plugins, specs, options, base, margin, max_evals, progress, search_scope)
         result.scope = scope
         if result.status == "searched" and test is not None:
