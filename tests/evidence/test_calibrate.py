@@ -55,8 +55,34 @@ def test_search_keeps_the_knee_inside_and_never_passes_the_cliff(boundary, margi
         assert knee == knob.high
 
 
+@settings(max_examples=40, deadline=None)
+@given(boundary=st.floats(0.0, 10.0), evals=st.integers(2, 9))
+def test_search_on_a_descending_integer_knob_tries_whole_values_and_stops_at_neighbours(boundary, evals):
+    """fp8_attention's dense_steps: 8 (least aggressive) down to 0; quality spent grows with 8 - value and crosses
+    the margin at `boundary` of those units. Every value tried is a whole step count, none twice; once knee and
+    cliff are neighbours the search stops, however many tries are left."""
+    knob = REGISTRY["fp8_attention"].knob
+    assert (knob.option, knob.low, knob.high, knob.integer) == ("dense_steps", 8, 0, True)
+    margin, tried = 0.8, []
+
+    def evaluate(value):
+        tried.append(value)
+        spent = margin * (knob.low - value) / boundary if boundary > 0 else (0.0 if value == knob.low else math.inf)
+        return Point(value, spent, 1.0, 1.0 + knob.low - value)
+
+    points, knee, cliff = _search(evaluate, knob, margin, evals)
+    assert all(isinstance(v, int) and 0 <= v <= 8 for v in tried) and len(set(tried)) == len(tried) <= evals
+    if knee is not None:
+        assert knob.low - knee <= boundary + 1e-9 and cliff in (None, *range(0, knee))
+    if cliff is not None and knee is not None and evals >= 5:  # 2 ends + 3 halvings of 8 reach neighbours
+        assert knee - cliff == 1
+    with pytest.raises(ValueError, match="integer knob"):
+        Knob("n", 0.5, 3, integer=True)
+    assert Knob("n", 0, 1, integer=True).between(0, 1) is None and Knob("n", 8, 0, integer=True).between(8, 0) == 4
+
+
 def test_calibratable_plugins_declare_their_knob():
-    assert {"easycache", "teacache", "first_block_cache", "block_sparse"} <= set(calibratable())
+    assert {"easycache", "teacache", "first_block_cache", "block_sparse", "fp8_attention"} <= set(calibratable())
     with pytest.raises(ValueError, match="declares no knob"):
         calibrate(None, [Request("x")], None, "fused_block_norms")
     with pytest.raises(ValueError, match="unknown 'nope'"):

@@ -353,26 +353,36 @@ class Prepared:
 @dataclass(frozen=True)
 class Knob:
     """The option a calibration searches (`workbench.evidence.calibrate`): from `low` (least aggressive, the
-    closest to dense) to `high` (most aggressive searched; never beyond), on a linear or log scale. Moving
-    towards `high` is assumed to trade quality for speed monotonically; the search records every point it tried,
-    so a non-monotone stretch shows in the record."""
+    closest to dense) to `high` (most aggressive searched; never beyond), on a linear or log scale. `low` may be
+    above `high` where a smaller value is the more aggressive (fp8_attention's dense_steps). Moving towards `high`
+    is assumed to trade quality for speed monotonically; the search records every point it tried, so a
+    non-monotone stretch shows in the record. `integer`: only whole values (linear scale), so a search between
+    neighbours ends."""
 
     option: str
     low: float
     high: float
     scale: str = "linear"
+    integer: bool = False
 
     def __post_init__(self) -> None:
         if self.scale not in ("linear", "log"):
             raise ValueError(f"{self.option}: scale {self.scale!r}; allowed: 'linear', 'log'")
-        if not self.low < self.high or (self.scale == "log" and self.low <= 0):
+        if self.low == self.high or (self.scale == "log" and min(self.low, self.high) <= 0):
             raise ValueError(
-                f"{self.option}: low {self.low!r} must be below high {self.high!r} (and > 0 on a log scale)"
+                f"{self.option}: low {self.low!r} and high {self.high!r} must differ (and be > 0 on a log scale)"
             )
+        if self.integer and (self.scale == "log" or int(self.low) != self.low or int(self.high) != self.high):
+            raise ValueError(f"{self.option}: an integer knob is linear with whole low and high")
 
-    def between(self, a: float, b: float) -> float:
-        """The midpoint of `a` and `b` on this knob's scale."""
-        return (a * b) ** 0.5 if self.scale == "log" else (a + b) / 2
+    def between(self, a: float, b: float) -> float | None:
+        """The midpoint of `a` and `b` on this knob's scale; for an integer knob the whole value strictly between
+        them nearest it, or None when they are neighbours (nothing left to try)."""
+        if not self.integer:
+            return (a * b) ** 0.5 if self.scale == "log" else (a + b) / 2
+        if abs(a - b) <= 1:
+            return None
+        return int(math.floor((a + b) / 2)) if a < b else int(math.ceil((a + b) / 2))
 
 
 @dataclass(frozen=True)

@@ -551,8 +551,7 @@ def _search(evaluate: Callable[[float], Point], knob: Knob, margin: float, max_e
         good, bad = knob.high, None
     else:
         good, bad = knob.low, knob.high
-        while len(points) < max_evals:
-            middle = knob.between(good, bad)
+        while len(points) < max_evals and (middle := knob.between(good, bad)) is not None:
             points.append(evaluate(middle))
             good, bad = (middle, bad) if points[-1].spent <= margin else (good, middle)
     knee_point = next(p for p in points if p.value == good)

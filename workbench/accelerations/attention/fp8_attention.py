@@ -43,7 +43,7 @@ from workbench.accelerations.attention.sparse_routing import (
     Settings,
     needs_self_attention,
 )
-from workbench.accelerations.base import Spec, option
+from workbench.accelerations.base import Knob, Spec, option
 from workbench.kernels import _runtime
 from workbench.kernels._runtime import MAX_HEAD_DIM
 from workbench.kernels.fp8_attention import DTYPES, PV_MODES, QK_MODES, fp8_attention
@@ -135,6 +135,9 @@ SPEC = Spec(
     # verified), as block_sparse
     touches=("attention_processor.backend", "blocks.compiled_call"),
     order=20,
+    # calibration: the fewest first steps kept dense (SageAttention-style warm-up) inside the budget; 8 dense is the
+    # least aggressive tried, 0 (every step low-bit) the most
+    knob=Knob("dense_steps", 8, 0, integer=True),
     unusable=unusable,
     capabilities=(89, 90, 100),  # e4m3 tensor cores: Ada, Hopper, Blackwell
 )
