@@ -23,6 +23,8 @@ INSTALLS = {
     "tiny-wan": (
         "attention_backend",
         "attention_policy",
+        "block_sparse",
+        "fp8_attention",
         "fused_qkv",
         "cross_kv_cache",
         "easycache",
@@ -42,6 +44,8 @@ INSTALLS = {
     "tiny-ltx2": (
         "attention_backend",
         "attention_policy",
+        "block_sparse",
+        "fp8_attention",
         "cross_kv_cache",
         "easycache",
         "taylorseer",

@@ -122,7 +122,7 @@ def test_train_tiny_smoke_runs_resumes_and_exports_a_loadable_model(tmp_path):
     assert fourth["calls"][-1]["steps"]["vocoder"] == fourth["steps"]["vocoder"] >= 1
     assert fourth["steps"]["denoiser"] == second["steps"]["denoiser"]
     assert any(not torch.equal(v, vocoder_before[k]) for k, v in _vocoder_state(tmp_path / "run").items())
-    profiled = train(replace(config, resume=True, stage="vocoder", minutes=0.01, profile_steps=2))
+    profiled = train(replace(config, resume=True, stage="vocoder", minutes=0.03, profile_steps=2))
     assert profiled["steps"]["vocoder"] > fourth["steps"]["vocoder"] + 5  # enough steps to reach the profile
     assert "aten::" in (tmp_path / "run" / "profile-vocoder.txt").read_text()
     second = profiled
