@@ -353,4 +353,6 @@ class AccelerationPanel(ipywidgets.VBox):
             problems.append(f"needs {'/'.join(spec.devices)}")
         if spec.families is not None and self.session.family.name not in spec.families:
             problems.append(f"supports {'/'.join(spec.families)}")
+        if not problems and spec.unusable is not None and (reason := spec.unusable(self.session.device)):
+            problems.append(reason)  # a package or Triton's interpreter missing, a GPU too old
         return "; ".join(problems) or None

@@ -224,6 +224,13 @@ def test_panel_plugin_this_machine_cannot_run_is_an_error_in_the_widget(wan):
         pytest.skip("group_offload runs on CUDA; this checks the CPU refusal")
     panel = AccelerationPanel(wan)
     assert "not here: needs cuda" in panel.rows["group_offload"].note.value
+    with pytest.MonkeyPatch.context() as patch:  # the plugin's own reason, as profiles read it
+        patch.setenv("TRITON_INTERPRET", "0")
+        panel.bind(wan)
+        assert "not here: the Triton kernel on CPU needs TRITON_INTERPRET=1" in panel.rows["block_sparse"].note.value
+        patch.setenv("TRITON_INTERPRET", "1")
+        panel.bind(wan)
+        assert "not here" not in panel.rows["block_sparse"].note.value
     panel.enable("group_offload")
     assert panel.apply() is None
     assert "RuntimeError" in panel.errors.value and "group_offload" in panel.errors.value
