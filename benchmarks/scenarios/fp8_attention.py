@@ -9,7 +9,9 @@ quantization alone (`attention_quantize.quantize`, with its GB/s from `attention
 `time_call`. TFLOP/s from `cost()` (dense-attention FLOPs, so arms compare directly). Relative L2 of each output
 against cuDNN's bf16 output on three inputs: iid normal q, k, v; `structured` (`sparse_attention.structured_qkv`: q
 and k share smooth positional features, as video attention does); `outliers` (`outlier_qkv`: RMS-normed q/k with a
-shared channel offset and 4 outlier channels, as a DiT's q/k norm leaves them). A launch sweep (`LAUNCHES`) times the
+shared channel offset and 4 outlier channels, as a DiT's q/k norm leaves them); and per call on `captured` q, k, v:
+the video self-attention of the trained demo-av (4 heads of 48, zero-padded to 64 by the kernel) recorded during one
+dense request (`captured_calls`), median and worst call with the median per step. A launch sweep (`LAUNCHES`) times the
 kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages; the A/B/A arms use the shipped
 launch (`launch_for`). `compiled` lists what Triton's JIT built in this process for the attention and quantization
 kernels: launch, registers and spilled bytes per variant (from the JIT's cache; the CPU compile reports of
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import Any
 
 import torch
@@ -35,7 +38,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.sparse_attention import SMOKE_GRID, SMOKE_HEADS, structured_qkv
 from benchmarks.workloads import WAN_TOKENS_GRID, calls, rel_l2, tau_for
+from workbench import Request, Session
 from workbench.accelerations.attention import flash4_attention
+from workbench.accelerations.attention.sparse_routing import captured_qkv
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.kernels import attention_quantize as aq
 from workbench.kernels import block_sparse_attend
@@ -55,6 +60,8 @@ LAUNCHES = {
     "m128_n128_w8_s2": fa.Launch(128, 128, 8, 2),
     "m128_n128_w8_s3": fa.Launch(128, 128, 8, 3),
 }
+CAPTURE_MODEL = "demo-av"  # trained: its attention activations are a model's, not synthetic
+CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hum"
 HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3): the kernels' case measured here
 SPARSE_DENSITY = 0.20
 SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "bf16"), ("e4m3", "fp8"))
@@ -106,6 +113,28 @@ def compiled_kernels() -> list[dict[str, Any]] | str:
     return rows
 
 
+def captured_calls(device: torch.device, smoke: bool) -> list[tuple[int, tuple[torch.Tensor, ...]]]:
+    """(step, (q, k, v) as (B, H, T, D)) of CAPTURE_MODEL's routed video self-attention in one dense request of its
+    default size (CFG: both branches in one call), in the session's dtype; smoke: 2 steps, first block only."""
+    session = Session.open(CAPTURE_MODEL, device=str(device))
+    keep = (lambda step, block: block == 0) if smoke else (lambda step, block: True)
+    with captured_qkv(session.model, keep) as records:
+        session.generate(Request(CAPTURE_PROMPT, seed=5, steps=2 if smoke else None), progress=False)
+    return [(r["step"], tuple(r[name].transpose(1, 2) for name in "qkv")) for r in records]
+
+
+def _captured_errors(calls: list, run, dense) -> dict[str, Any]:
+    """Relative L2 of `run(q, k, v)` against `dense(q, k, v)` per captured call: median, worst, median per step."""
+    errors = [(step, rel_l2(run(*qkv), dense(*qkv))) for step, qkv in calls]
+    steps = sorted({step for step, _ in errors})
+    return {
+        "calls": len(errors),
+        "median": statistics.median(e for _, e in errors),
+        "max": max(e for _, e in errors),
+        "median_by_step": [statistics.median(e for s, e in errors if s == step) for step in steps],
+    }
+
+
 def _label(qk: str, pv: str) -> str:
     return f"qk={qk},pv={pv}"
 
@@ -123,6 +152,7 @@ def run(context: Context) -> Measurement:
         "outliers": outlier_qkv(tokens, heads, device, dtype, seed=13),
     }
     q, k, v = inputs["iid"]
+    captured = captured_calls(device, smoke)
     clock = calls(smoke, repeats=10, warmup=2)
     notes = []
 
@@ -155,6 +185,9 @@ def run(context: Context) -> Measurement:
             "rel_l2_vs_dense": {
                 kind: rel_l2(fa.fp8_attention(*qkv, pv=pv, qk=qk), dense(*qkv)) for kind, qkv in inputs.items()
             },
+            "captured_rel_l2_vs_dense": _captured_errors(
+                captured, lambda q, k, v, pv=pv, qk=qk: fa.fp8_attention(q, k, v, pv=pv, qk=qk), dense
+            ),
             "kernel": kernel.to_dict(),
             "quantize": quantize.to_dict(),
             "quantize_gbps": aq.cost(tuple(q.shape), pv, dtype) / quantize.median_s / 1e9,
@@ -189,7 +222,8 @@ def run(context: Context) -> Measurement:
     notes.append(
         "Whole calls A/B/A on the queued clock; `kernel` (attend alone) and `quantize` (the Triton quantizer) carry "
         "both clocks. TFLOP/s count dense attention's 4*T*T*D per head for every arm. Relative L2 against cuDNN's bf16 "
-        "output; `structured` and `outliers` q/k are synthetic, captured activations of a trained model differ. "
+        "output; `structured` and `outliers` q/k are synthetic; `captured_rel_l2_vs_dense` is per call on the trained "
+        f"{CAPTURE_MODEL}'s video self-attention ({len(captured)} calls of one dense request). "
         f"`launch_sweep` (kernel alone, {', '.join(_label(*p) for p in SWEEP_PAIRS)}) against the shipped launch "
         f"{fa.DEFAULT}. "
         f"block_sparse@{SPARSE_DENSITY:.2f}: structured q/k, low-precision arms A/B/A against the exact arm."

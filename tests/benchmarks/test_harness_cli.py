@@ -39,6 +39,10 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch):
     for arm, row in record["arms"].items():
         if isinstance(row, dict) and "median_s" in row:
             assert math.isfinite(row["median_s"]) and row["median_s"] > 0, arm
+    if name == "fp8-attention":  # per call on the trained demo-av's own q/k/v (heads of 48, padded): small, not zero
+        rows = [row for row in record["arms"].values() if isinstance(row, dict)]
+        captured = [row["captured_rel_l2_vs_dense"] for row in rows if "captured_rel_l2_vs_dense" in row]
+        assert len(captured) == 4 and all(c["calls"] == 2 and 0 < c["median"] <= c["max"] < 0.1 for c in captured)
     if not record["ratios"]:  # a smoke that measures no pair must say what it skipped
         assert any("smoke" in note.lower() for note in record["notes"]), record["notes"]
 
