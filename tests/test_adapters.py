@@ -10,7 +10,7 @@ from peft.utils import get_peft_model_state_dict
 from safetensors.torch import save_file
 
 from workbench import Adapter, Request, Session
-from workbench.accelerations import fingerprint
+from workbench.accelerations import available, fingerprint
 from workbench.accelerations.quantization import selective_fp8 as fp8
 from workbench.models import wan
 
@@ -120,6 +120,38 @@ def test_adapter_metadata_sets_request_defaults_and_shift(tmp_path):
     assert session.resolve(Request("x", steps=2, guidance=4.0, **SIZE)).steps == 2  # the request's own win
     session.load_adapters([])
     assert pipe.scheduler.config.shift == shift and session.resolve(Request("x", **SIZE)).steps != 3
+
+
+def test_every_exact_plugin_composes_with_a_fused_adapter_or_refuses_with_its_reason(tmp_path, monkeypatch):
+    """With an adapter fused, each registered exact plugin either installs, runs (a bitwise one equal to the fused
+    request, the others within a reduction-order bound) and comes off leaving the fused weights as they were, or
+    refuses before changing anything with a message that names it (on this CPU: the CUDA-only ones, and
+    context_parallel without its process group)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    session = Session.open("tiny-wan", device="cpu", dtype="bfloat16")
+    transformer, seed = session.model.pipeline.transformer, _seed()
+    session.load_adapters([Adapter(lora_file(tmp_path / "a.safetensors", transformer, seed), scale=0.8)])
+    fused_print, fused = fingerprint(transformer), _generate(session, seed)
+    ran, refused = set(), set()
+    for name, spec in available().items():
+        if spec.contract == "approximate":
+            continue
+        try:
+            session.accelerate({name: {}})
+        except (RuntimeError, ValueError) as error:
+            assert str(error).startswith(f"{name}: ") and fingerprint(transformer) == fused_print, (name, error)
+            refused.add(name)
+            continue
+        try:
+            result = _generate(session, seed)
+        finally:
+            session.accelerate({})
+        assert fingerprint(transformer) == fused_print, name
+        rel = float((result.latents.float() - fused.latents.float()).norm() / fused.latents.float().norm())
+        assert torch.equal(result.latents, fused.latents) if spec.contract == "bitwise" else rel < 0.05, (name, rel)
+        ran.add(name)
+    cpu_exact = {"cross_kv_cache", "block_ring", "adaln_precompute", "fused_block_ops", "fused_qkv", "fused_vae_decode"}
+    assert cpu_exact <= ran and {"group_offload", "flash4_attention"} <= refused, (ran, refused)
 
 
 def test_plugins_compose_with_a_fused_adapter(tmp_path, monkeypatch):
