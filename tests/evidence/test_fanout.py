@@ -113,6 +113,29 @@ def test_ray_raising_cell_is_recorded_failed_and_run_completes(fanout, tmp_path)
     assert sorted(p.name for p in (store.root / "outputs" / "good").iterdir()) == ["good.html", "good.json", "good.mp4"]
 
 
+def test_ray_cell_whose_worker_dies_every_time_is_recorded_failed_after_its_retries(fanout, tmp_path, monkeypatch):
+    """A cell that kills every worker it lands on is retried `retries` more times, then recorded failed with the
+    count; the run ends instead of retrying forever."""
+    monkeypatch.setattr(fanout, "retries", 1)
+    killed = []
+
+    def kill_every_worker(event):
+        if event.kind == "cell_started":
+            killed.append(fanout.identities[event.worker]["pid"])
+            ray.kill(fanout.actors[event.worker])
+
+    store = Store(tmp_path)
+    stop = fanout.subscribe(kill_every_worker)
+    try:
+        with pytest.raises(RuntimeError, match=r"1 of 1 cells failed"):
+            fanout_jobs.batch(fanout, store, [("doomed", REQUEST)], {})
+    finally:
+        stop()
+    (entry,) = store.entries().values()
+    assert entry["status"] == "failed" and entry["error"].endswith("gave up after 2 attempts"), entry
+    assert "died" in entry["error"] and len(killed) == 2
+
+
 def test_fanout_duplicate_cells_and_bad_options_raise(fanout, tmp_path):
     cell = Cell("generate", {"request": REQUEST, "accelerations": {}, "name": "a"}, "a", "a")
     with pytest.raises(ValueError, match="same work"):
