@@ -6,6 +6,7 @@ import torch
 
 from workbench import Request, Session
 from workbench.memory_plan import Footprint, MemoryBudget, footprint, parse_bytes, plan_for, plan_memory
+from workbench.profiles import profile
 
 # A synthetic model: a text encoder of 100 B, a VAE of 50 B, a denoiser of four 40 B blocks and 10 B besides.
 # Activations: denoise 20, text_encode 5, video_decode 60 untiled / 15 tiled; 4 denoiser forwards per request.
@@ -181,6 +182,20 @@ def test_memory_cap_session_bitwise_equal_resident(sessions, name):
     _bitwise_equal_resident(session, sessions(name), request, times=2)
     with pytest.raises(ValueError, match=r"\['group_offload'\] move the denoiser's weights"):
         session.accelerate({"group_offload": {}})
+    # the exact-fast profile under the cap equals exact-fast resident, twice (Triton kernels under the interpreter)
+    resident, config = sessions(name), profile("exact-fast", session.family.name, session.device)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_INTERPRET", "1")
+        session.accelerate(config)
+        resident.accelerate(config)
+        try:
+            want = resident.generate(request, progress=False)
+            for _ in range(2):
+                got = session.generate(request, progress=False)
+                assert torch.equal(got.latents, want.latents) and got.receipts["memory_residency"]["executed"]
+        finally:
+            resident.accelerate({})
+    assert config and set(session.accelerations) == set(config)
 
 
 # Requests whose text encoder runs once (tiny-wan without CFG): streaming its layers then moves nothing extra.
