@@ -47,6 +47,12 @@ def exact_fast(family: str, device: torch.device, notes: list[str]) -> dict[str,
     return config
 
 
+def with_fp8_attention(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with fp8_attention (its defaults: int8 Q.K^T, FP8 P.V) as its self-attention: flash4_attention, which
+    owns the same dispatcher entry, is taken out."""
+    return {name: options for name, options in config.items() if name != "flash4_attention"} | {"fp8_attention": {}}
+
+
 def wan_forward_inputs(session: Session, request: Request) -> tuple[dict[str, Any], dict[str, Any]]:
     """One transformer call's keyword arguments at `request`'s shape (random latents, timestep 500, the pipeline's
     own text encoding of the prompt) and their description."""

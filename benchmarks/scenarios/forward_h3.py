@@ -1,5 +1,6 @@
 """One forward of the full-size MiniMax-H3 transformer (33.1B parameters, random weights, bf16): stock against the
-`exact-fast` profile, block_sparse at 20 % density, and the stacks block_sparse + fused norms (+ FP8).
+`exact-fast` profile (and exact-fast with fp8_attention as its self-attention), block_sparse at 20 % density, and the
+stacks block_sparse + fused norms (+ FP8).
 
 Model: diffusers' default `MiniMaxH3Transformer3DModel` config, built on the meta device and materialised straight on
 the GPU (`to_empty`), bf16 with its `_keep_in_fp32_modules` parameters in float32 (as `from_pretrained(torch_dtype=
@@ -22,7 +23,15 @@ from typing import Any
 import torch
 
 from benchmarks.envelope import Context, Measurement
-from benchmarks.workloads import ForwardArm, Forwards, captured_attention, compare_forwards, exact_fast, tau_for
+from benchmarks.workloads import (
+    ForwardArm,
+    Forwards,
+    captured_attention,
+    compare_forwards,
+    exact_fast,
+    tau_for,
+    with_fp8_attention,
+)
 from workbench import Session
 from workbench.models import h3
 from workbench.models.loaded import LoadedModel
@@ -186,9 +195,11 @@ def run(context: Context) -> Measurement:
         notes.append(f"block_sparse: density {DENSITY} is below what routing allows here; tau {calibration['tau']}.")
     sparse = {"block_sparse": {"tau": calibration["tau"]}}
     norms, fp8 = {"fused_block_norms": {}}, {"selective_fp8": {"include": FP8_BLOCK_LINEARS, "path": "fused"}}
+    fast = exact_fast("h3", device, notes)
     arms = [
         ForwardArm("stock", {}),
-        ForwardArm("exact-fast", exact_fast("h3", device, notes)),
+        ForwardArm("exact-fast", fast),
+        ForwardArm("exact-fast+fp8_attention", with_fp8_attention(fast)),
         ForwardArm("block_sparse", sparse),
         ForwardArm("block_sparse+norms", {**sparse, **norms}),
         ForwardArm("block_sparse+norms+fp8", {**sparse, **norms, **fp8}),

@@ -4,7 +4,9 @@ random weights as diffusers builds a bf16 checkpoint): stock against the `exact-
 Inputs built once: latents (1, 16, 21, 60, 104), timestep 500, the pipeline's own text encoding. Arms:
 `stock` (nothing installed), `exact-fast` (`profiles.profile("exact-fast", "wan", device)`: fused_block_norms,
 adaln_precompute, cross_kv_cache, gelu_epilogue, flash4_attention where installed), `bit-equal`
-(fused_block_ops + adaln_precompute + cross_kv_cache: contract bitwise/rounding, must equal stock). A visit
+(fused_block_ops + adaln_precompute + cross_kv_cache: contract bitwise/rounding, must equal stock),
+`exact-fast+fp8_attention` (exact-fast with the own low-bit attention kernel as its self-attention instead of
+flash4_attention; approximate: its error against stock is in its row). A visit
 installs the arm, runs one untimed forward (plugin caches fill, as from step 2 of a request on) and two timed ones.
 """
 
@@ -19,6 +21,7 @@ from benchmarks.workloads import (
     open_wan,
     wan_forward_inputs,
     wan_request,
+    with_fp8_attention,
 )
 
 NAME = "forward-wan"
@@ -33,10 +36,12 @@ def run(context: Context) -> Measurement:
     kwargs, shape = wan_forward_inputs(session, wan_request(16, context.smoke))
     transformer = session.model.pipeline.transformer
     shape.update(model=session.model.name, layers=transformer.config.num_layers)
+    fast = exact_fast("wan", context.device, notes)
     arms = [
         ForwardArm("stock", {}),
-        ForwardArm("exact-fast", exact_fast("wan", context.device, notes)),
+        ForwardArm("exact-fast", fast),
         ForwardArm("bit-equal", BIT_EQUAL),
+        ForwardArm("exact-fast+fp8_attention", with_fp8_attention(fast)),
     ]
     forwards = Forwards(
         session, lambda: transformer(**kwargs)[0], per_visit=1 if context.smoke else 2, warmup=int(not context.smoke)
