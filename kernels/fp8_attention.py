@@ -299,19 +299,18 @@ def fp8_attention(
     check_runtime("fp8_attention", q, k, v)
     check_fp8("fp8_attention", q.device)
     out = torch.empty_like(q)  # q's memory order when q is a dense permutation, else contiguous
-    padded = pad_head_dim(q, k, v)
-    if padded[0].shape[-1] == q.shape[-1]:
-        attend(quantize(q, k, v, pv, qk=qk), out, k.shape[2], scale, launch)
-    else:
-        wide = torch.empty_like(padded[0])
-        attend(quantize(*padded, pv, qk=qk), wide, k.shape[2], scale, launch)
+    qp, kp, vp = pad_head_dim(q, k, v)
+    wide = out if qp is q else torch.empty_like(qp)  # the kernel's head dim: padded, written back into out after
+    attend(quantize(qp, kp, vp, pv, qk=qk), wide, k.shape[2], scale, launch)
+    if wide is not out:
         out.copy_(wide[..., : q.shape[-1]])
     return out
 
 
 def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launch | None = None) -> None:
     """The kernel alone (step 3) on `quantize`'s operands of Tk = `tk` keys, written into `out` (B, H, Tq, D) of
-    any strides, D one of `_runtime.KERNEL_HEAD_DIMS`. No checks beyond the launch: `fp8_attention` is the checked entry."""
+    any strides, D one of `_runtime.KERNEL_HEAD_DIMS`. No checks beyond the launch: `fp8_attention` is the checked
+    entry."""
     launch = launch_for(out.device) if launch is None else launch
     if not isinstance(launch, Launch):
         raise ValueError(f"fp8_attention: launch must be an fp8_attention.Launch, got {type(launch).__name__}")

@@ -118,7 +118,7 @@ class Calibration:
     reason: str
     confirmation: dict[str, Any] | None = None
     scope: dict[str, Any] | None = None
-    attention: dict[str, Any] | None = None  # `confirm_attention_alone`'s record, when it ran
+    attention: dict[str, Any] | None = None  # `_confirm_attention_alone`'s record, when it ran
 
     @property
     def config(self) -> dict[str, Any] | None:
@@ -183,7 +183,7 @@ class Stack:
     confirmation: dict[str, Any] | None = None
     base_point: Point | None = None
     ranked_by_speed: bool = False
-    attention: dict[str, Any] | None = None  # `confirm_attention_alone`'s record, when it ran
+    attention: dict[str, Any] | None = None  # `_confirm_attention_alone`'s record, when it ran
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -328,9 +328,9 @@ def calibrate(
 
     `resume`: a folder for the partial record, read when there and rewritten after every step; `max_seconds`
     (needs `resume`): stop at the step boundary past which the next step would not end in time, and return a
-    `Partial` (`workbench.evidence.resume`). `on_step(text)` hears each finished step (a tried value, a
-    confirmation case) in a line of words: what a panel shows while it runs. ValueError for an unknown plugin, one without a knob, a bad margin,
-    max_evals or max_seconds, empty request lists, or a partial record of another run."""
+    `Partial` (`workbench.evidence.resume`). `on_step(text)` hears each finished step (a tried value, a confirmation
+    case) in a line of words: what a panel shows while it runs. ValueError for an unknown plugin, one without a
+    knob, a bad margin, max_evals or max_seconds, empty request lists, or a partial record of another run."""
     spec = check_arguments([plugin], knob, margin, max_evals)[0]
     if not calibration or (test is not None and not test):
         raise ValueError("requests: calibration (and test, when given) need at least one request each")
@@ -407,8 +407,8 @@ def stack(
     """Greedy composition of `plugins` over `base` (the exact set underneath; see the module docstring).
 
     `options` gives each plugin's fixed options besides its knob; `test=None` leaves the stack "searched" (not
-    confirmed); `resume`, `max_seconds` and `on_step` as for `calibrate`. ValueError as for `calibrate`, and for a repeated or
-    empty plugin list."""
+    confirmed); `resume`, `max_seconds` and `on_step` as for `calibrate`. ValueError as for `calibrate`, and for a
+    repeated or empty plugin list."""
     if not plugins or len(set(plugins)) != len(plugins):
         raise ValueError(f"plugins: need at least one, each once; got {plugins!r}")
     specs = check_arguments(plugins, None, margin, max_evals)
@@ -745,8 +745,9 @@ def registry_entry(result: Calibration | Stack, evidence: str) -> tuple[dict[str
 
 def write(result: Calibration | Stack, out: str | Path) -> tuple[Path, Path]:
     """`<kind>.json` and `<kind>.html` in `out`, written as one set (both or neither). A calibrated sparse-attention
-    setting (`registry_entry`) also gets `qualification.json` (the record it rests on) and `attention_registry.json`, which
-    `attention_policy` takes as `registry` (the evidence path in it is absolute: the folder's, as written)."""
+    setting (`registry_entry`) also gets `qualification.json` (the record it rests on) and
+    `attention_registry.json`, which `attention_policy` takes as `registry` (the evidence path in it is absolute:
+    the folder's, as written)."""
     kind = "calibration" if isinstance(result, Calibration) else "stack"
     files = {f"{kind}.json": record_bytes(result.to_record()), f"{kind}.html": render(result).encode()}
     evidence = str((Path(out) / "qualification.json").resolve())

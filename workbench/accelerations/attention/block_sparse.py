@@ -39,8 +39,8 @@ import torch
 
 from workbench.accelerations.attention.sparse_kernels import (
     block_sparse_attend,
-    block_sparse_unusable,
     check_block_sparse_device,
+    triton_unusable,
 )
 from workbench.accelerations.attention.sparse_routing import (
     TAU_HELP,
@@ -96,6 +96,6 @@ SPEC = Spec(
     # processors is not verified (the seed's Sol path refuses compile too).
     touches=("attention_processor.backend", "blocks.compiled_call"),
     order=20,
-    unusable=block_sparse_unusable,
+    unusable=triton_unusable,
 )
 SPECS = (SPEC,)

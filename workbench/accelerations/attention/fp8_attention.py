@@ -22,8 +22,10 @@ Receipts: `fp8_calls` (calls the kernel served), `dense_calls` (split into `dens
 `dense_block_calls`), `protected_rows`, fallbacks (a perturbed pass whose processor skipped attention),
 `notes["pv"]` and `notes["qk"]`; `sparse_calls` is the router's name for the same calls as `fp8_calls`.
 
+Head dims 32, 64 and 128 run as they are, others up to 128 zero-padded to the next (demo-av: 48 -> 64).
+
 Fail closed (RuntimeError with the reason): a CUDA device below sm_89 (no e4m3 tensor cores), a CPU without
-`TRITON_INTERPRET=1`, head dim > 128 (32, 64 and 128 run as they are, others zero-padded to the next), a dtype other than bfloat16/float32, a family without routable
+`TRITON_INTERPRET=1`, head dim > 128, a dtype other than bfloat16/float32, a family without routable
 self-attention, or a routed call with a mask / causal / context-parallel layout; never a silent dense run.
 """
 
@@ -34,6 +36,7 @@ from typing import Any
 
 import torch
 
+from workbench.accelerations.attention.sparse_kernels import triton_unusable
 from workbench.accelerations.attention.sparse_routing import (
     FAMILY,
     Call,
@@ -68,8 +71,8 @@ class Fp8AttentionConfig:
 
 def unusable(device: torch.device) -> str | None:
     """Why the kernel cannot run on `device` here, or None."""
-    if device.type == "cpu" and not _runtime.interpreting():
-        return "the Triton kernel on CPU needs TRITON_INTERPRET=1 (or a CUDA device)"
+    if (reason := triton_unusable(device)) is not None:
+        return reason
     if device.type not in ("cpu", "cuda"):
         return f"the Triton kernel runs on cuda (or cpu under TRITON_INTERPRET=1), not {device}"
     number = _runtime.capability(device)

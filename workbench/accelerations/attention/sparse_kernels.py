@@ -32,13 +32,13 @@ def block_sparse_attend(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     return out.transpose(1, 2), density
 
 
-def block_sparse_unusable(device: torch.device) -> str | None:
-    """Why the block-sparse kernel cannot run on `device` here, or None."""
+def triton_unusable(device: torch.device) -> str | None:
+    """Why a Triton attention kernel (block_sparse's, fp8_attention's) cannot run on `device` here, or None."""
     if device.type == "cpu" and not interpreting():
         return "the Triton kernel on CPU needs TRITON_INTERPRET=1 (or a CUDA device)"
     return None
 
 
 def check_block_sparse_device(name: str, device: torch.device) -> None:
-    if (reason := block_sparse_unusable(device)) is not None:
+    if (reason := triton_unusable(device)) is not None:
         raise RuntimeError(f"{name}: {reason}")
