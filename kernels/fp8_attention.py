@@ -49,7 +49,7 @@ conversion, and the bf16 P.V dot runs on the rounded values widened to fp32 (`at
 k and v in e4m3).
 
 Needs FP8 tensor cores: compute capability 8.9+ (RuntimeError below, `_runtime.check_fp8`). Launch: `Launch` (tile
-sizes, warps, stages); `launch_for(device)` picks DEFAULT on sm_90+ and ADA below.
+sizes, warps, stages); `launch_for(device, pv)` picks ADA below sm_90, and on sm_90+ DEFAULT, or BF16_PV for pv="bf16".
 """
 
 from __future__ import annotations
@@ -101,18 +101,23 @@ class Launch:
             raise ValueError(f"fp8_attention: Launch.num_stages: {self.num_stages!r}; allowed: an int in 1..8")
 
 
-# DEFAULT: the fastest launch of the first H200 sweep (benchmarks/results/fp8-attention.json, m64_n128_w4_s3). Both
-# launches spill no register on their card (ptxas on the JIT's specialization, tests/kernels/test_targets.py) and
-# share block_n, so a call computes the same maths on Ada and Hopper; ADA (sm_89: mma.sync, operands in registers)
-# keeps 32 rows over 8 warps, as block_sparse_attend does there (no Ada card has measured it).
+# DEFAULT: the fastest launch of the H200 sweeps for pv="fp8" (benchmarks/results/fp8-attention.json, m64_n128_w4_s3).
+# BF16_PV: the same tiles at 2 stages, the fastest of that sweep for pv="bf16" (its bf16 V tiles take twice the shared
+# memory of e4m3 ones). Every launch spills no register on its card (ptxas on the JIT's specialization,
+# tests/kernels/test_targets.py) and all share block_n, so a call computes the same maths on Ada and Hopper; ADA
+# (sm_89: mma.sync, operands in registers) keeps 32 rows over 8 warps, as block_sparse_attend does there (no Ada card
+# has measured it).
 DEFAULT = Launch()
+BF16_PV = Launch(num_stages=2)
 ADA = Launch(block_m=32, block_n=128, num_warps=8, num_stages=2)
 
 
-def launch_for(device: torch.device) -> Launch:
-    """DEFAULT on sm_90 and newer (and off CUDA), ADA below."""
+def launch_for(device: torch.device, pv: str = "fp8") -> Launch:
+    """ADA below sm_90; on sm_90 and newer (and off CUDA) DEFAULT, or BF16_PV for `pv` "bf16"."""
     number = capability(device)
-    return ADA if number is not None and number < 90 else DEFAULT
+    if number is not None and number < 90:
+        return ADA
+    return BF16_PV if pv == "bf16" else DEFAULT
 
 
 def quantized_tile(
@@ -294,7 +299,7 @@ def fp8_attention(
 ) -> torch.Tensor:
     """`reference(q, k, v, scale, pv, launch.block_n, qk=qk)` up to the contract (module doc): `quantize`, then
     `attend`, on q, k, v zero-padded to the kernel's head dim when theirs is not one (module doc). `scale` defaults to
-    1/sqrt(D); `launch` to `launch_for(q.device)`."""
+    1/sqrt(D); `launch` to `launch_for(q.device, pv)`."""
     scale = _check(q, k, v, pv, scale, qk)
     check_runtime("fp8_attention", q, k, v)
     check_fp8("fp8_attention", q.device)
@@ -311,7 +316,7 @@ def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launc
     """The kernel alone (step 3) on `quantize`'s operands of Tk = `tk` keys, written into `out` (B, H, Tq, D) of
     any strides, D one of `_runtime.KERNEL_HEAD_DIMS`. No checks beyond the launch: `fp8_attention` is the checked
     entry."""
-    launch = launch_for(out.device) if launch is None else launch
+    launch = launch_for(out.device, z.pv) if launch is None else launch
     if not isinstance(launch, Launch):
         raise ValueError(f"fp8_attention: launch must be an fp8_attention.Launch, got {type(launch).__name__}")
     b, h, tq, d = out.shape

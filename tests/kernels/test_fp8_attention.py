@@ -10,6 +10,7 @@ import torch
 from workbench.kernels import _runtime
 from workbench.kernels.fp8_attention import (
     ADA,
+    BF16_PV,
     DEFAULT,
     FP8,
     QK_MODES,
@@ -180,7 +181,8 @@ def test_fp8_attention_refuses_without_interpreter_or_fp8(monkeypatch):
 
 
 def test_fp8_attention_launch_and_cost():
-    assert launch_for(torch.device("cpu")) == DEFAULT and ADA.block_n == DEFAULT.block_n  # same maths on Ada
+    assert launch_for(torch.device("cpu")) == DEFAULT and launch_for(torch.device("cpu"), "bf16") == BF16_PV
+    assert ADA.block_n == BF16_PV.block_n == DEFAULT.block_n  # same maths on every launch
     b, h, t = 1, 12, 32760
     nbytes, flops = cost((b, h, t, D))
     assert flops == 4 * b * h * t * t * D

@@ -3,6 +3,7 @@ ships, fits the card's shared memory, and spills nothing where the H200's launch
 compiler and ptxas, on launches recorded from the public functions at production shapes (bf16, Wan-1.3B widths)."""
 
 import contextlib
+import functools
 import os
 from unittest import mock
 
@@ -171,10 +172,12 @@ def test_fp8_attention_takes_one_launch_per_card_and_is_refused_below_sm_89():
     """sm_89 and sm_90 take their own (spill-free) launches; below sm_89 the public function refuses before any
     launch."""
     heads = torch.zeros(B, H, T, D, dtype=BF16)
-    for target, launch in (("sm_89", fp8_attention.ADA), ("sm_90", fp8_attention.DEFAULT)):
-        launches = record(lambda: fp8_attention.fp8_attention(heads, heads, heads), TARGETS[target])
+    cases = (("sm_89", "fp8", fp8_attention.ADA), ("sm_89", "bf16", fp8_attention.ADA),
+             ("sm_90", "fp8", fp8_attention.DEFAULT), ("sm_90", "bf16", fp8_attention.BF16_PV))  # fmt: skip
+    for target, pv, launch in cases:
+        launches = record(functools.partial(fp8_attention.fp8_attention, heads, heads, heads, pv=pv), TARGETS[target])
         found = next(x for x in launches if x.name == "_fp8_attention_fwd")
-        assert found.options == {"num_warps": launch.num_warps, "num_stages": launch.num_stages}, target
+        assert found.options == {"num_warps": launch.num_warps, "num_stages": launch.num_stages}, (target, pv)
         assert (found.constexprs["BLOCK_M"], found.constexprs["BLOCK_N"]) == (launch.block_m, launch.block_n)
     for target in ("sm_80", "sm_86"):
         with (
