@@ -1,4 +1,5 @@
-"""block_sparse (contract: approximate) on a tiny Wan of head dim 128 under the Triton CPU interpreter.
+"""block_sparse (contract: approximate) on a tiny Wan of head dim 128 under the Triton CPU interpreter (and once on
+the torch reference path a CPU takes without it).
 
 `wan.tiny_d128` has one head of 128 (the production head dim, which the kernel takes as it is) instead of tiny-wan's
 two of 16 (zero-padded to 32; one test runs them). 128x192
@@ -83,10 +84,21 @@ def test_block_sparse_pads_small_heads_and_refuses_wider_than_the_kernel(interpr
     assert session.accelerations == {}
 
 
-def test_block_sparse_cpu_without_interpreter_raises(monkeypatch, session):
+def test_block_sparse_cpu_without_interpreter_takes_the_reference_as_the_kernel_would(monkeypatch, session):
+    """On a CPU outside the interpreter the calls take the kernel's torch reference: the same sparse request (some
+    blocks folded) as the kernel under the interpreter, up to fp32 rounding, with the same density; each receipt
+    names its path."""
+    config = {"block_sparse": {"tau": 1.0}}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel, kernel_report = _run(session, config)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
-        session.accelerate({"block_sparse": {}})
+    torch_ref, ref_report = _run(session, config)
+    assert (kernel_report["notes"]["path"], ref_report["notes"]["path"]) == ("triton kernel", "torch reference")
+    assert ref_report["sparse_calls"] == 4 and ref_report["notes"]["mean_density"] < 1.0, ref_report
+    assert ref_report["notes"]["mean_density"] == pytest.approx(kernel_report["notes"]["mean_density"], abs=1e-6)
+    assert not torch_ref.exact
+    err = (torch_ref.latents.float() - kernel.latents.float()).abs().max().item()
+    assert err < 1e-3, f"the reference path differs from the kernel by {err}"
 
 
 def test_block_sparse_bad_option_raises(session):

@@ -132,6 +132,7 @@ def test_block_sparse_ltx2_video_self_attention(interpreter):
         "prefix_rows": 0,
         "mean_density": 1.0,
         "video_tokens": [256],
+        "path": "triton kernel",
     }, report
     for name in ("latents", "audio"):
         err = (torch.as_tensor(getattr(exact, name)) - torch.as_tensor(getattr(dense, name))).abs().max().item()

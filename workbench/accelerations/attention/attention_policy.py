@@ -33,7 +33,7 @@ import torch
 
 from workbench import environment
 from workbench.accelerations.attention import sol_package
-from workbench.accelerations.attention.sparse_kernels import block_sparse_attend, check_block_sparse_device
+from workbench.accelerations.attention.sparse_kernels import block_sparse_attend
 from workbench.accelerations.attention.sparse_routing import Call, Router, Settings
 from workbench.accelerations.base import Handle, Spec, option
 
@@ -194,7 +194,6 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
         if plugin == "sol_attn":
             attends[plugin] = sol_package.router_for(model, device, example, None).attend
         else:
-            check_block_sparse_device("attention_policy", device)
             attends[plugin] = block_sparse_attend
 
     def attend(call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:

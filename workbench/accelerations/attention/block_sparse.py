@@ -25,9 +25,12 @@ Receipts: `sparse_calls`, `dense_calls` (split into `dense_step_calls` and `dens
 
 Head dims 32, 64 and 128 run as they are, others up to 128 zero-padded to the next (demo-av: 48 -> 64).
 
-Fail closed: head dim > 128, a dtype other than bfloat16/float32, a family without routable self-attention, a
-CPU without `TRITON_INTERPRET=1`, a low precision on a GPU below sm_89, or a routed call with a mask / causal / context-parallel layout is a
-RuntimeError; never a silent dense run.
+On a CPU outside the Triton interpreter the kernel's torch reference serves the calls (the same routing and maths in
+fp32, `sparse_kernels`); `notes["path"]` names the path taken.
+
+Fail closed: head dim > 128, a dtype other than bfloat16/float32, a family without routable self-attention, a low
+precision on a GPU below sm_89, or a routed call with a mask / causal / context-parallel layout is a RuntimeError;
+never a silent dense run.
 """
 
 from __future__ import annotations
@@ -37,11 +40,7 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.attention.sparse_kernels import (
-    block_sparse_attend,
-    check_block_sparse_device,
-    triton_unusable,
-)
+from workbench.accelerations.attention.sparse_kernels import block_sparse_attend, path
 from workbench.accelerations.attention.sparse_routing import (
     TAU_HELP,
     RoutedHandle,
@@ -68,20 +67,24 @@ class BlockSparseConfig(SparseAttentionConfig):
 
 
 class _Installed(RoutedHandle):
+    def __init__(self, spec: Spec, options: dict[str, Any], router: Router, path: str):
+        super().__init__(spec, options, router)
+        self.path = path
+
     def report(self) -> dict[str, Any]:
+        self.receipt.notes["path"] = self.path
         if self.options["precision"] != "exact":  # the default's receipt stays as it was
             self.receipt.notes["precision"] = f"{self.options['precision']}, pv {self.options['pv']}"
         return super().report()
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    check_block_sparse_device("block_sparse", device)
     if options["precision"] != "exact":
         _runtime.check_fp8("block_sparse", device)
     settings = Settings.from_options(options, extra=LOW_PRECISION)
     router = Router("block_sparse", model, None, block_sparse_attend, lambda rows: settings, options["per_expert"])
     router.check_modules(MAX_HEAD_DIM, DTYPES)
-    return lambda: _Installed(SPEC, options, router)
+    return lambda: _Installed(SPEC, options, router, path(device))
 
 
 SPEC = Spec(
@@ -96,6 +99,5 @@ SPEC = Spec(
     # processors is not verified (the seed's Sol path refuses compile too).
     touches=("attention_processor.backend", "blocks.compiled_call"),
     order=20,
-    unusable=triton_unusable,
 )
 SPECS = (SPEC,)

@@ -24,8 +24,10 @@ Receipts: `fp8_calls` (calls the kernel served), `dense_calls` (split into `dens
 
 Head dims 32, 64 and 128 run as they are, others up to 128 zero-padded to the next (demo-av: 48 -> 64).
 
-Fail closed (RuntimeError with the reason): a CUDA device below sm_89 (no e4m3 tensor cores), a CPU without
-`TRITON_INTERPRET=1`, head dim > 128, a dtype other than bfloat16/float32, a family without routable
+On a CPU outside the Triton interpreter the kernel's torch reference serves the calls (the same quantization and
+maths in fp32, `kernels.fp8_attention.reference`); `notes["path"]` names the path taken.
+
+Fail closed (RuntimeError with the reason): a CUDA device below sm_89 (no e4m3 tensor cores), head dim > 128, a dtype other than bfloat16/float32, a family without routable
 self-attention, or a routed call with a mask / causal / context-parallel layout; never a silent dense run.
 """
 
@@ -36,7 +38,7 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.attention.sparse_kernels import triton_unusable
+from workbench.accelerations.attention.sparse_kernels import path, uses_reference
 from workbench.accelerations.attention.sparse_routing import (
     FAMILY,
     Call,
@@ -48,8 +50,8 @@ from workbench.accelerations.attention.sparse_routing import (
 )
 from workbench.accelerations.base import Knob, Spec, option
 from workbench.kernels import _runtime
-from workbench.kernels._runtime import MAX_HEAD_DIM
-from workbench.kernels.fp8_attention import DTYPES, PV_MODES, QK_MODES, fp8_attention
+from workbench.kernels._runtime import MAX_HEAD_DIM, pad_head_dim
+from workbench.kernels.fp8_attention import DTYPES, PV_MODES, QK_MODES, fp8_attention, reference
 from workbench.models import experts
 
 NAME = "fp8_attention"
@@ -71,10 +73,8 @@ class Fp8AttentionConfig:
 
 def unusable(device: torch.device) -> str | None:
     """Why the kernel cannot run on `device` here, or None."""
-    if (reason := triton_unusable(device)) is not None:
-        return reason
     if device.type not in ("cpu", "cuda"):
-        return f"the Triton kernel runs on cuda (or cpu under TRITON_INTERPRET=1), not {device}"
+        return f"the kernel runs on cuda (its torch reference on cpu), not {device}"
     number = _runtime.capability(device)
     if number is not None and number < 89:
         return f"FP8 (e4m3) attention needs compute capability 8.9 or newer (Ada, Hopper); {device} is sm_{number}"
@@ -91,19 +91,25 @@ def fp8_attend(call: Call) -> tuple[torch.Tensor, None]:
             f"it supports head dims up to {MAX_HEAD_DIM} in {[str(d) for d in DTYPES]}"
         )
     extra = call.settings.extra
-    out = fp8_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), call.kwargs.get("scale"), extra["pv"], qk=extra["qk"]
-    )
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if uses_reference(q.device):
+        d = q.shape[-1]
+        scale = d**-0.5 if call.kwargs.get("scale") is None else call.kwargs["scale"]
+        out = reference(*pad_head_dim(q, k, v), scale, extra["pv"], qk=extra["qk"])[..., :d]
+    else:
+        out = fp8_attention(q, k, v, call.kwargs.get("scale"), extra["pv"], qk=extra["qk"])
     call.router.receipt.count("fp8_calls", expert=call.router.expert)
     return out.transpose(1, 2), None
 
 
 class _Installed(RoutedHandle):
-    def __init__(self, spec: Spec, options: dict[str, Any], router: Router):
+    def __init__(self, spec: Spec, options: dict[str, Any], router: Router, path: str):
         super().__init__(spec, options, router)
         self.receipt.proof = ("fp8_calls",)
+        self.path = path
 
     def report(self) -> dict[str, Any]:
+        self.receipt.notes["path"] = self.path
         self.receipt.notes["pv"] = self.options["pv"]
         self.receipt.notes["qk"] = self.options["qk"]
         return super().report()
@@ -124,7 +130,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     )
     router = Router(NAME, model, None, fp8_attend, lambda rows: settings, options["per_expert"])
     router.check_modules(MAX_HEAD_DIM, DTYPES)
-    return lambda: _Installed(SPEC, options, router)
+    return lambda: _Installed(SPEC, options, router, path(device))
 
 
 SPEC = Spec(
