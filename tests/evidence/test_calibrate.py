@@ -86,7 +86,9 @@ def test_search_on_a_descending_integer_knob_tries_whole_values_and_stops_at_nei
 
 
 def test_calibratable_plugins_declare_their_knob():
-    assert {"easycache", "teacache", "first_block_cache", "block_sparse", "fp8_attention"} <= set(calibratable())
+    assert {"easycache", "teacache", "first_block_cache", "block_sparse", "fp8_attention", "selective_fp8"} <= set(
+        calibratable()
+    )
     with pytest.raises(ValueError, match="declares no knob"):
         calibrate(None, [Request("x")], None, "fused_block_norms")
     with pytest.raises(ValueError, match="unknown 'nope'"):

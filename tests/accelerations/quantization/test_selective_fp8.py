@@ -28,8 +28,9 @@ def session():
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({}, r"selective_fp8.include: required"),
-        ({"include": "blocks.*"}, r"selective_fp8.include: expected list, got str"),
+        ({}, r"selective_fp8.include: give at least one .* or groups >= 1"),
+        ({"groups": -1}, r"selective_fp8.groups"),
+        ({"include": "blocks.*"}, r"selective_fp8.include: expected list/NoneType, got str"),
         ({"include": []}, r"selective_fp8.include: give at least one"),
         ({"include": [3]}, r"selective_fp8.include: expected non-empty module-path glob strings"),
         ({"include": ["decoder.*"]}, r"selective_fp8.include: \['decoder.\*'\] .* matches no nn.Linear"),
@@ -45,10 +46,34 @@ def test_selective_fp8_bad_option_raises(session, options, message):
     assert fingerprint(session.model.pipeline.transformer) == before
 
 
+def test_layer_groups_rank_block_linears_by_size_and_groups_select_exactly_theirs(session):
+    """Every Linear inside a numbered block falls in exactly one group (its path with indices as "*"), ranked by
+    the weights it holds; `groups=N` selects the layers of the N largest and no other (the FFN's two groups differ
+    though fnmatch's "*" would join them); the calibration knob searches N."""
+    denoisers = session.model.denoisers()
+    groups = fp8.layer_groups(denoisers)
+    sizes = [size for _, size in groups]
+    assert sizes == sorted(sizes, reverse=True) and {g for g, _ in groups[:2]} == {
+        "blocks.*.ffn.net.*.proj",
+        "blocks.*.ffn.net.*",
+    }
+    block_linears = {(path, m.weight.numel()) for path, m in denoisers[0].named_modules()
+                     if isinstance(m, torch.nn.Linear) and path.startswith("blocks.")}  # fmt: skip
+    assert sum(sizes) == sum(n for _, n in block_linears)
+    assert all(fp8.group_of(path) in dict(groups) for path, _ in block_linears)
+    largest = groups[0][0]
+    chosen = fp8._select(denoisers, [], [], {largest})
+    assert chosen and all(fp8.group_of(path) == largest for _, path in chosen)
+    assert len(chosen) == sum(fp8.group_of(path) == largest for path, _ in block_linears)
+    assert fp8.SPEC.knob.option == "groups" and fp8.SPEC.knob.integer and fp8.SPEC.knob.low == 1
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_selective_fp8_refuses_cpu_without_fallback(session):
     with pytest.raises(RuntimeError, match=r"selective_fp8: torchao row-wise FP8 cannot run here: .*no CUDA device"):
         session.accelerate({"selective_fp8": {"include": FFN}})
+    with pytest.raises(RuntimeError, match=r"selective_fp8: .*blocks\.0\.ffn\.net\.(0\.proj|2): no CUDA device"):
+        session.accelerate({"selective_fp8": {"groups": 1}})
     assert session.accelerations == {}
 
 

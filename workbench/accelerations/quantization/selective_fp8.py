@@ -2,7 +2,11 @@
 approximate), through torchao or the workbench's fused path.
 
 `include` / `exclude` are `fnmatch` globs against each denoiser's `named_modules()` paths (e.g.
-"blocks.*.ffn.net.0.proj"); only `nn.Linear` layers are eligible. torchao's
+"blocks.*.ffn.net.0.proj"); only `nn.Linear` layers are eligible. `groups=N` adds the N largest layer groups
+(`layer_groups`: a block Linear's path with its indices as "*", e.g. "blocks.*.ffn.net.*.proj", ranked by the weights
+the group holds, which is its GEMMs' share of the FLOPs per token): the knob a calibration searches, from the largest
+group alone to eight. The ranking is by size, not by a measured gain: it needs no GPU, and the calibration's record
+shows what each step bought. torchao's
 `Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` needs CUDA with compute capability
 >= 8.9, bf16 weights, and in/out features that are multiples of 16 (torchao skips other layers silently;
 this plugin refuses them instead). Without those the plugin refuses with a RuntimeError unless
@@ -30,7 +34,7 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.base import Handle, Spec, option
+from workbench.accelerations.base import Handle, Knob, Spec, option
 
 NAME = "selective_fp8"
 Layer = tuple[str, torch.nn.Linear, "str | None"]  # module path, the Linear, why it stays dense (None: quantized)
@@ -55,18 +59,41 @@ def _patterns(options: dict[str, Any], name: str) -> list[str]:
     return list(patterns)
 
 
-def _select(denoisers: list[torch.nn.Module], include: list[str], exclude: list[str]) -> list[tuple[int, str]]:
-    """(denoiser index, module path) of every nn.Linear matched by include and not by exclude."""
+def _select(
+    denoisers: list[torch.nn.Module], include: list[str], exclude: list[str], groups: set[str]
+) -> list[tuple[int, str]]:
+    """(denoiser index, module path) of every nn.Linear matched by an include glob or in one of `groups`, and not
+    matched by exclude."""
     chosen = []
     for index, denoiser in enumerate(denoisers):
         for path, module in denoiser.named_modules():
             if not isinstance(module, torch.nn.Linear):
                 continue
-            if any(fnmatch.fnmatchcase(path, p) for p in include) and not any(
-                fnmatch.fnmatchcase(path, p) for p in exclude
-            ):
+            wanted = group_of(path) in groups or any(fnmatch.fnmatchcase(path, p) for p in include)
+            if wanted and not any(fnmatch.fnmatchcase(path, p) for p in exclude):
                 chosen.append((index, path))
     return chosen
+
+
+def group_of(path: str) -> str:
+    """A module path with each numeric component as "*": its layer group ("blocks.3.ffn.net.0.proj" ->
+    "blocks.*.ffn.net.*.proj"). Groups are matched by equality, not as globs (fnmatch's "*" also spans dots)."""
+    return ".".join("*" if part.isdigit() else part for part in path.split("."))
+
+
+def layer_groups(denoisers: list[torch.nn.Module]) -> list[tuple[str, int]]:
+    """The nn.Linear layers inside the denoisers' numbered blocks, grouped by path with each numeric component as "*"
+    ("blocks.3.attn1.to_q" -> "blocks.*.attn1.to_q"), as (glob, weights in the group), largest first (ties by
+    glob). A block's Linears run on every token of their stream, so a group's weight count is its GEMMs'
+    multiply-adds per token; layers outside the blocks (timestep embedders, run once per sample; the output
+    projection) are left out."""
+    sizes: dict[str, int] = {}
+    for denoiser in denoisers:
+        for path, module in denoiser.named_modules():
+            group = group_of(path)
+            if isinstance(module, torch.nn.Linear) and "*" in group:
+                sizes[group] = sizes.get(group, 0) + module.weight.numel()
+    return sorted(sizes.items(), key=lambda item: (-item[1], item[0]))
 
 
 def machine_problem(device: torch.device) -> str | None:
@@ -168,11 +195,11 @@ def _is_quantized(module: torch.nn.Linear) -> bool:
 
 @dataclass(frozen=True)
 class SelectiveFP8Config:
-    """selective_fp8's options; `include` has no default (which layers to quantize is the trade)."""
+    """selective_fp8's options: `include` globs and/or the `groups` largest layer groups (which layers to quantize
+    is the trade, so neither has a default that selects any)."""
 
-    include: list[str] | None = option(
-        None, required=True, help="fnmatch globs of module paths, e.g. blocks.*.ffn.net.0.proj"
-    )
+    include: list[str] | None = option(None, help="fnmatch globs of module paths, e.g. blocks.*.ffn.net.0.proj")
+    groups: int = option(0, minimum=0, help="also the N largest Linear groups (blocks.*.<path>, by weight count)")
     exclude: list[str] = option([], help="globs removed from the selection")
     allow_fallback: bool = option(False, help="keep layers this machine cannot quantize dense, counted")
     path: str = option(
@@ -183,16 +210,19 @@ class SelectiveFP8Config:
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    include = _patterns(options, "include")
+    include = [] if options["include"] is None else _patterns(options, "include")
     exclude = _patterns(options, "exclude")
-    if not include:
-        raise ValueError(f"{NAME}.include: give at least one module-path glob, e.g. 'blocks.*.ffn.net.0.proj'")
+    if not include and not options["groups"]:
+        raise ValueError(
+            f"{NAME}.include: give at least one module-path glob, e.g. 'blocks.*.ffn.net.0.proj', or groups >= 1"
+        )
     denoisers = model.denoisers()
-    chosen = _select(denoisers, include, exclude)
+    groups = {group for group, _ in layer_groups(denoisers)[: options["groups"]]}
+    chosen = _select(denoisers, include, exclude, groups)
     if not chosen:
         raise ValueError(
-            f"{NAME}.include: {include} (exclude {exclude}) matches no nn.Linear in the denoiser(s); "
-            "patterns are fnmatch globs against named_modules() paths"
+            f"{NAME}.include: {include} (groups {sorted(groups)}, exclude {exclude}) matches no nn.Linear in the "
+            "denoiser(s); patterns are fnmatch globs against named_modules() paths"
         )
     if options["path"] == "torchao":
         _torchao()
@@ -223,6 +253,7 @@ SPEC = Spec(
     summary="row-wise dynamic FP8 (activations and weights) for the Linear layers a glob selects (torchao or fused)",
     prepare_fn=_prepare,
     config=SelectiveFP8Config,
+    knob=Knob("groups", 1, 8, integer=True),
     touches=("attention.projections", "linear.weights"),
     order=30,
     capabilities=(89, 90, 100),  # FP8 (e4m3) tensor cores: Ada, Hopper, Blackwell
