@@ -108,6 +108,30 @@ def test_adapters_fuse_per_expert_match_diffusers_lora_and_unfuse_bitwise(tmp_pa
     assert rel < 1e-5, f"seed {seed}: fused vs diffusers' LoRA layers rel L2 {rel:.2e}"
 
 
+def test_one_adapter_on_both_wan22_experts_is_diffusers_request_and_unloads_exactly(tmp_path):
+    """target="both": the one file fused into each expert at the same scale (both change), the request diffusers'
+    own LoRA layers give with the file loaded into both; unloading restores both bit for bit."""
+    session = Session.open("tiny-wan22", device="cpu")
+    pipe, seed = session.model.pipeline, _seed()
+    both = lora_file(tmp_path / "both.safetensors", pipe.transformer, seed)
+    dense = _generate(session, seed)
+    prints = [fingerprint(pipe.transformer), fingerprint(pipe.transformer_2)]
+    (record,) = session.load_adapters([Adapter(both, scale=0.6, target="both")])
+    assert (record["target"], record["scale"]) == ("both", 0.6)
+    assert fingerprint(pipe.transformer) != prints[0] and fingerprint(pipe.transformer_2) != prints[1]
+    fused = _generate(session, seed)
+    session.load_adapters([])
+    assert [fingerprint(pipe.transformer), fingerprint(pipe.transformer_2)] == prints
+    assert torch.equal(_generate(session, seed).latents, dense.latents)
+    pipe.load_lora_weights(str(tmp_path), weight_name=both.name, adapter_name="both")  # diffusers' unfused path
+    pipe.load_lora_weights(str(tmp_path), weight_name=both.name, adapter_name="both", load_into_transformer_2=True)
+    pipe.transformer.set_adapters(["both"], weights=[0.6])
+    pipe.transformer_2.set_adapters(["both"], weights=[0.6])
+    reference = _generate(session, seed)
+    rel = float((fused.latents - reference.latents).norm() / reference.latents.norm())
+    assert rel < 1e-5 and not torch.equal(fused.latents, dense.latents), f"seed {seed}: rel L2 {rel:.2e}"
+
+
 def test_adapter_metadata_sets_request_defaults_and_shift(tmp_path):
     metadata = {"num_inference_steps": "3", "guidance": "1.5", "shift": "5.0"}
     path = lora_file(tmp_path / "fast.safetensors", wan.tiny().pipeline.transformer, _seed(), metadata)
