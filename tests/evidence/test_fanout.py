@@ -2,14 +2,20 @@
 the single-process sweep computes, a re-run runs nothing, a killed worker's cell is retried elsewhere, a cell that
 raises is recorded as failed while the run completes."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from workbench import Request, Session
 from workbench.cli import main
 from workbench.evidence import fanout_jobs
+from workbench.evidence.calibrate import calibrate
 from workbench.evidence.fanout import Cell, Fanout, Store
+from workbench.evidence.harness import MIN_ROUNDS
+from workbench.evidence.harness import qualify as qualify_here
 from workbench.evidence.sweep import sweep
+from workbench.quality import Budget
 
 ray = pytest.importorskip("ray")
 
@@ -134,6 +140,34 @@ def test_ray_cell_whose_worker_dies_every_time_is_recorded_failed_after_its_retr
     (entry,) = store.entries().values()
     assert entry["status"] == "failed" and entry["error"].endswith("gave up after 2 attempts"), entry
     assert "died" in entry["error"] and len(killed) == 2
+
+
+def test_ray_calibrate_and_qualify_equal_the_single_process_ones(fanout, tmp_path):
+    """calibrate over Ray (the search in one cell, the confirmation one cell per test request) tries the same knob
+    values with the same quality as the single-process calibrate and reaches the same knee, cliff and verdicts;
+    a qualification over Ray holds the single-process one's verdict and quality."""
+    calibration, test = [REQUEST], [dataclasses.replace(REQUEST, seed=43)]
+    budget = {"latent_rel_l2": 0.5, "psnr_db": None, "min_ssim": None}
+    ours = fanout_jobs.calibrate(fanout, Store(tmp_path / "cal"), calibration, test, ["easycache"], budget,
+                                 base_profile="stock", max_evals=3)  # fmt: skip
+    candidate = {"easycache": {"threshold": 10.0, **BASE}}
+    qualified = fanout_jobs.qualify(fanout, Store(tmp_path / "q"), test, {}, candidate, budget=Budget(**budget))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each worker runs: the same arithmetic
+    try:
+        session = Session.open("tiny-wan", device="cpu")
+        single = calibrate(session, calibration, test, "easycache", Budget(**budget), max_evals=3, progress=False)
+        single_q = qualify_here(session, test, {}, candidate, MIN_ROUNDS, Budget(**budget), False)[0]
+    finally:
+        torch.set_num_threads(threads)
+    assert [(p.value, p.spent, p.failures) for p in ours.points] == [
+        (p.value, p.spent, p.failures) for p in single.points
+    ]
+    assert (ours.knee, ours.cliff, ours.status) == (single.knee, single.cliff, single.status), ours.reason
+    assert ours.status == "quality_confirmed" and ours.confirmation["cases"][0]["worker"]["pid"]
+    assert [c["verdict"] for c in ours.confirmation["cases"]] == [c["verdict"] for c in single.confirmation["cases"]]
+    (case,), (single_case,) = qualified["cases"], single_q["cases"]
+    assert (case["verdict"], case["quality"]) == (single_case["verdict"], single_case["quality"])
 
 
 def test_fanout_duplicate_cells_and_bad_options_raise(fanout, tmp_path):
