@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--plugin", required=True, action="append", help="a plugin with a knob; repeat to stack")
     cal.add_argument("--knob", help="the option searched (default: the plugin's declared knob)")
     cal.add_argument("--budget", default="{}", help="JSON overrides of the default budget (audio limits included)")
+    cal.add_argument(
+        "--options", default="{}", help="JSON plugin -> fixed options besides the knob, e.g. mag_cache's mag_ratios"
+    )
     cal.add_argument("--margin", type=float, default=0.8, help="share of the budget a setting may use when searched")
     cal.add_argument("--max-evals", type=int, default=7, help="knob values tried per search")
     cal.add_argument("--base-profile", default="exact-fast", choices=("exact-fast", "stock"), help="installed under")
@@ -367,6 +370,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                 "at the evidence by a path relative to it)"
             )
     calibration.check_arguments(args.plugin, args.knob, args.margin, args.max_evals)
+    fixed = calibration.check_options(args.plugin, _json_arg("options", args.options))
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     if not suite.calibration or not suite.test:
         raise ValueError(f"--suite: {args.suite} needs both calibration and test cases")
@@ -391,7 +395,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         with _fanout(args) as (fanout, store):
             result = fanout_jobs.calibrate(
                 fanout, store, calibration_requests, test, args.plugin, overrides, knob=args.knob,
-                base_profile=args.base_profile, **options,
+                base_profile=args.base_profile, fixed=fixed, **options,
             )  # fmt: skip
         return _calibrate_report(args, result)
     session = Session.open(args.model, device=args.device)
@@ -402,10 +406,13 @@ def _calibrate(args: argparse.Namespace) -> int:
         options["max_seconds"] = max(0.0, args.max_seconds - (time.perf_counter() - args.started))
     if len(args.plugin) == 1:
         result = calibration.calibrate(
-            session, calibration_requests, test, args.plugin[0], budget, knob=args.knob, base=base, **options
-        )
+            session, calibration_requests, test, args.plugin[0], budget, knob=args.knob, base=base,
+            options=fixed.get(args.plugin[0]), **options,
+        )  # fmt: skip
     else:
-        result = calibration.stack(session, calibration_requests, test, args.plugin, budget, base=base, **options)
+        result = calibration.stack(
+            session, calibration_requests, test, args.plugin, budget, base=base, options=fixed, **options
+        )
     return _calibrate_report(args, result)
 
 

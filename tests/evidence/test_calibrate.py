@@ -198,6 +198,9 @@ def test_stack_composes_block_sparse_and_easycache_and_confirms_inside_the_budge
         (["--plugin", "easycache", "--knob", "threshold"], "--knob: names one plugin"),
         (["--margin", "1.5"], "margin"),
         (["--register"], "--register: --out"),
+        (["--options", '{"teacache": {}}'], "options: 'teacache' is not among the plugins calibrated"),
+        (["--options", '{"easycache": {"threshold": 0.1}}'], "options.easycache: expected an object of its options"),
+        (["--options", '{"easycache": {"warmup": -1}}'], "easycache.warmup"),
     ],
 )
 def test_cli_calibrate_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, extra, message):
@@ -207,6 +210,27 @@ def test_cli_calibrate_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, ex
     args += ["--device", "cpu", "--plugin", "easycache", *extra, "--max-evals", "2"]
     assert main(args) == 2
     assert message in capsys.readouterr().err and not out.exists()
+
+
+def test_cli_calibrates_mag_cache_with_its_ratios_given_as_fixed_options(tmp_path, capsys):
+    """mag_cache's threshold needs the model's residual-magnitude ratios: a calibrate=True request records them,
+    and `--options` hands them to every tried threshold, so the search measures values instead of refusing each."""
+    case = {"prompt": "a blue square slides right", "frames": 5, "height": 16, "width": 16, "steps": 6, "mode": "t2v"}
+    suite = tmp_path / "suite.json"
+    cases = {"calibration": [{**case, "seed": 11}], "test": [{**case, "seed": 42}]}
+    suite.write_text(json.dumps({"name": "mag", "version": 1, "model": "tiny-wan", "description": "", **cases}))
+    session = Session.open("tiny-wan", device="cpu")
+    session.accelerate({"mag_cache": {"calibrate": True}})
+    request = load_manifest(suite).calibration[0].to_request()
+    ratios = session.generate(request, progress=False).receipts["mag_cache"]["notes"]["mag_ratios"]["cond"]
+    out = tmp_path / "cal"
+    argv = ["calibrate", "--model", "tiny-wan", "--suite", str(suite), "--plugin", "mag_cache", "--device", "cpu",
+            "--base-profile", "stock", "--max-evals", "3", "--budget", '{"latent_rel_l2": 0.5}',
+            "--options", json.dumps({"mag_cache": {"mag_ratios": ratios}}), "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    record = json.loads((out / "calibration.json").read_text())
+    assert len(ratios) == 6 and record["options"] == {"mag_ratios": ratios}
+    assert all(math.isfinite(p["spent"]) and not p["error"] for p in record["points"]), record["points"]
 
 
 def test_a_calibrated_sparse_setting_becomes_an_attention_policy_entry(monkeypatch, tmp_path):

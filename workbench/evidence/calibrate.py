@@ -502,6 +502,22 @@ def check_arguments(plugins: list[str], knob: str | None, margin: float, max_eva
     return specs
 
 
+def check_options(plugins: list[str], options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """`options` (plugin -> its fixed options besides the knob, e.g. mag_cache's `mag_ratios`) checked against the
+    plugins' specs with the knob at its low end: a plugin not among `plugins`, an entry that is not a dict, one that
+    sets the knob itself, or an option the spec refuses is a ValueError naming it."""
+    if not isinstance(options, dict):
+        raise ValueError(f"options: expected a JSON object of plugin -> options, got {type(options).__name__}")
+    for plugin, fixed in options.items():
+        if plugin not in plugins:
+            raise ValueError(f"options: {plugin!r} is not among the plugins calibrated {plugins}")
+        knob = REGISTRY[plugin].knob.option
+        if not isinstance(fixed, dict) or knob in fixed:
+            raise ValueError(f"options.{plugin}: expected an object of its options besides its knob {knob!r}")
+        REGISTRY[plugin].validate({**fixed, knob: REGISTRY[plugin].knob.low})
+    return options
+
+
 def default_budget(session: Session) -> Budget:
     """The seeds' budget, with the stated audio limits for a model that makes audio."""
     return Budget().with_audio() if session.model.family.has_audio else Budget()

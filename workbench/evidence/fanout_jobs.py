@@ -90,6 +90,7 @@ def calibrate(
     budget: dict[str, Any] | None = None,
     *,
     knob: str | None = None,
+    fixed: dict[str, dict[str, Any]] | None = None,
     base_profile: str = "exact-fast",
     margin: float = calibration.MARGIN,
     max_evals: int = calibration.MAX_EVALS,
@@ -97,12 +98,15 @@ def calibrate(
 ) -> calibration.Calibration | calibration.Stack:
     """`calibrate.calibrate` (one plugin) or `calibrate.stack` (several) over the profile `base_profile`, with
     `budget` overriding the model's default budget (both resolved on the worker, which knows the model and
-    device); the search runs in one cell, the confirmation on `test` in one cell per request."""
+    device) and `fixed` giving each plugin's options besides its knob; the search runs in one cell, the
+    confirmation on `test` in one cell per request."""
     calibration.check_arguments(plugins, knob, margin, max_evals)
+    fixed = calibration.check_options(plugins, fixed or {})
     Budget.from_dict(budget or {})  # a bad field is refused before any worker starts
     if not calibration_requests or not test:
         raise ValueError("requests: calibration and test need at least one request each")
     args = {"calibration_requests": calibration_requests, "test": test, "plugins": plugins, "knob": knob}
+    args |= {"fixed": fixed} if fixed else {}  # absent when empty: the cells' keys stay as they were
     args |= {"budget": budget or {}, "base_profile": base_profile, "margin": margin, "max_evals": max_evals}
     cell = Cell("calibrate", args | {"rounds": rounds}, f"calibrate {', '.join(plugins)}")
     record = _records(fanout.run([cell], store), store)[0]
@@ -198,15 +202,16 @@ def _search(
     """The search of `calibrate` (the CLI's budget and base resolved here, on the worker), not confirmed."""
     from workbench.profiles import profile
 
-    requests, knob = calibration_requests, options.pop("knob")
+    requests, knob, fixed = calibration_requests, options.pop("knob"), options.pop("fixed", {})
     budget = Budget.from_dict({**calibration.default_budget(session).to_dict(), **options.pop("budget")})
     options["base"] = profile(options.pop("base_profile"), session.model.family.name, session.device)
     if len(plugins) == 1:
         result = calibration.calibrate(
-            session, requests, None, plugins[0], budget, knob=knob, progress=False, **options
-        )
+            session, requests, None, plugins[0], budget, knob=knob, options=fixed.get(plugins[0]), progress=False,
+            **options,
+        )  # fmt: skip
     else:
-        result = calibration.stack(session, requests, None, plugins, budget, progress=False, **options)
+        result = calibration.stack(session, requests, None, plugins, budget, options=fixed, progress=False, **options)
     result.scope = calibration.scope_of(session, requests, test)  # what the setting holds for, test seeds included
     return result
 
