@@ -9,6 +9,7 @@ import ipywidgets
 from workbench import Session
 from workbench.evidence import calibrate as cal
 from workbench.plots import figure_png
+from workbench.profiles import profile
 from workbench.quality import Budget
 from workbench.request import Request
 
@@ -27,7 +28,9 @@ _LIMIT_HELP = {
 
 class CalibrationPanel(ipywidgets.VBox):
     """Budget limits (the session's default budget shown; untick a limit to leave it unchecked), the plugins to
-    calibrate (one: its knob is searched; several: a greedy stack), margin and tries per knob; "calibrate" runs
+    calibrate (one: its knob is searched; several: a greedy stack), the profile underneath (`exact-fast` by default,
+    as the command line's `--base-profile`; what this machine cannot run of it is left out), margin and tries per
+    knob; "calibrate" runs
     `workbench.evidence.calibrate` on `calibration` and confirms on `test` (each finished step shows in the panel as it
     comes: the value tried, the share of the budget it spent, the confirmations' verdicts);
     the result shows as status, the Pareto plot (knee circled, cliff crossed) and the setting; "apply" installs the
@@ -60,6 +63,10 @@ class CalibrationPanel(ipywidgets.VBox):
             options=choices, value=tuple(p for p in (plugins or ["easycache"]) if p in choices), rows=len(choices),
             description="plugins", style={"description_width": "60px"},
         )  # fmt: skip
+        self.base = ipywidgets.ToggleButtons(
+            options=["exact-fast", "stock"], value="exact-fast", description="underneath",
+            style={"description_width": "70px", "button_width": "90px"},
+        )  # fmt: skip
         self.margin = ipywidgets.FloatSlider(value=cal.MARGIN, min=0.1, max=1.0, step=0.05, description="margin")
         self.evals = ipywidgets.IntSlider(value=cal.MAX_EVALS, min=2, max=12, description="tries / knob")
         self.run_button = ipywidgets.Button(description="calibrate", button_style="primary", icon="search")
@@ -71,7 +78,7 @@ class CalibrationPanel(ipywidgets.VBox):
         self.error = ErrorBox()
         self.run_button.on_click(lambda _: self.run())
         self.apply_button.on_click(lambda _: self.apply())
-        controls = ipywidgets.VBox([self.plugins, self.margin, self.evals])
+        controls = ipywidgets.VBox([self.plugins, self.base, self.margin, self.evals])
         super().__init__(
             [
                 ipywidgets.HTML("<b>quality budget</b> (against the stock dense output of the same request)"),
@@ -99,6 +106,7 @@ class CalibrationPanel(ipywidgets.VBox):
             if not plugins:
                 raise ValueError("plugins: choose at least one plugin to calibrate")
             options = {"margin": self.margin.value, "max_evals": self.evals.value, "progress": False}
+            options["base"] = profile(self.base.value, self.session.model.family.name, self.session.device)
             options["on_step"] = self._step
             self.steps.value, self.steps.layout.display = "", None
             self.status.value = "running: stock references first ..."

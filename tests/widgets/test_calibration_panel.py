@@ -4,6 +4,7 @@ a confirmed setting."""
 import pytest
 
 from workbench import Request, Session
+from workbench.profiles import profile
 from workbench.quality.budget import AUDIO_LIMITS
 from workbench.widgets import CalibrationPanel
 
@@ -18,6 +19,7 @@ def demo():
 def test_panel_shows_the_default_budget_with_audio_and_reads_edited_limits(demo):
     panel = CalibrationPanel(demo, [Request("a red circle moves left, low hum", seed=1, **SIZE)], [])
     budget = panel.budget()
+    assert panel.base.value == "exact-fast"  # the exact plugins underneath, as the command line's default
     assert budget.psnr_db == 33.0 and {k: getattr(budget, k) for k in AUDIO_LIMITS} == AUDIO_LIMITS
     use, box = panel.limits["psnr_db"]
     box.value, panel.limits["lsd_db"][0].value = 28.5, False
@@ -29,6 +31,7 @@ def test_panel_shows_the_default_budget_with_audio_and_reads_edited_limits(demo)
 
 
 def test_panel_calibrates_shows_the_pareto_plot_and_applies_the_confirmed_setting(demo):
+    """Over the exact-fast profile (what this CPU runs of it) the applied setting is that base plus the knee."""
     calibration = [Request("a red circle moves left, low hum", seed=2, **SIZE)]
     test = [Request("a blue square moves up, high beeps", seed=1_000_002, **SIZE)]
     panel = CalibrationPanel(demo, calibration, test, plugins=["easycache"])
@@ -42,12 +45,19 @@ def test_panel_calibrates_shows_the_pareto_plot_and_applies_the_confirmed_settin
     assert "quality_confirmed" in panel.status.value
     # each step showed while it ran, newest first: two tried values, then the confirmation
     steps = panel.steps.value.split("\n")
-    assert len(steps) == 3 and "step 3: confirmed easycache on seed 1000002: no_speed_claim" in steps[0], steps
-    assert "step 1: 0 with easycache: spends 0 of the budget" in steps[2] and panel.steps.layout.display is None
+    assert (
+        len(steps) == 3 and "step 3: confirmed cross_kv_cache, easycache on seed 1000002: no_speed_claim" in steps[0]
+    ), steps
+    assert (
+        "step 1: 0 with cross_kv_cache, easycache: spends 0 of the budget" in steps[2]
+        and panel.steps.layout.display is None
+    )
     assert bytes(panel.plot.value).startswith(b"\x89PNG") and panel.plot.layout.display is None
     assert not panel.apply_button.disabled
     try:
         installed = panel.apply()
-        assert list(installed) == ["easycache"] and installed["easycache"]["threshold"] == result.knee
+        base = profile("exact-fast", demo.model.family.name, demo.device)
+        assert base and result.base == base and set(installed) == {*base, "easycache"}
+        assert installed["easycache"]["threshold"] == result.knee
     finally:
         demo.accelerate({})
