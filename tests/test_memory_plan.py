@@ -169,6 +169,34 @@ def _bitwise_equal_resident(session, resident_session, request, times):
     return result
 
 
+def test_a_cap_no_plan_meets_is_refused_from_the_shapes_before_any_weight_is_read(monkeypatch):
+    """demo-av (a checkpoint directory) is planned from its modules built on the meta device: the same smallest cap
+    as the loaded model's, and a cap below it is refused naming that cap with no build but the shapes-only one
+    (a 33B checkpoint is not read into host memory only to be refused)."""
+    from workbench import session as session_module
+    from workbench.models import family, resolve
+
+    with family.shapes_only():
+        preview = resolve("demo-av", dtype=torch.float32)
+    weights = [
+        t for c in preview.pipeline.components.values() if isinstance(c, torch.nn.Module) for t in c.parameters()
+    ]
+    assert weights and all(t.is_meta for t in weights)
+    loaded = resolve("demo-av", dtype=torch.float32)
+    cap = _smallest_cap(loaded)
+    assert _smallest_cap(preview) == cap
+    builds = []
+    real = session_module.resolve
+    monkeypatch.setattr(
+        session_module, "resolve", lambda *a, **k: builds.append(family._SHAPES_ONLY.get()) or real(*a, **k)
+    )
+    with pytest.raises(ValueError, match=rf"the smallest cap that fits is .*\({cap} bytes\)"):
+        Session.open("demo-av", device="cpu", memory=cap - 1)
+    assert builds == [True]
+    assert Session.open("demo-av", device="cpu", memory=cap).memory_plan.minimum_cap == cap
+    assert builds == [True, True, False]  # the shapes, then the checkpoint once the cap is met
+
+
 @pytest.mark.parametrize("name", ["tiny-wan", "tiny-ltx2"])
 def test_memory_cap_session_bitwise_equal_resident(sessions, name):
     """At the smallest cap that fits (refused one byte below): components offloaded between stages and the denoiser

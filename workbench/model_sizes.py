@@ -230,7 +230,7 @@ RELEASED = {
 }
 
 
-def _cast_like_from_pretrained(module: torch.nn.Module, dtype: torch.dtype) -> None:
+def cast_like_from_pretrained(module: torch.nn.Module, dtype: torch.dtype) -> None:
     """`module`'s floating tensors to `dtype`, except those `from_pretrained(torch_dtype=dtype)` keeps in float32."""
     from transformers import PreTrainedModel
 
@@ -258,7 +258,7 @@ def meta_model(name: str) -> Any:
     for module in modules.values():
         if isinstance(module, PreTrainedModel):
             module.tie_weights()  # `init_weights` ties them, and `no_init_weights` skipped it
-        _cast_like_from_pretrained(module, torch.bfloat16)
+        cast_like_from_pretrained(module, torch.bfloat16)
         module.eval().requires_grad_(False)
     if released.family == "h3":
         from workbench.models.h3 import assemble

@@ -23,6 +23,7 @@ from workbench.accelerations.memory.residency import Residency
 from workbench.accelerations.undo import UndoFailed
 from workbench.memory_plan import MemoryBudget, MemoryPlan, check_request, plan_for
 from workbench.models import resolve
+from workbench.models.family import shapes_only
 from workbench.models.loaded import LoadedModel
 from workbench.probes import stage_probes
 from workbench.progress import library_bars_off
@@ -69,9 +70,11 @@ class Session:
 
         `device` is `auto`, `cpu`, `cuda` or `cuda:N`; `dtype` defaults to bfloat16 on CUDA, float32 on CPU.
         `accelerations` is installed after loading (see `accelerate`), after `adapters` are fused (`load_adapters`).
-        `memory`: a device memory cap ("48GiB", "24GB", bytes, or a `MemoryBudget`). The model is built in host
-        memory, planned (`workbench.memory_plan`; `session.memory_plan` says the plan) and only then arranged on the
-        device; a cap no plan meets is a ValueError naming the smallest that fits, before any weight moves.
+        `memory`: a device memory cap ("48GiB", "24GB", bytes, or a `MemoryBudget`). The model is planned from its
+        shapes first (a checkpoint's modules built from their configs on the meta device: `family.shapes_only`), so
+        a cap no plan meets is a ValueError naming the smallest that fits before any weight is read; then it is built
+        in host memory, planned (`workbench.memory_plan`; `session.memory_plan` says the plan) and only then
+        arranged on the device.
         """
         if isinstance(model, str) and not model.strip() or not isinstance(model, str | os.PathLike | LoadedModel):
             raise ValueError(
@@ -86,6 +89,8 @@ class Session:
         if isinstance(model, LoadedModel):
             loaded = model
         else:
+            if budget is not None:
+                _plan_from_shapes(model, seed, torch_dtype, budget)  # a cap no plan meets: refused before loading
             build_on = torch_device if budget is None else torch.device("cpu")  # a budget plans before moving
             with library_bars_off():
                 loaded = resolve(model, seed=seed, dtype=torch_dtype, device=build_on)
@@ -369,3 +374,19 @@ class _maybe_sampler:
     def __exit__(self, *exc: object) -> None:
         if self.sampler is not None:
             self.sampler.__exit__(*exc)
+
+
+def _plan_from_shapes(
+    model: str | os.PathLike, seed: int, dtype: torch.dtype, budget: MemoryBudget
+) -> MemoryPlan | None:
+    """`model`'s memory plan under `budget` from its shapes alone (`shapes_only`: a checkpoint's modules on the meta
+    device, no weight read; a built-in model is built as usual, its weights are small or random); the planner's
+    ValueError, naming the smallest cap that fits, when no plan meets it. None when the shapes cannot be built
+    (the checkpoint's own load then reports what is wrong, or plans after the host build)."""
+    try:
+        with library_bars_off(), shapes_only():
+            preview = resolve(model, seed=seed, dtype=dtype, device="meta")
+    except ValueError:
+        return None
+    planned = (budget.request or Request("memory plan")).resolved(preview.family, preview.defaults)
+    return plan_for(preview, budget, planned)

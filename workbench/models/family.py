@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -483,13 +485,51 @@ def check_implied_size(cls: type, folder: Path) -> None:
         )
 
 
+_SHAPES_ONLY = contextvars.ContextVar("shapes_only", default=False)
+
+
+@contextlib.contextmanager
+def shapes_only() -> Iterator[None]:
+    """Inside, `load_component` builds each module from its config on the meta device, cast as `from_pretrained(
+    torch_dtype=...)` casts, and reads no weight: a model directory's shapes and dtypes at no memory, which is what
+    the memory planner needs to refuse a cap before a checkpoint loads (`Session.open(memory=...)`). Tokenizers,
+    schedulers and processors load as usual (they hold no weights)."""
+    token = _SHAPES_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SHAPES_ONLY.reset(token)
+
+
+def _meta_module(cls: type, folder: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """`cls` built from `folder`'s config on the meta device (no weights read), cast like `from_pretrained`."""
+    from transformers import PreTrainedModel
+    from transformers.initialization import no_init_weights
+
+    from workbench.model_sizes import cast_like_from_pretrained
+
+    try:
+        with torch.device("meta"), no_init_weights():
+            if hasattr(cls, "config_class"):  # transformers
+                model = cls._from_config(cls.config_class.from_pretrained(folder, local_files_only=True))
+            else:  # diffusers
+                model = cls.from_config(cls.load_config(folder, local_files_only=True))
+    except (OSError, RuntimeError, TypeError, ValueError) as error:
+        raise ValueError(f"{folder}: {error}") from error
+    if isinstance(model, PreTrainedModel):
+        model.tie_weights()
+    cast_like_from_pretrained(model, dtype)
+    return model.eval()
+
+
 def load_component(root: Path, name: str, cls: Any, dtype: torch.dtype, index_file: Path) -> Any:
     """Load component `name` of the model directory `root` as `cls` (from the family's table), strictly.
 
     Modules are read from safetensors only (`use_safetensors=True`, and a folder holding pickled files is refused
     first), and missing, unexpected or mis-shaped tensors are an error naming the folder, where the libraries would
     only log a warning and initialise the missing part randomly. Tokenizers, schedulers and processors are read from
-    their JSON / tokenizer files by `cls.from_pretrained`, offline.
+    their JSON / tokenizer files by `cls.from_pretrained`, offline. Under `shapes_only` a module is built on the
+    meta device from its config instead (the same checks first).
     """
     folder = component_folder(root, name, index_file)
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
@@ -499,6 +539,8 @@ def load_component(root: Path, name: str, cls: Any, dtype: torch.dtype, index_fi
             raise ValueError(f"{folder}: {type(error).__name__}: {error}") from error
     _check_safetensors(folder)
     check_implied_size(cls, folder)
+    if _SHAPES_ONLY.get():
+        return _meta_module(cls, folder, dtype)
     try:
         model, info = cls.from_pretrained(
             folder, torch_dtype=dtype, use_safetensors=True, local_files_only=True, output_loading_info=True
