@@ -1,7 +1,9 @@
-"""Issue 23's Wan2.1-14B bars: whole requests at the Wan2.1-T2V-14B shape (`wan.random_14b`: 40 layers, dim 5120,
-14.3B parameters, random weights, bf16, built on the GPU; 480x832, 81 frames, `REQUEST_CAPPED_STEPS` steps (default
-6, as request-wan) with CFG 5) through `Session.generate`, resident (uncapped) against the same request under a cap of
-24 GiB, each arm on the same weights in the same process:
+"""Issue 23's Wan2.1-14B bars (and issue 24's Wan2.2-A14B under 48 GiB): whole requests at the Wan2.1-T2V-14B shape
+(`wan.random_14b`: 40 layers, dim 5120, 14.3B parameters, random weights, bf16, built on the GPU; 480x832, 81 frames,
+`REQUEST_CAPPED_STEPS` steps (default 6, as request-wan) with CFG 5) through `Session.generate`, resident (uncapped)
+against the same request under a cap of `REQUEST_CAPPED_CAP` (default 24GiB), each arm on the same weights in the
+same process. `REQUEST_CAPPED_MODEL=wan2.2-a14b` runs the Wan2.2-T2V-A14B shape instead (`wan.random_a14b`: two such
+experts, ~57 GB, both resident in the uncapped arm; take REQUEST_CAPPED_CAP=48GiB for issue 24's bar):
 
 - `plan`: the session's memory budget, `Session.open(model, memory=MemoryBudget("24GiB", activation, request))` with
   the activation peaks per stage measured in this process's resident warm-up (allocated peak less the weights). The
@@ -31,7 +33,7 @@ shapes; its stage peaks are the measured activations); its first timed resident 
 visit's output is compared with. The parts run in chunks across device calls as request-wan22's do
 (`workbench.evidence.resume.Journal`, `<out>/request-capped/calibrate.partial.json`; `--max-seconds` stops before a
 part expected to end past it; the same command continues; a record of other settings is refused).
-`--smoke`: tiny-wan on the CPU, 1 step at 5 frames of 16x16, the plan at the smallest cap that fits (estimated
+`--smoke`: tiny-wan (tiny-wan22 for wan2.2-a14b) on the CPU, 1 step at 5 frames of 16x16, the plan at the smallest cap that fits (estimated
 activations; a CPU enforces nothing) and model_cpu_offload; group_offload and sequential offload are CUDA-only here.
 """
 
@@ -62,11 +64,12 @@ from workbench.models import resolve, wan
 
 NAME = "request-capped"
 SUMMARY = (
-    "issue 23: Wan2.1-14B shape 480x832x81 request, CFG 5, under a 24 GiB cap: the session's memory plan vs diffusers' "
-    "group / model / sequential offloading vs resident (uncapped)"
+    "issues 23/24: Wan2.1-14B (or Wan2.2-A14B) shape 480x832x81 request, CFG 5, under a 24 GiB (or the set) cap: the "
+    "session's memory plan vs diffusers' group / model / sequential offloading vs resident (uncapped)"
 )
 GPUS = 1
 CAP, STEPS = "24GiB", 6
+MODELS = {"wan2.1-14b": wan.random_14b, "wan2.2-a14b": wan.random_a14b}  # REQUEST_CAPPED_MODEL
 ARMS = ("plan", "group_offload", "model_cpu_offload", "sequential_cpu_offload")
 # what a CPU runs: group_offload is a CUDA plugin, and accelerate's sequential offload with the CPU as its execution
 # device ("cpu:0", as diffusers names it) leaves a shared embedding a plain tensor and fails on the next move
@@ -76,9 +79,9 @@ GROUP_OFFLOAD = {"group_offload": {}}
 MOVED = ("bytes_moved", "component_bytes_moved", "text_bytes_moved")  # the residency receipt's host -> device bytes
 
 
-def settings(smoke: bool) -> tuple[int, tuple[str, ...]]:
-    """(steps, arms) from REQUEST_CAPPED_STEPS and REQUEST_CAPPED_ARMS; ValueError naming the variable. A smoke run
-    takes 1 step and the arms a CPU runs."""
+def settings(smoke: bool) -> tuple[int, tuple[str, ...], str, str]:
+    """(steps, arms, model, cap) from REQUEST_CAPPED_STEPS, REQUEST_CAPPED_ARMS, REQUEST_CAPPED_MODEL and
+    REQUEST_CAPPED_CAP; ValueError naming the variable. A smoke run takes 1 step and the arms a CPU runs."""
     text = os.environ.get("REQUEST_CAPPED_STEPS", str(STEPS))
     if not text.isdigit() or not 1 <= int(text) <= 100:
         raise ValueError(f"REQUEST_CAPPED_STEPS: {text!r}; allowed: an integer number of steps from 1 to 100")
@@ -87,26 +90,39 @@ def settings(smoke: bool) -> tuple[int, tuple[str, ...]]:
         raise ValueError(
             f"REQUEST_CAPPED_ARMS: {','.join(names)!r}; allowed: a comma list of {', '.join(ARMS)}, each once"
         )
-    return (1, tuple(n for n in names if n in CPU_ARMS)) if smoke else (int(text), tuple(names))
+    model = os.environ.get("REQUEST_CAPPED_MODEL", "wan2.1-14b")
+    if model not in MODELS:
+        raise ValueError(f"REQUEST_CAPPED_MODEL: {model!r}; allowed: {', '.join(MODELS)}")
+    cap = os.environ.get("REQUEST_CAPPED_CAP", CAP)
+    try:
+        MemoryBudget.of(cap)
+    except ValueError as error:
+        raise ValueError(f"REQUEST_CAPPED_CAP: {cap!r}; allowed: a size such as 24GiB or 48GiB ({error})") from None
+    if smoke:
+        return 1, tuple(n for n in names if n in CPU_ARMS), model, cap
+    return int(text), tuple(names), model, cap
 
 
 def run(context: Context) -> Measurement:
     started = time.perf_counter()
     smoke, device = context.smoke, context.device
-    steps, arms = settings(smoke)
+    steps, arms, model_name, cap = settings(smoke)
     if device.type == "cuda" and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
         raise RuntimeError(
             "request-capped: run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts)"
         )
     building = time.perf_counter()
-    model = resolve("tiny-wan", dtype=torch.bfloat16) if smoke else wan.random_14b(0, device, torch.bfloat16)
+    if smoke:  # the tiny model of the same kind: one transformer, or Wan2.2's two experts
+        model = resolve("tiny-wan22" if model_name == "wan2.2-a14b" else "tiny-wan", dtype=torch.bfloat16)
+    else:
+        model = MODELS[model_name](0, device, torch.bfloat16)
     for component in model.pipeline.components.values():
         if isinstance(component, torch.nn.Module):
             component.requires_grad_(False)  # inference only; accelerate re-wraps weights under inference_mode
     build = time.perf_counter() - building
     request = dataclasses.replace(wan_request(steps, smoke), steps=steps)
     deadline = None if context.max_seconds is None else started + context.max_seconds
-    capped = CappedRequests(model, device, request, deadline, context.rounds)
+    capped = CappedRequests(model, device, request, deadline, context.rounds, cap)
     shape = capped.shape(build)
     folder = None if context.out is None else context.out / NAME
     run_key = {"model": model.name, "dtype": "bfloat16", "device": device.type, "rounds": context.rounds,
@@ -144,7 +160,9 @@ def run(context: Context) -> Measurement:
 class CappedRequests:
     """The resident session over `model`, the arms' visits on the same weights, and one part per arm."""
 
-    def __init__(self, model: Any, device: torch.device, request: Any, deadline: float | None, rounds: int):
+    def __init__(
+        self, model: Any, device: torch.device, request: Any, deadline: float | None, rounds: int, cap: str = CAP
+    ):
         self.model, self.device, self.request, self.deadline, self.rounds = model, device, request, deadline, rounds
         self.cuda = device.type == "cuda"
         self.pipe = model.pipeline
@@ -154,7 +172,7 @@ class CappedRequests:
         total = sum(self.weights.values())
         activation = {stage: max(0, peak - total) for stage, peak in self.warmup.memory.items()}
         if self.cuda:
-            self.cap = MemoryBudget.of(CAP).cap_bytes
+            self.cap = MemoryBudget.of(cap).cap_bytes
         else:  # the smallest cap the estimates allow: the plan offloads what it can
             resolved = self.resident.resolve(request)
             self.cap = plan_for(model, MemoryBudget(2**40, request=request), resolved).minimum_cap

@@ -29,9 +29,22 @@ def test_request_capped_stops_after_a_part_and_the_same_command_finishes_it(tmp_
 
 @pytest.mark.parametrize(
     "variable, value",
-    [("REQUEST_CAPPED_STEPS", "0"), ("REQUEST_CAPPED_ARMS", "plan,nope"), ("REQUEST_CAPPED_ARMS", "plan,plan")],
+    [
+        ("REQUEST_CAPPED_STEPS", "0"),
+        ("REQUEST_CAPPED_ARMS", "plan,nope"),
+        ("REQUEST_CAPPED_ARMS", "plan,plan"),
+        ("REQUEST_CAPPED_MODEL", "wan2.2-5b"),
+        ("REQUEST_CAPPED_CAP", "lots"),
+    ],
 )
 def test_request_capped_bad_setting_raises_naming_the_variable(monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)
     with pytest.raises(ValueError, match=rf"{variable}: '{value}'; allowed"):
         request_capped.settings(smoke=False)
+
+
+def test_request_capped_takes_wan22_a14b_under_another_cap(monkeypatch):
+    monkeypatch.setenv("REQUEST_CAPPED_MODEL", "wan2.2-a14b")
+    monkeypatch.setenv("REQUEST_CAPPED_CAP", "48GiB")
+    assert request_capped.settings(smoke=False) == (6, request_capped.ARMS, "wan2.2-a14b", "48GiB")
+    assert request_capped.MODELS["wan2.2-a14b"] is request_capped.wan.random_a14b
