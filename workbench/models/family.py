@@ -458,6 +458,17 @@ def stored_parameters(folder: Path) -> int:
     return total
 
 
+def _meta_build(cls: type, folder: Path) -> torch.nn.Module:
+    """`cls` (a diffusers or transformers module class) built from `folder`'s config on the meta device, its
+    weights' initialisation skipped (moot there); the libraries' errors pass through."""
+    from transformers.initialization import no_init_weights
+
+    with torch.device("meta"), no_init_weights():
+        if hasattr(cls, "config_class"):  # transformers
+            return cls._from_config(cls.config_class.from_pretrained(folder, local_files_only=True))
+        return cls.from_config(cls.load_config(folder, local_files_only=True))  # diffusers
+
+
 def check_implied_size(cls: type, folder: Path) -> None:
     """Refuse a module config that implies far more parameters than its weight files hold.
 
@@ -468,12 +479,7 @@ def check_implied_size(cls: type, folder: Path) -> None:
     meta device cannot build is left to `from_pretrained`, which reports it.
     """
     try:
-        with torch.device("meta"):
-            if hasattr(cls, "config_class"):  # transformers
-                config = cls.config_class.from_pretrained(folder, local_files_only=True)
-                model = cls._from_config(config)
-            else:  # diffusers
-                model = cls.from_config(cls.load_config(folder, local_files_only=True))
+        model = _meta_build(cls, folder)
     except (RuntimeError, NotImplementedError, TypeError, ValueError, OSError):
         return
     implied = sum(t.numel() for t in itertools.chain(model.parameters(), model.buffers()))
@@ -504,17 +510,12 @@ def shapes_only() -> Iterator[None]:
 def _meta_module(cls: type, folder: Path, dtype: torch.dtype) -> torch.nn.Module:
     """`cls` built from `folder`'s config on the meta device (no weights read), cast like `from_pretrained`."""
     from transformers import PreTrainedModel
-    from transformers.initialization import no_init_weights
 
     from workbench.model_sizes import cast_like_from_pretrained
 
     try:
-        with torch.device("meta"), no_init_weights():
-            if hasattr(cls, "config_class"):  # transformers
-                model = cls._from_config(cls.config_class.from_pretrained(folder, local_files_only=True))
-            else:  # diffusers
-                model = cls.from_config(cls.load_config(folder, local_files_only=True))
-    except (OSError, RuntimeError, TypeError, ValueError) as error:
+        model = _meta_build(cls, folder)
+    except (OSError, RuntimeError, NotImplementedError, TypeError, ValueError) as error:
         raise ValueError(f"{folder}: {error}") from error
     if isinstance(model, PreTrainedModel):
         model.tie_weights()
