@@ -1,4 +1,5 @@
-"""Issue 22's GPU bar: calibrate `PLUGINS` to the default budget and stack them at the Wan2.1-1.3B shape (480x832,
+"""Issue 22's GPU bar: calibrate `PLUGINS` (`CALIBRATE_WAN_PLUGINS`, a comma list of calibratable plugins; default
+block_sparse,easycache) to the default budget and stack them at the Wan2.1-1.3B shape (480x832,
 81 frames, 16 steps, CFG 5; random weights, bf16; quality against the dense output of the same model), then the
 confirmed stack's whole-request speed-up against stock, A/B/A over `--rounds` on each test seed.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -28,7 +30,7 @@ from typing import Any
 from benchmarks.envelope import Context, Measurement, Unfinished
 from benchmarks.workloads import exact_fast, open_wan
 from workbench.accelerations import REGISTRY
-from workbench.evidence.calibrate import Stack, stack, write
+from workbench.evidence.calibrate import Stack, calibratable, stack, write
 from workbench.evidence.manifest import load_manifest
 from workbench.evidence.resume import Partial, partial_path
 from workbench.quality import Budget
@@ -36,7 +38,7 @@ from workbench.quality import Budget
 NAME = "calibrate-wan"
 SUMMARY = "issue 22: calibrate + stack block_sparse and easycache to the default budget, Wan2.1-1.3B 16 steps"
 GPUS = 1
-PLUGINS = ["block_sparse", "easycache"]
+PLUGINS = ["block_sparse", "easycache"]  # CALIBRATE_WAN_PLUGINS overrides
 SUITE = Path(__file__).resolve().parents[2] / "data_manifests" / "wan-1.3b-480p.json"
 SMOKE_SIZE = {"frames": 5, "height": 16, "width": 16, "steps": 6}
 SMOKE_BUDGET = Budget(latent_rel_l2=0.3, psnr_db=None, min_ssim=None)
@@ -47,6 +49,7 @@ def run(context: Context) -> Measurement:
     if context.out is None:
         raise ValueError(f"{NAME}: needs the harness's --out (the folder its partial record is kept in)")
     folder = context.out / NAME
+    plugins = plugins_from_environment()
     notes: list[str] = []
     session = open_wan(context.smoke, context.device)
     suite = load_manifest(SUITE, allow_other_model=True)
@@ -54,11 +57,11 @@ def run(context: Context) -> Measurement:
     test = [_request(case.to_request(), context.smoke) for case in suite.test]
     if context.smoke:
         calibration, test = calibration[:1], test[:1]
-    base = {} if context.smoke else _base(exact_fast("wan", context.device, notes), notes)
+    base = {} if context.smoke else _base(exact_fast("wan", context.device, notes), plugins, notes)
     budget = SMOKE_BUDGET if context.smoke else Budget()
     limit = None if context.max_seconds is None else max(0.0, context.max_seconds - (time.perf_counter() - started))
     result = stack(
-        session, calibration, test, PLUGINS, budget, base=base, rounds=context.rounds, resume=folder,
+        session, calibration, test, plugins, budget, base=base, rounds=context.rounds, resume=folder,
         max_seconds=limit, progress=not context.smoke,
     )  # fmt: skip
     if isinstance(result, Partial):
@@ -73,7 +76,7 @@ def run(context: Context) -> Measurement:
             "speed or quality claim."
         )
     shape = {"model": session.model.name, "dtype": "bfloat16", "request": session.resolve(test[0]).to_dict()}
-    shape |= {"plugins": PLUGINS, "base": base, "budget": budget.to_dict(), "margin": result.margin}
+    shape |= {"plugins": plugins, "base": base, "budget": budget.to_dict(), "margin": result.margin}
     shape |= {"calibration_seeds": [r.seed for r in calibration], "test_seeds": [r.seed for r in test]}
     arms, ratios = _arms(result)
     return Measurement(SUMMARY, shape, arms, ratios, notes)
@@ -83,13 +86,25 @@ def _request(request: Any, smoke: bool) -> Any:
     return dataclasses.replace(request, **SMOKE_SIZE) if smoke else request
 
 
-def _base(config: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+def plugins_from_environment() -> list[str]:
+    """The plugins stacked: CALIBRATE_WAN_PLUGINS (a comma list) or PLUGINS; ValueError naming the variable for an
+    unknown plugin, one without a knob, or a repeat. A partial record made with other plugins is refused on resume."""
+    text = os.environ.get("CALIBRATE_WAN_PLUGINS", ",".join(PLUGINS))
+    plugins = [name.strip() for name in text.split(",") if name.strip()]
+    if not plugins or len(set(plugins)) < len(plugins) or set(plugins) - set(calibratable()):
+        raise ValueError(
+            f"CALIBRATE_WAN_PLUGINS: {text!r}; allowed: a comma list of {', '.join(calibratable())}, each once"
+        )
+    return plugins
+
+
+def _base(config: dict[str, Any], plugins: list[str], notes: list[str]) -> dict[str, Any]:
     """`config` less the plugins that touch a resource a stacked plugin touches (they could not be installed
     together)."""
-    taken = {resource for plugin in PLUGINS for resource in REGISTRY[plugin].touches}
+    taken = {resource for plugin in plugins for resource in REGISTRY[plugin].touches}
     dropped = [name for name in config if taken & set(REGISTRY[name].touches)]
     for name in dropped:
-        notes.append(f"exact-fast's {name} is left out of the base: it touches what {PLUGINS} replace.")
+        notes.append(f"exact-fast's {name} is left out of the base: it touches what {plugins} replace.")
     return {name: options for name, options in config.items() if name not in dropped}
 
 

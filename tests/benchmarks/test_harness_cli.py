@@ -117,3 +117,27 @@ def test_calibrate_wan_stops_unfinished_at_max_seconds_and_the_same_command_fini
     assert any("over 2 process(es)" in note for note in record["notes"]), record["notes"]
     assert (tmp_path / "calibrate-wan" / "stack.json").exists()
     assert not (tmp_path / "calibrate-wan" / "calibrate.partial.json").exists()
+
+
+def test_calibrate_wan_takes_its_plugins_from_the_environment_and_refuses_a_partial_of_others(
+    tmp_path, capsys, monkeypatch
+):
+    from benchmarks.scenarios import calibrate_wan
+
+    assert calibrate_wan.plugins_from_environment() == ["block_sparse", "easycache"]
+    monkeypatch.setenv("CALIBRATE_WAN_PLUGINS", "block_sparse,easycache,selective_fp8")
+    assert calibrate_wan.plugins_from_environment() == ["block_sparse", "easycache", "selective_fp8"]
+    for bad in ("easycache,easycache", "fused_block_norms", ","):
+        monkeypatch.setenv("CALIBRATE_WAN_PLUGINS", bad)
+        with pytest.raises(ValueError, match=r"CALIBRATE_WAN_PLUGINS: .*; allowed: a comma list of"):
+            calibrate_wan.plugins_from_environment()
+    monkeypatch.delenv("CALIBRATE_WAN_PLUGINS")
+    command = ["run", "calibrate-wan", "--smoke", "--out", str(tmp_path)]
+    assert main([*command, "--max-seconds", "0"]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("CALIBRATE_WAN_PLUGINS", "easycache")
+    assert main(command) != 0  # the partial record names the plugins it was made with
+    shown = capsys.readouterr()
+    assert "was made by another run (plugins: ['block_sparse', 'easycache'] recorded, ['easycache'] now)" in (
+        shown.out + shown.err
+    )
