@@ -109,28 +109,31 @@ def reference(
     scale: float | None = None,
     precision: str = "exact",
     pv: str = "fp8",
-) -> torch.Tensor:
+    return_density: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Dense fp32 torch maths of the same method (torch's routing): exact keys plus one pseudo-key per folded
-    block, in one softmax; with a low `precision`, `_lowbit_reference`. Returns (B, H, Tq, D) in q's dtype."""
+    block, in one softmax; with a low `precision`, `_lowbit_reference`. Returns (B, H, Tq, D) in q's dtype; with
+    `return_density`, also the routing density as a 0-dim tensor, as `block_sparse_attention` returns it."""
     _check(q, k, v)
     _check_precision(precision, pv)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    mask, _ = routing(q, k, tau, sink_tokens, scale=scale)
+    mask, density = routing(q, k, tau, sink_tokens, scale=scale)
     if precision != "exact":
-        return _lowbit_reference(q, k, v, mask, scale, precision, pv)
-    tq, tk = q.shape[2], k.shape[2]
-    k_mean, lengths = block_means_torch(k, BLOCK)
-    v_mean, _ = block_means_torch(v, BLOCK)
-    qf = q.float()
-    row_block = torch.arange(tq, device=q.device) // BLOCK
-    col_block = torch.arange(tk, device=q.device) // BLOCK
-    exact_tokens = mask[:, :, row_block][:, :, :, col_block]  # (B, H, Tq, Tk)
-    exact_rows = mask[:, :, row_block]  # (B, H, Tq, Kb)
-    logits = (qf @ k.float().transpose(-1, -2) * scale).masked_fill(~exact_tokens, float("-inf"))
-    pseudo = (qf @ k_mean.transpose(-1, -2) * scale + lengths.log()).masked_fill(exact_rows, float("-inf"))
-    probs = torch.softmax(torch.cat([logits, pseudo], -1), -1)
-    out = probs[..., :tk] @ v.float() + probs[..., tk:] @ v_mean
-    return out.to(q.dtype)
+        out = _lowbit_reference(q, k, v, mask, scale, precision, pv)
+    else:
+        tq, tk = q.shape[2], k.shape[2]
+        k_mean, lengths = block_means_torch(k, BLOCK)
+        v_mean, _ = block_means_torch(v, BLOCK)
+        qf = q.float()
+        row_block = torch.arange(tq, device=q.device) // BLOCK
+        col_block = torch.arange(tk, device=q.device) // BLOCK
+        exact_tokens = mask[:, :, row_block][:, :, :, col_block]  # (B, H, Tq, Tk)
+        exact_rows = mask[:, :, row_block]  # (B, H, Tq, Kb)
+        logits = (qf @ k.float().transpose(-1, -2) * scale).masked_fill(~exact_tokens, float("-inf"))
+        pseudo = (qf @ k_mean.transpose(-1, -2) * scale + lengths.log()).masked_fill(exact_rows, float("-inf"))
+        probs = torch.softmax(torch.cat([logits, pseudo], -1), -1)
+        out = (probs[..., :tk] @ v.float() + probs[..., tk:] @ v_mean).to(q.dtype)
+    return (out, torch.tensor(density, device=q.device)) if return_density else out
 
 
 def _lowbit_reference(

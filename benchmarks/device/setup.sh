@@ -12,17 +12,16 @@
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
-if [ -f out/ray1/ray.part.aa ]; then
-    mkdir -p /tmp/raystage && cp out/ray1/ray.part.aa /tmp/raystage/
-fi
-if [ -f out/ray2/ray.part.ab ]; then
-    mkdir -p /tmp/ray && cat /tmp/raystage/ray.part.aa out/ray2/ray.part.ab | xz -d | tar x -C /tmp/ray
-fi
-if [ -f out/fa1/fa.part.aa ]; then
-    mkdir -p /tmp/fastage && cp out/fa1/fa.part.aa /tmp/fastage/
-fi
-if [ -f out/fa2/fa.part.ab ]; then
-    mkdir -p /tmp/fa && cat /tmp/fastage/fa.part.aa out/fa2/fa.part.ab | xz -d | tar x -C /tmp/fa
-fi
+# join_parts NAME: out/NAME1's part staged in /tmp/NAMEstage; with out/NAME2's (a later call), unpacked into /tmp/NAME
+join_parts() {
+    if [ -f "out/${1}1/$1.part.aa" ]; then
+        mkdir -p "/tmp/${1}stage" && cp "out/${1}1/$1.part.aa" "/tmp/${1}stage/"
+    fi
+    if [ -f "out/${1}2/$1.part.ab" ]; then
+        mkdir -p "/tmp/$1" && cat "/tmp/${1}stage/$1.part.aa" "out/${1}2/$1.part.ab" | xz -d | tar x -C "/tmp/$1"
+    fi
+}
+join_parts ray
+join_parts fa
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:/tmp/ray:/tmp/fa:/tmp/fa/nvidia_cutlass_dsl/dsl_packages:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1 RAY_USAGE_STATS_ENABLED=0

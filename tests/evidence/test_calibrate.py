@@ -151,9 +151,8 @@ def test_budget_too_tight_for_any_setting_says_so(demo):
 def test_stack_on_demo_av_at_the_default_budget_confirms_what_holds_and_leaves_out_what_cannot():
     """Issue 22's CPU bar on the trained demo-av (its shipped default: 128x128, 49 frames, 16 steps) with the
     seeds' budget and its audio limits, the demo-av-smoke suite's seeds: easycache and block_sparse calibrated and
-    stacked. Measured: easycache's knee 0.047 (cliff 0.0625: skipping a step there costs ~0.98 of the budget),
-    confirmed inside the budget on both test seeds; block_sparse even at tau=-1 moves the latents by ~0.17 (demo-av
-    routes 7 key blocks, so folding any is coarse), so no setting of it qualifies and it is left out, named."""
+    stacked. easycache's knee stays short of its cliff and is confirmed inside the budget on both test seeds;
+    block_sparse cannot qualify on demo-av (its 7 key blocks make any folding coarse), so it is left out, named."""
     demo_av = Session.open("demo-av", device="cpu")
     suite = load_manifest(ROOT / "data_manifests" / "demo-av-smoke.json", model="demo-av")
     full = {"height": 128, "width": 128, "steps": 16}

@@ -469,8 +469,9 @@ def _meta_build(cls: type, folder: Path) -> torch.nn.Module:
         return cls.from_config(cls.load_config(folder, local_files_only=True))  # diffusers
 
 
-def check_implied_size(cls: type, folder: Path) -> None:
-    """Refuse a module config that implies far more parameters than its weight files hold.
+def check_implied_size(cls: type, folder: Path) -> torch.nn.Module | None:
+    """Refuse a module config that implies far more parameters than its weight files hold; returns the module it
+    built on the meta device (None when it could not), which `shapes_only` loading keeps.
 
     The module is built from its config on the meta device (no memory is allocated) and its parameter and buffer
     elements are counted; a config implying more than twice the stored elements plus 2^20 (tied and computed
@@ -481,7 +482,7 @@ def check_implied_size(cls: type, folder: Path) -> None:
     try:
         model = _meta_build(cls, folder)
     except (RuntimeError, NotImplementedError, TypeError, ValueError, OSError):
-        return
+        return None
     implied = sum(t.numel() for t in itertools.chain(model.parameters(), model.buffers()))
     stored = stored_parameters(folder)
     if implied > 2 * stored + 2**20:
@@ -489,6 +490,7 @@ def check_implied_size(cls: type, folder: Path) -> None:
             f"{folder / 'config.json'}: the config implies {implied:,} parameters but the weights hold {stored:,}; "
             "a config must describe the weights beside it"
         )
+    return model
 
 
 _SHAPES_ONLY = contextvars.ContextVar("shapes_only", default=False)
@@ -507,16 +509,13 @@ def shapes_only() -> Iterator[None]:
         _SHAPES_ONLY.reset(token)
 
 
-def _meta_module(cls: type, folder: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """`cls` built from `folder`'s config on the meta device (no weights read), cast like `from_pretrained`."""
+def _as_loaded(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A module built on the meta device from its config, tied and cast as `from_pretrained(torch_dtype=dtype)`
+    leaves one."""
     from transformers import PreTrainedModel
 
     from workbench.model_sizes import cast_like_from_pretrained
 
-    try:
-        model = _meta_build(cls, folder)
-    except (OSError, RuntimeError, NotImplementedError, TypeError, ValueError) as error:
-        raise ValueError(f"{folder}: {error}") from error
     if isinstance(model, PreTrainedModel):
         model.tie_weights()
     cast_like_from_pretrained(model, dtype)
@@ -539,9 +538,11 @@ def load_component(root: Path, name: str, cls: Any, dtype: torch.dtype, index_fi
         except (OSError, TypeError, ValueError, KeyError) as error:
             raise ValueError(f"{folder}: {type(error).__name__}: {error}") from error
     _check_safetensors(folder)
-    check_implied_size(cls, folder)
+    meta = check_implied_size(cls, folder)
     if _SHAPES_ONLY.get():
-        return _meta_module(cls, folder, dtype)
+        if meta is None:
+            raise ValueError(f"{folder}: its config does not build on the meta device")
+        return _as_loaded(meta, dtype)
     try:
         model, info = cls.from_pretrained(
             folder, torch_dtype=dtype, use_safetensors=True, local_files_only=True, output_loading_info=True

@@ -50,7 +50,7 @@ from workbench.accelerations.attention.sparse_routing import (
 )
 from workbench.accelerations.base import Knob, Spec, option
 from workbench.kernels import _runtime
-from workbench.kernels._runtime import MAX_HEAD_DIM, pad_head_dim
+from workbench.kernels._runtime import MAX_HEAD_DIM
 from workbench.kernels.fp8_attention import DTYPES, PV_MODES, QK_MODES, fp8_attention, reference
 from workbench.models import experts
 
@@ -91,13 +91,10 @@ def fp8_attend(call: Call) -> tuple[torch.Tensor, None]:
             f"it supports head dims up to {MAX_HEAD_DIM} in {[str(d) for d in DTYPES]}"
         )
     extra = call.settings.extra
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    if uses_reference(q.device):
-        d = q.shape[-1]
-        scale = d**-0.5 if call.kwargs.get("scale") is None else call.kwargs["scale"]
-        out = reference(*pad_head_dim(q, k, v), scale, extra["pv"], qk=extra["qk"])[..., :d]
-    else:
-        out = fp8_attention(q, k, v, call.kwargs.get("scale"), extra["pv"], qk=extra["qk"])
+    attend = reference if uses_reference(q.device) else fp8_attention
+    out = attend(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), call.kwargs.get("scale"), extra["pv"], qk=extra["qk"]
+    )
     call.router.receipt.count("fp8_calls", expert=call.router.expert)
     return out.transpose(1, 2), None
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from workbench.accelerations.attention.sparse_routing import Call
-from workbench.kernels._runtime import interpreting, pad_head_dim
-from workbench.kernels.block_sparse_attention import DTYPES, MAX_HEAD_DIM, block_sparse_attention, reference, routing
+from workbench.kernels._runtime import interpreting
+from workbench.kernels.block_sparse_attention import DTYPES, MAX_HEAD_DIM, block_sparse_attention, reference
 
 KERNEL, REFERENCE = "triton kernel", "torch reference"
 
@@ -31,18 +31,12 @@ def block_sparse_attend(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
             f"it supports head dims up to {MAX_HEAD_DIM} in {[str(d) for d in DTYPES]}"
         )
     settings = call.settings
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    precision, pv = settings.extra.get("precision", "exact"), settings.extra.get("pv", "fp8")
-    sink, scale = call.rows(settings.sink_tokens), call.kwargs.get("scale")
-    if uses_reference(q.device):
-        d = q.shape[-1]
-        scale = d**-0.5 if scale is None else scale
-        _, density = routing(q, k, settings.tau, sink, scale=scale)
-        out = reference(*pad_head_dim(q, k, v), settings.tau, sink, scale, precision, pv)[..., :d]
-        return out.transpose(1, 2), torch.tensor(density)
-    out, density = block_sparse_attention(
-        q, k, v, settings.tau, sink, scale=scale, return_density=True, precision=precision, pv=pv
-    )
+    attend = reference if uses_reference(q.device) else block_sparse_attention
+    out, density = attend(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), settings.tau, call.rows(settings.sink_tokens),
+        scale=call.kwargs.get("scale"), return_density=True,
+        precision=settings.extra.get("precision", "exact"), pv=settings.extra.get("pv", "fp8"),
+    )  # fmt: skip
     return out.transpose(1, 2), density
 
 
