@@ -20,7 +20,17 @@ from workbench.accelerations import REGISTRY
 from workbench.accelerations.base import Knob
 from workbench.cli import main
 from workbench.evidence import calibrate as calibrate_module
-from workbench.evidence.calibrate import Calibration, Point, Stack, _search, calibratable, calibrate, stack, write
+from workbench.evidence.calibrate import (
+    Calibration,
+    Point,
+    Stack,
+    _no_setting_reason,
+    _search,
+    calibratable,
+    calibrate,
+    stack,
+    write,
+)
 from workbench.evidence.manifest import load_manifest
 from workbench.evidence.records import record_bytes
 from workbench.profiles import within_budget
@@ -85,6 +95,22 @@ def test_search_on_a_descending_integer_knob_tries_whole_values_and_stops_at_nei
     assert Knob("n", 0, 1, integer=True).between(0, 1) is None and Knob("n", 8, 0, integer=True).between(8, 0) == 4
 
 
+def test_a_knee_where_the_searched_plugin_does_no_work_is_no_setting():
+    """Under a base that spends 0.3 of the budget, a cache that reuses nothing below 0.5 spends the base's 0.3 there
+    and 1.3 above: spent > 0 alone would call 0.49 a knee; the receipts (`idle`) say it did no work."""
+    knob = Knob("threshold", 0.0, 1.0)
+
+    def evaluate(value):
+        if value < 0.5:
+            return Point(value, 0.3, 1.0, 1.2, idle=("easycache",))
+        return Point(value, 1.3, 1.0, 2.0)
+
+    points, knee, cliff = _search(evaluate, knob, 0.8, 7, "easycache")
+    assert knee is None and 0.5 <= cliff <= 0.55
+    assert "easycache's receipts show no work" in _no_setting_reason(points, knob, 0.8, "easycache")
+    assert _search(evaluate, knob, 0.8, 7, "block_sparse")[1] is not None  # another plugin's idleness is not this one's
+
+
 def test_calibratable_plugins_declare_their_knob():
     assert {"easycache", "teacache", "first_block_cache", "block_sparse", "fp8_attention", "selective_fp8"} <= set(
         calibratable()
@@ -107,6 +133,7 @@ def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_r
     result = calibrate(demo, calibration, test, "easycache", budget, max_evals=4, progress=False)
     values = [p.value for p in result.points]
     assert values[:2] == [0.0, 0.5] and result.knee is not None and result.knee > 0
+    assert result.points[0].idle == ("easycache",) and result.knee_point.idle == ()  # 0 reuses nothing
     assert result.cliff is None or result.knee < result.cliff
     assert result.knee_point.spent <= result.margin
     assert result.status == "quality_confirmed", result.reason  # CPU: quality holds, no speed claim

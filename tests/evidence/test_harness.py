@@ -39,6 +39,10 @@ def test_lossy_plugin_outside_budget_is_rejected(session):
 def test_configured_but_never_executed_plugin_is_not_executed(session):
     record, _ = qualify(session, [REQUEST], {}, {"easycache": {"threshold": 0.0}}, rounds=3, progress=False)
     assert record["verdict"] == "not_executed"
+    # one idle member voids a set's claim, and the reason names it
+    stacked = {"cross_kv_cache": {}, "easycache": {"threshold": 0.0}}
+    record, _ = qualify(session, [REQUEST], {}, stacked, rounds=3, progress=False)
+    assert record["verdict"] == "not_executed" and "['easycache'] did no work" in record["cases"][0]["reason"]
 
 
 def test_too_few_rounds_refused(session):

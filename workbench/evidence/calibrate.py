@@ -72,7 +72,8 @@ class Point:
     """One tried knob value: worst `spent` over the calibration requests (inf when a run failed), the failures of
     that worst request against the full budget, total seconds of one run per request and the indicative speed-up
     against stock: the stock run of the same requests in the same process, `session` (seconds are comparable only
-    within one session; speed-ups across sessions)."""
+    within one session; speed-ups across sessions). `idle`: the plugins of the config whose receipts show no work on
+    any calibration request (a cache that reused nothing); empty in records made before it was kept."""
 
     value: float
     spent: float
@@ -81,6 +82,7 @@ class Point:
     failures: tuple[str, ...] = ()
     error: str = ""
     session: str = ""
+    idle: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         spent = "inf" if math.isinf(self.spent) else self.spent
@@ -88,13 +90,20 @@ class Point:
             "failures": list(self.failures),
             "error": self.error,
             "session": self.session,
+            "idle": list(self.idle),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Point:
         """The point `to_dict` wrote (a strict-JSON null stands for NaN)."""
         number = {k: math.nan if data[k] is None else float(data[k]) for k in ("value", "spent", "seconds", "speedup")}
-        return cls(**number, failures=tuple(data["failures"]), error=data["error"], session=data.get("session", ""))
+        return cls(
+            **number,
+            failures=tuple(data["failures"]),
+            error=data["error"],
+            session=data.get("session", ""),
+            idle=tuple(data.get("idle", ())),
+        )
 
 
 @dataclass
@@ -301,7 +310,8 @@ class _Evaluator:
                 share = math.inf
             if share >= spent:
                 spent, failures = share, tuple(comparison.failures)
-        return Point(value, spent, seconds, self.seconds / seconds, failures, session=session)
+        idle = tuple(sorted(set(config) - {name for r in results for name, x in r.receipts.items() if x["executed"]}))
+        return Point(value, spent, seconds, self.seconds / seconds, failures, session=session, idle=idle)
 
 
 def calibrate(
@@ -375,12 +385,12 @@ def _calibrate(
             bar.set_postfix_str(f"{value:.4g}: spent {point.spent:.3g}")
             return point
 
-        points, knee, cliff = _search(evaluate, spec.knob, margin, max_evals)
+        points, knee, cliff = _search(evaluate, spec.knob, margin, max_evals, plugin)
     budget = evaluator.budget
     result = Calibration(plugin, spec.knob, base, options, budget, margin, points, knee, cliff, None, "", "")
     if knee is None:
         result.status = "no_setting"
-        result.reason = _no_setting_reason(points, spec.knob, margin)
+        result.reason = _no_setting_reason(points, spec.knob, margin, plugin)
         return result
     result.setting = config_of(knee)
     result.status, result.reason = "searched", f"{spec.knob.option}={knee:.4g} spends {result.knee_point.spent:.3g}"
@@ -557,8 +567,9 @@ def _configs(base: dict[str, Any], plugin: str, options: dict[str, Any], option:
     return lambda value: {**base, plugin: {**options, option: value}}
 
 
-def _search(evaluate: Callable[[float], Point], knob: Knob, margin: float, max_evals: int):
-    """(points in the order tried, knee, cliff); a point inside is `spent <= margin`, and useful when `spent > 0`."""
+def _search(evaluate: Callable[[float], Point], knob: Knob, margin: float, max_evals: int, plugin: str = ""):
+    """(points in the order tried, knee, cliff); a point inside is `spent <= margin`, and useful when `spent > 0`
+    and `plugin` (the one searched) did work there: its spend alone can be the base's, underneath it."""
     points = [evaluate(knob.low)]
     if points[0].spent > margin:
         return points, None, knob.low
@@ -571,18 +582,19 @@ def _search(evaluate: Callable[[float], Point], knob: Knob, margin: float, max_e
             points.append(evaluate(middle))
             good, bad = (middle, bad) if points[-1].spent <= margin else (good, middle)
     knee_point = next(p for p in points if p.value == good)
-    return points, (good if knee_point.spent > 0 else None), bad
+    return points, (good if knee_point.spent > 0 and plugin not in knee_point.idle else None), bad
 
 
-def _no_setting_reason(points: list[Point], knob: Knob, margin: float) -> str:
+def _no_setting_reason(points: list[Point], knob: Knob, margin: float, plugin: str) -> str:
     first = points[0]
     if first.spent > margin:
         why = first.error or "; ".join(first.failures) or f"spends {first.spent:.3g} of the budget"
         return f"no setting qualifies: even {knob.option}={knob.low:g} leaves {margin:g} of the budget ({why})"
-    return (
-        f"no setting qualifies: the values inside {margin:g} of the budget change nothing "
-        f"(outputs equal stock); the least aggressive value that changes anything is outside"
-    )
+    if any(plugin in p.idle for p in points if p.spent <= margin):
+        inside = f"at the values inside {margin:g} of the budget, {plugin}'s receipts show no work"
+    else:
+        inside = f"the values inside {margin:g} of the budget change nothing (outputs equal stock)"
+    return f"no setting qualifies: {inside}; the least aggressive value that does anything is outside"
 
 
 def _confirm(evaluator: _Evaluator, test: list[Request], result: Calibration | Stack, rounds, progress) -> None:

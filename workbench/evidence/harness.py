@@ -100,7 +100,8 @@ def _qualify_one(
     stage_ratios = _stage_ratios(timed_a, timed_b)
     comparison = compare(pilot_a, pilot_b, budget)
     receipts = [r.receipts for r in [pilot_b, *timed_b]]
-    executed = all(all(x.get("executed") for x in receipt.values()) for receipt in receipts) if candidate else False
+    idle = sorted({name for receipt in receipts for name, x in receipt.items() if not x.get("executed")})
+    executed = bool(candidate) and not idle
     matches = {
         "baseline": all(_same(pilot_a, r) for r in timed_a),
         "candidate": all(_same(pilot_b, r) for r in timed_b),
@@ -114,6 +115,8 @@ def _qualify_one(
         device_type=session.device.type,
         gpu_clean=gpu_clean,
     )
+    if word == "not_executed" and idle != sorted(pilot_b.receipts):  # some members did work: name the idle ones
+        reason = f"the receipts show {idle} did no work (every member must run for a claim about the set)"
     if not all(matches.values()):
         reason += f"; timed outputs differ from their pilot: {matches}"
     case = {
