@@ -37,6 +37,7 @@ def session():
         ({"include": FFN, "exclude": ["blocks.*"]}, r"selective_fp8.include: .* matches no nn.Linear"),
         ({"include": FFN, "allow_fallback": "yes"}, r"selective_fp8.allow_fallback: expected bool"),
         ({"include": FFN, "path": "triton"}, r"selective_fp8.path: .*'torchao', 'fused'"),
+        ({"groups": 1, "order": "speed"}, r"selective_fp8.order: .*'size', 'measured'"),
     ],
 )
 def test_selective_fp8_bad_option_raises(session, options, message):
@@ -66,6 +67,59 @@ def test_layer_groups_rank_block_linears_by_size_and_groups_select_exactly_their
     assert chosen and all(fp8.group_of(path) == largest for _, path in chosen)
     assert len(chosen) == sum(fp8.group_of(path) == largest for path, _ in block_linears)
     assert fp8.SPEC.knob.option == "groups" and fp8.SPEC.knob.integer and fp8.SPEC.knob.low == 1
+
+
+def test_rank_by_gain_orders_groups_by_seconds_saved_and_puts_slower_fp8_last(session):
+    """A fake timing where FP8 saves time in proportion to the weights less a fixed cost: the ranking follows the
+    seconds saved per forward (summed over each group's layers), groups that lose time come last, and the shapes
+    cover exactly the layers `layer_groups` counts."""
+    shapes = fp8.group_shapes(session.model.denoisers())
+    assert {g: sum(k * n for k, n in s) for g, s in shapes.items()} == dict(fp8.layer_groups(session.model.denoisers()))
+    sizes = [k * n for layers in shapes.values() for k, n in layers]
+    cost = (min(sizes) + max(sizes)) / 2 * 1e-9
+    ranking = fp8.rank_by_gain(shapes, lambda k, n: k * n * 1e-9 - cost)
+    gains = [gain for _, gain in ranking]
+    assert gains == sorted(gains, reverse=True) and {g for g, _ in ranking} == set(shapes)
+    assert gains[0] > 0 > gains[-1]  # something gains, something loses: the order is not vacuous
+
+
+def test_measured_order_refuses_without_an_fp8_gpu(session):
+    if fp8.machine_problem(session.device) is None:
+        pytest.skip("this machine has an FP8 GPU")
+    with pytest.raises(RuntimeError, match=r"selective_fp8.order='measured': times FP8 GEMMs .* no CUDA device"):
+        session.accelerate({"selective_fp8": {"groups": 1, "order": "measured", "allow_fallback": True}})
+
+
+def test_measured_order_times_each_shape_once_and_quantizes_the_top_group(monkeypatch):
+    """order="measured" end to end on the CPU (fused path: the quantization kernel under the interpreter, torch's
+    CPU _scaled_mm; hardware check lifted; 64 rows): every group timed and ranked in the receipt, most saved first;
+    the FP8 GEMMs counted are exactly the top group's layers; a re-install times nothing again."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(fp8, "machine_problem", lambda device: None)
+    monkeypatch.setattr(fp8, "MEASURED_ROWS", 64)
+    monkeypatch.setattr(fp8, "_SAVED", {})
+    session = Session.open("tiny-wan", device="cpu", dtype="bfloat16")
+    shapes = fp8.group_shapes(session.model.denoisers())
+    request = Request("a red circle moves left", seed=3, steps=1, **SIZE)
+    options = {"selective_fp8": {"groups": 1, "order": "measured", "path": "fused"}}
+    session.accelerate(options)
+    try:
+        result = session.generate(request, progress=False)
+    finally:
+        session.accelerate({})
+    order = result.receipts["selective_fp8"]["notes"]["group_order"]
+    assert [g for g, _ in order] and {g for g, _ in order} == set(shapes)
+    assert [ms for _, ms in order] == sorted((ms for _, ms in order), reverse=True)
+    timed = set(fp8._SAVED)
+    assert {(k, n) for *_, k, n in timed} == {shape for layers in shapes.values() for shape in layers}
+    forwards = 2  # one step, two CFG branches
+    assert result.receipts["selective_fp8"]["fp8_gemms"] == len(shapes[order[0][0]]) * forwards
+    import workbench.evidence.timing as timing
+
+    monkeypatch.setattr(timing, "time_call", None)  # a second install must not time again
+    session.accelerate(options)
+    session.accelerate({})
+    assert set(fp8._SAVED) == timed
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
@@ -174,3 +228,34 @@ def test_selective_fp8_runs_fp8_gemms_on_gpu(path):
     assert handle.receipt.counters["fp8_gemms"] == 2 and not handle.receipt.fallbacks
     assert float((out - dense).float().norm() / dense.float().norm()) < 0.1
     assert fingerprint(net) == before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs CUDA sm >= 8.9"
+)
+@pytest.mark.parametrize("path", ["torchao", "fused"])
+def test_measured_order_on_gpu_ranks_by_timed_gemms(path, monkeypatch):
+    """Two block groups of different widths: both timed on this GPU, ranked by ms saved, the top one quantized."""
+    monkeypatch.setattr(fp8, "_SAVED", {})
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(
+        torch.nn.ModuleDict({"wide": torch.nn.Linear(2048, 8192), "narrow": torch.nn.Linear(256, 256)})
+        for _ in range(2)
+    )
+    root = torch.nn.Module()
+    root.blocks = blocks.to("cuda", torch.bfloat16)
+    model = SimpleNamespace(denoisers=lambda: [root], family=SimpleNamespace(name="wan"))
+    options = fp8.SPEC.validate({"groups": 1, "order": "measured", "path": path})
+    handle = fp8.SPEC.prepare(model, options, torch.device("cuda")).activate()
+    try:
+        handle.begin_request(0, 1)
+        order = handle.receipt.notes["group_order"]
+        top = order[0][0]
+        x = torch.randn(64, 2048 if top.endswith("wide") else 256, device="cuda", dtype=torch.bfloat16)
+        for block in root.blocks:
+            block[top.rsplit(".", 1)[1]](x)
+    finally:
+        handle.uninstall()
+    assert {g for g, _ in order} == {"blocks.*.wide", "blocks.*.narrow"} and order[0][1] >= order[1][1]
+    assert handle.receipt.counters["fp8_gemms"] == 2

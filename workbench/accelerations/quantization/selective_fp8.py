@@ -5,8 +5,11 @@ approximate), through torchao or the workbench's fused path.
 "blocks.*.ffn.net.0.proj"); only `nn.Linear` layers are eligible. `groups=N` adds the N largest layer groups
 (`layer_groups`: a block Linear's path with its indices as "*", e.g. "blocks.*.ffn.net.*.proj", ranked by the weights
 the group holds, which is its GEMMs' share of the FLOPs per token): the knob a calibration searches, from the largest
-group alone to eight. The ranking is by size, not by a measured gain: it needs no GPU, and the calibration's record
-shows what each step bought. torchao's
+group alone to eight. `order="measured"` ranks the groups by measured gain instead (`measured_order`): the seconds
+its layers' FP8 GEMMs save per forward on this device, each shape timed once per process against bf16 through the
+plugin's own path at MEASURED_ROWS activation rows; groups whose FP8 GEMMs are slower rank last; the ranking goes into
+the receipt's notes (`group_order`, ms saved per forward). It needs the FP8 GPU the plugin runs on (else RuntimeError).
+torchao's
 `Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` needs CUDA with compute capability
 >= 8.9, bf16 weights, and in/out features that are multiples of 16 (torchao skips other layers silently;
 this plugin refuses them instead). Without those the plugin refuses with a RuntimeError unless
@@ -29,6 +32,7 @@ quantized copies are extra memory while installed; this plugin is about compute,
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,19 +85,63 @@ def group_of(path: str) -> str:
     return ".".join("*" if part.isdigit() else part for part in path.split("."))
 
 
-def layer_groups(denoisers: list[torch.nn.Module]) -> list[tuple[str, int]]:
+def group_shapes(denoisers: list[torch.nn.Module]) -> dict[str, list[tuple[int, int]]]:
     """The nn.Linear layers inside the denoisers' numbered blocks, grouped by path with each numeric component as "*"
-    ("blocks.3.attn1.to_q" -> "blocks.*.attn1.to_q"), as (glob, weights in the group), largest first (ties by
-    glob). A block's Linears run on every token of their stream, so a group's weight count is its GEMMs'
-    multiply-adds per token; layers outside the blocks (timestep embedders, run once per sample; the output
-    projection) are left out."""
-    sizes: dict[str, int] = {}
+    ("blocks.3.attn1.to_q" -> "blocks.*.attn1.to_q"): glob -> (in_features, out_features) of each layer. Layers
+    outside the blocks (timestep embedders, run once per sample; the output projection) are left out."""
+    shapes: dict[str, list[tuple[int, int]]] = {}
     for denoiser in denoisers:
         for path, module in denoiser.named_modules():
             group = group_of(path)
             if isinstance(module, torch.nn.Linear) and "*" in group:
-                sizes[group] = sizes.get(group, 0) + module.weight.numel()
+                shapes.setdefault(group, []).append((module.in_features, module.out_features))
+    return shapes
+
+
+def layer_groups(denoisers: list[torch.nn.Module]) -> list[tuple[str, int]]:
+    """`group_shapes` as (glob, weights in the group), largest first (ties by glob). A block's Linears run on every
+    token of their stream, so a group's weight count is its GEMMs' multiply-adds per token."""
+    sizes = {group: sum(k * n for k, n in shapes) for group, shapes in group_shapes(denoisers).items()}
     return sorted(sizes.items(), key=lambda item: (-item[1], item[0]))
+
+
+def rank_by_gain(
+    shapes: dict[str, list[tuple[int, int]]], saved_s: Callable[[int, int], float]
+) -> list[tuple[str, float]]:
+    """(glob, seconds saved per forward) for each group of `shapes`, most saved first (ties by glob), where
+    `saved_s(in, out)` is one layer's bf16 GEMM time less its FP8 path's (negative where FP8 is slower)."""
+    gains = {group: sum(saved_s(k, n) for k, n in layers) for group, layers in shapes.items()}
+    return sorted(gains.items(), key=lambda item: (-item[1], item[0]))
+
+
+MEASURED_ROWS = 32760  # activation rows of the timed GEMMs: Wan2.1's 480x832x81 video tokens
+_SAVED: dict[tuple[str, str, int, int, int], float] = {}  # (device, path, rows, in, out) -> seconds saved per call
+
+
+def gemm_saving(device: torch.device, path: str, rows: int = MEASURED_ROWS) -> Callable[[int, int], float]:
+    """`saved_s(in, out)` for `rank_by_gain`: the median time of a bf16 nn.Linear(in, out) (random weights, no bias)
+    on `rows` random rows less that of the same Linear through this plugin's `path` ("torchao" or "fused"), timed on
+    `device` with `workbench.evidence.timing.time_call` (queued clock). Each shape is timed once per process and
+    kept (`_SAVED`), so re-installs (a calibration's knob steps) rank the same."""
+    from workbench.evidence.timing import time_call
+
+    def saved_s(k: int, n: int) -> float:
+        key = (str(device), path, rows, k, n)
+        if key not in _SAVED:
+            torch.manual_seed(0)
+            dense = torch.nn.Linear(k, n, bias=False).to(device, torch.bfloat16)
+            x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+            dense_s = time_call(lambda: dense(x), device, repeats=5, warmup=2).device_s
+            if path == "fused":
+                quantized = _fused_forward(dense)
+            else:
+                quantize_, config_cls, per_row = _torchao()
+                quantized = torch.nn.Sequential(dense)
+                quantize_(quantized, config_cls(granularity=per_row(), set_inductor_config=False))
+            _SAVED[key] = dense_s - time_call(lambda: quantized(x), device, repeats=5, warmup=2).device_s
+        return _SAVED[key]
+
+    return saved_s
 
 
 def machine_problem(device: torch.device) -> str | None:
@@ -122,8 +170,10 @@ class _Installed(Handle):
         denoisers: list[torch.nn.Module],
         plan: list[Layer],
         device: torch.device,
+        order: list[list[Any]] | None = None,
     ):
         super().__init__(spec, options, proof=("fp8_gemms",))
+        self.order = order  # order="measured": [glob, ms saved per forward], most first
         problems = {problem for _, _, problem in plan if problem is not None}
         self.receipt.traceable(device, counters=("fp8_gemms",), fallbacks=problems)  # counted inside the blocks
         self.kept: list[tuple[torch.nn.Linear, torch.nn.Parameter, set[str]]] = []
@@ -152,6 +202,11 @@ class _Installed(Handle):
         except Exception:
             self._remove()
             raise
+
+    def begin_request(self, request_id: int, steps: int) -> None:
+        super().begin_request(request_id, steps)
+        if self.order is not None:
+            self.receipt.notes["group_order"] = self.order
 
     def _counter(self, problem: str | None):
         def bump(*_: Any) -> None:
@@ -207,6 +262,11 @@ class SelectiveFP8Config:
         allowed=("torchao", "fused"),
         help="torchao's quantized Linears, or the workbench's fused row-wise quantization + torch._scaled_mm",
     )
+    order: str = option(
+        "size",
+        allowed=("size", "measured"),
+        help="how groups=N ranks the groups: by weight count, or by the time their FP8 GEMMs save here (measured)",
+    )
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
@@ -217,7 +277,15 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
             f"{NAME}.include: give at least one module-path glob, e.g. 'blocks.*.ffn.net.0.proj', or groups >= 1"
         )
     denoisers = model.denoisers()
-    groups = {group for group, _ in layer_groups(denoisers)[: options["groups"]]}
+    if options["order"] == "measured" and options["groups"]:
+        if (problem := machine_problem(device)) is not None:
+            raise RuntimeError(f"{NAME}.order='measured': times FP8 GEMMs on the session's GPU; {problem}")
+        if options["path"] == "torchao":
+            _torchao()
+        ranking = rank_by_gain(group_shapes(denoisers), gemm_saving(device, options["path"], MEASURED_ROWS))
+    else:
+        ranking = layer_groups(denoisers)
+    groups = {group for group, _ in ranking[: options["groups"]]}
     chosen = _select(denoisers, include, exclude, groups)
     if not chosen:
         raise ValueError(
@@ -244,7 +312,8 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
             "bf16 weights and features that are multiples of 16; allow_fallback=True keeps such layers dense "
             "and counts them as fallbacks"
         )
-    return lambda: _Installed(SPEC, options, denoisers, plan, device)
+    order = [[group, round(1e3 * gain, 4)] for group, gain in ranking] if options["order"] == "measured" else None
+    return lambda: _Installed(SPEC, options, denoisers, plan, device, order)
 
 
 SPEC = Spec(
