@@ -1,6 +1,8 @@
 """The memory planner's arithmetic, memory strings, and a session under a cap: refused below the smallest cap that
 fits, bit-equal to the resident session at it, with the plan's bytes moved equal to what the receipts counted."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -157,6 +159,7 @@ def _bitwise_equal_resident(session, resident_session, request, times):
         assert torch.equal(result.latents, resident.latents) and (result.frames == resident.frames).all()
         assert resident.audio is None or (result.audio == resident.audio).all()
         got = result.receipts["memory_residency"]
+        assert result.exact and got["contract"] == "bitwise" and got["options"]["ring_transfer"] == "as stored"
         stages = sum(len(set(names) & set(plan.offloaded)) for names in family.stage_components.values())
         assert got.get("component_onloads", 0) == stages + plan.denoisers_offloaded * len(plan.streamed_blocks)
         for prefix, streamed in (("", plan.forwards * len(plan.streamed_blocks["transformer"])),
@@ -257,6 +260,56 @@ def test_memory_plan_streaming_text_encoder_bitwise_equal_resident(sessions, nam
     assert f"text encoder {n} layers streamed ({n} prefetched, 0 late)" in residency_html(result, "capped")
 
 
+def _fp8_ring_budget(model, request):
+    """`_text_ring_budget`'s activations with FP8 transfers, and the largest cap (in steps of a text layer) whose plan
+    for `request` streams a denoiser block."""
+    activation = {"denoise": 100_000, "text_encode": 100_000, "video_decode": 1000, "audio_decode": 1000}
+    planned = request.resolved(model.family, model.defaults)
+    budget = MemoryBudget(2**40, activation, request, 0.0, ring_transfer="fp8")
+    cap = max(plan_for(model, budget, planned).stage_peaks.values())
+    while not any(plan_for(model, dataclasses.replace(budget, cap=cap), planned).streamed_blocks.values()):
+        cap -= min(footprint(model, planned).text_layers)
+    return dataclasses.replace(budget, cap=cap)
+
+
+def test_memory_plan_fp8_ring_transfer_is_approximate_and_dismantles_to_the_round_trip(sessions):
+    """`MemoryBudget.ring_transfer` takes "as stored" or "fp8" only. Under a cap whose FP8 plan streams a tiny-wan
+    block (`_fp8_ring_budget`; a text layer streams as stored through the same slots): the plan says FP8, the
+    residency's receipt is approximate and the Result not exact, the bytes counted are the plan's (FP8-sized: under a
+    third of the streamed fp32 block per forward). Dismantled, the streamed block's matrices are their FP8 round trip
+    (the originals are gone), every other weight is as it was, and a resident session over those weights gives the
+    capped output bit for bit, which is not the original model's."""
+    from workbench.accelerations.memory.ring import dequantize, module_bytes, quantize_rows, tensors_of
+    from workbench.models import resolve
+
+    with pytest.raises(ValueError, match=r"memory.ring_transfer: 'bogus'; allowed: 'as stored', 'fp8'"):
+        Session.open("tiny-wan", device="cpu", memory=MemoryBudget("1GiB", ring_transfer="bogus"))
+    request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST["tiny-wan"])
+    model = resolve("tiny-wan", dtype=torch.float32)
+    modules = [c for c in model.pipeline.components.values() if isinstance(c, torch.nn.Module)]
+    weights = {id(t): (t, t.clone()) for c in modules for t in tensors_of(c)}
+    session = Session.open(model, device="cpu", memory=_fp8_ring_budget(model, request))
+    plan = session.memory_plan
+    streamed = [model.family.blocks(model.pipeline.transformer)[i] for i in plan.streamed_blocks["transformer"]]
+    assert plan.ring_transfer == "fp8" and plan.streamed_text_layers, str(plan)
+    assert "streamed blocks move as FP8 (approximate)" in str(plan)
+    result = session.generate(request, progress=False)
+    got = result.receipts["memory_residency"]
+    assert not result.exact and got["contract"] == "approximate" and got["options"]["ring_transfer"] == "fp8"
+    assert sum(got.get(key, 0) for key in ("component_bytes_moved", "bytes_moved", "text_bytes_moved")) == (
+        plan.bytes_moved
+    )
+    assert 0 < 3 * got["bytes_moved"] < plan.forwards * sum(map(module_bytes, streamed))
+    session.residency.dismantle()
+    round_trip = {id(t) for block in streamed for t in tensors_of(block) if t.ndim >= 2}
+    for key, (t, original) in weights.items():
+        want = dequantize(quantize_rows(original), t.dtype, t.device) if key in round_trip else original
+        assert torch.equal(t, want) and not torch.isnan(t).any()
+    again = Session.open(model, device="cpu").generate(request, progress=False)
+    assert torch.equal(again.latents, result.latents) and (again.frames == result.frames).all() and again.exact
+    assert not torch.equal(again.latents, sessions("tiny-wan").generate(request, progress=False).latents)
+
+
 @pytest.mark.parametrize("arrangement", ["smallest", "text"])
 def test_residency_dismantle_gives_back_the_resident_model_bitwise(sessions, arrangement):
     """A session arranged under a plan (the smallest: components and the denoiser offloaded between stages; or one
@@ -299,8 +352,6 @@ def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(monkeypatch, name
     text-ring plans of the CPU test. Equal to the resident CUDA session twice; the streamed text layers compute on
     the device; after each request every offloaded weight is back in pinned host memory. Dismantled, the model is
     resident on the device again and gives the resident output."""
-    import dataclasses
-
     from workbench.accelerations.memory.residency import Residency
     from workbench.accelerations.memory.ring import tensors_of
     from workbench.models import resolve

@@ -15,6 +15,13 @@ request. The choices:
 - the denoisers' non-streamed weights stay on the device, or are there during denoise only (host memory in the other
   stages, moved back once per request): what makes room for a large text encoder or decode without streaming more
   blocks every forward;
+- the denoisers' streamed blocks move as stored (bitwise), or with `MemoryBudget(ring_transfer="fp8")` their weight
+  matrices move as row-wise FP8 (approximate: the blocks compute on the FP8 round trip of their matrices; the ring
+  module says how), about half the bytes per forward, and the planner weighs them at those bytes. Only the host copy
+  changes: the device slots hold the dequantized weights in their own dtype, the same bytes as stored. The FP8
+  transfers' staging buffer (the largest streamed matrix's FP8 bytes and scales) is left to the headroom. The text
+  encoder's streamed layers always move as stored: they move once or twice a request, so FP8 would save little while
+  perturbing the conditioning of every step;
 - the video VAE decodes untiled, or tiled (diffusers' `enable_tiling`) where untiled would not fit without moving
   more bytes (streaming a 14B denoiser's blocks 100 times a request to make room for one untiled decode is no deal).
 
@@ -46,7 +53,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.accelerations.memory.ring import RING_IN_FLIGHT, module_bytes, streamed_positions
+from workbench.accelerations.memory.ring import (
+    AS_STORED,
+    FP8,
+    RING_IN_FLIGHT,
+    TRANSFERS,
+    module_bytes,
+    streamed_positions,
+    transfer_bytes,
+)
 from workbench.cards import CARDS, card, is_card
 from workbench.memory_estimate import estimate_activation
 from workbench.request import shown
@@ -84,12 +99,15 @@ class MemoryBudget:
     """What `Session.open(..., memory=...)` takes: a cap (or just the cap as "48GiB" / bytes / a card's name).
 
     `activation`: measured activation peaks per stage (bytes or strings) replacing the estimates; `request`: the
-    request shape to plan for (default: the model's defaults); `headroom`: share of the cap left unplanned."""
+    request shape to plan for (default: the model's defaults); `headroom`: share of the cap left unplanned;
+    `ring_transfer`: how the denoisers' streamed blocks move, "as stored" (bitwise) or "fp8" (approximate: results
+    are then not exact)."""
 
     cap: int | str
     activation: dict[str, int | str] = field(default_factory=dict)
     request: Any = None
     headroom: float = DEFAULT_HEADROOM
+    ring_transfer: str = AS_STORED
 
     @classmethod
     def of(cls, memory: Any) -> MemoryBudget:
@@ -103,6 +121,10 @@ class MemoryBudget:
             raise ValueError(f"memory.headroom: {shown(budget.headroom)}; allowed: a number in [0, 0.9]")
         if not 0 <= budget.headroom <= 0.9:
             raise ValueError(f"memory.headroom: {shown(budget.headroom)}; allowed: a number in [0, 0.9]")
+        if not isinstance(budget.ring_transfer, str) or budget.ring_transfer not in TRANSFERS:
+            raise ValueError(
+                f"memory.ring_transfer: {shown(budget.ring_transfer)}; allowed: {', '.join(map(repr, TRANSFERS))}"
+            )
         return budget
 
     @property
@@ -119,13 +141,15 @@ class Footprint:
     transformer block in order; `denoiser_rest`: denoiser -> bytes outside its blocks. `stages`: stage -> the
     components it runs (the planner may offload exactly these). `text_layers`: bytes of each of the text encoder's
     decoder layers in order (`Family.text_blocks`; part of `components["text_encoder"]`), empty where they cannot
-    stream."""
+    stream. `fp8_blocks`: denoiser -> bytes one FP8 transfer of each block moves (`ring.transfer_bytes`); empty:
+    the same as `blocks`."""
 
     components: dict[str, int]
     blocks: dict[str, tuple[int, ...]]
     denoiser_rest: dict[str, int]
     stages: dict[str, tuple[str, ...]]
     text_layers: tuple[int, ...] = ()
+    fp8_blocks: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def footprint(model: Any, request: Any = None) -> Footprint:
@@ -146,7 +170,8 @@ def footprint(model: Any, request: Any = None) -> Footprint:
     runs = {stage: names for stage, names in stages.items() if names and (keyframes or stage != "image_encode")}
     text = getattr(pipeline, TEXT, None) if family.text_layers else None
     layers = tuple(module_bytes(layer) for layer in family.text_blocks(text)[1]) if text is not None else ()
-    return Footprint(components, blocks, rest, runs, layers)
+    fp8 = {name: tuple(transfer_bytes(b, FP8) for b in family.blocks(m)) for name, m in denoisers.items()}
+    return Footprint(components, blocks, rest, runs, layers, fp8)
 
 
 @dataclass(frozen=True)
@@ -161,7 +186,9 @@ class MemoryPlan:
     `bytes_moved`: host -> device bytes per request (offloaded components once per stage that runs them; streamed
     blocks once per denoiser forward, streamed text layers once per text-encoder forward; offloaded denoisers once).
     `resident_bytes`: what is on the device in every stage (components not offloaded, the ring's slots, the
-    denoisers' non-streamed weights unless offloaded). `minimum_cap`: the smallest cap any plan fits under."""
+    denoisers' non-streamed weights unless offloaded). `minimum_cap`: the smallest cap any plan fits under.
+    `ring_transfer`: how the streamed denoiser blocks move (`MemoryBudget.ring_transfer`; `bytes_moved` counts
+    their FP8 bytes with "fp8"); `approximate`: FP8 and some block streams, so results are not exact."""
 
     cap: int
     usable: int
@@ -181,6 +208,11 @@ class MemoryPlan:
     forwards: int
     text_forwards: int
     minimum_cap: int
+    ring_transfer: str = AS_STORED
+
+    @property
+    def approximate(self) -> bool:
+        return self.ring_transfer == FP8 and any(self.streamed_blocks.values())
 
     def __str__(self) -> str:
         ring = ", ".join(
@@ -189,6 +221,8 @@ class MemoryPlan:
                self.streamed_blocks[name] else "")
             for name, count in self.block_counts.items()
         )  # fmt: skip
+        if self.approximate:
+            ring += "; streamed blocks move as FP8 (approximate)"
         if self.denoisers_offloaded:
             ring += "; on the device during denoise only"
         text, streamed = self.text_layer_count, len(self.streamed_text_layers)
@@ -233,19 +267,20 @@ def plan_memory(
     headroom: float = DEFAULT_HEADROOM,
     sources: dict[str, str] | None = None,
     text_forwards: int = 1,
+    ring_transfer: str = AS_STORED,
 ) -> MemoryPlan:
     """The plan moving the fewest bytes per request whose every stage fits in `cap * (1 - headroom)`.
 
     `activation`: stage -> activation peak (stages missing count 0); `tiled_activation`: the video decode's peak when
     tiled (None: the model has no tiled mode, or it is its default); `text_forwards`: text-encoder forwards per
-    request. Every arrangement is weighed (offloaded components x streamed denoiser blocks x streamed text layers x
+    request; `ring_transfer`: how streamed blocks move (FP8: at `fp.fp8_blocks` bytes). Every arrangement is weighed (offloaded components x streamed denoiser blocks x streamed text layers x
     denoisers offloaded or not x decode mode). A tiled decode moves nothing, so it is chosen where untiled would fit
     only by moving more bytes; at equal bytes untiled wins (tiled is slower and not bit-equal to untiled), then fewer
     offloaded components, denoisers kept, fewer streamed text layers, fewer streamed blocks. ValueError naming
     `memory` with the smallest cap that fits when none does."""
     usable = int(cap * (1 - headroom))
     offloadable = sorted({c for names in fp.stages.values() for c in names})
-    tables = _Tables.of(fp)
+    tables = _Tables.of(fp, ring_transfer)
     best, smallest = None, None
     for mask, offload_denoisers, tiled in itertools.product(
         range(2 ** len(offloadable)),
@@ -297,33 +332,36 @@ def plan_memory(
         forwards=forwards,
         text_forwards=text_forwards,
         minimum_cap=minimum_cap,
+        ring_transfer=ring_transfer,
     )
 
 
 @dataclass(frozen=True)
 class _Tables:
     """What the device holds for each count of streamed denoiser blocks (index s: each denoiser streams min(s, its
-    blocks) at `streamed_positions`) and of streamed text layers (index t)."""
+    blocks) at `streamed_positions`) and of streamed text layers (index t), and what one forward moves (as stored,
+    or with FP8 transfers `Footprint.fp8_blocks`)."""
 
     resident: np.ndarray  # the denoisers' non-streamed weights (all denoisers: their rest and resident blocks)
-    per_forward: np.ndarray  # streamed bytes of one denoiser forward (the denoisers' mean: Wan2.2 switches experts)
+    per_forward: np.ndarray  # bytes one denoiser forward moves (the denoisers' mean: Wan2.2 switches experts)
     largest: np.ndarray  # the largest streamed block
     count: np.ndarray  # the most blocks one denoiser streams
     text_streamed: np.ndarray  # bytes of the streamed text layers
     text_largest: np.ndarray  # the largest streamed text layer
 
     @classmethod
-    def of(cls, fp: Footprint) -> _Tables:
+    def of(cls, fp: Footprint, ring_transfer: str = AS_STORED) -> _Tables:
         most = max((len(b) for b in fp.blocks.values()), default=0)
+        moving = (fp.fp8_blocks or fp.blocks) if ring_transfer == FP8 else fp.blocks
         rows = []
         for s in range(most + 1):
-            streamed = {
-                name: [b[i] for i in streamed_positions(len(b), min(s, len(b)))] for name, b in fp.blocks.items()
-            }
+            chosen_at = {name: streamed_positions(len(b), min(s, len(b))) for name, b in fp.blocks.items()}
+            streamed = {name: [b[i] for i in chosen_at[name]] for name, b in fp.blocks.items()}
             sums = [sum(chosen) for chosen in streamed.values()]
+            moved = [sum(moving[name][i] for i in at) for name, at in chosen_at.items()]
             rows.append((
                 sum(fp.denoiser_rest.values()) + sum(map(sum, fp.blocks.values())) - sum(sums),
-                sum(sums) // len(sums) if sums else 0,
+                sum(moved) // len(moved) if moved else 0,
                 max((size for chosen in streamed.values() for size in chosen), default=0),
                 max((len(chosen) for chosen in streamed.values()), default=0),
             ))  # fmt: skip
@@ -392,7 +430,8 @@ def plan_for(model: Any, budget: MemoryBudget, request: Any) -> MemoryPlan:
     _, forwards = model.family.denoise_shape(request)
     fp, activation = footprint(model, request), {**estimate, **measured}
     text_forwards = model.family.text_forwards(request)
-    return plan_memory(fp, activation, budget.cap_bytes, forwards, tiled, budget.headroom, sources, text_forwards)
+    return plan_memory(fp, activation, budget.cap_bytes, forwards, tiled, budget.headroom, sources, text_forwards,
+                       budget.ring_transfer)  # fmt: skip
 
 
 def measured_activation(result: Any, plan: MemoryPlan) -> dict[str, int]:

@@ -39,6 +39,7 @@ INSTALLS = {
         "fused_block_norms",
         "adaln_precompute",
         "block_ring",
+        "fp8_ring",
         "fused_vae_decode",
     ),
     "tiny-ltx2": (
@@ -54,6 +55,7 @@ INSTALLS = {
         "teacache",
         "fused_block_ops",
         "block_ring",
+        "fp8_ring",
         "fused_vae_decode",
     ),
 }

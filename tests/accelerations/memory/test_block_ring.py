@@ -1,5 +1,6 @@
 """The block ring: bitwise equal to the resident model, its schedule counted, its streamed blocks taking turns in fixed
-device slots, uninstalled exactly, fails closed."""
+device slots, uninstalled exactly, fails closed. Its FP8 transfers (fp8_ring): equal to the resident model on the FP8
+round trip of the streamed matrices, their bytes counted, the round trip's error bounded."""
 
 import pytest
 import torch
@@ -11,8 +12,10 @@ from workbench.accelerations.memory.ring import (
     RING_IN_FLIGHT,
     Ring,
     Slots,
+    dequantize,
     module_bytes,
     pin_into_one_buffer,
+    quantize_rows,
     streamed_positions,
     tensors_of,
 )
@@ -71,6 +74,119 @@ def test_block_ring_refuses_weights_replaced_after_install(sessions):
     finally:
         block.ffn.net[2].weight = original
         session.accelerate({})
+
+
+def _fp8_bytes(block: torch.nn.Module) -> int:
+    """What one FP8 transfer of `block` moves: a byte per element and a float32 scale per row of each floating-point
+    matrix, every other tensor as stored."""
+    return sum(
+        t.numel() + 4 * t.shape[0] if t.ndim >= 2 and t.is_floating_point() else t.numel() * t.element_size()
+        for t in tensors_of(block)
+    )
+
+
+def test_fp8_ring_equals_resident_on_round_tripped_matrices(sessions):
+    """fp8_ring streaming both of tiny-wan's blocks gives exactly (torch.equal) the resident model's output once the
+    streamed blocks' matrices are replaced by their FP8 round trip (`quantize_rows` -> `dequantize`), and not the
+    unquantized output; it is approximate (the Result is not exact), its bytes moved are the FP8 bytes and scales plus
+    the tensors moved as stored, per forward; uninstall gives back the original weights exactly (kept on the host)."""
+    _check_fp8_ring(sessions("tiny-wan"))
+
+
+@pytest.mark.gpu
+def test_fp8_ring_equals_resident_on_round_tripped_matrices_on_cuda():
+    """The same on CUDA: the FP8 copies staged and dequantized on the ring's side stream give the round trip exactly,
+    and a ringed request makes no more device allocations than the resident one."""
+    from workbench import Session
+
+    session = Session.open("tiny-wan", device="cuda")
+    request = Request("a red circle moves left", seed=4, height=32, width=32)
+
+    def allocations() -> int:
+        start = torch.cuda.memory_stats()["allocation.all.allocated"]
+        session.generate(request, progress=False)
+        return torch.cuda.memory_stats()["allocation.all.allocated"] - start
+
+    resident = allocations()
+    _check_fp8_ring(session)
+    session.accelerate({"fp8_ring": {"resident_blocks": 0}})
+    try:
+        assert allocations() == resident, "the FP8 ring allocated device memory during a request"
+    finally:
+        session.accelerate({})
+
+
+def _check_fp8_ring(session) -> None:
+    denoiser = session.model.pipeline.transformer
+    blocks = session.family.blocks(denoiser)
+    before = fingerprint(denoiser)
+    request = Request("a red circle moves left", seed=4, height=32, width=32)
+    resident = session.generate(request, progress=False)
+    matrices = [t for block in blocks for t in tensors_of(block) if t.ndim >= 2]
+    originals = [t.data for t in matrices]
+    try:
+        for t in matrices:
+            t.data = dequantize(quantize_rows(t.data), t.dtype, t.device)
+        round_tripped = session.generate(request, progress=False)
+    finally:
+        for t, original in zip(matrices, originals, strict=True):
+            t.data = original
+    forwards = []
+    counting = denoiser.register_forward_pre_hook(lambda *_: forwards.append(1))
+    session.accelerate({"fp8_ring": {"resident_blocks": 0}})
+    try:
+        ringed = session.generate(request, progress=False)
+    finally:
+        session.accelerate({})
+        counting.remove()
+    assert fingerprint(denoiser) == before, "uninstall did not restore the denoiser exactly"
+    assert torch.equal(ringed.latents, round_tripped.latents) and (ringed.frames == round_tripped.frames).all()
+    assert not torch.equal(ringed.latents, resident.latents), "the FP8 round trip changed nothing: vacuous"
+    receipt = ringed.receipts["fp8_ring"]
+    per_forward = sum(_fp8_bytes(block) for block in blocks)
+    assert receipt["contract"] == "approximate" and not ringed.exact and resident.exact
+    assert receipt["blocks_streamed"] == len(forwards) * len(blocks) and "late" not in receipt
+    assert receipt["bytes_moved"] == len(forwards) * per_forward and per_forward < sum(map(module_bytes, blocks)) / 3
+    assert receipt["notes"]["transfer"] == "fp8" and receipt["notes"]["bytes_per_forward"] == {
+        "transformer": per_forward
+    }
+
+
+def test_fp8_round_trip_error_bounded_and_zero_rows_exact(rng):
+    """`quantize_rows` -> `dequantize` on rows of magnitudes 1e-3 to 1e3 (odd shapes, a 3-D tensor, a non-contiguous
+    view; fp32, bf16, fp16): per row the largest error is at most 2^-4 of the row's largest magnitude (e4m3's half
+    step in its top binade is 1/28 of it); dequantized in float32, an element in e4m3's normal range (|w| / scale >=
+    2^-6) is off by at most 2^-4 of itself (3 mantissa bits), and in the weight's dtype it is that float32 value
+    rounded once; an all-zero row has scale 1 and comes back zero."""
+    torch.manual_seed(int(rng.integers(2**31)))
+    cases = [torch.randn(37, 53), torch.randn(5, 3, 7), torch.randn(64, 29).t(), torch.randn(2, 1)]
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for w in cases:
+            where = (dtype, tuple(w.shape))
+            magnitude = 10.0 ** torch.empty(w.shape[0], *[1] * (w.ndim - 1)).uniform_(-3, 3)
+            w = (w * magnitude).to(dtype)
+            w[w.shape[0] // 2] = 0
+            packed = quantize_rows(w)
+            back, exact = dequantize(packed, dtype, w.device), dequantize(packed, torch.float32, w.device)
+            assert packed.q.dtype == torch.float8_e4m3fn and packed.q.shape == w.shape, where
+            assert packed.scale.shape == (w.shape[0], 1) and back.dtype == dtype and back.shape == w.shape, where
+            assert torch.equal(back, exact.to(dtype)), where
+            rows = w.float().reshape(w.shape[0], -1)
+            err = (back.float() - w.float()).reshape(w.shape[0], -1).abs()
+            assert (err.amax(dim=1) <= rows.abs().amax(dim=1) * 2**-4).all(), where
+            err = (exact - w.float()).reshape(w.shape[0], -1).abs()
+            normal = rows.abs() >= packed.scale * 2**-6
+            assert normal.any() and (err <= rows.abs() * (2**-4 + 2**-20))[normal].all(), where
+            assert packed.scale[w.shape[0] // 2].item() == 1.0 and not back[w.shape[0] // 2].any(), where
+
+
+def test_fp8_ring_with_block_ring_or_bad_option_raises(sessions):
+    session = sessions("tiny-wan")
+    with pytest.raises(ValueError, match=r"'block_ring' and 'fp8_ring' both modify denoiser.weights_device"):
+        session.accelerate({"block_ring": {}, "fp8_ring": {}})
+    with pytest.raises(ValueError, match=r"fp8_ring.resident_blocks: 3 is more than transformer's 2 blocks"):
+        session.accelerate({"fp8_ring": {"resident_blocks": 3}})
+    assert session.accelerations == {}
 
 
 class _Stack(torch.nn.Module):

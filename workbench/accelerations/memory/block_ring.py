@@ -24,6 +24,15 @@ denoiser's other weights and its resident blocks must already be on the session 
 blocks back on the device (fresh copies) and frees the slots. If another plugin replaces the weights of a streamed
 block after the ring is installed (fused projections, FP8), the ring would not move them: the next request refuses
 to run (RuntimeError naming the block).
+
+`fp8_ring` (contract approximate): the same ring, its streamed blocks' weight matrices moved as row-wise FP8 (e4m3
+and one float32 scale per output row; biases and norm weights as stored) and dequantized into the slot on the
+device before their block runs (`ring` module docstring), so each forward moves about half the bytes of bf16 and
+the blocks compute on the FP8 round trip of their matrices. The pinned host buffer holds the FP8 copies; the
+originals wait in pageable host memory, so uninstall gives the model back exactly (the session's memory budget,
+`MemoryBudget(ring_transfer="fp8")`, drops them instead). Both plugins change where the denoiser's weights live:
+they cannot be installed together. Their receipts' notes say the transfer and the bytes each denoiser's forward
+moves (`bytes_per_forward`).
 """
 
 from __future__ import annotations
@@ -34,20 +43,26 @@ from typing import Any
 import torch
 
 from workbench.accelerations.base import Handle, Spec, option
-from workbench.accelerations.memory.ring import check_resident, rings_for, streamed_positions
+from workbench.accelerations.memory.ring import AS_STORED, FP8, check_resident, rings_for, streamed_positions
 
 
 class _Installed(Handle):
-    def __init__(self, spec: Spec, options: dict[str, Any], model: Any, plan: dict[str, list[int]], device):
+    def __init__(
+        self, spec: Spec, options: dict[str, Any], model: Any, plan: dict[str, list[int]], device, transfer: str
+    ):
         super().__init__(spec, options, proof=("blocks_streamed",))
-        self.rings = rings_for(model, plan, device, self.receipt)
+        self.rings = rings_for(model, plan, device, self.receipt, transfer)
         self.streamed = dict(plan)
+        self.transfer = transfer
+        self.per_forward = {name: sum(ring.nbytes) for name, ring in zip(plan, self.rings, strict=True)}
 
     def begin_request(self, request_id: int, steps: int) -> None:
         super().begin_request(request_id, steps)
         for ring in self.rings:
             ring.check()
         self.receipt.notes["streamed_blocks"] = self.streamed
+        self.receipt.notes["transfer"] = self.transfer
+        self.receipt.notes["bytes_per_forward"] = self.per_forward
 
     def end_request(self, request_id: int) -> None:
         for ring in self.rings:
@@ -68,8 +83,9 @@ class BlockRingConfig:
     )
 
 
-def ring_plan(model: Any, resident_blocks: int) -> dict[str, list[int]]:
-    """denoiser name -> positions of its streamed blocks when `resident_blocks` stay (ValueError if it has fewer)."""
+def ring_plan(model: Any, resident_blocks: int, plugin: str = "block_ring") -> dict[str, list[int]]:
+    """denoiser name -> positions of its streamed blocks when `resident_blocks` stay (ValueError naming `plugin`'s
+    option if it has fewer)."""
     plan = {}
     for name in model.family.denoisers:
         denoiser = getattr(model.pipeline, name, None)
@@ -78,19 +94,20 @@ def ring_plan(model: Any, resident_blocks: int) -> dict[str, list[int]]:
         count = len(model.family.blocks(denoiser))
         if resident_blocks > count:
             raise ValueError(
-                f"block_ring.resident_blocks: {resident_blocks} is more than {name}'s {count} blocks; "
+                f"{plugin}.resident_blocks: {resident_blocks} is more than {name}'s {count} blocks; "
                 f"allowed: 0 to {count}"
             )
         plan[name] = streamed_positions(count, count - resident_blocks)
     return plan
 
 
-def _prepare(model: Any, options: dict[str, Any], device: torch.device):
+def _prepare(model: Any, options: dict[str, Any], device: torch.device, transfer: str = AS_STORED):
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    plan = ring_plan(model, options["resident_blocks"])
+    spec = FP8_SPEC if transfer == FP8 else SPEC
+    plan = ring_plan(model, options["resident_blocks"], spec.name)
     check_resident(model, plan, device)
-    return lambda: _Installed(SPEC, options, model, plan, device)
+    return lambda: _Installed(spec, options, model, plan, device, transfer)
 
 
 SPEC = Spec(
@@ -102,4 +119,14 @@ SPEC = Spec(
     touches=("denoiser.weights_device",),
     order=85,
 )
-SPECS = (SPEC,)
+FP8_SPEC = Spec(
+    name="fp8_ring",
+    contract="approximate",
+    summary="block_ring whose streamed blocks' weight matrices move as row-wise FP8 (half the bytes), dequantized "
+    "on the device",
+    prepare_fn=lambda model, options, device: _prepare(model, options, device, FP8),
+    config=BlockRingConfig,
+    touches=("denoiser.weights_device",),
+    order=85,
+)
+SPECS = (SPEC, FP8_SPEC)

@@ -10,7 +10,9 @@ so a plan that is wrong fails with out-of-memory, never by borrowing memory the 
   does the end of every request (`end_request`), so each request starts from the same state. Going back costs no
   copy: the pinned host copy is still the weights (nothing writes them).
 - the denoisers' streamed blocks and the text encoder's streamed layers: rings sharing one set of device slots
-  (`ring.shared_rings`), allocated here, under the cap. An offloaded text encoder with streamed layers is offloaded
+  (`ring.shared_rings`), allocated here, under the cap. The denoisers' blocks move as `plan.ring_transfer` says: with
+  FP8 their weight matrices are held on the host only as FP8 (the originals dropped: half the host memory); the text
+  encoder's layers always move as stored. An offloaded text encoder with streamed layers is offloaded
   less those layers (they come through the slots during text_encode, prefetched on a side stream).
 - offloaded denoisers (`plan.denoisers_offloaded`): their non-streamed weights are a group like an offloaded
   component's, brought on at the denoise stage and sent back at the next stage and at the end of the request.
@@ -23,11 +25,12 @@ so a plan that is wrong fails with out-of-memory, never by borrowing memory the 
 On the CPU the moves are no-ops (one memory) and the cap is not enforced; the schedule runs the same and the receipt
 counts it: `component_onloads`, `component_bytes_moved` (offloaded components and denoisers), the denoisers' ring's
 (`blocks_streamed`, `bytes_moved`, ...) and the text encoder's (`text_blocks_streamed`, `text_bytes_moved`, ...).
-Contract bitwise for the residency itself; a tiled decode is not bit-equal to an untiled one, and the plan says which
-it is.
+Contract bitwise for the residency itself, approximate when streamed blocks move as FP8 (`plan.approximate`; the
+Result is then not exact); a tiled decode is not bit-equal to an untiled one, and the plan says which it is.
 
 `dismantle()` undoes the arrangement (every weight back on the device, the cap lifted), so one process can compare a
-capped request with the resident one on the same weights; the session it served refuses requests afterwards.
+capped request with the resident one on the same weights (with FP8 transfers, the streamed matrices come back
+dequantized: their original values are gone); the session it served refuses requests afterwards.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import torch
 from diffusers.hooks.group_offloading import ModuleGroup
 
 from workbench.accelerations.base import Receipt
-from workbench.accelerations.memory.ring import Ring, check_resident, shared_rings, tensors_of
+from workbench.accelerations.memory.ring import AS_STORED, Ring, Stream, check_resident, shared_rings, tensors_of
 
 
 def pin_device(obj: Any, attribute: str, device: torch.device) -> None:
@@ -85,15 +88,15 @@ class Residency:
             torch.cuda.set_per_process_memory_fraction(plan.cap / total, device)
         residency = cls(model, plan, device, budget)
         pipeline, family = model.pipeline, model.family
-        streams = []  # (the module running them, streamed blocks, receipt prefix) of each ring
+        streams = []
         for name, positions in plan.streamed_blocks.items():
             if positions:
                 blocks = family.blocks(getattr(pipeline, name))
-                streams.append((getattr(pipeline, name), [blocks[i] for i in positions], ""))
+                streams.append(Stream(getattr(pipeline, name), [blocks[i] for i in positions], "", plan.ring_transfer))
         if plan.streamed_text_layers:
             root, layers = family.text_blocks(pipeline.text_encoder)
-            streams.append((root, [layers[i] for i in plan.streamed_text_layers], "text_"))
-        streamed = {id(t) for _, blocks, _ in streams for block in blocks for t in tensors_of(block)}
+            streams.append(Stream(root, [layers[i] for i in plan.streamed_text_layers], "text_", AS_STORED))
+        streamed = {id(t) for stream in streams for block in stream.blocks for t in tensors_of(block)}
         for name, component in pipeline.components.items():
             if not isinstance(component, torch.nn.Module):
                 continue
@@ -172,7 +175,8 @@ class Residency:
         """Undo `arrange`: the cap lifted first (the whole model comes back), every streamed and offloaded weight a
         plain tensor on the device again (fresh copies; the pinned host copies go back to torch's host cache), the
         rings' hooks and slots gone, the pinned devices and the tiled decode undone. The model is then as a session
-        without a budget holds it, bit for bit; `begin_request` refuses from now on."""
+        without a budget holds it, bit for bit, except that with FP8 transfers the streamed blocks' matrices are their
+        dequantized FP8 copies; `begin_request` refuses from now on."""
         if self.device.type == "cuda":
             torch.cuda.set_per_process_memory_fraction(1.0, self.device)
         self.end_request()
@@ -192,10 +196,13 @@ class Residency:
         self.rings, self.groups, self.on_device, self.dismantled = [], {}, set(), True
 
     def report(self) -> dict[str, Any]:
-        """The receipt for the Result (`receipts["memory_residency"]`): component and ring counters together."""
+        """The receipt for the Result (`receipts["memory_residency"]`): component and ring counters together; contract
+        approximate when streamed blocks move as FP8."""
         options = {
             "offloaded": list(self.plan.offloaded),
             "streamed_text_layers": list(self.plan.streamed_text_layers),
             "denoisers_offloaded": self.plan.denoisers_offloaded,
+            "ring_transfer": self.plan.ring_transfer,
         }
-        return {"contract": "bitwise", "options": options, **self.receipt.to_dict()}
+        contract = "approximate" if self.plan.approximate else "bitwise"
+        return {"contract": contract, "options": options, **self.receipt.to_dict()}

@@ -22,17 +22,29 @@ it never overwrites weights that queued kernels still read (block j's copy, issu
 `done`, recorded on the host before; a never-used slot waits on nothing). A block's first kernel is queued after the
 compute stream waits on its `landed`. A copy into s first releases the block holding s (prefetched but skipped, or
 left by an error), so a block's `.data` point into a slot only while it holds it, and no block reads another's.
+
+Transfers (`Stream.transfer`). AS_STORED (bitwise): each tensor moves as it is. FP8 (approximate): each floating-point
+matrix of a streamed block (`fp8_eligible`: ndim >= 2; biases and norm weights move as stored) is held on the host
+only as `RowwiseFP8` (e4m3 plus one float32 scale per output row, `quantize_rows`) in the one host buffer, so host
+memory and bytes moved per transfer are about halved against bf16. A fill copies a matrix's FP8 bytes and scales into
+one staging buffer on the device, then dequantizes them (`dequantize_into`) into the slot's view in the matrix's own
+dtype, before `landed` is recorded: the block computes with the same kernels on the dequantized weights. On the CPU an
+FP8 ring has CPU slots (synchronous copies, no events), so the CPU runs the same numerics.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
 RING_IN_FLIGHT = 3  # streamed blocks that can hold device memory at once: computing, arriving, released-but-queued
 ALIGNMENT = 512  # bytes; where each tensor starts inside a pinned buffer or a slot
+AS_STORED, FP8 = "as stored", "fp8"
+TRANSFERS = (AS_STORED, FP8)  # how a ring's streamed blocks move (module docstring)
+FP8_MAX = 448.0  # e4m3's largest finite value
 
 
 def streamed_positions(count: int, streamed: int) -> list[int]:
@@ -69,27 +81,115 @@ def views_of(buffer: torch.Tensor, tensors: list[torch.Tensor], offsets: list[in
 def pin_into_one_buffer(tensors: list[torch.Tensor], alignment: int = ALIGNMENT) -> torch.Tensor:
     """Move `tensors` (on any device) into views of one new pinned host buffer, in place (`t.data` becomes the view);
     returns the buffer. Values are unchanged (a copy); each view starts at a multiple of `alignment` bytes."""
-    offsets, total = aligned_layout(tensors, alignment)
-    buffer = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-    for t, view in zip(tensors, views_of(buffer, tensors, offsets), strict=True):
-        view.copy_(t.data)
-        t.data = view
-    return buffer
+    return store_on_host(tensors, set(), pin=True, keep=False, alignment=alignment)[0]
 
 
 def module_bytes(module: torch.nn.Module) -> int:
     return sum(_nbytes(t) for t in tensors_of(module))
 
 
+@dataclass(frozen=True)
+class RowwiseFP8:
+    """A weight of shape (rows, ...) held as float8_e4m3fn `q` (its shape) and float32 `scale` (rows, 1), one per
+    output row: weight ~ q.float() * scale (`dequantize_into`)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.q) + _nbytes(self.scale)
+
+
+def fp8_eligible(t: torch.Tensor) -> bool:
+    """Whether an FP8 transfer moves `t` as FP8: a non-empty floating-point matrix (ndim >= 2). Vectors (biases, norm
+    weights), integer and complex tensors move as stored."""
+    return t.ndim >= 2 and t.is_floating_point() and t.numel() > 0
+
+
+def quantize_rows(w: torch.Tensor) -> RowwiseFP8:
+    """`w` (rows, ...) as e4m3 with one scale per row of dim 0: scale = amax(|row|) / 448 (1 for an all-zero row),
+    q = clamp(row / scale, -448, 448) rounded to nearest e4m3, on `w`'s device. Per row the error of the round trip
+    is at most half an e4m3 step of the row's largest binade: |w - dequantized| <= amax(|row|) / 28 (+ the rounding
+    to `w`'s dtype)."""
+    rows = w.float().reshape(w.shape[0], -1)  # (rows, K)
+    amax = rows.abs().amax(dim=1, keepdim=True)  # (rows, 1)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (rows / scale).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return RowwiseFP8(q.reshape(w.shape), scale)
+
+
+def dequantize_into(out: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`out` (contiguous, q's shape, any float dtype) = (q.float() * scale) rounded once to out's dtype, in place:
+    e4m3 values are exact in bf16/fp16/fp32, and the product is taken in float32 (scale's dtype). Allocates nothing
+    on CUDA, so it can run on the ring's side stream. Returns `out`."""
+    out.copy_(q)
+    out.view(q.shape[0], -1).mul_(scale)
+    return out
+
+
+def dequantize(packed: RowwiseFP8, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A new tensor on `device` holding `packed` dequantized to `dtype`."""
+    out = torch.empty(packed.q.shape, dtype=dtype, device=device)
+    return dequantize_into(out, packed.q.to(device), packed.scale.to(device))
+
+
+def _fp8_layout(t: torch.Tensor) -> list[torch.Tensor]:
+    """Meta tensors with the dtypes and shapes of `t`'s FP8 bytes and scales (layouts without memory)."""
+    return [torch.empty(t.shape, dtype=torch.float8_e4m3fn, device="meta"),
+            torch.empty((t.shape[0], 1), dtype=torch.float32, device="meta")]  # fmt: skip
+
+
+def transfer_bytes(module: torch.nn.Module, transfer: str) -> int:
+    """Bytes one transfer of `module` moves host -> device: its tensors as stored, or with FP8 its eligible matrices
+    as their FP8 bytes and scales (works on the meta device)."""
+    if transfer == AS_STORED:
+        return module_bytes(module)
+    parts = [p for t in tensors_of(module) for p in (_fp8_layout(t) if fp8_eligible(t) else [t])]
+    return sum(_nbytes(p) for p in parts)
+
+
+def store_on_host(
+    tensors: list[torch.Tensor], fp8: set[int], pin: bool, keep: bool, alignment: int = ALIGNMENT
+) -> tuple[torch.Tensor, dict[int, torch.Tensor | RowwiseFP8]]:
+    """Move `tensors` (on any device) into views of one new host buffer (pinned when `pin`), one at a time (no
+    second copy of them all at once); returns the buffer and id(tensor) -> what moves: the view of a tensor as stored,
+    or for an id in `fp8` its `RowwiseFP8` (quantized where the tensor is, then copied in).
+
+    Afterwards `t.data` is the view of a tensor as stored. For an FP8 one it is, with `keep`, a pageable host copy of
+    the original (so that removal can give the weights back exactly); without `keep`, a NaN placeholder of its shape
+    and dtype (zero strides, no memory): the original values are gone and only the FP8 copy remains."""
+    parts = [_fp8_layout(t) if id(t) in fp8 else [t] for t in tensors]
+    flat = [p for part in parts for p in part]
+    offsets, total = aligned_layout(flat, alignment)
+    buffer = torch.empty(total, dtype=torch.uint8, pin_memory=pin)
+    views = iter(views_of(buffer, flat, offsets))
+    stored: dict[int, torch.Tensor | RowwiseFP8] = {}
+    for t in tensors:
+        if id(t) not in fp8:
+            stored[id(t)] = view = next(views)
+            view.copy_(t.data)
+            t.data = view
+            continue
+        packed = quantize_rows(t.data)
+        stored[id(t)] = RowwiseFP8(next(views).copy_(packed.q), next(views).copy_(packed.scale))
+        if keep:
+            t.data = t.data.to("cpu")
+        else:
+            t.data = torch.full((), float("nan"), dtype=t.dtype).expand(t.shape)
+    return buffer, stored
+
+
 class Slots:
     """`count` flat device buffers, each large enough for any of `blocks` (module docstring), with each slot's events
-    and the (ring, index) of the block it holds. On a CPU `device` (tests of the layout) copies are synchronous and
-    there are no events."""
+    and the (ring, index) of the block it holds, and a staging buffer of `staging` bytes for FP8 transfers. On a CPU
+    `device` copies are synchronous and there are no events."""
 
-    def __init__(self, blocks: list[torch.nn.Module], count: int, device: torch.device):
+    def __init__(self, blocks: list[torch.nn.Module], count: int, device: torch.device, staging: int = 0):
         nbytes = max(aligned_layout(tensors_of(block))[1] for block in blocks)
         self.device = device
         self.buffers = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(count)]
+        self.staging = torch.empty(staging, dtype=torch.uint8, device=device)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.landed: list[Any] = [None] * count
         self.done: list[Any] = [None] * count
@@ -99,24 +199,43 @@ class Slots:
         """Where streamed block j's `tensors` live on the device: views of slot j % count."""
         return views_of(self.buffers[j % len(self.buffers)], tensors, aligned_layout(tensors)[0])
 
+    def staged(self, packed: RowwiseFP8) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where `packed`'s FP8 bytes and scales land on the device before dequantization: views of the staging
+        buffer (at its start: every FP8 tensor uses the same bytes, see `fill`)."""
+        q, scale = views_of(self.staging, [packed.q, packed.scale], aligned_layout([packed.q, packed.scale])[0])
+        return q, scale
+
     def fill(self, ring: Ring, j: int) -> None:
-        """Queue the copy of `ring`'s block j into its slot, after releasing the block that holds the slot."""
+        """Queue the copy of `ring`'s block j into its slot, after releasing the block that holds the slot.
+
+        Each tensor in order: as stored, copied into its view; FP8, copied into the staging buffer and dequantized
+        from there into its view. One staging buffer serves every FP8 tensor of every fill because on CUDA all of it
+        is queued on the one side stream: a copy into the staging buffer runs after the dequantization that read the
+        previous one (stream order), and nothing else touches it."""
         s = j % len(self.buffers)
         if self.holder[s] is not None:
             holder, k = self.holder[s]
             holder.release(k)
-        pairs = zip(ring.views[j], ring.host[j], strict=True)
         if self.stream is None:
-            for view, host in pairs:
-                view.copy_(host)
+            self._copy(ring, j, non_blocking=False)
         else:
             with torch.cuda.stream(self.stream):
                 if self.done[s] is not None:
                     self.stream.wait_event(self.done[s])
-                for view, host in pairs:
-                    view.copy_(host, non_blocking=True)
+                self._copy(ring, j, non_blocking=True)
                 self.landed[s] = self.stream.record_event()
         self.holder[s] = (ring, j)
+
+    @staticmethod
+    def _copy(ring: Ring, j: int, non_blocking: bool) -> None:
+        for view, stored, staged in zip(ring.views[j], ring.stored[j], ring.staged[j], strict=True):
+            if staged is None:
+                view.copy_(stored, non_blocking=non_blocking)
+            else:
+                q, scale = staged
+                q.copy_(stored.q, non_blocking=non_blocking)
+                scale.copy_(stored.scale, non_blocking=non_blocking)
+                dequantize_into(view, q, scale)
 
     def ready(self, j: int) -> None:
         """Kernels queued from now on the compute stream run after block j's copy has landed (device-side wait)."""
@@ -132,10 +251,13 @@ class Slots:
 
 
 class Ring:
-    """Streamed blocks, in execution order, and the schedule that moves them through `slots` (None on the CPU: one
-    memory, nothing to copy; the schedule and its counts run the same). `root` is the module whose forward runs them
-    (a denoiser, a text encoder's layer stack): its start prefetches the first. The receipt's counters are named
-    `prefix` + blocks_streamed, prefetched, late, released, bytes_moved."""
+    """Streamed blocks, in execution order, and the schedule that moves them through `slots` (None on the CPU with
+    transfers as stored: one memory, nothing to copy; the schedule and its counts run the same). `root` is the module
+    whose forward runs them (a denoiser, a text encoder's layer stack): its start prefetches the first. `stored`:
+    id(tensor) -> what moves for it (`store_on_host`; a tensor missing moves as its `.data`); `kept`: whether an FP8
+    tensor's `.data` outside its block's forward is its original (else a placeholder: `remove` gives back the
+    dequantized weight). The receipt's counters are named `prefix` + blocks_streamed, prefetched, late, released,
+    bytes_moved (the bytes each transfer moves: FP8 bytes and scales for FP8 tensors)."""
 
     def __init__(
         self,
@@ -144,13 +266,17 @@ class Ring:
         receipt: Any,
         slots: Slots | None,
         prefix: str = "",
+        stored: dict[int, torch.Tensor | RowwiseFP8] | None = None,
+        kept: bool = True,
     ):
-        self.receipt, self.slots, self.hooks, self.prefix = receipt, slots, [], prefix
+        self.receipt, self.slots, self.hooks, self.prefix, self.kept = receipt, slots, [], prefix, kept
         self.blocks = blocks
         self.tensors = [tensors_of(block) for block in blocks]
-        self.nbytes = [sum(_nbytes(t) for t in tensors) for tensors in self.tensors]
         self.host = [[t.data for t in tensors] for tensors in self.tensors]
+        self.stored = [[(stored or {}).get(id(t), t.data) for t in tensors] for tensors in self.tensors]
+        self.nbytes = [sum(s.nbytes if isinstance(s, RowwiseFP8) else _nbytes(s) for s in b) for b in self.stored]
         self.views = [slots.views(j, tensors) for j, tensors in enumerate(self.tensors)] if slots is not None else []
+        self.staged = [[slots.staged(s) if isinstance(s, RowwiseFP8) else None for s in b] for b in self.stored]
         self.on_device = [False] * len(blocks)
         if blocks:
             self.hooks.append(root.register_forward_pre_hook(lambda *_: self.onload(0, ahead=True)))
@@ -214,18 +340,19 @@ class Ring:
             self.release(j, count=False)
 
     def remove(self) -> None:
-        """Unhook; every streamed weight becomes a plain tensor on the slots' device (a fresh copy of its host view),
-        and this ring lets go of the slots (freed with the last ring that holds them)."""
+        """Unhook; every streamed weight becomes a plain tensor on the slots' device, a fresh copy of its host tensor
+        (as stored; FP8 with its original `kept`), or else of its FP8 copy dequantized (not the original values:
+        those are gone), and this ring lets go of the slots (freed with the last ring that holds them)."""
         self.unhook()
         if self.slots is None:
             return
         device = self.slots.device
-        for tensors, hosts in zip(self.tensors, self.host, strict=True):
-            for t, host in zip(tensors, hosts, strict=True):
-                t.data = host.to(device, non_blocking=True)
+        for tensors, hosts, stored in zip(self.tensors, self.host, self.stored, strict=True):
+            for t, host, moved in zip(tensors, hosts, stored, strict=True):
+                t.data = restored(t, host, moved, self.kept, device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the side stream's copies into the slots and these copies have finished
-        self.slots = self.host = self.views = None
+        self.slots = self.host = self.views = self.stored = self.staged = None
 
 
 def check_resident(model: Any, plan: dict[str, list[int]], device: torch.device) -> None:
@@ -239,36 +366,61 @@ def check_resident(model: Any, plan: dict[str, list[int]], device: torch.device)
             raise RuntimeError(f"block_ring: {name}'s resident weights are on {where}, expected {device}")
 
 
-def rings_for(model: Any, plan: dict[str, list[int]], device: torch.device, receipt: Any) -> list[Ring]:
-    """One `Ring` per denoiser in `plan` (name -> streamed positions), sharing one set of slots (`shared_rings`)."""
+def restored(
+    t: torch.Tensor, host: torch.Tensor, moved: torch.Tensor | RowwiseFP8, kept: bool, device: torch.device
+) -> torch.Tensor:
+    """`t`'s weight as a new plain tensor on `device`: a copy of `host` (as stored, or an FP8 tensor's `kept`
+    original), else `moved` (its `RowwiseFP8`) dequantized to `t`'s dtype."""
+    if isinstance(moved, RowwiseFP8) and not kept:
+        return dequantize(moved, t.dtype, device)
+    return host.to(device, non_blocking=True, copy=True)
+
+
+class Stream(NamedTuple):
+    """One ring of `shared_rings`: the module whose forward runs `blocks` (the streamed blocks, in execution order),
+    the receipt prefix of its counters and how its blocks move (one of TRANSFERS)."""
+
+    root: torch.nn.Module
+    blocks: list[torch.nn.Module]
+    prefix: str = ""
+    transfer: str = AS_STORED
+
+
+def rings_for(
+    model: Any, plan: dict[str, list[int]], device: torch.device, receipt: Any, transfer: str = AS_STORED
+) -> list[Ring]:
+    """One `Ring` per denoiser in `plan` (name -> streamed positions), sharing one set of slots (`shared_rings`), its
+    blocks moving by `transfer`; FP8 originals are kept in pageable host memory (`store_on_host`), so removal gives
+    back the model exactly."""
     streams = []
     for name, positions in plan.items():
         denoiser = getattr(model.pipeline, name)
         blocks = model.family.blocks(denoiser)
-        streams.append((denoiser, [blocks[i] for i in positions], ""))
-    return shared_rings(streams, device, receipt)
+        streams.append(Stream(denoiser, [blocks[i] for i in positions], "", transfer))
+    return shared_rings(streams, device, receipt, keep=True)
 
 
-def shared_rings(
-    streams: list[tuple[torch.nn.Module, list[torch.nn.Module], str]], device: torch.device, receipt: Any
-) -> list[Ring]:
-    """One `Ring` per (root, streamed blocks, receipt prefix) of `streams`, all sharing one set of `Slots` on CUDA
-    (as many as the longest ring needs, up to RING_IN_FLIGHT); the streamed blocks' weights moved to one pinned host
-    buffer first (so their device copies are freed before the slots are allocated); all or none."""
-    blocks = [block for _, chosen, _ in streams for block in chosen]
-    slots = None
-    if device.type == "cuda" and blocks:
-        tensors = list({id(t): t for block in blocks for t in tensors_of(block)}.values())
-        if odd := sorted({type(t.data).__name__ for t in tensors if type(t.data) is not torch.Tensor}):
-            raise RuntimeError(
-                f"block_ring: streamed weights of type {odd} (a tensor subclass, such as torchao's FP8) have no byte "
-                "layout the ring's slots can hold; keep those blocks resident or install the ring without that plugin"
-            )
-        pin_into_one_buffer(tensors)
-        try:
-            slots = Slots(blocks, min(RING_IN_FLIGHT, max(len(chosen) for _, chosen, _ in streams)), device)
-        except BaseException:
-            for t in tensors:
-                t.data = t.data.to(device)
-            raise
-    return [Ring(root, chosen, receipt, slots, prefix) for root, chosen, prefix in streams]
+def shared_rings(streams: list[Stream], device: torch.device, receipt: Any, keep: bool = False) -> list[Ring]:
+    """One `Ring` per `Stream`, all sharing one set of `Slots` (as many as the longest ring needs, up to
+    RING_IN_FLIGHT) on CUDA, and on the CPU when a stream moves FP8. The streamed blocks' weights are moved to one
+    host buffer first, pinned on CUDA (so their device copies are freed before the slots are allocated), the FP8
+    ones quantized (`store_on_host`; `keep`: an FP8 tensor's original stays in pageable host memory); all or none."""
+    blocks = [block for stream in streams for block in stream.blocks]
+    fp8 = {id(t) for s in streams if s.transfer == FP8 for b in s.blocks for t in tensors_of(b) if fp8_eligible(t)}
+    if not blocks or device.type != "cuda" and not fp8:
+        return [Ring(s.root, s.blocks, receipt, None, s.prefix) for s in streams]
+    tensors = list({id(t): t for block in blocks for t in tensors_of(block)}.values())
+    if odd := sorted({type(t.data).__name__ for t in tensors if type(t.data) is not torch.Tensor}):
+        raise RuntimeError(
+            f"block_ring: streamed weights of type {odd} (a tensor subclass, such as torchao's FP8) have no byte "
+            "layout the ring's slots can hold; keep those blocks resident or install the ring without that plugin"
+        )
+    _, stored = store_on_host(tensors, fp8, pin=device.type == "cuda", keep=keep)
+    staging = max((aligned_layout(_fp8_layout(t))[1] for t in tensors if id(t) in fp8), default=0)
+    try:
+        slots = Slots(blocks, min(RING_IN_FLIGHT, max(len(s.blocks) for s in streams)), device, staging)
+    except BaseException:
+        for t in tensors:
+            t.data = restored(t, t.data, stored[id(t)], keep, device)
+        raise
+    return [Ring(s.root, s.blocks, receipt, slots, s.prefix, stored, keep) for s in streams]
