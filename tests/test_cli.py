@@ -171,5 +171,14 @@ def test_cli_generate_memory_cap_refused_before_anything_runs(tmp_path, capsys):
     assert main([*base, "lots"]) == 2
     assert "--memory: 'lots' is not an amount of memory" in capsys.readouterr().err
     assert main([*base, "1000"]) == 2
-    assert "the smallest cap that fits is" in capsys.readouterr().err
-    assert not (out / "result.mp4").exists()
+    smallest = re.search(r"the smallest cap that fits is .* \((\d+) bytes\)", capsys.readouterr().err)
+    assert smallest is not None and not (out / "result.mp4").exists()
+    assert main([*base[:-1], "--fp8-ring"]) == 2  # FP8 transfers belong to a cap's ring
+    assert "--fp8-ring: FP8 transfers are how a memory cap's ring moves blocks" in capsys.readouterr().err
+    # the budget takes FP8 transfers; tiny-wan's smallest plan streams no block (its two fit beside the slots), so
+    # nothing moves as FP8 and the result stays exact (tests/test_memory_plan.py covers a plan that streams)
+    assert main([*base, smallest[1], "--fp8-ring"]) == 0
+    record = json.loads((out / "result.json").read_text())
+    residency = record["receipts"]["memory_residency"]
+    assert residency["options"]["ring_transfer"] == "fp8" and "blocks_streamed" not in residency
+    assert record["exact"] is True and residency["contract"] == "bitwise"

@@ -281,6 +281,7 @@ def test_memory_plan_fp8_ring_transfer_is_approximate_and_dismantles_to_the_roun
     capped output bit for bit, which is not the original model's."""
     from workbench.accelerations.memory.ring import dequantize, module_bytes, quantize_rows, tensors_of
     from workbench.models import resolve
+    from workbench.widgets.memory import residency_html
 
     with pytest.raises(ValueError, match=r"memory.ring_transfer: 'bogus'; allowed: 'as stored', 'fp8'"):
         Session.open("tiny-wan", device="cpu", memory=MemoryBudget("1GiB", ring_transfer="bogus"))
@@ -296,6 +297,8 @@ def test_memory_plan_fp8_ring_transfer_is_approximate_and_dismantles_to_the_roun
     result = session.generate(request, progress=False)
     got = result.receipts["memory_residency"]
     assert not result.exact and got["contract"] == "approximate" and got["options"]["ring_transfer"] == "fp8"
+    shown = residency_html(result, "capped")
+    assert "blocks streamed (" in shown and "as FP8 (approximate)" in shown
     assert sum(got.get(key, 0) for key in ("component_bytes_moved", "bytes_moved", "text_bytes_moved")) == (
         plan.bytes_moved
     )

@@ -1,13 +1,14 @@
 """The dashboard's memory budget: the cap field, the plan it made, and each result's residency receipt.
 
-    memory cap [ rtx4090-48gb v]     <- empty: no cap; "48GiB", "24GB", "512MiB", bytes, or a card offered
+    memory cap [ rtx4090-48gb v] [x] FP8 ring   <- empty: no cap; "48GiB", "24GB", "512MiB", bytes, or a card offered
     memory: a cap of ... the smallest cap that fits is 1.53 GiB (1642070 bytes)   <- a refusal, at the field (red)
 
 The cards offered are `workbench.cards.CARDS` (the seeds' 48 GB RTX 4090 and 20 GB RTX 3080, the common 24 GB
 cards, data-centre cards); a card's name caps at its memory. The cap is used when the model is opened
 (`Session.open(..., memory=cap)`); the plan is made then, before any weight moves, and shown as its text
-(`str(session.memory_plan)`) until the next open. A value that does not parse and a cap the planner refuses are both
-shown at the field; neither is a traceback.
+(`str(session.memory_plan)`) until the next open. "FP8 ring" asks for `MemoryBudget(ring_transfer="fp8")`: the
+blocks the plan streams move as row-wise FP8 (approximate: the results say exact=False). A value that does not parse,
+FP8 without a cap and a cap the planner refuses are all shown at the field; none is a traceback.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def cap_text(cap: int) -> str:
 
 
 class MemoryCapField(ipywidgets.VBox):
-    """A device memory cap as text. `cap()`: None (empty: no cap) or the text to pass as `Session.open(memory=...)`;
-    `error` holds the message shown at the field (a bad value, or a refusal given to `refuse`), None while fine."""
+    """A device memory cap as text, and whether its ring moves FP8. `cap()`: None (empty: no cap), or what to pass as
+    `Session.open(memory=...)` (the text, or a `MemoryBudget` with FP8 transfers); `error` holds the message shown at
+    the field (a bad value, FP8 without a cap, or a refusal given to `refuse`), None while fine."""
 
     def __init__(self) -> None:
         self.error: str | None = None
@@ -56,16 +58,28 @@ class MemoryCapField(ipywidgets.VBox):
             style={"description_width": "initial"},
             layout={"width": "250px"},
         )
+        self.fp8 = ipywidgets.Checkbox(
+            value=False,
+            description="FP8 ring",
+            indent=False,
+            tooltip="streamed blocks move as row-wise FP8: half the bytes per forward; approximate (exact=False)",
+            layout={"width": "90px"},
+        )
         self.message = ipywidgets.HTML(layout={"display": "none"})
-        super().__init__([self.widget, self.message], layout={"min_width": "0"})
+        row = ipywidgets.HBox([self.widget, self.fp8], layout={"align_items": "center"})
+        super().__init__([row, self.message], layout={"min_width": "0"})
         self.add_class("vflash-memory-cap")
         self.widget.observe(lambda _: self.check(), "value")
+        self.fp8.observe(lambda _: self.check(), "value")
 
-    def cap(self) -> str | None:
+    def cap(self) -> str | MemoryBudget | None:
         """The cap to open with, None for no cap; ValueError (`memory: ...`, also shown at the field) when bad."""
         if self.check() is not None:
             raise ValueError(self.error)
-        return self.widget.value.strip() or None
+        text = self.widget.value.strip() or None
+        if text is not None and self.fp8.value:
+            return MemoryBudget(text, ring_transfer="fp8")
+        return text
 
     def show_cap(self, cap: int) -> None:
         """Show the cap a session runs under: the text stays when it already means `cap` (a card's name)."""
@@ -83,6 +97,8 @@ class MemoryCapField(ipywidgets.VBox):
         try:
             if text:
                 MemoryBudget.of(text)
+            elif self.fp8.value:
+                raise ValueError("memory: FP8 ring transfers move the blocks a cap streams; type a cap, or untick FP8")
         except ValueError as error:
             self.refuse(str(error))
             return self.error
@@ -120,8 +136,9 @@ def residency_html(result: Any, label: str) -> str:
     ran = "executed" if receipt.get("executed") else "nothing moved"
     lines = [
         f"<b>memory residency</b> of {html.escape(label)} under {html.escape(gib(plan['cap']))} ({ran}): "
-        f"ring {n['blocks_streamed']} blocks streamed ({n['prefetched']} prefetched, {n['late']} late), "
-        f"{html.escape(gib(n['bytes_moved']))} moved; "
+        f"ring {n['blocks_streamed']} blocks streamed ({n['prefetched']} prefetched, {n['late']} late)"
+        + (" as FP8 (approximate)" if receipt.get("contract") == "approximate" else "")
+        + f", {html.escape(gib(n['bytes_moved']))} moved; "
         + (
             f"text encoder {text['blocks_streamed']} layers streamed ({text['prefetched']} prefetched, "
             f"{text['late']} late), {html.escape(gib(text['bytes_moved']))} moved; "

@@ -55,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         "--memory", help="device memory cap, e.g. 48GiB or 24GB: planned before loading, refused if it cannot fit"
     )
     gen.add_argument(
+        "--fp8-ring",
+        action="store_true",
+        help="with --memory: streamed denoiser blocks move as row-wise FP8 (half the bytes; approximate, exact=False)",
+    )
+    gen.add_argument(
         "--parallel-decode",
         action="store_true",
         help="with --gpus N >= 2: split the Wan VAE decode into one band per GPU (approximate vs untiled decode)",
@@ -230,7 +235,14 @@ def _generate(args: argparse.Namespace) -> int:
     )
     device, accelerations = args.device, {}
     extra = _json_arg("accelerate", args.accelerate)  # refused before the model loads
-    memory = None if args.memory is None else MemoryBudget(parse_bytes(args.memory, "--memory"), request=request)
+    if args.fp8_ring and args.memory is None:
+        raise ValueError("--fp8-ring: FP8 transfers are how a memory cap's ring moves blocks; give --memory too")
+    transfer = "fp8" if args.fp8_ring else "as stored"
+    memory = (
+        None
+        if args.memory is None
+        else MemoryBudget(parse_bytes(args.memory, "--memory"), request=request, ring_transfer=transfer)
+    )
     check_writable(args.out, "--out")
     if (args.profile == "within-budget") != (args.calibration is not None):
         raise ValueError("--calibration: a calibrate record goes with --profile within-budget, and only with it")

@@ -171,7 +171,16 @@ def test_dashboard_memory_cap_refusal_at_field_then_smallest_cap_plans_and_shows
             and f"{counts[3]} component onloads" in dash.residency.value
         )
         assert all(gib(peak) in dash.residency.value for peak in plan.stage_peaks.values())
-        dash.memory.widget.value = ""  # empty: no cap, no plan, no residency block
+        dash.memory.fp8.value = True  # the box reaches the budget; this plan streams no block, so nothing is FP8
+        session = dash.open_model()
+        assert session is not None and session.memory_plan.ring_transfer == "fp8" and dash.memory.error is None
+        assert not session.memory_plan.approximate and "FP8" not in dash.plan.value
+        result = dash.generate()
+        assert result is not None and result.exact and "FP8" not in dash.residency.value
+        dash.memory.widget.value = ""  # FP8 without a cap is refused at the field
+        assert "FP8 ring transfers move the blocks a cap streams" in dash.memory.message.value
+        assert dash.open_model() is None
+        dash.memory.fp8.value = False  # empty: no cap, no plan, no residency block
         assert dash.open_model().memory_plan is None
         assert dash.plan.layout.display == dash.residency.layout.display == "none"
     finally:
