@@ -1,7 +1,9 @@
 """The block ring under a memory cap: one forward of the full-size MiniMax-H3 transformer (33.1B, random weights,
 bf16, the 52,648-row t2va packing of `forward_h3`), resident (uncapped) against `block_ring` and diffusers' group
 offloading (`group_offload`, one block per group, streams) under caps of 48 GiB and 24 GiB, and the ring stacked with
-the `exact-fast` profile (`block_ring+exact-fast`: the profile's plugins installed with the same ring). Issue 23's
+the `exact-fast` profile (`block_ring+exact-fast`: the profile's plugins installed with the same ring), and the ring
+with its streamed matrices moved as FP8 (`fp8_ring`: the same resident blocks, about half the bytes per forward;
+approximate, so its row reports the relative L2 against resident instead of equality). Issue 23's
 bars: the ring >= 0.97x resident at 48 GiB and >= 0.92x at 24 GiB, both faster than group offloading at the same cap;
 stacked with exact-fast, faster than resident stock (> 1x) under both caps.
 
@@ -10,7 +12,7 @@ activation peak measured in the resident forward (allocated peak less the weight
 capped arm's timed forwards with `torch.cuda.set_per_process_memory_fraction` (an allocation past it raises, recorded
 as the arm's failure); installing and removing an arm happen outside it. `RING_CAPS=48GiB` (a comma list of the caps'
 names) measures a subset, so each cap's A/B/A can fit one device call; `RING_ARMS` (a comma list of block_ring,
-group_offload, block_ring+exact-fast; default all) the arms, e.g. `RING_ARMS=block_ring+exact-fast` for the stacked
+group_offload, block_ring+exact-fast, fp8_ring; default all) the arms, e.g. `RING_ARMS=block_ring+exact-fast` for the stacked
 bar alone. The stacked arms' kernels compile in one untimed forward of exact-fast alone (resident, uncapped) before the
 rounds; its output is what the stacked arms must equal (the ring is bitwise; exact-fast's own contract is
 `reduction` against stock). After each capped visit the pinned host copies go back to the OS (torch's host-cache flush): the host
@@ -45,13 +47,13 @@ from workbench.memory_plan import Footprint, gib, plan_memory
 
 NAME = "ring"
 SUMMARY = (
-    "MiniMax-H3 33.1B forward under 48/24 GiB caps: block_ring (alone and with exact-fast) vs group_offload vs "
-    "resident (uncapped)"
+    "MiniMax-H3 33.1B forward under 48/24 GiB caps: block_ring (alone and with exact-fast), fp8_ring and "
+    "group_offload vs resident (uncapped)"
 )
 GPUS = 1
 GIB = 2**30
 CAPS = {"48GiB": 48 * GIB, "24GiB": 24 * GIB}
-ARMS = ("block_ring", "group_offload", "block_ring+exact-fast")
+ARMS = ("block_ring", "group_offload", "block_ring+exact-fast", "fp8_ring")
 # torch's flush of its pinned host cache: `_accelerator_emptyHostCache` in 2.13, `_host_emptyCache` before
 EMPTY_HOST_CACHE = getattr(torch._C, "_accelerator_emptyHostCache", None) or getattr(torch._C, "_host_emptyCache", None)
 
@@ -115,6 +117,9 @@ def run(context: Context) -> Measurement:
             capped[arms[-1].name] = cap
         if fast is not None:
             arms.append(ForwardArm(f"ring+exact-fast-{label}", {**fast, **ring_config}))
+            capped[arms[-1].name] = cap
+        if "fp8_ring" in arm_names:
+            arms.append(ForwardArm(f"fp8_ring-{label}", {"fp8_ring": ring_config["block_ring"]}))
             capped[arms[-1].name] = cap
         if cuda and "group_offload" in arm_names:
             offload = ForwardArm(f"group_offload-{label}", {"group_offload": {}})
