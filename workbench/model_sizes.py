@@ -10,6 +10,8 @@ plans it exactly as it plans the loaded checkpoint. `plan(name, memory)` is that
 plan on every named card; tokenizers and schedulers are left out (they hold no weights). The build runs under
 transformers' `no_init_weights` (torch's init functions are no-ops meanwhile, in every thread; the transformers models'
 tied weights are tied after it): initialising meta tensors is moot, and it is most of the build's time.
+`materialise(build, device, dtype, seed)` makes such a module real with random weights, straight on a device in the
+dtype it runs in (`workbench.models.h3.random_full`: the released MiniMax-H3 at full size on a GPU).
 
 Where the numbers come from (the public checkpoints' config.json files and file listings, read as text; diffusers'
 class defaults where they equal the published config):
@@ -155,22 +157,29 @@ QWEN3_VL_32B_TEXT = {
 }
 
 
-def _qwen3_vl_32b() -> torch.nn.Module:
+# and its vision tower (27 layers of 1152, patch 16, output 5120)
+QWEN3_VL_32B_VISION = {
+    "depth": 27,
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_heads": 16,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "out_hidden_size": 5120,
+    "num_position_embeddings": 2304,
+    "deepstack_visual_indexes": [8, 16, 24],
+}
+
+
+def qwen3_vl(
+    text: dict[str, Any] = QWEN3_VL_32B_TEXT, vision: dict[str, Any] = QWEN3_VL_32B_VISION, **token_ids: int
+) -> torch.nn.Module:
+    """A `Qwen3VLForConditionalGeneration` of these text and vision configs (Qwen3-VL-32B by default), untied head;
+    `token_ids` (`image_token_id`, `vision_start_token_id`, ...) name its tokenizer's vision tokens."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    vision = {
-        "depth": 27,
-        "hidden_size": 1152,
-        "intermediate_size": 4304,
-        "num_heads": 16,
-        "patch_size": 16,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "out_hidden_size": 5120,
-        "num_position_embeddings": 2304,
-        "deepstack_visual_indexes": [8, 16, 24],
-    }
-    config = Qwen3VLConfig(text_config=QWEN3_VL_32B_TEXT, vision_config=vision, tie_word_embeddings=False)
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **token_ids)
     return Qwen3VLForConditionalGeneration(config)
 
 
@@ -178,7 +187,7 @@ def _h3() -> tuple[dict, dict]:
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
 
     modules = {
-        "text_encoder": _qwen3_vl_32b(),
+        "text_encoder": qwen3_vl(),
         "transformer": MiniMaxH3Transformer3DModel(),
         "vae": AutoencoderKLMiniMaxH3(),
         "audio_vae": AutoencoderKLMiniMaxH3Audio(),
@@ -239,6 +248,53 @@ def cast_like_from_pretrained(module: torch.nn.Module, dtype: torch.dtype) -> No
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         if tensor.is_floating_point():
             tensor.data = tensor.data.to(torch.float32 if keep & set(name.split(".")) else dtype)
+
+
+def materialise(
+    build: Callable[[], torch.nn.Module], device: str | torch.device, dtype: torch.dtype, seed: int
+) -> torch.nn.Module:
+    """`build()`'s module with random weights made straight on `device` in `dtype`: no float32 copy of a large model
+    ever exists (a 33B transformer is 132 GB in float32), and nothing is left as `to_empty`'s garbage.
+
+    `build()` runs with every parameter on the meta device and every buffer computed on the CPU by its constructor
+    (accelerate's `init_empty_weights(include_buffers=False)`, inside transformers' `no_init_weights`). The parameters
+    are cast as `cast_like_from_pretrained` casts them, allocated on `device` (`to_empty`) and initialised there,
+    seeded with `seed`, by their module's own `reset_parameters()` (`nn.Linear`, `nn.Embedding`, convolutions,
+    `nn.LayerNorm`, `nn.RMSNorm`); an RMS norm without one (transformers' `*RMSNorm`) gets its initial ones. The
+    buffers (rotary tables) are put back on `device` as their constructor computed them, dtype included, as
+    `from_pretrained` leaves them. RuntimeError naming the parameters no module initialises, or the buffers `build`
+    left on the meta device. Returned in eval mode without gradients. Peak on `device`: the module in `dtype`."""
+    from accelerate import init_empty_weights
+    from transformers.initialization import no_init_weights
+
+    with init_empty_weights(include_buffers=False), no_init_weights():
+        module = build()
+    buffers = {name: buffer.clone() for name, buffer in module.named_buffers()}
+    if meta := [name for name, buffer in buffers.items() if buffer.is_meta]:
+        raise RuntimeError(f"materialise: buffers {meta[:5]} ({len(meta)} in all) were built on the meta device")
+    cast_like_from_pretrained(module, dtype)
+    module.to_empty(device=device)
+    torch.manual_seed(seed)
+    initialised: set[int] = set()
+    with torch.no_grad():
+        for sub in module.modules():
+            own = list(sub.parameters(recurse=False))
+            if not own:
+                continue
+            if hasattr(sub, "reset_parameters"):
+                sub.reset_parameters()
+            elif type(sub).__name__.endswith("RMSNorm") and [p is sub.weight for p in own] == [True]:
+                sub.weight.fill_(1.0)
+            else:
+                continue
+            initialised.update(id(p) for p in own)
+        missed = [name for name, p in module.named_parameters() if id(p) not in initialised]
+        if missed:
+            raise RuntimeError(f"materialise: no initialiser for parameters {missed[:5]} ({len(missed)} in all)")
+        for name, buffer in buffers.items():
+            owner, _, leaf = name.rpartition(".")
+            setattr(module.get_submodule(owner), leaf, buffer.to(device))
+    return module.eval().requires_grad_(False)
 
 
 @functools.cache

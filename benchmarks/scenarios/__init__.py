@@ -20,6 +20,7 @@ from benchmarks.scenarios import (
     portability,
     relayout,
     request_capped,
+    request_h3_capped,
     request_lora,
     request_wan,
     request_wan22,
@@ -32,6 +33,6 @@ from benchmarks.scenarios import (
 MODULES: tuple[ModuleType, ...] = (
     forward_wan, forward_h3, request_wan, sparse_attention, fp8_attention, kernels, relayout, portability, parallel,
     memory, ring, text_ring, fanout, vae_decode, calibrate_wan, request_lora, request_wan22,
-    request_capped,
+    request_capped, request_h3_capped,
 )  # fmt: skip
 SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}

@@ -3,9 +3,9 @@
 stacks block_sparse + fused norms (+ FP8).
 
 Model: diffusers' default `MiniMaxH3Transformer3DModel` config, built on the meta device and materialised straight on
-the GPU (`to_empty`), bf16 with its `_keep_in_fp32_modules` parameters in float32 (as `from_pretrained(torch_dtype=
-bf16)` keeps them); each `nn.Linear` / `nn.RMSNorm` runs its own `reset_parameters()` there, `rope.inv_freq` is
-recomputed. It is served to the plugins through a `Session` over a `LoadedModel` holding just this transformer.
+the GPU (`model_sizes.materialise`), bf16 with its `_keep_in_fp32_modules` parameters in float32 (as
+`from_pretrained(torch_dtype=bf16)` keeps them); each `nn.Linear` / `nn.RMSNorm` runs its own `reset_parameters()`
+there, `rope.inv_freq` is the constructor's. It is served to the plugins through a `Session` over a `LoadedModel` holding just this transformer.
 
 Inputs: a t2va packing built by the modular pipeline's own static methods: 512 text rows, 400 audio latents x 2
 channels, 72 x 46 x 62 video latents (72 x 23 x 31 rows after the (1, 2, 2) patch) = 52,648 rows; timesteps of step 8
@@ -56,33 +56,13 @@ GIB = 2**30
 
 
 def build(config: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: int) -> dict[str, Any]:
-    """The transformer from the meta device, materialised on `device` (see the module docstring)."""
+    """The transformer from the meta device, materialised on `device` (`model_sizes.materialise`)."""
     from diffusers import MiniMaxH3Transformer3DModel
-    from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed
+
+    from workbench.model_sizes import materialise
 
     start = time.perf_counter()
-    with torch.device("meta"):
-        model = MiniMaxH3Transformer3DModel(**config)
-    keep = set(model._keep_in_fp32_modules or [])
-    for name, param in model.named_parameters():
-        param.data = param.data.to(torch.float32 if keep & set(name.split(".")) else dtype)
-    model.to_empty(device=device)
-    torch.manual_seed(seed)
-    initialised: set[int] = set()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear | torch.nn.RMSNorm):
-                module.reset_parameters()
-                initialised.update(id(p) for p in module.parameters(recurse=False))
-        missed = [n for n, p in model.named_parameters() if id(p) not in initialised]
-        if missed:
-            raise RuntimeError(f"h3 build: no initialiser for parameters {missed[:5]} ({len(missed)} in all)")
-        buffers = [n for n, _ in model.named_buffers()]
-        if buffers != ["rope.inv_freq"]:
-            raise RuntimeError(f"h3 build: unexpected buffers {buffers}; only rope.inv_freq is recomputed")
-        fresh = MiniMaxH3RotaryPosEmbed(model.config.rope_freq_dim, model.config.rope_theta)
-        model.rope.inv_freq.copy_(fresh.inv_freq)
-    model.eval().requires_grad_(False)
+    model = materialise(lambda: MiniMaxH3Transformer3DModel(**config), device, dtype, seed)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dtypes: dict[str, int] = {}

@@ -3,8 +3,9 @@ device whole and against it resident: Qwen3-VL-32B's text model (`model_sizes.QW
 5120, FFN 25600; random weights, bf16, about 60 GiB) on a 512-token prompt, run as H3's conditioner runs it
 (`output_hidden_states`; H3 reads hidden state 50).
 
-Model: built on the meta device and materialised on the GPU (`to_empty`); each `nn.Linear` and `nn.Embedding` runs its
-own `reset_parameters()` there, the RMSNorm weights are ones, the rotary table is rebuilt on the device. Then every
+Model: built on the meta device and materialised on the GPU (`model_sizes.materialise`); each `nn.Linear` and
+`nn.Embedding` runs its own `reset_parameters()` there, the RMSNorm weights are ones, the rotary table is the
+constructor's (float32). Then every
 weight moves into one pinned host buffer (`ring.pin_into_one_buffer`), where the memory plan keeps an offloaded text
 encoder; the device holds only what the visiting arm puts there.
 
@@ -70,29 +71,13 @@ SMOKE_TEXT = {
 def build(text: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: int) -> torch.nn.Module:
     """Qwen3-VL's text model of config `text` from the meta device, materialised on `device` (module docstring)."""
     from transformers import Qwen3VLConfig
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextModel, Qwen3VLTextRotaryEmbedding
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextModel
+
+    from workbench.model_sizes import materialise
 
     config = Qwen3VLConfig(text_config=text).text_config
     config._attn_implementation = "sdpa"
-    with torch.device("meta"):
-        model = Qwen3VLTextModel(config)
-    model.to(dtype).to_empty(device=device)
-    torch.manual_seed(seed)
-    initialised: set[int] = set()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
-                module.reset_parameters()
-            elif type(module).__name__.endswith("RMSNorm"):
-                module.weight.fill_(1.0)
-            else:
-                continue
-            initialised.update(id(p) for p in module.parameters(recurse=False))
-    missed = [n for n, p in model.named_parameters() if id(p) not in initialised]
-    if missed:
-        raise RuntimeError(f"text-ring build: no initialiser for parameters {missed[:5]} ({len(missed)} in all)")
-    model.rotary_emb = Qwen3VLTextRotaryEmbedding(config).to(device)  # inv_freq computed, not left empty
-    return model.eval().requires_grad_(False)
+    return materialise(lambda: Qwen3VLTextModel(config), device, dtype, seed)
 
 
 class _Placement:

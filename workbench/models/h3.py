@@ -346,7 +346,74 @@ TINY_TRANSFORMER = {
     "time_embed_dim": 16,
     "rope_freq_dim": 2,
 }
-
+# tiny-h3's other configurations (`tiny_components`; `random_components` takes them too)
+TINY_TEXT = {
+    "vocab_size": 128,
+    "hidden_size": TEXT_HIDDEN,
+    "intermediate_size": 16,
+    "num_hidden_layers": TEXT_LAYERS,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 8,
+    "max_position_embeddings": 256,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True,
+    },
+}
+TINY_VISION = {
+    "depth": 1,
+    "hidden_size": 16,
+    "intermediate_size": 16,
+    "num_heads": 2,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "out_hidden_size": TEXT_HIDDEN,
+    "num_position_embeddings": 16,
+    "deepstack_visual_indexes": [0],
+}
+TINY_VAE = {  # the released 16x spatial / 17n+5 -> 5n+2 temporal geometry, tiny widths
+    "latent_channels": 4,
+    "block_out_channels": (4, 4, 4, 4),
+    "layers_per_block": 1,
+    "spatial_downsample_factors": (2, 2, 2, 2),
+    "temporal_downsample_factors": (2, 2, 1, 1),
+    "norm_num_groups": 2,
+    "decoder_num_layers": 1,
+    "decoder_num_attention_heads": 1,
+    "decoder_attention_head_dim": 8,  # int(0.75 * 8) = 6, divisible by 6 as the decoder's RoPE needs
+    "decoder_num_register_tokens": 1,
+    "decoder_ffn_mult": 1,
+    "clip_length": 17,
+    "token_drop": 3,
+    "latents_mean": (0.0,) * 4,
+    "latents_std": (1.0,) * 4,
+}
+TINY_AUDIO_VAE = {  # 800-sample hop at 32 kHz like the release: 40 latents per second
+    "encoder_dim": 1,
+    "encoder_rates": (20, 40),
+    "latent_dim": 4,
+    "latent_channels": 4,
+    "num_attention_heads": 2,
+    "decoder_dim": 4,
+    "decoder_rates": (40, 20),
+    "decoder_kernel_sizes": (80, 40),
+    "resblock_kernel_sizes": (3,),
+    "resblock_dilation_sizes": ((1,),),
+    "sampling_rate": 32000,
+    "latents_mean": [0.0] * 4,
+    "latents_std": [1.0] * 4,
+}
+# Qwen3-VL's config names for the vision tokens (`VISION_TOKENS`)
+VISION_TOKEN_IDS = {
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
+}
 
 # The released Base16 setting: 17 steps = 16 transformer evaluations (H3 evaluates N - 1 times for N steps), one
 # forward per step (guidance-distilled: no negative prompt, no guidance scale). Sizes come from the model's
@@ -381,47 +448,13 @@ def build_processor(tokenizer: Any, image_processor: Any, video_processor: Any =
 
 def _tiny_text_encoder(seed: int, tokenizer: Any) -> Qwen3VLForConditionalGeneration:
     torch.manual_seed(seed)
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
-    config = Qwen3VLConfig(
-        text_config={
-            "vocab_size": len(tokenizer),
-            "hidden_size": TEXT_HIDDEN,
-            "intermediate_size": 16,
-            "num_hidden_layers": TEXT_LAYERS,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "head_dim": 8,
-            "max_position_embeddings": 256,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 1, 1],
-                "mrope_interleaved": True,
-            },
-        },
-        vision_config={
-            "depth": 1,
-            "hidden_size": 16,
-            "intermediate_size": 16,
-            "num_heads": 2,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "out_hidden_size": TEXT_HIDDEN,
-            "num_position_embeddings": 16,
-            "deepstack_visual_indexes": [0],
-        },
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )
+    config = Qwen3VLConfig(text_config=TINY_TEXT, vision_config=TINY_VISION, **vision_token_ids(tokenizer))
     return Qwen3VLForConditionalGeneration(config).eval()
 
 
 def tiny_components(seed: int = 0) -> dict[str, Any]:
     """Every component of a random-initialised H3 that runs 124x32x64 (3 steps) in about half a second on a CPU."""
-    tokenizer = build_tokenizer(128, model_max_length=256, extra_special_tokens=VISION_TOKENS)
+    tokenizer = build_tokenizer(TINY_TEXT["vocab_size"], model_max_length=256, extra_special_tokens=VISION_TOKENS)
     image_processor = Qwen2VLImageProcessorPil(
         patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=32 * 32, max_pixels=64 * 64
     )
@@ -429,39 +462,9 @@ def tiny_components(seed: int = 0) -> dict[str, Any]:
     torch.manual_seed(seed + 1)
     transformer = MiniMaxH3Transformer3DModel(**TINY_TRANSFORMER)
     torch.manual_seed(seed + 2)
-    vae = AutoencoderKLMiniMaxH3(  # the released 16x spatial / 17n+5 -> 5n+2 temporal geometry, tiny widths
-        latent_channels=4,
-        block_out_channels=(4, 4, 4, 4),
-        layers_per_block=1,
-        spatial_downsample_factors=(2, 2, 2, 2),
-        temporal_downsample_factors=(2, 2, 1, 1),
-        norm_num_groups=2,
-        decoder_num_layers=1,
-        decoder_num_attention_heads=1,
-        decoder_attention_head_dim=8,  # int(0.75 * 8) = 6, divisible by 6 as the decoder's RoPE needs
-        decoder_num_register_tokens=1,
-        decoder_ffn_mult=1,
-        clip_length=17,
-        token_drop=3,
-        latents_mean=(0.0,) * 4,
-        latents_std=(1.0,) * 4,
-    )
+    vae = AutoencoderKLMiniMaxH3(**TINY_VAE)
     torch.manual_seed(seed + 3)
-    audio_vae = AutoencoderKLMiniMaxH3Audio(  # 800-sample hop at 32 kHz like the release: 40 latents per second
-        encoder_dim=1,
-        encoder_rates=(20, 40),
-        latent_dim=4,
-        latent_channels=4,
-        num_attention_heads=2,
-        decoder_dim=4,
-        decoder_rates=(40, 20),
-        decoder_kernel_sizes=(80, 40),
-        resblock_kernel_sizes=(3,),
-        resblock_dilation_sizes=((1,),),
-        sampling_rate=32000,
-        latents_mean=[0.0] * 4,
-        latents_std=[1.0] * 4,
-    )
+    audio_vae = AutoencoderKLMiniMaxH3Audio(**TINY_AUDIO_VAE)
     return {
         "text_encoder": text_encoder,
         "tokenizer": tokenizer,
@@ -489,6 +492,82 @@ def tiny_pipeline(seed: int = 0) -> Any:
 
 def tiny(seed: int = 0) -> LoadedModel:
     return LoadedModel("tiny-h3", FAMILY, tiny_pipeline(seed), dict(TINY_DEFAULTS), {})
+
+
+def vision_token_ids(tokenizer: Any) -> dict[str, int]:
+    """Qwen3-VL's config fields for the vision tokens (`VISION_TOKEN_IDS`), as `tokenizer` numbers them."""
+    return {field: tokenizer.convert_tokens_to_ids(token) for field, token in VISION_TOKEN_IDS.items()}
+
+
+def release_configs() -> dict[str, dict[str, Any]]:
+    """The released H3's component configurations (`model_sizes`, whose sources say where they come from):
+    `transformer` and `vae` are their classes' defaults; `audio_vae` the class default with the identity latent
+    statistics over its 32 channels the pipeline's decode needs (the class leaves them None; random weights have no
+    statistics of their own); `text` and `vision` are Qwen3-VL-32B's."""
+    from workbench.model_sizes import QWEN3_VL_32B_TEXT, QWEN3_VL_32B_VISION
+
+    channels = 32  # AutoencoderKLMiniMaxH3Audio's latent_channels
+    audio = {"latents_mean": [0.0] * channels, "latents_std": [1.0] * channels}
+    return {"transformer": {}, "vae": {}, "audio_vae": audio, "text": QWEN3_VL_32B_TEXT, "vision": QWEN3_VL_32B_VISION}
+
+
+def random_components(
+    configs: dict[str, dict[str, Any]],
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+) -> dict[str, Any]:
+    """Every component of an H3 of these `configs` (keyed as `release_configs()`) with random weights, on `device`
+    in `dtype` as `model_sizes.cast_like_from_pretrained` casts, plus a synthetic tokenizer (`build_tokenizer` over the
+    text model's whole vocabulary, the vision tokens its last ids; nothing is downloaded), processor and schedulers.
+
+    The VAEs are built normally on `device` and cast, first: their float32 peak (about 10 GiB for the released video
+    VAE) is over before the large two exist. The transformer and the text encoder go through
+    `model_sizes.materialise`: never in float32 (the released transformer would be 132 GB), every parameter and buffer
+    initialised. Seeds: the text encoder `seed`, the transformer `seed + 1`, the VAEs `seed + 2` and `seed + 3`."""
+    from workbench.model_sizes import cast_like_from_pretrained, materialise, qwen3_vl
+
+    text, vision = configs["text"], configs["vision"]
+    tokenizer = build_tokenizer(text["vocab_size"], model_max_length=512, extra_special_tokens=VISION_TOKENS)
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=vision["patch_size"],
+        merge_size=vision["spatial_merge_size"],
+        temporal_patch_size=vision["temporal_patch_size"],
+    )
+    with torch.device(device):
+        torch.manual_seed(seed + 2)
+        vae = AutoencoderKLMiniMaxH3(**configs["vae"])
+        torch.manual_seed(seed + 3)
+        audio_vae = AutoencoderKLMiniMaxH3Audio(**configs["audio_vae"])
+    for module in (vae, audio_vae):
+        cast_like_from_pretrained(module, dtype)
+    transformer = materialise(lambda: MiniMaxH3Transformer3DModel(**configs["transformer"]), device, dtype, seed + 1)
+    ids = vision_token_ids(tokenizer)
+    text_encoder = materialise(lambda: qwen3_vl(text, vision, **ids), device, dtype, seed)
+    return {
+        "text_encoder": text_encoder,
+        "tokenizer": tokenizer,
+        "processor": build_processor(tokenizer, image_processor),
+        "transformer": transformer,
+        "vae": vae.eval().requires_grad_(False),
+        "audio_vae": audio_vae.eval().requires_grad_(False),
+        "scheduler": MiniMaxH3Scheduler(shift=12.0),
+        "audio_scheduler": MiniMaxH3Scheduler(shift=3.0),
+    }
+
+
+def random_full(seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
+    """The released MiniMax-H3 at full size with random weights, built on `device` in `dtype` (`random_components`
+    of `release_configs()`): the 33.1B transformer and Qwen3-VL-32B (62 GiB each in bf16), the video and audio VAEs,
+    about 130 GiB in all on `device` while it is built. Requests default to the reference one of
+    `model_sizes.RELEASED["MiniMax-H3 33.1B"]` at Base16: t2va, 10 s (243 frames) of 736x992 at 24 fps, 17 steps.
+    For a GPU: a CPU would need as much host memory and minutes; `Session.open(model, memory=...)` then moves what
+    its plan offloads to host memory."""
+    from workbench.model_sizes import RELEASED
+
+    pipeline = assemble(random_components(release_configs(), seed, device, dtype))
+    defaults = {**RELEASED["MiniMax-H3 33.1B"].request, **BASE16}
+    return LoadedModel("random-h3-full", FAMILY, pipeline, defaults, {})
 
 
 def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
