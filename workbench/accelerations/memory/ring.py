@@ -7,7 +7,9 @@ one set of slots: their blocks run at different times (one denoiser at a time, t
 
 Where the streamed weights live (CUDA). On the host: views of one pinned buffer (`pin_into_one_buffer`: one
 allocation and one device -> pinned copy per weight; torch's pinned cache would round each weight's own allocation up
-to a power of two, ~1.6x the weights). On the device: `Slots`, RING_IN_FLIGHT flat buffers allocated once at install,
+to a power of two, ~1.6x the weights). That one allocation is rounded up to a power of two too unless torch's
+`pinned_max_round_threshold_mb` allocator setting is below its size (up to 2x the weights: 85 GiB of H3's streamed
+weights take 128 GiB; the request-h3-capped scenario sets it and measures what is pinned). On the device: `Slots`, RING_IN_FLIGHT flat buffers allocated once at install,
 each the size of the largest streamed block, shared by all the rings of one install (one ring's blocks compute at a
 time: Wan2.2's experts take turns and the text encoder runs before denoising, as the planner's working set assumes).
 Streamed block j computes from views of slot j % count, its tensors at aligned offsets in its own layout; outside its
