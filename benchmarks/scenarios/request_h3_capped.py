@@ -16,9 +16,9 @@ Host memory: the plan keeps in pinned host memory everything it does not keep on
 streamed transformer blocks and 59 streamed text layers in one buffer (84.85 GiB) and the offloaded components'
 remaining weights tensor by tensor (text encoder 8.55 GiB, video VAE 5.19, audio VAE 0.56): 99.1 GiB of a 128 GiB
 host. torch's pinned allocator rounds every allocation up to a power of two unless told not to
-(`pinned_max_round_threshold_mb`), which would make the one buffer 128 GiB: the scenario sets that threshold
-(`PINNED_ROUND_MB`), checks with a probe allocation that large allocations are then exact, and before building
-anything compares what the plan pins, as this torch will allocate it (`host_pinned`, from the released shapes on the
+(`pinned_max_round_threshold_mb`), which would make the one buffer 128 GiB: the residency asks for exact large
+allocations (`ring.exact_pinning`); the scenario checks with a probe allocation that they are exact, and before
+building anything compares what the plan pins, as this torch will allocate it (`host_pinned`, from the released shapes on the
 meta device), with the host's available memory: RuntimeError naming both when it does not fit. The shape records
 the estimate, the probe and the host's memory.
 
@@ -39,7 +39,7 @@ import torch
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.request_capped import MOVED
 from workbench import Request, Result, Session
-from workbench.accelerations.memory.ring import aligned_layout, tensors_of
+from workbench.accelerations.memory.ring import PINNED_EXACT_MB, aligned_layout, exact_pinning, tensors_of
 from workbench.memory_plan import MemoryBudget, MemoryPlan, gib, plan_for
 from workbench.models import h3, resolve
 
@@ -51,7 +51,6 @@ SUMMARY = (
 GPUS = 1
 CAP = "48GiB"
 RELEASE = "MiniMax-H3 33.1B"
-PINNED_ROUND_MB = 64  # pinned allocations above this many MB are not rounded up to a power of two
 TEXT_ROWS = 512  # the prompt's tokens: H3's text rows at the reference packing (`h3._denoise_shape`)
 # one token per non-space character with the synthetic tokenizer (`workbench.models.tokenizer`)
 PROMPT = " ".join(["a lighthouse keeper climbs the spiral stairs at dusk, gulls wheel over a grey sea"] * 8)
@@ -97,18 +96,11 @@ def host_pinned(model: Any, plan: MemoryPlan, rounded_up_to: int | None) -> int:
 
 
 def unrounded_pinning() -> dict[str, Any]:
-    """Asks torch's pinned allocator not to round allocations above PINNED_ROUND_MB (unless PYTORCH_CUDA_ALLOC_CONF
-    already says), then checks with one pinned allocation just above it: `rounded_up_to` is the threshold when large
-    allocations are exact, None when they are still rounded or this torch cannot say."""
-    setting = f"pinned_max_round_threshold_mb:{PINNED_ROUND_MB}"
-    record: dict[str, Any] = {"setting": setting, "set_error": None}
-    if "pinned_max_round_threshold_mb" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
-        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-        try:
-            (setter or torch.cuda.memory._set_allocator_settings)(setting)
-        except (AttributeError, RuntimeError) as error:
-            record["set_error"] = f"{type(error).__name__}: {error}"
-    size = PINNED_ROUND_MB * 2**20 + 2**20
+    """`ring.exact_pinning` (what the residency asks of torch's pinned allocator), then one pinned allocation just
+    above PINNED_EXACT_MB to check it: `rounded_up_to` is that threshold when large allocations are exact, None when
+    they are still rounded or this torch cannot say."""
+    record: dict[str, Any] = {"setting": exact_pinning()}
+    size = PINNED_EXACT_MB * 2**20 + 2**20
     stats = getattr(torch.cuda, "host_memory_stats", None)
     if stats is None:
         return {**record, "probe_bytes": size, "allocated_bytes": None, "rounded_up_to": None}
@@ -118,7 +110,7 @@ def unrounded_pinning() -> dict[str, Any]:
     del probe
     exact = allocated == size
     return {**record, "probe_bytes": size, "allocated_bytes": allocated,
-            "rounded_up_to": PINNED_ROUND_MB * 2**20 if exact else None}  # fmt: skip
+            "rounded_up_to": PINNED_EXACT_MB * 2**20 if exact else None}  # fmt: skip
 
 
 def available_host_bytes() -> int:

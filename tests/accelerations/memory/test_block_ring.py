@@ -313,3 +313,21 @@ def test_block_ring_bitwise_equal_resident_on_cuda():
     assert fingerprint(denoiser) == before and all(p.device.type == "cuda" for p in denoiser.parameters())
     assert ringed.receipts["block_ring"]["blocks_streamed"] > 0 and "late" not in ringed.receipts["block_ring"]
     assert torch.equal(ringed.latents, resident.latents) and (ringed.frames == resident.frames).all()
+
+
+def test_exact_pinning_asks_torch_not_to_round_large_pinned_allocations(monkeypatch):
+    """The setting goes to torch's allocator config (readable back where torch has a getter); one already in
+    PYTORCH_CUDA_ALLOC_CONF is left alone; a torch without the setter says the pinned bytes stay rounded."""
+    from workbench.accelerations.memory import ring
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert ring.exact_pinning() == f"pinned_max_round_threshold_mb:{ring.PINNED_EXACT_MB}"
+    if hasattr(torch._C, "_accelerator_getAllocatorSettings"):
+        assert "pinned_max_round_threshold_mb:64" in torch._C._accelerator_getAllocatorSettings()
+    calls = []
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", calls.append)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,pinned_max_round_threshold_mb:8")
+    assert ring.exact_pinning() == "pinned_max_round_threshold_mb from PYTORCH_CUDA_ALLOC_CONF" and calls == []
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings")
+    assert ring.exact_pinning().startswith("rounded up to powers of two: this torch cannot set")

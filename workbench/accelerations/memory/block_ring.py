@@ -43,7 +43,14 @@ from typing import Any
 import torch
 
 from workbench.accelerations.base import Handle, Spec, option
-from workbench.accelerations.memory.ring import AS_STORED, FP8, check_resident, rings_for, streamed_positions
+from workbench.accelerations.memory.ring import (
+    AS_STORED,
+    FP8,
+    check_resident,
+    exact_pinning,
+    rings_for,
+    streamed_positions,
+)
 
 
 class _Installed(Handle):
@@ -51,6 +58,7 @@ class _Installed(Handle):
         self, spec: Spec, options: dict[str, Any], model: Any, plan: dict[str, list[int]], device, transfer: str
     ):
         super().__init__(spec, options, proof=("blocks_streamed",))
+        self.pinning = exact_pinning() if device.type == "cuda" else "none: one memory"
         self.rings = rings_for(model, plan, device, self.receipt, transfer)
         self.streamed = dict(plan)
         self.transfer = transfer
@@ -63,6 +71,7 @@ class _Installed(Handle):
         self.receipt.notes["streamed_blocks"] = self.streamed
         self.receipt.notes["transfer"] = self.transfer
         self.receipt.notes["bytes_per_forward"] = self.per_forward
+        self.receipt.notes["pinned_allocations"] = self.pinning
 
     def end_request(self, request_id: int) -> None:
         for ring in self.rings:

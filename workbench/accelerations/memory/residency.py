@@ -41,7 +41,15 @@ import torch
 from diffusers.hooks.group_offloading import ModuleGroup
 
 from workbench.accelerations.base import Receipt
-from workbench.accelerations.memory.ring import AS_STORED, Ring, Stream, check_resident, shared_rings, tensors_of
+from workbench.accelerations.memory.ring import (
+    AS_STORED,
+    Ring,
+    Stream,
+    check_resident,
+    exact_pinning,
+    shared_rings,
+    tensors_of,
+)
 
 
 def pin_device(obj: Any, attribute: str, device: torch.device) -> None:
@@ -73,6 +81,7 @@ class Residency:
         self.rings: list[Ring] = []
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.tiled = False  # tiling turned on by the plan (`dismantle` turns it off)
+        self.pinning = "none: one memory"  # on CUDA, what `ring.exact_pinning` says holds
         self.dismantled = False
 
     @classmethod
@@ -87,6 +96,8 @@ class Residency:
                 raise ValueError(f"memory: the cap {plan.cap} bytes is above {device}'s {total} bytes")
             torch.cuda.set_per_process_memory_fraction(plan.cap / total, device)
         residency = cls(model, plan, device, budget)
+        if device.type == "cuda":  # before anything is pinned: the rings' buffer and the offloaded components' weights
+            residency.pinning = exact_pinning()
         pipeline, family = model.pipeline, model.family
         streams = []
         for name, positions in plan.streamed_blocks.items():
@@ -203,6 +214,7 @@ class Residency:
             "streamed_text_layers": list(self.plan.streamed_text_layers),
             "denoisers_offloaded": self.plan.denoisers_offloaded,
             "ring_transfer": self.plan.ring_transfer,
+            "pinned_allocations": self.pinning,
         }
         contract = "approximate" if self.plan.approximate else "bitwise"
         return {"contract": contract, "options": options, **self.receipt.to_dict()}

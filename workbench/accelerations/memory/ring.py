@@ -7,9 +7,10 @@ one set of slots: their blocks run at different times (one denoiser at a time, t
 
 Where the streamed weights live (CUDA). On the host: views of one pinned buffer (`pin_into_one_buffer`: one
 allocation and one device -> pinned copy per weight; torch's pinned cache would round each weight's own allocation up
-to a power of two, ~1.6x the weights). That one allocation is rounded up to a power of two too unless torch's
-`pinned_max_round_threshold_mb` allocator setting is below its size (up to 2x the weights: 85 GiB of H3's streamed
-weights take 128 GiB; the request-h3-capped scenario sets it and measures what is pinned). On the device: `Slots`, RING_IN_FLIGHT flat buffers allocated once at install,
+to a power of two, ~1.6x the weights). That one allocation is rounded up to a power of two too by torch's
+default pinned allocator (up to 2x the weights: 85 GiB of H3's streamed weights would take 128 GiB), so on CUDA the
+rings and the session's residency first ask for allocations above PINNED_EXACT_MB to be made at their size
+(`exact_pinning`). On the device: `Slots`, RING_IN_FLIGHT flat buffers allocated once at install,
 each the size of the largest streamed block, shared by all the rings of one install (one ring's blocks compute at a
 time: Wan2.2's experts take turns and the text encoder runs before denoising, as the planner's working set assumes).
 Streamed block j computes from views of slot j % count, its tensors at aligned offsets in its own layout; outside its
@@ -37,6 +38,7 @@ FP8 ring has CPU slots (synchronous copies, no events), so the CPU runs the same
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -47,6 +49,8 @@ ALIGNMENT = 512  # bytes; where each tensor starts inside a pinned buffer or a s
 AS_STORED, FP8 = "as stored", "fp8"
 TRANSFERS = (AS_STORED, FP8)  # how a ring's streamed blocks move (module docstring)
 FP8_MAX = 448.0  # e4m3's largest finite value
+PINNED_EXACT_MB = 64  # pinned host allocations above this many MB are made at their size (`exact_pinning`)
+_SETTING = "pinned_max_round_threshold_mb"
 
 
 def streamed_positions(count: int, streamed: int) -> list[int]:
@@ -84,6 +88,23 @@ def pin_into_one_buffer(tensors: list[torch.Tensor], alignment: int = ALIGNMENT)
     """Move `tensors` (on any device) into views of one new pinned host buffer, in place (`t.data` becomes the view);
     returns the buffer. Values are unchanged (a copy); each view starts at a multiple of `alignment` bytes."""
     return store_on_host(tensors, set(), pin=True, keep=False, alignment=alignment)[0]
+
+
+def exact_pinning() -> str:
+    """Ask torch's pinned host allocator (process-wide) to make allocations above PINNED_EXACT_MB at their size rather
+    than round them up to a power of two, unless PYTORCH_CUDA_ALLOC_CONF already sets its `pinned_max_round_threshold_mb`.
+    Returns what holds, for receipts: the setting in force, or why this torch keeps rounding (the host then holds up to
+    2x the pinned bytes). Idempotent; the smaller allocations stay rounded, which is what lets torch reuse them."""
+    if _SETTING in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        return f"{_SETTING} from PYTORCH_CUDA_ALLOC_CONF"
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:
+        return f"rounded up to powers of two: this torch cannot set {_SETTING}"
+    try:
+        setter(f"{_SETTING}:{PINNED_EXACT_MB}")
+    except RuntimeError as error:
+        return f"rounded up to powers of two: {_SETTING} refused ({error})"
+    return f"{_SETTING}:{PINNED_EXACT_MB}"
 
 
 def module_bytes(module: torch.nn.Module) -> int:
@@ -417,6 +438,8 @@ def shared_rings(streams: list[Stream], device: torch.device, receipt: Any, keep
             f"block_ring: streamed weights of type {odd} (a tensor subclass, such as torchao's FP8) have no byte "
             "layout the ring's slots can hold; keep those blocks resident or install the ring without that plugin"
         )
+    if device.type == "cuda":
+        exact_pinning()
     _, stored = store_on_host(tensors, fp8, pin=device.type == "cuda", keep=keep)
     staging = max((aligned_layout(_fp8_layout(t))[1] for t in tensors if id(t) in fp8), default=0)
     try:
