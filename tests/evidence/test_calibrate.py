@@ -109,6 +109,10 @@ def test_a_knee_where_the_searched_plugin_does_no_work_is_no_setting():
     assert knee is None and 0.5 <= cliff <= 0.55
     assert "easycache's receipts show no work" in _no_setting_reason(points, knob, 0.8, "easycache")
     assert _search(evaluate, knob, 0.8, 7, "block_sparse")[1] is not None  # another plugin's idleness is not this one's
+    refused = [Point(0.0, math.inf, math.nan, math.nan, error="RuntimeError: needs an FP8 GPU")]
+    assert _no_setting_reason(refused, knob, 0.8, "easycache") == (
+        "no setting qualifies: threshold=0, the least aggressive value, cannot run (RuntimeError: needs an FP8 GPU)"
+    )
 
 
 def test_calibratable_plugins_declare_their_knob():

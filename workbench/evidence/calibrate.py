@@ -587,9 +587,12 @@ def _search(evaluate: Callable[[float], Point], knob: Knob, margin: float, max_e
 
 def _no_setting_reason(points: list[Point], knob: Knob, margin: float, plugin: str) -> str:
     first = points[0]
+    least = f"{knob.option}={knob.low:g}, the least aggressive value,"
+    if first.error:
+        return f"no setting qualifies: {least} cannot run ({first.error})"
     if first.spent > margin:
-        why = first.error or "; ".join(first.failures) or f"spends {first.spent:.3g} of the budget"
-        return f"no setting qualifies: even {knob.option}={knob.low:g} leaves {margin:g} of the budget ({why})"
+        why = "; ".join(first.failures) or "inside the budget, outside the margin"
+        return f"no setting qualifies: even {least} spends {first.spent:.3g} of the budget, over {margin:g} ({why})"
     if any(plugin in p.idle for p in points if p.spent <= margin):
         inside = f"at the values inside {margin:g} of the budget, {plugin}'s receipts show no work"
     else:
