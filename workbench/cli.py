@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from workbench import Request, Session, distributed
+    from workbench.accelerations.memory.ring import AS_STORED, FP8
     from workbench.io import check_writable
     from workbench.media import verify_mp4
     from workbench.memory_plan import MemoryBudget, parse_bytes
@@ -237,7 +238,7 @@ def _generate(args: argparse.Namespace) -> int:
     extra = _json_arg("accelerate", args.accelerate)  # refused before the model loads
     if args.fp8_ring and args.memory is None:
         raise ValueError("--fp8-ring: FP8 transfers are how a memory cap's ring moves blocks; give --memory too")
-    transfer = "fp8" if args.fp8_ring else "as stored"
+    transfer = FP8 if args.fp8_ring else AS_STORED
     memory = (
         None
         if args.memory is None

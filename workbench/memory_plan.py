@@ -273,8 +273,9 @@ def plan_memory(
 
     `activation`: stage -> activation peak (stages missing count 0); `tiled_activation`: the video decode's peak when
     tiled (None: the model has no tiled mode, or it is its default); `text_forwards`: text-encoder forwards per
-    request; `ring_transfer`: how streamed blocks move (FP8: at `fp.fp8_blocks` bytes). Every arrangement is weighed (offloaded components x streamed denoiser blocks x streamed text layers x
-    denoisers offloaded or not x decode mode). A tiled decode moves nothing, so it is chosen where untiled would fit
+    request; `ring_transfer`: how streamed blocks move (FP8: at `fp.fp8_blocks` bytes). Every arrangement is weighed
+    (offloaded components x streamed denoiser blocks x streamed text layers x denoisers offloaded or not x decode
+    mode). A tiled decode moves nothing, so it is chosen where untiled would fit
     only by moving more bytes; at equal bytes untiled wins (tiled is slower and not bit-equal to untiled), then fewer
     offloaded components, denoisers kept, fewer streamed text layers, fewer streamed blocks. ValueError naming
     `memory` with the smallest cap that fits when none does."""

@@ -5,7 +5,8 @@ stacks block_sparse + fused norms (+ FP8).
 Model: diffusers' default `MiniMaxH3Transformer3DModel` config, built on the meta device and materialised straight on
 the GPU (`model_sizes.materialise`), bf16 with its `_keep_in_fp32_modules` parameters in float32 (as
 `from_pretrained(torch_dtype=bf16)` keeps them); each `nn.Linear` / `nn.RMSNorm` runs its own `reset_parameters()`
-there, `rope.inv_freq` is the constructor's. It is served to the plugins through a `Session` over a `LoadedModel` holding just this transformer.
+there, `rope.inv_freq` is the constructor's. It is served to the plugins through a `Session` over a `LoadedModel`
+holding just this transformer.
 
 Inputs: a t2va packing built by the modular pipeline's own static methods: 512 text rows, 400 audio latents x 2
 channels, 72 x 46 x 62 video latents (72 x 23 x 31 rows after the (1, 2, 2) patch) = 52,648 rows; timesteps of step 8

@@ -18,8 +18,8 @@ remaining weights tensor by tensor (text encoder 8.55 GiB, video VAE 5.19, audio
 host. torch's pinned allocator rounds every allocation up to a power of two unless told not to
 (`pinned_max_round_threshold_mb`), which would make the one buffer 128 GiB: the residency asks for exact large
 allocations (`ring.exact_pinning`); the scenario checks with a probe allocation that they are exact, and before
-building anything compares what the plan pins, as this torch will allocate it (`host_pinned`, from the released shapes on the
-meta device), with the host's available memory: RuntimeError naming both when it does not fit. The shape records
+building anything compares what the plan pins, as this torch will allocate it (`host_pinned`, from the released
+shapes on the meta device), with the host's available memory: RuntimeError naming both when it does not fit. The shape records
 the estimate, the probe and the host's memory.
 
 Time: about 16 forwards at 11.0 s (forward-h3's stock forward at this packing) with the 26 streamed blocks' 32 GiB per
@@ -210,8 +210,8 @@ def run(context: Context) -> Measurement:
         notes.append(f"The request did not complete under the cap: {row['error']} (in {row['failed_stage']}).")
     if cuda:
         notes.append(
-            f"Host: the plan pins {gib(host['pinned_bytes'])} as this torch allocates it ({gib(host['pinned_exact_bytes'])}"
-            f" exact) of {gib(host['available_bytes'])} available before the build."
+            f"Host: the plan pins {gib(host['pinned_bytes'])} as this torch allocates it "
+            f"({gib(host['pinned_exact_bytes'])} exact) of {gib(host['available_bytes'])} available before the build."
         )
     notes.append(
         "Smoke: tiny-h3 on the CPU at the smallest cap the estimates allow (nothing enforces a cap there); the numbers "

@@ -28,6 +28,18 @@ def test_streamed_positions_spread_among_resident():
     assert streamed_positions(5, 5) == [0, 1, 2, 3, 4] and streamed_positions(3, 0) == []
 
 
+def _ringed(session, request, config) -> tuple:
+    """`request` generated with `config` installed (uninstalled after), and the denoiser forwards it ran."""
+    forwards = []
+    counting = session.model.pipeline.transformer.register_forward_pre_hook(lambda *_: forwards.append(1))
+    session.accelerate(config)
+    try:
+        return session.generate(request, progress=False), len(forwards)
+    finally:
+        session.accelerate({})
+        counting.remove()
+
+
 @pytest.mark.parametrize("name", sorted(REQUEST))
 def test_block_ring_bitwise_equal_resident(sessions, name):
     session = sessions(name)
@@ -36,22 +48,15 @@ def test_block_ring_bitwise_equal_resident(sessions, name):
     before = fingerprint(denoiser)
     request = Request("a red circle moves left", seed=4, **REQUEST[name])
     resident = session.generate(request, progress=False)
-    forwards = []
-    counting = denoiser.register_forward_pre_hook(lambda *_: forwards.append(1))
-    session.accelerate({"block_ring": {"resident_blocks": len(blocks) - 1}})
-    try:
-        ringed = session.generate(request, progress=False)
-    finally:
-        session.accelerate({})
-        counting.remove()
+    ringed, forwards = _ringed(session, request, {"block_ring": {"resident_blocks": len(blocks) - 1}})
     assert fingerprint(denoiser) == before, "uninstall did not restore the denoiser exactly"
     assert torch.equal(ringed.latents, resident.latents) and (ringed.frames == resident.frames).all()
     assert resident.audio is None or (ringed.audio == resident.audio).all()
     receipt = ringed.receipts["block_ring"]
     streamed = streamed_positions(len(blocks), 1)
     assert receipt["notes"]["streamed_blocks"] == {"transformer": streamed}
-    assert receipt["blocks_streamed"] == receipt["prefetched"] == receipt["released"] == len(forwards) > 0
-    assert receipt["bytes_moved"] == len(forwards) * module_bytes(blocks[streamed[0]]) and "late" not in receipt
+    assert receipt["blocks_streamed"] == receipt["prefetched"] == receipt["released"] == forwards > 0
+    assert receipt["bytes_moved"] == forwards * module_bytes(blocks[streamed[0]]) and "late" not in receipt
 
 
 def test_block_ring_bad_option_raises(sessions):
@@ -131,22 +136,15 @@ def _check_fp8_ring(session) -> None:
     finally:
         for t, original in zip(matrices, originals, strict=True):
             t.data = original
-    forwards = []
-    counting = denoiser.register_forward_pre_hook(lambda *_: forwards.append(1))
-    session.accelerate({"fp8_ring": {"resident_blocks": 0}})
-    try:
-        ringed = session.generate(request, progress=False)
-    finally:
-        session.accelerate({})
-        counting.remove()
+    ringed, forwards = _ringed(session, request, {"fp8_ring": {"resident_blocks": 0}})
     assert fingerprint(denoiser) == before, "uninstall did not restore the denoiser exactly"
     assert torch.equal(ringed.latents, round_tripped.latents) and (ringed.frames == round_tripped.frames).all()
     assert not torch.equal(ringed.latents, resident.latents), "the FP8 round trip changed nothing: vacuous"
     receipt = ringed.receipts["fp8_ring"]
     per_forward = sum(_fp8_bytes(block) for block in blocks)
     assert receipt["contract"] == "approximate" and not ringed.exact and resident.exact
-    assert receipt["blocks_streamed"] == len(forwards) * len(blocks) and "late" not in receipt
-    assert receipt["bytes_moved"] == len(forwards) * per_forward and per_forward < sum(map(module_bytes, blocks)) / 3
+    assert receipt["blocks_streamed"] == forwards * len(blocks) and "late" not in receipt
+    assert receipt["bytes_moved"] == forwards * per_forward and per_forward < sum(map(module_bytes, blocks)) / 3
     assert receipt["notes"]["transfer"] == "fp8" and receipt["notes"]["bytes_per_forward"] == {
         "transformer": per_forward
     }

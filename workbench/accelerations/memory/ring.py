@@ -92,8 +92,8 @@ def pin_into_one_buffer(tensors: list[torch.Tensor], alignment: int = ALIGNMENT)
 
 def exact_pinning() -> str:
     """Ask torch's pinned host allocator (process-wide) to make allocations above PINNED_EXACT_MB at their size rather
-    than round them up to a power of two, unless PYTORCH_CUDA_ALLOC_CONF already sets its `pinned_max_round_threshold_mb`.
-    Returns what holds, for receipts: the setting in force, or why this torch keeps rounding (the host then holds up to
+    than round them up to a power of two, unless PYTORCH_CUDA_ALLOC_CONF already sets its
+    `pinned_max_round_threshold_mb`. Returns what holds, for receipts: the setting in force, or why this torch keeps rounding (the host then holds up to
     2x the pinned bytes). Idempotent; the smaller allocations stay rounded, which is what lets torch reuse them."""
     if _SETTING in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
         return f"{_SETTING} from PYTORCH_CUDA_ALLOC_CONF"
@@ -168,8 +168,7 @@ def transfer_bytes(module: torch.nn.Module, transfer: str) -> int:
     as their FP8 bytes and scales (works on the meta device)."""
     if transfer == AS_STORED:
         return module_bytes(module)
-    parts = [p for t in tensors_of(module) for p in (_fp8_layout(t) if fp8_eligible(t) else [t])]
-    return sum(_nbytes(p) for p in parts)
+    return sum(t.numel() + 4 * t.shape[0] if fp8_eligible(t) else _nbytes(t) for t in tensors_of(module))
 
 
 def store_on_host(
@@ -426,8 +425,9 @@ def rings_for(
 def shared_rings(streams: list[Stream], device: torch.device, receipt: Any, keep: bool = False) -> list[Ring]:
     """One `Ring` per `Stream`, all sharing one set of `Slots` (as many as the longest ring needs, up to
     RING_IN_FLIGHT) on CUDA, and on the CPU when a stream moves FP8. The streamed blocks' weights are moved to one
-    host buffer first, pinned on CUDA (so their device copies are freed before the slots are allocated), the FP8
-    ones quantized (`store_on_host`; `keep`: an FP8 tensor's original stays in pageable host memory); all or none."""
+    host buffer first, pinned on CUDA (so their device copies are freed before the slots are allocated; the
+    installers, block_ring and the residency, call `exact_pinning` first), the FP8 ones quantized (`store_on_host`;
+    `keep`: an FP8 tensor's original stays in pageable host memory); all or none."""
     blocks = [block for stream in streams for block in stream.blocks]
     fp8 = {id(t) for s in streams if s.transfer == FP8 for b in s.blocks for t in tensors_of(b) if fp8_eligible(t)}
     if not blocks or device.type != "cuda" and not fp8:
@@ -438,8 +438,6 @@ def shared_rings(streams: list[Stream], device: torch.device, receipt: Any, keep
             f"block_ring: streamed weights of type {odd} (a tensor subclass, such as torchao's FP8) have no byte "
             "layout the ring's slots can hold; keep those blocks resident or install the ring without that plugin"
         )
-    if device.type == "cuda":
-        exact_pinning()
     _, stored = store_on_host(tensors, fp8, pin=device.type == "cuda", keep=keep)
     staging = max((aligned_layout(_fp8_layout(t))[1] for t in tensors if id(t) in fp8), default=0)
     try:

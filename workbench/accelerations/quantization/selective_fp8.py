@@ -5,13 +5,12 @@ approximate), through torchao or the workbench's fused path.
 "blocks.*.ffn.net.0.proj"); only `nn.Linear` layers are eligible. `groups=N` adds the N largest layer groups
 (`layer_groups`: a block Linear's path with its indices as "*", e.g. "blocks.*.ffn.net.*.proj", ranked by the weights
 the group holds, which is its GEMMs' share of the FLOPs per token): the knob a calibration searches, from the largest
-group alone to eight. `order="measured"` ranks the groups by measured gain instead (`measured_order`): the seconds
-its layers' FP8 GEMMs save per forward on this device, each shape timed once per process against bf16 through the
-plugin's own path at MEASURED_ROWS activation rows; groups whose FP8 GEMMs are slower rank last; the ranking goes into
-the receipt's notes (`group_order`, ms saved per forward). It needs the FP8 GPU the plugin runs on (else RuntimeError).
-torchao's
-`Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` needs CUDA with compute capability
->= 8.9, bf16 weights, and in/out features that are multiples of 16 (torchao skips other layers silently;
+group alone to eight. `order="measured"` ranks the groups by measured gain instead (`rank_by_gain`,
+`gemm_saving`): the seconds its layers' FP8 GEMMs save per forward on this device, each shape timed once per process
+against bf16 through the plugin's own path at MEASURED_ROWS activation rows; groups whose FP8 GEMMs are slower rank
+last; the ranking goes into the receipt's notes (`group_order`, ms saved per forward). It needs the FP8 GPU the
+plugin runs on (else RuntimeError). torchao's `Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())`
+needs CUDA with compute capability >= 8.9, bf16 weights, and in/out features that are multiples of 16 (torchao skips other layers silently;
 this plugin refuses them instead). Without those the plugin refuses with a RuntimeError unless
 `allow_fallback=True`; then the layers it cannot quantize stay dense and every call of one is counted in
 `receipt.fallbacks` under its reason. `fp8_gemms` counts calls of quantized Linears (forward pre-hooks),
@@ -118,7 +117,7 @@ MEASURED_ROWS = 32760  # activation rows of the timed GEMMs: Wan2.1's 480x832x81
 _SAVED: dict[tuple[str, str, int, int, int], float] = {}  # (device, path, rows, in, out) -> seconds saved per call
 
 
-def gemm_saving(device: torch.device, path: str, rows: int = MEASURED_ROWS) -> Callable[[int, int], float]:
+def gemm_saving(device: torch.device, path: str, rows: int) -> Callable[[int, int], float]:
     """`saved_s(in, out)` for `rank_by_gain`: the median time of a bf16 nn.Linear(in, out) (random weights, no bias)
     on `rows` random rows less that of the same Linear through this plugin's `path` ("torchao" or "fused"), timed on
     `device` with `workbench.evidence.timing.time_call` (queued clock). Each shape is timed once per process and
@@ -280,8 +279,6 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     if options["order"] == "measured" and options["groups"]:
         if (problem := machine_problem(device)) is not None:
             raise RuntimeError(f"{NAME}.order='measured': times FP8 GEMMs on the session's GPU; {problem}")
-        if options["path"] == "torchao":
-            _torchao()
         ranking = rank_by_gain(group_shapes(denoisers), gemm_saving(device, options["path"], MEASURED_ROWS))
     else:
         ranking = layer_groups(denoisers)
