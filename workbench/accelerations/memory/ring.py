@@ -102,7 +102,7 @@ def exact_pinning() -> str:
         return f"rounded up to powers of two: this torch cannot set {_SETTING}"
     try:
         setter(f"{_SETTING}:{PINNED_EXACT_MB}")
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:  # torch 2.11 raises ValueError: it does not know the key
         return f"rounded up to powers of two: {_SETTING} refused ({error})"
     return f"{_SETTING}:{PINNED_EXACT_MB}"
 
