@@ -65,9 +65,17 @@ def test_two_feature_caches_conflict_before_any_change(wan_session):
     assert fingerprint(transformer) == before
 
 
-def test_projection_plugins_conflict(wan_session):
-    with pytest.raises(ValueError, match=r"both modify attention.projections"):
-        wan_session.accelerate({"fused_qkv": {}, "cross_kv_cache": {}})
+@pytest.mark.parametrize(
+    ("config", "resource"),
+    [
+        ({"fused_qkv": {}, "cross_kv_cache": {}}, "attention.projections"),
+        # the epilogue reads the up-projection's weight itself: selective_fp8's FP8 forward on it would never run
+        ({"gelu_epilogue": {}, "selective_fp8": {"groups": 1}}, "linear.weights"),
+    ],
+)
+def test_plugins_that_modify_one_resource_conflict(wan_session, config, resource):
+    with pytest.raises(ValueError, match=rf"both modify {resource}"):
+        wan_session.accelerate(config)
 
 
 def test_failure_in_a_later_plugin_rolls_back_the_whole_set(wan_session, monkeypatch):

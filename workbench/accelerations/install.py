@@ -19,10 +19,10 @@ def plan(registry: dict[str, Spec], model: Any, config: dict[str, Any], device: 
 def validate(
     registry: dict[str, Spec], model: Any, config: dict[str, Any], device: torch.device
 ) -> list[tuple[Spec, dict[str, Any]]]:
-    """Every option, then capabilities, then conflicts; returns (spec, options) in installation order.
+    """Every option, then conflicts, then capabilities; returns (spec, options) in installation order.
 
-    Options are checked before capabilities so a bad option is a ValueError on any machine, and a good
-    option this machine cannot run is a RuntimeError.
+    Options and conflicts are checked before capabilities so a bad option or a set that can never be installed
+    together is a ValueError on any machine, and a good set this machine cannot run is a RuntimeError.
     """
     check_config(config)
     unknown = sorted(set(config) - set(registry))
@@ -30,9 +30,9 @@ def validate(
         raise ValueError(f"accelerations: unknown {unknown}; available: {sorted(registry)}")
     chosen = sorted((registry[name] for name in config), key=lambda spec: (spec.order, spec.name))
     options = {spec.name: spec.validate(config[spec.name]) for spec in chosen}
+    _check_conflicts(chosen)
     for spec in chosen:
         spec.check_capabilities(model, device)
-    _check_conflicts(chosen)
     return [(spec, options[spec.name]) for spec in chosen]
 
 

@@ -144,7 +144,9 @@ def _check_fp8_ring(session) -> None:
     per_forward = sum(_fp8_bytes(block) for block in blocks)
     assert receipt["contract"] == "approximate" and not ringed.exact and resident.exact
     assert receipt["blocks_streamed"] == forwards * len(blocks) and "late" not in receipt
-    assert receipt["bytes_moved"] == forwards * per_forward and per_forward < sum(map(module_bytes, blocks)) / 3
+    # e4m3 is a quarter of fp32 (the CPU's tiny-wan), half of bf16 (CUDA's); vectors and scales move as stored
+    share = 0.35 if matrices[0].dtype == torch.float32 else 0.6
+    assert receipt["bytes_moved"] == forwards * per_forward and per_forward < share * sum(map(module_bytes, blocks))
     assert receipt["notes"]["transfer"] == "fp8" and receipt["notes"]["bytes_per_forward"] == {
         "transformer": per_forward
     }

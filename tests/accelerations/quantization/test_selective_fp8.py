@@ -245,7 +245,9 @@ def test_measured_order_on_gpu_ranks_by_timed_gemms(path, monkeypatch):
     )
     root = torch.nn.Module()
     root.blocks = blocks.to("cuda", torch.bfloat16)
-    model = SimpleNamespace(denoisers=lambda: [root], family=SimpleNamespace(name="wan"))
+    model = SimpleNamespace(
+        denoisers=lambda: [root], family=SimpleNamespace(name="wan"), pipeline=SimpleNamespace(net=root)
+    )
     options = fp8.SPEC.validate({"groups": 1, "order": "measured", "path": path})
     handle = fp8.SPEC.prepare(model, options, torch.device("cuda")).activate()
     try:

@@ -15,7 +15,8 @@ Fail closed: CUDA only. On a CPU torch's `_addmm_activation` applies the erf GEL
 asks for, so the plugin refuses there; on a GPU, activation first checks on a small random problem that the
 epilogue computes the tanh GELU (closer to a float64 tanh-GELU than to the erf one, and within 2e-2 relative
 L2) and raises if not. A call it cannot take (grad mode, weight and input dtypes differ, no bias) runs the stock
-module and is counted under `fallbacks`. Receipt: `epilogue_calls`.
+module and is counted under `fallbacks`. Receipt: `epilogue_calls`. Exclusive with selective_fp8 (both claim
+`linear.weights`): the epilogue GEMM reads the up-projection's weight itself and would bypass an FP8 forward on it.
 """
 
 from __future__ import annotations
@@ -124,7 +125,9 @@ SPEC = Spec(
     prepare_fn=_prepare,
     config=GeluEpilogueConfig,
     devices=("cuda",),
-    touches=("ffn.activation",),
+    # linear.weights: the epilogue GEMM reads `proj.weight` itself, so a plugin that changes how Linear layers compute
+    # (selective_fp8's FP8 forward) would silently never run on the up-projection; the two refuse each other instead
+    touches=("ffn.activation", "linear.weights"),
     order=60,
 )
 SPECS = (SPEC,)
