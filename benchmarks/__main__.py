@@ -2,7 +2,9 @@
 `docs`.
 
 `run` measures each scenario in this process and writes `<out>/<scenario>.json` (benchmarks/envelope.py) as soon as
-it is done; a scenario that fails is reported and the next one still runs (exit status 1 if any failed). A scenario
+it is done. A scenario that declares `ALLOCATOR` (the capped ones: `expandable_segments:True`, which torch reads
+once, when CUDA starts) needs it in PYTORCH_CUDA_ALLOC_CONF: on a GPU `run` starts itself again with it added when
+it is missing (`allocator_env`), and refuses to mix such scenarios with others in one process; a scenario that fails is reported and the next one still runs (exit status 1 if any failed). A scenario
 that runs in chunks (calibrate-wan) stops cleanly at `--max-seconds` with its partial state under `<out>`, says so,
 and writes no envelope: the same command continues it (exit status 0).
 `docs` regenerates docs/measurements.md and the README's generated blocks (plugin table, headline figures).
@@ -45,6 +47,9 @@ def run_scenario(name: str, out: Path, smoke: bool, rounds: int, max_seconds: fl
     else:
         device = torch.device("cuda")
     module = SCENARIOS[name]
+    setting = getattr(module, "ALLOCATOR", None)
+    if device.type == "cuda" and setting and setting not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(","):
+        raise RuntimeError(f"{name}: run with PYTORCH_CUDA_ALLOC_CONF={setting} (set before CUDA starts; `run` does)")
     before = os.environ.get("TRITON_INTERPRET")
     if smoke:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -57,6 +62,26 @@ def run_scenario(name: str, out: Path, smoke: bool, rounds: int, max_seconds: fl
                 os.environ.pop("TRITON_INTERPRET", None)
             else:
                 os.environ["TRITON_INTERPRET"] = before
+
+
+def allocator_env(names: list[str], environ: dict[str, str]) -> dict[str, str] | None:
+    """The environment to restart `run` with so that the scenarios' `ALLOCATOR` settings hold from CUDA's start, or
+    None when nothing is missing. ValueError when scenarios that declare one run with others, or declare different
+    ones (each setting holds for the whole process)."""
+    from benchmarks.scenarios import SCENARIOS
+
+    wanted = {name: getattr(SCENARIOS[name], "ALLOCATOR", None) for name in names}
+    settings = set(wanted.values())
+    if len(settings) > 1:
+        raise ValueError(
+            "scenarios with an allocator setting run in their own process (torch reads it once): "
+            + "; ".join(f"{name}: {setting or 'none'}" for name, setting in wanted.items())
+        )
+    (setting,) = settings
+    current = environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if setting is None or setting in current.split(","):
+        return None
+    return environ | {"PYTORCH_CUDA_ALLOC_CONF": ",".join(filter(None, [current, setting]))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.scenarios if name not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; allowed: {sorted(SCENARIOS)}")
+    if not args.smoke and torch.cuda.is_available():  # is_available does not start CUDA's allocator
+        try:
+            environ = allocator_env(args.scenarios, dict(os.environ))
+        except ValueError as error:
+            parser.error(str(error))
+        if environ is not None:
+            print(f"restarting with PYTORCH_CUDA_ALLOC_CONF={environ['PYTORCH_CUDA_ALLOC_CONF']}", flush=True)
+            os.execvpe(sys.executable, [sys.executable, "-m", "benchmarks", *(argv or sys.argv[1:])], environ)
     from benchmarks.envelope import Unfinished
 
     failed = []

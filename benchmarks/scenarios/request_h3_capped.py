@@ -49,6 +49,7 @@ SUMMARY = (
     "736x992 t2va under a 48 GiB (or the set) cap: the session's memory plan, peak per stage"
 )
 GPUS = 1
+ALLOCATOR = "expandable_segments:True"  # the harness sets it; see benchmarks/__main__.py
 CAP = "48GiB"
 RELEASE = "MiniMax-H3 33.1B"
 TEXT_ROWS = 512  # the prompt's tokens: H3's text rows at the reference packing (`h3._denoise_shape`)
@@ -146,10 +147,6 @@ def run(context: Context) -> Measurement:
     smoke, device = context.smoke, context.device
     cuda = device.type == "cuda"
     cap = settings()
-    if cuda and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
-        raise RuntimeError(
-            f"{NAME}: run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts)"
-        )
     host, preflight = check_host(cap) if cuda else ({}, None)
     building = time.perf_counter()
     model = h3.random_full(0, device, torch.bfloat16) if not smoke else resolve("tiny-h3", dtype=torch.bfloat16)

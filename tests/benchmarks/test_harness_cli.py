@@ -141,3 +141,36 @@ def test_calibrate_wan_takes_its_plugins_from_the_environment_and_refuses_a_part
     assert "was made by another run (plugins: ['block_sparse', 'easycache'] recorded, ['easycache'] now)" in (
         shown.out + shown.err
     )
+
+
+def test_allocator_setting_is_added_once_and_never_mixed():
+    """The capped scenarios' `ALLOCATOR` reaches the restarted process's environment (after the caller's own
+    settings), is not added twice, and scenarios with and without one are refused together (torch reads it once)."""
+    from benchmarks.__main__ import allocator_env
+
+    assert allocator_env(["ring", "request-capped"], {"PATH": "/bin"}) == {
+        "PATH": "/bin",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    }
+    mine = {"PYTORCH_CUDA_ALLOC_CONF": "pinned_max_round_threshold_mb:64"}
+    assert allocator_env(["ring"], mine)["PYTORCH_CUDA_ALLOC_CONF"] == (
+        "pinned_max_round_threshold_mb:64,expandable_segments:True"
+    )
+    assert allocator_env(["ring"], {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}) is None
+    assert allocator_env(["forward-wan", "kernels"], {}) is None
+    with pytest.raises(ValueError, match=r"own process.*ring: expandable_segments:True.*forward-wan: none"):
+        allocator_env(["ring", "forward-wan"], {})
+
+
+def test_scenario_with_an_allocator_setting_refuses_cuda_without_it(tmp_path, monkeypatch):
+    """Called in-process on a CUDA device without the setting (the harness's restart bypassed), the run refuses
+    before the scenario starts, naming the variable."""
+    import benchmarks.__main__ as harness
+
+    monkeypatch.setattr(harness.torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    started = []
+    monkeypatch.setattr(SCENARIOS["ring"], "run", lambda context: started.append(context))
+    with pytest.raises(RuntimeError, match=r"ring: run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"):
+        run_scenario("ring", tmp_path, smoke=False, rounds=3)
+    assert not started
