@@ -329,7 +329,7 @@ TEXT_HIDDEN = 16
 # The pipeline reads `hidden_states[text_encoder_layer]` (50), so the tiny conditioner has 51 layers of width 16
 # rather than a pipeline subclass overriding `text_encoder_layer`: the stock class stays in use.
 TEXT_LAYERS = 51
-# tiny-h3's transformer config (benchmarks/h3_full_forward.py --smoke builds it bare, with head dim 128).
+# tiny-h3's transformer config (forward-h3's --smoke builds it bare, with head dim 128).
 TINY_TRANSFORMER = {
     "num_attention_heads": 2,
     "attention_head_dim": 16,

@@ -63,9 +63,8 @@ def stft_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     output silence; the spectra say what a listener (and the pitch detector) hears. The log term compares
     `log(|S| + STFT_LOG_EPS)`: with a tiny floor every silent bin of a pure tone weighs as much as the tone
     itself and a near-silent output scores well (the first H200 run's vocoder learned exactly that: RMS
-    0.004 against 0.2). From that run's vocoder, 700 CPU steps of batch 8 (benchmarks/vocoder_loss_cpu.py,
-    results/2026-11-29-vocoder-loss-cpu.json): pitch and rhythm 0.92 on 24 held-out clips (RMS 0.14) with
-    this floor, 0.0 (RMS 0.009) with a 1e-5 clamp.
+    0.004 against 0.2). With this floor the vocoder keeps the tones' loudness; with a 1e-5 clamp it
+    fell silent (benchmarks/results/2026-11-29-vocoder-loss-cpu.json compares the two).
     """
     length = min(prediction.shape[-1], target.shape[-1])
     prediction = prediction[..., :length].reshape(-1, length).float()

@@ -1,5 +1,5 @@
 """flash4_attention: refusals, and the registry swap and its undo driven by a stand-in for `flash_attn.cute` on CPU
-(the FA4 kernels themselves run only on the H200: benchmarks/flash4_attention.py)."""
+(the FA4 kernels themselves run only on a GPU: `python -m benchmarks run fp8-attention forward-wan`)."""
 
 import types
 

@@ -3,11 +3,10 @@
 
 Why: attention is ~70 % of a Wan2.1-1.3B forward and of a MiniMax-H3 forward on the H200, and diffusers' default
 (SDPA picking cuDNN) runs it near 570 TFLOP/s. FA4 ships a Hopper (sm_90) forward written in NVIDIA's CuTe DSL
-(warp-specialised, TMA, FA3's design). Measured on the H200 (benchmarks/flash4_attention.py,
-results/2026-11-30-flash4-attention.json): 669 vs cuDNN's 563 TFLOP/s at Wan2.1-1.3B's 32,760 x 12 heads, 667 vs
-567 at MiniMax-H3's 52,648 x 56 (1.19x / 1.18x per call; relative L2 3.1e-3 between the two, equal error against
-an fp32 reference); one Wan forward 1.096x stock with it alone, one H3 forward 1.102x. diffusers 0.42 reaches FA4 only through its hub backend, which downloads code;
-this plugin calls the locally installed package instead.
+(warp-specialised, TMA, FA3's design). `python -m benchmarks run fp8-attention` times it against cuDNN per call at
+Wan2.1-1.3B's 32,760 x 12 heads, `forward-wan` and `forward-h3` in a forward (docs/measurements.md). diffusers 0.42
+reaches FA4 only through its hub backend, which downloads code; this plugin calls the locally installed package
+instead.
 
 How: every denoiser module's processors are pinned to diffusers' `native` backend, and that backend's registry
 entry is replaced, for the plugin's lifetime, by a function that runs `flash_attn.cute.flash_attn_func` on the

@@ -18,19 +18,16 @@ Why `reduction`, not `rounding`: the LayerNorm and RMSNorm row statistics are su
 and those differences travel through attention and the FFN. Bounds tested on the CPU interpreter
 (tests/accelerations/fused/test_fused_block_norms.py): one block vs a float64 run of the stock block, the fused block's
 max-abs and relative-L2 errors are at most 2x the stock block's own (bf16 or fp32) plus a small floor; a whole
-tiny-wan request stays within a stated relative-L2 of the stock request. H200, Wan2.1-1.3B shape, random weights
-(benchmarks/results/2026-11-30-exact-fast-forward-run2.json, -run5.json): with adaln_precompute, cross_kv_cache and
-gelu_epilogue one forward ran 1.22-1.23x stock with output relative L2 4.9e-3 against stock (without the GELU
-epilogue 1.207x, 4.8e-3); the glue outside attention and GEMM fell from 63 ms to 28 ms per forward.
+tiny-wan request stays within a stated relative-L2 of the stock request. On a GPU its speed and distance to stock are
+measured inside the exact-fast profile (`python -m benchmarks run forward-wan`, docs/measurements.md).
 
 MiniMax-H3 (`MiniMaxH3TransformerBlock`): fused_block_ops' H3 forward (in-dtype modulation and gated residuals with
 the per-row AdaLN index, torch's rounding) plus the attention's q/k RMSNorm + rotate-half rotary as one
 `head_norm_rope` kernel each (`QKNormRope`), in place of two RMSNorm launches, eight concatenation copies and the
 pointwise passes of the rotary per block. Both forwards are the families' (`Family.fused.norms`, in
-workbench/models/fused/wan.py and h3.py). On the H200 at the 33.1B model's 52,648 rows
-(benchmarks/results/2026-11-30-h3-full-forward-run5.json) one forward went from 11.03 to 10.42 s (1.059x; the glue
-outside attention and GEMM from 1.38 to 0.50 s), output rel-L2 2.3e-3 against stock. Its norms' sums of squares
-are summed in another order than torch's (kernels/head_norm_rope.py): `reduction` as for Wan.
+workbench/models/fused/wan.py and h3.py). `python -m benchmarks run forward-h3` measures it at the 33.1B model's
+52,648 rows (exact-fast and block_sparse+norms arms). Its norms' sums of squares are summed in another order than
+torch's (kernels/head_norm_rope.py): `reduction` as for Wan.
 
 Fail closed: on CPU the kernels need `TRITON_INTERPRET=1` (RuntimeError at prepare); a block whose forward another
 plugin replaced (e.g. fused_block_ops, which also touches `blocks.forward`) is refused. A call the kernels cannot

@@ -19,11 +19,10 @@ What is proven where:
 - CPU, Triton interpreter (CI): tests compare every fused block with the stock block by `torch.equal` on fresh
   random inputs (bf16 and fp32, several shapes) and whole tiny-model requests (tiny-wan, tiny-ltx2, tiny-h3, bf16
   and fp32) with and without the plugin (tests/accelerations/fused/test_fused_block_ops*.py).
-- GPU (kernels compiled with FP fusion off): measured once on an H200, before `rope` and the LTX-2/H3 forwards
-  existed, for Wan's two fp32-arithmetic kernels at the 1.3B shape and over a Wan2.1-1.3B-shaped request (equal,
-  benchmarks/results/2026-11-29-exact-fast-*.json). The rotary kernel inside the block, the in-dtype kernels and
-  the LTX-2/H3 blocks on a GPU are **unverified until measured**: benchmarks/fused_blocks_gpu.py checks each
-  fused block against the stock one there.
+- GPU (kernels compiled with FP fusion off): `python -m benchmarks run forward-wan`'s `bit-equal` arm (this plugin
+  with adaln_precompute and cross_kv_cache, the rotary kernel included) checks `torch.equal` to stock on a
+  Wan2.1-1.3B-shaped forward (docs/measurements.md). The LTX-2 and H3 blocks (the in-dtype kernels) have no GPU
+  check yet: on a GPU they are **unverified**.
 
 Options: `rope` = "auto" (the rotary kernel where the family has one wired: Wan), "on" (the same, and a
 RuntimeError at prepare for a family without one: LTX-2, H3), "off" (torch's rotary).
