@@ -15,3 +15,26 @@ def test_every_package_is_listed_in_pyproject():
 def test_ci_runs_exactly_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert f"```bash\n{ci}\n```" in (ROOT / "README.md").read_text()
+
+
+def test_every_repository_path_the_docs_and_docstrings_name_exists():
+    """A path into this repository named in the README, docs/ or any Python file (a script, a results file, a test,
+    a kernel, a notebook; `*` as a glob) exists: files moved or removed leave no dangling pointers behind."""
+    import re
+    import subprocess
+
+    pattern = re.compile(
+        r"\b((?:benchmarks|tests|kernels|workbench|widgets|notebooks|docs|data_manifests)/[\w/*.-]+"
+        r"\.(?:py|json|md|ipynb|sh|png|html))"
+    )
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    sources = [
+        p for p in tracked if p.endswith(".py") or p == "README.md" or (p.startswith("docs/") and p.endswith(".md"))
+    ]
+    missing = sorted(
+        f"{source}: {name}"
+        for source in sources
+        for name in set(pattern.findall((ROOT / source).read_text()))
+        if not list(ROOT.glob(name))
+    )
+    assert not missing, missing
