@@ -390,7 +390,13 @@ def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(monkeypatch, name
             assert resident.audio is None or (result.audio == resident.audio).all()
             left = [t for module in away for t in tensors_of(module) if t.device.type != "cpu" or not t.is_pinned()]
             assert not left, f"{len(left)} offloaded weights did not go back to pinned host memory"
+            rings = session.residency.rings
+            pinned = [*session.residency.pinned, *(rings[0].chunks if rings else ())]
+            chunks = {c.untyped_storage().data_ptr() for c in pinned}
+            homes = {t.untyped_storage().data_ptr() for module in away for t in tensors_of(module)}
+            assert homes <= chunks, "an offloaded weight's host copy is not a view of the residency's pinned chunks"
             got = result.receipts["memory_residency"]
+            assert got["options"]["host_bytes"] == sum(c.numel() for c in pinned) > 0
             assert got.get("text_blocks_streamed", 0) == plan.text_forwards * len(plan.streamed_text_layers)
             assert "late" not in got and "text_late" not in got
         assert on_device == [{"cuda"}] * (2 * plan.text_forwards * len(plan.streamed_text_layers))

@@ -13,14 +13,13 @@ printed as it happens: a run cut off by the device call's limit still says how f
 during the request is the finding, not a crash: the row says in which stage, with the stages that finished.
 
 Host memory: the plan keeps in pinned host memory everything it does not keep on the device. At 48 GiB: the 26
-streamed transformer blocks and 59 streamed text layers in one buffer (84.85 GiB) and the offloaded components'
-remaining weights tensor by tensor (text encoder 8.55 GiB, video VAE 5.19, audio VAE 0.56): 99.1 GiB of a 128 GiB
-host. torch's pinned allocator rounds every allocation up to a power of two unless told not to
-(`pinned_max_round_threshold_mb`), which would make the one buffer 128 GiB: the residency asks for exact large
-allocations (`ring.exact_pinning`); the scenario checks with a probe allocation that they are exact, and before
-building anything compares what the plan pins, as this torch will allocate it (`host_pinned`, from the released
-shapes on the meta device), with the host's available memory: RuntimeError naming both when it does not fit. The shape records
-the estimate, the probe and the host's memory.
+streamed transformer blocks and 59 streamed text layers (84.85 GiB) and the offloaded components' remaining weights
+(text encoder 8.55 GiB, video VAE 5.19, audio VAE 0.56): 99.1 GiB of a 128 GiB host. torch's pinned allocator rounds
+every allocation up to a power of two (one buffer for the streamed weights would take 128 GiB), so the residency pins
+in power-of-two chunks (`ring.chunk_layout`), which it takes at their size. Before building anything the scenario
+compares what the plan pins so (`host_pinned`, from the released shapes on the meta device) with the host's available
+memory: RuntimeError naming both when it does not fit. The shape records the estimate and the host's memory; the
+residency's receipt, the bytes it pinned (`host_bytes`).
 
 Time: about 16 forwards at 11.0 s (forward-h3's stock forward at this packing) with the 26 streamed blocks' 32 GiB per
 forward hidden behind compute, plus the text encode, the decodes, the build and the pinning: expected to fit one 600 s
@@ -39,7 +38,7 @@ import torch
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.request_capped import MOVED
 from workbench import Request, Result, Session
-from workbench.accelerations.memory.ring import PINNED_EXACT_MB, aligned_layout, exact_pinning, tensors_of
+from workbench.accelerations.memory.ring import chunk_layout, tensors_of
 from workbench.memory_plan import MemoryBudget, MemoryPlan, gib, plan_for
 from workbench.models import h3, resolve
 
@@ -75,11 +74,10 @@ def prompt(tokenizer: Any) -> str:
     return tokenizer.decode(ids[:TEXT_ROWS])
 
 
-def host_pinned(model: Any, plan: MemoryPlan, rounded_up_to: int | None) -> int:
-    """Bytes of pinned host memory `plan` takes for `model` as the residency allocates it: the streamed blocks and
-    text layers in one buffer (`ring.shared_rings`), each offloaded component's other weights one allocation per tensor
-    (diffusers' `ModuleGroup`). An allocation of at most `rounded_up_to` bytes (None: any) counts at the next power of
-    two, as torch's pinned allocator takes it."""
+def host_pinned(model: Any, plan: MemoryPlan) -> tuple[int, int]:
+    """Pinned host memory `plan` takes for `model`: (the weights' bytes, the bytes of the chunks the residency pins
+    them in): the streamed blocks and text layers in one set of chunks (`ring.shared_rings`), each offloaded
+    component's other weights in its own (`Residency._offload_group`), each set laid out by `ring.chunk_layout`."""
     pipeline, family = model.pipeline, model.family
     blocks = []
     for name, positions in plan.streamed_blocks.items():
@@ -89,29 +87,12 @@ def host_pinned(model: Any, plan: MemoryPlan, rounded_up_to: int | None) -> int:
         layers = family.text_blocks(pipeline.text_encoder)[1]
         blocks += [layers[i] for i in plan.streamed_text_layers]
     streamed = list({id(t): t for block in blocks for t in tensors_of(block)}.values())
-    sizes = [aligned_layout(streamed)[1]] if streamed else []
     ids = {id(t) for t in streamed}
-    for name in plan.offloaded:
-        sizes += [t.numel() * t.element_size() for t in tensors_of(getattr(pipeline, name)) if id(t) not in ids]
-    return sum(1 << (n - 1).bit_length() if rounded_up_to is None or n <= rounded_up_to else n for n in sizes)
-
-
-def unrounded_pinning() -> dict[str, Any]:
-    """`ring.exact_pinning` (what the residency asks of torch's pinned allocator), then one pinned allocation just
-    above PINNED_EXACT_MB to check it: `rounded_up_to` is that threshold when large allocations are exact, None when
-    they are still rounded or this torch cannot say."""
-    record: dict[str, Any] = {"setting": exact_pinning()}
-    size = PINNED_EXACT_MB * 2**20 + 2**20
-    stats = getattr(torch.cuda, "host_memory_stats", None)
-    if stats is None:
-        return {**record, "probe_bytes": size, "allocated_bytes": None, "rounded_up_to": None}
-    before = stats().get("allocated_bytes.current", 0)
-    probe = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    allocated = stats().get("allocated_bytes.current", 0) - before
-    del probe
-    exact = allocated == size
-    return {**record, "probe_bytes": size, "allocated_bytes": allocated,
-            "rounded_up_to": PINNED_EXACT_MB * 2**20 if exact else None}  # fmt: skip
+    sets = [streamed] + [
+        [t for t in tensors_of(getattr(pipeline, name)) if id(t) not in ids] for name in plan.offloaded
+    ]
+    sizes = [[t.numel() * t.element_size() for t in tensors] for tensors in sets if tensors]
+    return sum(map(sum, sizes)), sum(sum(chunk_layout(each)[0]) for each in sizes)
 
 
 def available_host_bytes() -> int:
@@ -130,17 +111,14 @@ def check_host(cap: str) -> tuple[dict[str, Any], MemoryPlan]:
 
     meta = meta_model(RELEASE)
     plan = plan_for(meta, MemoryBudget(cap), reference_request(RELEASE))
-    pinning = unrounded_pinning()
-    need, exact = host_pinned(meta, plan, pinning["rounded_up_to"]), host_pinned(meta, plan, 0)
+    exact, need = host_pinned(meta, plan)
     available = available_host_bytes()
     if need > available:
         raise RuntimeError(
-            f"{NAME}: the plan pins {gib(need)} of host memory as this torch allocates it ({gib(exact)} exact) and the "
-            f"host has {gib(available)} available; large pinned allocations are rounded up to a power of two (probe: "
-            f"{pinning}). Run on a host with more memory, or with a torch whose pinned allocator takes "
-            "pinned_max_round_threshold_mb"
+            f"{NAME}: the plan pins {gib(need)} of host memory in power-of-two chunks ({gib(exact)} of weights) and "
+            f"the host has {gib(available)} available. Run on a host with more memory, or with a larger REQUEST_H3_CAP"
         )
-    return {"pinned_bytes": need, "pinned_exact_bytes": exact, "available_bytes": available, "pinning": pinning}, plan
+    return {"pinned_bytes": need, "pinned_exact_bytes": exact, "available_bytes": available}, plan
 
 
 def run(context: Context) -> Measurement:
@@ -171,7 +149,7 @@ def run(context: Context) -> Measurement:
     opened = time.perf_counter() - opening
     plan = session.memory_plan
     print(str(plan), flush=True)
-    host["plan_pinned_exact_bytes"] = host_pinned(model, plan, 0)  # on CUDA; a CPU pins nothing
+    host["plan_pinned_exact_bytes"] = host_pinned(model, plan)[0]  # on CUDA; a CPU pins nothing
     events: list[Any] = []
     session.subscribe(lambda event: _progress(event, events))
     shape = {
@@ -207,7 +185,7 @@ def run(context: Context) -> Measurement:
         notes.append(f"The request did not complete under the cap: {row['error']} (in {row['failed_stage']}).")
     if cuda:
         notes.append(
-            f"Host: the plan pins {gib(host['pinned_bytes'])} as this torch allocates it "
+            f"Host: the plan pins {gib(host['pinned_bytes'])} in power-of-two chunks "
             f"({gib(host['pinned_exact_bytes'])} exact) of {gib(host['available_bytes'])} available before the build."
         )
     notes.append(

@@ -6,11 +6,11 @@ device whole and against it resident: Qwen3-VL-32B's text model (`model_sizes.QW
 Model: built on the meta device and materialised on the GPU (`model_sizes.materialise`); each `nn.Linear` and
 `nn.Embedding` runs its own `reset_parameters()` there, the RMSNorm weights are ones, the rotary table is the
 constructor's (float32). Then every
-weight moves into one pinned host buffer (`ring.pin_into_one_buffer`), where the memory plan keeps an offloaded text
+weight moves into pinned host chunks (`ring.pin_on_host`), where the memory plan keeps an offloaded text
 encoder; the device holds only what the visiting arm puts there.
 
 Arms, one timed forward per visit, A/B/A against `onload`:
-- `onload`: the whole text model copied from the pinned buffer onto the device (side stream, then synchronised, as
+- `onload`: the whole text model copied from the pinned chunks onto the device (side stream, then synchronised, as
   the residency brings an offloaded component on for its stage), then the forward, all timed: what a plan that
   moves the text encoder whole costs each request (what the planner did before the text ring).
 - `ring-<card>`: the layers the planner streams under that card's plan for the released H3 (`model_sizes.plan`, the
@@ -40,7 +40,7 @@ from workbench.accelerations.memory.ring import (
     Ring,
     Slots,
     module_bytes,
-    pin_into_one_buffer,
+    pin_on_host,
     streamed_positions,
     tensors_of,
 )
@@ -81,7 +81,7 @@ def build(text: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: 
 
 
 class _Placement:
-    """The text model's weights living in one pinned host buffer (CUDA; in place on the CPU), and what each visit puts
+    """The text model's weights living in pinned host chunks (CUDA; in place on the CPU), and what each visit puts
     on the device: `onload(skip)` copies every weight but `skip` on (side stream, synchronised), `offload()` points
     every weight back at its host tensor (the device copies are freed)."""
 
@@ -89,7 +89,7 @@ class _Placement:
         self.model, self.device = model, device
         self.tensors = tensors_of(model)
         if device.type == "cuda":
-            pin_into_one_buffer(self.tensors)
+            pin_on_host(self.tensors)
             torch.cuda.empty_cache()
         self.host = [t.data for t in self.tensors]
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None

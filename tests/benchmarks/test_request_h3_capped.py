@@ -41,13 +41,13 @@ def test_request_h3_capped_bad_cap_raises_naming_the_variable_before_building(mo
 
 
 def test_request_h3_capped_host_pinned_at_48gib_is_the_plans_offloaded_and_streamed_weights():
-    """At 48 GiB the released H3's plan pins 99.1 GiB exact; rounded up to powers of two (torch's pinned allocator
-    by default) the one buffer of streamed weights alone would be 128 GiB, more than the GPU machine's host."""
+    """At 48 GiB the released H3's plan pins 99.1 GiB of weights; in power-of-two chunks (what torch's pinned allocator
+    takes at their size) that costs under 1 % more, where one buffer for the streamed weights alone would be rounded
+    up to 128 GiB, the GPU machine's whole host."""
     model, planned = meta_model(request_h3_capped.RELEASE), plan(request_h3_capped.RELEASE, "48GiB")
-    exact = request_h3_capped.host_pinned(model, planned, 0)
+    exact, chunked = request_h3_capped.host_pinned(model, planned)
     assert 98 * 2**30 < exact < 100 * 2**30
-    assert request_h3_capped.host_pinned(model, planned, None) > 128 * 2**30
-    assert exact <= request_h3_capped.host_pinned(model, planned, 64 * 2**20) < exact + 2**30
+    assert exact <= chunked < 1.01 * exact
 
 
 def test_request_h3_capped_prompt_is_the_reference_text_rows():

@@ -4,6 +4,8 @@ round trip of the streamed matrices, their bytes counted, the round trip's error
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workbench import Request
 from workbench.accelerations import fingerprint
@@ -11,11 +13,14 @@ from workbench.accelerations.base import Receipt
 from workbench.accelerations.memory.ring import (
     RING_IN_FLIGHT,
     Ring,
+    RowwiseFP8,
     Slots,
+    chunk_layout,
     dequantize,
     module_bytes,
-    pin_into_one_buffer,
+    pin_on_host,
     quantize_rows,
+    store_on_host,
     streamed_positions,
     tensors_of,
 )
@@ -238,7 +243,7 @@ def test_ring_slots_bitwise_equal_resident(rng, device):
         expected = [stack(x, run) for run in runs]
     streamed = [stack.blocks[i] for i in positions]
     if device == "cuda":
-        pin_into_one_buffer([t for block in streamed for t in tensors_of(block)])
+        pin_on_host([t for block in streamed for t in tensors_of(block)])
     receipt = Receipt(proof=("blocks_streamed",))
     slots = Slots(streamed, RING_IN_FLIGHT, torch.device(device))
     ring = Ring(stack, streamed, receipt, slots)
@@ -293,10 +298,13 @@ def test_block_ring_bitwise_equal_resident_on_cuda():
     try:
         streamed = next(blocks[1].parameters())
         assert streamed.device.type == "cpu" and streamed.is_pinned()
+        handle = session._handles[0]
+        chunks = {c.untyped_storage().data_ptr() for c in handle.rings[0].chunks}
         bases = {p.untyped_storage().data_ptr() for b in blocks for p in b.parameters()}
-        assert len(bases) == 1, "the streamed weights are views of one pinned buffer"
+        assert bases <= chunks, "the streamed weights are views of the ring's pinned chunks"
+        assert handle.host_bytes == sum(c.numel() for c in handle.rings[0].chunks) < 2 * sum(map(module_bytes, blocks))
         assert denoiser.proj_out.weight.device.type == "cuda"
-        slots = session._handles[0].rings[0].slots.buffers
+        slots = handle.rings[0].slots.buffers
         seen = []
         capture = [b.register_forward_pre_hook(lambda m, _, j=j: seen.append((j, _spans(m))))
                    for j, b in enumerate(blocks)]  # fmt: skip
@@ -315,19 +323,36 @@ def test_block_ring_bitwise_equal_resident_on_cuda():
     assert torch.equal(ringed.latents, resident.latents) and (ringed.frames == resident.frames).all()
 
 
-def test_exact_pinning_asks_torch_not_to_round_large_pinned_allocations(monkeypatch):
-    """The setting goes to torch's allocator config (readable back where torch has a getter); one already in
-    PYTORCH_CUDA_ALLOC_CONF is left alone; a torch without the setter says the pinned bytes stay rounded."""
-    from workbench.accelerations.memory import ring
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 2**20), min_size=1, max_size=40), st.sampled_from([1, 16, 512]))
+def test_chunk_layout_packs_tensors_into_power_of_two_chunks(sizes, alignment):
+    """Every tensor lies inside one chunk at an aligned offset, without overlap; every chunk is a power of two (what
+    torch's pinned allocator takes at its size) and none is larger than the one before; a chunk other than the last
+    leaves unused less than the smallest tensor placed after it, the last one at most its content."""
+    chunks, where = chunk_layout(sizes, alignment)
+    aligned = [-(-n // alignment) * alignment for n in sizes]
+    assert len(where) == len(sizes) and all(c > 0 and c & (c - 1) == 0 for c in chunks)
+    assert chunks == sorted(chunks, reverse=True)
+    for k, chunk in enumerate(chunks):
+        spans = sorted((o, o + n) for (c, o), n in zip(where, aligned, strict=True) if c == k)
+        assert spans and all(o % alignment == 0 for o, _ in spans) and spans[-1][1] <= chunk
+        assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False))
+        used = sum(end - start for start, end in spans)
+        later = [n for (c, _), n in zip(where, aligned, strict=True) if c > k]
+        assert chunk - used < min(later) if later else chunk - used <= max(used, alignment)
 
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    assert ring.exact_pinning() == f"pinned_max_round_threshold_mb:{ring.PINNED_EXACT_MB}"
-    if hasattr(torch._C, "_accelerator_getAllocatorSettings"):
-        assert "pinned_max_round_threshold_mb:64" in torch._C._accelerator_getAllocatorSettings()
-    calls = []
-    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", calls.append)
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,pinned_max_round_threshold_mb:8")
-    assert ring.exact_pinning() == "pinned_max_round_threshold_mb from PYTORCH_CUDA_ALLOC_CONF" and calls == []
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
-    monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings")
-    assert ring.exact_pinning().startswith("rounded up to powers of two: this torch cannot set")
+
+def test_store_on_host_moves_tensors_into_chunks_unchanged():
+    """The tensors (and an FP8 one's bytes and scales) become views of the power-of-two chunks, values unchanged."""
+    torch.manual_seed(0)
+    tensors = [torch.randn(n, 48) for n in (300, 7, 1000, 64, 129)]
+    values = [t.clone() for t in tensors]
+    chunks, stored = store_on_host(tensors, {id(tensors[2])}, pin=False, keep=True)
+    starts = [(c.untyped_storage().data_ptr(), c.numel()) for c in chunks]
+    for t, value in zip(tensors, values, strict=True):
+        assert torch.equal(t, value)
+        held = stored[id(t)]
+        for part in (held.q, held.scale) if isinstance(held, RowwiseFP8) else (held,):
+            assert any(a <= part.data_ptr() < a + n for a, n in starts)
+    assert all(c.numel() & (c.numel() - 1) == 0 for c in chunks)
+    assert sum(c.numel() for c in chunks) < 2 * sum(t.numel() * t.element_size() for t in tensors)

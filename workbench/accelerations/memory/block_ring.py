@@ -28,11 +28,12 @@ to run (RuntimeError naming the block).
 `fp8_ring` (contract approximate): the same ring, its streamed blocks' weight matrices moved as row-wise FP8 (e4m3
 and one float32 scale per output row; biases and norm weights as stored) and dequantized into the slot on the
 device before their block runs (`ring` module docstring), so each forward moves about half the bytes of bf16 and
-the blocks compute on the FP8 round trip of their matrices. The pinned host buffer holds the FP8 copies; the
+the blocks compute on the FP8 round trip of their matrices. The pinned host chunks hold the FP8 copies; the
 originals wait in pageable host memory, so uninstall gives the model back exactly (the session's memory budget,
 `MemoryBudget(ring_transfer="fp8")`, drops them instead). Both plugins change where the denoiser's weights live:
-they cannot be installed together. Their receipts' notes say the transfer and the bytes each denoiser's forward
-moves (`bytes_per_forward`).
+they cannot be installed together. Their receipts' notes say the transfer, the bytes each denoiser's forward
+moves (`bytes_per_forward`) and the bytes of the host chunks holding the streamed blocks (`host_bytes`: pinned on
+CUDA, `ring.chunk_layout`; 0 on a CPU moving them as stored: one memory).
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ from workbench.accelerations.memory.ring import (
     AS_STORED,
     FP8,
     check_resident,
-    exact_pinning,
     rings_for,
     streamed_positions,
 )
@@ -58,11 +58,11 @@ class _Installed(Handle):
         self, spec: Spec, options: dict[str, Any], model: Any, plan: dict[str, list[int]], device, transfer: str
     ):
         super().__init__(spec, options, proof=("blocks_streamed",))
-        self.pinning = exact_pinning() if device.type == "cuda" else "none: one memory"
         self.rings = rings_for(model, plan, device, self.receipt, transfer)
         self.streamed = dict(plan)
         self.transfer = transfer
         self.per_forward = {name: sum(ring.nbytes) for name, ring in zip(plan, self.rings, strict=True)}
+        self.host_bytes = sum(chunk.numel() for chunk in self.rings[0].chunks) if self.rings else 0
 
     def begin_request(self, request_id: int, steps: int) -> None:
         super().begin_request(request_id, steps)
@@ -71,7 +71,7 @@ class _Installed(Handle):
         self.receipt.notes["streamed_blocks"] = self.streamed
         self.receipt.notes["transfer"] = self.transfer
         self.receipt.notes["bytes_per_forward"] = self.per_forward
-        self.receipt.notes["pinned_allocations"] = self.pinning
+        self.receipt.notes["host_bytes"] = self.host_bytes
 
     def end_request(self, request_id: int) -> None:
         for ring in self.rings:

@@ -46,7 +46,7 @@ from workbench.accelerations.memory.ring import (
     Ring,
     Stream,
     check_resident,
-    exact_pinning,
+    pin_on_host,
     shared_rings,
     tensors_of,
 )
@@ -81,7 +81,7 @@ class Residency:
         self.rings: list[Ring] = []
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.tiled = False  # tiling turned on by the plan (`dismantle` turns it off)
-        self.pinning = "none: one memory"  # on CUDA, what `ring.exact_pinning` says holds
+        self.pinned: list[torch.Tensor] = []  # on CUDA, the offloaded components' pinned host chunks (`_offload_group`)
         self.dismantled = False
 
     @classmethod
@@ -96,8 +96,6 @@ class Residency:
                 raise ValueError(f"memory: the cap {plan.cap} bytes is above {device}'s {total} bytes")
             torch.cuda.set_per_process_memory_fraction(plan.cap / total, device)
         residency = cls(model, plan, device, budget)
-        if device.type == "cuda":  # before anything is pinned: the rings' buffer and the offloaded components' weights
-            residency.pinning = exact_pinning()
         pipeline, family = model.pipeline, model.family
         streams = []
         for name, positions in plan.streamed_blocks.items():
@@ -137,6 +135,8 @@ class Residency:
         """`component`'s weights that do not stream become one diffusers `ModuleGroup` (pinned host copies), on host."""
         parameters = [p for p in component.parameters() if id(p) not in streamed]
         buffers = [b for b in component.buffers() if id(b) not in streamed]
+        if self.stream is not None:  # the group's pinned copies: chunks taken at their size (`ring.chunk_layout`)
+            self.pinned += pin_on_host([*parameters, *buffers])
         self.groups[name] = ModuleGroup(
             modules=[],
             offload_device=torch.device("cpu"),
@@ -204,7 +204,7 @@ class Residency:
         unpin_device(pipeline)
         for name in self.groups:
             unpin_device(getattr(pipeline, name))
-        self.rings, self.groups, self.on_device, self.dismantled = [], {}, set(), True
+        self.rings, self.groups, self.on_device, self.pinned, self.dismantled = [], {}, set(), [], True
 
     def report(self) -> dict[str, Any]:
         """The receipt for the Result (`receipts["memory_residency"]`): component and ring counters together; contract
@@ -214,7 +214,7 @@ class Residency:
             "streamed_text_layers": list(self.plan.streamed_text_layers),
             "denoisers_offloaded": self.plan.denoisers_offloaded,
             "ring_transfer": self.plan.ring_transfer,
-            "pinned_allocations": self.pinning,
+            "host_bytes": sum(c.numel() for c in (*self.pinned, *(self.rings[0].chunks if self.rings else ()))),
         }
         contract = "approximate" if self.plan.approximate else "bitwise"
         return {"contract": contract, "options": options, **self.receipt.to_dict()}

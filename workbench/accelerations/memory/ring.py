@@ -5,12 +5,11 @@ and the schedule that moves them (the `block_ring` module docstring describes it
 when. Counts go to the `Receipt` it is given, under its own prefix. Rings installed together (`shared_rings`) share
 one set of slots: their blocks run at different times (one denoiser at a time, the text encoder before denoising).
 
-Where the streamed weights live (CUDA). On the host: views of one pinned buffer (`pin_into_one_buffer`: one
-allocation and one device -> pinned copy per weight; torch's pinned cache would round each weight's own allocation up
-to a power of two, ~1.6x the weights). That one allocation is rounded up to a power of two too by torch's
-default pinned allocator (up to 2x the weights: 85 GiB of H3's streamed weights would take 128 GiB), so on CUDA the
-rings and the session's residency first ask for allocations above PINNED_EXACT_MB to be made at their size
-(`exact_pinning`). On the device: `Slots`, RING_IN_FLIGHT flat buffers allocated once at install,
+Where the streamed weights live (CUDA). On the host: views of a few pinned chunks whose sizes are powers of two
+(`chunk_layout`, `pin_on_host`). torch's pinned allocator rounds every allocation up to a power of two (torch 2.13 can
+be told not to above a threshold, 2.11 cannot): one allocation per weight would take ~1.6x the weights, one buffer up
+to 2x (85 GiB of H3's streamed weights would take 128 GiB). A power-of-two chunk is taken at its size, so the host
+holds the weights plus at most about one tensor per chunk, on any torch, with no process-wide setting. On the device: `Slots`, RING_IN_FLIGHT flat buffers allocated once at install,
 each the size of the largest streamed block, shared by all the rings of one install (one ring's blocks compute at a
 time: Wan2.2's experts take turns and the text encoder runs before denoising, as the planner's working set assumes).
 Streamed block j computes from views of slot j % count, its tensors at aligned offsets in its own layout; outside its
@@ -38,7 +37,6 @@ FP8 ring has CPU slots (synchronous copies, no events), so the CPU runs the same
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -49,8 +47,6 @@ ALIGNMENT = 512  # bytes; where each tensor starts inside a pinned buffer or a s
 AS_STORED, FP8 = "as stored", "fp8"
 TRANSFERS = (AS_STORED, FP8)  # how a ring's streamed blocks move (module docstring)
 FP8_MAX = 448.0  # e4m3's largest finite value
-PINNED_EXACT_MB = 64  # pinned host allocations above this many MB are made at their size (`exact_pinning`)
-_SETTING = "pinned_max_round_threshold_mb"
 
 
 def streamed_positions(count: int, streamed: int) -> list[int]:
@@ -84,27 +80,48 @@ def views_of(buffer: torch.Tensor, tensors: list[torch.Tensor], offsets: list[in
     return [buffer[o : o + _nbytes(t)].view(t.dtype).view(t.shape) for t, o in zip(tensors, offsets, strict=True)]
 
 
-def pin_into_one_buffer(tensors: list[torch.Tensor], alignment: int = ALIGNMENT) -> torch.Tensor:
-    """Move `tensors` (on any device) into views of one new pinned host buffer, in place (`t.data` becomes the view);
-    returns the buffer. Values are unchanged (a copy); each view starts at a multiple of `alignment` bytes."""
+def chunk_layout(sizes: list[int], alignment: int = ALIGNMENT) -> tuple[list[int], list[tuple[int, int]]]:
+    """Where tensors of `sizes` bytes go in host chunks whose sizes are powers of two: (chunk sizes, (chunk, byte
+    offset) of each tensor), each tensor inside one chunk at a multiple of `alignment`.
+
+    Each chunk is the largest power of two not above the bytes still to place, or the smallest that holds the largest
+    tensor still to place when that is larger (it then holds everything left); it takes the tensors left, largest
+    first, each that still fits. So a chunk other than the last leaves unused less than the smallest tensor placed
+    after it, the last chunk less than its content, and chunk sizes never grow."""
+    aligned = [-(-n // alignment) * alignment for n in sizes]
+    order = sorted(range(len(sizes)), key=lambda i: -aligned[i])
+    where: list[tuple[int, int]] = [(0, 0)] * len(sizes)
+    chunks: list[int] = []
+    left = sum(aligned)
+    while order:
+        size = max(1 << (left.bit_length() - 1) if left else 1, 1 << max(aligned[order[0]] - 1, 0).bit_length())
+        used, later = 0, []
+        for i in order:
+            if used + aligned[i] <= size:
+                where[i] = (len(chunks), used)
+                used += aligned[i]
+            else:
+                later.append(i)
+        chunks.append(size)
+        left -= used
+        order = later
+    return chunks, where
+
+
+def host_chunks(tensors: list[torch.Tensor], pin: bool, alignment: int = ALIGNMENT) -> tuple[list[torch.Tensor], list]:
+    """New host chunks for `tensors`' layouts (`chunk_layout`; pinned when `pin`) and an empty view of each tensor's
+    dtype and shape in them, in order: (chunks, views). Values are not copied."""
+    sizes, where = chunk_layout([_nbytes(t) for t in tensors], alignment)
+    chunks = [torch.empty(n, dtype=torch.uint8, pin_memory=pin) for n in sizes]
+    views = [views_of(chunks[c], [t], [o])[0] for t, (c, o) in zip(tensors, where, strict=True)]
+    return chunks, views
+
+
+def pin_on_host(tensors: list[torch.Tensor], alignment: int = ALIGNMENT) -> list[torch.Tensor]:
+    """Move `tensors` (on any device) into views of new pinned host chunks (`chunk_layout`), in place (`t.data`
+    becomes the view), one at a time; returns the chunks. Values are unchanged (a copy). A diffusers `ModuleGroup` made
+    over such tensors keeps them as its pinned copies (`pin_memory()` of a pinned tensor is the tensor)."""
     return store_on_host(tensors, set(), pin=True, keep=False, alignment=alignment)[0]
-
-
-def exact_pinning() -> str:
-    """Ask torch's pinned host allocator (process-wide) to make allocations above PINNED_EXACT_MB at their size rather
-    than round them up to a power of two, unless PYTORCH_CUDA_ALLOC_CONF already sets its
-    `pinned_max_round_threshold_mb`. Returns what holds, for receipts: the setting in force, or why this torch keeps rounding (the host then holds up to
-    2x the pinned bytes). Idempotent; the smaller allocations stay rounded, which is what lets torch reuse them."""
-    if _SETTING in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
-        return f"{_SETTING} from PYTORCH_CUDA_ALLOC_CONF"
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    if setter is None:
-        return f"rounded up to powers of two: this torch cannot set {_SETTING}"
-    try:
-        setter(f"{_SETTING}:{PINNED_EXACT_MB}")
-    except (RuntimeError, ValueError) as error:  # torch 2.11 raises ValueError: it does not know the key
-        return f"rounded up to powers of two: {_SETTING} refused ({error})"
-    return f"{_SETTING}:{PINNED_EXACT_MB}"
 
 
 def module_bytes(module: torch.nn.Module) -> int:
@@ -173,19 +190,17 @@ def transfer_bytes(module: torch.nn.Module, transfer: str) -> int:
 
 def store_on_host(
     tensors: list[torch.Tensor], fp8: set[int], pin: bool, keep: bool, alignment: int = ALIGNMENT
-) -> tuple[torch.Tensor, dict[int, torch.Tensor | RowwiseFP8]]:
-    """Move `tensors` (on any device) into views of one new host buffer (pinned when `pin`), one at a time (no
-    second copy of them all at once); returns the buffer and id(tensor) -> what moves: the view of a tensor as stored,
-    or for an id in `fp8` its `RowwiseFP8` (quantized where the tensor is, then copied in).
+) -> tuple[list[torch.Tensor], dict[int, torch.Tensor | RowwiseFP8]]:
+    """Move `tensors` (on any device) into views of new host chunks (`host_chunks`; pinned when `pin`), one at a time
+    (no second copy of them all at once); returns the chunks and id(tensor) -> what moves: the view of a tensor as
+    stored, or for an id in `fp8` its `RowwiseFP8` (quantized where the tensor is, then copied in).
 
     Afterwards `t.data` is the view of a tensor as stored. For an FP8 one it is, with `keep`, a pageable host copy of
     the original (so that removal can give the weights back exactly); without `keep`, a NaN placeholder of its shape
     and dtype (zero strides, no memory): the original values are gone and only the FP8 copy remains."""
     parts = [_fp8_layout(t) if id(t) in fp8 else [t] for t in tensors]
-    flat = [p for part in parts for p in part]
-    offsets, total = aligned_layout(flat, alignment)
-    buffer = torch.empty(total, dtype=torch.uint8, pin_memory=pin)
-    views = iter(views_of(buffer, flat, offsets))
+    chunks, flat_views = host_chunks([p for part in parts for p in part], pin, alignment)
+    views = iter(flat_views)
     stored: dict[int, torch.Tensor | RowwiseFP8] = {}
     for t in tensors:
         if id(t) not in fp8:
@@ -199,7 +214,7 @@ def store_on_host(
             t.data = t.data.to("cpu")
         else:
             t.data = torch.full((), float("nan"), dtype=t.dtype).expand(t.shape)
-    return buffer, stored
+    return chunks, stored
 
 
 class Slots:
@@ -276,7 +291,7 @@ class Ring:
     """Streamed blocks, in execution order, and the schedule that moves them through `slots` (None on the CPU with
     transfers as stored: one memory, nothing to copy; the schedule and its counts run the same). `root` is the module
     whose forward runs them (a denoiser, a text encoder's layer stack): its start prefetches the first. `stored`:
-    id(tensor) -> what moves for it (`store_on_host`; a tensor missing moves as its `.data`); `kept`: whether an FP8
+    id(tensor) -> what moves for it (`store_on_host`, in `chunks`; a tensor missing moves as its `.data`); `kept`: whether an FP8
     tensor's `.data` outside its block's forward is its original (else a placeholder: `remove` gives back the
     dequantized weight). The receipt's counters are named `prefix` + blocks_streamed, prefetched, late, released,
     bytes_moved (the bytes each transfer moves: FP8 bytes and scales for FP8 tensors)."""
@@ -290,8 +305,10 @@ class Ring:
         prefix: str = "",
         stored: dict[int, torch.Tensor | RowwiseFP8] | None = None,
         kept: bool = True,
+        chunks: list[torch.Tensor] | None = None,
     ):
         self.receipt, self.slots, self.hooks, self.prefix, self.kept = receipt, slots, [], prefix, kept
+        self.chunks = chunks or []  # the host chunks `stored` lives in (shared by the rings of one install)
         self.blocks = blocks
         self.tensors = [tensors_of(block) for block in blocks]
         self.host = [[t.data for t in tensors] for tensors in self.tensors]
@@ -424,9 +441,9 @@ def rings_for(
 
 def shared_rings(streams: list[Stream], device: torch.device, receipt: Any, keep: bool = False) -> list[Ring]:
     """One `Ring` per `Stream`, all sharing one set of `Slots` (as many as the longest ring needs, up to
-    RING_IN_FLIGHT) on CUDA, and on the CPU when a stream moves FP8. The streamed blocks' weights are moved to one
-    host buffer first, pinned on CUDA (so their device copies are freed before the slots are allocated; the
-    installers, block_ring and the residency, call `exact_pinning` first), the FP8 ones quantized (`store_on_host`;
+    RING_IN_FLIGHT) on CUDA, and on the CPU when a stream moves FP8. The streamed blocks' weights are moved to host
+    chunks first, pinned on CUDA (so their device copies are freed before the slots are allocated), the FP8 ones
+    quantized (`store_on_host`;
     `keep`: an FP8 tensor's original stays in pageable host memory); all or none."""
     blocks = [block for stream in streams for block in stream.blocks]
     fp8 = {id(t) for s in streams if s.transfer == FP8 for b in s.blocks for t in tensors_of(b) if fp8_eligible(t)}
@@ -438,7 +455,7 @@ def shared_rings(streams: list[Stream], device: torch.device, receipt: Any, keep
             f"block_ring: streamed weights of type {odd} (a tensor subclass, such as torchao's FP8) have no byte "
             "layout the ring's slots can hold; keep those blocks resident or install the ring without that plugin"
         )
-    _, stored = store_on_host(tensors, fp8, pin=device.type == "cuda", keep=keep)
+    chunks, stored = store_on_host(tensors, fp8, pin=device.type == "cuda", keep=keep)
     staging = max((aligned_layout(_fp8_layout(t))[1] for t in tensors if id(t) in fp8), default=0)
     try:
         slots = Slots(blocks, min(RING_IN_FLIGHT, max(len(s.blocks) for s in streams)), device, staging)
@@ -446,4 +463,4 @@ def shared_rings(streams: list[Stream], device: torch.device, receipt: Any, keep
         for t in tensors:
             t.data = restored(t, t.data, stored[id(t)], keep, device)
         raise
-    return [Ring(s.root, s.blocks, receipt, slots, s.prefix, stored, keep) for s in streams]
+    return [Ring(s.root, s.blocks, receipt, slots, s.prefix, stored, keep, chunks) for s in streams]
