@@ -135,8 +135,10 @@ class Residency:
         """`component`'s weights that do not stream become one diffusers `ModuleGroup` (pinned host copies), on host."""
         parameters = [p for p in component.parameters() if id(p) not in streamed]
         buffers = [b for b in component.buffers() if id(b) not in streamed]
-        if self.stream is not None:  # the group's pinned copies: chunks taken at their size (`ring.chunk_layout`)
-            self.pinned += pin_on_host([*parameters, *buffers])
+        tensors = [*parameters, *buffers]
+        # the group's pinned copies: chunks taken at their size (`ring.chunk_layout`); diffusers keeps an already
+        # pinned tensor as its copy (its `pin_memory()` returns it)
+        chunks = pin_on_host(tensors) if self.stream is not None else []
         self.groups[name] = ModuleGroup(
             modules=[],
             offload_device=torch.device("cpu"),
@@ -149,7 +151,11 @@ class Residency:
             stream=self.stream,
         )
         self.groups[name].offload_()  # to its pinned copy (the original host tensor is freed)
-        self.group_bytes[name] = sum(t.numel() * t.element_size() for t in (*parameters, *buffers))
+        starts = {chunk.untyped_storage().data_ptr() for chunk in chunks}
+        if any(t.untyped_storage().data_ptr() not in starts for t in tensors):
+            chunks = []  # a diffusers or torch that copies them again: the group holds its own copies, ours go
+        self.pinned += chunks
+        self.group_bytes[name] = sum(t.numel() * t.element_size() for t in tensors)
 
     def begin_request(self) -> None:
         if self.dismantled:
