@@ -5,19 +5,21 @@ The sweep: `easycache` thresholds (`VALUES`) against stock on one Wan2.1-1.3B-sh
 480x832x81, `STEPS` steps with CFG), each value one cell (one request's A/B/A qualification, `MIN_ROUNDS` rounds).
 Arms, A/B/A over `--rounds`: `in-process` (`workbench.evidence.sweep.sweep` on a Session opened here) and `ray`
 (`fanout_jobs.sweep` on a Fanout of one GPU worker, a fresh store each visit, so every visit runs every cell). Before
-the rounds each arm runs one untimed pilot sweep of another value: the worker opens its Session and both arms warm
-their kernels outside the timed visits. Per Ray visit the store's entries give the engine's overhead per cell
+the rounds each arm runs one untimed pilot sweep of another value on a 5-frame request (`PILOT_FRAMES`, same height
+and width): the worker opens its Session and both arms load their code and the CUDA context outside the timed visits,
+for seconds instead of two full cells. Per Ray visit the store's entries give the engine's overhead per cell
 directly: `wall_seconds` (from handing the cell to the worker to its result) less `seconds` (the cell inside the
 worker). The ratio in-process / ray of whole sweeps is the overhead seen by a user (< 1: Ray is slower); issue 26's
 target is an overhead under 2 % of a cell's time.
-A cell at the full shape is about a minute (nine whole requests), so one 10-minute call holds the pilots and two
-rounds: with `--max-seconds` the rounds stop after the last one that leaves time for another (the envelope
-says how many ran; a CI95 needs three).
+A cell at the full shape is about a minute (nine whole requests), so three rounds (seven visits) and the pilots fill
+most of a 10-minute call: with `--max-seconds` the rounds stop after the last one that leaves time for another (the
+envelope says how many ran; a CI95 needs three).
 `--smoke`: tiny-wan on the CPU with one CPU worker, one value, small request: checks the path, not the cost.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -37,6 +39,7 @@ GPUS = 1
 STEPS = 2
 VALUES = [0.1]  # one cell per sweep: a visit is already ~40 s of whole requests at the full shape
 PILOT_VALUE = 0.2
+PILOT_FRAMES = 5  # the pilots' request: the sweep's, this many frames
 PROMPT = "a red fox runs through snow"
 
 
@@ -45,6 +48,7 @@ def run(context: Context) -> Measurement:
     model = "tiny-wan" if smoke else "random-wan-1.3b"
     shape = {"frames": 5, "height": 16, "width": 16} if smoke else {"frames": 81, "height": 480, "width": 832}
     request = Request(PROMPT, seed=0, steps=STEPS, **shape)
+    pilot = dataclasses.replace(request, frames=PILOT_FRAMES)
     values = VALUES[:1] if smoke else VALUES
     dtype = None if smoke else "bfloat16"
     device = "cpu" if smoke else "cuda"
@@ -52,28 +56,28 @@ def run(context: Context) -> Measurement:
     session = Session.open(model, device=device, dtype=dtype)
     entries: list[dict[str, Any]] = []
 
-    def in_process(sweep_values: list[float]) -> float:
+    def in_process(sweep_values: list[float], on: Request = request) -> float:
         start = time.perf_counter()
-        sweep(session, [request], "easycache", "threshold", sweep_values, progress=False)
+        sweep(session, [on], "easycache", "threshold", sweep_values, progress=False)
         seconds = time.perf_counter() - start
         print(f"fanout: in-process sweep of {len(sweep_values)} cell(s) {seconds:.1f} s", flush=True)
         return seconds
 
     with Fanout(model, workers=1, device=device, dtype=dtype) as fanout:
 
-        def through_ray(sweep_values: list[float], keep: bool = True) -> float:
+        def through_ray(sweep_values: list[float], on: Request = request, keep: bool = True) -> float:
             with tempfile.TemporaryDirectory() as root:
                 store = Store(root)
                 start = time.perf_counter()
-                fanout_jobs.sweep(fanout, store, [request], "easycache", "threshold", sweep_values)
+                fanout_jobs.sweep(fanout, store, [on], "easycache", "threshold", sweep_values)
                 seconds = time.perf_counter() - start
                 print(f"fanout: ray sweep of {len(sweep_values)} cell(s) {seconds:.1f} s", flush=True)
                 if keep:
                     entries.extend(store.entries().values())
             return seconds
 
-        pilot_ray = through_ray([PILOT_VALUE], keep=False)  # opens the worker's Session
-        pilot_in_process = in_process([PILOT_VALUE])  # imports and kernels warmed here as in the worker
+        pilot_ray = through_ray([PILOT_VALUE], pilot, keep=False)  # opens the worker's Session
+        pilot_in_process = in_process([PILOT_VALUE], pilot)  # code and CUDA context loaded here as in the worker
         rounds = aba_rounds(
             ("in-process", lambda: in_process(values)),
             {"ray": lambda: through_ray(values)},
@@ -107,7 +111,8 @@ def run(context: Context) -> Measurement:
     pairs = len(rounds.seconds["ray"])
     notes = [
         f"{len(values)} cells per sweep ({MIN_ROUNDS}-round A/B/A qualification each); the Ray worker was opened in "
-        f"the pilot ({pilot_ray:.1f} s with its first sweep), outside the timed rounds.",
+        f"the pilot ({pilot_ray:.1f} s with its first sweep, on a {PILOT_FRAMES}-frame request), outside the timed "
+        "rounds.",
         f"{pairs} of {context.rounds} rounds ran"
         + (" (the time limit ended the others)." if pairs < context.rounds else "."),
         "Ratios are in-process / ray seconds of whole sweeps (< 1: Ray is slower); overhead_seconds_per_cell is "
