@@ -124,7 +124,7 @@ def test_measured_order_times_each_shape_once_and_quantizes_the_top_group(monkey
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_selective_fp8_refuses_cpu_without_fallback(session):
-    with pytest.raises(RuntimeError, match=r"selective_fp8: torchao row-wise FP8 cannot run here: .*no CUDA device"):
+    with pytest.raises(RuntimeError, match=r"selective_fp8: row-wise FP8 cannot run here: .*no CUDA device"):
         session.accelerate({"selective_fp8": {"include": FFN}})
     with pytest.raises(RuntimeError, match=r"selective_fp8: .*blocks\.0\.ffn\.net\.(0\.proj|2): no CUDA device"):
         session.accelerate({"selective_fp8": {"groups": 1}})
@@ -261,3 +261,22 @@ def test_measured_order_on_gpu_ranks_by_timed_gemms(path, monkeypatch):
         handle.uninstall()
     assert {g for g, _ in order} == {"blocks.*.wide", "blocks.*.narrow"} and order[0][1] >= order[1][1]
     assert handle.receipt.counters["fp8_gemms"] == 2
+
+
+def test_selective_fp8_fused_path_and_a_block_ring_refuse_together(monkeypatch):
+    """The fused path computes from FP8 copies it keeps on the device, so a ring installed with it would stream
+    weights no layer reads: the ring refuses, naming a Linear, and the whole set rolls back. A layer whose weight a
+    ring or the session's memory plan holds on the host is a layer problem for selective_fp8 (refused, or dense)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(fp8, "machine_problem", lambda device: None)
+    session = Session.open("tiny-wan", device="cpu", dtype="bfloat16")
+    transformer = session.model.pipeline.transformer
+    before = fingerprint(transformer)
+    with pytest.raises(
+        RuntimeError, match=r"block_ring: Linear layers with a replaced forward \(streamed block 0: ffn\.net\.0\.proj"
+    ):
+        session.accelerate({"selective_fp8": {"include": FFN, "path": "fused"}, "block_ring": {"resident_blocks": 0}})
+    assert fingerprint(transformer) == before and not session._handles
+    host = torch.nn.Linear(32, 32).to(torch.bfloat16)
+    assert fp8._layer_problem(host, torch.device("cuda")) == "weight on cpu, not cuda (streamed or offloaded)"
+    assert fp8._layer_problem(host, torch.device("cpu")) is None

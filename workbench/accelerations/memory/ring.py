@@ -394,6 +394,26 @@ class Ring:
         self.slots = self.host = self.views = self.stored = self.staged = None
 
 
+def own_linear_forwards(modules: dict[str, torch.nn.Module]) -> list[str]:
+    """The nn.Linear layers in `modules` (name -> module; as "name: path") whose forward a plugin replaced on the
+    instance:
+    selective_fp8's fused path computes from FP8 copies it keeps on the device, not from `.weight`, so weights moved
+    elsewhere (streamed, offloaded) would never reach it and its copies would stay on the device."""
+    return [f"{name}: {path}" for name, module in modules.items() for path, layer in module.named_modules()
+            if isinstance(layer, torch.nn.Linear) and "forward" in layer.__dict__]  # fmt: skip
+
+
+def refuse_own_linear_forwards(plugin: str, modules: dict[str, torch.nn.Module]) -> None:
+    """RuntimeError naming the Linear layers of `own_linear_forwards(modules)`, if any: `plugin` moves their weights."""
+    if taken := own_linear_forwards(modules):
+        shown = ", ".join(taken[:3]) + (f", ... ({len(taken)} layers)" if len(taken) > 3 else "")
+        raise RuntimeError(
+            f"{plugin}: Linear layers with a replaced forward ({shown}) compute from copies of their own (selective_fp8's "
+            "fused path keeps FP8 weights on the device), not from the weights this plugin moves; install it without "
+            "that plugin"
+        )
+
+
 def check_resident(model: Any, plan: dict[str, list[int]], device: torch.device) -> None:
     """RuntimeError unless every weight of the denoisers in `plan` (name -> streamed positions) that does not stream
     is on `device`."""
@@ -446,6 +466,7 @@ def shared_rings(streams: list[Stream], device: torch.device, receipt: Any, keep
     quantized (`store_on_host`;
     `keep`: an FP8 tensor's original stays in pageable host memory); all or none."""
     blocks = [block for stream in streams for block in stream.blocks]
+    refuse_own_linear_forwards("block_ring", {f"streamed block {j}": block for j, block in enumerate(blocks)})
     fp8 = {id(t) for s in streams if s.transfer == FP8 for b in s.blocks for t in tensors_of(b) if fp8_eligible(t)}
     if not blocks or device.type != "cuda" and not fp8:
         return [Ring(s.root, s.blocks, receipt, None, s.prefix) for s in streams]

@@ -153,7 +153,9 @@ def machine_problem(device: torch.device) -> str | None:
     return None
 
 
-def _layer_problem(module: torch.nn.Linear) -> str | None:
+def _layer_problem(module: torch.nn.Linear, device: torch.device) -> str | None:
+    if module.weight.device.type != device.type:  # a block ring or the session's memory plan holds it on the host
+        return f"weight on {module.weight.device.type}, not {device.type} (streamed or offloaded)"
     if module.weight.dtype != torch.bfloat16:
         return f"weight dtype {module.weight.dtype} is not torch.bfloat16"
     if module.in_features % 16 or module.out_features % 16:
@@ -296,7 +298,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     problems = []
     for index, path in chosen:
         module = denoisers[index].get_submodule(path)
-        problem = machine or _layer_problem(module)
+        problem = machine or _layer_problem(module, device)
         if problem is None and options["path"] == "fused" and ("forward" in module.__dict__ or module._forward_hooks):
             raise RuntimeError(f"{NAME}: {path} already has an instance forward or hooks (another plugin?)")
         if problem is not None:
@@ -305,9 +307,9 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     if problems and not options["allow_fallback"]:
         shown = "; ".join(problems[:3]) + (f"; ... ({len(problems)} layers)" if len(problems) > 3 else "")
         raise RuntimeError(
-            f"{NAME}: torchao row-wise FP8 cannot run here: {shown}. Needs CUDA compute capability >= 8.9, "
-            "bf16 weights and features that are multiples of 16; allow_fallback=True keeps such layers dense "
-            "and counts them as fallbacks"
+            f"{NAME}: row-wise FP8 cannot run here: {shown}. Needs CUDA compute capability >= 8.9, bf16 weights "
+            "on the session's device and features that are multiples of 16; allow_fallback=True keeps such layers "
+            "dense and counts them as fallbacks"
         )
     order = [[group, round(1e3 * gain, 4)] for group, gain in ranking] if options["order"] == "measured" else None
     return lambda: _Installed(SPEC, options, denoisers, plan, device, order)
