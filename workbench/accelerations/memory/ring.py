@@ -392,13 +392,13 @@ class Ring:
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the side stream's copies into the slots and these copies have finished
         self.slots = self.host = self.views = self.stored = self.staged = None
+        self.chunks = []  # the host chunks go with the last view of them
 
 
 def own_linear_forwards(modules: dict[str, torch.nn.Module]) -> list[str]:
     """The nn.Linear layers in `modules` (name -> module; as "name: path") whose forward a plugin replaced on the
-    instance:
-    selective_fp8's fused path computes from FP8 copies it keeps on the device, not from `.weight`, so weights moved
-    elsewhere (streamed, offloaded) would never reach it and its copies would stay on the device."""
+    instance. selective_fp8's fused path computes from FP8 copies it keeps on the device, not from `.weight`, so
+    weights moved elsewhere (streamed, offloaded) would never reach it and its copies would stay on the device."""
     return [f"{name}: {path}" for name, module in modules.items() for path, layer in module.named_modules()
             if isinstance(layer, torch.nn.Linear) and "forward" in layer.__dict__]  # fmt: skip
 
