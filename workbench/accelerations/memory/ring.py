@@ -9,8 +9,8 @@ Where the streamed weights live (CUDA). On the host: views of a few pinned chunk
 (`chunk_layout`, `pin_on_host`). torch's pinned allocator rounds every allocation up to a power of two (torch 2.13 can
 be told not to above a threshold, 2.11 cannot): one allocation per weight would take ~1.6x the weights, one buffer up
 to 2x (85 GiB of H3's streamed weights would take 128 GiB). A power-of-two chunk is taken at its size, so the host
-holds the weights plus at most about one tensor per chunk, on any torch, with no process-wide setting. On the device: `Slots`, RING_IN_FLIGHT flat buffers allocated once at install,
-each the size of the largest streamed block, shared by all the rings of one install (one ring's blocks compute at a
+holds the weights plus less than one tensor per chunk, on any torch, with no process-wide setting. On the device:
+`Slots`, RING_IN_FLIGHT flat buffers allocated once at install, each the size of the largest streamed block, shared by all the rings of one install (one ring's blocks compute at a
 time: Wan2.2's experts take turns and the text encoder runs before denoising, as the planner's working set assumes).
 Streamed block j computes from views of slot j % count, its tensors at aligned offsets in its own layout; outside its
 forward its `.data` are the pinned views again. So after install the streamed weights never touch the caching
@@ -27,7 +27,7 @@ left by an error), so a block's `.data` point into a slot only while it holds it
 
 Transfers (`Stream.transfer`). AS_STORED (bitwise): each tensor moves as it is. FP8 (approximate): each floating-point
 matrix of a streamed block (`fp8_eligible`: ndim >= 2; biases and norm weights move as stored) is held on the host
-only as `RowwiseFP8` (e4m3 plus one float32 scale per output row, `quantize_rows`) in the one host buffer, so host
+only as `RowwiseFP8` (e4m3 plus one float32 scale per output row, `quantize_rows`) in the host chunks, so host
 memory and bytes moved per transfer are about halved against bf16. A fill copies a matrix's FP8 bytes and scales into
 one staging buffer on the device, then dequantizes them (`dequantize_into`) into the slot's view in the matrix's own
 dtype, before `landed` is recorded: the block computes with the same kernels on the dequantized weights. On the CPU an
