@@ -174,3 +174,29 @@ def test_scenario_with_an_allocator_setting_refuses_cuda_without_it(tmp_path, mo
     with pytest.raises(RuntimeError, match=r"ring: run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"):
         run_scenario("ring", tmp_path, smoke=False, rounds=3)
     assert not started
+
+
+def test_run_restarts_itself_with_the_allocator_setting_on_a_gpu(monkeypatch, tmp_path):
+    """On a GPU, `run ring` without the setting execs the same command with PYTORCH_CUDA_ALLOC_CONF added (nothing
+    runs in this process), and a mix of scenarios with and without one is a usage error."""
+    import benchmarks.__main__ as harness
+
+    monkeypatch.setattr(harness.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8")
+    calls = []
+
+    def execvpe(file, args, env):
+        calls.append((file, args, env))
+        raise SystemExit(0)  # exec does not return
+
+    monkeypatch.setattr(harness.os, "execvpe", execvpe)
+    monkeypatch.setattr(SCENARIOS["ring"], "run", lambda context: pytest.fail("ran before the restart"))
+    argv = ["run", "ring", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        main(argv)
+    ((file, args, env),) = calls
+    assert args[1:] == ["-m", "benchmarks", *argv] and file == args[0]
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.8,expandable_segments:True"
+    with pytest.raises(SystemExit) as usage:
+        main(["run", "ring", "kernels", "--out", str(tmp_path)])
+    assert usage.value.code == 2 and len(calls) == 1
