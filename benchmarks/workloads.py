@@ -39,9 +39,10 @@ def open_wan(smoke: bool, device: torch.device) -> Session:
     return Session.open("tiny-wan" if smoke else "random-wan-1.3b", device=str(device), dtype="bfloat16")
 
 
-def exact_fast(family: str, device: torch.device, notes: list[str]) -> dict[str, Any]:
-    """The `exact-fast` profile's config here; what it leaves out on this machine goes into `notes`."""
-    config, left_out = profile_plan("exact-fast", family, device)
+def exact_fast(family: str, device: torch.device, notes: list[str], model: Any = None) -> dict[str, Any]:
+    """The `exact-fast` profile's config here (for the loaded `model`, when given); what it leaves out on this machine
+    or model goes into `notes`."""
+    config, left_out = profile_plan("exact-fast", family, device, model)
     for plugin, reason in left_out.items():
         notes.append(f"exact-fast ({family}) runs without {plugin} here: {reason}.")
     return config

@@ -32,7 +32,7 @@ def test_exact_fast_configs_per_family_and_device(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     # as if FlashAttention-4 were installed on a Hopper GPU
     monkeypatch.setitem(REGISTRY, "flash4_attention", dataclasses.replace(REGISTRY["flash4_attention"], unusable=None))
-    exact = {"adaln_precompute": {}, "cross_kv_cache": {}}
+    exact = {"adaln_precompute": {}, "cross_kv_cache": {}, "fused_vae_decode": {}}
     cuda_only = {"gelu_epilogue": {}, "flash4_attention": {}}
     assert profile("exact-fast", "wan", "cuda") == {"fused_block_norms": {}, **exact, **cuda_only}
     assert profile("exact-fast", "wan", torch.device("cpu")) == exact
@@ -57,6 +57,18 @@ def test_exact_fast_says_what_it_leaves_out(monkeypatch):
     _, left_out = profile_plan("exact-fast", "h3", "cpu")
     assert left_out["fused_block_norms"] == "Triton kernels on a CPU need TRITON_INTERPRET=1"
     assert left_out["flash4_attention"] == "runs on ['cuda'], not cpu"
+
+
+def test_exact_fast_given_the_model_leaves_out_the_decode_its_vae_cannot_take():
+    """Given the loaded model, a plugin whose `model_problem` names a reason is left out, and says why: a Wan
+    pipeline whose VAE is configured as Wan2.2-TI2V's gets exact-fast without fused_vae_decode; tiny-wan keeps it."""
+    from workbench.models import resolve
+
+    model = resolve("tiny-wan")
+    assert "fused_vae_decode" in profile("exact-fast", "wan", "cpu", model)
+    model.pipeline.vae.register_to_config(is_residual=True)  # as Wan2.2-TI2V's VAE is configured
+    config, left_out = profile_plan("exact-fast", "wan", "cpu", model)
+    assert "fused_vae_decode" not in config and "Wan2.2-TI2V" in left_out["fused_vae_decode"]
 
 
 def test_exact_fast_refuses_a_plugin_that_became_approximate(monkeypatch):

@@ -32,7 +32,7 @@ class ProfileRow(ipywidgets.HBox):
             self._say("open a model to see what it installs")
             return
         try:
-            self.config, self.left_out = profile_plan(self.name, session.family.name, session.device)
+            self.config, self.left_out = profile_plan(self.name, session.family.name, session.device, session.model)
         except (ValueError, RuntimeError) as error:
             self._say(f"not available here: {error}", color="#a94442")
             return

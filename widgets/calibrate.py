@@ -106,7 +106,9 @@ class CalibrationPanel(ipywidgets.VBox):
             if not plugins:
                 raise ValueError("plugins: choose at least one plugin to calibrate")
             options = {"margin": self.margin.value, "max_evals": self.evals.value, "progress": False}
-            options["base"] = profile(self.base.value, self.session.model.family.name, self.session.device)
+            options["base"] = profile(
+                self.base.value, self.session.model.family.name, self.session.device, self.session.model
+            )
             options["on_step"] = self._step
             self.steps.value, self.steps.layout.display = "", None
             self.status.value = "running: stock references first ..."

@@ -267,7 +267,7 @@ def _generate(args: argparse.Namespace) -> int:
             resolved = session.resolve(request).to_dict()
             chosen, left_out = within_budget(args.calibration, session.model.name, session.device, resolved), {}
         else:
-            chosen, left_out = profile_plan(args.profile, session.model.family.name, session.device)
+            chosen, left_out = profile_plan(args.profile, session.model.family.name, session.device, session.model)
         for plugin, reason in left_out.items():
             print(f"profile {args.profile}: {plugin} left out ({reason})", file=sys.stderr)
         installed = session.accelerate({**accelerations, **chosen, **extra})
@@ -413,7 +413,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         return _calibrate_report(args, result)
     session = Session.open(args.model, device=args.device)
     budget = Budget.from_dict({**calibration.default_budget(session).to_dict(), **overrides})
-    base = profile(args.base_profile, session.model.family.name, session.device)
+    base = profile(args.base_profile, session.model.family.name, session.device, session.model)
     options["resume"] = args.resume or args.out  # the partial record, rewritten after every step, lives there
     if args.max_seconds is not None:
         options["max_seconds"] = max(0.0, args.max_seconds - (time.perf_counter() - args.started))

@@ -15,7 +15,8 @@ names its set (`Family.exact_fast` in workbench/models/); the measurements behin
 The sets were chosen from A/B/A measurements on an H200 (random weights); `python -m benchmarks run forward-wan
 request-wan forward-h3` re-measures them against stock (docs/measurements.md):
 - Wan: `fused_block_norms` + `adaln_precompute` + `cross_kv_cache` + `gelu_epilogue` + `flash4_attention` (output
-  relative L2 about 5e-3 against stock). The bit-equal set (`fused_block_ops` + precompute + cross-KV) is what a
+  relative L2 about 5e-3 against stock) + `fused_vae_decode` in its bitwise default (padded conv buffers; `vae-decode`
+  measures it). The bit-equal set (`fused_block_ops` + precompute + cross-KV) is what a
   user who needs `torch.equal` to stock installs by hand.
 - H3: `fused_block_norms` + `flash4_attention` (relative L2 about 2.5e-3).
 - LTX-2: `adaln_precompute` and `cross_kv_cache` where their `Spec.families` accept the family (its fused block
@@ -26,8 +27,8 @@ What a machine cannot run is left out, and `profile_plan` says why: a plugin who
 device (gelu_epilogue, flash4_attention on a CPU), and a plugin whose `Spec.unusable` gives a reason (a Triton
 plugin on a CPU without `TRITON_INTERPRET` on, read as Triton reads it: `workbench.kernels._runtime.interpreting`, which
 refuses a value Triton would silently take as off; flash4_attention: `flash_attn.cute` not installed, or a GPU other
-than sm_90/sm_100; README: FlashAttention-4). The receipts of a request
-say which plugins ran.
+than sm_90/sm_100; README: FlashAttention-4), and, given the loaded model, a plugin whose `Spec.model_problem` gives
+a reason (fused_vae_decode on Wan2.2-TI2V's VAE). The receipts of a request say which plugins ran.
 """
 
 from __future__ import annotations
@@ -49,13 +50,14 @@ EXACT_CONTRACTS = ("bitwise", "rounding", "reduction")
 FAMILIES = tuple(families())
 
 
-def profile(name: str, family: str, device: str | torch.device) -> dict[str, dict[str, Any]]:
-    """The `Session.accelerate` config of profile `name` for model `family` on `device`.
+def profile(name: str, family: str, device: str | torch.device, model: Any = None) -> dict[str, dict[str, Any]]:
+    """The `Session.accelerate` config of profile `name` for model `family` on `device` (and, given the loaded
+    `model`, without the plugins it cannot take: `profile_plan`).
 
     ValueError naming the allowed values for an unknown profile or family; RuntimeError if a plugin the
     profile lists is no longer registered or its contract became `approximate`.
     """
-    return profile_plan(name, family, device)[0]
+    return profile_plan(name, family, device, model)[0]
 
 
 def within_budget(
@@ -116,15 +118,19 @@ def card_plan(name: str, family: str, card: str) -> tuple[dict[str, dict[str, An
 
 
 def profile_plan(
-    name: str, family: str, device: str | torch.device
+    name: str, family: str, device: str | torch.device, model: Any = None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """(`profile(name, family, device)`, {plugin the profile lists but leaves out here: why})."""
+    """(`profile(name, family, device, model)`, {plugin the profile lists but leaves out here: why}). Given the loaded
+    `model`, a plugin whose `Spec.model_problem` names a reason is left out too (fused_vae_decode on a VAE it does not
+    cover)."""
     kind = torch.device(device).type
 
     def why_not(spec: Any) -> str | None:
         if kind not in spec.devices:
             return f"runs on {list(spec.devices)}, not {kind}"
-        return None if spec.unusable is None else spec.unusable(torch.device(device))
+        if spec.unusable is not None and (reason := spec.unusable(torch.device(device))) is not None:
+            return reason
+        return None if model is None or spec.model_problem is None else spec.model_problem(model)
 
     return _plan(name, family, why_not)
 

@@ -61,7 +61,8 @@ def run(context: Context) -> Measurement:
     test = [_request(case.to_request(), context.smoke) for case in suite.test]
     if context.smoke:
         calibration, test = calibration[:1], test[:1]
-    base = {} if context.smoke else _base(exact_fast("wan", context.device, notes), plugins, notes)
+    base = {} if context.smoke else _base(exact_fast("wan", context.device, notes, session.model), plugins, notes)
+    base = _started_with(folder, base, notes)
     budget = SMOKE_BUDGET if context.smoke else Budget()
     limit = None if context.max_seconds is None else max(0.0, context.max_seconds - (time.perf_counter() - started))
     options = {plugin: OPTIONS[plugin] for plugin in plugins if plugin in OPTIONS}  # {} by default, as recorded
@@ -101,6 +102,21 @@ def plugins_from_environment() -> list[str]:
             f"CALIBRATE_WAN_PLUGINS: {text!r}; allowed: a comma list of {', '.join(calibratable())}, each once"
         )
     return plugins
+
+
+def _started_with(folder: Path, base: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The base a partial record in `folder` was started with (a resumed run keeps it, also when the exact-fast profile
+    changed since), else `base`."""
+    path = partial_path(folder)
+    if not path.exists():
+        return base
+    recorded = json.loads(path.read_text())["run"]["base"]
+    if recorded != base:
+        notes.append(
+            f"Resumed with the base the run started with, {sorted(recorded)}; the exact-fast profile now gives "
+            f"{sorted(base)}."
+        )
+    return recorded
 
 
 def _base(config: dict[str, Any], plugins: list[str], notes: list[str]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ def run(context: Context) -> Measurement:
     kwargs, shape = wan_forward_inputs(session, wan_request(16, context.smoke))
     transformer = session.model.pipeline.transformer
     shape.update(model=session.model.name, layers=transformer.config.num_layers)
-    fast = exact_fast("wan", context.device, notes)
+    fast = exact_fast("wan", context.device, notes, session.model)
     arms = [
         ForwardArm("stock", {}),
         ForwardArm("exact-fast", fast),

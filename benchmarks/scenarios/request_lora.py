@@ -133,7 +133,7 @@ def run(context: Context) -> Measurement:
         made = random_lora(session.model.pipeline.transformer, path, SMOKE_RANK if smoke else RANK, seed=24)
         adapter = Adapter(path, scale=1.0, name="random_lora")
         decode = SMOKE_DECODE if smoke else DECODE
-        fast = {**exact_fast("wan", device, notes), "fused_vae_decode": decode}
+        fast = {**exact_fast("wan", device, notes, session.model), "fused_vae_decode": decode}
         configs = {REFERENCE: {}, "stock+fused": {}, "exact-fast+fused": fast}
         arms = {  # the fused arms install their plugins themselves (`fused`), the harness installs nothing
             REFERENCE: ({}, lambda: unfused(session, adapter, seen)),

@@ -107,7 +107,7 @@ def run(context: Context) -> Measurement:
     notes: list[str] = []
     session = open_wan(context.smoke, context.device)
     request = wan_request(STEPS, context.smoke)
-    configs = {"stock": {}, "exact-fast": exact_fast("wan", context.device, notes)}
+    configs = {"stock": {}, "exact-fast": exact_fast("wan", context.device, notes, session.model)}
     arms, ratios = compare_requests(
         Requests(session, request), {name: (config, nullcontext) for name, config in configs.items()}, context.rounds,
         notes,

@@ -141,7 +141,7 @@ def _request(steps: int, smoke: bool) -> Any:
 def _speed(session: Session, request: Any, context: Context) -> dict[str, Any]:
     """The speed part: pilots and A/B/A rounds of stock and exact-fast whole requests."""
     notes: list[str] = []
-    configs = {"stock": {}, "exact-fast": exact_fast("wan", context.device, notes)}
+    configs = {"stock": {}, "exact-fast": exact_fast("wan", context.device, notes, session.model)}
     rows, ratios = compare_requests(
         Requests(session, request), {name: (config, nullcontext) for name, config in configs.items()}, context.rounds,
         notes,

@@ -200,3 +200,19 @@ def test_run_restarts_itself_with_the_allocator_setting_on_a_gpu(monkeypatch, tm
     with pytest.raises(SystemExit) as usage:
         main(["run", "ring", "kernels", "--out", str(tmp_path)])
     assert usage.value.code == 2 and len(calls) == 1
+
+
+def test_calibrate_wan_resumes_with_the_base_it_started_with(tmp_path):
+    """A partial record keeps its run's base: resuming after the exact-fast profile changed continues the recorded
+    run (and says so) instead of refusing it as another run; without a record the current base holds."""
+    from benchmarks.scenarios.calibrate_wan import _started_with
+    from workbench.evidence.resume import partial_path
+
+    folder = tmp_path / "calibrate-wan"
+    now = {"fused_block_norms": {}, "fused_vae_decode": {}}
+    assert _started_with(folder, now, notes := []) == now and notes == []
+    folder.mkdir()
+    recorded = {"fused_block_norms": {}, "gelu_epilogue": {}}
+    partial_path(folder).write_text(json.dumps({"kind": "stack", "status": "partial", "run": {"base": recorded}}))
+    assert _started_with(folder, now, notes) == recorded and "the run started with" in notes[0]
+    assert _started_with(folder, recorded, more := []) == recorded and more == []

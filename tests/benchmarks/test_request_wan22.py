@@ -13,7 +13,7 @@ def test_request_wan22_stops_after_a_part_and_the_same_command_finishes_it(tmp_p
     replays the speed part and runs the cache part: an envelope with both, made over two runs, record removed.
     (exact-fast is left empty here: its Triton kernels in the interpreter would only add time; the scenario's smoke
     in test_harness_cli runs them.)"""
-    monkeypatch.setattr(request_wan22, "exact_fast", lambda family, device, notes: {})
+    monkeypatch.setattr(request_wan22, "exact_fast", lambda family, device, notes, model=None: {})
     command = ["run", "request-wan22", "--smoke", "--out", str(tmp_path)]
     assert main([*command, "--max-seconds", "0"]) == 0
     assert "unfinished request-wan22: stopped at a step boundary" in capsys.readouterr().out

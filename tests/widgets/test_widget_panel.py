@@ -4,7 +4,7 @@ import html
 import ipywidgets
 import pytest
 
-from workbench.accelerations import available
+from workbench.accelerations import REGISTRY, available
 from workbench.profiles import PROFILES, profile_plan
 from workbench.widgets import AccelerationPanel
 from workbench.widgets import panel as panel_module
@@ -171,7 +171,8 @@ def test_panel_profiles_install_what_they_say_and_explain_what_is_left_out(wan):
         assert plugin in row.plan.value and html.escape(why) in row.plan.value
     assert "left out here" in row.plan.value
     row.button.click()
-    assert wan.accelerations == config and panel.errors.value == ""
+    assert wan.accelerations == {name: REGISTRY[name].validate(o) for name, o in config.items()}  # defaults filled in
+    assert panel.errors.value == ""
     assert {name for name, r in panel.rows.items() if r.enabled.value} == set(config)
     panel.rows["easycache"].enabled.value = True  # a preset replaces what was checked by hand
     panel.profiles["stock"].button.click()

@@ -393,7 +393,9 @@ class Spec:
     same skipped work). `touches`: the model resources a plugin mutates; two plugins touching the same
     resource conflict. `order`: installation order, so a set does not depend on dict order. `unusable`:
     optional, why this machine cannot run the plugin on a device (a package missing, another GPU), or None;
-    profiles read it to leave such a plugin out (installing it still raises at prepare).
+    profiles read it to leave such a plugin out (installing it still raises at prepare). `model_problem`: optional,
+    why a loaded model cannot take the plugin (a component it does not cover), or None; profiles given the model read
+    it the same way.
 
     `config`: the plugin's options dataclass (module docstring); `options` are derived from it.
 
@@ -414,6 +416,7 @@ class Spec:
     touches: tuple[str, ...] = ()
     order: int = 50
     unusable: Callable[[torch.device], str | None] | None = None
+    model_problem: Callable[[Any], str | None] | None = None
     kind: str = ""  # the subpackage it lives in (attention, caching, ...); set by the registry
     knob: Knob | None = None  # approximate plugins: the option calibration searches
     capabilities: tuple[int, ...] | None = None  # CUDA compute capabilities it runs on (90 = sm_90); None: any

@@ -204,7 +204,7 @@ def _search(
 
     requests, knob, fixed = calibration_requests, options.pop("knob"), options.pop("fixed", {})
     budget = Budget.from_dict({**calibration.default_budget(session).to_dict(), **options.pop("budget")})
-    options["base"] = profile(options.pop("base_profile"), session.model.family.name, session.device)
+    options["base"] = profile(options.pop("base_profile"), session.model.family.name, session.device, session.model)
     if len(plugins) == 1:
         result = calibration.calibrate(
             session, requests, None, plugins[0], budget, knob=knob, options=fixed.get(plugins[0]), progress=False,

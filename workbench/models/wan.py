@@ -145,6 +145,7 @@ FAMILY = Family(
         ("cross_kv_cache", {}),
         ("gelu_epilogue", {}),
         ("flash4_attention", {}),
+        ("fused_vae_decode", {}),  # its default options: bitwise (padded conv buffers only)
     ),
     components=COMPONENTS,
     stage_components={"text_encode": ("text_encoder",), "video_decode": ("vae",)},

@@ -76,12 +76,17 @@ class FusedVaeDecodeConfig:
     )
 
 
-def _prepare(model: Any, options: dict[str, Any], device: torch.device):
+def model_problem(model: Any) -> str | None:
+    """Why `model`'s VAE cannot take the family's decode path (none wired, no `vae`, a VAE it does not cover), or
+    None."""
+    if model.family.vae_decode is None:
+        return _requires(model.family)
     vae = getattr(model.pipeline, "vae", None)
-    if vae is None:
-        raise RuntimeError(f"{NAME}: the pipeline has no `vae`")
-    reason = model.family.vae_decode.check(vae)
-    if reason is not None:
+    return "the pipeline has no `vae`" if vae is None else model.family.vae_decode.check(vae)
+
+
+def _prepare(model: Any, options: dict[str, Any], device: torch.device):
+    if (reason := model_problem(model)) is not None:
         raise RuntimeError(f"{NAME}: {reason}")
     if options["norm"] == "triton" and (why := triton_unusable(device)) is not None:
         raise RuntimeError(f"{NAME}: norm='triton' {why}; or use norm='torch'")
@@ -98,6 +103,7 @@ SPEC = Spec(
     summary="VAE decode (Wan, LTX-2) with padded conv buffers, optional channels-last and norm+SiLU kernel",
     prepare_fn=_prepare,
     config=FusedVaeDecodeConfig,
+    model_problem=model_problem,
     requires=_requires,
     touches=("vae.decode",),
     order=40,
