@@ -33,6 +33,7 @@ import os
 import time
 from typing import Any
 
+import psutil
 import torch
 
 from benchmarks.envelope import Context, Measurement
@@ -95,14 +96,6 @@ def host_pinned(model: Any, plan: MemoryPlan) -> tuple[int, int]:
     return sum(map(sum, sizes)), sum(sum(chunk_layout(each)[0]) for each in sizes)
 
 
-def available_host_bytes() -> int:
-    """MemAvailable from /proc/meminfo, in bytes."""
-    for line in open("/proc/meminfo").read().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{NAME}: /proc/meminfo has no MemAvailable")
-
-
 def check_host(cap: str) -> tuple[dict[str, Any], MemoryPlan]:
     """Before anything is built: what the plan for the released shapes under `cap` (`model_sizes.meta_model`) pins,
     as this torch allocates it, against the host's available memory; RuntimeError naming both when it does not fit.
@@ -112,7 +105,7 @@ def check_host(cap: str) -> tuple[dict[str, Any], MemoryPlan]:
     meta = meta_model(RELEASE)
     plan = plan_for(meta, MemoryBudget(cap), reference_request(RELEASE))
     exact, need = host_pinned(meta, plan)
-    available = available_host_bytes()
+    available = psutil.virtual_memory().available
     if need > available:
         raise RuntimeError(
             f"{NAME}: the plan pins {gib(need)} of host memory in power-of-two chunks ({gib(exact)} of weights) and "

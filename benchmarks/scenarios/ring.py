@@ -13,8 +13,8 @@ capped arm's timed forwards with `torch.cuda.set_per_process_memory_fraction` (a
 as the arm's failure); installing and removing an arm happen outside it. `RING_CAPS=48GiB` (a comma list of the caps'
 names) measures a subset, so each cap's A/B/A can fit one device call; `RING_ARMS` (a comma list of block_ring,
 group_offload, block_ring+exact-fast, fp8_ring; default all) the arms, e.g. `RING_ARMS=block_ring+exact-fast` for
-the stacked bar alone. The stacked arms' kernels compile in one untimed forward of exact-fast alone (resident, uncapped) before the
-rounds; its output is what the stacked arms must equal (the ring is bitwise; exact-fast's own contract is
+the stacked bar alone. The stacked arms' kernels compile in one untimed forward of exact-fast alone (resident,
+uncapped) before the rounds; its output is what the stacked arms must equal (the ring is bitwise; exact-fast's own contract is
 `reduction` against stock). After each capped visit the pinned host copies go back to the OS (torch's host-cache flush): the host
 allocator caches freed pinned memory, and the arms' copies (up to the whole 66 GB model each) would otherwise pile up
 in the machine's memory. A/B/A rounds through

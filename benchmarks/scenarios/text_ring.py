@@ -5,9 +5,8 @@ device whole and against it resident: Qwen3-VL-32B's text model (`model_sizes.QW
 
 Model: built on the meta device and materialised on the GPU (`model_sizes.materialise`); each `nn.Linear` and
 `nn.Embedding` runs its own `reset_parameters()` there, the RMSNorm weights are ones, the rotary table is the
-constructor's (float32). Then every
-weight moves into pinned host chunks (`ring.pin_on_host`), where the memory plan keeps an offloaded text
-encoder; the device holds only what the visiting arm puts there.
+constructor's (float32). Then every weight moves into pinned host chunks (`ring.pin_on_host`), where the memory plan
+keeps an offloaded text encoder; the device holds only what the visiting arm puts there.
 
 Arms, one timed forward per visit, A/B/A against `onload`:
 - `onload`: the whole text model copied from the pinned chunks onto the device (side stream, then synchronised, as

@@ -10,8 +10,9 @@ Where the streamed weights live (CUDA). On the host: views of a few pinned chunk
 be told not to above a threshold, 2.11 cannot): one allocation per weight would take ~1.6x the weights, one buffer up
 to 2x (85 GiB of H3's streamed weights would take 128 GiB). A power-of-two chunk is taken at its size, so the host
 holds the weights plus less than one tensor per chunk, on any torch, with no process-wide setting. On the device:
-`Slots`, RING_IN_FLIGHT flat buffers allocated once at install, each the size of the largest streamed block, shared by all the rings of one install (one ring's blocks compute at a
-time: Wan2.2's experts take turns and the text encoder runs before denoising, as the planner's working set assumes).
+`Slots`, RING_IN_FLIGHT flat buffers allocated once at install, each the size of the largest streamed block, shared
+by all the rings of one install (one ring's blocks compute at a time: Wan2.2's experts take turns and the text
+encoder runs before denoising, as the planner's working set assumes).
 Streamed block j computes from views of slot j % count, its tensors at aligned offsets in its own layout; outside its
 forward its `.data` are the pinned views again. So after install the streamed weights never touch the caching
 allocator: allocating per onload on a side stream (diffusers' `ModuleGroup`, which has no fixed-slot mode) lets the
@@ -108,7 +109,9 @@ def chunk_layout(sizes: list[int], alignment: int = ALIGNMENT) -> tuple[list[int
     return chunks, where
 
 
-def host_chunks(tensors: list[torch.Tensor], pin: bool, alignment: int = ALIGNMENT) -> tuple[list[torch.Tensor], list]:
+def host_chunks(
+    tensors: list[torch.Tensor], pin: bool, alignment: int = ALIGNMENT
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """New host chunks for `tensors`' layouts (`chunk_layout`; pinned when `pin`) and an empty view of each tensor's
     dtype and shape in them, in order: (chunks, views). Values are not copied."""
     sizes, where = chunk_layout([_nbytes(t) for t in tensors], alignment)
@@ -291,9 +294,9 @@ class Ring:
     """Streamed blocks, in execution order, and the schedule that moves them through `slots` (None on the CPU with
     transfers as stored: one memory, nothing to copy; the schedule and its counts run the same). `root` is the module
     whose forward runs them (a denoiser, a text encoder's layer stack): its start prefetches the first. `stored`:
-    id(tensor) -> what moves for it (`store_on_host`, in `chunks`; a tensor missing moves as its `.data`); `kept`: whether an FP8
-    tensor's `.data` outside its block's forward is its original (else a placeholder: `remove` gives back the
-    dequantized weight). The receipt's counters are named `prefix` + blocks_streamed, prefetched, late, released,
+    id(tensor) -> what moves for it (`store_on_host`, in `chunks`; a tensor missing moves as its `.data`); `kept`:
+    whether an FP8 tensor's `.data` outside its block's forward is its original (else a placeholder: `remove` gives
+    back the dequantized weight). The receipt's counters are named `prefix` + blocks_streamed, prefetched, late, released,
     bytes_moved (the bytes each transfer moves: FP8 bytes and scales for FP8 tensors)."""
 
     def __init__(
@@ -463,8 +466,7 @@ def shared_rings(streams: list[Stream], device: torch.device, receipt: Any, keep
     """One `Ring` per `Stream`, all sharing one set of `Slots` (as many as the longest ring needs, up to
     RING_IN_FLIGHT) on CUDA, and on the CPU when a stream moves FP8. The streamed blocks' weights are moved to host
     chunks first, pinned on CUDA (so their device copies are freed before the slots are allocated), the FP8 ones
-    quantized (`store_on_host`;
-    `keep`: an FP8 tensor's original stays in pageable host memory); all or none."""
+    quantized (`store_on_host`; `keep`: an FP8 tensor's original stays in pageable host memory); all or none."""
     blocks = [block for stream in streams for block in stream.blocks]
     refuse_own_linear_forwards("block_ring", {f"streamed block {j}": block for j, block in enumerate(blocks)})
     fp8 = {id(t) for s in streams if s.transfer == FP8 for b in s.blocks for t in tensors_of(b) if fp8_eligible(t)}

@@ -9,9 +9,10 @@ group alone to eight. `order="measured"` ranks the groups by measured gain inste
 `gemm_saving`): the seconds its layers' FP8 GEMMs save per forward on this device, each shape timed once per process
 against bf16 through the plugin's own path at MEASURED_ROWS activation rows (every group at that count: layers that
 see fewer rows, such as cross-attention keys and values on the text or LTX-2's audio stream, rank as if they saw the
-video's); groups whose FP8 GEMMs are slower rank last; the ranking goes into the receipt's notes (`group_order`, ms saved per forward). It needs the FP8 GPU the
-plugin runs on (else RuntimeError). torchao's `Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())`
-needs CUDA with compute capability >= 8.9, bf16 weights, and in/out features that are multiples of 16 (torchao skips other layers silently;
+video's); groups whose FP8 GEMMs are slower rank last; the ranking goes into the receipt's notes (`group_order`, ms
+saved per forward). It needs the FP8 GPU the plugin runs on (else RuntimeError). torchao's
+`Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` needs CUDA with compute capability >= 8.9, bf16
+weights on the session's device, and in/out features that are multiples of 16 (torchao skips other layers silently;
 this plugin refuses them instead). Without those the plugin refuses with a RuntimeError unless
 `allow_fallback=True`; then the layers it cannot quantize stay dense and every call of one is counted in
 `receipt.fallbacks` under its reason. `fp8_gemms` counts calls of quantized Linears (forward pre-hooks),
