@@ -38,3 +38,31 @@ def test_every_repository_path_the_docs_and_docstrings_name_exists():
         if not list(ROOT.glob(name))
     )
     assert not missing, missing
+
+
+def test_the_kernels_folder_does_not_shadow_an_installed_kernels_package_from_the_repository_root(tmp_path):
+    """`python -m ...` from the repository root puts the folder `kernels/` first on sys.path; the top-level name
+    `kernels` still resolves to an installed package of that name (transformers >= 5.25 imports Hugging Face's), so
+    transformers' model code and the workbench import side by side from there."""
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    def run(probe: str, **env: str) -> str:
+        out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.strip()
+
+    installed = tmp_path / "kernels"
+    installed.mkdir()
+    (installed / "__init__.py").write_text("ORIGIN = 'installed'\n")
+    assert run("import kernels; print(kernels.ORIGIN)", PYTHONPATH=str(tmp_path)) == "installed"
+
+    probe = "import transformers.modeling_utils, workbench.kernels as w, kernels; print(w.__file__, kernels.__file__)"
+    ours, top_level = run(probe).split()
+    assert ours == str(ROOT / "kernels" / "__init__.py")
+    try:
+        importlib.metadata.distribution("kernels")
+        assert top_level != ours
+    except importlib.metadata.PackageNotFoundError:
+        assert top_level == ours
