@@ -433,3 +433,25 @@ def test_pinned_devices_are_where_diffusers_makes_tensors():
     pin_device(pipeline, "_execution_device", torch.device("meta"))
     assert pipeline._execution_device == torch.device("meta")
     assert type(pipeline).__name__ == stock.__name__ and type(pipeline).__bases__ == (stock,)
+
+
+@pytest.mark.gpu
+def test_a_cap_holds_while_its_session_lives_and_goes_with_it_on_cuda():
+    """The cap is the process's allocator setting: enforced while the capped session lives (an uncapped one opened
+    meanwhile is warned that it runs under it), lifted by close() and by dropping the session without it."""
+    import gc
+
+    def allocate_2gib() -> None:
+        torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+
+    for ending in ("close", "drop"):
+        capped = Session.open("tiny-wan", device="cuda", memory="1GiB")
+        with pytest.raises(torch.OutOfMemoryError):
+            allocate_2gib()
+        with pytest.warns(UserWarning, match="capped at 1.00 GiB by an open session's memory budget"):
+            Session.open("tiny-wan", device="cuda").close()
+        if ending == "close":
+            capped.close()
+        del capped
+        gc.collect()
+        allocate_2gib()

@@ -182,3 +182,64 @@ def test_nvml_summary_separates_invalidating_throttle_reasons():
     assert summary["throttled_samples"] == 1  # only the thermal one invalidates timing
     assert summary["throttle_reason_samples"] == {"gpu_idle": 1, "sw_power_cap": 3, "sw_thermal_slowdown": 1}
     assert summarize_samples([]) == {}
+
+
+def test_close_removes_the_accelerations_lets_go_of_the_model_and_refuses_later_calls():
+    import gc
+    import weakref
+
+    from workbench.accelerations.base import fingerprint
+
+    session = Session.open(wan.tiny(), device="cpu")
+    pipeline = weakref.ref(session.model.pipeline)
+    stock = fingerprint(session.model.pipeline.transformer)
+    session.accelerate({"cross_kv_cache": {}})
+    transformer = session.model.pipeline.transformer
+    session.close()
+    assert fingerprint(transformer) == stock and session.closed and repr(session) == "Session(closed, device=cpu)"
+    for call in (lambda: session.generate(Request("x")), lambda: session.accelerate({}), lambda: session.family):
+        with pytest.raises(RuntimeError, match="session: closed"):
+            call()
+    session.close()  # again: nothing
+    del transformer
+    gc.collect()
+    assert pipeline() is None  # nothing of the session holds the model any more
+
+
+def test_a_device_cap_is_lifted_by_its_last_holder_only(monkeypatch):
+    """The allocator's cap is one per device: a holder replaced by a newer one lifts nothing when it goes; the current
+    holder's collection (a session dropped without close) lifts it."""
+    import gc
+
+    from workbench import session as session_module
+    from workbench.accelerations.memory import residency
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, index: calls.append((f, index)))
+    monkeypatch.setattr(residency, "_CAPS", {})
+    cuda7 = torch.device("cuda", 7)
+
+    class Holder:
+        pass
+
+    first, second = Holder(), Holder()
+    residency.hold_cap(first, 7, 48 << 30, 96 << 30)
+    lift_second = residency.hold_cap(second, 7, 24 << 30, 96 << 30)
+    assert residency.cap_holder(cuda7) == 24 << 30 and calls == [(0.5, 7), (0.25, 7)]
+    with pytest.warns(UserWarning, match="cuda:7 is capped at 24.00 GiB by an open session's memory budget"):
+        session_module._warn_if_capped(cuda7, replacing=False)  # what Session.open says before loading
+    del first
+    gc.collect()
+    assert residency.cap_holder(cuda7) == 24 << 30 and len(calls) == 2  # the replaced holder lifts nothing
+    del second
+    gc.collect()
+    assert residency.cap_holder(cuda7) is None and calls[-1] == (1.0, 7) and not lift_second.alive
+
+
+@pytest.mark.gpu
+def test_the_nvml_sampler_finds_the_sessions_gpu():
+    """NVML numbers the host's GPUs, torch the visible ones: the sampler finds the session's device by its UUID (a
+    failed lookup would be a `sample` event with an error and no samples)."""
+    result = Session.open(wan.tiny(), device="cuda").generate(Request("x", frames=5, height=32, width=32, steps=2))
+    assert result.metadata["nvml"]["count"] >= 1
+    assert not [event for event in result.events if event.kind == "sample" and "error" in event.data]

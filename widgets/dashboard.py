@@ -68,6 +68,7 @@ class Dashboard(ipywidgets.VBox):
         self._busy = threading.Lock()
         self._thread: threading.Thread | None = None
         self._count = 0
+        self._opened_here = False  # the session is the dashboard's own (open_model), closed when replaced
         given = session_or_model_names if isinstance(session_or_model_names, Session) else None
         names = [model_name(given.model.name)] if given is not None else list(session_or_model_names)
         if not names or not all(isinstance(name, str) and name for name in names):
@@ -123,12 +124,24 @@ class Dashboard(ipywidgets.VBox):
     # -- actions ----------------------------------------------------------------------------------
     def open_model(self, name: str | None = None) -> Session | None:
         """Open model `name` (default: the picker's) with `Session.open(name, device=..., memory=<the cap field>)`
-        and use it. A bad or refused cap is shown at the cap field; other failures in the error box."""
+        and use it. A session this dashboard opened before is closed first (two models need not fit the device
+        together, and a memory cap is the whole process's); one handed to the dashboard stays open. A cap that does not
+        parse is shown at the cap field and changes nothing; a refused cap there too, other failures in the error box,
+        and then no session is open."""
         name = name or self.picker.value
         self.errors.clear()
+        try:
+            cap = self.memory.cap()
+        except ValueError as error:
+            self.memory.refuse(str(error))
+            return None
+        if self._opened_here and self.session is not None:
+            self._detach()
+            self.session.close()
+            self.session = None
         self.session_status.value = f"opening {html.escape(name)} ..."
         try:
-            session = Session.open(name, device=self.device, memory=self.memory.cap())
+            session = Session.open(name, device=self.device, memory=cap)
         except (ValueError, RuntimeError, OSError) as error:
             self.session_status.value = "no session open" if self.session is None else self._describe_session()
             if isinstance(error, ValueError) and str(error).startswith("memory"):
@@ -140,6 +153,7 @@ class Dashboard(ipywidgets.VBox):
             self.picker.options = [*self.picker.options, name]
         self.picker.value = name
         self._use(session)
+        self._opened_here = True
         return session
 
     def request(self) -> Request:
@@ -196,10 +210,16 @@ class Dashboard(ipywidgets.VBox):
             self._thread.join(timeout)
 
     # -- internals --------------------------------------------------------------------------------
+    def _detach(self) -> None:
+        """The widgets let go of the session (nothing shown is bound to it any more)."""
+        self.live.detach()
+        self.panel.bind(None)
+
     def _use(self, session: Session) -> None:
         if self.session is not None and self.session is not session:
             self.live.detach()
         self.session = session
+        self._opened_here = False
         self.panel.bind(session)
         self.live.attach(session)
         self.results = []

@@ -7,6 +7,7 @@ import itertools
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,9 +20,9 @@ from workbench import adapters as lora
 from workbench import environment
 from workbench.accelerations import REGISTRY, install
 from workbench.accelerations.base import Handle
-from workbench.accelerations.memory.residency import Residency
+from workbench.accelerations.memory.residency import Residency, cap_holder
 from workbench.accelerations.undo import UndoFailed
-from workbench.memory_plan import MemoryBudget, MemoryPlan, check_request, plan_for
+from workbench.memory_plan import MemoryBudget, MemoryPlan, check_request, gib, plan_for
 from workbench.models import resolve
 from workbench.models.family import shapes_only
 from workbench.models.loaded import LoadedModel
@@ -54,6 +55,7 @@ class Session:
         self._unknown_state: str | None = None  # why a failed change could not be undone
         self.residency: Residency | None = None  # the memory budget's arrangement (`open(..., memory=...)`)
         self._adapters: lora.Fused | None = None  # LoRA adapters fused into the weights (`load_adapters`)
+        self.closed = False  # `close()`: the model let go of, every call refused
 
     @classmethod
     def open(
@@ -86,6 +88,8 @@ class Session:
         start = time.perf_counter()
         torch_device = environment.device(device)
         torch_dtype = _dtype(dtype, torch_device)
+        if torch_device.type == "cuda":
+            _warn_if_capped(torch_device, replacing=budget is not None)
         if isinstance(model, LoadedModel):
             loaded = model
         else:
@@ -112,6 +116,7 @@ class Session:
 
     @property
     def family(self) -> Any:
+        self._check_usable()
         return self.model.family
 
     @property
@@ -196,12 +201,37 @@ class Session:
             self.accelerate(installed)
         return list(self._adapters.records) if self._adapters else []
 
+    def close(self) -> None:
+        """Let go of the model and the device: the accelerations removed, a memory budget's cap lifted, the session's
+        references dropped and the device cache emptied, so the device memory is free once nothing else holds the
+        model (a model arranged under a budget stays as arranged: open it again by name rather than reusing it).
+        Every later call is refused; closing again does nothing. Refused while a request runs."""
+        if self.closed:
+            return
+        if self._handles and self._unknown_state is None:
+            self.accelerate({})
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(f"close: refused while request {self.active_request} runs")
+        try:
+            if self.residency is not None and self.residency.lift_cap is not None:
+                self.residency.lift_cap()
+            self.model, self.residency, self._handles, self._adapters = None, None, [], None
+            self.closed = True
+        finally:
+            self._lock.release()
+        gc.collect()  # the model's hooks and rings hold it in reference cycles
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def _check_usable(self) -> None:
+        if self.closed:
+            raise RuntimeError("session: closed; open a new one")
         if self._unknown_state is not None:
             raise RuntimeError(f"session: the model is in an unknown state ({self._unknown_state})")
 
     def resolve(self, request: Request) -> Request:
         """`request` with this model's defaults filled in and checked against its family (ValueError if not)."""
+        self._check_usable()
         if not isinstance(request, Request):
             raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
         return request.resolved(
@@ -316,10 +346,32 @@ class Session:
         return int(vocoder.config.output_sampling_rate)
 
     def __repr__(self) -> str:
+        if self.closed:
+            return f"Session(closed, device={self.device})"
         return (
             f"Session(model={self.model.name!r}, family={self.family.name!r}, device={self.device}, "
             f"dtype={self.dtype}, init={self.init_seconds:.2f}s)"
         )
+
+
+def _warn_if_capped(device: torch.device, replacing: bool) -> None:
+    """Warn when an open session's memory budget caps `device`: the cap is the process's (one per device), so a new
+    session runs under it, or (`replacing`) its own cap replaces it for both."""
+    if cap_holder(device) is not None:
+        gc.collect()  # a session dropped without close() lifts its cap when collected
+    cap = cap_holder(device)
+    if cap is None:
+        return
+    effect = (
+        "this session's cap replaces it for both"
+        if replacing
+        else "this session runs under it (close() that session to give this one the whole device)"
+    )
+    warnings.warn(
+        f"{device} is capped at {gib(cap)} by an open session's memory budget; the cap is the process's, one per "
+        f"device: {effect}",
+        stacklevel=3,
+    )
 
 
 def _non_finite(outputs: tuple[tuple[str, str, Any], ...]) -> list[str]:
@@ -365,7 +417,7 @@ class _maybe_sampler:
 
     def __enter__(self) -> Any:
         try:
-            self.sampler = NvmlSampler(self.device.index or 0, self.telemetry).__enter__()
+            self.sampler = NvmlSampler(self.device, self.telemetry).__enter__()
         except Exception as error:  # NVML missing in a container is a reportable fact, not a failure
             self.telemetry.emit("sample", error=repr(error))
             return None

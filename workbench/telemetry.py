@@ -142,12 +142,14 @@ class NvmlSampler:
     or power throttling that invalidates a speed claim.
     """
 
-    def __init__(self, device_index: int, telemetry: Telemetry, period_s: float = 0.1):
+    def __init__(self, device: torch.device, telemetry: Telemetry, period_s: float = 0.1):
         import pynvml
 
         self._nvml = pynvml
         pynvml.nvmlInit()
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        # by UUID: NVML numbers every GPU of the host, torch only those CUDA_VISIBLE_DEVICES shows, in its order
+        index = torch.cuda.current_device() if device.index is None else device.index
+        self._handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{torch.cuda.get_device_properties(index).uuid}")
         self._telemetry = telemetry
         self._period = period_s
         self._stop = threading.Event()

@@ -107,19 +107,28 @@ def test_dashboard_defaults_to_demo_av_and_lays_out_controls_first():
     assert dash.children[0] is dash.controls and dash.children[-1] is dash.ab
 
 
-def test_dashboard_numbers_results_per_model(wan):
+def test_dashboard_numbers_results_per_model_and_closes_the_sessions_it_opened(wan):
     dash = Dashboard(["tiny-wan"], device="cpu")
     try:
-        assert dash.open_model() is not None
+        first = dash.open_model()
+        assert first is not None
         dash.set_request(**TINY)
         assert dash.generate() is not None and dash.generate() is not None
         assert [label for label, _ in dash.results] == ["#1 stock", "#2 stock"]
         assert dash.open_model("tiny-wan") is not None  # a model opened again starts at #1 with an empty A/B
         assert dash.results == [] and dash.ab_player is None
+        assert first.closed and dash.session is not first  # the dashboard's own session is let go of
         dash.set_request(**TINY)
         assert dash.generate() is not None and dash.results[0][0] == "#1 stock"
     finally:
         dash.live.detach()
+    given = Dashboard(wan)
+    try:
+        assert given.open_model("tiny-wan") is not None and not wan.closed  # a session handed over stays open
+        given.open_model("no-such-model")  # a failed open after closing its own: no session, nothing bound
+        assert given.session is None and given.panel.session is None and "no-such-model" in given.errors.value
+    finally:
+        given.live.detach()
 
 
 @pytest.mark.skipif(not (SHIPPED_MODELS["demo-av"] / "model_index.json").is_file(), reason="demo-av is not shipped")

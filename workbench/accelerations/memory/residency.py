@@ -31,10 +31,15 @@ Result is then not exact); a tiled decode is not bit-equal to an untiled one, an
 `dismantle()` undoes the arrangement (every weight back on the device, the cap lifted), so one process can compare a
 capped request with the resident one on the same weights (with FP8 transfers, the streamed matrices come back
 dequantized: their original values are gone); the session it served refuses requests afterwards.
+
+The cap is the process's, one per device (torch's allocator has no other): the residency arranged last holds it
+(`cap_holder`), and it is lifted when that residency is dismantled or garbage-collected, so a session dropped
+without `close()` does not leave the device capped for the next one.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -50,6 +55,32 @@ from workbench.accelerations.memory.ring import (
     shared_rings,
     tensors_of,
 )
+
+_CAPS: dict[int, tuple[int, object]] = {}  # CUDA device index -> (cap in bytes, the holder's token)
+
+
+def cap_holder(device: torch.device) -> int | None:
+    """The cap in bytes a live residency holds on CUDA `device` (this process's), or None."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    held = _CAPS.get(index)
+    return None if held is None else held[0]
+
+
+def hold_cap(holder: object, index: int, cap: int, total: int) -> weakref.finalize:
+    """Cap CUDA device `index` at `cap` of its `total` bytes for `holder`, replacing any cap held before; returns the
+    finalizer that lifts it (called, or run when `holder` is garbage-collected), which does nothing once another
+    holder took the cap over."""
+    torch.cuda.set_per_process_memory_fraction(cap / total, index)
+    token = object()  # stands for the holder in the finalizer, which must not keep it alive
+    _CAPS[index] = (cap, token)
+    return weakref.finalize(holder, _lift_cap, index, token)
+
+
+def _lift_cap(index: int, token: object) -> None:
+    """Lift the cap on device `index` if the holder `token` stands for still holds it."""
+    if _CAPS.get(index, (None, None))[1] is token:
+        del _CAPS[index]
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
 
 
 def pin_device(obj: Any, attribute: str, device: torch.device) -> None:
@@ -83,19 +114,20 @@ class Residency:
         self.tiled = False  # tiling turned on by the plan (`dismantle` turns it off)
         self.pinned: list[torch.Tensor] = []  # on CUDA, the offloaded components' pinned host chunks (`_offload_group`)
         self.dismantled = False
+        self.lift_cap: weakref.finalize | None = None  # on CUDA: lifts the cap while this residency holds it
 
     @classmethod
     def arrange(cls, model: Any, plan: Any, device: torch.device, budget: Any) -> Residency:
         """Cap the device (CUDA), move what stays resident, install the ring, offload the rest. `budget` (the
         `MemoryBudget` planned from) is kept to check later requests against the plan."""
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        residency = cls(model, plan, device, budget)
         if device.type == "cuda":
-            if device.index is None:
-                device = torch.device("cuda", torch.cuda.current_device())
             total = torch.cuda.get_device_properties(device).total_memory
             if plan.cap > total:
                 raise ValueError(f"memory: the cap {plan.cap} bytes is above {device}'s {total} bytes")
-            torch.cuda.set_per_process_memory_fraction(plan.cap / total, device)
-        residency = cls(model, plan, device, budget)
+            residency.lift_cap = hold_cap(residency, device.index, plan.cap, total)
         pipeline, family = model.pipeline, model.family
         streams = []
         for name, positions in plan.streamed_blocks.items():
@@ -194,8 +226,8 @@ class Residency:
         rings' hooks and slots gone, the pinned devices and the tiled decode undone. The model is then as a session
         without a budget holds it, bit for bit, except that with FP8 transfers the streamed blocks' matrices are their
         dequantized FP8 copies; `begin_request` refuses from now on."""
-        if self.device.type == "cuda":
-            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+        if self.lift_cap is not None:
+            self.lift_cap()
         self.end_request()
         for ring in self.rings:
             ring.remove()
