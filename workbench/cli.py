@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from workbench import Request, Session, distributed
+    from workbench.accelerations.attention.attention_policy import model_key
     from workbench.accelerations.memory.ring import AS_STORED, FP8
     from workbench.io import check_writable
     from workbench.media import verify_mp4
@@ -265,7 +266,9 @@ def _generate(args: argparse.Namespace) -> int:
     if args.profile != "stock" or extra:
         if args.profile == "within-budget":
             resolved = session.resolve(request).to_dict()
-            chosen, left_out = within_budget(args.calibration, session.model.name, session.device, resolved), {}
+            held = {"key": model_key(session.model), "dtype": str(session.dtype).removeprefix("torch.")}
+            chosen = within_budget(args.calibration, session.model.name, session.device, resolved, **held)
+            left_out = {}
         else:
             chosen, left_out = profile_plan(args.profile, session.model.family.name, session.device, session.model)
         for plugin, reason in left_out.items():

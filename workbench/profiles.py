@@ -61,11 +61,19 @@ def profile(name: str, family: str, device: str | torch.device, model: Any = Non
 
 
 def within_budget(
-    record: str | Path | dict[str, Any], model: str, device: str | torch.device, request: dict[str, Any] | None = None
+    record: str | Path | dict[str, Any],
+    model: str,
+    device: str | torch.device,
+    request: dict[str, Any] | None = None,
+    *,
+    key: str | None = None,
+    dtype: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The config of a calibration or stack record (a path or the loaded dict), after checking that it holds here:
-    its status is confirmed, its model is `model`, its device matches `device` and, given the `request` (resolved,
-    as `Request.to_dict`), the geometry matches. ValueError naming what differs otherwise."""
+    its status is confirmed, its model is `model`, its device matches `device` and, given them, the geometry matches
+    the `request` (resolved, as `Request.to_dict`), the denoisers' shapes the model `key`
+    (`attention_policy.model_key`: a local folder of another size under the same name differs) and the `dtype`
+    ("bfloat16", ...). ValueError naming what differs otherwise."""
     from workbench import environment
 
     data = json.loads(Path(record).read_text()) if not isinstance(record, dict) else record
@@ -82,6 +90,9 @@ def within_budget(
         raise ValueError(f"record: calibrated for model {measured['model']!r}, not {model!r}")
     if measured["type"] != here["type"] or (here["type"] == "cuda" and measured["device"] != here["name"]):
         raise ValueError(f"record: calibrated on {measured['device']} ({measured['type']}), not {here['name']}")
+    for name, here_value in (("model_key", key), ("dtype", dtype)):
+        if here_value is not None and scope.get(name) != here_value:
+            raise ValueError(f"record: calibrated with {name} {scope.get(name)!r}, not {here_value!r}")
     if request is not None:
         held = scope["request"]
         differ = {k: (v, request.get(k)) for k, v in held.items() if v != request.get(k)}

@@ -155,6 +155,12 @@ def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_r
         within_budget(json_path, "tiny-ltx2", "cpu")
     with pytest.raises(ValueError, match="steps 6 \\(calibrated\\) vs 8"):
         within_budget(json_path, "demo-av-mini", "cpu", {**resolved, "steps": 8})
+    key = record["scope"]["model_key"]
+    assert within_budget(json_path, "demo-av-mini", "cpu", resolved, key=key, dtype="float32") == result.setting
+    with pytest.raises(ValueError, match="calibrated with model_key .*, not 'LTX2VideoTransformer3DModel:0'"):
+        within_budget(json_path, "demo-av-mini", "cpu", key="LTX2VideoTransformer3DModel:0")  # same name, other size
+    with pytest.raises(ValueError, match="calibrated with dtype 'float32', not 'bfloat16'"):
+        within_budget(json_path, "demo-av-mini", "cpu", dtype="bfloat16")
     args = ["generate", "--model", "demo-av-mini", "--prompt", "a red circle moves left, low hum", "--device", "cpu"]
     args += [
         "--steps",

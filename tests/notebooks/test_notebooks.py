@@ -181,7 +181,7 @@ def test_notebook_is_committed_clean_with_title_and_parameters(path):
 
 # Notebooks whose papermill test passes their own defaults (only the output folder differs): that test is their run
 # with defaults, so the nbval run below leaves them out instead of executing them twice. 50_calibrate's papermill
-# test sets a budget; nbval runs its defaults.
+# test runs demo-av at its default size (other height, width, steps and cases); nbval runs its defaults.
 RUN_WITH_DEFAULTS = {"00_quickstart", "10_explore", "20_qualify", "30_kernels", "40_review"}
 
 

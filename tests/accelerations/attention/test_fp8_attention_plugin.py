@@ -91,8 +91,10 @@ def test_fp8_attention_refuses_what_it_cannot_run(monkeypatch):
     with pytest.raises(ValueError, match="cannot be installed together"):
         session.accelerate({"fp8_attention": {}, "block_sparse": {}})
     assert session.accelerations == {} and REGISTRY["fp8_attention"].contract == "approximate"
+    assert plugin.unusable(torch.device("cpu")) is None  # the CPU runs the kernel's torch reference
+    assert "runs on cuda" in plugin.unusable(torch.device("meta"))
     monkeypatch.setattr(_runtime, "capability", lambda device: 86)
-    assert "compute capability 8.9" in plugin.unusable(torch.device("cuda")) and plugin.unusable(torch.device("cpu"))
+    assert "compute capability 8.9 or newer (Ada, Hopper); cuda is sm_86" in plugin.unusable(torch.device("cuda"))
 
 
 def test_fp8_attention_h3_keeps_text_and_audio_queries_dense(interpreter, h3_d128):
