@@ -183,6 +183,12 @@ def test_budget_too_tight_for_any_setting_says_so(demo):
     assert "no setting qualifies" in result.reason
     failures = [f for p in result.points for f in p.failures]
     assert any("audio_snr_db" in f for f in failures) and any("latent_rel_l2" in f for f in failures), failures
+    # the video well inside, the audio not: every setting that reuses anything is rejected on the audio term alone
+    audio_only = Budget(latent_rel_l2=10.0, psnr_db=None, min_ssim=None, audio_snr_db=300.0)
+    result = calibrate(demo, calibration, None, "easycache", audio_only, max_evals=3, progress=False)
+    assert result.status == "no_setting" and result.setting is None
+    failing = [p for p in result.points if p.failures]
+    assert failing and {f.split(":")[0] for p in failing for f in p.failures} == {"audio_snr_db"}, result.points
 
 
 def test_stack_on_demo_av_at_the_default_budget_confirms_what_holds_and_leaves_out_what_cannot():
@@ -363,3 +369,28 @@ def test_calibration_and_stack_records_round_trip():
     for result in (single, greedy):
         saved = record_bytes(result.to_record())
         assert record_bytes(type(result).from_record(json.loads(saved)).to_record()) == saved
+
+
+def test_stack_on_a_timed_device_adds_by_gain_per_spend_and_drops_what_slows_the_stack():
+    """Where seconds mean something (CUDA), `stack` orders the plugins by speed-up gained per budget spent alone and
+    keeps one only if the stack gets faster. The runs are synthetic here (speed-up and spend are functions of the
+    knobs: this checks the ordering and keeping, not a speed): teacache, given second, gains most per spend and goes
+    first; easycache, which slows the stack, is left out with the reason; teacache's knob stays at its range's top."""
+    gains, spends = {"easycache": -0.05, "teacache": 0.6}, {"easycache": 0.5, "teacache": 0.5}
+
+    class Synthetic:
+        session = type("Session", (), {"device": torch.device("cuda")})()
+        budget = Budget()
+
+        def point(self, value, config):
+            shares = {p: options[REGISTRY[p].knob.option] / REGISTRY[p].knob.high for p, options in config.items()}
+            speedup = 1.2 * math.prod(1 + gains[p] * x for p, x in shares.items())
+            return calibrate_module.Point(value, sum(spends[p] * x for p, x in shares.items()), 1 / speedup, speedup)
+
+    plugins = ["easycache", "teacache"]
+    specs = [REGISTRY[p] for p in plugins]
+    result = calibrate_module._stack(Synthetic(), plugins, specs, {}, {}, 0.8, 4, False, {})
+    assert result.ranked_by_speed and [m.plugin for m in result.members] == ["teacache"]
+    assert result.config == {"teacache": {"rel_l1_thresh": REGISTRY["teacache"].knob.high}}
+    assert result.left_out["easycache"].startswith("no gain on the stack"), result.left_out
+    assert result.status == "searched"

@@ -21,11 +21,12 @@ of different processes are never compared.
 confirmation) and `max_seconds=` stops it cleanly at a step boundary with a `Partial`: `workbench.evidence.resume`.
 
 `stack` calibrates each plugin alone over the same base (the exact plugins the caller puts underneath), orders
-them by indicative speed-up gained per budget spent, then adds them one at a time, re-searching each added knob
-with the others installed (a cache changes what attention sees), keeping a plugin only when the stack gets faster,
-and confirms the whole stack on the test requests. Off CUDA one run's seconds rank nothing: the plugins keep the
-given order and each is kept when the stack stays inside the budget (the record says `ranked_by_speed: false`). Its record is the `within-budget` profile: the config with the
-budget, model, request geometry, device and seeds it holds for (`workbench.profiles.within_budget`).
+them once by indicative speed-up gained per budget spent alone, then adds them one at a time in that order,
+re-searching each added knob with the others installed (a cache changes what attention sees), keeping a plugin only
+when the stack gets faster, and confirms the whole stack on the test requests. Off CUDA one run's seconds rank
+nothing: the plugins keep the given order and each is kept when the stack stays inside the budget (the record says
+`ranked_by_speed: false`). Its record is the `within-budget` profile: the config with the budget, model, request
+geometry, device and seeds it holds for (`workbench.profiles.within_budget`).
 
 `attention_policy="auto"` serves a sparse-attention setting only on a qualification of that setting alone. A
 calibrated result whose block_sparse (or sol_attn) setting shares its config with a base or other members therefore
