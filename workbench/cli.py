@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--model", required=True)
     cal.add_argument("--suite", required=True, type=Path, help="a data_manifests/*.json suite (calibration + test)")
     cal.add_argument("--plugin", required=True, action="append", help="a plugin with a knob; repeat to stack")
-    cal.add_argument("--knob", help="the option searched (default: the plugin's declared knob)")
+    cal.add_argument("--knob", help="the option searched: the plugin's declared knob, checked when given")
     cal.add_argument("--budget", default="{}", help="JSON overrides of the default budget (audio limits included)")
     cal.add_argument(
         "--options", default="{}", help="JSON plugin -> fixed options besides the knob, e.g. mag_cache's mag_ratios"

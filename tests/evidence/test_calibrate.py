@@ -28,6 +28,7 @@ from workbench.evidence.calibrate import (
     _search,
     calibratable,
     calibrate,
+    render,
     stack,
     write,
 )
@@ -230,6 +231,13 @@ def test_stack_composes_block_sparse_and_easycache_and_confirms_inside_the_budge
     assert all(case["quality"]["within_budget"] for case in result.confirmation["cases"])
     scope = result.scope
     assert scope["calibration_seeds"] == [3] and scope["test_seeds"] == [1_000_003] and scope["request"]["steps"] == 4
+    page = render(result)  # the stack's static report: every search, its points, knee and cliff, each case
+    for run in [*result.singles, *result.members]:
+        assert f"knee {run.knee}, cliff {run.cliff}" in page and all(
+            f"<td>{p.value:.4g}</td>" in page for p in run.points
+        )
+    (case,) = result.confirmation["cases"]
+    assert "receipts, seed 1000003" in page and f"<td>{case['quality']['latent_rel_l2']}</td>" in page
 
 
 @pytest.mark.parametrize(

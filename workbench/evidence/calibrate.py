@@ -333,8 +333,8 @@ def calibrate(
     max_seconds: float | None = None,
     on_step: Callable[[str], None] | None = None,
 ) -> Calibration | Partial:
-    """Search `plugin`'s knob (its `Spec.knob`, or the option named `knob` on the spec's range) for the most
-    aggressive value inside `margin` of `budget` on `calibration`, over `base` (installed underneath, with the
+    """Search `plugin`'s knob (its `Spec.knob`: one declared option and range; `knob`, when given, must name that
+    option) for the most aggressive value inside `margin` of `budget` on `calibration`, over `base` (installed underneath, with the
     plugin's other `options`), then confirm it on `test` (None: leave it "searched"). See the module docstring.
 
     `resume`: a folder for the partial record, read when there and rewritten after every step; `max_seconds`
@@ -733,12 +733,15 @@ def render(result: Calibration | Stack) -> str:
         body.append(f"<table><tr>{head}</tr>{rows}</table>")
     if result.confirmation is not None:
         body.append("<h2>confirmation on the test requests</h2>")
+        limits = [name for name, limit in result.budget.to_dict().items() if limit is not None]
         for case in result.confirmation["cases"]:
             seed = case["request"]["seed"]
             rows = {"seed": seed, "verdict": case["verdict"], "speed-up (CI95)": speedup_text(case)}
-            body.append(_table(rows | {"reason": case["reason"]}))
-        receipts = json.dumps(result.confirmation["cases"][0]["receipts"], indent=1, default=str)
-        body.append(f"<h3>receipts</h3><pre>{html.escape(receipts)}</pre>")
+            rows |= {"timed rounds": len(case["candidate_seconds"]), "reason": case["reason"]}
+            rows |= {name: case["quality"].get(name) for name in limits}  # each budget term as measured
+            body.append(_table(rows))
+            receipts = html.escape(json.dumps(case["receipts"], indent=1, default=str))
+            body.append(f"<details><summary>receipts, seed {seed}</summary><pre>{receipts}</pre></details>")
     if result.attention is not None:
         body.append(f"<h2>{html.escape(str(result.attention['candidate']))} alone (the attention_policy evidence)</h2>")
         for case in result.attention["cases"]:
