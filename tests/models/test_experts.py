@@ -99,3 +99,59 @@ def test_per_expert_counting_refuses_a_step_the_schedule_gives_another_expert(se
     with pytest.raises(RuntimeError, match=r"expert 'transformer_2' ran request step 0, where the schedule has"):
         schedule.counted("transformer_2", 0, 0, STEPS, per_expert=True)
     assert schedule.counted("transformer_2", 0, 0, STEPS, per_expert=False) == (0, STEPS)
+
+
+def test_easycache_per_expert_keeps_each_experts_final_step_dense(session):
+    """easycache (reuse whenever allowed, warm-up 2, final step 1) keeps its transformation per denoiser either way;
+    counted per expert, the high-noise expert's last step before the switch is dense too, boundary-unaware it is
+    reused (the low-noise expert's steps decide alike: it starts with no cached transformation)."""
+    seed = _seed()
+    options = {"threshold": 1e6, "warmup": 2, "final_dense": 1}
+    decisions = {}
+    for per_expert in (False, True):
+        session.accelerate({"easycache": {**options, "per_expert": per_expert}})
+        try:
+            receipt = _generate(session, seed).receipts["easycache"]
+        finally:
+            session.accelerate({})
+        _shares_sum_to_totals(receipt)
+        decisions[per_expert] = receipt["notes"]["decisions"]
+    schedule = experts.schedule(session.model, STEPS)
+    high, low = len(schedule.span("transformer")), len(schedule.span("transformer_2"))
+    for branch in ("cond", "uncond"):
+        assert decisions[True][f"transformer/{branch}"] == "C" * high, decisions
+        assert decisions[False][f"transformer/{branch}"] == "CC" + "R" * (high - 2), decisions
+        for per_expert in (False, True):
+            assert decisions[per_expert][f"transformer_2/{branch}"] == "CC" + "R" * (low - 3) + "C", decisions
+
+
+def test_mag_cache_gives_each_expert_its_own_ratios_and_step_count(session):
+    """calibrate=True records the ratios per expert (the lengths of their spans); given the request's list (the
+    experts' concatenated in request order), each expert's diffusers config holds its own span's ratios and step count
+    per expert, the whole list and request boundary-unaware, and the experts then skip other blocks."""
+    seed = _seed()
+    request = Request("a red circle moves left", seed=seed, steps=STEPS, **SIZE)
+    schedule = experts.schedule(session.model, STEPS)
+    high, low = schedule.span("transformer"), schedule.span("transformer_2")
+    session.accelerate({"mag_cache": {"calibrate": True}})
+    try:
+        recorded = session.generate(request, progress=False).receipts["mag_cache"]["notes"]["mag_ratios"]
+    finally:
+        session.accelerate({})
+    assert {key: len(ratios) for key, ratios in recorded.items()} == {
+        f"{branch}/{name}": len(span) for branch in ("cond", "uncond") for name, span in (("transformer", high), ("transformer_2", low))
+    }  # fmt: skip
+    ratios = recorded["cond/transformer"] + recorded["cond/transformer_2"]
+    skipped = {}
+    for per_expert in (True, False):
+        session.accelerate({"mag_cache": {"mag_ratios": ratios, "threshold": 1.0, "per_expert": per_expert}})
+        try:
+            config = session._handles[0]._config("transformer_2")
+            receipt = session.generate(request, progress=False).receipts["mag_cache"]
+        finally:
+            session.accelerate({})
+        given = ratios[low.start : low.stop] if per_expert else ratios
+        assert config.num_inference_steps == (len(low) if per_expert else STEPS)
+        assert [float(r) for r in config.mag_ratios] == pytest.approx(given)
+        skipped[per_expert] = {name: share.get("blocks_skipped", 0) for name, share in receipt["experts"].items()}
+    assert skipped[True] != skipped[False], skipped
