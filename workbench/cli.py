@@ -1,7 +1,8 @@
 """`workbench generate ...`, `qualify`, `sweep`, `search`, `calibrate`, `batch`, `train-tiny` and `info`.
 
 `qualify`, `sweep`, `search` and `calibrate` take `--ray [ADDRESS]`: their cells run on Ray workers, one resident
-session each, into a resumable record store (`--store`, default `<out>/cells`); see `workbench.evidence.fanout`.
+session each (`--memory`: planned under a cap, or for each worker's own GPU), into a resumable record store
+(`--store`, default `<out>/cells`); see `workbench.evidence.fanout`.
 Without Ray, `calibrate` keeps a partial record in `--out` while it runs (rewritten after every tried value):
 `--resume DIR` continues it, `--max-seconds S` stops it cleanly and prints the command that continues it.
 
@@ -190,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         sub.add_argument("--workers", type=int, help="with --ray: workers (default: one per GPU, 1 on CPU)")
         sub.add_argument("--retries", type=int, default=2, help="with --ray: re-runs of a cell whose worker died")
+        sub.add_argument(
+            "--memory",
+            help="with --ray: each worker's device memory cap (48GiB, a card's name) or 'device' (its own GPU's)",
+        )
         if sub is not bat:
             sub.add_argument("--store", type=Path, help="with --ray: the record store (default: <out>/cells)")
     bat.add_argument("--device", default="auto", help="auto, cuda or cpu (one GPU per worker)")
@@ -202,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command not in ("batch", "generate", "info", "train-tiny") and args.ray is None:
             if args.workers is not None or args.store is not None or args.retries != 2:
                 raise ValueError("--workers, --retries, --store: go with --ray")
+            if args.memory is not None:
+                raise ValueError("--memory: goes with --ray here (generate takes it for its own session)")
         if args.command == "qualify":
             return _qualify(args)
         if args.command in ("sweep", "search"):
@@ -497,6 +504,7 @@ def _fanout(args: argparse.Namespace):
     address = None if args.ray in (None, "local") else args.ray
     device = args.device
     options = {"address": address, "workers": args.workers, "device": device, "retries": args.retries}
+    options["memory"] = args.memory
     with Fanout(args.model, dtype=getattr(args, "dtype", None), **options) as fanout:
         fanout.subscribe(TqdmView())
         yield fanout, Store(args.store or args.out / "cells")

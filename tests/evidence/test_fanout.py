@@ -178,6 +178,20 @@ def test_fanout_duplicate_cells_and_bad_options_raise(fanout, tmp_path):
         Fanout("tiny-wan", workers=0, device="cpu")
     with pytest.raises(ValueError, match="workers: 3 needs 3 CPUs"):
         Fanout("tiny-wan", workers=3, device="cpu")
+    with pytest.raises(ValueError, match="48 gigs"):
+        Fanout("tiny-wan", workers=1, device="cpu", memory="48 gigs")
+    with pytest.raises(ValueError, match="memory: 'device' .* needs GPU workers"):
+        Fanout("tiny-wan", workers=1, device="cpu", memory="device")
+
+
+def test_a_worker_places_its_model_under_the_runs_memory_cap_and_says_so():
+    """What a Ray actor runs, in this process: the session planned under the cap, the plan in the worker's identity
+    (every record names it)."""
+    from workbench.evidence.fanout import Worker
+
+    identity = Worker("tiny-wan", "cpu", None, 0, memory="1GiB").open()
+    assert identity["memory_plan"]["cap"] == 2**30 and identity["pid"] and identity["device"]["type"] == "cpu"
+    assert Worker("tiny-wan", "cpu", None, 0).open()["memory_plan"] is None
 
 
 @pytest.mark.parametrize(
@@ -188,6 +202,7 @@ def test_fanout_duplicate_cells_and_bad_options_raise(fanout, tmp_path):
             "go with --ray",
         ),
         (["qualify", "--candidate", "{}", "--store", "s"], "go with --ray"),
+        (["qualify", "--candidate", "{}", "--memory", "48GiB"], "--memory: goes with --ray"),
         (["batch", "--requests", "data_manifests/tiny-smoke.json", "--accelerate", "{x"], "--accelerate"),
     ],
 )

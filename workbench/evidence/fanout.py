@@ -7,7 +7,10 @@ driver never compares seconds measured by different workers. Each cell's record 
 device) it ran on.
 
 Workers are Ray actors, one per GPU (`num_gpus=1`) or, on CPU, one per CPU slot (`num_cpus=1`). Each opens one
-resident `Session` of the run's model once and serves many cells. The driver hands each worker one cell at a
+resident `Session` of the run's model once and serves many cells. `memory` places the model on each worker's device
+under a cap (the session's memory plan: components offloaded, denoiser blocks streamed), so a model larger than a
+card runs on it: a cap for every worker ("48GiB", a card's name), or "device", each worker's own GPU's memory (a
+cluster of mixed cards). The plan is part of the worker's identity in every record. The driver hands each worker one cell at a
 time, collects what it returns (the record, and the output files of a generated request) and writes it into the
 `Store` itself, so workers need no shared file system.
 
@@ -40,6 +43,7 @@ import numpy as np
 from workbench.environment import device_info, device_label
 from workbench.evidence.fanout_progress import Event, Progress, TqdmView, WorkerState
 from workbench.evidence.store import Store
+from workbench.memory_plan import MemoryBudget
 from workbench.request import Request
 
 __all__ = [
@@ -103,21 +107,28 @@ def fingerprint(value: Any) -> Any:
 class Worker:
     """A Ray actor's body: one resident Session of `model` serving cells (see the module docstring)."""
 
-    def __init__(self, model: str, device: str, dtype: str | None, seed: int):
-        self._open_args = (model, device, dtype, seed)
+    def __init__(self, model: str, device: str, dtype: str | None, seed: int, memory: str | int | None = None):
+        self._open_args = (model, device, dtype, seed, memory)
         self.session: Any = None
 
     def open(self) -> dict[str, Any]:
-        """Load the model once; returns this worker's identity (host, pid, device)."""
+        """Load the model once (under `memory`: a cap, or "device" for this worker's whole GPU); returns this
+        worker's identity (host, pid, device, memory plan)."""
+        import torch
+
         from workbench.session import Session
 
-        model, device, dtype, seed = self._open_args
-        self.session = Session.open(model, device=device, dtype=dtype, seed=seed)
+        model, device, dtype, seed, memory = self._open_args
+        if memory == "device":
+            memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        self.session = Session.open(model, device=device, dtype=dtype, seed=seed, memory=memory)
         return self.identity()
 
     def identity(self) -> dict[str, Any]:
-        info = device_info(self.session.device)
-        return {"host": socket.gethostname(), "pid": os.getpid(), "device": info, "label": device_label(info)}
+        info, plan = device_info(self.session.device), self.session.memory_plan
+        return {"host": socket.gethostname(), "pid": os.getpid(), "device": info, "label": device_label(info)} | {
+            "memory_plan": None if plan is None else plan.to_dict()
+        }
 
     def validate(self, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
         from workbench.evidence.sweep import validate
@@ -150,8 +161,10 @@ class Fanout:
     `address`: a Ray cluster to join ("auto" finds the local one); None starts a local instance (with `workers`
     CPUs for a CPU run), unless this process already called `ray.init`. `workers`: how many (default: one per
     GPU of the cluster, or 1 on CPU); more than the cluster's GPUs (CPUs) is a ValueError. `device`: "auto" (GPU
-    workers when the cluster has GPUs), "cuda" or "cpu". `retries`: see the module docstring. Use it as a
-    context manager (or call `close`): the workers are killed, and a local instance it started is shut down.
+    workers when the cluster has GPUs), "cuda" or "cpu". `memory`: None (the model resident on each worker), a cap
+    for every worker, or "device" (each GPU worker's own memory; see the module docstring); a capped run's cells are
+    other cells than a resident run's (the session key holds the cap). `retries`: see the module docstring. Use it
+    as a context manager (or call `close`): the workers are killed, and a local instance it started is shut down.
     """
 
     def __init__(
@@ -164,9 +177,12 @@ class Fanout:
         dtype: str | None = None,
         seed: int = 0,
         retries: int = RETRIES,
+        memory: str | int | None = None,
     ):
         if device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"device: {device!r}; allowed with Ray: auto, cuda, cpu (each worker gets its own GPU)")
+        if memory is not None and memory != "device":
+            MemoryBudget.of(memory)  # a bad cap is a ValueError before any worker starts
         for name, value, least in (("workers", workers, 1), ("retries", retries, 0)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
                 raise ValueError(f"{name}: {value!r}; allowed: an integer >= {least}")
@@ -185,12 +201,18 @@ class Fanout:
             if self._started_ray:
                 ray.shutdown()
             raise
+        if memory == "device" and not on_gpu:
+            if self._started_ray:
+                ray.shutdown()
+            raise ValueError("memory: 'device' (each worker's GPU memory) needs GPU workers; give a cap, or None")
         self.model, self.retries = model, retries
         self.session_key = {"model": str(model), "dtype": dtype, "seed": seed}
+        if memory is not None:
+            self.session_key["memory"] = memory
         self._remote = (
             ray.remote(Worker).options(num_gpus=1, num_cpus=1) if on_gpu else ray.remote(Worker).options(num_cpus=1)
         )
-        self._open_args = (str(model), "cuda" if on_gpu else "cpu", dtype, seed)
+        self._open_args = (str(model), "cuda" if on_gpu else "cpu", dtype, seed, memory)
         self.workers = [WorkerState(i) for i in range(count)]
         self.actors: list[Any] = [None] * count
         self.identities: list[dict[str, Any] | None] = [None] * count
