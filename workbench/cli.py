@@ -20,6 +20,10 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workbench.quality import Budget
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,7 +303,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _qualify(args: argparse.Namespace) -> int:
     from workbench import Session
-    from workbench.evidence.harness import qualify
+    from workbench.evidence.harness import default_budget, qualify
     from workbench.evidence.manifest import load_manifest
     from workbench.evidence.records import record_bytes
     from workbench.evidence.report import render
@@ -307,7 +311,7 @@ def _qualify(args: argparse.Namespace) -> int:
     from workbench.quality import Budget
 
     configs = {name: _json_arg(name, getattr(args, name)) for name in ("baseline", "candidate", "budget")}
-    budget = Budget.from_dict(configs["budget"])
+    Budget.from_dict(configs["budget"])  # bad overrides: refused before anything loads
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     check_writable(args.out, "--out")
     requests = [case.to_request() for case in getattr(suite, args.cases)]
@@ -315,12 +319,14 @@ def _qualify(args: argparse.Namespace) -> int:
         from workbench.evidence import fanout_jobs
 
         with _fanout(args) as (fanout, store):
+            budget = _budget(fanout.default_budget(), configs["budget"])
             record = fanout_jobs.qualify(
                 fanout, store, requests, configs["baseline"], configs["candidate"], args.rounds, budget
             )
         pilots = None  # the pilots stayed on the workers: the report says the videos are not embedded
     else:
         session = Session.open(args.model, device=args.device)
+        budget = _budget(default_budget(session), configs["budget"])
         record, pilots = qualify(session, requests, configs["baseline"], configs["candidate"], args.rounds, budget)
     record["suite"] = {"name": suite.name, "path": str(args.suite), "sha256": suite.sha256, "cases": args.cases}
     files = {"qualification.json": record_bytes(record), "qualification.html": render(record, pilots).encode()}
@@ -342,7 +348,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     configs = {name: _json_arg(name, getattr(args, name)) for name in names}
     values = _values_arg(args.values) if args.command == "sweep" else None
     candidates = _candidates_arg(args.candidates) if args.command == "search" else None
-    budget = Budget.from_dict(configs["budget"])
+    Budget.from_dict(configs["budget"])  # bad overrides: refused before anything loads
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     check_writable(args.out, "--out")
     requests = [case.to_request() for case in getattr(suite, args.cases)]
@@ -350,10 +356,12 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
         from workbench.evidence import fanout_jobs
 
         with _fanout(args) as (fanout, store):
+            budget = _budget(fanout.default_budget(), configs["budget"])
             run = fanout_jobs.sweep if args.command == "sweep" else fanout_jobs.search
             result = run(fanout, store, requests, *_sweep_arguments(args, configs, values, candidates), budget)
     else:
         session = Session.open(args.model, device=args.device)
+        budget = _budget(sweeps.default_budget(session), configs["budget"])
         run = sweeps.sweep if args.command == "sweep" else sweeps.search
         result = run(session, requests, *_sweep_arguments(args, configs, values, candidates), budget)
     if args.command == "sweep":
@@ -422,7 +430,7 @@ def _calibrate(args: argparse.Namespace) -> int:
             )  # fmt: skip
         return _calibrate_report(args, result)
     session = Session.open(args.model, device=args.device)
-    budget = Budget.from_dict({**calibration.default_budget(session).to_dict(), **overrides})
+    budget = _budget(calibration.default_budget(session), overrides)
     base = profile(args.base_profile, session.model.family.name, session.device, session.model)
     options["resume"] = args.resume or args.out  # the partial record, rewritten after every step, lives there
     if args.max_seconds is not None:
@@ -508,6 +516,13 @@ def _fanout(args: argparse.Namespace):
     with Fanout(args.model, dtype=getattr(args, "dtype", None), **options) as fanout:
         fanout.subscribe(TqdmView())
         yield fanout, Store(args.store or args.out / "cells")
+
+
+def _budget(default: Budget, overrides: dict[str, Any]) -> Budget:
+    """The model's default budget with the command line's `--budget` overrides (`null` drops a limit)."""
+    from workbench.quality import Budget
+
+    return Budget.from_dict({**default.to_dict(), **overrides})
 
 
 def _sweep_arguments(args: argparse.Namespace, configs: dict, values: list | None, candidates: list | None) -> tuple:

@@ -52,7 +52,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from workbench import environment
 from workbench.accelerations import REGISTRY
 from workbench.accelerations.base import Knob
-from workbench.evidence.harness import MIN_ROUNDS, qualify
+from workbench.evidence.harness import MIN_ROUNDS, default_budget, qualify
 from workbench.evidence.records import record_bytes
 from workbench.evidence.report import _png, _table, page, speedup_text
 from workbench.evidence.resume import Journal, Partial, Paused, merge_cases
@@ -527,11 +527,6 @@ def check_options(plugins: list[str], options: dict[str, Any]) -> dict[str, dict
             raise ValueError(f"options.{plugin}: expected an object of its options besides its knob {knob!r}")
         REGISTRY[plugin].validate({**fixed, knob: REGISTRY[plugin].knob.low})
     return options
-
-
-def default_budget(session: Session) -> Budget:
-    """The seeds' budget, with the stated audio limits for a model that makes audio."""
-    return Budget().with_audio() if session.model.family.has_audio else Budget()
 
 
 def calibratable() -> list[str]:

@@ -44,6 +44,7 @@ from workbench.environment import device_info, device_label
 from workbench.evidence.fanout_progress import Event, Progress, TqdmView, WorkerState
 from workbench.evidence.store import Store
 from workbench.memory_plan import MemoryBudget
+from workbench.quality import Budget
 from workbench.request import Request
 
 __all__ = [
@@ -127,7 +128,8 @@ class Worker:
     def identity(self) -> dict[str, Any]:
         info, plan = device_info(self.session.device), self.session.memory_plan
         return {"host": socket.gethostname(), "pid": os.getpid(), "device": info, "label": device_label(info)} | {
-            "memory_plan": None if plan is None else plan.to_dict()
+            "memory_plan": None if plan is None else plan.to_dict(),
+            "audio": self.session.family.has_audio,
         }
 
     def validate(self, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
@@ -228,11 +230,21 @@ class Fanout:
     def validate(self, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
         """`workbench.evidence.sweep.validate` on a worker's session: a configuration the model or device cannot
         take is refused (ValueError / RuntimeError) before any cell runs."""
+        self._first_worker()
+        _ray().get(self.actors[0].validate.remote(configs, rounds, requests))
+
+    def default_budget(self) -> Budget:
+        """`harness.default_budget` of the workers' model (the audio limits for one that makes sound, as a worker's
+        session reports it)."""
+        self._first_worker()
+        return Budget().with_audio() if self.identities[0]["audio"] else Budget()
+
+    def _first_worker(self) -> None:
+        """Start the workers, and wait until the first has loaded the model."""
         ray = _ray()
         self._start_all()
         while self.identities[0] is None:
             self._await_open(ray.wait(list(self._opening), num_returns=1)[0][0], Progress(0, self.workers))
-        ray.get(self.actors[0].validate.remote(configs, rounds, requests))
 
     def pending(self, cells: list[Cell], store: Store) -> list[Cell]:
         """The cells `run` would run: those not finished in `store`."""

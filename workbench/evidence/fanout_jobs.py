@@ -41,7 +41,8 @@ def qualify(
     budget: Budget | None = None,
 ) -> dict[str, Any]:
     """The qualification record of `candidate` against `baseline` on `requests` (see `harness.qualify`)."""
-    return _qualifications(fanout, store, requests, baseline, [candidate], rounds, budget or Budget())[0]
+    budget = budget or fanout.default_budget()
+    return _qualifications(fanout, store, requests, baseline, [candidate], rounds, budget)[0]
 
 
 def sweep(
@@ -59,7 +60,7 @@ def sweep(
     """`sweep.sweep` with its cells on the fanout's workers (same arguments, same result)."""
     values, base_options, baseline = list(values), dict(base_options or {}), dict(baseline or {})
     configs = sweeps.sweep_configs(plugin, option, values, base_options)
-    budget = budget or Budget()
+    budget = budget or fanout.default_budget()
     records = _qualifications(fanout, store, requests, baseline, configs, rounds, budget)
     return sweeps.sweep_result(plugin, option, values, base_options, baseline, budget, records)
 
@@ -76,7 +77,7 @@ def search(
     """`sweep.search` with its cells on the fanout's workers."""
     sweeps.check_candidates(candidates)
     baseline = dict(baseline or {})
-    budget = budget or Budget()
+    budget = budget or fanout.default_budget()
     records = _qualifications(fanout, store, requests, baseline, candidates, rounds, budget)
     return sweeps.search_result(candidates, baseline, budget, records)
 

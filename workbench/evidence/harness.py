@@ -29,6 +29,12 @@ MIN_ROUNDS = 3
 SUITE_ORDER = ("not_executed", "rejected_quality", "measured_quality_tradeoff", "no_speed_claim", "qualified")
 
 
+def default_budget(session: Session) -> Budget:
+    """Every evidence command's budget unless told otherwise: the seeds' limits, with the stated audio limits
+    (`AUDIO_LIMITS`) for a model that makes sound."""
+    return Budget().with_audio() if session.model.family.has_audio else Budget()
+
+
 def qualify(
     session: Session,
     requests: list[Request],
@@ -38,12 +44,13 @@ def qualify(
     budget: Budget | None = None,
     progress: bool = True,
 ) -> tuple[dict[str, Any], list[tuple[Result, Result]]]:
-    """Qualify `candidate` against `baseline` on `requests`; returns the record and each case's pilots."""
+    """Qualify `candidate` against `baseline` on `requests` under `budget` (default: `default_budget(session)`);
+    returns the record and each case's pilots."""
     if not isinstance(rounds, int) or rounds < MIN_ROUNDS:
         raise ValueError(f"rounds: {rounds!r}; at least {MIN_ROUNDS} interleaved rounds are required")
     if not requests:
         raise ValueError("requests: at least one request is required")
-    budget = budget or Budget()
+    budget = budget or default_budget(session)
     cases, pilots = [], []
     with progress_bar(total=len(requests) * (2 * rounds + 3), desc="qualify runs", enabled=progress) as bar:
         for request in requests:

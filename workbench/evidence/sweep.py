@@ -27,7 +27,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from workbench.accelerations import REGISTRY, install
-from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, qualify
+from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, default_budget, qualify
 from workbench.evidence.records import record_bytes
 from workbench.evidence.report import _table
 from workbench.io import write_set
@@ -282,7 +282,7 @@ def sweep(
     values, base_options, baseline = list(values), dict(base_options or {}), dict(baseline or {})
     configs = sweep_configs(plugin, option, values, base_options)
     validate(session, [baseline, *configs], rounds, requests)
-    budget = budget or Budget()
+    budget = budget or default_budget(session)
     records = [qualify(session, requests, baseline, c, rounds, budget, progress)[0] for c in configs]
     return sweep_result(plugin, option, values, base_options, baseline, budget, records)
 
@@ -333,7 +333,7 @@ def search(
     check_candidates(candidates)
     baseline = dict(baseline or {})
     validate(session, [baseline, *candidates], rounds, requests)
-    budget = budget or Budget()
+    budget = budget or default_budget(session)
     records = [qualify(session, requests, baseline, c, rounds, budget, progress)[0] for c in candidates]
     return search_result(candidates, baseline, budget, records)
 
