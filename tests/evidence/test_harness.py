@@ -142,3 +142,16 @@ def test_kernel_bench_refuses_a_kernel_outside_its_contract():
     wrong = kernel_bench.Case("wrong", lambda: x + 1, lambda: x, 16, 0, exact=True)
     with pytest.raises(ValueError, match="wrong: kernel output differs from its reference"):
         kernel_bench.measure(wrong, "cpu", repeats=1, warmup=0)
+
+
+def test_the_default_budget_holds_a_model_with_sound_to_the_audio_limits_and_overrides_keep_the_rest(sessions):
+    from workbench.cli import _budget
+    from workbench.evidence.harness import default_budget
+    from workbench.quality import Budget
+    from workbench.quality.budget import AUDIO_LIMITS
+
+    assert default_budget(sessions("tiny-wan")) == Budget()
+    with_sound = default_budget(sessions("tiny-ltx2"))
+    assert with_sound == Budget().with_audio() and with_sound.audio_snr_db == AUDIO_LIMITS["audio_snr_db"]
+    given = _budget(with_sound, {"psnr_db": 30.0, "lsd_db": None})  # --budget '{"psnr_db": 30, "lsd_db": null}'
+    assert (given.psnr_db, given.lsd_db, given.audio_snr_db, given.latent_rel_l2) == (30.0, None, 20.0, 0.03)
