@@ -47,27 +47,40 @@ def _shares_sum_to_totals(receipt):
         assert sum(share.get(key, 0) for share in receipt["experts"].values()) == receipt.get(key, 0), receipt
 
 
-def test_teacache_per_expert_changes_decisions_after_the_switch(session):
-    """The same threshold (reuse whenever allowed), warm-up 2 and final step 1: the boundary-unaware count lets the
-    low-noise expert reuse on its second step and the high-noise expert on its last; per expert both stay dense."""
+# Decisions per (expert, CFG branch), given the high-noise expert's `hi` and the low-noise expert's `lo` steps, per
+# expert and boundary-unaware, with the same threshold (reuse whenever allowed), warm-up 2 and final step 1. TeaCache:
+# the boundary-unaware count lets the low-noise expert reuse on its second step and the high-noise expert on its last;
+# per expert both stay dense. EasyCache keeps its transformation per denoiser either way (the low-noise expert starts
+# with none cached), so only the high-noise expert's last step before the switch differs.
+DECISIONS = {
+    "teacache": ("rel_l1_thresh", {
+        True: lambda hi, lo: ("C" * hi, "CC" + "R" * (lo - 3) + "C"),
+        False: lambda hi, lo: ("CC" + "R" * (hi - 2), "C" + "R" * (lo - 2) + "C"),
+    }),
+    "easycache": ("threshold", {
+        True: lambda hi, lo: ("C" * hi, "CC" + "R" * (lo - 3) + "C"),
+        False: lambda hi, lo: ("CC" + "R" * (hi - 2), "CC" + "R" * (lo - 3) + "C"),
+    }),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("plugin", sorted(DECISIONS))
+def test_cache_per_expert_changes_decisions_at_the_switch(session, plugin):
     seed = _seed()
-    options = {"rel_l1_thresh": 1e6, "warmup": 2, "final_dense": 1}
-    decisions = {}
+    knob, expected = DECISIONS[plugin]
+    schedule = experts.schedule(session.model, STEPS)
+    high, low = len(schedule.span("transformer")), len(schedule.span("transformer_2"))
     for per_expert in (False, True):
-        session.accelerate({"teacache": {**options, "per_expert": per_expert}})
+        session.accelerate({plugin: {knob: 1e6, "warmup": 2, "final_dense": 1, "per_expert": per_expert}})
         try:
-            receipt = _generate(session, seed).receipts["teacache"]
+            receipt = _generate(session, seed).receipts[plugin]
         finally:
             session.accelerate({})
         _shares_sum_to_totals(receipt)
-        decisions[per_expert] = receipt["notes"]["decisions"]
-    schedule = experts.schedule(session.model, STEPS)
-    high, low = len(schedule.span("transformer")), len(schedule.span("transformer_2"))
-    for branch in ("cond", "uncond"):
-        assert decisions[True][f"transformer/{branch}"] == "C" * high, decisions
-        assert decisions[True][f"transformer_2/{branch}"] == "CC" + "R" * (low - 3) + "C", decisions
-        assert decisions[False][f"transformer/{branch}"] == "CC" + "R" * (high - 2), decisions
-        assert decisions[False][f"transformer_2/{branch}"] == "C" + "R" * (low - 2) + "C", decisions
+        decisions = receipt["notes"]["decisions"]
+        for branch in ("cond", "uncond"):
+            got = (decisions[f"transformer/{branch}"], decisions[f"transformer_2/{branch}"])
+            assert got == expected[per_expert](high, low), (per_expert, decisions)
 
 
 def test_sparse_dense_steps_count_per_expert(session):
@@ -99,30 +112,6 @@ def test_per_expert_counting_refuses_a_step_the_schedule_gives_another_expert(se
     with pytest.raises(RuntimeError, match=r"expert 'transformer_2' ran request step 0, where the schedule has"):
         schedule.counted("transformer_2", 0, 0, STEPS, per_expert=True)
     assert schedule.counted("transformer_2", 0, 0, STEPS, per_expert=False) == (0, STEPS)
-
-
-def test_easycache_per_expert_keeps_each_experts_final_step_dense(session):
-    """easycache (reuse whenever allowed, warm-up 2, final step 1) keeps its transformation per denoiser either way;
-    counted per expert, the high-noise expert's last step before the switch is dense too, boundary-unaware it is
-    reused (the low-noise expert's steps decide alike: it starts with no cached transformation)."""
-    seed = _seed()
-    options = {"threshold": 1e6, "warmup": 2, "final_dense": 1}
-    decisions = {}
-    for per_expert in (False, True):
-        session.accelerate({"easycache": {**options, "per_expert": per_expert}})
-        try:
-            receipt = _generate(session, seed).receipts["easycache"]
-        finally:
-            session.accelerate({})
-        _shares_sum_to_totals(receipt)
-        decisions[per_expert] = receipt["notes"]["decisions"]
-    schedule = experts.schedule(session.model, STEPS)
-    high, low = len(schedule.span("transformer")), len(schedule.span("transformer_2"))
-    for branch in ("cond", "uncond"):
-        assert decisions[True][f"transformer/{branch}"] == "C" * high, decisions
-        assert decisions[False][f"transformer/{branch}"] == "CC" + "R" * (high - 2), decisions
-        for per_expert in (False, True):
-            assert decisions[per_expert][f"transformer_2/{branch}"] == "CC" + "R" * (low - 3) + "C", decisions
 
 
 def test_mag_cache_gives_each_expert_its_own_ratios_and_step_count(session):
