@@ -76,6 +76,23 @@ def test_cli_generate_bad_accelerations_write_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_cli_generate_fuses_adapters_given_as_a_path_or_json(tmp_path, capsys):
+    from tests.test_adapters import lora_file
+    from workbench.models import wan
+
+    lora = lora_file(tmp_path / "style.safetensors", wan.tiny().pipeline.transformer, seed=5)
+    out = tmp_path / "out"
+    args = ["generate", "--model", "tiny-wan", "--prompt", "p", "--frames", "5", "--height", "32", "--width", "32"]
+    args += ["--steps", "2", "--out", str(out)]
+    bad = [["--adapter", str(tmp_path / "none.safetensors")], ["--adapter", '{"path": "x", "strength": 2}']]
+    for flags, message in zip(bad, ("is not an existing .safetensors file", "allowed: path (required)"), strict=True):
+        assert main([*args, *flags]) == 2 and message in capsys.readouterr().err and not out.exists()
+    given = ["--adapter", str(lora), "--adapter", json.dumps({"path": str(lora), "scale": -0.5, "name": "undo"})]
+    assert main([*args, *given]) == 0
+    fused = json.loads((out / "result.json").read_text())["metadata"]["adapters"]
+    assert [(a["name"], a["scale"]) for a in fused] == [("style", 1.0), ("undo", -0.5)]
+
+
 SUITE = Path(__file__).resolve().parents[1] / "data_manifests" / "tiny-smoke.json"
 SUITE_ARGS = ["--model", "tiny-wan", "--suite", str(SUITE)]
 COMMANDS = {

@@ -57,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--calibration", type=Path, help="with --profile within-budget: the calibrate record it reads")
     gen.add_argument("--accelerate", default="{}", help="accelerations JSON, installed over --profile's set")
     gen.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        help='a LoRA .safetensors fused into the denoiser: a path, or JSON {"path", "scale", "target", "name"}; repeat',
+    )
+    gen.add_argument(
         "--memory", help="device memory cap, e.g. 48GiB or 24GB: planned before loading, refused if it cannot fit"
     )
     gen.add_argument(
@@ -248,6 +254,7 @@ def _generate(args: argparse.Namespace) -> int:
     )
     device, accelerations = args.device, {}
     extra = _json_arg("accelerate", args.accelerate)  # refused before the model loads
+    adapters = [_adapter_arg(text) for text in args.adapter]
     if args.fp8_ring and args.memory is None:
         raise ValueError("--fp8-ring: FP8 transfers are how a memory cap's ring moves blocks; give --memory too")
     transfer = FP8 if args.fp8_ring else AS_STORED
@@ -268,7 +275,13 @@ def _generate(args: argparse.Namespace) -> int:
         device = str(distributed.init_worker(args.device))
         accelerations = distributed.cli_accelerations(args.gpus, parallel_decode=args.parallel_decode)
     session = Session.open(
-        args.model, device=device, dtype=args.dtype, seed=args.seed, accelerations=accelerations, memory=memory
+        args.model,
+        device=device,
+        dtype=args.dtype,
+        seed=args.seed,
+        accelerations=accelerations,
+        memory=memory,
+        adapters=adapters,
     )
     session.resolve(request)  # refuse a bad request before any work
     print(f"loaded {session} in {session.init_seconds:.2f} s", file=sys.stderr)
@@ -597,6 +610,17 @@ def _candidates_arg(text: str) -> list:
 
 def _show(value: object) -> str:
     return "none" if value is None else json.dumps(value, sort_keys=True)
+
+
+def _adapter_arg(text: str) -> Any:
+    """One `--adapter`: a path, or a JSON object of `workbench.Adapter`'s fields; checked before the model loads."""
+    from workbench import Adapter
+
+    fields = _json_arg("adapter", text) if text.lstrip().startswith("{") else {"path": text}
+    unknown = sorted(set(fields) - {"path", "scale", "target", "name"})
+    if unknown or "path" not in fields:
+        raise ValueError(f"--adapter: fields {sorted(fields)}; allowed: path (required), scale, target, name")
+    return Adapter(**fields)
 
 
 def _json_arg(name: str, text: str) -> dict:
