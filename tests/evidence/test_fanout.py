@@ -184,14 +184,24 @@ def test_fanout_duplicate_cells_and_bad_options_raise(fanout, tmp_path):
         Fanout("tiny-wan", workers=1, device="cpu", memory="device")
 
 
-def test_a_worker_places_its_model_under_the_runs_memory_cap_and_says_so():
+def test_a_worker_places_its_model_under_the_runs_cap_and_asks_to_be_replaced_when_its_session_is_stuck():
     """What a Ray actor runs, in this process: the session planned under the cap, the plan in the worker's identity
-    (every record names it)."""
+    (every record names it); a failed cell after which the session cannot go back to stock says `replace`."""
     from workbench.evidence.fanout import Worker
 
-    identity = Worker("tiny-wan", "cpu", None, 0, memory="1GiB").open()
+    worker = Worker("tiny-wan", "cpu", None, 0, memory="1GiB")
+    identity = worker.open()
     assert identity["memory_plan"]["cap"] == 2**30 and identity["pid"] and identity["device"]["type"] == "cpu"
     assert Worker("tiny-wan", "cpu", None, 0).open()["memory_plan"] is None
+
+    # a cell that raises and leaves the session unusable: recorded failed, the worker asks to be replaced
+    def stuck(config):
+        raise RuntimeError("session: the model is in an unknown state (an uninstall failed)")
+
+    worker.session.accelerate = stuck
+    bad = Request("frames the family refuses", seed=1, frames=6, steps=4, height=16, width=16)
+    out = worker.run(Cell("generate", {"request": bad, "accelerations": {}, "name": "bad"}, "bad", "bad"))
+    assert out["status"] == "failed" and out["replace"] and "left unusable: session: the model is in" in out["error"]
 
 
 @pytest.mark.parametrize(

@@ -139,20 +139,24 @@ class Worker:
 
     def run(self, cell: Cell) -> dict[str, Any]:
         """Run `cell`: {"status": "finished", "record", "files", "seconds"} or, when it raised, {"status": "failed",
-        "error", "traceback", "seconds"}; the record names this worker (`record["worker"]`)."""
+        "error", "traceback", "seconds"}, with "replace": True when the session could not be put back to the stock
+        model afterwards (the driver then replaces this worker); the record names this worker (`record["worker"]`)."""
         from workbench.evidence.fanout_jobs import execute
 
         start = time.perf_counter()
         try:
             record, files = execute(self.session, cell)
         except Exception as error:  # a failing cell is recorded, not raised: the run goes on
-            self.session.accelerate({})  # the next cell starts from the stock model
-            return {
+            failed = {
                 "status": "failed",
                 "error": f"{type(error).__name__}: {error}",
                 "traceback": "".join(traceback.format_exception(error, limit=-4)),
-                "seconds": time.perf_counter() - start,
             }
+            try:
+                self.session.accelerate({})  # the next cell starts from the stock model
+            except Exception as stuck:  # an unusable session serves no more cells
+                failed |= {"error": f"{failed['error']}; then the session was left unusable: {stuck}", "replace": True}
+            return failed | {"seconds": time.perf_counter() - start}
         record["worker"] = self.identity()
         return {"status": "finished", "record": record, "files": files, "seconds": time.perf_counter() - start}
 
@@ -305,10 +309,12 @@ class Fanout:
                 }
                 died = True
             except ray.exceptions.RayTaskError as error:  # the worker's cell guard itself failed
-                out = {"status": "failed", "error": _first_line(error), "seconds": None}
+                out = {"status": "failed", "error": _first_line(error), "seconds": None, "replace": True}
+            if not died:
                 self.workers[index].state, self.workers[index].cell = "idle", ""
-            else:
-                self.workers[index].state, self.workers[index].cell = "idle", ""
+                if out.get("replace"):  # its session may be in any state: a fresh worker takes its place
+                    self._emit(Event("worker_lost", progress, key, cell.label, index, "replaced: " + out["error"]))
+                    self._restart(index)
             entry = {
                 "key": key,
                 "kind": cell.kind,
