@@ -81,6 +81,10 @@ class Dashboard(ipywidgets.VBox):
         self.plan = ipywidgets.HTML(layout={"display": "none"})
         self.residency = ipywidgets.HTML(layout={"display": "none"})
         self.open_button = ipywidgets.Button(description="open", icon="folder-open", layout={"width": "auto"})
+        self.close_button = ipywidgets.Button(
+            description="close", icon="times", disabled=True, tooltip="let go of the model and the device"
+        )
+        self.close_button.layout.width = "auto"
         self.session_status = ipywidgets.HTML("no session open", layout={"flex": "1 1 0", "min_width": "0"})
         self.panel = AccelerationPanel()
         self.prompt = ipywidgets.Text(
@@ -100,7 +104,9 @@ class Dashboard(ipywidgets.VBox):
         self.ab.add_class("vflash-ab")
         self.errors = ErrorBox()
         row = {"align_items": "center", "flex_flow": "row wrap", "overflow": "visible"}
-        model_row = ipywidgets.HBox([self.picker, self.memory, self.open_button, self.session_status], layout=row)
+        model_row = ipywidgets.HBox(
+            [self.picker, self.memory, self.open_button, self.close_button, self.session_status], layout=row
+        )
         form = ipywidgets.VBox(
             [self.prompt, ipywidgets.HBox([self.seed, *self.fields.values()], layout=row)],
             layout={"overflow": "visible"},
@@ -117,6 +123,7 @@ class Dashboard(ipywidgets.VBox):
         )
         self.add_class("vflash-dashboard")
         self.open_button.on_click(lambda _: self._in_background("open", lambda: self.open_model(self.picker.value)))
+        self.close_button.on_click(lambda _: self._in_background("close", self.close_session))
         self.generate_button.on_click(lambda _: self._in_background("generate", self.generate))
         if given is not None:
             self._use(given)
@@ -135,10 +142,8 @@ class Dashboard(ipywidgets.VBox):
         except ValueError as error:
             self.memory.refuse(str(error))
             return None
-        if self._opened_here and self.session is not None:
-            self._detach()
-            self.session.close()
-            self.session = None
+        if self._opened_here:
+            self.close_session()
         self.session_status.value = f"opening {html.escape(name)} ..."
         try:
             session = Session.open(name, device=self.device, memory=cap)
@@ -155,6 +160,18 @@ class Dashboard(ipywidgets.VBox):
         self._use(session)
         self._opened_here = True
         return session
+
+    def close_session(self) -> None:
+        """Close the session on screen (`Session.close`: the model and the device let go of, a memory cap lifted),
+        also one handed to the dashboard; the widgets let go of it and the results shown stay."""
+        if self.session is None:
+            return
+        self._detach()
+        self.session.close()
+        self.session = None
+        self.close_button.disabled = True
+        self.plan.layout.display = "none"
+        self.session_status.value = "no session open"
 
     def request(self) -> Request:
         """The form as a `Request`; a field left at 0 takes the model's default. Bad values: ValueError."""
@@ -220,6 +237,7 @@ class Dashboard(ipywidgets.VBox):
             self.live.detach()
         self.session = session
         self._opened_here = False
+        self.close_button.disabled = False
         self.panel.bind(session)
         self.live.attach(session)
         self.results = []

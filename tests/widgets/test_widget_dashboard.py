@@ -102,6 +102,7 @@ def test_dashboard_defaults_to_demo_av_and_lays_out_controls_first():
     assert MODELS[0] == "demo-av" and dash.picker.value == "demo-av" and dash.session is None
     model_row, plan, form, panel, generate_row = dash.controls.children
     assert dash.picker in model_row.children and dash.memory in model_row.children and dash.prompt in form.children
+    assert dash.close_button in model_row.children and dash.close_button.disabled  # nothing to close yet
     assert plan is dash.plan and plan.layout.display == "none"  # no cap, no plan
     assert panel is dash.panel and dash.generate_button in generate_row.children
     assert dash.children[0] is dash.controls and dash.children[-1] is dash.ab
@@ -127,6 +128,12 @@ def test_dashboard_numbers_results_per_model_and_closes_the_sessions_it_opened(w
         assert given.open_model("tiny-wan") is not None and not wan.closed  # a session handed over stays open
         given.open_model("no-such-model")  # a failed open after closing its own: no session, nothing bound
         assert given.session is None and given.panel.session is None and "no-such-model" in given.errors.value
+        assert given.close_button.disabled and given.open_model("tiny-wan") is not None
+        opened = given.session
+        given.close_button.click()  # the close button lets go of the session on screen
+        given.wait(60)
+        assert opened.closed and given.session is None and given.session_status.value == "no session open"
+        assert given.generate() is None and "no session" in given.errors.value
     finally:
         given.live.detach()
 
