@@ -150,6 +150,27 @@ def test_the_committed_calibrate_wan_partial_record_is_what_the_scenario_would_r
     assert (run["model"], run["model_key"], run["dtype"]) == (model.name, model_key(model), "bfloat16")
 
 
+def test_the_committed_request_capped_partial_record_is_what_the_scenario_would_resume():
+    """The same for request-capped's partial record (the H200 run's finished arms): its default model, request
+    (resolved by the model's defaults), cap and arms."""
+    from pathlib import Path
+
+    import torch
+
+    from benchmarks.scenarios import request_capped
+    from benchmarks.workloads import wan_request
+    from workbench.memory_plan import parse_bytes
+    from workbench.models.family import shapes_only
+
+    root = Path(__file__).resolve().parents[2]
+    run = json.loads((root / "benchmarks/results/request-capped/calibrate.partial.json").read_text())["run"]
+    with shapes_only():
+        model = request_capped.MODELS["wan2.1-14b"](0, "meta", torch.bfloat16)
+    request = wan_request(request_capped.STEPS, smoke=False).resolved(model.family, model.defaults)
+    assert (run["model"], run["request"]) == (model.name, request.to_dict())
+    assert (run["cap"], tuple(run["arms"])) == (parse_bytes(request_capped.CAP), request_capped.ARMS)
+
+
 def test_calibrate_wan_takes_its_plugins_from_the_environment_and_refuses_a_partial_of_others(
     tmp_path, capsys, monkeypatch
 ):
