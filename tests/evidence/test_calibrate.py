@@ -379,26 +379,47 @@ def test_calibration_and_stack_records_round_trip():
         assert record_bytes(type(result).from_record(json.loads(saved)).to_record()) == saved
 
 
-def test_stack_on_a_timed_device_adds_by_gain_per_spend_and_drops_what_slows_the_stack():
-    """Where seconds mean something (CUDA), `stack` orders the plugins by speed-up gained per budget spent alone and
-    keeps one only if the stack gets faster. The runs are synthetic here (speed-up and spend are functions of the
-    knobs: this checks the ordering and keeping, not a speed): teacache, given second, gains most per spend and goes
-    first; easycache, which slows the stack, is left out with the reason; teacache's knob stays at its range's top."""
-    gains, spends = {"easycache": -0.05, "teacache": 0.6}, {"easycache": 0.5, "teacache": 0.5}
+class _Synthetic:
+    """Stands in for `stack`'s evaluator on a timed device (CUDA): a config's speed-up is 1.2 x the product of
+    (1 + gain x share) over its plugins and its spend the sum of spend x share, `share` a knob's place in its range;
+    `gain(plugin, config)` may depend on what else is installed. Checks the ordering and keeping, not a speed."""
 
-    class Synthetic:
-        session = type("Session", (), {"device": torch.device("cuda")})()
-        budget = Budget()
+    session = type("Session", (), {"device": torch.device("cuda")})()
+    budget = Budget()
 
-        def point(self, value, config):
-            shares = {p: options[REGISTRY[p].knob.option] / REGISTRY[p].knob.high for p, options in config.items()}
-            speedup = 1.2 * math.prod(1 + gains[p] * x for p, x in shares.items())
-            return calibrate_module.Point(value, sum(spends[p] * x for p, x in shares.items()), 1 / speedup, speedup)
+    def __init__(self, gain, spend):
+        self.gain, self.spend = gain, spend
 
-    plugins = ["easycache", "teacache"]
+    def point(self, value, config):
+        shares = {p: options[REGISTRY[p].knob.option] / REGISTRY[p].knob.high for p, options in config.items()}
+        speedup = 1.2 * math.prod(1 + self.gain(p, config) * x for p, x in shares.items())
+        return calibrate_module.Point(value, sum(self.spend[p] * x for p, x in shares.items()), 1 / speedup, speedup)
+
+
+def _stacked(evaluator, plugins):
     specs = [REGISTRY[p] for p in plugins]
-    result = calibrate_module._stack(Synthetic(), plugins, specs, {}, {}, 0.8, 4, False, {})
+    return calibrate_module._stack(evaluator, plugins, specs, {}, {}, 0.8, 5, False, {})
+
+
+def test_stack_on_a_timed_device_adds_greedily_by_gain_per_spend_and_drops_what_slows_the_stack():
+    """Given second, teacache gains most per spend and goes first; easycache, which slows the stack, is left out
+    with the reason. With three whose gains interact (teacache adds little once easycache is in), each round adds the
+    best on the stack so far, not in the order the plugins ranked alone: easycache, first_block_cache, teacache."""
+    gains = {"easycache": -0.05, "teacache": 0.6}
+    result = _stacked(_Synthetic(lambda p, config: gains[p], dict.fromkeys(gains, 0.5)), ["easycache", "teacache"])
     assert result.ranked_by_speed and [m.plugin for m in result.members] == ["teacache"]
     assert result.config == {"teacache": {"rel_l1_thresh": REGISTRY["teacache"].knob.high}}
     assert result.left_out["easycache"].startswith("no gain on the stack"), result.left_out
     assert result.status == "searched"
+
+    alone = {"easycache": 0.6, "teacache": 0.5, "first_block_cache": 0.4}  # the order they rank in alone
+
+    def overlapping(plugin, config):
+        return 0.1 if plugin == "teacache" and "easycache" in config else alone[plugin]
+
+    result = _stacked(
+        _Synthetic(overlapping, dict.fromkeys(alone, 0.3)), ["teacache", "first_block_cache", "easycache"]
+    )
+    assert [m.plugin for m in result.members] == ["easycache", "first_block_cache", "teacache"], result.left_out
+    last = result.members[-1]
+    assert last.knee < REGISTRY["teacache"].knob.high and last.knee_point.spent <= 0.8  # the budget left bounds it

@@ -20,12 +20,13 @@ of different processes are never compared.
 `resume=` (a folder) makes a calibration or stack resumable at one step (a tried value, or one test request's
 confirmation) and `max_seconds=` stops it cleanly at a step boundary with a `Partial`: `workbench.evidence.resume`.
 
-`stack` calibrates each plugin alone over the same base (the exact plugins the caller puts underneath), orders
-them once by indicative speed-up gained per budget spent alone, then adds them one at a time in that order,
-re-searching each added knob with the others installed (a cache changes what attention sees), keeping a plugin only
-when the stack gets faster, and confirms the whole stack on the test requests. Off CUDA one run's seconds rank
-nothing: the plugins keep the given order and each is kept when the stack stays inside the budget (the record says
-`ranked_by_speed: false`). Its record is the `within-budget` profile: the config with the budget, model, request
+`stack` calibrates each plugin alone over the same base (the exact plugins the caller puts underneath), then adds
+them greedily: first the one with the best indicative speed-up gained per share of the budget added, then, each
+round, every plugin not yet added is searched again with the stack so far installed (a cache changes what attention
+sees) and the best by the same measure is added; a plugin whose search finds nothing inside the budget, or that does
+not make the stack faster, is left out with the reason. The whole stack is then confirmed on the test requests. Off
+CUDA one run's seconds rank nothing: the plugins keep the given order, each searched once on the stack before it and
+kept when the stack stays inside the budget (the record says `ranked_by_speed: false`). Its record is the `within-budget` profile: the config with the budget, model, request
 geometry, device and seeds it holds for (`workbench.profiles.within_budget`).
 
 `attention_policy="auto"` serves a sparse-attention setting only on a qualification of that setting alone. A
@@ -429,7 +430,8 @@ def stack(
     search_scope = {**scope, "test_seeds": []}  # what the searches alone hold for
     arguments = {"plugins": plugins, "options": options, "base": base, "margin": margin, "max_evals": max_evals}
     run = _identity("stack", session, calibration, test, budget, arguments | {"rounds": rounds})
-    at_most = 1 + (2 * len(plugins) - 1) * max_evals + 2 * len(test or [])
+    searches = len(plugins) * (len(plugins) + 1) // 2  # the singles, then a shrinking round of re-searches each
+    at_most = 1 + searches * max_evals + 2 * len(test or [])
     journal = Journal(resume, "stack", run, at_most, max_seconds)
     try:
         evaluator = _Evaluator(session, calibration, budget, journal, on_step)
@@ -464,23 +466,30 @@ def _stack(
     base_point = evaluator.point(math.nan, base)
     singles = [search(p, spec, base) for p, spec in zip(plugins, specs, strict=True)]
     left_out = {s.plugin: s.reason for s in singles if s.knee is None}
-    usable = [s for s in singles if s.knee is not None]
+    pending = [s.plugin for s in singles if s.knee is not None]
     timed = evaluator.session.device.type == "cuda"  # elsewhere one run's seconds rank nothing: keep the given order
-    if timed:
-        usable.sort(key=lambda s: -_gain_per_spent(s.knee_point, base_point))
-    config, speed, members = dict(base), base_point.speedup, []
-    for single in usable:
-        # the first one added sees the base it was calibrated on
-        again = single if config == base else search(single.plugin, REGISTRY[single.plugin], config)
-        if again.knee is None:
-            left_out[single.plugin] = f"with {sorted(config)} installed: {again.reason}"
-        elif timed and not again.knee_point.speedup > speed:
-            left_out[single.plugin] = (
-                f"no gain on the stack: {again.knee_point.speedup:.3f}x against {speed:.3f}x without it (indicative)"
-            )
-        else:
-            config, speed = dict(again.setting), again.knee_point.speedup
-            members.append(again)
+    config, speed, spent, members = dict(base), base_point.speedup, base_point.spent, []
+    while pending:
+        # the candidates of this round, searched with the stack so far installed (over the bare base: the singles);
+        # timed, every pending plugin and the best gain per budget spent is added; untimed, the next in order
+        tried = pending if timed else pending[:1]
+        found = {p: next(s for s in singles if s.plugin == p) if config == base else search(p, REGISTRY[p], config)
+                 for p in tried}  # fmt: skip
+        for plugin, again in found.items():
+            if again.knee is None:
+                left_out[plugin] = f"with {sorted(config)} installed: {again.reason}"
+            elif timed and not again.knee_point.speedup > speed:
+                left_out[plugin] = (
+                    f"no gain on the stack: {again.knee_point.speedup:.3f}x against {speed:.3f}x without it (indicative)"
+                )
+        kept = [again for plugin, again in found.items() if plugin not in left_out]
+        pending = [p for p in pending if p not in left_out]
+        if not kept:
+            continue
+        best = max(kept, key=lambda a: _gain_per_spent(a.knee_point, speed, spent)) if timed else kept[0]
+        config, speed, spent = dict(best.setting), best.knee_point.speedup, best.knee_point.spent
+        members.append(best)
+        pending.remove(best.plugin)
     result = Stack(config, base, evaluator.budget, margin, singles, members, left_out, "", "", search_scope)
     result.base_point, result.ranked_by_speed = base_point, timed
     if not members:
@@ -641,8 +650,10 @@ def apply_confirmation(result: Calibration | Stack, record: dict[str, Any]) -> N
         result.reason = f"confirmation {record['verdict']}: {worst['reason']}"
 
 
-def _gain_per_spent(point: Point, base: Point) -> float:
-    return (point.speedup / base.speedup - 1.0) / max(point.spent, 1e-3)
+def _gain_per_spent(point: Point, speed: float, spent: float) -> float:
+    """The speed-up `point` adds to a stack running at `speed` per share of the budget it adds to the stack's `spent`
+    (a spend it does not raise counts as a thousandth)."""
+    return (point.speedup / speed - 1.0) / max(point.spent - spent, 1e-3)
 
 
 def scope_of(session: Session, calibration: list[Request], test: list[Request] | None) -> dict[str, Any]:
