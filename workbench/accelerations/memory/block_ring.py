@@ -25,10 +25,10 @@ blocks back on the device (fresh copies) and frees the slots. If another plugin 
 block after the ring is installed (fused projections, FP8), the ring would not move them: the next request refuses
 to run (RuntimeError naming the block).
 
-`fp8_ring` (contract approximate): the same ring, its streamed blocks' weight matrices moved as row-wise FP8 (e4m3
-and one float32 scale per output row; biases and norm weights as stored) and dequantized into the slot on the
-device before their block runs (`ring` module docstring), so each forward moves about half the bytes of bf16 and
-the blocks compute on the FP8 round trip of their matrices. The pinned host chunks hold the FP8 copies; the
+`fp8_ring` (contract approximate): the same ring, its streamed blocks' Linear weights moved as row-wise FP8 (e4m3
+and one float32 scale per output row; every other tensor, modulation tables included, as stored) and dequantized
+into the slot on the device before their block runs (`ring` module docstring), so each forward moves about half the
+bytes of bf16 and the blocks compute on the FP8 round trip of those weights. The pinned host chunks hold the FP8 copies; the
 originals wait in pageable host memory, so uninstall gives the model back exactly (the session's memory budget,
 `MemoryBudget(ring_transfer="fp8")`, drops them instead). Both plugins change where the denoiser's weights live:
 they cannot be installed together. Their receipts' notes say the transfer, the bytes each denoiser's forward
@@ -131,7 +131,7 @@ SPEC = Spec(
 FP8_SPEC = Spec(
     name="fp8_ring",
     contract="approximate",
-    summary="block_ring whose streamed blocks' weight matrices move as row-wise FP8 (half the bytes), dequantized "
+    summary="block_ring whose streamed blocks' Linear weights move as row-wise FP8 (half the bytes), dequantized "
     "on the device",
     prepare_fn=lambda model, options, device: _prepare(model, options, device, FP8),
     config=BlockRingConfig,

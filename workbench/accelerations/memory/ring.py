@@ -26,9 +26,10 @@ it never overwrites weights that queued kernels still read (block j's copy, issu
 compute stream waits on its `landed`. A copy into s first releases the block holding s (prefetched but skipped, or
 left by an error), so a block's `.data` point into a slot only while it holds it, and no block reads another's.
 
-Transfers (`Stream.transfer`). AS_STORED (bitwise): each tensor moves as it is. FP8 (approximate): each floating-point
-matrix of a streamed block (`fp8_eligible`: ndim >= 2; biases and norm weights move as stored) is held on the host
-only as `RowwiseFP8` (e4m3 plus one float32 scale per output row, `quantize_rows`) in the host chunks, so host
+Transfers (`Stream.transfer`). AS_STORED (bitwise): each tensor moves as it is. FP8 (approximate): the weight matrix
+of each Linear layer of a streamed block (`fp8_weights`; biases, norms, modulation tables and every other tensor move
+as stored: they are a sliver of the bytes, and the modulation sets every activation's scale) is held on the host only
+as `RowwiseFP8` (e4m3 plus one float32 scale per output row, `quantize_rows`) in the host chunks, so host
 memory and bytes moved per transfer are about halved against bf16. A fill copies a matrix's FP8 bytes and scales into
 one staging buffer on the device, then dequantizes them (`dequantize_into`) into the slot's view in the matrix's own
 dtype, before `landed` is recorded: the block computes with the same kernels on the dequantized weights. On the CPU an
@@ -144,10 +145,11 @@ class RowwiseFP8:
         return _nbytes(self.q) + _nbytes(self.scale)
 
 
-def fp8_eligible(t: torch.Tensor) -> bool:
-    """Whether an FP8 transfer moves `t` as FP8: a non-empty floating-point matrix (ndim >= 2). Vectors (biases, norm
-    weights), integer and complex tensors move as stored."""
-    return t.ndim >= 2 and t.is_floating_point() and t.numel() > 0
+def fp8_weights(module: torch.nn.Module) -> set[int]:
+    """The ids of the tensors an FP8 transfer of `module` moves as FP8: its Linear layers' non-empty floating-point
+    weight matrices. Everything else (biases, norm weights, modulation tables, embeddings) moves as stored."""
+    return {id(layer.weight) for layer in module.modules()
+            if isinstance(layer, torch.nn.Linear) and layer.weight.is_floating_point() and layer.weight.numel() > 0}  # fmt: skip
 
 
 def quantize_rows(w: torch.Tensor) -> RowwiseFP8:
@@ -188,7 +190,8 @@ def transfer_bytes(module: torch.nn.Module, transfer: str) -> int:
     as their FP8 bytes and scales (works on the meta device)."""
     if transfer == AS_STORED:
         return module_bytes(module)
-    return sum(t.numel() + 4 * t.shape[0] if fp8_eligible(t) else _nbytes(t) for t in tensors_of(module))
+    fp8 = fp8_weights(module)
+    return sum(t.numel() + 4 * t.shape[0] if id(t) in fp8 else _nbytes(t) for t in tensors_of(module))
 
 
 def store_on_host(
@@ -469,7 +472,7 @@ def shared_rings(streams: list[Stream], device: torch.device, receipt: Any, keep
     quantized (`store_on_host`; `keep`: an FP8 tensor's original stays in pageable host memory); all or none."""
     blocks = [block for stream in streams for block in stream.blocks]
     refuse_own_linear_forwards("block_ring", {f"streamed block {j}": block for j, block in enumerate(blocks)})
-    fp8 = {id(t) for s in streams if s.transfer == FP8 for b in s.blocks for t in tensors_of(b) if fp8_eligible(t)}
+    fp8 = {i for s in streams if s.transfer == FP8 for b in s.blocks for i in fp8_weights(b)}
     if not blocks or device.type != "cuda" and not fp8:
         return [Ring(s.root, s.blocks, receipt, None, s.prefix) for s in streams]
     tensors = list({id(t): t for block in blocks for t in tensors_of(block)}.values())
