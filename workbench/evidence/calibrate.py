@@ -26,8 +26,9 @@ round, every plugin not yet added is searched again with the stack so far instal
 sees) and the best by the same measure is added; a plugin whose search finds nothing inside the budget, or that does
 not make the stack faster, is left out with the reason. The whole stack is then confirmed on the test requests. Off
 CUDA one run's seconds rank nothing: the plugins keep the given order, each searched once on the stack before it and
-kept when the stack stays inside the budget (the record says `ranked_by_speed: false`). Its record is the `within-budget` profile: the config with the budget, model, request
-geometry, device and seeds it holds for (`workbench.profiles.within_budget`).
+kept when the stack stays inside the budget (the record says `ranked_by_speed: false`). Its record is the
+`within-budget` profile: the config with the budget, model, request geometry, device and seeds it holds for
+(`workbench.profiles.within_budget`).
 
 `attention_policy="auto"` serves a sparse-attention setting only on a qualification of that setting alone. A
 calibrated result whose block_sparse (or sol_attn) setting shares its config with a base or other members therefore
@@ -335,8 +336,9 @@ def calibrate(
     on_step: Callable[[str], None] | None = None,
 ) -> Calibration | Partial:
     """Search `plugin`'s knob (its `Spec.knob`: one declared option and range; `knob`, when given, must name that
-    option) for the most aggressive value inside `margin` of `budget` on `calibration`, over `base` (installed underneath, with the
-    plugin's other `options`), then confirm it on `test` (None: leave it "searched"). See the module docstring.
+    option) for the most aggressive value inside `margin` of `budget` on `calibration`, over `base` (installed
+    underneath, with the plugin's other `options`), then confirm it on `test` (None: leave it "searched"). See the
+    module docstring.
 
     `resume`: a folder for the partial record, read when there and rewritten after every step; `max_seconds`
     (needs `resume`): stop at the step boundary past which the next step would not end in time, and return a
@@ -466,6 +468,7 @@ def _stack(
     base_point = evaluator.point(math.nan, base)
     singles = [search(p, spec, base) for p, spec in zip(plugins, specs, strict=True)]
     left_out = {s.plugin: s.reason for s in singles if s.knee is None}
+    alone = {s.plugin: s for s in singles}
     pending = [s.plugin for s in singles if s.knee is not None]
     timed = evaluator.session.device.type == "cuda"  # elsewhere one run's seconds rank nothing: keep the given order
     config, speed, spent, members = dict(base), base_point.speedup, base_point.spent, []
@@ -473,15 +476,13 @@ def _stack(
         # the candidates of this round, searched with the stack so far installed (over the bare base: the singles);
         # timed, every pending plugin and the best gain per budget spent is added; untimed, the next in order
         tried = pending if timed else pending[:1]
-        found = {p: next(s for s in singles if s.plugin == p) if config == base else search(p, REGISTRY[p], config)
-                 for p in tried}  # fmt: skip
+        found = {p: alone[p] if config == base else search(p, REGISTRY[p], config) for p in tried}
         for plugin, again in found.items():
             if again.knee is None:
                 left_out[plugin] = f"with {sorted(config)} installed: {again.reason}"
             elif timed and not again.knee_point.speedup > speed:
-                left_out[plugin] = (
-                    f"no gain on the stack: {again.knee_point.speedup:.3f}x against {speed:.3f}x without it (indicative)"
-                )
+                gain = f"{again.knee_point.speedup:.3f}x against {speed:.3f}x without it"
+                left_out[plugin] = f"no gain on the stack: {gain} (indicative)"
         kept = [again for plugin, again in found.items() if plugin not in left_out]
         pending = [p for p in pending if p not in left_out]
         if not kept:

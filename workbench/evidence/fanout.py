@@ -10,9 +10,9 @@ Workers are Ray actors, one per GPU (`num_gpus=1`) or, on CPU, one per CPU slot 
 resident `Session` of the run's model once and serves many cells. `memory` places the model on each worker's device
 under a cap (the session's memory plan: components offloaded, denoiser blocks streamed), so a model larger than a
 card runs on it: a cap for every worker ("48GiB", a card's name), or "device", each worker's own GPU's memory (a
-cluster of mixed cards). The plan is part of the worker's identity in every record. The driver hands each worker one cell at a
-time, collects what it returns (the record, and the output files of a generated request) and writes it into the
-`Store` itself, so workers need no shared file system.
+cluster of mixed cards). The plan is part of the worker's identity in every record. The driver hands each worker
+one cell at a time, collects what it returns (the record, and the output files of a generated request) and writes
+it into the `Store` itself, so workers need no shared file system.
 
 Failures: a cell that raises is recorded as failed with its error, and the run goes on. A worker that dies
 mid-cell (killed, preempted, out of memory) is replaced by a fresh one, and its cell goes back to the front of the
@@ -45,6 +45,7 @@ from workbench.evidence.fanout_progress import Event, Progress, TqdmView, Worker
 from workbench.evidence.store import Store
 from workbench.memory_plan import MemoryBudget
 from workbench.quality import Budget
+from workbench.quality.budget import default_for
 from workbench.request import Request
 
 __all__ = [
@@ -241,7 +242,7 @@ class Fanout:
         """`harness.default_budget` of the workers' model (the audio limits for one that makes sound, as a worker's
         session reports it)."""
         self._first_worker()
-        return Budget().with_audio() if self.identities[0]["audio"] else Budget()
+        return default_for(has_audio=self.identities[0]["audio"])
 
     def _first_worker(self) -> None:
         """Start the workers, and wait until the first has loaded the model."""

@@ -20,6 +20,7 @@ from workbench import environment
 from workbench.evidence.stats import RatioCI, paired_ratio_ci, verdict
 from workbench.progress import progress as progress_bar
 from workbench.quality import Budget, compare
+from workbench.quality.budget import default_for
 from workbench.request import Request
 from workbench.result import Result
 from workbench.session import Session
@@ -30,9 +31,8 @@ SUITE_ORDER = ("not_executed", "rejected_quality", "measured_quality_tradeoff", 
 
 
 def default_budget(session: Session) -> Budget:
-    """Every evidence command's budget unless told otherwise: the seeds' limits, with the stated audio limits
-    (`AUDIO_LIMITS`) for a model that makes sound."""
-    return Budget().with_audio() if session.model.family.has_audio else Budget()
+    """`quality.budget.default_for` the session's model: the audio limits too when it makes sound."""
+    return default_for(session.model.family.has_audio)
 
 
 def qualify(

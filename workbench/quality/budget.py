@@ -23,6 +23,12 @@ _LIMITS = {
 AUDIO_LIMITS = {"audio_snr_db": 20.0, "lsd_db": 2.0, "spectral_cosine": 0.98, "rms_ratio_error": 0.1}
 
 
+def default_for(has_audio: bool) -> Budget:
+    """Every evidence command's budget unless told otherwise: the seeds' limits, with `AUDIO_LIMITS` for a model that
+    makes sound."""
+    return Budget().with_audio() if has_audio else Budget()
+
+
 @dataclass(frozen=True)
 class Budget:
     """Limits on the metrics of `workbench.quality.compare`; a limit of None is not checked.

@@ -28,9 +28,9 @@ to run (RuntimeError naming the block).
 `fp8_ring` (contract approximate): the same ring, its streamed blocks' Linear weights moved as row-wise FP8 (e4m3
 and one float32 scale per output row; every other tensor, modulation tables included, as stored) and dequantized
 into the slot on the device before their block runs (`ring` module docstring), so each forward moves about half the
-bytes of bf16 and the blocks compute on the FP8 round trip of those weights. The pinned host chunks hold the FP8 copies; the
-originals wait in pageable host memory, so uninstall gives the model back exactly (the session's memory budget,
-`MemoryBudget(ring_transfer="fp8")`, drops them instead). Both plugins change where the denoiser's weights live:
+bytes of bf16 and the blocks compute on the FP8 round trip of those weights. The pinned host chunks hold the FP8
+copies; the originals wait in pageable host memory, so uninstall gives the model back exactly (the session's memory
+budget, `MemoryBudget(ring_transfer="fp8")`, drops them instead). Both plugins change where the denoiser's weights live:
 they cannot be installed together. Their receipts' notes say the transfer, the bytes each denoiser's forward
 moves (`bytes_per_forward`) and the bytes of the host chunks holding the streamed blocks (`host_bytes`: pinned on
 CUDA, `ring.chunk_layout`; 0 on a CPU moving them as stored: one memory).

@@ -148,8 +148,8 @@ class RowwiseFP8:
 def fp8_weights(module: torch.nn.Module) -> set[int]:
     """The ids of the tensors an FP8 transfer of `module` moves as FP8: its Linear layers' non-empty floating-point
     weight matrices. Everything else (biases, norm weights, modulation tables, embeddings) moves as stored."""
-    return {id(layer.weight) for layer in module.modules()
-            if isinstance(layer, torch.nn.Linear) and layer.weight.is_floating_point() and layer.weight.numel() > 0}  # fmt: skip
+    linears = [layer.weight for layer in module.modules() if isinstance(layer, torch.nn.Linear)]
+    return {id(w) for w in linears if w.is_floating_point() and w.numel() > 0}
 
 
 def quantize_rows(w: torch.Tensor) -> RowwiseFP8:
@@ -299,8 +299,8 @@ class Ring:
     whose forward runs them (a denoiser, a text encoder's layer stack): its start prefetches the first. `stored`:
     id(tensor) -> what moves for it (`store_on_host`, in `chunks`; a tensor missing moves as its `.data`); `kept`:
     whether an FP8 tensor's `.data` outside its block's forward is its original (else a placeholder: `remove` gives
-    back the dequantized weight). The receipt's counters are named `prefix` + blocks_streamed, prefetched, late, released,
-    bytes_moved (the bytes each transfer moves: FP8 bytes and scales for FP8 tensors)."""
+    back the dequantized weight). The receipt's counters are named `prefix` + blocks_streamed, prefetched, late,
+    released, bytes_moved (the bytes each transfer moves: FP8 bytes and scales for FP8 tensors)."""
 
     def __init__(
         self,
