@@ -51,12 +51,15 @@ def test_compare_identical_results_are_exact_and_within_budget(rng):
 
 def test_compare_small_error_is_within_budget_but_not_exact(rng):
     reference = _reference(rng)
-    comparison = compare(reference, _candidate(rng, reference, pixel_noise=1, latent_noise=0.005))
+    comparison = compare(reference, _candidate(rng, reference, pixel_noise=1, latent_noise=0.005, audio_gain=1.05))
     assert comparison.within_budget, comparison.failures
     assert not comparison.exact
     assert 0 < comparison.latent_rel_l2 < 0.03
     assert 45 < comparison.psnr_db < 55  # +-1 noise: MSE about 2/3, about 50 dB
     assert comparison.psnr_per_frame.shape == comparison.ssim_per_frame.shape == (5,)
+    record = comparison.to_dict()
+    assert set(Budget().to_dict()) <= set(record)  # every budget term is in the record, the derived one too
+    assert record["rms_ratio_error"] == pytest.approx(0.05)  # audio 5 % louder
 
 
 def test_compare_large_error_names_every_failed_metric(rng):

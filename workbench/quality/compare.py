@@ -86,12 +86,14 @@ class Comparison:
         """JSON-friendly: arrays become lists; inf/-inf become the strings "inf"/"-inf" and NaN becomes None.
 
         Strict JSON has no infinities, and an identical frame's PSNR (inf) must stay distinguishable from a
-        missing metric (None), hence strings for the infinities.
+        missing metric (None), hence strings for the infinities. Every budget term is a key, `rms_ratio_error`
+        (derived from `rms_ratio`) included, so a report can show each term the budget limits.
         """
         out: dict[str, Any] = {"budget": self.budget.to_dict(), "within_budget": self.within_budget}
         for name in self.__dataclass_fields__:
             if name != "budget":
                 out[name] = _json_value(getattr(self, name))
+        out["rms_ratio_error"] = _json_value(self.measured()["rms_ratio_error"])  # the budget's term, derived
         return out
 
 
