@@ -38,6 +38,11 @@ HEADLINE = (
     ("forward-h3", "stock/block_sparse", "MiniMax-H3 forward: block_sparse at 20 % density"),
     ("forward-h3", "stock/block_sparse+norms+fp8", "MiniMax-H3 forward: block_sparse + fused_block_norms + FP8"),
     ("sparse-attention", "cudnn/block_sparse@0.20 (queued)", "block-sparse attention call at 20 % vs cuDNN dense"),
+    (
+        "calibrate-wan",
+        "stock/within-budget seed 42",
+        "Wan2.1-1.3B 16-step request within the default quality budget (calibrated stack), held-out seed 42",
+    ),
     ("memory", "stock/group_offload", "Wan2.1-1.3B request: group_offload under a memory cap (< 1: slower)"),
     ("ring", "resident/ring+exact-fast-24GiB", "MiniMax-H3 forward under a 24 GiB cap: block ring + exact-fast"),
     ("request-capped", "resident/plan", "Wan2.1-14B request under a 24 GiB cap: the session's memory plan"),

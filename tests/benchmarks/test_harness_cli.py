@@ -119,40 +119,10 @@ def test_calibrate_wan_stops_unfinished_at_max_seconds_and_the_same_command_fini
     assert not (tmp_path / "calibrate-wan" / "calibrate.partial.json").exists()
 
 
-def test_the_committed_calibrate_wan_partial_record_is_what_the_scenario_would_resume():
-    """The H200 run's partial record (benchmarks/results/calibrate-wan/) goes on in the next device call only if what
-    the scenario runs now agrees with it: the suite's requests, the budget, margin and evaluations, the options, the
-    model and its shapes' key. A drift here would have the resume refused on the GPU and its device time lost."""
-    from pathlib import Path
-
-    import torch
-
-    from benchmarks.scenarios import calibrate_wan
-    from workbench.accelerations.attention.attention_policy import model_key
-    from workbench.evidence import calibrate
-    from workbench.evidence.manifest import load_manifest
-    from workbench.models import resolve
-    from workbench.models.family import shapes_only
-    from workbench.quality import Budget
-
-    root = Path(__file__).resolve().parents[2]
-    run = json.loads((root / "benchmarks/results/calibrate-wan/calibrate.partial.json").read_text())["run"]
-    suite = load_manifest(calibrate_wan.SUITE, allow_other_model=True)
-    assert run["calibration"] == [case.to_request().to_dict() for case in suite.calibration]
-    assert run["test"] == [case.to_request().to_dict() for case in suite.test]
-    assert run["budget"] == Budget().to_dict() and (run["margin"], run["max_evals"]) == (
-        calibrate.MARGIN,
-        calibrate.MAX_EVALS,
-    )
-    assert run["options"] == {p: calibrate_wan.OPTIONS[p] for p in run["plugins"] if p in calibrate_wan.OPTIONS}
-    with shapes_only():
-        model = resolve("random-wan-1.3b", dtype=torch.bfloat16, device="meta")
-    assert (run["model"], run["model_key"], run["dtype"]) == (model.name, model_key(model), "bfloat16")
-
-
 def test_the_committed_request_capped_partial_record_is_what_the_scenario_would_resume():
-    """The same for request-capped's partial record (the H200 run's finished arms): its default model, request
-    (resolved by the model's defaults), cap and arms."""
+    """The H200 run's partial record of request-capped (its finished arms, benchmarks/results/request-capped/) goes on
+    in the next device call only if the scenario still agrees with it: default model, request (resolved by the
+    model's defaults), cap and arms. A drift would have the resume refused on the GPU and its device time lost."""
     from pathlib import Path
 
     import torch

@@ -69,11 +69,20 @@ def cap_holder(device: torch.device) -> int | None:
 def hold_cap(holder: object, index: int, cap: int, total: int) -> weakref.finalize:
     """Cap CUDA device `index` at `cap` of its `total` bytes for `holder`, replacing any cap held before; returns the
     finalizer that lifts it (called, or run when `holder` is garbage-collected), which does nothing once another
-    holder took the cap over."""
+    holder took the cap over. The allocator's cached free blocks are released first: torch checks the cap only when it
+    reserves new memory, so blocks cached before the cap would otherwise serve allocations past it."""
+    _release_cached(index)
     torch.cuda.set_per_process_memory_fraction(cap / total, index)
     token = object()  # stands for the holder in the finalizer, which must not keep it alive
     _CAPS[index] = (cap, token)
     return weakref.finalize(holder, _lift_cap, index, token)
+
+
+def _release_cached(index: int) -> None:
+    """Return CUDA device `index`'s cached free blocks to the driver, once its queued work is done."""
+    torch.cuda.synchronize(index)
+    with torch.cuda.device(index):
+        torch.cuda.empty_cache()
 
 
 def _lift_cap(index: int, token: object) -> None:
