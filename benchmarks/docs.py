@@ -39,6 +39,7 @@ def generate(results: Path, out: Path) -> Path:
         "device, commit and date that made it.",
         "",
     ]
+    current.sort(key=lambda item: str(item[1].get("date", "")), reverse=True)  # newest first within a scenario
     for path, record in sorted(current, key=lambda item: item[1].get("scenario", "")):
         lines += _current(path, record)
     if earlier:

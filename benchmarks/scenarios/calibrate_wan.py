@@ -36,7 +36,7 @@ from workbench.evidence.resume import Partial, partial_path
 from workbench.quality import Budget
 
 NAME = "calibrate-wan"
-SUMMARY = "issue 22: calibrate + stack block_sparse and easycache to the default budget, Wan2.1-1.3B 16 steps"
+SUMMARY = "issue 22: calibrate + stack {plugins} to the default budget, Wan2.1-1.3B 16 steps"  # the run's plugins
 GPUS = 1
 PLUGINS = ["block_sparse", "easycache"]  # CALIBRATE_WAN_PLUGINS overrides
 # each stacked plugin's fixed options: selective_fp8 through the fused row-wise path (torchao's eager quantization
@@ -85,7 +85,7 @@ def run(context: Context) -> Measurement:
     shape |= {"plugins": plugins, "base": base, "budget": budget.to_dict(), "margin": result.margin}
     shape |= {"calibration_seeds": [r.seed for r in calibration], "test_seeds": [r.seed for r in test]}
     arms, ratios = _arms(result)
-    return Measurement(SUMMARY, shape, arms, ratios, notes)
+    return Measurement(SUMMARY.format(plugins=" and ".join(plugins)), shape, arms, ratios, notes)
 
 
 def _request(request: Any, smoke: bool) -> Any:

@@ -36,6 +36,10 @@ def test_docs_table_every_scenario_and_mark_the_earlier_format(tmp_path):
     assert "### sparse-attention-h200 (earlier format)" in page and "NVIDIA H200" in page
     assert "| structured.block_sparse@0.20 | 2.5 |" in page and "| forward | 1.200x [1.100, 1.300] |" in page
     assert "do not edit by hand" in page
+    older = current | {"date": "2026-01-01T00:00:00+00:00", "what": "the older relayout run"}
+    (results / "a-relayout-older.json").write_text(json.dumps(older))  # sorts first by name
+    page = generate(results, tmp_path / "docs" / "measurements.md").read_text()
+    assert page.index(current["what"]) < page.index("the older relayout run")  # newest first within a scenario
 
 
 def test_docs_command_writes_the_page_and_refuses_a_non_object(tmp_path, capsys):
