@@ -4,6 +4,7 @@ attention head is 128 wide (the sparse kernel's), budgets too tight for anything
 
 import base64
 import dataclasses
+import html
 import json
 import math
 import re
@@ -231,11 +232,13 @@ def test_stack_composes_block_sparse_and_easycache_and_confirms_inside_the_budge
     assert all(case["quality"]["within_budget"] for case in result.confirmation["cases"])
     scope = result.scope
     assert scope["calibration_seeds"] == [3] and scope["test_seeds"] == [1_000_003] and scope["request"]["steps"] == 4
-    page = render(result)  # the stack's static report: every search, its points, knee and cliff, each case
+    page = render(result)  # the stack's static report: every search once, its points, knee and cliff, each case
+    searches = [h for h in re.findall(r"<h2>(.*?)</h2>", page) if "(over " in h]
+    assert len(set(searches)) == len(searches) == len(result.singles) + len(result.members) - 1  # round 1: a single
+    assert sum("added in round 1" in h for h in searches) == 1
     for run in [*result.singles, *result.members]:
-        assert f"knee {run.knee}, cliff {run.cliff}" in page and all(
-            f"<td>{p.value:.4g}</td>" in page for p in run.points
-        )
+        assert f"knee {run.knee:.4g}, cliff" in page and all(f"<td>{p.value:.4g}</td>" in page for p in run.points)
+    assert result.budget.describe() in html.unescape(page)
     (case,) = result.confirmation["cases"]
     assert "receipts, seed 1000003" in page and f"<td>{case['quality']['latent_rel_l2']}</td>" in page
 
@@ -377,6 +380,8 @@ def test_calibration_and_stack_records_round_trip():
     for result in (single, greedy):
         saved = record_bytes(result.to_record())
         assert record_bytes(type(result).from_record(json.loads(saved)).to_record()) == saved
+    greedy.base = {"cross_kv_cache": {}}
+    assert "<th>base alone</th><td>1.000x stock, spends 0 (one run: indicative)</td>" in calibrate_module.render(greedy)
 
 
 class _Synthetic:
@@ -423,3 +428,7 @@ def test_stack_on_a_timed_device_adds_greedily_by_gain_per_spend_and_drops_what_
     assert [m.plugin for m in result.members] == ["easycache", "first_block_cache", "teacache"], result.left_out
     last = result.members[-1]
     assert last.knee < REGISTRY["teacache"].knob.high and last.knee_point.spent <= 0.8  # the budget left bounds it
+    page = calibrate_module.render(result)  # each search once, named by the round that added it
+    assert "easycache.threshold alone, added in round 1" in page
+    assert "first_block_cache.threshold on the stack, added in round 2" in page
+    assert "teacache.rel_l1_thresh on the stack, added in round 3" in page

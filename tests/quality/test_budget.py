@@ -89,3 +89,9 @@ def test_budget_round_trips_through_dict():
     budget = Budget(psnr_db=30, audio_snr_db=15.5)
     assert Budget.from_dict(budget.to_dict()) == budget
     assert Budget.from_dict({}) == Budget()
+
+
+def test_budget_describe_names_each_set_limit_with_its_direction_and_unit():
+    assert Budget().describe() == "latent_rel_l2 <= 0.03, psnr_db >= 33 dB, min_ssim >= 0.98"
+    assert "rms_ratio_error <= 0.1" in Budget().with_audio().describe()
+    assert Budget(None, None, None).describe() == "no limits"

@@ -685,14 +685,9 @@ def scope_of(session: Session, calibration: list[Request], test: list[Request] |
 
 def pareto_figure(result: Calibration | Stack) -> Figure:
     """Indicative speed-up against budget spent, one series per searched knob; knee circled, cliff crossed."""
-    if isinstance(result, Calibration):
-        runs = [(result, f"{result.plugin}.{result.knob.option}")]
-    else:
-        runs = [(s, f"{s.plugin}.{s.knob.option} alone") for s in result.singles]
-        runs += [(m, f"{m.plugin}.{m.knob.option} on the stack") for m in result.members]
     figure = Figure(figsize=(7.0, 4.2), dpi=100)
     axes = figure.subplots()
-    for run, label in runs:
+    for run, label in _searches(result):
         points = [p for p in run.points if math.isfinite(p.spent) and math.isfinite(p.speedup)]
         if not points:
             continue
@@ -718,18 +713,40 @@ def pareto_figure(result: Calibration | Stack) -> Figure:
     return figure
 
 
+def _searches(result: Calibration | Stack) -> list[tuple[Calibration, str]]:
+    """Each knob search once, labelled: a plugin alone over the base, or re-searched on the stack in round i. Round
+    1's search runs over the bare base, so it is the plugin's search alone: listed once, as both."""
+    if isinstance(result, Calibration):
+        return [(result, f"{result.plugin}.{result.knob.option}")]
+    first = result.members[0].to_record() if result.members else None
+    searches = [
+        (s, f"{s.plugin}.{s.knob.option} alone" + (", added in round 1" if s.to_record() == first else ""))
+        for s in result.singles
+    ]
+    searches += [
+        (m, f"{m.plugin}.{m.knob.option} on the stack, added in round {i}")
+        for i, m in enumerate(result.members, 1)
+        if not (i == 1 and any(s.to_record() == first for s in result.singles))
+    ]
+    return searches
+
+
 def render(result: Calibration | Stack) -> str:
     """A static HTML report: status, the Pareto plot, every tried point, the confirmation's cases and receipts."""
     title = f"calibration: {result.plugin}" if isinstance(result, Calibration) else f"{PROFILE} stack"
-    runs = [result] if isinstance(result, Calibration) else [*result.singles, *result.members]
     summary = {"status": result.status, "reason": result.reason, "setting": result.config}
-    summary |= {"budget": result.budget.to_dict(), "margin": result.margin}
+    summary |= {"budget": result.budget.describe(), "margin": result.margin}
+    if isinstance(result, Stack) and result.base_point is not None and result.base:
+        point = result.base_point  # what the exact plugins underneath give alone
+        summary["base alone"] = f"{point.speedup:.3f}x stock, spends {point.spent:.3g} (one run: indicative)"
     body = [f"<h1>{html.escape(title)}</h1>", _table(summary), _png(pareto_figure(result), "Pareto plot")]
     head = "".join(f"<th>{h}</th>" for h in ("value", "spent", "seconds", "speed-up", "failures"))
-    for run in runs:
+    for run, label in _searches(result):
         under = ", ".join(sorted(run.base)) or "stock"
-        body.append(f"<h2>{html.escape(f'{run.plugin}.{run.knob.option} over {under}')}</h2>")
-        body.append(f"<p>knee {run.knee}, cliff {run.cliff}: {html.escape(f'{run.status}, {run.reason}')}</p>")
+        knee = "none inside the budget" if run.knee is None else f"{run.knee:.4g}"
+        cliff = "none in the knob's range" if run.cliff is None else f"{run.cliff:.4g}"
+        body.append(f"<h2>{html.escape(f'{label} (over {under})')}</h2>")
+        body.append(f"<p>knee {knee}, cliff {cliff}: {html.escape(f'{run.status}, {run.reason}')}</p>")
         rows = "".join(
             "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
                 f"{p.value:.4g}", f"{p.spent:.3g}", f"{p.seconds:.3f}", f"{p.speedup:.3f}",

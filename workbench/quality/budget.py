@@ -97,6 +97,16 @@ class Budget:
     def to_dict(self) -> dict[str, float | None]:
         return dataclasses.asdict(self)
 
+    def describe(self) -> str:
+        """The set limits in words, e.g. "latent_rel_l2 <= 0.03, psnr_db >= 33 dB"; "no limits" when none is set."""
+        return ", ".join(f"{name} {self._bound(name)}" for name in _LIMITS if getattr(self, name) is not None) or (
+            "no limits"
+        )
+
+    def _bound(self, name: str) -> str:
+        direction, unit = _LIMITS[name]
+        return f"{'<=' if direction == 'max' else '>='} {getattr(self, name):g}{unit}"
+
     def failures(self, measured: dict[str, float | None]) -> list[str]:
         """One message per limit that `measured` (field -> value, None = not measured) does not meet.
 
@@ -108,7 +118,7 @@ class Budget:
             if limit is None:
                 continue
             value = measured.get(name)
-            bound = f"{'<=' if direction == 'max' else '>='} {limit:g}{unit}"
+            bound = self._bound(name)
             if value is None:
                 problems.append(f"{name}: not measured, limit {bound}")
             elif not (value <= limit if direction == "max" else value >= limit):
