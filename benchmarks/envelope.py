@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import math
 import os
 import shlex
 import sys
@@ -122,12 +121,3 @@ def write(record: dict[str, Any], out: Path) -> Path:
     path = out / f"{record['scenario']}.json"
     write_atomic(path, json_bytes(record))
     return path
-
-
-def finite_ratios(record: dict[str, Any]) -> bool:
-    """True when every ratio's median and CI bounds are finite numbers."""
-    for ratio in record["ratios"].values():
-        values = [ratio[k] for k in ("median", "low", "high")] if isinstance(ratio, dict) else [ratio]
-        if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
-            return False
-    return True

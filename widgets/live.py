@@ -29,9 +29,9 @@ class LiveStagePlot(ipywidgets.VBox):
     `IPython.display.Image` under the running cell, where they survive an offline HTML export that blanks every widget. Otherwise
     `display(*live.static())` shows them.
 
-    Watching is not free: the renderer holds the GIL while it draws (~0.1 s a frame), which slows a
-    request whose host thread is busy (a tiny model on a 2-core CPU ran 20-60% longer watched at 2
-    updates/s). Timings of a watched request are a view, not evidence; measure detached.
+    Watching is not free: the renderer holds the GIL while it draws, which slows a request whose host
+    thread is busy (a tiny model on a small CPU most of all). Timings of a watched request are a view, not
+    evidence; measure detached.
     """
 
     def __init__(self, max_updates_per_second: float = 2.0, show_static: bool = True):

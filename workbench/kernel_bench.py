@@ -23,7 +23,6 @@ from workbench.kernels import adaln_modulate, gated_residual, layernorm_modulate
 
 COPY_BANDWIDTH = 4.17e12  # bytes/s: device-to-device copy measured on the project's H200
 BF16_GEMM_FLOPS = 775e12  # flop/s: dense bf16 GEMM measured on the project's H200
-WAN_1_3B = {"batch": 1, "tokens": 32760, "channels": 1536}
 HEADS = 12  # Wan2.1-1.3B: 12 heads of 128
 
 

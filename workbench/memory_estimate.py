@@ -1,11 +1,10 @@
 """Activation peaks per stage for the memory planner (`workbench.memory_plan`), estimated from a model's layers.
 
 Activation estimates (bytes). Rough on purpose and documented so a measured value can replace them
-(`MemoryBudget.activation`; `memory_plan.measured_activation(result, plan)` reads them back from a Result). Every
-stage's estimate adds `WORKSPACE` (128 MiB) for what no formula here sees and a measured peak holds: cuBLAS's
-workspace (32 MiB on Hopper) and the request's own tensors (latents, prompt embeddings, the other CFG branch's
-prediction); the H200 measurements in `benchmarks/results` held 74-86 MB of them beside the tensors counted below
-(`tests/test_memory_estimate.py` holds the estimates to those measurements).
+(`MemoryBudget.activation`). Every stage's estimate adds `WORKSPACE` (128 MiB) for what no formula here sees and a
+measured peak holds: cuBLAS's workspace and the request's own tensors (latents, prompt embeddings, the other CFG
+branch's prediction); `tests/test_memory_estimate.py` holds the estimates to the GPU measurements in
+`benchmarks/results`.
 
 A transformer block's bytes per row, `row_bytes(block)`, from what a pre-norm block forward keeps alive (diffusers
 0.42.1's MiniMax-H3, Wan and their kind) at each point that can be its widest:

@@ -35,7 +35,7 @@ allocator's fragmentation and transient library workspaces (attention, convoluti
 here sees.
 
 Activation peaks come from `workbench.memory_estimate` (rough formulas, documented there) or are measured and given in
-`MemoryBudget.activation` (`measured_activation(result, plan)` reads them back from a Result).
+`MemoryBudget.activation` (a Result's `memory` holds the allocated peak per stage of a CUDA request).
 
 On the CPU a cap is planning arithmetic only (nothing enforces it); on CUDA the session enforces it with
 `torch.cuda.set_per_process_memory_fraction`, so a wrong plan fails with out-of-memory instead of borrowing memory
@@ -253,10 +253,6 @@ class MemoryPlan:
         values["streamed_text_layers"] = list(self.streamed_text_layers)
         return values
 
-    def weights_on_device(self, stage: str) -> int:
-        """Planned weight bytes on the device during `stage` (its peak less its activation)."""
-        return self.stage_peaks[stage] - self.activation.get(stage, 0)
-
 
 def plan_memory(
     fp: Footprint,
@@ -433,16 +429,6 @@ def plan_for(model: Any, budget: MemoryBudget, request: Any) -> MemoryPlan:
     text_forwards = model.family.text_forwards(request)
     return plan_memory(fp, activation, budget.cap_bytes, forwards, tiled, budget.headroom, sources, text_forwards,
                        budget.ring_transfer)  # fmt: skip
-
-
-def measured_activation(result: Any, plan: MemoryPlan) -> dict[str, int]:
-    """Activation peaks per stage measured in `result` (a Result of a CUDA session run under `plan`): its allocated
-    peak per stage less the weights the plan had on the device then. Feed them back as `MemoryBudget.activation`."""
-    return {
-        stage: max(0, peak - plan.weights_on_device(stage))
-        for stage, peak in result.memory.items()
-        if stage in plan.stage_peaks
-    }
 
 
 def check_request(model: Any, plan: MemoryPlan, budget: MemoryBudget, request: Any) -> None:

@@ -10,18 +10,15 @@ confirmed (status other than "calibrated" or "quality_confirmed").
 `exact-fast`: the best measured combination of plugins whose contract is `bitwise`, `rounding` or
 `reduction` (never `approximate`; checked against `workbench.accelerations.available()` at every call, so a
 plugin whose contract became approximate makes this raise instead of silently joining the profile). Each family
-names its set (`Family.exact_fast` in workbench/models/); the measurements behind them:
-
-The sets were chosen from A/B/A measurements on an H200 (random weights); `python -m benchmarks run forward-wan
-request-wan forward-h3` re-measures them against stock (docs/measurements.md):
-- Wan: `fused_block_norms` + `adaln_precompute` + `cross_kv_cache` + `gelu_epilogue` + `flash4_attention` (output
-  relative L2 about 5e-3 against stock) + `fused_vae_decode` in its bitwise default (padded conv buffers; `vae-decode`
-  measures it). The bit-equal set (`fused_block_ops` + precompute + cross-KV) is what a
-  user who needs `torch.equal` to stock installs by hand.
-- H3: `fused_block_norms` + `flash4_attention` (relative L2 about 2.5e-3).
-- LTX-2: `adaln_precompute` and `cross_kv_cache` where their `Spec.families` accept the family (its fused block
-  measured slower per block, and FlashAttention-4 was not measured on it).
-Attention is never forced to `_native_cudnn`: that measured slower than diffusers' default (0.970x Wan, 0.985x H3).
+names its set (`Family.exact_fast` in workbench/models/), chosen by A/B/A measurement against stock; `python -m
+benchmarks run forward-wan request-wan forward-h3` re-measures them (docs/measurements.md):
+- Wan: `fused_block_norms` + `adaln_precompute` + `cross_kv_cache` + `gelu_epilogue` + `flash4_attention` +
+  `fused_vae_decode` in its bitwise default (padded conv buffers). The bit-equal set (`fused_block_ops` + precompute
+  + cross-KV) is what a user who needs `torch.equal` to stock installs by hand.
+- H3: `fused_block_norms` + `flash4_attention`.
+- LTX-2: `adaln_precompute` and `cross_kv_cache` where their `Spec.families` accept the family (its fused block was
+  slower per block, and FlashAttention-4 is unmeasured on it).
+Attention is never forced to `_native_cudnn`: it was slower than diffusers' default on both Wan and H3.
 
 What a machine cannot run is left out, and `profile_plan` says why: a plugin whose `Spec.devices` excludes the
 device (gelu_epilogue, flash4_attention on a CPU), and a plugin whose `Spec.unusable` gives a reason (a Triton

@@ -109,9 +109,6 @@ class Telemetry:
         finally:
             self.end(name)
 
-    def is_open(self, stage: str) -> bool:
-        return stage in self._open
-
     def step(self, index: int, start: Any) -> Any:
         """Close denoising step `index` that began at marker `start`; returns the marker that ends it."""
         end = self._marker()

@@ -50,7 +50,7 @@ def run(context: Context) -> Measurement:
     session = open_wan(context.smoke, device)
     request = wan_request(STEPS, context.smoke)
     requests = Requests(session, request)
-    requests.pilots["stock"] = requests.generate("stock", {})
+    requests.pilots["stock"] = requests.generate({})
     weights = sum(p.numel() * p.element_size() for p in session.model.pipeline.transformer.parameters())
     shape: dict[str, Any] = {"model": session.model.name, "request": session.resolve(request).to_dict(),
                              "transformer_weight_bytes": weights}  # fmt: skip
@@ -70,7 +70,7 @@ def run(context: Context) -> Measurement:
         return requests.visit("group_offload", OFFLOAD, capped)
 
     try:
-        requests.pilots["group_offload"] = requests.generate("group_offload", OFFLOAD, capped)
+        requests.pilots["group_offload"] = requests.generate(OFFLOAD, capped)
     except Exception as error:
         raise RuntimeError(f"memory: group_offload did not run under the cap of {cap} bytes: {error}") from error
     rounds = aba_rounds(("stock", lambda: requests.visit("stock", {})), {"group_offload": offload}, context.rounds)

@@ -21,9 +21,8 @@ compares what the plan pins so (`host_pinned`, from the released shapes on the m
 memory: RuntimeError naming both when it does not fit. The shape records the estimate and the host's memory; the
 residency's receipt, the bytes it pinned (`host_bytes`).
 
-Time: about 16 forwards at 11.0 s (forward-h3's stock forward at this packing) with the 26 streamed blocks' 32 GiB per
-forward hidden behind compute, plus the text encode, the decodes, the build and the pinning: expected to fit one 600 s
-device call. `--smoke`: tiny-h3 on the CPU at its defaults (124 frames of 32x64, 3 steps), planned at the smallest cap
+Time: 16 transformer forwards with the streamed blocks' transfers hidden behind compute, plus the text encode, the
+decodes, the build and the pinning; sized to fit one device call. `--smoke`: tiny-h3 on the CPU at its defaults (124 frames of 32x64, 3 steps), planned at the smallest cap
 that fits (estimated activations; a CPU enforces nothing): the same code end to end.
 """
 

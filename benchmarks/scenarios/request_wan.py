@@ -40,9 +40,7 @@ class Requests:
         self.timed: dict[str, list[Result]] = {}
         self.mismatches: dict[str, int] = {}  # timed requests whose latents differ from the arm's pilot
 
-    def generate(
-        self, name: str, config: dict[str, Any], within: Callable[[], AbstractContextManager] = nullcontext
-    ) -> Result:
+    def generate(self, config: dict[str, Any], within: Callable[[], AbstractContextManager] = nullcontext) -> Result:
         """One request of arm `config`; `within()` wraps the request only (not the install or the removal)."""
         self.session.accelerate(config)
         try:
@@ -54,7 +52,7 @@ class Requests:
     def visit(
         self, name: str, config: dict[str, Any], within: Callable[[], AbstractContextManager] = nullcontext
     ) -> float:
-        result = self.generate(name, config, within)
+        result = self.generate(config, within)
         if not torch.equal(result.latents, self.pilots[name].latents):
             self.mismatches[name] = self.mismatches.get(name, 0) + 1
         self.timed.setdefault(name, []).append(result)
@@ -80,7 +78,7 @@ def compare_requests(requests: Requests, arms: dict[str, Arm], rounds: int, note
     """One untimed pilot request per arm, then A/B/A rounds of whole requests of every other arm against
     `requests.reference` (an arm of `arms`): (rows, ratios). An arm failing in the rounds is dropped, noted."""
     for name, (config, within) in arms.items():
-        requests.pilots[name] = requests.generate(name, config, within)
+        requests.pilots[name] = requests.generate(config, within)
     base = requests.reference
     measured = aba_rounds(
         (base, lambda: requests.visit(base, *arms[base])),

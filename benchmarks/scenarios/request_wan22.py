@@ -168,7 +168,7 @@ class _Caches:
 
     def measure(self, threshold: float) -> dict[str, Any]:
         if self.dense is None:
-            self.dense = self.requests.generate("dense", {})
+            self.dense = self.requests.generate({})
         schedule = experts.schedule(self.session.model, self.request.steps)
         dense_s = self.dense.timings["total"]
         arms: dict[str, Any] = {}
@@ -177,7 +177,7 @@ class _Caches:
         for mode, per_expert in (("per-expert", True), ("boundary-unaware", False)):
             name = f"{CACHE}={threshold:g} {mode}"
             config = {CACHE: {"threshold": threshold, "per_expert": per_expert}}
-            result = self.requests.generate(name, config)
+            result = self.requests.generate(config)
             receipt = result.receipts[CACHE]
             quality = compare(self.dense, result)
             decisions[mode] = _by_expert(receipt.get("notes", {}).get("decisions", {}), schedule)

@@ -14,7 +14,7 @@ Why whole multiples of 100 Hz, exactly (no per-clip detuning): demo-av's vocoder
 convolutions, `LTX2Vocoder`) turns mel frames at hop 160 (100 frames per second at 16 kHz) into samples and is
 shift-equivariant by one frame; a steady tone has identical mel frames, so whatever it emits for a steady tone
 repeats every 160 samples, i.e. only has partials at multiples of 100 Hz. A 220 Hz tone is unreachable; the
-spectral loss then rates near-silence as the best answer (issue 10: vocoder RMS 0.004 against 0.2).
+spectral loss then rates near-silence as the best answer, and the trained vocoder goes quiet.
 `TONE_GRID_HZ` names that constraint and the tests hold the tones to it.
 
 Rich scenes (`rich=True`, demo-av 2's vocabulary) add two attributes and make the sound follow the picture

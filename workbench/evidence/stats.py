@@ -4,18 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 Verdict = Literal["qualified", "measured_quality_tradeoff", "rejected_quality", "not_executed", "no_speed_claim"]
-VERDICTS: tuple[Verdict, ...] = (
-    "qualified",
-    "measured_quality_tradeoff",
-    "rejected_quality",
-    "not_executed",
-    "no_speed_claim",
-)
+VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 MIN_PAIRS = 3
 _BOOT_CHUNK = 1000  # bootstrap resamples drawn per batch, to bound memory for long runs
 

@@ -20,7 +20,7 @@ it to the session's contract:
 - Full size: `Session.open(path, device="cuda")` on a local diffusers copy of the release (`load`), then
   `session.generate(Request(prompt, **BASE16))` runs the released Base16 setting: 124 frames at 768x1344, 17 steps =
   16 transformer forwards, stereo 32 kHz. The 33.1B-parameter transformer alone is about 62 GiB in bf16; one
-  forward at 10 s 736x992 (52,648 packed rows) is timed by `python -m benchmarks.h3_full_forward`.
+  forward at 10 s 736x992 (52,648 packed rows) is timed by `python -m benchmarks run forward-h3`.
 """
 
 from __future__ import annotations

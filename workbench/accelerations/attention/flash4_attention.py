@@ -1,9 +1,9 @@
 """Dense attention through FlashAttention-4's CuTe-DSL kernels (`flash_attn.cute`, package `flash-attn-4`)
 (contract: reduction).
 
-Why: attention is ~70 % of a Wan2.1-1.3B forward and of a MiniMax-H3 forward on the H200, and diffusers' default
-(SDPA picking cuDNN) runs it near 570 TFLOP/s. FA4 ships a Hopper (sm_90) forward written in NVIDIA's CuTe DSL
-(warp-specialised, TMA, FA3's design). `python -m benchmarks run fp8-attention` times it against cuDNN per call at
+Why: attention is the largest share of a Wan2.1-1.3B or MiniMax-H3 forward at video lengths, and FA4 ships a
+Hopper (sm_90) forward written in NVIDIA's CuTe DSL (warp-specialised, TMA, FA3's design) that is faster than
+diffusers' default there (SDPA picking cuDNN). `python -m benchmarks run fp8-attention` times it against cuDNN per call at
 Wan2.1-1.3B's 32,760 x 12 heads, `forward-wan` and `forward-h3` in a forward (docs/measurements.md). diffusers 0.42
 reaches FA4 only through its hub backend, which downloads code; this plugin calls the locally installed package
 instead.

@@ -1,8 +1,9 @@
 """Block norms, residual adds and AdaLN glue as a few Triton kernels (contract: reduction). Wan and MiniMax-H3.
 
-On an H200 a Wan2.1-1.3B forward spends ~45 ms of ~535 ms in pointwise glue even with `fused_block_ops`: torch's
-fp32 LayerNorms, the bf16 -> fp32 copies around them, the modulations, casts and residual adds, and torch's q/k
-RMSNorms. Each `WanTransformerBlock` gets an instance-level forward that is diffusers 0.42.x's forward with:
+What it removes is the pointwise glue a block still runs with `fused_block_ops`: torch's fp32 LayerNorms, the
+bf16 -> fp32 copies around them, the modulations, casts and residual adds, and torch's q/k RMSNorms (each a full
+pass over the residual stream). Each `WanTransformerBlock` gets an instance-level forward that is diffusers 0.42.x's
+forward with:
 
 - norm1 + modulation: one `layernorm_modulate` reading bf16 x (no fp32 copy of the residual stream);
 - attn1 run here as `WanAttnProcessor` runs self-attention (`workbench.models.fused.wan.self_attention`), with
