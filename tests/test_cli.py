@@ -174,6 +174,54 @@ def test_cli_json_flags_that_do_not_parse_name_the_flag(command, flag, value, tm
     assert not out.exists()
 
 
+def test_cli_generate_output_names_are_refused_before_the_model_loads(tmp_path, capsys, no_model):
+    """An empty --out (it would be the current directory), a --name with a folder part, and a folder where one of the
+    outputs goes (publishing onto it would fail after the set's commit point) are refused in one line before loading,
+    with nothing written; a card's name is a --memory cap."""
+    base = COMMANDS["generate"]
+    with pytest.raises(SystemExit) as refused:
+        main([*base, "--out", ""])
+    assert refused.value.code == 2 and "argument --out: empty path; give a directory" in capsys.readouterr().err
+    out = tmp_path / "out"
+    assert main([*base, "--out", str(out), "--name", "../escape"]) == 2
+    assert "--name: must be a plain file stem" in _one_line_error(capsys, "generate") and not out.exists()
+    (out / "result.json").mkdir(parents=True)
+    assert main([*base, "--out", str(out)]) == 2
+    assert f"--out: {out / 'result.json'} exists and is not a regular file" in _one_line_error(capsys, "generate")
+    assert sorted(p.name for p in out.iterdir()) == ["result.json"]
+    with pytest.raises(AssertionError, match="a model was loaded"):  # accepted: it goes on to load the model
+        main([*base, "--out", str(out), "--name", "capped", "--memory", "rtx4090"])
+
+
+def test_cli_generate_refuses_a_malformed_calibration_record_before_loading(tmp_path, capsys, no_model):
+    scope = {"model": "tiny-wan", "device": {"name": "cpu", "type": "cpu"}, "request": {}}
+    good = {"kind": "calibration", "status": "calibrated", "setting": {"easycache": {"threshold": 0.1}}, "scope": scope}
+    path = tmp_path / "calibration.json"
+    args = [
+        *COMMANDS["generate"],
+        "--out",
+        str(tmp_path / "o"),
+        "--profile",
+        "within-budget",
+        "--calibration",
+        str(path),
+    ]
+    cases = {
+        "": "is not a readable JSON file",
+        "[]": "expected a JSON object (a calibrate record), got list",
+        json.dumps({k: v for k, v in good.items() if k != "scope"}): "'scope' must hold 'model', 'device'",
+        json.dumps(good | {"setting": "oops"}): "'setting' must be an object of plugin -> options",
+        json.dumps(good | {"status": "searched"}): "status 'searched'",
+    }
+    for text, message in cases.items():
+        path.write_text(text)
+        assert main(args) == 2
+        assert message in _one_line_error(capsys, "generate").removeprefix("workbench generate: error: --calibration: ")
+    path.write_text(json.dumps(good))
+    with pytest.raises(AssertionError, match="a model was loaded"):  # its form holds: where it holds is checked next
+        main(args)
+
+
 def test_cli_train_tiny_unwritable_pack_exits_2(tmp_path, capsys, no_model):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

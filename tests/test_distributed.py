@@ -54,10 +54,15 @@ def test_torchrun_command_runs_the_module_in_n_processes():
     ]  # fmt: skip
 
 
-def test_cli_bad_gpus_writes_nothing(tmp_path, capsys):
+def test_cli_bad_gpus_writes_nothing(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     assert main(["generate", "--model", "tiny-wan", "--prompt", "p", "--gpus", "0", "--out", str(out)]) == 2
     assert "gpus: expected a positive int" in capsys.readouterr().err
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the direct relayouts cannot run on this CPU
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    argv = ["generate", "--model", "tiny-wan", "--prompt", "p", "--gpus", "2", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 2  # refused before torchrun starts any process
+    assert "gpus=2 on cpu: the context-parallel relayout kernels need the Triton interpreter" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -137,6 +142,7 @@ def test_cli_parallel_decode_reaches_the_workers_accelerations(tmp_path, monkeyp
     monkeypatch.setattr(distributed, "is_worker", lambda: True)
     monkeypatch.setattr(distributed, "init_worker", lambda device: torch.device("cpu"))
     monkeypatch.setattr(workbench.Session, "open", staticmethod(fake_open))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # what the direct relayouts need on a CPU (else refused before)
     argv = ["generate", "--model", "tiny-wan", "--prompt", "p", "--gpus", "2", "--device", "cpu"]
     with pytest.raises(Opened):
         main([*argv, "--parallel-decode", "--out", str(tmp_path / "a")])

@@ -81,6 +81,22 @@ def test_write_set_bad_names_raise_before_writing(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_write_set_onto_a_folder_or_link_raises_before_its_commit_point(tmp_path):
+    """A folder (or a link) where a file of the set goes would fail the publish after the commit point, leaving the
+    set half-published and every later write_set into the folder stuck on it: refused first, nothing written."""
+    out = tmp_path / "o"
+    write_set(out, {"a.json": b"old", "a.mp4": b"old"})
+    (out / "a.html").mkdir()
+    with pytest.raises(ValueError, match=r"a\.html exists and is not a regular file"):
+        write_set(out, {"a.json": b"new", "a.mp4": b"new", "a.html": b"new"})
+    (out / "b.json").symlink_to(out / "a.json")
+    with pytest.raises(ValueError, match=r"b\.json exists and is not a regular file"):
+        write_set(out, {"b.json": b"new"})
+    assert sorted(p.name for p in out.iterdir()) == ["a.html", "a.json", "a.mp4", "b.json"]
+    assert (out / "a.json").read_bytes() == b"old"
+    assert write_set(out, {"c.json": b"c"}) and (out / "c.json").read_bytes() == b"c"  # the folder is not stuck
+
+
 # The child imports workbench.io without workbench/__init__ (torch, diffusers): the same code, a start in
 # milliseconds. With a stop point K it blocks forever at the K-th rename (staging -> commit is rename 0, then
 # one os.replace per file); without one it saves in a loop until killed.

@@ -458,3 +458,17 @@ def test_a_cap_holds_while_its_session_lives_and_goes_with_it_on_cuda():
         del capped
         gc.collect()
         allocate_2gib()
+
+
+@pytest.mark.parametrize(
+    ("budget", "message"),
+    [
+        (MemoryBudget("1GiB", request="x"), r"memory.request: expected a workbench.Request or None, got 'x'"),
+        (MemoryBudget("1GiB", activation={"nosuch": "1GiB"}), r"memory.activation: unknown stage 'nosuch'; allowed: "),
+        (MemoryBudget("1GiB", activation={"denoise": "lots"}), r"memory.activation\['denoise'\]: 'lots' is not an"),
+        (MemoryBudget("1GiB", headroom=0.95), r"memory.headroom: 0.95; allowed: a number in \[0, 0.9\]"),
+    ],
+)
+def test_memory_budget_fields_are_refused_by_name_before_loading(budget, message):
+    with pytest.raises(ValueError, match=message):
+        Session.open("tiny-wan", device="cpu", memory=budget)

@@ -31,7 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser("generate", help="run one request and write MP4 + JSON + HTML report")
-    gen.add_argument("--model", default="tiny-ltx2", help="tiny-wan, tiny-wan22, tiny-ltx2 or a local directory")
+    gen.add_argument(
+        "--model",
+        default="demo-av",
+        help="demo-av (the shipped trained model, default), demo-av-mini, tiny-wan, tiny-wan22, tiny-ltx2, tiny-h3, "
+        "or a local diffusers directory",
+    )
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--negative-prompt", default="")
     gen.add_argument("--seed", type=int, default=0)
@@ -45,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--dtype", default=None)
     gen.add_argument("--name", default="result", help="file stem of the outputs")
     gen.add_argument(
-        "--out", required=True, type=Path, help="directory for the outputs (created and probed before the model loads)"
+        "--out",
+        required=True,
+        type=_directory,
+        help="directory for the outputs (created and probed before the model loads)",
     )
     gen.add_argument("--gpus", type=int, default=1, help="processes (one per GPU) running one context-parallel request")
     gen.add_argument(
@@ -63,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         help='a LoRA .safetensors fused into the denoiser: a path, or JSON {"path", "scale", "target", "name"}; repeat',
     )
     gen.add_argument(
-        "--memory", help="device memory cap, e.g. 48GiB or 24GB: planned before loading, refused if it cannot fit"
+        "--memory",
+        help="device memory cap, e.g. 48GiB, 24GB or a card's name (rtx4090): planned before loading, refused if it "
+        "cannot fit",
     )
     gen.add_argument(
         "--fp8-ring",
@@ -85,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     qual.add_argument("--rounds", type=int, default=3)
     qual.add_argument("--budget", default="{}", help="JSON overrides of the quality budget")
     qual.add_argument("--device", default="auto")
-    qual.add_argument("--out", required=True, type=Path)
+    qual.add_argument("--out", required=True, type=_directory)
     qual.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
 
     swp = commands.add_parser("sweep", help="qualify one plugin at each value of one option; knee, cliff, Pareto")
@@ -103,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--rounds", type=int, default=3)
         sub.add_argument("--budget", default="{}", help="JSON overrides of the quality budget")
         sub.add_argument("--device", default="auto")
-        sub.add_argument("--out", required=True, type=Path)
+        sub.add_argument("--out", required=True, type=_directory)
         sub.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
 
     cal = commands.add_parser(
@@ -122,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--base-profile", default="exact-fast", choices=("exact-fast", "stock"), help="installed under")
     cal.add_argument("--rounds", type=int, default=3, help="A/B/A rounds of the confirmation")
     cal.add_argument("--device", default="auto")
-    cal.add_argument("--out", required=True, type=Path)
+    cal.add_argument("--out", required=True, type=_directory)
     cal.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
     cal.add_argument(
         "--register",
@@ -143,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tiny = commands.add_parser("train-tiny", help="train a demo-av preset on synthetic scenes (resumable)")
     tiny.add_argument(
-        "--out", required=True, type=Path, help="run folder: checkpoint/, <preset>/, train.json, loss.png"
+        "--out", required=True, type=_directory, help="run folder: checkpoint/, <preset>/, train.json, loss.png"
     )
     tiny.add_argument(
         "--preset",
@@ -190,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     bat.add_argument("--requests", required=True, type=Path, help="JSON list of requests (with 'name'), or a suite")
     bat.add_argument("--accelerate", default="{}", help="accelerations JSON installed on every worker")
     bat.add_argument("--dtype", default=None)
-    bat.add_argument("--out", required=True, type=Path, help="the store: entries/<key>.json, outputs/<name>/")
+    bat.add_argument("--out", required=True, type=_directory, help="the store: entries/<key>.json, outputs/<name>/")
     for sub in (qual, swp, search_cmd, cal, bat):
         sub.add_argument(
             "--ray",
@@ -240,10 +250,10 @@ def _generate(args: argparse.Namespace) -> int:
     from workbench import Request, Session, distributed
     from workbench.accelerations.attention.attention_policy import model_key
     from workbench.accelerations.memory.ring import AS_STORED, FP8
-    from workbench.io import check_writable
+    from workbench.io import check_stem, check_targets, check_writable
     from workbench.media import verify_mp4
-    from workbench.memory_plan import MemoryBudget, parse_bytes
-    from workbench.profiles import profile_plan, within_budget
+    from workbench.memory_plan import MemoryBudget
+    from workbench.profiles import calibration_record, profile_plan, within_budget
 
     fields = ("frames", "height", "width", "steps", "guidance", "fps")
     request = Request(
@@ -261,15 +271,18 @@ def _generate(args: argparse.Namespace) -> int:
     memory = (
         None
         if args.memory is None
-        else MemoryBudget(parse_bytes(args.memory, "--memory"), request=request, ring_transfer=transfer)
+        else MemoryBudget.of(MemoryBudget(_memory_arg(args.memory), request=request, ring_transfer=transfer))
     )
     check_writable(args.out, "--out")
+    check_targets(args.out, [f"{check_stem(args.name, '--name')}.{ext}" for ext in ("mp4", "json", "html")], "--out")
     if (args.profile == "within-budget") != (args.calibration is not None):
         raise ValueError("--calibration: a calibrate record goes with --profile within-budget, and only with it")
+    if args.calibration is not None:
+        calibration_record(args.calibration, "--calibration")  # its form; where it holds is checked once loaded
     if args.parallel_decode:  # a bad combination is refused before any process starts
         distributed.cli_accelerations(args.gpus, parallel_decode=True)
     if args.gpus != 1 or distributed.is_worker():  # see workbench.distributed
-        distributed.check_gpus(args.gpus, args.device)
+        distributed.check_cli_relayout(args.gpus, distributed.check_gpus(args.gpus, args.device))
         if not distributed.is_worker():
             return distributed.launch(args.gpus, "workbench.cli", args.argv).returncode
         device = str(distributed.init_worker(args.device))
@@ -396,7 +409,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from workbench import Session
     from workbench.evidence import calibrate as calibration
     from workbench.evidence.manifest import load_manifest
-    from workbench.evidence.resume import PARTIAL, partial_path
+    from workbench.evidence.resume import PARTIAL, partial_path, read_partial
     from workbench.io import check_writable
     from workbench.profiles import profile
     from workbench.quality import Budget
@@ -424,6 +437,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-seconds: {args.max_seconds!r}; allowed: seconds >= 0")
     if args.resume is not None and not partial_path(args.resume).exists():
         raise ValueError(f"--resume: {args.resume} holds no partial calibration record ({PARTIAL})")
+    if args.resume is not None:
+        read_partial(partial_path(args.resume))  # its form, before loading; which run made it is checked once loaded
     if args.resume is None and args.ray is None and partial_path(args.out).exists():
         raise ValueError(
             f"--out: {args.out} holds a partial calibration record ({PARTIAL}); continue it with --resume "
@@ -621,6 +636,26 @@ def _adapter_arg(text: str) -> Any:
     if unknown or "path" not in fields:
         raise ValueError(f"--adapter: fields {sorted(fields)}; allowed: path (required), scale, target, name")
     return Adapter(**fields)
+
+
+def _memory_arg(text: str) -> int | str:
+    """--memory's cap: a card's name as given, else an amount in bytes; ValueError naming --memory and both forms."""
+    from workbench.cards import CARDS, is_card
+    from workbench.memory_plan import parse_bytes
+
+    if is_card(text):
+        return text
+    try:
+        return parse_bytes(text, "--memory")
+    except ValueError as error:
+        raise ValueError(f"{error}, or a card's name ({', '.join(CARDS)})") from None
+
+
+def _directory(text: str) -> Path:
+    """An output folder argument: refused when empty (Path("") would be the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path; give a directory")
+    return Path(text)
 
 
 def _json_arg(name: str, text: str) -> dict:

@@ -100,6 +100,19 @@ def check_gpus(gpus: int, device: str) -> str:
     return kind
 
 
+def check_cli_relayout(gpus: int, kind: str) -> None:
+    """Refuse, before any process starts, a `workbench generate --gpus N` on the CPU whose workers (this process's
+    environment) could not run `cli_accelerations`' direct relayouts: they need the Triton interpreter there."""
+    from workbench.kernels import relayout
+    from workbench.kernels._runtime import interpreting
+
+    if kind == "cpu" and gpus > 1 and relayout.direct_relayout_enabled() and not interpreting():
+        raise ValueError(
+            f"gpus={gpus} on cpu: the context-parallel relayout kernels need the Triton interpreter there; set "
+            f"TRITON_INTERPRET=1 (or {relayout.ENV_VAR}=0 for the torch references), or run on GPUs"
+        )
+
+
 def torchrun_command(nproc: int, module: str, args: list[str]) -> list[str]:
     """`python -m torch.distributed.run --standalone --nproc-per-node N -m module args...` (a free port each time)."""
     return [

@@ -30,7 +30,7 @@ import numbers
 import os
 import secrets
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -56,8 +56,8 @@ def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Pa
     After this returns, or after any kill followed by `recover_sets(directory)` (which every `write_set`
     runs first), `directory` holds either all of the previous versions of these files or all of the new
     ones, and no staging folders or temporary files. `directory` is created if missing. Names must be plain
-    file names (no folder part, not hidden, not `.`/`..`); a bad name is a ValueError before anything is
-    written.
+    file names (no folder part, not hidden, not `.`/`..`), and a name whose path exists must be a regular file
+    (not a folder or a link): either is a ValueError before anything is written.
     """
     if not files:
         raise ValueError("files: at least one file is required")
@@ -67,6 +67,7 @@ def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Pa
         if not isinstance(data, bytes | bytearray | memoryview):
             raise ValueError(f"files[{name!r}]: expected bytes, got {type(data).__name__}")
     directory = Path(directory)
+    check_targets(directory, files)
     directory.mkdir(parents=True, exist_ok=True)
     recover_sets(directory)
     key = hashlib.sha256("\0".join(sorted(files)).encode()).hexdigest()[:12]
@@ -89,6 +90,23 @@ def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Pa
     _fsync_directory(directory)
     _publish(commit)
     return {name: directory / name for name in files}
+
+
+def check_targets(directory: str | Path, names: Iterable[str], field: str = "files") -> None:
+    """ValueError naming `field` when one of `names` in `directory` exists as something other than a regular file
+    (a folder, a link): publishing a set onto it would fail after the set's commit point."""
+    for name in names:
+        target = Path(directory) / name
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            raise ValueError(f"{field}: {target} exists and is not a regular file; remove it or write elsewhere")
+
+
+def check_stem(name: object, field: str = "name") -> str:
+    """`name` if it is a plain file stem (a non-empty str, no folder part, not hidden); else ValueError naming
+    `field`."""
+    if not isinstance(name, str) or not name.strip() or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"{field}: must be a plain file stem (no folder part, not hidden), got {name!r}")
+    return name
 
 
 def check_writable(directory: str | Path, field: str = "out") -> Path:

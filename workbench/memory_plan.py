@@ -64,7 +64,8 @@ from workbench.accelerations.memory.ring import (
 )
 from workbench.cards import CARDS, card, is_card
 from workbench.memory_estimate import estimate_activation
-from workbench.request import shown
+from workbench.request import Request, shown
+from workbench.telemetry import STAGES
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
@@ -116,7 +117,11 @@ class MemoryBudget:
         if not isinstance(budget.activation, dict):
             raise ValueError(f"memory.activation: expected a dict of stage -> bytes, got {shown(budget.activation)}")
         for stage, amount in budget.activation.items():
+            if stage not in STAGES:
+                raise ValueError(f"memory.activation: unknown stage {shown(stage)}; allowed: {', '.join(STAGES)}")
             parse_bytes(amount, f"memory.activation[{stage!r}]")
+        if budget.request is not None and not isinstance(budget.request, Request):
+            raise ValueError(f"memory.request: expected a workbench.Request or None, got {shown(budget.request)}")
         if isinstance(budget.headroom, bool) or not isinstance(budget.headroom, int | float):
             raise ValueError(f"memory.headroom: {shown(budget.headroom)}; allowed: a number in [0, 0.9]")
         if not 0 <= budget.headroom <= 0.9:

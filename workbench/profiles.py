@@ -57,6 +57,41 @@ def profile(name: str, family: str, device: str | torch.device, model: Any = Non
     return profile_plan(name, family, device, model)[0]
 
 
+def calibration_record(record: str | Path | dict[str, Any], field: str = "record") -> dict[str, Any]:
+    """The calibration or stack record at `record` (a path, or the loaded dict), checked for what `within_budget`
+    reads: a confirmed status, the setting (config for a stack) as plugin -> options, and the scope's model, device
+    and request. ValueError naming `field` and what is wrong or missing; nothing else is checked here."""
+    if isinstance(record, dict):
+        data: Any = record
+    else:
+        try:
+            data = json.loads(Path(record).read_text())
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{field}: {str(record)!r} is not a readable JSON file ({error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{field}: expected a JSON object (a calibrate record), got {type(data).__name__}")
+    kind = data.get("kind")
+    if kind not in ("calibration", "stack"):
+        raise ValueError(f"{field}: kind {kind!r}; allowed: a 'calibration' or 'stack' record (workbench calibrate)")
+    if data.get("status") not in CONFIRMED:
+        raise ValueError(f"{field}: status {data.get('status')!r} ({data.get('reason')}); allowed: {list(CONFIRMED)}")
+    name = "setting" if kind == "calibration" else "config"
+    config = data.get(name)
+    if not isinstance(config, dict) or not all(isinstance(o, dict) for o in config.values()):
+        raise ValueError(f"{field}: {name!r} must be an object of plugin -> options, got {config!r}")
+    scope = data.get("scope")
+    device = scope.get("device") if isinstance(scope, dict) else None
+    if not (
+        isinstance(scope, dict)
+        and isinstance(scope.get("model"), str)
+        and isinstance(device, dict)
+        and {"name", "type"} <= set(device)
+        and isinstance(scope.get("request"), dict)
+    ):
+        raise ValueError(f"{field}: 'scope' must hold 'model', 'device' (name, type) and 'request', got {scope!r}")
+    return data
+
+
 def within_budget(
     record: str | Path | dict[str, Any],
     model: str,
@@ -73,13 +108,8 @@ def within_budget(
     ("bfloat16", ...). ValueError naming what differs otherwise."""
     from workbench import environment
 
-    data = json.loads(Path(record).read_text()) if not isinstance(record, dict) else record
-    kind = data.get("kind")
-    if kind not in ("calibration", "stack"):
-        raise ValueError(f"record: kind {kind!r}; allowed: a 'calibration' or 'stack' record (workbench calibrate)")
-    if data.get("status") not in CONFIRMED:
-        raise ValueError(f"record: status {data.get('status')!r} ({data.get('reason')}); allowed: {list(CONFIRMED)}")
-    config = data["setting"] if kind == "calibration" else data["config"]
+    data = calibration_record(record)
+    config = data["setting"] if data["kind"] == "calibration" else data["config"]
     scope = data["scope"]
     measured = {"model": scope["model"], "device": scope["device"]["name"], "type": scope["device"]["type"]}
     here = environment.device_info(torch.device(device))

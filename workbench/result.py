@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.io import json_bytes, write_set
+from workbench.io import check_stem, json_bytes, write_set
 from workbench.media import encode_mp4
 from workbench.telemetry import Event
 
@@ -89,8 +89,7 @@ class Result:
         """Write `<name>.mp4`, `<name>.json` (strict JSON) and `<name>.html` into `directory` as one set
         (`workbench.io.write_set`): the folder holds the complete previous set or the complete new one, never
         a mix, even when the process is killed part-way. Returns the MP4 path."""
-        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
-            raise ValueError(f"name: must be a plain file stem, got {name!r}")
+        check_stem(name)
         request = self.metadata.get("request", {})
         title = " · ".join(str(x) for x in (request.get("prompt"), self.metadata.get("model")) if x) or name
         page = (

@@ -11,7 +11,7 @@ import pytest
 from workbench import Request, Session
 from workbench.cli import main
 from workbench.evidence.calibrate import calibrate, stack
-from workbench.evidence.resume import PARTIAL, Journal, Partial
+from workbench.evidence.resume import PARTIAL, Journal, Partial, read_partial
 from workbench.quality import Budget
 
 SIZE = {"frames": 5, "height": 16, "width": 16, "steps": 6, "guidance": 1.0}
@@ -77,6 +77,15 @@ def test_resume_refuses_other_arguments_other_references_and_a_bad_time_budget(t
     first.path.write_text(json.dumps(record))
     with pytest.raises(RuntimeError, match="dense output of calibration seed 7 differs"):
         calibrate(tiny, CALIBRATION, None, "teacache", BUDGET, **kwargs)
+    for field, value, message in [
+        ("run", None, "'run' must be an object"),
+        ("steps", "oops", "'steps' must be a list"),
+        ("steps", [{"x": 1}], r"steps\[0\] must be an object with 'kind', 'key' and 'value'"),
+    ]:  # a hand-edited or damaged record: its form is refused by name, before anything runs
+        first.path.write_text(json.dumps(record | {field: value}))
+        with pytest.raises(ValueError, match=f"resume: {tmp_path / PARTIAL}: {message}"):
+            read_partial(first.path)
+    first.path.write_text(json.dumps(record))
     with pytest.raises(ValueError, match="max_seconds: needs resume="):
         calibrate(tiny, CALIBRATION, None, "teacache", BUDGET, max_seconds=10)
     with pytest.raises(ValueError, match="max_seconds: -1"):

@@ -76,6 +76,24 @@ def partial_path(folder: str | Path) -> Path:
     return Path(folder) / PARTIAL
 
 
+def read_partial(path: str | Path) -> dict[str, Any]:
+    """The partial record at `path`, checked for the form a `Journal` replays: `run` an object, `references` a list or
+    null, `steps` a list of objects with `kind`, `key` and `value`. ValueError naming the path and the field."""
+    record = read_record(path)
+    where = f"resume: {path}"
+    if not isinstance(record.get("run"), dict):
+        raise ValueError(f"{where}: 'run' must be an object (the run's arguments), got {record.get('run')!r}")
+    if not isinstance(record.get("references", []), list | None):
+        raise ValueError(f"{where}: 'references' must be a list or null, got {record['references']!r}")
+    steps = record.get("steps")
+    if not isinstance(steps, list):
+        raise ValueError(f"{where}: 'steps' must be a list, got {steps!r}")
+    for number, step in enumerate(steps):
+        if not isinstance(step, dict) or not {"kind", "key", "value"} <= set(step):
+            raise ValueError(f"{where}: steps[{number}] must be an object with 'kind', 'key' and 'value', got {step!r}")
+    return record
+
+
 class Journal:
     """The steps of one calibration run, replayed from the partial record in `folder` and extended there (`folder`
     None: kept in memory only, nothing written, no time limit). `run` identifies the run (its arguments: JSON);
@@ -99,14 +117,14 @@ class Journal:
         self.session = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
         self.start, self.cursor, self.new, self.longest = time.perf_counter(), 0, 0, {}
         if self.path is not None and self.path.exists():
-            record = read_record(self.path)
+            record = read_partial(self.path)
             if record.get("kind") != kind or record.get("status") != "partial":
                 raise ValueError(f"resume: {self.path} is a {record.get('kind')!r} record, not a partial {kind!r} one")
             differ = sorted(k for k in {*self.run, *record["run"]} if self.run.get(k) != record["run"].get(k))
             if differ:
                 shown = "; ".join(f"{k}: {record['run'].get(k)!r} recorded, {self.run.get(k)!r} now" for k in differ)
                 raise ValueError(f"resume: {self.path} was made by another run ({shown})")
-            self.steps, self.references = record["steps"], record["references"]
+            self.steps, self.references = record["steps"], record.get("references")
 
     def check_references(self, references: list[Result], seeds: list[int]) -> None:
         """Store the dense references' digests, or check them against the stored ones (RuntimeError if any
