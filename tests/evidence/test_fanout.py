@@ -220,3 +220,19 @@ def test_cli_ray_options_bad_input_exits_2(tmp_path, capsys, argv, message):
     suite = [] if argv[0] == "batch" else ["--suite", "data_manifests/tiny-smoke.json"]
     assert main([*argv, "--model", "tiny-wan", *suite, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_read_requests_names_the_entry_and_the_field(tmp_path):
+    """A batch file is checked whole before Ray starts: each problem names the entry and its field."""
+    path = tmp_path / "requests.json"
+    with pytest.raises(ValueError, match=r"requests: .* is not readable"):
+        fanout_jobs.read_requests(path)
+    cases = {
+        '[{"prompt": "p", "frames": "9"}]': r"requests\[0\]: frames: must be an integer",
+        '[{"prompt": "p", "name": "../x"}]': r"requests\[0\]\.name: must be a plain file stem",
+        '[{"prompt": "p", "name": "a"}, {"prompt": "q", "name": "a"}]': r"requests\[1\]\.name: 'a' is taken",
+    }
+    for text, message in cases.items():
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            fanout_jobs.read_requests(path)

@@ -45,9 +45,10 @@ def test_configured_but_never_executed_plugin_is_not_executed(session):
     assert record["verdict"] == "not_executed" and "['easycache'] did no work" in record["cases"][0]["reason"]
 
 
-def test_too_few_rounds_refused(session):
-    with pytest.raises(ValueError, match="rounds: 2; at least 3"):
-        qualify(session, [REQUEST], {}, {"cross_kv_cache": {}}, rounds=2, progress=False)
+def test_too_few_or_too_many_rounds_refused(session):
+    for rounds in (2, 101, True):
+        with pytest.raises(ValueError, match=rf"rounds: {rounds}; allowed: an int of interleaved rounds in \[3, 100\]"):
+            qualify(session, [REQUEST], {}, {"cross_kv_cache": {}}, rounds=rounds, progress=False)
 
 
 def test_cli_qualify_writes_record_and_offline_report(tmp_path, capsys):

@@ -95,3 +95,8 @@ def test_budget_describe_names_each_set_limit_with_its_direction_and_unit():
     assert Budget().describe() == "latent_rel_l2 <= 0.03, psnr_db >= 33 dB, min_ssim >= 0.98"
     assert "rms_ratio_error <= 0.1" in Budget().with_audio().describe()
     assert Budget(None, None, None).describe() == "no limits"
+
+
+def test_budget_from_dict_refuses_what_is_not_an_object():
+    with pytest.raises(ValueError, match="budget: expected an object of limit -> value, got str"):
+        Budget.from_dict("x")

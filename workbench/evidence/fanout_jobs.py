@@ -141,12 +141,15 @@ def read_requests(path: str | Path) -> list[tuple[str, Request]]:
     fields}), or a suite manifest (`data_manifests/*.json`: its test cases). Names default to `request-0000`...
     ValueError naming the entry for anything else."""
     from workbench.evidence.manifest import load_manifest
+    from workbench.io import check_stem
 
     path = Path(path)
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"requests: {path} is not valid JSON ({error})") from error
+    except OSError as error:
+        raise ValueError(f"requests: {path} is not readable ({error.strerror or error})") from error
     if isinstance(data, dict) and "test" in data:
         suite = load_manifest(path, allow_other_model=True)
         return [(f"request-{i:04d}", case.to_request()) for i, case in enumerate(suite.test)]
@@ -157,10 +160,12 @@ def read_requests(path: str | Path) -> list[tuple[str, Request]]:
         if not isinstance(item, dict):
             raise ValueError(f"requests[{i}]: expected an object, got {type(item).__name__}")
         fields = dict(item)
-        name = fields.pop("name", f"request-{i:04d}")
+        name = check_stem(fields.pop("name", f"request-{i:04d}"), f"requests[{i}].name")
+        if name in (taken for taken, _ in out):
+            raise ValueError(f"requests[{i}].name: {name!r} is taken by an earlier request; names must be unique")
         try:
             out.append((name, Request(**fields)))
-        except TypeError as error:
+        except (TypeError, ValueError) as error:
             raise ValueError(f"requests[{i}]: {error}") from error
     return out
 

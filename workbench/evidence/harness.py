@@ -26,6 +26,7 @@ from workbench.result import Result
 from workbench.session import Session
 
 MIN_ROUNDS = 3
+MAX_ROUNDS = 100  # each round is two whole requests per case: more is a typo, not a measurement plan
 # The weakest case verdict is the suite's verdict.
 SUITE_ORDER = ("not_executed", "rejected_quality", "measured_quality_tradeoff", "no_speed_claim", "qualified")
 
@@ -33,6 +34,13 @@ SUITE_ORDER = ("not_executed", "rejected_quality", "measured_quality_tradeoff", 
 def default_budget(session: Session) -> Budget:
     """`quality.budget.default_for` the session's model: the audio limits too when it makes sound."""
     return default_for(session.model.family.has_audio)
+
+
+def check_rounds(rounds: object) -> int:
+    """`rounds` if it is an int of interleaved A/B/A rounds in [MIN_ROUNDS, MAX_ROUNDS]; else ValueError naming it."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not MIN_ROUNDS <= rounds <= MAX_ROUNDS:
+        raise ValueError(f"rounds: {rounds!r}; allowed: an int of interleaved rounds in [{MIN_ROUNDS}, {MAX_ROUNDS}]")
+    return rounds
 
 
 def qualify(
@@ -46,8 +54,7 @@ def qualify(
 ) -> tuple[dict[str, Any], list[tuple[Result, Result]]]:
     """Qualify `candidate` against `baseline` on `requests` under `budget` (default: `default_budget(session)`);
     returns the record and each case's pilots."""
-    if not isinstance(rounds, int) or rounds < MIN_ROUNDS:
-        raise ValueError(f"rounds: {rounds!r}; at least {MIN_ROUNDS} interleaved rounds are required")
+    check_rounds(rounds)
     if not requests:
         raise ValueError("requests: at least one request is required")
     budget = budget or default_budget(session)

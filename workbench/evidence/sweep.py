@@ -27,7 +27,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from workbench.accelerations import REGISTRY, install
-from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, default_budget, qualify
+from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, check_rounds, default_budget, qualify
 from workbench.evidence.records import record_bytes
 from workbench.evidence.report import _table
 from workbench.io import write_set
@@ -490,8 +490,7 @@ def check_candidates(candidates: list[dict[str, Any]]) -> None:
 def validate(session: Session, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
     """Refuse, before any run, too few rounds, no requests, or a configuration `session` cannot install
     (ValueError naming it; RuntimeError when this device cannot run it)."""
-    if not isinstance(rounds, int) or rounds < MIN_ROUNDS:
-        raise ValueError(f"rounds: {rounds!r}; at least {MIN_ROUNDS} interleaved rounds are required")
+    check_rounds(rounds)
     if not requests:
         raise ValueError("requests: at least one request is required")
     for config in configs:

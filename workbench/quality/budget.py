@@ -89,6 +89,8 @@ class Budget:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Budget:
         """Build from a dict such as `to_dict` wrote; an unknown key is a ValueError naming it."""
+        if not isinstance(data, dict):
+            raise ValueError(f"budget: expected an object of limit -> value, got {type(data).__name__}")
         unknown = sorted(set(data) - set(_LIMITS))
         if unknown:
             raise ValueError(f"budget: unknown field(s) {unknown}; allowed: {list(_LIMITS)}")
