@@ -92,6 +92,12 @@ def test_unknown_profile_or_family_raises(name, family, message):
         profile(name, family, "cpu")
 
 
+@pytest.mark.parametrize("device", ["tpu", None, 3.5])
+def test_a_device_torch_cannot_name_is_refused_by_field(device):
+    with pytest.raises(ValueError, match=r"device: .*; allowed: 'cpu', 'cuda' or 'cuda:N'"):
+        profile("exact-fast", "wan", device)
+
+
 @pytest.mark.parametrize("interpret", [False, True])
 def test_exact_fast_on_tiny_wan_cpu_equals_stock(monkeypatch, interpret):
     if interpret:

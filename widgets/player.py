@@ -321,6 +321,8 @@ def _data_uri(mp4: bytes) -> str:
 
 def _check_comparable(a: Result, b: Result, labels: tuple[str, str]) -> None:
     for label, result in zip(labels, (a, b), strict=True):
+        if not isinstance(result, Result):
+            raise ValueError(f"{label}: expected a workbench.Result, got {type(result).__name__}")
         frames = result.frames
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] == 0:
             raise ValueError(

@@ -161,7 +161,10 @@ def profile_plan(
     """(`profile(name, family, device, model)`, {plugin the profile lists but leaves out here: why}). Given the loaded
     `model`, a plugin whose `Spec.model_problem` names a reason is left out too (fused_vae_decode on a VAE it does not
     cover)."""
-    kind = torch.device(device).type
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: {device!r}; allowed: 'cpu', 'cuda' or 'cuda:N' (or a torch.device)") from None
 
     def why_not(spec: Any) -> str | None:
         if kind not in spec.devices:

@@ -141,6 +141,11 @@ def test_mismatched_results_raise_naming_what_differs(make_result, b_kwargs, mat
         ABPlayer(make_result(), make_result(**b_kwargs))
 
 
+def test_what_is_not_a_result_is_refused_by_label(make_result):
+    with pytest.raises(ValueError, match="B: expected a workbench.Result, got NoneType"):
+        ABPlayer(make_result(), None)
+
+
 def test_a_failure_while_browsing_shows_in_the_widget(make_result):
     a = make_result()
     player = ABPlayer(a, a)
