@@ -69,6 +69,11 @@ def test_adapter_target_the_model_lacks_raises_and_changes_nothing(tmp_path):
     with pytest.raises(ValueError, match=r"adapter.target: 'transformer_2' needs \['transformer_2'\]"):
         session.load_adapters([Adapter(path, target="transformer_2")])
     assert fingerprint(transformer) == before
+    other = tmp_path / "other.safetensors"  # a safetensors file with no LoRA weights: diffusers' words, named
+    save_file({"some.weight": torch.ones(2)}, str(other))
+    with pytest.raises(ValueError, match=r"adapters: 'other' \(.*other.safetensors\) into transformer: "):
+        session.load_adapters([Adapter(other)])
+    assert fingerprint(transformer) == before
 
 
 def test_adapters_fuse_per_expert_match_diffusers_lora_and_unfuse_bitwise(tmp_path):

@@ -209,13 +209,16 @@ def _load(pipe: Any, adapters: list[Adapter], targets: dict[str, list[str]]) -> 
     """Each adapter into each of its experts through the pipeline's diffusers LoRA loader, from its local file."""
     for adapter in adapters:
         for expert in targets[adapter.name]:
-            pipe.load_lora_weights(
-                str(adapter.path.parent),
-                weight_name=adapter.path.name,
-                adapter_name=adapter.name,
-                local_files_only=True,
-                **({"load_into_transformer_2": True} if expert == "transformer_2" else {}),
-            )
+            try:
+                pipe.load_lora_weights(
+                    str(adapter.path.parent),
+                    weight_name=adapter.path.name,
+                    adapter_name=adapter.name,
+                    local_files_only=True,
+                    **({"load_into_transformer_2": True} if expert == "transformer_2" else {}),
+                )
+            except ValueError as error:  # diffusers' own words (not a LoRA file, keys it cannot map), with the adapter
+                raise ValueError(f"adapters: {adapter.name!r} ({adapter.path}) into {expert}: {error}") from error
 
 
 @contextlib.contextmanager
