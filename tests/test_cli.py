@@ -64,6 +64,10 @@ def test_cli_generate_with_profile_and_accelerations(tmp_path, capsys, monkeypat
     assert "fused_block_norms left out (Triton kernels on a CPU need TRITON_INTERPRET=1)" in err
     receipts = json.loads((out / "result.json").read_text())["receipts"]
     assert {"adaln_precompute", "cross_kv_cache", "pyramid_attention_broadcast"} <= set(receipts)
+    # a cache asked for by name that cannot reuse a step at 2 steps (2 warm-up + 1 final dense) is named as idle
+    cache = ["--accelerate", '{"easycache": {"threshold": 0.1}}', "--name", "cached"]
+    assert main([*args[:-2], *cache, "--out", str(out)]) == 0
+    assert "warning: easycache did no work at this request (receipt executed=false)" in capsys.readouterr().err
 
 
 def test_cli_generate_bad_accelerations_write_nothing(tmp_path, capsys):

@@ -315,6 +315,9 @@ def _generate(args: argparse.Namespace) -> int:
     result = session.generate(request, progress=distributed.rank() == 0)
     if distributed.rank() != 0:  # one request over the group: rank 0 writes it
         return 0
+    for plugin in extra:  # asked for by name: say so when it did nothing at this request (its receipt shows why)
+        if not result.receipts.get(plugin, {}).get("executed", True):
+            print(f"warning: {plugin} did no work at this request (receipt executed=false)", file=sys.stderr)
     mp4 = result.save(args.out, args.name)
     report = verify_mp4(mp4, result.frames.shape[0], result.audio_seconds)
     timings = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in result.timings.items())
