@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import ipywidgets
+import traitlets
 
 from workbench import Request, Result, Session
 from workbench.memory_plan import gib
@@ -184,13 +185,17 @@ class Dashboard(ipywidgets.VBox):
         unknown = sorted(set(sizes) - set(_FIELDS))
         if unknown:
             raise ValueError(f"request form: unknown field(s) {unknown}; allowed: {list(_FIELDS)}")
-        if prompt is not None:
-            self.prompt.value = prompt
-        if seed is not None:
-            self.seed.value = seed
-        for name, value in sizes.items():
-            if value is not None:
-                self.fields[name].value = value
+        given = {"prompt": (self.prompt, prompt), "seed": (self.seed, seed)}
+        given |= {name: (self.fields[name], value) for name, value in sizes.items()}
+        for name, (widget, value) in given.items():
+            if value is None:
+                continue
+            try:
+                widget.value = value
+            except traitlets.TraitError:
+                kind = type(widget.value).__name__
+                article = "an" if kind[0] in "aeiou" else "a"
+                raise ValueError(f"request form: {name}: {value!r}; allowed: {article} {kind}") from None
 
     def generate(self) -> Result | None:
         """Run the form's request on the session (LiveStagePlot attached) and update the A/B area.

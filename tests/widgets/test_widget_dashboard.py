@@ -57,6 +57,8 @@ def test_dashboard_bad_request_shows_error_not_traceback(wan):
         dash.set_request(prompt="  ")
         assert dash.generate() is None and "prompt" in dash.errors.value
         assert dash.results == []
+        with pytest.raises(ValueError, match="request form: frames: 'abc'; allowed: an int"):
+            dash.set_request(frames="abc")  # what code (not the form) may hand it
     finally:
         dash.live.detach()
 
