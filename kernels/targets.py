@@ -1,4 +1,4 @@
-"""The GPUs the kernels are built for, and ahead-of-time compiles for each of them without a GPU (issue 28).
+"""The GPUs the kernels are built for, and ahead-of-time compiles for each of them without a GPU.
 
 `TARGETS`: the compute capabilities the project supports, with what the kernels must respect there: shared memory a
 block may use (the opt-in maximum), and whether the tensor cores take FP8 (e4m3). The seeds' cards are sm_86

@@ -1,4 +1,4 @@
-"""LoRA adapters fused into a session's denoiser weights through diffusers' own loader (issue 24).
+"""LoRA adapters fused into a session's denoiser weights through diffusers' own loader.
 
 `Session.open(..., adapters=[Adapter(...)])` and `session.load_adapters([...])` take `Adapter` specs. Loading goes
 through the pipeline's `load_lora_weights` (diffusers converts the known LoRA formats; for Wan2.2 with

@@ -1,4 +1,4 @@
-"""The GPUs people run these models on, by name: memory and compute capability (issue 28's small-card presets).
+"""The GPUs people run these models on, by name (the small-card presets): memory and compute capability.
 
 `Session.open(model, memory="rtx4090-48gb")` plans under that card's memory (`workbench.memory_plan`), and
 `profiles.card_plan("exact-fast", family, "rtx4090-48gb")` says what the profile installs on its compute capability.

@@ -1,4 +1,4 @@
-"""Calibration: a quality budget turned into a setting (issue 22; seed 004 "Combination search").
+"""Calibration: a quality budget turned into a setting (seed 004 "Combination search").
 
 `calibrate` searches one approximate plugin's knob (`Spec.knob`: an option from `low`, the closest to dense, to
 `high`, the most aggressive value ever tried) on the calibration requests. Each tried value runs every calibration

@@ -1,4 +1,4 @@
-"""Cells fanned out over Ray workers into one record store (issue 26; the `ray` extra).
+"""Cells fanned out over Ray workers into one record store (the `ray` extra).
 
 A *cell* is one unit of work that one worker runs start to finish in its own process: one request's A/B/A
 qualification of one configuration, one calibration search, one generated request (`workbench.evidence.fanout_jobs`

@@ -1,4 +1,4 @@
-"""Option sweeps and fixed-candidate search over `qualify` (seed 004 "Combination search", issue 4 item 7).
+"""Option sweeps and fixed-candidate search over `qualify` (seed 004 "Combination search").
 
 `sweep` qualifies one plugin at each value of one option (a cache threshold, say) and summarises every
 value in one row: worst verdict, smallest speed-up, worst quality over the requests. Quality of a lossy

@@ -98,7 +98,7 @@ TAU_HELP = "exact where a block's score > mean + tau*std; higher: sparser"
 
 @dataclass(frozen=True)
 class SparseAttentionConfig:
-    """The options every sparse-attention plugin takes (issue 7): tau, sink_tokens, dense steps/blocks, prefix.
+    """The options every sparse-attention plugin takes: tau, sink_tokens, dense steps/blocks, prefix.
     Each plugin subclasses it with its own `tau` default (and its own options after these)."""
 
     tau: float = option(0.0, help=TAU_HELP)
