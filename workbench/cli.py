@@ -247,12 +247,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from workbench import Request, Session, distributed
+    from workbench import Request, Result, Session, distributed
     from workbench.accelerations.attention.attention_policy import model_key
     from workbench.accelerations.memory.ring import AS_STORED, FP8
-    from workbench.io import check_stem, check_targets, check_writable
+    from workbench.io import check_targets, check_writable
     from workbench.media import verify_mp4
-    from workbench.memory_plan import MemoryBudget
+    from workbench.memory_plan import MemoryBudget, parse_cap
     from workbench.profiles import calibration_record, profile_plan, within_budget
 
     fields = ("frames", "height", "width", "steps", "guidance", "fps")
@@ -268,13 +268,11 @@ def _generate(args: argparse.Namespace) -> int:
     if args.fp8_ring and args.memory is None:
         raise ValueError("--fp8-ring: FP8 transfers are how a memory cap's ring moves blocks; give --memory too")
     transfer = FP8 if args.fp8_ring else AS_STORED
-    memory = (
-        None
-        if args.memory is None
-        else MemoryBudget.of(MemoryBudget(_memory_arg(args.memory), request=request, ring_transfer=transfer))
-    )
+    memory = None if args.memory is None else MemoryBudget(args.memory, request=request, ring_transfer=transfer)
+    if args.memory is not None:
+        parse_cap(args.memory, "--memory")  # refused here, before loading, under the flag's name
     check_writable(args.out, "--out")
-    check_targets(args.out, [f"{check_stem(args.name, '--name')}.{ext}" for ext in ("mp4", "json", "html")], "--out")
+    check_targets(args.out, Result.saved_names(args.name, "--name"), "--out")
     if (args.profile == "within-budget") != (args.calibration is not None):
         raise ValueError("--calibration: a calibrate record goes with --profile within-budget, and only with it")
     if args.calibration is not None:
@@ -639,19 +637,6 @@ def _adapter_arg(text: str) -> Any:
     if unknown or "path" not in fields:
         raise ValueError(f"--adapter: fields {sorted(fields)}; allowed: path (required), scale, target, name")
     return Adapter(**fields)
-
-
-def _memory_arg(text: str) -> int | str:
-    """--memory's cap: a card's name as given, else an amount in bytes; ValueError naming --memory and both forms."""
-    from workbench.cards import CARDS, is_card
-    from workbench.memory_plan import parse_bytes
-
-    if is_card(text):
-        return text
-    try:
-        return parse_bytes(text, "--memory")
-    except ValueError as error:
-        raise ValueError(f"{error}, or a card's name ({', '.join(CARDS)})") from None
 
 
 def _directory(text: str) -> Path:

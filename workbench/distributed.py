@@ -103,13 +103,13 @@ def check_gpus(gpus: int, device: str) -> str:
 def check_cli_relayout(gpus: int, kind: str) -> None:
     """Refuse, before any process starts, a `workbench generate --gpus N` on the CPU whose workers (this process's
     environment) could not run `cli_accelerations`' direct relayouts: they need the Triton interpreter there."""
-    from workbench.kernels import relayout
-    from workbench.kernels._runtime import interpreting
+    from workbench.accelerations.parallel.context_parallel import direct_relayout_blocked
+    from workbench.kernels.relayout import ENV_VAR
 
-    if kind == "cpu" and gpus > 1 and relayout.direct_relayout_enabled() and not interpreting():
+    if gpus > 1 and direct_relayout_blocked(kind):
         raise ValueError(
             f"gpus={gpus} on cpu: the context-parallel relayout kernels need the Triton interpreter there; set "
-            f"TRITON_INTERPRET=1 (or {relayout.ENV_VAR}=0 for the torch references), or run on GPUs"
+            f"TRITON_INTERPRET=1 (or {ENV_VAR}=0 for the torch references), or run on GPUs"
         )
 
 

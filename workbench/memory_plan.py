@@ -74,11 +74,12 @@ DEFAULT_HEADROOM = 0.1
 TEXT = "text_encoder"  # the component whose decoder layers may stream (`Family.text_layers`)
 
 
-def parse_bytes(value: Any, name: str = "memory") -> int:
+def parse_bytes(value: Any, name: str = "memory", cards: bool = False) -> int:
     """`value` in bytes: an int, or a string such as "48GiB", "24GB", "1.5 GiB", "512MiB" (KB/MB/GB/TB are powers
-    of 10, KiB/MiB/GiB/TiB powers of 2, case-insensitive). ValueError naming `name` for anything else or <= 0."""
+    of 10, KiB/MiB/GiB/TiB powers of 2, case-insensitive). ValueError naming `name` for anything else or <= 0 (and,
+    with `cards`, listing the card names `parse_cap` also takes)."""
     allowed = "allowed: a positive int of bytes or a string such as '48GiB', '24GB', '512MiB'"
-    if name == "memory":
+    if cards:
         allowed += f", or a card's name ({', '.join(CARDS)})"
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
@@ -89,6 +90,11 @@ def parse_bytes(value: Any, name: str = "memory") -> int:
     if number <= 0:
         raise ValueError(f"{name}: {shown(value)} is not positive; {allowed}")
     return number
+
+
+def parse_cap(value: Any, name: str = "memory") -> int:
+    """A memory cap in bytes: what `parse_bytes` takes, or a card's name (`workbench.cards`: that card's memory)."""
+    return card(value).memory if is_card(value) else parse_bytes(value, name, cards=True)
 
 
 def gib(value: int) -> str:
@@ -135,7 +141,7 @@ class MemoryBudget:
     @property
     def cap_bytes(self) -> int:
         """The cap in bytes: bytes, an amount ("48GiB"), or a card's memory (`workbench.cards`: "rtx4090-48gb")."""
-        return card(self.cap).memory if is_card(self.cap) else parse_bytes(self.cap)
+        return parse_cap(self.cap)
 
 
 @dataclass(frozen=True)

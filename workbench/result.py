@@ -85,23 +85,26 @@ class Result:
             "events": [e.to_dict() for e in self.events],
         }
 
+    @staticmethod
+    def saved_names(name: str, field: str = "name") -> tuple[str, str, str]:
+        """The files `save(directory, name)` writes: `<name>.mp4`, `.json`, `.html` (ValueError naming `field` for a
+        name that is not a plain file stem)."""
+        check_stem(name, field)
+        return f"{name}.mp4", f"{name}.json", f"{name}.html"
+
     def save(self, directory: str | Path, name: str = "result") -> Path:
         """Write `<name>.mp4`, `<name>.json` (strict JSON) and `<name>.html` into `directory` as one set
         (`workbench.io.write_set`): the folder holds the complete previous set or the complete new one, never
         a mix, even when the process is killed part-way. Returns the MP4 path."""
-        check_stem(name)
+        mp4_name, json_name, html_name = self.saved_names(name)
         request = self.metadata.get("request", {})
         title = " · ".join(str(x) for x in (request.get("prompt"), self.metadata.get("model")) if x) or name
         page = (
             f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
             f"<body style='font-family:sans-serif'>{self._html(self.mp4_bytes(min_side=VISIBLE_SIDE))}</body></html>"
         )
-        files = {
-            f"{name}.mp4": self.mp4_bytes(),
-            f"{name}.json": json_bytes(self.summary()),
-            f"{name}.html": page.encode(),
-        }
-        return write_set(directory, files)[f"{name}.mp4"]
+        files = {mp4_name: self.mp4_bytes(), json_name: json_bytes(self.summary()), html_name: page.encode()}
+        return write_set(directory, files)[mp4_name]
 
     def _repr_html_(self) -> str:
         return self._html(self.mp4_bytes(min_side=VISIBLE_SIDE))

@@ -22,8 +22,9 @@ memory: RuntimeError naming both when it does not fit. The shape records the est
 residency's receipt, the bytes it pinned (`host_bytes`).
 
 Time: 16 transformer forwards with the streamed blocks' transfers hidden behind compute, plus the text encode, the
-decodes, the build and the pinning; sized to fit one device call. `--smoke`: tiny-h3 on the CPU at its defaults (124 frames of 32x64, 3 steps), planned at the smallest cap
-that fits (estimated activations; a CPU enforces nothing): the same code end to end.
+decodes, the build and the pinning; sized to fit one device call. `--smoke`: tiny-h3 on the CPU at its defaults (124
+frames of 32x64, 3 steps), planned at the smallest cap that fits (estimated activations; a CPU enforces nothing): the
+same code end to end.
 """
 
 from __future__ import annotations

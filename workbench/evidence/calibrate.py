@@ -719,14 +719,14 @@ def _searches(result: Calibration | Stack) -> list[tuple[Calibration, str]]:
     if isinstance(result, Calibration):
         return [(result, f"{result.plugin}.{result.knob.option}")]
     first = result.members[0].to_record() if result.members else None
+    shown = next((s for s in result.singles if s.to_record() == first), None)  # round 1's search, listed as a single
     searches = [
-        (s, f"{s.plugin}.{s.knob.option} alone" + (", added in round 1" if s.to_record() == first else ""))
-        for s in result.singles
+        (s, f"{s.plugin}.{s.knob.option} alone" + (", added in round 1" if s is shown else "")) for s in result.singles
     ]
     searches += [
         (m, f"{m.plugin}.{m.knob.option} on the stack, added in round {i}")
         for i, m in enumerate(result.members, 1)
-        if not (i == 1 and any(s.to_record() == first for s in result.singles))
+        if not (i == 1 and shown is not None)
     ]
     return searches
 

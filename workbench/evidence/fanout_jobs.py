@@ -155,19 +155,19 @@ def read_requests(path: str | Path) -> list[tuple[str, Request]]:
         return [(f"request-{i:04d}", case.to_request()) for i, case in enumerate(suite.test)]
     if not isinstance(data, list) or not data:
         raise ValueError(f"requests: {path} must hold a non-empty JSON list of requests or a suite manifest")
-    out = []
+    out: dict[str, Request] = {}
     for i, item in enumerate(data):
         if not isinstance(item, dict):
             raise ValueError(f"requests[{i}]: expected an object, got {type(item).__name__}")
         fields = dict(item)
         name = check_stem(fields.pop("name", f"request-{i:04d}"), f"requests[{i}].name")
-        if name in (taken for taken, _ in out):
+        if name in out:
             raise ValueError(f"requests[{i}].name: {name!r} is taken by an earlier request; names must be unique")
         try:
-            out.append((name, Request(**fields)))
+            out[name] = Request(**fields)
         except (TypeError, ValueError) as error:
             raise ValueError(f"requests[{i}]: {error}") from error
-    return out
+    return list(out.items())
 
 
 def merge(records: list[dict[str, Any]]) -> dict[str, Any]:

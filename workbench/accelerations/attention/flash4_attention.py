@@ -3,10 +3,10 @@
 
 Why: attention is the largest share of a Wan2.1-1.3B or MiniMax-H3 forward at video lengths, and FA4 ships a
 Hopper (sm_90) forward written in NVIDIA's CuTe DSL (warp-specialised, TMA, FA3's design) that is faster than
-diffusers' default there (SDPA picking cuDNN). `python -m benchmarks run fp8-attention` times it against cuDNN per call at
-Wan2.1-1.3B's 32,760 x 12 heads, `forward-wan` and `forward-h3` in a forward (docs/measurements.md). diffusers 0.42
-reaches FA4 only through its hub backend, which downloads code; this plugin calls the locally installed package
-instead.
+diffusers' default there (SDPA picking cuDNN). `python -m benchmarks run fp8-attention` times it against cuDNN
+per call at Wan2.1-1.3B's 32,760 x 12 heads, `forward-wan` and `forward-h3` in a forward (docs/measurements.md).
+diffusers 0.42 reaches FA4 only through its hub backend, which downloads code; this plugin calls the locally
+installed package instead.
 
 How: every denoiser module's processors are pinned to diffusers' `native` backend, and that backend's registry
 entry is replaced, for the plugin's lifetime, by a function that runs `flash_attn.cute.flash_attn_func` on the

@@ -386,6 +386,12 @@ class ContextParallelConfig:
     decode_overlap: int = option(4, minimum=1, help="latent rows each decode band overlaps the next (x8 pixels)")
 
 
+def direct_relayout_blocked(device_type: str) -> bool:
+    """Whether the direct relayout kernels, when switched on (`WORKBENCH_DIRECT_RELAYOUT`; a bad value is a ValueError
+    here), cannot run on `device_type`: a CPU without the Triton interpreter."""
+    return kernels.direct_relayout_enabled() and device_type == "cpu" and not interpreting()
+
+
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     _check_options(options)
     vae = None
@@ -393,8 +399,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
         vae = getattr(model.pipeline, "vae", None)
         check_vae(vae)
     # a bad WORKBENCH_DIRECT_RELAYOUT is a ValueError now, not mid-request
-    direct = options["relayout"] == "direct" and kernels.direct_relayout_enabled()
-    if direct and device.type == "cpu" and not interpreting():
+    if options["relayout"] == "direct" and direct_relayout_blocked(device.type):
         raise RuntimeError(
             "context_parallel.relayout='direct' on CPU needs the Triton interpreter: set TRITON_INTERPRET=1 "
             "before starting, or choose relayout='reference' or 'diffusers'"

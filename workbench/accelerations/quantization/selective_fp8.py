@@ -21,8 +21,9 @@ so a receipt with only fallbacks is not executed and the result stays exact.
 `path="fused"`: the same row-wise recipe without torchao's eager quantization, which makes several torch passes per
 activation (on a large forward it can cost what the FP8 GEMMs save). Each weight is quantized once at install by
 `kernels/fp8_rowwise.quantize_rows` (kept by the handle, not the module: the module's parameters are untouched);
-each call quantizes its activation rows in one kernel and runs `torch._scaled_mm` with both row scales (`fp8_linear`), through an instance-level forward on the
-Linear that uninstall deletes. Same hardware and layer rules; another plugin's forward on the Linear is refused.
+each call quantizes its activation rows in one kernel and runs `torch._scaled_mm` with both row scales
+(`fp8_linear`), through an instance-level forward on the Linear that uninstall deletes. Same hardware and layer
+rules; another plugin's forward on the Linear is refused.
 `python -m benchmarks run forward-h3` measures it on H3's six Linears per block (its block_sparse+norms+fp8 arm).
 
 torchao has no unquantize: each original weight Parameter is kept and put back on uninstall, along with
