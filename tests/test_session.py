@@ -217,6 +217,7 @@ def test_a_device_cap_is_lifted_by_its_last_holder_only(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, index: calls.append((f, index)))
     monkeypatch.setattr(residency, "_release_cached", lambda index: calls.append(("release", index)))
+    monkeypatch.setattr(residency, "_outside_allocator", lambda index: 6 << 30)  # e.g. the CUDA context
     monkeypatch.setattr(residency, "_CAPS", {})
     cuda7 = torch.device("cuda", 7)
 
@@ -226,13 +227,18 @@ def test_a_device_cap_is_lifted_by_its_last_holder_only(monkeypatch):
     first, second = Holder(), Holder()
     residency.hold_cap(first, 7, 48 << 30, 96 << 30)
     lift_second = residency.hold_cap(second, 7, 24 << 30, 96 << 30)
-    # each cap comes after the cached blocks went back (torch checks a cap only when it reserves more)
-    assert residency.cap_holder(cuda7) == 24 << 30 and calls == [("release", 7), (0.5, 7), ("release", 7), (0.25, 7)]
+    # each cap comes after the cached blocks went back (torch checks a cap only when it reserves more); the allocator
+    # gets the cap less what the device spends outside it
+    assert residency.cap_holder(cuda7) == 24 << 30
+    assert calls == [("release", 7), (42 / 96, 7), ("release", 7), (18 / 96, 7)]
+    with pytest.raises(ValueError, match=r"cuda:7 already spends 6.00 GiB outside .* the whole cap of 6.00 GiB"):
+        residency.hold_cap(Holder(), 7, 6 << 30, 96 << 30)
+    assert residency.cap_holder(cuda7) == 24 << 30 and len(calls) == 5  # refused: the held cap stays
     with pytest.warns(UserWarning, match="cuda:7 is capped at 24.00 GiB by an open session's memory budget"):
         session_module._warn_if_capped(cuda7, replacing=False)  # what Session.open says before loading
     del first
     gc.collect()
-    assert residency.cap_holder(cuda7) == 24 << 30 and len(calls) == 4  # the replaced holder lifts nothing
+    assert residency.cap_holder(cuda7) == 24 << 30 and len(calls) == 5  # the replaced holder lifts nothing
     del second
     gc.collect()
     assert residency.cap_holder(cuda7) is None and calls[-1] == (1.0, 7) and not lift_second.alive

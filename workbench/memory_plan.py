@@ -38,8 +38,9 @@ Activation peaks come from `workbench.memory_estimate` (rough formulas, document
 `MemoryBudget.activation` (a Result's `memory` holds the allocated peak per stage of a CUDA request).
 
 On the CPU a cap is planning arithmetic only (nothing enforces it); on CUDA the session enforces it with
-`torch.cuda.set_per_process_memory_fraction`, so a wrong plan fails with out-of-memory instead of borrowing memory
-the card it plans for does not have.
+`torch.cuda.set_per_process_memory_fraction` at the cap less what the device already spends outside the allocator
+(the CUDA context), so a wrong plan fails with out-of-memory instead of borrowing memory the card it plans for does
+not have.
 """
 
 from __future__ import annotations

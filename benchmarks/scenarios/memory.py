@@ -1,11 +1,12 @@
-"""Group offload under a memory cap: a Wan2.1-1.3B-shaped request (480x832x81, 6 steps CFG 5, bf16) with the
-denoiser's blocks kept in CPU memory and streamed to the GPU (`group_offload`, contract bitwise), against stock.
+"""Group offload under a memory cap: a Wan2.1-1.3B-shaped request (480x832x81, 6 steps CFG 5, bf16) with the denoiser's
+blocks kept in CPU memory and streamed to the GPU (`group_offload`, contract bitwise), against stock.
 
 The cap is the stock request's peak allocated memory less half the transformer's weight bytes: stock cannot meet it,
 group offload (at most two groups resident) must. It is enforced on the offload arm's visits with
-`torch.cuda.set_per_process_memory_fraction` (an allocation past it raises out-of-memory, recorded as the arm's
-failure); stock runs uncapped. A/B/A rounds of whole requests; per arm the peak per stage and whether the latents
-equal stock's. `--smoke`: group_offload needs CUDA, so the smoke runs the stock path only (see its notes).
+`torch.cuda.set_per_process_memory_fraction` at the cap less what the device spends outside the allocator (an allocation
+past it raises out-of-memory, recorded as the arm's failure); stock runs uncapped. A/B/A rounds of whole requests; per
+arm the peak per stage and whether the latents equal stock's. `--smoke`: group_offload needs CUDA, so the smoke runs the
+stock path only (see its notes).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.request_wan import Requests
 from benchmarks.workloads import open_wan, wan_request
+from workbench.accelerations.memory.residency import hold_cap
 from workbench.evidence.timing import aba_rounds
 
 NAME = "memory"
@@ -30,19 +32,19 @@ OFFLOAD = {"group_offload": {}}
 
 
 class Capped:
-    """Within: this process may allocate at most `cap` bytes on `device`."""
+    """Within: this process may allocate at most `cap` bytes on `device`, less what the device spends outside its
+    allocator (the session's own rule: `residency.hold_cap`)."""
 
     def __init__(self, device: torch.device, cap: int):
         if device.index is None:  # set_per_process_memory_fraction needs an index
             device = torch.device(device.type, torch.cuda.current_device())
-        self.device, self.fraction = device, cap / torch.cuda.get_device_properties(device).total_memory
+        self.index, self.cap, self.total = device.index, cap, torch.cuda.get_device_properties(device).total_memory
 
     def __enter__(self) -> None:
-        torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(self.fraction, self.device)
+        self.lift = hold_cap(self, self.index, self.cap, self.total)
 
     def __exit__(self, *exc: object) -> None:
-        torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+        self.lift()
 
 
 def run(context: Context) -> Measurement:

@@ -1,28 +1,28 @@
-"""The block ring under a memory cap: one forward of the full-size MiniMax-H3 transformer (33.1B, random weights,
-bf16, the 52,648-row t2va packing of `forward_h3`), resident (uncapped) against `block_ring` and diffusers' group
-offloading (`group_offload`, one block per group, streams) under caps of 48 GiB and 24 GiB, and the ring stacked with
-the `exact-fast` profile (`block_ring+exact-fast`: the profile's plugins installed with the same ring), and the ring
-with its streamed matrices moved as FP8 (`fp8_ring`: the same resident blocks, about half the bytes per forward;
-approximate, so its row reports the relative L2 against resident instead of equality). Issue 23's
-bars: the ring >= 0.97x resident at 48 GiB and >= 0.92x at 24 GiB, both faster than group offloading at the same cap;
-stacked with exact-fast, faster than resident stock (> 1x) under both caps.
+"""The block ring under a memory cap: one forward of the full-size MiniMax-H3 transformer (33.1B, random weights, bf16,
+the 52,648-row t2va packing of `forward_h3`), resident (uncapped) against `block_ring` and diffusers' group offloading
+(`group_offload`, one block per group, streams) under caps of 48 GiB and 24 GiB, and the ring stacked with the
+`exact-fast` profile (`block_ring+exact-fast`: the profile's plugins installed with the same ring), and the ring with
+its streamed matrices moved as FP8 (`fp8_ring`: the same resident blocks, about half the bytes per forward; approximate,
+so its row reports the relative L2 against resident instead of equality). Issue 23's bars: the ring >= 0.97x resident at
+48 GiB and >= 0.92x at 24 GiB, both faster than group offloading at the same cap; stacked with exact-fast, faster than
+resident stock (> 1x) under both caps.
 
 The ring's resident block count comes from the planner (`workbench.memory_plan.plan_memory`) given the cap and the
-activation peak measured in the resident forward (allocated peak less the weights). A cap is enforced around each
-capped arm's timed forwards with `torch.cuda.set_per_process_memory_fraction` (an allocation past it raises, recorded
-as the arm's failure); installing and removing an arm happen outside it. `RING_CAPS=48GiB` (a comma list of the caps'
-names) measures a subset, so each cap's A/B/A can fit one device call; `RING_ARMS` (a comma list of block_ring,
-group_offload, block_ring+exact-fast, fp8_ring; default all) the arms, e.g. `RING_ARMS=block_ring+exact-fast` for
-the stacked bar alone. The stacked arms' kernels compile in one untimed forward of exact-fast alone (resident,
-uncapped) before the rounds; its output is what the stacked arms must equal (the ring is bitwise; exact-fast's own contract is
-`reduction` against stock). After each capped visit the pinned host copies go back to the OS (torch's host-cache flush): the host
-allocator caches freed pinned memory, and the arms' copies (up to the whole 66 GB model each) would otherwise pile up
-in the machine's memory. A/B/A rounds through
+activation peak measured in the resident forward (allocated peak less the weights). A cap is enforced around each capped
+arm's timed forwards (`memory.Capped`: the cap less what the device spends outside the allocator; an allocation past it
+raises, recorded as the arm's failure); installing and removing an arm happen outside it. `RING_CAPS=48GiB` (a comma
+list of the caps' names) measures a subset, so each cap's A/B/A can fit one device call; `RING_ARMS` (a comma list of
+block_ring, group_offload, block_ring+exact-fast, fp8_ring; default all) the arms, e.g.
+`RING_ARMS=block_ring+exact-fast` for the stacked bar alone. The stacked arms' kernels compile in one untimed forward of
+exact-fast alone (resident, uncapped) before the rounds; its output is what the stacked arms must equal (the ring is
+bitwise; exact-fast's own contract is `reduction` against stock). After each capped visit the pinned host copies go back
+to the OS (torch's host-cache flush): the host allocator caches freed pinned memory, and the arms' copies (up to the
+whole 66 GB model each) would otherwise pile up in the machine's memory. A/B/A rounds through
 `workbench.evidence.timing.aba_rounds`, one timed forward per visit; per arm its peak, its allocator retries over the
 timed forwards (`num_alloc_retries`: under the cap the caching allocator frees cached blocks, with device syncs, and
 retries; the ring's fixed slots should make none) and whether its output equals the resident one. Runs with
-PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (`ALLOCATOR`: the harness sets it before CUDA starts).
-`--smoke`: tiny-h3's transformer (8 blocks) on the CPU with the estimated activation and two caps, the smallest that fits and
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (`ALLOCATOR`: the harness sets it before CUDA starts). `--smoke`:
+tiny-h3's transformer (8 blocks) on the CPU with the estimated activation and two caps, the smallest that fits and
 halfway from it to the resident peak; the ring runs its schedule (no copies on one memory), alone and with exact-fast
 (its Triton kernels interpreted), and group offloading (CUDA only) is left out.
 """

@@ -69,10 +69,20 @@ def cap_holder(device: torch.device) -> int | None:
 def hold_cap(holder: object, index: int, cap: int, total: int) -> weakref.finalize:
     """Cap CUDA device `index` at `cap` of its `total` bytes for `holder`, replacing any cap held before; returns the
     finalizer that lifts it (called, or run when `holder` is garbage-collected), which does nothing once another
-    holder took the cap over. The allocator's cached free blocks are released first: torch checks the cap only when it
-    reserves new memory, so blocks cached before the cap would otherwise serve allocations past it."""
+    holder took the cap over.
+
+    `cap` is the card's memory, so the memory the device already spends outside this process's allocator (the CUDA
+    context, libraries' workspaces, other processes) counts against it: the allocator may reserve only the rest.
+    ValueError when that leaves nothing. The allocator's cached free blocks are released first: torch checks the cap
+    only when it reserves new memory, so blocks cached before the cap would otherwise serve allocations past it."""
     _release_cached(index)
-    torch.cuda.set_per_process_memory_fraction(cap / total, index)
+    outside = _outside_allocator(index)
+    if outside >= cap:
+        raise ValueError(
+            f"memory: cuda:{index} already spends {outside / 2**30:.2f} GiB outside this process's allocator (CUDA "
+            f"context, other processes), as much as the whole cap of {cap / 2**30:.2f} GiB"
+        )
+    torch.cuda.set_per_process_memory_fraction((cap - outside) / total, index)
     token = object()  # stands for the holder in the finalizer, which must not keep it alive
     _CAPS[index] = (cap, token)
     return weakref.finalize(holder, _lift_cap, index, token)
@@ -83,6 +93,12 @@ def _release_cached(index: int) -> None:
     torch.cuda.synchronize(index)
     with torch.cuda.device(index):
         torch.cuda.empty_cache()
+
+
+def _outside_allocator(index: int) -> int:
+    """Bytes in use on CUDA device `index` that this process's caching allocator did not reserve."""
+    free, total = torch.cuda.mem_get_info(index)
+    return max(0, total - free - torch.cuda.memory_reserved(index))
 
 
 def _lift_cap(index: int, token: object) -> None:
