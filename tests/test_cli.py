@@ -197,6 +197,22 @@ def test_cli_generate_output_names_are_refused_before_the_model_loads(tmp_path, 
         main([*base, "--out", str(out), "--name", "capped", "--memory", "rtx4090"])
 
 
+def test_cli_accelerate_options_are_refused_before_the_model_loads(tmp_path, capsys, no_model):
+    """A bad option value, an unknown option or two conflicting plugins in --accelerate cost no model load."""
+    out = tmp_path / "out"
+    for value, message in (
+        ('{"easycache": {"threshold": -1}}', "--accelerate: easycache.threshold: -1.0 is below the minimum 0.0"),
+        ('{"easycache": {"thresh": 0.1}}', "--accelerate: easycache: unknown option(s) ['thresh']"),
+        (
+            '{"easycache": {"threshold": 0.1}, "teacache": {"rel_l1_thresh": 0.1}}',
+            "'easycache' and 'teacache' are both",
+        ),
+    ):
+        assert main([*COMMANDS["generate"], "--accelerate", value, "--out", str(out)]) == 2
+        assert message in _one_line_error(capsys, "generate")
+    assert not out.exists()
+
+
 def test_cli_generate_refuses_a_malformed_calibration_record_before_loading(tmp_path, capsys, no_model):
     scope = {"model": "tiny-wan", "device": {"name": "cpu", "type": "cpu"}, "request": {}}
     good = {"kind": "calibration", "status": "calibrated", "setting": {"easycache": {"threshold": 0.1}}, "scope": scope}

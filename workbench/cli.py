@@ -263,7 +263,7 @@ def _generate(args: argparse.Namespace) -> int:
         **{name: getattr(args, name) for name in fields},
     )
     device, accelerations = args.device, {}
-    extra = _json_arg("accelerate", args.accelerate)  # refused before the model loads
+    extra = _accelerate_arg(args.accelerate)  # refused before the model loads
     adapters = [_adapter_arg(text) for text in args.adapter]
     if args.fp8_ring and args.memory is None:
         raise ValueError("--fp8-ring: FP8 transfers are how a memory cap's ring moves blocks; give --memory too")
@@ -520,7 +520,7 @@ def _batch(args: argparse.Namespace) -> int:
     from workbench.evidence import fanout_jobs
     from workbench.io import check_writable
 
-    accelerations = _json_arg("accelerate", args.accelerate)
+    accelerations = _accelerate_arg(args.accelerate)
     requests = fanout_jobs.read_requests(args.requests)
     check_writable(args.out, "--out")
     args.store = args.out
@@ -653,6 +653,18 @@ def _json_arg(name: str, text: str) -> dict:
         raise ValueError(f"--{name}: not valid JSON ({error})") from error
     if not isinstance(value, dict):
         raise ValueError(f"--{name}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _accelerate_arg(text: str) -> dict:
+    """--accelerate's JSON with its plugins' names, options and conflicts checked (no model needed)."""
+    from workbench.accelerations import REGISTRY, install
+
+    value = _json_arg("accelerate", text)
+    try:
+        install.check_options(REGISTRY, value)
+    except ValueError as error:
+        raise ValueError(f"--accelerate: {error}") from None
     return value
 
 

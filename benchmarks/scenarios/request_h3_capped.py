@@ -176,6 +176,12 @@ def run(context: Context) -> Measurement:
                      f"{gib(row['moved_bytes'])} host -> device (receipt).")  # fmt: skip
     else:
         notes.append(f"The request did not complete under the cap: {row['error']} (in {row['failed_stage']}).")
+    if cuda and row.get("nvml_peak_used_bytes"):
+        used = row["nvml_peak_used_bytes"]
+        notes.append(
+            f"NVML device peak {gib(used)} ({'within' if used <= plan.cap else 'over'} the {gib(plan.cap)} cap): the "
+            "whole device, the CUDA context and the allocator's cached blocks included."
+        )
     if cuda:
         notes.append(
             f"Host: the plan pins {gib(host['pinned_bytes'])} in power-of-two chunks "

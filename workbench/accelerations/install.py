@@ -24,6 +24,16 @@ def validate(
     Options and conflicts are checked before capabilities so a bad option or a set that can never be installed
     together is a ValueError on any machine, and a good set this machine cannot run is a RuntimeError.
     """
+    chosen = check_options(registry, config)
+    for spec, _ in chosen:
+        spec.check_capabilities(model, device)
+    return chosen
+
+
+def check_options(registry: dict[str, Spec], config: Any) -> list[tuple[Spec, dict[str, Any]]]:
+    """What needs no model: the config's form, the plugins' names and options, and conflicts between them (ValueError
+    naming the first problem); returns (spec, options with defaults) in installation order. A caller that loads a
+    model later (the CLI) checks here first, so a bad option costs no load."""
     check_config(config)
     unknown = sorted(set(config) - set(registry))
     if unknown:
@@ -31,8 +41,6 @@ def validate(
     chosen = sorted((registry[name] for name in config), key=lambda spec: (spec.order, spec.name))
     options = {spec.name: spec.validate(config[spec.name]) for spec in chosen}
     _check_conflicts(chosen)
-    for spec in chosen:
-        spec.check_capabilities(model, device)
     return [(spec, options[spec.name]) for spec in chosen]
 
 
