@@ -119,7 +119,7 @@ def fits_table(results: Path) -> list[str]:
         "comes on whole for that stage; `denoiser offloaded outside denoise`: the denoiser's resident weights wait in "
         "host memory during the other stages and come back once a request; `tiled decode`: the VAE decodes in tiles.",
     ]
-    return lines + _measured_under_cap(results)
+    return lines + _measured_under_cap(results) + _measured_h3_request(results)
 
 
 def _gib_up(value: int) -> str:
@@ -162,6 +162,39 @@ def _measured_under_cap(results: Path) -> list[str]:
         f"{' and '.join(_gib_up(arm['peak_bytes']) for arm in arms)}, output equal to resident); activation peak "
         f"{_gib_up(shape.get('activation_bytes', 0))} ({shape.get('activation_source', '?')}; the planner's estimate "
         f"for the {h3} column: {_gib_up(plan(h3, 2**50).activation['denoise'])}).",
+    ]
+
+
+def _measured_h3_request(results: Path) -> list[str]:
+    """A line on `results/request-h3-capped.json` (current envelope, not a smoke run) when its request completed:
+    the cap, the time, the allocated peak per stage against the plan's, and the NVML device peak; or nothing."""
+    path = results / "request-h3-capped.json"
+    record = json.loads(path.read_text()) if path.exists() else {}
+    row = (record.get("arms") or {}).get("plan") or {}
+    if record.get("format") != FORMAT or record.get("smoke") or not row.get("completed"):
+        return []
+    shape, device = record.get("shape") or {}, (record.get("device") or {}).get("name", "?")
+    request, planned = shape.get("request") or {}, row.get("planned_peak_bytes") or {}
+    peaks = ", ".join(
+        f"{stage} {_gib_up(peak)} (planned {_gib_up(planned[stage])})"
+        if stage in planned
+        else f"{stage} {_gib_up(peak)}"
+        for stage, peak in (row.get("peak_bytes") or {}).items()
+    )
+    nvml = row.get("nvml_peak_used_bytes")
+    return [
+        "",
+        f"Measured (`benchmarks/results/request-h3-capped.json`, {device}, {str(record.get('date', '?'))[:10]}): a "
+        f"whole MiniMax-H3 request ({request.get('frames')} frames of {request.get('height')}x{request.get('width')}, "
+        f"{request.get('steps')} steps; text encode, denoise, video and audio decode) completed under a "
+        f"{_gib_up(shape.get('cap', 0))} cap in {row.get('seconds', 0):.1f} s; allocated peaks per stage "
+        f"{peaks}"
+        + (
+            f"; the device's own peak (NVML: the CUDA context and the allocator's cached blocks included) "
+            f"{_gib_up(nvml)}."
+            if nvml
+            else "."
+        ),
     ]
 
 
