@@ -19,6 +19,7 @@ import atexit
 import datetime
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -260,9 +261,16 @@ def run_arms(
         spec_path.write_bytes(pickle.dumps(spec))
         done = launch(gpus, "workbench.distributed", [str(spec_path)], env=env, timeout=timeout, capture=True)
         if done.returncode != 0 or not Path(spec["out"]).is_file():
-            tail = "\n".join((done.stderr or "").strip().splitlines()[-25:])
-            raise RuntimeError(f"run_arms: workers exited with {done.returncode}:\n{tail}")
+            raise RuntimeError(f"run_arms: workers exited with {done.returncode}:\n{_failure(done.stderr or '')}")
         return pickle.loads(Path(spec["out"]).read_bytes())  # written by our own worker into our own temp folder
+
+
+def _failure(stderr: str) -> str:
+    """What a failed group of workers said: each rank's exception line (torchrun prefixes a worker's output with
+    `[rankN]:`), else the last 25 lines of their output."""
+    lines = stderr.strip().splitlines()
+    raised = [line for line in lines if re.match(r"\[rank\d+\]: [\w.]*(Error|Exception|Interrupt)\b", line)]
+    return "\n".join(raised) if raised else "\n".join(lines[-25:])
 
 
 def _restorable(model: Any, fingerprint: Any) -> list[Any]:

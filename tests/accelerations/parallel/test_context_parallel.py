@@ -21,6 +21,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -147,6 +148,48 @@ def test_context_parallel_two_gloo_processes_within_contract_of_one_process(wan,
     assert bands["parallel_decodes"] == 1 and bands["decode_tiles"] == 1 and bands["decode_tiles_received"] == 1
     assert bands["notes"]["decode_tiles_per_rank"] == [1, 1], bands
     assert "parallel_decodes" not in results["reference"].receipts["context_parallel"]
+
+
+def test_context_parallel_h3_two_gloo_processes_within_contract_of_one_process(rng):
+    """MiniMax-H3's packed joint sequence (text, video and audio rows in one attention) under Ulysses degree 2: a
+    prompt of 20 tokens packs tiny-h3's default request into 20 + 74 video + 414 audio = 508 rows, which split evenly;
+    video latents and audio within the reduction contract of one process."""
+    seed = int(rng.integers(0, 2**31 - 1))
+    request = Request("a red circle moves left!", seed=seed, steps=2)  # 20 non-space characters: 20 text rows
+    arms = {"one_process": {}, "direct": {"context_parallel": {"relayout": "direct"}}}
+    results = run_arms("tiny-h3", request, arms, gpus=2, device="cpu", env={"TRITON_INTERPRET": "1", ENV_VAR: "1"},
+                       check_restore=True, timeout=300)  # fmt: skip
+    one, split = results["one_process"], results["direct"]
+    receipt = split.receipts["context_parallel"]
+    assert receipt["executed"] and receipt["cp_attention_calls"] > 0 and receipt["fallbacks"] == {}, receipt
+    assert split.metadata["uninstall_restored"] is True
+    rel = float((split.latents - one.latents).norm() / one.latents.norm())
+    audio = float(np.linalg.norm(split.audio - one.audio) / np.linalg.norm(one.audio))
+    assert rel <= 1e-5 and audio <= 1e-5, f"seed {seed}: latent rel-L2 {rel}, audio rel-L2 {audio}"
+    # 19 tokens: 507 rows, refused on each rank before diffusers splits, and the ranks' own errors reach the caller
+    with pytest.raises(RuntimeError, match=r"\[rank0\]: ValueError: context_parallel: .*rope's output 0 has 507 rows"):
+        run_arms("tiny-h3", Request("a red circle moves left", steps=2), {"direct": arms["direct"]}, gpus=2,
+                 device="cpu", env={"TRITON_INTERPRET": "1"}, timeout=300)  # fmt: skip
+
+
+def test_context_parallel_refuses_a_sequence_its_ranks_cannot_split_evenly(sessions):
+    """diffusers splits the cp_plan's inputs evenly and otherwise fails on a bare assertion mid-request: the plugin's
+    pre-hooks name the module, the input, the count and the ranks first (tiny-h3's default request with a 19-token
+    prompt packs 507 rows; the hooks are tried here in one process, as two ranks would see them)."""
+    from workbench.accelerations.parallel.context_parallel import _split_checks
+
+    h3 = sessions("tiny-h3")
+    checks = _split_checks(h3.model.pipeline.transformer, 2)
+    try:
+        with pytest.raises(ValueError, match=(
+            r"context_parallel: MiniMaxH3Transformer3DModel.rope's output 0 has 507 rows along "
+            r"dim 0, not a multiple of the 2 ranks"
+        )):  # fmt: skip
+            h3.generate(Request("a red circle moves left", steps=2), progress=False)
+    finally:
+        for check in checks:
+            check.remove()
+    assert not h3.model.pipeline.transformer.transformer_blocks[0]._forward_pre_hooks
 
 
 @pytest.mark.parametrize("bands, latent, overlap", [(2, (1, 16, 2, 9, 5), 2), (3, (1, 16, 3, 13, 6), 1)])

@@ -41,6 +41,11 @@ give it, but every linear layer and norm runs on T/W tokens per rank, and a GEMM
 kernel (another reduction split) for another row count; ring merges partial softmaxes by log-sum-exp in
 fp32, another reduction order. Measured results say how close (tests on gloo, benchmarks on GPUs).
 
+diffusers splits each tensor its `_cp_plan` names evenly over the ranks. Where the request makes a count that does
+not divide (MiniMax-H3 packs text, video and audio rows into one sequence, so the prompt's token count moves it),
+forward pre-hooks on the plan's modules refuse it with a ValueError naming the module, the tensor, the count and the
+ranks, before diffusers' bare assertion; nothing is padded (padding rows would join the joint attention).
+
 The attention seam is process-wide: for the life of the plugin, `attention_dispatch.TemplatedUlyssesAttention`,
 `TemplatedRingAttention` and `_all_to_all_single` are replaced by counting wrappers (restored on uninstall),
 so one install per process; a second is refused. Inference only: the workbench relayouts have no backward.
@@ -54,6 +59,7 @@ notes: rank, world size, degrees and the relayout that ran. With parallel_decode
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +68,7 @@ import torch.distributed as dist
 from diffusers.hooks.context_parallel import apply_context_parallel, remove_context_parallel
 from diffusers.models import attention_dispatch as ad
 from diffusers.models._modeling_parallel import ContextParallelConfig as DiffusersContextParallelConfig
-from diffusers.models._modeling_parallel import ParallelConfig
+from diffusers.models._modeling_parallel import ContextParallelInput, ParallelConfig
 from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_processor import Attention
 from torch.distributed.device_mesh import init_device_mesh
@@ -112,6 +118,7 @@ class _Installed(Handle):
         self.mode = options["relayout"]  # what runs in the current request (the env switch may demote direct)
         self.processors: list[Any] = []
         self.applied: list[torch.nn.Module] = []
+        self.split_checks: list[torch.utils.hooks.RemovableHandle] = []
         self.originals: dict[str, Any] = {}
         self.decode: ParallelDecode | None = None
         try:
@@ -136,6 +143,8 @@ class _Installed(Handle):
         denoiser._parallel_config = self.config
         self.applied.append(denoiser)
         apply_context_parallel(denoiser, self.config.context_parallel_config, denoiser._cp_plan)
+        cp = self.config.context_parallel_config
+        self.split_checks += _split_checks(denoiser, cp.ulysses_degree * cp.ring_degree)
 
     def _patch(self) -> None:
         self.originals = {name: getattr(ad, name) for name in _SEAM}
@@ -185,6 +194,9 @@ class _Installed(Handle):
             self.originals = {}
         if self in _owner:
             _owner.remove(self)
+        for check in self.split_checks:
+            check.remove()
+        self.split_checks = []
         for denoiser in self.applied:
             remove_context_parallel(denoiser, denoiser._cp_plan)
             denoiser._parallel_config = None
@@ -192,6 +204,57 @@ class _Installed(Handle):
         for processor in self.processors:
             processor._parallel_config = None
         self.applied, self.processors = [], []
+
+
+def _split_checks(denoiser: torch.nn.Module, ranks: int) -> list[torch.utils.hooks.RemovableHandle]:
+    """Forward pre-hooks on the modules whose inputs or outputs diffusers' `_cp_plan` splits: a split dimension that
+    is not a multiple of `ranks` is a ValueError naming the module, the tensor and the count, instead of diffusers'
+    bare assertion mid-request. The hooks see the whole inputs (torch runs them before diffusers' wrapped `forward`
+    splits anything); a split output's shape comes from the module's own forward, run once per input shape."""
+    modules = dict(denoiser.named_modules())
+    handles = []
+    for path, plan in denoiser._cp_plan.items():
+        if not isinstance(plan, dict) or path not in modules:  # an output to gather, or a pattern of modules
+            continue
+        splits = {key: spec for key, spec in plan.items() if isinstance(spec, ContextParallelInput)}
+        inputs = {key: spec for key, spec in splits.items() if isinstance(key, str) and not spec.split_output}
+        outputs = {key: spec for key, spec in splits.items() if isinstance(key, int) and spec.split_output}
+        if inputs or outputs:
+            hook = _split_check(f"{type(denoiser).__name__}.{path}", inputs, outputs, ranks)
+            handles.append(modules[path].register_forward_pre_hook(hook, with_kwargs=True))
+    return handles
+
+
+def _split_check(
+    where: str, inputs: dict[str, ContextParallelInput], outputs: dict[int, ContextParallelInput], ranks: int
+) -> Any:
+    shapes: dict[Any, list[Any]] = {}  # the outputs' shapes per input shapes
+    names: list[str] = []  # the forward's parameters after self, in positional order (read at the first call)
+
+    def check(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        names[:] = names or list(inspect.signature(type(module).forward).parameters)[1:]
+        found = {**dict(zip(names, args, strict=False)), **kwargs}
+        sizes = [(name, found[name].shape, spec) for name, spec in inputs.items()
+                 if isinstance(found.get(name), torch.Tensor)]  # fmt: skip
+        if outputs:
+            key = tuple((name, tuple(v.shape)) for name, v in found.items() if isinstance(v, torch.Tensor))
+            if key not in shapes:
+                with torch.no_grad():  # the class's forward: diffusers' splitting wrapper is the instance's
+                    out = type(module).forward(module, *args, **kwargs)
+                shapes[key] = [getattr(o, "shape", None) for o in (out if isinstance(out, tuple) else (out,))]
+            sizes += [(f"output {i}", shapes[key][i], spec) for i, spec in outputs.items()
+                      if i < len(shapes[key]) and shapes[key][i] is not None]  # fmt: skip
+        for label, shape, spec in sizes:
+            if len(shape) == (spec.expected_dims or len(shape)) and shape[spec.split_dim] % ranks:
+                raise ValueError(
+                    f"context_parallel: {where}'s {label} has {shape[spec.split_dim]} rows along dim "
+                    f"{spec.split_dim}, not a multiple of the {ranks} ranks it is split over; the request's shape "
+                    "sets the count (frames, height, width and, where text and audio rows join the sequence as on "
+                    f"MiniMax-H3, the prompt's token count and the duration): give a shape whose count divides by "
+                    f"{ranks}"
+                )
+
+    return check
 
 
 class _UlyssesSeam:
