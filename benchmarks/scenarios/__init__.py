@@ -11,12 +11,14 @@ from types import ModuleType
 from benchmarks.scenarios import (
     calibrate_wan,
     fanout,
+    fanout_scaling,
     forward_h3,
     forward_wan,
     fp8_attention,
     kernels,
     memory,
     parallel,
+    parallel_h3,
     portability,
     relayout,
     request_capped,
@@ -32,7 +34,8 @@ from benchmarks.scenarios import (
 
 MODULES: tuple[ModuleType, ...] = (
     forward_wan, forward_h3, request_wan, sparse_attention, fp8_attention, kernels, relayout, portability, parallel,
-    memory, ring, text_ring, fanout, vae_decode, calibrate_wan, request_lora, request_wan22,
+    parallel_h3,
+    memory, ring, text_ring, fanout, fanout_scaling, vae_decode, calibrate_wan, request_lora, request_wan22,
     request_capped, request_h3_capped,
 )  # fmt: skip
 SCENARIOS: dict[str, ModuleType] = {module.NAME: module for module in MODULES}

@@ -1,8 +1,10 @@
 """Context parallelism (Ulysses, the workbench's direct relayouts) over two GPUs against one GPU, on a
-Wan2.1-1.3B-shaped request (480x832x81, 4 steps CFG 5, bf16, random weights broadcast from rank 0).
+Wan2.1-1.3B-shaped request (480x832x81, 4 steps CFG 5, bf16, random weights broadcast from rank 0), alone and with the
+`exact-fast` profile on each rank against one GPU with the same profile.
 
 The scenario starts itself in two torchrun workers (`workbench.distributed.launch`); both ranks run the same A/B/A
-rounds: `1-gpu` (rank 0 generates alone, rank 1 waits at the barrier) and `ulysses` (`context_parallel`, both ranks).
+rounds: `1-gpu` (rank 0 generates alone, rank 1 waits at the barrier) against `ulysses` (`context_parallel`, both
+ranks), `1-gpu+exact-fast` and `ulysses+exact-fast`; each split arm's latents against one GPU's with the same plugins.
 Each visit is one request between two barriers, timed by rank 0's wall clock; one untimed pilot per arm first.
 Needs >= 2 CUDA devices and refuses otherwise. `--smoke` runs no two-process path (see its notes).
 """
@@ -20,11 +22,13 @@ from typing import Any
 import torch
 
 from benchmarks.envelope import Context, Measurement
-from benchmarks.workloads import wan_request
+from benchmarks.workloads import exact_fast, wan_request
 from workbench.io import json_bytes, write_atomic
 
 NAME = "parallel"
-SUMMARY = "Wan2.1-1.3B request, 4 steps CFG: Ulysses context parallelism over 2 GPUs vs 1 GPU"
+SUMMARY = (
+    "Wan2.1-1.3B request, 4 steps CFG: Ulysses context parallelism over 2 GPUs vs 1 GPU, alone and with exact-fast"
+)
 GPUS = 2
 STEPS = 4
 TIMEOUT_S = 560.0
@@ -68,15 +72,18 @@ def worker(out: Path, rounds: int) -> None:
             for tensor in [*component.parameters(), *component.buffers()]:
                 dist.broadcast(tensor.data, src=0)
     request = wan_request(STEPS, smoke=False)
+    notes: list[str] = []
+    fast = exact_fast("wan", device, notes)
     ulysses = {"context_parallel": {"ulysses_degree": GPUS, "relayout": "direct"}}
-    results: dict[str, list[Any]] = {"1-gpu": [], "ulysses": []}
+    configs = {"1-gpu": {}, "ulysses": ulysses, "1-gpu+exact-fast": fast, "ulysses+exact-fast": {**fast, **ulysses}}
+    results: dict[str, list[Any]] = {name: [] for name in configs}
 
     def visit(name: str) -> float:
-        session.accelerate(ulysses if name == "ulysses" else {})
+        session.accelerate(configs[name])
         try:
             dist.barrier()
             start = time.perf_counter()
-            if name == "ulysses" or rank == 0:
+            if name.startswith("ulysses") or rank == 0:
                 results[name].append(session.generate(request, progress=False))
                 torch.cuda.synchronize(device)
             dist.barrier()
@@ -86,10 +93,10 @@ def worker(out: Path, rounds: int) -> None:
 
     for name in results:  # untimed pilots
         visit(name)
-    measured = aba_rounds(("1-gpu", lambda: visit("1-gpu")), {"ulysses": lambda: visit("ulysses")}, rounds)
+    others = {name: (lambda name=name: visit(name)) for name in configs if name != "1-gpu"}
+    measured = aba_rounds(("1-gpu", lambda: visit("1-gpu")), others, rounds)
     if rank != 0:
         return
-    pilot, parallel = results["1-gpu"][0], results["ulysses"][0]
     arms = {
         name: {
             "seconds": measured.seconds[name],
@@ -100,16 +107,17 @@ def worker(out: Path, rounds: int) -> None:
         for name, runs in results.items()
         if measured.seconds[name]
     }
-    if "ulysses" in arms:
-        arms["ulysses"]["latents_equal_1gpu"] = bool(torch.equal(parallel.latents, pilot.latents))
-        arms["ulysses"]["latent_rel_l2_vs_1gpu"] = float(
-            (parallel.latents - pilot.latents).norm() / pilot.latents.norm()
-        )
+    for name, single in (("ulysses", "1-gpu"), ("ulysses+exact-fast", "1-gpu+exact-fast")):
+        if name in arms:  # each split arm against one GPU with the same plugins
+            got, want = results[name][0].latents, results[single][0].latents
+            arms[name][f"latents_equal_{single}"] = bool(torch.equal(got, want))
+            arms[name][f"latent_rel_l2_vs_{single}"] = float((got - want).norm() / want.norm())
     record = {
         "shape": {"model": "random-wan-1.3b", "world_size": dist.get_world_size(), "request": request.to_dict()},
         "arms": arms,
         "ratios": {k: v.to_dict() for k, v in measured.ratios().items()},
-        "notes": [f"arm {k} failed: {v}" for k, v in measured.errors.items()]
+        "notes": notes
+        + [f"arm {k} failed: {v}" for k, v in measured.errors.items()]
         + ["Times: rank 0's wall clock around one request between barriers (text encoding and decode included)."],
     }
     write_atomic(out, json_bytes(record))
