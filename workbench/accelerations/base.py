@@ -391,7 +391,8 @@ class Spec:
 
     `group`: at most one plugin per group may be installed (two feature caches would fight over the
     same skipped work). `touches`: the model resources a plugin mutates; two plugins touching the same
-    resource conflict. `order`: installation order, so a set does not depend on dict order. `unusable`:
+    resource conflict. `touches_with`: optional, the resources it mutates only under some options (options ->
+    resources), added to `touches` for the conflict check. `order`: installation order, so a set does not depend on dict order. `unusable`:
     optional, why this machine cannot run the plugin on a device (a package missing, another GPU), or None;
     profiles read it to leave such a plugin out (installing it still raises at prepare). `model_problem`: optional,
     why a loaded model cannot take the plugin (a component it does not cover), or None; profiles given the model read
@@ -414,6 +415,7 @@ class Spec:
     requires: Callable[[Any], str | None] | None = None
     group: str | None = None
     touches: tuple[str, ...] = ()
+    touches_with: Callable[[dict[str, Any]], tuple[str, ...]] | None = None
     order: int = 50
     unusable: Callable[[torch.device], str | None] | None = None
     model_problem: Callable[[Any], str | None] | None = None

@@ -40,7 +40,7 @@ def check_options(registry: dict[str, Spec], config: Any) -> list[tuple[Spec, di
         raise ValueError(f"accelerations: unknown {unknown}; available: {sorted(registry)}")
     chosen = sorted((registry[name] for name in config), key=lambda spec: (spec.order, spec.name))
     options = {spec.name: spec.validate(config[spec.name]) for spec in chosen}
-    _check_conflicts(chosen)
+    _check_conflicts(chosen, options)
     return [(spec, options[spec.name]) for spec in chosen]
 
 
@@ -54,7 +54,7 @@ def check_config(config: Any) -> None:
             raise ValueError(f"accelerations: key {shown(name)} ({type(name).__name__}); allowed: plugin names (str)")
 
 
-def _check_conflicts(chosen: list[Spec]) -> None:
+def _check_conflicts(chosen: list[Spec], options: dict[str, dict[str, Any]]) -> None:
     groups: dict[str, str] = {}
     resources: dict[str, str] = {}
     for spec in chosen:
@@ -65,7 +65,8 @@ def _check_conflicts(chosen: list[Spec]) -> None:
                     "install at most one"
                 )
             groups[spec.group] = spec.name
-        for resource in spec.touches:
+        extra = spec.touches_with(options[spec.name]) if spec.touches_with is not None else ()
+        for resource in (*spec.touches, *extra):
             if resource in resources:
                 raise ValueError(
                     f"accelerations: {resources[resource]!r} and {spec.name!r} both modify {resource}; "

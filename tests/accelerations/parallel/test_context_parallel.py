@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from workbench import Request
-from workbench.accelerations import REGISTRY, fingerprint
+from workbench.accelerations import REGISTRY, fingerprint, install
 from workbench.accelerations.base import Receipt
 from workbench.accelerations.parallel.parallel_decode import band_tiling, owners, tiled_decode
 from workbench.distributed import launch, run_arms
@@ -58,6 +58,10 @@ def test_context_parallel_is_registered_with_reduction_contract():
     assert {o.name: o.default for o in spec.options} == {
         "ulysses_degree": 2, "ring_degree": 1, "relayout": "direct", "parallel_decode": "off", "decode_overlap": 4,
     }  # fmt: skip
+    # the VAE's decode is context_parallel's only with parallel_decode="bands": exact-fast's fused decode composes
+    install.check_options(REGISTRY, {"context_parallel": {}, "fused_vae_decode": {}})
+    with pytest.raises(ValueError, match="'fused_vae_decode' and 'context_parallel' both modify vae.decode"):
+        install.check_options(REGISTRY, {"context_parallel": {"parallel_decode": "bands"}, "fused_vae_decode": {}})
 
 
 @pytest.mark.parametrize(

@@ -505,7 +505,8 @@ SPEC = Spec(
     summary="one request over N processes/GPUs: diffusers' Ulysses or ring context parallelism, direct relayouts",
     prepare_fn=_prepare,
     config=ContextParallelConfig,
-    touches=("denoiser.forward", "attention_processor.parallel_config", "vae.decode"),
+    touches=("denoiser.forward", "attention_processor.parallel_config"),
+    touches_with=lambda options: ("vae.decode",) if options["parallel_decode"] == "bands" else (),
     order=85,  # after plugins that set the attention backend; before regional_compile (which refuses hooked blocks)
 )
 SPECS = (SPEC,)
