@@ -188,7 +188,8 @@ def _measured_h3_request(results: Path) -> list[str]:
         f"whole MiniMax-H3 request ({request.get('frames')} frames of {request.get('height')}x{request.get('width')}, "
         f"{request.get('steps')} steps; text encode, denoise, video and audio decode) completed under a "
         f"{_gib_up(shape.get('cap', 0))} cap in {row.get('seconds', 0):.1f} s; allocated peaks per stage "
-        f"{peaks}"
+        f"{peaks} (a stage's measured peak includes its start, while the stage before still holds its components; "
+        "the plan counts each stage's own)"
         + (
             f"; the device's own peak (NVML: the CUDA context and the allocator's cached blocks included) "
             f"{_gib_up(nvml)}."
