@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,6 +47,34 @@ def exact_fast(family: str, device: torch.device, notes: list[str], model: Any =
     for plugin, reason in left_out.items():
         notes.append(f"exact-fast ({family}) runs without {plugin} here: {reason}.")
     return config
+
+
+def split_arms(family: str, device: torch.device, world: int, notes: list[str]) -> dict[str, dict[str, Any]]:
+    """The context-parallel scenarios' arms: one GPU and Ulysses over `world` ranks (the direct relayouts), each alone
+    and with the exact-fast profile."""
+    fast = exact_fast(family, device, notes)
+    split = {"context_parallel": {"ulysses_degree": world, "relayout": "direct"}}
+    return {"1-gpu": {}, "ulysses": split, "1-gpu+exact-fast": fast, "ulysses+exact-fast": {**fast, **split}}
+
+
+def rank_visit(session: Session, config: dict[str, Any], here: bool, work: Callable[[], Any]) -> float:
+    """One visit of a torchrun rank: `config` installed, `work()` run on this rank when `here` (the others wait),
+    between two barriers, the device synchronised; returns this rank's wall-clock seconds between the barriers (rank
+    0's is the visit's time) and removes `config` again."""
+    import torch.distributed as dist
+
+    session.accelerate(config)
+    try:
+        dist.barrier()
+        start = time.perf_counter()
+        if here:
+            work()
+            if session.device.type == "cuda":
+                torch.cuda.synchronize(session.device)
+        dist.barrier()
+        return time.perf_counter() - start
+    finally:
+        session.accelerate({})
 
 
 def with_fp8_attention(config: dict[str, Any]) -> dict[str, Any]:

@@ -15,14 +15,13 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from benchmarks.envelope import Context, Measurement
-from benchmarks.workloads import exact_fast, wan_request
+from benchmarks.workloads import rank_visit, split_arms, wan_request
 from workbench.io import json_bytes, write_atomic
 
 NAME = "parallel"
@@ -73,23 +72,14 @@ def worker(out: Path, rounds: int) -> None:
                 dist.broadcast(tensor.data, src=0)
     request = wan_request(STEPS, smoke=False)
     notes: list[str] = []
-    fast = exact_fast("wan", device, notes)
-    ulysses = {"context_parallel": {"ulysses_degree": GPUS, "relayout": "direct"}}
-    configs = {"1-gpu": {}, "ulysses": ulysses, "1-gpu+exact-fast": fast, "ulysses+exact-fast": {**fast, **ulysses}}
+    configs = split_arms("wan", device, GPUS, notes)
     results: dict[str, list[Any]] = {name: [] for name in configs}
 
     def visit(name: str) -> float:
-        session.accelerate(configs[name])
-        try:
-            dist.barrier()
-            start = time.perf_counter()
-            if name.startswith("ulysses") or rank == 0:
-                results[name].append(session.generate(request, progress=False))
-                torch.cuda.synchronize(device)
-            dist.barrier()
-            return time.perf_counter() - start
-        finally:
-            session.accelerate({})
+        def generate() -> None:
+            results[name].append(session.generate(request, progress=False))
+
+        return rank_visit(session, configs[name], name.startswith("ulysses") or rank == 0, generate)
 
     for name in results:  # untimed pilots
         visit(name)

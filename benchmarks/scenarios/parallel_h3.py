@@ -26,7 +26,6 @@ import json
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ import torch
 
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios import forward_h3
-from benchmarks.workloads import equal, exact_fast, rel_l2
+from benchmarks.workloads import equal, rank_visit, rel_l2, split_arms
 from workbench.io import json_bytes, write_atomic
 
 NAME = "parallel-h3"
@@ -116,27 +115,16 @@ def worker(out: Path, rounds: int, smoke: bool) -> None:
             dist.broadcast(value, src=0)
     session = forward_h3.transformer_session(model, device)
     notes: list[str] = []
-    fast = exact_fast("h3", device, notes)
-    split = {"context_parallel": {"ulysses_degree": world, "relayout": "direct"}}
-    configs = {"1-gpu": {}, "1-gpu+exact-fast": fast, "ulysses": split, "ulysses+exact-fast": {**fast, **split}}
+    configs = split_arms("h3", device, world, notes)
     outputs: dict[str, Any] = {}
     errors: dict[str, str] = {}
 
     def visit(name: str) -> float:
-        session.accelerate(configs[name])
-        try:
-            dist.barrier()
-            start = time.perf_counter()
-            if name.startswith("ulysses") or rank == 0:
-                with torch.inference_mode():
-                    output = tuple(model(**inputs))
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                outputs.setdefault(name, output)
-            dist.barrier()
-            return time.perf_counter() - start
-        finally:
-            session.accelerate({})
+        def forward() -> None:
+            with torch.inference_mode():
+                outputs.setdefault(name, tuple(model(**inputs)))
+
+        return rank_visit(session, configs[name], name.startswith("ulysses") or rank == 0, forward)
 
     for name in list(configs):  # untimed checks (compiles included); an arm that cannot run is dropped on every rank
         try:
