@@ -60,18 +60,25 @@ def split_arms(family: str, device: torch.device, world: int, notes: list[str]) 
 def rank_visit(session: Session, config: dict[str, Any], here: bool, work: Callable[[], Any]) -> float:
     """One visit of a torchrun rank: `config` installed, `work()` run on this rank when `here` (the others wait),
     between two barriers, the device synchronised; returns this rank's wall-clock seconds between the barriers (rank
-    0's is the visit's time) and removes `config` again."""
+    0's is the visit's time) and removes `config` again. A failing `work()` still meets the second barrier before its
+    error is raised, so the ranks' barriers stay paired for the next visit."""
     import torch.distributed as dist
 
     session.accelerate(config)
     try:
         dist.barrier()
         start = time.perf_counter()
+        failure: Exception | None = None
         if here:
-            work()
-            if session.device.type == "cuda":
-                torch.cuda.synchronize(session.device)
+            try:
+                work()
+                if session.device.type == "cuda":
+                    torch.cuda.synchronize(session.device)
+            except Exception as error:
+                failure = error
         dist.barrier()
+        if failure is not None:
+            raise failure
         return time.perf_counter() - start
     finally:
         session.accelerate({})
