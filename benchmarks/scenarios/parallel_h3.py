@@ -1,22 +1,24 @@
 """Context parallelism on the full MiniMax-H3 transformer (33.1B, random weights, bf16): one forward of the seeds' 10 s
-t2va packing (52,648 rows, `forward_h3`'s inputs) split by Ulysses over 2, 4 and 8 GPUs, against the same forward on
-one GPU, alone and stacked with the `exact-fast` profile (issue 27's first run).
+t2va packing (52,648 rows, `forward_h3`'s inputs) split by Ulysses over 2, 4 and 8 GPUs, against the same forward on one
+GPU, alone and stacked with the `exact-fast` profile (issue 27's first run).
 
-One torchrun launch per world size in `PARALLEL_H3_WORLDS` (default "2,4,8", those the machine holds). In each, every
-rank builds the transformer and the inputs, then takes rank 0's by broadcast (identical weights and inputs on every
-rank); the arms, A/B/A against `1-gpu`:
+One torchrun launch per world size in `PARALLEL_H3_WORLDS` (default "2,4,8", those the machine holds; each launch builds
+its own copies of the model, so one world size per device call is the safe size, e.g. PARALLEL_H3_WORLDS=8). In each,
+every rank builds the transformer and the inputs, then takes rank 0's by broadcast (identical weights and inputs on
+every rank); the arms, A/B/A against `1-gpu`:
 - `1-gpu`: rank 0 runs the forward alone while the other ranks wait at the barrier (the single-GPU reference);
 - `1-gpu+exact-fast`: the same with the exact-fast profile;
 - `ulysses`: `context_parallel` (Ulysses degree = world size, the workbench's direct relayouts) on every rank;
 - `ulysses+exact-fast`: the profile's plugins on every rank, with the same split.
-Each visit is one forward between two barriers, timed by rank 0's wall clock after a device sync; one untimed check
-per arm first, whose output rank 0 compares with `1-gpu`'s (relative L2 and equality: context parallelism is
-`reduction`, so equality is not promised). Arm and ratio names carry the launch's world size (`ulysses@8`).
+Each visit is one forward between two barriers, timed by rank 0's wall clock after a device sync; one untimed check per
+arm first, whose output rank 0 compares with `1-gpu`'s (and `ulysses+exact-fast`'s also with `1-gpu+exact-fast`'s;
+relative L2 and equality: context parallelism is `reduction`, so equality is not promised). Arm and ratio names carry
+the launch's world size (`ulysses@8`).
 
-Not measured here: the 17-step request (text encoder, decodes and the scheduler run replicated on every rank; its
-time is 16 such forwards plus those stages, which `request-h3-capped` measures on one GPU). `--smoke`: tiny-h3's
-transformer at head dim 128 and forward_h3's small packing (34 rows), two gloo ranks on the CPU with the relayout
-kernels interpreted: the same code end to end; the numbers say nothing.
+Not measured here: the 17-step request (text encoder, decodes and the scheduler run replicated on every rank; its time
+is 16 such forwards plus those stages, which `request-h3-capped` measures on one GPU). `--smoke`: tiny-h3's transformer
+at head dim 128 and forward_h3's small packing (34 rows), two gloo ranks on the CPU with the relayout kernels
+interpreted: the same code end to end; the numbers say nothing.
 """
 
 from __future__ import annotations
@@ -151,6 +153,10 @@ def worker(out: Path, rounds: int, smoke: bool) -> None:
             row.update(median_s=statistics.median(seconds), seconds=seconds)
         if name in outputs and name != "1-gpu":
             row.update(rel_l2_vs_1gpu=rel_l2(outputs[name], reference), equal_to_1gpu=equal(outputs[name], reference))
+        single = outputs.get("1-gpu+exact-fast")
+        if name == "ulysses+exact-fast" and name in outputs and single is not None:  # against the same profile
+            row.update(rel_l2_vs_1gpu_exact_fast=rel_l2(outputs[name], single),
+                       equal_to_1gpu_exact_fast=equal(outputs[name], single))  # fmt: skip
         arms[name] = row
     shape = {"rows": inputs["position_ids"].shape[0], "layers": model.config.num_layers,
              "heads": model.config.num_attention_heads, "head_dim": model.config.attention_head_dim,
