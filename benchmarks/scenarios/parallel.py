@@ -6,7 +6,8 @@ The scenario starts itself in two torchrun workers (`workbench.distributed.launc
 rounds: `1-gpu` (rank 0 generates alone, rank 1 waits at the barrier) against `ulysses` (`context_parallel`, both
 ranks), `1-gpu+exact-fast` and `ulysses+exact-fast`; each split arm's latents against one GPU's with the same plugins.
 Each visit is one request between two barriers, timed by rank 0's wall clock; one untimed pilot per arm first.
-Needs >= 2 CUDA devices and refuses otherwise. `--smoke` runs no two-process path (see its notes).
+Needs >= 2 CUDA devices and refuses otherwise. `--smoke`: tiny-wan on two gloo ranks on the CPU (relayout kernels
+interpreted), the same code end to end.
 """
 
 from __future__ import annotations
@@ -34,43 +35,39 @@ TIMEOUT_S = 560.0
 
 
 def run(context: Context) -> Measurement:
-    if context.smoke:
-        return Measurement(SUMMARY, {"steps": STEPS}, notes=[
-            "Smoke: skipped. The scenario needs two processes on two CUDA devices (NCCL); its CPU smoke would start "
-            "two torchrun workers, longer than a smoke run may take. Nothing was measured."
-        ])  # fmt: skip
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count < GPUS:
+    if count < GPUS and not context.smoke:
         raise RuntimeError(f"parallel: needs at least {GPUS} CUDA devices, this machine has {count}")
     from workbench import distributed
 
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "parallel.json"
-        done = distributed.launch(
-            GPUS, "benchmarks.scenarios.parallel", ["--worker", str(out), "--rounds", str(context.rounds)],
-            timeout=TIMEOUT_S,
-        )  # fmt: skip
+        args = ["--worker", str(out), "--rounds", str(context.rounds), *(["--smoke"] if context.smoke else [])]
+        done = distributed.launch(GPUS, "benchmarks.scenarios.parallel", args, timeout=TIMEOUT_S)
         if done.returncode != 0 or not out.exists():
             raise RuntimeError(f"parallel: the torchrun workers failed (exit code {done.returncode}); see their output")
         measured = json.loads(out.read_text())
+    if context.smoke:
+        measured["notes"].append("Smoke: tiny-wan, two gloo ranks on the CPU; the numbers say nothing.")
     return Measurement(SUMMARY, measured["shape"], measured["arms"], measured["ratios"], measured["notes"])
 
 
-def worker(out: Path, rounds: int) -> None:
+def worker(out: Path, rounds: int, smoke: bool) -> None:
     """One torchrun rank: the A/B/A rounds; rank 0 writes {shape, arms, ratios, notes} to `out`."""
     import torch.distributed as dist
 
     from workbench import Session, distributed
     from workbench.evidence.timing import aba_rounds
 
-    device = distributed.init_worker("cuda", timeout_s=300)
+    device = distributed.init_worker("cpu" if smoke else "cuda", timeout_s=300)
     rank = dist.get_rank()
-    session = Session.open("random-wan-1.3b", device=str(device), dtype="bfloat16")
+    model = "tiny-wan" if smoke else "random-wan-1.3b"
+    session = Session.open(model, device=str(device), dtype=None if smoke else "bfloat16")
     for component in session.model.pipeline.components.values():  # every rank runs rank 0's random weights
         if isinstance(component, torch.nn.Module):
             for tensor in [*component.parameters(), *component.buffers()]:
                 dist.broadcast(tensor.data, src=0)
-    request = wan_request(STEPS, smoke=False)
+    request = wan_request(STEPS, smoke=smoke)
     notes: list[str] = []
     configs = split_arms("wan", device, GPUS, notes)
     results: dict[str, list[Any]] = {name: [] for name in configs}
@@ -103,7 +100,7 @@ def worker(out: Path, rounds: int) -> None:
             arms[name][f"latents_equal_{single}"] = bool(torch.equal(got, want))
             arms[name][f"latent_rel_l2_vs_{single}"] = float((got - want).norm() / want.norm())
     record = {
-        "shape": {"model": "random-wan-1.3b", "world_size": dist.get_world_size(), "request": request.to_dict()},
+        "shape": {"model": model, "world_size": dist.get_world_size(), "request": request.to_dict()},
         "arms": arms,
         "ratios": {k: v.to_dict() for k, v in measured.ratios().items()},
         "notes": notes
@@ -117,5 +114,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="a torchrun worker of the parallel scenario")
     parser.add_argument("--worker", type=Path, required=True, help="where rank 0 writes its measurement (JSON)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="tiny-wan, gloo on the CPU")
     arguments = parser.parse_args()
-    worker(arguments.worker, arguments.rounds)
+    worker(arguments.worker, arguments.rounds, arguments.smoke)
