@@ -98,5 +98,6 @@ def run(context: Context) -> Measurement:
         "cells per hour / (workers x one worker's cells per hour)"
         + ("." if base is not None else "; not computed: 1 worker was not among the counts run."),
         "Smoke: tiny-wan on CPU workers; the numbers say nothing about scaling." if smoke else "Random weights.",
+        *single.cache_note(),
     ]
     return Measurement(SUMMARY, {"model": model, **shape, "steps": single.STEPS, "counts": counts}, arms, {}, notes)
