@@ -6,11 +6,15 @@ Arms are `Session.accelerate` configs; a visit installs its arm (untimed), runs 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
+import json
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,6 +59,30 @@ def split_arms(family: str, device: torch.device, world: int, notes: list[str]) 
     fast = exact_fast(family, device, notes)
     split = {"context_parallel": {"ulysses_degree": world, "relayout": "direct"}}
     return {"1-gpu": {}, "ulysses": split, "1-gpu+exact-fast": fast, "ulysses+exact-fast": {**fast, **split}}
+
+
+def launch_ranks(module: str, ranks: int, rounds: int, smoke: bool, timeout: float) -> dict[str, Any]:
+    """Run scenario `module`'s worker (`worker_main`) in `ranks` torchrun processes and return what rank 0 wrote
+    ({shape, arms, ratios, notes}); RuntimeError when the workers fail."""
+    from workbench import distributed
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "measurement.json"
+        args = ["--worker", str(out), "--rounds", str(rounds), *(["--smoke"] if smoke else [])]
+        done = distributed.launch(ranks, module, args, timeout=timeout)
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"{module}: the {ranks} torchrun workers failed (exit code {done.returncode})")
+        return json.loads(out.read_text())
+
+
+def worker_main(description: str, worker: Callable[[Path, int, bool], None]) -> None:
+    """A scenario module's `__main__` under torchrun: `worker(out, rounds, smoke)` from `launch_ranks`' arguments."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--worker", type=Path, required=True, help="where rank 0 writes its measurement (JSON)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="tiny model, gloo on the CPU")
+    arguments = parser.parse_args()
+    worker(arguments.worker, arguments.rounds, arguments.smoke)
 
 
 def rank_visit(session: Session, config: dict[str, Any], here: bool, work: Callable[[], Any]) -> float:

@@ -12,17 +12,14 @@ interpreted), the same code end to end.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from benchmarks.envelope import Context, Measurement
-from benchmarks.workloads import rank_visit, split_arms, wan_request
+from benchmarks.workloads import launch_ranks, rank_visit, split_arms, wan_request, worker_main
 from workbench.io import json_bytes, write_atomic
 
 NAME = "parallel"
@@ -38,15 +35,7 @@ def run(context: Context) -> Measurement:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count < GPUS and not context.smoke:
         raise RuntimeError(f"parallel: needs at least {GPUS} CUDA devices, this machine has {count}")
-    from workbench import distributed
-
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "parallel.json"
-        args = ["--worker", str(out), "--rounds", str(context.rounds), *(["--smoke"] if context.smoke else [])]
-        done = distributed.launch(GPUS, "benchmarks.scenarios.parallel", args, timeout=TIMEOUT_S)
-        if done.returncode != 0 or not out.exists():
-            raise RuntimeError(f"parallel: the torchrun workers failed (exit code {done.returncode}); see their output")
-        measured = json.loads(out.read_text())
+    measured = launch_ranks("benchmarks.scenarios.parallel", GPUS, context.rounds, context.smoke, TIMEOUT_S)
     if context.smoke:
         measured["notes"].append("Smoke: tiny-wan, two gloo ranks on the CPU; the numbers say nothing.")
     return Measurement(SUMMARY, measured["shape"], measured["arms"], measured["ratios"], measured["notes"])
@@ -111,9 +100,4 @@ def worker(out: Path, rounds: int, smoke: bool) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="a torchrun worker of the parallel scenario")
-    parser.add_argument("--worker", type=Path, required=True, help="where rank 0 writes its measurement (JSON)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true", help="tiny-wan, gloo on the CPU")
-    arguments = parser.parse_args()
-    worker(arguments.worker, arguments.rounds, arguments.smoke)
+    worker_main("a torchrun worker of the parallel scenario", worker)

@@ -23,11 +23,8 @@ interpreted: the same code end to end; the numbers say nothing.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +32,7 @@ import torch
 
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios import forward_h3
-from benchmarks.workloads import equal, rank_visit, rel_l2, split_arms
+from benchmarks.workloads import equal, launch_ranks, rank_visit, rel_l2, split_arms, worker_main
 from workbench.io import json_bytes, write_atomic
 
 NAME = "parallel-h3"
@@ -63,8 +60,6 @@ def worlds(available: int) -> list[int]:
 
 
 def run(context: Context) -> Measurement:
-    from workbench import distributed
-
     available = torch.cuda.device_count() if torch.cuda.is_available() and not context.smoke else 0
     sizes = list(SMOKE_WORLDS) if context.smoke else worlds(available)
     if not sizes:
@@ -76,14 +71,7 @@ def run(context: Context) -> Measurement:
     ratios: dict[str, Any] = {}
     notes: list[str] = []
     for size in sizes:
-        with tempfile.TemporaryDirectory() as folder:
-            out = Path(folder) / "parallel-h3.json"
-            args = ["--worker", str(out), "--rounds", str(context.rounds), *(["--smoke"] if context.smoke else [])]
-            done = distributed.launch(size, "benchmarks.scenarios.parallel_h3", args,
-                                      timeout=TIMEOUT_S)  # fmt: skip
-            if done.returncode != 0 or not out.exists():
-                raise RuntimeError(f"{NAME}: the {size} torchrun workers failed (exit code {done.returncode})")
-            measured = json.loads(out.read_text())
+        measured = launch_ranks("benchmarks.scenarios.parallel_h3", size, context.rounds, context.smoke, TIMEOUT_S)
         shape = {**measured["shape"], "worlds": sizes}
         arms.update({f"{name}@{size}": row for name, row in measured["arms"].items()})
         ratios.update({f"{key}@{size}": value for key, value in measured["ratios"].items()})
@@ -171,9 +159,4 @@ def worker(out: Path, rounds: int, smoke: bool) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="a torchrun worker of the parallel-h3 scenario")
-    parser.add_argument("--worker", type=Path, required=True, help="where rank 0 writes its measurement (JSON)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true", help="tiny transformer, gloo on the CPU")
-    arguments = parser.parse_args()
-    worker(arguments.worker, arguments.rounds, arguments.smoke)
+    worker_main("a torchrun worker of the parallel-h3 scenario", worker)

@@ -392,11 +392,11 @@ class Spec:
     `group`: at most one plugin per group may be installed (two feature caches would fight over the
     same skipped work). `touches`: the model resources a plugin mutates; two plugins touching the same
     resource conflict. `touches_with`: optional, the resources it mutates only under some options (options ->
-    resources), added to `touches` for the conflict check. `order`: installation order, so a set does not depend on dict order. `unusable`:
-    optional, why this machine cannot run the plugin on a device (a package missing, another GPU), or None;
-    profiles read it to leave such a plugin out (installing it still raises at prepare). `model_problem`: optional,
-    why a loaded model cannot take the plugin (a component it does not cover), or None; profiles given the model read
-    it the same way.
+    resources), added to `touches` for the conflict check. `order`: installation order, so a set does not depend on
+    dict order. `unusable`: optional, why this machine cannot run the plugin on a device (a package missing, another
+    GPU), or None; profiles read it to leave such a plugin out (installing it still raises at prepare).
+    `model_problem`: optional, why a loaded model cannot take the plugin (a component it does not cover), or None;
+    profiles given the model read it the same way.
 
     `config`: the plugin's options dataclass (module docstring); `options` are derived from it.
 
