@@ -271,7 +271,8 @@ def _generate(args: argparse.Namespace) -> int:
     memory = None if args.memory is None else MemoryBudget(args.memory, request=request, ring_transfer=transfer)
     if args.memory is not None:
         parse_cap(args.memory, "--memory")  # refused here, before loading, under the flag's name
-    check_writable(args.out, "--out")
+    if not distributed.is_worker():  # probed once by the launcher: ranks probing one folder at once race each other
+        check_writable(args.out, "--out")
     check_targets(args.out, Result.saved_names(args.name, "--name"), "--out")
     if (args.profile == "within-budget") != (args.calibration is not None):
         raise ValueError("--calibration: a calibrate record goes with --profile within-budget, and only with it")
