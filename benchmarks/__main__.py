@@ -55,7 +55,7 @@ def run_scenario(name: str, out: Path, smoke: bool, rounds: int, max_seconds: fl
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         measurement = module.run(Context(smoke, rounds, device, out, max_seconds))
-        return write(envelope(name, measurement, device, smoke), out)
+        return write(envelope(name, measurement, device, smoke, getattr(module, "SETTINGS", ())), out)
     finally:
         if smoke:
             if before is None:

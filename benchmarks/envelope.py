@@ -2,7 +2,8 @@
 
 Every scenario's result is one JSON object with these keys (`FIELDS`), written atomically as
 `<out>/<scenario>.json` (the latest result per scenario; git keeps the history):
-- `format`: `FORMAT`; `what`: one line; `scenario`: its name; `command`: the command line that made it;
+- `format`: `FORMAT`; `what`: one line; `scenario`: its name; `command`: the command line that made it, after those
+  of the scenario's `SETTINGS` (environment variables) that were set;
 - `commit`, `dirty`: the git revision; WORKBENCH_COMMIT, when set, names it instead (a copy of a working tree sent to
   another machine may carry a stale .git: the sender knows the commit, `dirty` is then None); `date`: UTC ISO time;
 - `device`: the device's description (GPU name, capability, CUDA); `versions`: torch, triton, diffusers, cuda, ...;
@@ -83,8 +84,11 @@ class Measurement:
     notes: list[str] = field(default_factory=list)
 
 
-def envelope(scenario: str, measurement: Measurement, device: torch.device, smoke: bool) -> dict[str, Any]:
-    """The full record of `measurement` made by this process on `device`."""
+def envelope(
+    scenario: str, measurement: Measurement, device: torch.device, smoke: bool, settings: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The full record of `measurement` made by this process on `device`; `settings`: the environment variables the
+    scenario reads (its `SETTINGS`), those set prefixing the record's command."""
     described = environment.describe(device)
     versions = {name: described["versions"].get(name) for name in ("python", "torch", "triton", "diffusers")}
     versions["cuda"] = torch.version.cuda
@@ -92,7 +96,7 @@ def envelope(scenario: str, measurement: Measurement, device: torch.device, smok
         "format": FORMAT,
         "what": measurement.what,
         "scenario": scenario,
-        "command": command_line(),
+        "command": command_line(settings),
         "commit": os.environ.get("WORKBENCH_COMMIT") or described["git"]["commit"],
         "dirty": None if os.environ.get("WORKBENCH_COMMIT") else described["git"]["dirty"],
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -106,12 +110,17 @@ def envelope(scenario: str, measurement: Measurement, device: torch.device, smok
     }
 
 
-def command_line() -> str:
-    """This process's command line, as typed (`python -m benchmarks ...` for the harness's entry point)."""
+def command_line(settings: tuple[str, ...] = ()) -> str:
+    """This process's command line, as typed (`python -m benchmarks ...` for the harness's entry point), after the
+    variables of `settings` that are set (`RING_CAPS=48GiB python -m benchmarks run ring ...`), so that it repeats
+    the run."""
     argv = list(sys.argv)
     if argv and Path(argv[0]).parts[-2:] == ("benchmarks", "__main__.py"):
-        return shlex.join(["python", "-m", "benchmarks", *argv[1:]])
-    return shlex.join([Path(sys.executable).name, *argv])
+        argv = ["python", "-m", "benchmarks", *argv[1:]]
+    else:
+        argv = [Path(sys.executable).name, *argv]
+    assigned = [f"{name}={shlex.quote(os.environ[name])}" for name in settings if name in os.environ]
+    return " ".join([*assigned, shlex.join(argv)])
 
 
 def write(record: dict[str, Any], out: Path) -> Path:

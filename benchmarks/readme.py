@@ -8,7 +8,7 @@ A block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->`:
 - `fits`: per named card and released model size (`workbench.model_sizes`), the memory planner's arrangement for one
   whole request at the model's reference size (bf16 weights, estimated activations), or "no" with the smallest cap
   that fits; then what `ring.json` measured under a cap, when present;
-- `headline`: the headline ratios of `HEADLINE` from `benchmarks/results/<scenario>.json` (current envelope only),
+- `headline`: the headline ratios of `HEADLINE` from `benchmarks/results/<stem>.json` (current envelope only),
   each with its CI95, device and date; a result that is missing is left out, never filled in.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from benchmarks.envelope import FORMAT
 
-# (scenario, ratio key, what it is): the figures a reader of the README looks for first.
+# (results file stem, ratio key, what it is): the figures a reader of the README looks for first.
 HEADLINE = (
     ("forward-wan", "stock/exact-fast", "Wan2.1-1.3B forward (32,760 tokens): exact-fast profile"),
     ("forward-wan", "stock/bit-equal", "Wan2.1-1.3B forward: the bit-equal set"),
@@ -44,7 +44,11 @@ HEADLINE = (
         "Wan2.1-1.3B 16-step request within the default quality budget (calibrated stack), held-out seed 42",
     ),
     ("memory", "stock/group_offload", "Wan2.1-1.3B request: group_offload under a memory cap (< 1: slower)"),
-    ("ring", "resident/ring+exact-fast-24GiB", "MiniMax-H3 forward under a 24 GiB cap: block ring + exact-fast"),
+    (
+        "ring-exact-fast-48GiB",
+        "resident/ring+exact-fast-48GiB",
+        "MiniMax-H3 forward under a 48 GiB cap: block ring + exact-fast (without FA4) vs resident stock",
+    ),
     ("request-capped", "resident/plan", "Wan2.1-14B request under a 24 GiB cap: the session's memory plan"),
 )
 
@@ -202,8 +206,8 @@ def _measured_h3_request(results: Path) -> list[str]:
 def headline_table(results: Path) -> list[str]:
     """The `HEADLINE` ratios found in `results` (current envelope), in `HEADLINE`'s order."""
     lines = ["| measurement | speed-up | CI95 | device, date |", "|---|---|---|---|"]
-    for scenario, key, label in HEADLINE:
-        path = results / f"{scenario}.json"
+    for stem, key, label in HEADLINE:
+        path = results / f"{stem}.json"
         if not path.exists():
             continue
         record = json.loads(path.read_text())

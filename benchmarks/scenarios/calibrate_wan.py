@@ -38,6 +38,7 @@ from workbench.quality import Budget
 NAME = "calibrate-wan"
 SUMMARY = "issue 22: calibrate + stack {plugins} to the default budget, Wan2.1-1.3B 16 steps"  # the run's plugins
 GPUS = 1
+SETTINGS = ("CALIBRATE_WAN_PLUGINS",)  # environment it reads (the record names those set)
 PLUGINS = ["block_sparse", "easycache"]  # CALIBRATE_WAN_PLUGINS overrides
 # each stacked plugin's fixed options: selective_fp8 through the fused row-wise path (torchao's eager quantization
 # costs about six torch passes per activation, as much as its FP8 GEMMs save on the H3 forward), its groups=N knob

@@ -34,6 +34,7 @@ from workbench.evidence.fanout import Fanout, Store
 NAME = "fanout-scaling"
 SUMMARY = "issue 27: Ray fan-out over 1/2/4/8 GPU workers of one host, Wan2.1-1.3B cells: cells per hour, efficiency"
 GPUS = 8
+SETTINGS = ("FANOUT_SCALING_WORKERS",)  # environment it reads (the record names those set)
 WORKERS = "1,2,4,8"
 CELLS_PER_WORKER = 2
 

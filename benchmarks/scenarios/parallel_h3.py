@@ -41,6 +41,7 @@ SUMMARY = (
     "with exact-fast"
 )
 GPUS = 8
+SETTINGS = ("PARALLEL_H3_WORLDS",)  # environment it reads (the record names those set)
 WORLDS = "2,4,8"
 SMOKE_WORLDS = (2,)
 TIMEOUT_S = 540.0

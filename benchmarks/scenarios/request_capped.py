@@ -57,7 +57,7 @@ from benchmarks.scenarios.ring import EMPTY_HOST_CACHE
 from benchmarks.workloads import wan_forward_inputs, wan_request
 from workbench import Result, Session
 from workbench.accelerations.memory.ring import module_bytes
-from workbench.evidence.resume import Journal, digest
+from workbench.evidence.resume import Journal, digest, parts_line
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.memory_plan import MemoryBudget, gib, plan_for
 from workbench.models import resolve, wan
@@ -68,6 +68,12 @@ SUMMARY = (
     "session's memory plan vs diffusers' group / model / sequential offloading vs resident (uncapped)"
 )
 GPUS = 1
+SETTINGS = (
+    "REQUEST_CAPPED_MODEL",
+    "REQUEST_CAPPED_CAP",
+    "REQUEST_CAPPED_STEPS",
+    "REQUEST_CAPPED_ARMS",
+)  # environment it reads (the record names those set)
 ALLOCATOR = "expandable_segments:True"  # the harness sets it; see benchmarks/__main__.py
 CAP, STEPS = "24GiB", 6
 MODELS = {"wan2.1-14b": wan.random_14b, "wan2.2-a14b": wan.random_a14b}  # REQUEST_CAPPED_MODEL
@@ -137,9 +143,8 @@ def run(context: Context) -> Measurement:
     if len({part["reference"] for part in parts}) > 1:
         notes.append("The resident requests of different processes differ bit for bit: compare parts with care.")
     notes.append(
-        f"{len(journal.steps)} part(s) over {len({s['session'] for s in journal.steps})} process(es): "
-        + ", ".join(f"{s['key']['arm']} {s['seconds']:.0f} s" for s in journal.steps)
-        + ". Ratios are resident / arm request seconds (< 1: the arm is slower), each inside its part."
+        parts_line(journal.steps, lambda s: s["key"]["arm"])
+        + " Ratios are resident / arm request seconds (< 1: the arm is slower), each inside its part."
     )
     notes.append(
         "Contracts: plan bitwise (latents and frames equal resident; frames differ where the plan tiles the decode); "

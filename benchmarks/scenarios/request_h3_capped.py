@@ -49,6 +49,7 @@ SUMMARY = (
     "736x992 t2va under a 48 GiB (or the set) cap: the session's memory plan, peak per stage"
 )
 GPUS = 1
+SETTINGS = ("REQUEST_H3_CAP",)  # environment it reads (the record names those set)
 ALLOCATOR = "expandable_segments:True"  # the harness sets it; see benchmarks/__main__.py
 CAP = "48GiB"
 RELEASE = "MiniMax-H3 33.1B"

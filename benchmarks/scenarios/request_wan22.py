@@ -47,7 +47,7 @@ from benchmarks.envelope import Context, Measurement, journal_parts
 from benchmarks.scenarios.request_wan import Requests, compare_requests, stage_notes
 from benchmarks.workloads import exact_fast, wan_request
 from workbench import Session
-from workbench.evidence.resume import Journal, digest
+from workbench.evidence.resume import Journal, digest, parts_line
 from workbench.models import experts, wan
 from workbench.quality import compare
 
@@ -57,6 +57,7 @@ SUMMARY = (
     "easycache per expert vs boundary-unaware against dense"
 )
 GPUS = 1
+SETTINGS = ("WAN22_STEPS", "WAN22_CACHE_STEPS", "WAN22_THRESHOLDS")  # environment it reads (the record names those set)
 STEPS, CACHE_STEPS, THRESHOLDS = 4, 12, (0.3,)  # WAN22_STEPS, WAN22_CACHE_STEPS, WAN22_THRESHOLDS
 SMOKE_STEPS, SMOKE_CACHE_STEPS = 1, 8
 CACHE = "easycache"
@@ -97,12 +98,7 @@ def run(context: Context) -> Measurement:
     if len(digests) > 1:
         notes.append("The dense cache-part requests of different processes differ bit for bit: compare thresholds "
                      "measured in different processes with care.")  # fmt: skip
-    processes = sorted({s["session"] for s in journal.steps})
-    notes.append(
-        f"{len(journal.steps)} part(s) over {len(processes)} process(es): "
-        + ", ".join(f"{s['kind']} {json.dumps(s['key'])} {s['seconds']:.0f} s" for s in journal.steps)
-        + "."
-    )
+    notes.append(parts_line(journal.steps, lambda s: f"{s['kind']} {json.dumps(s['key'])}"))
     notes.append(
         "Times: the session's request total (CUDA events per stage); pilots untimed. Random weights: quality figures "
         "compare outputs of the same noise, not image quality."

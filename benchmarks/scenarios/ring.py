@@ -51,6 +51,7 @@ SUMMARY = (
     "group_offload vs resident (uncapped)"
 )
 GPUS = 1
+SETTINGS = ("RING_CAPS", "RING_ARMS")  # environment it reads (the record names those set)
 ALLOCATOR = "expandable_segments:True"  # the harness sets it; see benchmarks/__main__.py
 GIB = 2**30
 CAPS = {"48GiB": 48 * GIB, "24GiB": 24 * GIB}

@@ -33,7 +33,8 @@ from workbench.models import ltx2, wan
 NAME = "vae-decode"
 SUMMARY = "VAE decode, Wan 480x832x81 and LTX-2 512x768x121 (bf16): stock vs fused_vae_decode per lever"
 GPUS = 1
-MODELS_ENV = "VAE_DECODE_MODELS"
+SETTINGS = ("VAE_DECODE_MODELS",)  # environment it reads (the record names those set)
+MODELS_ENV = SETTINGS[0]
 MODELS = ("wan", "ltx2")
 LATENTS = {"wan": (1, 16, 21, 60, 104), "ltx2": (1, 128, 16, 16, 24)}
 SMOKE_LATENTS = {"wan": (1, 16, 2, 4, 6), "ltx2": (1, 4, 2, 4, 6)}

@@ -102,6 +102,10 @@ def test_envelope_names_the_commit_the_sender_gives(monkeypatch):
     given = envelope("kernels", measurement, torch.device("cpu"), smoke=True)
     assert given["commit"] == "0123456789ab" and given["dirty"] is None
     assert from_git["commit"] != "0123456789ab" and set(given) == set(FIELDS)
+    monkeypatch.setenv("RING_CAPS", "48GiB")  # a scenario's setting that is set leads the command; one unset does not
+    monkeypatch.delenv("RING_ARMS", raising=False)
+    command = envelope("ring", measurement, torch.device("cpu"), True, ("RING_CAPS", "RING_ARMS"))["command"]
+    assert command.startswith("RING_CAPS=48GiB ") and "RING_ARMS" not in command
 
 
 def test_calibrate_wan_stops_unfinished_at_max_seconds_and_the_same_command_finishes_it(tmp_path, capsys):
@@ -119,26 +123,16 @@ def test_calibrate_wan_stops_unfinished_at_max_seconds_and_the_same_command_fini
     assert not (tmp_path / "calibrate-wan" / "calibrate.partial.json").exists()
 
 
-def test_the_committed_request_capped_partial_record_is_what_the_scenario_would_resume():
-    """The H200 run's partial record of request-capped (its finished arms, benchmarks/results/request-capped/) goes on
-    in the next device call only if the scenario still agrees with it: default model, request (resolved by the
-    model's defaults), cap and arms. A drift would have the resume refused on the GPU and its device time lost."""
-    from pathlib import Path
+def test_scenarios_declare_the_environment_they_read():
+    """A scenario's knobs in the environment (`os.environ.get("RING_CAPS")`) are listed in its `SETTINGS`, so the
+    record's command repeats the run; the harness's own variables are not knobs."""
+    import inspect
+    import re
 
-    import torch
-
-    from benchmarks.scenarios import request_capped
-    from benchmarks.workloads import wan_request
-    from workbench.memory_plan import parse_bytes
-    from workbench.models.family import shapes_only
-
-    root = Path(__file__).resolve().parents[2]
-    run = json.loads((root / "benchmarks/results/request-capped/calibrate.partial.json").read_text())["run"]
-    with shapes_only():
-        model = request_capped.MODELS["wan2.1-14b"](0, "meta", torch.bfloat16)
-    request = wan_request(request_capped.STEPS, smoke=False).resolved(model.family, model.defaults)
-    assert (run["model"], run["request"]) == (model.name, request.to_dict())
-    assert (run["cap"], tuple(run["arms"])) == (parse_bytes(request_capped.CAP), request_capped.ARMS)
+    harness = {"PYTORCH_CUDA_ALLOC_CONF", "TRITON_INTERPRET", "WORKBENCH_COMMIT", "TQDM_DISABLE"}
+    for name, module in SCENARIOS.items():
+        read = set(re.findall(r'environ(?:\.get)?[\(\[]\s*"([A-Z0-9_]+)"', inspect.getsource(module))) - harness
+        assert read <= set(getattr(module, "SETTINGS", ())), (name, read)
 
 
 def test_calibrate_wan_takes_its_plugins_from_the_environment_and_refuses_a_partial_of_others(

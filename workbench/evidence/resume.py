@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench import environment
 from workbench.evidence.harness import SUITE_ORDER
 from workbench.evidence.records import read_record, record_bytes, write_record
 from workbench.result import Result
@@ -115,6 +116,7 @@ class Journal:
         self.steps: list[dict[str, Any]] = []
         self.references: list[dict[str, str]] | None = None
         self.session = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+        self.commit = os.environ.get("WORKBENCH_COMMIT") or environment.git_revision()["commit"]
         self.start, self.cursor, self.new, self.longest = time.perf_counter(), 0, 0, {}
         if self.path is not None and self.path.exists():
             record = read_partial(self.path)
@@ -164,7 +166,16 @@ class Journal:
         value = _plain(run())
         seconds = time.perf_counter() - start
         self.longest[kind] = max(self.longest.get(kind, 0.0), seconds)
-        self.steps.append({"kind": kind, "key": key, "value": value, "session": self.session, "seconds": seconds})
+        self.steps.append(
+            {
+                "kind": kind,
+                "key": key,
+                "value": value,
+                "session": self.session,
+                "commit": self.commit,
+                "seconds": seconds,
+            }
+        )
         self.cursor, self.new = self.cursor + 1, self.new + 1
         self._write(f"in progress: {len(self.steps)} step(s) recorded")
         return value
@@ -212,6 +223,15 @@ def merge_cases(records: list[dict[str, Any]]) -> dict[str, Any]:
     cases in order, the verdict the weakest case's, the rest the first record's (as `qualify` of all at once)."""
     cases = [case for record in records for case in record["cases"]]
     return {**records[0], "verdict": min((c["verdict"] for c in cases), key=SUITE_ORDER.index), "cases": cases}
+
+
+def parts_line(steps: list[dict[str, Any]], name: Callable[[dict[str, Any]], str]) -> str:
+    """The steps of a run in parts, in words: "3 part(s) over 2 process(es): plan 338 s (commit 0f45a4d), ..." with
+    each step's `name(step)`, seconds and, when recorded, the commit that ran it (parts may come from several)."""
+    shown = [
+        f"{name(s)} {s['seconds']:.0f} s" + (f" (commit {s['commit'][:7]})" if s.get("commit") else "") for s in steps
+    ]
+    return f"{len(steps)} part(s) over {len({s['session'] for s in steps})} process(es): {', '.join(shown)}."
 
 
 def describe(kind: str, key: dict[str, Any]) -> str:

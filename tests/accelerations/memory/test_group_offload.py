@@ -58,3 +58,32 @@ def test_stream_with_several_blocks_per_group_is_refused():
     session = Session.open("tiny-wan", device="cuda")
     with pytest.raises(ValueError, match="must be 1 with use_stream=True"):
         session.accelerate({"group_offload": {"num_blocks_per_group": 2}})
+
+
+def test_uninstall_frees_the_host_copies_at_once():
+    """diffusers' hooks and groups hold each other in reference cycles; uninstall collects them, so the groups' host
+    copies of the weights (pinned on CUDA, the whole model) are gone before the next install, even with the
+    collector's automatic passes off. Built on the CPU without streams: the handle itself, not the plugin's CUDA check."""
+    import gc
+    import weakref
+
+    from diffusers.hooks.group_offloading import _GROUP_OFFLOADING
+
+    from workbench.accelerations.memory import group_offload
+
+    session = Session.open("tiny-wan", device="cpu")
+    denoisers = session.model.denoisers()
+    gc.disable()
+    try:
+        handle = group_offload._Installed(
+            group_offload.SPEC, {"num_blocks_per_group": 1, "use_stream": False}, denoisers, torch.device("cpu")
+        )
+        hooks = [m._diffusers_hook.get_hook(_GROUP_OFFLOADING) for d in denoisers for m in d.modules()
+                 if getattr(m, "_diffusers_hook", None) is not None]  # fmt: skip
+        groups = [weakref.ref(hook.group) for hook in hooks if hook is not None]
+        del hooks
+        assert groups and all(group() is not None for group in groups)
+        handle.uninstall()
+        assert [group() for group in groups] == [None] * len(groups)
+    finally:
+        gc.enable()

@@ -8,12 +8,14 @@ copied, not converted, so the output equals dense bit for bit; the trade is GPU 
 Receipt: `onloads` and `offloads` count calls of each module group's `onload_`/`offload_` (wrapped
 on the group objects diffusers creates; those objects are dropped on uninstall, so nothing on the
 model is left wrapped). An onload is a real host-to-device copy of that group's weights.
-Uninstall removes diffusers' group-offloading hooks, drops the forwards the hook registry restored
-and moves the denoiser back to the session device, where it was before.
+Uninstall removes diffusers' group-offloading hooks, drops the forwards the hook registry restored,
+moves the denoiser back to the session device, where it was before, and runs the garbage collector: the
+hooks' reference cycles would otherwise keep the pinned host copies of the weights alive.
 """
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +86,10 @@ class _Installed(Handle):
                 registry.remove_hook(name, recurse=True)
             drop_restored_forwards(denoiser)
             denoiser.to(self.device)
+        # diffusers' hooks and groups (and the receipt's wrappers above) hold each other in reference cycles, which
+        # free only in a collector pass: until then the groups' pinned host copies of the weights (up to the whole
+        # model) stay allocated, and a second install on top of them can exhaust host memory
+        gc.collect()
 
 
 @dataclass(frozen=True)
