@@ -46,6 +46,7 @@ from workbench.kernels import attention_quantize as aq
 from workbench.kernels import block_sparse_attend
 from workbench.kernels import block_sparse_attention as bsa
 from workbench.kernels import fp8_attention as fa
+from workbench.kernels._runtime import capability
 
 NAME = "fp8-attention"
 SUMMARY = "low-bit attention (QK int8/e4m3 x PV fp8/bf16) vs cuDNN and FA4; block_sparse 20 % exact vs low-bit"
@@ -59,7 +60,12 @@ LAUNCHES = {
     "m64_n64_w4_s3": fa.Launch(64, 64, 4, 3),
     "m128_n128_w8_s2": fa.Launch(128, 128, 8, 2),
     "m128_n128_w8_s3": fa.Launch(128, 128, 8, 3),
+    # the Gluon kernel with explicit overlap (kernels/fp8_attention_sm90.py; pv="fp8" on sm_90 only): candidates
+    "gluon_m64_n64_w4_s3": fa.Launch(64, 64, 4, 3, gluon=True),
+    "gluon_m64_n64_w4_s4": fa.Launch(64, 64, 4, 4, gluon=True),
+    "gluon_m64_n128_w4_s3": fa.Launch(64, 128, 4, 3, gluon=True),
 }
+GLUON_CALL = ("gluon_m64_n64_w4_s3", ("int8", "fp8"))  # the candidate also timed as a whole call, A/B/A
 CAPTURE_MODEL = "demo-av"  # trained: its attention activations are a model's, not synthetic
 CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hum"
 HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3): the kernels' case measured here
@@ -175,6 +181,9 @@ def run(context: Context) -> Measurement:
         notes.append(f"FlashAttention-4 not measured: {reason}.")
     _, flops = fa.cost(tuple(q.shape))
     scale = HEAD_DIM**-0.5
+    gluon_here = capability(device) == 90
+    if not gluon_here:
+        notes.append("The Gluon launches (sm_90, pv=fp8) are not measured on this device.")
     for qk, pv in PAIRS:
         name = f"fp8_attention[{_label(qk, pv)}]"
         z = aq.quantize(q, k, v, pv, qk=qk)
@@ -195,13 +204,26 @@ def run(context: Context) -> Measurement:
             "bytes_moved": fa.cost(tuple(q.shape), pv, dtype)[0],
         }
         if (qk, pv) in SWEEP_PAIRS:
-            sweep = {}
+            shipped, sweep = out.clone(), {}
             for label, launch in LAUNCHES.items():
+                if launch.gluon and not (pv == "fp8" and gluon_here):
+                    continue
                 timing = time_call(lambda z=z, out=out, launch=launch: fa.attend(z, out, tokens, scale, launch),
                                    device, **clock)  # fmt: skip
-                sweep[label] = {"kernel": timing.to_dict(), "kernel_tflops": flops / timing.median_s / 1e12}
+                sweep[label] = {"kernel": timing.to_dict(), "kernel_tflops": flops / timing.median_s / 1e12,
+                                "rel_l2_vs_shipped": rel_l2(out, shipped)}  # fmt: skip
             arms[name]["launch_sweep"] = sweep
         visits[name] = lambda pv=pv, qk=qk: fa.fp8_attention(q, k, v, pv=pv, qk=qk)
+        if gluon_here and (qk, pv) == GLUON_CALL[1]:
+            launch = LAUNCHES[GLUON_CALL[0]]
+            gluon_name = f"fp8_attention[{_label(qk, pv)} {GLUON_CALL[0]}]"
+            arms[gluon_name] = {"rel_l2_vs_dense": {
+                kind: rel_l2(fa.fp8_attention(*qkv, pv=pv, qk=qk, launch=launch), dense(*qkv))
+                for kind, qkv in inputs.items()
+            }}  # fmt: skip
+            visits[gluon_name] = lambda pv=pv, qk=qk, launch=launch: fa.fp8_attention(
+                q, k, v, pv=pv, launch=launch, qk=qk
+            )
     ratios: dict[str, Any] = {}
     candidates = {name: fn for name, fn in visits.items() if name.startswith("fp8_attention")}
     for baseline in [name for name in ("cudnn", "flash4") if name in visits]:
@@ -225,7 +247,8 @@ def run(context: Context) -> Measurement:
         "output; `structured` and `outliers` q/k are synthetic; `captured_rel_l2_vs_dense` is per call on the trained "
         f"{CAPTURE_MODEL}'s video self-attention ({len(captured)} calls of one dense request). "
         f"`launch_sweep` (kernel alone, {', '.join(_label(*p) for p in SWEEP_PAIRS)}) against the shipped launches "
-        f"{fa.DEFAULT} (pv=fp8) and {fa.BF16_PV} (pv=bf16). "
+        f"{fa.DEFAULT} (pv=fp8) and {fa.BF16_PV} (pv=bf16); each swept launch's `rel_l2_vs_shipped` is against the "
+        "shipped launch's output on the same operands (another block_n quantizes P over other tiles). "
         f"block_sparse@{SPARSE_DENSITY:.2f}: structured q/k, low-precision arms A/B/A against the exact arm."
     )
     if smoke:
