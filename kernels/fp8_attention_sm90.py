@@ -1,5 +1,5 @@
 """fp8_attention's kernel (step 3 of `fp8_attention`'s module doc) for Hopper in Gluon, with FlashAttention-3's
-intra-warpgroup overlap: the candidate launch `fp8_attention.Launch(gluon=True)`, pv="fp8" on sm_90 only.
+intra-warpgroup overlap: the candidate launch `fp8_attention.Launch(gluon=True)`, on sm_90 only.
 
 Triton's pipeliner waits for every tensor-core dot right after issuing it (its TTGIR shows `warp_group_dot_wait
 {pendings = 0}` after each dot of the key loop, however the loop is written), so the exponentials of a tile never
@@ -11,13 +11,14 @@ softmax runs, and the accumulator is rescaled once that P.V lands. K and V tiles
 dot from registers.
 
 The maths is `fp8_attention.quantized_tile`'s, operation for operation: the same logits `(q8 . k8) * factor`, running
-max and sum, P rounded as `P * 448` to e4m3 (round to nearest even), the accumulator rescaled by alpha before each
+max and sum, P rounded as `P * 448` to e4m3 or to bf16 (round to nearest even), the accumulator rescaled by alpha before each
 P.V is added (the accumulation order per tile is the Triton kernel's), the same epilogue. Only the order of the
 row reductions and of the sums inside the dots may differ: the output equals `fp8_attention.reference(...,
 block_n=launch.block_n)` up to fp32 rounding, the contract of the Triton kernel.
 
 Operands: `attention_quantize.quantize`'s q8, k8 (B, H, T', D) e4m3 or int8 (T' a multiple of QUANT_BLOCK, zero rows
-past T), per-128-token scales, v8 transposed (B, H, D, Tk') e4m3 with per-channel scales; D in 32, 64, 128. Not
+past T), per-128-token scales; v8 transposed (B, H, D, Tk') e4m3 with per-channel scales (pv="fp8") or v bf16 in
+its own strides (pv="bf16"); D in 32, 64, 128. Not
 interpretable: Gluon has no CPU interpreter (`tests/kernels/test_targets.py` compiles it for sm_90 without a GPU).
 """
 
@@ -36,9 +37,12 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
 @gluon.jit
-def _probs(s, factor, limit, m_i, l_i, MASKED: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """One tile's online-softmax step on unscaled logits `s` (M, N) fp32: the new running max and sum (M,), P * 448
-    in e4m3 and alpha (M,), the accumulator's rescale. MASKED: keys `limit` and later weigh nothing."""
+def _probs(
+    s, factor, limit, m_i, l_i, MASKED: gl.constexpr, PV_FP8: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr
+):  # fmt: skip
+    """One tile's online-softmax step on unscaled logits `s` (M, N) fp32: the new running max and sum (M,), P
+    rounded for the P.V dot (PV_FP8: `P * 448` in e4m3, else bf16) and alpha (M,), the accumulator's rescale.
+    MASKED: keys `limit` and later weigh nothing."""
     s = s * factor  # log2 units
     if MASKED:
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -47,55 +51,74 @@ def _probs(s, factor, limit, m_i, l_i, MASKED: gl.constexpr, BLOCK_N: gl.constex
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s - gl.expand_dims(m_new, 1))  # <= 1
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    return m_new, l_i, (p * 448.0).to(gl.float8e4nv), alpha
+    if PV_FP8:
+        rounded = (p * 448.0).to(gl.float8e4nv)
+    else:
+        rounded = p.to(gl.bfloat16)
+    return m_new, l_i, rounded, alpha
 
 
 @gluon.jit
-def _load_tile(k_desc, v_desc, bar, k_buf, v_buf, tile, n, BLOCK_N: gl.constexpr, D: gl.constexpr):
-    """Key tile `tile` (when it exists, `tile < n`) into one ring buffer: K (BLOCK_N, D) and V^T (D, BLOCK_N)."""
-    mbarrier.expect(bar, 2 * BLOCK_N * D, pred=tile < n)  # one byte an element, both tiles
+def _load_tile(
+    k_desc, v_desc, bar, k_buf, v_buf, tile, n, PV_FP8: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr
+):  # fmt: skip
+    """Key tile `tile` (when it exists, `tile < n`) into one ring buffer: K (BLOCK_N, D), and V^T (D, BLOCK_N) e4m3
+    (PV_FP8) or V (BLOCK_N, D) bf16 (rows past Tk arrive as zeros)."""
+    mbarrier.expect(bar, (1 + v_desc.dtype.primitive_bitwidth // 8) * BLOCK_N * D, pred=tile < n)
     _tma_load(k_desc, [tile * BLOCK_N, 0], bar, k_buf, pred=tile < n)
-    _tma_load(v_desc, [0, tile * BLOCK_N], bar, v_buf, pred=tile < n)
+    if PV_FP8:
+        _tma_load(v_desc, [0, tile * BLOCK_N], bar, v_buf, pred=tile < n)
+    else:
+        _tma_load(v_desc, [tile * BLOCK_N, 0], bar, v_buf, pred=tile < n)
 
 
 @gluon.jit
 def _fp8_attention_sm90(
     q_ptr, qs_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, out_ptr,
     H, TQ, TK, TQP, TKP, qk_scale,
+    v_sb, v_sh, v_st,
     o_sb, o_sh, o_st,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, QUANT: gl.constexpr, STAGES: gl.constexpr,
-    QK_INT8: gl.constexpr, num_warps: gl.constexpr,
+    QK_INT8: gl.constexpr, PV_FP8: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     pid = gl.program_id(0)
     bh = gl.program_id(1).to(gl.int64)
     b = bh // H
     h = bh % H
     # wgmma's accumulator layouts: logits (BLOCK_M, BLOCK_N) and output (BLOCK_M, D); P enters the P.V dot from
-    # registers in the output's operand layout (k_width 4: one byte an element)
+    # registers in the output's operand layout (32 bits of P per k step: 4 e4m3 or 2 bf16 values)
+    v_dtype: gl.constexpr = gl.float8e4nv if PV_FP8 else gl.bfloat16
+    pv_k: gl.constexpr = 256 // v_dtype.primitive_bitwidth
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32]
     )
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, D, 32]
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, D, pv_k]
     )
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=pv_k // 8)
     qk_dtype: gl.constexpr = gl.int8 if QK_INT8 else gl.float8e4nv
     s_dtype: gl.constexpr = gl.int32 if QK_INT8 else gl.float32  # an int8 dot accumulates exactly in int32
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], qk_dtype)
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], qk_dtype)
-    v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D, BLOCK_N], gl.float8e4nv)
+    v_block: gl.constexpr = [D, BLOCK_N] if PV_FP8 else [BLOCK_N, D]
+    v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(v_block, v_dtype)
     q_desc = tma.make_tensor_descriptor(
         q_ptr + bh * TQP * D, shape=[TQP, D], strides=[D, 1], block_shape=[BLOCK_M, D], layout=q_layout
     )
     k_desc = tma.make_tensor_descriptor(
         k_ptr + bh * TKP * D, shape=[TKP, D], strides=[D, 1], block_shape=[BLOCK_N, D], layout=k_layout
     )
-    v_desc = tma.make_tensor_descriptor(  # v8 transposed: (D, TKP) per head
-        v_ptr + bh * D * TKP, shape=[D, TKP], strides=[TKP, 1], block_shape=[D, BLOCK_N], layout=v_layout
-    )
+    if PV_FP8:  # v8 transposed: (D, TKP) per head
+        v_desc = tma.make_tensor_descriptor(
+            v_ptr + bh * D * TKP, shape=[D, TKP], strides=[TKP, 1], block_shape=v_block, layout=v_layout
+        )
+    else:  # v bf16 in its own strides: (TK, D) per head
+        v_desc = tma.make_tensor_descriptor(
+            v_ptr + b * v_sb + h * v_sh, shape=[TK, D], strides=[v_st, 1], block_shape=v_block, layout=v_layout
+        )
     q_smem = gl.allocate_shared_memory(qk_dtype, [BLOCK_M, D], q_layout)
     k_smem = gl.allocate_shared_memory(qk_dtype, [STAGES, BLOCK_N, D], k_layout)
-    v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, D, BLOCK_N], v_layout)
+    v_smem = gl.allocate_shared_memory(v_dtype, [STAGES, v_block[0], v_block[1]], v_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
@@ -107,7 +130,7 @@ def _fp8_attention_sm90(
     mbarrier.expect(q_bar, BLOCK_M * D)
     _tma_load(q_desc, [pid * BLOCK_M, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):  # tile i waits in buffer i % STAGES
-        _load_tile(k_desc, v_desc, kv_bar.index(i), k_smem.index(i), v_smem.index(i), i, n, BLOCK_N, D)
+        _load_tile(k_desc, v_desc, kv_bar.index(i), k_smem.index(i), v_smem.index(i), i, n, PV_FP8, BLOCK_N, D)
     q_scale = gl.load(qs_ptr + bh * (TQP // QUANT) + (pid * BLOCK_M) // QUANT) * qk_scale
     ks_row = ks_ptr + bh * (TKP // QUANT)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -120,27 +143,37 @@ def _fp8_attention_sm90(
                       use_acc=False, is_async=True)  # fmt: skip
     s = warpgroup_mma_wait(0, deps=(s,)).to(gl.float32)
     if last == 0:
-        m_i, l_i, p, alpha = _probs(s, q_scale * gl.load(ks_row), TK, m_i, l_i, True, BLOCK_N, s_layout)
+        m_i, l_i, p, alpha = _probs(s, q_scale * gl.load(ks_row), TK, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
     else:
-        m_i, l_i, p, alpha = _probs(s, q_scale * gl.load(ks_row), 0, m_i, l_i, False, BLOCK_N, s_layout)
+        m_i, l_i, p, alpha = _probs(s, q_scale * gl.load(ks_row), 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
     for j in range(1, n):
         buf = j % STAGES
         done = (j - 1) % STAGES  # tile j-1's buffer: its P.V is issued below
         mbarrier.wait(kv_bar.index(buf), (j // STAGES) & 1)
         s = warpgroup_mma(q_smem, k_smem.index(buf).permute((1, 0)),
                           gl.zeros([BLOCK_M, BLOCK_N], s_dtype, layout=s_layout), use_acc=False, is_async=True)  # fmt: skip
-        pv = warpgroup_mma(gl.convert_layout(p, p_layout), v_smem.index(done).permute((1, 0)), acc, is_async=True)
+        if PV_FP8:  # V as the dot's (N, D) operand: the transposed e4m3 tile seen back (K-major, as FP8 dots need)
+            v_op = v_smem.index(done).permute((1, 0))
+        else:
+            v_op = v_smem.index(done)
+        pv = warpgroup_mma(gl.convert_layout(p, p_layout), v_op, acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s,)).to(gl.float32)  # the logits; tile j-1's P.V still in flight
         factor = q_scale * gl.load(ks_row + j * BLOCK_N // QUANT)
         if j == last:
-            m_i, l_i, p, alpha = _probs(s, factor, TK - j * BLOCK_N, m_i, l_i, True, BLOCK_N, s_layout)
+            m_i, l_i, p, alpha = _probs(s, factor, TK - j * BLOCK_N, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
         else:
-            m_i, l_i, p, alpha = _probs(s, factor, 0, m_i, l_i, False, BLOCK_N, s_layout)
+            m_i, l_i, p, alpha = _probs(s, factor, 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
         acc = warpgroup_mma_wait(0, deps=(pv,))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         refill = j - 1 + STAGES  # both dots that read buffer `done` have completed
-        _load_tile(k_desc, v_desc, kv_bar.index(done), k_smem.index(done), v_smem.index(done), refill, n, BLOCK_N, D)
-    pv = warpgroup_mma(gl.convert_layout(p, p_layout), v_smem.index(last % STAGES).permute((1, 0)), acc, is_async=True)
+        _load_tile(
+            k_desc, v_desc, kv_bar.index(done), k_smem.index(done), v_smem.index(done), refill, n, PV_FP8, BLOCK_N, D
+        )
+    if PV_FP8:
+        v_op = v_smem.index(last % STAGES).permute((1, 0))
+    else:
+        v_op = v_smem.index(last % STAGES)
+    pv = warpgroup_mma(gl.convert_layout(p, p_layout), v_op, acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(pv,))
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
@@ -148,23 +181,23 @@ def _fp8_attention_sm90(
 
     d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout)).to(gl.int64)
     rows = pid * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    v_scale = gl.load(vs_ptr + bh * D + d)
-    total = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    out = acc * gl.expand_dims(v_scale, 0) / gl.expand_dims(total, 1)
+    if PV_FP8:
+        acc = acc * gl.expand_dims(gl.load(vs_ptr + bh * D + d), 0)
+    out = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
     optr = out_ptr + b * o_sb + h * o_sh + gl.expand_dims(rows.to(gl.int64), 1) * o_st + gl.expand_dims(d, 0)
     gl.store(optr, out.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(rows < TQ, 1))
 
 
 def attend_sm90(z: Quantized, out: torch.Tensor, tk: int, qk_scale: float, block_m: int, block_n: int,
                 num_warps: int, num_stages: int) -> None:  # fmt: skip
-    """The kernel on `quantize`'s operands (pv="fp8") of Tk = `tk` keys into `out` (B, H, Tq, D) of any strides;
+    """The kernel on `quantize`'s operands of Tk = `tk` keys into `out` (B, H, Tq, D) of any strides;
     `qk_scale` is the softmax scale times log2(e). `fp8_attention.attend` checks the launch and calls this."""
     b, h, tq, d = out.shape
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=out.device))
     _fp8_attention_sm90[(triton.cdiv(tq, block_m), b * h)](
-        z.q8, z.q_scale, z.k8, z.k_scale, z.v, z.v_scale, out,
+        z.q8, z.q_scale, z.k8, z.k_scale, z.v, z.q_scale if z.v_scale is None else z.v_scale, out,
         h, tq, tk, z.q8.shape[2], z.k8.shape[2], qk_scale,
-        *out.stride()[:3],
+        *z.v.stride()[:3], *out.stride()[:3],
         BLOCK_M=block_m, BLOCK_N=block_n, D=d, QUANT=QUANT_BLOCK, STAGES=num_stages, QK_INT8=z.qk == "int8",
-        num_warps=num_warps,
+        PV_FP8=z.pv == "fp8", num_warps=num_warps,
     )  # fmt: skip

@@ -12,8 +12,9 @@ and k share smooth positional features, as video attention does); `outliers` (`o
 shared channel offset and 4 outlier channels, as a DiT's q/k norm leaves them); and per call on `captured` q, k, v:
 the video self-attention of the trained demo-av (4 heads of 48, zero-padded to 64 by the kernel) recorded during one
 dense request (`captured_calls`), median and worst call with the median per step. A launch sweep (`LAUNCHES`) times the
-kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages; the A/B/A arms use the shipped
-launch (`launch_for`). `compiled` lists what Triton's JIT built in this process for the attention and quantization
+kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages, and the Gluon kernel's launches
+on sm_90 (each with its error against the shipped launch's output); the A/B/A arms use the shipped launch
+(`launch_for`), and on sm_90 one Gluon launch (`GLUON_CALL`) per pair of `SWEEP_PAIRS` as a whole call too. `compiled` lists what Triton's JIT built in this process for the attention and quantization
 kernels: launch, registers and spilled bytes per variant (from the JIT's cache; the CPU compile reports of
 `workbench.kernels.targets` should agree).
 
@@ -60,12 +61,12 @@ LAUNCHES = {
     "m64_n64_w4_s3": fa.Launch(64, 64, 4, 3),
     "m128_n128_w8_s2": fa.Launch(128, 128, 8, 2),
     "m128_n128_w8_s3": fa.Launch(128, 128, 8, 3),
-    # the Gluon kernel with explicit overlap (kernels/fp8_attention_sm90.py; pv="fp8" on sm_90 only): candidates
+    # the Gluon kernel with explicit overlap (kernels/fp8_attention_sm90.py; sm_90 only): candidates
     "gluon_m64_n64_w4_s3": fa.Launch(64, 64, 4, 3, gluon=True),
     "gluon_m64_n64_w4_s4": fa.Launch(64, 64, 4, 4, gluon=True),
     "gluon_m64_n128_w4_s3": fa.Launch(64, 128, 4, 3, gluon=True),
 }
-GLUON_CALL = ("gluon_m64_n64_w4_s3", ("int8", "fp8"))  # the candidate also timed as a whole call, A/B/A
+GLUON_CALL = "gluon_m64_n64_w4_s3"  # the candidate also timed as a whole call, A/B/A, for each of SWEEP_PAIRS
 CAPTURE_MODEL = "demo-av"  # trained: its attention activations are a model's, not synthetic
 CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hum"
 HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3): the kernels' case measured here
@@ -183,7 +184,7 @@ def run(context: Context) -> Measurement:
     scale = HEAD_DIM**-0.5
     gluon_here = capability(device) == 90
     if not gluon_here:
-        notes.append("The Gluon launches (sm_90, pv=fp8) are not measured on this device.")
+        notes.append("The Gluon launches (sm_90 only) are not measured on this device.")
     for qk, pv in PAIRS:
         name = f"fp8_attention[{_label(qk, pv)}]"
         z = aq.quantize(q, k, v, pv, qk=qk)
@@ -206,7 +207,7 @@ def run(context: Context) -> Measurement:
         if (qk, pv) in SWEEP_PAIRS:
             shipped, sweep = out.clone(), {}
             for label, launch in LAUNCHES.items():
-                if launch.gluon and not (pv == "fp8" and gluon_here):
+                if launch.gluon and not gluon_here:
                     continue
                 timing = time_call(lambda z=z, out=out, launch=launch: fa.attend(z, out, tokens, scale, launch),
                                    device, **clock)  # fmt: skip
@@ -214,9 +215,9 @@ def run(context: Context) -> Measurement:
                                 "rel_l2_vs_shipped": rel_l2(out, shipped)}  # fmt: skip
             arms[name]["launch_sweep"] = sweep
         visits[name] = lambda pv=pv, qk=qk: fa.fp8_attention(q, k, v, pv=pv, qk=qk)
-        if gluon_here and (qk, pv) == GLUON_CALL[1]:
-            launch = LAUNCHES[GLUON_CALL[0]]
-            gluon_name = f"fp8_attention[{_label(qk, pv)} {GLUON_CALL[0]}]"
+        if gluon_here and (qk, pv) in SWEEP_PAIRS:
+            launch = LAUNCHES[GLUON_CALL]
+            gluon_name = f"fp8_attention[{_label(qk, pv)} {GLUON_CALL}]"
             arms[gluon_name] = {"rel_l2_vs_dense": {
                 kind: rel_l2(fa.fp8_attention(*qkv, pv=pv, qk=qk, launch=launch), dense(*qkv))
                 for kind, qkv in inputs.items()

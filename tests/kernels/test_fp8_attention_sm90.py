@@ -12,19 +12,18 @@ from workbench.kernels.fp8_attention import Launch, attend, fp8_attention, refer
 from workbench.kernels.targets import TARGETS, _ptxas_usage
 
 
-def _compile(qk: str, d: int, block_n: int, stages: int):
+def _compile(qk: str, pv: str, d: int, block_n: int, stages: int):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     q = "*i8" if qk == "int8" else "*fp8e4nv"
-    pointers = dict(q_ptr=q, qs_ptr="*fp32", k_ptr=q, ks_ptr="*fp32", v_ptr="*fp8e4nv", vs_ptr="*fp32", out_ptr="*bf16")
-    scalars = dict(
-        H="i32", TQ="i32", TK="i32", TQP="i32", TKP="i32", qk_scale="fp32", o_sb="i64", o_sh="i64", o_st="i64"
-    )
-    constants = dict(
-        BLOCK_M=64, BLOCK_N=block_n, D=d, QUANT=QUANT_BLOCK, STAGES=stages, QK_INT8=qk == "int8", num_warps=4
-    )
+    v = "*fp8e4nv" if pv == "fp8" else "*bf16"
+    pointers = dict(q_ptr=q, qs_ptr="*fp32", k_ptr=q, ks_ptr="*fp32", v_ptr=v, vs_ptr="*fp32", out_ptr="*bf16")
+    scalars = dict(H="i32", TQ="i32", TK="i32", TQP="i32", TKP="i32", qk_scale="fp32")
+    scalars |= dict.fromkeys(("v_sb", "v_sh", "v_st", "o_sb", "o_sh", "o_st"), "i64")
+    constants = dict(BLOCK_M=64, BLOCK_N=block_n, D=d, QUANT=QUANT_BLOCK, STAGES=stages)
+    constants |= dict(QK_INT8=qk == "int8", PV_FP8=pv == "fp8", num_warps=4)
     signature = {**pointers, **scalars, **dict.fromkeys(constants, "constexpr")}
     source = GluonASTSource(
         fp8_attention_sm90._fp8_attention_sm90,
@@ -34,13 +33,15 @@ def _compile(qk: str, d: int, block_n: int, stages: int):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
-@pytest.mark.parametrize(("qk", "d", "block_n"), [("int8", 128, 64), ("e4m3", 64, 64)])
-def test_key_loop_overlaps_softmax_with_the_pv_dot(monkeypatch, qk, d, block_n):
+@pytest.mark.parametrize(
+    ("qk", "pv", "d", "block_n"), [("int8", "fp8", 128, 64), ("int8", "bf16", 128, 64), ("e4m3", "fp8", 64, 64)]
+)
+def test_key_loop_overlaps_softmax_with_the_pv_dot(monkeypatch, qk, pv, d, block_n):
     """In the key loop's PTX the logits and P.V dots are issued together and the wait leaves one group in flight
     (`wait_group 1`) while the exponentials run; no register spills; the shared memory fits sm_90 twice (two blocks
     on an SM)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    kernel = _compile(qk, d, block_n, 3)
+    kernel = _compile(qk, pv, d, block_n, 3)
     ptx = kernel.asm["ptx"]
     events = "".join(
         "1" if "wait_group.sync.aligned 1" in line else "0" if "wait_group.sync.aligned 0" in line
@@ -59,7 +60,7 @@ def test_gluon_launch_is_checked_and_refused_off_sm90(rng):
         Launch(block_m=128, gluon=True)
     q, k, v = (torch.randn(1, 1, 128, 64, generator=rng) for _ in range(3))
     out = torch.empty_like(q)
-    with pytest.raises(RuntimeError, match="runs pv='fp8' compiled on sm_90 only"):
+    with pytest.raises(RuntimeError, match="runs compiled on sm_90 only"):
         attend(quantize(q, k, v, "fp8"), out, 128, 0.125, Launch(block_n=64, gluon=True))
 
 
@@ -67,10 +68,10 @@ def test_gluon_launch_is_checked_and_refused_off_sm90(rng):
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm_90 GPU"
 )
-@pytest.mark.parametrize("qk", ["int8", "e4m3"])
+@pytest.mark.parametrize(("qk", "pv"), [("int8", "fp8"), ("e4m3", "fp8"), ("int8", "bf16")])
 @pytest.mark.parametrize("block_n", [64, 128])
 @pytest.mark.parametrize("tokens", [1000, 64])
-def test_gluon_kernel_matches_reference_on_h200(monkeypatch, qk, block_n, tokens):
+def test_gluon_kernel_matches_reference_on_h200(monkeypatch, qk, pv, block_n, tokens):
     """Odd lengths (one masked tile; a single tile) in the dispatcher's layout, both Q.K^T precisions: the Gluon
     kernel equals the reference of its block_n as closely as the Triton kernel does, and the Triton kernel at the
     same block_n up to fp32 rounding."""
@@ -78,8 +79,8 @@ def test_gluon_kernel_matches_reference_on_h200(monkeypatch, qk, block_n, tokens
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, tokens, 4, 128, generator=g, device="cuda").bfloat16().transpose(1, 2) for _ in range(3))
     launch = Launch(block_n=block_n, gluon=True)
-    out = fp8_attention(q, k, v, qk=qk, launch=launch)
-    expected = reference(q, k, v, block_n=block_n, qk=qk)
+    out = fp8_attention(q, k, v, pv=pv, qk=qk, launch=launch)
+    expected = reference(q, k, v, pv=pv, block_n=block_n, qk=qk)
     assert (out.float() - expected.float()).norm() / expected.float().norm() < 1e-2
-    triton_out = fp8_attention(q, k, v, qk=qk, launch=Launch(block_n=block_n))
+    triton_out = fp8_attention(q, k, v, pv=pv, qk=qk, launch=Launch(block_n=block_n, num_stages=2))
     assert (out.float() - triton_out.float()).norm() / triton_out.float().norm() < 1e-2
