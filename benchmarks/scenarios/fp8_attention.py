@@ -64,6 +64,7 @@ LAUNCHES = {
     # the Gluon kernel with explicit overlap (kernels/fp8_attention_sm90.py; sm_90 only): candidates
     "gluon_m64_n64_w4_s3": fa.Launch(64, 64, 4, 3, gluon=True),
     "gluon_m64_n64_w4_s4": fa.Launch(64, 64, 4, 4, gluon=True),
+    "gluon_m128_n64_w8_s3": fa.Launch(128, 64, 8, 3, gluon=True),  # two warpgroups share the K/V tiles
     "gluon_m64_n128_w4_s3": fa.Launch(64, 128, 4, 3, gluon=True),
 }
 GLUON_CALL = "gluon_m64_n64_w4_s3"  # the candidate also timed as a whole call, A/B/A, for each of SWEEP_PAIRS

@@ -12,7 +12,7 @@ from workbench.kernels.fp8_attention import Launch, attend, fp8_attention, refer
 from workbench.kernels.targets import TARGETS, _ptxas_usage
 
 
-def _compile(qk: str, pv: str, d: int, block_n: int, stages: int):
+def _compile(qk: str, pv: str, d: int, launch: Launch):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -22,26 +22,30 @@ def _compile(qk: str, pv: str, d: int, block_n: int, stages: int):
     pointers = dict(q_ptr=q, qs_ptr="*fp32", k_ptr=q, ks_ptr="*fp32", v_ptr=v, vs_ptr="*fp32", out_ptr="*bf16")
     scalars = dict(H="i32", TQ="i32", TK="i32", TQP="i32", TKP="i32", qk_scale="fp32")
     scalars |= dict.fromkeys(("v_sb", "v_sh", "v_st", "o_sb", "o_sh", "o_st"), "i64")
-    constants = dict(BLOCK_M=64, BLOCK_N=block_n, D=d, QUANT=QUANT_BLOCK, STAGES=stages)
-    constants |= dict(QK_INT8=qk == "int8", PV_FP8=pv == "fp8", num_warps=4)
+    constants = dict(BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, D=d, QUANT=QUANT_BLOCK, STAGES=launch.num_stages)
+    constants |= dict(QK_INT8=qk == "int8", PV_FP8=pv == "fp8", num_warps=launch.num_warps)
     signature = {**pointers, **scalars, **dict.fromkeys(constants, "constexpr")}
     source = GluonASTSource(
         fp8_attention_sm90._fp8_attention_sm90,
         signature,
         {(list(signature).index(k),): v for k, v in constants.items()},
     )
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": launch.num_warps})
+
+
+M64, M128 = Launch(64, 64, 4, 3, gluon=True), Launch(128, 64, 8, 3, gluon=True)
 
 
 @pytest.mark.parametrize(
-    ("qk", "pv", "d", "block_n"), [("int8", "fp8", 128, 64), ("int8", "bf16", 128, 64), ("e4m3", "fp8", 64, 64)]
+    ("qk", "pv", "d", "launch"),
+    [("int8", "fp8", 128, M64), ("int8", "bf16", 128, M64), ("e4m3", "fp8", 64, M64), ("int8", "fp8", 128, M128)],
 )
-def test_key_loop_overlaps_softmax_with_the_pv_dot(monkeypatch, qk, pv, d, block_n):
+def test_key_loop_overlaps_softmax_with_the_pv_dot(monkeypatch, qk, pv, d, launch):
     """In the key loop's PTX the logits and P.V dots are issued together and the wait leaves one group in flight
     (`wait_group 1`) while the exponentials run; no register spills; the shared memory fits sm_90 twice (two blocks
     on an SM)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    kernel = _compile(qk, pv, d, block_n, 3)
+    kernel = _compile(qk, pv, d, launch)
     ptx = kernel.asm["ptx"]
     events = "".join(
         "1" if "wait_group.sync.aligned 1" in line else "0" if "wait_group.sync.aligned 0" in line
@@ -69,16 +73,16 @@ def test_gluon_launch_is_checked_and_refused_off_sm90(rng):
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm_90 GPU"
 )
 @pytest.mark.parametrize(("qk", "pv"), [("int8", "fp8"), ("e4m3", "fp8"), ("int8", "bf16")])
-@pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("launch", [M64, M128, Launch(64, 128, 4, 2, gluon=True)])
 @pytest.mark.parametrize("tokens", [1000, 64])
-def test_gluon_kernel_matches_reference_on_h200(monkeypatch, qk, pv, block_n, tokens):
+def test_gluon_kernel_matches_reference_on_h200(monkeypatch, qk, pv, launch, tokens):
     """Odd lengths (one masked tile; a single tile) in the dispatcher's layout, both Q.K^T precisions: the Gluon
     kernel equals the reference of its block_n as closely as the Triton kernel does, and the Triton kernel at the
     same block_n up to fp32 rounding."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, tokens, 4, 128, generator=g, device="cuda").bfloat16().transpose(1, 2) for _ in range(3))
-    launch = Launch(block_n=block_n, gluon=True)
+    block_n = launch.block_n
     out = fp8_attention(q, k, v, pv=pv, qk=qk, launch=launch)
     expected = reference(q, k, v, pv=pv, block_n=block_n, qk=qk)
     assert (out.float() - expected.float()).norm() / expected.float().norm() < 1e-2
