@@ -10,11 +10,11 @@ softmax runs, and the accumulator is rescaled once that P.V lands. K and V tiles
 `num_stages` buffers (mbarriers; a buffer is refilled once the dots that read it have completed), P goes to the P.V
 dot from registers.
 
-The maths is `fp8_attention.quantized_tile`'s, operation for operation: the same logits `(q8 . k8) * factor`, running
-max and sum, P rounded as `P * 448` to e4m3 or to bf16 (round to nearest even), the accumulator rescaled by alpha before each
-P.V is added (the accumulation order per tile is the Triton kernel's), the same epilogue. Only the order of the
-row reductions and of the sums inside the dots may differ: the output equals `fp8_attention.reference(...,
-block_n=launch.block_n)` up to fp32 rounding, the contract of the Triton kernel.
+The maths is `fp8_attention.quantized_tile`'s, operation for operation: the same logits `(q8 . k8) * factor`,
+running max and sum, P rounded as `P * 448` to e4m3 or to bf16 (round to nearest even), the accumulator rescaled by
+alpha before each P.V is added (the accumulation order per tile is the Triton kernel's), the same epilogue. Only the
+order of the row reductions and of the sums inside the dots may differ: the output equals
+`fp8_attention.reference(..., block_n=launch.block_n)` up to fp32 rounding, the contract of the Triton kernel.
 
 Operands: `attention_quantize.quantize`'s q8, k8 (B, H, T', D) e4m3 or int8 (T' a multiple of QUANT_BLOCK, zero rows
 past T), per-128-token scales; v8 transposed (B, H, D, Tk') e4m3 with per-channel scales (pv="fp8") or v bf16 in
@@ -38,7 +38,8 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 @gluon.jit
 def _probs(
-    s, factor, limit, m_i, l_i, MASKED: gl.constexpr, PV_FP8: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr
+    s, factor, limit, m_i, l_i,
+    MASKED: gl.constexpr, PV_FP8: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
 ):  # fmt: skip
     """One tile's online-softmax step on unscaled logits `s` (M, N) fp32: the new running max and sum (M,), P
     rounded for the P.V dot (PV_FP8: `P * 448` in e4m3, else bf16) and alpha (M,), the accumulator's rescale.
@@ -139,8 +140,8 @@ def _fp8_attention_sm90(
 
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(kv_bar.index(0), 0)
-    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], s_dtype, layout=s_layout),
-                      use_acc=False, is_async=True)  # fmt: skip
+    zero = gl.zeros([BLOCK_M, BLOCK_N], s_dtype, layout=s_layout)
+    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s,)).to(gl.float32)
     if last == 0:
         m_i, l_i, p, alpha = _probs(s, q_scale * gl.load(ks_row), TK, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
@@ -150,8 +151,8 @@ def _fp8_attention_sm90(
         buf = j % STAGES
         done = (j - 1) % STAGES  # tile j-1's buffer: its P.V is issued below
         mbarrier.wait(kv_bar.index(buf), (j // STAGES) & 1)
-        s = warpgroup_mma(q_smem, k_smem.index(buf).permute((1, 0)),
-                          gl.zeros([BLOCK_M, BLOCK_N], s_dtype, layout=s_layout), use_acc=False, is_async=True)  # fmt: skip
+        zero = gl.zeros([BLOCK_M, BLOCK_N], s_dtype, layout=s_layout)  # unread (use_acc=False): the result's registers
+        s = warpgroup_mma(q_smem, k_smem.index(buf).permute((1, 0)), zero, use_acc=False, is_async=True)
         if PV_FP8:  # V as the dot's (N, D) operand: the transposed e4m3 tile seen back (K-major, as FP8 dots need)
             v_op = v_smem.index(done).permute((1, 0))
         else:

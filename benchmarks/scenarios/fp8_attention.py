@@ -13,8 +13,9 @@ shared channel offset and 4 outlier channels, as a DiT's q/k norm leaves them); 
 the video self-attention of the trained demo-av (4 heads of 48, zero-padded to 64 by the kernel) recorded during one
 dense request (`captured_calls`), median and worst call with the median per step. A launch sweep (`LAUNCHES`) times the
 kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages, and the Gluon kernel's launches
-on sm_90 (each with its error against the shipped launch's output); the A/B/A arms use the shipped launch
-(`launch_for`), and on sm_90 one Gluon launch (`GLUON_CALL`) per pair of `SWEEP_PAIRS` as a whole call too. `compiled` lists what Triton's JIT built in this process for the attention and quantization
+on sm_90 (each with its error against the shipped launch's output; FP8_ATTENTION_GLUON=0 leaves them out); the A/B/A
+arms use the shipped launch (`launch_for`), and on sm_90 one Gluon launch (`GLUON_CALL`) per pair of `SWEEP_PAIRS` as
+a whole call too. `compiled` lists what Triton's JIT built in this process for the attention and quantization
 kernels: launch, registers and spilled bytes per variant (from the JIT's cache; the CPU compile reports of
 `workbench.kernels.targets` should agree).
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 from typing import Any
 
@@ -52,6 +54,7 @@ from workbench.kernels._runtime import capability
 NAME = "fp8-attention"
 SUMMARY = "low-bit attention (QK int8/e4m3 x PV fp8/bf16) vs cuDNN and FA4; block_sparse 20 % exact vs low-bit"
 GPUS = 1
+SETTINGS = ("FP8_ATTENTION_GLUON",)  # environment it reads (the record names those set)
 PAIRS = tuple((qk, pv) for qk in fa.QK_MODES for pv in fa.PV_MODES)
 SWEEP_PAIRS = (("int8", "fp8"), ("int8", "bf16"))  # the plugin's default, and the lowest-error pair
 LAUNCHES = {
@@ -147,6 +150,15 @@ def _label(qk: str, pv: str) -> str:
     return f"qk={qk},pv={pv}"
 
 
+def gluon_wanted() -> bool:
+    """FP8_ATTENTION_GLUON: "1" (default) measures the Gluon launches on sm_90, "0" leaves them out (a run that must
+    not depend on that kernel); ValueError naming the variable otherwise."""
+    value = os.environ.get("FP8_ATTENTION_GLUON", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"FP8_ATTENTION_GLUON: {value!r}; allowed: '1' (measure the Gluon launches) or '0'")
+    return value == "1"
+
+
 def run(context: Context) -> Measurement:
     device, smoke = context.device, context.smoke
     grid, heads = (SMOKE_GRID, SMOKE_HEADS) if smoke else (WAN_TOKENS_GRID, 12)
@@ -183,9 +195,9 @@ def run(context: Context) -> Measurement:
         notes.append(f"FlashAttention-4 not measured: {reason}.")
     _, flops = fa.cost(tuple(q.shape))
     scale = HEAD_DIM**-0.5
-    gluon_here = capability(device) == 90
+    gluon_here = capability(device) == 90 and gluon_wanted()
     if not gluon_here:
-        notes.append("The Gluon launches (sm_90 only) are not measured on this device.")
+        notes.append("The Gluon launches are not measured here (sm_90 only; FP8_ATTENTION_GLUON=0 leaves them out).")
     for qk, pv in PAIRS:
         name = f"fp8_attention[{_label(qk, pv)}]"
         z = aq.quantize(q, k, v, pv, qk=qk)

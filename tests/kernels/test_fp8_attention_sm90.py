@@ -88,3 +88,16 @@ def test_gluon_kernel_matches_reference_on_h200(monkeypatch, qk, pv, launch, tok
     assert (out.float() - expected.float()).norm() / expected.float().norm() < 1e-2
     triton_out = fp8_attention(q, k, v, pv=pv, qk=qk, launch=Launch(block_n=block_n, num_stages=2))
     assert (out.float() - triton_out.float()).norm() / triton_out.float().norm() < 1e-2
+
+
+def test_fp8_attention_scenario_switch_for_the_gluon_launches(monkeypatch):
+    """FP8_ATTENTION_GLUON=0 keeps a benchmark run off the Gluon kernel (e.g. until its GPU test has passed there)."""
+    from benchmarks.scenarios import fp8_attention as scenario
+
+    monkeypatch.delenv("FP8_ATTENTION_GLUON", raising=False)
+    assert scenario.gluon_wanted()
+    monkeypatch.setenv("FP8_ATTENTION_GLUON", "0")
+    assert not scenario.gluon_wanted()
+    monkeypatch.setenv("FP8_ATTENTION_GLUON", "yes")
+    with pytest.raises(ValueError, match=r"FP8_ATTENTION_GLUON: 'yes'; allowed: '1'"):
+        scenario.gluon_wanted()
