@@ -61,16 +61,16 @@ def _probs(
 
 @gluon.jit
 def _load_tile(
-    k_desc, v_desc, bar, k_buf, v_buf, tile, n, PV_FP8: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr
+    k_desc, v_desc, bar, k_buf, v_buf, tile, pred, PV_FP8: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr
 ):  # fmt: skip
-    """Key tile `tile` (when it exists, `tile < n`) into one ring buffer: K (BLOCK_N, D), and V^T (D, BLOCK_N) e4m3
-    (PV_FP8) or V (BLOCK_N, D) bf16 (rows past Tk arrive as zeros)."""
-    mbarrier.expect(bar, (1 + v_desc.dtype.primitive_bitwidth // 8) * BLOCK_N * D, pred=tile < n)
-    _tma_load(k_desc, [tile * BLOCK_N, 0], bar, k_buf, pred=tile < n)
+    """Key tile `tile` (BLOCK_N keys from key tile * BLOCK_N) into one ring buffer when `pred`: K (BLOCK_N, D), and V^T
+    (D, BLOCK_N) e4m3 (PV_FP8) or V (BLOCK_N, D) bf16 (rows past Tk arrive as zeros)."""
+    mbarrier.expect(bar, (1 + v_desc.dtype.primitive_bitwidth // 8) * BLOCK_N * D, pred=pred)
+    _tma_load(k_desc, [tile * BLOCK_N, 0], bar, k_buf, pred=pred)
     if PV_FP8:
-        _tma_load(v_desc, [0, tile * BLOCK_N], bar, v_buf, pred=tile < n)
+        _tma_load(v_desc, [0, tile * BLOCK_N], bar, v_buf, pred=pred)
     else:
-        _tma_load(v_desc, [tile * BLOCK_N, 0], bar, v_buf, pred=tile < n)
+        _tma_load(v_desc, [tile * BLOCK_N, 0], bar, v_buf, pred=pred)
 
 
 @gluon.jit
@@ -131,7 +131,7 @@ def _fp8_attention_sm90(
     mbarrier.expect(q_bar, BLOCK_M * D)
     _tma_load(q_desc, [pid * BLOCK_M, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):  # tile i waits in buffer i % STAGES
-        _load_tile(k_desc, v_desc, kv_bar.index(i), k_smem.index(i), v_smem.index(i), i, n, PV_FP8, BLOCK_N, D)
+        _load_tile(k_desc, v_desc, kv_bar.index(i), k_smem.index(i), v_smem.index(i), i, i < n, PV_FP8, BLOCK_N, D)
     q_scale = gl.load(qs_ptr + bh * (TQP // QUANT) + (pid * BLOCK_M) // QUANT) * qk_scale
     ks_row = ks_ptr + bh * (TKP // QUANT)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -168,7 +168,16 @@ def _fp8_attention_sm90(
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         refill = j - 1 + STAGES  # both dots that read buffer `done` have completed
         _load_tile(
-            k_desc, v_desc, kv_bar.index(done), k_smem.index(done), v_smem.index(done), refill, n, PV_FP8, BLOCK_N, D
+            k_desc,
+            v_desc,
+            kv_bar.index(done),
+            k_smem.index(done),
+            v_smem.index(done),
+            refill,
+            refill < n,
+            PV_FP8,
+            BLOCK_N,
+            D,
         )
     if PV_FP8:
         v_op = v_smem.index(last % STAGES).permute((1, 0))

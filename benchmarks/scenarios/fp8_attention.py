@@ -20,8 +20,8 @@ kernels: launch, registers and spilled bytes per variant (from the JIT's cache; 
 `workbench.kernels.targets` should agree).
 
 block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
-low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued clock, each with its relative L2 against dense and
-against the exact arm; the plan (routing), the quantization and the attention kernel alone are timed apart.
+low-precision arm (`SPARSE_PRECISIONS`; on sm_90 each also on the Gluon kernel, `[... gluon]`) A/B/A on the queued
+clock, each with its relative L2 against dense and against the exact arm; the plan (routing), the quantization and the attention kernel alone are timed apart.
 `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math backend, every arm and
 swept launch; the numbers say nothing.
 """
@@ -29,6 +29,7 @@ swept launch; the numbers say nothing.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import statistics
@@ -252,7 +253,9 @@ def run(context: Context) -> Measurement:
             arms[name]["tflops"] = flops / median / 1e12
         ratios.update({key: value.to_dict() for key, value in rounds.ratios().items()})
     ratios.update(
-        _block_sparse_arms(arms, inputs["structured"], SPARSE_PRECISIONS, dense, queued, context.rounds, clock)
+        _block_sparse_arms(
+            arms, inputs["structured"], SPARSE_PRECISIONS, dense, queued, context.rounds, clock, gluon_here
+        )
     )
     arms["compiled"] = compiled_kernels()
     notes.append(
@@ -273,11 +276,11 @@ def run(context: Context) -> Measurement:
 
 
 def _block_sparse_arms(
-    arms: dict[str, Any], qkv: tuple, pairs: tuple, dense, queued, rounds: int, clock: dict[str, Any]
+    arms: dict[str, Any], qkv: tuple, pairs: tuple, dense, queued, rounds: int, clock: dict[str, Any], gluon: bool
 ) -> dict[str, Any]:
-    """block_sparse at SPARSE_DENSITY: the exact arm and one arm per (qk, pv) of `pairs` into `arms`, with the plan,
-    the quantization and the kernel alone timed by `time_call(**clock)`; returns the A/B/A ratios of the
-    low-precision arms against the exact one."""
+    """block_sparse at SPARSE_DENSITY: the exact arm and one arm per (qk, pv) of `pairs` into `arms` (with `gluon`,
+    one more per pair on the Gluon kernel, `Launch(gluon=True)`), with the plan, the quantization and the kernel alone
+    timed by `time_call(**clock)`; returns the A/B/A ratios of the low-precision arms against the exact one."""
     q, k, v = qkv
     chosen = tau_for(q, k, 0, SPARSE_DENSITY)
     tau, base = chosen["tau"], f"block_sparse@{SPARSE_DENSITY:.2f}"
@@ -289,9 +292,10 @@ def _block_sparse_arms(
     arms[base]["plan"] = time_call(lambda: bsa.plan(q, k, v, tau, 0), q.device, **clock).to_dict()
     arms[base]["kernel"] = time_call(lambda: bsa.attend(q, k, v, route), q.device, **clock).to_dict()
     visits = {}
-    for qk, pv in pairs:
-        name = f"{base}[{_label(qk, pv)}]"
-        out = bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
+    launches = {"": None, **({" gluon": block_sparse_attend.Launch(gluon=True)} if gluon else {})}
+    for (qk, pv), (suffix, launch) in itertools.product(pairs, launches.items()):
+        name = f"{base}[{_label(qk, pv)}{suffix}]"
+        out = bsa.block_sparse_attention(q, k, v, tau, 0, launch=launch, precision=qk, pv=pv)
         z = aq.quantize(q, k, v, pv, qk=qk)
         smoothed = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
         arms[name] = {
@@ -301,10 +305,14 @@ def _block_sparse_arms(
             "bytes_moved": bsa.cost(tuple(q.shape), chosen["density"], q.dtype, qk, pv)[0],
             "quantize": time_call(lambda qk=qk, pv=pv: aq.quantize(q, k, v, pv, qk=qk), q.device, **clock).to_dict(),
             "kernel": time_call(
-                lambda z=z, r=smoothed: block_sparse_attend.attend(q, k, v, r, None, z), q.device, **clock
+                lambda z=z, r=smoothed, launch=launch: block_sparse_attend.attend(q, k, v, r, launch, z),
+                q.device,
+                **clock,
             ).to_dict(),  # fmt: skip
         }
-        visits[name] = lambda qk=qk, pv=pv: bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
+        visits[name] = lambda qk=qk, pv=pv, launch=launch: bsa.block_sparse_attention(
+            q, k, v, tau, 0, launch=launch, precision=qk, pv=pv
+        )
     result = aba_rounds(
         (base, lambda: queued(lambda: bsa.block_sparse_attention(q, k, v, tau, 0))),
         {name: lambda fn=fn: queued(fn) for name, fn in visits.items()},
