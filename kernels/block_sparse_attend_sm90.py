@@ -31,7 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
-from workbench.kernels.fp8_attention_sm90 import _load_tile, _probs, _tma_load
+from workbench.kernels.fp8_attention_sm90 import load_kv_tile, softmax_step, tma_load
 
 # a barrier of the block's threads: `thread_barrier` in the H200's Triton 3.6, `barrier` after
 _block_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -47,14 +47,16 @@ def _exact_pass(
     s_dtype: gl.constexpr = gl.int32 if QK_INT8 else gl.float32
     for i in gl.static_range(STAGES):  # list entry i waits in buffer i % STAGES
         t = gl.load(idx_row + i, mask=i < n_exact, other=0)
-        _load_tile(k_desc, v_desc, kv_bar.index(i), k_smem.index(i), v_smem.index(i), t, i < n_exact, PV_FP8, BLOCK, D)
+        load_kv_tile(
+            k_desc, v_desc, kv_bar.index(i), k_smem.index(i), v_smem.index(i), t, i < n_exact, PV_FP8, BLOCK, D
+        )
     t = gl.load(idx_row)
     mbarrier.wait(kv_bar.index(0), 0)
     zero = gl.zeros([BLOCK, BLOCK], s_dtype, layout=s_layout)
     s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s,)).to(gl.float32)
     factor = q_scale * gl.load(ks_row + t * BLOCK // QUANT)
-    m_i, l_i, p, alpha = _probs(s, factor, TK - t * BLOCK, m_i, l_i, True, PV_FP8, BLOCK, s_layout)
+    m_i, l_i, p, alpha = softmax_step(s, factor, TK - t * BLOCK, m_i, l_i, True, PV_FP8, BLOCK, s_layout)
     for j in range(1, n_exact):
         buf = j % STAGES
         done = (j - 1) % STAGES
@@ -69,12 +71,12 @@ def _exact_pass(
         s = warpgroup_mma_wait(1, deps=(s,)).to(gl.float32)
         t = gl.load(idx_row + j)
         factor = q_scale * gl.load(ks_row + t * BLOCK // QUANT)
-        m_i, l_i, p, alpha = _probs(s, factor, TK - t * BLOCK, m_i, l_i, True, PV_FP8, BLOCK, s_layout)
+        m_i, l_i, p, alpha = softmax_step(s, factor, TK - t * BLOCK, m_i, l_i, True, PV_FP8, BLOCK, s_layout)
         acc = warpgroup_mma_wait(0, deps=(pv,))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         refill = j - 1 + STAGES
         t_next = gl.load(idx_row + refill, mask=refill < n_exact, other=0)
-        _load_tile(k_desc, v_desc, kv_bar.index(done), k_smem.index(done), v_smem.index(done), t_next,
+        load_kv_tile(k_desc, v_desc, kv_bar.index(done), k_smem.index(done), v_smem.index(done), t_next,
                    refill < n_exact, PV_FP8, BLOCK, D)  # fmt: skip
     last = (n_exact - 1) % STAGES
     if PV_FP8:
@@ -140,7 +142,7 @@ def _block_sparse_sm90(
     row = bh * QB + g  # this query block's row of mask, idx and count
     n_exact = gl.load(count_ptr + row)
     mbarrier.expect(q_bar, BLOCK * D)
-    _tma_load(q8_desc, [g * BLOCK, 0], q_bar, q_smem)
+    tma_load(q8_desc, [g * BLOCK, 0], q_bar, q_smem)
     q_scale = gl.load(qs_ptr + bh * (TQP // QUANT) + (g * BLOCK) // QUANT) * qk_scale
     m_i = gl.full([BLOCK], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.full([BLOCK], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -188,8 +190,8 @@ def _block_sparse_sm90(
             # the mean keys and values of blocks c..c+BLOCK (rows past KB arrive as zeros); the previous chunk's
             # dots have completed (synchronous), so the buffers are free
             mbarrier.expect(m_bar, 2 * BLOCK * D * 2)
-            _tma_load(km_desc, [c, 0], m_bar, km_smem)
-            _tma_load(vm_desc, [c, 0], m_bar, vm_smem)
+            tma_load(km_desc, [c, 0], m_bar, km_smem)
+            tma_load(vm_desc, [c, 0], m_bar, vm_smem)
             mbarrier.wait(m_bar, phase)
             phase ^= 1
             s = warpgroup_mma(q_bf16, km_smem.permute((1, 0)), gl.zeros([BLOCK, BLOCK], gl.float32, layout=f_layout),

@@ -33,11 +33,11 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
 
 # the TMA global-to-shared copy: `async_load` in Triton after 3.6 (the H200 image's), the older name before
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
 @gluon.jit
-def _probs(
+def softmax_step(
     s, factor, limit, m_i, l_i,
     MASKED: gl.constexpr, PV_FP8: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
 ):  # fmt: skip
@@ -60,17 +60,17 @@ def _probs(
 
 
 @gluon.jit
-def _load_tile(
+def load_kv_tile(
     k_desc, v_desc, bar, k_buf, v_buf, tile, pred, PV_FP8: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr
 ):  # fmt: skip
     """Key tile `tile` (BLOCK_N keys from key tile * BLOCK_N) into one ring buffer when `pred`: K (BLOCK_N, D), and V^T
     (D, BLOCK_N) e4m3 (PV_FP8) or V (BLOCK_N, D) bf16 (rows past Tk arrive as zeros)."""
     mbarrier.expect(bar, (1 + v_desc.dtype.primitive_bitwidth // 8) * BLOCK_N * D, pred=pred)
-    _tma_load(k_desc, [tile * BLOCK_N, 0], bar, k_buf, pred=pred)
+    tma_load(k_desc, [tile * BLOCK_N, 0], bar, k_buf, pred=pred)
     if PV_FP8:
-        _tma_load(v_desc, [0, tile * BLOCK_N], bar, v_buf, pred=pred)
+        tma_load(v_desc, [0, tile * BLOCK_N], bar, v_buf, pred=pred)
     else:
-        _tma_load(v_desc, [tile * BLOCK_N, 0], bar, v_buf, pred=pred)
+        tma_load(v_desc, [tile * BLOCK_N, 0], bar, v_buf, pred=pred)
 
 
 @gluon.jit
@@ -129,9 +129,9 @@ def _fp8_attention_sm90(
     n = gl.cdiv(TK, BLOCK_N)  # key tiles; only the last can hold keys past TK (zero padding)
     last = n - 1
     mbarrier.expect(q_bar, BLOCK_M * D)
-    _tma_load(q_desc, [pid * BLOCK_M, 0], q_bar, q_smem)
+    tma_load(q_desc, [pid * BLOCK_M, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):  # tile i waits in buffer i % STAGES
-        _load_tile(k_desc, v_desc, kv_bar.index(i), k_smem.index(i), v_smem.index(i), i, i < n, PV_FP8, BLOCK_N, D)
+        load_kv_tile(k_desc, v_desc, kv_bar.index(i), k_smem.index(i), v_smem.index(i), i, i < n, PV_FP8, BLOCK_N, D)
     q_scale = gl.load(qs_ptr + bh * (TQP // QUANT) + (pid * BLOCK_M) // QUANT) * qk_scale
     ks_row = ks_ptr + bh * (TKP // QUANT)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -144,9 +144,9 @@ def _fp8_attention_sm90(
     s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s,)).to(gl.float32)
     if last == 0:
-        m_i, l_i, p, alpha = _probs(s, q_scale * gl.load(ks_row), TK, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
+        m_i, l_i, p, alpha = softmax_step(s, q_scale * gl.load(ks_row), TK, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
     else:
-        m_i, l_i, p, alpha = _probs(s, q_scale * gl.load(ks_row), 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
+        m_i, l_i, p, alpha = softmax_step(s, q_scale * gl.load(ks_row), 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
     for j in range(1, n):
         buf = j % STAGES
         done = (j - 1) % STAGES  # tile j-1's buffer: its P.V is issued below
@@ -161,13 +161,13 @@ def _fp8_attention_sm90(
         s = warpgroup_mma_wait(1, deps=(s,)).to(gl.float32)  # the logits; tile j-1's P.V still in flight
         factor = q_scale * gl.load(ks_row + j * BLOCK_N // QUANT)
         if j == last:
-            m_i, l_i, p, alpha = _probs(s, factor, TK - j * BLOCK_N, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
+            m_i, l_i, p, alpha = softmax_step(s, factor, TK - j * BLOCK_N, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
         else:
-            m_i, l_i, p, alpha = _probs(s, factor, 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
+            m_i, l_i, p, alpha = softmax_step(s, factor, 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
         acc = warpgroup_mma_wait(0, deps=(pv,))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         refill = j - 1 + STAGES  # both dots that read buffer `done` have completed
-        _load_tile(
+        load_kv_tile(
             k_desc,
             v_desc,
             kv_bar.index(done),
