@@ -27,65 +27,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_wait,
 )
 
 from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
-from workbench.kernels.fp8_attention_sm90 import load_kv_tile, softmax_step, tma_load
+from workbench.kernels.fp8_attention_sm90 import key_loop, tma_load, v_descriptor
 
 # a barrier of the block's threads: `thread_barrier` in the H200's Triton 3.6, `barrier` after
 _block_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-
-
-@gluon.jit
-def _exact_pass(
-    q_smem, k_desc, v_desc, k_smem, v_smem, kv_bar, idx_row, n_exact, ks_row, q_scale, TK, m_i, l_i, acc,
-    BLOCK: gl.constexpr, D: gl.constexpr, QUANT: gl.constexpr, STAGES: gl.constexpr, QK_INT8: gl.constexpr,
-    PV_FP8: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-):  # fmt: skip
-    """The online softmax over the `n_exact` >= 1 key blocks listed at `idx_row` (module doc); returns m, l, acc."""
-    s_dtype: gl.constexpr = gl.int32 if QK_INT8 else gl.float32
-    for i in gl.static_range(STAGES):  # list entry i waits in buffer i % STAGES
-        t = gl.load(idx_row + i, mask=i < n_exact, other=0)
-        load_kv_tile(
-            k_desc, v_desc, kv_bar.index(i), k_smem.index(i), v_smem.index(i), t, i < n_exact, PV_FP8, BLOCK, D
-        )
-    t = gl.load(idx_row)
-    mbarrier.wait(kv_bar.index(0), 0)
-    zero = gl.zeros([BLOCK, BLOCK], s_dtype, layout=s_layout)
-    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s,)).to(gl.float32)
-    factor = q_scale * gl.load(ks_row + t * BLOCK // QUANT)
-    m_i, l_i, p, alpha = softmax_step(s, factor, TK - t * BLOCK, m_i, l_i, True, PV_FP8, BLOCK, s_layout)
-    for j in range(1, n_exact):
-        buf = j % STAGES
-        done = (j - 1) % STAGES
-        mbarrier.wait(kv_bar.index(buf), (j // STAGES) & 1)
-        zero = gl.zeros([BLOCK, BLOCK], s_dtype, layout=s_layout)
-        s = warpgroup_mma(q_smem, k_smem.index(buf).permute((1, 0)), zero, use_acc=False, is_async=True)
-        if PV_FP8:
-            v_op = v_smem.index(done).permute((1, 0))
-        else:
-            v_op = v_smem.index(done)
-        pv = warpgroup_mma(gl.convert_layout(p, p_layout), v_op, acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s,)).to(gl.float32)
-        t = gl.load(idx_row + j)
-        factor = q_scale * gl.load(ks_row + t * BLOCK // QUANT)
-        m_i, l_i, p, alpha = softmax_step(s, factor, TK - t * BLOCK, m_i, l_i, True, PV_FP8, BLOCK, s_layout)
-        acc = warpgroup_mma_wait(0, deps=(pv,))
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        refill = j - 1 + STAGES
-        t_next = gl.load(idx_row + refill, mask=refill < n_exact, other=0)
-        load_kv_tile(k_desc, v_desc, kv_bar.index(done), k_smem.index(done), v_smem.index(done), t_next,
-                   refill < n_exact, PV_FP8, BLOCK, D)  # fmt: skip
-    last = (n_exact - 1) % STAGES
-    if PV_FP8:
-        v_op = v_smem.index(last).permute((1, 0))
-    else:
-        v_op = v_smem.index(last)
-    pv = warpgroup_mma(gl.convert_layout(p, p_layout), v_op, acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(pv,))
-    return m_i, l_i, acc
 
 
 @gluon.jit
@@ -122,14 +70,7 @@ def _block_sparse_sm90(
     k_desc = tma.make_tensor_descriptor(
         k8_ptr + bh * TKP * D, shape=[TKP, D], strides=[D, 1], block_shape=[BLOCK, D], layout=q8_layout
     )
-    if PV_FP8:  # quantize's e4m3 v, transposed: (D, TKP) per head
-        v_desc = tma.make_tensor_descriptor(
-            v_ptr + bh * D * TKP, shape=[D, TKP], strides=[TKP, 1], block_shape=v_block, layout=v_layout
-        )
-    else:
-        v_desc = tma.make_tensor_descriptor(
-            v_ptr + b * v_sb + h * v_sh, shape=[TK, D], strides=[v_st, 1], block_shape=v_block, layout=v_layout
-        )
+    v_desc = v_descriptor(v_ptr, bh, b, h, TK, TKP, v_sb, v_sh, v_st, v_block, v_layout, PV_FP8)
     q_smem = gl.allocate_shared_memory(qk_dtype, [BLOCK, D], q8_layout)
     k_smem = gl.allocate_shared_memory(qk_dtype, [STAGES, BLOCK, D], q8_layout)
     v_smem = gl.allocate_shared_memory(v_dtype, [STAGES, v_block[0], v_block[1]], v_layout)
@@ -150,10 +91,10 @@ def _block_sparse_sm90(
     mbarrier.wait(q_bar, 0)
     # 1. exact key blocks, in low precision
     if n_exact > 0:
-        m_i, l_i, acc = _exact_pass(
+        m_i, l_i, acc = key_loop(
             q_smem, k_desc, v_desc, k_smem, v_smem, kv_bar, idx_ptr + row * KB, n_exact,
             ks_ptr + bh * (TKP // QUANT), q_scale, TK, m_i, l_i, acc,
-            BLOCK, D, QUANT, STAGES, QK_INT8, PV_FP8, s_layout, o_layout, p_layout,
+            BLOCK, BLOCK, D, QUANT, STAGES, QK_INT8, PV_FP8, True, s_layout, o_layout, p_layout,
         )  # fmt: skip
     d = gl.arange(0, D, layout=gl.SliceLayout(0, fo_layout)).to(gl.int64)
     acc = gl.convert_layout(acc, fo_layout, assert_trivial=True)

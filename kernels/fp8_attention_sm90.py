@@ -74,6 +74,84 @@ def load_kv_tile(
 
 
 @gluon.jit
+def v_descriptor(
+    v_ptr, bh, b, h, TK, TKP, v_sb, v_sh, v_st, v_block: gl.constexpr, v_layout: gl.constexpr, PV_FP8: gl.constexpr
+):  # fmt: skip
+    """The TMA descriptor of one head's V: `quantize`'s e4m3 v transposed, (D, TKP) (PV_FP8), or bf16 v in its own
+    strides, (TK, D)."""
+    if PV_FP8:
+        desc = tma.make_tensor_descriptor(
+            v_ptr + bh * v_block[0] * TKP, shape=[v_block[0], TKP], strides=[TKP, 1], block_shape=v_block,
+            layout=v_layout,
+        )  # fmt: skip
+    else:
+        desc = tma.make_tensor_descriptor(
+            v_ptr + b * v_sb + h * v_sh, shape=[TK, v_block[1]], strides=[v_st, 1], block_shape=v_block,
+            layout=v_layout,
+        )  # fmt: skip
+    return desc
+
+
+@gluon.jit
+def key_loop(
+    q_smem, k_desc, v_desc, k_smem, v_smem, kv_bar, idx_row, n, ks_row, q_scale, TK, m_i, l_i, acc,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, QUANT: gl.constexpr, STAGES: gl.constexpr,
+    QK_INT8: gl.constexpr, PV_FP8: gl.constexpr, SPARSE: gl.constexpr,
+    s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+):  # fmt: skip
+    """The online softmax over `n` >= 1 key tiles of BLOCK_N keys (module doc: the overlap), q8 waiting in `q_smem`:
+    tiles 0..n-1, only the last masked (keys past TK weigh nothing), or with SPARSE the tiles listed at `idx_row`,
+    each masked (any may be the last). K/V come through the ring `k_smem`/`v_smem` guarded by `kv_bar`, the K scale
+    of a tile from `ks_row`. Returns the running max, sum and accumulator."""
+    s_dtype: gl.constexpr = gl.int32 if QK_INT8 else gl.float32  # an int8 dot accumulates exactly in int32
+    for i in gl.static_range(STAGES):  # entry i waits in buffer i % STAGES
+        tile = gl.load(idx_row + i, mask=i < n, other=0) if SPARSE else i
+        load_kv_tile(k_desc, v_desc, kv_bar.index(i), k_smem.index(i), v_smem.index(i), tile, i < n, PV_FP8, BLOCK_N, D)
+    tile = gl.load(idx_row) if SPARSE else 0
+    mbarrier.wait(kv_bar.index(0), 0)
+    zero = gl.zeros([BLOCK_M, BLOCK_N], s_dtype, layout=s_layout)
+    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s,)).to(gl.float32)
+    factor = q_scale * gl.load(ks_row + tile * BLOCK_N // QUANT)
+    if SPARSE or n == 1:
+        m_i, l_i, p, alpha = softmax_step(s, factor, TK - tile * BLOCK_N, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
+    else:
+        m_i, l_i, p, alpha = softmax_step(s, factor, 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
+    for j in range(1, n):
+        buf = j % STAGES
+        done = (j - 1) % STAGES  # entry j-1's buffer: its P.V is issued below
+        mbarrier.wait(kv_bar.index(buf), (j // STAGES) & 1)
+        zero = gl.zeros([BLOCK_M, BLOCK_N], s_dtype, layout=s_layout)  # unread: the result's registers
+        s = warpgroup_mma(q_smem, k_smem.index(buf).permute((1, 0)), zero, use_acc=False, is_async=True)
+        if PV_FP8:  # V as the dot's (N, D) operand: the transposed e4m3 tile seen back (K-major, as FP8 dots need)
+            v_op = v_smem.index(done).permute((1, 0))
+        else:
+            v_op = v_smem.index(done)
+        pv = warpgroup_mma(gl.convert_layout(p, p_layout), v_op, acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s,)).to(gl.float32)  # the logits; entry j-1's P.V still in flight
+        tile = gl.load(idx_row + j) if SPARSE else j
+        factor = q_scale * gl.load(ks_row + tile * BLOCK_N // QUANT)
+        if SPARSE or j == n - 1:
+            m_i, l_i, p, alpha = softmax_step(s, factor, TK - tile * BLOCK_N, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
+        else:
+            m_i, l_i, p, alpha = softmax_step(s, factor, 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
+        acc = warpgroup_mma_wait(0, deps=(pv,))
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        refill = j - 1 + STAGES  # both dots that read buffer `done` have completed
+        tile = gl.load(idx_row + refill, mask=refill < n, other=0) if SPARSE else refill
+        load_kv_tile(k_desc, v_desc, kv_bar.index(done), k_smem.index(done), v_smem.index(done), tile, refill < n,
+                     PV_FP8, BLOCK_N, D)  # fmt: skip
+    last = (n - 1) % STAGES
+    if PV_FP8:
+        v_op = v_smem.index(last).permute((1, 0))
+    else:
+        v_op = v_smem.index(last)
+    pv = warpgroup_mma(gl.convert_layout(p, p_layout), v_op, acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(pv,))
+    return m_i, l_i, acc
+
+
+@gluon.jit
 def _fp8_attention_sm90(
     q_ptr, qs_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, out_ptr,
     H, TQ, TK, TQP, TKP, qk_scale,
@@ -98,7 +176,6 @@ def _fp8_attention_sm90(
     )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=pv_k // 8)
     qk_dtype: gl.constexpr = gl.int8 if QK_INT8 else gl.float8e4nv
-    s_dtype: gl.constexpr = gl.int32 if QK_INT8 else gl.float32  # an int8 dot accumulates exactly in int32
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], qk_dtype)
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], qk_dtype)
     v_block: gl.constexpr = [D, BLOCK_N] if PV_FP8 else [BLOCK_N, D]
@@ -109,14 +186,7 @@ def _fp8_attention_sm90(
     k_desc = tma.make_tensor_descriptor(
         k_ptr + bh * TKP * D, shape=[TKP, D], strides=[D, 1], block_shape=[BLOCK_N, D], layout=k_layout
     )
-    if PV_FP8:  # v8 transposed: (D, TKP) per head
-        v_desc = tma.make_tensor_descriptor(
-            v_ptr + bh * D * TKP, shape=[D, TKP], strides=[TKP, 1], block_shape=v_block, layout=v_layout
-        )
-    else:  # v bf16 in its own strides: (TK, D) per head
-        v_desc = tma.make_tensor_descriptor(
-            v_ptr + b * v_sb + h * v_sh, shape=[TK, D], strides=[v_st, 1], block_shape=v_block, layout=v_layout
-        )
+    v_desc = v_descriptor(v_ptr, bh, b, h, TK, TKP, v_sb, v_sh, v_st, v_block, v_layout, PV_FP8)
     q_smem = gl.allocate_shared_memory(qk_dtype, [BLOCK_M, D], q_layout)
     k_smem = gl.allocate_shared_memory(qk_dtype, [STAGES, BLOCK_N, D], k_layout)
     v_smem = gl.allocate_shared_memory(v_dtype, [STAGES, v_block[0], v_block[1]], v_layout)
@@ -126,65 +196,18 @@ def _fp8_attention_sm90(
     for i in gl.static_range(STAGES):
         mbarrier.init(kv_bar.index(i), count=1)
 
-    n = gl.cdiv(TK, BLOCK_N)  # key tiles; only the last can hold keys past TK (zero padding)
-    last = n - 1
     mbarrier.expect(q_bar, BLOCK_M * D)
     tma_load(q_desc, [pid * BLOCK_M, 0], q_bar, q_smem)
-    for i in gl.static_range(STAGES):  # tile i waits in buffer i % STAGES
-        load_kv_tile(k_desc, v_desc, kv_bar.index(i), k_smem.index(i), v_smem.index(i), i, i < n, PV_FP8, BLOCK_N, D)
     q_scale = gl.load(qs_ptr + bh * (TQP // QUANT) + (pid * BLOCK_M) // QUANT) * qk_scale
-    ks_row = ks_ptr + bh * (TKP // QUANT)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
-
     mbarrier.wait(q_bar, 0)
-    mbarrier.wait(kv_bar.index(0), 0)
-    zero = gl.zeros([BLOCK_M, BLOCK_N], s_dtype, layout=s_layout)
-    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s,)).to(gl.float32)
-    if last == 0:
-        m_i, l_i, p, alpha = softmax_step(s, q_scale * gl.load(ks_row), TK, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
-    else:
-        m_i, l_i, p, alpha = softmax_step(s, q_scale * gl.load(ks_row), 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
-    for j in range(1, n):
-        buf = j % STAGES
-        done = (j - 1) % STAGES  # tile j-1's buffer: its P.V is issued below
-        mbarrier.wait(kv_bar.index(buf), (j // STAGES) & 1)
-        zero = gl.zeros([BLOCK_M, BLOCK_N], s_dtype, layout=s_layout)  # unread (use_acc=False): the result's registers
-        s = warpgroup_mma(q_smem, k_smem.index(buf).permute((1, 0)), zero, use_acc=False, is_async=True)
-        if PV_FP8:  # V as the dot's (N, D) operand: the transposed e4m3 tile seen back (K-major, as FP8 dots need)
-            v_op = v_smem.index(done).permute((1, 0))
-        else:
-            v_op = v_smem.index(done)
-        pv = warpgroup_mma(gl.convert_layout(p, p_layout), v_op, acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s,)).to(gl.float32)  # the logits; tile j-1's P.V still in flight
-        factor = q_scale * gl.load(ks_row + j * BLOCK_N // QUANT)
-        if j == last:
-            m_i, l_i, p, alpha = softmax_step(s, factor, TK - j * BLOCK_N, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
-        else:
-            m_i, l_i, p, alpha = softmax_step(s, factor, 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
-        acc = warpgroup_mma_wait(0, deps=(pv,))
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        refill = j - 1 + STAGES  # both dots that read buffer `done` have completed
-        load_kv_tile(
-            k_desc,
-            v_desc,
-            kv_bar.index(done),
-            k_smem.index(done),
-            v_smem.index(done),
-            refill,
-            refill < n,
-            PV_FP8,
-            BLOCK_N,
-            D,
-        )
-    if PV_FP8:
-        v_op = v_smem.index(last % STAGES).permute((1, 0))
-    else:
-        v_op = v_smem.index(last % STAGES)
-    pv = warpgroup_mma(gl.convert_layout(p, p_layout), v_op, acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(pv,))
+    m_i, l_i, acc = key_loop(
+        q_smem, k_desc, v_desc, k_smem, v_smem, kv_bar, qs_ptr, gl.cdiv(TK, BLOCK_N), ks_ptr + bh * (TKP // QUANT),
+        q_scale, TK, m_i, l_i, acc,
+        BLOCK_M, BLOCK_N, D, QUANT, STAGES, QK_INT8, PV_FP8, False, s_layout, o_layout, p_layout,
+    )  # fmt: skip
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(kv_bar.index(i))
