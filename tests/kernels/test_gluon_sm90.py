@@ -32,6 +32,17 @@ def _events(ptx: str) -> str:
     )  # fmt: skip
 
 
+def _assert_overlaps_and_fits(kernel) -> None:
+    """Both dots issued, then the one wait that leaves the P.V in flight, directly followed by the exponentials; no
+    register spills (ptxas); shared memory for two blocks on an SM."""
+    ptx = kernel.asm["ptx"]
+    events = _events(ptx)
+    assert re.search(r"MM1E", events) and events.count("1") == 1, events
+    registers, spills = _ptxas_usage(ptx, TARGETS["sm_90"])
+    assert spills == 0 and registers <= 255, (registers, spills)
+    assert 2 * kernel.metadata.shared <= TARGETS["sm_90"].shared_bytes
+
+
 def _compile(qk: str, pv: str, d: int, launch: Launch):
     q = "*i8" if qk == "int8" else "*fp8e4nv"
     v = "*fp8e4nv" if pv == "fp8" else "*bf16"
@@ -56,13 +67,7 @@ def test_key_loop_overlaps_softmax_with_the_pv_dot(monkeypatch, qk, pv, d, launc
     on an SM)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     kernel = _compile(qk, pv, d, launch)
-    ptx = kernel.asm["ptx"]
-    events = _events(ptx)
-    # both dots issued, then the one wait that leaves the P.V in flight, directly followed by the exponentials
-    assert re.search(r"MM1E", events) and events.count("1") == 1, events
-    registers, spills = _ptxas_usage(ptx, TARGETS["sm_90"])
-    assert spills == 0 and registers <= 255, (registers, spills)
-    assert 2 * kernel.metadata.shared <= TARGETS["sm_90"].shared_bytes
+    _assert_overlaps_and_fits(kernel)
 
 
 def test_gluon_launch_is_checked_and_refused_off_sm90(rng):
@@ -127,12 +132,7 @@ def test_block_sparse_exact_pass_overlaps_and_fits(monkeypatch, qk, pv):
     kernel = _build(
         block_sparse_attend_sm90._block_sparse_sm90, {**pointers, **scalars}, {**constants, "num_warps": 4}, 4
     )
-    ptx = kernel.asm["ptx"]
-    events = _events(ptx)
-    assert re.search(r"MM1E", events) and events.count("1") == 1, events
-    registers, spills = _ptxas_usage(ptx, TARGETS["sm_90"])
-    assert spills == 0 and registers <= 255, (registers, spills)
-    assert 2 * kernel.metadata.shared <= TARGETS["sm_90"].shared_bytes
+    _assert_overlaps_and_fits(kernel)
 
 
 def test_block_sparse_gluon_launch_is_checked_and_refused_off_sm90(rng):
