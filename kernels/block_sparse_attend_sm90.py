@@ -13,7 +13,7 @@ The maths is the Triton kernel's low-precision path (`quantized_tile` per exact 
 operation for operation; only the order of row reductions and of the sums inside the dots may differ, so the output
 matches `block_sparse_attend.attend(..., quantized=z)` up to fp32 rounding and `block_sparse_attention.reference`
 within its contract. Needs q with unit last stride and bf16 q, mean keys and values. Not interpretable (Gluon has no
-CPU interpreter); `tests/kernels/test_fp8_attention_sm90.py` compiles it for sm_90 without a GPU.
+CPU interpreter); `tests/kernels/test_gluon_sm90.py` compiles it for sm_90 without a GPU.
 """
 
 from __future__ import annotations
