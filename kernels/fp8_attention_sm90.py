@@ -18,8 +18,8 @@ order of the row reductions and of the sums inside the dots may differ: the outp
 
 Operands: `attention_quantize.quantize`'s q8, k8 (B, H, T', D) e4m3 or int8 (T' a multiple of QUANT_BLOCK, zero rows
 past T), per-128-token scales; v8 transposed (B, H, D, Tk') e4m3 with per-channel scales (pv="fp8") or v bf16 in
-its own strides (pv="bf16"); D in 32, 64, 128. Not
-interpretable: Gluon has no CPU interpreter (`tests/kernels/test_gluon_sm90.py` compiles it for sm_90 without a GPU).
+its own strides (pv="bf16"); D in 32, 64, 128. Not interpretable: Gluon has no CPU interpreter
+(`tests/kernels/test_gluon_sm90.py` compiles it for sm_90 without a GPU).
 """
 
 from __future__ import annotations
