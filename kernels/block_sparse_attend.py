@@ -68,7 +68,7 @@ class Launch:
                 f"block_sparse_attention: Launch num_warps must be a power of two <= 16, num_stages 1..8 and rows "
                 f"16, 32 or 64, got {self.num_warps!r}, {self.num_stages!r}, {self.rows!r}"
             )
-        if self.gluon and (self.num_warps, self.rows) != (4, BLOCK) or self.gluon and self.num_stages < 2:
+        if self.gluon and ((self.num_warps, self.rows) != (4, BLOCK) or self.num_stages < 2):
             raise ValueError(
                 f"block_sparse_attention: Launch(gluon=True) takes num_warps 4, rows {BLOCK} and num_stages >= 2, got "
                 f"{self.num_warps!r}, {self.rows!r}, {self.num_stages!r}"
@@ -259,16 +259,15 @@ def attend(
     if quantized is None:
         _check_tma(k, v)
     if launch.gluon:
-        problems = [
-            *(["the exact path (no `quantized`)"] if quantized is None else []),
-            *(
-                [f"q {q.dtype} with last stride {q.stride(-1)}"]
-                if q.dtype != torch.bfloat16 or q.stride(-1) != 1
-                else []
-            ),
-            *(["the interpreter"] if interpreting() else []),
-            *([f"capability {capability(q.device)}"] if capability(q.device) != 90 else []),
-        ]
+        problems = []
+        if quantized is None:
+            problems.append("the exact path (no `quantized`)")
+        if q.dtype != torch.bfloat16 or q.stride(-1) != 1:
+            problems.append(f"q {q.dtype} with last stride {q.stride(-1)}")
+        if interpreting():
+            problems.append("the interpreter")
+        if capability(q.device) != 90:
+            problems.append(f"capability {capability(q.device)}")
         if problems:
             raise RuntimeError(
                 "block_sparse_attention: Launch(gluon=True) runs the low-precision path on bf16 q with unit last "
@@ -276,7 +275,8 @@ def attend(
             )
         from workbench.kernels.block_sparse_attend_sm90 import attend_sm90
 
-        return attend_sm90(q, route, quantized, k.shape[2], launch.num_stages)
+        triton.set_allocator(_tma_scratch)
+        return attend_sm90(q, route, quantized, k.shape[2], route.scale * LOG2E, launch.num_stages)
     b, h, tq, d = q.shape
     qb, kb = route.mask.shape[-2:]
     out = torch.empty((b, h, tq, d), dtype=q.dtype, device=q.device)

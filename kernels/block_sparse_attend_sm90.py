@@ -18,8 +18,9 @@ CPU interpreter); `tests/kernels/test_gluon_sm90.py` compiles it for sm_90 witho
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -30,7 +31,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
+from workbench.kernels.block_sparse_routing import BLOCK
 from workbench.kernels.fp8_attention_sm90 import key_loop, tma_load, v_descriptor
+
+if TYPE_CHECKING:
+    from workbench.kernels.block_sparse_attend import Plan
 
 # a barrier of the block's threads: `thread_barrier` in the H200's Triton 3.6, `barrier` after
 _block_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -160,22 +165,22 @@ def _block_sparse_sm90(
     gl.store(optr, out.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(rows < TQ, 1))
 
 
-def attend_sm90(q: torch.Tensor, route, z: Quantized, tk: int, num_stages: int) -> torch.Tensor:
-    """The kernel on a routing plan `route` (`block_sparse_attend.Plan`) of q (B, H, Tq, D) bf16 with unit last
-    stride and `quantize`'s operands `z` of the same q, k, v (Tk = `tk`): (B, H, Tq, D) contiguous in q's dtype.
-    `block_sparse_attend.attend` checks the launch and calls this."""
-    from workbench.kernels.block_sparse_routing import BLOCK
-
+def attend_sm90(
+    q: torch.Tensor, route: Plan, z: Quantized, tk: int, qk_scale: float, num_stages: int
+) -> torch.Tensor:  # fmt: skip
+    """The kernel on a routing plan `route` of q (B, H, Tq, D) bf16 with unit last stride and `quantize`'s operands `z`
+    of the same q, k, v (Tk = `tk`); `qk_scale` is the softmax scale times log2(e): (B, H, Tq, D) contiguous in q's
+    dtype. `block_sparse_attend.attend` checks the launch, installs Triton's scratch allocator for the device-side
+    descriptors and calls this."""
     b, h, tq, d = q.shape
     qb, kb = route.mask.shape[-2:]
     out = torch.empty((b, h, tq, d), dtype=q.dtype, device=q.device)
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=q.device))
     v_strides = z.v.stride()[:3] if z.pv == "bf16" else (0, 0, 0)
     means = route.k_mean.contiguous(), route.v_mean.contiguous()  # (B, H, Kb, D) bf16, read by TMA
     _block_sparse_sm90[(qb, b * h)](
         q, *means, route.log_len, route.mask.view(torch.uint8), route.idx, route.count, out,
         z.q8, z.q_scale, z.k8, z.k_scale, z.v, z.q_scale if z.v_scale is None else z.v_scale,
-        h, tq, tk, kb, qb, route.scale * 1.4426950408889634, z.q8.shape[2], z.k8.shape[2],
+        h, tq, tk, kb, qb, qk_scale, z.q8.shape[2], z.k8.shape[2],
         *q.stride()[:3], *v_strides,
         BLOCK=BLOCK, D=d, QUANT=QUANT_BLOCK, STAGES=num_stages, QK_INT8=z.qk == "int8", PV_FP8=z.pv == "fp8",
         num_warps=4,

@@ -337,6 +337,7 @@ def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launc
             )
         from workbench.kernels.fp8_attention_sm90 import attend_sm90
 
+        triton.set_allocator(_tma_scratch)  # device-side descriptors need Triton's global scratch
         attend_sm90(z, out, tk, scale * LOG2E, launch.block_m, launch.block_n, launch.num_warps, launch.num_stages)
         return
     if emulate:

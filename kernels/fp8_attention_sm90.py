@@ -224,9 +224,9 @@ def _fp8_attention_sm90(
 def attend_sm90(z: Quantized, out: torch.Tensor, tk: int, qk_scale: float, block_m: int, block_n: int,
                 num_warps: int, num_stages: int) -> None:  # fmt: skip
     """The kernel on `quantize`'s operands of Tk = `tk` keys into `out` (B, H, Tq, D) of any strides;
-    `qk_scale` is the softmax scale times log2(e). `fp8_attention.attend` checks the launch and calls this."""
+    `qk_scale` is the softmax scale times log2(e). `fp8_attention.attend` checks the launch, installs Triton's
+    scratch allocator for the device-side descriptors and calls this."""
     b, h, tq, d = out.shape
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=out.device))
     _fp8_attention_sm90[(triton.cdiv(tq, block_m), b * h)](
         z.q8, z.q_scale, z.k8, z.k_scale, z.v, z.q_scale if z.v_scale is None else z.v_scale, out,
         h, tq, tk, z.q8.shape[2], z.k8.shape[2], qk_scale,

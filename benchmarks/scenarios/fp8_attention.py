@@ -21,7 +21,8 @@ kernels: launch, registers and spilled bytes per variant (from the JIT's cache; 
 
 block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
 low-precision arm (`SPARSE_PRECISIONS`; on sm_90 each also on the Gluon kernel, `[... gluon]`) A/B/A on the queued
-clock, each with its relative L2 against dense and against the exact arm; the plan (routing), the quantization and the attention kernel alone are timed apart.
+clock, each with its relative L2 against dense and against the exact arm; the plan (routing), the quantization and
+the attention kernel alone are timed apart.
 `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math backend, every arm and
 swept launch; the numbers say nothing.
 """
