@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
 from workbench.kernels.block_sparse_routing import BLOCK
-from workbench.kernels.fp8_attention_sm90 import key_loop, tma_load, v_descriptor
+from workbench.kernels.fp8_attention_sm90 import key_loop, p_buffer, tma_load, v_descriptor
 
 if TYPE_CHECKING:
     from workbench.kernels.block_sparse_attend import Plan
@@ -97,7 +97,7 @@ def _block_sparse_sm90(
     # 1. exact key blocks, in low precision
     if n_exact > 0:
         m_i, l_i, acc = key_loop(
-            q_smem, k_desc, v_desc, k_smem, v_smem, kv_bar, idx_ptr + row * KB, n_exact,
+            q_smem, k_desc, v_desc, k_smem, v_smem, p_buffer(BLOCK, BLOCK, v_smem, PV_FP8), kv_bar, idx_ptr + row * KB, n_exact,
             ks_ptr + bh * (TKP // QUANT), q_scale, TK, m_i, l_i, acc,
             BLOCK, BLOCK, D, QUANT, STAGES, QK_INT8, PV_FP8, True, s_layout, o_layout, p_layout,
         )  # fmt: skip

@@ -7,8 +7,8 @@ run while the tensor cores work. Here the waits are explicit (`warpgroup_mma(...
 `warpgroup_mma_wait(num_outstanding)`): per key tile j the logits dot of tile j and the P.V dot of tile j-1 are
 issued together, the wait leaves the P.V in flight (`num_outstanding=1`, dots complete in order) while tile j's
 softmax runs, and the accumulator is rescaled once that P.V lands. K and V tiles arrive by TMA into a ring of
-`num_stages` buffers (mbarriers; a buffer is refilled once the dots that read it have completed), P goes to the P.V
-dot from registers.
+`num_stages` buffers (mbarriers; a buffer is refilled once the dots that read it have completed). P goes to the
+P.V dot from registers in bf16 and through a shared tile in e4m3 (`pv_dot` says why).
 
 The maths is `fp8_attention.quantized_tile`'s, operation for operation: the same logits `(q8 . k8) * factor`,
 running max and sum, P rounded as `P * 448` to e4m3 or to bf16 (round to nearest even), the accumulator rescaled by
@@ -28,7 +28,13 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
 
@@ -93,8 +99,47 @@ def v_descriptor(
 
 
 @gluon.jit
+def pv_dot(p, v_buf, acc, p_smem, PV_FP8: gl.constexpr, p_layout: gl.constexpr):
+    """Issue one key tile's P.V dot (async) on its ring buffer `v_buf`. PV_FP8: V^T's e4m3 tile seen back as the
+    (N, D) operand (K-major, as FP8 dots need) and P from shared memory, written to `p_smem` first (the previous
+    P.V that read it has completed); an e4m3 P in registers cannot be kept alive across an async wait (Triton 3.6
+    does not lower such a wait), so registers would be reused while the dot still reads them. Else V (N, D) bf16 and
+    P from registers in `p_layout`. Returns the token and the P operand, for `pv_wait`."""
+    if PV_FP8:
+        p_smem.store(p)
+        fence_async_shared()
+        p_op = p_smem
+        v_op = v_buf.permute((1, 0))
+    else:
+        p_op = gl.convert_layout(p, p_layout)
+        v_op = v_buf
+    return warpgroup_mma(p_op, v_op, acc, is_async=True), p_op
+
+
+@gluon.jit
+def p_buffer(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, v_smem, PV_FP8: gl.constexpr):
+    """`pv_dot`'s shared P tile (BLOCK_M, BLOCK_N) e4m3 when PV_FP8; else `v_smem`, unread."""
+    if PV_FP8:
+        layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.float8e4nv)
+        buf = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, BLOCK_N], layout)
+    else:
+        buf = v_smem
+    return buf
+
+
+@gluon.jit
+def pv_wait(pv, p_op, PV_FP8: gl.constexpr):
+    """Wait for every dot in flight: the accumulator of `pv_dot`'s token, a register P operand kept alive until then."""
+    if PV_FP8:
+        acc = warpgroup_mma_wait(0, deps=(pv,))
+    else:
+        acc, p_op = warpgroup_mma_wait(0, deps=(pv, p_op))
+    return acc
+
+
+@gluon.jit
 def key_loop(
-    q_smem, k_desc, v_desc, k_smem, v_smem, kv_bar, idx_row, n, ks_row, q_scale, TK, m_i, l_i, acc,
+    q_smem, k_desc, v_desc, k_smem, v_smem, p_smem, kv_bar, idx_row, n, ks_row, q_scale, TK, m_i, l_i, acc,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, QUANT: gl.constexpr, STAGES: gl.constexpr,
     QK_INT8: gl.constexpr, PV_FP8: gl.constexpr, SPARSE: gl.constexpr,
     s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
@@ -123,11 +168,7 @@ def key_loop(
         mbarrier.wait(kv_bar.index(buf), (j // STAGES) & 1)
         zero = gl.zeros([BLOCK_M, BLOCK_N], s_dtype, layout=s_layout)  # unread: the result's registers
         s = warpgroup_mma(q_smem, k_smem.index(buf).permute((1, 0)), zero, use_acc=False, is_async=True)
-        if PV_FP8:  # V as the dot's (N, D) operand: the transposed e4m3 tile seen back (K-major, as FP8 dots need)
-            v_op = v_smem.index(done).permute((1, 0))
-        else:
-            v_op = v_smem.index(done)
-        pv = warpgroup_mma(gl.convert_layout(p, p_layout), v_op, acc, is_async=True)
+        pv, p_op = pv_dot(p, v_smem.index(done), acc, p_smem, PV_FP8, p_layout)
         s = warpgroup_mma_wait(1, deps=(s,)).to(gl.float32)  # the logits; entry j-1's P.V still in flight
         tile = gl.load(idx_row + j) if SPARSE else j
         factor = q_scale * gl.load(ks_row + tile * BLOCK_N // QUANT)
@@ -135,20 +176,14 @@ def key_loop(
             m_i, l_i, p, alpha = softmax_step(s, factor, TK - tile * BLOCK_N, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
         else:
             m_i, l_i, p, alpha = softmax_step(s, factor, 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
-        acc = warpgroup_mma_wait(0, deps=(pv,))
+        acc = pv_wait(pv, p_op, PV_FP8)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         refill = j - 1 + STAGES  # both dots that read buffer `done` have completed
         tile = gl.load(idx_row + refill, mask=refill < n, other=0) if SPARSE else refill
         load_kv_tile(k_desc, v_desc, kv_bar.index(done), k_smem.index(done), v_smem.index(done), tile, refill < n,
                      PV_FP8, BLOCK_N, D)  # fmt: skip
-    last = (n - 1) % STAGES
-    if PV_FP8:
-        v_op = v_smem.index(last).permute((1, 0))
-    else:
-        v_op = v_smem.index(last)
-    pv = warpgroup_mma(gl.convert_layout(p, p_layout), v_op, acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(pv,))
-    return m_i, l_i, acc
+    pv, p_op = pv_dot(p, v_smem.index((n - 1) % STAGES), acc, p_smem, PV_FP8, p_layout)
+    return m_i, l_i, pv_wait(pv, p_op, PV_FP8)
 
 
 @gluon.jit
@@ -190,6 +225,7 @@ def _fp8_attention_sm90(
     q_smem = gl.allocate_shared_memory(qk_dtype, [BLOCK_M, D], q_layout)
     k_smem = gl.allocate_shared_memory(qk_dtype, [STAGES, BLOCK_N, D], k_layout)
     v_smem = gl.allocate_shared_memory(v_dtype, [STAGES, v_block[0], v_block[1]], v_layout)
+    p_smem = p_buffer(BLOCK_M, BLOCK_N, v_smem, PV_FP8)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
@@ -204,8 +240,8 @@ def _fp8_attention_sm90(
     acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
     mbarrier.wait(q_bar, 0)
     m_i, l_i, acc = key_loop(
-        q_smem, k_desc, v_desc, k_smem, v_smem, kv_bar, qs_ptr, gl.cdiv(TK, BLOCK_N), ks_ptr + bh * (TKP // QUANT),
-        q_scale, TK, m_i, l_i, acc,
+        q_smem, k_desc, v_desc, k_smem, v_smem, p_smem, kv_bar, qs_ptr, gl.cdiv(TK, BLOCK_N),
+        ks_ptr + bh * (TKP // QUANT), q_scale, TK, m_i, l_i, acc,
         BLOCK_M, BLOCK_N, D, QUANT, STAGES, QK_INT8, PV_FP8, False, s_layout, o_layout, p_layout,
     )  # fmt: skip
     mbarrier.invalidate(q_bar)
