@@ -45,11 +45,10 @@ tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 @gluon.jit
 def softmax_step(
     s, factor, limit, m_i, l_i,
-    MASKED: gl.constexpr, PV_FP8: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
+    MASKED: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
 ):  # fmt: skip
-    """One tile's online-softmax step on unscaled logits `s` (M, N) fp32: the new running max and sum (M,), P
-    rounded for the P.V dot (PV_FP8: `P * 448` in e4m3, else bf16) and alpha (M,), the accumulator's rescale.
-    MASKED: keys `limit` and later weigh nothing."""
+    """One tile's online-softmax step on unscaled logits `s` (M, N) fp32: the new running max and sum (M,), P (M, N)
+    fp32 and alpha (M,), the accumulator's rescale. MASKED: keys `limit` and later weigh nothing."""
     s = s * factor  # log2 units
     if MASKED:
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -58,11 +57,19 @@ def softmax_step(
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s - gl.expand_dims(m_new, 1))  # <= 1
     l_i = l_i * alpha + gl.sum(p, axis=1)
+    return m_new, l_i, p, alpha
+
+
+@gluon.jit
+def round_p(p, PV_FP8: gl.constexpr):
+    """P rounded for the P.V dot: `P * 448` in e4m3 (PV_FP8), else bf16. Called after the masked/unmasked branch:
+    an e4m3 tile in a wgmma layout that leaves a runtime `if` comes back with rows 8..15 of every 16 wrong in Triton
+    3.6 (measured on the H200), an fp32 one intact."""
     if PV_FP8:
         rounded = (p * 448.0).to(gl.float8e4nv)
     else:
         rounded = p.to(gl.bfloat16)
-    return m_new, l_i, rounded, alpha
+    return rounded
 
 
 @gluon.jit
@@ -102,9 +109,9 @@ def v_descriptor(
 def pv_dot(p, v_buf, acc, p_smem, PV_FP8: gl.constexpr, p_layout: gl.constexpr):
     """Issue one key tile's P.V dot (async) on its ring buffer `v_buf`. PV_FP8: V^T's e4m3 tile seen back as the
     (N, D) operand (K-major, as FP8 dots need) and P from shared memory, written to `p_smem` first (the previous
-    P.V that read it has completed); an e4m3 P in registers cannot be kept alive across an async wait (Triton 3.6
-    does not lower such a wait), so registers would be reused while the dot still reads them. Else V (N, D) bf16 and
-    P from registers in `p_layout`. Returns the token and the P operand, for `pv_wait`."""
+    P.V that read it has completed): an e4m3 register operand cannot be named in the async wait's deps (Triton 3.6
+    does not lower that wait), and without them its registers may be reused while the dot still reads them. Else V
+    (N, D) bf16 and P from registers in `p_layout`. Returns the token and the P operand, for `pv_wait`."""
     if PV_FP8:
         p_smem.store(p)
         fence_async_shared()
@@ -159,9 +166,10 @@ def key_loop(
     s = warpgroup_mma_wait(0, deps=(s,)).to(gl.float32)
     factor = q_scale * gl.load(ks_row + tile * BLOCK_N // QUANT)
     if SPARSE or n == 1:
-        m_i, l_i, p, alpha = softmax_step(s, factor, TK - tile * BLOCK_N, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
+        m_i, l_i, p32, alpha = softmax_step(s, factor, TK - tile * BLOCK_N, m_i, l_i, True, BLOCK_N, s_layout)
     else:
-        m_i, l_i, p, alpha = softmax_step(s, factor, 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
+        m_i, l_i, p32, alpha = softmax_step(s, factor, 0, m_i, l_i, False, BLOCK_N, s_layout)
+    p = round_p(p32, PV_FP8)
     for j in range(1, n):
         buf = j % STAGES
         done = (j - 1) % STAGES  # entry j-1's buffer: its P.V is issued below
@@ -173,9 +181,10 @@ def key_loop(
         tile = gl.load(idx_row + j) if SPARSE else j
         factor = q_scale * gl.load(ks_row + tile * BLOCK_N // QUANT)
         if SPARSE or j == n - 1:
-            m_i, l_i, p, alpha = softmax_step(s, factor, TK - tile * BLOCK_N, m_i, l_i, True, PV_FP8, BLOCK_N, s_layout)
+            m_i, l_i, p32, alpha = softmax_step(s, factor, TK - tile * BLOCK_N, m_i, l_i, True, BLOCK_N, s_layout)
         else:
-            m_i, l_i, p, alpha = softmax_step(s, factor, 0, m_i, l_i, False, PV_FP8, BLOCK_N, s_layout)
+            m_i, l_i, p32, alpha = softmax_step(s, factor, 0, m_i, l_i, False, BLOCK_N, s_layout)
+        p = round_p(p32, PV_FP8)
         acc = pv_wait(pv, p_op, PV_FP8)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         refill = j - 1 + STAGES  # both dots that read buffer `done` have completed
