@@ -13,7 +13,8 @@ arm's timed forwards (`memory.Capped`: the cap less what the device spends outsi
 raises, recorded as the arm's failure); installing and removing an arm happen outside it. `RING_CAPS=48GiB` (a comma
 list of the caps' names) measures a subset, so each cap's A/B/A can fit one device call; `RING_ARMS` (a comma list of
 block_ring, group_offload, block_ring+exact-fast, fp8_ring; default all) the arms, e.g.
-`RING_ARMS=block_ring+exact-fast` for the stacked bar alone. The stacked arms' kernels compile in one untimed forward of
+`RING_ARMS=block_ring+exact-fast` for the stacked bar alone; `--max-seconds` ends the rounds early, before one that
+would end past it (the record says after how many). The stacked arms' kernels compile in one untimed forward of
 exact-fast alone (resident, uncapped) before the rounds; its output is what the stacked arms must equal (the ring is
 bitwise; exact-fast's own contract is `reduction` against stock). After each capped visit the pinned host copies go back
 to the OS (torch's host-cache flush): the host allocator caches freed pinned memory, and the arms' copies (up to the
@@ -32,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 from typing import Any
 
 import torch
@@ -61,6 +63,7 @@ EMPTY_HOST_CACHE = getattr(torch._C, "_accelerator_emptyHostCache", None) or get
 
 
 def run(context: Context) -> Measurement:
+    started = time.perf_counter()
     device, notes = context.device, []
     cuda = device.type == "cuda"
     built = build({**SMOKE_CONFIG, "num_layers": 8} if context.smoke else {}, device, torch.bfloat16, seed=0)
@@ -157,8 +160,21 @@ def run(context: Context) -> Measurement:
         arm.timings.append(timing)
         return timing.median_s
 
+    round_ends = [time.perf_counter()]  # wall clock as the rounds start and after each (installs, host copies too)
+
+    def out_of_time(done: Any) -> bool:
+        """Another round as long as the last would end past `--max-seconds` from the scenario's start."""
+        round_ends.append(time.perf_counter())
+        last = round_ends[-1] - round_ends[-2]
+        return context.max_seconds is not None and round_ends[-1] - started + last > context.max_seconds
+
     rounds = aba_rounds(("resident", lambda: visit(resident)), {a.name: (lambda a=a: visit(a)) for a in arms[1:]},
-                        context.rounds)  # fmt: skip
+                        context.rounds, stop=out_of_time)  # fmt: skip
+    if len(round_ends) - 1 < context.rounds - 1:  # stop is not asked after the last round
+        notes.append(
+            f"Stopped after {len(round_ends) - 1} of {context.rounds} rounds: another would have ended past "
+            f"--max-seconds {context.max_seconds:g} (each round took about {round_ends[-1] - round_ends[-2]:.0f} s)."
+        )
     notes += [f"arm {name} failed during the rounds: {error}" for name, error in rounds.errors.items()]
     medians = rounds.medians()
     rows_out: dict[str, Any] = {}

@@ -232,3 +232,12 @@ def test_calibrate_wan_resumes_with_the_base_it_started_with(tmp_path):
     partial_path(folder).write_text(json.dumps({"kind": "stack", "status": "partial", "run": {"base": recorded}}))
     assert _started_with(folder, now, notes) == recorded and "the run started with" in notes[0]
     assert _started_with(folder, recorded, more := []) == recorded and more == []
+
+
+def test_ring_ends_its_rounds_before_max_seconds(tmp_path, monkeypatch):
+    """A run that may take no time keeps its first round (one visit per capped arm) and says why it stopped."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    record = json.loads(run_scenario("ring", tmp_path, smoke=True, rounds=3, max_seconds=0.0).read_text())
+    assert any(note.startswith("Stopped after 1 of 3 rounds") for note in record["notes"]), record["notes"]
+    capped = {name: row for name, row in record["arms"].items() if name != "resident"}
+    assert capped and all(len(row["seconds"]) == 1 for row in capped.values())
