@@ -161,18 +161,21 @@ def run(context: Context) -> Measurement:
         return timing.median_s
 
     round_ends = [time.perf_counter()]  # wall clock as the rounds start and after each (installs, host copies too)
+    stopped = []
 
     def out_of_time(done: Any) -> bool:
         """Another round as long as the last would end past `--max-seconds` from the scenario's start."""
         round_ends.append(time.perf_counter())
         last = round_ends[-1] - round_ends[-2]
-        return context.max_seconds is not None and round_ends[-1] - started + last > context.max_seconds
+        if context.max_seconds is not None and round_ends[-1] - started + last > context.max_seconds:
+            stopped.append(len(round_ends) - 1)
+        return bool(stopped)
 
     rounds = aba_rounds(("resident", lambda: visit(resident)), {a.name: (lambda a=a: visit(a)) for a in arms[1:]},
                         context.rounds, stop=out_of_time)  # fmt: skip
-    if len(round_ends) - 1 < context.rounds - 1:  # stop is not asked after the last round
+    if stopped:
         notes.append(
-            f"Stopped after {len(round_ends) - 1} of {context.rounds} rounds: another would have ended past "
+            f"Stopped after {stopped[0]} of {context.rounds} rounds: another would have ended past "
             f"--max-seconds {context.max_seconds:g} (each round took about {round_ends[-1] - round_ends[-2]:.0f} s)."
         )
     notes += [f"arm {name} failed during the rounds: {error}" for name, error in rounds.errors.items()]

@@ -235,9 +235,13 @@ def test_calibrate_wan_resumes_with_the_base_it_started_with(tmp_path):
 
 
 def test_ring_ends_its_rounds_before_max_seconds(tmp_path, monkeypatch):
-    """A run that may take no time keeps its first round (one visit per capped arm) and says why it stopped."""
+    """A run that may take no time keeps its first round (one visit per capped arm) and says why it stopped; a run
+    without a limit says nothing of stopping."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     record = json.loads(run_scenario("ring", tmp_path, smoke=True, rounds=3, max_seconds=0.0).read_text())
     assert any(note.startswith("Stopped after 1 of 3 rounds") for note in record["notes"]), record["notes"]
     capped = {name: row for name, row in record["arms"].items() if name != "resident"}
     assert capped and all(len(row["seconds"]) == 1 for row in capped.values())
+    record = json.loads(run_scenario("ring", tmp_path, smoke=True, rounds=2, max_seconds=1e6).read_text())
+    assert not any(note.startswith("Stopped") for note in record["notes"])
+    assert all(len(row["seconds"]) == 2 for name, row in record["arms"].items() if name != "resident")
