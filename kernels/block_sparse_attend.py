@@ -53,25 +53,17 @@ LOG2E = 1.4426950408889634
 @dataclass(frozen=True)
 class Launch:
     """The attention kernel's GPU launch: `num_warps` warps per program, `num_stages` software-pipeline stages, and
-    `rows` query rows per program (a 64-row query block is split over 64 // rows programs that share its key list).
-    `gluon`: the low-precision path's sm_90 Gluon kernel with explicit overlap (`block_sparse_attend_sm90`; 64 rows
-    over 4 warps, `num_stages` >= 2 buffers of K and V) instead of the Triton one."""
+    `rows` query rows per program (a 64-row query block is split over 64 // rows programs that share its key list)."""
 
     num_warps: int = 4
     num_stages: int = 3
     rows: int = BLOCK
-    gluon: bool = False
 
     def __post_init__(self) -> None:
         if self.num_warps not in (1, 2, 4, 8, 16) or not 1 <= self.num_stages <= 8 or self.rows not in (16, 32, 64):
             raise ValueError(
                 f"block_sparse_attention: Launch num_warps must be a power of two <= 16, num_stages 1..8 and rows "
                 f"16, 32 or 64, got {self.num_warps!r}, {self.num_stages!r}, {self.rows!r}"
-            )
-        if self.gluon and ((self.num_warps, self.rows) != (4, BLOCK) or self.num_stages < 2):
-            raise ValueError(
-                f"block_sparse_attention: Launch(gluon=True) takes num_warps 4, rows {BLOCK} and num_stages >= 2, got "
-                f"{self.num_warps!r}, {self.rows!r}, {self.num_stages!r}"
             )
 
 
@@ -258,25 +250,6 @@ def attend(
         raise ValueError(f"block_sparse_attention: launch must be a Launch, got {type(launch).__name__}")
     if quantized is None:
         _check_tma(k, v)
-    if launch.gluon:
-        problems = []
-        if quantized is None:
-            problems.append("the exact path (no `quantized`)")
-        if q.dtype != torch.bfloat16 or q.stride(-1) != 1:
-            problems.append(f"q {q.dtype} with last stride {q.stride(-1)}")
-        if interpreting():
-            problems.append("the interpreter")
-        if capability(q.device) != 90:
-            problems.append(f"capability {capability(q.device)}")
-        if problems:
-            raise RuntimeError(
-                "block_sparse_attention: Launch(gluon=True) runs the low-precision path on bf16 q with unit last "
-                f"stride, compiled on sm_90; here: {', '.join(problems)}"
-            )
-        from workbench.kernels.block_sparse_attend_sm90 import attend_sm90
-
-        triton.set_allocator(_tma_scratch)
-        return attend_sm90(q, route, quantized, k.shape[2], route.scale * LOG2E, launch.num_stages)
     b, h, tq, d = q.shape
     qb, kb = route.mask.shape[-2:]
     out = torch.empty((b, h, tq, d), dtype=q.dtype, device=q.device)

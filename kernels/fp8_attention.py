@@ -85,15 +85,12 @@ TILES = (16, 32, 64, 128)  # a tile must divide QUANT_BLOCK
 @dataclass(frozen=True)
 class Launch:
     """One GPU launch: `block_m` query rows and `block_n` keys per tile (each dividing QUANT_BLOCK), `num_warps`,
-    `num_stages` software-pipeline stages. `block_n` also sets the tiles P is quantized over (module doc). `gluon`:
-    the sm_90 Gluon kernel with explicit overlap (`fp8_attention_sm90`; compiled on sm_90 only, `block_m` = 16 x
-    `num_warps`, `num_stages` >= 2 buffers of K and V) instead of the Triton one."""
+    `num_stages` software-pipeline stages. `block_n` also sets the tiles P is quantized over (module doc)."""
 
     block_m: int = 64
     block_n: int = 128
     num_warps: int = 4
     num_stages: int = 3
-    gluon: bool = False
 
     def __post_init__(self) -> None:
         for field, value in (("block_m", self.block_m), ("block_n", self.block_n)):
@@ -102,11 +99,6 @@ class Launch:
         check_warps("fp8_attention", self.num_warps)
         if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             raise ValueError(f"fp8_attention: Launch.num_stages: {self.num_stages!r}; allowed: an int in 1..8")
-        if self.gluon and (self.block_m != 16 * self.num_warps or self.num_stages < 2):
-            raise ValueError(
-                f"fp8_attention: Launch(gluon=True): block_m {self.block_m} must be 16 x num_warps "
-                f"({16 * self.num_warps}) and num_stages {self.num_stages} at least 2"
-            )
 
 
 # DEFAULT: the fastest launch of the H200 sweeps for pv="fp8" (benchmarks/results/fp8-attention.json, m64_n128_w4_s3).
@@ -329,17 +321,6 @@ def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launc
         raise ValueError(f"fp8_attention: launch must be an fp8_attention.Launch, got {type(launch).__name__}")
     b, h, tq, d = out.shape
     emulate = interpreting()
-    if launch.gluon:
-        if emulate or capability(out.device) != 90:
-            raise RuntimeError(
-                f"fp8_attention: Launch(gluon=True) runs compiled on sm_90 only (here: interpreter "
-                f"{'on' if emulate else 'off'}, capability {capability(out.device)})"
-            )
-        from workbench.kernels.fp8_attention_sm90 import attend_sm90
-
-        triton.set_allocator(_tma_scratch)  # device-side descriptors need Triton's global scratch
-        attend_sm90(z, out, tk, scale * LOG2E, launch.block_m, launch.block_n, launch.num_warps, launch.num_stages)
-        return
     if emulate:
         tuning = {}
     else:

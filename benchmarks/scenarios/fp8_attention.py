@@ -12,15 +12,13 @@ and k share smooth positional features, as video attention does); `outliers` (`o
 shared channel offset and 4 outlier channels, as a DiT's q/k norm leaves them); and per call on `captured` q, k, v:
 the video self-attention of the trained demo-av (4 heads of 48, zero-padded to 64 by the kernel) recorded during one
 dense request (`captured_calls`), median and worst call with the median per step. A launch sweep (`LAUNCHES`) times the
-kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages, and the Gluon kernel's launches
-on sm_90 (each with its error against the shipped launch's output; FP8_ATTENTION_GLUON=0 leaves them out); the A/B/A
-arms use the shipped launch (`launch_for`), and on sm_90 one Gluon launch (`GLUON_CALL`) per pair of `SWEEP_PAIRS` as
-a whole call too. `compiled` lists what Triton's JIT built in this process for the attention and quantization
+kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages (each with its error against the
+shipped launch's output); the A/B/A arms use the shipped launch (`launch_for`). `compiled` lists what Triton's JIT built in this process for the attention and quantization
 kernels: launch, registers and spilled bytes per variant (from the JIT's cache; the CPU compile reports of
 `workbench.kernels.targets` should agree).
 
 block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
-low-precision arm (`SPARSE_PRECISIONS`; on sm_90 each also on the Gluon kernel, `[... gluon]`) A/B/A on the queued
+low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued
 clock, each with its relative L2 against dense and against the exact arm; the plan (routing), the quantization and
 the attention kernel alone are timed apart.
 `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math backend, every arm and
@@ -30,9 +28,7 @@ swept launch; the numbers say nothing.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
-import os
 import statistics
 from typing import Any
 
@@ -51,12 +47,10 @@ from workbench.kernels import attention_quantize as aq
 from workbench.kernels import block_sparse_attend
 from workbench.kernels import block_sparse_attention as bsa
 from workbench.kernels import fp8_attention as fa
-from workbench.kernels._runtime import capability
 
 NAME = "fp8-attention"
 SUMMARY = "low-bit attention (QK int8/e4m3 x PV fp8/bf16) vs cuDNN and FA4; block_sparse 20 % exact vs low-bit"
 GPUS = 1
-SETTINGS = ("FP8_ATTENTION_GLUON",)  # environment it reads (the record names those set)
 PAIRS = tuple((qk, pv) for qk in fa.QK_MODES for pv in fa.PV_MODES)
 SWEEP_PAIRS = (("int8", "fp8"), ("int8", "bf16"))  # the plugin's default, and the lowest-error pair
 LAUNCHES = {
@@ -66,13 +60,7 @@ LAUNCHES = {
     "m64_n64_w4_s3": fa.Launch(64, 64, 4, 3),
     "m128_n128_w8_s2": fa.Launch(128, 128, 8, 2),
     "m128_n128_w8_s3": fa.Launch(128, 128, 8, 3),
-    # the Gluon kernel with explicit overlap (kernels/fp8_attention_sm90.py; sm_90 only): candidates
-    "gluon_m64_n64_w4_s3": fa.Launch(64, 64, 4, 3, gluon=True),
-    "gluon_m64_n64_w4_s4": fa.Launch(64, 64, 4, 4, gluon=True),
-    "gluon_m128_n64_w8_s3": fa.Launch(128, 64, 8, 3, gluon=True),  # two warpgroups share the K/V tiles
-    "gluon_m64_n128_w4_s3": fa.Launch(64, 128, 4, 3, gluon=True),
 }
-GLUON_CALL = "gluon_m64_n64_w4_s3"  # the candidate also timed as a whole call, A/B/A, for each of SWEEP_PAIRS
 CAPTURE_MODEL = "demo-av"  # trained: its attention activations are a model's, not synthetic
 CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hum"
 HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3): the kernels' case measured here
@@ -152,15 +140,6 @@ def _label(qk: str, pv: str) -> str:
     return f"qk={qk},pv={pv}"
 
 
-def gluon_wanted() -> bool:
-    """FP8_ATTENTION_GLUON: "1" (default) measures the Gluon launches on sm_90, "0" leaves them out (a run that must
-    not depend on that kernel); ValueError naming the variable otherwise."""
-    value = os.environ.get("FP8_ATTENTION_GLUON", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"FP8_ATTENTION_GLUON: {value!r}; allowed: '1' (measure the Gluon launches) or '0'")
-    return value == "1"
-
-
 def run(context: Context) -> Measurement:
     device, smoke = context.device, context.smoke
     grid, heads = (SMOKE_GRID, SMOKE_HEADS) if smoke else (WAN_TOKENS_GRID, 12)
@@ -197,9 +176,6 @@ def run(context: Context) -> Measurement:
         notes.append(f"FlashAttention-4 not measured: {reason}.")
     _, flops = fa.cost(tuple(q.shape))
     scale = HEAD_DIM**-0.5
-    gluon_here = capability(device) == 90 and gluon_wanted()
-    if not gluon_here:
-        notes.append("The Gluon launches are not measured here (sm_90 only; FP8_ATTENTION_GLUON=0 leaves them out).")
     for qk, pv in PAIRS:
         name = f"fp8_attention[{_label(qk, pv)}]"
         z = aq.quantize(q, k, v, pv, qk=qk)
@@ -222,24 +198,12 @@ def run(context: Context) -> Measurement:
         if (qk, pv) in SWEEP_PAIRS:
             shipped, sweep = out.clone(), {}
             for label, launch in LAUNCHES.items():
-                if launch.gluon and not gluon_here:
-                    continue
                 timing = time_call(lambda z=z, out=out, launch=launch: fa.attend(z, out, tokens, scale, launch),
                                    device, **clock)  # fmt: skip
                 sweep[label] = {"kernel": timing.to_dict(), "kernel_tflops": flops / timing.median_s / 1e12,
                                 "rel_l2_vs_shipped": rel_l2(out, shipped)}  # fmt: skip
             arms[name]["launch_sweep"] = sweep
         visits[name] = lambda pv=pv, qk=qk: fa.fp8_attention(q, k, v, pv=pv, qk=qk)
-        if gluon_here and (qk, pv) in SWEEP_PAIRS:
-            launch = LAUNCHES[GLUON_CALL]
-            gluon_name = f"fp8_attention[{_label(qk, pv)} {GLUON_CALL}]"
-            arms[gluon_name] = {"rel_l2_vs_dense": {
-                kind: rel_l2(fa.fp8_attention(*qkv, pv=pv, qk=qk, launch=launch), dense(*qkv))
-                for kind, qkv in inputs.items()
-            }}  # fmt: skip
-            visits[gluon_name] = lambda pv=pv, qk=qk, launch=launch: fa.fp8_attention(
-                q, k, v, pv=pv, launch=launch, qk=qk
-            )
     ratios: dict[str, Any] = {}
     candidates = {name: fn for name, fn in visits.items() if name.startswith("fp8_attention")}
     for baseline in [name for name in ("cudnn", "flash4") if name in visits]:
@@ -254,9 +218,7 @@ def run(context: Context) -> Measurement:
             arms[name]["tflops"] = flops / median / 1e12
         ratios.update({key: value.to_dict() for key, value in rounds.ratios().items()})
     ratios.update(
-        _block_sparse_arms(
-            arms, inputs["structured"], SPARSE_PRECISIONS, dense, queued, context.rounds, clock, gluon_here
-        )
+        _block_sparse_arms(arms, inputs["structured"], SPARSE_PRECISIONS, dense, queued, context.rounds, clock)
     )
     arms["compiled"] = compiled_kernels()
     notes.append(
@@ -277,11 +239,10 @@ def run(context: Context) -> Measurement:
 
 
 def _block_sparse_arms(
-    arms: dict[str, Any], qkv: tuple, pairs: tuple, dense, queued, rounds: int, clock: dict[str, Any], gluon: bool
+    arms: dict[str, Any], qkv: tuple, pairs: tuple, dense, queued, rounds: int, clock: dict[str, Any]
 ) -> dict[str, Any]:
-    """block_sparse at SPARSE_DENSITY: the exact arm and one arm per (qk, pv) of `pairs` into `arms` (with `gluon`,
-    one more per pair on the Gluon kernel, `Launch(gluon=True)`), with the plan, the quantization and the kernel alone
-    timed by `time_call(**clock)`; returns the A/B/A ratios of the low-precision arms against the exact one."""
+    """block_sparse at SPARSE_DENSITY: the exact arm and one arm per (qk, pv) of `pairs` into `arms`, with the plan,
+    the quantization and the kernel alone timed by `time_call(**clock)`; returns the A/B/A ratios of the low-precision arms against the exact one."""
     q, k, v = qkv
     chosen = tau_for(q, k, 0, SPARSE_DENSITY)
     tau, base = chosen["tau"], f"block_sparse@{SPARSE_DENSITY:.2f}"
@@ -293,10 +254,9 @@ def _block_sparse_arms(
     arms[base]["plan"] = time_call(lambda: bsa.plan(q, k, v, tau, 0), q.device, **clock).to_dict()
     arms[base]["kernel"] = time_call(lambda: bsa.attend(q, k, v, route), q.device, **clock).to_dict()
     visits = {}
-    launches = {"": None, **({" gluon": block_sparse_attend.Launch(gluon=True)} if gluon else {})}
-    for (qk, pv), (suffix, launch) in itertools.product(pairs, launches.items()):
-        name = f"{base}[{_label(qk, pv)}{suffix}]"
-        out = bsa.block_sparse_attention(q, k, v, tau, 0, launch=launch, precision=qk, pv=pv)
+    for qk, pv in pairs:
+        name = f"{base}[{_label(qk, pv)}]"
+        out = bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
         z = aq.quantize(q, k, v, pv, qk=qk)
         smoothed = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
         arms[name] = {
@@ -306,14 +266,12 @@ def _block_sparse_arms(
             "bytes_moved": bsa.cost(tuple(q.shape), chosen["density"], q.dtype, qk, pv)[0],
             "quantize": time_call(lambda qk=qk, pv=pv: aq.quantize(q, k, v, pv, qk=qk), q.device, **clock).to_dict(),
             "kernel": time_call(
-                lambda z=z, r=smoothed, launch=launch: block_sparse_attend.attend(q, k, v, r, launch, z),
+                lambda z=z, r=smoothed: block_sparse_attend.attend(q, k, v, r, None, z),
                 q.device,
                 **clock,
             ).to_dict(),  # fmt: skip
         }
-        visits[name] = lambda qk=qk, pv=pv, launch=launch: bsa.block_sparse_attention(
-            q, k, v, tau, 0, launch=launch, precision=qk, pv=pv
-        )
+        visits[name] = lambda qk=qk, pv=pv: bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
     result = aba_rounds(
         (base, lambda: queued(lambda: bsa.block_sparse_attention(q, k, v, tau, 0))),
         {name: lambda fn=fn: queued(fn) for name, fn in visits.items()},
