@@ -7,7 +7,8 @@ A block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->`:
   leaves out on each per family (`profiles.card_plan`, from the plugins' declared capabilities);
 - `fits`: per named card and released model size (`workbench.model_sizes`), the memory planner's arrangement for one
   whole request at the model's reference size (bf16 weights, estimated activations), or "no" with the smallest cap
-  that fits; then what `ring.json` measured under a cap, when present;
+  that fits; then what `ring.json` measured under a cap, the ring beside diffusers' group offloading under the same
+  cap (`ring-group-offload-*.json`) and the whole H3 request under a cap, when present;
 - `headline`: the headline ratios of `HEADLINE` from `benchmarks/results/<stem>.json` (current envelope only),
   each with its CI95, device and date; a result that is missing is left out, never filled in.
 """
@@ -123,7 +124,7 @@ def fits_table(results: Path) -> list[str]:
         "comes on whole for that stage; `denoiser offloaded outside denoise`: the denoiser's resident weights wait in "
         "host memory during the other stages and come back once a request; `tiled decode`: the VAE decodes in tiles.",
     ]
-    return lines + _measured_under_cap(results) + _measured_h3_request(results)
+    return lines + _measured_under_cap(results) + _beside_group_offload(results) + _measured_h3_request(results)
 
 
 def _gib_up(value: int) -> str:
@@ -167,6 +168,33 @@ def _measured_under_cap(results: Path) -> list[str]:
         f"{_gib_up(shape.get('activation_bytes', 0))} ({shape.get('activation_source', '?')}; the planner's estimate "
         f"for the {h3} column: {_gib_up(plan(h3, 2**50).activation['denoise'])}).",
     ]
+
+
+def _beside_group_offload(results: Path) -> list[str]:
+    """A line per `results/ring-group-offload-*.json` (current envelope, not a smoke run) whose block ring and group
+    offloading arms both ran under their cap with output equal to resident: their median forward seconds against
+    resident's, from the same process; or nothing."""
+    lines = []
+    for path in sorted(results.glob("ring-group-offload-*.json")):
+        record = json.loads(path.read_text())
+        arms = record.get("arms") or {}
+        ring = [a for a in arms.values() if "block_ring" in (a.get("config") or {})]
+        offload = [a for a in arms.values() if "group_offload" in (a.get("config") or {})]
+        ran = [a for a in ring[:1] + offload[:1] if a.get("under_cap") and a.get("equal_to_resident")]
+        if record.get("format") != FORMAT or record.get("smoke") or len(ran) != 2 or "resident" not in arms:
+            continue
+        device = (record.get("device") or {}).get("name", "?")
+        pairs = min(len(a.get("seconds") or []) for a in ran)
+        lines += [
+            "",
+            f"Measured (`benchmarks/results/{path.name}`, {device}, {str(record.get('date', '?'))[:10]}; one process, "
+            f"{pairs} A/B/A pair{'s' * (pairs != 1)}): the same H3 forward under a {_gib_up(ran[0]['cap_bytes'])} cap "
+            f"took {ran[0]['median_s']:.2f} s with the block ring (peak {_gib_up(ran[0]['peak_bytes'])}) and "
+            f"{ran[1]['median_s']:.2f} s with diffusers' group offloading (one block per group, streams; peak "
+            f"{_gib_up(ran[1]['peak_bytes'])}), against {arms['resident']['median_s']:.2f} s resident (uncapped); both "
+            "outputs equal to resident.",
+        ]
+    return lines
 
 
 def _measured_h3_request(results: Path) -> list[str]:

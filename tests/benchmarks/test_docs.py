@@ -71,3 +71,26 @@ def test_readme_generated_blocks_are_current():
     assert set(blocks(text)) == {"plugins", "cards", "fits", "headline"}
     with pytest.raises(ValueError, match="markers of the generated block 'plugins'"):
         render("no markers here", root / "benchmarks" / "results")
+
+
+def test_readme_sets_the_ring_beside_group_offloading_only_when_both_ran(tmp_path):
+    from benchmarks.envelope import FORMAT
+    from benchmarks.readme import _beside_group_offload
+
+    def record(offload_equal: bool) -> dict:
+        arm = {"under_cap": True, "cap_bytes": 48 * 2**30, "peak_bytes": 43 * 2**30, "seconds": [11.0, 11.1]}
+        return {
+            "format": FORMAT, "smoke": False, "date": "2026-12-04T10:00:00", "device": {"name": "NVIDIA H200"},
+            "arms": {
+                "resident": {"median_s": 11.0},
+                "ring-48GiB": {**arm, "config": {"block_ring": {}}, "median_s": 11.05, "equal_to_resident": True},
+                "group_offload-48GiB": {**arm, "config": {"group_offload": {}}, "median_s": 13.4,
+                                        "equal_to_resident": offload_equal},
+            },
+        }  # fmt: skip
+
+    (tmp_path / "ring-group-offload-48GiB.json").write_text(json.dumps(record(True)))
+    (tmp_path / "ring-group-offload-24GiB.json").write_text(json.dumps(record(False)))
+    lines = [line for line in _beside_group_offload(tmp_path) if line]
+    assert len(lines) == 1 and "ring-group-offload-48GiB.json" in lines[0] and "2 A/B/A pairs" in lines[0]
+    assert "11.05 s with the block ring" in lines[0] and "13.40 s with diffusers' group offloading" in lines[0]
