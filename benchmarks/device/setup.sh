@@ -9,6 +9,9 @@
 #   path (with its DSL packages, as its .pth would add) in every later call while the machine stays warm;
 # - always: the project installed in place, PYTHONPATH set, progress bars off, output unbuffered.
 # Set WORKBENCH_COMMIT=<sha> before sourcing: the copy on the device has no git history for the envelope to read.
+# The tracked tree is about 63 MiB, 59 of them the shipped demo models: a call that carries `.whl` or an FA4 part goes
+# over the device's 64 MiB only with workbench/models/demo-av* moved aside; meanwhile commit with explicit paths
+# (`git commit -a` records their deletion), and copy WORKBENCH_COMMIT from `git rev-parse HEAD`, never by hand.
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
