@@ -86,6 +86,12 @@ class LazyKernel:
         return self._jitted[key][grid]
 
 
+def tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Triton's allocator for the tensor descriptors `tl.make_tensor_descriptor` builds on the device
+    (`triton.set_allocator(tma_scratch)` before such a launch)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def capability(device: torch.device) -> int | None:
     """The CUDA device's compute capability as one number (8.9 -> 89), or None off CUDA (a CPU, the interpreter):
     what a kernel picks its launch by (`workbench.kernels.targets`)."""

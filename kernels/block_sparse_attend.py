@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import LazyKernel, capability, interpreting
+from workbench.kernels._runtime import LazyKernel, capability, interpreting, tma_scratch
 from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
 from workbench.kernels.block_sparse_routing import BLOCK
 from workbench.kernels.fp8_attention import quantized_tile
@@ -229,11 +229,6 @@ def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:
             )
 
 
-def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    """Triton's allocator for the tensor descriptors `tl.make_tensor_descriptor` builds on the device."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -258,7 +253,7 @@ def attend(
         tuning = {}
     else:
         tuning = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
-        triton.set_allocator(_tma_scratch)  # device-side descriptors need Triton's global scratch
+        triton.set_allocator(tma_scratch)  # device-side descriptors need Triton's global scratch
     z = quantized
     if z is None:  # the exact path: the low-precision operands are not read
         kv, lowbit, scales = (k, v), {"QK_INT8": False, "PV_FP8": False}, (q, q, q, q, 1, 1)

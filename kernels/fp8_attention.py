@@ -72,6 +72,7 @@ from workbench.kernels._runtime import (
     head_dim_problem,
     interpreting,
     pad_head_dim,
+    tma_scratch,
 )
 from workbench.kernels.attention_quantize import FP8, FP8_MAX, QUANT_BLOCK, Quantized, quantize, quantize_reference
 
@@ -325,7 +326,7 @@ def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launc
         tuning = {}
     else:
         tuning = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
-        triton.set_allocator(_tma_scratch)  # device-side descriptors need Triton's global scratch
+        triton.set_allocator(tma_scratch)  # device-side descriptors need Triton's global scratch
     v_scale = z.q_scale if z.v_scale is None else z.v_scale  # (unread with pv="bf16")
     _KERNEL[(triton.cdiv(tq, launch.block_m), b * h)](
         z.q8, z.q_scale, z.k8, z.k_scale, z.v, v_scale, out,
@@ -334,10 +335,6 @@ def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launc
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, D=d, QUANT=QUANT_BLOCK,
         QK_INT8=z.qk == "int8", PV_FP8=z.pv == "fp8", EMULATE=emulate, **tuning,
     )  # fmt: skip
-
-
-def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def cost(shape: tuple[int, int, int, int], pv: str = "fp8", dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:

@@ -13,14 +13,13 @@ shared channel offset and 4 outlier channels, as a DiT's q/k norm leaves them); 
 the video self-attention of the trained demo-av (4 heads of 48, zero-padded to 64 by the kernel) recorded during one
 dense request (`captured_calls`), median and worst call with the median per step. A launch sweep (`LAUNCHES`) times the
 kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages (each with its error against the
-shipped launch's output); the A/B/A arms use the shipped launch (`launch_for`). `compiled` lists what Triton's JIT built in this process for the attention and quantization
-kernels: launch, registers and spilled bytes per variant (from the JIT's cache; the CPU compile reports of
-`workbench.kernels.targets` should agree).
+shipped launch's output); the A/B/A arms use the shipped launch (`launch_for`). `compiled` lists what Triton's JIT
+built in this process for the attention and quantization kernels: launch, registers and spilled bytes per variant
+(from the JIT's cache; the CPU compile reports of `workbench.kernels.targets` should agree).
 
 block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
-low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued
-clock, each with its relative L2 against dense and against the exact arm; the plan (routing), the quantization and
-the attention kernel alone are timed apart.
+low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued clock, each with its relative L2 against dense and against
+the exact arm; the plan (routing), the quantization and the attention kernel alone are timed apart.
 `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math backend, every arm and
 swept launch; the numbers say nothing.
 """
@@ -242,7 +241,8 @@ def _block_sparse_arms(
     arms: dict[str, Any], qkv: tuple, pairs: tuple, dense, queued, rounds: int, clock: dict[str, Any]
 ) -> dict[str, Any]:
     """block_sparse at SPARSE_DENSITY: the exact arm and one arm per (qk, pv) of `pairs` into `arms`, with the plan,
-    the quantization and the kernel alone timed by `time_call(**clock)`; returns the A/B/A ratios of the low-precision arms against the exact one."""
+    the quantization and the kernel alone timed by `time_call(**clock)`; returns the A/B/A ratios of the
+    low-precision arms against the exact one."""
     q, k, v = qkv
     chosen = tau_for(q, k, 0, SPARSE_DENSITY)
     tau, base = chosen["tau"], f"block_sparse@{SPARSE_DENSITY:.2f}"
