@@ -12,15 +12,19 @@ both resident, ~57 GB in bf16; random weights; 480x832, 81 frames; CFG 4; UniPC 
   measured steps and at 40 (4 steps: 3 high + 1 low; 40 steps: 26 + 14). The ratio is that of a reduced-steps
   request: text encoding and decode weigh more in it than in a 40-step one (the per-stage medians give the denoise
   ratio alone).
-- `cache`, once per threshold of `WAN22_THRESHOLDS` (default 0.3): easycache at that threshold, per expert
+- `cache`, once per threshold of `WAN22_THRESHOLDS` (default 0.3) and mode: easycache at that threshold, per expert
   (`per_expert=True`: warm-up and final dense steps counted within each expert's run) and boundary-unaware
   (`per_expert=False`: counted over the whole request), one request each at `WAN22_CACHE_STEPS` steps (default 12:
-  8 high + 4 low, about the 40-step share), against the dense (stock) request of the same model and steps in the same
-  process: latent relative L2, PSNR, minimum-frame SSIM and the default budget's verdict (`workbench.quality.compare`),
-  each expert's computed/reused decisions per CFG branch, the request steps each skipped, and the request seconds
-  (one run each: indicative, no CI). Both arms keep the cache state per expert (one hook per denoiser); they differ
-  in which steps the options force dense, so this does not reproduce a cache that carries one expert's state into
-  the other's steps.
+  8 high + 4 low, about the 40-step share), against the dense (stock) request of the same model and steps made in the
+  same process (once per process, before its first cache part): latent relative L2, PSNR, minimum-frame SSIM and the
+  default budget's verdict (`workbench.quality.compare`), each expert's computed/reused decisions per CFG branch, the
+  request steps each skipped, and the request seconds (one run each: indicative, no CI). Each mode is its own part, so
+  at 40 steps (a dense request alone is ~4.5 minutes) a device call holds the dense request and one or two cached
+  ones. Both arms keep the cache state per expert (one hook per denoiser); they differ in which steps the options
+  force dense, so this does not reproduce a cache that carries one expert's state into the other's steps.
+
+`WAN22_PARTS` (default `speed,cache`) picks the parts: `cache` alone runs the cache parts without the speed part
+(at 40 steps its A/B/A of whole requests, ~9 minutes for one round without pilots, does not fit a 10-minute call).
 
 The parts run in chunks across device calls: after each part (a step of `workbench.evidence.resume.Journal`) the
 partial record `<out>/request-wan22/calibrate.partial.json` is rewritten; with `--max-seconds S` the run stops before a
@@ -57,8 +61,11 @@ SUMMARY = (
     "easycache per expert vs boundary-unaware against dense"
 )
 GPUS = 1
-SETTINGS = ("WAN22_STEPS", "WAN22_CACHE_STEPS", "WAN22_THRESHOLDS")  # environment it reads (the record names those set)
+# the environment it reads (the record names those set)
+SETTINGS = ("WAN22_STEPS", "WAN22_CACHE_STEPS", "WAN22_THRESHOLDS", "WAN22_PARTS")
 STEPS, CACHE_STEPS, THRESHOLDS = 4, 12, (0.3,)  # WAN22_STEPS, WAN22_CACHE_STEPS, WAN22_THRESHOLDS
+PARTS = ("speed", "cache")  # WAN22_PARTS: a comma list of these
+MODES = {"per-expert": True, "boundary-unaware": False}  # cache part mode: easycache's per_expert
 SMOKE_STEPS, SMOKE_CACHE_STEPS = 1, 8
 CACHE = "easycache"
 GUIDANCE = 4.0
@@ -69,6 +76,7 @@ def run(context: Context) -> Measurement:
     started = time.perf_counter()
     smoke, device = context.smoke, context.device
     steps, cache_steps, thresholds = settings(smoke)
+    parts = chosen_parts()
     building = time.perf_counter()
     if smoke:
         session = Session.open("tiny-wan22", device=str(device), dtype="bfloat16")
@@ -79,25 +87,31 @@ def run(context: Context) -> Measurement:
     folder = None if context.out is None else context.out / NAME
     run_key = {"model": session.model.name, "dtype": "bfloat16", "device": device.type, "rounds": context.rounds,
                "speed": session.resolve(speed_request).to_dict(), "cache": session.resolve(cache_request).to_dict(),
-               "plugin": CACHE, "thresholds": list(thresholds)}  # fmt: skip
+               "plugin": CACHE, "thresholds": list(thresholds), "parts": list(parts)}  # fmt: skip
     limit = None if context.max_seconds is None else max(0.0, context.max_seconds - (time.perf_counter() - started))
-    journal = Journal(folder, NAME, run_key, at_most=1 + len(thresholds), max_seconds=limit)
+    cache_parts = [(t, mode) for t in thresholds for mode in MODES] if "cache" in parts else []
+    journal = Journal(folder, NAME, run_key, at_most=("speed" in parts) + len(cache_parts), max_seconds=limit)
     caches = _Caches(session, cache_request)
     with journal_parts(folder):
-        speed = journal.step("speed", {"steps": steps}, lambda: _speed(session, speed_request, context), 0.0)
+        speed = None
+        if "speed" in parts:
+            speed = journal.step("speed", {"steps": steps}, lambda: _speed(session, speed_request, context), 0.0)
         done = []
-        for threshold in thresholds:
+        for threshold, mode in cache_parts:
+            key = {"threshold": threshold, "steps": cache_steps, "mode": mode}
             expected = caches.expected(speed, steps)
-            key = {"threshold": threshold, "steps": cache_steps}
-            done.append(journal.step("cache", key, lambda t=threshold: caches.measure(t), expected))
-    arms, notes = dict(speed["arms"]), list(speed["notes"])
+            done.append(journal.step("cache", key, lambda t=threshold, m=mode: caches.measure(t, m), expected))
+    arms, notes = dict(speed["arms"]) if speed else {}, list(speed["notes"]) if speed else []
     for part in done:
         arms |= part["arms"]
         notes += part["notes"]
+    notes += [_compared(arms, threshold, session.model, cache_steps) for threshold in thresholds if cache_parts]
     digests = {str(part["dense_digest"]) for part in done}
     if len(digests) > 1:
-        notes.append("The dense cache-part requests of different processes differ bit for bit: compare thresholds "
+        notes.append("The dense cache-part requests of different processes differ bit for bit: compare parts "
                      "measured in different processes with care.")  # fmt: skip
+    elif len(done) > 1:
+        notes.append("Every cache part's dense request (one per process) gave the same latents, frames and audio.")
     notes.append(parts_line(journal.steps, lambda s: f"{s['kind']} {json.dumps(s['key'])}"))
     notes.append(
         "Times: the session's request total (CUDA events per stage); pilots untimed. Random weights: quality figures "
@@ -105,8 +119,9 @@ def run(context: Context) -> Measurement:
         if not smoke
         else "Smoke: tiny-wan22 on the CPU, 5 frames at 16x16, 1 and 8 steps; the numbers say nothing about speed."
     )
-    return Measurement(SUMMARY, _shape(session, speed_request, cache_steps, thresholds, build), arms,
-                       speed["ratios"], notes)  # fmt: skip
+    request = speed_request if speed else cache_request
+    return Measurement(SUMMARY, _shape(session, request, cache_steps, thresholds, build), arms,
+                       speed["ratios"] if speed else {}, notes)  # fmt: skip
 
 
 def settings(smoke: bool) -> tuple[int, int, tuple[float, ...]]:
@@ -130,6 +145,15 @@ def settings(smoke: bool) -> tuple[int, int, tuple[float, ...]]:
     return (SMOKE_STEPS, SMOKE_CACHE_STEPS, thresholds) if smoke else (steps, cache_steps, thresholds)
 
 
+def chosen_parts() -> tuple[str, ...]:
+    """The parts named by WAN22_PARTS (a comma list of `PARTS`, in that order); ValueError naming the variable."""
+    text = os.environ.get("WAN22_PARTS", ",".join(PARTS))
+    names = [name.strip() for name in text.split(",")]
+    if not names or not set(names) <= set(PARTS) or len(set(names)) != len(names):
+        raise ValueError(f"WAN22_PARTS: {text!r}; allowed: a comma list of {', '.join(PARTS)}, each at most once")
+    return tuple(name for name in PARTS if name in names)
+
+
 def _request(steps: int, smoke: bool) -> Any:
     return dataclasses.replace(wan_request(steps, smoke), steps=steps, guidance=GUIDANCE)
 
@@ -146,72 +170,79 @@ def _speed(session: Session, request: Any, context: Context) -> dict[str, Any]:
 
 
 class _Caches:
-    """The cache parts of one process: the dense request is made once, at the first part run here."""
+    """The cache parts of one process: the dense request is made once, before the first part run here."""
 
     def __init__(self, session: Session, request: Any):
         self.session, self.request = session, request
         self.requests = Requests(session, request)
         self.dense = None
 
-    def expected(self, speed: dict[str, Any], speed_steps: int) -> float:
-        """A cache part's seconds, estimated from the speed part's stock request (denoise scaled by the steps): two
-        cached requests taken as dense ones, the dense one when not made yet, and the quality comparisons."""
-        stages = speed["arms"]["stock"].get("stages_median_s") or {}
+    def expected(self, speed: dict[str, Any] | None, speed_steps: int) -> float:
+        """A cache part's seconds, estimated: its cached request taken as a dense one (this process's dense request,
+        else the speed part's stock request with its denoise scaled by the steps), the dense one when not made yet,
+        and the quality comparison. 0 when there is nothing to estimate from (the part runs)."""
+        if self.dense is not None:
+            return self.dense.timings["total"] + COMPARE_SECONDS / 2
+        stages = (speed or {}).get("arms", {}).get("stock", {}).get("stages_median_s") or {}
         if "denoise" not in stages:
             return 0.0
         per_request = stages["total"] + stages["denoise"] * (self.request.steps / speed_steps - 1)
-        return per_request * (2 + (self.dense is None)) + COMPARE_SECONDS
+        return 2 * per_request + COMPARE_SECONDS / 2
 
-    def measure(self, threshold: float) -> dict[str, Any]:
+    def measure(self, threshold: float, mode: str) -> dict[str, Any]:
+        """One cached request (easycache at `threshold`, `mode` of `MODES`) against this process's dense request."""
         if self.dense is None:
             self.dense = self.requests.generate({})
         schedule = experts.schedule(self.session.model, self.request.steps)
         dense_s = self.dense.timings["total"]
-        arms: dict[str, Any] = {}
-        notes: list[str] = []
-        decisions = {}
-        for mode, per_expert in (("per-expert", True), ("boundary-unaware", False)):
-            name = f"{CACHE}={threshold:g} {mode}"
-            config = {CACHE: {"threshold": threshold, "per_expert": per_expert}}
-            result = self.requests.generate(config)
-            receipt = result.receipts[CACHE]
-            quality = compare(self.dense, result)
-            decisions[mode] = _by_expert(receipt.get("notes", {}).get("decisions", {}), schedule)
-            seconds = result.timings["total"]
-            arms[name] = {
-                "config": config,
-                "latent_rel_l2_vs_dense": quality.latent_rel_l2,
-                "psnr_db_vs_dense": quality.psnr_db,
-                "min_ssim_vs_dense": quality.min_ssim,
-                "within_budget": quality.within_budget,
-                "reused_fraction": receipt.get("reused", 0)
-                / max(1, receipt.get("reused", 0) + receipt.get("computed", 0)),
-                "median_s": seconds,
-                "seconds": [seconds],
-                "speedup_vs_dense_one_run": dense_s / seconds,
-                "dense_s": dense_s,
-                "failures": quality.failures,
-                "decisions": decisions[mode],
-                "receipt": receipt,
-                "stages_s": result.timings,
-            }
-            said = "; ".join(
-                f"{expert} {branch} {d['decisions']} (skipped request steps {d['skipped'] or 'none'})"
-                for expert, branches in decisions[mode].items()
-                for branch, d in branches.items()
-            )
-            notes.append(
-                f"{name}: {said}; latent rel-L2 {quality.latent_rel_l2:.4f}, PSNR {quality.psnr_db:.2f} dB vs dense "
-                f"of {self.request.steps} steps; {dense_s / seconds:.3f}x the dense request (one run)."
-            )
-        differ = _differences(decisions["per-expert"], decisions["boundary-unaware"])
-        notes.append(
-            f"{CACHE}={threshold:g}: the boundary-unaware count changes the decisions at request steps {differ} "
-            f"(expert switch before step {schedule.span('transformer_2').start})."
-            if differ
-            else f"{CACHE}={threshold:g}: both counts made the same decisions at every step."
+        name = f"{CACHE}={threshold:g} {mode}"
+        config = {CACHE: {"threshold": threshold, "per_expert": MODES[mode]}}
+        result = self.requests.generate(config)
+        receipt = result.receipts[CACHE]
+        quality = compare(self.dense, result)
+        decisions = _by_expert(receipt.get("notes", {}).get("decisions", {}), schedule)
+        seconds = result.timings["total"]
+        row = {
+            "config": config,
+            "latent_rel_l2_vs_dense": quality.latent_rel_l2,
+            "psnr_db_vs_dense": quality.psnr_db,
+            "min_ssim_vs_dense": quality.min_ssim,
+            "within_budget": quality.within_budget,
+            "reused_fraction": receipt.get("reused", 0) / max(1, receipt.get("reused", 0) + receipt.get("computed", 0)),
+            "median_s": seconds,
+            "seconds": [seconds],
+            "speedup_vs_dense_one_run": dense_s / seconds,
+            "dense_s": dense_s,
+            "failures": quality.failures,
+            "decisions": decisions,
+            "receipt": receipt,
+            "stages_s": result.timings,
+        }
+        said = "; ".join(
+            f"{expert} {branch} {d['decisions']} (skipped request steps {d['skipped'] or 'none'})"
+            for expert, branches in decisions.items()
+            for branch, d in branches.items()
         )
-        return {"arms": arms, "notes": notes, "dense_digest": digest(self.dense)}
+        note = (
+            f"{name}: {said}; latent rel-L2 {quality.latent_rel_l2:.4f}, PSNR {quality.psnr_db:.2f} dB vs dense "
+            f"of {self.request.steps} steps; {dense_s / seconds:.3f}x the dense request of its process (one run)."
+        )
+        return {"arms": {name: row}, "notes": [note], "dense_digest": digest(self.dense)}
+
+
+def _compared(arms: dict[str, Any], threshold: float, model: Any, steps: int) -> str:
+    """One sentence: where the two modes' decisions at `threshold` differ (or that one of them did not run)."""
+    rows = [arms.get(f"{CACHE}={threshold:g} {mode}") for mode in MODES]
+    if None in rows:
+        return f"{CACHE}={threshold:g}: only one of the modes ran; nothing to compare."
+    differ = _differences(rows[0]["decisions"], rows[1]["decisions"])
+    switch = experts.schedule(model, steps).span("transformer_2").start
+    if not differ:
+        return f"{CACHE}={threshold:g}: both counts made the same decisions at every step."
+    return (
+        f"{CACHE}={threshold:g}: the boundary-unaware count changes the decisions at request steps {differ} "
+        f"(expert switch before step {switch})."
+    )
 
 
 def _by_expert(decisions: dict[str, str], schedule: experts.Schedule) -> dict[str, dict[str, Any]]:
