@@ -228,11 +228,12 @@ def test_a_device_cap_is_lifted_by_its_last_holder_only(monkeypatch):
     residency.hold_cap(first, 7, 48 << 30, 96 << 30)
     lift_second = residency.hold_cap(second, 7, 24 << 30, 96 << 30)
     # each cap comes after the cached blocks went back (torch checks a cap only when it reserves more); the allocator
-    # gets the cap less what the device spends outside it
+    # gets the cap less what the device spends outside it and the libraries' reserve
     assert residency.cap_holder(cuda7) == 24 << 30
-    assert calls == [("release", 7), (42 / 96, 7), ("release", 7), (18 / 96, 7)]
-    with pytest.raises(ValueError, match=r"cuda:7 already spends 6.00 GiB outside .* the whole cap of 6.00 GiB"):
-        residency.hold_cap(Holder(), 7, 6 << 30, 96 << 30)
+    reserve = residency.LIBRARY_RESERVE / 2**30
+    assert calls == [("release", 7), ((42 - reserve) / 96, 7), ("release", 7), ((18 - reserve) / 96, 7)]
+    with pytest.raises(ValueError, match=r"cuda:7 already spends 6.00 GiB outside .* leaves nothing of the cap of"):
+        residency.hold_cap(Holder(), 7, (6 << 30) + residency.LIBRARY_RESERVE, 96 << 30)
     assert residency.cap_holder(cuda7) == 24 << 30 and len(calls) == 5  # refused: the held cap stays
     with pytest.warns(UserWarning, match="cuda:7 is capped at 24.00 GiB by an open session's memory budget"):
         session_module._warn_if_capped(cuda7, replacing=False)  # what Session.open says before loading

@@ -39,8 +39,8 @@ Activation peaks come from `workbench.memory_estimate` (rough formulas, document
 
 On the CPU a cap is planning arithmetic only (nothing enforces it); on CUDA the session enforces it with
 `torch.cuda.set_per_process_memory_fraction` at the cap less what the device already spends outside the allocator
-(the CUDA context), so a wrong plan fails with out-of-memory instead of borrowing memory the card it plans for does
-not have.
+(the CUDA context) and less `residency.LIBRARY_RESERVE` for the kernels the libraries load later, so a wrong plan
+fails with out-of-memory instead of borrowing memory the card it plans for does not have.
 """
 
 from __future__ import annotations

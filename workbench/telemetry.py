@@ -99,6 +99,7 @@ class Telemetry:
             peak = torch.cuda.max_memory_allocated(self.device)
             self.memory[stage] = max(self.memory.get(stage, 0), peak)
             data["peak_bytes"] = peak
+            data["reserved_peak_bytes"] = torch.cuda.max_memory_reserved(self.device)  # the allocator's, cache included
         self.emit("stage_end", stage, **data)
 
     @contextmanager

@@ -305,6 +305,7 @@ class CappedRequests:
             "retries": retries,
             "receipts": result.receipts,
             "device_peak": result.metadata["nvml"].get("peak_used_bytes"),
+            "reserved_peak": reserved_peak(result),
         }
 
     # -- the arms that may not run ------------------------------------------------------------------------------
@@ -398,6 +399,7 @@ class CappedRequests:
             allocator={
                 "retries": sum(v["retries"] for v in visits),
                 "nvml_peak_used_bytes": max(v["device_peak"] or 0 for v in visits),
+                "reserved_peak_bytes": max(v["reserved_peak"] or 0 for v in visits),
             },  # fmt: skip
             receipts=visits[-1]["receipts"],
         )
@@ -421,3 +423,13 @@ class CappedRequests:
             torch.cuda.empty_cache()
             if EMPTY_HOST_CACHE is not None:
                 EMPTY_HOST_CACHE()
+
+
+def reserved_peak(result: Any) -> int | None:
+    """The allocator's reserved peak over a Result's stages (its stage_end events; None when not measured: CPU)."""
+    peaks = [
+        e.data["reserved_peak_bytes"]
+        for e in result.events
+        if e.kind == "stage_end" and "reserved_peak_bytes" in e.data
+    ]
+    return max(peaks, default=None)

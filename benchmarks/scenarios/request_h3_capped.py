@@ -37,7 +37,7 @@ import psutil
 import torch
 
 from benchmarks.envelope import Context, Measurement
-from benchmarks.scenarios.request_capped import MOVED
+from benchmarks.scenarios.request_capped import MOVED, reserved_peak
 from workbench import Request, Result, Session
 from workbench.accelerations.memory.ring import chunk_layout, tensors_of
 from workbench.memory_plan import MemoryBudget, MemoryPlan, gib, plan_for
@@ -222,6 +222,7 @@ def _row(result: Result, plan: MemoryPlan, cuda: bool) -> dict[str, Any]:
         "under_cap_by_stage": {stage: peak <= plan.cap for stage, peak in peaks.items()},
         "planned_peak_bytes": dict(plan.stage_peaks),
         "nvml_peak_used_bytes": result.metadata["nvml"].get("peak_used_bytes"),
+        "reserved_peak_bytes": reserved_peak(result),
         "moved_bytes": sum(receipt.get(key, 0) for key in MOVED),
         "receipt": receipt,
         "non_finite": result.metadata.get("non_finite", []),

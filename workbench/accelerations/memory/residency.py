@@ -71,21 +71,38 @@ def hold_cap(holder: object, index: int, cap: int, total: int) -> weakref.finali
     finalizer that lifts it (called, or run when `holder` is garbage-collected), which does nothing once another
     holder took the cap over.
 
-    `cap` is the card's memory, so the memory the device already spends outside this process's allocator (the CUDA
-    context, libraries' workspaces, other processes) counts against it: the allocator may reserve only the rest.
-    ValueError when that leaves nothing. The allocator's cached free blocks are released first: torch checks the cap
-    only when it reserves new memory, so blocks cached before the cap would otherwise serve allocations past it."""
+    `cap` is the card's memory, so what the device spends outside this process's allocator counts against it: what
+    it spends already (the CUDA context, other processes) and `LIBRARY_RESERVE` for what the libraries load later;
+    the allocator may reserve only the rest. ValueError when that leaves nothing. The allocator's cached free blocks
+    are released first: torch checks the cap only when it reserves new memory, so blocks cached before the cap would
+    otherwise serve allocations past it."""
     _release_cached(index)
     outside = _outside_allocator(index)
-    if outside >= cap:
+    if outside + LIBRARY_RESERVE >= cap:
         raise ValueError(
             f"memory: cuda:{index} already spends {outside / 2**30:.2f} GiB outside this process's allocator (CUDA "
-            f"context, other processes), as much as the whole cap of {cap / 2**30:.2f} GiB"
+            f"context, other processes); with {LIBRARY_RESERVE / 2**30:.2f} GiB kept for the libraries' kernels "
+            f"that leaves nothing of the cap of {cap / 2**30:.2f} GiB"
         )
-    torch.cuda.set_per_process_memory_fraction((cap - outside) / total, index)
+    torch.cuda.set_per_process_memory_fraction((cap - outside - LIBRARY_RESERVE) / total, index)
     token = object()  # stands for the holder in the finalizer, which must not keep it alive
     _CAPS[index] = (cap, token)
     return weakref.finalize(holder, _lift_cap, index, token)
+
+
+# Device memory the CUDA libraries take outside torch's allocator after the cap is set: with CUDA's lazy module
+# loading, kernel modules load on their first launch (cuDNN's convolution and attention engines for the VAEs and
+# SDPA, cuBLAS, Triton's and FlashAttention's compiled kernels), and some keep workspaces of their own. On the H200,
+# NVML's device peak went past the cap by 0.10 GiB (Wan2.1-14B request, 24 GiB) and 0.81 GiB (MiniMax-H3 request,
+# 48 GiB) when only the memory spent at the cap was counted (request-capped.json, request-h3-capped.json).
+LIBRARY_RESERVE = 1536 * 2**20
+
+
+def outside_allocator(device: torch.device) -> int | None:
+    """Bytes in use on CUDA `device` that this process's caching allocator did not reserve; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return _outside_allocator(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def _release_cached(index: int) -> None:
@@ -140,6 +157,7 @@ class Residency:
         self.pinned: list[torch.Tensor] = []  # on CUDA, the offloaded components' pinned host chunks (`_offload_group`)
         self.dismantled = False
         self.lift_cap: weakref.finalize | None = None  # on CUDA: lifts the cap while this residency holds it
+        self.outside: dict[str, int | None] = {}  # bytes outside the allocator: at the cap, at the last request's end
 
     @classmethod
     def arrange(cls, model: Any, plan: Any, device: torch.device, budget: Any) -> Residency:
@@ -153,6 +171,7 @@ class Residency:
             if plan.cap > total:
                 raise ValueError(f"memory: the cap {plan.cap} bytes is above {device}'s {total} bytes")
             residency.lift_cap = hold_cap(residency, device.index, plan.cap, total)
+            residency.outside["at_cap"] = outside_allocator(device)
         pipeline, family = model.pipeline, model.family
         streams = []
         for name, positions in plan.streamed_blocks.items():
@@ -244,6 +263,8 @@ class Residency:
             self._offload(name)
         for ring in self.rings:
             ring.release_all()
+        if self.device.type == "cuda" and not self.dismantled:
+            self.outside["request_end"] = outside_allocator(self.device)
 
     def dismantle(self) -> None:
         """Undo `arrange`: the cap lifted first (the whole model comes back), every streamed and offloaded weight a
@@ -278,6 +299,7 @@ class Residency:
             "denoisers_offloaded": self.plan.denoisers_offloaded,
             "ring_transfer": self.plan.ring_transfer,
             "host_bytes": sum(c.numel() for c in (*self.pinned, *(self.rings[0].chunks if self.rings else ()))),
+            **({"outside_allocator_bytes": dict(self.outside)} if self.outside else {}),
         }
         contract = "approximate" if self.plan.approximate else "bitwise"
         return {"contract": contract, "options": options, **self.receipt.to_dict()}
