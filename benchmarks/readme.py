@@ -213,21 +213,22 @@ def _measured_h3_request(results: Path) -> list[str]:
         else f"{stage} {_gib_up(peak)}"
         for stage, peak in (row.get("peak_bytes") or {}).items()
     )
-    nvml = row.get("nvml_peak_used_bytes")
+    nvml, cap = row.get("nvml_peak_used_bytes"), shape.get("cap", 0)
+    device_peak = "."
+    if nvml:
+        over = f", {_gib_up(nvml - cap)} over the cap, which bounds the allocator" if nvml > cap else ", under the cap"
+        device_peak = (
+            f"; the device's own peak (NVML: the CUDA context, the libraries' memory and the allocator's cached "
+            f"blocks included) {_gib_up(nvml)}{over}."
+        )
     return [
         "",
         f"Measured (`benchmarks/results/request-h3-capped.json`, {device}, {str(record.get('date', '?'))[:10]}): a "
         f"whole MiniMax-H3 request ({request.get('frames')} frames of {request.get('height')}x{request.get('width')}, "
         f"{request.get('steps')} steps; text encode, denoise, video and audio decode) completed under a "
-        f"{_gib_up(shape.get('cap', 0))} cap in {row.get('seconds', 0):.1f} s; allocated peaks per stage "
+        f"{_gib_up(cap)} allocator cap in {row.get('seconds', 0):.1f} s; allocated peaks per stage "
         f"{peaks} (a stage's measured peak includes its start, while the stage before still holds its components; "
-        "the plan counts each stage's own)"
-        + (
-            f"; the device's own peak (NVML: the CUDA context and the allocator's cached blocks included) "
-            f"{_gib_up(nvml)}."
-            if nvml
-            else "."
-        ),
+        f"the plan counts each stage's own){device_peak}",
     ]
 
 

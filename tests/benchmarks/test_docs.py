@@ -94,3 +94,20 @@ def test_readme_sets_the_ring_beside_group_offloading_only_when_both_ran(tmp_pat
     lines = [line for line in _beside_group_offload(tmp_path) if line]
     assert len(lines) == 1 and "ring-group-offload-48GiB.json" in lines[0] and "2 A/B/A pairs" in lines[0]
     assert "11.05 s with the block ring" in lines[0] and "13.40 s with diffusers' group offloading" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "nvml_gib, said", [(48.9, "0.9 GiB over the cap, which bounds the allocator"), (46.0, "under the cap")]
+)
+def test_readme_h3_request_line_says_whether_the_device_peak_passed_the_cap(tmp_path, nvml_gib, said):
+    from benchmarks.envelope import FORMAT
+    from benchmarks.readme import _measured_h3_request
+
+    row = {"completed": True, "seconds": 194.2, "peak_bytes": {"denoise": 43 * 2**30},
+           "planned_peak_bytes": {"denoise": 43 * 2**30}, "nvml_peak_used_bytes": int(nvml_gib * 2**30)}  # fmt: skip
+    record = {"format": FORMAT, "smoke": False, "date": "2026-12-04T13:10:05", "device": {"name": "NVIDIA H200"},
+              "shape": {"cap": 48 * 2**30, "request": {"frames": 243, "height": 736, "width": 992, "steps": 17}},
+              "arms": {"plan": row}}  # fmt: skip
+    (tmp_path / "request-h3-capped.json").write_text(json.dumps(record))
+    line = "".join(_measured_h3_request(tmp_path))
+    assert f"{nvml_gib:.1f} GiB, {said}." in line and "under a 48.0 GiB allocator cap in 194.2 s" in line
