@@ -8,7 +8,7 @@ import torch
 from benchmarks.readme import fits_table
 from workbench.accelerations.memory.ring import module_bytes
 from workbench.cards import CARDS
-from workbench.memory_plan import MemoryBudget, plan_for
+from workbench.memory_plan import DEVICE_OUTSIDE, MemoryBudget, plan_for
 from workbench.model_sizes import RELEASED, card_plans, meta_model, plan, reference_request
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -64,8 +64,9 @@ def test_fits_table_cells_are_the_planners_plans():
             assert (cell == "resident") == resident, cell
     h3, wan = "MiniMax-H3 33.1B", "Wan2.1-T2V-14B"
     with pytest.raises(ValueError, match=rf"the smallest cap that fits is .*\({smallest[h3]} bytes\)"):
-        plan_for(meta_model(h3), MemoryBudget(smallest[h3] - 1), reference_request(h3))
-    assert card_plans()["rtx4090"][wan] == plan_for(meta_model(wan), MemoryBudget("rtx4090"), reference_request(wan))
+        plan_for(meta_model(h3), MemoryBudget(smallest[h3] - 1), reference_request(h3), DEVICE_OUTSIDE)
+    wan_4090 = plan_for(meta_model(wan), MemoryBudget("rtx4090"), reference_request(wan), DEVICE_OUTSIDE)
+    assert card_plans()["rtx4090"][wan] == wan_4090 and wan_4090.outside == DEVICE_OUTSIDE
     h3_48 = card_plans()["rtx4090-48gb"][h3]
     assert "text_encoder" in h3_48.offloaded and h3_48.streamed_text_layers, str(h3_48)
     assert cells["h200"]["Wan2.1-T2V-1.3B"] == "resident"

@@ -213,6 +213,7 @@ def test_a_device_cap_is_lifted_by_its_last_holder_only(monkeypatch):
 
     from workbench import session as session_module
     from workbench.accelerations.memory import residency
+    from workbench.memory_plan import LIBRARY_RESERVE
 
     calls = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, index: calls.append((f, index)))
@@ -230,10 +231,10 @@ def test_a_device_cap_is_lifted_by_its_last_holder_only(monkeypatch):
     # each cap comes after the cached blocks went back (torch checks a cap only when it reserves more); the allocator
     # gets the cap less what the device spends outside it and the libraries' reserve
     assert residency.cap_holder(cuda7) == 24 << 30
-    reserve = residency.LIBRARY_RESERVE / 2**30
+    reserve = LIBRARY_RESERVE / 2**30
     assert calls == [("release", 7), ((42 - reserve) / 96, 7), ("release", 7), ((18 - reserve) / 96, 7)]
     with pytest.raises(ValueError, match=r"cuda:7 already spends 6.00 GiB outside .* leaves nothing of the cap of"):
-        residency.hold_cap(Holder(), 7, (6 << 30) + residency.LIBRARY_RESERVE, 96 << 30)
+        residency.hold_cap(Holder(), 7, (6 << 30) + LIBRARY_RESERVE, 96 << 30)
     assert residency.cap_holder(cuda7) == 24 << 30 and len(calls) == 5  # refused: the held cap stays
     with pytest.warns(UserWarning, match="cuda:7 is capped at 24.00 GiB by an open session's memory budget"):
         session_module._warn_if_capped(cuda7, replacing=False)  # what Session.open says before loading

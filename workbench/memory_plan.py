@@ -30,17 +30,18 @@ every stage, or during denoise only) + the offloaded components that stage runs 
 its activation peak. The ring's working set is `RING_IN_FLIGHT` slots (the block computing, the one arriving, the one
 released whose kernels may still be queued; fewer when fewer blocks stream), each the size of the largest streamed
 block or layer, shared by the denoisers and the text encoder and allocated for the whole session, so on the device in
-every stage. A plan fits when every stage's peak is at most `cap * (1 - headroom)`; the headroom is for the
-allocator's fragmentation and transient library workspaces (attention, convolution algorithms), which no formula
-here sees.
+every stage. A plan fits when every stage's peak is at most `(cap - outside) * (1 - headroom)`: `outside` is what a
+CUDA device spends beyond the allocator (`DEVICE_OUTSIDE` for a CUDA session or a card, 0 on the CPU), the headroom
+is for the allocator's fragmentation and the libraries' workspaces (attention, convolution algorithms: a cuDNN
+convolution denied its workspace falls back to a slower algorithm with other rounding), which no formula here sees.
 
 Activation peaks come from `workbench.memory_estimate` (rough formulas, documented there) or are measured and given in
 `MemoryBudget.activation` (a Result's `memory` holds the allocated peak per stage of a CUDA request).
 
 On the CPU a cap is planning arithmetic only (nothing enforces it); on CUDA the session enforces it with
 `torch.cuda.set_per_process_memory_fraction` at the cap less what the device already spends outside the allocator
-(the CUDA context) and less `residency.LIBRARY_RESERVE` for the kernels the libraries load later, so a wrong plan
-fails with out-of-memory instead of borrowing memory the card it plans for does not have.
+(the CUDA context) and less `LIBRARY_RESERVE` for the kernels the libraries load later, so a wrong plan fails with
+out-of-memory instead of borrowing memory the card it plans for does not have.
 """
 
 from __future__ import annotations
@@ -72,6 +73,16 @@ UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
 _AMOUNT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
 DEFAULT_HEADROOM = 0.1
+# What a CUDA device spends outside torch's allocator, kept out of every plan for a CUDA device or a card. The CUDA
+# context with the first requests' kernels loaded (0.75 GiB on the H200, torch 2.11), and LIBRARY_RESERVE: what the
+# libraries take after the cap is set (kernel modules loaded on first launch: cuDNN's convolution and attention
+# engines, cuBLAS, Triton's and FlashAttention's compiled kernels; workspaces of their own). Counting the context
+# alone, NVML's device peak passed the cap by 0.10 GiB (Wan2.1-14B request, 24 GiB) and 0.81 GiB (MiniMax-H3
+# request, 48 GiB); with the reserve taken from the allocator but not from the plan, the 24 GiB plan's VAE decode lost
+# its cuDNN workspace (3.6x slower, frames not bit-equal to resident).
+CUDA_CONTEXT = 768 * 2**20
+LIBRARY_RESERVE = 1536 * 2**20
+DEVICE_OUTSIDE = CUDA_CONTEXT + LIBRARY_RESERVE
 TEXT = "text_encoder"  # the component whose decoder layers may stream (`Family.text_layers`)
 
 
@@ -221,6 +232,7 @@ class MemoryPlan:
     text_forwards: int
     minimum_cap: int
     ring_transfer: str = AS_STORED
+    outside: int = 0  # bytes of the cap kept out of the plan (`DEVICE_OUTSIDE` on CUDA)
 
     @property
     def approximate(self) -> bool:
@@ -246,8 +258,9 @@ class MemoryPlan:
         peaks = ", ".join(f"{stage} {gib(peak)}" for stage, peak in self.stage_peaks.items())
         return "\n".join(
             (
-                f"memory plan under {gib(self.cap)} ({gib(self.usable)} planned, smallest cap that fits "
-                f"{gib(self.minimum_cap)})",
+                f"memory plan under {gib(self.cap)} ({gib(self.usable)} planned"
+                + (f", {gib(self.outside)} kept for the CUDA context and libraries" if self.outside else "")
+                + f", smallest cap that fits {gib(self.minimum_cap)})",
                 f"  resident: {', '.join(self.resident) or 'none'}; offloaded between stages: "
                 f"{', '.join(self.offloaded) or 'none'}",
                 f"  denoiser: {ring}",
@@ -276,8 +289,9 @@ def plan_memory(
     sources: dict[str, str] | None = None,
     text_forwards: int = 1,
     ring_transfer: str = AS_STORED,
+    outside: int = 0,
 ) -> MemoryPlan:
-    """The plan moving the fewest bytes per request whose every stage fits in `cap * (1 - headroom)`.
+    """The plan moving the fewest bytes per request whose every stage fits in `(cap - outside) * (1 - headroom)`.
 
     `activation`: stage -> activation peak (stages missing count 0); `tiled_activation`: the video decode's peak when
     tiled (None: the model has no tiled mode, or it is its default); `text_forwards`: text-encoder forwards per
@@ -287,7 +301,7 @@ def plan_memory(
     only by moving more bytes; at equal bytes untiled wins (tiled is slower and not bit-equal to untiled), then fewer
     offloaded components, denoisers kept, fewer streamed text layers, fewer streamed blocks. ValueError naming
     `memory` with the smallest cap that fits when none does."""
-    usable = int(cap * (1 - headroom))
+    usable = int(max(0, cap - outside) * (1 - headroom))
     offloadable = sorted({c for names in fp.stages.values() for c in names})
     tables = _Tables.of(fp, ring_transfer)
     best, smallest = None, None
@@ -312,12 +326,13 @@ def plan_memory(
         if best is None or key < best[0]:
             chosen = {stage: int(peak[s_best, t_best]) for stage, peak in peaks.items()}
             best = (key, offloaded, tiled, chosen)
-    minimum_cap = math.ceil(smallest / (1 - headroom))
+    minimum_cap = math.ceil(smallest / (1 - headroom)) + outside
     if best is None:
+        kept = f" and {gib(outside)} for the CUDA context and libraries" if outside else ""
         raise ValueError(
             f"memory: a cap of {gib(cap)} cannot hold this model and request (at least {gib(smallest)} must be on "
-            f"the device at once, with {headroom:.0%} headroom); the smallest cap that fits is {gib(minimum_cap)} "
-            f"({minimum_cap} bytes)"
+            f"the device at once, with {headroom:.0%} headroom{kept}); the smallest cap that fits is "
+            f"{gib(minimum_cap)} ({minimum_cap} bytes)"
         )
     (moved_per_request, _, _, offload_denoisers, t_best, s_best), offloaded, tiled, peaks = best
     slots = int(tables.slots(s_best, t_best))
@@ -342,6 +357,7 @@ def plan_memory(
         text_forwards=text_forwards,
         minimum_cap=minimum_cap,
         ring_transfer=ring_transfer,
+        outside=outside,
     )
 
 
@@ -428,8 +444,9 @@ def _arrange(
     return peaks, np.broadcast_to(moved, shape)
 
 
-def plan_for(model: Any, budget: MemoryBudget, request: Any) -> MemoryPlan:
-    """The plan for `model` (a LoadedModel, weights anywhere) and a resolved `request` under `budget`."""
+def plan_for(model: Any, budget: MemoryBudget, request: Any, outside: int = 0) -> MemoryPlan:
+    """The plan for `model` (a LoadedModel, weights anywhere) and a resolved `request` under `budget`; `outside`:
+    bytes of the cap kept out of the plan (`DEVICE_OUTSIDE` for a CUDA device or a card, 0 for the CPU)."""
     budget = MemoryBudget.of(budget)
     estimate, tiled = estimate_activation(model, request)
     measured = {stage: parse_bytes(v, f"memory.activation[{stage!r}]") for stage, v in budget.activation.items()}
@@ -440,7 +457,7 @@ def plan_for(model: Any, budget: MemoryBudget, request: Any) -> MemoryPlan:
     fp, activation = footprint(model, request), {**estimate, **measured}
     text_forwards = model.family.text_forwards(request)
     return plan_memory(fp, activation, budget.cap_bytes, forwards, tiled, budget.headroom, sources, text_forwards,
-                       budget.ring_transfer)  # fmt: skip
+                       budget.ring_transfer, outside)  # fmt: skip
 
 
 def check_request(model: Any, plan: MemoryPlan, budget: MemoryBudget, request: Any) -> None:

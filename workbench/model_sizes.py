@@ -337,9 +337,9 @@ def reference_request(name: str) -> Request:
 def plan(name: str, memory: Any) -> Any:
     """`memory_plan.plan_for` of the released model `name` under `memory` (bytes, "24GiB", a card's name, or a
     MemoryBudget) for its reference request: a `MemoryPlan`, or ValueError naming the smallest cap that fits."""
-    from workbench.memory_plan import MemoryBudget, plan_for
+    from workbench.memory_plan import DEVICE_OUTSIDE, MemoryBudget, plan_for
 
-    return plan_for(meta_model(name), MemoryBudget.of(memory), reference_request(name))
+    return plan_for(meta_model(name), MemoryBudget.of(memory), reference_request(name), DEVICE_OUTSIDE)
 
 
 @functools.cache

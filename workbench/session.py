@@ -22,7 +22,7 @@ from workbench.accelerations import REGISTRY, install
 from workbench.accelerations.base import Handle
 from workbench.accelerations.memory.residency import Residency, cap_holder
 from workbench.accelerations.undo import UndoFailed
-from workbench.memory_plan import MemoryBudget, MemoryPlan, check_request, gib, plan_for
+from workbench.memory_plan import DEVICE_OUTSIDE, MemoryBudget, MemoryPlan, check_request, gib, plan_for
 from workbench.models import resolve
 from workbench.models.family import shapes_only
 from workbench.models.loaded import LoadedModel
@@ -94,7 +94,7 @@ class Session:
             loaded = model
         else:
             if budget is not None:
-                _plan_from_shapes(model, seed, torch_dtype, budget)  # a cap no plan meets: refused before loading
+                _plan_from_shapes(model, seed, torch_dtype, budget, torch_device)  # no plan meets the cap: refused
             build_on = torch_device if budget is None else torch.device("cpu")  # a budget plans before moving
             with library_bars_off():
                 loaded = resolve(model, seed=seed, dtype=torch_dtype, device=build_on)
@@ -103,7 +103,8 @@ class Session:
             loaded.pipeline.to(device=torch_device)
         else:
             planned = (budget.request or Request("memory plan")).resolved(loaded.family, loaded.defaults)
-            residency = Residency.arrange(loaded, plan_for(loaded, budget, planned), torch_device, budget)
+            plan = plan_for(loaded, budget, planned, _outside(torch_device))
+            residency = Residency.arrange(loaded, plan, torch_device, budget)
         if torch_device.type == "cuda":
             torch.cuda.synchronize(torch_device)
         session = cls(loaded, torch_device, torch_dtype, time.perf_counter() - start)
@@ -429,7 +430,7 @@ class _maybe_sampler:
 
 
 def _plan_from_shapes(
-    model: str | os.PathLike, seed: int, dtype: torch.dtype, budget: MemoryBudget
+    model: str | os.PathLike, seed: int, dtype: torch.dtype, budget: MemoryBudget, device: torch.device
 ) -> MemoryPlan | None:
     """`model`'s memory plan under `budget` from its shapes alone (`shapes_only`: a checkpoint's modules on the meta
     device, no weight read; a built-in model is built as usual, its weights are small or random); the planner's
@@ -441,4 +442,9 @@ def _plan_from_shapes(
     except ValueError:
         return None
     planned = (budget.request or Request("memory plan")).resolved(preview.family, preview.defaults)
-    return plan_for(preview, budget, planned)
+    return plan_for(preview, budget, planned, _outside(device))
+
+
+def _outside(device: torch.device) -> int:
+    """What a plan for `device` keeps outside the allocator's share: `DEVICE_OUTSIDE` on CUDA, nothing elsewhere."""
+    return DEVICE_OUTSIDE if device.type == "cuda" else 0

@@ -40,7 +40,7 @@ from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.request_capped import MOVED, reserved_peak
 from workbench import Request, Result, Session
 from workbench.accelerations.memory.ring import chunk_layout, tensors_of
-from workbench.memory_plan import MemoryBudget, MemoryPlan, gib, plan_for
+from workbench.memory_plan import DEVICE_OUTSIDE, MemoryBudget, MemoryPlan, gib, plan_for
 from workbench.models import h3, resolve
 
 NAME = "request-h3-capped"
@@ -104,7 +104,7 @@ def check_host(cap: str) -> tuple[dict[str, Any], MemoryPlan]:
     from workbench.model_sizes import meta_model, reference_request
 
     meta = meta_model(RELEASE)
-    plan = plan_for(meta, MemoryBudget(cap), reference_request(RELEASE))
+    plan = plan_for(meta, MemoryBudget(cap), reference_request(RELEASE), DEVICE_OUTSIDE)
     exact, need = host_pinned(meta, plan)
     available = psutil.virtual_memory().available
     if need > available:

@@ -41,12 +41,12 @@ def test_request_h3_capped_bad_cap_raises_naming_the_variable_before_building(mo
 
 
 def test_request_h3_capped_host_pinned_at_48gib_is_the_plans_offloaded_and_streamed_weights():
-    """At 48 GiB the released H3's plan pins 99.1 GiB of weights; in power-of-two chunks (what torch's pinned allocator
+    """At 48 GiB the released H3's plan pins 101.6 GiB of weights; in power-of-two chunks (what torch's pinned allocator
     takes at their size) that costs under 1 % more, where one buffer for the streamed weights alone would be rounded
     up to 128 GiB, the GPU machine's whole host."""
     model, planned = meta_model(request_h3_capped.RELEASE), plan(request_h3_capped.RELEASE, "48GiB")
     exact, chunked = request_h3_capped.host_pinned(model, planned)
-    assert 98 * 2**30 < exact < 100 * 2**30
+    assert 100 * 2**30 < exact < 103 * 2**30
     assert exact <= chunked < 1.01 * exact
 
 

@@ -55,6 +55,7 @@ from workbench.accelerations.memory.ring import (
     shared_rings,
     tensors_of,
 )
+from workbench.memory_plan import LIBRARY_RESERVE
 
 _CAPS: dict[int, tuple[int, object]] = {}  # CUDA device index -> (cap in bytes, the holder's token)
 
@@ -88,14 +89,6 @@ def hold_cap(holder: object, index: int, cap: int, total: int) -> weakref.finali
     token = object()  # stands for the holder in the finalizer, which must not keep it alive
     _CAPS[index] = (cap, token)
     return weakref.finalize(holder, _lift_cap, index, token)
-
-
-# Device memory the CUDA libraries take outside torch's allocator after the cap is set: with CUDA's lazy module
-# loading, kernel modules load on their first launch (cuDNN's convolution and attention engines for the VAEs and
-# SDPA, cuBLAS, Triton's and FlashAttention's compiled kernels), and some keep workspaces of their own. On the H200,
-# NVML's device peak went past the cap by 0.10 GiB (Wan2.1-14B request, 24 GiB) and 0.81 GiB (MiniMax-H3 request,
-# 48 GiB) when only the memory spent at the cap was counted (request-capped.json, request-h3-capped.json).
-LIBRARY_RESERVE = 1536 * 2**20
 
 
 def outside_allocator(device: torch.device) -> int | None:
