@@ -33,7 +33,7 @@ OFFLOAD = {"group_offload": {}}
 
 class Capped:
     """Within: this process may allocate at most `cap` bytes on `device`, less what the device spends outside its
-    allocator (the session's own rule: `residency.hold_cap`)."""
+    allocator and the libraries' reserve (the session's own rule: `residency.hold_cap`)."""
 
     def __init__(self, device: torch.device, cap: int):
         if device.index is None:  # set_per_process_memory_fraction needs an index
