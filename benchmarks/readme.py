@@ -92,7 +92,7 @@ def fits_table(results: Path) -> list[str]:
     plan, "no" with the smallest cap that fits where it refuses the card), the requests, weights and smallest caps
     above, a legend, and the capped forwards `results/ring.json` measured (left out when missing or a smoke run)."""
     from workbench.cards import CARDS
-    from workbench.memory_plan import footprint
+    from workbench.memory_plan import DEVICE_OUTSIDE, footprint
     from workbench.model_sizes import RELEASED, card_plans, meta_model, plan, reference_request
 
     requests, weights, smallest = [], [], {}
@@ -117,7 +117,9 @@ def fits_table(results: Path) -> list[str]:
         "",
         "Planner estimates, not measurements: `workbench.memory_plan.plan_for` on each release built from its published "
         "configuration on the meta device (`workbench.model_sizes`, which names the reference requests), activation "
-        "peaks from the planner's formulas, 10 % of the card kept as headroom. `resident`: everything stays on the "
+        f"peaks from the planner's formulas; of each card, {DEVICE_OUTSIDE / 2**30:.2f} GiB kept for the CUDA context "
+        "and the libraries' "
+        "kernels (`memory_plan.DEVICE_OUTSIDE`) and 10 % of the rest as headroom. `resident`: everything stays on the "
         "card; `offload X`: X waits in host memory between its stages; `ring S/N`: S of the denoiser's N blocks "
         "stream from pinned host memory each forward (`block_ring`, one per expert on Wan2.2); `text ring S/N`: S of "
         "the (offloaded) text encoder's N layers stream through the same ring during text encoding, the rest of it "
