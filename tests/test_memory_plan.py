@@ -103,6 +103,13 @@ def test_planner_refuses_a_cap_too_small_naming_the_smallest_that_fits():
         plan(189)
     with_headroom = plan_memory(FP, ACTIVATION, 10**6, forwards=4, tiled_activation=15, headroom=0.1)
     assert with_headroom.minimum_cap == 212  # ceil(190 / 0.9)
+    # what the device spends outside the allocator (CUDA) is kept out of the plan: the same plan needs that much more
+    outside = plan_memory(FP, ACTIVATION, 380 + 50, forwards=4, tiled_activation=15, headroom=0.0, outside=50)
+    assert outside.usable == 380 and outside.stage_peaks == plan(380).stage_peaks and outside.minimum_cap == 240
+    with pytest.raises(
+        ValueError, match=r"0% headroom and 50 B for the CUDA context .* smallest cap that fits is 240 B"
+    ):
+        plan_memory(FP, ACTIVATION, 239, forwards=4, tiled_activation=15, headroom=0.0, outside=50)
 
 
 @pytest.mark.parametrize(
