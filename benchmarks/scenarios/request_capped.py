@@ -233,6 +233,12 @@ class CappedRequests:
             rows[arm] = self._row(visits[arm], measured.paired_baseline.get(arm))
             ratios = {key: ratio.to_dict() for key, ratio in measured.ratios().items()}
             notes += stage_notes(rows)
+            if self.cuda and (used := rows[arm]["allocator"]["nvml_peak_used_bytes"]):
+                notes.append(
+                    f"{arm}: NVML device peak {gib(used)}, {'within' if used <= self.cap else 'over'} the "
+                    f"{gib(self.cap)} cap (the whole device: the CUDA context, the libraries' memory and the "
+                    f"allocator's cached blocks; the allocated peak is the row's)."
+                )
         else:
             ratios = {}
         if arm == "plan" and self.plan is not None:
