@@ -118,13 +118,13 @@ def fits_table(results: Path) -> list[str]:
         "Planner estimates, not measurements: `workbench.memory_plan.plan_for` on each release built from its published "
         "configuration on the meta device (`workbench.model_sizes`, which names the reference requests), activation "
         f"peaks from the planner's formulas; of each card, {DEVICE_OUTSIDE / 2**30:.2f} GiB kept for the CUDA context "
-        "and the libraries' "
-        "kernels (`memory_plan.DEVICE_OUTSIDE`) and 10 % of the rest as headroom. `resident`: everything stays on the "
-        "card; `offload X`: X waits in host memory between its stages; `ring S/N`: S of the denoiser's N blocks "
-        "stream from pinned host memory each forward (`block_ring`, one per expert on Wan2.2); `text ring S/N`: S of "
-        "the (offloaded) text encoder's N layers stream through the same ring during text encoding, the rest of it "
-        "comes on whole for that stage; `denoiser offloaded outside denoise`: the denoiser's resident weights wait in "
-        "host memory during the other stages and come back once a request; `tiled decode`: the VAE decodes in tiles.",
+        "and the libraries' kernels (`memory_plan.DEVICE_OUTSIDE`) and 10 % of the rest as headroom. `resident`: "
+        "everything stays on the card; `offload X`: X waits in host memory between its stages; `ring S/N`: S of the "
+        "denoiser's N blocks stream from pinned host memory each forward (`block_ring`, one per expert on Wan2.2); "
+        "`text ring S/N`: S of the (offloaded) text encoder's N layers stream through the same ring during text "
+        "encoding, the rest of it comes on whole for that stage; `denoiser offloaded outside denoise`: the "
+        "denoiser's resident weights wait in host memory during the other stages and come back once a request; "
+        "`tiled decode`: the VAE decodes in tiles.",
     ]
     return lines + _measured_under_cap(results) + _beside_group_offload(results) + _measured_h3_request(results)
 

@@ -73,13 +73,10 @@ UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
 _AMOUNT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
 DEFAULT_HEADROOM = 0.1
-# What a CUDA device spends outside torch's allocator, kept out of every plan for a CUDA device or a card. The CUDA
-# context with the first requests' kernels loaded (0.75 GiB on the H200, torch 2.11), and LIBRARY_RESERVE: what the
-# libraries take after the cap is set (kernel modules loaded on first launch: cuDNN's convolution and attention
-# engines, cuBLAS, Triton's and FlashAttention's compiled kernels; workspaces of their own). Counting the context
-# alone, NVML's device peak passed the cap by 0.10 GiB (Wan2.1-14B request, 24 GiB) and 0.81 GiB (MiniMax-H3
-# request, 48 GiB); with the reserve taken from the allocator but not from the plan, the 24 GiB plan's VAE decode lost
-# its cuDNN workspace (3.6x slower, frames not bit-equal to resident).
+# What a CUDA device spends outside torch's allocator, kept out of every plan for a CUDA device or a card: the CUDA
+# context with the first requests' kernels loaded, and LIBRARY_RESERVE, what the libraries take after the cap is set
+# (kernel modules loaded on first launch: cuDNN, cuBLAS, Triton's and FlashAttention's kernels; their own
+# workspaces). Why both are needed: benchmarks/results/request-capped-wan14b-24GiB-*.json, request-h3-capped.json.
 CUDA_CONTEXT = 768 * 2**20
 LIBRARY_RESERVE = 1536 * 2**20
 DEVICE_OUTSIDE = CUDA_CONTEXT + LIBRARY_RESERVE
@@ -442,6 +439,11 @@ def _arrange(
         act = tiled if stage == "video_decode" and tiled is not None else activation.get(stage, 0)
         peaks[stage] = np.broadcast_to(base + (0 if offload_denoisers else denoisers) + here + act, shape)
     return peaks, np.broadcast_to(moved, shape)
+
+
+def outside_for(device: torch.device) -> int:
+    """What a plan for `device` keeps out of the cap: `DEVICE_OUTSIDE` on CUDA, nothing elsewhere (the CPU)."""
+    return DEVICE_OUTSIDE if device.type == "cuda" else 0
 
 
 def plan_for(model: Any, budget: MemoryBudget, request: Any, outside: int = 0) -> MemoryPlan:

@@ -22,7 +22,7 @@ from workbench.accelerations import REGISTRY, install
 from workbench.accelerations.base import Handle
 from workbench.accelerations.memory.residency import Residency, cap_holder
 from workbench.accelerations.undo import UndoFailed
-from workbench.memory_plan import DEVICE_OUTSIDE, MemoryBudget, MemoryPlan, check_request, gib, plan_for
+from workbench.memory_plan import MemoryBudget, MemoryPlan, check_request, gib, outside_for, plan_for
 from workbench.models import resolve
 from workbench.models.family import shapes_only
 from workbench.models.loaded import LoadedModel
@@ -103,7 +103,7 @@ class Session:
             loaded.pipeline.to(device=torch_device)
         else:
             planned = (budget.request or Request("memory plan")).resolved(loaded.family, loaded.defaults)
-            plan = plan_for(loaded, budget, planned, _outside(torch_device))
+            plan = plan_for(loaded, budget, planned, outside_for(torch_device))
             residency = Residency.arrange(loaded, plan, torch_device, budget)
         if torch_device.type == "cuda":
             torch.cuda.synchronize(torch_device)
@@ -442,9 +442,4 @@ def _plan_from_shapes(
     except ValueError:
         return None
     planned = (budget.request or Request("memory plan")).resolved(preview.family, preview.defaults)
-    return plan_for(preview, budget, planned, _outside(device))
-
-
-def _outside(device: torch.device) -> int:
-    """What a plan for `device` keeps outside the allocator's share: `DEVICE_OUTSIDE` on CUDA, nothing elsewhere."""
-    return DEVICE_OUTSIDE if device.type == "cuda" else 0
+    return plan_for(preview, budget, planned, outside_for(device))

@@ -7,13 +7,13 @@ so its row reports the relative L2 against resident instead of equality). Issue 
 48 GiB and >= 0.92x at 24 GiB, both faster than group offloading at the same cap; stacked with exact-fast, faster than
 resident stock (> 1x) under both caps.
 
-The ring's resident block count comes from the planner (`workbench.memory_plan.plan_memory`, keeping `DEVICE_OUTSIDE`
-out of the plan on CUDA) given the cap and the activation peak measured in the resident forward (allocated peak less the
-weights). A cap is enforced around each capped arm's timed forwards (`memory.Capped`: the session's rule, the cap less
-what the device spends outside the allocator and the libraries' reserve; an allocation past it raises, recorded as the
-arm's failure); installing and removing an arm happen outside it. `RING_CAPS=48GiB` (a comma
-list of the caps' names) measures a subset, so each cap's A/B/A can fit one device call; `RING_ARMS` (a comma list of
-block_ring, group_offload, block_ring+exact-fast, fp8_ring; default all) the arms, e.g.
+The ring's resident block count comes from the planner (`workbench.memory_plan.plan_memory`, keeping
+`outside_for(device)` out of the plan) given the cap and the activation peak measured in the resident forward
+(allocated peak less the weights). A cap is enforced around each capped arm's timed forwards (`memory.Capped`: the
+session's rule, the cap less what the device spends outside the allocator and the libraries' reserve; an allocation
+past it raises, recorded as the arm's failure); installing and removing an arm happen outside it. `RING_CAPS=48GiB`
+(a comma list of the caps' names) measures a subset, so each cap's A/B/A can fit one device call; `RING_ARMS` (a comma
+list of block_ring, group_offload, block_ring+exact-fast, fp8_ring; default all) the arms, e.g.
 `RING_ARMS=block_ring+exact-fast` for the stacked bar alone; `--max-seconds` ends the rounds early, before one that
 would end past it (the record says after how many). The stacked arms' kernels compile in one untimed forward of
 exact-fast alone (resident, uncapped) before the rounds; its output is what the stacked arms must equal (the ring is
@@ -46,7 +46,7 @@ from benchmarks.workloads import ForwardArm, equal, exact_fast, rel_l2
 from workbench.accelerations.memory.ring import module_bytes
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.memory_estimate import denoise_activation
-from workbench.memory_plan import DEVICE_OUTSIDE, Footprint, gib, plan_memory
+from workbench.memory_plan import Footprint, gib, outside_for, plan_memory
 
 NAME = "ring"
 SUMMARY = (
@@ -112,7 +112,7 @@ def run(context: Context) -> Measurement:
             session.accelerate({})
     arms, capped, plans = [resident], {}, {}
     for label, cap in caps.items():
-        plan = plan_memory(footprint, {"denoise": activation}, cap, forwards=1, outside=DEVICE_OUTSIDE if cuda else 0)
+        plan = plan_memory(footprint, {"denoise": activation}, cap, forwards=1, outside=outside_for(device))
         plans[label] = str(plan)
         resident_blocks = len(blocks) - len(plan.streamed_blocks["transformer"])
         ring_config = {"block_ring": {"resident_blocks": resident_blocks}}

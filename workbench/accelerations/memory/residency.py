@@ -91,13 +91,6 @@ def hold_cap(holder: object, index: int, cap: int, total: int) -> weakref.finali
     return weakref.finalize(holder, _lift_cap, index, token)
 
 
-def outside_allocator(device: torch.device) -> int | None:
-    """Bytes in use on CUDA `device` that this process's caching allocator did not reserve; None off CUDA."""
-    if device.type != "cuda":
-        return None
-    return _outside_allocator(torch.cuda.current_device() if device.index is None else device.index)
-
-
 def _release_cached(index: int) -> None:
     """Return CUDA device `index`'s cached free blocks to the driver, once its queued work is done."""
     torch.cuda.synchronize(index)
@@ -150,7 +143,7 @@ class Residency:
         self.pinned: list[torch.Tensor] = []  # on CUDA, the offloaded components' pinned host chunks (`_offload_group`)
         self.dismantled = False
         self.lift_cap: weakref.finalize | None = None  # on CUDA: lifts the cap while this residency holds it
-        self.outside: dict[str, int | None] = {}  # bytes outside the allocator: at the cap, at the last request's end
+        self.outside: dict[str, int] = {}  # bytes outside the allocator: at the cap, at the last request's end
 
     @classmethod
     def arrange(cls, model: Any, plan: Any, device: torch.device, budget: Any) -> Residency:
@@ -164,7 +157,7 @@ class Residency:
             if plan.cap > total:
                 raise ValueError(f"memory: the cap {plan.cap} bytes is above {device}'s {total} bytes")
             residency.lift_cap = hold_cap(residency, device.index, plan.cap, total)
-            residency.outside["at_cap"] = outside_allocator(device)
+            residency.outside["at_cap"] = _outside_allocator(device.index)
         pipeline, family = model.pipeline, model.family
         streams = []
         for name, positions in plan.streamed_blocks.items():
@@ -257,7 +250,7 @@ class Residency:
         for ring in self.rings:
             ring.release_all()
         if self.device.type == "cuda" and not self.dismantled:
-            self.outside["request_end"] = outside_allocator(self.device)
+            self.outside["request_end"] = _outside_allocator(self.device.index)
 
     def dismantle(self) -> None:
         """Undo `arrange`: the cap lifted first (the whole model comes back), every streamed and offloaded weight a
