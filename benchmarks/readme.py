@@ -228,7 +228,7 @@ def _measured_h3_request(results: Path) -> list[str]:
         f"Measured (`benchmarks/results/request-h3-capped.json`, {device}, {str(record.get('date', '?'))[:10]}): a "
         f"whole MiniMax-H3 request ({request.get('frames')} frames of {request.get('height')}x{request.get('width')}, "
         f"{request.get('steps')} steps; text encode, denoise, video and audio decode) completed under a "
-        f"{_gib_up(cap)} allocator cap in {row.get('seconds', 0):.1f} s; allocated peaks per stage "
+        f"{_gib_up(cap)} memory cap in {row.get('seconds', 0):.1f} s; allocated peaks per stage "
         f"{peaks} (a stage's measured peak includes its start, while the stage before still holds its components; "
         f"the plan counts each stage's own){device_peak}",
     ]

@@ -110,4 +110,4 @@ def test_readme_h3_request_line_says_whether_the_device_peak_passed_the_cap(tmp_
               "arms": {"plan": row}}  # fmt: skip
     (tmp_path / "request-h3-capped.json").write_text(json.dumps(record))
     line = "".join(_measured_h3_request(tmp_path))
-    assert f"{nvml_gib:.1f} GiB, {said}." in line and "under a 48.0 GiB allocator cap in 194.2 s" in line
+    assert f"{nvml_gib:.1f} GiB, {said}." in line and "under a 48.0 GiB memory cap in 194.2 s" in line
