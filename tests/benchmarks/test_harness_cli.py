@@ -21,9 +21,21 @@ def test_harness_lists_the_required_scenarios(capsys):
     assert all(name in listed for name in REQUIRED)
 
 
+@pytest.fixture(scope="module")
+def ray_instance():
+    """One local Ray instance for the fan-out scenarios' smokes (their pools join it instead of each starting and
+    stopping one: ~10 s a start on 2 cores); `Fanout` starting its own is tested in tests/evidence."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch):
+def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, request):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if name in ("fanout", "fanout-scaling"):
+        request.getfixturevalue("ray_instance")
     path = run_scenario(name, tmp_path, smoke=True, rounds=3)
     assert "TRITON_INTERPRET" not in os.environ  # the smoke's interpreter ends with it, not in the tests after it
     assert path == tmp_path / f"{name}.json"
