@@ -2,7 +2,8 @@
 `docs`.
 
 `run` measures each scenario in this process and writes `<out>/<scenario>.json` (benchmarks/envelope.py) as soon as
-it is done. A scenario that declares `ALLOCATOR` (the capped ones: `expandable_segments:True`, which torch reads
+it is done; `<out>` is `--out`, else $BENCHMARKS_OUT when set (benchmarks/device/setup.sh sets it to the device
+call's $OUT, the folder that comes back), else benchmarks/results. A scenario that declares `ALLOCATOR` (the capped ones: `expandable_segments:True`, which torch reads
 once, when CUDA starts) needs it in PYTORCH_CUDA_ALLOC_CONF: on a GPU `run` starts itself again with it added when
 it is missing (`allocator_env`), and refuses to mix such scenarios with others in one process. A scenario that fails
 is reported and the next one still runs (exit status 1 if any failed). A scenario that runs in chunks (calibrate-wan) stops cleanly at `--max-seconds` with its partial state under `<out>`, says so,
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="measure scenarios, one results file each")
     run.add_argument("scenarios", nargs="+", metavar="SCENARIO")
-    run.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
+    default_out = Path(os.environ["BENCHMARKS_OUT"]) if os.environ.get("BENCHMARKS_OUT") else RESULTS
+    run.add_argument("--out", type=Path, default=default_out, help=f"results folder (default: {default_out})")
     run.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the code, not the speed")
     run.add_argument("--rounds", type=int, default=3, help="A/B/A rounds (default 3, the least for a CI95)")
     run.add_argument("--max-seconds", type=float, help="a scenario run in chunks stops cleanly after about this long")

@@ -7,7 +7,8 @@
 #   warm): both parts joined and unpacked into /tmp/ray (benchmarks/device/pack-ray.sh makes the parts);
 # - `out/fa1/`, then `out/fa2/` the same way: FlashAttention-4 into /tmp/fa (benchmarks/device/pack-fa4.sh), on the
 #   path (with its DSL packages, as its .pth would add) in every later call while the machine stays warm;
-# - always: the project installed in place, PYTHONPATH set, progress bars off, output unbuffered.
+# - always: the project installed in place, PYTHONPATH set, progress bars off, output unbuffered, and
+#   BENCHMARKS_OUT=$OUT, so `python3 -m benchmarks run SCENARIO` writes its record where the call's files come back.
 # Set WORKBENCH_COMMIT=<sha> before sourcing: the copy on the device has no git history for the envelope to read.
 # The tracked tree is about 63 MiB, 59 of them the shipped demo models: a call that carries `.whl` or an FA4 part goes
 # over the device's 64 MiB only with workbench/models/demo-av* moved aside; meanwhile commit with explicit paths
@@ -27,4 +28,6 @@ join_parts() {
 join_parts ray
 join_parts fa
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
+# results go where the device call's files come back, unless a command names its own --out
+export BENCHMARKS_OUT="${OUT:-}"
 export PYTHONPATH=/tmp/site:/tmp/ray:/tmp/fa:/tmp/fa/nvidia_cutlass_dsl/dsl_packages:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1 RAY_USAGE_STATS_ENABLED=0

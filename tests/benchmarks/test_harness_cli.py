@@ -59,6 +59,23 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
         assert any("smoke" in note.lower() for note in record["notes"]), record["notes"]
 
 
+def test_run_writes_into_benchmarks_out_when_set_and_no_out_is_given(tmp_path, monkeypatch):
+    """On the device, setup.sh sets BENCHMARKS_OUT to the call's $OUT: a `run` without --out writes there (its record
+    comes back), an explicit --out still wins, and unset or empty means benchmarks/results."""
+    import benchmarks.__main__ as harness
+
+    written = []
+    monkeypatch.setattr(harness, "run_scenario", lambda name, out, *rest: written.append(out) or out / f"{name}.json")
+    monkeypatch.setenv("BENCHMARKS_OUT", str(tmp_path / "device-out"))
+    assert main(["run", "kernels", "--smoke"]) == 0
+    assert main(["run", "kernels", "--smoke", "--out", str(tmp_path / "mine")]) == 0
+    monkeypatch.setenv("BENCHMARKS_OUT", "")
+    assert main(["run", "kernels", "--smoke"]) == 0
+    monkeypatch.delenv("BENCHMARKS_OUT")
+    assert main(["run", "kernels", "--smoke"]) == 0
+    assert written == [tmp_path / "device-out", tmp_path / "mine", harness.RESULTS, harness.RESULTS]
+
+
 def test_smoke_interprets_during_the_scenario_and_restores_the_callers_value_when_it_raises(tmp_path, monkeypatch):
     """run_scenario's TRITON_INTERPRET=1 holds while the scenario runs (Triton reads it at each kernel's first
     launch) and the caller's earlier value comes back afterwards, also when the scenario raises."""
