@@ -3,11 +3,12 @@
 
 `run` measures each scenario in this process and writes `<out>/<scenario>.json` (benchmarks/envelope.py) as soon as
 it is done; `<out>` is `--out`, else $BENCHMARKS_OUT when set (benchmarks/device/setup.sh sets it to the device
-call's $OUT, the folder that comes back), else benchmarks/results. A scenario that declares `ALLOCATOR` (the capped ones: `expandable_segments:True`, which torch reads
-once, when CUDA starts) needs it in PYTORCH_CUDA_ALLOC_CONF: on a GPU `run` starts itself again with it added when
-it is missing (`allocator_env`), and refuses to mix such scenarios with others in one process. A scenario that fails
-is reported and the next one still runs (exit status 1 if any failed). A scenario that runs in chunks (calibrate-wan) stops cleanly at `--max-seconds` with its partial state under `<out>`, says so,
-and writes no envelope: the same command continues it (exit status 0).
+call's $OUT, the folder that comes back), else benchmarks/results. A scenario that declares `ALLOCATOR` (the capped
+ones: `expandable_segments:True`, which torch reads once, when CUDA starts) needs it in PYTORCH_CUDA_ALLOC_CONF: on
+a GPU `run` starts itself again with it added when it is missing (`allocator_env`), and refuses to mix such
+scenarios with others in one process. A scenario that fails is reported and the next one still runs (exit status 1
+if any failed). A scenario that runs in chunks (calibrate-wan) stops cleanly at `--max-seconds` with its partial
+state under `<out>`, says so, and writes no envelope: the same command continues it (exit status 0).
 `docs` regenerates docs/measurements.md and the README's generated blocks (plugin table, headline figures).
 """
 

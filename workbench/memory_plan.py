@@ -448,7 +448,7 @@ def outside_for(device: torch.device) -> int:
 
 def plan_for(model: Any, budget: MemoryBudget, request: Any, outside: int = 0) -> MemoryPlan:
     """The plan for `model` (a LoadedModel, weights anywhere) and a resolved `request` under `budget`; `outside`:
-    bytes of the cap kept out of the plan (`DEVICE_OUTSIDE` for a CUDA device or a card, 0 for the CPU)."""
+    bytes of the cap kept out of the plan (`outside_for(device)`; `DEVICE_OUTSIDE` for a card)."""
     budget = MemoryBudget.of(budget)
     estimate, tiled = estimate_activation(model, request)
     measured = {stage: parse_bytes(v, f"memory.activation[{stage!r}]") for stage, v in budget.activation.items()}
