@@ -11,8 +11,15 @@ The maths (`quantize_reference` in torch ops; `quantize` the same in Triton, one
    nearest even: qk="int8" top = 127, int8 values (SageAttention's choice); qk="e4m3" top = 448, e4m3 values. Tokens
    past T are zeros (padded to a multiple of 128; padding is added after smoothing, so it stays zero).
 3. pv="fp8": v per (batch, head, channel) over all tokens with the e4m3 recipe (`scale_v = max(amax, EPS) / 448`),
-   stored transposed (B, H, 128, Tk') so the P.V dot reads it K-major, zero-padded like k; `v_scale = scale_v / 448`
-   (the kernels' P carries a factor 448). pv="bf16": v rounded to bf16, made contiguous only when TMA cannot read it.
+   stored transposed (B, H, 128, Tk') so the P.V dot reads it K-major, zero-padded like k, its keys in `v_slot` order
+   within each group of 32 (below); `v_scale = scale_v / 448` (the kernels' P carries a factor 448). pv="bf16": v rounded to bf16, made contiguous only when TMA cannot read it.
+
+Why v's keys are reordered: the P.V dot takes P from registers, where the logits' accumulator left it. On sm_89/sm_90
+an FP8 dot's register A operand gives a thread keys 4t..4t+3 and 4t+16..4t+19 of each 32 (t = lane % 4), while the
+accumulator gave it keys 2t, 2t+1 and the same plus 8, 16 and 24. Storing key `16g + 8h + 2t + e` of a group (bits g,
+h, e; t in 0..3) at slot `16g + 4t + 2h + e` makes the keys a thread holds the ones its operand slots need: the
+kernels relabel P's columns the same way (`fp8_attention.quantized_tile`), a renaming of registers instead of the
+cross-lane shuffles a layout conversion would take. Any relabelling gives the same dot; this one is free.
 
 Contract: `quantize` equals `quantize_reference` bit for bit (every step is an exact or IEEE-rounded fp32 operation in
 both, the Triton kernel divides with `div_rn`; v's per-channel amax comes from `torch.aminmax`, exact). Under the
@@ -46,7 +53,7 @@ QUANT_WARPS = 8  # a (128, 128) fp32 tile over 256 threads: 64 values a thread, 
 class Quantized:
     """The attention kernels' operands. q8 (B, H, Tq', 128) and k8 (B, H, Tk', 128) float8_e4m3fn (qk="e4m3") or
     int8 (qk="int8"), contiguous, tokens padded with zeros to a multiple of QUANT_BLOCK; q_scale (B, H, Tq'/128),
-    k_scale (B, H, Tk'/128) fp32; v: pv="fp8" the e4m3 values transposed (B, H, 128, Tk') contiguous, pv="bf16" bf16
+    k_scale (B, H, Tk'/128) fp32; v: pv="fp8" the e4m3 values transposed (B, H, 128, Tk') contiguous (keys in `v_slot` order), pv="bf16" bf16
     (B, H, Tk, 128) with unit last stride; v_scale (B, H, 128) fp32 `scale_v / 448` (pv="fp8") or None; k_mean
     (B, H, 1, 128) fp32: the mean subtracted from k (zeros with smooth=False)."""
 
@@ -76,6 +83,17 @@ def _bf16_v(v: torch.Tensor) -> torch.Tensor:
     if vb.stride(-1) != 1 or vb.data_ptr() % 16 or any(s * 2 % 16 for s in vb.stride()[:-1]):
         vb = vb.contiguous()
     return vb
+
+
+def v_slot(key):
+    """The slot of v's transposed e4m3 layout that holds key `key` (an int tensor, torch or Triton): within each group
+    of 32 keys, key `16g + 8h + 2t + e` goes to slot `16g + 4t + 2h + e` (module doc)."""
+    return (key & ~15) | ((key & 6) << 1) | ((key >> 2) & 2) | (key & 1)
+
+
+def v_in_key_order(vt: torch.Tensor, tk: int) -> torch.Tensor:
+    """`Quantized.v` (pv="fp8", (B, H, 128, Tk')) as (B, H, 128, tk) with its keys in token order."""
+    return vt[..., v_slot(torch.arange(tk, device=vt.device))]
 
 
 def _v_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -111,8 +129,10 @@ def quantize_reference(
     scale = _v_scale(v.float().abs().amax(2))  # (B, H, D)
     v8 = (v.float() / scale[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     pad = k8.shape[2] - v.shape[2]
-    vt = torch.nn.functional.pad(v8.transpose(-1, -2).view(torch.uint8), (0, pad)).view(FP8)  # (B, H, D, Tk')
-    return Quantized(q8, q_scale, k8, k_scale, vt.contiguous(), scale / FP8_MAX, pv, qk, k_mean)
+    keys = torch.nn.functional.pad(v8.transpose(-1, -2).view(torch.uint8), (0, pad))  # (B, H, D, Tk'), key order
+    vt = torch.empty_like(keys)
+    vt[..., v_slot(torch.arange(keys.shape[-1], device=keys.device))] = keys
+    return Quantized(q8, q_scale, k8, k_scale, vt.view(FP8), scale / FP8_MAX, pv, qk, k_mean)
 
 
 def _quantize_fwd(
@@ -156,7 +176,10 @@ def _quantize_fwd(
             a = tl.where(a < 0.015625, (a + 16384.0) - 16384.0, bits.to(tl.float32, bitcast=True))
             y = tl.where(y < 0, -a, a)
         values = y.to(tl.float8e4nv)
-    if CHANNEL:  # (D, TP) per head
+    if CHANNEL:  # (D, TP) per head, keys in v_slot order: the tile's rows reordered so, then stored in order
+        values = tl.reshape(
+            tl.permute(tl.reshape(values, [BLOCK // 32, 2, 2, 4, 2, D]), [0, 1, 3, 2, 4, 5]), [BLOCK, D]
+        )
         tl.store(out_ptr + bh * D * TP + d[None, :].to(tl.int64) * TP + rows[:, None], values)
     else:  # (TP, D) per head
         tl.store(out_ptr + (bh * TP + rows.to(tl.int64))[:, None] * D + d[None, :], values)

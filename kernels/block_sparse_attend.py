@@ -181,6 +181,7 @@ def _block_sparse_fwd(
             m_i = m_new
     if LOWBIT and PV_FP8:  # P.V ran on e4m3 v without its per-channel scale; the folded pass adds real values
         acc = acc * tl.load(vs_ptr + bh.to(tl.int64) * D + d)[None, :]
+        l_i = l_i / 448.0  # P and l carried FP8_MAX (quantized_tile); the folded pass adds real weights
     # 2. Folded key blocks: their mean keys, BLOCK at a time, as pseudo-keys with log(length) on the logit.
     # km/vm arrive in the dot's dtype (bf16 rounded once when the means are made, or fp32); .to() is then a no-op.
     means = bh.to(tl.int64) * KB * D

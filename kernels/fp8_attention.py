@@ -13,7 +13,8 @@ The maths, in the order it happens:
    its fp32 mean over tokens (softmax-invariant), q and the smoothed k per block of QUANT_BLOCK = 128 tokens to int8
    (qk="int8", SageAttention's choice, scale amax / 127) or e4m3 (qk="e4m3", amax / 448), symmetric, rounded to
    nearest even; pv="fp8": v per (batch, head, channel) over all tokens to e4m3, stored transposed (B, H, 128, Tk')
-   so the P.V dot reads it K-major; pv="bf16": v in bf16. That module's doc holds the exact recipe.
+   so the P.V dot reads it K-major, its keys reordered within groups of 32 (`v_slot`); pv="bf16": v in bf16. That
+   module's doc holds the exact recipe.
 3. The kernel, FlashAttention-2 style: one program per (BLOCK_M query rows, batch*head), query blocks fastest over
    the grid; key tiles of BLOCK_N tokens through TMA descriptors; each tile is one call of the device function
    `quantized_tile` (which block_sparse_attend's low-precision path calls too). Per tile: `s = dot(q8, k8^T)`, an
@@ -21,10 +22,14 @@ The maths, in the order it happens:
    `scale_q * scale_k * scale * log2(e)` (one scalar per tile: BLOCK_M and BLOCK_N divide 128); online softmax in
    fp32 with exp2 (running max m, row sum l of the fp32 probabilities); P = exp2(s - m) <= 1: pv="fp8" rounds
    `P * 448` to e4m3 (P's row-block scale is 1/448: its amax is at most 1 by construction) and runs
-   `dot_fp8(P8, v8)`, pv="bf16" rounds P to bf16 and runs a bf16 dot, both with fp32 accumulation into the running
-   accumulator (rescaled by the max's change first). Keys past Tk (q8/k8 padding) get -inf logits; only the last
-   tile holds any, so only it is masked. The epilogue divides by l and, for pv="fp8", multiplies each channel by
-   `scale_v / 448`.
+   `dot_fp8(P8, v8)` with P's columns relabelled as v8's keys were stored (`v_slot`: the keys a thread holds in the
+   logits' accumulator become the ones its registers give the dot, no shuffle between lanes), pv="bf16" rounds P to
+   bf16 and runs a bf16 dot, both with fp32 accumulation into the running accumulator (rescaled by the max's change
+   first). Keys past Tk (q8/k8 padding) get -inf logits; only the last tile holds any, so only it is masked. The
+   epilogue divides by l and, for pv="fp8", multiplies each channel by `scale_v / 448`. One fused multiply-add a
+   logit does the scaling (`tl.fma`, whatever Triton's fp-fusion default): the row max is taken on the unscaled dot
+   (the scalar is positive, so the max commutes with it and m is the same number), and pv="fp8" makes `P * 448` as
+   `exp2(s - (m - log2 448))` directly, its row sum l carrying the 448 until the epilogue divides it out.
 
 The quantization of P is per key tile against the running max, so the result depends on BLOCK_N (`reference` takes
 it); nothing else depends on the launch but float rounding order inside the dots.
@@ -81,12 +86,14 @@ PV_MODES = ("fp8", "bf16")
 QK_MODES = ("e4m3", "int8")
 LOG2E = 1.4426950408889634
 TILES = (16, 32, 64, 128)  # a tile must divide QUANT_BLOCK
+KEY_TILES = (32, 64, 128)  # block_n: whole groups of 32 keys (v_slot's relabelling of P stays inside a tile)
 
 
 @dataclass(frozen=True)
 class Launch:
-    """One GPU launch: `block_m` query rows and `block_n` keys per tile (each dividing QUANT_BLOCK), `num_warps`,
-    `num_stages` software-pipeline stages. `block_n` also sets the tiles P is quantized over (module doc)."""
+    """One GPU launch: `block_m` query rows and `block_n` keys per tile (each dividing QUANT_BLOCK, block_n >= 32),
+    `num_warps`, `num_stages` software-pipeline stages. `block_n` also sets the tiles P is quantized over (module
+    doc)."""
 
     block_m: int = 64
     block_n: int = 128
@@ -94,9 +101,9 @@ class Launch:
     num_stages: int = 3
 
     def __post_init__(self) -> None:
-        for field, value in (("block_m", self.block_m), ("block_n", self.block_n)):
-            if value not in TILES:
-                raise ValueError(f"fp8_attention: Launch.{field}: {value!r}; allowed: {list(TILES)}")
+        for field, value, allowed in (("block_m", self.block_m, TILES), ("block_n", self.block_n, KEY_TILES)):
+            if value not in allowed:
+                raise ValueError(f"fp8_attention: Launch.{field}: {value!r}; allowed: {list(allowed)}")
         check_warps("fp8_attention", self.num_warps)
         if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             raise ValueError(f"fp8_attention: Launch.num_stages: {self.num_stages!r}; allowed: an int in 1..8")
@@ -131,21 +138,27 @@ def quantized_tile(
     `limit` and later weigh nothing (their logits are -inf: padding past Tk), else `limit` is unread. v: PV_FP8 e4m3
     (D, N) (`quantize`'s transposed layout), else (N, D) bf16. m_i (M,) running max in log2 units, l_i (M,) running
     sum, acc (M, D) fp32; returns the updated three. P = exp2(s - m) <= 1 is rounded to e4m3 as `P * 448` (PV_FP8) or
-    to bf16; EMULATE rounds in fp32 bits for the CPU interpreter (module doc)."""
+    to bf16; EMULATE rounds in fp32 bits for the CPU interpreter (module doc). With PV_FP8, P is made as `P * 448`
+    (exp2 of the logit less `m - log2 448`) and l sums it so: l carries the factor 448, which the caller removes."""
     if QK_INT8:
         s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
     else:
         s = tl.dot(q, tl.trans(k))
-    s = s * factor  # (M, N) fp32, log2 units
     if MASKED:
         s = tl.where(tl.arange(0, k.shape[0])[None, :] < limit, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+    m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max) * factor)
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])  # <= 1
+    if PV_FP8:
+        shift = m_new - 8.807354922057604  # log2(448): exp2 gives P * 448 directly
+    else:
+        shift = m_new
+    p = tl.exp2(tl.fma(s, factor, -shift[:, None]))  # one FMA a logit, fused whatever the fp-fusion default
     l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
     acc = acc * alpha[:, None]  # the P.V dots accumulate into it: no second (M, D) fp32 tile
-    if PV_FP8:
-        p = p * 448.0
+    if PV_FP8:  # P's columns relabelled as quantize stored v's keys (attention_quantize.v_slot): registers renamed
+        p = tl.reshape(
+            tl.permute(tl.reshape(p, [p.shape[0], p.shape[1] // 32, 2, 2, 4, 2]), [0, 1, 2, 4, 3, 5]), p.shape
+        )
         if EMULATE:  # round to e4m3 in fp32 (the interpreter's conversion does not): 3 mantissa bits, or a
             # multiple of 2^-9 below e4m3's smallest normal 2^-6 (adding 2^14 leaves fp32 steps of 2^-9)
             bits = p.to(tl.int32, bitcast=True)
@@ -201,8 +214,9 @@ def _fp8_attention_fwd(
         factor = q_scale * tl.load(ks_ptr + bh * (TKP // QUANT) + full // QUANT)
         v = v_desc.load([0, full]) if PV_FP8 else v_desc.load([full, 0])
         m_i, l_i, acc = quantized_tile(q, k, v, factor, TK - full, m_i, l_i, acc, True, QK_INT8, PV_FP8, EMULATE)
-    if PV_FP8:
+    if PV_FP8:  # P and l carry FP8_MAX (quantized_tile); v_scale is scale_v / FP8_MAX
         acc = acc * tl.load(vs_ptr + bh * D + d)[None, :]
+        l_i = l_i / 448.0
     out = acc / l_i[:, None]
     optr = out_ptr + b * o_sb + h * o_sh + rows.to(tl.int64)[:, None] * o_st + d[None, :]
     tl.store(optr, out.to(out_ptr.dtype.element_ty), mask=(rows < TQ)[:, None])
@@ -237,8 +251,8 @@ def reference(
     """The kernel's maths in fp32 torch: `quantize_reference`, then the online softmax over key tiles of `block_n`
     with P rounded per tile as the kernel does. (B, H, Tq, D) in q's dtype."""
     scale = _check(q, k, v, pv, scale, qk)
-    if block_n not in TILES:
-        raise ValueError(f"fp8_attention: block_n: {block_n!r}; allowed: {list(TILES)}")
+    if block_n not in KEY_TILES:
+        raise ValueError(f"fp8_attention: block_n: {block_n!r}; allowed: {list(KEY_TILES)}")
     z = quantize_reference(q, k, v, pv, smooth, qk)
     s, values = reference_logits(z, q.shape[2], k.shape[2], scale)
     m = torch.full(q.shape[:3], float("-inf"), device=q.device)
@@ -259,7 +273,7 @@ def reference_logits(z: Quantized, tq: int, tk: int, scale: float) -> tuple[torc
     qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32)
     q_scale = z.q_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, :tq, None] * qk_scale  # (B, H, Tq, 1)
     k_scale = z.k_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, None, :tk]  # (B, H, 1, Tk)
-    values = z.v[..., :tk].transpose(-1, -2).float() if z.pv == "fp8" else z.v.float()
+    values = attention_quantize.v_in_key_order(z.v, tk).transpose(-1, -2).float() if z.pv == "fp8" else z.v.float()
     # int8 products summed over 128 channels stay below 2^24, so these fp32 logits are exact
     logits = z.q8[:, :, :tq].float() @ z.k8[:, :, :tk].float().transpose(-1, -2)
     return logits * (q_scale * k_scale), values

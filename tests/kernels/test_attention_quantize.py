@@ -4,7 +4,17 @@ the key mean and v's transposed e4m3 copy) under the Triton CPU interpreter, on 
 import pytest
 import torch
 
-from workbench.kernels.attention_quantize import FP8, QUANT_BLOCK, cost, quantize, quantize_reference
+from workbench.kernels.attention_quantize import (
+    FP8,
+    FP8_MAX,
+    QUANT_BLOCK,
+    _v_scale,
+    cost,
+    quantize,
+    quantize_reference,
+    v_in_key_order,
+    v_slot,
+)
 
 D = 128
 
@@ -36,7 +46,19 @@ def test_quantize_bitwise_equal_reference(rng, dtype):
                 differ = (_bits(a) != _bits(b)).sum().item()
                 assert differ == 0, f"seed {seed}, {qk}/{pv}: {name} differs in {differ} of {a.numel()}"
             assert (got.k8[:, :, 171:] == 0).all() and (got.q8[:, :, 203:] == 0).all(), f"seed {seed}: padding"
-            if pv == "fp8":
-                assert (got.v[..., 171:].view(torch.uint8) == 0).all(), f"seed {seed}: v padding"
-                assert (got.v[..., :171].float() != 0).float().mean() > 0.9, f"seed {seed}: v8 mostly zero"
+            if pv == "fp8":  # in token order: v's per-channel e4m3 values, then zero padding
+                keys = v_in_key_order(got.v, 2 * QUANT_BLOCK)
+                assert (keys[..., 171:].view(torch.uint8) == 0).all(), f"seed {seed}: v padding"
+                scale = _v_scale(v.float().abs().amax(2))[:, :, None]
+                values = (v.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+                assert torch.equal(_bits(keys[..., :171]), _bits(values.transpose(-1, -2))), f"seed {seed}: v order"
+                assert (keys[..., :171].float() != 0).float().mean() > 0.9, f"seed {seed}: v8 mostly zero"
     assert cost((1, 12, 32760, D)) == 12 * 32760 * D * (3 * 2 + 3)
+
+
+def test_v_slot_permutes_each_group_of_32():
+    """v_slot maps each group of 32 keys onto itself, one key a slot: keys 16g + 8h + 2t + e to 16g + 4t + 2h + e."""
+    keys = torch.arange(256)
+    slots = v_slot(keys)
+    assert torch.equal(slots // 32, keys // 32) and torch.equal(slots.sort().values, keys)
+    assert v_slot(torch.tensor([8, 2, 9, 31])).tolist() == [2, 4, 3, 31]
