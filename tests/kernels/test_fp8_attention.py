@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import triton
 
 from workbench.kernels import _runtime
 from workbench.kernels.fp8_attention import (
@@ -188,6 +189,30 @@ def test_fp8_attention_launch_and_cost():
     assert flops == 4 * b * h * t * t * D
     assert nbytes == b * h * t * D * (3 * 2 + 3 + 3 + 2)  # q, k, v read in bf16; q8, k8, v8 written and read
     assert cost((b, h, t, D), pv="bf16")[0] == nbytes + 2 * b * h * t * D
+
+
+@pytest.mark.parametrize("qk", QK_MODES)
+def test_fp8_attention_p_reaches_its_dot_without_lane_shuffles_on_sm90(monkeypatch, qk):
+    """Compiled for sm_90 (no GPU), pv="fp8": P goes from the logits' accumulator to the P.V dot's register operand
+    by renaming registers (v stored in v_slot order, P relabelled to match): the PTX has the row reductions'
+    butterfly shuffles and no indexed shuffle, which is what a cross-lane layout conversion of P takes."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    from workbench.kernels.targets import TARGETS, built_for, record
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    heads = torch.zeros(1, 2, 256, D, dtype=torch.bfloat16)
+    with built_for(TARGETS["sm_90"]):
+        launched = record(lambda: fp8_attention(heads, heads, heads, pv="fp8", qk=qk), TARGETS["sm_90"])
+        found = next(x for x in launched if x.name == "_fp8_attention_fwd")
+        source = ASTSource(
+            fn=JITFunction(found.fn), signature=found.signature, constexprs=found.constexprs, attrs=found.attrs
+        )
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=found.options).asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "shfl.sync.bfly" in ptx
+    assert "shfl.sync.idx" not in ptx
 
 
 @pytest.mark.gpu
