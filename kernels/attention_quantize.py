@@ -12,10 +12,11 @@ The maths (`quantize_reference` in torch ops; `quantize` the same in Triton, one
    past T are zeros (padded to a multiple of 128; padding is added after smoothing, so it stays zero).
 3. pv="fp8": v per (batch, head, channel) over all tokens with the e4m3 recipe (`scale_v = max(amax, EPS) / 448`),
    stored transposed (B, H, 128, Tk') so the P.V dot reads it K-major, zero-padded like k, its keys in `v_slot` order
-   within each group of 32 (below); `v_scale = scale_v / 448` (the kernels' P carries a factor 448). pv="bf16": v rounded to bf16, made contiguous only when TMA cannot read it.
+   within each group of 32 (below); `v_scale = scale_v / 448` (the kernels' P carries a factor 448). pv="bf16": v
+   rounded to bf16, made contiguous only when TMA cannot read it.
 
-Why v's keys are reordered: the P.V dot takes P from registers, where the logits' accumulator left it. On sm_89/sm_90
-an FP8 dot's register A operand gives a thread keys 4t..4t+3 and 4t+16..4t+19 of each 32 (t = lane % 4), while the
+Why v's keys are reordered: the P.V dot takes P from registers, where the logits' accumulator left it. On sm_90 an
+FP8 wgmma's register A operand gives a thread keys 4t..4t+3 and 4t+16..4t+19 of each 32 (t = lane % 4), while the
 accumulator gave it keys 2t, 2t+1 and the same plus 8, 16 and 24. Storing key `16g + 8h + 2t + e` of a group (bits g,
 h, e; t in 0..3) at slot `16g + 4t + 2h + e` makes the keys a thread holds the ones its operand slots need: the
 kernels relabel P's columns the same way (`fp8_attention.quantized_tile`), a renaming of registers instead of the
@@ -29,7 +30,7 @@ rounds to the e4m3 grid in fp32 first (EMULATE), as the GPU's `cvt.rn.satfinite`
 The Triton path: torch's fp32 mean of k (one read) and, for pv="fp8", `torch.aminmax` of v over tokens (one read),
 then one launch per tensor of `_quantize_fwd`: one program per (128-token block, batch*head) reads the block once
 (any strides), smooths, reduces its amax (q, k) or takes the per-channel scale (v), and writes the one-byte values
-(transposed for v) and the block's scale.
+(transposed and in `v_slot` order for v) and the block's scale.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ QUANT_WARPS = 8  # a (128, 128) fp32 tile over 256 threads: 64 values a thread, 
 class Quantized:
     """The attention kernels' operands. q8 (B, H, Tq', 128) and k8 (B, H, Tk', 128) float8_e4m3fn (qk="e4m3") or
     int8 (qk="int8"), contiguous, tokens padded with zeros to a multiple of QUANT_BLOCK; q_scale (B, H, Tq'/128),
-    k_scale (B, H, Tk'/128) fp32; v: pv="fp8" the e4m3 values transposed (B, H, 128, Tk') contiguous (keys in `v_slot` order), pv="bf16" bf16
-    (B, H, Tk, 128) with unit last stride; v_scale (B, H, 128) fp32 `scale_v / 448` (pv="fp8") or None; k_mean
-    (B, H, 1, 128) fp32: the mean subtracted from k (zeros with smooth=False)."""
+    k_scale (B, H, Tk'/128) fp32; v: pv="fp8" the e4m3 values transposed (B, H, 128, Tk') contiguous (keys in
+    `v_slot` order), pv="bf16" bf16 (B, H, Tk, 128) with unit last stride; v_scale (B, H, 128) fp32 `scale_v / 448`
+    (pv="fp8") or None; k_mean (B, H, 1, 128) fp32: the mean subtracted from k (zeros with smooth=False)."""
 
     q8: torch.Tensor
     q_scale: torch.Tensor
