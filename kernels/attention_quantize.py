@@ -86,9 +86,9 @@ def _bf16_v(v: torch.Tensor) -> torch.Tensor:
     return vb
 
 
-def v_slot(key):
-    """The slot of v's transposed e4m3 layout that holds key `key` (an int tensor, torch or Triton): within each group
-    of 32 keys, key `16g + 8h + 2t + e` goes to slot `16g + 4t + 2h + e` (module doc)."""
+def v_slot(key: torch.Tensor) -> torch.Tensor:
+    """The slots of v's transposed e4m3 layout that hold keys `key` (an integer tensor of token indices): within each
+    group of 32 keys, key `16g + 8h + 2t + e` goes to slot `16g + 4t + 2h + e` (module doc)."""
     return (key & ~15) | ((key & 6) << 1) | ((key >> 2) & 2) | (key & 1)
 
 
