@@ -137,8 +137,9 @@ def built_for(target: Target) -> Iterator[None]:
         yield
 
 
-def compile_for(launched: Launched, target: Target) -> Report:
-    """Compile `launched` for `target` with Triton (no GPU needed); raises whatever the compiler raises."""
+def compiled_for(launched: Launched, target: Target) -> Any:
+    """`launched` compiled by Triton for `target` (no GPU needed): the compiled kernel (`.asm["ptx"]`, `.metadata`);
+    raises whatever the compiler raises."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
@@ -147,7 +148,12 @@ def compile_for(launched: Launched, target: Target) -> Report:
     source = ASTSource(
         fn=JITFunction(launched.fn), signature=launched.signature, constexprs=launched.constexprs, attrs=launched.attrs
     )
-    kernel = triton.compile(source, target=GPUTarget("cuda", target.capability, 32), options=launched.options)
+    return triton.compile(source, target=GPUTarget("cuda", target.capability, 32), options=launched.options)
+
+
+def compile_for(launched: Launched, target: Target) -> Report:
+    """Compile `launched` for `target` (`compiled_for`) and report its shared memory, registers and spills."""
+    kernel = compiled_for(launched, target)
     registers, spills = _ptxas_usage(kernel.asm["ptx"], target)
     return Report(launched.name, target.name, int(kernel.metadata.shared), registers, spills)
 

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-import triton
 
 from workbench.kernels import _runtime
 from workbench.kernels.fp8_attention import (
@@ -196,21 +195,14 @@ def test_fp8_attention_p_reaches_its_dot_without_lane_shuffles_on_sm90(monkeypat
     """Compiled for sm_90 (no GPU), pv="fp8": P goes from the logits' accumulator to the P.V dot's register operand
     by renaming registers (v stored in v_slot order, P relabelled to match): the PTX has the row reductions'
     butterfly shuffles and no indexed shuffle, which is what a cross-lane layout conversion of P takes."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
-    from workbench.kernels.targets import TARGETS, built_for, record
+    from workbench.kernels.targets import TARGETS, built_for, compiled_for, record
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     heads = torch.zeros(1, 2, 256, D, dtype=torch.bfloat16)
     with built_for(TARGETS["sm_90"]):
         launched = record(lambda: fp8_attention(heads, heads, heads, pv="fp8", qk=qk), TARGETS["sm_90"])
         found = next(x for x in launched if x.name == "_fp8_attention_fwd")
-        source = ASTSource(
-            fn=JITFunction(found.fn), signature=found.signature, constexprs=found.constexprs, attrs=found.attrs
-        )
-        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=found.options).asm["ptx"]
+        ptx = compiled_for(found, TARGETS["sm_90"]).asm["ptx"]
     assert "wgmma.mma_async" in ptx and "shfl.sync.bfly" in ptx
     assert "shfl.sync.idx" not in ptx
 

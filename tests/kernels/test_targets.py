@@ -24,7 +24,7 @@ from workbench.kernels import (
     relayout,
     rms_norm_silu,
 )
-from workbench.kernels.targets import TARGETS, built_for, compile_for, record, target_for
+from workbench.kernels.targets import TARGETS, built_for, compile_for, compiled_for, record, target_for
 
 B, T, H, D = 1, 1024, 12, 128
 C = H * D
@@ -193,13 +193,7 @@ def test_target_for_names_the_supported_capabilities():
 
 def _ptx(launch) -> str:
     """`launch` compiled by Triton for the H200 (sm_90), as the JIT would on that GPU: its PTX."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
-    source = ASTSource(fn=JITFunction(launch.fn), signature=launch.signature, constexprs=launch.constexprs,
-                       attrs=launch.attrs)  # fmt: skip
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=launch.options).asm["ptx"]
+    return compiled_for(launch, TARGETS["sm_90"]).asm["ptx"]
 
 
 def test_built_for_runs_the_cards_code_on_this_gpu_and_keeps_it_apart(monkeypatch):
