@@ -1,6 +1,7 @@
 """One forward of the full-size MiniMax-H3 transformer (33.1B parameters, random weights, bf16): stock against the
 `exact-fast` profile (and exact-fast with fp8_attention as its self-attention), block_sparse at 20 % density, and the
-stacks block_sparse + fused norms (+ FP8).
+stacks block_sparse + fused norms (+ FP8 linears), also with block_sparse's exact blocks in INT8 Q.K^T / FP8 P.V
+(`precision="int8"`: the composition with the low-bit kernel).
 
 Model: diffusers' default `MiniMaxH3Transformer3DModel` config, built on the meta device and materialised straight on
 the GPU (`model_sizes.materialise`), bf16 with its `_keep_in_fp32_modules` parameters in float32 (as
@@ -175,6 +176,7 @@ def run(context: Context) -> Measurement:
     if not calibration["reachable"]:
         notes.append(f"block_sparse: density {DENSITY} is below what routing allows here; tau {calibration['tau']}.")
     sparse = {"block_sparse": {"tau": calibration["tau"]}}
+    low_bit = {"block_sparse": {"tau": calibration["tau"], "precision": "int8"}}  # exact blocks: INT8 Q.K^T, FP8 P.V
     norms, fp8 = {"fused_block_norms": {}}, {"selective_fp8": {"include": FP8_BLOCK_LINEARS, "path": "fused"}}
     fast = exact_fast("h3", device, notes)
     arms = [
@@ -184,6 +186,8 @@ def run(context: Context) -> Measurement:
         ForwardArm("block_sparse", sparse),
         ForwardArm("block_sparse+norms", {**sparse, **norms}),
         ForwardArm("block_sparse+norms+fp8", {**sparse, **norms, **fp8}),
+        ForwardArm("block_sparse(int8)+norms", {**low_bit, **norms}),
+        ForwardArm("block_sparse(int8)+norms+fp8", {**low_bit, **norms, **fp8}),
     ]
     forwards = Forwards(session, forward, per_visit=1, warmup=0)
     if device.type == "cuda":
