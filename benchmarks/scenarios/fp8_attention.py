@@ -11,11 +11,13 @@ against cuDNN's bf16 output on three inputs: iid normal q, k, v; `structured` (`
 and k share smooth positional features, as video attention does); `outliers` (`outlier_qkv`: RMS-normed q/k with a
 shared channel offset and 4 outlier channels, as a DiT's q/k norm leaves them); and per call on `captured` q, k, v:
 the video self-attention of the trained demo-av (4 heads of 48, zero-padded to 64 by the kernel) recorded during one
-dense request (`captured_calls`), median and worst call with the median per step. A launch sweep (`LAUNCHES`) times the
-kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages (each with its error against the
-shipped launch's output); the A/B/A arms use the shipped launch (`launch_for`). `compiled` lists what Triton's JIT
-built in this process for the attention and quantization kernels: launch, registers and spilled bytes per variant
-(from the JIT's cache; the CPU compile reports of `workbench.kernels.targets` should agree).
+dense request (`captured_calls`), median and worst call with the median per step. `error_parts` says where that error
+comes from: each quantization step alone and all of them together, per input (the references' maths in fp32 on head
+0's first ERROR_PART_ROWS queries against all keys, against exact fp32 attention of the same rows). A launch sweep
+(`LAUNCHES`) times the kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages (each with its
+error against the shipped launch's output); the A/B/A arms use the shipped launch (`launch_for`). `compiled` lists
+what Triton's JIT built in this process for the attention and quantization kernels: launch, registers and spilled
+bytes per variant (from the JIT's cache; the CPU compile reports of `workbench.kernels.targets` should agree).
 
 block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
 low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued clock, each with its relative L2 against dense and against
@@ -65,6 +67,7 @@ CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hu
 HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3): the kernels' case measured here
 SPARSE_DENSITY = 0.20
 SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "bf16"), ("e4m3", "fp8"))
+ERROR_PART_ROWS = 4096  # query rows (of head 0, against all keys) `error_parts` runs on: a (4096, T) fp32 logits tile
 
 
 def outlier_qkv(tokens: int, heads: int, device: torch.device, dtype: torch.dtype, seed: int):
@@ -133,6 +136,44 @@ def _captured_errors(calls: list, run, dense) -> dict[str, Any]:
         "max": max(e for _, e in errors),
         "median_by_step": [statistics.median(e for s, e in errors if s == step) for step in steps],
     }
+
+
+def error_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, float]:
+    """Relative L2 against exact fp32 attention of each of the kernel's quantization steps alone, and of them all
+    (the default pair, int8 Q.K^T with FP8 P.V), on head 0's first ERROR_PART_ROWS queries of q, k, v (B, H, T, 128):
+    Q.K^T in int8 or e4m3 (smoothed keys, per-block scales, `attention_quantize.quantize_reference`), P rounded to
+    e4m3 per key tile of `fa.DEFAULT.block_n` (`fa.online_step`), v in e4m3 with its per-channel scale."""
+    q, k, v = q[:1, :1, :ERROR_PART_ROWS], k[:1, :1], v[:1, :1]
+    scale, block = q.shape[-1] ** -0.5, fa.DEFAULT.block_n
+
+    def attend(logits: torch.Tensor, values: torch.Tensor, round_p: bool) -> torch.Tensor:
+        m = torch.full(logits.shape[:3], float("-inf"), device=q.device)
+        l = torch.zeros(logits.shape[:3], device=q.device)  # noqa: E741
+        acc = torch.zeros(logits.shape[:3] + (values.shape[-1],), device=q.device)
+        for start in range(0, logits.shape[-1], block):
+            tile = slice(start, start + block)
+            pv = "fp8" if round_p else None
+            m, l, acc = fa.online_step(logits[..., tile], values[:, :, tile], m, l, acc, pv)  # noqa: E741
+        return acc / (aq.FP8_MAX if round_p else 1.0) / l[..., None]
+
+    exact_logits = (q.float() @ k.float().transpose(-1, -2)) * (scale * fa.LOG2E)
+    logits = {
+        qk: fa.reference_logits(aq.quantize_reference(q, k, v, "bf16", qk=qk), q.shape[2], k.shape[2], scale)[0]
+        for qk in fa.QK_MODES
+    }
+    z = aq.quantize_reference(q, k, v, "fp8")
+    values = fa.reference_logits(z, 1, k.shape[2], scale)[1]  # v in key order, e4m3 values without their scale
+    v_rounded = values * (z.v_scale * aq.FP8_MAX)[:, :, None, :]  # the e4m3 values times their scale
+    exact = attend(exact_logits, v.float(), False)
+    parts = {
+        "qk_int8": attend(logits["int8"], v.float(), False),
+        "qk_e4m3": attend(logits["e4m3"], v.float(), False),
+        "p_e4m3": attend(exact_logits, v.float(), True),
+        "v_e4m3": attend(exact_logits, v_rounded, False),
+        "p_and_v_e4m3": attend(exact_logits, v_rounded, True),
+        "all_int8_fp8": attend(logits["int8"], v_rounded, True),
+    }
+    return {name: rel_l2(out, exact) for name, out in parts.items()}
 
 
 def _label(qk: str, pv: str) -> str:
@@ -220,6 +261,7 @@ def run(context: Context) -> Measurement:
         _block_sparse_arms(arms, inputs["structured"], SPARSE_PRECISIONS, dense, queued, context.rounds, clock)
     )
     arms["compiled"] = compiled_kernels()
+    arms["error_parts"] = {kind: error_parts(*qkv) for kind, qkv in inputs.items()}
     notes.append(
         "Whole calls A/B/A on the queued clock; `kernel` (attend alone) and `quantize` (the Triton quantizer) carry "
         "both clocks. TFLOP/s count dense attention's 4*T*T*D per head for every arm. Relative L2 against cuDNN's bf16 "
@@ -228,7 +270,9 @@ def run(context: Context) -> Measurement:
         f"`launch_sweep` (kernel alone, {', '.join(_label(*p) for p in SWEEP_PAIRS)}) against the shipped launches "
         f"{fa.DEFAULT} (pv=fp8) and {fa.BF16_PV} (pv=bf16); each swept launch's `rel_l2_vs_shipped` is against the "
         "shipped launch's output on the same operands (another block_n quantizes P over other tiles). "
-        f"block_sparse@{SPARSE_DENSITY:.2f}: structured q/k, low-precision arms A/B/A against the exact arm."
+        f"block_sparse@{SPARSE_DENSITY:.2f}: structured q/k, low-precision arms A/B/A against the exact arm. "
+        f"`error_parts`: each quantization step alone against exact fp32 attention, head 0's first {ERROR_PART_ROWS} "
+        "query rows against all keys."
     )
     if smoke:
         notes.append("Smoke: float32 on the CPU, math SDPA as the dense arm; the numbers say nothing about speed.")

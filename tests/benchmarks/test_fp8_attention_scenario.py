@@ -1,0 +1,21 @@
+"""fp8-attention's error decomposition (`error_parts`): its all-steps part is the kernel reference's own error, so the
+single-step parts decompose what the kernel's contract says it computes."""
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.scenarios import fp8_attention as scenario
+from benchmarks.workloads import rel_l2
+from workbench.kernels import fp8_attention as fa
+
+
+def test_error_parts_all_steps_equal_the_kernel_references_error():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 300, 128, generator=g) for _ in range(3))
+    parts = scenario.error_parts(q, k, v)
+    assert set(parts) == {"qk_int8", "qk_e4m3", "p_e4m3", "v_e4m3", "p_and_v_e4m3", "all_int8_fp8"}
+    head = (slice(None), slice(0, 1))  # error_parts looks at head 0
+    exact = F.scaled_dot_product_attention(*(x[head].double() for x in (q, k, v)))
+    want = rel_l2(fa.reference(q, k, v, pv="fp8", qk="int8")[head], exact)
+    assert abs(parts["all_int8_fp8"] - want) < 1e-5 * want
+    assert all(0 < value < 0.1 for value in parts.values()), parts
