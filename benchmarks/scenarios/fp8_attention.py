@@ -150,9 +150,9 @@ def error_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, 
         m = torch.full(logits.shape[:3], float("-inf"), device=q.device)
         l = torch.zeros(logits.shape[:3], device=q.device)  # noqa: E741
         acc = torch.zeros(logits.shape[:3] + (values.shape[-1],), device=q.device)
+        pv = "fp8" if round_p else None  # online_step rounds P * 448 to e4m3: acc carries the 448
         for start in range(0, logits.shape[-1], block):
             tile = slice(start, start + block)
-            pv = "fp8" if round_p else None
             m, l, acc = fa.online_step(logits[..., tile], values[:, :, tile], m, l, acc, pv)  # noqa: E741
         return acc / (aq.FP8_MAX if round_p else 1.0) / l[..., None]
 
@@ -162,8 +162,8 @@ def error_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, 
         for qk in fa.QK_MODES
     }
     z = aq.quantize_reference(q, k, v, "fp8")
-    values = fa.reference_logits(z, 1, k.shape[2], scale)[1]  # v in key order, e4m3 values without their scale
-    v_rounded = values * (z.v_scale * aq.FP8_MAX)[:, :, None, :]  # the e4m3 values times their scale
+    v8 = aq.v_in_key_order(z.v, k.shape[2]).transpose(-1, -2).float()  # (1, 1, T, 128) e4m3 values, no scale
+    v_rounded = v8 * (z.v_scale * aq.FP8_MAX)[:, :, None, :]  # times their per-channel scale
     exact = attend(exact_logits, v.float(), False)
     parts = {
         "qk_int8": attend(logits["int8"], v.float(), False),
