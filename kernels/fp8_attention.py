@@ -256,16 +256,25 @@ def reference(
     if block_n not in KEY_TILES:
         raise ValueError(f"fp8_attention: block_n: {block_n!r}; allowed: {list(KEY_TILES)}")
     z = quantize_reference(q, k, v, pv, smooth, qk)
-    s, values = reference_logits(z, q.shape[2], k.shape[2], scale)
-    m = torch.full(q.shape[:3], float("-inf"), device=q.device)
-    l = torch.zeros(q.shape[:3], device=q.device)  # noqa: E741
-    acc = torch.zeros(q.shape[:3] + (q.shape[3],), device=q.device)
-    for start in range(0, k.shape[2], block_n):
-        tile = slice(start, start + block_n)
-        m, l, acc = online_step(s[..., tile], values[:, :, tile], m, l, acc, pv)  # noqa: E741
+    acc, l = online_softmax(*reference_logits(z, q.shape[2], k.shape[2], scale), pv, block_n)  # noqa: E741
     if pv == "fp8":
         acc = acc * z.v_scale[:, :, None, :]
     return (acc / l[..., None]).to(q.dtype)
+
+
+def online_softmax(
+    s: torch.Tensor, values: torch.Tensor, pv: str | None, block_n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The references' online softmax over logits `s` (B, H, Tq, Tk) in log2 units and `values` (B, H, Tk, D), one
+    `online_step` per key tile of `block_n` (P rounded as `pv` says): the unnormalised output acc (B, H, Tq, D), which
+    carries the factor 448 with pv "fp8", and the row sum l (B, H, Tq)."""
+    m = torch.full(s.shape[:3], float("-inf"), device=s.device)
+    l = torch.zeros(s.shape[:3], device=s.device)  # noqa: E741
+    acc = torch.zeros(s.shape[:3] + (values.shape[-1],), device=s.device)
+    for start in range(0, s.shape[-1], block_n):
+        tile = slice(start, start + block_n)
+        m, l, acc = online_step(s[..., tile], values[:, :, tile], m, l, acc, pv)  # noqa: E741
+    return acc, l
 
 
 def reference_logits(z: Quantized, tq: int, tk: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:

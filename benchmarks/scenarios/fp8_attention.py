@@ -144,26 +144,17 @@ def error_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, 
     Q.K^T in int8 or e4m3 (smoothed keys, per-block scales, `attention_quantize.quantize_reference`), P rounded to
     e4m3 per key tile of `fa.DEFAULT.block_n` (`fa.online_step`), v in e4m3 with its per-channel scale."""
     q, k, v = q[:1, :1, :ERROR_PART_ROWS], k[:1, :1], v[:1, :1]
-    scale, block = q.shape[-1] ** -0.5, fa.DEFAULT.block_n
+    scale = q.shape[-1] ** -0.5
 
     def attend(logits: torch.Tensor, values: torch.Tensor, round_p: bool) -> torch.Tensor:
-        m = torch.full(logits.shape[:3], float("-inf"), device=q.device)
-        l = torch.zeros(logits.shape[:3], device=q.device)  # noqa: E741
-        acc = torch.zeros(logits.shape[:3] + (values.shape[-1],), device=q.device)
-        pv = "fp8" if round_p else None  # online_step rounds P * 448 to e4m3: acc carries the 448
-        for start in range(0, logits.shape[-1], block):
-            tile = slice(start, start + block)
-            m, l, acc = fa.online_step(logits[..., tile], values[:, :, tile], m, l, acc, pv)  # noqa: E741
-        return acc / (aq.FP8_MAX if round_p else 1.0) / l[..., None]
+        acc, l = fa.online_softmax(logits, values, "fp8" if round_p else None, fa.DEFAULT.block_n)  # noqa: E741
+        return acc / (aq.FP8_MAX if round_p else 1.0) / l[..., None]  # a rounded P carried the 448
 
     exact_logits = (q.float() @ k.float().transpose(-1, -2)) * (scale * fa.LOG2E)
-    logits = {
-        qk: fa.reference_logits(aq.quantize_reference(q, k, v, "bf16", qk=qk), q.shape[2], k.shape[2], scale)[0]
-        for qk in fa.QK_MODES
-    }
-    z = aq.quantize_reference(q, k, v, "fp8")
-    v8 = aq.v_in_key_order(z.v, k.shape[2]).transpose(-1, -2).float()  # (1, 1, T, 128) e4m3 values, no scale
-    v_rounded = v8 * (z.v_scale * aq.FP8_MAX)[:, :, None, :]  # times their per-channel scale
+    z = {qk: aq.quantize_reference(q, k, v, "fp8", qk=qk) for qk in fa.QK_MODES}  # v's e4m3 copy is qk's alike
+    logits = {qk: fa.reference_logits(z[qk], q.shape[2], k.shape[2], scale)[0] for qk in fa.QK_MODES}
+    v8 = aq.v_in_key_order(z["int8"].v, k.shape[2]).transpose(-1, -2).float()  # (1, 1, T, 128) e4m3 values, no scale
+    v_rounded = v8 * (z["int8"].v_scale * aq.FP8_MAX)[:, :, None, :]  # times their per-channel scale
     exact = attend(exact_logits, v.float(), False)
     parts = {
         "qk_int8": attend(logits["int8"], v.float(), False),
