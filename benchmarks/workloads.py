@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from workbench import Request, Session
-from workbench.evidence.timing import Timing, aba_rounds, time_call
+from workbench.evidence.timing import Timing, aba_rounds, kernel_times, time_call
 from workbench.profiles import profile_plan
 
 WAN_TOKENS_GRID = (21, 30, 52)  # latent frames x height x width tokens of 81 x 480 x 832 after the (1, 2, 2) patch
@@ -185,6 +185,17 @@ class Forwards:
         arm.timings.append(timing)
         return timing.median_s
 
+    def kernels(self, arm: ForwardArm) -> dict[str, Any]:
+        """Where one forward of `arm` spends device time (`kernel_times`), after the visit's untimed forwards."""
+        self.session.accelerate(arm.config)
+        try:
+            with torch.inference_mode():
+                for _ in range(self.warmup):
+                    self.forward()
+                return kernel_times(self.forward, self.session.device)
+        finally:
+            self.session.accelerate({})
+
     def rows(self, arms: list[ForwardArm], stock: ForwardArm) -> dict[str, Any]:
         """Per arm: config, error, median and per-visit seconds, rel-L2 and equality against stock."""
         rows: dict[str, Any] = {}
@@ -267,8 +278,11 @@ def tau_for(q: torch.Tensor, k: torch.Tensor, sink: int, target: float) -> dict[
     return {"tau": tau, "density": routing(q, k, tau, sink)[1], "target": target, "reachable": True}
 
 
-def compare_forwards(forwards: Forwards, arms: list[ForwardArm], rounds: int, notes: list[str]) -> tuple[dict, dict]:
-    """Check every arm, then A/B/A rounds of the runnable ones against the first (stock): (arm rows, ratios)."""
+def compare_forwards(
+    forwards: Forwards, arms: list[ForwardArm], rounds: int, notes: list[str], kernels: bool = False
+) -> tuple[dict, dict]:
+    """Check every arm, then A/B/A rounds of the runnable ones against the first (stock): (arm rows, ratios).
+    `kernels`: after the rounds, each arm that ran gets `kernels`, one forward's device time by kernel name."""
     for arm in arms:
         forwards.check(arm)
     stock, runnable = arms[0], [a for a in arms[1:] if a.error is None]
@@ -283,4 +297,7 @@ def compare_forwards(forwards: Forwards, arms: list[ForwardArm], rounds: int, no
     for name, error in result.errors.items():
         notes.append(f"arm {name} failed during the rounds and was dropped: {error}")
     rows = forwards.rows(arms, stock)
+    if kernels:
+        for arm in [stock, *(a for a in runnable if a.name not in result.errors)]:
+            rows[arm.name]["kernels"] = forwards.kernels(arm)
     return rows, {name: ci.to_dict() for name, ci in result.ratios().items()}

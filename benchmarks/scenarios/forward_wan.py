@@ -8,6 +8,8 @@ adaln_precompute, cross_kv_cache, gelu_epilogue, flash4_attention where installe
 `exact-fast+fp8_attention` (exact-fast with the own low-bit attention kernel as its self-attention instead of
 flash4_attention; approximate: its error against stock is in its row). A visit
 installs the arm, runs one untimed forward (plugin caches fill, as from step 2 of a request on) and two timed ones.
+After the rounds each arm's row gets `kernels`: one more forward under torch.profiler, device time by kernel name
+(`kernel_times`), which says where two arms' times part (not a clock: the A/B/A rounds are).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def run(context: Context) -> Measurement:
     forwards = Forwards(
         session, lambda: transformer(**kwargs)[0], per_visit=1 if context.smoke else 2, warmup=int(not context.smoke)
     )
-    rows, ratios = compare_forwards(forwards, arms, context.rounds, notes)
+    rows, ratios = compare_forwards(forwards, arms, context.rounds, notes, kernels=True)
     if rows["bit-equal"].get("equal_to_stock") is False:
         notes.append("CONTRACT BROKEN: the bit-equal arm's output differs from stock's.")
     notes.append(

@@ -6,9 +6,12 @@ fp8_attention, per precision pair: each whole call (Triton quantization + kernel
 SDPA, and against FA4's `flash_attn_func` when `flash4_attention` finds it usable here (ratio with CI95, queued
 clock: calls back to back, as inside a forward); the kernel alone (`attend` on quantized operands) and the
 quantization alone (`attention_quantize.quantize`, with its GB/s from `attention_quantize.cost`) with both clocks of
-`time_call`. TFLOP/s from `cost()` (dense-attention FLOPs, so arms compare directly). Relative L2 of each output
-against cuDNN's bf16 output on three inputs: iid normal q, k, v; `structured` (`sparse_attention.structured_qkv`: q
-and k share smooth positional features, as video attention does); `outliers` (`outlier_qkv`: RMS-normed q/k with a
+`time_call`. The plugin's default pair is also timed A/B/A on q, k, v in the attention dispatcher's (B, T, H, D)
+memory order (`dispatcher-layout`: what a model's calls hand the kernels; its quantization timed alone too, its
+output checked equal to the contiguous call's). TFLOP/s from `cost()` (dense-attention FLOPs, so arms compare
+directly). Relative L2 of each output against cuDNN's bf16 output on three inputs: iid normal q, k, v;
+`structured` (`sparse_attention.structured_qkv`: q and k share smooth positional features, as video attention
+does); `outliers` (`outlier_qkv`: RMS-normed q/k with a
 shared channel offset and 4 outlier channels, as a DiT's q/k norm leaves them); and per call on `captured` q, k, v:
 the video self-attention of the trained demo-av (4 heads of 48, zero-padded to 64 by the kernel) recorded during one
 dense request (`captured_calls`), median and worst call with the median per step. `error_parts` says where that error
@@ -54,6 +57,7 @@ SUMMARY = "low-bit attention (QK int8/e4m3 x PV fp8/bf16) vs cuDNN and FA4; bloc
 GPUS = 1
 PAIRS = tuple((qk, pv) for qk in fa.QK_MODES for pv in fa.PV_MODES)
 SWEEP_PAIRS = (("int8", "fp8"), ("int8", "bf16"))  # the plugin's default, and the lowest-error pair
+DISPATCHER_PAIR = ("int8", "fp8")  # the plugin's default, also timed on the dispatcher's (B, T, H, D) memory order
 LAUNCHES = {
     "m64_n128_w4_s3": fa.Launch(64, 128, 4, 3),  # shipped on sm_90 for pv="fp8" (DEFAULT)
     "m64_n128_w4_s2": fa.Launch(64, 128, 4, 2),  # shipped on sm_90 for pv="bf16" (BF16_PV)
@@ -235,6 +239,17 @@ def run(context: Context) -> Measurement:
                                 "rel_l2_vs_shipped": rel_l2(out, shipped)}  # fmt: skip
             arms[name]["launch_sweep"] = sweep
         visits[name] = lambda pv=pv, qk=qk: fa.fp8_attention(q, k, v, pv=pv, qk=qk)
+    # The plugin's call: the dispatcher hands (B, T, H, D) tensors, which the kernels read as (B, H, T, D) views
+    qd, kd, vd = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    qk, pv = DISPATCHER_PAIR
+    name = f"fp8_attention[{_label(qk, pv)},dispatcher-layout]"
+    arms[name] = {
+        "quantize": time_call(lambda: aq.quantize(qd, kd, vd, pv, qk=qk), device, **clock).to_dict(),
+        "equal_to_contiguous": torch.equal(
+            fa.fp8_attention(qd, kd, vd, pv=pv, qk=qk), fa.fp8_attention(q, k, v, pv=pv, qk=qk)
+        ),
+    }
+    visits[name] = lambda: fa.fp8_attention(qd, kd, vd, pv=pv, qk=qk)
     ratios: dict[str, Any] = {}
     candidates = {name: fn for name, fn in visits.items() if name.startswith("fp8_attention")}
     for baseline in [name for name in ("cudnn", "flash4") if name in visits]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workbench.evidence.stats import paired_ratio_ci
-from workbench.evidence.timing import aba_rounds, time_call
+from workbench.evidence.timing import aba_rounds, kernel_times, time_call
 
 
 def test_time_call_cpu_times_every_call_and_excludes_warmup():
@@ -31,6 +31,23 @@ def test_time_call_bad_arguments_raise():
         time_call(lambda: None, "cpu", warmup=-1)
     with pytest.raises(RuntimeError, match="CUDA-graph replay needs a CUDA device"):
         time_call(lambda: None, "cpu", graph=True)
+
+
+def test_kernel_times_sums_each_op_by_name_and_keeps_the_longest():
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+    def work():
+        for _ in range(3):
+            a @ b
+        a.add(b)
+
+    table = kernel_times(work, "cpu", top=1)
+    assert table["activity"] == "cpu" and table["total_ms"] > 0
+    (longest,) = table["top"]
+    assert longest["name"] == "aten::mm" and longest["calls"] == 3 and longest["ms"] > 0
+    assert table["other_ms"] == pytest.approx(table["total_ms"] - longest["ms"]) and table["other_ms"] > 0
+    with pytest.raises(ValueError, match="top"):
+        kernel_times(work, "cpu", top=0)
 
 
 def test_aba_rounds_pair_each_candidate_with_its_neighbouring_baselines():

@@ -10,6 +10,9 @@ Clocks (`time_call`):
 - CPU: `time.perf_counter` around each call (`queued_s` is the back-to-back mean, which on a CPU is the same work).
 Warm-up calls (Triton compiles, allocator growth, cuDNN plans) are never timed.
 
+Where the time goes (`kernel_times`): one call under torch.profiler, device kernels (CPU ops off CUDA) summed by
+name. A view for finding a gap between two arms, not a clock: the profiler adds its own overhead.
+
 A/B/A (`aba_rounds`): one baseline visit, then per round each candidate followed by a baseline visit (A, B1, A, B2,
 A, B1, A, ...), so every candidate sits between two baseline visits and is paired with their mean; a round reuses
 the previous round's last baseline visit as its first. The speed-up and its CI95 come from
@@ -113,6 +116,31 @@ def time_call(
     end.record()
     end.synchronize()
     return Timing(clock, tuple(times), start.elapsed_time(end) / 1e3 / repeats, warmup)
+
+
+def kernel_times(fn: Callable[[], Any], device: torch.device | str, top: int = 15) -> dict[str, Any]:
+    """One call of `fn()` under torch.profiler, self time summed by name: CUDA kernels and copies on a CUDA device,
+    CPU ops elsewhere. Returns {"activity": "cuda" | "cpu", "total_ms": all names, "top": [{"name" (first 120
+    characters), "calls", "ms"}] for the `top` names by time, longest first, "other_ms": the rest}. ValueError for
+    top < 1."""
+    if top < 1:
+        raise ValueError(f"top: must be >= 1, got {top}")
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+    rows = []
+    for event in prof.key_averages():
+        us = event.self_device_time_total if cuda else event.self_cpu_time_total
+        if us > 0:
+            rows.append({"name": event.key[:120], "calls": event.count, "ms": us / 1e3})
+    rows.sort(key=lambda row: row["ms"], reverse=True)
+    total = sum(row["ms"] for row in rows)
+    return {"activity": "cuda" if cuda else "cpu", "total_ms": total, "top": rows[:top],
+            "other_ms": total - sum(row["ms"] for row in rows[:top])}  # fmt: skip
 
 
 def _graphed(fn: Callable[[], Any], warmup: int, device: torch.device) -> Callable[[], None]:
