@@ -13,13 +13,17 @@ Inputs: a t2va packing built by the modular pipeline's own static methods: 512 t
 channels, 72 x 46 x 62 video latents (72 x 23 x 31 rows after the (1, 2, 2) patch) = 52,648 rows; timesteps of step 8
 of the 17-step Base16 schedules (video shift 12, audio shift 3). block_sparse's tau is found by bisection on the
 kernel's `routing` over q/k captured from the middle block of a stock forward, for 20 % exact block pairs, with the
-text + audio prefix as sink rows. One timed forward per visit (Triton compiles in each arm's untimed check).
+text + audio prefix as sink rows (skipped when no block_sparse arm runs). One timed forward per visit (Triton
+compiles in each arm's untimed check). `H3_ARMS` (a comma list of the arms below but stock; default all) measures a
+subset against stock, so that a long A/B/A fits one device call, e.g. `H3_ARMS=exact-fast,exact-fast+fp8_attention`.
 `--smoke`: tiny-h3's transformer config at head dim 128 (the sparse kernel's only one) and a small packing, on the CPU.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,6 +47,16 @@ SUMMARY = (
     "MiniMax-H3 full-size (33.1B) transformer forward, 52,648 rows bf16: stock vs exact-fast, block_sparse 20 %, stacks"
 )
 GPUS = 1
+SETTINGS = ("H3_ARMS",)  # environment it reads (the record names it when set)
+ARMS = (
+    "exact-fast",
+    "exact-fast+fp8_attention",
+    "block_sparse",
+    "block_sparse+norms",
+    "block_sparse+norms+fp8",
+    "block_sparse(int8)+norms",
+    "block_sparse(int8)+norms+fp8",
+)
 DENSITY = 0.20
 # text rows, latent frames, latent height, latent width (pixels / 16), audio latents per channel
 FULL = {"text": 512, "latent_frames": 72, "latent_height": 46, "latent_width": 62, "audio_latents": 400}
@@ -149,6 +163,26 @@ def transformer_session(model: torch.nn.Module, device: torch.device) -> Session
     )
 
 
+def chosen_arms() -> list[str]:
+    """The arms `H3_ARMS` names (all of ARMS when unset); ValueError for an unknown name."""
+    names = [name for name in os.environ.get("H3_ARMS", ",".join(ARMS)).split(",") if name]
+    unknown = sorted(set(names) - set(ARMS))
+    if unknown or not names:
+        raise ValueError(f"H3_ARMS: {unknown or 'no arm'}; allowed: a comma list of {', '.join(ARMS)}")
+    return names
+
+
+def calibrate(model: torch.nn.Module, forward: Callable[[], Any], rows: int, prefix: int) -> dict[str, Any]:
+    """block_sparse's tau for DENSITY on q/k captured from the middle block of one stock forward."""
+    middle = model.config.num_layers // 2
+    with torch.inference_mode(), captured_attention(model.transformer_blocks[middle], rows) as records:
+        forward()
+    if not records:
+        raise RuntimeError("forward-h3: no self-attention call over all rows was seen in the middle block")
+    q, k = records[0]
+    return {"block": middle, **tau_for(q, k, prefix, DENSITY)}
+
+
 def run(context: Context) -> Measurement:
     device, notes = context.device, []
     built = build(SMOKE_CONFIG if context.smoke else {}, device, torch.bfloat16, seed=0)
@@ -165,35 +199,35 @@ def run(context: Context) -> Measurement:
     def forward() -> tuple[torch.Tensor, ...]:
         return tuple(model(**inputs))
 
-    middle = model.config.num_layers // 2
-    with torch.inference_mode(), captured_attention(model.transformer_blocks[middle], rows) as records:
-        forward()
-    if not records:
-        raise RuntimeError("forward-h3: no self-attention call over all rows was seen in the middle block")
-    q, k = records[0]
-    calibration = {"block": middle, **tau_for(q, k, prefix, DENSITY)}
-    del records, q, k
-    if not calibration["reachable"]:
-        notes.append(f"block_sparse: density {DENSITY} is below what routing allows here; tau {calibration['tau']}.")
-    sparse = {"block_sparse": {"tau": calibration["tau"]}}
-    low_bit = {"block_sparse": {"tau": calibration["tau"], "precision": "int8"}}  # exact blocks: INT8 Q.K^T, FP8 P.V
-    norms, fp8 = {"fused_block_norms": {}}, {"selective_fp8": {"include": FP8_BLOCK_LINEARS, "path": "fused"}}
-    fast = exact_fast("h3", device, notes)
-    arms = [
-        ForwardArm("stock", {}),
-        ForwardArm("exact-fast", fast),
-        ForwardArm("exact-fast+fp8_attention", with_fp8_attention(fast)),
-        ForwardArm("block_sparse", sparse),
-        ForwardArm("block_sparse+norms", {**sparse, **norms}),
-        ForwardArm("block_sparse+norms+fp8", {**sparse, **norms, **fp8}),
-        ForwardArm("block_sparse(int8)+norms", {**low_bit, **norms}),
-        ForwardArm("block_sparse(int8)+norms+fp8", {**low_bit, **norms, **fp8}),
-    ]
+    chosen = chosen_arms()
+    configs: dict[str, dict[str, Any]] = {}
+    calibration = None
+    if any(name.startswith("block_sparse") for name in chosen):
+        calibration = calibrate(model, forward, rows, prefix)
+        if not calibration["reachable"]:
+            notes.append(
+                f"block_sparse: density {DENSITY} is below what routing allows here; tau {calibration['tau']}."
+            )
+        sparse = {"block_sparse": {"tau": calibration["tau"]}}
+        low_bit = {"block_sparse": {"tau": calibration["tau"], "precision": "int8"}}  # INT8 Q.K^T, FP8 P.V
+        norms, fp8 = {"fused_block_norms": {}}, {"selective_fp8": {"include": FP8_BLOCK_LINEARS, "path": "fused"}}
+        configs.update({
+            "block_sparse": sparse,
+            "block_sparse+norms": {**sparse, **norms},
+            "block_sparse+norms+fp8": {**sparse, **norms, **fp8},
+            "block_sparse(int8)+norms": {**low_bit, **norms},
+            "block_sparse(int8)+norms+fp8": {**low_bit, **norms, **fp8},
+        })  # fmt: skip
+    if {"exact-fast", "exact-fast+fp8_attention"} & set(chosen):
+        fast = exact_fast("h3", device, notes)
+        configs.update({"exact-fast": fast, "exact-fast+fp8_attention": with_fp8_attention(fast)})
+    arms = [ForwardArm("stock", {})] + [ForwardArm(name, configs[name]) for name in ARMS if name in chosen]
     forwards = Forwards(session, forward, per_visit=1, warmup=0)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     arms_rows, ratios = compare_forwards(forwards, arms, context.rounds, notes)
-    arms_rows["stock"]["calibration"] = calibration
+    if calibration is not None:
+        arms_rows["stock"]["calibration"] = calibration
     if device.type == "cuda":
         shape["peak_gib"] = torch.cuda.max_memory_allocated(device) / GIB
     notes.append(

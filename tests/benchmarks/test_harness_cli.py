@@ -274,3 +274,20 @@ def test_ring_ends_its_rounds_before_max_seconds(tmp_path, monkeypatch):
     record = json.loads(run_scenario("ring", tmp_path, smoke=True, rounds=2, max_seconds=1e6).read_text())
     assert not any(note.startswith("Stopped") for note in record["notes"])
     assert all(len(row["seconds"]) == 2 for name, row in record["arms"].items() if name != "resident")
+
+
+def test_forward_h3_measures_the_arms_h3_arms_names_against_stock(tmp_path, monkeypatch):
+    """H3_ARMS picks a subset (stock always runs; no block_sparse arm: no tau calibration) and the record's command
+    says so; an unknown or empty list is refused with the allowed names."""
+    from benchmarks.scenarios import forward_h3
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("H3_ARMS", "exact-fast+fp8_attention")
+    record = json.loads(run_scenario("forward-h3", tmp_path, smoke=True, rounds=3).read_text())
+    assert list(record["arms"]) == ["stock", "exact-fast+fp8_attention"]
+    assert list(record["ratios"]) == ["stock/exact-fast+fp8_attention"] and "calibration" not in record["arms"]["stock"]
+    assert record["command"].startswith("H3_ARMS=exact-fast+fp8_attention ")  # the record repeats the subset
+    for bad in ("exact-fast,stock", ","):
+        monkeypatch.setenv("H3_ARMS", bad)
+        with pytest.raises(ValueError, match=r"H3_ARMS: .*allowed: a comma list of exact-fast, exact-fast\+fp8"):
+            forward_h3.chosen_arms()
