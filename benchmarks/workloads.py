@@ -113,9 +113,9 @@ def rank_visit(session: Session, config: dict[str, Any], here: bool, work: Calla
 
 
 def with_fp8_attention(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` with fp8_attention (its defaults: int8 Q.K^T, FP8 P.V) as its self-attention: flash4_attention, which
-    owns the same dispatcher entry, is taken out."""
-    return {name: options for name, options in config.items() if name != "flash4_attention"} | {"fp8_attention": {}}
+    """`config` with fp8_attention (its defaults: int8 Q.K^T, FP8 P.V) as its self-attention; a dense backend in
+    `config` (exact-fast's flash4_attention) keeps every other call (sparse_routing: ROUTED_ORDER)."""
+    return config | {"fp8_attention": {}}
 
 
 def wan_forward_inputs(session: Session, request: Request) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -5,8 +5,8 @@ Inputs built once: latents (1, 16, 21, 60, 104), timestep 500, the pipeline's ow
 `stock` (nothing installed), `exact-fast` (`profiles.profile("exact-fast", "wan", device)`: fused_block_norms,
 adaln_precompute, cross_kv_cache, gelu_epilogue, flash4_attention where installed), `bit-equal`
 (fused_block_ops + adaln_precompute + cross_kv_cache: contract bitwise/rounding, must equal stock),
-`exact-fast+fp8_attention` (exact-fast with the own low-bit attention kernel as its self-attention instead of
-flash4_attention; approximate: its error against stock is in its row). A visit
+`exact-fast+fp8_attention` (exact-fast with the own low-bit attention kernel as its self-attention, FA4 keeping
+the cross-attention; approximate: its error against stock is in its row). A visit
 installs the arm, runs one untimed forward (plugin caches fill, as from step 2 of a request on) and two timed ones.
 After the rounds each arm's row gets `kernels`: one more forward under torch.profiler, device time by kernel name
 (`kernel_times`), which says where two arms' times part (not a clock: the A/B/A rounds are).

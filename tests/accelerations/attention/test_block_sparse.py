@@ -106,8 +106,8 @@ def test_block_sparse_bad_option_raises(session):
         session.accelerate({"block_sparse": {"sink_tokens": -1}})
     with pytest.raises(ValueError, match="block_sparse.dense_steps"):
         session.accelerate({"block_sparse": {"dense_steps": 1.5}})
-    with pytest.raises(ValueError, match="cannot be installed together"):
-        session.accelerate({"block_sparse": {}, "attention_backend": {"backend": "native"}})
+    with pytest.raises(ValueError, match="both modify attention_processor.routed"):  # one router per model
+        session.accelerate({"block_sparse": {}, "fp8_attention": {}})
     assert REGISTRY["block_sparse"].contract == "approximate"
 
 

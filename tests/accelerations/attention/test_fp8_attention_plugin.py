@@ -59,6 +59,24 @@ def test_fp8_attention_wan_counts_calls_is_close_to_dense_and_uninstalls_exactly
     assert gap < err / 100, f"the reference path differs from the kernel by {gap} (relative L2)"
 
 
+def test_fp8_attention_stacks_on_a_dense_backend_plugin_which_keeps_the_other_calls(monkeypatch):
+    """With a dense-backend plugin (attention_backend here; flash4_attention on the exact-fast profile) the routed
+    self-attention still takes the kernel and every other call (Wan's cross-attention) reaches that plugin's backend,
+    whatever the config's order; uninstall restores the dispatcher. Two routing plugins still conflict."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the kernel's torch reference: fast, the same routing
+    session = Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
+    backends = dict(_AttentionBackendRegistry._backends)
+    alone = _run(session, {"fp8_attention": {}})
+    stacked = _run(session, {"fp8_attention": {}, "attention_backend": {"backend": "native"}})
+    assert torch.equal(stacked.latents, alone.latents)  # the backend's own function, counted: the same maths
+    assert stacked.receipts["fp8_attention"]["fp8_calls"] == 4  # self-attention: 2 blocks x 2 steps
+    assert stacked.receipts["attention_backend"]["attention_calls"] == 4  # cross-attention, the same count
+    assert _AttentionBackendRegistry._backends == backends and session.accelerations == {}
+    for other in ("block_sparse", "attention_policy"):
+        with pytest.raises(ValueError, match=rf"'{other}' and 'fp8_attention' both modify attention_processor.routed"):
+            session.accelerate({"fp8_attention": {}, other: {}})
+
+
 def test_fp8_attention_protected_rows_are_dense_attention(interpreter):
     """Router.run with the plugin's kernel: rows [0, protect) are the backend's dense attention (H3's text /
     conditioning / audio queries with protect_prefix="family"), the rest the FP8 kernel's output."""

@@ -34,7 +34,7 @@ import torch
 from workbench import environment
 from workbench.accelerations.attention import sol_package
 from workbench.accelerations.attention.sparse_kernels import block_sparse_attend
-from workbench.accelerations.attention.sparse_routing import Call, Router, Settings
+from workbench.accelerations.attention.sparse_routing import ROUTED, Call, Router, Settings
 from workbench.accelerations.base import Handle, Spec, option
 
 REGISTRY_FILE = Path(__file__).with_name("qualified_attention.json")
@@ -216,7 +216,8 @@ SPEC = Spec(
     summary="auto: dense attention unless a qualified sparse setting exists for this family, device and size",
     prepare_fn=_prepare,
     config=AttentionPolicyConfig,
-    touches=("attention_processor.backend", "blocks.compiled_call"),
+    # it routes like the sparse plugins and chooses the dense backend itself: it stacks with neither
+    touches=("attention_processor.backend", ROUTED, "blocks.compiled_call"),
     order=20,
 )
 SPECS = (SPEC,)

@@ -42,6 +42,8 @@ import torch
 
 from workbench.accelerations.attention.sparse_kernels import block_sparse_attend, path
 from workbench.accelerations.attention.sparse_routing import (
+    ROUTED,
+    ROUTED_ORDER,
     TAU_HELP,
     RoutedHandle,
     Router,
@@ -95,9 +97,10 @@ SPEC = Spec(
     config=BlockSparseConfig,
     knob=Knob("tau", -1.0, 3.0),
     requires=needs_self_attention,
-    # The dispatcher entry it replaces; and the blocks' compiled call, because compiling over the routed
-    # processors is not verified (the seed's Sol path refuses compile too).
-    touches=("attention_processor.backend", "blocks.compiled_call"),
-    order=20,
+    # The processors and dispatcher entry it routes (after a dense backend's, which serves the other calls); and
+    # the blocks' compiled call, because compiling over the routed processors is not verified (the seed's Sol path
+    # refuses compile too).
+    touches=(ROUTED, "blocks.compiled_call"),
+    order=ROUTED_ORDER,
 )
 SPECS = (SPEC,)

@@ -12,7 +12,8 @@ channel offset and outlier channels (2.3e-2 against 6.9e-2); tests/kernels/test_
 
 The calls reach it the way `block_sparse`'s do (`sparse_routing`): the stock processor computes q/k/v and only the
 self-attention modules the family adapter names are routed (Wan `attn1`, LTX-2 video `attn1`, H3's packed joint
-`attn`); cross-attention, LTX-2's audio stream and everything else run the untouched backend. The same family rules
+`attn`); cross-attention, LTX-2's audio stream and everything else run the untouched backend, or the one a
+dense-backend plugin installed with it chose (flash4_attention on the exact-fast profile: `sparse_routing`). The same family rules
 hold: `protect_prefix` ("family" by default) gives the first query rows of each call the backend's dense attention
 in the model's dtype, which on H3 are the text, conditioning and audio rows (so audio queries stay bf16); 0 sends
 every query through FP8. `dense_steps` / `dense_blocks` keep the first steps / blocks dense; `per_expert` counts
@@ -41,6 +42,8 @@ import torch
 from workbench.accelerations.attention.sparse_kernels import path, uses_reference
 from workbench.accelerations.attention.sparse_routing import (
     FAMILY,
+    ROUTED,
+    ROUTED_ORDER,
     Call,
     RoutedHandle,
     Router,
@@ -137,10 +140,10 @@ SPEC = Spec(
     prepare_fn=_prepare,
     config=Fp8AttentionConfig,
     requires=needs_self_attention,
-    # the dispatcher entry it replaces, and the blocks' compiled call (compiling over routed processors is not
-    # verified), as block_sparse
-    touches=("attention_processor.backend", "blocks.compiled_call"),
-    order=20,
+    # the processors and dispatcher entry it routes (after a dense backend's, which serves the other calls), and
+    # the blocks' compiled call (compiling over routed processors is not verified), as block_sparse
+    touches=(ROUTED, "blocks.compiled_call"),
+    order=ROUTED_ORDER,
     # calibration: the fewest first steps kept dense (SageAttention-style warm-up) inside the budget; 8 dense is the
     # least aggressive tried, 0 (every step low-bit) the most
     knob=Knob("dense_steps", 8, 0, integer=True),

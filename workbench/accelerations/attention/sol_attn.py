@@ -30,6 +30,8 @@ import torch
 
 from workbench.accelerations.attention.sol_package import router_for
 from workbench.accelerations.attention.sparse_routing import (
+    ROUTED,
+    ROUTED_ORDER,
     TAU_HELP,
     RoutedHandle,
     Settings,
@@ -61,7 +63,7 @@ SPEC = Spec(
     prepare_fn=_prepare,
     config=SolAttnConfig,
     requires=needs_self_attention,
-    touches=("attention_processor.backend", "blocks.compiled_call"),
-    order=20,
+    touches=(ROUTED, "blocks.compiled_call"),
+    order=ROUTED_ORDER,
 )
 SPECS = (SPEC,)

@@ -11,7 +11,9 @@ which computes q, k, v (projections, q/k norms, rotary) exactly as stock diffuse
 that runs the plugin's kernel for the marked call and the original backend function for every other call
 (cross-attention, the H3 text refiner, unrouted modules). The plugin therefore supplies only the attention, for
 every family, and q/k/v never drift from diffusers'. `uninstall` puts back the processors, the registry
-entries and the step hooks exactly.
+entries and the step hooks exactly. A dense-backend plugin installed with it (attention_backend, flash4_attention)
+installs first (`ROUTED_ORDER`): its function is the entry the shim wraps, so it serves every call not routed (on
+the exact-fast profile, FA4 keeps the cross-attention while the routed plugin takes the self-attention).
 
 Fail closed: a routed call that carries a mask, is causal, runs under context parallelism, is not
 self-attention, or never reaches the shim (its backend changed after install) raises RuntimeError; the only
@@ -42,6 +44,11 @@ from workbench.models import experts
 from workbench.request import shown
 
 STEP_HOOK = "workbench_sparse_routing_step"
+# What a routing plugin's Spec declares: the resource it mutates (the processors it wraps and the registry entry it
+# shims) and the install order after the dense-backend plugins (attention_backend, flash4_attention: order 20), so
+# that such a plugin's backend is the one the shim hands every call the router does not take.
+ROUTED = "attention_processor.routed"
+ROUTED_ORDER = 25
 FAMILY = "family"  # sink_tokens / protect_prefix: take the rows from the family adapter, per call
 # Counted inside the blocks' attention, so through Receipt.count (compile-safe).
 COUNTERS = (
