@@ -22,8 +22,9 @@ call of `fp8_attention.quantized_tile` on z's int8/e4m3 q and k rows (the q8 til
 loaded once per program; the 64-key block indexes the k scale) and z's e4m3 (transposed) or bf16 v; after the exact
 list the accumulator takes v's per-channel e4m3 scale, so the folded pass adds real-valued mean values to it. The
 folded pass runs as in the exact path, on q in its dtype. k and v are quantized once per call, before the kernel
-(`attention_quantize.quantize`, the dense kernel's operands); a visit only loads its one-byte tiles and one k scale,
-and masks the logits of keys past Tk (a select per logit: fewer registers than a separate masked last tile).
+(`attention_quantize.quantize`, the dense kernel's operands); a visit only loads its one-byte tiles and one k scale.
+The list is ascending, so only its last entry can be the key block that ends past Tk: that one visit masks those
+logits (a select per logit), the others take none.
 
 Contract against the dense torch maths of the same routing (`block_sparse_attention.reference`): equal up to
 rounding (fp32: ~1e-6; bf16: ~1e-2 absolute on unit-scale values, the output itself rounded to bf16).
@@ -148,8 +149,18 @@ def _block_sparse_fwd(
         q8 = tl.load(q8_ptr + (bh.to(tl.int64) * TQP + rows.to(tl.int64))[:, None] * D + d[None, :])
         q_scale = tl.load(qs_ptr + bh.to(tl.int64) * (TQP // QUANT) + (part * ROWS) // QUANT) * qk_scale
         ks_base = ks_ptr + bh.to(tl.int64) * (TKP // QUANT)
-        for n in tl.range(0, n_exact):
+        # the list is ascending, so only its last entry can be the key block that ends past TK: the rest unmasked
+        n_full = n_exact
+        if TK % BLOCK != 0 and n_exact > 0:
+            n_full -= (tl.load(idx_ptr + row * KB + n_exact - 1) == KB - 1).to(tl.int32)
+        for n in tl.range(0, n_full):
             j = tl.load(idx_ptr + row * KB + n)
+            k = k_desc.load([j * BLOCK, 0])
+            v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
+            factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
+            m_i, l_i, acc = quantized_tile(q8, k, v, factor, 0, m_i, l_i, acc, False, QK_INT8, PV_FP8, EMULATE)
+        if n_full < n_exact:  # the last key block, keys past TK masked
+            j = KB - 1
             k = k_desc.load([j * BLOCK, 0])
             v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
             factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
