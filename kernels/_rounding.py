@@ -5,8 +5,7 @@ stays a NaN (stored as 0x7FC0; NaN bit patterns are outside the kernels' contrac
 `.to(tl.bfloat16)` truncates, so the tests there could not prove the kernels' rounding with it; on a GPU the
 written-out form equals `cvt.rn.bf16.f32`, costs a few integer ops and keeps one code path.
 
-A kernel names the functions it calls in `LazyKernel(kernel, helpers=(...))`; they call no helper themselves (a helper
-sees only its own module's globals, where the others are undecorated).
+A kernel names the functions it calls in `LazyKernel(kernel, helpers=(...))`, with those they call in turn.
 """
 
 import triton.language as tl

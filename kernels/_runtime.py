@@ -49,8 +49,9 @@ class LazyKernel:
     (once per interpreter/compiled mode).
 
     `helpers`: plain Python functions written in Triton that the kernel calls by their global name (device functions
-    shared between kernels). Each mode gets its own copy of the kernel whose globals name the helpers decorated for
-    that mode (`function`), so a helper is never frozen in the mode that was current at import.
+    shared between kernels), and that may call each other so. Each mode gets its own copies of the kernel and the
+    helpers whose globals name the helpers decorated for that mode (`function`), so a helper is never frozen in the
+    mode that was current at import.
 
     A build for another card (Triton's `override_arch` knob, set by `targets.built_for`) is decorated apart too:
     Triton's in-process cache key leaves the architecture out, so one JIT function would hand back the build it made
@@ -69,14 +70,11 @@ class LazyKernel:
         from triton.runtime.jit import JITFunction
 
         wrap = InterpretedFunction if interpret else JITFunction
-        scope = {**self.fn.__globals__, **{h.__name__: wrap(h) for h in self.helpers}}
-        copy = types.FunctionType(self.fn.__code__, scope, self.fn.__name__, self.fn.__defaults__, self.fn.__closure__)
-        copy.__qualname__, copy.__doc__ = self.fn.__qualname__, self.fn.__doc__
-        copy.__annotations__, copy.__module__ = (
-            self.fn.__annotations__,
-            self.fn.__module__,
-        )  # Triton reads constexpr there
-        return copy
+        scopes = [dict(helper.__globals__) for helper in self.helpers]
+        decorated = {h.__name__: wrap(_with_globals(h, scope)) for h, scope in zip(self.helpers, scopes, strict=True)}
+        for scope in scopes:  # a helper calls the others decorated too
+            scope.update(decorated)
+        return _with_globals(self.fn, {**self.fn.__globals__, **decorated})
 
     def __getitem__(self, grid: Any) -> Any:
         mode = interpreting()
@@ -84,6 +82,15 @@ class LazyKernel:
         if key not in self._jitted:
             self._jitted[key] = triton.jit(self.function(mode))
         return self._jitted[key][grid]
+
+
+def _with_globals(fn: Callable[..., Any], scope: dict[str, Any]) -> Callable[..., Any]:
+    """A copy of `fn` that reads its globals from `scope` (Triton reads the source, constexpr annotations and module
+    from the copy as from `fn`)."""
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__qualname__, copy.__doc__ = fn.__qualname__, fn.__doc__
+    copy.__annotations__, copy.__module__ = fn.__annotations__, fn.__module__
+    return copy
 
 
 def tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:

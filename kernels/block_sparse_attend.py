@@ -17,14 +17,17 @@ bf16, as flash attention does); fp32 inputs run IEEE-precision fp32 dots. INTERP
 interpreter computes `tl.dot` on bfloat16 operands wrongly (numpy has no bfloat16), so under
 `TRITON_INTERPRET=1` q, k, v are widened to fp32 (exact) and the dots run in fp32.
 
-Low precision (`attend(..., quantized=z)`, `block_sparse_attention(..., precision=...)`): each exact block is one
-call of `fp8_attention.quantized_tile` on z's int8/e4m3 q and k rows (the q8 tile and the per-128-token scales are
-loaded once per program; the 64-key block indexes the k scale) and z's e4m3 (transposed) or bf16 v; after the exact
+Low precision (`attend(..., quantized=z)`, `block_sparse_attention(..., precision=...)`): the exact blocks go
+through `fp8_attention.quantized_tile` / `quantized_pair` on z's int8/e4m3 q and k rows (the q8 tile and the
+per-128-token scales are loaded once per program; a 64-key block indexes its k scale) and z's e4m3 (transposed) or
+bf16 v, in the order below; after the exact
 list the accumulator takes v's per-channel e4m3 scale, so the folded pass adds real-valued mean values to it. The
 folded pass runs as in the exact path, on q in its dtype. k and v are quantized once per call, before the kernel
 (`attention_quantize.quantize`, the dense kernel's operands); a visit only loads its one-byte tiles and one k scale.
 The list is ascending, so only its last entry can be the key block that ends past Tk: that one visit masks those
-logits (a select per logit), the others take none.
+logits (a select per logit), the others take none. The unmasked ones go two at a time (`fp8_attention.quantized_pair`:
+one max and one rescale of the accumulator per pair, P of both rounded against that max), an odd one out alone, then
+the masked one alone; `block_sparse_attention.reference` visits them so.
 
 Contract against the dense torch maths of the same routing (`block_sparse_attention.reference`): equal up to
 rounding (fp32: ~1e-6; bf16: ~1e-2 absolute on unit-scale values, the output itself rounded to bf16).
@@ -46,7 +49,7 @@ import triton.language as tl
 from workbench.kernels._runtime import LazyKernel, capability, interpreting, tma_scratch
 from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
 from workbench.kernels.block_sparse_routing import BLOCK
-from workbench.kernels.fp8_attention import quantized_tile
+from workbench.kernels.fp8_attention import pv_dot, qk_logits, quantized_pair, quantized_tile
 
 LOG2E = 1.4426950408889634
 
@@ -153,8 +156,18 @@ def _block_sparse_fwd(
         n_full = n_exact
         if TK % BLOCK != 0 and n_exact > 0:
             n_full -= (tl.load(idx_ptr + row * KB + n_exact - 1) == KB - 1).to(tl.int32)
-        for n in tl.range(0, n_full):
+        for n in tl.range(0, n_full - 1, 2):  # two blocks a softmax step: one max and one rescale of acc per pair
             j = tl.load(idx_ptr + row * KB + n)
+            j2 = tl.load(idx_ptr + row * KB + n + 1)
+            k = k_desc.load([j * BLOCK, 0])
+            k2 = k_desc.load([j2 * BLOCK, 0])
+            v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
+            v2 = v_desc.load([0, j2 * BLOCK]) if PV_FP8 else v_desc.load([j2 * BLOCK, 0])
+            factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
+            factor2 = q_scale * tl.load(ks_base + (j2 * BLOCK) // QUANT)
+            m_i, l_i, acc = quantized_pair(q8, k, v, factor, k2, v2, factor2, m_i, l_i, acc, QK_INT8, PV_FP8, EMULATE)
+        if n_full % 2 == 1:  # an odd one out, alone
+            j = tl.load(idx_ptr + row * KB + n_full - 1)
             k = k_desc.load([j * BLOCK, 0])
             v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
             factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
@@ -227,7 +240,7 @@ def _block_sparse_fwd(
     tl.store(optr, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-_KERNEL = LazyKernel(_block_sparse_fwd, helpers=(quantized_tile,))
+_KERNEL = LazyKernel(_block_sparse_fwd, helpers=(quantized_tile, quantized_pair, qk_logits, pv_dot))
 
 
 def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:

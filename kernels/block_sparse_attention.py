@@ -20,9 +20,10 @@ production case, the one measured on the H200); another D up to 128 is zero-padd
 is the production dtype; float32 is accepted (on a GPU its dots run in IEEE precision).
 
 Low precision (`precision="int8"` or `"e4m3"`, with `pv` "fp8" or "bf16"; default "exact"): the routing and the
-folded blocks are unchanged; the exact blocks run `fp8_attention`'s quantized tile (`quantized_tile`, the same device
-function) on `attention_quantize.quantize`'s operands of the same call: q and the mean-smoothed k per 128 tokens in int8
-or e4m3, v in e4m3 or bf16, P rounded per 64-key block. The folded blocks' mean keys are smoothed by the same key
+folded blocks are unchanged; the exact blocks run `fp8_attention`'s quantized steps (`quantized_pair` and
+`quantized_tile`, the same device functions) on `attention_quantize.quantize`'s operands of the same call: q and the
+mean-smoothed k per 128 tokens in int8 or e4m3, v in e4m3 or bf16, P rounded per step of the online softmax (two
+64-key blocks of a query block's list, or one: `visits`). The folded blocks' mean keys are smoothed by the same key
 mean (in fp32, then rounded to the dot dtype), so exact and folded logits shift by the same `q . mean(k)` and the
 softmax is unchanged. Needs FP8 tensor cores (sm_89+, RuntimeError below). Its contract: `reference(...,
 precision, pv)` (`_lowbit_reference`: the same quantized operands, the same block order, fp32 torch maths) up to
@@ -152,18 +153,46 @@ def _lowbit_reference(
     folded = (q.float() @ (k_mean - z.k_mean).transpose(-1, -2) * qk_scale + lengths.log() * LOG2E).masked_fill(
         exact_rows, float("-inf")
     )  # (B, H, Tq, Kb) in log2 units
-    m = torch.full(q.shape[:3], float("-inf"), device=q.device)
-    l = torch.zeros(q.shape[:3], device=q.device)  # noqa: E741
-    acc = torch.zeros(q.shape, device=q.device)
-    for j in range(mask.shape[-1]):  # exact blocks, ascending (a row skips the blocks not exact for it)
-        tile = slice(j * BLOCK, (j + 1) * BLOCK)
-        s = logits[..., tile].masked_fill(~exact_rows[..., j, None], float("-inf"))
-        m, l, acc = online_step(s, values[:, :, tile], m, l, acc, pv)  # noqa: E741
+    b, h, qb = mask.shape[:3]
+    rows = qb * BLOCK  # the query rows in whole blocks (B, H, Qb, 64, ...) while the exact blocks are visited
+    logits = torch.nn.functional.pad(logits, (0, 0, 0, rows - tq)).view(b, h, qb, BLOCK, -1)
+    m = torch.full((b, h, qb, BLOCK), float("-inf"), device=q.device)
+    l = torch.zeros((b, h, qb, BLOCK), device=q.device)  # noqa: E741
+    acc = torch.zeros((b, h, qb, BLOCK, q.shape[-1]), device=q.device)
+    values = values[:, :, None].expand(-1, -1, qb, -1, -1)  # (B, H, Qb, Tk, D), a view
+    tk, offsets = k.shape[2], torch.arange(BLOCK, device=q.device)
+    for step in visits(mask, tk).unbind(3):  # (B, H, Qb, 2) key blocks of each query block's step, -1 none
+        keys = (step.clamp(min=0)[..., None] * BLOCK + offsets).flatten(-2)  # (B, H, Qb, 128) key indices
+        real = (step[..., None] >= 0).expand(-1, -1, -1, -1, BLOCK).flatten(-2) & (keys < tk)
+        keys = keys.clamp(max=tk - 1)
+        s = torch.gather(logits, 4, keys[:, :, :, None, :].expand(-1, -1, -1, BLOCK, -1))
+        s = s.masked_fill(~real[:, :, :, None, :], float("-inf"))  # (B, H, Qb, 64, 128)
+        step_values = torch.gather(values, 3, keys[..., None].expand(-1, -1, -1, -1, values.shape[-1]))
+        m, l, acc = online_step(s, step_values, m, l, acc, pv)  # noqa: E741
+    m, l, acc = (x.flatten(2, 3)[:, :, :tq] for x in (m, l, acc))  # noqa: E741
     if pv == "fp8":
         acc = acc * z.v_scale[:, :, None, :]
     for c in range(0, mask.shape[-1], BLOCK):  # folded blocks' pseudo-keys
         m, l, acc = online_step(folded[..., c : c + BLOCK], v_mean[:, :, c : c + BLOCK], m, l, acc, None)  # noqa: E741
     return (acc / l[..., None]).to(q.dtype)
+
+
+def visits(mask: torch.Tensor, tk: int) -> torch.Tensor:
+    """The low-precision kernel's steps over each query block's exact key blocks (mask (B, H, Qb, Kb)): its
+    ascending list in pairs, an odd one out alone, then alone the last key block when it is exact and ends past Tk
+    (`tk` keys; masked). (B, H, Qb, S, 2) block indices, -1 where a step holds one block or a query block has fewer
+    steps."""
+    b, h, qb, kb = mask.shape
+    partial = tk % BLOCK != 0
+    steps = []
+    for blocks in mask.reshape(-1, kb).tolist():
+        exact = [j for j, keep in enumerate(blocks) if keep]
+        last = [[exact.pop(), -1]] if partial and exact and exact[-1] == kb - 1 else []
+        pairs = [exact[i : i + 2] + [-1] * (i + 2 > len(exact)) for i in range(0, len(exact), 2)]
+        steps.append(pairs + last)
+    width = max(1, max(len(step) for step in steps))
+    padded = [step + [[-1, -1]] * (width - len(step)) for step in steps]
+    return torch.tensor(padded, dtype=torch.long, device=mask.device).view(b, h, qb, width, 2)
 
 
 def plan(

@@ -130,33 +130,20 @@ def launch_for(device: torch.device, pv: str = "fp8") -> Launch:
     return BF16_PV if pv == "bf16" else DEFAULT
 
 
-def quantized_tile(
-    q, k, v, factor, limit, m_i, l_i, acc,
-    MASKED: tl.constexpr, QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, EMULATE: tl.constexpr,
-):  # fmt: skip
-    """One key tile of the online softmax on quantized operands (a Triton device function; the fp8_attention and
-    block_sparse_attend kernels call it). q (M, D) and k (N, D): e4m3, or int8 with QK_INT8 (an int8 dot with int32
-    accumulation, exact); `factor`: the scalar `scale_q * scale_k * softmax scale * log2(e)`; with MASKED, keys
-    `limit` and later weigh nothing (their logits are -inf: padding past Tk), else `limit` is unread. v: PV_FP8 e4m3
-    (D, N) (`quantize`'s transposed layout), else (N, D) bf16. m_i (M,) running max in log2 units, l_i (M,) running
-    sum, acc (M, D) fp32; returns the updated three. P = exp2(s - m) <= 1 is rounded to e4m3 as `P * 448` (PV_FP8) or
-    to bf16; EMULATE rounds in fp32 bits for the CPU interpreter (module doc). With PV_FP8, P is made as `P * 448`
-    (exp2 of the logit less `m - log2 448`) and l sums it so: l carries the factor 448, which the caller removes."""
+def qk_logits(q, k, QK_INT8: tl.constexpr):
+    """s = q . k^T in fp32 (a Triton device function): an INT8 dot with int32 accumulation (exact) with QK_INT8, else
+    an FP8 dot with fp32 accumulation."""
     if QK_INT8:
         s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
     else:
         s = tl.dot(q, tl.trans(k))
-    if MASKED:
-        s = tl.where(tl.arange(0, k.shape[0])[None, :] < limit, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max) * factor)
-    alpha = tl.exp2(m_i - m_new)
-    if PV_FP8:
-        shift = m_new - 8.807354922057604  # log2(448): exp2 gives P * 448 directly
-    else:
-        shift = m_new
-    p = tl.exp2(tl.fma(s, factor, -shift[:, None]))  # one FMA a logit, fused whatever the fp-fusion default
-    l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-    acc = acc * alpha[:, None]  # the P.V dots accumulate into it: no second (M, D) fp32 tile
+    return s
+
+
+def pv_dot(p, v, acc, PV_FP8: tl.constexpr, EMULATE: tl.constexpr):
+    """acc + P . v (a Triton device function), P (M, N) fp32 rounded to e4m3 (PV_FP8: P carries the factor 448, v is
+    quantize's transposed e4m3 (D, N), P's columns relabelled as v's keys were stored) or to bf16 (v (N, D) bf16);
+    EMULATE rounds in fp32 bits for the CPU interpreter (module doc)."""
     if PV_FP8:  # P's columns relabelled as quantize stored v's keys (attention_quantize.v_slot): registers renamed
         p = tl.reshape(
             tl.permute(tl.reshape(p, [p.shape[0], p.shape[1] // 32, 2, 2, 4, 2]), [0, 1, 2, 4, 3, 5]), p.shape
@@ -173,7 +160,59 @@ def quantized_tile(
         acc = tl.dot(bits.to(tl.float32, bitcast=True), v.to(tl.float32), acc, input_precision="ieee")
     else:
         acc = tl.dot(p.to(tl.bfloat16), v, acc)
-    return m_new, l_i, acc
+    return acc
+
+
+def quantized_tile(
+    q, k, v, factor, limit, m_i, l_i, acc,
+    MASKED: tl.constexpr, QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, EMULATE: tl.constexpr,
+):  # fmt: skip
+    """One key tile of the online softmax on quantized operands (a Triton device function; the fp8_attention and
+    block_sparse_attend kernels call it). q (M, D) and k (N, D): e4m3, or int8 with QK_INT8 (`qk_logits`);
+    `factor`: the scalar `scale_q * scale_k * softmax scale * log2(e)`; with MASKED, keys `limit` and later weigh
+    nothing (their logits are -inf: padding past Tk), else `limit` is unread. v: PV_FP8 e4m3 (D, N) (`quantize`'s
+    transposed layout), else (N, D) bf16. m_i (M,) running max in log2 units, l_i (M,) running sum, acc (M, D) fp32;
+    returns the updated three. P = exp2(s - m) <= 1 is rounded to e4m3 as `P * 448` (PV_FP8) or to bf16 (`pv_dot`).
+    With PV_FP8, P is made as `P * 448` (exp2 of the logit less `m - log2 448`) and l sums it so: l carries the
+    factor 448, which the caller removes."""
+    s = qk_logits(q, k, QK_INT8)
+    if MASKED:
+        s = tl.where(tl.arange(0, k.shape[0])[None, :] < limit, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max) * factor)
+    alpha = tl.exp2(m_i - m_new)
+    if PV_FP8:
+        shift = m_new - 8.807354922057604  # log2(448): exp2 gives P * 448 directly
+    else:
+        shift = m_new
+    p = tl.exp2(tl.fma(s, factor, -shift[:, None]))  # one FMA a logit, fused whatever the fp-fusion default
+    l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+    acc = acc * alpha[:, None]  # the P.V dots accumulate into it: no second (M, D) fp32 tile
+    return m_new, l_i, pv_dot(p, v, acc, PV_FP8, EMULATE)
+
+
+def quantized_pair(
+    q, k, v, factor, k2, v2, factor2, m_i, l_i, acc,
+    QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, EMULATE: tl.constexpr,
+):  # fmt: skip
+    """Two key tiles (k, v, factor) and (k2, v2, factor2) as one step of the online softmax, unmasked: one new max,
+    one rescale of acc, the P of both rounded against that max (block_sparse_attend's exact blocks two at a time);
+    otherwise `quantized_tile`'s maths. l adds the first tile's row sum, then the second's."""
+    s = qk_logits(q, k, QK_INT8)
+    s2 = qk_logits(q, k2, QK_INT8)
+    top = tl.maximum(
+        tl.reduce(s, 1, tl.standard._elementwise_max) * factor, tl.reduce(s2, 1, tl.standard._elementwise_max) * factor2
+    )
+    m_new = tl.maximum(m_i, top)
+    alpha = tl.exp2(m_i - m_new)
+    if PV_FP8:
+        shift = m_new - 8.807354922057604  # log2(448), as quantized_tile
+    else:
+        shift = m_new
+    p = tl.exp2(tl.fma(s, factor, -shift[:, None]))
+    p2 = tl.exp2(tl.fma(s2, factor2, -shift[:, None]))
+    l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine) + tl.reduce(p2, 1, tl.standard._sum_combine)
+    acc = pv_dot(p, v, acc * alpha[:, None], PV_FP8, EMULATE)
+    return m_new, l_i, pv_dot(p2, v2, acc, PV_FP8, EMULATE)
 
 
 def _fp8_attention_fwd(
@@ -224,7 +263,7 @@ def _fp8_attention_fwd(
     tl.store(optr, out.to(out_ptr.dtype.element_ty), mask=(rows < TQ)[:, None])
 
 
-_KERNEL = LazyKernel(_fp8_attention_fwd, helpers=(quantized_tile,))
+_KERNEL = LazyKernel(_fp8_attention_fwd, helpers=(quantized_tile, qk_logits, pv_dot))
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str, scale: float | None, qk: str) -> float:
