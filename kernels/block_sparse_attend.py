@@ -102,6 +102,14 @@ class Plan:
     scale: float
 
 
+def _lowbit_block(k_desc, v_desc, ks_base, q_scale, j, BLOCK: tl.constexpr, QUANT: tl.constexpr, PV_FP8: tl.constexpr):
+    """Key block j's one-byte tiles, k (BLOCK, D) and v (D, BLOCK) e4m3 (PV_FP8) or (BLOCK, D) bf16, and the factor of
+    its logits (q's scale times the block's k scale; the low-precision path, a Triton device function)."""
+    k = k_desc.load([j * BLOCK, 0])
+    v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
+    return k, v, q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
+
+
 def _block_sparse_fwd(
     q_ptr, k_ptr, v_ptr, km_ptr, vm_ptr, loglen_ptr, mask_ptr, idx_ptr, count_ptr, out_ptr,
     q8_ptr, qs_ptr, ks_ptr, vs_ptr,
@@ -157,28 +165,18 @@ def _block_sparse_fwd(
         if TK % BLOCK != 0 and n_exact > 0:
             n_full -= (tl.load(idx_ptr + row * KB + n_exact - 1) == KB - 1).to(tl.int32)
         for n in tl.range(0, n_full - 1, 2):  # two blocks a softmax step: one max and one rescale of acc per pair
-            j = tl.load(idx_ptr + row * KB + n)
-            j2 = tl.load(idx_ptr + row * KB + n + 1)
-            k = k_desc.load([j * BLOCK, 0])
-            k2 = k_desc.load([j2 * BLOCK, 0])
-            v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
-            v2 = v_desc.load([0, j2 * BLOCK]) if PV_FP8 else v_desc.load([j2 * BLOCK, 0])
-            factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
-            factor2 = q_scale * tl.load(ks_base + (j2 * BLOCK) // QUANT)
+            j, j2 = tl.load(idx_ptr + row * KB + n), tl.load(idx_ptr + row * KB + n + 1)
+            k, v, factor = _lowbit_block(k_desc, v_desc, ks_base, q_scale, j, BLOCK, QUANT, PV_FP8)
+            k2, v2, factor2 = _lowbit_block(k_desc, v_desc, ks_base, q_scale, j2, BLOCK, QUANT, PV_FP8)
             m_i, l_i, acc = quantized_pair(q8, k, v, factor, k2, v2, factor2, m_i, l_i, acc, QK_INT8, PV_FP8, EMULATE)
         if n_full % 2 == 1:  # an odd one out, alone
             j = tl.load(idx_ptr + row * KB + n_full - 1)
-            k = k_desc.load([j * BLOCK, 0])
-            v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
-            factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
+            k, v, factor = _lowbit_block(k_desc, v_desc, ks_base, q_scale, j, BLOCK, QUANT, PV_FP8)
             m_i, l_i, acc = quantized_tile(q8, k, v, factor, 0, m_i, l_i, acc, False, QK_INT8, PV_FP8, EMULATE)
         if n_full < n_exact:  # the last key block, keys past TK masked
-            j = KB - 1
-            k = k_desc.load([j * BLOCK, 0])
-            v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
-            factor = q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
+            k, v, factor = _lowbit_block(k_desc, v_desc, ks_base, q_scale, KB - 1, BLOCK, QUANT, PV_FP8)
             m_i, l_i, acc = quantized_tile(
-                q8, k, v, factor, TK - j * BLOCK, m_i, l_i, acc, True, QK_INT8, PV_FP8, EMULATE
+                q8, k, v, factor, TK - (KB - 1) * BLOCK, m_i, l_i, acc, True, QK_INT8, PV_FP8, EMULATE
             )
     else:
         for n in tl.range(0, n_exact):
@@ -240,7 +238,7 @@ def _block_sparse_fwd(
     tl.store(optr, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-_KERNEL = LazyKernel(_block_sparse_fwd, helpers=(quantized_tile, quantized_pair, qk_logits, pv_dot))
+_KERNEL = LazyKernel(_block_sparse_fwd, helpers=(_lowbit_block, quantized_tile, quantized_pair, qk_logits, pv_dot))
 
 
 def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:
