@@ -186,13 +186,16 @@ class Forwards:
         return timing.median_s
 
     def kernels(self, arm: ForwardArm) -> dict[str, Any]:
-        """Where one forward of `arm` spends device time (`kernel_times`), after the visit's untimed forwards."""
+        """Where one forward of `arm` spends device time (`kernel_times`), after the visit's untimed forwards; a
+        profiler failure is recorded as {"error": ...} (a diagnostic must not lose the arms' measured rounds)."""
         self.session.accelerate(arm.config)
         try:
             with torch.inference_mode():
                 for _ in range(self.warmup):
                     self.forward()
                 return kernel_times(self.forward, self.session.device)
+        except Exception as error:  # recorded in the row
+            return {"error": f"{type(error).__name__}: {error}"}
         finally:
             self.session.accelerate({})
 
