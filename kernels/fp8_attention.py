@@ -17,10 +17,11 @@ The maths, in the order it happens:
    module's doc holds the exact recipe.
 3. The kernel, FlashAttention-2 style: one program per (BLOCK_M query rows, batch*head), query blocks fastest over
    the grid; key tiles of BLOCK_N tokens through TMA descriptors; each tile is one call of the device function
-   `quantized_tile` (which block_sparse_attend's low-precision path calls too). Per tile: `s = dot(q8, k8^T)`, an
-   FP8 dot with fp32 accumulation or an INT8 dot with int32 accumulation (exact), times
-   `scale_q * scale_k * scale * log2(e)` (one scalar per tile: BLOCK_M and BLOCK_N divide 128); online softmax in
-   fp32 with exp2 (running max m, row sum l of the fp32 probabilities); P = exp2(s - m) <= 1: pv="fp8" rounds
+   `quantized_tile` (block_sparse_attend's low-precision path calls it too, and `quantized_pair`, the same step over
+   two tiles at once). Per tile: `s = dot(q8, k8^T)`, an FP8 dot with fp32 accumulation or an INT8 dot with int32
+   accumulation (exact), times `scale_q * scale_k * scale * log2(e)` (one scalar per tile: BLOCK_M and BLOCK_N
+   divide 128); online softmax in fp32 with exp2 (running max m, row sum l of the fp32 probabilities);
+   P = exp2(s - m) <= 1: pv="fp8" rounds
    `P * 448` to e4m3 (P's row-block scale is 1/448: its amax is at most 1 by construction) and runs
    `dot_fp8(P8, v8)` with P's columns relabelled as v8's keys were stored (`v_slot`: the keys a thread holds in the
    logits' accumulator become the ones its registers give the dot, no shuffle between lanes), pv="bf16" rounds P to
