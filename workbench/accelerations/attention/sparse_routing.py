@@ -229,7 +229,8 @@ class _StepHook(ModelHook):
         return self.fn_ref.original_forward(*args, **kwargs)
 
 
-# attend(call) -> (output (B, T, H, D), density as a 0-dim tensor or None when the kernel does not report it)
+# attend(call) -> (output (B, T, H, D), density as a 0-dim tensor or None when the kernel does not report it); the
+# output is the attend's own tensor: the router writes the protected rows into it
 Attend = Callable[[Call], tuple[torch.Tensor, torch.Tensor | None]]
 
 
@@ -358,11 +359,10 @@ class Router:
         problems = [p for p in problems if p]
         if problems:
             raise RuntimeError(f"{self.name}: routed self-attention has {', '.join(problems)}; the kernel runs none")
-        out, density = self.attend(call)  # (B, T, H, D)
+        out, density = self.attend(call)  # (B, T, H, D), the kernel's own fresh tensor
         rows = call.rows(call.settings.protect_prefix)
-        if rows:
-            dense = call.backend_fn(**{**kwargs, "query": q[:, :rows]})
-            out = torch.cat([dense.to(out.dtype), out[:, rows:]], 1)
+        if rows:  # written over the kernel's rows in place (no copy of the whole output)
+            out[:, :rows] = call.backend_fn(**{**kwargs, "query": q[:, :rows]})
             self.receipt.count("protected_rows", rows, expert=self.expert)
         self.receipt.count("sparse_calls", expert=self.expert)
         if density is not None:
