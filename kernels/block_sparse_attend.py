@@ -49,7 +49,7 @@ import triton.language as tl
 from workbench.kernels._runtime import LazyKernel, capability, interpreting, tma_scratch
 from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
 from workbench.kernels.block_sparse_routing import BLOCK
-from workbench.kernels.fp8_attention import pv_dot, qk_logits, quantized_pair, quantized_tile
+from workbench.kernels.fp8_attention import new_max, pv_dot, qk_logits, quantized_pair, quantized_tile
 
 LOG2E = 1.4426950408889634
 
@@ -238,7 +238,9 @@ def _block_sparse_fwd(
     tl.store(optr, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-_KERNEL = LazyKernel(_block_sparse_fwd, helpers=(_lowbit_block, quantized_tile, quantized_pair, qk_logits, pv_dot))
+_KERNEL = LazyKernel(
+    _block_sparse_fwd, helpers=(_lowbit_block, quantized_tile, quantized_pair, new_max, qk_logits, pv_dot)
+)
 
 
 def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:

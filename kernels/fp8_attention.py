@@ -164,6 +164,18 @@ def pv_dot(p, v, acc, PV_FP8: tl.constexpr, EMULATE: tl.constexpr):
     return acc
 
 
+def new_max(m_i, top, PV_FP8: tl.constexpr):
+    """The online softmax's step from running max m_i to max(m_i, top) (M,) in log2 units (a Triton device function):
+    the new max, alpha = exp2(m_i - m_new) (the rescale of l and acc), and the shift P is made against,
+    `exp2(s * factor - shift)`: m_new, or with PV_FP8 m_new - log2(448), so that exp2 gives P * 448 directly."""
+    m_new = tl.maximum(m_i, top)
+    if PV_FP8:
+        shift = m_new - 8.807354922057604  # log2(448)
+    else:
+        shift = m_new
+    return m_new, tl.exp2(m_i - m_new), shift
+
+
 def quantized_tile(
     q, k, v, factor, limit, m_i, l_i, acc,
     MASKED: tl.constexpr, QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, EMULATE: tl.constexpr,
@@ -179,12 +191,7 @@ def quantized_tile(
     s = qk_logits(q, k, QK_INT8)
     if MASKED:
         s = tl.where(tl.arange(0, k.shape[0])[None, :] < limit, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max) * factor)
-    alpha = tl.exp2(m_i - m_new)
-    if PV_FP8:
-        shift = m_new - 8.807354922057604  # log2(448): exp2 gives P * 448 directly
-    else:
-        shift = m_new
+    m_new, alpha, shift = new_max(m_i, tl.reduce(s, 1, tl.standard._elementwise_max) * factor, PV_FP8)
     p = tl.exp2(tl.fma(s, factor, -shift[:, None]))  # one FMA a logit, fused whatever the fp-fusion default
     l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
     acc = acc * alpha[:, None]  # the P.V dots accumulate into it: no second (M, D) fp32 tile
@@ -203,12 +210,7 @@ def quantized_pair(
     top = tl.maximum(
         tl.reduce(s, 1, tl.standard._elementwise_max) * factor, tl.reduce(s2, 1, tl.standard._elementwise_max) * factor2
     )
-    m_new = tl.maximum(m_i, top)
-    alpha = tl.exp2(m_i - m_new)
-    if PV_FP8:
-        shift = m_new - 8.807354922057604  # log2(448), as quantized_tile
-    else:
-        shift = m_new
+    m_new, alpha, shift = new_max(m_i, top, PV_FP8)
     p = tl.exp2(tl.fma(s, factor, -shift[:, None]))
     p2 = tl.exp2(tl.fma(s2, factor2, -shift[:, None]))
     l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine) + tl.reduce(p2, 1, tl.standard._sum_combine)
@@ -264,7 +266,7 @@ def _fp8_attention_fwd(
     tl.store(optr, out.to(out_ptr.dtype.element_ty), mask=(rows < TQ)[:, None])
 
 
-_KERNEL = LazyKernel(_fp8_attention_fwd, helpers=(quantized_tile, qk_logits, pv_dot))
+_KERNEL = LazyKernel(_fp8_attention_fwd, helpers=(quantized_tile, new_max, qk_logits, pv_dot))
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str, scale: float | None, qk: str) -> float:

@@ -11,8 +11,8 @@ memory order (`dispatcher-layout`: what a model's calls hand the kernels; its qu
 output checked equal to the contiguous call's). TFLOP/s from `cost()` (dense-attention FLOPs, so arms compare
 directly). Relative L2 of each output against cuDNN's bf16 output on three inputs: iid normal q, k, v;
 `structured` (`sparse_attention.structured_qkv`: q and k share smooth positional features, as video attention
-does); `outliers` (`outlier_qkv`: RMS-normed q/k with a
-shared channel offset and 4 outlier channels, as a DiT's q/k norm leaves them); and per call on `captured` q, k, v:
+does); `outliers` (`outlier_qkv`: RMS-normed q/k with a shared channel offset and 4 outlier channels, as a DiT's
+q/k norm leaves them); and per call on `captured` q, k, v:
 the video self-attention of the trained demo-av (4 heads of 48, zero-padded to 64 by the kernel) recorded during one
 dense request (`captured_calls`), median and worst call with the median per step. `error_parts` says where that error
 comes from: each quantization step alone and all of them together, per input (the references' maths in fp32 on head

@@ -13,10 +13,10 @@ channel offset and outlier channels (2.3e-2 against 6.9e-2); tests/kernels/test_
 The calls reach it the way `block_sparse`'s do (`sparse_routing`): the stock processor computes q/k/v and only the
 self-attention modules the family adapter names are routed (Wan `attn1`, LTX-2 video `attn1`, H3's packed joint
 `attn`); cross-attention, LTX-2's audio stream and everything else run the untouched backend, or the one a
-dense-backend plugin installed with it chose (flash4_attention on the exact-fast profile: `sparse_routing`). The same family rules
-hold: `protect_prefix` ("family" by default) gives the first query rows of each call the backend's dense attention
-in the model's dtype, which on H3 are the text, conditioning and audio rows (so audio queries stay bf16); 0 sends
-every query through FP8. `dense_steps` / `dense_blocks` keep the first steps / blocks dense; `per_expert` counts
+dense-backend plugin installed with it chose (flash4_attention on the exact-fast profile: `sparse_routing`). The
+same family rules hold: `protect_prefix` ("family" by default) gives the first query rows of each call the backend's
+dense attention in the model's dtype, which on H3 are the text, conditioning and audio rows (so audio queries stay
+bf16); 0 sends every query through FP8. `dense_steps` / `dense_blocks` keep the first steps / blocks dense; `per_expert` counts
 `dense_steps` within each Wan2.2 expert.
 
 Receipts: `fp8_calls` (calls the kernel served), `dense_calls` (split into `dense_step_calls` and
