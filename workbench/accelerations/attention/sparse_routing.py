@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,17 +174,27 @@ class _Routed:
         setattr(self.original, name, value)
 
     def __call__(self, attn: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        router = self.router
-        settings = router.decide(self.block, hidden_states.shape[1])
-        if settings is None:
+        with self.routing(hidden_states.shape[1], kwargs):
             return self.original(attn, hidden_states, *args, **kwargs)
+
+    @contextmanager
+    def routing(self, rows: int, kwargs: dict[str, Any] | None = None) -> Iterator[None]:
+        """The body computes this module's self-attention of `rows` rows through `dispatch_attention_fn` (the original
+        processor, or a fused block forward doing what it does); the router decides the call and, when it takes it,
+        the shim serves the body's one dispatcher call. `kwargs`: the processor call's (perturbation flags)."""
+        router = self.router
+        settings = router.decide(self.block, rows)
+        if settings is None:
+            yield
+            return
         call = Call(router, settings, self.block, router.prefix)
         token = _CURRENT.set(call)
         try:
-            out = self.original(attn, hidden_states, *args, **kwargs)
+            yield
         finally:
             _CURRENT.reset(token)
         if call.kwargs is None:
+            kwargs = kwargs or {}
             if kwargs.get("perturbation_mask") is not None or kwargs.get("all_perturbed"):
                 router.receipt.count_fallback(PERTURBED)
             else:
@@ -192,7 +202,18 @@ class _Routed:
                     f"{router.name}: block {self.block}'s self-attention did not reach the sparse kernel (its "
                     "attention backend changed after install?); reinstall the plugin"
                 )
-        return out
+
+
+def unrouted(processor: Any) -> Any:
+    """The processor a router's wrapper runs (`processor` itself when it is not wrapped)."""
+    return processor.original if isinstance(processor, _Routed) else processor
+
+
+def routing(processor: Any, rows: int) -> AbstractContextManager[None]:
+    """For a fused block forward that runs a self-attention processor's work itself (`unrouted(processor)`'s
+    projections, norms, rotary and its one `dispatch_attention_fn` call): the router's decision around that work
+    when `processor` is a router's wrapper, as `_Routed.__call__` makes it; nothing otherwise."""
+    return processor.routing(rows) if isinstance(processor, _Routed) else nullcontext()
 
 
 @dataclass

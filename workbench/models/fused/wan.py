@@ -8,7 +8,8 @@ plugins for the contracts. `FUSED` is what the Wan family names (`Family.fused`)
   kernel. attn1 is then run here as `WanAttnProcessor.__call__` runs it for self-attention: the same projections,
   diffusers' own `norm_q`/`norm_k` (torch's RMSNorm: the fused RMSNorm kernel is a `reduction` and is not used),
   the same `dispatch_attention_fn` call with the processor's backend and parallel config, the same output
-  projection. Only a stock `WanAttnProcessor` on an attn1 without hooks is taken over; any other (a plugin's
+  projection. Only a stock `WanAttnProcessor` (or a routing plugin's wrapper of one: the router then decides the
+  call, as `sparse_routing.routing` says) on an attn1 without hooks is taken over; any other (another plugin's
   wrapper, a hooked module) runs as it is and the call is counted under `fallbacks`.
 
 `norms_forward_for` (fused_block_norms) shares `self_attention`, `wan_block_reason`, `modulation_chunks` and
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from workbench.accelerations.attention.sparse_routing import routing, unrouted
 from workbench.models.family import FusedBlocks
 from workbench.models.fused.guards import block_reason, hooked
 
@@ -44,8 +46,9 @@ def attn1_reason(attn: torch.nn.Module) -> str | None:
     """Why attn1 cannot be run here with the rotary kernel (then it runs as it is), or None."""
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
-    if type(attn.processor) is not WanAttnProcessor:
-        return f"attn1 processor is {type(attn.processor).__name__}, not a stock WanAttnProcessor"
+    processor = unrouted(attn.processor)  # a router's wrapper is taken too: self_attention makes its decision
+    if type(processor) is not WanAttnProcessor:
+        return f"attn1 processor is {type(processor).__name__}, not a stock WanAttnProcessor"
     if hooked(attn):
         return "attn1 has hooks or a replaced forward"
     if attn.add_k_proj is not None:
@@ -115,11 +118,22 @@ def self_attention(
 ):
     """`WanAttnProcessor.__call__(attn, hidden_states, None, None, rotary_emb)` with the rotary kernel `rope`.
     With `qk_norm_rope` (fused_block_norms; contract reduction), norm_q/norm_k and the rotary step run as that one
-    kernel for q and for k where `qk_norm_reason` allows; otherwise (fused_block_ops) as before."""
+    kernel for q and for k where `qk_norm_reason` allows; otherwise (fused_block_ops) as before. Under a routing
+    plugin (attn1's processor a router's wrapper, `sparse_routing.routing`) the router decides the call and its kernel
+    serves the dispatcher call, as when the wrapper runs the stock processor."""
+    with routing(attn.processor, hidden_states.shape[1]):
+        hidden_states = _self_attention(attn, hidden_states, rotary_emb, receipt, rope, qk_norm_rope)
+    hidden_states = attn.to_out[0](hidden_states)
+    hidden_states = attn.to_out[1](hidden_states)
+    return hidden_states
+
+
+def _self_attention(attn, hidden_states, rotary_emb, receipt, rope, qk_norm_rope) -> torch.Tensor:
+    """self_attention up to the output projection: (B, T, C) attended."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
-    processor = attn.processor
+    processor = unrouted(attn.processor)
     query, key, value = _get_qkv_projections(attn, hidden_states, None)
     reason = None if qk_norm_rope is None else qk_norm_reason(attn, query, rotary_emb)
     if qk_norm_rope is not None and reason is None:
@@ -141,11 +155,7 @@ def self_attention(
         backend=processor._attention_backend,
         parallel_config=processor._parallel_config,  # self-attention: the stock processor passes it
     )
-    hidden_states = hidden_states.flatten(2, 3)
-    hidden_states = hidden_states.type_as(query)
-    hidden_states = attn.to_out[0](hidden_states)
-    hidden_states = attn.to_out[1](hidden_states)
-    return hidden_states
+    return hidden_states.flatten(2, 3).type_as(query)
 
 
 def modulation_chunks(block: torch.nn.Module, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
