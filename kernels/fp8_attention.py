@@ -58,10 +58,14 @@ k and v in e4m3).
 
 Needs FP8 tensor cores: compute capability 8.9+ (RuntimeError below, `_runtime.check_fp8`). Launch: `Launch` (tile
 sizes, warps, stages); `launch_for(device, pv)` picks ADA below sm_90, and on sm_90+ DEFAULT, or BF16_PV for pv="bf16".
+On sm_90 with pv="fp8" and D = 128 `attend` runs the CuTe DSL kernel instead when the DSL is installed
+(`sm90_kernel`; kernels/fp8_attention_sm90.py: the same steps, FlashAttention-3's warp-specialized schedule, row sums
+from the P.V dot).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -380,10 +384,33 @@ def fp8_attention(
     return out
 
 
+SM90_OPTIONS = {"stages": 3, "lsum_mma": True}  # fp8_attention_sm90's configuration where it runs
+
+
+def sm90_kernel(z: Quantized, out: torch.Tensor) -> bool:
+    """Whether `attend` without a launch runs the CuTe DSL kernel (`fp8_attention_sm90`, FlashAttention-3's schedule):
+    on sm_90 with pv="fp8", D = 128, out's channels contiguous and the DSL (nvidia-cutlass-dsl) importable; the
+    Triton kernel runs everywhere else. Same operands, same maths (that module's doc)."""
+    return (
+        z.pv == "fp8"
+        and out.shape[-1] == 128
+        and out.stride(-1) == 1
+        and capability(out.device) == 90
+        and not interpreting()
+        and importlib.util.find_spec("cutlass") is not None
+    )
+
+
 def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launch | None = None) -> None:
     """The kernel alone (step 3) on `quantize`'s operands of Tk = `tk` keys, written into `out` (B, H, Tq, D) of
-    any strides, D one of `_runtime.KERNEL_HEAD_DIMS`. No checks beyond the launch: `fp8_attention` is the checked
-    entry."""
+    any strides, D one of `_runtime.KERNEL_HEAD_DIMS`: the CuTe kernel where `sm90_kernel` says so and no `launch`
+    is given, else the Triton kernel with `launch` (default `launch_for`). No checks beyond the launch:
+    `fp8_attention` is the checked entry."""
+    if launch is None and sm90_kernel(z, out):
+        from workbench.kernels import fp8_attention_sm90
+
+        fp8_attention_sm90.attend(z, out, tk, scale, **SM90_OPTIONS)
+        return
     launch = launch_for(out.device, z.pv) if launch is None else launch
     if not isinstance(launch, Launch):
         raise ValueError(f"fp8_attention: launch must be an fp8_attention.Launch, got {type(launch).__name__}")

@@ -17,8 +17,11 @@ the video self-attention of the trained demo-av (4 heads of 48, zero-padded to 6
 dense request (`captured_calls`), median and worst call with the median per step. `error_parts` says where that error
 comes from: each quantization step alone and all of them together, per input (the references' maths in fp32 on head
 0's first ERROR_PART_ROWS queries against all keys, against exact fp32 attention of the same rows). A launch sweep
-(`LAUNCHES`) times the kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages (each with its
-error against the shipped launch's output); the A/B/A arms use the shipped launch (`launch_for`). `compiled` lists
+(`LAUNCHES`) times the Triton kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages (each
+with its error against the default path's output); the A/B/A arms take `attend`'s default path, each arm's
+`kernel_path` names it: the CuTe kernel where `fa.sm90_kernel` holds (sm_90, pv="fp8", the DSL importable), else the
+Triton kernel with `launch_for`'s launch. Where the default is the CuTe kernel, the plugin's default pair also runs
+through the Triton kernel (`...,triton` arm, A/B/A with the rest, its output against the CuTe kernel's). `compiled` lists
 what Triton's JIT built in this process for the attention and quantization kernels: launch, registers and spilled
 bytes per variant (from the JIT's cache; the CPU compile reports of `workbench.kernels.targets` should agree).
 
@@ -218,6 +221,7 @@ def run(context: Context) -> Measurement:
         kernel = time_call(lambda z=z, out=out: fa.attend(z, out, tokens, scale), device, **clock)
         quantize = time_call(lambda pv=pv, qk=qk: aq.quantize(q, k, v, pv, qk=qk), device, **clock)
         arms[name] = {
+            "kernel_path": "cute" if fa.sm90_kernel(z, out) else "triton",
             "rel_l2_vs_dense": {
                 kind: rel_l2(fa.fp8_attention(*qkv, pv=pv, qk=qk), dense(*qkv)) for kind, qkv in inputs.items()
             },
@@ -250,6 +254,12 @@ def run(context: Context) -> Measurement:
         ),
     }
     visits[name] = lambda: fa.fp8_attention(qd, kd, vd, pv=pv, qk=qk)
+    if arms[f"fp8_attention[{_label(qk, pv)}]"]["kernel_path"] == "cute":
+        launch = fa.launch_for(device, pv)
+        name = f"fp8_attention[{_label(qk, pv)},triton]"
+        arms[name] = {"rel_l2_vs_cute": rel_l2(fa.fp8_attention(q, k, v, pv=pv, qk=qk, launch=launch),
+                                               fa.fp8_attention(q, k, v, pv=pv, qk=qk))}  # fmt: skip
+        visits[name] = lambda: fa.fp8_attention(q, k, v, pv=pv, qk=qk, launch=launch)
     ratios: dict[str, Any] = {}
     candidates = {name: fn for name, fn in visits.items() if name.startswith("fp8_attention")}
     for baseline in [name for name in ("cudnn", "flash4") if name in visits]:
@@ -275,7 +285,8 @@ def run(context: Context) -> Measurement:
         f"{CAPTURE_MODEL}'s video self-attention ({len(captured)} calls of one dense request). "
         f"`launch_sweep` (kernel alone, {', '.join(_label(*p) for p in SWEEP_PAIRS)}) against the shipped launches "
         f"{fa.DEFAULT} (pv=fp8) and {fa.BF16_PV} (pv=bf16); each swept launch's `rel_l2_vs_shipped` is against the "
-        "shipped launch's output on the same operands (another block_n quantizes P over other tiles). "
+        "default path's output on the same operands (another block_n quantizes P over other tiles; the CuTe kernel's "
+        "l sums P as rounded). Each arm's `kernel_path`: the default path, cute or triton. "
         f"block_sparse@{SPARSE_DENSITY:.2f}: structured q/k, low-precision arms A/B/A against the exact arm. "
         f"`error_parts`: each quantization step alone against exact fp32 attention, head 0's first {ERROR_PART_ROWS} "
         "query rows against all keys."

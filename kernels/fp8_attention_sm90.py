@@ -1,0 +1,485 @@
+"""The low-bit attention kernel for Hopper in CuTe DSL (sm_90a): warp-specialized, FlashAttention-3's schedule.
+
+Same maths and operands as `fp8_attention.attend` with pv="fp8" (`attention_quantize.quantize`'s q8, k8 in e4m3 or
+int8, v8 in e4m3 transposed with its keys in `v_slot` order, the per-block and per-channel scales); the output is the
+same up to fp32 summation order inside the dots and exp2's last bit (the Triton kernel's contract with `reference`).
+
+One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
+- Warpgroup 0, the producer (24 registers a thread): one warp issues the TMA loads, q8's 128 x 128 tile once, then
+  the 128-key tiles of k8 (128 x 128) and v8 (128 channels x 128 keys) into rings of `stages` buffers, each guarded
+  by a full / empty mbarrier pair (`cutlass.pipeline.PipelineTmaAsync`).
+- Warpgroups 1 and 2, the consumers (240 registers a thread): 64 query rows each. Per key tile j, in one warpgroup:
+  issue S_j = q8 . k8_j^T (wgmma, FP8 with fp32 accumulation or INT8 with int32), issue O += P_{j-1} . v8_{j-1}
+  (wgmma, P from registers), wait for S_j only, do tile j's online softmax while that P.V runs on the tensor cores,
+  then wait for it, rescale O by the max's change and turn P_j into the next P.V's register operand. The softmax
+  and the tensor cores overlap inside one warpgroup; across the two, by the warp schedulers, or with `pingpong`
+  by turns: named barriers 1 and 2 make the warpgroups issue their dots alternately (FlashAttention-3's
+  warp-scheduler barriers), so one's softmax runs under the other's dots.
+
+The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q * scale_k * softmax scale *
+log2 e), one ex2.approx, one FADD into the thread's partial row sum, and half an F2FP (fp32 pairs to e4m3 pairs);
+the row max is taken on the unscaled logits (factor > 0), reduced over the 4 lanes that share a row by two
+butterfly shuffles. P is made as `P * 448` (e4m3's top) and l sums it so; the epilogue divides it out.
+
+Register operand P: the accumulator gives a thread keys 2t, 2t+1 (+8, +16, +24) of each 32 (t = lane % 4), the FP8
+A operand wants keys 4t..4t+3 and 4t+16..4t+19; with v8's keys stored in `v_slot` order the thread's own values are
+exactly the ones its operand slots need, so the conversion is a renaming of registers (`_P_FROM_S`), no shuffle.
+
+`attend(z, out, tk, scale, **options)`: the host entry on torch tensors, compiled once per options and shapes (for
+sm_90a: `cute.compile(..., options="--gpu-arch sm_90a")`, so a CPU without a GPU builds it too) and launched on torch's
+current stream. Needs the CuTe DSL (nvidia-cutlass-dsl, the `flash4` extra); not imported by the package otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90
+import torch
+from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.runtime import from_dlpack
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from workbench.kernels.attention_quantize import Quantized
+from workbench.kernels.fp8_attention import LOG2E
+
+TILE_M = 128  # query rows a CTA: two consumer warpgroups of 64
+TILE_N = 128  # keys a tile (the quantization block: one k scale a tile)
+HEAD_DIM = 128
+THREADS = 384
+LOG2_FP8_MAX = math.log2(448.0)
+
+# _P_FROM_S[a] = s: register a of the P.V operand (one 32-key k-block: 4 keys x 2 rows x 2 halves) takes accumulator
+# value s of the logits' fragment (2 columns x 2 rows x 4 groups of 8 columns of the same 32 keys). Slot 16g + 4t +
+# 2h + e of the operand holds key 16g + 8h + 2t + e (attention_quantize.v_slot), which the accumulator keeps at value
+# e + 2r + 4(2g + h) for row half r.
+_P_FROM_S = tuple(e + 2 * r + 4 * (2 * g + h) for g in range(2) for r in range(2) for h in range(2) for e in range(2))
+
+
+@dsl_user_op
+def _ex2(x: Float32, *, loc=None, ip=None) -> Float32:
+    """ex2.approx.ftz.f32, free to be scheduled (the library's `cute.arch.exp2` is marked as having side effects)."""
+    return Float32(
+        llvm.inline_asm(
+            T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "ex2.approx.ftz.f32 $0, $1;", "=f,f",
+            has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )  # fmt: skip
+
+
+def _max_tree(values: list) -> Float32:
+    """The max of `values` (a power of two of them) by a tree of FMNMX (independent instructions, not a chain).
+    Plain Python, run while the kernel is traced."""
+    while len(values) > 1:
+        values = [cute.arch.fmax(values[k], values[k + 1]) for k in range(0, len(values), 2)]
+    return values[0]
+
+
+class Fp8AttentionSm90:
+    """The kernel for one configuration: `qk_int8` (INT8 Q.K^T with int32 accumulation, else e4m3 with fp32),
+    `stages` (K/V ring buffers), `pingpong` (FlashAttention-3's warp-scheduler barriers: the two consumer warpgroups
+    take turns issuing their dots, so one's softmax runs under the other's dots). `cute.compile` it once per
+    configuration and shape. `overlap=False`: the plain schedule (each dot waited for at once), for telling a fault
+    of the overlap from one of the rest. `lsum_mma`: the row sums l come from the P.V dot itself, as an extra output
+    channel (N = 136: each v8 stage holds 8 more rows, a row of ones and 7 of zeros, written once), instead of 64 FADDs
+    a tile; l is then the sum of P as rounded to e4m3, the weights the dot used (the reference sums it unrounded). The
+    channel is moved into fp32 l and zeroed after every tile: an e4m3 dot's accumulator keeps only about 14 bits
+    against its running value, so a whole row's sum of P carried in it loses the small terms (63 % relative L2 at 32,760
+    keys on the H200 when it was carried)."""
+
+    def __init__(
+        self, qk_int8: bool, stages: int = 2, pingpong: bool = False, lsum_mma: bool = False, overlap: bool = True
+    ):
+        self.overlap = overlap
+        self.qk_int8 = qk_int8
+        self.stages = stages
+        self.pingpong = pingpong
+        self.lsum_mma = lsum_mma
+        self.v_rows = HEAD_DIM + 8 if lsum_mma else HEAD_DIM  # the P.V dot's N: v8's channels (+ the ones row)
+        self.qk_dtype = cutlass.Int8 if qk_int8 else cutlass.Float8E4M3FN
+        self.s_dtype = Int32 if qk_int8 else Float32
+
+    def _mmas(self) -> tuple[cute.TiledMma, cute.TiledMma]:
+        k_major = OperandMajorMode.K
+        qk = sm90.make_trivial_tiled_mma(
+            self.qk_dtype, self.qk_dtype, k_major, k_major, self.s_dtype, (2, 1, 1), tiler_mn=(64, TILE_N)
+        )
+        pv = sm90.make_trivial_tiled_mma(
+            cutlass.Float8E4M3FN, cutlass.Float8E4M3FN, k_major, k_major, Float32, (2, 1, 1),
+            tiler_mn=(64, self.v_rows), a_source=warpgroup.OperandSource.RMEM,
+        )  # fmt: skip
+        return qk, pv
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (Tq', 128, H, B) q8, channels contiguous
+        mK: cute.Tensor,  # (Tk', 128, H, B) k8
+        mV: cute.Tensor,  # (128, Tk', H, B) v8 transposed, keys contiguous (v_slot order)
+        mQs: cute.Tensor,  # (Tq'/128, H, B) fp32 q scales
+        mKs: cute.Tensor,  # (Tk'/128, H, B) fp32 k scales
+        mVs: cute.Tensor,  # (128, H, B) fp32 scale_v / 448
+        mO: cute.Tensor,  # (Tq, 128, H, B) bf16 output, channels contiguous
+        qk_scale: Float32,  # softmax scale * log2(e)
+        tk: Int32,  # real keys (Tk <= Tk')
+        stream: cuda.CUstream,  # the launch's stream (the caller's current torch stream)
+    ):
+        # e4m3 operands may come as uint8 views (DLPack without float8 types): the same bytes, read as e4m3
+        if const_expr(mQ.element_type == cutlass.Uint8):
+            mQ, mK = cute.recast_tensor(mQ, cutlass.Float8E4M3FN), cute.recast_tensor(mK, cutlass.Float8E4M3FN)
+        if const_expr(mV.element_type == cutlass.Uint8):
+            mV = cute.recast_tensor(mV, cutlass.Float8E4M3FN)
+        qk_mma, pv_mma = self._mmas()
+        row_major = utils.LayoutEnum.ROW_MAJOR
+        sQ_layout = sm90.make_smem_layout_a(row_major, (TILE_M, TILE_N, HEAD_DIM), self.qk_dtype, 1)
+        sK_layout = sm90.make_smem_layout_b(row_major, (TILE_M, TILE_N, HEAD_DIM), self.qk_dtype, self.stages)
+        sV_layout = sm90.make_smem_layout_b(row_major, (TILE_M, self.v_rows, TILE_N), cutlass.Float8E4M3FN, self.stages)
+        # TMA writes the first 128 rows of each v8 stage: that layout with the P.V view's stage stride
+        sV_load = sm90.make_smem_layout_b(row_major, (TILE_M, HEAD_DIM, TILE_N), cutlass.Float8E4M3FN, self.stages)
+        sV_load = cute.make_composed_layout(
+            sV_load.inner,
+            0,
+            cute.make_layout(sV_load.outer.shape, stride=(*sV_load.outer.stride[:2], sV_layout.outer.stride[2])),
+        )
+        tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tQ = cpasync.make_tiled_tma_atom(tma_load, mQ, cute.select(sQ_layout, mode=[0, 1]), (TILE_M, HEAD_DIM))
+        tma_k, tK = cpasync.make_tiled_tma_atom(tma_load, mK, cute.select(sK_layout, mode=[0, 1]), (TILE_N, HEAD_DIM))
+        tma_v, tV = cpasync.make_tiled_tma_atom(tma_load, mV, cute.select(sV_load, mode=[0, 1]), (HEAD_DIM, TILE_N))
+
+        @cute.struct
+        class Storage:
+            bar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            bar_k: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            bar_v: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.qk_dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.qk_dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(sV_layout)], 1024]
+
+        self.storage = Storage
+        grid = (cute.ceil_div(cute.size(mO, mode=[0]), TILE_M), cute.size(mO, mode=[2]), cute.size(mO, mode=[3]))
+        self.kernel(
+            tma_q, tQ, tma_k, tK, tma_v, tV, mQs, mKs, mVs, mO, qk_scale, tk,
+            sQ_layout, sK_layout, sV_layout, sV_load, qk_mma, pv_mma,
+        ).launch(grid=grid, block=[THREADS, 1, 1], min_blocks_per_mp=1, stream=stream)  # fmt: skip
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        mQs: cute.Tensor,
+        mKs: cute.Tensor,
+        mVs: cute.Tensor,
+        mO: cute.Tensor,
+        qk_scale: Float32,
+        tk: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sV_load: cute.ComposedLayout,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, h, b = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp == 0:
+            for atom in (tma_q, tma_k, tma_v):
+                cpasync.prefetch_descriptor(atom)
+
+        storage = cutlass.utils.SmemAllocator().allocate(self.storage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sV_tma = storage.sV.get_tensor(sV_load.outer, swizzle=sV_load.inner)  # the same buffers, 128 rows a stage
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # one arrive per consumer warp
+        q_bytes = cute.size_in_bytes(self.qk_dtype, cute.select(sQ_layout, mode=[0, 1]))
+        k_bytes = cute.size_in_bytes(self.qk_dtype, cute.select(sK_layout, mode=[0, 1]))
+        v_bytes = cute.size_in_bytes(cutlass.Float8E4M3FN, cute.select(sV_load, mode=[0, 1]))
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.bar_q.data_ptr(), num_stages=1, producer_group=producer,
+            consumer_group=consumers, tx_count=q_bytes, defer_sync=True,
+        )  # fmt: skip
+        pipe_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.bar_k.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=k_bytes, defer_sync=True,
+        )  # fmt: skip
+        pipe_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.bar_v.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=v_bytes, defer_sync=True,
+        )  # fmt: skip
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        n_tiles = cute.ceil_div(tk, TILE_N)
+        if warp < 4:  # the producer warpgroup; its first warp issues every load
+            cute.arch.setmaxregister_decrease(24)
+            if warp == 0:
+                self.load(
+                    tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV_tma, pipe_q, pipe_k, pipe_v, m_block, h, b, n_tiles
+                )
+        else:
+            cute.arch.setmaxregister_increase(240)
+            self.consume(
+                mQs, mKs, mVs, mO, qk_scale, tk, sQ, sK, sV, qk_mma, pv_mma, pipe_q, pipe_k, pipe_v,
+                tidx - 128, m_block, h, b, n_tiles,
+            )  # fmt: skip
+
+    @cute.jit
+    def load(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, m_block, h, b, n_tiles):
+        """TMA: q8's tile once, then k8 and v8 tile by tile into their rings (waiting for a free buffer)."""
+        gQ = cute.local_tile(mQ[None, None, h, b], (TILE_M, HEAD_DIM), (m_block, 0))
+        gK = cute.local_tile(mK[None, None, h, b], (TILE_N, HEAD_DIM), (None, 0))  # (128, 128, tiles)
+        gV = cute.local_tile(mV[None, None, h, b], (HEAD_DIM, TILE_N), (0, None))  # (128, 128, tiles)
+        one = cute.make_layout(1)
+        tQs, tQg = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tKs, tKg = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVs, tVg = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipe_q.producer_acquire(q_state)
+        cute.copy(tma_q, tQg, tQs[None, 0], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for j in cutlass.range(n_tiles, unroll=1):
+            pipe_k.producer_acquire(state)
+            cute.copy(tma_k, tKg[None, j], tKs[None, state.index], tma_bar_ptr=pipe_k.producer_get_barrier(state))
+            pipe_v.producer_acquire(state)
+            cute.copy(tma_v, tVg[None, j], tVs[None, state.index], tma_bar_ptr=pipe_v.producer_get_barrier(state))
+            state.advance()
+
+    @cute.jit
+    def consume(
+        self, mQs, mKs, mVs, mO, qk_scale, tk, sQ, sK, sV, qk_mma, pv_mma, pipe_q, pipe_k, pipe_v,
+        ctid, m_block, h, b, n_tiles,
+    ):  # fmt: skip
+        """The two consumer warpgroups (module doc): ctid in 0..255."""
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # O starts at zero and only accumulates
+        qk_thr = qk_mma.get_slice(ctid)
+        pv_thr = pv_mma.get_slice(ctid)
+        rQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))  # smem descriptors
+        rK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
+        rV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
+        acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((TILE_M, TILE_N)), self.s_dtype)  # ((2,2,16),1,1)
+        acc_o = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M, self.v_rows)), Float32)  # ((2,2,16|17),1,1)
+        p_shape = pv_thr.partition_shape_A((TILE_M, TILE_N))  # ((4,2,2),1,4): 4 k-blocks of 32 keys
+        p32 = cute.make_rmem_tensor(p_shape, Float32)
+        p8 = cute.make_rmem_tensor(p_shape, cutlass.Float8E4M3FN)
+        p = cute.make_rmem_tensor(acc_s.layout, Float32)  # P * 448 in the logits' fragment
+        acc_o.fill(0.0)
+        m = cute.make_rmem_tensor((2,), Float32)  # running max (log2 units) of this thread's two rows
+        l = cute.make_rmem_tensor((2,), Float32)  # noqa: E741  partial row sums (this thread's columns), x 448
+        alpha = cute.make_rmem_tensor((2,), Float32)
+        m.fill(-Float32.inf)
+        l.fill(0.0)
+        lane_col = 2 * (ctid % 4)  # this thread's first key column within each group of 8
+        q_factor = mQs[m_block, h, b] * qk_scale
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipe_q.consumer_wait(q_state)
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+
+        wg = ctid // 128  # this consumer warpgroup: 0 or 1
+        if const_expr(self.lsum_mma):  # v8's extra rows: channel 128 all ones, 129..135 zeros, in every stage
+            for stage in cutlass.range_constexpr(self.stages):
+                for r in cutlass.range_constexpr(8):
+                    if wg == r % 2:
+                        sV[HEAD_DIM + r, ctid % TILE_N, stage] = cutlass.Float8E4M3FN(1.0 if r == 0 else 0.0)
+            cute.arch.fence_view_async_shared()  # these generic-proxy writes, seen by the dots' async proxy
+            cute.arch.barrier(barrier_id=3, number_of_threads=256)
+        if const_expr(self.pingpong):
+            if wg == 1:  # warpgroup 0 issues first
+                cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)
+
+        # tile 0: its logits and softmax, no P.V yet
+        pipe_k.consumer_wait(k_state)
+        self.take_turn(wg)
+        self.logits(qk_mma, acc_s, rQ, rK, k_state)
+        self.pass_turn(wg, True)
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(k_state)
+        k_state.advance()
+        self.softmax(acc_s, p, m, l, alpha, q_factor * mKs[0, h, b], tk, lane_col, True)
+        self.to_operand(p, p32, p8)
+        for j in cutlass.range(1, n_tiles, unroll=1):
+            factor = q_factor * mKs[j, h, b]
+            if const_expr(self.overlap):  # P_{j-1}.V_{j-1} runs under tile j's softmax
+                pipe_k.consumer_wait(k_state)
+                self.take_turn(wg)
+                self.logits(qk_mma, acc_s, rQ, rK, k_state)
+                pipe_v.consumer_wait(v_state)
+                self.values(pv_mma, acc_o, p8, rV, v_state)
+                self.pass_turn(wg, True)
+                warpgroup.wait_group(1)  # the logits are in; P.V still runs
+                pipe_k.consumer_release(k_state)
+                k_state.advance()
+                self.softmax(acc_s, p, m, l, alpha, factor, tk - j * TILE_N, lane_col, False)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(v_state)
+                v_state.advance()
+            else:  # each dot waited for before the next step: P_{j-1}.V_{j-1}, then tile j's logits
+                pipe_v.consumer_wait(v_state)
+                self.take_turn(wg)
+                self.values(pv_mma, acc_o, p8, rV, v_state)
+                self.pass_turn(wg, True)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(v_state)
+                v_state.advance()
+                pipe_k.consumer_wait(k_state)
+                self.take_turn(wg)
+                self.logits(qk_mma, acc_s, rQ, rK, k_state)
+                self.pass_turn(wg, True)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(k_state)
+                k_state.advance()
+                self.softmax(acc_s, p, m, l, alpha, factor, tk - j * TILE_N, lane_col, False)
+            if const_expr(self.lsum_mma):  # the ones channel holds tile j-1's sum only: into fp32 l, then zeroed
+                for r in cutlass.range_constexpr(2):
+                    l[r] = (l[r] + acc_o[64 + 2 * r]) * alpha[r]
+                    acc_o[64 + 2 * r] = Float32(0.0)
+            for i in cutlass.range_constexpr(cute.size(acc_o)):
+                acc_o[i] = acc_o[i] * alpha[(i // 2) % 2]
+            self.to_operand(p, p32, p8)
+        pipe_v.consumer_wait(v_state)
+        self.take_turn(wg)
+        self.values(pv_mma, acc_o, p8, rV, v_state)
+        self.pass_turn(wg, False)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(v_state)
+        self.epilogue(acc_o, l, mVs, mO, pv_thr, m_block, h, b)
+
+    @cute.jit
+    def logits(self, qk_mma, acc_s, rQ, rK, k_state):
+        """Issue S = q8 . k8^T on the k8 tile in k_state's buffer (committed, not waited for)."""
+        warpgroup.fence()
+        qk_mma.set(warpgroup.Field.ACCUMULATE, False)
+        for kb in cutlass.range_constexpr(HEAD_DIM // 32):
+            cute.gemm(qk_mma, acc_s, rQ[None, None, kb, 0], rK[None, None, kb, k_state.index], acc_s)
+            qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def values(self, pv_mma, acc_o, p8, rV, v_state):
+        """Issue O += P . v8 on the v8 tile in v_state's buffer (committed, not waited for)."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(TILE_N // 32):
+            cute.gemm(pv_mma, acc_o, p8[None, None, kb], rV[None, None, kb, v_state.index], acc_o)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def take_turn(self, wg):
+        """pingpong: wait until the other consumer warpgroup has issued its dots (named barrier 1 + wg)."""
+        if const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=1 + wg, number_of_threads=256)
+
+    @cute.jit
+    def pass_turn(self, wg, more: cutlass.Constexpr):
+        """pingpong: let the other consumer warpgroup issue (named barrier 2 - wg). `more`: False on the last
+        issue, where warpgroup 1 does not pass (its first pass was made before any issue; counts stay equal)."""
+        if const_expr(self.pingpong):
+            if const_expr(more):
+                cute.arch.barrier_arrive(barrier_id=2 - wg, number_of_threads=256)
+            else:
+                if wg == 0:
+                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=256)
+
+    @cute.jit
+    def softmax(self, acc_s, p, m, l, alpha, factor, limit, lane_col, first: cutlass.Constexpr):  # noqa: E741
+        """One tile's online softmax: p (fp32, the logits' fragment) = P * 448 of the logits in acc_s; m and l (this
+        thread's two rows) updated in place, alpha (the rows' rescale of O) set. Keys at column >= `limit` weigh
+        nothing (the last tile's padding)."""
+        for i in cutlass.range_constexpr(cute.size(p)):
+            p[i] = Float32(acc_s[i])
+        if limit < TILE_N:
+            for i in cutlass.range_constexpr(cute.size(p)):
+                if lane_col + i % 2 + 8 * (i // 4) >= limit:
+                    p[i] = -Float32.inf
+        for r in cutlass.range_constexpr(2):
+            mine = [i for i in range(cute.size(p)) if (i // 2) % 2 == r]  # this row's 32 values
+            top = _max_tree([p[i] for i in mine])
+            top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=1))
+            top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=2))
+            m_new = cute.arch.fmax(m[r], top * factor)
+            alpha[r] = Float32(1.0) if const_expr(first) else _ex2(m[r] - m_new)
+            m[r] = m_new
+            shift = m_new - LOG2_FP8_MAX
+            for i in mine:
+                p[i] = _ex2(p[i] * factor - shift)
+            if const_expr(not self.lsum_mma):  # else the P.V dot sums P (channel 128)
+                sums = [Float32(0.0), Float32(0.0)]  # two chains of FADD
+                for k, i in enumerate(mine):
+                    sums[k % 2] = sums[k % 2] + p[i]
+                l[r] = l[r] * alpha[r] + (sums[0] + sums[1])
+
+    @cute.jit
+    def to_operand(self, p, p32, p8):
+        """P (fp32, in the logits' fragment) to the P.V operand in e4m3: a renaming of registers (_P_FROM_S)."""
+        for kb in cutlass.range_constexpr(TILE_N // 32):
+            for a in cutlass.range_constexpr(16):
+                p32[a + 16 * kb] = p[_P_FROM_S[a] + 16 * kb]
+        p8.store(p32.load().to(cutlass.Float8E4M3FN))
+
+    @cute.jit
+    def epilogue(self, acc_o, l, mVs, mO, pv_thr, m_block, h, b):  # noqa: E741
+        """O * scale_v / l, rounded to bf16 and stored (rows past Tq skipped). l: this thread's partial sums reduced
+        over the row's 4 lanes, or with lsum_mma channel 128 of O, held by the row's first lane (value 64 + 2r)."""
+        inv = cute.make_rmem_tensor((2,), Float32)
+        for r in cutlass.range_constexpr(2):
+            if const_expr(self.lsum_mma):
+                total = cute.arch.shuffle_sync(l[r] + acc_o[64 + 2 * r], offset=cute.arch.lane_idx() & ~3)
+            else:
+                total = l[r]
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+            inv[r] = Float32(448.0) / total  # l carries 448; v's scale is scale_v / 448
+        tOc = pv_thr.partition_C(cute.make_identity_tensor((TILE_M, self.v_rows)))  # (row, channel) in the tile
+        rows = cute.size(mO, mode=[0])
+        for i in cutlass.range_constexpr(64):  # the 128 real channels
+            row, col = tOc[i]
+            row = row + m_block * TILE_M
+            if row < rows:
+                mO[row, col, h, b] = (acc_o[i] * mVs[col, h, b] * inv[(i // 2) % 2]).to(cutlass.BFloat16)
+
+
+def operands(z: Quantized, out: torch.Tensor) -> list:
+    """`attention_quantize.quantize`'s operands (pv="fp8") and the output (B, H, Tq, 128) bf16 as the kernel's cute
+    tensors, (T, D, H, B) and v (D, T, H, B); e4m3 as uint8 views (DLPack of float8 types is not in every torch)."""
+    tensors = (z.q8.permute(2, 3, 1, 0), z.k8.permute(2, 3, 1, 0), z.v.permute(2, 3, 1, 0),
+               z.q_scale.permute(2, 1, 0), z.k_scale.permute(2, 1, 0), z.v_scale.permute(2, 1, 0),
+               out.permute(2, 3, 1, 0))  # fmt: skip
+    return [
+        from_dlpack(x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x, assumed_align=16) for x in tensors
+    ]
+
+
+_COMPILED: dict = {}  # (options, operands' shapes and strides) -> the compiled kernel
+
+
+def attend(
+    z: Quantized, out: torch.Tensor, tk: int, scale: float, stream: cuda.CUstream | None = None, **options
+) -> None:
+    """`fp8_attention.attend`'s contract with this kernel (pv="fp8", head dim 128, sm_90a) on `quantize`'s operands
+    `z` of Tk = `tk` keys into `out` (B, H, Tq, 128) bf16 with unit last stride; `options`: Fp8AttentionSm90's besides
+    qk_int8 (taken from z). Compiled once per options and shapes/strides (about a second), then launched on `stream`
+    (a cuda.CUstream; default: torch's current stream on out's device, or a placeholder when out is on the CPU, which
+    compiles without launching)."""
+    args = operands(z, out)
+    key = (z.qk, tuple(sorted(options.items())), tuple((tuple(x.shape), x.stride()) for x in (z.q8, z.k8, z.v, out)))
+    if stream is None:
+        stream = cuda.CUstream(torch.cuda.current_stream(out.device).cuda_stream if out.is_cuda else 0)
+    if key not in _COMPILED:
+        kernel = Fp8AttentionSm90(qk_int8=z.qk == "int8", **options)
+        _COMPILED[key] = cute.compile(kernel, *args, scale * LOG2E, tk, stream, options="--gpu-arch sm_90a")
+    if out.is_cuda:
+        _COMPILED[key](*args, scale * LOG2E, tk, stream)

@@ -1,0 +1,55 @@
+"""The CuTe DSL FP8 attention kernel (kernels/fp8_attention_sm90.py): it compiles for sm_90a wherever the DSL is
+installed (no GPU needed; CI has no DSL and skips this module), and on an H200 it equals the Triton kernel on the same
+quantized operands and is what `fp8_attention.attend` runs there by default (gpu marker)."""
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass.cute")
+
+from workbench.kernels import attention_quantize as aq  # noqa: E402
+from workbench.kernels import fp8_attention as fa  # noqa: E402
+from workbench.kernels import fp8_attention_sm90 as sm90  # noqa: E402
+
+D = 128
+CONFIGS = ({"stages": 3}, fa.SM90_OPTIONS, {"overlap": False}, {"pingpong": True})
+
+
+@pytest.mark.parametrize("qk", ["e4m3", "int8"])
+def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk):
+    q, k, v = (torch.randn(1, 2, 300, D, generator=rng, dtype=torch.bfloat16) for _ in range(3))
+    z = aq.quantize_reference(q, k, v, "fp8", qk=qk)
+    before = len(sm90._COMPILED)
+    for config in CONFIGS:
+        sm90.attend(z, torch.empty_like(q), 300, D**-0.5, **config)
+    assert len(sm90._COMPILED) == before + len(CONFIGS)  # one build each, none launched on the CPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qk", ["e4m3", "int8"])
+@pytest.mark.parametrize("shape", [(1, 3, 300), (2, 2, 1061)])
+def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90(
+    monkeypatch, rng, fp8_p_equal, qk, shape
+):
+    """Same operands, same maths up to fp32 summation order and the bf16 output's rounding, which then flips an
+    element's last bit now and then: relative L2 below 1e-4 (1.3e-5 to 3.5e-5 measured on the H200). With lsum_mma
+    (the default configuration) l sums P as rounded to e4m3, which moves a row by that rounding's mean over its keys
+    (about 2.5 % RMS an element over 300-1061 keys): below 3e-3. `fa.fp8_attention` runs the default configuration."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is built for sm_90a")
+    seed = rng.initial_seed()
+    b, h, t = shape
+    q, k, v = (torch.randn(b, h, t, D, generator=rng).cuda().bfloat16() for _ in range(3))
+    z = aq.quantize(q, k, v, "fp8", qk=qk)
+    want = torch.empty_like(q)
+    fa.attend(z, want, t, D**-0.5, fa.launch_for(q.device, "fp8"))  # a launch given: the Triton kernel
+    for config in CONFIGS:
+        got = torch.empty_like(q)
+        sm90.attend(z, got, t, D**-0.5, **config)
+        rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
+        assert rel < (3e-3 if config.get("lsum_mma") else 1e-4), f"seed {seed}, {config}: {rel}"
+    assert fa.sm90_kernel(z, want)
+    default = torch.empty_like(q)
+    sm90.attend(z, default, t, D**-0.5, **fa.SM90_OPTIONS)
+    assert torch.equal(fa.fp8_attention(q, k, v, pv="fp8", qk=qk), default)
