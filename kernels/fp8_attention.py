@@ -384,9 +384,6 @@ def fp8_attention(
     return out
 
 
-SM90_OPTIONS = {"stages": 3, "lsum_mma": True}  # fp8_attention_sm90's configuration where it runs
-
-
 def sm90_kernel(z: Quantized, out: torch.Tensor) -> bool:
     """Whether `attend` without a launch runs the CuTe DSL kernel (`fp8_attention_sm90`, FlashAttention-3's schedule):
     on sm_90 with pv="fp8", D = 128, out's channels contiguous and the DSL (nvidia-cutlass-dsl) importable; the
@@ -409,7 +406,7 @@ def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launc
     if launch is None and sm90_kernel(z, out):
         from workbench.kernels import fp8_attention_sm90
 
-        fp8_attention_sm90.attend(z, out, tk, scale, **SM90_OPTIONS)
+        fp8_attention_sm90.attend(z, out, tk, scale)
         return
     launch = launch_for(out.device, z.pv) if launch is None else launch
     if not isinstance(launch, Launch):

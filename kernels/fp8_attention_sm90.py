@@ -2,7 +2,8 @@
 
 Same maths and operands as `fp8_attention.attend` with pv="fp8" (`attention_quantize.quantize`'s q8, k8 in e4m3 or
 int8, v8 in e4m3 transposed with its keys in `v_slot` order, the per-block and per-channel scales); the output is the
-same up to fp32 summation order inside the dots and exp2's last bit (the Triton kernel's contract with `reference`).
+same up to fp32 summation order inside the dots, exp2's last bit, and l, which sums P as rounded to e4m3 here
+(`Fp8AttentionSm90`: 2e-3 to 3e-3 relative L2 from the Triton kernel, which sums it unrounded as `reference` does).
 
 One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
 - Warpgroup 0, the producer (24 registers a thread): one warp issues the TMA loads, q8's 128 x 128 tile once, then
@@ -11,15 +12,14 @@ One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
 - Warpgroups 1 and 2, the consumers (240 registers a thread): 64 query rows each. Per key tile j, in one warpgroup:
   issue S_j = q8 . k8_j^T (wgmma, FP8 with fp32 accumulation or INT8 with int32), issue O += P_{j-1} . v8_{j-1}
   (wgmma, P from registers), wait for S_j only, do tile j's online softmax while that P.V runs on the tensor cores,
-  then wait for it, rescale O by the max's change and turn P_j into the next P.V's register operand. The softmax
-  and the tensor cores overlap inside one warpgroup; across the two, by the warp schedulers, or with `pingpong`
-  by turns: named barriers 1 and 2 make the warpgroups issue their dots alternately (FlashAttention-3's
-  warp-scheduler barriers), so one's softmax runs under the other's dots.
+  then wait for it, rescale O and l by the max's change and turn P_j into the next P.V's register operand. The
+  softmax and the tensor cores overlap inside one warpgroup, and across the two by the warp schedulers
+  (FlashAttention-3's turn-taking barriers between the warpgroups measured slower here; git history has them).
 
 The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q * scale_k * softmax scale *
-log2 e), one ex2.approx, one FADD into the thread's partial row sum, and half an F2FP (fp32 pairs to e4m3 pairs);
-the row max is taken on the unscaled logits (factor > 0), reduced over the 4 lanes that share a row by two
-butterfly shuffles. P is made as `P * 448` (e4m3's top) and l sums it so; the epilogue divides it out.
+log2 e), one ex2.approx and half an F2FP (fp32 pairs to e4m3 pairs); the row sum comes from the P.V dot (a ones
+channel of v8). The row max is taken on the unscaled logits (factor > 0), reduced over the 4 lanes that share a row
+by two butterfly shuffles. P is made as `P * 448` (e4m3's top) and l sums it so; the epilogue divides it out.
 
 Register operand P: the accumulator gives a thread keys 2t, 2t+1 (+8, +16, +24) of each 32 (t = lane % 4), the FP8
 A operand wants keys 4t..4t+3 and 4t+16..4t+19; with v8's keys stored in `v_slot` order the thread's own values are
@@ -83,26 +83,20 @@ def _max_tree(values: list) -> Float32:
 
 
 class Fp8AttentionSm90:
-    """The kernel for one configuration: `qk_int8` (INT8 Q.K^T with int32 accumulation, else e4m3 with fp32),
-    `stages` (K/V ring buffers), `pingpong` (FlashAttention-3's warp-scheduler barriers: the two consumer warpgroups
-    take turns issuing their dots, so one's softmax runs under the other's dots). `cute.compile` it once per
-    configuration and shape. `overlap=False`: the plain schedule (each dot waited for at once), for telling a fault
-    of the overlap from one of the rest. `lsum_mma`: the row sums l come from the P.V dot itself, as an extra output
-    channel (N = 136: each v8 stage holds 8 more rows, a row of ones and 7 of zeros, written once), instead of 64 FADDs
-    a tile; l is then the sum of P as rounded to e4m3, the weights the dot used (the reference sums it unrounded). The
-    channel is moved into fp32 l and zeroed after every tile: an e4m3 dot's accumulator keeps only about 14 bits
-    against its running value, so a whole row's sum of P carried in it loses the small terms (63 % relative L2 at 32,760
-    keys on the H200 when it was carried)."""
+    """The kernel for one configuration: `qk_int8` (INT8 Q.K^T with int32 accumulation, else e4m3 with fp32) and
+    `stages` (K/V ring buffers; 3 measured fastest). `cute.compile` it once per configuration and shape.
 
-    def __init__(
-        self, qk_int8: bool, stages: int = 2, pingpong: bool = False, lsum_mma: bool = False, overlap: bool = True
-    ):
-        self.overlap = overlap
+    The row sums l come from the P.V dot itself, as an extra output channel (N = 136: each v8 stage holds 8 more rows,
+    a row of ones and 7 of zeros, written once), instead of 64 FADDs a tile; l is then the sum of P as rounded to
+    e4m3, the weights the dot used (the reference sums it unrounded: 2e-3 to 3e-3 relative L2 between the two). The
+    channel is moved into fp32 l and zeroed after every tile: an e4m3 dot's accumulator keeps only about 14 bits
+    against its running value, so a whole row's sum of P carried in it loses the small terms (63 % relative L2 at
+    32,760 keys on the H200 when it was carried)."""
+
+    def __init__(self, qk_int8: bool, stages: int = 3):
         self.qk_int8 = qk_int8
         self.stages = stages
-        self.pingpong = pingpong
-        self.lsum_mma = lsum_mma
-        self.v_rows = HEAD_DIM + 8 if lsum_mma else HEAD_DIM  # the P.V dot's N: v8's channels (+ the ones row)
+        self.v_rows = HEAD_DIM + 8  # the P.V dot's N: v8's channels and the ones row (+ 7 zero rows)
         self.qk_dtype = cutlass.Int8 if qk_int8 else cutlass.Float8E4M3FN
         self.s_dtype = Int32 if qk_int8 else Float32
 
@@ -278,7 +272,7 @@ class Fp8AttentionSm90:
         p = cute.make_rmem_tensor(acc_s.layout, Float32)  # P * 448 in the logits' fragment
         acc_o.fill(0.0)
         m = cute.make_rmem_tensor((2,), Float32)  # running max (log2 units) of this thread's two rows
-        l = cute.make_rmem_tensor((2,), Float32)  # noqa: E741  partial row sums (this thread's columns), x 448
+        l = cute.make_rmem_tensor((2,), Float32)  # noqa: E741  row sums of P * 448 before the last P.V's tile
         alpha = cute.make_rmem_tensor((2,), Float32)
         m.fill(-Float32.inf)
         l.fill(0.0)
@@ -291,70 +285,44 @@ class Fp8AttentionSm90:
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
 
         wg = ctid // 128  # this consumer warpgroup: 0 or 1
-        if const_expr(self.lsum_mma):  # v8's extra rows: channel 128 all ones, 129..135 zeros, in every stage
-            for stage in cutlass.range_constexpr(self.stages):
-                for r in cutlass.range_constexpr(8):
-                    if wg == r % 2:
-                        sV[HEAD_DIM + r, ctid % TILE_N, stage] = cutlass.Float8E4M3FN(1.0 if r == 0 else 0.0)
-            cute.arch.fence_view_async_shared()  # these generic-proxy writes, seen by the dots' async proxy
-            cute.arch.barrier(barrier_id=3, number_of_threads=256)
-        if const_expr(self.pingpong):
-            if wg == 1:  # warpgroup 0 issues first
-                cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)
+        # v8's extra rows: channel 128 all ones, 129..135 zeros, in every stage
+        for stage in cutlass.range_constexpr(self.stages):
+            for r in cutlass.range_constexpr(8):
+                if wg == r % 2:
+                    sV[HEAD_DIM + r, ctid % TILE_N, stage] = cutlass.Float8E4M3FN(1.0 if r == 0 else 0.0)
+        cute.arch.fence_view_async_shared()  # these generic-proxy writes, seen by the dots' async proxy
+        cute.arch.barrier(barrier_id=3, number_of_threads=256)
 
         # tile 0: its logits and softmax, no P.V yet
         pipe_k.consumer_wait(k_state)
-        self.take_turn(wg)
         self.logits(qk_mma, acc_s, rQ, rK, k_state)
-        self.pass_turn(wg, True)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(k_state)
         k_state.advance()
-        self.softmax(acc_s, p, m, l, alpha, q_factor * mKs[0, h, b], tk, lane_col, True)
+        self.softmax(acc_s, p, m, alpha, q_factor * mKs[0, h, b], tk, lane_col, True)
         self.to_operand(p, p32, p8)
         for j in cutlass.range(1, n_tiles, unroll=1):
             factor = q_factor * mKs[j, h, b]
-            if const_expr(self.overlap):  # P_{j-1}.V_{j-1} runs under tile j's softmax
-                pipe_k.consumer_wait(k_state)
-                self.take_turn(wg)
-                self.logits(qk_mma, acc_s, rQ, rK, k_state)
-                pipe_v.consumer_wait(v_state)
-                self.values(pv_mma, acc_o, p8, rV, v_state)
-                self.pass_turn(wg, True)
-                warpgroup.wait_group(1)  # the logits are in; P.V still runs
-                pipe_k.consumer_release(k_state)
-                k_state.advance()
-                self.softmax(acc_s, p, m, l, alpha, factor, tk - j * TILE_N, lane_col, False)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(v_state)
-                v_state.advance()
-            else:  # each dot waited for before the next step: P_{j-1}.V_{j-1}, then tile j's logits
-                pipe_v.consumer_wait(v_state)
-                self.take_turn(wg)
-                self.values(pv_mma, acc_o, p8, rV, v_state)
-                self.pass_turn(wg, True)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(v_state)
-                v_state.advance()
-                pipe_k.consumer_wait(k_state)
-                self.take_turn(wg)
-                self.logits(qk_mma, acc_s, rQ, rK, k_state)
-                self.pass_turn(wg, True)
-                warpgroup.wait_group(0)
-                pipe_k.consumer_release(k_state)
-                k_state.advance()
-                self.softmax(acc_s, p, m, l, alpha, factor, tk - j * TILE_N, lane_col, False)
-            if const_expr(self.lsum_mma):  # the ones channel holds tile j-1's sum only: into fp32 l, then zeroed
-                for r in cutlass.range_constexpr(2):
-                    l[r] = (l[r] + acc_o[64 + 2 * r]) * alpha[r]
-                    acc_o[64 + 2 * r] = Float32(0.0)
+            # P_{j-1}.V_{j-1} runs under tile j's softmax
+            pipe_k.consumer_wait(k_state)
+            self.logits(qk_mma, acc_s, rQ, rK, k_state)
+            pipe_v.consumer_wait(v_state)
+            self.values(pv_mma, acc_o, p8, rV, v_state)
+            warpgroup.wait_group(1)  # the logits are in; P.V still runs
+            pipe_k.consumer_release(k_state)
+            k_state.advance()
+            self.softmax(acc_s, p, m, alpha, factor, tk - j * TILE_N, lane_col, False)
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(v_state)
+            v_state.advance()
+            for r in cutlass.range_constexpr(2):  # the ones channel holds tile j-1's sum only: into fp32 l, zeroed
+                l[r] = (l[r] + acc_o[64 + 2 * r]) * alpha[r]
+                acc_o[64 + 2 * r] = Float32(0.0)
             for i in cutlass.range_constexpr(cute.size(acc_o)):
                 acc_o[i] = acc_o[i] * alpha[(i // 2) % 2]
             self.to_operand(p, p32, p8)
         pipe_v.consumer_wait(v_state)
-        self.take_turn(wg)
         self.values(pv_mma, acc_o, p8, rV, v_state)
-        self.pass_turn(wg, False)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
         self.epilogue(acc_o, l, mVs, mO, pv_thr, m_block, h, b)
@@ -378,26 +346,9 @@ class Fp8AttentionSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def take_turn(self, wg):
-        """pingpong: wait until the other consumer warpgroup has issued its dots (named barrier 1 + wg)."""
-        if const_expr(self.pingpong):
-            cute.arch.barrier(barrier_id=1 + wg, number_of_threads=256)
-
-    @cute.jit
-    def pass_turn(self, wg, more: cutlass.Constexpr):
-        """pingpong: let the other consumer warpgroup issue (named barrier 2 - wg). `more`: False on the last
-        issue, where warpgroup 1 does not pass (its first pass was made before any issue; counts stay equal)."""
-        if const_expr(self.pingpong):
-            if const_expr(more):
-                cute.arch.barrier_arrive(barrier_id=2 - wg, number_of_threads=256)
-            else:
-                if wg == 0:
-                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=256)
-
-    @cute.jit
-    def softmax(self, acc_s, p, m, l, alpha, factor, limit, lane_col, first: cutlass.Constexpr):  # noqa: E741
-        """One tile's online softmax: p (fp32, the logits' fragment) = P * 448 of the logits in acc_s; m and l (this
-        thread's two rows) updated in place, alpha (the rows' rescale of O) set. Keys at column >= `limit` weigh
+    def softmax(self, acc_s, p, m, alpha, factor, limit, lane_col, first: cutlass.Constexpr):
+        """One tile's online softmax: p (fp32, the logits' fragment) = P * 448 of the logits in acc_s; m (this
+        thread's two rows) updated in place, alpha (the rows' rescale of O and l) set. Keys at column >= `limit` weigh
         nothing (the last tile's padding)."""
         for i in cutlass.range_constexpr(cute.size(p)):
             p[i] = Float32(acc_s[i])
@@ -416,11 +367,6 @@ class Fp8AttentionSm90:
             shift = m_new - LOG2_FP8_MAX
             for i in mine:
                 p[i] = _ex2(p[i] * factor - shift)
-            if const_expr(not self.lsum_mma):  # else the P.V dot sums P (channel 128)
-                sums = [Float32(0.0), Float32(0.0)]  # two chains of FADD
-                for k, i in enumerate(mine):
-                    sums[k % 2] = sums[k % 2] + p[i]
-                l[r] = l[r] * alpha[r] + (sums[0] + sums[1])
 
     @cute.jit
     def to_operand(self, p, p32, p8):
@@ -432,16 +378,11 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def epilogue(self, acc_o, l, mVs, mO, pv_thr, m_block, h, b):  # noqa: E741
-        """O * scale_v / l, rounded to bf16 and stored (rows past Tq skipped). l: this thread's partial sums reduced
-        over the row's 4 lanes, or with lsum_mma channel 128 of O, held by the row's first lane (value 64 + 2r)."""
+        """O * scale_v / l, rounded to bf16 and stored (rows past Tq skipped). A row's l is l plus the last tile's
+        channel 128 of O, both held by the row's first lane (value 64 + 2r)."""
         inv = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
-            if const_expr(self.lsum_mma):
-                total = cute.arch.shuffle_sync(l[r] + acc_o[64 + 2 * r], offset=cute.arch.lane_idx() & ~3)
-            else:
-                total = l[r]
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+            total = cute.arch.shuffle_sync(l[r] + acc_o[64 + 2 * r], offset=cute.arch.lane_idx() & ~3)
             inv[r] = Float32(448.0) / total  # l carries 448; v's scale is scale_v / 448
         tOc = pv_thr.partition_C(cute.make_identity_tensor((TILE_M, self.v_rows)))  # (row, channel) in the tile
         rows = cute.size(mO, mode=[0])

@@ -12,7 +12,7 @@ from workbench.kernels import fp8_attention as fa  # noqa: E402
 from workbench.kernels import fp8_attention_sm90 as sm90  # noqa: E402
 
 D = 128
-CONFIGS = ({"stages": 3}, fa.SM90_OPTIONS, {"overlap": False}, {"pingpong": True})
+CONFIGS = ({}, {"stages": 2})  # the default (3 K/V stages), and 2
 
 
 @pytest.mark.parametrize("qk", ["e4m3", "int8"])
@@ -28,13 +28,11 @@ def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk):
 @pytest.mark.gpu
 @pytest.mark.parametrize("qk", ["e4m3", "int8"])
 @pytest.mark.parametrize("shape", [(1, 3, 300), (2, 2, 1061)])
-def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90(
-    monkeypatch, rng, fp8_p_equal, qk, shape
-):
-    """Same operands, same maths up to fp32 summation order and the bf16 output's rounding, which then flips an
-    element's last bit now and then: relative L2 below 1e-4 (1.3e-5 to 3.5e-5 measured on the H200). With lsum_mma
-    (the default configuration) l sums P as rounded to e4m3, which moves a row by that rounding's mean over its keys
-    (about 2.5 % RMS an element over 300-1061 keys): below 3e-3. `fa.fp8_attention` runs the default configuration."""
+def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90(monkeypatch, rng, qk, shape):
+    """Same operands, same maths, up to fp32 summation order, the bf16 output's rounding and l, which the CuTe kernel
+    sums from P as rounded to e4m3 (the Triton kernel sums it unrounded): relative L2 below 5e-3 (3.3e-3 at 300 keys,
+    2.5e-3 at 1,061 and 2.0e-3 at 32,760 measured on the H200 against the same schedule summing unrounded P).
+    `fa.fp8_attention` runs the default configuration there."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is built for sm_90a")
@@ -48,8 +46,8 @@ def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90
         got = torch.empty_like(q)
         sm90.attend(z, got, t, D**-0.5, **config)
         rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
-        assert rel < (3e-3 if config.get("lsum_mma") else 1e-4), f"seed {seed}, {config}: {rel}"
+        assert rel < 5e-3, f"seed {seed}, {config}: {rel}"
     assert fa.sm90_kernel(z, want)
     default = torch.empty_like(q)
-    sm90.attend(z, default, t, D**-0.5, **fa.SM90_OPTIONS)
+    sm90.attend(z, default, t, D**-0.5)
     assert torch.equal(fa.fp8_attention(q, k, v, pv="fp8", qk=qk), default)
