@@ -27,6 +27,7 @@ from benchmarks.envelope import FORMAT
 HEADLINE = (
     ("forward-wan", "stock/exact-fast", "Wan2.1-1.3B forward (32,760 tokens): exact-fast profile"),
     ("forward-wan", "stock/bit-equal", "Wan2.1-1.3B forward: the bit-equal set"),
+    ("forward-wan", "stock/exact-fast+fp8_attention", "Wan2.1-1.3B forward: exact-fast + fp8_attention (approximate)"),
     ("request-wan", "stock/exact-fast", "Wan2.1-1.3B request (480x832x81, 6 steps, CFG): exact-fast"),
     (
         "request-lora",
@@ -38,7 +39,22 @@ HEADLINE = (
     ("forward-h3", "stock/exact-fast", "MiniMax-H3 33.1B forward (52,648 rows): exact-fast"),
     ("forward-h3", "stock/block_sparse", "MiniMax-H3 forward: block_sparse at 20 % density"),
     ("forward-h3", "stock/block_sparse+norms+fp8", "MiniMax-H3 forward: block_sparse + fused_block_norms + FP8"),
+    (
+        "forward-h3-fp8",
+        "stock/exact-fast+fp8_attention",
+        "MiniMax-H3 forward: exact-fast + fp8_attention (approximate)",
+    ),
+    (
+        "forward-h3-lowbit",
+        "stock/block_sparse(int8)+norms+fp8",
+        "MiniMax-H3 forward: block_sparse with INT8/FP8 exact blocks + fused_block_norms + FP8",
+    ),
     ("sparse-attention", "cudnn/block_sparse@0.20 (queued)", "block-sparse attention call at 20 % vs cuDNN dense"),
+    (
+        "fp8-attention",
+        "flash4/fp8_attention[qk=int8,pv=fp8]",
+        "FP8 attention call (INT8 Q.K^T, FP8 P.V: fp8_attention's default) vs FlashAttention-4",
+    ),
     (
         "calibrate-wan",
         "stock/within-budget seed 42",

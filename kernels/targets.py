@@ -206,14 +206,20 @@ def _ptxas_usage(ptx: str, target: Target) -> tuple[int, int]:
     return registers, spills
 
 
+NOT_TRITON = ("targets", "fp8_attention_sm90")  # this module; the CuTe DSL kernel (its own tests compile it)
+
+
 def kernel_modules() -> list[Any]:
-    """Every kernel module of `workbench.kernels` (not the shared plumbing, not this one), imported, in name order."""
+    """Every Triton kernel module of `workbench.kernels` (not the shared plumbing, not `NOT_TRITON`), imported, in
+    name order."""
     import importlib
     import pkgutil
 
     import workbench.kernels as package
 
     names = [
-        m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_") and m.name != "targets"
+        m.name
+        for m in pkgutil.iter_modules(package.__path__)
+        if not m.name.startswith("_") and m.name not in NOT_TRITON
     ]
     return [importlib.import_module(f"workbench.kernels.{name}") for name in names]

@@ -1,4 +1,4 @@
-"""fp8_attention: a family's self-attention through the own Triton low-bit attention kernel (contract: approximate).
+"""fp8_attention: a family's self-attention through the own low-bit attention kernels (contract: approximate).
 
 The kernel (`workbench.kernels.fp8_attention`) quantizes q and the mean-smoothed k per 128-token block to int8
 (`qk="int8"`, the default) or e4m3 (`qk="e4m3"`), runs Q.K^T as an INT8 dot with int32 accumulation or an FP8 dot
@@ -25,6 +25,11 @@ Receipts: `fp8_calls` (calls the kernel served), `dense_calls` (split into `dens
 
 Head dims 32, 64 and 128 run as they are, others up to 128 zero-padded to the next (demo-av: 48 -> 64).
 
+Which kernel: the Triton kernel, except on sm_90 (H100/H200) with pv="fp8" at head dim 128 when the CuTe DSL is
+installed (nvidia-cutlass-dsl, the `flash4` extra): there the CuTe kernel (`kernels.fp8_attention_sm90`,
+FlashAttention-3's warp-specialized schedule) runs the same steps, its row sums taken from the P.V dot (P as rounded
+to e4m3; `kernels.fp8_attention.sm90_kernel`). `notes["path"]` says which.
+
 On a CPU outside the Triton interpreter the kernel's torch reference serves the calls (the same quantization and
 maths in fp32, `kernels.fp8_attention.reference`); `notes["path"]` names the path taken.
 
@@ -39,7 +44,7 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.attention.sparse_kernels import path, uses_reference
+from workbench.accelerations.attention.sparse_kernels import KERNEL, path, uses_reference
 from workbench.accelerations.attention.sparse_routing import (
     FAMILY,
     ROUTED,
@@ -54,7 +59,7 @@ from workbench.accelerations.attention.sparse_routing import (
 from workbench.accelerations.base import Knob, Spec, option
 from workbench.kernels import _runtime
 from workbench.kernels._runtime import MAX_HEAD_DIM
-from workbench.kernels.fp8_attention import DTYPES, PV_MODES, QK_MODES, fp8_attention, reference
+from workbench.kernels.fp8_attention import DTYPES, PV_MODES, QK_MODES, fp8_attention, reference, sm90_ready
 from workbench.models import experts
 
 NAME = "fp8_attention"
@@ -130,13 +135,16 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     )
     router = Router(NAME, model, None, fp8_attend, lambda rows: settings, options["per_expert"])
     router.check_modules(MAX_HEAD_DIM, DTYPES)
-    return lambda: _Installed(SPEC, options, router, path(device))
+    kernel_path = path(device)
+    if kernel_path == KERNEL and options["pv"] == "fp8" and sm90_ready(device):
+        kernel_path = "cute kernel (sm_90a) at head dim 128, triton kernel at others"
+    return lambda: _Installed(SPEC, options, router, kernel_path)
 
 
 SPEC = Spec(
     name=NAME,
     contract="approximate",
-    summary="self-attention through an own Triton low-bit attention kernel (INT8/FP8 Q.K^T, smoothed keys; Wan, LTX-2, H3)",
+    summary="self-attention through own low-bit attention kernels (INT8/FP8 Q.K^T, smoothed keys; Wan, LTX-2, H3)",
     prepare_fn=_prepare,
     config=Fp8AttentionConfig,
     requires=needs_self_attention,
