@@ -84,7 +84,8 @@ def _max_tree(values: list) -> Float32:
 
 class Fp8AttentionSm90:
     """The kernel for one configuration: `qk_int8` (INT8 Q.K^T with int32 accumulation, else e4m3 with fp32) and
-    `stages` (K/V ring buffers; 3 measured fastest). `cute.compile` it once per configuration and shape.
+    `stages` (K/V ring buffers; 3: the fastest with e4m3 Q.K^T on the H200, within 2 % of 2 with int8). `cute.compile`
+    it once per configuration and shape.
 
     The row sums l come from the P.V dot itself, as an extra output channel (N = 136: each v8 stage holds 8 more rows,
     a row of ones and 7 of zeros, written once), instead of 64 FADDs a tile; l is then the sum of P as rounded to
