@@ -139,21 +139,29 @@ def test_fp8_attention_h3_keeps_text_and_audio_queries_dense(interpreter, h3_d12
     assert 0 < protected_error < 0.1 * everything_error, (protected_error, everything_error)
 
 
-@pytest.mark.parametrize("fused", ["fused_block_ops", "fused_block_norms"])
-def test_fp8_attention_under_fused_wan_blocks_keeps_the_fused_attention_path(interpreter, fused):
+def test_fp8_attention_under_fused_wan_blocks_keeps_the_fused_attention_path(interpreter):
     """A fused block forward takes attn1 through the router's wrapper (sparse_routing.routing): the self-attention
     still reaches the FP8 kernel, and the block keeps its rotary / q-k norm kernels instead of falling back to the
     stock processor (which cost the exact-fast profile its fused q/k path under fp8_attention on the H200).
     fused_block_ops keeps torch's rounding on these fp32 inputs, so its request equals fp8_attention alone."""
     session = Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
-    alone = _run(session, {"fp8_attention": {}})
-    both = _run(session, {"fp8_attention": {}, fused: {}})
-    receipt = both.receipts[fused]
-    counter = "rope_calls" if fused == "fused_block_ops" else "qk_norm_rope_calls"
-    assert receipt[counter] == 8 and not receipt.get("fallbacks"), receipt  # q and k, 2 blocks x 2 steps
-    assert both.receipts["fp8_attention"]["fp8_calls"] == 4, both.receipts["fp8_attention"]
-    if fused == "fused_block_ops":
-        assert torch.equal(both.latents, alone.latents)
-    else:
-        err = ((both.latents - alone.latents).norm() / alone.latents.norm()).item()
-        assert err < 1e-4, f"fused norms move the fp8 request by {err} (relative L2)"
+    request = Request("a red circle moves left", seed=3, **{**SIZE, "steps": 1})  # 2 blocks: 2 self-attention calls
+
+    def run(config):
+        session.accelerate(config)
+        try:
+            return session.generate(request, progress=False)
+        finally:
+            session.accelerate({})
+
+    alone = run({"fp8_attention": {}})
+    for fused, counter in (("fused_block_ops", "rope_calls"), ("fused_block_norms", "qk_norm_rope_calls")):
+        both = run({"fp8_attention": {}, fused: {}})
+        receipt = both.receipts[fused]
+        assert receipt[counter] == 4 and not receipt.get("fallbacks"), receipt  # q and k in 2 blocks
+        assert both.receipts["fp8_attention"]["fp8_calls"] == 2, both.receipts["fp8_attention"]
+        if fused == "fused_block_ops":
+            assert torch.equal(both.latents, alone.latents)
+        else:
+            err = ((both.latents - alone.latents).norm() / alone.latents.norm()).item()
+            assert err < 1e-4, f"fused norms move the fp8 request by {err} (relative L2)"
