@@ -66,6 +66,7 @@ from the P.V dot).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 
@@ -385,14 +386,19 @@ def fp8_attention(
     return out
 
 
+@functools.cache
+def _cute_dsl_installed() -> bool:
+    return importlib.util.find_spec("cutlass") is not None
+
+
 def sm90_ready(device: torch.device) -> bool:
     """Whether the CuTe DSL kernel (`fp8_attention_sm90`) can run on `device`: sm_90, outside the interpreter, the DSL
-    (nvidia-cutlass-dsl) importable."""
+    (nvidia-cutlass-dsl) importable (looked up once a process: `attend` asks on every call)."""
     return (
         device.type == "cuda"  # (a CPU compiling for sm_90 under `targets.built_for` keeps the Triton kernel)
         and capability(device) == 90
         and not interpreting()
-        and importlib.util.find_spec("cutlass") is not None
+        and _cute_dsl_installed()
     )
 
 

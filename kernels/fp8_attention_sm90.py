@@ -91,8 +91,8 @@ class Fp8AttentionSm90:
     a row of ones and 7 of zeros, written once), instead of 64 FADDs a tile; l is then the sum of P as rounded to
     e4m3, the weights the dot used (the reference sums it unrounded: 2e-3 to 3e-3 relative L2 between the two). The
     channel is moved into fp32 l and zeroed after every tile: an e4m3 dot's accumulator keeps only about 14 bits
-    against its running value, so a whole row's sum of P carried in it loses the small terms (63 % relative L2 at
-    32,760 keys on the H200 when it was carried)."""
+    against its running value, so a whole row's sum of P carried in it loses the small terms
+    (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
     def __init__(self, qk_int8: bool, stages: int = 3):
         self.qk_int8 = qk_int8
