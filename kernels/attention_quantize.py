@@ -22,8 +22,11 @@ h, e; t in 0..3) at slot `16g + 4t + 2h + e` makes the keys a thread holds the o
 kernels relabel P's columns the same way (`fp8_attention.quantized_tile`), a renaming of registers instead of the
 cross-lane shuffles a layout conversion would take. Any relabelling gives the same dot; this one is free.
 
-Contract: `quantize` equals `quantize_reference` bit for bit (every step is an exact or IEEE-rounded fp32 operation in
-both, the Triton kernel divides with `div_rn`; v's per-channel amax comes from `torch.aminmax`, exact). Under the
+Contract: `quantize` equals `quantize_reference` bit for bit on finite inputs (every step is an exact or IEEE-rounded
+fp32 operation in both, the Triton kernel divides with `div_rn`; v's per-channel amax comes from `torch.aminmax`,
+exact). A NaN or inf makes its block's scale (q, k: every block of the head, through k's mean) or its channel's scale
+(v) NaN in both, so the attention output is NaN where dense attention's is (and more: a whole q block), never a
+finite number that hides it; the one-byte values of such a block are unspecified. Under the
 CPU interpreter the fp32 -> e4m3 conversion is not round-to-nearest-even (fp8_attention's module doc), so the kernel
 rounds to the e4m3 grid in fp32 first (EMULATE), as the GPU's `cvt.rn.satfinite` does.
 
@@ -161,7 +164,10 @@ def _quantize_fwd(
         scale = tl.broadcast_to(tl.load(scale_ptr + bh * D + d)[None, :], (BLOCK, D))
     else:
         amax = tl.reduce(tl.reduce(tl.abs(x), 1, tl.standard._elementwise_max), 0, tl.standard._elementwise_max)
-        block_scale = tl.div_rn(tl.maximum(amax, 1e-12), top)
+        # tl.maximum skips NaN: a NaN or inf in the block poisons its scale through a sum of x * 0 instead (NaN iff
+        # one is there), so the block's logits come out NaN as the reference's (torch's amax keeps NaN) do
+        poison = tl.reduce(tl.reduce(x * 0.0, 1, tl.standard._sum_combine), 0, tl.standard._sum_combine)
+        block_scale = tl.div_rn(tl.maximum(amax, 1e-12) + poison, top)
         tl.store(scale_ptr + bh * (TP // BLOCK) + blk, block_scale)
         scale = tl.broadcast_to(block_scale, (BLOCK, D))
     y = tl.minimum(tl.maximum(tl.div_rn(x, scale), -top), top)

@@ -173,6 +173,31 @@ def test_fp8_attention_bad_inputs_raise():
         reference(q, q, q, block_n=100)
 
 
+def _non_finite_cases(q: torch.Tensor) -> list[tuple[str, tuple[torch.Tensor, ...]]]:
+    """(name, (q, k, v)): one NaN or inf placed in q, k or v of head 0."""
+    cases = []
+    for name, which, value in (("nan q", 0, float("nan")), ("nan k", 1, float("nan")), ("inf k", 1, float("inf")),
+                               ("nan v", 2, float("nan"))):  # fmt: skip
+        qkv = [q.clone(), q.clone(), q.clone()]
+        qkv[which][0, 0, 3, 5] = value
+        cases.append((name, tuple(qkv)))
+    return cases
+
+
+@pytest.mark.parametrize("pv", ["fp8", "bf16"])
+@pytest.mark.parametrize("qk", QK_MODES)
+def test_fp8_attention_non_finite_inputs_give_nan_where_dense_does(rng, qk, pv):
+    """A NaN or inf input is never hidden: the output is NaN wherever dense attention's is (the quantizer's scales
+    carry it), the other head stays finite. Before, the block amax skipped NaN and the output came out finite."""
+    q = torch.randn(1, 2, 40, D, generator=rng)
+    for name, (a, b, c) in _non_finite_cases(q):
+        out = fp8_attention(a, b, c, pv=pv, qk=qk)
+        dense = torch.nn.functional.scaled_dot_product_attention(a, b, c)
+        assert dense.isnan().any(), name
+        assert out.isnan()[dense.isnan()].all(), f"{qk}/{pv}, {name}: finite output where dense attention is NaN"
+        assert out[:, 1].isfinite().all(), f"{qk}/{pv}, {name}: the untouched head"
+
+
 def test_fp8_attention_refuses_without_interpreter_or_fp8(monkeypatch):
     q = torch.randn(1, 1, 16, D)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -229,3 +254,6 @@ def test_fp8_attention_compiled_matches_reference_on_gpu(monkeypatch, pv, qk, d)
     assert _rel(out, reference(q, k, v, pv=pv, block_n=launch_for(q.device).block_n, qk=qk)) < 1e-2
     bound = {("e4m3", "fp8"): 6e-2, ("e4m3", "bf16"): 4.5e-2, ("int8", "fp8"): 4.5e-2, ("int8", "bf16"): 2e-2}[qk, pv]
     assert _rel(out, torch.nn.functional.scaled_dot_product_attention(q, k, v)) < bound
+    for name, (a, b, c) in _non_finite_cases(q.contiguous()):  # hardware max and min skip NaN: still NaN out
+        nan = fp8_attention(a, b, c, pv=pv, qk=qk).isnan()
+        assert nan[torch.nn.functional.scaled_dot_product_attention(a, b, c).isnan()].all(), name
