@@ -23,10 +23,10 @@ def interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def _run(session, config):
+def _run(session, config, steps: int = SIZE["steps"]):
     session.accelerate(config)
     try:
-        return session.generate(Request("a red circle moves left", seed=3, **SIZE), progress=False)
+        return session.generate(Request("a red circle moves left", seed=3, **{**SIZE, "steps": steps}), progress=False)
     finally:
         session.accelerate({})
 
@@ -145,18 +145,9 @@ def test_fp8_attention_under_fused_wan_blocks_keeps_the_fused_attention_path(int
     stock processor (which cost the exact-fast profile its fused q/k path under fp8_attention on the H200).
     fused_block_ops keeps torch's rounding on these fp32 inputs, so its request equals fp8_attention alone."""
     session = Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
-    request = Request("a red circle moves left", seed=3, **{**SIZE, "steps": 1})  # 2 blocks: 2 self-attention calls
-
-    def run(config):
-        session.accelerate(config)
-        try:
-            return session.generate(request, progress=False)
-        finally:
-            session.accelerate({})
-
-    alone = run({"fp8_attention": {}})
+    alone = _run(session, {"fp8_attention": {}}, steps=1)  # 1 step x 2 blocks: 2 self-attention calls
     for fused, counter in (("fused_block_ops", "rope_calls"), ("fused_block_norms", "qk_norm_rope_calls")):
-        both = run({"fp8_attention": {}, fused: {}})
+        both = _run(session, {"fp8_attention": {}, fused: {}}, steps=1)
         receipt = both.receipts[fused]
         assert receipt[counter] == 4 and not receipt.get("fallbacks"), receipt  # q and k in 2 blocks
         assert both.receipts["fp8_attention"]["fp8_calls"] == 2, both.receipts["fp8_attention"]
