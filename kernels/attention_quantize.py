@@ -10,10 +10,12 @@ The maths (`quantize_reference` in torch ops; `quantize` the same in Triton, one
    `max(amax(|block|), EPS) / top` (IEEE division), value `clamp(x / scale, -top, top)` (IEEE division) rounded to
    nearest even: qk="int8" top = 127, int8 values (SageAttention's choice); qk="e4m3" top = 448, e4m3 values. Tokens
    past T are zeros (padded to a multiple of 128; padding is added after smoothing, so it stays zero).
-3. pv="fp8": v per (batch, head, channel) over all tokens with the e4m3 recipe (`scale_v = max(amax, EPS) / 448`),
-   stored transposed (B, H, 128, Tk') so the P.V dot reads it K-major, zero-padded like k, its keys in `v_slot` order
-   within each group of 32 (below); `v_scale = scale_v / 448` (the kernels' P carries a factor 448). pv="bf16": v
-   rounded to bf16, made contiguous only when TMA cannot read it.
+3. pv="fp8" / pv="int8": v per (batch, head, channel) over all tokens to one byte, symmetric: e4m3
+   (`scale_v = max(amax, EPS) / 448`, values as q's e4m3) or int8 (`scale_v = max(amax, EPS) / 127`, values rounded
+   to nearest even as q's int8), stored transposed (B, H, 128, Tk') so the P.V dot reads it K-major, zero-padded
+   like k, its keys in `v_slot` order within each group of 32 (below); `v_scale = scale_v / P_TOP[pv]` (the kernels'
+   P carries a factor 448, or 127: `P_TOP`). pv="bf16": v rounded to bf16, made contiguous only when TMA cannot
+   read it.
 
 Why v's keys are reordered: the P.V dot takes P from registers, where the logits' accumulator left it. On sm_90 an
 FP8 wgmma's register A operand gives a thread keys 4t..4t+3 and 4t+16..4t+19 of each 32 (t = lane % 4), while the
@@ -30,7 +32,7 @@ finite number that hides it; the one-byte values of such a block are unspecified
 CPU interpreter the fp32 -> e4m3 conversion is not round-to-nearest-even (fp8_attention's module doc), so the kernel
 rounds to the e4m3 grid in fp32 first (EMULATE), as the GPU's `cvt.rn.satfinite` does.
 
-The Triton path: torch's fp32 mean of k (one read) and, for pv="fp8", `torch.aminmax` of v over tokens (one read),
+The Triton path: torch's fp32 mean of k (one read) and, for a one-byte pv, `torch.aminmax` of v over tokens (one read),
 then one launch per tensor of `_quantize_fwd`: one program per (128-token block, batch*head) reads the block once
 (any strides), smooths, reduces its amax (q, k) or takes the per-channel scale (v), and writes the one-byte values
 (transposed and in `v_slot` order for v) and the block's scale.
@@ -48,6 +50,7 @@ from workbench.kernels._runtime import LazyKernel, dtype_size, interpreting
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 INT8_MAX = 127.0
+P_TOP = {"fp8": FP8_MAX, "int8": INT8_MAX}  # the factor the kernels' one-byte P carries, per pv mode
 EPS = 1e-12  # the smallest amax a scale is made from
 QUANT_BLOCK = 128  # tokens per q / k quantization block (and per program of `_quantize_fwd`)
 QUANT_WARPS = 8  # a (128, 128) fp32 tile over 256 threads: 64 values a thread, no spills (tests/kernels/test_targets)
@@ -57,9 +60,9 @@ QUANT_WARPS = 8  # a (128, 128) fp32 tile over 256 threads: 64 values a thread, 
 class Quantized:
     """The attention kernels' operands. q8 (B, H, Tq', 128) and k8 (B, H, Tk', 128) float8_e4m3fn (qk="e4m3") or
     int8 (qk="int8"), contiguous, tokens padded with zeros to a multiple of QUANT_BLOCK; q_scale (B, H, Tq'/128),
-    k_scale (B, H, Tk'/128) fp32; v: pv="fp8" the e4m3 values transposed (B, H, 128, Tk') contiguous (keys in
-    `v_slot` order), pv="bf16" bf16 (B, H, Tk, 128) with unit last stride; v_scale (B, H, 128) fp32 `scale_v / 448`
-    (pv="fp8") or None; k_mean (B, H, 1, 128) fp32: the mean subtracted from k (zeros with smooth=False)."""
+    k_scale (B, H, Tk'/128) fp32; v: pv="fp8" / "int8" the e4m3 / int8 values transposed (B, H, 128, Tk')
+    contiguous (keys in `v_slot` order), pv="bf16" bf16 (B, H, Tk, 128) with unit last stride; v_scale (B, H, 128)
+    fp32 `scale_v / P_TOP[pv]` (one-byte v) or None (pv="bf16"); k_mean (B, H, 1, 128) fp32: the mean subtracted from k (zeros with smooth=False)."""
 
     q8: torch.Tensor
     q_scale: torch.Tensor
@@ -96,15 +99,15 @@ def v_slot(key: torch.Tensor) -> torch.Tensor:
 
 
 def v_in_key_order(vt: torch.Tensor, tk: int) -> torch.Tensor:
-    """`Quantized.v` (pv="fp8", (B, H, 128, Tk')) as (B, H, 128, tk) with its keys in token order."""
+    """`Quantized.v` (one-byte pv, (B, H, 128, Tk')) as (B, H, 128, tk) with its keys in token order."""
     return vt[..., v_slot(torch.arange(tk, device=vt.device))]
 
 
-def _v_scale(amax: torch.Tensor) -> torch.Tensor:
+def _v_scale(amax: torch.Tensor, pv: str) -> torch.Tensor:
     """scale_v (B, H, D) fp32 from v's per-channel amax, IEEE division (a device tensor, not torch's scalar path,
     which multiplies by the reciprocal on CUDA)."""
     amax = amax.float().clamp(min=EPS)
-    return amax / torch.full_like(amax, FP8_MAX)
+    return amax / torch.full_like(amax, P_TOP[pv])
 
 
 def _blocks(x: torch.Tensor, qk: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,13 +133,15 @@ def quantize_reference(
     k8, k_scale = _blocks(k.float() - k_mean, qk)
     if pv == "bf16":
         return Quantized(q8, q_scale, k8, k_scale, _bf16_v(v), None, pv, qk, k_mean)
-    scale = _v_scale(v.float().abs().amax(2))  # (B, H, D)
-    v8 = (v.float() / scale[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    top = P_TOP[pv]
+    scale = _v_scale(v.float().abs().amax(2), pv)  # (B, H, D)
+    v8 = (v.float() / scale[:, :, None]).clamp(-top, top)
+    v8 = v8.round().to(torch.int8) if pv == "int8" else v8.to(FP8)
     pad = k8.shape[2] - v.shape[2]
     keys = torch.nn.functional.pad(v8.transpose(-1, -2).view(torch.uint8), (0, pad))  # (B, H, D, Tk'), key order
     vt = torch.empty_like(keys)
     vt[..., v_slot(torch.arange(keys.shape[-1], device=keys.device))] = keys
-    return Quantized(q8, q_scale, k8, k_scale, vt.view(FP8), scale / FP8_MAX, pv, qk, k_mean)
+    return Quantized(q8, q_scale, k8, k_scale, vt.view(v8.dtype), scale / top, pv, qk, k_mean)
 
 
 def _quantize_fwd(
@@ -226,15 +231,15 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8",
     if pv == "bf16":
         return Quantized(q8, q_scale, k8, k_scale, _bf16_v(v), None, pv, qk, k_mean)
     low, high = torch.aminmax(v, dim=2)  # (B, H, D): amax(|v|) = max(high, -low), exact
-    scale = _v_scale(torch.maximum(high, -low))
-    vt = torch.empty((b, h, d, kp), dtype=FP8, device=q.device)
-    _launch(v, vt, scale, None, False, True)
-    return Quantized(q8, q_scale, k8, k_scale, vt, scale / FP8_MAX, pv, qk, k_mean)
+    scale = _v_scale(torch.maximum(high, -low), pv)
+    vt = torch.empty((b, h, d, kp), dtype=torch.int8 if pv == "int8" else FP8, device=q.device)
+    _launch(v, vt, scale, None, pv == "int8", True)
+    return Quantized(q8, q_scale, k8, k_scale, vt, scale / P_TOP[pv], pv, qk, k_mean)
 
 
 def cost(shape: tuple[int, int, int, int], pv: str = "fp8", dtype: torch.dtype = torch.bfloat16) -> int:
     """Bytes moved by `quantize` on q, k, v of `shape` (B, H, T, D), a lower bound: q, k, v read once in `dtype` and
     q8, k8 and v written (one byte an element, two for pv="bf16"). The torch reductions' second read of k (and of v
-    with pv="fp8") is not counted."""
+    with a one-byte pv) is not counted."""
     b, h, t, d = shape
-    return int(b * h * t * d * (3 * dtype_size(dtype) + 2 + (1 if pv == "fp8" else 2)))
+    return int(b * h * t * d * (3 * dtype_size(dtype) + 2 + (2 if pv == "bf16" else 1)))

@@ -19,9 +19,9 @@ interpreter computes `tl.dot` on bfloat16 operands wrongly (numpy has no bfloat1
 
 Low precision (`attend(..., quantized=z)`, `block_sparse_attention(..., precision=...)`): the exact blocks go
 through `fp8_attention.quantized_tile` / `quantized_pair` on z's int8/e4m3 q and k rows (the q8 tile and the
-per-128-token scales are loaded once per program; a 64-key block indexes its k scale) and z's e4m3 (transposed) or
+per-128-token scales are loaded once per program; a 64-key block indexes its k scale) and z's e4m3 / int8 (transposed) or
 bf16 v, in the order below; after the exact
-list the accumulator takes v's per-channel e4m3 scale, so the folded pass adds real-valued mean values to it. The
+list the accumulator takes v's per-channel one-byte scale, so the folded pass adds real-valued mean values to it. The
 folded pass runs as in the exact path, on q in its dtype. k and v are quantized once per call, before the kernel
 (`attention_quantize.quantize`, the dense kernel's operands); a visit only loads its one-byte tiles and one k scale.
 The list is ascending, so only its last entry can be the key block that ends past Tk: that one visit masks those
@@ -102,11 +102,12 @@ class Plan:
     scale: float
 
 
-def _lowbit_block(k_desc, v_desc, ks_base, q_scale, j, BLOCK: tl.constexpr, QUANT: tl.constexpr, PV_FP8: tl.constexpr):
-    """Key block j's one-byte tiles, k (BLOCK, D) and v (D, BLOCK) e4m3 (PV_FP8) or (BLOCK, D) bf16, and the factor of
-    its logits (q's scale times the block's k scale; the low-precision path, a Triton device function)."""
+def _lowbit_block(k_desc, v_desc, ks_base, q_scale, j, BLOCK: tl.constexpr, QUANT: tl.constexpr, PV: tl.constexpr):
+    """Key block j's tiles, k (BLOCK, D) one byte and v (D, BLOCK) one byte (PV "fp8", "int8") or (BLOCK, D) bf16, and
+    the factor of its logits (q's scale times the block's k scale; the low-precision path, a Triton device
+    function)."""
     k = k_desc.load([j * BLOCK, 0])
-    v = v_desc.load([0, j * BLOCK]) if PV_FP8 else v_desc.load([j * BLOCK, 0])
+    v = v_desc.load([0, j * BLOCK]) if PV != "bf16" else v_desc.load([j * BLOCK, 0])
     return k, v, q_scale * tl.load(ks_base + (j * BLOCK) // QUANT)
 
 
@@ -118,7 +119,7 @@ def _block_sparse_fwd(
     k_sb, k_sh, k_st,
     v_sb, v_sh, v_st,
     F32: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-    LOWBIT: tl.constexpr, QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, QUANT: tl.constexpr, EMULATE: tl.constexpr,
+    LOWBIT: tl.constexpr, QK_INT8: tl.constexpr, PV: tl.constexpr, QUANT: tl.constexpr, EMULATE: tl.constexpr,
 ):  # fmt: skip
     # Reductions are tl.reduce with tl.standard's combines, and zeros are tl.full: tl.sum/tl.max/tl.zeros are
     # JITFunctions decorated when triton was imported, which the interpreter cannot call when
@@ -148,7 +149,7 @@ def _block_sparse_fwd(
     k_desc = tl.make_tensor_descriptor(
         k_ptr + b * k_sb + h * k_sh, shape=[TK, D], strides=[k_st, 1], block_shape=[BLOCK, D]
     )
-    if LOWBIT and PV_FP8:  # quantize's e4m3 v, transposed: (D, TKP) per head
+    if LOWBIT and PV != "bf16":  # quantize's one-byte v, transposed: (D, TKP) per head
         v_desc = tl.make_tensor_descriptor(
             v_ptr + b * v_sb + h * v_sh, shape=[D, TKP], strides=[v_st, 1], block_shape=[D, BLOCK]
         )
@@ -166,17 +167,17 @@ def _block_sparse_fwd(
             n_full -= (tl.load(idx_ptr + row * KB + n_exact - 1) == KB - 1).to(tl.int32)
         for n in tl.range(0, n_full - 1, 2):  # two blocks a softmax step: one max and one rescale of acc per pair
             j, j2 = tl.load(idx_ptr + row * KB + n), tl.load(idx_ptr + row * KB + n + 1)
-            k, v, factor = _lowbit_block(k_desc, v_desc, ks_base, q_scale, j, BLOCK, QUANT, PV_FP8)
-            k2, v2, factor2 = _lowbit_block(k_desc, v_desc, ks_base, q_scale, j2, BLOCK, QUANT, PV_FP8)
-            m_i, l_i, acc = quantized_pair(q8, k, v, factor, k2, v2, factor2, m_i, l_i, acc, QK_INT8, PV_FP8, EMULATE)
+            k, v, factor = _lowbit_block(k_desc, v_desc, ks_base, q_scale, j, BLOCK, QUANT, PV)
+            k2, v2, factor2 = _lowbit_block(k_desc, v_desc, ks_base, q_scale, j2, BLOCK, QUANT, PV)
+            m_i, l_i, acc = quantized_pair(q8, k, v, factor, k2, v2, factor2, m_i, l_i, acc, QK_INT8, PV, EMULATE)
         if n_full % 2 == 1:  # an odd one out, alone
             j = tl.load(idx_ptr + row * KB + n_full - 1)
-            k, v, factor = _lowbit_block(k_desc, v_desc, ks_base, q_scale, j, BLOCK, QUANT, PV_FP8)
-            m_i, l_i, acc = quantized_tile(q8, k, v, factor, 0, m_i, l_i, acc, False, QK_INT8, PV_FP8, EMULATE)
+            k, v, factor = _lowbit_block(k_desc, v_desc, ks_base, q_scale, j, BLOCK, QUANT, PV)
+            m_i, l_i, acc = quantized_tile(q8, k, v, factor, 0, m_i, l_i, acc, False, QK_INT8, PV, EMULATE)
         if n_full < n_exact:  # the last key block, keys past TK masked
-            k, v, factor = _lowbit_block(k_desc, v_desc, ks_base, q_scale, KB - 1, BLOCK, QUANT, PV_FP8)
+            k, v, factor = _lowbit_block(k_desc, v_desc, ks_base, q_scale, KB - 1, BLOCK, QUANT, PV)
             m_i, l_i, acc = quantized_tile(
-                q8, k, v, factor, TK - (KB - 1) * BLOCK, m_i, l_i, acc, True, QK_INT8, PV_FP8, EMULATE
+                q8, k, v, factor, TK - (KB - 1) * BLOCK, m_i, l_i, acc, True, QK_INT8, PV, EMULATE
             )
     else:
         for n in tl.range(0, n_exact):
@@ -201,9 +202,9 @@ def _block_sparse_fwd(
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
-    if LOWBIT and PV_FP8:  # P.V ran on e4m3 v without its per-channel scale; the folded pass adds real values
+    if LOWBIT and PV != "bf16":  # P.V ran on one-byte v without its per-channel scale; the folded pass adds real values
         acc = acc * tl.load(vs_ptr + bh.to(tl.int64) * D + d)[None, :]
-        l_i = l_i / 448.0  # P and l carried FP8_MAX (quantized_tile); the folded pass adds real weights
+        l_i = l_i / (448.0 if PV == "fp8" else 127.0)  # P and l carried P_TOP (quantized_tile); folded weights are real
     # 2. Folded key blocks: their mean keys, BLOCK at a time, as pseudo-keys with log(length) on the logit.
     # km/vm arrive in the dot's dtype (bf16 rounded once when the means are made, or fp32); .to() is then a no-op.
     means = bh.to(tl.int64) * KB * D
@@ -281,10 +282,10 @@ def attend(
         triton.set_allocator(tma_scratch)  # device-side descriptors need Triton's global scratch
     z = quantized
     if z is None:  # the exact path: the low-precision operands are not read
-        kv, lowbit, scales = (k, v), {"QK_INT8": False, "PV_FP8": False}, (q, q, q, q, 1, 1)
+        kv, lowbit, scales = (k, v), {"QK_INT8": False, "PV": "bf16"}, (q, q, q, q, 1, 1)
     else:
         kv = (z.k8, z.v)
-        lowbit = {"QK_INT8": z.qk == "int8", "PV_FP8": z.pv == "fp8"}
+        lowbit = {"QK_INT8": z.qk == "int8", "PV": z.pv}
         v_scale = z.q_scale if z.v_scale is None else z.v_scale  # (unread with pv="bf16")
         scales = (z.q8, z.q_scale, z.k_scale, v_scale, z.q8.shape[2], z.k8.shape[2])
     _KERNEL[(qb * (BLOCK // launch.rows), b * h)](

@@ -19,10 +19,10 @@ production case, the one measured on the H200); another D up to 128 is zero-padd
 (`_runtime.pad_head_dim`: a copy of q, k, v; routing, softmax and the first D output columns are unchanged). bfloat16
 is the production dtype; float32 is accepted (on a GPU its dots run in IEEE precision).
 
-Low precision (`precision="int8"` or `"e4m3"`, with `pv` "fp8" or "bf16"; default "exact"): the routing and the
+Low precision (`precision="int8"` or `"e4m3"`, with `pv` "fp8", "int8" or "bf16"; default "exact"): the routing and the
 folded blocks are unchanged; the exact blocks run `fp8_attention`'s quantized steps (`quantized_pair` and
 `quantized_tile`, the same device functions) on `attention_quantize.quantize`'s operands of the same call: q and the
-mean-smoothed k per 128 tokens in int8 or e4m3, v in e4m3 or bf16, P rounded per step of the online softmax (two
+mean-smoothed k per 128 tokens in int8 or e4m3, v in e4m3, int8 or bf16, P rounded per step of the online softmax (two
 64-key blocks of a query block's list, or one: `visits`). The folded blocks' mean keys are smoothed by the same key
 mean (in fp32, then rounded to the dot dtype), so exact and folded logits shift by the same `q . mean(k)` and the
 softmax is unchanged. Needs FP8 tensor cores (sm_89+, RuntimeError below). Its contract: `reference(...,
@@ -142,7 +142,7 @@ def _lowbit_reference(
 ) -> torch.Tensor:
     """The low-precision kernel's maths in fp32 torch on routing `mask` (B, H, Qb, Kb): `quantize_reference`, then
     the online softmax over the exact key blocks in ascending order (P rounded per block as `quantized_tile` does,
-    v's e4m3 scale applied after them), then the folded blocks' smoothed mean keys 64 at a time, unrounded."""
+    v's one-byte scale applied after them), then the folded blocks' smoothed mean keys 64 at a time, unrounded."""
     z = quantize_reference(q, k, v, pv, qk=qk)
     tq = q.shape[2]
     logits, values = reference_logits(z, tq, k.shape[2], scale)
@@ -170,7 +170,7 @@ def _lowbit_reference(
         step_values = torch.gather(values, 3, keys[..., None].expand(-1, -1, -1, -1, values.shape[-1]))
         m, l, acc = online_step(s, step_values, m, l, acc, pv)  # noqa: E741
     m, l, acc = (x.flatten(2, 3)[:, :, :tq] for x in (m, l, acc))  # noqa: E741
-    if pv == "fp8":
+    if pv != "bf16":
         acc = acc * z.v_scale[:, :, None, :]
     for c in range(0, mask.shape[-1], BLOCK):  # folded blocks' pseudo-keys
         m, l, acc = online_step(folded[..., c : c + BLOCK], v_mean[:, :, c : c + BLOCK], m, l, acc, None)  # noqa: E741
@@ -261,7 +261,7 @@ def cost(
     block pairs), both lower bounds, so `bytes / bandwidth` and `flops / peak` bound the time from below. Bytes: what
     must cross DRAM once: q, k, v read and the output written in `dtype`, the fp32 mean K/V of every block read once
     (re-reads of K/V blocks by other query blocks are assumed to hit L2, as `fp8_attention.cost` assumes); with a low
-    `precision` the kernel reads q8, one-byte keys and one-byte (pv="fp8") or two-byte values besides q, and the
+    `precision` the kernel reads q8, one-byte keys and one-byte (pv "fp8", "int8") or two-byte values besides q, and the
     quantization (`attention_quantize.cost`) is added. Flops: 4*D per exact (query, key) pair (QK^T and PV), 4*D per
     (query, folded block) pair; the folded pass works in chunks of 64 mean keys and computes a chunk whole when any
     block in it is folded. Routing and softmax exponentials are not counted."""
@@ -274,7 +274,7 @@ def cost(
     if precision == "exact":
         kernel = 4 * t * d * size  # q, k, v in, out
     else:
-        kernel = 2 * t * d * size + (3 if pv == "fp8" else 4) * t * d  # q in, out; q8, k8, v in
+        kernel = 2 * t * d * size + (4 if pv == "bf16" else 3) * t * d  # q in, out; q8, k8, v in
     means = nb * 2 * d * 4
     bytes_moved = b * h * (kernel + means) + (0 if precision == "exact" else attention_quantize.cost(shape, pv, dtype))
     flops = b * h * (exact_pairs * BLOCK * BLOCK * 4 * d + folded_pairs * BLOCK * 4 * d)

@@ -1,5 +1,5 @@
 """Low-bit attention with smoothed keys, for Hopper and Ada (contract: approximate): Q.K^T in FP8 (e4m3) or INT8,
-P.V in FP8 or bf16.
+P.V in FP8, INT8 or bf16.
 
 Non-causal softmax attention `softmax(q k^T * scale) v` of q (B, H, Tq, D) and k, v (B, H, Tk, D), any strides,
 bfloat16 (production) or float32; the output is (B, H, Tq, D) in q's dtype, with q's memory order when q is a
@@ -12,9 +12,9 @@ The maths, in the order it happens:
 1-2. `attention_quantize.quantize` (Triton; `quantize_reference` is the same in torch ops, bit for bit): k smoothed by
    its fp32 mean over tokens (softmax-invariant), q and the smoothed k per block of QUANT_BLOCK = 128 tokens to int8
    (qk="int8", SageAttention's choice, scale amax / 127) or e4m3 (qk="e4m3", amax / 448), symmetric, rounded to
-   nearest even; pv="fp8": v per (batch, head, channel) over all tokens to e4m3, stored transposed (B, H, 128, Tk')
-   so the P.V dot reads it K-major, its keys reordered within groups of 32 (`v_slot`); pv="bf16": v in bf16. That
-   module's doc holds the exact recipe.
+   nearest even; pv="fp8" / "int8": v per (batch, head, channel) over all tokens to e4m3 / int8, stored transposed
+   (B, H, 128, Tk') so the P.V dot reads it K-major, its keys reordered within groups of 32 (`v_slot`); pv="bf16": v
+   in bf16. That module's doc holds the exact recipe.
 3. The kernel, FlashAttention-2 style: one program per (BLOCK_M query rows, batch*head), query blocks fastest over
    the grid; key tiles of BLOCK_N tokens through TMA descriptors; each tile is one call of the device function
    `quantized_tile` (block_sparse_attend's low-precision path calls it too, and `quantized_pair`, the same step over
@@ -24,13 +24,20 @@ The maths, in the order it happens:
    P = exp2(s - m) <= 1: pv="fp8" rounds
    `P * 448` to e4m3 (P's row-block scale is 1/448: its amax is at most 1 by construction) and runs
    `dot_fp8(P8, v8)` with P's columns relabelled as v8's keys were stored (`v_slot`: the keys a thread holds in the
-   logits' accumulator become the ones its registers give the dot, no shuffle between lanes), pv="bf16" rounds P to
-   bf16 and runs a bf16 dot, both with fp32 accumulation into the running accumulator (rescaled by the max's change
+   logits' accumulator become the ones its registers give the dot, no shuffle between lanes); pv="int8" scales P to
+   the tile's own row max instead, `127 * P / P_max` with `P_max = exp2(top - m)` (top the tile's row max), rounds it
+   to int8 (0..127, all of int8's levels whatever the tile's share of the row), runs an INT8 dot with int32
+   accumulation (exact) with the same relabelling, and adds that product times P_max per row; pv="bf16" rounds P to
+   bf16 and runs a bf16 dot; all with fp32 accumulation into the running accumulator (rescaled by the max's change
    first). Keys past Tk (q8/k8 padding) get -inf logits; only the last tile holds any, so only it is masked. The
-   epilogue divides by l and, for pv="fp8", multiplies each channel by `scale_v / 448`. One fused multiply-add a
+   epilogue divides by l and, for a one-byte pv, multiplies each channel by `scale_v / 448` (`/ 127`). One fused
+   multiply-add a
    logit does the scaling (`tl.fma`, whatever Triton's fp-fusion default): the row max is taken on the unscaled dot
    (the scalar is positive, so the max commutes with it and m is the same number), and pv="fp8" makes `P * 448` as
-   `exp2(s - (m - log2 448))` directly, its row sum l carrying the 448 until the epilogue divides it out.
+   `exp2(s - (m - log2 448))` directly, its row sum l carrying the 448 until the epilogue divides it out (pv="int8":
+   `exp2(s - (top - log2 127))`, l summing it times P_max, so carrying 127). pv="int8" converts without F2I or I2F:
+   adding 1.5 * 2^23 to P leaves the integer in the float's low bits, and the int32 accumulator starts at those same
+   bits, so the product comes back as a float less 1.5 * 2^23 (exact: |P . v| <= 127 * 127 * 128 < 2^22).
 
 The quantization of P is per key tile against the running max, so the result depends on BLOCK_N (`reference` takes
 it); nothing else depends on the launch but float rounding order inside the dots.
@@ -38,7 +45,7 @@ it); nothing else depends on the launch but float rounding order inside the dots
 Error contract:
 - against `reference` (the same quantized operands and the same tiled online softmax, in fp32 torch maths): equal
   up to fp32 summation order and exp2's last bit, which can move one P across a rounding boundary (rarely; more
-  often for bf16's finer grid): ~1e-7 relative L2 with pv="fp8", ~1e-4 with pv="bf16" on fp32 inputs (the CuTe
+  often for bf16's finer grid): ~1e-7 relative L2 with a one-byte pv, ~1e-4 with pv="bf16" on fp32 inputs (the CuTe
   kernel that `attend` runs on sm_90, `sm90_kernel`, sums l from P as rounded to e4m3: 2e-3 to 3e-3 from it);
 - against dense bf16 attention: the quantization error itself. e4m3's 3 mantissa bits on q and k (about 2.5 % RMS
   an element) move every logit; INT8's 127 levels a block lose less wherever a block's values are not dominated by
@@ -46,10 +53,12 @@ Error contract:
   a shared channel offset and outlier channels). pv="fp8" rounds both P.V operands to e4m3: each of P and v alone
   costs about as much as int8 Q.K^T does, or more (the rounding of each probability and each value, which zero-mean
   v does not average out), so FP8 P.V sets the floor of its pairs' error (the `fp8-attention` scenario's
-  `error_parts` separates the steps). Relative L2 against bf16 dense at T = 257 (tests/kernels/test_fp8_attention.py
-  bounds them): iid normal q, k, v: e4m3/fp8 5.1e-2, e4m3/bf16 3.8e-2, int8/fp8 3.7e-2, int8/bf16 1.4e-2; RMS-normed q/k
-  with a shared channel offset and 4 outlier channels (x6): e4m3 7.7e-2 / 6.9e-2, int8 4.1e-2 / 2.3e-2; bf16 dense
-  itself is 2e-3 from exact. The benchmark scenario `fp8-attention` reports them at the production shape.
+  `error_parts` separates the steps). A scale cannot change that (e4m3's relative step is the same at every scale);
+  int8 P.V can: 127 uniform levels from each tile's row max on P and per channel on v lose less than 3 mantissa
+  bits do on the values that carry the output. Relative L2 against bf16 dense at T = 257
+  (tests/kernels/test_fp8_attention.py bounds them), pv fp8 / int8 / bf16: iid normal q, k, v: e4m3 5.1e-2 /
+  4.1e-2 / 3.8e-2, int8 3.7e-2 / 2.1e-2 / 1.4e-2; RMS-normed q/k with a shared channel offset and 4 outlier channels
+  (x6): e4m3 7.7e-2 / 7.0e-2 / 6.9e-2, int8 4.2e-2 / 2.6e-2 / 2.3e-2; bf16 dense itself is 2e-3 from exact. The benchmark scenario `fp8-attention` reports them at the production shape.
 
 The CPU interpreter (`TRITON_INTERPRET=1`): its FP8 and INT8 dots are right, but its fp32 -> e4m3 and fp32 -> bf16
 conversions are not round-to-nearest-even (e.g. 31.9999 -> 16). Under it the kernel rounds P to e4m3 / bf16 with an
@@ -58,7 +67,8 @@ conversion, and the bf16 P.V dot runs on the rounded values widened to fp32 (`at
 k and v in e4m3).
 
 Needs FP8 tensor cores: compute capability 8.9+ (RuntimeError below, `_runtime.check_fp8`). Launch: `Launch` (tile
-sizes, warps, stages); `launch_for(device, pv)` picks ADA below sm_90, and on sm_90+ DEFAULT, or BF16_PV for pv="bf16".
+sizes, warps, stages); `launch_for(device, pv)` picks ADA below sm_90, and on sm_90+ DEFAULT (also pv="int8", not yet
+swept on a GPU), or BF16_PV for pv="bf16".
 On sm_90 with pv="fp8" and D = 128 `attend` runs the CuTe DSL kernel instead when the DSL is installed
 (`sm90_kernel`; kernels/fp8_attention_sm90.py: the same steps, FlashAttention-3's warp-specialized schedule, row sums
 from the P.V dot).
@@ -68,6 +78,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 from dataclasses import dataclass
 
 import torch
@@ -88,10 +99,18 @@ from workbench.kernels._runtime import (
     pad_head_dim,
     tma_scratch,
 )
-from workbench.kernels.attention_quantize import FP8, FP8_MAX, QUANT_BLOCK, Quantized, quantize, quantize_reference
+from workbench.kernels.attention_quantize import (
+    FP8,
+    FP8_MAX,
+    INT8_MAX,
+    QUANT_BLOCK,
+    Quantized,
+    quantize,
+    quantize_reference,
+)
 
 DTYPES = (torch.bfloat16, torch.float32)
-PV_MODES = ("fp8", "bf16")
+PV_MODES = ("fp8", "bf16", "int8")
 QK_MODES = ("e4m3", "int8")
 LOG2E = 1.4426950408889634
 TILES = (16, 32, 64, 128)  # a tile must divide QUANT_BLOCK
@@ -130,7 +149,8 @@ ADA = Launch(block_m=32, block_n=128, num_warps=8, num_stages=2)
 
 
 def launch_for(device: torch.device, pv: str = "fp8") -> Launch:
-    """ADA below sm_90; on sm_90 and newer (and off CUDA) DEFAULT, or BF16_PV for `pv` "bf16"."""
+    """ADA below sm_90; on sm_90 and newer (and off CUDA) DEFAULT, or BF16_PV for `pv` "bf16" (one-byte v, "fp8" or
+    "int8", takes DEFAULT)."""
     number = capability(device)
     if number is not None and number < 90:
         return ADA
@@ -147,14 +167,27 @@ def qk_logits(q, k, QK_INT8: tl.constexpr):
     return s
 
 
-def pv_dot(p, v, acc, PV_FP8: tl.constexpr, EMULATE: tl.constexpr):
-    """acc + P . v (a Triton device function), P (M, N) fp32 rounded to e4m3 (PV_FP8: P carries the factor 448, v is
-    quantize's transposed e4m3 (D, N), P's columns relabelled as v's keys were stored) or to bf16 (v (N, D) bf16);
-    EMULATE rounds in fp32 bits for the CPU interpreter (module doc)."""
-    if PV_FP8:  # P's columns relabelled as quantize stored v's keys (attention_quantize.v_slot): registers renamed
+def pv_dot(p, v, acc, beta, PV: tl.constexpr, EMULATE: tl.constexpr):
+    """acc + P . v (a Triton device function), P (M, N) fp32. PV "fp8": P (carrying the factor 448) rounded to e4m3,
+    v quantize's transposed e4m3 (D, N), P's columns relabelled as v's keys were stored; "int8": P in [0, 127]
+    rounded to int8, v quantize's transposed int8 (D, N), the same relabelling, the exact int32 product scaled by the
+    row weights `beta` (M,) (read only here); "bf16": P rounded to bf16, v (N, D) bf16. EMULATE rounds in fp32 bits
+    for the CPU interpreter (module doc)."""
+    if (
+        PV != "bf16"
+    ):  # P's columns relabelled as quantize stored v's keys (attention_quantize.v_slot): registers renamed
         p = tl.reshape(
             tl.permute(tl.reshape(p, [p.shape[0], p.shape[1] // 32, 2, 2, 4, 2]), [0, 1, 2, 4, 3, 5]), p.shape
         )
+    if PV == "int8":
+        # 1.5 * 2^23 + P rounds P to an integer (nearest even) whose low byte is P itself (P <= 127), no F2I; the
+        # int32 accumulator starts at that same bias, so its fp32 bits less 1.5 * 2^23 are the exact product
+        # (|P . v| <= 127 * 127 * N < 2^22), no I2F
+        p8 = (p + 12582912.0).to(tl.int32, bitcast=True).to(tl.int8)
+        bias = tl.full((p.shape[0], v.shape[0]), 0x4B400000, tl.int32)
+        product = tl.dot(p8, tl.trans(v), bias, out_dtype=tl.int32).to(tl.float32, bitcast=True) - 12582912.0
+        acc = tl.fma(product, beta[:, None], acc)
+    elif PV == "fp8":
         if EMULATE:  # round to e4m3 in fp32 (the interpreter's conversion does not): 3 mantissa bits, or a
             # multiple of 2^-9 below e4m3's smallest normal 2^-6 (adding 2^14 leaves fp32 steps of 2^-9)
             bits = p.to(tl.int32, bitcast=True)
@@ -170,58 +203,66 @@ def pv_dot(p, v, acc, PV_FP8: tl.constexpr, EMULATE: tl.constexpr):
     return acc
 
 
-def new_max(m_i, top, PV_FP8: tl.constexpr):
-    """The online softmax's step from running max m_i to max(m_i, top) (M,) in log2 units (a Triton device function):
-    the new max, alpha = exp2(m_i - m_new) (the rescale of l and acc), and the shift P is made against,
-    `exp2(s * factor - shift)`: m_new, or with PV_FP8 m_new - log2(448), so that exp2 gives P * 448 directly."""
+def new_max(m_i, top, PV: tl.constexpr):
+    """The online softmax's step from running max m_i to max(m_i, top) (M,) in log2 units, `top` the tile's row max
+    (a Triton device function): the new max, alpha = exp2(m_i - m_new) (the rescale of l and acc), the shift P is
+    made against, `exp2(s * factor - shift)`, and the tile's row weight beta. PV "bf16": shift m_new (P <= 1), beta 1;
+    "fp8": m_new - log2(448), so exp2 gives P * 448 directly, beta 1; "int8": top - log2(127), so exp2 gives P scaled
+    to the tile's own row max, 127 * P / P_max in [0, 127], and beta = P_max = exp2(top - m_new) weighs the tile back
+    (each row's P uses all of int8's levels whatever its tile's share of the row)."""
     m_new = tl.maximum(m_i, top)
-    if PV_FP8:
+    beta = tl.full(m_new.shape, 1.0, tl.float32)
+    if PV == "fp8":
         shift = m_new - 8.807354922057604  # log2(448)
+    elif PV == "int8":
+        shift = top - 6.988684686772166  # log2(127)
+        beta = tl.exp2(top - m_new)
     else:
         shift = m_new
-    return m_new, tl.exp2(m_i - m_new), shift
+    return m_new, tl.exp2(m_i - m_new), shift, beta
 
 
 def quantized_tile(
     q, k, v, factor, limit, m_i, l_i, acc,
-    MASKED: tl.constexpr, QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, EMULATE: tl.constexpr,
+    MASKED: tl.constexpr, QK_INT8: tl.constexpr, PV: tl.constexpr, EMULATE: tl.constexpr,
 ):  # fmt: skip
     """One key tile of the online softmax on quantized operands (a Triton device function; the fp8_attention and
     block_sparse_attend kernels call it). q (M, D) and k (N, D): e4m3, or int8 with QK_INT8 (`qk_logits`);
     `factor`: the scalar `scale_q * scale_k * softmax scale * log2(e)`; with MASKED, keys `limit` and later weigh
-    nothing (their logits are -inf: padding past Tk), else `limit` is unread. v: PV_FP8 e4m3 (D, N) (`quantize`'s
-    transposed layout), else (N, D) bf16. m_i (M,) running max in log2 units, l_i (M,) running sum, acc (M, D) fp32;
-    returns the updated three. P = exp2(s - m) <= 1 is rounded to e4m3 as `P * 448` (PV_FP8) or to bf16 (`pv_dot`).
-    With PV_FP8, P is made as `P * 448` (exp2 of the logit less `m - log2 448`) and l sums it so: l carries the
-    factor 448, which the caller removes."""
+    nothing (their logits are -inf: padding past Tk), else `limit` is unread. v: PV "fp8" / "int8" e4m3 / int8
+    (D, N) (`quantize`'s transposed layout), "bf16" (N, D) bf16. m_i (M,) running max in log2 units, l_i (M,)
+    running sum, acc (M, D) fp32; returns the updated three. P = exp2(s - m) <= 1 is rounded as `pv_dot` says:
+    PV "fp8" makes it as `P * 448` (exp2 of the logit less `m - log2 448`), "int8" as `127 * P / P_max` times the
+    row weight P_max (`new_max`), and l sums it so: l carries the factor 448 or 127, which the caller removes."""
     s = qk_logits(q, k, QK_INT8)
     if MASKED:
         s = tl.where(tl.arange(0, k.shape[0])[None, :] < limit, s, float("-inf"))
-    m_new, alpha, shift = new_max(m_i, tl.reduce(s, 1, tl.standard._elementwise_max) * factor, PV_FP8)
+    m_new, alpha, shift, beta = new_max(m_i, tl.reduce(s, 1, tl.standard._elementwise_max) * factor, PV)
     p = tl.exp2(tl.fma(s, factor, -shift[:, None]))  # one FMA a logit, fused whatever the fp-fusion default
-    l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+    l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine) * beta
     acc = acc * alpha[:, None]  # the P.V dots accumulate into it: no second (M, D) fp32 tile
-    return m_new, l_i, pv_dot(p, v, acc, PV_FP8, EMULATE)
+    return m_new, l_i, pv_dot(p, v, acc, beta, PV, EMULATE)
 
 
 def quantized_pair(
     q, k, v, factor, k2, v2, factor2, m_i, l_i, acc,
-    QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, EMULATE: tl.constexpr,
+    QK_INT8: tl.constexpr, PV: tl.constexpr, EMULATE: tl.constexpr,
 ):  # fmt: skip
     """Two key tiles (k, v, factor) and (k2, v2, factor2) as one step of the online softmax, unmasked: one new max,
-    one rescale of acc, the P of both rounded against that max (block_sparse_attend's exact blocks two at a time);
-    otherwise `quantized_tile`'s maths. l adds the first tile's row sum, then the second's."""
+    one rescale of acc, the P of both rounded against that max and, with PV "int8", scaled to the row max of both
+    (block_sparse_attend's exact blocks two at a time); otherwise `quantized_tile`'s maths. l adds the first tile's
+    row sum, then the second's."""
     s = qk_logits(q, k, QK_INT8)
     s2 = qk_logits(q, k2, QK_INT8)
     top = tl.maximum(
         tl.reduce(s, 1, tl.standard._elementwise_max) * factor, tl.reduce(s2, 1, tl.standard._elementwise_max) * factor2
     )
-    m_new, alpha, shift = new_max(m_i, top, PV_FP8)
+    m_new, alpha, shift, beta = new_max(m_i, top, PV)
     p = tl.exp2(tl.fma(s, factor, -shift[:, None]))
     p2 = tl.exp2(tl.fma(s2, factor2, -shift[:, None]))
-    l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine) + tl.reduce(p2, 1, tl.standard._sum_combine)
-    acc = pv_dot(p, v, acc * alpha[:, None], PV_FP8, EMULATE)
-    return m_new, l_i, pv_dot(p2, v2, acc, PV_FP8, EMULATE)
+    l_i = l_i * alpha + (tl.reduce(p, 1, tl.standard._sum_combine) + tl.reduce(p2, 1, tl.standard._sum_combine)) * beta
+    acc = pv_dot(p, v, acc * alpha[:, None], beta, PV, EMULATE)
+    return m_new, l_i, pv_dot(p2, v2, acc, beta, PV, EMULATE)
 
 
 def _fp8_attention_fwd(
@@ -230,7 +271,7 @@ def _fp8_attention_fwd(
     v_sb, v_sh, v_st,
     o_sb, o_sh, o_st,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, QUANT: tl.constexpr,
-    QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, EMULATE: tl.constexpr,
+    QK_INT8: tl.constexpr, PV: tl.constexpr, EMULATE: tl.constexpr,
 ):  # fmt: skip
     # tl.reduce with tl.standard's combines and tl.full, not tl.max/tl.sum/tl.zeros: see block_sparse_attend.
     pid = tl.program_id(0)
@@ -242,7 +283,7 @@ def _fp8_attention_fwd(
     q = tl.load(q_ptr + (bh * TQP + rows.to(tl.int64))[:, None] * D + d[None, :])  # (BLOCK_M, D) e4m3/int8, padded
     q_scale = tl.load(qs_ptr + bh * (TQP // QUANT) + (pid * BLOCK_M) // QUANT) * qk_scale
     k_desc = tl.make_tensor_descriptor(k_ptr + bh * TKP * D, shape=[TKP, D], strides=[D, 1], block_shape=[BLOCK_N, D])
-    if PV_FP8:  # v8 transposed: (D, TKP) per head
+    if PV != "bf16":  # one-byte v, transposed: (D, TKP) per head
         v_desc = tl.make_tensor_descriptor(
             v_ptr + bh * D * TKP, shape=[D, TKP], strides=[TKP, 1], block_shape=[D, BLOCK_N]
         )
@@ -257,16 +298,16 @@ def _fp8_attention_fwd(
     for start in tl.range(0, full, BLOCK_N):
         k = k_desc.load([start, 0])  # (BLOCK_N, D) e4m3 / int8
         factor = q_scale * tl.load(ks_ptr + bh * (TKP // QUANT) + start // QUANT)
-        v = v_desc.load([0, start]) if PV_FP8 else v_desc.load([start, 0])  # (D, BLOCK_N) e4m3 / (BLOCK_N, D) bf16
-        m_i, l_i, acc = quantized_tile(q, k, v, factor, 0, m_i, l_i, acc, False, QK_INT8, PV_FP8, EMULATE)
+        v = v_desc.load([0, start]) if PV != "bf16" else v_desc.load([start, 0])  # (D, BLOCK_N) 1 byte / (BLOCK_N, D)
+        m_i, l_i, acc = quantized_tile(q, k, v, factor, 0, m_i, l_i, acc, False, QK_INT8, PV, EMULATE)
     if full < TK:  # keys past TK (zero padding) weigh nothing
         k = k_desc.load([full, 0])
         factor = q_scale * tl.load(ks_ptr + bh * (TKP // QUANT) + full // QUANT)
-        v = v_desc.load([0, full]) if PV_FP8 else v_desc.load([full, 0])
-        m_i, l_i, acc = quantized_tile(q, k, v, factor, TK - full, m_i, l_i, acc, True, QK_INT8, PV_FP8, EMULATE)
-    if PV_FP8:  # P and l carry FP8_MAX (quantized_tile); v_scale is scale_v / FP8_MAX
+        v = v_desc.load([0, full]) if PV != "bf16" else v_desc.load([full, 0])
+        m_i, l_i, acc = quantized_tile(q, k, v, factor, TK - full, m_i, l_i, acc, True, QK_INT8, PV, EMULATE)
+    if PV != "bf16":  # P and l carry P_TOP (quantized_tile); v_scale is scale_v / P_TOP
         acc = acc * tl.load(vs_ptr + bh * D + d)[None, :]
-        l_i = l_i / 448.0
+        l_i = l_i / (448.0 if PV == "fp8" else 127.0)
     out = acc / l_i[:, None]
     optr = out_ptr + b * o_sb + h * o_sh + rows.to(tl.int64)[:, None] * o_st + d[None, :]
     tl.store(optr, out.to(out_ptr.dtype.element_ty), mask=(rows < TQ)[:, None])
@@ -305,7 +346,7 @@ def reference(
         raise ValueError(f"fp8_attention: block_n: {block_n!r}; allowed: {list(KEY_TILES)}")
     z = quantize_reference(q, k, v, pv, smooth, qk)
     acc, l = online_softmax(*reference_logits(z, q.shape[2], k.shape[2], scale), pv, block_n)  # noqa: E741
-    if pv == "fp8":
+    if pv != "bf16":
         acc = acc * z.v_scale[:, :, None, :]
     return (acc / l[..., None]).to(q.dtype)
 
@@ -315,7 +356,7 @@ def online_softmax(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The references' online softmax over logits `s` (B, H, Tq, Tk) in log2 units and `values` (B, H, Tk, D), one
     `online_step` per key tile of `block_n` (P rounded as `pv` says): the unnormalised output acc (B, H, Tq, D), which
-    carries the factor 448 with pv "fp8", and the row sum l (B, H, Tq)."""
+    carries the factor 448 with pv "fp8" (127 with "int8"), and the row sum l (B, H, Tq)."""
     m = torch.full(s.shape[:3], float("-inf"), device=s.device)
     l = torch.zeros(s.shape[:3], device=s.device)  # noqa: E741
     acc = torch.zeros(s.shape[:3] + (values.shape[-1],), device=s.device)
@@ -328,11 +369,12 @@ def online_softmax(
 def reference_logits(z: Quantized, tq: int, tk: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The references' view of `quantize`'s operands for Tq = `tq` queries and Tk = `tk` keys: the logits in log2
     units `(q8 . k8) * ((scale_q * scale * log2(e)) * scale_k)` (B, H, Tq, Tk) fp32, in the kernel's order of
-    products, and v (B, H, Tk, 128) fp32 as the P.V dot reads it (e4m3 values without their scale, or bf16)."""
+    products, and v (B, H, Tk, 128) fp32 as the P.V dot reads it (e4m3 / int8 values without their scale, or
+    bf16)."""
     qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32)
     q_scale = z.q_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, :tq, None] * qk_scale  # (B, H, Tq, 1)
     k_scale = z.k_scale.repeat_interleave(QUANT_BLOCK, 2)[:, :, None, :tk]  # (B, H, 1, Tk)
-    values = attention_quantize.v_in_key_order(z.v, tk).transpose(-1, -2).float() if z.pv == "fp8" else z.v.float()
+    values = attention_quantize.v_in_key_order(z.v, tk).transpose(-1, -2).float() if z.pv != "bf16" else z.v.float()
     # int8 products summed over 128 channels stay below 2^24, so these fp32 logits are exact
     logits = z.q8[:, :, :tq].float() @ z.k8[:, :, :tk].float().transpose(-1, -2)
     return logits * (q_scale * k_scale), values
@@ -348,13 +390,19 @@ def online_step(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One key tile of the references' online softmax, as `quantized_tile` computes it: logits `s` (B, H, Tq, n) in
     log2 units, `values` (B, H, n, D); running max m, sum l (B, H, Tq) and acc (B, H, Tq, D). P is rounded to e4m3
-    as `P * 448` (pv "fp8"), to bf16 ("bf16") or not at all (None). A row with no finite logit yet keeps zero
+    as `P * 448` (pv "fp8"), to int8 as `127 * P / P_max` weighed back by the tile's row max P_max (pv "int8",
+    `new_max`), to bf16 ("bf16") or not at all (None); l sums P unrounded. A row with no finite logit yet keeps zero
     weight. Returns the updated (m, l, acc)."""
     m_new = torch.maximum(m, s.amax(-1))
     m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
     alpha = torch.exp2(m - m_use)
     p = torch.exp2(s - m_use[..., None])
     l = l * alpha + p.sum(-1)  # noqa: E741
+    if pv == "int8":
+        top = s.amax(-1)
+        top = torch.where(top == float("-inf"), m_use, top)  # a tile with no finite logit: P = 0
+        p = torch.exp2(s - (top - math.log2(INT8_MAX))[..., None]).round()  # (B, H, Tq, n) integers in 0..127
+        return m_new, l, acc * alpha[..., None] + torch.exp2(top - m_use)[..., None] * (p @ values)
     if pv == "fp8":
         p = (p * FP8_MAX).to(FP8).float()
     elif pv == "bf16":
@@ -435,7 +483,7 @@ def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launc
         h, tq, tk, z.q8.shape[2], z.k8.shape[2], scale * LOG2E,
         *z.v.stride()[:3], *out.stride()[:3],
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, D=d, QUANT=QUANT_BLOCK,
-        QK_INT8=z.qk == "int8", PV_FP8=z.pv == "fp8", EMULATE=emulate, **tuning,
+        QK_INT8=z.qk == "int8", PV=z.pv, EMULATE=emulate, **tuning,
     )  # fmt: skip
 
 
@@ -446,5 +494,5 @@ def cost(shape: tuple[int, int, int, int], pv: str = "fp8", dtype: torch.dtype =
     (re-reads of K/V by other query tiles are assumed to hit L2), the output written in `dtype`. Exponentials are not
     counted."""
     b, h, t, d = shape
-    kernel_bytes = b * h * t * d * (2 + (1 if pv == "fp8" else 2) + dtype_size(dtype))
+    kernel_bytes = b * h * t * d * (2 + (2 if pv == "bf16" else 1) + dtype_size(dtype))
     return int(attention_quantize.cost(shape, pv, dtype) + kernel_bytes), int(b * h * 4 * t * t * d)

@@ -1,4 +1,4 @@
-"""The low-bit attention kernel (Q.K^T in INT8 or FP8 e4m3 x P.V in FP8 or bf16) against cuDNN dense attention and
+"""The low-bit attention kernel (Q.K^T in INT8 or FP8 e4m3 x P.V in FP8, INT8 or bf16) against cuDNN dense attention and
 FlashAttention-4 (when importable), and block_sparse at 20 % exact block pairs with its exact blocks in low precision
 against block_sparse alone, at the Wan2.1-1.3B attention shape (1 x 12 heads x 32,760 tokens x 128, bf16).
 
@@ -59,7 +59,8 @@ NAME = "fp8-attention"
 SUMMARY = "low-bit attention (QK int8/e4m3 x PV fp8/bf16) vs cuDNN and FA4; block_sparse 20 % exact vs low-bit"
 GPUS = 1
 PAIRS = tuple((qk, pv) for qk in fa.QK_MODES for pv in fa.PV_MODES)
-SWEEP_PAIRS = (("int8", "fp8"), ("int8", "bf16"))  # the plugin's default, and the lowest-error pair
+SWEEP_PAIRS = (("int8", "fp8"), ("int8", "int8"), ("int8", "bf16"))  # the plugin's default; one-byte P.V whose
+# error meets the issue's 3e-2 (Triton only); the lowest-error pair
 DISPATCHER_PAIR = ("int8", "fp8")  # the plugin's default, also timed on the dispatcher's (B, T, H, D) memory order
 LAUNCHES = {
     "m64_n128_w4_s3": fa.Launch(64, 128, 4, 3),  # shipped on sm_90 for pv="fp8" (DEFAULT)
@@ -73,7 +74,7 @@ CAPTURE_MODEL = "demo-av"  # trained: its attention activations are a model's, n
 CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hum"
 HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3): the kernels' case measured here
 SPARSE_DENSITY = 0.20
-SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "bf16"), ("e4m3", "fp8"))
+SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "int8"), ("int8", "bf16"), ("e4m3", "fp8"))
 ERROR_PART_ROWS = 4096  # query rows (of head 0, against all keys) `error_parts` runs on: a (4096, T) fp32 logits tile
 
 
@@ -93,7 +94,7 @@ def outlier_qkv(tokens: int, heads: int, device: torch.device, dtype: torch.dtyp
     return normed(q), normed(k), v.to(dtype)
 
 
-COMPILED_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "ROWS", "QK_INT8", "PV_FP8", "LOWBIT", "INT8", "CHANNEL", "SMOOTH", "F32")
+COMPILED_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "ROWS", "QK_INT8", "PV", "LOWBIT", "INT8", "CHANNEL", "SMOOTH", "F32")
 
 
 def compiled_kernels() -> list[dict[str, Any]] | str:
@@ -147,29 +148,36 @@ def _captured_errors(calls: list, run, dense) -> dict[str, Any]:
 
 def error_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, float]:
     """Relative L2 against exact fp32 attention of each of the kernel's quantization steps alone, and of them all
-    (the default pair, int8 Q.K^T with FP8 P.V), on head 0's first ERROR_PART_ROWS queries of q, k, v (B, H, T, 128):
-    Q.K^T in int8 or e4m3 (smoothed keys, per-block scales, `attention_quantize.quantize_reference`), P rounded to
-    e4m3 per key tile of `fa.DEFAULT.block_n` (`fa.online_step`), v in e4m3 with its per-channel scale."""
+    (the default pair, int8 Q.K^T with FP8 P.V; and int8 with INT8 P.V), on head 0's first ERROR_PART_ROWS queries
+    of q, k, v (B, H, T, 128): Q.K^T in int8 or e4m3 (smoothed keys, per-block scales,
+    `attention_quantize.quantize_reference`), P rounded to e4m3 or int8 per key tile of `fa.DEFAULT.block_n`
+    (`fa.online_step`), v in e4m3 or int8 with its per-channel scale."""
     q, k, v = q[:1, :1, :ERROR_PART_ROWS], k[:1, :1], v[:1, :1]
     scale = q.shape[-1] ** -0.5
 
-    def attend(logits: torch.Tensor, values: torch.Tensor, round_p: bool) -> torch.Tensor:
-        acc, l = fa.online_softmax(logits, values, "fp8" if round_p else None, fa.DEFAULT.block_n)  # noqa: E741
-        return acc / (aq.FP8_MAX if round_p else 1.0) / l[..., None]  # a rounded P carried the 448
+    def attend(logits: torch.Tensor, values: torch.Tensor, pv: str | None) -> torch.Tensor:
+        acc, l = fa.online_softmax(logits, values, pv, fa.DEFAULT.block_n)  # noqa: E741
+        return acc / aq.P_TOP.get(pv, 1.0) / l[..., None]  # a rounded P carried the 448 (127)
+
+    def v_rounded(pv: str) -> torch.Tensor:  # (1, 1, T, 128) v's one-byte values times their per-channel scale
+        z = aq.quantize_reference(q, k, v, pv, qk="int8")
+        return aq.v_in_key_order(z.v, k.shape[2]).transpose(-1, -2).float() * (z.v_scale * aq.P_TOP[pv])[:, :, None]
 
     exact_logits = (q.float() @ k.float().transpose(-1, -2)) * (scale * fa.LOG2E)
-    z = {qk: aq.quantize_reference(q, k, v, "fp8", qk=qk) for qk in fa.QK_MODES}  # v's e4m3 copy is qk's alike
+    z = {qk: aq.quantize_reference(q, k, v, "bf16", qk=qk) for qk in fa.QK_MODES}
     logits = {qk: fa.reference_logits(z[qk], q.shape[2], k.shape[2], scale)[0] for qk in fa.QK_MODES}
-    v8 = aq.v_in_key_order(z["int8"].v, k.shape[2]).transpose(-1, -2).float()  # (1, 1, T, 128) e4m3 values, no scale
-    v_rounded = v8 * (z["int8"].v_scale * aq.FP8_MAX)[:, :, None, :]  # times their per-channel scale
-    exact = attend(exact_logits, v.float(), False)
+    v8 = {pv: v_rounded(pv) for pv in ("fp8", "int8")}
+    exact = attend(exact_logits, v.float(), None)
     parts = {
-        "qk_int8": attend(logits["int8"], v.float(), False),
-        "qk_e4m3": attend(logits["e4m3"], v.float(), False),
-        "p_e4m3": attend(exact_logits, v.float(), True),
-        "v_e4m3": attend(exact_logits, v_rounded, False),
-        "p_and_v_e4m3": attend(exact_logits, v_rounded, True),
-        "all_int8_fp8": attend(logits["int8"], v_rounded, True),
+        "qk_int8": attend(logits["int8"], v.float(), None),
+        "qk_e4m3": attend(logits["e4m3"], v.float(), None),
+        "p_e4m3": attend(exact_logits, v.float(), "fp8"),
+        "v_e4m3": attend(exact_logits, v8["fp8"], None),
+        "p_and_v_e4m3": attend(exact_logits, v8["fp8"], "fp8"),
+        "all_int8_fp8": attend(logits["int8"], v8["fp8"], "fp8"),
+        "p_int8": attend(exact_logits, v.float(), "int8"),
+        "v_int8": attend(exact_logits, v8["int8"], None),
+        "all_int8_int8": attend(logits["int8"], v8["int8"], "int8"),
     }
     return {name: rel_l2(out, exact) for name, out in parts.items()}
 
@@ -284,7 +292,7 @@ def run(context: Context) -> Measurement:
         "output; `structured` and `outliers` q/k are synthetic; `captured_rel_l2_vs_dense` is per call on the trained "
         f"{CAPTURE_MODEL}'s video self-attention ({len(captured)} calls of one dense request). "
         f"`launch_sweep` (kernel alone, {', '.join(_label(*p) for p in SWEEP_PAIRS)}) against the shipped launches "
-        f"{fa.DEFAULT} (pv=fp8) and {fa.BF16_PV} (pv=bf16); each swept launch's `rel_l2_vs_shipped` is against the "
+        f"{fa.DEFAULT} (pv=fp8, int8) and {fa.BF16_PV} (pv=bf16); each swept launch's `rel_l2_vs_shipped` is against the "
         "default path's output on the same operands (another block_n quantizes P over other tiles; the CuTe kernel's "
         "l sums P as rounded). Each arm's `kernel_path`: the default path, cute or triton. "
         f"block_sparse@{SPARSE_DENSITY:.2f}: structured q/k, low-precision arms A/B/A against the exact arm. "

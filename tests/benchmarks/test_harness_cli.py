@@ -10,6 +10,7 @@ import pytest
 from benchmarks.__main__ import main, run_scenario
 from benchmarks.envelope import FIELDS, FORMAT
 from benchmarks.scenarios import SCENARIOS
+from benchmarks.scenarios import fp8_attention as fp8_scenario
 
 REQUIRED = {"forward-wan", "forward-h3", "request-wan", "sparse-attention", "kernels", "relayout", "parallel", "memory"}
 
@@ -54,7 +55,9 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
     if name == "fp8-attention":  # per call on the trained demo-av's own q/k/v (heads of 48, padded): small, not zero
         rows = [row for row in record["arms"].values() if isinstance(row, dict)]
         captured = [row["captured_rel_l2_vs_dense"] for row in rows if "captured_rel_l2_vs_dense" in row]
-        assert len(captured) == 4 and all(c["calls"] == 2 and 0 < c["median"] <= c["max"] < 0.1 for c in captured)
+        assert len(captured) == len(fp8_scenario.PAIRS) == 6 and all(
+            c["calls"] == 2 and 0 < c["median"] <= c["max"] < 0.1 for c in captured
+        )
     if not record["ratios"]:  # a smoke that measures no pair must say what it skipped
         assert any("smoke" in note.lower() for note in record["notes"]), record["notes"]
 

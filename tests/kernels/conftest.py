@@ -21,11 +21,11 @@ def rng():
 
 @pytest.fixture
 def fp8_p_equal():
-    """Checks a kernel whose P.V runs in FP8 against its reference, which rounds the same values the same way: per
-    (head, query) row, relative error below 1e-5 (fp32 summation order), except at most two rows. A P within one
-    exp2 ulp of an e4m3 rounding boundary (the interpreter's exp2 and torch's differ in the last bit) rounds to the
-    neighbouring value in one of them and moves its row by up to an e4m3 step of that P (12.5 %); it is rare (about
-    one test in ten at these sizes has one) and no other row moves."""
+    """Checks a kernel whose P.V runs on one-byte P (e4m3 or int8) against its reference, which rounds the same
+    values the same way: per (head, query) row, relative error below 1e-5 (fp32 summation order), except at most two
+    rows. A P within one exp2 ulp of a rounding boundary (the interpreter's exp2 and torch's differ in the last bit)
+    rounds to the neighbouring value in one of them and moves its row by up to one step of that P (an e4m3 step is
+    12.5 %); it is rare (about one test in ten at these sizes has one) and no other row moves."""
 
     def check(got: torch.Tensor, want: torch.Tensor, message: str) -> None:
         got, want = got.float().flatten(0, -2), want.float().flatten(0, -2)

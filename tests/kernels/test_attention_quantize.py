@@ -1,12 +1,12 @@
 """attention_quantize: the Triton quantizer equals its torch reference bit for bit (int8 and e4m3 values, scales,
-the key mean and v's transposed e4m3 copy) under the Triton CPU interpreter, on odd lengths and strided views."""
+the key mean and v's transposed e4m3 or int8 copy) under the Triton CPU interpreter, on odd lengths and strided views."""
 
 import pytest
 import torch
 
 from workbench.kernels.attention_quantize import (
     FP8,
-    FP8_MAX,
+    P_TOP,
     QUANT_BLOCK,
     _v_scale,
     cost,
@@ -33,7 +33,7 @@ def test_quantize_bitwise_equal_reference(rng, dtype):
     k = k.to(dtype)  # (2, 2, 171, D), every other token of the draw
     v = (torch.randn(2, 2, 171, D, generator=rng) * torch.rand(D, generator=rng).exp2()).to(dtype)
     for qk in ("int8", "e4m3"):
-        for pv in ("fp8", "bf16"):
+        for pv in ("fp8", "bf16", "int8"):
             got, want = quantize(q, k, v, pv, qk=qk), quantize_reference(q, k, v, pv, qk=qk)
             assert got.q8.dtype == want.q8.dtype == (torch.int8 if qk == "int8" else FP8)
             assert got.q8.shape == (2, 2, 2 * QUANT_BLOCK, D) and got.k8.shape == (2, 2, 2 * QUANT_BLOCK, D)
@@ -46,14 +46,15 @@ def test_quantize_bitwise_equal_reference(rng, dtype):
                 differ = (_bits(a) != _bits(b)).sum().item()
                 assert differ == 0, f"seed {seed}, {qk}/{pv}: {name} differs in {differ} of {a.numel()}"
             assert (got.k8[:, :, 171:] == 0).all() and (got.q8[:, :, 203:] == 0).all(), f"seed {seed}: padding"
-            if pv == "fp8":  # in token order: v's per-channel e4m3 values, then zero padding
+            if pv != "bf16":  # in token order: v's per-channel one-byte values, then zero padding
                 keys = v_in_key_order(got.v, 2 * QUANT_BLOCK)
                 assert (keys[..., 171:].view(torch.uint8) == 0).all(), f"seed {seed}: v padding"
-                scale = _v_scale(v.float().abs().amax(2))[:, :, None]
-                values = (v.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+                scale = _v_scale(v.float().abs().amax(2), pv)[:, :, None]
+                values = (v.float() / scale).clamp(-P_TOP[pv], P_TOP[pv])
+                values = values.round().to(torch.int8) if pv == "int8" else values.to(FP8)
                 assert torch.equal(_bits(keys[..., :171]), _bits(values.transpose(-1, -2))), f"seed {seed}: v order"
                 assert (keys[..., :171].float() != 0).float().mean() > 0.9, f"seed {seed}: v8 mostly zero"
-    assert cost((1, 12, 32760, D)) == 12 * 32760 * D * (3 * 2 + 3)
+    assert cost((1, 12, 32760, D)) == cost((1, 12, 32760, D), "int8") == 12 * 32760 * D * (3 * 2 + 3)
 
 
 def test_v_slot_permutes_each_group_of_32():

@@ -97,6 +97,9 @@ EXAMPLES = {
     "fp8_attention_int8_qk": lambda: fp8_attention.fp8_attention(
         *(torch.zeros(B, H, T, D, dtype=BF16) for _ in range(3)), qk="int8"
     ),
+    "fp8_attention_int8_pv": lambda: fp8_attention.fp8_attention(
+        *(torch.zeros(B, H, T, D, dtype=BF16) for _ in range(3)), qk="int8", pv="int8"
+    ),
 }
 FP8_KERNELS = ("_quantize_rows", "_fp8_attention_fwd", "_quantize_fwd")  # refused before any launch below sm_89
 FP8_EXAMPLES = ("block_sparse_attention_int8",)  # a kernel that also runs without FP8, in its FP8 mode: refused too

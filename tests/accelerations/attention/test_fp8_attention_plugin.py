@@ -77,20 +77,22 @@ def test_fp8_attention_stacks_on_a_dense_backend_plugin_which_keeps_the_other_ca
             session.accelerate({"fp8_attention": {}, other: {}})
 
 
-def test_fp8_attention_protected_rows_are_dense_attention(interpreter):
+@pytest.mark.parametrize("pv", ["bf16", "int8"])
+def test_fp8_attention_protected_rows_are_dense_attention(interpreter, pv):
     """Router.run with the plugin's kernel: rows [0, protect) are the backend's dense attention (H3's text /
-    conditioning / audio queries with protect_prefix="family"), the rest the FP8 kernel's output."""
+    conditioning / audio queries with protect_prefix="family"), the rest the low-bit kernel's output at the
+    plugin's `pv`."""
     q, k, v = (torch.randn(1, 150, 2, 128) for _ in range(3))  # dispatcher layout (B, T, H, D)
     backend = _AttentionBackendRegistry._backends[_AttentionBackendRegistry._active_backend]
     receipt = Receipt(("fp8_calls",))
     router = Router("fp8_attention", wan.tiny_d128(), receipt, plugin.fp8_attend, None)
-    settings = Settings(tau=0.0, sink_tokens=0, protect_prefix="family", extra={"pv": "bf16", "qk": "int8"})
+    settings = Settings(tau=0.0, sink_tokens=0, protect_prefix="family", extra={"pv": pv, "qk": "int8"})
     call = Call(router, settings, 0, prefix=40)
     call.kwargs, call.backend_fn = {"query": q, "key": k, "value": v, "attn_mask": None, "scale": None}, backend
     out = router.run(call)
     dense = backend(query=q, key=k, value=v)
     q_, k_, v_ = (x.transpose(1, 2) for x in (q, k, v))
-    kernel = fp8_attention(q_, k_, v_, pv="bf16", qk="int8").transpose(1, 2)
+    kernel = fp8_attention(q_, k_, v_, pv=pv, qk="int8").transpose(1, 2)
     assert torch.equal(out[:, :40], dense[:, :40]) and torch.equal(out[:, 40:], kernel[:, 40:])
     assert (out[:, 40:] - dense[:, 40:]).abs().max() > 1e-3  # the other rows really are FP8
     assert receipt.counters["protected_rows"] == 40 and receipt.counters["fp8_calls"] == 1

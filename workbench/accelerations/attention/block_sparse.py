@@ -15,7 +15,7 @@ the pipeline's cache-context step index, or without one the count of denoiser ca
 and only the rest keep the sparse output; "family" protects the non-video prefix, as the seed's Sol path does);
 `per_expert` (Wan2.2: `dense_steps` counted within each expert's run of steps, `sparse_routing`); `precision`
 ("exact" by default: the exact blocks in the model's dtype; "int8" / "e4m3": the exact blocks through fp8_attention's
-quantized tile, Q.K^T in INT8 or FP8 on mean-smoothed keys) and `pv` (P.V of those blocks in FP8 or bf16). The
+quantized tile, Q.K^T in INT8 or FP8 on mean-smoothed keys) and `pv` (P.V of those blocks in FP8, INT8 or bf16). The
 contract is approximate either way (results say exact=False); a low precision adds fp8_attention's quantization error
 to the routing's and needs FP8 tensor cores (sm_89+).
 
@@ -65,7 +65,7 @@ class BlockSparseConfig(SparseAttentionConfig):
 
     tau: float = option(0.0, help=TAU_HELP)
     precision: str = option("exact", allowed=PRECISIONS, help="exact blocks in the model's dtype, or INT8/FP8 Q.K^T")
-    pv: str = option("fp8", allowed=PV_MODES, help="P.V of low-precision exact blocks: FP8 or bf16")
+    pv: str = option("fp8", allowed=PV_MODES, help="P.V of low-precision exact blocks: FP8, INT8 or bf16")
 
 
 class _Installed(RoutedHandle):
