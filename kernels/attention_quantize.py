@@ -62,7 +62,8 @@ class Quantized:
     int8 (qk="int8"), contiguous, tokens padded with zeros to a multiple of QUANT_BLOCK; q_scale (B, H, Tq'/128),
     k_scale (B, H, Tk'/128) fp32; v: pv="fp8" / "int8" the e4m3 / int8 values transposed (B, H, 128, Tk')
     contiguous (keys in `v_slot` order), pv="bf16" bf16 (B, H, Tk, 128) with unit last stride; v_scale (B, H, 128)
-    fp32 `scale_v / P_TOP[pv]` (one-byte v) or None (pv="bf16"); k_mean (B, H, 1, 128) fp32: the mean subtracted from k (zeros with smooth=False)."""
+    fp32 `scale_v / P_TOP[pv]` (one-byte v) or None (pv="bf16"); k_mean (B, H, 1, 128) fp32: the mean subtracted
+    from k (zeros with smooth=False)."""
 
     q8: torch.Tensor
     q_scale: torch.Tensor

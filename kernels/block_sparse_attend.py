@@ -19,8 +19,8 @@ interpreter computes `tl.dot` on bfloat16 operands wrongly (numpy has no bfloat1
 
 Low precision (`attend(..., quantized=z)`, `block_sparse_attention(..., precision=...)`): the exact blocks go
 through `fp8_attention.quantized_tile` / `quantized_pair` on z's int8/e4m3 q and k rows (the q8 tile and the
-per-128-token scales are loaded once per program; a 64-key block indexes its k scale) and z's e4m3 / int8 (transposed) or
-bf16 v, in the order below; after the exact
+per-128-token scales are loaded once per program; a 64-key block indexes its k scale) and z's e4m3 / int8
+(transposed) or bf16 v, in the order below; after the exact
 list the accumulator takes v's per-channel one-byte scale, so the folded pass adds real-valued mean values to it. The
 folded pass runs as in the exact path, on q in its dtype. k and v are quantized once per call, before the kernel
 (`attention_quantize.quantize`, the dense kernel's operands); a visit only loads its one-byte tiles and one k scale.

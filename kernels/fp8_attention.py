@@ -58,7 +58,8 @@ Error contract:
   bits do on the values that carry the output. Relative L2 against bf16 dense at T = 257
   (tests/kernels/test_fp8_attention.py bounds them), pv fp8 / int8 / bf16: iid normal q, k, v: e4m3 5.1e-2 /
   4.1e-2 / 3.8e-2, int8 3.7e-2 / 2.1e-2 / 1.4e-2; RMS-normed q/k with a shared channel offset and 4 outlier channels
-  (x6): e4m3 7.7e-2 / 7.0e-2 / 6.9e-2, int8 4.2e-2 / 2.6e-2 / 2.3e-2; bf16 dense itself is 2e-3 from exact. The benchmark scenario `fp8-attention` reports them at the production shape.
+  (x6): e4m3 7.7e-2 / 7.0e-2 / 6.9e-2, int8 4.2e-2 / 2.6e-2 / 2.3e-2; bf16 dense itself is 2e-3 from exact. The
+  benchmark scenario `fp8-attention` reports them at the production shape.
 
 The CPU interpreter (`TRITON_INTERPRET=1`): its FP8 and INT8 dots are right, but its fp32 -> e4m3 and fp32 -> bf16
 conversions are not round-to-nearest-even (e.g. 31.9999 -> 16). Under it the kernel rounds P to e4m3 / bf16 with an

@@ -1,9 +1,10 @@
 """The low-bit attention kernel for Hopper in CuTe DSL (sm_90a): warp-specialized, FlashAttention-3's schedule.
 
 Same maths and operands as `fp8_attention.attend` with pv="fp8" (`attention_quantize.quantize`'s q8, k8 in e4m3 or
-int8, v8 in e4m3 transposed with its keys in `v_slot` order, the per-block and per-channel scales); the output is the
-same up to fp32 summation order inside the dots, exp2's last bit, and l, which sums P as rounded to e4m3 here
-(`Fp8AttentionSm90`: 2e-3 to 3e-3 relative L2 from the Triton kernel, which sums it unrounded as `reference` does).
+int8, v8 in e4m3 transposed with its keys in `v_slot` order, the per-block and per-channel scales), or with pv="int8"
+(`pv_int8` below); the output is the same up to fp32 summation order inside the dots, exp2's last bit, and l, which
+sums P as rounded to e4m3 (int8) here (`Fp8AttentionSm90`: 2e-3 to 3e-3 relative L2 from the Triton kernel with
+e4m3, which sums it unrounded as `reference` does).
 
 One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
 - Warpgroup 0, the producer (24 registers a thread): one warp issues the TMA loads, q8's 128 x 128 tile once, then
@@ -20,6 +21,15 @@ The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q
 log2 e), one ex2.approx and half an F2FP (fp32 pairs to e4m3 pairs); the row sum comes from the P.V dot (a ones
 channel of v8). The row max is taken on the unscaled logits (factor > 0), reduced over the 4 lanes that share a row
 by two butterfly shuffles. P is made as `P * 448` (e4m3's top) and l sums it so; the epilogue divides it out.
+
+pv_int8 (`attention_quantize.quantize` with pv="int8": v8 in int8; `fp8_attention`'s pv="int8" maths): P is made
+per tile against the tile's own row max, `127 * P / P_max` (P_max = exp2(top - m), kept per row), rounded to int8
+by adding 1.5 * 2^23 (the integer lands in the float's low byte, which the operand takes: no F2I), and the P.V dot is
+an INT8 wgmma (N = 144: an INT8 dot's N is a multiple of 16) into an int32 accumulator that starts each tile at the
+bits of 1.5 * 2^23, so its fp32 reading less 1.5 * 2^23 is the exact product (|P . v| < 2^22; no I2F). O is then a
+plain fp32 register tile: `O = (O + product * P_max) * alpha` per tile, the ones channel (l) alike, so l sums P as
+rounded to int8 and carries 127 as O does. Not what `fp8_attention.attend` runs by default (`sm90_kernel`): a candidate
+that the `fp8-attention` scenario times and checks against the Triton kernel on a GPU first.
 
 Register operand P: the accumulator gives a thread keys 2t, 2t+1 (+8, +16, +24) of each 32 (t = lane % 4), the FP8
 A operand wants keys 4t..4t+3 and 4t+16..4t+19; with v8's keys stored in `v_slot` order the thread's own values are
@@ -55,6 +65,9 @@ TILE_N = 128  # keys a tile (the quantization block: one k scale a tile)
 HEAD_DIM = 128
 THREADS = 384
 LOG2_FP8_MAX = math.log2(448.0)
+LOG2_INT8_MAX = math.log2(127.0)
+_MAGIC = 12582912.0  # 1.5 * 2^23: fp32 steps of 1 from 2^23 to 2^24, so x + _MAGIC keeps round(x) in the low bits
+_BIAS = 0x4B400000  # the bits of _MAGIC as an int32
 
 # _P_FROM_S[a] = s: register a of the P.V operand (one 32-key k-block: 4 keys x 2 rows x 2 halves) takes accumulator
 # value s of the logits' fragment (2 columns x 2 rows x 4 groups of 8 columns of the same 32 keys). Slot 16g + 4t +
@@ -94,12 +107,18 @@ class Fp8AttentionSm90:
     against its running value, so a whole row's sum of P carried in it loses the small terms
     (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
-    def __init__(self, qk_int8: bool, stages: int = 3):
+    def __init__(self, qk_int8: bool, stages: int = 3, pv_int8: bool = False):
+        """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v."""
         self.qk_int8 = qk_int8
+        self.pv_int8 = pv_int8
         self.stages = stages
-        self.v_rows = HEAD_DIM + 8  # the P.V dot's N: v8's channels and the ones row (+ 7 zero rows)
+        # the P.V dot's N: v8's channels and the ones row (+ 7 zero rows; 15 for an INT8 dot, whose N is a multiple of
+        # 16 past 32)
+        self.v_rows = HEAD_DIM + (16 if pv_int8 else 8)
         self.qk_dtype = cutlass.Int8 if qk_int8 else cutlass.Float8E4M3FN
         self.s_dtype = Int32 if qk_int8 else Float32
+        self.v_dtype = cutlass.Int8 if pv_int8 else cutlass.Float8E4M3FN
+        self.o_dtype = Int32 if pv_int8 else Float32  # the P.V dot's accumulator
 
     def _mmas(self) -> tuple[cute.TiledMma, cute.TiledMma]:
         k_major = OperandMajorMode.K
@@ -107,7 +126,7 @@ class Fp8AttentionSm90:
             self.qk_dtype, self.qk_dtype, k_major, k_major, self.s_dtype, (2, 1, 1), tiler_mn=(64, TILE_N)
         )
         pv = sm90.make_trivial_tiled_mma(
-            cutlass.Float8E4M3FN, cutlass.Float8E4M3FN, k_major, k_major, Float32, (2, 1, 1),
+            self.v_dtype, self.v_dtype, k_major, k_major, self.o_dtype, (2, 1, 1),
             tiler_mn=(64, self.v_rows), a_source=warpgroup.OperandSource.RMEM,
         )  # fmt: skip
         return qk, pv
@@ -120,7 +139,7 @@ class Fp8AttentionSm90:
         mV: cute.Tensor,  # (128, Tk', H, B) v8 transposed, keys contiguous (v_slot order)
         mQs: cute.Tensor,  # (Tq'/128, H, B) fp32 q scales
         mKs: cute.Tensor,  # (Tk'/128, H, B) fp32 k scales
-        mVs: cute.Tensor,  # (128, H, B) fp32 scale_v / 448
+        mVs: cute.Tensor,  # (128, H, B) fp32 scale_v / 448 (pv_int8: / 127)
         mO: cute.Tensor,  # (Tq, 128, H, B) bf16 output, channels contiguous
         qk_scale: Float32,  # softmax scale * log2(e)
         tk: Int32,  # real keys (Tk <= Tk')
@@ -130,14 +149,14 @@ class Fp8AttentionSm90:
         if const_expr(mQ.element_type == cutlass.Uint8):
             mQ, mK = cute.recast_tensor(mQ, cutlass.Float8E4M3FN), cute.recast_tensor(mK, cutlass.Float8E4M3FN)
         if const_expr(mV.element_type == cutlass.Uint8):
-            mV = cute.recast_tensor(mV, cutlass.Float8E4M3FN)
+            mV = cute.recast_tensor(mV, self.v_dtype)
         qk_mma, pv_mma = self._mmas()
         row_major = utils.LayoutEnum.ROW_MAJOR
         sQ_layout = sm90.make_smem_layout_a(row_major, (TILE_M, TILE_N, HEAD_DIM), self.qk_dtype, 1)
         sK_layout = sm90.make_smem_layout_b(row_major, (TILE_M, TILE_N, HEAD_DIM), self.qk_dtype, self.stages)
-        sV_layout = sm90.make_smem_layout_b(row_major, (TILE_M, self.v_rows, TILE_N), cutlass.Float8E4M3FN, self.stages)
+        sV_layout = sm90.make_smem_layout_b(row_major, (TILE_M, self.v_rows, TILE_N), self.v_dtype, self.stages)
         # TMA writes the first 128 rows of each v8 stage: that layout with the P.V view's stage stride
-        sV_load = sm90.make_smem_layout_b(row_major, (TILE_M, HEAD_DIM, TILE_N), cutlass.Float8E4M3FN, self.stages)
+        sV_load = sm90.make_smem_layout_b(row_major, (TILE_M, HEAD_DIM, TILE_N), self.v_dtype, self.stages)
         sV_load = cute.make_composed_layout(
             sV_load.inner,
             0,
@@ -155,7 +174,7 @@ class Fp8AttentionSm90:
             bar_v: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[self.qk_dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.qk_dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(sV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.v_dtype, cute.cosize(sV_layout)], 1024]
 
         self.storage = Storage
         grid = (cute.ceil_div(cute.size(mO, mode=[0]), TILE_M), cute.size(mO, mode=[2]), cute.size(mO, mode=[3]))
@@ -202,7 +221,7 @@ class Fp8AttentionSm90:
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # one arrive per consumer warp
         q_bytes = cute.size_in_bytes(self.qk_dtype, cute.select(sQ_layout, mode=[0, 1]))
         k_bytes = cute.size_in_bytes(self.qk_dtype, cute.select(sK_layout, mode=[0, 1]))
-        v_bytes = cute.size_in_bytes(cutlass.Float8E4M3FN, cute.select(sV_load, mode=[0, 1]))
+        v_bytes = cute.size_in_bytes(self.v_dtype, cute.select(sV_load, mode=[0, 1]))
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.bar_q.data_ptr(), num_stages=1, producer_group=producer,
             consumer_group=consumers, tx_count=q_bytes, defer_sync=True,
@@ -259,7 +278,7 @@ class Fp8AttentionSm90:
         ctid, m_block, h, b, n_tiles,
     ):  # fmt: skip
         """The two consumer warpgroups (module doc): ctid in 0..255."""
-        pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # O starts at zero and only accumulates
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # O (pv_int8: the tile's bias) only accumulates
         qk_thr = qk_mma.get_slice(ctid)
         pv_thr = pv_mma.get_slice(ctid)
         rQ = qk_mma.make_fragment_A(qk_thr.partition_A(sQ))  # smem descriptors
@@ -267,14 +286,18 @@ class Fp8AttentionSm90:
         rV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
         acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((TILE_M, TILE_N)), self.s_dtype)  # ((2,2,16),1,1)
         acc_o = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M, self.v_rows)), Float32)  # ((2,2,16|17),1,1)
+        # pv_int8: the P.V dot's int32 accumulator, one tile's product at a time (acc_o is then plain fp32 O)
+        acc_r = cute.make_rmem_tensor(acc_o.layout, self.o_dtype) if const_expr(self.pv_int8) else acc_o
         p_shape = pv_thr.partition_shape_A((TILE_M, TILE_N))  # ((4,2,2),1,4): 4 k-blocks of 32 keys
         p32 = cute.make_rmem_tensor(p_shape, Float32)
-        p8 = cute.make_rmem_tensor(p_shape, cutlass.Float8E4M3FN)
-        p = cute.make_rmem_tensor(acc_s.layout, Float32)  # P * 448 in the logits' fragment
+        p8 = pv_mma.make_fragment_A(p_shape)  # the dot's own element type (an INT8 dot's is signed i8)
+        p = cute.make_rmem_tensor(acc_s.layout, Float32)  # P * 448 (pv_int8: 127 P / P_max + 1.5 * 2^23)
         acc_o.fill(0.0)
         m = cute.make_rmem_tensor((2,), Float32)  # running max (log2 units) of this thread's two rows
         l = cute.make_rmem_tensor((2,), Float32)  # noqa: E741  row sums of P * 448 before the last P.V's tile
         alpha = cute.make_rmem_tensor((2,), Float32)
+        beta = cute.make_rmem_tensor((2,), Float32)  # pv_int8: P_max of the tile just made into P
+        weight = cute.make_rmem_tensor((2,), Float32)  # pv_int8: P_max of the tile whose P.V is in acc_r
         m.fill(-Float32.inf)
         l.fill(0.0)
         lane_col = 2 * (ctid % 4)  # this thread's first key column within each group of 8
@@ -286,11 +309,11 @@ class Fp8AttentionSm90:
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
 
         wg = ctid // 128  # this consumer warpgroup: 0 or 1
-        # v8's extra rows: channel 128 all ones, 129..135 zeros, in every stage
+        # v8's extra rows: channel 128 all ones, the rest zeros, in every stage
         for stage in cutlass.range_constexpr(self.stages):
-            for r in cutlass.range_constexpr(8):
+            for r in cutlass.range_constexpr(self.v_rows - HEAD_DIM):
                 if wg == r % 2:
-                    sV[HEAD_DIM + r, ctid % TILE_N, stage] = cutlass.Float8E4M3FN(1.0 if r == 0 else 0.0)
+                    sV[HEAD_DIM + r, ctid % TILE_N, stage] = self.v_dtype(1 if r == 0 else 0)
         cute.arch.fence_view_async_shared()  # these generic-proxy writes, seen by the dots' async proxy
         cute.arch.barrier(barrier_id=3, number_of_threads=256)
 
@@ -300,7 +323,7 @@ class Fp8AttentionSm90:
         warpgroup.wait_group(0)
         pipe_k.consumer_release(k_state)
         k_state.advance()
-        self.softmax(acc_s, p, m, alpha, q_factor * mKs[0, h, b], tk, lane_col, True)
+        self.softmax(acc_s, p, m, alpha, beta, q_factor * mKs[0, h, b], tk, lane_col, True)
         self.to_operand(p, p32, p8)
         for j in cutlass.range(1, n_tiles, unroll=1):
             factor = q_factor * mKs[j, h, b]
@@ -308,24 +331,35 @@ class Fp8AttentionSm90:
             pipe_k.consumer_wait(k_state)
             self.logits(qk_mma, acc_s, rQ, rK, k_state)
             pipe_v.consumer_wait(v_state)
-            self.values(pv_mma, acc_o, p8, rV, v_state)
+            if const_expr(self.pv_int8):
+                acc_r.fill(_BIAS)
+                weight[0], weight[1] = beta[0], beta[1]
+            self.values(pv_mma, acc_r, p8, rV, v_state)
             warpgroup.wait_group(1)  # the logits are in; P.V still runs
             pipe_k.consumer_release(k_state)
             k_state.advance()
-            self.softmax(acc_s, p, m, alpha, factor, tk - j * TILE_N, lane_col, False)
+            self.softmax(acc_s, p, m, alpha, beta, factor, tk - j * TILE_N, lane_col, False)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(v_state)
             v_state.advance()
-            for r in cutlass.range_constexpr(2):  # the ones channel holds tile j-1's sum only: into fp32 l, zeroed
-                l[r] = (l[r] + acc_o[64 + 2 * r]) * alpha[r]
-                acc_o[64 + 2 * r] = Float32(0.0)
-            for i in cutlass.range_constexpr(cute.size(acc_o)):
-                acc_o[i] = acc_o[i] * alpha[(i // 2) % 2]
+            if const_expr(self.pv_int8):  # O = (O + R * P_max) * alpha, the ones channel (l) alike
+                self.fold(acc_o, acc_r, weight, alpha)
+            else:
+                for r in cutlass.range_constexpr(2):  # the ones channel holds tile j-1's sum only: into fp32 l, zeroed
+                    l[r] = (l[r] + acc_o[64 + 2 * r]) * alpha[r]
+                    acc_o[64 + 2 * r] = Float32(0.0)
+                for i in cutlass.range_constexpr(cute.size(acc_o)):
+                    acc_o[i] = acc_o[i] * alpha[(i // 2) % 2]
             self.to_operand(p, p32, p8)
         pipe_v.consumer_wait(v_state)
-        self.values(pv_mma, acc_o, p8, rV, v_state)
+        if const_expr(self.pv_int8):
+            acc_r.fill(_BIAS)
+        self.values(pv_mma, acc_r, p8, rV, v_state)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
+        if const_expr(self.pv_int8):
+            alpha.fill(1.0)
+            self.fold(acc_o, acc_r, beta, alpha)
         self.epilogue(acc_o, l, mVs, mO, pv_thr, m_block, h, b)
 
     @cute.jit
@@ -339,17 +373,28 @@ class Fp8AttentionSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def values(self, pv_mma, acc_o, p8, rV, v_state):
-        """Issue O += P . v8 on the v8 tile in v_state's buffer (committed, not waited for)."""
+    def values(self, pv_mma, acc, p8, rV, v_state):
+        """Issue acc += P . v8 on the v8 tile in v_state's buffer (committed, not waited for)."""
         warpgroup.fence()
         for kb in cutlass.range_constexpr(TILE_N // 32):
-            cute.gemm(pv_mma, acc_o, p8[None, None, kb], rV[None, None, kb, v_state.index], acc_o)
+            cute.gemm(pv_mma, acc, p8[None, None, kb], rV[None, None, kb, v_state.index], acc)
         warpgroup.commit_group()
 
     @cute.jit
-    def softmax(self, acc_s, p, m, alpha, factor, limit, lane_col, first: cutlass.Constexpr):
-        """One tile's online softmax: p (fp32, the logits' fragment) = P * 448 of the logits in acc_s; m (this
-        thread's two rows) updated in place, alpha (the rows' rescale of O and l) set. Keys at column >= `limit` weigh
+    def fold(self, acc_o, acc_r, weight, alpha):
+        """pv_int8: O = (O + R * weight) * alpha per row, R the exact int32 product that acc_r holds as
+        `bits(R + 1.5 * 2^23)` (its bias): read as fp32 less 1.5 * 2^23, exact, no I2F (module doc)."""
+        bits = cute.recast_tensor(acc_r, Float32)
+        for r in cutlass.range_constexpr(2):
+            weight[r] = weight[r] * alpha[r]
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[i] = (bits[i] - Float32(_MAGIC)) * weight[(i // 2) % 2] + acc_o[i] * alpha[(i // 2) % 2]
+
+    @cute.jit
+    def softmax(self, acc_s, p, m, alpha, beta, factor, limit, lane_col, first: cutlass.Constexpr):
+        """One tile's online softmax: p (fp32, the logits' fragment) = P * 448 of the logits in acc_s (pv_int8:
+        127 * P / P_max + 1.5 * 2^23, P_max = exp2(top - m) into beta, top the tile's row max); m (this thread's
+        two rows) updated in place, alpha (the rows' rescale of O and l) set. Keys at column >= `limit` weigh
         nothing (the last tile's padding)."""
         for i in cutlass.range_constexpr(cute.size(p)):
             p[i] = Float32(acc_s[i])
@@ -362,29 +407,45 @@ class Fp8AttentionSm90:
             top = _max_tree([p[i] for i in mine])
             top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=1))
             top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=2))
-            m_new = cute.arch.fmax(m[r], top * factor)
+            top = top * factor
+            m_new = cute.arch.fmax(m[r], top)
             alpha[r] = Float32(1.0) if const_expr(first) else _ex2(m[r] - m_new)
             m[r] = m_new
-            shift = m_new - LOG2_FP8_MAX
-            for i in mine:
-                p[i] = _ex2(p[i] * factor - shift)
+            if const_expr(self.pv_int8):
+                beta[r] = _ex2(top - m_new)
+                shift = top - LOG2_INT8_MAX
+                for i in mine:  # 1.5 * 2^23 + P: P rounded to an integer in the low bits (module doc)
+                    p[i] = _ex2(p[i] * factor - shift) + Float32(_MAGIC)
+            else:
+                shift = m_new - LOG2_FP8_MAX
+                for i in mine:
+                    p[i] = _ex2(p[i] * factor - shift)
 
     @cute.jit
     def to_operand(self, p, p32, p8):
-        """P (fp32, in the logits' fragment) to the P.V operand in e4m3: a renaming of registers (_P_FROM_S)."""
+        """P (fp32, in the logits' fragment) to the P.V operand: a renaming of registers (_P_FROM_S), then e4m3, or
+        (pv_int8) the low byte of each value's bits (softmax left the integer there)."""
         for kb in cutlass.range_constexpr(TILE_N // 32):
             for a in cutlass.range_constexpr(16):
                 p32[a + 16 * kb] = p[_P_FROM_S[a] + 16 * kb]
-        p8.store(p32.load().to(cutlass.Float8E4M3FN))
+        if const_expr(self.pv_int8):
+            # into the operand's signed bytes through a signless view of them (what .to(Int8) yields)
+            cute.recast_tensor(p8, cutlass.Int8).store(cute.recast_tensor(p32, Int32).load().to(cutlass.Int8))
+        else:
+            p8.store(p32.load().to(cutlass.Float8E4M3FN))
 
     @cute.jit
     def epilogue(self, acc_o, l, mVs, mO, pv_thr, m_block, h, b):  # noqa: E741
         """O * scale_v / l, rounded to bf16 and stored (rows past Tq skipped). A row's l is l plus the last tile's
-        channel 128 of O, both held by the row's first lane (value 64 + 2r)."""
+        channel 128 of O (pv_int8: channel 128 of O alone), both held by the row's first lane (value 64 + 2r)."""
         inv = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
-            total = cute.arch.shuffle_sync(l[r] + acc_o[64 + 2 * r], offset=cute.arch.lane_idx() & ~3)
-            inv[r] = Float32(448.0) / total  # l carries 448; v's scale is scale_v / 448
+            if const_expr(self.pv_int8):
+                total = cute.arch.shuffle_sync(acc_o[64 + 2 * r], offset=cute.arch.lane_idx() & ~3)
+                inv[r] = Float32(127.0) / total  # O and l carry 127; v's scale is scale_v / 127
+            else:
+                total = cute.arch.shuffle_sync(l[r] + acc_o[64 + 2 * r], offset=cute.arch.lane_idx() & ~3)
+                inv[r] = Float32(448.0) / total  # l carries 448; v's scale is scale_v / 448
         tOc = pv_thr.partition_C(cute.make_identity_tensor((TILE_M, self.v_rows)))  # (row, channel) in the tile
         rows = cute.size(mO, mode=[0])
         for i in cutlass.range_constexpr(64):  # the 128 real channels
@@ -395,7 +456,7 @@ class Fp8AttentionSm90:
 
 
 def operands(z: Quantized, out: torch.Tensor) -> list:
-    """`attention_quantize.quantize`'s operands (pv="fp8") and the output (B, H, Tq, 128) bf16 as the kernel's cute
+    """`attention_quantize.quantize`'s operands (a one-byte pv) and the output (B, H, Tq, 128) bf16 as the kernel's cute
     tensors, (T, D, H, B) and v (D, T, H, B); e4m3 as uint8 views (DLPack of float8 types is not in every torch)."""
     tensors = (z.q8.permute(2, 3, 1, 0), z.k8.permute(2, 3, 1, 0), z.v.permute(2, 3, 1, 0),
                z.q_scale.permute(2, 1, 0), z.k_scale.permute(2, 1, 0), z.v_scale.permute(2, 1, 0),
@@ -411,17 +472,23 @@ _COMPILED: dict = {}  # (options, operands' shapes and strides) -> the compiled 
 def attend(
     z: Quantized, out: torch.Tensor, tk: int, scale: float, stream: cuda.CUstream | None = None, **options
 ) -> None:
-    """`fp8_attention.attend`'s contract with this kernel (pv="fp8", head dim 128, sm_90a) on `quantize`'s operands
-    `z` of Tk = `tk` keys into `out` (B, H, Tq, 128) bf16 with unit last stride; `options`: Fp8AttentionSm90's besides
-    qk_int8 (taken from z). Compiled once per options and shapes/strides (about a second), then launched on `stream`
+    """`fp8_attention.attend`'s contract with this kernel (a one-byte pv, head dim 128, sm_90a) on `quantize`'s
+    operands `z` of Tk = `tk` keys into `out` (B, H, Tq, 128) bf16 with unit last stride; `options`: Fp8AttentionSm90's
+    besides qk_int8 and pv_int8 (taken from z). Compiled once per options and shapes/strides (about a second), then
+    launched on `stream`
     (a cuda.CUstream; default: torch's current stream on out's device, or a placeholder when out is on the CPU, which
     compiles without launching)."""
     args = operands(z, out)
-    key = (z.qk, tuple(sorted(options.items())), tuple((tuple(x.shape), x.stride()) for x in (z.q8, z.k8, z.v, out)))
+    key = (
+        z.qk,
+        z.pv,
+        tuple(sorted(options.items())),
+        tuple((tuple(x.shape), x.stride()) for x in (z.q8, z.k8, z.v, out)),
+    )
     if stream is None:
         stream = cuda.CUstream(torch.cuda.current_stream(out.device).cuda_stream if out.is_cuda else 0)
     if key not in _COMPILED:
-        kernel = Fp8AttentionSm90(qk_int8=z.qk == "int8", **options)
+        kernel = Fp8AttentionSm90(qk_int8=z.qk == "int8", pv_int8=z.pv == "int8", **options)
         _COMPILED[key] = cute.compile(kernel, *args, scale * LOG2E, tk, stream, options="--gpu-arch sm_90a")
     if out.is_cuda:
         _COMPILED[key](*args, scale * LOG2E, tk, stream)

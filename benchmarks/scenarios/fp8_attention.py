@@ -20,10 +20,13 @@ comes from: each quantization step alone and all of them together, per input (th
 (`LAUNCHES`) times the Triton kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages (each
 with its error against the default path's output); the A/B/A arms take `attend`'s default path, each arm's
 `kernel_path` names it: the CuTe kernel where `fa.sm90_kernel` holds (sm_90, pv="fp8", the DSL importable), else the
-Triton kernel with `launch_for`'s launch. Where the default is the CuTe kernel, the plugin's default pair also runs
-through the Triton kernel (`...,triton` arm, A/B/A with the rest, its output against the CuTe kernel's). `compiled` lists
-what Triton's JIT built in this process for the attention and quantization kernels: launch, registers and spilled
-bytes per variant (from the JIT's cache; the CPU compile reports of `workbench.kernels.targets` should agree).
+Triton kernel with `launch_for`'s launch. Where the DSL runs (`fa.sm90_ready`), the CuTe kernel's pv="int8" build, a
+candidate, is timed too (`...,cute-candidate`: the whole call A/B/A, the kernel alone, its output against the Triton
+kernel's on the same operands and against dense). Where the default is the CuTe kernel, the plugin's default pair
+also runs through the Triton kernel (`...,triton` arm, A/B/A with the rest, its output against the CuTe kernel's).
+`compiled` lists what Triton's JIT built in this process for the attention and quantization kernels: launch,
+registers and spilled bytes per variant (from the JIT's cache; the CPU compile reports of `workbench.kernels.targets`
+should agree).
 
 block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
 low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued clock, each with its relative L2 against dense and against
@@ -251,6 +254,10 @@ def run(context: Context) -> Measurement:
                                 "rel_l2_vs_shipped": rel_l2(out, shipped)}  # fmt: skip
             arms[name]["launch_sweep"] = sweep
         visits[name] = lambda pv=pv, qk=qk: fa.fp8_attention(q, k, v, pv=pv, qk=qk)
+    if fa.sm90_ready(device):  # the CuTe kernel's INT8 P.V build, a candidate `attend` does not take by default yet
+        for qk in fa.QK_MODES:
+            name = f"fp8_attention[{_label(qk, 'int8')},cute-candidate]"
+            arms[name], visits[name] = _cute_int8_candidate(inputs, qk, dense, clock, flops)
     # The plugin's call: the dispatcher hands (B, T, H, D) tensors, which the kernels read as (B, H, T, D) views
     qd, kd, vd = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     qk, pv = DISPATCHER_PAIR
@@ -292,7 +299,8 @@ def run(context: Context) -> Measurement:
         "output; `structured` and `outliers` q/k are synthetic; `captured_rel_l2_vs_dense` is per call on the trained "
         f"{CAPTURE_MODEL}'s video self-attention ({len(captured)} calls of one dense request). "
         f"`launch_sweep` (kernel alone, {', '.join(_label(*p) for p in SWEEP_PAIRS)}) against the shipped launches "
-        f"{fa.DEFAULT} (pv=fp8, int8) and {fa.BF16_PV} (pv=bf16); each swept launch's `rel_l2_vs_shipped` is against the "
+        f"{fa.DEFAULT} (pv=fp8, int8) and {fa.BF16_PV} (pv=bf16); each swept launch's `rel_l2_vs_shipped` is "
+        "against the "
         "default path's output on the same operands (another block_n quantizes P over other tiles; the CuTe kernel's "
         "l sums P as rounded). Each arm's `kernel_path`: the default path, cute or triton. "
         f"block_sparse@{SPARSE_DENSITY:.2f}: structured q/k, low-precision arms A/B/A against the exact arm. "
@@ -304,6 +312,33 @@ def run(context: Context) -> Measurement:
     shape = {"batch": 1, "heads": heads, "tokens": tokens, "head_dim": HEAD_DIM, "grid": list(grid),
              "dtype": str(dtype).removeprefix("torch.")}  # fmt: skip
     return Measurement(SUMMARY, shape, arms, ratios, notes)
+
+
+def _cute_int8_candidate(inputs: dict, qk: str, dense, clock: dict[str, Any], flops: int) -> tuple[dict, Any]:
+    """The CuTe kernel built for pv="int8" (`fp8_attention_sm90`, pv_int8) on the iid inputs: the kernel alone
+    (both clocks), its output against the Triton kernel's on the same operands (the contract: within 5e-3) and
+    against dense on every input; returns (arm, the whole call: quantize + the CuTe kernel)."""
+    from workbench.kernels import fp8_attention_sm90
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(q)
+        fp8_attention_sm90.attend(aq.quantize(q, k, v, "int8", qk=qk), out, k.shape[2], HEAD_DIM**-0.5)
+        return out
+
+    q, k, v = inputs["iid"]
+    tokens, scale = k.shape[2], HEAD_DIM**-0.5
+    z = aq.quantize(q, k, v, "int8", qk=qk)
+    out, triton_out = torch.empty_like(q), torch.empty_like(q)
+    fa.attend(z, triton_out, tokens, scale, fa.launch_for(q.device, "int8"))
+    kernel = time_call(lambda: fp8_attention_sm90.attend(z, out, tokens, scale), q.device, **clock)
+    arm = {
+        "kernel_path": "cute",
+        "rel_l2_vs_triton": rel_l2(out, triton_out),
+        "rel_l2_vs_dense": {kind: rel_l2(call(*qkv), dense(*qkv)) for kind, qkv in inputs.items()},
+        "kernel": kernel.to_dict(),
+        "kernel_tflops": flops / kernel.median_s / 1e12,
+    }
+    return arm, lambda: call(q, k, v)
 
 
 def _block_sparse_arms(

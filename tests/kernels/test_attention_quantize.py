@@ -1,5 +1,6 @@
 """attention_quantize: the Triton quantizer equals its torch reference bit for bit (int8 and e4m3 values, scales,
-the key mean and v's transposed e4m3 or int8 copy) under the Triton CPU interpreter, on odd lengths and strided views."""
+the key mean and v's transposed e4m3 or int8 copy) under the Triton CPU interpreter, on odd lengths and strided
+views."""
 
 import pytest
 import torch

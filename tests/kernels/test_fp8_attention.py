@@ -1,6 +1,6 @@
 """fp8_attention: the kernel equals its torch reference (the same quantization, the same tiled online softmax) under
-the Triton CPU interpreter, its low-bit error against dense attention is bounded, key smoothing leaves the softmax alone,
-and bad inputs are refused."""
+the Triton CPU interpreter, its low-bit error against dense attention is bounded, key smoothing leaves the softmax
+alone, and bad inputs are refused."""
 
 import math
 
@@ -123,8 +123,8 @@ def test_fp8_attention_int8_qk_error_is_lower_than_e4m3_and_bounded(rng):
     seed = rng.initial_seed()
     inputs = {"iid": tuple(torch.randn(1, 3, 257, D, generator=rng).bfloat16() for _ in range(3)),
               "structured": _structured(rng, 3, 257)}  # fmt: skip
-    bounds = {("iid", "fp8"): 4.5e-2, ("iid", "int8"): 2.6e-2, ("iid", "bf16"): 1.8e-2,
-              ("structured", "fp8"): 5.3e-2, ("structured", "int8"): 3.3e-2, ("structured", "bf16"): 3.0e-2}  # fmt: skip
+    bounds = {("iid", "fp8"): 4.5e-2, ("iid", "int8"): 2.6e-2, ("iid", "bf16"): 1.8e-2, ("structured", "fp8"): 5.3e-2,
+              ("structured", "int8"): 3.3e-2, ("structured", "bf16"): 3.0e-2}  # fmt: skip
     for kind, (q, k, v) in inputs.items():
         dense = torch.nn.functional.scaled_dot_product_attention(q, k, v)
         errors = {(qk, pv): _rel(fp8_attention(q, k, v, pv=pv, qk=qk), dense) for qk in QK_MODES for pv in PV_MODES}

@@ -1,6 +1,7 @@
 """The CuTe DSL FP8 attention kernel (kernels/fp8_attention_sm90.py): it compiles for sm_90a wherever the DSL is
 installed (no GPU needed; CI has no DSL and skips this module), and on an H200 it equals the Triton kernel on the same
-quantized operands and is what `fp8_attention.attend` runs there by default (gpu marker)."""
+quantized operands and is what `fp8_attention.attend` runs there by default for pv="fp8" (gpu marker); its pv="int8"
+build (a candidate, not the default) equals the Triton kernel the same way."""
 
 import pytest
 import torch
@@ -15,10 +16,10 @@ D = 128
 CONFIGS = ({}, {"stages": 2})  # the default (3 K/V stages), and 2
 
 
-@pytest.mark.parametrize("qk", ["e4m3", "int8"])
-def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk):
+@pytest.mark.parametrize(("qk", "pv"), [("e4m3", "fp8"), ("int8", "fp8"), ("int8", "int8")])
+def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk, pv):
     q, k, v = (torch.randn(1, 2, 300, D, generator=rng, dtype=torch.bfloat16) for _ in range(3))
-    z = aq.quantize_reference(q, k, v, "fp8", qk=qk)
+    z = aq.quantize_reference(q, k, v, pv, qk=qk)
     before = len(sm90._COMPILED)
     for config in CONFIGS:
         sm90.attend(z, torch.empty_like(q), 300, D**-0.5, **config)
@@ -26,28 +27,29 @@ def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qk", ["e4m3", "int8"])
+@pytest.mark.parametrize(("qk", "pv"), [("e4m3", "fp8"), ("int8", "fp8"), ("int8", "int8")])
 @pytest.mark.parametrize("shape", [(1, 3, 300), (2, 2, 1061)])
-def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90(monkeypatch, rng, qk, shape):
+def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90(monkeypatch, rng, qk, pv, shape):
     """Same operands, same maths, up to fp32 summation order, the bf16 output's rounding and l, which the CuTe kernel
-    sums from P as rounded to e4m3 (the Triton kernel sums it unrounded): relative L2 below 5e-3 (3.3e-3 at 300 keys,
-    2.5e-3 at 1,061 and 2.0e-3 at 32,760 measured on the H200 against the same schedule summing unrounded P).
-    `fa.fp8_attention` runs the default configuration there."""
+    sums from P as rounded to e4m3 or int8 (the Triton kernel sums it unrounded): relative L2 below 5e-3 (e4m3: 3.3e-3
+    at 300 keys, 2.5e-3 at 1,061 and 2.0e-3 at 32,760 measured on the H200 against the same schedule summing
+    unrounded P; int8 P rounds on a finer grid). `fa.fp8_attention` runs the default configuration there with
+    pv="fp8"; pv="int8" keeps the Triton kernel until the CuTe build is measured."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is built for sm_90a")
     seed = rng.initial_seed()
     b, h, t = shape
     q, k, v = (torch.randn(b, h, t, D, generator=rng).cuda().bfloat16() for _ in range(3))
-    z = aq.quantize(q, k, v, "fp8", qk=qk)
+    z = aq.quantize(q, k, v, pv, qk=qk)
     want = torch.empty_like(q)
-    fa.attend(z, want, t, D**-0.5, fa.launch_for(q.device, "fp8"))  # a launch given: the Triton kernel
+    fa.attend(z, want, t, D**-0.5, fa.launch_for(q.device, pv))  # a launch given: the Triton kernel
     for config in CONFIGS:
         got = torch.empty_like(q)
         sm90.attend(z, got, t, D**-0.5, **config)
         rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
         assert rel < 5e-3, f"seed {seed}, {config}: {rel}"
-    assert fa.sm90_kernel(z, want)
+    assert fa.sm90_kernel(z, want) == (pv == "fp8")
     default = torch.empty_like(q)
-    sm90.attend(z, default, t, D**-0.5)
-    assert torch.equal(fa.fp8_attention(q, k, v, pv="fp8", qk=qk), default)
+    (sm90.attend if pv == "fp8" else fa.attend)(z, default, t, D**-0.5)
+    assert torch.equal(fa.fp8_attention(q, k, v, pv=pv, qk=qk), default)
