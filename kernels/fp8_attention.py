@@ -31,13 +31,12 @@ The maths, in the order it happens:
    bf16 and runs a bf16 dot; all with fp32 accumulation into the running accumulator (rescaled by the max's change
    first). Keys past Tk (q8/k8 padding) get -inf logits; only the last tile holds any, so only it is masked. The
    epilogue divides by l and, for a one-byte pv, multiplies each channel by `scale_v / 448` (`/ 127`). One fused
-   multiply-add a
-   logit does the scaling (`tl.fma`, whatever Triton's fp-fusion default): the row max is taken on the unscaled dot
-   (the scalar is positive, so the max commutes with it and m is the same number), and pv="fp8" makes `P * 448` as
-   `exp2(s - (m - log2 448))` directly, its row sum l carrying the 448 until the epilogue divides it out (pv="int8":
-   `exp2(s - (top - log2 127))`, l summing it times P_max, so carrying 127). pv="int8" converts without F2I or I2F:
-   adding 1.5 * 2^23 to P leaves the integer in the float's low bits, and the int32 accumulator starts at those same
-   bits, so the product comes back as a float less 1.5 * 2^23 (exact: |P . v| <= 127 * 127 * 128 < 2^22).
+   multiply-add a logit does the scaling (`tl.fma`, whatever Triton's fp-fusion default): the row max is taken on the
+   unscaled dot (the scalar is positive, so the max commutes with it and m is the same number), and pv="fp8" makes
+   `P * 448` as `exp2(s - (m - log2 448))` directly, its row sum l carrying the 448 until the epilogue divides it out
+   (pv="int8": `exp2(s - (top - log2 127))`, l summing it times P_max, so carrying 127). pv="int8" converts without
+   F2I or I2F: adding 1.5 * 2^23 to P leaves the integer in the float's low bits, and the int32 accumulator starts at
+   those same bits, so the product comes back as a float less 1.5 * 2^23 (exact: |P . v| <= 127 * 127 * 128 < 2^22).
 
 The quantization of P is per key tile against the running max, so the result depends on BLOCK_N (`reference` takes
 it); nothing else depends on the launch but float rounding order inside the dots.
@@ -174,9 +173,8 @@ def pv_dot(p, v, acc, beta, PV: tl.constexpr, EMULATE: tl.constexpr):
     rounded to int8, v quantize's transposed int8 (D, N), the same relabelling, the exact int32 product scaled by the
     row weights `beta` (M,) (read only here); "bf16": P rounded to bf16, v (N, D) bf16. EMULATE rounds in fp32 bits
     for the CPU interpreter (module doc)."""
-    if (
-        PV != "bf16"
-    ):  # P's columns relabelled as quantize stored v's keys (attention_quantize.v_slot): registers renamed
+    if PV != "bf16":
+        # P's columns relabelled as quantize stored v's keys (attention_quantize.v_slot): registers renamed
         p = tl.reshape(
             tl.permute(tl.reshape(p, [p.shape[0], p.shape[1] // 32, 2, 2, 4, 2]), [0, 1, 2, 4, 3, 5]), p.shape
         )
@@ -261,7 +259,11 @@ def quantized_pair(
     m_new, alpha, shift, beta = new_max(m_i, top, PV)
     p = tl.exp2(tl.fma(s, factor, -shift[:, None]))
     p2 = tl.exp2(tl.fma(s2, factor2, -shift[:, None]))
-    l_i = l_i * alpha + (tl.reduce(p, 1, tl.standard._sum_combine) + tl.reduce(p2, 1, tl.standard._sum_combine)) * beta
+    l_i = (
+        l_i * alpha
+        + tl.reduce(p, 1, tl.standard._sum_combine) * beta
+        + tl.reduce(p2, 1, tl.standard._sum_combine) * beta
+    )
     acc = pv_dot(p, v, acc * alpha[:, None], beta, PV, EMULATE)
     return m_new, l_i, pv_dot(p2, v2, acc, beta, PV, EMULATE)
 
