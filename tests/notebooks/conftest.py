@@ -7,7 +7,7 @@ not wait for their tests: once collection is done, the runs the selected tests n
 the rest of the suite (which keeps the other core busy), in the order their tests come. Once a notebook test
 waits, the test process is idle, and up to `LANES` runs go at once (a thread starts the next as one ends).
 A test waits for its own run (`Runs.wait`) and checks what it left. Runs still going when the session ends
-(say `-x` stopped it) are killed.
+(say `-x` stopped it) are killed. While runs go, the suite's own torch threads leave their core alone (`ThreadCap`).
 """
 
 import json
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 LANES = max(1, min(2, len(os.sched_getaffinity(0))))  # runs at once while the notebook tests wait on them
 RUNS = pytest.StashKey[tuple]()
@@ -111,6 +112,12 @@ class Runs:
         run.done()
         return run.folder, run.process.returncode
 
+    def busy(self) -> bool:
+        """Whether a run is still to start or going."""
+        with self.lock:
+            return bool(self.pending) or any(run.process is not None and run.process.poll() is None
+                                             for run in self.runs.values())  # fmt: skip
+
     def stop(self) -> None:
         self.stopped.set()
         self.thread.join()
@@ -144,7 +151,22 @@ def pytest_collection_finish(session):
         (root / name).mkdir()
         command, cwd = modules[name].make_run(name, root / name)
         made[name] = Run(command, cwd, root / name)
-    session.config.stash[RUNS] = (Runs(made, order, env), root)
+    runs = Runs(made, order, env)
+    session.config.stash[RUNS] = (runs, root)
+    session.config.pluginmanager.register(ThreadCap(runs), "notebook-runs-thread-cap")
+
+
+class ThreadCap:
+    """While a run holds a core, the tests of this process get torch intra-op threads for the other cores only; once
+    the runs are done, all of them again (set before each test, from the main thread, where torch's pool is). Two
+    threads on the one free core of a 2-core machine spin-wait for the core the run holds: the suite's torch-heavy
+    tests ran 2-6x slower beside the runs."""
+
+    def __init__(self, runs: Runs) -> None:
+        self.runs, self.threads = runs, torch.get_num_threads()
+
+    def pytest_runtest_setup(self, item) -> None:
+        torch.set_num_threads(max(1, self.threads - 1) if self.runs.busy() else self.threads)
 
 
 def pytest_sessionfinish(session):
