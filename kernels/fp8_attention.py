@@ -396,13 +396,13 @@ def online_step(
     as `P * 448` (pv "fp8"), to int8 as `127 * P / P_max` weighed back by the tile's row max P_max (pv "int8",
     `new_max`), to bf16 ("bf16") or not at all (None); l sums P unrounded. A row with no finite logit yet keeps zero
     weight. Returns the updated (m, l, acc)."""
-    m_new = torch.maximum(m, s.amax(-1))
+    top = s.amax(-1)  # the tile's row max
+    m_new = torch.maximum(m, top)
     m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
     alpha = torch.exp2(m - m_use)
     p = torch.exp2(s - m_use[..., None])
     l = l * alpha + p.sum(-1)  # noqa: E741
     if pv == "int8":
-        top = s.amax(-1)
         top = torch.where(top == float("-inf"), m_use, top)  # a tile with no finite logit: P = 0
         p = torch.exp2(s - (top - math.log2(INT8_MAX))[..., None]).round()  # (B, H, Tq, n) integers in 0..127
         return m_new, l, acc * alpha[..., None] + torch.exp2(top - m_use)[..., None] * (p @ values)

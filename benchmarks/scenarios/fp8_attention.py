@@ -320,13 +320,15 @@ def _cute_int8_candidate(inputs: dict, qk: str, dense, clock: dict[str, Any], fl
     against dense on every input; returns (arm, the whole call: quantize + the CuTe kernel)."""
     from workbench.kernels import fp8_attention_sm90
 
+    scale = HEAD_DIM**-0.5
+
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
-        fp8_attention_sm90.attend(aq.quantize(q, k, v, "int8", qk=qk), out, k.shape[2], HEAD_DIM**-0.5)
+        fp8_attention_sm90.attend(aq.quantize(q, k, v, "int8", qk=qk), out, k.shape[2], scale)
         return out
 
     q, k, v = inputs["iid"]
-    tokens, scale = k.shape[2], HEAD_DIM**-0.5
+    tokens = k.shape[2]
     z = aq.quantize(q, k, v, "int8", qk=qk)
     out, triton_out = torch.empty_like(q), torch.empty_like(q)
     fa.attend(z, triton_out, tokens, scale, fa.launch_for(q.device, "int8"))
