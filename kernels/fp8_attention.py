@@ -67,11 +67,12 @@ conversion, and the bf16 P.V dot runs on the rounded values widened to fp32 (`at
 k and v in e4m3).
 
 Needs FP8 tensor cores: compute capability 8.9+ (RuntimeError below, `_runtime.check_fp8`). Launch: `Launch` (tile
-sizes, warps, stages); `launch_for(device, pv)` picks ADA below sm_90, and on sm_90+ DEFAULT (also pv="int8", not yet
-swept on a GPU), or BF16_PV for pv="bf16".
-On sm_90 with pv="fp8" and D = 128 `attend` runs the CuTe DSL kernel instead when the DSL is installed
-(`sm90_kernel`; kernels/fp8_attention_sm90.py: the same steps, FlashAttention-3's warp-specialized schedule, row sums
-from the P.V dot).
+sizes, warps, stages); `launch_for(device, pv)` picks ADA below sm_90, and on sm_90+ DEFAULT (also pv="int8"), or
+BF16_PV for pv="bf16".
+On sm_90 with a one-byte P.V (pv="fp8" or "int8") and D = 128 `attend` runs the CuTe DSL kernel instead when the DSL
+is installed (`sm90_kernel`; kernels/fp8_attention_sm90.py: the same steps, FlashAttention-3's warp-specialized
+schedule, row sums from the P.V dot; the faster of the two on the H200 for both, the `fp8-attention` scenario's
+`...,triton` arms).
 """
 
 from __future__ import annotations
@@ -455,9 +456,10 @@ def sm90_ready(device: torch.device) -> bool:
 
 def sm90_kernel(z: Quantized, out: torch.Tensor) -> bool:
     """Whether `attend` without a launch runs the CuTe DSL kernel (FlashAttention-3's schedule, row sums from the
-    P.V dot): `sm90_ready` with pv="fp8", D = 128 and out's channels contiguous; the Triton kernel runs everywhere
-    else. Same operands, same maths but for l (that module's doc: 2e-3 to 3e-3 relative L2 between the two)."""
-    return z.pv == "fp8" and out.shape[-1] == 128 and out.stride(-1) == 1 and sm90_ready(out.device)
+    P.V dot): `sm90_ready` with a one-byte P.V (pv="fp8" or "int8"), D = 128 and out's channels contiguous; the Triton
+    kernel runs everywhere else. Same operands, same maths but for l (that module's doc: 2e-3 to 3e-3 relative L2
+    between the two)."""
+    return z.pv in ("fp8", "int8") and out.shape[-1] == 128 and out.stride(-1) == 1 and sm90_ready(out.device)
 
 
 def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launch | None = None) -> None:

@@ -30,10 +30,10 @@ Receipts: `fp8_calls` (calls the kernel served), `dense_calls` (split into `dens
 
 Head dims 32, 64 and 128 run as they are, others up to 128 zero-padded to the next (demo-av: 48 -> 64).
 
-Which kernel: the Triton kernel, except on sm_90 (H100/H200) with pv="fp8" at head dim 128 when the CuTe DSL is
-installed (nvidia-cutlass-dsl, the `flash4` extra): there the CuTe kernel (`kernels.fp8_attention_sm90`,
+Which kernel: the Triton kernel, except on sm_90 (H100/H200) with pv="fp8" or "int8" at head dim 128 when the CuTe
+DSL is installed (nvidia-cutlass-dsl, the `flash4` extra): there the CuTe kernel (`kernels.fp8_attention_sm90`,
 FlashAttention-3's warp-specialized schedule) runs the same steps, its row sums taken from the P.V dot (P as rounded
-to e4m3; `kernels.fp8_attention.sm90_kernel`). `notes["path"]` says which.
+to e4m3 or int8; `kernels.fp8_attention.sm90_kernel`). `notes["path"]` says which.
 
 On a CPU outside the Triton interpreter the kernel's torch reference serves the calls (the same quantization and
 maths in fp32, `kernels.fp8_attention.reference`); `notes["path"]` names the path taken.
