@@ -29,7 +29,8 @@ an INT8 wgmma (N = 144: an INT8 dot's N is a multiple of 16) into an int32 accum
 bits of 1.5 * 2^23, so its fp32 reading less 1.5 * 2^23 is the exact product (|P . v| < 2^22; no I2F). O is then a
 plain fp32 register tile: `O = (O + product * P_max) * alpha` per tile, the ones channel (l) alike, so l sums P as
 rounded to int8 and carries 127 as O does. What `fp8_attention.attend` runs for pv="int8" on sm_90 (`sm90_kernel`): on
-the H200 its whole call took 0.94x the Triton kernel's time (benchmarks/results/fp8-attention.json).
+the H200 its whole call took 0.94x the Triton kernel's time (benchmarks/results/fp8-attention.json; the fold as two
+FFMAs, `R' * w + (O * alpha - 1.5 * 2^23 * w)`, 64 fewer instructions, ran no faster there).
 
 Register operand P: the accumulator gives a thread keys 2t, 2t+1 (+8, +16, +24) of each 32 (t = lane % 4), the FP8
 A operand wants keys 4t..4t+3 and 4t+16..4t+19; with v8's keys stored in `v_slot` order the thread's own values are
@@ -107,15 +108,10 @@ class Fp8AttentionSm90:
     against its running value, so a whole row's sum of P carried in it loses the small terms
     (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
-    def __init__(self, qk_int8: bool, stages: int = 3, pv_int8: bool = False, fold_ffma: bool = False):
-        """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `fold_ffma` (pv_int8 only, a candidate
-        the `fp8-attention` scenario sweeps): each tile's fold as two FFMAs, `R' * w + (O * alpha - 1.5 * 2^23 * w)`
-        with R' the biased product, instead of `(R' - 1.5 * 2^23) * w + O * alpha` (an FADD, an FMUL and an FFMA); the
-        rounding of the bracket moves O by at most 2^-24 * 1.5 * 2^23 * w = 0.75 w, under one unit of the integer
-        product a tile, against int8 P's own rounding of about 0.3 a key."""
+    def __init__(self, qk_int8: bool, stages: int = 3, pv_int8: bool = False):
+        """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v."""
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
-        self.fold_ffma = fold_ffma
         self.stages = stages
         # the P.V dot's N: v8's channels and the ones row (+ 7 zero rows; 15 for an INT8 dot, whose N is a multiple of
         # 16 past 32)
@@ -392,16 +388,8 @@ class Fp8AttentionSm90:
         bits = cute.recast_tensor(acc_r, Float32)
         for r in cutlass.range_constexpr(2):
             weight[r] = weight[r] * alpha[r]
-        if const_expr(self.fold_ffma):
-            bias = cute.make_rmem_tensor((2,), Float32)
-            for r in cutlass.range_constexpr(2):
-                bias[r] = Float32(_MAGIC) * weight[r]
-            for i in cutlass.range_constexpr(cute.size(acc_o)):
-                r = (i // 2) % 2
-                acc_o[i] = bits[i] * weight[r] + (acc_o[i] * alpha[r] - bias[r])
-        else:
-            for i in cutlass.range_constexpr(cute.size(acc_o)):
-                acc_o[i] = (bits[i] - Float32(_MAGIC)) * weight[(i // 2) % 2] + acc_o[i] * alpha[(i // 2) % 2]
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[i] = (bits[i] - Float32(_MAGIC)) * weight[(i // 2) % 2] + acc_o[i] * alpha[(i // 2) % 2]
 
     @cute.jit
     def softmax(self, acc_s, p, m, alpha, beta, factor, limit, lane_col, first: cutlass.Constexpr):
