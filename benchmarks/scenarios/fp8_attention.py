@@ -31,7 +31,8 @@ should agree).
 
 block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
 low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued clock, each with its relative L2 against dense and against
-the exact arm; the plan (routing), the quantization and the attention kernel alone are timed apart.
+the exact arm; the plan (routing), the quantization and the attention kernel alone are timed apart, the kernel also at each of
+SPARSE_LAUNCHES (`launch_sweep`).
 `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math backend, every arm and
 swept launch; the numbers say nothing.
 """
@@ -81,6 +82,7 @@ CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hu
 HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3): the kernels' case measured here
 SPARSE_DENSITY = 0.20
 SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "int8"), ("int8", "bf16"), ("e4m3", "fp8"))
+SPARSE_LAUNCHES = {"w8": block_sparse_attend.Launch(num_warps=8)}  # besides the shipped DEFAULT (4 warps), kernel alone
 ERROR_PART_ROWS = 4096  # query rows (of head 0, against all keys) `error_parts` runs on: a (4096, T) fp32 logits tile
 
 
@@ -332,6 +334,19 @@ def _cute_sweep(z, out: torch.Tensor, shipped: torch.Tensor, tokens: int, device
     return sweep
 
 
+def _sparse_sweep(q, k, v, route, z, clock: dict[str, Any]) -> dict[str, Any]:
+    """block_sparse's attention kernel alone (`block_sparse_attend.attend` on `route`, low precision on `z` when
+    given) at each of SPARSE_LAUNCHES, with its output's relative L2 against the shipped launch's."""
+    shipped = block_sparse_attend.attend(q, k, v, route, None, z)
+    sweep = {}
+    for label, launch in SPARSE_LAUNCHES.items():
+        timing = time_call(lambda launch=launch: block_sparse_attend.attend(q, k, v, route, launch, z), q.device,
+                           **clock)  # fmt: skip
+        sweep[label] = {"launch": dataclasses.asdict(launch), "kernel": timing.to_dict(),
+                        "rel_l2_vs_shipped": rel_l2(block_sparse_attend.attend(q, k, v, route, launch, z), shipped)}  # fmt: skip
+    return sweep
+
+
 def _block_sparse_arms(
     arms: dict[str, Any], qkv: tuple, pairs: tuple, dense, queued, rounds: int, clock: dict[str, Any]
 ) -> dict[str, Any]:
@@ -348,6 +363,7 @@ def _block_sparse_arms(
     route = bsa.plan(q, k, v, tau, 0)
     arms[base]["plan"] = time_call(lambda: bsa.plan(q, k, v, tau, 0), q.device, **clock).to_dict()
     arms[base]["kernel"] = time_call(lambda: bsa.attend(q, k, v, route), q.device, **clock).to_dict()
+    arms[base]["launch_sweep"] = _sparse_sweep(q, k, v, route, None, clock)
     visits = {}
     for qk, pv in pairs:
         name = f"{base}[{_label(qk, pv)}]"
@@ -365,6 +381,7 @@ def _block_sparse_arms(
                 q.device,
                 **clock,
             ).to_dict(),  # fmt: skip
+            "launch_sweep": _sparse_sweep(q, k, v, smoothed, z, clock),
         }
         visits[name] = lambda qk=qk, pv=pv: bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
     result = aba_rounds(
