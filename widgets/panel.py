@@ -140,9 +140,8 @@ class AccelerationRow(ipywidgets.VBox):
         )
         self.more.add_class("vflash-more")
         self.details = ipywidgets.HTML(layout=ipywidgets.Layout(display="none"))
-        self.inputs = {o.name: OptionField(spec.name, o) for o in spec.options}
+        self._inputs: dict[str, OptionField] | None = None  # made on first use (`inputs`)
         self.options_box = ipywidgets.Box(
-            list(self.inputs.values()),
             layout=ipywidgets.Layout(display="flex", flex_flow="row wrap", margin="0 0 4px 24px", overflow="visible"),
         )
         self.options_box.add_class("vflash-options")
@@ -157,11 +156,21 @@ class AccelerationRow(ipywidgets.VBox):
         self.more.observe(lambda _: self._show_details(), "value")
         self._show_options()
 
+    @property
+    def inputs(self) -> dict[str, OptionField]:
+        """The option fields by option name, made (at their defaults) the first time they are asked for: a row that
+        stays off sends none of their ~10 widget models a field to the page, which a dashboard's 25 rows would
+        otherwise multiply into ~800 for the browser to build before the panel draws."""
+        if self._inputs is None:
+            self._inputs = {o.name: OptionField(self.spec.name, o) for o in self.spec.options}
+            self.options_box.children = list(self._inputs.values())
+        return self._inputs
+
     def load(self, options: dict[str, Any] | None) -> None:
         """Show an installed plugin's `options` (checked), or None: unchecked, every field at its default."""
-        given = options or {}
-        for name, field in self.inputs.items():
-            field.reset(given.get(name))
+        if options is not None or self._inputs is not None:  # fields never made are at their defaults already
+            for name, field in self.inputs.items():
+                field.reset((options or {}).get(name))
         self.enabled.value = options is not None
 
     def show_note(self, problem: str | None) -> None:
@@ -179,7 +188,7 @@ class AccelerationRow(ipywidgets.VBox):
         return [error for field in self.inputs.values() if (error := field.check()) is not None]
 
     def _show_options(self) -> None:
-        self.options_box.layout.display = "flex" if self.enabled.value and self.inputs else "none"
+        self.options_box.layout.display = "flex" if self.enabled.value and self.spec.options and self.inputs else "none"
 
     def _show_details(self) -> None:
         if self.more.value and not self.details.value:

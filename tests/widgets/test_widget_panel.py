@@ -69,6 +69,8 @@ def test_panel_row_is_one_line_when_off_and_reveals_options_when_on(wan):
     panel = AccelerationPanel(wan)
     row = panel.rows["block_sparse"]
     assert not row.enabled.value and not shown(row.options_box) and not shown(row.details)
+    # rows that are off send no option fields to the page (they are made when the row is switched on)
+    assert not any(r.options_box.children for r in panel.rows.values())
     assert row.spec.summary in row.note.value and "nowrap" in row.note.value  # one line: the summary ellipsised
     assert [type(child).__name__ for child in row.children[0].children] == ["Checkbox", "HTML", "HTML", "ToggleButton"]
     row.enabled.value = True
