@@ -53,9 +53,8 @@ INT8_MAX = 127.0
 P_TOP = {"fp8": FP8_MAX, "int8": INT8_MAX}  # the factor the kernels' one-byte P carries, per pv mode
 EPS = 1e-12  # the smallest amax a scale is made from
 QUANT_BLOCK = 128  # tokens per q / k quantization block (and per program of `_quantize_fwd`)
-QUANT_WARPS = 16  # a (128, 128) fp32 tile over 512 threads, 32 values a thread: `_quantize_fwd`'s three launches
-# took 0.189 ms on the H200 at the Wan shape against 0.213 with 8 warps and 0.221 with 4
-# (benchmarks/results/attention-quantize-warps.json); no spills on any target (tests/kernels/test_targets)
+QUANT_WARPS = 16  # a (128, 128) fp32 tile over 512 threads, 32 values a thread: the fastest of 4, 8 and 16 on the
+# H200 (benchmarks/results/attention-quantize-warps.json); no spills on any target (tests/kernels/test_targets)
 
 
 @dataclass
