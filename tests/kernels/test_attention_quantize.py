@@ -1,6 +1,6 @@
 """attention_quantize: the Triton quantizer equals its torch reference bit for bit (int8 and e4m3 values, scales,
-the key mean and v's transposed e4m3 or int8 copy) under the Triton CPU interpreter, on odd lengths and strided
-views."""
+the key mean and v's transposed e4m3 or int8 copy) under the Triton CPU interpreter, and compiled at its shipped launch
+on a GPU (gpu marker), on odd lengths and strided views."""
 
 import pytest
 import torch
@@ -28,11 +28,23 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 def test_quantize_bitwise_equal_reference(rng, dtype):
     """q a (B, T, H, D) dispatcher view of odd length, k a strided slice with a common offset (smoothing matters)
     and values spanning e4m3's subnormals, v with per-channel gains; every (qk, pv) pair."""
+    _check_bitwise_equal_reference(rng, dtype, torch.device("cpu"))
+    assert cost((1, 12, 32760, D)) == cost((1, 12, 32760, D), "int8") == 12 * 32760 * D * (3 * 2 + 3)
+
+
+@pytest.mark.gpu
+def test_quantize_compiled_bitwise_equal_reference_on_gpu(monkeypatch, rng):
+    """The same on a GPU: the compiled kernel at its shipped launch (QUANT_WARPS), bf16."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    _check_bitwise_equal_reference(rng, torch.bfloat16, torch.device("cuda"))
+
+
+def _check_bitwise_equal_reference(rng, dtype: torch.dtype, device: torch.device) -> None:
     seed = rng.initial_seed()
-    q = torch.randn(2, 203, 2, D, generator=rng).to(dtype).transpose(1, 2)  # (2, 2, 203, D), token stride 2 * D
+    q = torch.randn(2, 203, 2, D, generator=rng).to(device, dtype).transpose(1, 2)  # (2, 2, 203, D), token stride 2*D
     k = (torch.randn(2, 2, 2 * 171, D, generator=rng) + 3.0 * torch.randn(2, 2, 1, D, generator=rng))[:, :, ::2]
-    k = k.to(dtype)  # (2, 2, 171, D), every other token of the draw
-    v = (torch.randn(2, 2, 171, D, generator=rng) * torch.rand(D, generator=rng).exp2()).to(dtype)
+    k = k.to(device, dtype)  # (2, 2, 171, D), every other token of the draw
+    v = (torch.randn(2, 2, 171, D, generator=rng) * torch.rand(D, generator=rng).exp2()).to(device, dtype)
     for qk in ("int8", "e4m3"):
         for pv in ("fp8", "bf16", "int8"):
             got, want = quantize(q, k, v, pv, qk=qk), quantize_reference(q, k, v, pv, qk=qk)
@@ -55,7 +67,6 @@ def test_quantize_bitwise_equal_reference(rng, dtype):
                 values = values.round().to(torch.int8) if pv == "int8" else values.to(FP8)
                 assert torch.equal(_bits(keys[..., :171]), _bits(values.transpose(-1, -2))), f"seed {seed}: v order"
                 assert (keys[..., :171].float() != 0).float().mean() > 0.9, f"seed {seed}: v8 mostly zero"
-    assert cost((1, 12, 32760, D)) == cost((1, 12, 32760, D), "int8") == 12 * 32760 * D * (3 * 2 + 3)
 
 
 def test_v_slot_permutes_each_group_of_32():
