@@ -104,6 +104,7 @@ from workbench.kernels.attention_quantize import (
     FP8,
     FP8_MAX,
     INT8_MAX,
+    P_TOP,
     QUANT_BLOCK,
     Quantized,
     quantize,
@@ -459,7 +460,7 @@ def sm90_kernel(z: Quantized, out: torch.Tensor) -> bool:
     P.V dot): `sm90_ready` with a one-byte P.V (pv="fp8" or "int8"), D = 128 and out's channels contiguous; the Triton
     kernel runs everywhere else. Same operands, same maths but for l (that module's doc: 2e-3 to 3e-3 relative L2
     between the two)."""
-    return z.pv in ("fp8", "int8") and out.shape[-1] == 128 and out.stride(-1) == 1 and sm90_ready(out.device)
+    return z.pv in P_TOP and out.shape[-1] == 128 and out.stride(-1) == 1 and sm90_ready(out.device)
 
 
 def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launch | None = None) -> None:

@@ -25,14 +25,14 @@ builds (`CUTE_OPTIONS`) are timed alone too (`cute_sweep`, each with its error a
 TRITON_TWIN_PAIRS the pair also runs through the Triton kernel (`...,triton` arm, A/B/A with the rest, its output
 against the CuTe kernel's).
 `quantize_kernels`: one quantization under the profiler, device time by kernel (the torch reductions, the three
-launches of `_quantize_fwd`, the scales' small ops). `compiled` lists what Triton's JIT built in this process for the attention and quantization kernels: launch,
-registers and spilled bytes per variant (from the JIT's cache; the CPU compile reports of `workbench.kernels.targets`
-should agree).
+launches of `_quantize_fwd`, the scales' small ops). `compiled` lists what Triton's JIT built in this process for the
+attention and quantization kernels: launch, registers and spilled bytes per variant (from the JIT's cache; the CPU
+compile reports of `workbench.kernels.targets` should agree).
 
 block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
 low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued clock, each with its relative L2 against dense and against
-the exact arm; the plan (routing), the quantization and the attention kernel alone are timed apart, the kernel also at each of
-SPARSE_LAUNCHES (`launch_sweep`).
+the exact arm; the plan (routing), the quantization and the attention kernel alone are timed apart, the kernel also
+at each of SPARSE_LAUNCHES (`launch_sweep`).
 `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math backend, every arm and
 swept launch; the numbers say nothing.
 """
@@ -252,15 +252,23 @@ def run(context: Context) -> Measurement:
             "bytes_moved": fa.cost(tuple(q.shape), pv, dtype)[0],
         }
         if (qk, pv) in SWEEP_PAIRS:
-            shipped, sweep = out.clone(), {}
-            for label, launch in LAUNCHES.items():
-                timing = time_call(lambda z=z, out=out, launch=launch: fa.attend(z, out, tokens, scale, launch),
-                                   device, **clock)  # fmt: skip
-                sweep[label] = {"kernel": timing.to_dict(), "kernel_tflops": flops / timing.median_s / 1e12,
-                                "rel_l2_vs_shipped": rel_l2(out, shipped)}  # fmt: skip
-            arms[name]["launch_sweep"] = sweep
+            shipped = out.clone()
+
+            def triton(launch, z=z, out=out) -> torch.Tensor:
+                fa.attend(z, out, tokens, scale, launch)
+                return out
+
+            launches = {label: ({}, lambda launch=launch: triton(launch)) for label, launch in LAUNCHES.items()}
+            arms[name]["launch_sweep"] = _sweep(launches, shipped, device, clock, flops)
             if arms[name]["kernel_path"] == "cute":
-                arms[name]["cute_sweep"] = _cute_sweep(z, out, shipped, tokens, device, clock, flops)
+                from workbench.kernels import fp8_attention_sm90
+
+                def cute(options, z=z, out=out) -> torch.Tensor:
+                    fp8_attention_sm90.attend(z, out, tokens, scale, **options)
+                    return out
+
+                builds = {label: ({"options": o}, lambda o=o: cute(o)) for label, o in CUTE_OPTIONS.items()}
+                arms[name]["cute_sweep"] = _sweep(builds, shipped, device, clock, flops)
         visits[name] = lambda pv=pv, qk=qk: fa.fp8_attention(q, k, v, pv=pv, qk=qk)
     # The plugin's call: the dispatcher hands (B, T, H, D) tensors, which the kernels read as (B, H, T, D) views
     qd, kd, vd = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
@@ -320,31 +328,34 @@ def run(context: Context) -> Measurement:
     return Measurement(SUMMARY, shape, arms, ratios, notes)
 
 
-def _cute_sweep(z, out: torch.Tensor, shipped: torch.Tensor, tokens: int, device, clock: dict, flops: int) -> dict:
-    """The CuTe kernel alone (`fp8_attention_sm90.attend` on z of `tokens` keys, both clocks) in each of CUTE_OPTIONS'
-    builds, with its output's relative L2 against the default build's (`shipped`)."""
-    from workbench.kernels import fp8_attention_sm90
-
-    scale, sweep = HEAD_DIM**-0.5, {}
-    for label, options in CUTE_OPTIONS.items():
-        timing = time_call(lambda options=options: fp8_attention_sm90.attend(z, out, tokens, scale, **options),
-                           device, **clock)  # fmt: skip
-        sweep[label] = {"options": options, "kernel": timing.to_dict(), "kernel_tflops": flops / timing.median_s / 1e12,
-                        "rel_l2_vs_shipped": rel_l2(out, shipped)}  # fmt: skip
-    return sweep
-
-
-def _sparse_sweep(q, k, v, route, z, clock: dict[str, Any]) -> dict[str, Any]:
-    """block_sparse's attention kernel alone (`block_sparse_attend.attend` on `route`, low precision on `z` when
-    given) at each of SPARSE_LAUNCHES, with its output's relative L2 against the shipped launch's."""
-    shipped = block_sparse_attend.attend(q, k, v, route, None, z)
+def _sweep(
+    variants: dict[str, tuple[dict, Any]], shipped: torch.Tensor, device, clock: dict, flops: int | None
+) -> dict:
+    """Each variant alone, {label: (its config entries, a call returning its output)}: the call timed by
+    `time_call(**clock)` (both clocks), TFLOP/s when `flops` is given, and its output's relative L2 against the
+    shipped path's (`shipped`, on the same operands)."""
     sweep = {}
-    for label, launch in SPARSE_LAUNCHES.items():
-        timing = time_call(lambda launch=launch: block_sparse_attend.attend(q, k, v, route, launch, z), q.device,
-                           **clock)  # fmt: skip
-        sweep[label] = {"launch": dataclasses.asdict(launch), "kernel": timing.to_dict(),
-                        "rel_l2_vs_shipped": rel_l2(block_sparse_attend.attend(q, k, v, route, launch, z), shipped)}  # fmt: skip
+    for label, (config, call) in variants.items():
+        timing = time_call(call, device, **clock)
+        sweep[label] = {**config, "kernel": timing.to_dict()}
+        if flops is not None:
+            sweep[label]["kernel_tflops"] = flops / timing.median_s / 1e12
+        sweep[label]["rel_l2_vs_shipped"] = rel_l2(call(), shipped)
     return sweep
+
+
+def _sparse_sweep(q, k, v, route, z, clock: dict) -> dict:
+    """block_sparse's attention kernel alone (`block_sparse_attend.attend` on `route`, low precision on `z` when
+    given) at each of SPARSE_LAUNCHES, against the shipped launch (`_sweep`)."""
+    shipped = block_sparse_attend.attend(q, k, v, route, None, z)
+    launches = {
+        label: (
+            {"launch": dataclasses.asdict(launch)},
+            lambda launch=launch: block_sparse_attend.attend(q, k, v, route, launch, z),
+        )
+        for label, launch in SPARSE_LAUNCHES.items()
+    }
+    return _sweep(launches, shipped, q.device, clock, None)
 
 
 def _block_sparse_arms(
