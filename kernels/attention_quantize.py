@@ -33,9 +33,10 @@ CPU interpreter the fp32 -> e4m3 conversion is not round-to-nearest-even (fp8_at
 rounds to the e4m3 grid in fp32 first (EMULATE), as the GPU's `cvt.rn.satfinite` does.
 
 The Triton path: torch's fp32 mean of k (one read) and, for a one-byte pv, `torch.aminmax` of v over tokens (one read),
-then one launch per tensor of `_quantize_fwd`: one program per (128-token block, batch*head) reads the block once
-(any strides), smooths, reduces its amax (q, k) or takes the per-channel scale (v), and writes the one-byte values
-(transposed and in `v_slot` order for v) and the block's scale.
+then one launch per tensor of `_quantize_fwd` (five launches in all): one program per (128-token block,
+batch*head) reads the block once (any strides), smooths, reduces its amax (q, k) or makes the per-channel scales from
+v's min and max (v: the head's first program writes them and v_scale), and writes the one-byte values (transposed and
+in `v_slot` order for v) and the block's scale.
 """
 
 from __future__ import annotations
@@ -105,11 +106,15 @@ def v_in_key_order(vt: torch.Tensor, tk: int) -> torch.Tensor:
     return vt[..., v_slot(torch.arange(tk, device=vt.device))]
 
 
+def _ieee_div(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """x / divisor rounded once (IEEE), on any device: a tensor divisor (torch's scalar path multiplies by the
+    reciprocal on CUDA)."""
+    return x / torch.full_like(x, divisor)
+
+
 def _v_scale(amax: torch.Tensor, pv: str) -> torch.Tensor:
-    """scale_v (B, H, D) fp32 from v's per-channel amax, IEEE division (a device tensor, not torch's scalar path,
-    which multiplies by the reciprocal on CUDA)."""
-    amax = amax.float().clamp(min=EPS)
-    return amax / torch.full_like(amax, P_TOP[pv])
+    """scale_v (B, H, D) fp32 from v's per-channel amax, IEEE division."""
+    return _ieee_div(amax.float().clamp(min=EPS), P_TOP[pv])
 
 
 def _blocks(x: torch.Tensor, qk: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,18 +148,20 @@ def quantize_reference(
     keys = torch.nn.functional.pad(v8.transpose(-1, -2).view(torch.uint8), (0, pad))  # (B, H, D, Tk'), key order
     vt = torch.empty_like(keys)
     vt[..., v_slot(torch.arange(keys.shape[-1], device=keys.device))] = keys
-    return Quantized(q8, q_scale, k8, k_scale, vt.view(v8.dtype), scale / top, pv, qk, k_mean)
+    return Quantized(q8, q_scale, k8, k_scale, vt.view(v8.dtype), _ieee_div(scale, top), pv, qk, k_mean)
 
 
 def _quantize_fwd(
-    x_ptr, mean_ptr, scale_ptr, out_ptr,
+    x_ptr, mean_ptr, scale_ptr, out_ptr, low_ptr, high_ptr, v_scale_ptr,
     H, T, TP,
     x_sb, x_sh, x_st, x_sd,
     BLOCK: tl.constexpr, D: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr, CHANNEL: tl.constexpr,
     EMULATE: tl.constexpr,
 ):  # fmt: skip
-    # Step 2 (q, k; SMOOTH subtracts mean_ptr's (D,) per head first) or, with CHANNEL, step 3 (v: scale_ptr holds the
-    # per-channel scales, the output is transposed). tl.reduce with tl.standard's combines: see block_sparse_attend.
+    # Step 2 (q, k; SMOOTH subtracts mean_ptr's (D,) per head first) or, with CHANNEL, step 3 (v: the per-channel
+    # scales from low_ptr / high_ptr, v's per-channel min and max, into scale_ptr, and scale / top into v_scale_ptr,
+    # by the head's first program; the output is transposed). tl.reduce with tl.standard's combines: see
+    # block_sparse_attend.
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -167,8 +174,17 @@ def _quantize_fwd(
     if SMOOTH:
         x = tl.where(ok, x - tl.load(mean_ptr + bh * D + d)[None, :], 0.0)
     top = 127.0 if INT8 else 448.0
-    if CHANNEL:
-        scale = tl.broadcast_to(tl.load(scale_ptr + bh * D + d)[None, :], (BLOCK, D))
+    if CHANNEL:  # max(high, -low) then max(., EPS), NaN kept (tl.maximum's default drops it; torch's keeps it)
+        amax = tl.maximum(
+            tl.load(high_ptr + bh * D + d).to(tl.float32),
+            -tl.load(low_ptr + bh * D + d).to(tl.float32),
+            propagate_nan=tl.PropagateNan.ALL,
+        )
+        channel_scale = tl.div_rn(tl.maximum(amax, 1e-12, propagate_nan=tl.PropagateNan.ALL), top)
+        if blk == 0:
+            tl.store(scale_ptr + bh * D + d, channel_scale)
+            tl.store(v_scale_ptr + bh * D + d, tl.div_rn(channel_scale, top))
+        scale = tl.broadcast_to(channel_scale[None, :], (BLOCK, D))
     else:
         amax = tl.reduce(tl.reduce(tl.abs(x), 1, tl.standard._elementwise_max), 0, tl.standard._elementwise_max)
         # tl.maximum skips NaN: a NaN or inf in the block poisons its scale through a sum of x * 0 instead (NaN iff
@@ -203,14 +219,22 @@ _KERNEL = LazyKernel(_quantize_fwd)
 
 
 def _launch(
-    x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor | None, int8: bool, channel: bool
+    x: torch.Tensor,
+    out: torch.Tensor,
+    scale: torch.Tensor,
+    mean: torch.Tensor | None,
+    int8: bool,
+    channel: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
+    """`channel`: v's per-channel (low, high) over tokens and the v_scale output (step 3), else step 2."""
     b, h, t, d = x.shape
     tp = out.shape[-1] if channel else out.shape[2]
+    low, high, v_scale = channel or (scale, scale, scale)
     tuning = {} if interpreting() else {"num_warps": QUANT_WARPS}
     _KERNEL[(tp // QUANT_BLOCK, b * h)](
-        x, scale if mean is None else mean, scale, out, h, t, tp, *x.stride(),
-        BLOCK=QUANT_BLOCK, D=d, INT8=int8, SMOOTH=mean is not None, CHANNEL=channel, EMULATE=interpreting(),
+        x, scale if mean is None else mean, scale, out, low, high, v_scale, h, t, tp, *x.stride(),
+        BLOCK=QUANT_BLOCK, D=d, INT8=int8, SMOOTH=mean is not None, CHANNEL=channel is not None,
+        EMULATE=interpreting(),
         **tuning,
     )  # fmt: skip
 
@@ -228,15 +252,16 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8",
     q_scale = torch.empty((b, h, qp // QUANT_BLOCK), dtype=torch.float32, device=q.device)
     k_scale = torch.empty((b, h, kp // QUANT_BLOCK), dtype=torch.float32, device=q.device)
     k_mean = key_mean(k)
-    _launch(q, q8, q_scale, None, qk == "int8", False)
-    _launch(k, k8, k_scale, k_mean, qk == "int8", False)
+    _launch(q, q8, q_scale, None, qk == "int8")
+    _launch(k, k8, k_scale, k_mean, qk == "int8")
     if pv == "bf16":
         return Quantized(q8, q_scale, k8, k_scale, _bf16_v(v), None, pv, qk, k_mean)
-    low, high = torch.aminmax(v, dim=2)  # (B, H, D): amax(|v|) = max(high, -low), exact
-    scale = _v_scale(torch.maximum(high, -low), pv)
+    low, high = torch.aminmax(v, dim=2)  # (B, H, D): amax(|v|) = max(high, -low), exact; the kernel takes it from here
+    scale = torch.empty((b, h, d), dtype=torch.float32, device=q.device)
+    v_scale = torch.empty_like(scale)
     vt = torch.empty((b, h, d, kp), dtype=torch.int8 if pv == "int8" else FP8, device=q.device)
-    _launch(v, vt, scale, None, pv == "int8", True)
-    return Quantized(q8, q_scale, k8, k_scale, vt, scale / P_TOP[pv], pv, qk, k_mean)
+    _launch(v, vt, scale, None, pv == "int8", (low, high, v_scale))
+    return Quantized(q8, q_scale, k8, k_scale, vt, v_scale, pv, qk, k_mean)
 
 
 def cost(shape: tuple[int, int, int, int], pv: str = "fp8", dtype: torch.dtype = torch.bfloat16) -> int:

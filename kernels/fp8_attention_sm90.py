@@ -12,10 +12,13 @@ One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
   by a full / empty mbarrier pair (`cutlass.pipeline.PipelineTmaAsync`).
 - Warpgroups 1 and 2, the consumers (240 registers a thread): 64 query rows each. Per key tile j, in one warpgroup:
   issue S_j = q8 . k8_j^T (wgmma, FP8 with fp32 accumulation or INT8 with int32), issue O += P_{j-1} . v8_{j-1}
-  (wgmma, P from registers), wait for S_j only, do tile j's online softmax while that P.V runs on the tensor cores,
-  then wait for it, rescale O and l by the max's change and turn P_j into the next P.V's register operand. The
-  softmax and the tensor cores overlap inside one warpgroup, and across the two by the warp schedulers
-  (FlashAttention-3's turn-taking barriers between the warpgroups measured slower here; git history has them).
+  (wgmma, P from registers), wait for S_j only, do tile j's online softmax (written to run under that P.V),
+  then wait for it, rescale O and l by the max's change and turn P_j into the next P.V's register operand. In the
+  SASS, ptxas puts that wait at the top of the softmax, before the row max (all three builds), so a warpgroup's
+  softmax runs under the other warpgroup's dots, not its own; each way tried to keep the wait after the softmax (the
+  wait alone behind a branch, the rescale before S_j's dot, a second P operand register set) made ptxas serialize
+  every dot (C7513, C7514). FlashAttention-3's turn-taking barriers between the warpgroups measured slower here
+  (git history has them).
 
 The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q * scale_k * softmax scale *
 log2 e), one ex2.approx and half an F2FP (fp32 pairs to e4m3 pairs); the row sum comes from the P.V dot (a ones
