@@ -70,7 +70,6 @@ HEAD_DIM = 128
 THREADS = 384
 LOG2_FP8_MAX = math.log2(448.0)
 LOG2_INT8_MAX = math.log2(127.0)
-LAZY_LOG2 = 8.0  # lazy: a row's running max moves only when a tile's max passes it by this much (log2 units)
 _MAGIC = 12582912.0  # 1.5 * 2^23: fp32 steps of 1 from 2^23 to 2^24, so x + _MAGIC keeps round(x) in the low bits
 _BIAS = 0x4B400000  # the bits of _MAGIC as an int32
 
@@ -112,14 +111,11 @@ class Fp8AttentionSm90:
     against its running value, so a whole row's sum of P carried in it loses the small terms
     (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
-    def __init__(
-        self, qk_int8: bool, stages: int = 3, pv_int8: bool = False, zero_init: bool = True, lazy: bool = False
-    ):
+    def __init__(self, qk_int8: bool, stages: int = 3, pv_int8: bool = False, zero_init: bool = True):
         """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `zero_init` (pv_int8): each tile's
         INT8 dot starts from zero and the fold converts its product with I2FP; False: the dot starts from the bias
         1.5 * 2^23 written into its accumulator (72 moves a tile) and the fold reads the product as fp32 less it."""
         self.zero_init = zero_init and pv_int8
-        self.lazy = lazy and pv_int8
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
         self.stages = stages
@@ -299,21 +295,16 @@ class Fp8AttentionSm90:
         rK = qk_mma.make_fragment_B(qk_thr.partition_B(sK))
         rV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))
         acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((TILE_M, TILE_N)), self.s_dtype)  # ((2,2,16),1,1)
-        o_shape = pv_thr.partition_shape_C((TILE_M, self.v_rows))  # ((2,2,17|18),1,1): 128 channels, then ones
-        acc_o = cute.make_rmem_tensor(o_shape, Float32)  # O, the P.V dot's accumulator
-        if const_expr(self.pv_int8):  # the dot's int32 accumulator, one tile's product at a time; O is then plain
-            acc_r = cute.make_rmem_tensor(o_shape, self.o_dtype)  # fp32, its 128 channels only (l apart)
-            acc_o = cute.make_rmem_tensor((64,), Float32)
-        else:
-            acc_r = acc_o
+        acc_o = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M, self.v_rows)), Float32)  # ((2,2,16|17),1,1)
+        # pv_int8: the P.V dot's int32 accumulator, one tile's product at a time (acc_o is then plain fp32 O)
+        acc_r = cute.make_rmem_tensor(acc_o.layout, self.o_dtype) if const_expr(self.pv_int8) else acc_o
         p_shape = pv_thr.partition_shape_A((TILE_M, TILE_N))  # ((4,2,2),1,4): 4 k-blocks of 32 keys
         p32 = cute.make_rmem_tensor(p_shape, Float32)
         p8 = pv_mma.make_fragment_A(p_shape)  # the dot's own element type (an INT8 dot's is signed i8)
         p = cute.make_rmem_tensor(acc_s.layout, Float32)  # P * 448 (pv_int8: 127 P / P_max + 1.5 * 2^23)
         acc_o.fill(0.0)
         m = cute.make_rmem_tensor((2,), Float32)  # running max (log2 units) of this thread's two rows
-        l = cute.make_rmem_tensor((2,), Float32)  # noqa: E741  row sums of P * 448 before the last P.V's tile (pv_int8:
-        # of 127 P / P_max * P_max, all tiles folded)
+        l = cute.make_rmem_tensor((2,), Float32)  # noqa: E741  row sums of P * 448 before the last P.V's tile
         alpha = cute.make_rmem_tensor((2,), Float32)
         beta = cute.make_rmem_tensor((2,), Float32)  # pv_int8: P_max of the tile just made into P
         weight = cute.make_rmem_tensor((2,), Float32)  # pv_int8: P_max of the tile whose P.V is in acc_r
@@ -363,17 +354,14 @@ class Fp8AttentionSm90:
             pipe_v.consumer_release(v_state)
             v_state.advance()
             if const_expr(self.pv_int8):  # O = (O + R * P_max) * alpha, the ones channel (l) alike
-                if const_expr(self.lazy):  # P first: its 64 fp32 registers free before the fold's branch
-                    self.to_operand(p, p32, p8)
-                self.fold(acc_o, acc_r, l, weight, alpha)
+                self.fold(acc_o, acc_r, weight, alpha)
             else:
                 for r in cutlass.range_constexpr(2):  # the ones channel holds tile j-1's sum only: into fp32 l, zeroed
                     l[r] = (l[r] + acc_o[64 + 2 * r]) * alpha[r]
                     acc_o[64 + 2 * r] = Float32(0.0)
                 for i in cutlass.range_constexpr(cute.size(acc_o)):
                     acc_o[i] = acc_o[i] * alpha[(i // 2) % 2]
-            if const_expr(not self.lazy):
-                self.to_operand(p, p32, p8)
+            self.to_operand(p, p32, p8)
         pipe_v.consumer_wait(v_state)
         if const_expr(self.pv_int8 and not self.zero_init):
             acc_r.fill(_BIAS)
@@ -382,7 +370,7 @@ class Fp8AttentionSm90:
         pipe_v.consumer_release(v_state)
         if const_expr(self.pv_int8):
             alpha.fill(1.0)
-            self.fold(acc_o, acc_r, l, beta, alpha)
+            self.fold(acc_o, acc_r, beta, alpha)
         self.epilogue(acc_o, l, mVs, mO, pv_thr, m_block, h, b)
 
     @cute.jit
@@ -405,27 +393,15 @@ class Fp8AttentionSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def fold(self, acc_o, acc_r, l, weight, alpha):  # noqa: E741
-        """pv_int8: O = (O + R * weight) * alpha per row over the 128 channels, l alike from the ones channel (value
-        64 + 2r of acc_r; zeros in lanes t > 0, whose l the epilogue does not read), R the exact int32 product in
-        acc_r (zero_init=False: held as `bits(R + 1.5 * 2^23)`, read as fp32 less 1.5 * 2^23; module doc)."""
+    def fold(self, acc_o, acc_r, weight, alpha):
+        """pv_int8: O = (O + R * weight) * alpha per row, R the exact int32 product in acc_r (zero_init=False: held
+        as `bits(R + 1.5 * 2^23)`, read as fp32 less 1.5 * 2^23; module doc)."""
         bits = cute.recast_tensor(acc_r, Float32)
         for r in cutlass.range_constexpr(2):
             weight[r] = weight[r] * alpha[r]
-        if const_expr(self.lazy):  # O and l times alpha only when a running max in the warp moved (rare)
-            if not cute.arch.vote_all_sync(alpha[0] + alpha[1] == Float32(2.0)):
-                for i in cutlass.range_constexpr(64):
-                    acc_o[i] = acc_o[i] * alpha[(i // 2) % 2]
-                for r in cutlass.range_constexpr(2):
-                    l[r] = l[r] * alpha[r]
-        for i in cutlass.range_constexpr(66):
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
             product = Float32(acc_r[i]) if const_expr(self.zero_init) else bits[i] - Float32(_MAGIC)
-            if const_expr(i < 64):
-                rest = acc_o[i] if const_expr(self.lazy) else acc_o[i] * alpha[(i // 2) % 2]
-                acc_o[i] = product * weight[(i // 2) % 2] + rest
-            elif const_expr(i % 2 == 0):
-                r = (i - 64) // 2
-                l[r] = product * weight[r] + (l[r] if const_expr(self.lazy) else l[r] * alpha[r])
+            acc_o[i] = product * weight[(i // 2) % 2] + acc_o[i] * alpha[(i // 2) % 2]
 
     @cute.jit
     def softmax(self, acc_s, p, m, alpha, beta, factor, limit, lane_col, first: cutlass.Constexpr):
@@ -446,11 +422,7 @@ class Fp8AttentionSm90:
             top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=2))
             top = top * factor
             m_new = cute.arch.fmax(m[r], top)
-            if const_expr(self.lazy and not first):  # the max moves only when the tile's top passes it by LAZY_LOG2
-                m_new = Float32(cutlass.select_(top > m[r] + Float32(LAZY_LOG2), m_new, m[r]))
-                alpha[r] = Float32(cutlass.select_(m_new == m[r], Float32(1.0), _ex2(m[r] - m_new)))
-            else:
-                alpha[r] = Float32(1.0) if const_expr(first) else _ex2(m[r] - m_new)
+            alpha[r] = Float32(1.0) if const_expr(first) else _ex2(m[r] - m_new)
             m[r] = m_new
             if const_expr(self.pv_int8):
                 beta[r] = _ex2(top - m_new)
@@ -478,11 +450,11 @@ class Fp8AttentionSm90:
     @cute.jit
     def epilogue(self, acc_o, l, mVs, mO, pv_thr, m_block, h, b):  # noqa: E741
         """O * scale_v / l, rounded to bf16 and stored (rows past Tq skipped). A row's l is l plus the last tile's
-        channel 128 of O (value 64 + 2r; pv_int8: l alone), as held by the row's first lane."""
+        channel 128 of O (pv_int8: channel 128 of O alone), both held by the row's first lane (value 64 + 2r)."""
         inv = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
             if const_expr(self.pv_int8):
-                total = cute.arch.shuffle_sync(l[r], offset=cute.arch.lane_idx() & ~3)
+                total = cute.arch.shuffle_sync(acc_o[64 + 2 * r], offset=cute.arch.lane_idx() & ~3)
                 inv[r] = Float32(127.0) / total  # O and l carry 127; v's scale is scale_v / 127
             else:
                 total = cute.arch.shuffle_sync(l[r] + acc_o[64 + 2 * r], offset=cute.arch.lane_idx() & ~3)
