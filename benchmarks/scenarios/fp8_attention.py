@@ -17,13 +17,13 @@ the video self-attention of the trained demo-av (4 heads of 48, zero-padded to 6
 dense request (`captured_calls`), median and worst call with the median per step. `error_parts` says where that error
 comes from: each quantization step alone and all of them together, per input (the references' maths in fp32 on head
 0's first ERROR_PART_ROWS queries against all keys, against exact fp32 attention of the same rows). A launch sweep
-(`LAUNCHES`) times the Triton kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages (each
-with its error against the default path's output); the A/B/A arms take `attend`'s default path, each arm's
-`kernel_path` names it: the CuTe kernel where `fa.sm90_kernel` holds (sm_90, a one-byte P.V, the DSL importable),
-else the Triton kernel with `launch_for`'s launch. Where a SWEEP_PAIRS pair's default is the CuTe kernel, its other
-builds (`CUTE_OPTIONS`) are timed alone too (`cute_sweep`, each with its error against the default build), and for
-TRITON_TWIN_PAIRS the pair also runs through the Triton kernel (`...,triton` arm, A/B/A with the rest, its output
-against the CuTe kernel's).
+(`LAUNCHES`) times the Triton kernel alone for each pair of `SWEEP_PAIRS` at other tile sizes, warps and stages, each
+A/B/A against the default path (kernel alone, ratio with CI95), with its error against the default path's output;
+the A/B/A arms take `attend`'s default path, each arm's `kernel_path` names it: the CuTe kernel where
+`fa.sm90_kernel` holds (sm_90, a one-byte P.V, the DSL importable), else the Triton kernel with `launch_for`'s launch.
+Where a SWEEP_PAIRS pair's default is the CuTe kernel, its other builds (`CUTE_OPTIONS`) are timed the same way
+(`cute_sweep`, A/B/A against the default build), and for TRITON_TWIN_PAIRS the pair also runs through the Triton
+kernel (`...,triton` arm, A/B/A with the rest, its output against the CuTe kernel's).
 `quantize_kernels`: one quantization under the profiler, device time by kernel (the torch reductions, the three
 launches of `_quantize_fwd`, the scales' small ops). `compiled` lists what Triton's JIT built in this process for the
 attention and quantization kernels: launch, registers and spilled bytes per variant (from the JIT's cache; the CPU
@@ -32,7 +32,7 @@ compile reports of `workbench.kernels.targets` should agree).
 block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
 low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued clock, each with its relative L2 against dense and against
 the exact arm; the plan (routing), the quantization and the attention kernel alone are timed apart, the kernel also
-at each of SPARSE_LAUNCHES (`launch_sweep`).
+at each of SPARSE_LAUNCHES, A/B/A against the shipped launch (`launch_sweep`).
 `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math backend, every arm and
 swept launch; the numbers say nothing.
 """
@@ -253,14 +253,18 @@ def run(context: Context) -> Measurement:
             "bytes_moved": fa.cost(tuple(q.shape), pv, dtype)[0],
         }
         if (qk, pv) in SWEEP_PAIRS:
-            shipped = out.clone()
 
             def triton(launch, z=z, out=out) -> torch.Tensor:
                 fa.attend(z, out, tokens, scale, launch)
                 return out
 
             launches = {label: ({}, lambda launch=launch: triton(launch)) for label, launch in LAUNCHES.items()}
-            arms[name]["launch_sweep"] = _sweep(launches, shipped, device, clock, flops)
+
+            def shipped(z=z, out=out) -> torch.Tensor:  # attend's default path: the CuTe or the Triton kernel
+                fa.attend(z, out, tokens, scale)
+                return out
+
+            arms[name]["launch_sweep"] = _sweep(launches, shipped, device, clock, flops, context.rounds)
             if arms[name]["kernel_path"] == "cute":
                 from workbench.kernels import fp8_attention_sm90
 
@@ -269,7 +273,7 @@ def run(context: Context) -> Measurement:
                     return out
 
                 builds = {label: ({"options": o}, lambda o=o: cute(o)) for label, o in CUTE_OPTIONS.items()}
-                arms[name]["cute_sweep"] = _sweep(builds, shipped, device, clock, flops)
+                arms[name]["cute_sweep"] = _sweep(builds, shipped, device, clock, flops, context.rounds)
         visits[name] = lambda pv=pv, qk=qk: fa.fp8_attention(q, k, v, pv=pv, qk=qk)
     # The plugin's call: the dispatcher hands (B, T, H, D) tensors, which the kernels read as (B, H, T, D) views
     qd, kd, vd = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
@@ -313,11 +317,12 @@ def run(context: Context) -> Measurement:
         "both clocks. TFLOP/s count dense attention's 4*T*T*D per head for every arm. Relative L2 against cuDNN's bf16 "
         "output; `structured` and `outliers` q/k are synthetic; `captured_rel_l2_vs_dense` is per call on the trained "
         f"{CAPTURE_MODEL}'s video self-attention ({len(captured)} calls of one dense request). "
-        f"`launch_sweep` (kernel alone, {', '.join(_label(*p) for p in SWEEP_PAIRS)}) against the shipped launches "
-        f"{fa.DEFAULT} (pv=fp8, int8) and {fa.BF16_PV} (pv=bf16); each swept launch's `rel_l2_vs_shipped` is "
-        "against the "
-        "default path's output on the same operands (another block_n quantizes P over other tiles; the CuTe kernel's "
-        "l sums P as rounded). Each arm's `kernel_path`: the default path, cute or triton. "
+        f"`launch_sweep` (the Triton kernel alone, {', '.join(_label(*p) for p in SWEEP_PAIRS)}; shipped launches "
+        f"{fa.DEFAULT} for pv=fp8 and int8, {fa.BF16_PV} for pv=bf16) and `cute_sweep`: each variant A/B/A against "
+        "the default path (the arm's `kernel_path`) on the same operands, `seconds` per visit and `vs_shipped` the "
+        "default's time over the variant's with CI95 (> 1: the variant is faster); `rel_l2_vs_shipped` against the "
+        "default path's output (another block_n quantizes P over other tiles; the CuTe kernel's l sums P as rounded). "
+        "Each arm's `kernel_path`: the default path, cute or triton. "
         f"block_sparse@{SPARSE_DENSITY:.2f}: structured q/k, low-precision arms A/B/A against the exact arm. "
         f"`error_parts`: each quantization step alone against exact fp32 attention, head 0's first {ERROR_PART_ROWS} "
         "query rows against all keys."
@@ -330,25 +335,40 @@ def run(context: Context) -> Measurement:
 
 
 def _sweep(
-    variants: dict[str, tuple[dict, Any]], shipped: torch.Tensor, device, clock: dict, flops: int | None
+    variants: dict[str, tuple[dict, Any]],
+    shipped: Any,
+    device,
+    clock: dict,
+    flops: int | None,
+    rounds: int,
 ) -> dict:
-    """Each variant alone, {label: (its config entries, a call returning its output)}: the call timed by
-    `time_call(**clock)` (both clocks), TFLOP/s when `flops` is given, and its output's relative L2 against the
-    shipped path's (`shipped`, on the same operands)."""
+    """Each variant, {label: (its config entries, a call returning its output)}, A/B/A against `shipped` (the
+    shipped path's call, returning its output) for `rounds` rounds, each visit `time_call(**clock)`'s device
+    seconds: the variant's seconds per visit, `vs_shipped` (shipped time / variant time with CI95, > 1: the variant
+    is faster; from 3 rounds), TFLOP/s of its median when `flops` is given, and its output's relative L2 against
+    the shipped path's on the same operands."""
+    want = shipped().clone()
+
+    def visit(call) -> float:
+        return time_call(call, device, **clock).device_s
+
     sweep = {}
     for label, (config, call) in variants.items():
-        timing = time_call(call, device, **clock)
-        sweep[label] = {**config, "kernel": timing.to_dict()}
+        result = aba_rounds(("shipped", lambda: visit(shipped)), {label: lambda call=call: visit(call)}, rounds)
+        sweep[label] = {**config, "seconds": result.seconds.get(label, []), "errors": result.errors}
+        if label in result.errors:
+            continue
+        ratio = result.ratios().get(f"shipped/{label}")
+        sweep[label]["vs_shipped"] = None if ratio is None else ratio.to_dict()
         if flops is not None:
-            sweep[label]["kernel_tflops"] = flops / timing.median_s / 1e12
-        sweep[label]["rel_l2_vs_shipped"] = rel_l2(call(), shipped)
+            sweep[label]["kernel_tflops"] = flops / result.medians()[label] / 1e12
+        sweep[label]["rel_l2_vs_shipped"] = rel_l2(call(), want)
     return sweep
 
 
-def _sparse_sweep(q, k, v, route, z, clock: dict) -> dict:
+def _sparse_sweep(q, k, v, route, z, clock: dict, rounds: int) -> dict:
     """block_sparse's attention kernel alone (`block_sparse_attend.attend` on `route`, low precision on `z` when
-    given) at each of SPARSE_LAUNCHES, against the shipped launch (`_sweep`)."""
-    shipped = block_sparse_attend.attend(q, k, v, route, None, z)
+    given) at each of SPARSE_LAUNCHES, A/B/A against the shipped launch (`_sweep`)."""
     launches = {
         label: (
             {"launch": dataclasses.asdict(launch)},
@@ -356,7 +376,7 @@ def _sparse_sweep(q, k, v, route, z, clock: dict) -> dict:
         )
         for label, launch in SPARSE_LAUNCHES.items()
     }
-    return _sweep(launches, shipped, q.device, clock, None)
+    return _sweep(launches, lambda: block_sparse_attend.attend(q, k, v, route, None, z), q.device, clock, None, rounds)
 
 
 def _block_sparse_arms(
@@ -375,7 +395,7 @@ def _block_sparse_arms(
     route = bsa.plan(q, k, v, tau, 0)
     arms[base]["plan"] = time_call(lambda: bsa.plan(q, k, v, tau, 0), q.device, **clock).to_dict()
     arms[base]["kernel"] = time_call(lambda: bsa.attend(q, k, v, route), q.device, **clock).to_dict()
-    arms[base]["launch_sweep"] = _sparse_sweep(q, k, v, route, None, clock)
+    arms[base]["launch_sweep"] = _sparse_sweep(q, k, v, route, None, clock, rounds)
     visits = {}
     for qk, pv in pairs:
         name = f"{base}[{_label(qk, pv)}]"
@@ -393,7 +413,7 @@ def _block_sparse_arms(
                 q.device,
                 **clock,
             ).to_dict(),  # fmt: skip
-            "launch_sweep": _sparse_sweep(q, k, v, smoothed, z, clock),
+            "launch_sweep": _sparse_sweep(q, k, v, smoothed, z, clock, rounds),
         }
         visits[name] = lambda qk=qk, pv=pv: bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
     result = aba_rounds(

@@ -58,6 +58,11 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
         assert len(captured) == len(fp8_scenario.PAIRS) == 6 and all(
             c["calls"] == 2 and 0 < c["median"] <= c["max"] < 0.1 for c in captured
         )
+        sweeps = [entry for row in rows for entry in row.get("launch_sweep", {}).values()]  # A/B/A against shipped
+        dense_sweeps = len(fp8_scenario.SWEEP_PAIRS) * len(fp8_scenario.LAUNCHES)
+        sparse_sweeps = (1 + len(fp8_scenario.SPARSE_PRECISIONS)) * len(fp8_scenario.SPARSE_LAUNCHES)
+        assert len(sweeps) == dense_sweeps + sparse_sweeps
+        assert all(len(e["seconds"]) == 3 and e["vs_shipped"]["n_pairs"] == 3 for e in sweeps), sweeps[0]
     if not record["ratios"]:  # a smoke that measures no pair must say what it skipped
         assert any("smoke" in note.lower() for note in record["notes"]), record["notes"]
 
