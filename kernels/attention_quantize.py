@@ -35,7 +35,7 @@ rounds to the e4m3 grid in fp32 first (EMULATE), as the GPU's `cvt.rn.satfinite`
 The Triton path: torch's fp32 mean of k (one read) and, for a one-byte pv, `torch.aminmax` of v over tokens (one read),
 then one launch per tensor of `_quantize_fwd` (five launches in all): one program per (128-token block,
 batch*head) reads the block once (any strides), smooths, reduces its amax (q, k) or makes the per-channel scales from
-v's min and max (v: the head's first program writes them and v_scale), and writes the one-byte values (transposed and
+v's min and max (v: the head's first program writes v_scale), and writes the one-byte values (transposed and
 in `v_slot` order for v) and the block's scale.
 """
 
@@ -152,15 +152,15 @@ def quantize_reference(
 
 
 def _quantize_fwd(
-    x_ptr, mean_ptr, scale_ptr, out_ptr, low_ptr, high_ptr, v_scale_ptr,
+    x_ptr, mean_ptr, scale_ptr, out_ptr, low_ptr, high_ptr,
     H, T, TP,
     x_sb, x_sh, x_st, x_sd,
     BLOCK: tl.constexpr, D: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr, CHANNEL: tl.constexpr,
     EMULATE: tl.constexpr,
 ):  # fmt: skip
     # Step 2 (q, k; SMOOTH subtracts mean_ptr's (D,) per head first) or, with CHANNEL, step 3 (v: the per-channel
-    # scales from low_ptr / high_ptr, v's per-channel min and max, into scale_ptr, and scale / top into v_scale_ptr,
-    # by the head's first program; the output is transposed). tl.reduce with tl.standard's combines: see
+    # scales from low_ptr / high_ptr, v's per-channel min and max; the head's first program stores scale / top, the
+    # v_scale, into scale_ptr; the output is transposed). tl.reduce with tl.standard's combines: see
     # block_sparse_attend.
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -182,8 +182,7 @@ def _quantize_fwd(
         )
         channel_scale = tl.div_rn(tl.maximum(amax, 1e-12, propagate_nan=tl.PropagateNan.ALL), top)
         if blk == 0:
-            tl.store(scale_ptr + bh * D + d, channel_scale)
-            tl.store(v_scale_ptr + bh * D + d, tl.div_rn(channel_scale, top))
+            tl.store(scale_ptr + bh * D + d, tl.div_rn(channel_scale, top))
         scale = tl.broadcast_to(channel_scale[None, :], (BLOCK, D))
     else:
         amax = tl.reduce(tl.reduce(tl.abs(x), 1, tl.standard._elementwise_max), 0, tl.standard._elementwise_max)
@@ -224,15 +223,15 @@ def _launch(
     scale: torch.Tensor,
     mean: torch.Tensor | None,
     int8: bool,
-    channel: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    channel: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """`channel`: v's per-channel (low, high) over tokens and the v_scale output (step 3), else step 2."""
+    """`channel`: v's per-channel (low, high) over tokens (step 3: `scale` receives v_scale), else step 2."""
     b, h, t, d = x.shape
     tp = out.shape[-1] if channel else out.shape[2]
-    low, high, v_scale = channel or (scale, scale, scale)
+    low, high = channel or (scale, scale)
     tuning = {} if interpreting() else {"num_warps": QUANT_WARPS}
     _KERNEL[(tp // QUANT_BLOCK, b * h)](
-        x, scale if mean is None else mean, scale, out, low, high, v_scale, h, t, tp, *x.stride(),
+        x, scale if mean is None else mean, scale, out, low, high, h, t, tp, *x.stride(),
         BLOCK=QUANT_BLOCK, D=d, INT8=int8, SMOOTH=mean is not None, CHANNEL=channel is not None,
         EMULATE=interpreting(),
         **tuning,
@@ -257,10 +256,9 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8",
     if pv == "bf16":
         return Quantized(q8, q_scale, k8, k_scale, _bf16_v(v), None, pv, qk, k_mean)
     low, high = torch.aminmax(v, dim=2)  # (B, H, D): amax(|v|) = max(high, -low), exact; the kernel takes it from here
-    scale = torch.empty((b, h, d), dtype=torch.float32, device=q.device)
-    v_scale = torch.empty_like(scale)
+    v_scale = torch.empty((b, h, d), dtype=torch.float32, device=q.device)
     vt = torch.empty((b, h, d, kp), dtype=torch.int8 if pv == "int8" else FP8, device=q.device)
-    _launch(v, vt, scale, None, pv == "int8", (low, high, v_scale))
+    _launch(v, vt, v_scale, None, pv == "int8", (low, high))
     return Quantized(q8, q_scale, k8, k_scale, vt, v_scale, pv, qk, k_mean)
 
 

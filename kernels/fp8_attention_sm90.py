@@ -35,8 +35,9 @@ an INT8 wgmma (N = 144: an INT8 dot's N is a multiple of 16) into an int32 accum
 overwrites, converted to fp32 by I2FP (exact: |P . v| < 2^22) in the fold (`zero_init`; with zero_init=False the
 accumulator starts at the bits of 1.5 * 2^23, 72 moves a tile, and its fp32 reading less that is the product). O is
 then a plain fp32 register tile: `O = (O + product * P_max) * alpha` per tile, the ones channel (l) alike, so l sums
-P as rounded to int8 and carries 127 as O does. What `fp8_attention.attend` runs for pv="int8" on sm_90 (`sm90_kernel`): the
-faster of it and the Triton kernel on the H200 (benchmarks/results/fp8-attention.json, the `...,triton` arms).
+P as rounded to int8 and carries 127 as O does. What `fp8_attention.attend` runs for pv="int8" on sm_90
+(`sm90_kernel`): the faster of it and the Triton kernel on the H200 (benchmarks/results/fp8-attention.json, the
+`...,triton` arms).
 
 Register operand P: the accumulator gives a thread keys 2t, 2t+1 (+8, +16, +24) of each 32 (t = lane % 4), the FP8
 A operand wants keys 4t..4t+3 and 4t+16..4t+19; with v8's keys stored in `v_slot` order the thread's own values are
