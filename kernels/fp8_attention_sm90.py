@@ -17,11 +17,10 @@ One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
   SASS, ptxas puts that wait at the top of the softmax, before the row max (all three builds), so a warpgroup's
   softmax runs under the other warpgroup's dots, not its own; each way tried to keep the wait after the softmax (the
   wait alone behind a branch, the rescale before S_j's dot, a second P operand register set) made ptxas serialize
-  every dot (C7513, C7514). `bounce` (off by default until timed on a GPU) gets it there: P_j goes to shared memory
-  (16 words a thread) before a warpgroup barrier, the wait follows the barrier, and P_j is loaded into the operand
-  registers after the wait; ptxas keeps the stores before the barrier and the wait after it, so all the softmax's
-  exp2 run before the wait (SASS of all three builds), for 4 STS.128, 4 LDS.128 and a barrier a tile, 16 KB of shared
-  memory. FlashAttention-3's turn-taking barriers between the warpgroups measured slower here (git history has them).
+  every dot (C7513, C7514). Passing P_j through shared memory around that wait does keep every exp2 before it in
+  the SASS, but measured 0.93x (int8/fp8) and 0.91x (int8/int8) of this build A/B/A on the H100
+  (benchmarks/results/fp8-attention-h100.json). FlashAttention-3's turn-taking barriers between the warpgroups
+  measured slower here too. Git history has both.
 
 The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q * scale_k * softmax scale *
 log2 e), one ex2.approx and half an F2FP (fp32 pairs to e4m3 pairs); the row sum comes from the P.V dot (a ones
@@ -74,7 +73,6 @@ HEAD_DIM = 128
 THREADS = 384
 LOG2_FP8_MAX = math.log2(448.0)
 LOG2_INT8_MAX = math.log2(127.0)
-BOUNCE_WORDS = 256 * 16  # bounce: the consumer threads' P operands, 16 words (64 one-byte values) a thread
 _MAGIC = 12582912.0  # 1.5 * 2^23: fp32 steps of 1 from 2^23 to 2^24, so x + _MAGIC keeps round(x) in the low bits
 _BIAS = 0x4B400000  # the bits of _MAGIC as an int32
 
@@ -116,15 +114,11 @@ class Fp8AttentionSm90:
     against its running value, so a whole row's sum of P carried in it loses the small terms
     (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
-    def __init__(
-        self, qk_int8: bool, stages: int = 3, pv_int8: bool = False, zero_init: bool = True, bounce: bool = False
-    ):
+    def __init__(self, qk_int8: bool, stages: int = 3, pv_int8: bool = False, zero_init: bool = True):
         """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `zero_init` (pv_int8): each tile's
         INT8 dot starts from zero and the fold converts its product with I2FP; False: the dot starts from the bias
-        1.5 * 2^23 written into its accumulator (72 moves a tile) and the fold reads the product as fp32 less it.
-        `bounce`: P through shared memory around the wait for the previous P.V (module doc); the same output."""
+        1.5 * 2^23 written into its accumulator (72 moves a tile) and the fold reads the product as fp32 less it."""
         self.zero_init = zero_init and pv_int8
-        self.bounce = bounce
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
         self.stages = stages
@@ -191,7 +185,6 @@ class Fp8AttentionSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.qk_dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.qk_dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.v_dtype, cute.cosize(sV_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[Int32, BOUNCE_WORDS if self.bounce else 4], 16]
 
         self.storage = Storage
         grid = (cute.ceil_div(cute.size(mO, mode=[0]), TILE_M), cute.size(mO, mode=[2]), cute.size(mO, mode=[3]))
@@ -233,8 +226,6 @@ class Fp8AttentionSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        # bounce: consumer thread c's 16 words of P at (w % 4) + 4 c + 1024 (w // 4): each 16-byte store conflict-free
-        sP = storage.sP.get_tensor(cute.make_layout(((4, 4), 256), stride=((1, 1024), 4)) if self.bounce else 4)
         sV_tma = storage.sV.get_tensor(sV_load.outer, swizzle=sV_load.inner)  # the same buffers, 128 rows a stage
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # one arrive per consumer warp
@@ -266,7 +257,7 @@ class Fp8AttentionSm90:
         else:
             cute.arch.setmaxregister_increase(240)
             self.consume(
-                mQs, mKs, mVs, mO, qk_scale, tk, sQ, sK, sV, sP, qk_mma, pv_mma, pipe_q, pipe_k, pipe_v,
+                mQs, mKs, mVs, mO, qk_scale, tk, sQ, sK, sV, qk_mma, pv_mma, pipe_q, pipe_k, pipe_v,
                 tidx - 128, m_block, h, b, n_tiles,
             )  # fmt: skip
 
@@ -293,7 +284,7 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def consume(
-        self, mQs, mKs, mVs, mO, qk_scale, tk, sQ, sK, sV, sP, qk_mma, pv_mma, pipe_q, pipe_k, pipe_v,
+        self, mQs, mKs, mVs, mO, qk_scale, tk, sQ, sK, sV, qk_mma, pv_mma, pipe_q, pipe_k, pipe_v,
         ctid, m_block, h, b, n_tiles,
     ):  # fmt: skip
         """The two consumer warpgroups (module doc): ctid in 0..255."""
@@ -313,7 +304,6 @@ class Fp8AttentionSm90:
         p_shape = pv_thr.partition_shape_A((TILE_M, TILE_N))  # ((4,2,2),1,4): 4 k-blocks of 32 keys
         p32 = cute.make_rmem_tensor(p_shape, Float32)
         p8 = pv_mma.make_fragment_A(p_shape)  # the dot's own element type (an INT8 dot's is signed i8)
-        p_next = pv_mma.make_fragment_A(p_shape)  # bounce: P_j made while P_{j-1}.V_{j-1} still reads p8
         p = cute.make_rmem_tensor(acc_s.layout, Float32)  # P * 448 (pv_int8: 127 P / P_max + 1.5 * 2^23)
         acc_o.fill(0.0)
         m = cute.make_rmem_tensor((2,), Float32)  # running max (log2 units) of this thread's two rows
@@ -363,10 +353,6 @@ class Fp8AttentionSm90:
             pipe_k.consumer_release(k_state)
             k_state.advance()
             self.softmax(acc_s, p, m, alpha, beta, factor, tk - j * TILE_N, lane_col, False)
-            if const_expr(self.bounce):  # P_j to shared memory before the wait (module doc)
-                self.to_operand(p, p32, p_next)
-                sP[None, ctid].store(cute.recast_tensor(p_next, Int32).load())
-                cute.arch.barrier(barrier_id=4 + wg, number_of_threads=128)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(v_state)
             v_state.advance()
@@ -378,10 +364,7 @@ class Fp8AttentionSm90:
                     acc_o[64 + 2 * r] = Float32(0.0)
                 for i in cutlass.range_constexpr(cute.size(acc_o)):
                     acc_o[i] = acc_o[i] * alpha[(i // 2) % 2]
-            if const_expr(self.bounce):
-                cute.recast_tensor(p8, Int32).store(sP[None, ctid].load())
-            else:
-                self.to_operand(p, p32, p8)
+            self.to_operand(p, p32, p8)
         pipe_v.consumer_wait(v_state)
         if const_expr(self.pv_int8 and not self.zero_init):
             acc_r.fill(_BIAS)
