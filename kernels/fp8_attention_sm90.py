@@ -114,11 +114,25 @@ class Fp8AttentionSm90:
     against its running value, so a whole row's sum of P carried in it loses the small terms
     (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
-    def __init__(self, qk_int8: bool, stages: int = 3, pv_int8: bool = False, zero_init: bool = True):
+    def __init__(
+        self,
+        qk_int8: bool,
+        stages: int = 3,
+        pv_int8: bool = False,
+        zero_init: bool = True,
+        skip_rescale: bool = False,
+        s_bits: bool = False,
+    ):
         """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `zero_init` (pv_int8): each tile's
         INT8 dot starts from zero and the fold converts its product with I2FP; False: the dot starts from the bias
-        1.5 * 2^23 written into its accumulator (72 moves a tile) and the fold reads the product as fp32 less it."""
+        1.5 * 2^23 written into its accumulator (72 moves a tile) and the fold reads the product as fp32 less it.
+        `skip_rescale`: a warp whose rows all kept their max skips O's and l's multiplies by alpha = 1 (the same
+        output; a vote and a branch a tile). `s_bits` (int8 Q.K^T): the int32 logits plus the bits of 1.5 * 2^23 are
+        read as fp32 (an IADD a logit instead of an I2FP) and the exp2's FFMA takes 1.5 * 2^23 * factor off with the
+        max, which rounds once more (not the default's output bit for bit)."""
         self.zero_init = zero_init and pv_int8
+        self.skip_rescale = skip_rescale
+        self.s_bits = s_bits and qk_int8
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
         self.stages = stages
@@ -356,14 +370,17 @@ class Fp8AttentionSm90:
             warpgroup.wait_group(0)
             pipe_v.consumer_release(v_state)
             v_state.advance()
-            if const_expr(self.pv_int8):  # O = (O + R * P_max) * alpha, the ones channel (l) alike
-                self.fold(acc_o, acc_r, weight, alpha)
-            else:
+            if const_expr(not self.pv_int8):
                 for r in cutlass.range_constexpr(2):  # the ones channel holds tile j-1's sum only: into fp32 l, zeroed
-                    l[r] = (l[r] + acc_o[64 + 2 * r]) * alpha[r]
+                    l[r] = l[r] + acc_o[64 + 2 * r]
                     acc_o[64 + 2 * r] = Float32(0.0)
-                for i in cutlass.range_constexpr(cute.size(acc_o)):
-                    acc_o[i] = acc_o[i] * alpha[(i // 2) % 2]
+            if const_expr(self.skip_rescale):  # a warp whose 16 rows all kept their max would multiply by 1
+                if not cute.arch.vote_all_sync(alpha[0] * alpha[1] >= Float32(1.0)):  # (NaN: rescaled)
+                    self.rescale(acc_o, l, weight, alpha)
+            else:
+                self.rescale(acc_o, l, weight, alpha)
+            if const_expr(self.pv_int8):  # O += R * P_max * alpha, the ones channel (l) alike
+                self.fold(acc_o, acc_r, weight)
             self.to_operand(p, p32, p8)
         pipe_v.consumer_wait(v_state)
         if const_expr(self.pv_int8 and not self.zero_init):
@@ -372,8 +389,7 @@ class Fp8AttentionSm90:
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
         if const_expr(self.pv_int8):
-            alpha.fill(1.0)
-            self.fold(acc_o, acc_r, beta, alpha)
+            self.fold(acc_o, acc_r, beta)
         self.epilogue(acc_o, l, mVs, mO, pv_thr, m_block, h, b)
 
     @cute.jit
@@ -396,15 +412,24 @@ class Fp8AttentionSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def fold(self, acc_o, acc_r, weight, alpha):
-        """pv_int8: O = (O + R * weight) * alpha per row, R the exact int32 product in acc_r (zero_init=False: held
-        as `bits(R + 1.5 * 2^23)`, read as fp32 less 1.5 * 2^23; module doc)."""
-        bits = cute.recast_tensor(acc_r, Float32)
+    def rescale(self, acc_o, l, weight, alpha):  # noqa: E741
+        """O and l (pv_int8: O and the P_max of the product about to be folded in) times alpha, per row."""
         for r in cutlass.range_constexpr(2):
-            weight[r] = weight[r] * alpha[r]
+            if const_expr(self.pv_int8):
+                weight[r] = weight[r] * alpha[r]
+            else:
+                l[r] = l[r] * alpha[r]
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[i] = acc_o[i] * alpha[(i // 2) % 2]
+
+    @cute.jit
+    def fold(self, acc_o, acc_r, weight):
+        """pv_int8: O += R * weight per row, R the exact int32 product in acc_r (zero_init=False: held as
+        `bits(R + 1.5 * 2^23)`, read as fp32 less 1.5 * 2^23; module doc); O and weight already rescaled."""
+        bits = cute.recast_tensor(acc_r, Float32)
         for i in cutlass.range_constexpr(cute.size(acc_o)):
             product = Float32(acc_r[i]) if const_expr(self.zero_init) else bits[i] - Float32(_MAGIC)
-            acc_o[i] = product * weight[(i // 2) % 2] + acc_o[i] * alpha[(i // 2) % 2]
+            acc_o[i] = product * weight[(i // 2) % 2] + acc_o[i]
 
     @cute.jit
     def softmax(self, acc_s, p, m, alpha, beta, factor, limit, lane_col, first: cutlass.Constexpr):
@@ -412,8 +437,16 @@ class Fp8AttentionSm90:
         127 * P / P_max + 1.5 * 2^23, P_max = exp2(top - m) into beta, top the tile's row max); m (this thread's
         two rows) updated in place, alpha (the rows' rescale of O and l) set. Keys at column >= `limit` weigh
         nothing (the last tile's padding)."""
-        for i in cutlass.range_constexpr(cute.size(p)):
-            p[i] = Float32(acc_s[i])
+        offset = Float32(0.0)  # what p holds beyond the logit
+        if const_expr(self.s_bits):  # int8 logits + 1.5 * 2^23's bits, read as fp32: 1.5 * 2^23 + S, no I2FP
+            bits = cute.recast_tensor(acc_s, Float32)
+            for i in cutlass.range_constexpr(cute.size(p)):
+                acc_s[i] = acc_s[i] + Int32(_BIAS)
+                p[i] = bits[i]
+            offset = Float32(_MAGIC)
+        else:
+            for i in cutlass.range_constexpr(cute.size(p)):
+                p[i] = Float32(acc_s[i])
         if limit < TILE_N:
             for i in cutlass.range_constexpr(cute.size(p)):
                 if lane_col + i % 2 + 8 * (i // 4) >= limit:
@@ -423,17 +456,17 @@ class Fp8AttentionSm90:
             top = _max_tree([p[i] for i in mine])
             top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=1))
             top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=2))
-            top = top * factor
+            top = (top - offset) * factor if const_expr(self.s_bits) else top * factor
             m_new = cute.arch.fmax(m[r], top)
             alpha[r] = Float32(1.0) if const_expr(first) else _ex2(m[r] - m_new)
             m[r] = m_new
             if const_expr(self.pv_int8):
                 beta[r] = _ex2(top - m_new)
-                shift = top - LOG2_INT8_MAX
+                shift = top - LOG2_INT8_MAX + offset * factor if const_expr(self.s_bits) else top - LOG2_INT8_MAX
                 for i in mine:  # 1.5 * 2^23 + P: P rounded to an integer in the low bits (module doc)
                     p[i] = _ex2(p[i] * factor - shift) + Float32(_MAGIC)
             else:
-                shift = m_new - LOG2_FP8_MAX
+                shift = m_new - LOG2_FP8_MAX + offset * factor if const_expr(self.s_bits) else m_new - LOG2_FP8_MAX
                 for i in mine:
                     p[i] = _ex2(p[i] * factor - shift)
 
