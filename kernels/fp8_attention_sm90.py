@@ -26,6 +26,11 @@ The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q
 log2 e), one ex2.approx and half an F2FP (fp32 pairs to e4m3 pairs); the row sum comes from the P.V dot (a ones
 channel of v8). The row max is taken on the unscaled logits (factor > 0), reduced over the 4 lanes that share a row
 by two butterfly shuffles. P is made as `P * 448` (e4m3's top) and l sums it so; the epilogue divides it out.
+INT8 Q.K^T's int32 logits S become fp32 without a conversion: S plus the bits of 1.5 * 2^23 (one IADD) reads as the
+fp32 1.5 * 2^23 + S (exact: |S| <= 127 * 127 * 128 < 2^22), the max less 1.5 * 2^23 is exact, and the FFMA takes
+1.5 * 2^23 * factor off with the shift, which rounds once (at most half an ulp of 1.5 * 2^23 * factor, the same
+for a row's whole tile). Against I2FP a logit, A/B/A on the H100: 1.019x int8/fp8, 1.026x int8/int8 a call
+(benchmarks/results/fp8-attention-cute-options.json).
 
 pv_int8 (`attention_quantize.quantize` with pv="int8": v8 in int8; `fp8_attention`'s pv="int8" maths): P is made
 per tile against the tile's own row max, `127 * P / P_max` (P_max = exp2(top - m), kept per row), rounded to int8
@@ -114,25 +119,12 @@ class Fp8AttentionSm90:
     against its running value, so a whole row's sum of P carried in it loses the small terms
     (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
-    def __init__(
-        self,
-        qk_int8: bool,
-        stages: int = 3,
-        pv_int8: bool = False,
-        zero_init: bool = True,
-        skip_rescale: bool = False,
-        s_bits: bool = False,
-    ):
+    def __init__(self, qk_int8: bool, stages: int = 3, pv_int8: bool = False, zero_init: bool = True):
         """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `zero_init` (pv_int8): each tile's
         INT8 dot starts from zero and the fold converts its product with I2FP; False: the dot starts from the bias
         1.5 * 2^23 written into its accumulator (72 moves a tile) and the fold reads the product as fp32 less it.
-        `skip_rescale`: a warp whose rows all kept their max skips O's and l's multiplies by alpha = 1 (the same
-        output; a vote and a branch a tile). `s_bits` (int8 Q.K^T): the int32 logits plus the bits of 1.5 * 2^23 are
-        read as fp32 (an IADD a logit instead of an I2FP) and the exp2's FFMA takes 1.5 * 2^23 * factor off with the
-        max, which rounds once more (not the default's output bit for bit)."""
+        """
         self.zero_init = zero_init and pv_int8
-        self.skip_rescale = skip_rescale
-        self.s_bits = s_bits and qk_int8
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
         self.stages = stages
@@ -374,11 +366,7 @@ class Fp8AttentionSm90:
                 for r in cutlass.range_constexpr(2):  # the ones channel holds tile j-1's sum only: into fp32 l, zeroed
                     l[r] = l[r] + acc_o[64 + 2 * r]
                     acc_o[64 + 2 * r] = Float32(0.0)
-            if const_expr(self.skip_rescale):  # a warp whose 16 rows all kept their max would multiply by 1
-                if not cute.arch.vote_all_sync(alpha[0] * alpha[1] >= Float32(1.0)):  # (NaN: rescaled)
-                    self.rescale(acc_o, l, weight, alpha)
-            else:
-                self.rescale(acc_o, l, weight, alpha)
+            self.rescale(acc_o, l, weight, alpha)
             if const_expr(self.pv_int8):  # O += R * P_max * alpha, the ones channel (l) alike
                 self.fold(acc_o, acc_r, weight)
             self.to_operand(p, p32, p8)
@@ -437,13 +425,11 @@ class Fp8AttentionSm90:
         127 * P / P_max + 1.5 * 2^23, P_max = exp2(top - m) into beta, top the tile's row max); m (this thread's
         two rows) updated in place, alpha (the rows' rescale of O and l) set. Keys at column >= `limit` weigh
         nothing (the last tile's padding)."""
-        offset = Float32(0.0)  # what p holds beyond the logit
-        if const_expr(self.s_bits):  # int8 logits + 1.5 * 2^23's bits, read as fp32: 1.5 * 2^23 + S, no I2FP
+        if const_expr(self.qk_int8):  # int32 logits + the bits of 1.5 * 2^23, read as fp32: 1.5 * 2^23 + S (no I2FP)
             bits = cute.recast_tensor(acc_s, Float32)
             for i in cutlass.range_constexpr(cute.size(p)):
                 acc_s[i] = acc_s[i] + Int32(_BIAS)
                 p[i] = bits[i]
-            offset = Float32(_MAGIC)
         else:
             for i in cutlass.range_constexpr(cute.size(p)):
                 p[i] = Float32(acc_s[i])
@@ -456,17 +442,23 @@ class Fp8AttentionSm90:
             top = _max_tree([p[i] for i in mine])
             top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=1))
             top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=2))
-            top = (top - offset) * factor if const_expr(self.s_bits) else top * factor
+            if const_expr(self.qk_int8):
+                top = top - Float32(_MAGIC)  # exact: both are integers below 2^24
+            top = top * factor
             m_new = cute.arch.fmax(m[r], top)
             alpha[r] = Float32(1.0) if const_expr(first) else _ex2(m[r] - m_new)
             m[r] = m_new
             if const_expr(self.pv_int8):
                 beta[r] = _ex2(top - m_new)
-                shift = top - LOG2_INT8_MAX + offset * factor if const_expr(self.s_bits) else top - LOG2_INT8_MAX
+                shift = top - LOG2_INT8_MAX
+                if const_expr(self.qk_int8):  # p * factor is the logit plus 1.5 * 2^23 * factor: the FFMA takes it off
+                    shift = shift + Float32(_MAGIC) * factor
                 for i in mine:  # 1.5 * 2^23 + P: P rounded to an integer in the low bits (module doc)
                     p[i] = _ex2(p[i] * factor - shift) + Float32(_MAGIC)
             else:
-                shift = m_new - LOG2_FP8_MAX + offset * factor if const_expr(self.s_bits) else m_new - LOG2_FP8_MAX
+                shift = m_new - LOG2_FP8_MAX
+                if const_expr(self.qk_int8):
+                    shift = shift + Float32(_MAGIC) * factor
                 for i in mine:
                     p[i] = _ex2(p[i] * factor - shift)
 
