@@ -2,9 +2,8 @@
 q, the mean-smoothed k and v turned into the int8 / e4m3 operands and scales the attention kernels read.
 
 The maths (`quantize_reference` in torch ops; `quantize` the same in Triton, one read of each tensor):
-1. Key smoothing: `k <- k - key_mean(k)` per (batch, head), with `key_mean` the mean over tokens: fp64 sums of
-   128-token blocks (exact, so in any order, while a block's values span less than 2^38 in magnitude for bf16,
-   2^22 for fp32), summed over blocks in fp64 by torch, divided by T (IEEE), rounded to fp32. Every logit of one query row moves by the same `q . mean(k)`, so the softmax is
+1. Key smoothing: `k <- k - key_mean(k)` per (batch, head), with `key_mean` the fp32 mean over tokens (torch's
+   reduction, shared by both paths). Every logit of one query row moves by the same `q . mean(k)`, so the softmax is
    unchanged in exact maths; what it removes is the common offset trained keys carry, which would otherwise set every
    block's scale and leave the per-token part a few quantization steps.
 2. q and the smoothed k per block of QUANT_BLOCK = 128 tokens, symmetric, one fp32 scale a block
@@ -25,21 +24,19 @@ h, e; t in 0..3) at slot `16g + 4t + 2h + e` makes the keys a thread holds the o
 kernels relabel P's columns the same way (`fp8_attention.quantized_tile`), a renaming of registers instead of the
 cross-lane shuffles a layout conversion would take. Any relabelling gives the same dot; this one is free.
 
-Contract: `quantize` equals `quantize_reference` bit for bit on finite inputs whose key blocks sum exactly in fp64
-(every step is an exact or IEEE-rounded operation in both, the Triton kernel divides with `div_rn`; v's per-channel
-min and max are exact in any order). A NaN or inf makes its block's scale (q, k: every block of the head, through k's mean) or its channel's scale
+Contract: `quantize` equals `quantize_reference` bit for bit on finite inputs (every step is an exact or IEEE-rounded
+fp32 operation in both, the Triton kernel divides with `div_rn`; v's per-channel amax comes from `torch.aminmax`,
+exact). A NaN or inf makes its block's scale (q, k: every block of the head, through k's mean) or its channel's scale
 (v) NaN in both, so the attention output is NaN where dense attention's is (and more: a whole q block), never a
 finite number that hides it; the one-byte values of such a block are unspecified. Under the
 CPU interpreter the fp32 -> e4m3 conversion is not round-to-nearest-even (fp8_attention's module doc), so the kernel
 rounds to the e4m3 grid in fp32 first (EMULATE), as the GPU's `cvt.rn.satfinite` does.
 
-The Triton path, six launches: `_stats_fwd` reads k and (one-byte pv) v once, one program per (128-token block,
-batch*head) storing the block's per-channel fp64 sums of k and the max of v and of -v; torch sums the blocks' sums
-and takes the max over blocks (one small launch each); then one launch per tensor of `_quantize_fwd`: one program
-per (128-token block, batch*head) reads the block once (any strides), smooths (k: the mean is the sum divided by T,
-the head's first program stores it), reduces its amax (q, k) or makes the per-channel scales from v's max and min
-(v: the head's first program writes v_scale), and writes the one-byte values (transposed and in `v_slot` order for
-v) and the block's scale.
+The Triton path: torch's fp32 mean of k (one read) and, for a one-byte pv, `torch.aminmax` of v over tokens (one read),
+then one launch per tensor of `_quantize_fwd` (five launches in all): one program per (128-token block,
+batch*head) reads the block once (any strides), smooths, reduces its amax (q, k) or makes the per-channel scales from
+v's min and max (v: the head's first program writes v_scale), and writes the one-byte values (transposed and
+in `v_slot` order for v) and the block's scale.
 """
 
 from __future__ import annotations
@@ -82,12 +79,8 @@ class Quantized:
 
 
 def key_mean(k: torch.Tensor) -> torch.Tensor:
-    """(B, H, 1, D) fp32 mean of k (B, H, T, D) over tokens, as `quantize` makes it (module doc, step 1)."""
-    b, h, t, d = k.shape
-    nb = -(-t // QUANT_BLOCK)
-    blocks = torch.nn.functional.pad(k.double(), (0, 0, 0, nb * QUANT_BLOCK - t)).view(b, h, nb, QUANT_BLOCK, d)
-    total = blocks.sum(3).sum(2, keepdim=True)  # exact block sums, then torch's fp64 sum over blocks
-    return (total / torch.full_like(total, t)).float()
+    """(B, H, 1, D) fp32 mean of k (B, H, T, D) over tokens, accumulated in fp32 (no fp32 copy of k)."""
+    return k.mean(2, keepdim=True, dtype=torch.float32)
 
 
 def _top(qk: str) -> float:
@@ -158,46 +151,17 @@ def quantize_reference(
     return Quantized(q8, q_scale, k8, k_scale, vt.view(v8.dtype), _ieee_div(scale, top), pv, qk, k_mean)
 
 
-def _max_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)  # torch's max: NaN wins
-
-
-def _stats_fwd(
-    k_ptr, v_ptr, sum_ptr, peak_ptr,
-    H, T, NB,
-    k_sb, k_sh, k_st, k_sd, v_sb, v_sh, v_st, v_sd,
-    BLOCK: tl.constexpr, D: tl.constexpr, V: tl.constexpr,
-):  # fmt: skip
-    # One (BLOCK-token block, head): k's per-channel fp64 sum into sum_ptr (B*H, NB, D); with V, the per-channel max
-    # of v and of -v into peak_ptr (B*H, NB, 2, D) (rows past T count as 0 in the sum and not in the max).
-    blk = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    rows = blk * BLOCK + tl.arange(0, BLOCK)
-    d = tl.arange(0, D)
-    ok = (rows < T)[:, None]
-    k = tl.load(k_ptr + b * k_sb + h * k_sh + rows.to(tl.int64)[:, None] * k_st + d[None, :] * k_sd, mask=ok, other=0.0)
-    tl.store(sum_ptr + (bh * NB + blk) * D + d, tl.reduce(k.to(tl.float64), 0, tl.standard._sum_combine))
-    if V:
-        x = tl.load(v_ptr + b * v_sb + h * v_sh + rows.to(tl.int64)[:, None] * v_st + d[None, :] * v_sd, mask=ok)
-        x = x.to(tl.float32)
-        out = peak_ptr + (bh * NB + blk) * 2 * D + d
-        tl.store(out, tl.reduce(tl.where(ok, x, float("-inf")), 0, _max_nan))
-        tl.store(out + D, tl.reduce(tl.where(ok, -x, float("-inf")), 0, _max_nan))
-
-
 def _quantize_fwd(
-    x_ptr, sum_ptr, scale_ptr, out_ptr, peak_ptr, mean_ptr,
+    x_ptr, mean_ptr, scale_ptr, out_ptr, low_ptr, high_ptr,
     H, T, TP,
     x_sb, x_sh, x_st, x_sd,
     BLOCK: tl.constexpr, D: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr, CHANNEL: tl.constexpr,
     EMULATE: tl.constexpr,
 ):  # fmt: skip
-    # Step 2 (q, k; SMOOTH subtracts the mean, sum_ptr's fp64 (D,) per head divided by T and rounded to fp32, first:
-    # the head's first program stores it into mean_ptr) or, with CHANNEL, step 3 (v: the per-channel scales from peak_ptr's (2, D) per head,
-    # the max of v and of -v; the head's first program stores scale / top, the v_scale, into scale_ptr; the output
-    # is transposed). tl.reduce with tl.standard's combines: see block_sparse_attend.
+    # Step 2 (q, k; SMOOTH subtracts mean_ptr's (D,) per head first) or, with CHANNEL, step 3 (v: the per-channel
+    # scales from low_ptr / high_ptr, v's per-channel min and max; the head's first program stores scale / top, the
+    # v_scale, into scale_ptr; the output is transposed). tl.reduce with tl.standard's combines: see
+    # block_sparse_attend.
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -208,14 +172,14 @@ def _quantize_fwd(
     ptrs = x_ptr + b * x_sb + h * x_sh + rows.to(tl.int64)[:, None] * x_st + d[None, :] * x_sd
     x = tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)  # (BLOCK, D); rows past T are zeros
     if SMOOTH:
-        mean = (tl.load(sum_ptr + bh * D + d) / tl.full((D,), T, tl.float64)).to(tl.float32)  # fp64: div.rn
-        if blk == 0:
-            tl.store(mean_ptr + bh * D + d, mean)
-        x = tl.where(ok, x - mean[None, :], 0.0)
+        x = tl.where(ok, x - tl.load(mean_ptr + bh * D + d)[None, :], 0.0)
     top = 127.0 if INT8 else 448.0
-    if CHANNEL:  # max(max v, max -v) then max(., EPS), NaN kept (tl.maximum's default drops it; torch's keeps it)
-        peak = peak_ptr + bh * 2 * D + d
-        amax = tl.maximum(tl.load(peak), tl.load(peak + D), propagate_nan=tl.PropagateNan.ALL)
+    if CHANNEL:  # max(high, -low) then max(., EPS), NaN kept (tl.maximum's default drops it; torch's keeps it)
+        amax = tl.maximum(
+            tl.load(high_ptr + bh * D + d).to(tl.float32),
+            -tl.load(low_ptr + bh * D + d).to(tl.float32),
+            propagate_nan=tl.PropagateNan.ALL,
+        )
         channel_scale = tl.div_rn(tl.maximum(amax, 1e-12, propagate_nan=tl.PropagateNan.ALL), top)
         if blk == 0:
             tl.store(scale_ptr + bh * D + d, tl.div_rn(channel_scale, top))
@@ -251,26 +215,24 @@ def _quantize_fwd(
 
 
 _KERNEL = LazyKernel(_quantize_fwd)
-_STATS = LazyKernel(_stats_fwd, helpers=(_max_nan,))
 
 
 def _launch(
     x: torch.Tensor,
     out: torch.Tensor,
     scale: torch.Tensor,
+    mean: torch.Tensor | None,
     int8: bool,
-    smooth: tuple[torch.Tensor, torch.Tensor] | None = None,
-    peak: torch.Tensor | None = None,
+    channel: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """Step 2, `smooth` (k's per-channel fp64 sums (B, H, D), the mean's output (B, H, 1, D)) smoothing first, or with
-    `peak` (v's per-channel max of v and of -v, (B, H, 2, D)) step 3 (`scale` receives v_scale)."""
+    """`channel`: v's per-channel (low, high) over tokens (step 3: `scale` receives v_scale), else step 2."""
     b, h, t, d = x.shape
-    tp = out.shape[-1] if peak is not None else out.shape[2]
-    sums, mean = smooth or (scale, scale)
+    tp = out.shape[-1] if channel else out.shape[2]
+    low, high = channel or (scale, scale)
     tuning = {} if interpreting() else {"num_warps": QUANT_WARPS}
     _KERNEL[(tp // QUANT_BLOCK, b * h)](
-        x, sums, scale, out, scale if peak is None else peak, mean, h, t, tp, *x.stride(),
-        BLOCK=QUANT_BLOCK, D=d, INT8=int8, SMOOTH=smooth is not None, CHANNEL=peak is not None,
+        x, scale if mean is None else mean, scale, out, low, high, h, t, tp, *x.stride(),
+        BLOCK=QUANT_BLOCK, D=d, INT8=int8, SMOOTH=mean is not None, CHANNEL=channel is not None,
         EMULATE=interpreting(),
         **tuning,
     )  # fmt: skip
@@ -288,28 +250,21 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8",
     k8 = torch.empty((b, h, kp, d), dtype=dtype, device=q.device)
     q_scale = torch.empty((b, h, qp // QUANT_BLOCK), dtype=torch.float32, device=q.device)
     k_scale = torch.empty((b, h, kp // QUANT_BLOCK), dtype=torch.float32, device=q.device)
-    nb = kp // QUANT_BLOCK
-    one_byte = pv != "bf16"
-    sums = torch.empty((b, h, nb, d), dtype=torch.float64, device=q.device)
-    peaks = torch.empty((b, h, nb, 2, d), dtype=torch.float32, device=q.device) if one_byte else sums
-    tuning = {} if interpreting() else {"num_warps": QUANT_WARPS}
-    _STATS[(nb, b * h)](
-        k, v, sums, peaks, h, tk, nb, *k.stride(), *v.stride(), BLOCK=QUANT_BLOCK, D=d, V=one_byte, **tuning
-    )  # fmt: skip
-    k_mean = torch.empty((b, h, 1, d), dtype=torch.float32, device=q.device)
-    _launch(q, q8, q_scale, qk == "int8")
-    _launch(k, k8, k_scale, qk == "int8", smooth=(sums.sum(2), k_mean))
-    if not one_byte:
+    k_mean = key_mean(k)
+    _launch(q, q8, q_scale, None, qk == "int8")
+    _launch(k, k8, k_scale, k_mean, qk == "int8")
+    if pv == "bf16":
         return Quantized(q8, q_scale, k8, k_scale, _bf16_v(v), None, pv, qk, k_mean)
+    low, high = torch.aminmax(v, dim=2)  # (B, H, D): amax(|v|) = max(high, -low), exact; the kernel takes it from here
     v_scale = torch.empty((b, h, d), dtype=torch.float32, device=q.device)
     vt = torch.empty((b, h, d, kp), dtype=torch.int8 if pv == "int8" else FP8, device=q.device)
-    _launch(v, vt, v_scale, pv == "int8", peak=peaks.amax(2))
+    _launch(v, vt, v_scale, None, pv == "int8", (low, high))
     return Quantized(q8, q_scale, k8, k_scale, vt, v_scale, pv, qk, k_mean)
 
 
 def cost(shape: tuple[int, int, int, int], pv: str = "fp8", dtype: torch.dtype = torch.bfloat16) -> int:
     """Bytes moved by `quantize` on q, k, v of `shape` (B, H, T, D), a lower bound: q, k, v read once in `dtype` and
-    q8, k8 and v written (one byte an element, two for pv="bf16"). `_stats_fwd`'s second read of k (and of v with a
-    one-byte pv) is not counted."""
+    q8, k8 and v written (one byte an element, two for pv="bf16"). The torch reductions' second read of k (and of v
+    with a one-byte pv) is not counted."""
     b, h, t, d = shape
     return int(b * h * t * d * (3 * dtype_size(dtype) + 2 + (2 if pv == "bf16" else 1)))

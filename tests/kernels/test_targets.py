@@ -101,12 +101,7 @@ EXAMPLES = {
         *(torch.zeros(B, H, T, D, dtype=BF16) for _ in range(3)), qk="int8", pv="int8"
     ),
 }
-FP8_KERNELS = (
-    "_quantize_rows",
-    "_fp8_attention_fwd",
-    "_quantize_fwd",
-    "_stats_fwd",
-)  # refused before any launch below sm_89
+FP8_KERNELS = ("_quantize_rows", "_fp8_attention_fwd", "_quantize_fwd")  # refused before any launch below sm_89
 FP8_EXAMPLES = ("block_sparse_attention_int8",)  # a kernel that also runs without FP8, in its FP8 mode: refused too
 
 
@@ -132,7 +127,7 @@ def test_every_kernel_has_an_example_and_records_its_shipped_launch(hopper):
     assert {
         "_modulate", "_gated_residual", "_head_norm_rope", "_layernorm_modulate", "_tiled_qk_norm_rope",
         "_row_qk_norm_rope", "_tiled_copy", "_quantize_rows", "_block_means_qkv", "_compact", "_block_sparse_fwd",
-        "_fp8_attention_fwd", "_quantize_fwd", "_stats_fwd", "_rms_norm_silu",
+        "_fp8_attention_fwd", "_quantize_fwd", "_rms_norm_silu",
     } <= recorded  # fmt: skip
     attention = next(x for x in launches["block_sparse_attention"] if x.name == "_block_sparse_fwd")
     assert attention.options == {"num_warps": 4, "num_stages": 3} and attention.constexprs["D"] == D
