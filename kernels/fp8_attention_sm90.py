@@ -19,7 +19,7 @@ One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
   wait alone behind a branch, the rescale before S_j's dot, a second P operand register set) made ptxas serialize
   every dot (C7513, C7514). Passing P_j through shared memory around that wait does keep every exp2 before it in
   the SASS, but measured 0.93x (int8/fp8) and 0.91x (int8/int8) of this build A/B/A on the H100
-  (benchmarks/results/fp8-attention-h100.json). FlashAttention-3's turn-taking barriers between the warpgroups
+  (benchmarks/results/fp8-attention-cute-bounce.json). FlashAttention-3's turn-taking barriers between the warpgroups
   measured slower here too. Git history has both.
 
 The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q * scale_k * softmax scale *
