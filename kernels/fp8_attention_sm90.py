@@ -20,7 +20,8 @@ One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
   every dot (C7513, C7514). Passing P_j through shared memory around that wait does keep every exp2 before it in
   the SASS, but measured 0.93x (int8/fp8) and 0.91x (int8/int8) of this build A/B/A on the H100
   (benchmarks/results/fp8-attention-cute-bounce.json). FlashAttention-3's turn-taking barriers between the warpgroups
-  measured slower here too. Git history has both.
+  measured slower here too. Git history has both. A warpgroup barrier alone before the wait (and O's rescale made
+  to depend on each row's last exp2) only moves the wait below the row max: ptxas sinks 56 of the 66 exp2 under it.
 
 The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q * scale_k * softmax scale *
 log2 e), one ex2.approx and half an F2FP (fp32 pairs to e4m3 pairs); the row sum comes from the P.V dot (a ones
