@@ -83,7 +83,11 @@ CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hu
 HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3): the kernels' case measured here
 SPARSE_DENSITY = 0.20
 SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "int8"), ("int8", "bf16"), ("e4m3", "fp8"))
-SPARSE_LAUNCHES = {"w8": block_sparse_attend.Launch(num_warps=8)}  # besides the shipped DEFAULT (4 warps), kernel alone
+SPARSE_LAUNCHES = {  # besides the shipped DEFAULT (4 warps, 3 stages, 64 rows), kernel alone (8 warps: 0.34-0.52x)
+    "s2": block_sparse_attend.Launch(num_stages=2),
+    "s4": block_sparse_attend.Launch(num_stages=4),
+    "r32": block_sparse_attend.Launch(rows=32),
+}
 ERROR_PART_ROWS = 4096  # query rows (of head 0, against all keys) `error_parts` runs on: a (4096, T) fp32 logits tile
 
 
