@@ -123,8 +123,7 @@ class Fp8AttentionSm90:
     def __init__(self, qk_int8: bool, stages: int = 3, pv_int8: bool = False, zero_init: bool = True):
         """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `zero_init` (pv_int8): each tile's
         INT8 dot starts from zero and the fold converts its product with I2FP; False: the dot starts from the bias
-        1.5 * 2^23 written into its accumulator (72 moves a tile) and the fold reads the product as fp32 less it.
-        """
+        1.5 * 2^23 written into its accumulator (72 moves a tile) and the fold reads the product as fp32 less it."""
         self.zero_init = zero_init and pv_int8
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
