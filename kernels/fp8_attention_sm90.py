@@ -17,11 +17,10 @@ One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
   SASS, ptxas puts that wait at the top of the softmax, before the row max (all three builds), so a warpgroup's
   softmax runs under the other warpgroup's dots, not its own; each way tried to keep the wait after the softmax (the
   wait alone behind a branch, the rescale before S_j's dot, a second P operand register set) made ptxas serialize
-  every dot (C7513, C7514). Passing P_j through shared memory around that wait does keep every exp2 before it in
-  the SASS, but measured 0.93x (int8/fp8) and 0.91x (int8/int8) of this build A/B/A on the H100
-  (benchmarks/results/fp8-attention-cute-bounce.json). FlashAttention-3's turn-taking barriers between the warpgroups
-  measured slower here too. Git history has both. A warpgroup barrier alone before the wait (and O's rescale made
-  to depend on each row's last exp2) only moves the wait below the row max: ptxas sinks 56 of the 66 exp2 under it.
+  every dot (C7513, C7514); passing P_j through shared memory around the wait keeps the exp2s before it but is
+  slower (benchmarks/results/fp8-attention-cute-bounce.json), as were FlashAttention-3's turn-taking barriers
+  between the warpgroups (git history has both); a warpgroup barrier alone before the wait lets ptxas sink the
+  exp2s below it.
 
 The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q * scale_k * softmax scale *
 log2 e), one ex2.approx and half an F2FP (fp32 pairs to e4m3 pairs); the row sum comes from the P.V dot (a ones
@@ -30,8 +29,7 @@ by two butterfly shuffles. P is made as `P * 448` (e4m3's top) and l sums it so;
 INT8 Q.K^T's int32 logits S become fp32 without a conversion: S plus the bits of 1.5 * 2^23 (one IADD) reads as the
 fp32 1.5 * 2^23 + S (exact: |S| <= 127 * 127 * 128 < 2^22), the max less 1.5 * 2^23 is exact, and the FFMA takes
 1.5 * 2^23 * factor off with the shift, which rounds once (at most half an ulp of 1.5 * 2^23 * factor, the same
-for a row's whole tile). Against I2FP a logit, A/B/A on the H100: 1.019x int8/fp8, 1.026x int8/int8 a call
-(benchmarks/results/fp8-attention-cute-options.json).
+for a row's whole tile); faster than an I2FP a logit (benchmarks/results/fp8-attention-cute-options.json).
 
 pv_int8 (`attention_quantize.quantize` with pv="int8": v8 in int8; `fp8_attention`'s pv="int8" maths): P is made
 per tile against the tile's own row max, `127 * P / P_max` (P_max = exp2(top - m), kept per row), rounded to int8
@@ -451,16 +449,14 @@ class Fp8AttentionSm90:
             if const_expr(self.pv_int8):
                 beta[r] = _ex2(top - m_new)
                 shift = top - LOG2_INT8_MAX
-                if const_expr(self.qk_int8):  # p * factor is the logit plus 1.5 * 2^23 * factor: the FFMA takes it off
-                    shift = shift + Float32(_MAGIC) * factor
-                for i in mine:  # 1.5 * 2^23 + P: P rounded to an integer in the low bits (module doc)
-                    p[i] = _ex2(p[i] * factor - shift) + Float32(_MAGIC)
             else:
                 shift = m_new - LOG2_FP8_MAX
-                if const_expr(self.qk_int8):
-                    shift = shift + Float32(_MAGIC) * factor
-                for i in mine:
-                    p[i] = _ex2(p[i] * factor - shift)
+            if const_expr(self.qk_int8):  # p * factor is the logit plus 1.5 * 2^23 * factor: the FFMA takes it off
+                shift = shift + Float32(_MAGIC) * factor
+            for i in mine:
+                p[i] = _ex2(p[i] * factor - shift)
+                if const_expr(self.pv_int8):  # 1.5 * 2^23 + P: P rounded to an integer in the low bits (module doc)
+                    p[i] = p[i] + Float32(_MAGIC)
 
     @cute.jit
     def to_operand(self, p, p32, p8):
