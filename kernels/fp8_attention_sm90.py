@@ -35,10 +35,10 @@ pv_int8 (`attention_quantize.quantize` with pv="int8": v8 in int8; `fp8_attentio
 per tile against the tile's own row max, `127 * P / P_max` (P_max = exp2(top - m), kept per row), rounded to int8
 by adding 1.5 * 2^23 (the integer lands in the float's low byte, which the operand takes: no F2I), and the P.V dot is
 an INT8 wgmma (N = 144: an INT8 dot's N is a multiple of 16) into an int32 accumulator that each tile's first k-block
-overwrites, converted to fp32 by I2FP (exact: |P . v| < 2^22) in the fold (`zero_init`; with zero_init=False the
-accumulator starts at the bits of 1.5 * 2^23, 72 moves a tile, and its fp32 reading less that is the product). O is
-then a plain fp32 register tile: `O = (O + product * P_max) * alpha` per tile, the ones channel (l) alike, so l sums
-P as rounded to int8 and carries 127 as O does. What `fp8_attention.attend` runs for pv="int8" on sm_90
+overwrites, converted to fp32 by I2FP (exact: |P . v| < 2^22) in the fold (faster than starting the accumulator at
+the bits of 1.5 * 2^23: benchmarks/results/fp8-attention-cute-bounce.json, `bias`). O is then a plain fp32
+register tile: `O = (O + product * P_max) * alpha` per tile, the ones channel (l) alike, so l sums P as rounded to
+int8 and carries 127 as O does. What `fp8_attention.attend` runs for pv="int8" on sm_90
 (`sm90_kernel`): the faster of it and the Triton kernel on the H200 (benchmarks/results/fp8-attention.json, the
 `...,triton` arms).
 
@@ -118,11 +118,8 @@ class Fp8AttentionSm90:
     against its running value, so a whole row's sum of P carried in it loses the small terms
     (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
-    def __init__(self, qk_int8: bool, stages: int = 3, pv_int8: bool = False, zero_init: bool = True):
-        """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `zero_init` (pv_int8): each tile's
-        INT8 dot starts from zero and the fold converts its product with I2FP; False: the dot starts from the bias
-        1.5 * 2^23 written into its accumulator (72 moves a tile) and the fold reads the product as fp32 less it."""
-        self.zero_init = zero_init and pv_int8
+    def __init__(self, qk_int8: bool, stages: int = 3, pv_int8: bool = False):
+        """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v."""
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
         self.stages = stages
@@ -292,8 +289,8 @@ class Fp8AttentionSm90:
         ctid, m_block, h, b, n_tiles,
     ):  # fmt: skip
         """The two consumer warpgroups (module doc): ctid in 0..255."""
-        pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # O (pv_int8: the tile's bias) only accumulates
-        if const_expr(self.zero_init):  # the same dot that overwrites its accumulator: each tile's first k-block
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # O (pv_int8: the tile's product after k-block 0) accumulates
+        if const_expr(self.pv_int8):  # the same dot that overwrites its accumulator: each tile's first k-block
             self.pv_zero = self._mmas()[1]
             self.pv_zero.set(warpgroup.Field.ACCUMULATE, False)
         qk_thr = qk_mma.get_slice(ctid)
@@ -349,8 +346,6 @@ class Fp8AttentionSm90:
             self.logits(qk_mma, acc_s, rQ, rK, k_state)
             pipe_v.consumer_wait(v_state)
             if const_expr(self.pv_int8):
-                if const_expr(not self.zero_init):
-                    acc_r.fill(_BIAS)
                 weight[0], weight[1] = beta[0], beta[1]
             self.values(pv_mma, acc_r, p8, rV, v_state)
             warpgroup.wait_group(1)  # the logits are in; P.V still runs
@@ -369,8 +364,6 @@ class Fp8AttentionSm90:
                 self.fold(acc_o, acc_r, weight)
             self.to_operand(p, p32, p8)
         pipe_v.consumer_wait(v_state)
-        if const_expr(self.pv_int8 and not self.zero_init):
-            acc_r.fill(_BIAS)
         self.values(pv_mma, acc_r, p8, rV, v_state)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
@@ -393,7 +386,7 @@ class Fp8AttentionSm90:
         """Issue acc += P . v8 on the v8 tile in v_state's buffer (committed, not waited for)."""
         warpgroup.fence()
         for kb in cutlass.range_constexpr(TILE_N // 32):
-            mma = self.pv_zero if const_expr(self.zero_init and kb == 0) else pv_mma  # zero_init: k-block 0 overwrites
+            mma = self.pv_zero if const_expr(self.pv_int8 and kb == 0) else pv_mma  # pv_int8: k-block 0 overwrites
             cute.gemm(mma, acc, p8[None, None, kb], rV[None, None, kb, v_state.index], acc)
         warpgroup.commit_group()
 
@@ -410,12 +403,10 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def fold(self, acc_o, acc_r, weight):
-        """pv_int8: O += R * weight per row, R the exact int32 product in acc_r (zero_init=False: held as
-        `bits(R + 1.5 * 2^23)`, read as fp32 less 1.5 * 2^23; module doc); O and weight already rescaled."""
-        bits = cute.recast_tensor(acc_r, Float32)
+        """pv_int8: O += R * weight per row, R the exact int32 product in acc_r (module doc); O and weight already
+        rescaled."""
         for i in cutlass.range_constexpr(cute.size(acc_o)):
-            product = Float32(acc_r[i]) if const_expr(self.zero_init) else bits[i] - Float32(_MAGIC)
-            acc_o[i] = product * weight[(i // 2) % 2] + acc_o[i]
+            acc_o[i] = Float32(acc_r[i]) * weight[(i // 2) % 2] + acc_o[i]
 
     @cute.jit
     def softmax(self, acc_s, p, m, alpha, beta, factor, limit, lane_col, first: cutlass.Constexpr):
