@@ -49,7 +49,7 @@ import triton.language as tl
 from workbench.kernels._runtime import LazyKernel, capability, interpreting, tma_scratch
 from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
 from workbench.kernels.block_sparse_routing import BLOCK
-from workbench.kernels.fp8_attention import new_max, pv_dot, qk_logits, quantized_pair, quantized_tile
+from workbench.kernels.fp8_attention import new_max, pv_dot, qk_logits, quantized_pair, quantized_tile, sm90_kernel
 
 LOG2E = 1.4426950408889634
 
@@ -113,13 +113,14 @@ def _lowbit_block(k_desc, v_desc, ks_base, q_scale, j, BLOCK: tl.constexpr, QUAN
 
 def _block_sparse_fwd(
     q_ptr, k_ptr, v_ptr, km_ptr, vm_ptr, loglen_ptr, mask_ptr, idx_ptr, count_ptr, out_ptr,
-    q8_ptr, qs_ptr, ks_ptr, vs_ptr,
+    q8_ptr, qs_ptr, ks_ptr, vs_ptr, so_ptr, sm_ptr, sl_ptr,
     H, TQ, TK, KB, QB, qk_scale, TQP, TKP,
     q_sb, q_sh, q_st, q_sd,
     k_sb, k_sh, k_st,
     v_sb, v_sh, v_st,
     F32: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
     LOWBIT: tl.constexpr, QK_INT8: tl.constexpr, PV: tl.constexpr, QUANT: tl.constexpr, EMULATE: tl.constexpr,
+    RESUME: tl.constexpr,
 ):  # fmt: skip
     # Reductions are tl.reduce with tl.standard's combines, and zeros are tl.full: tl.sum/tl.max/tl.zeros are
     # JITFunctions decorated when triton was imported, which the interpreter cannot call when
@@ -157,7 +158,12 @@ def _block_sparse_fwd(
         v_desc = tl.make_tensor_descriptor(
             v_ptr + b * v_sb + h * v_sh, shape=[TK, D], strides=[v_st, 1], block_shape=[BLOCK, D]
         )
-    if LOWBIT:  # quantize's padded q8 rows and the per-128-token scales (module doc: low precision)
+    if RESUME:  # the exact blocks ran before (fp8_attention_sm90.attend_blocks): their state, in real units
+        state = bh.to(tl.int64) * TQP + rows.to(tl.int64)  # (ROWS,) rows of the (B*H, TQP) state
+        m_i = tl.load(sm_ptr + state, mask=row_ok, other=float("-inf"))
+        l_i = tl.load(sl_ptr + state, mask=row_ok, other=1.0)
+        acc = tl.load(so_ptr + state[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    elif LOWBIT:  # quantize's padded q8 rows and the per-128-token scales (module doc: low precision)
         q8 = tl.load(q8_ptr + (bh.to(tl.int64) * TQP + rows.to(tl.int64))[:, None] * D + d[None, :])
         q_scale = tl.load(qs_ptr + bh.to(tl.int64) * (TQP // QUANT) + (part * ROWS) // QUANT) * qk_scale
         ks_base = ks_ptr + bh.to(tl.int64) * (TKP // QUANT)
@@ -202,7 +208,9 @@ def _block_sparse_fwd(
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
-    if LOWBIT and PV != "bf16":  # P.V ran on one-byte v without its per-channel scale; the folded pass adds real values
+    if (
+        LOWBIT and PV != "bf16" and not RESUME
+    ):  # P.V ran on one-byte v without its per-channel scale; the folded pass adds real values
         acc = acc * tl.load(vs_ptr + bh.to(tl.int64) * D + d)[None, :]
         l_i = l_i / (448.0 if PV == "fp8" else 127.0)  # P and l carried P_TOP (quantized_tile); folded weights are real
     # 2. Folded key blocks: their mean keys, BLOCK at a time, as pseudo-keys with log(length) on the logit.
@@ -255,6 +263,19 @@ def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:
             )
 
 
+def _check_state(state: tuple, z: Quantized | None, q: torch.Tensor) -> None:
+    if z is None:
+        raise ValueError("block_sparse_attention: state needs quantized (the exact blocks' operands it came from)")
+    b, h, rows = z.q8.shape[:3]
+    want = ((b, h, rows, q.shape[-1]), (b, h, rows), (b, h, rows))
+    for name, x, shape in zip(("o", "m", "l"), state, want, strict=True):
+        if tuple(x.shape) != shape or x.dtype != torch.float32 or not x.is_contiguous() or x.device != q.device:
+            raise ValueError(
+                f"block_sparse_attention: state {name} must be contiguous fp32 {shape} on {q.device}, got "
+                f"{x.dtype} {tuple(x.shape)} on {x.device}"
+            )
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -262,10 +283,22 @@ def attend(
     route: Plan,
     launch: Launch | None = None,
     quantized: Quantized | None = None,
+    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The attention kernel alone on a `plan(...)` of the same q, k, v: (B, H, Tq, D) contiguous in q's dtype.
     `launch` defaults to `launch_for(q.device)`. `quantized`: `attention_quantize.quantize` of the same q, k, v; the
-    exact blocks then run on it (module doc: low precision) and `route.k_mean` must be smoothed by its k_mean."""
+    exact blocks then run on it (module doc: low precision) and `route.k_mean` must be smoothed by its k_mean. Without
+    a `launch`, where `fp8_attention.sm90_kernel` holds (sm_90, the CuTe DSL, a one-byte P.V, D = 128), the exact
+    blocks run in the CuTe kernel (`fp8_attention_sm90.attend_blocks`) and this kernel goes on from its state with
+    the folded blocks (module doc: low precision). `state`: that state given (o (B, H, Tq', D), m, l (B, H, Tq')
+    contiguous fp32, Tq' = quantized's padded rows), with `quantized`: this kernel runs the folded blocks only."""
+    z = quantized
+    if state is not None:
+        _check_state(state, z, q)
+    if state is None and z is not None and launch is None and sm90_kernel(z, q):
+        from workbench.kernels import fp8_attention_sm90
+
+        state = fp8_attention_sm90.attend_blocks(z, route.idx, route.count, k.shape[2], route.scale)
     launch = launch_for(q.device) if launch is None else launch
     if not isinstance(launch, Launch):
         raise ValueError(f"block_sparse_attention: launch must be a Launch, got {type(launch).__name__}")
@@ -280,7 +313,6 @@ def attend(
     else:
         tuning = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
         triton.set_allocator(tma_scratch)  # device-side descriptors need Triton's global scratch
-    z = quantized
     if z is None:  # the exact path: the low-precision operands are not read
         kv, lowbit, scales = (k, v), {"QK_INT8": False, "PV": "bf16"}, (q, q, q, q, 1, 1)
     else:
@@ -290,9 +322,9 @@ def attend(
         scales = (z.q8, z.q_scale, z.k_scale, v_scale, z.q8.shape[2], z.k8.shape[2])
     _KERNEL[(qb * (BLOCK // launch.rows), b * h)](
         q, *kv, route.k_mean, route.v_mean, route.log_len, route.mask.view(torch.uint8), route.idx, route.count, out,
-        *scales[:4], h, tq, k.shape[2], kb, qb, route.scale * LOG2E, *scales[4:],
+        *scales[:4], *((q, q, q) if state is None else state), h, tq, k.shape[2], kb, qb, route.scale * LOG2E, *scales[4:],
         *q.stride(), *kv[0].stride()[:3], *kv[1].stride()[:3],
         F32=q.dtype == torch.float32 or emulate, BLOCK=BLOCK, ROWS=launch.rows, D=d,
-        LOWBIT=z is not None, QUANT=QUANT_BLOCK, EMULATE=emulate, **lowbit, **tuning,
+        LOWBIT=z is not None, QUANT=QUANT_BLOCK, EMULATE=emulate, RESUME=state is not None, **lowbit, **tuning,
     )  # fmt: skip
     return out

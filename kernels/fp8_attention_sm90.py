@@ -46,6 +46,16 @@ Register operand P: the accumulator gives a thread keys 2t, 2t+1 (+8, +16, +24) 
 A operand wants keys 4t..4t+3 and 4t+16..4t+19; with v8's keys stored in `v_slot` order the thread's own values are
 exactly the ones its operand slots need, so the conversion is a renaming of registers (`_P_FROM_S`), no shuffle.
 
+Block-sparse (`sparse`, `attend_blocks`): block_sparse_attention's exact key blocks on the same loop. Warpgroup w of
+a CTA runs query block 2 * m_block + w (64 rows; the last CTA's second warpgroup repeats the last block when Qb is
+odd, its rows unwritten) over that block's list of 64-key blocks, from its own ring of 128-key K/V buffers that
+producer warp w fills by TMA, two blocks a buffer (`steps`: the visits of `block_sparse_attention.visits`, pairs,
+an odd one out alone, the ragged last block alone; a one-block step loads its block twice and masks the copy). A
+step's two blocks may have different k scales, so the softmax takes the max of each block's logits scaled by its
+own factor. v8's buffers are 64-key halves (64-byte swizzle), since TMA writes whole swizzle rows. The output is
+the online softmax's state (O times v's scale, m, l: `state_out`), from which `block_sparse_attend` runs the
+folded blocks.
+
 `attend(z, out, tk, scale, **options)`: the host entry on torch tensors, compiled once per options and shapes (for
 sm_90a: `cute.compile(..., options="--gpu-arch sm_90a")`, so a CPU without a GPU builds it too) and launched on torch's
 current stream. Needs the CuTe DSL (nvidia-cutlass-dsl, the `flash4` extra); not imported by the package otherwise.
@@ -69,6 +79,7 @@ from cutlass.cute.runtime import from_dlpack
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from workbench.kernels.attention_quantize import Quantized
+from workbench.kernels.block_sparse_routing import BLOCK as SPARSE_BLOCK
 from workbench.kernels.fp8_attention import LOG2E
 
 TILE_M = 128  # query rows a CTA: two consumer warpgroups of 64
@@ -118,11 +129,15 @@ class Fp8AttentionSm90:
     against its running value, so a whole row's sum of P carried in it loses the small terms
     (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
-    def __init__(self, qk_int8: bool, stages: int = 3, pv_int8: bool = False):
-        """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v."""
+    def __init__(self, qk_int8: bool, stages: int = 3, pv_int8: bool = False, sparse: bool = False):
+        """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `sparse`: block_sparse's exact key
+        blocks (module doc: block-sparse), `stages` K/V buffers a consumer warpgroup."""
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
         self.stages = stages
+        self.sparse = sparse
+        self.rings = 2 if sparse else 1  # K/V rings: sparse, one a consumer warpgroup (each has its own key list)
+        self.key_block = SPARSE_BLOCK if sparse else TILE_N  # keys a TMA load: a 128-key stage is two sparse blocks
         # the P.V dot's N: v8's channels and the ones row (+ 7 zero rows; 15 for an INT8 dot, whose N is a multiple of
         # 16 past 32)
         self.v_rows = HEAD_DIM + (16 if pv_int8 else 8)
@@ -151,10 +166,14 @@ class Fp8AttentionSm90:
         mQs: cute.Tensor,  # (Tq'/128, H, B) fp32 q scales
         mKs: cute.Tensor,  # (Tk'/128, H, B) fp32 k scales
         mVs: cute.Tensor,  # (128, H, B) fp32 scale_v / 448 (pv_int8: / 127)
-        mO: cute.Tensor,  # (Tq, 128, H, B) bf16 output, channels contiguous
+        mO: cute.Tensor,  # (Tq, 128, H, B) bf16 output, channels contiguous (sparse: (Tq', 128, H, B) fp32 state)
         qk_scale: Float32,  # softmax scale * log2(e)
         tk: Int32,  # real keys (Tk <= Tk')
         stream: cuda.CUstream,  # the launch's stream (the caller's current torch stream)
+        mIdx: cute.Tensor | None = None,  # sparse: (Kb, Qb, H, B) int32 exact key blocks, ascending
+        mCount: cute.Tensor | None = None,  # sparse: (Qb, H, B) int32 how many of them
+        mM: cute.Tensor | None = None,  # sparse: (Tq', H, B) fp32 running max (state)
+        mL: cute.Tensor | None = None,  # sparse: (Tq', H, B) fp32 row sum (state)
     ):
         # e4m3 operands may come as uint8 views (DLPack without float8 types): the same bytes, read as e4m3
         if const_expr(mQ.element_type == cutlass.Uint8):
@@ -163,11 +182,17 @@ class Fp8AttentionSm90:
             mV = cute.recast_tensor(mV, self.v_dtype)
         qk_mma, pv_mma = self._mmas()
         row_major = utils.LayoutEnum.ROW_MAJOR
+        buffers = self.rings * self.stages  # 128-key K/V buffers
+        loads = buffers * TILE_N // self.key_block  # TMA loads of key_block keys that fill them
         sQ_layout = sm90.make_smem_layout_a(row_major, (TILE_M, TILE_N, HEAD_DIM), self.qk_dtype, 1)
-        sK_layout = sm90.make_smem_layout_b(row_major, (TILE_M, TILE_N, HEAD_DIM), self.qk_dtype, self.stages)
-        sV_layout = sm90.make_smem_layout_b(row_major, (TILE_M, self.v_rows, TILE_N), self.v_dtype, self.stages)
-        # TMA writes the first 128 rows of each v8 stage: that layout with the P.V view's stage stride
-        sV_load = sm90.make_smem_layout_b(row_major, (TILE_M, HEAD_DIM, TILE_N), self.v_dtype, self.stages)
+        sK_layout = sm90.make_smem_layout_b(row_major, (TILE_M, TILE_N, HEAD_DIM), self.qk_dtype, buffers)
+        # the same bytes as key_block-row buffers (a 128-byte row a key: rows stack): what TMA writes
+        sK_load = sm90.make_smem_layout_b(row_major, (TILE_M, self.key_block, HEAD_DIM), self.qk_dtype, loads)
+        # v8: the P.V view's buffers are key_block keys wide (sparse: two 64-key halves a stage, each its own
+        # 64-byte-swizzled tile, as TMA can only write whole swizzle rows)
+        sV_layout = sm90.make_smem_layout_b(row_major, (TILE_M, self.v_rows, self.key_block), self.v_dtype, loads)
+        # TMA writes the first 128 rows of each v8 buffer: that layout with the P.V view's buffer stride
+        sV_load = sm90.make_smem_layout_b(row_major, (TILE_M, HEAD_DIM, self.key_block), self.v_dtype, loads)
         sV_load = cute.make_composed_layout(
             sV_load.inner,
             0,
@@ -175,14 +200,18 @@ class Fp8AttentionSm90:
         )
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(tma_load, mQ, cute.select(sQ_layout, mode=[0, 1]), (TILE_M, HEAD_DIM))
-        tma_k, tK = cpasync.make_tiled_tma_atom(tma_load, mK, cute.select(sK_layout, mode=[0, 1]), (TILE_N, HEAD_DIM))
-        tma_v, tV = cpasync.make_tiled_tma_atom(tma_load, mV, cute.select(sV_load, mode=[0, 1]), (HEAD_DIM, TILE_N))
+        tma_k, tK = cpasync.make_tiled_tma_atom(
+            tma_load, mK, cute.select(sK_load, mode=[0, 1]), (self.key_block, HEAD_DIM)
+        )
+        tma_v, tV = cpasync.make_tiled_tma_atom(
+            tma_load, mV, cute.select(sV_load, mode=[0, 1]), (HEAD_DIM, self.key_block)
+        )
 
         @cute.struct
         class Storage:
             bar_q: cute.struct.MemRange[cutlass.Int64, 2]
-            bar_k: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            bar_v: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            bar_k: cute.struct.MemRange[cutlass.Int64, buffers * 2]
+            bar_v: cute.struct.MemRange[cutlass.Int64, buffers * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[self.qk_dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.qk_dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.v_dtype, cute.cosize(sV_layout)], 1024]
@@ -191,7 +220,7 @@ class Fp8AttentionSm90:
         grid = (cute.ceil_div(cute.size(mO, mode=[0]), TILE_M), cute.size(mO, mode=[2]), cute.size(mO, mode=[3]))
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tV, mQs, mKs, mVs, mO, qk_scale, tk,
-            sQ_layout, sK_layout, sV_layout, sV_load, qk_mma, pv_mma,
+            sQ_layout, sK_layout, sK_load, sV_layout, sV_load, qk_mma, pv_mma, mIdx, mCount, mM, mL,
         ).launch(grid=grid, block=[THREADS, 1, 1], min_blocks_per_mp=1, stream=stream)  # fmt: skip
 
     @cute.kernel
@@ -211,10 +240,15 @@ class Fp8AttentionSm90:
         tk: Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
+        sK_load: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
         sV_load: cute.ComposedLayout,
         qk_mma: cute.TiledMma,
         pv_mma: cute.TiledMma,
+        mIdx: cute.Tensor | None,
+        mCount: cute.Tensor | None,
+        mM: cute.Tensor | None,
+        mL: cute.Tensor | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, h, b = cute.arch.block_idx()
@@ -226,32 +260,40 @@ class Fp8AttentionSm90:
         storage = cutlass.utils.SmemAllocator().allocate(self.storage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sK_tma = storage.sK.get_tensor(sK_load.outer, swizzle=sK_load.inner)  # the same buffers, as TMA fills them
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sV_tma = storage.sV.get_tensor(sV_load.outer, swizzle=sV_load.inner)  # the same buffers, 128 rows a stage
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # one arrive per consumer warp
+        ring_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8 // self.rings)  # a ring's warps
         q_bytes = cute.size_in_bytes(self.qk_dtype, cute.select(sQ_layout, mode=[0, 1]))
         k_bytes = cute.size_in_bytes(self.qk_dtype, cute.select(sK_layout, mode=[0, 1]))
-        v_bytes = cute.size_in_bytes(self.v_dtype, cute.select(sV_load, mode=[0, 1]))
+        v_bytes = cute.size_in_bytes(self.v_dtype, cute.select(sV_load, mode=[0, 1])) * (TILE_N // self.key_block)
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.bar_q.data_ptr(), num_stages=1, producer_group=producer,
             consumer_group=consumers, tx_count=q_bytes, defer_sync=True,
         )  # fmt: skip
         pipe_k = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.bar_k.data_ptr(), num_stages=self.stages, producer_group=producer,
-            consumer_group=consumers, tx_count=k_bytes, defer_sync=True,
+            barrier_storage=storage.bar_k.data_ptr(), num_stages=self.rings * self.stages, producer_group=producer,
+            consumer_group=ring_consumers, tx_count=k_bytes, defer_sync=True,
         )  # fmt: skip
         pipe_v = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.bar_v.data_ptr(), num_stages=self.stages, producer_group=producer,
-            consumer_group=consumers, tx_count=v_bytes, defer_sync=True,
+            barrier_storage=storage.bar_v.data_ptr(), num_stages=self.rings * self.stages, producer_group=producer,
+            consumer_group=ring_consumers, tx_count=v_bytes, defer_sync=True,
         )  # fmt: skip
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
         n_tiles = cute.ceil_div(tk, TILE_N)
-        if warp < 4:  # the producer warpgroup; its first warp issues every load
+        if warp < 4:  # the producer warpgroup: its first warp issues every load (sparse: warp w, ring w's)
             cute.arch.setmaxregister_decrease(24)
-            if warp == 0:
+            if const_expr(self.sparse):
+                if warp < 2:
+                    self.load_blocks(
+                        tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK_tma, sV_tma, pipe_q, pipe_k, pipe_v, m_block, h, b,
+                        tk, mIdx, mCount, warp,
+                    )  # fmt: skip
+            elif warp == 0:
                 self.load(
                     tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV_tma, pipe_q, pipe_k, pipe_v, m_block, h, b, n_tiles
                 )
@@ -259,7 +301,7 @@ class Fp8AttentionSm90:
             cute.arch.setmaxregister_increase(240)
             self.consume(
                 mQs, mKs, mVs, mO, qk_scale, tk, sQ, sK, sV, qk_mma, pv_mma, pipe_q, pipe_k, pipe_v,
-                tidx - 128, m_block, h, b, n_tiles,
+                tidx - 128, m_block, h, b, n_tiles, mIdx, mCount, mM, mL,
             )  # fmt: skip
 
     @cute.jit
@@ -284,11 +326,68 @@ class Fp8AttentionSm90:
             state.advance()
 
     @cute.jit
+    def load_blocks(
+        self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, m_block, h, b, tk, mIdx, mCount,
+        ring,
+    ):  # fmt: skip
+        """Sparse: TMA of ring `ring`'s query block's exact key blocks (`steps`), two 64-key blocks a 128-key
+        buffer (one block twice where a step has one: the copy is masked, its bytes are real v8); ring 0's warp
+        loads q8's tile first."""
+        gQ = cute.local_tile(mQ[None, None, h, b], (TILE_M, HEAD_DIM), (m_block, 0))
+        gK = cute.local_tile(mK[None, None, h, b], (SPARSE_BLOCK, HEAD_DIM), (None, 0))  # (64, 128, blocks)
+        gV = cute.local_tile(mV[None, None, h, b], (HEAD_DIM, SPARSE_BLOCK), (0, None))  # (128, 64, blocks)
+        one = cute.make_layout(1)
+        tQs, tQg = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tKs, tKg = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVs, tVg = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        if ring == 0:
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipe_q.producer_acquire(q_state)
+            cute.copy(tma_q, tQg, tQs[None, 0], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        block = cutlass.min(m_block * 2 + ring, cute.size(mCount, mode=[0]) - 1)
+        n_steps, n_pairs = self.steps(mIdx, mCount, block, h, b, tk)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for t in cutlass.range(n_steps, unroll=1):
+            first, second, _ = self.step_blocks(mIdx, block, h, b, t, n_pairs)
+            slot = self.ring_slot(state, ring)
+            pipe_k.producer_acquire(slot)
+            bar = pipe_k.producer_get_barrier(slot)
+            cute.copy(tma_k, tKg[None, first], tKs[None, 2 * slot.index], tma_bar_ptr=bar)
+            cute.copy(tma_k, tKg[None, second], tKs[None, 2 * slot.index + 1], tma_bar_ptr=bar)
+            pipe_v.producer_acquire(slot)
+            bar = pipe_v.producer_get_barrier(slot)
+            cute.copy(tma_v, tVg[None, first], tVs[None, 2 * slot.index], tma_bar_ptr=bar)
+            cute.copy(tma_v, tVg[None, second], tVs[None, 2 * slot.index + 1], tma_bar_ptr=bar)
+            state.advance()
+
+    def ring_slot(self, state: pipeline.PipelineState, ring) -> pipeline.PipelineState:
+        """Sparse: the pipelines' state (and buffer index) of position `state` in ring `ring`'s stages."""
+        return pipeline.PipelineState(
+            self.rings * self.stages, state.count, state.index + ring * self.stages, state.phase
+        )
+
+    def steps(self, mIdx, mCount, block, h, b, tk):
+        """Sparse: (steps, pairs) of query block `block`'s visits (`block_sparse_attention.visits`): its ascending
+        exact list in pairs, an odd one out alone, then alone the last key block when it ends past tk."""
+        n = mCount[block, h, b]
+        ragged = Int32((mIdx[n - 1, block, h, b] + 1) * SPARSE_BLOCK > tk)  # the list's last block ends past tk
+        full = n - ragged
+        return full // 2 + full % 2 + ragged, full // 2
+
+    def step_blocks(self, mIdx, block, h, b, t, n_pairs):
+        """Sparse: step t's key blocks (first, second) and 1 where it has two (else 0, second = first): entries
+        2t, 2t + 1 of the list while t < n_pairs, then entry t + n_pairs alone."""
+        pair = Int32(t < n_pairs)
+        entry = t + cutlass.min(t, n_pairs)
+        return mIdx[entry, block, h, b], mIdx[entry + pair, block, h, b], pair
+
+    @cute.jit
     def consume(
         self, mQs, mKs, mVs, mO, qk_scale, tk, sQ, sK, sV, qk_mma, pv_mma, pipe_q, pipe_k, pipe_v,
-        ctid, m_block, h, b, n_tiles,
+        ctid, m_block, h, b, n_tiles, mIdx, mCount, mM, mL,
     ):  # fmt: skip
-        """The two consumer warpgroups (module doc): ctid in 0..255."""
+        """The two consumer warpgroups (module doc): ctid in 0..255. Sparse: warpgroup w runs query block
+        2 * m_block + w over its exact list, from ring w, and writes the state (module doc: block-sparse)."""
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # O (pv_int8: the tile's product after k-block 0) accumulates
         if const_expr(self.pv_int8):  # the same dot that overwrites its accumulator: each tile's first k-block
             self.pv_zero = self._mmas()[1]
@@ -323,37 +422,47 @@ class Fp8AttentionSm90:
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
 
         wg = ctid // 128  # this consumer warpgroup: 0 or 1
-        # v8's extra rows: channel 128 all ones, the rest zeros, in every stage
-        for stage in cutlass.range_constexpr(self.stages):
-            for r in cutlass.range_constexpr(self.v_rows - HEAD_DIM):
-                if wg == r % 2:
-                    sV[HEAD_DIM + r, ctid % TILE_N, stage] = self.v_dtype(1 if r == 0 else 0)
+        n_steps, n_pairs, block = n_tiles, None, None
+        if const_expr(self.sparse):
+            block = cutlass.min(m_block * 2 + wg, cute.size(mCount, mode=[0]) - 1)
+            n_steps, n_pairs = self.steps(mIdx, mCount, block, h, b, tk)
+        # v8's extra rows: channel 128 all ones, the rest zeros, in every buffer (key_block keys: 256 / key_block
+        # (row, buffer) pairs a pass of the 256 threads)
+        extra = self.v_rows - HEAD_DIM
+        for buffer in cutlass.range_constexpr(cute.size(sV, mode=[2])):
+            for r in cutlass.range_constexpr(extra):
+                if ctid // self.key_block == (buffer * extra + r) % (256 // self.key_block):
+                    sV[HEAD_DIM + r, ctid % self.key_block, buffer] = self.v_dtype(1 if r == 0 else 0)
         cute.arch.fence_view_async_shared()  # these generic-proxy writes, seen by the dots' async proxy
         cute.arch.barrier(barrier_id=3, number_of_threads=256)
 
         # tile 0: its logits and softmax, no P.V yet
-        pipe_k.consumer_wait(k_state)
-        self.logits(qk_mma, acc_s, rQ, rK, k_state)
+        step = self.step(mIdx, block, h, b, 0, n_pairs)
+        pipe_k.consumer_wait(self.slot(k_state, wg))
+        self.logits(qk_mma, acc_s, rQ, rK, self.slot(k_state, wg))
         warpgroup.wait_group(0)
-        pipe_k.consumer_release(k_state)
+        pipe_k.consumer_release(self.slot(k_state, wg))
         k_state.advance()
-        self.softmax(acc_s, p, m, alpha, beta, q_factor * mKs[0, h, b], tk, lane_col, True)
+        self.softmax(
+            acc_s, p, m, alpha, beta, self.factors(mKs, q_factor, step, h, b), self.limits(tk, step), lane_col, True
+        )
         self.to_operand(p, p32, p8)
-        for j in cutlass.range(1, n_tiles, unroll=1):
-            factor = q_factor * mKs[j, h, b]
+        for j in cutlass.range(1, n_steps, unroll=1):
+            step = self.step(mIdx, block, h, b, j, n_pairs)
+            factors = self.factors(mKs, q_factor, step, h, b)
             # P_{j-1}.V_{j-1} runs under tile j's softmax
-            pipe_k.consumer_wait(k_state)
-            self.logits(qk_mma, acc_s, rQ, rK, k_state)
-            pipe_v.consumer_wait(v_state)
+            pipe_k.consumer_wait(self.slot(k_state, wg))
+            self.logits(qk_mma, acc_s, rQ, rK, self.slot(k_state, wg))
+            pipe_v.consumer_wait(self.slot(v_state, wg))
             if const_expr(self.pv_int8):
                 weight[0], weight[1] = beta[0], beta[1]
-            self.values(pv_mma, acc_r, p8, rV, v_state)
+            self.values(pv_mma, acc_r, p8, rV, self.slot(v_state, wg))
             warpgroup.wait_group(1)  # the logits are in; P.V still runs
-            pipe_k.consumer_release(k_state)
+            pipe_k.consumer_release(self.slot(k_state, wg))
             k_state.advance()
-            self.softmax(acc_s, p, m, alpha, beta, factor, tk - j * TILE_N, lane_col, False)
+            self.softmax(acc_s, p, m, alpha, beta, factors, self.limits(tk, step), lane_col, False)
             warpgroup.wait_group(0)
-            pipe_v.consumer_release(v_state)
+            pipe_v.consumer_release(self.slot(v_state, wg))
             v_state.advance()
             if const_expr(not self.pv_int8):
                 for r in cutlass.range_constexpr(2):  # the ones channel holds tile j-1's sum only: into fp32 l, zeroed
@@ -363,13 +472,39 @@ class Fp8AttentionSm90:
             if const_expr(self.pv_int8):  # O += R * P_max * alpha, the ones channel (l) alike
                 self.fold(acc_o, acc_r, weight)
             self.to_operand(p, p32, p8)
-        pipe_v.consumer_wait(v_state)
-        self.values(pv_mma, acc_r, p8, rV, v_state)
+        pipe_v.consumer_wait(self.slot(v_state, wg))
+        self.values(pv_mma, acc_r, p8, rV, self.slot(v_state, wg))
         warpgroup.wait_group(0)
-        pipe_v.consumer_release(v_state)
+        pipe_v.consumer_release(self.slot(v_state, wg))
         if const_expr(self.pv_int8):
             self.fold(acc_o, acc_r, beta)
-        self.epilogue(acc_o, l, mVs, mO, pv_thr, m_block, h, b)
+        if const_expr(self.sparse):
+            self.state_out(acc_o, l, m, mVs, mO, mM, mL, pv_thr, m_block, h, b)
+        else:
+            self.epilogue(acc_o, l, mVs, mO, pv_thr, m_block, h, b)
+
+    def slot(self, state: pipeline.PipelineState, wg) -> pipeline.PipelineState:
+        """The pipelines' state of a consumer's position `state`: itself, or (sparse) in warpgroup wg's ring."""
+        return self.ring_slot(state, wg) if self.sparse else state
+
+    def step(self, mIdx, block, h, b, j, n_pairs):
+        """Key tile j, or (sparse) step j's (first, second, pair) (`step_blocks`)."""
+        return self.step_blocks(mIdx, block, h, b, j, n_pairs) if self.sparse else j
+
+    def factors(self, mKs, q_factor, step, h, b) -> tuple:
+        """A tile's (`step`'s) logit factors, q's scale times softmax scale * log2 e times the k scale: one per 128
+        keys (sparse: per 64-key block; a k scale covers 128 keys)."""
+        if self.sparse:
+            return tuple(q_factor * mKs[block // 2, h, b] for block in step[:2])
+        return (q_factor * mKs[step, h, b],)
+
+    def limits(self, tk, step) -> tuple:
+        """A tile's (`step`'s) key limits, one per factor: its keys at or past a limit weigh nothing (past tk, or
+        the second block of a one-block step)."""
+        if self.sparse:
+            first, second, pair = step
+            return (tk - first * SPARSE_BLOCK, (tk - second * SPARSE_BLOCK) * pair)
+        return (tk - step * TILE_N,)
 
     @cute.jit
     def logits(self, qk_mma, acc_s, rQ, rK, k_state):
@@ -387,7 +522,11 @@ class Fp8AttentionSm90:
         warpgroup.fence()
         for kb in cutlass.range_constexpr(TILE_N // 32):
             mma = self.pv_zero if const_expr(self.pv_int8 and kb == 0) else pv_mma  # pv_int8: k-block 0 overwrites
-            cute.gemm(mma, acc, p8[None, None, kb], rV[None, None, kb, v_state.index], acc)
+            if const_expr(self.sparse):  # two 64-key buffers a stage, two k-blocks each
+                v = rV[None, None, kb % 2, 2 * v_state.index + kb // 2]
+            else:
+                v = rV[None, None, kb, v_state.index]
+            cute.gemm(mma, acc, p8[None, None, kb], v, acc)
         warpgroup.commit_group()
 
     @cute.jit
@@ -409,11 +548,12 @@ class Fp8AttentionSm90:
             acc_o[i] = Float32(acc_r[i]) * weight[(i // 2) % 2] + acc_o[i]
 
     @cute.jit
-    def softmax(self, acc_s, p, m, alpha, beta, factor, limit, lane_col, first: cutlass.Constexpr):
+    def softmax(self, acc_s, p, m, alpha, beta, factors, limits, lane_col, first: cutlass.Constexpr):
         """One tile's online softmax: p (fp32, the logits' fragment) = P * 448 of the logits in acc_s (pv_int8:
         127 * P / P_max + 1.5 * 2^23, P_max = exp2(top - m) into beta, top the tile's row max); m (this thread's
-        two rows) updated in place, alpha (the rows' rescale of O and l) set. Keys at column >= `limit` weigh
-        nothing (the last tile's padding)."""
+        two rows) updated in place, alpha (the rows' rescale of O and l) set. `factors` and `limits`: one per
+        128 keys (sparse: per 64-key block, `tile`): the block's logit factor, and its keys at column >= limit
+        weigh nothing (padding past tk; sparse: a one-block step's second block too)."""
         if const_expr(self.qk_int8):  # int32 logits + the bits of 1.5 * 2^23, read as fp32: 1.5 * 2^23 + S (no I2FP)
             bits = cute.recast_tensor(acc_s, Float32)
             for i in cutlass.range_constexpr(cute.size(p)):
@@ -422,18 +562,33 @@ class Fp8AttentionSm90:
         else:
             for i in cutlass.range_constexpr(cute.size(p)):
                 p[i] = Float32(acc_s[i])
-        if limit < TILE_N:
-            for i in cutlass.range_constexpr(cute.size(p)):
-                if lane_col + i % 2 + 8 * (i // 4) >= limit:
-                    p[i] = -Float32.inf
+        width = TILE_N // len(factors)  # keys a factor: value i's column is lane_col + i % 2 + 8 * (i // 4)
+        if const_expr(len(factors) == 1):
+            if limits[0] < TILE_N:
+                for i in cutlass.range_constexpr(cute.size(p)):
+                    if lane_col + i % 2 + 8 * (i // 4) >= limits[0]:
+                        p[i] = -Float32.inf
+        else:
+            if cutlass.min(limits[0], limits[1]) < width:
+                for i in cutlass.range_constexpr(cute.size(p)):
+                    if lane_col + (i % 2 + 8 * (i // 4)) % width >= limits[8 * (i // 4) // width]:
+                        p[i] = -Float32.inf
         for r in cutlass.range_constexpr(2):
             mine = [i for i in range(cute.size(p)) if (i // 2) % 2 == r]  # this row's 32 values
-            top = _max_tree([p[i] for i in mine])
-            top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=1))
-            top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=2))
-            if const_expr(self.qk_int8):
-                top = top - Float32(_MAGIC)  # exact: both are integers below 2^24
-            top = top * factor
+            tops = []
+            for half in cutlass.range_constexpr(len(factors)):  # the max of each factor's logits, scaled (factor > 0)
+                top = _max_tree([p[i] for i in mine if 8 * (i // 4) // width == half])
+                if const_expr(len(factors) == 1):
+                    top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=1))
+                    top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=2))
+                if const_expr(self.qk_int8):
+                    top = top - Float32(_MAGIC)  # exact: both are integers below 2^24
+                tops.append(top * factors[half])
+            top = tops[0]
+            if const_expr(len(factors) == 2):
+                top = cute.arch.fmax(tops[0], tops[1])
+                top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=1))
+                top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=2))
             m_new = cute.arch.fmax(m[r], top)
             alpha[r] = Float32(1.0) if const_expr(first) else _ex2(m[r] - m_new)
             m[r] = m_new
@@ -442,10 +597,12 @@ class Fp8AttentionSm90:
                 shift = top - LOG2_INT8_MAX
             else:
                 shift = m_new - LOG2_FP8_MAX
+            shifts = [shift for _ in factors]
             if const_expr(self.qk_int8):  # p * factor is the logit plus 1.5 * 2^23 * factor: the FFMA takes it off
-                shift = shift + Float32(_MAGIC) * factor
+                shifts = [shift + Float32(_MAGIC) * factor for factor in factors]
             for i in mine:
-                p[i] = _ex2(p[i] * factor - shift)
+                half = 8 * (i // 4) // width
+                p[i] = _ex2(p[i] * factors[half] - shifts[half])
                 if const_expr(self.pv_int8):  # 1.5 * 2^23 + P: P rounded to an integer in the low bits (module doc)
                     p[i] = p[i] + Float32(_MAGIC)
 
@@ -482,6 +639,25 @@ class Fp8AttentionSm90:
             if row < rows:
                 mO[row, col, h, b] = (acc_o[i] * mVs[col, h, b] * inv[(i // 2) % 2]).to(cutlass.BFloat16)
 
+    @cute.jit
+    def state_out(self, acc_o, l, m, mVs, mO, mM, mL, pv_thr, m_block, h, b):  # noqa: E741
+        """Sparse: the online softmax's state after the exact blocks, in real units for block_sparse's folded pass:
+        O * scale_v (fp32, unnormalized) into mO, and each row's max m (log2 units) and sum l (P = exp2(logit - m),
+        l less its factor 448 or 127) into mM and mL, by the row's first lane."""
+        tOc = pv_thr.partition_C(cute.make_identity_tensor((TILE_M, self.v_rows)))  # (row, channel) in the tile
+        for i in cutlass.range_constexpr(64):  # the 128 real channels
+            row, col = tOc[i]
+            mO[row + m_block * TILE_M, col, h, b] = acc_o[i] * mVs[col, h, b]
+        if cute.arch.lane_idx() % 4 == 0:
+            for r in cutlass.range_constexpr(2):
+                row, _ = tOc[2 * r]
+                row = row + m_block * TILE_M
+                mM[row, h, b] = m[r]
+                if const_expr(self.pv_int8):
+                    mL[row, h, b] = acc_o[64 + 2 * r] / Float32(127.0)
+                else:
+                    mL[row, h, b] = (l[r] + acc_o[64 + 2 * r]) / Float32(448.0)
+
 
 def operands(z: Quantized, out: torch.Tensor) -> list:
     """`attention_quantize.quantize`'s operands (a one-byte pv) and the output (B, H, Tq, 128) bf16 as the kernel's cute
@@ -497,26 +673,50 @@ def operands(z: Quantized, out: torch.Tensor) -> list:
 _COMPILED: dict = {}  # (options, operands' shapes and strides) -> the compiled kernel
 
 
+def _run(z: Quantized, args: list, tensors: tuple, tk: int, scale: float, stream, sparse: bool, options: dict) -> None:
+    """Compile (once per options, shapes and strides) and launch the kernel on the cute tensors `args` (`operands`,
+    then the sparse ones) made from the torch `tensors`, on `stream` (None: torch's current stream on the output's
+    device; a CPU output compiles without launching)."""
+    out = tensors[0]
+    key = (z.qk, z.pv, sparse, tuple(sorted(options.items())), tuple((tuple(x.shape), x.stride()) for x in tensors))
+    if stream is None:
+        stream = cuda.CUstream(torch.cuda.current_stream(out.device).cuda_stream if out.is_cuda else 0)
+    if key not in _COMPILED:
+        kernel = Fp8AttentionSm90(qk_int8=z.qk == "int8", pv_int8=z.pv == "int8", sparse=sparse, **options)
+        _COMPILED[key] = cute.compile(
+            kernel, *args[:7], scale * LOG2E, tk, stream, *args[7:], options="--gpu-arch sm_90a"
+        )
+    if out.is_cuda:
+        _COMPILED[key](*args[:7], scale * LOG2E, tk, stream, *args[7:])
+
+
 def attend(
     z: Quantized, out: torch.Tensor, tk: int, scale: float, stream: cuda.CUstream | None = None, **options
 ) -> None:
     """`fp8_attention.attend`'s contract with this kernel (a one-byte pv, head dim 128, sm_90a) on `quantize`'s
     operands `z` of Tk = `tk` keys into `out` (B, H, Tq, 128) bf16 with unit last stride; `options`: Fp8AttentionSm90's
-    besides qk_int8 and pv_int8 (taken from z). Compiled once per options and shapes/strides (about a second), then
-    launched on `stream`
-    (a cuda.CUstream; default: torch's current stream on out's device, or a placeholder when out is on the CPU, which
-    compiles without launching)."""
-    args = operands(z, out)
-    key = (
-        z.qk,
-        z.pv,
-        tuple(sorted(options.items())),
-        tuple((tuple(x.shape), x.stride()) for x in (z.q8, z.k8, z.v, out)),
-    )
-    if stream is None:
-        stream = cuda.CUstream(torch.cuda.current_stream(out.device).cuda_stream if out.is_cuda else 0)
-    if key not in _COMPILED:
-        kernel = Fp8AttentionSm90(qk_int8=z.qk == "int8", pv_int8=z.pv == "int8", **options)
-        _COMPILED[key] = cute.compile(kernel, *args, scale * LOG2E, tk, stream, options="--gpu-arch sm_90a")
-    if out.is_cuda:
-        _COMPILED[key](*args, scale * LOG2E, tk, stream)
+    besides qk_int8, pv_int8 (taken from z) and sparse. Compiled once per options and shapes/strides (about a second),
+    then launched on `stream` (a cuda.CUstream; default: torch's current stream on out's device, or a placeholder when
+    out is on the CPU, which compiles without launching)."""
+    _run(z, operands(z, out), (out, z.q8, z.k8, z.v), tk, scale, stream, False, options)
+
+
+def attend_blocks(
+    z: Quantized, idx: torch.Tensor, count: torch.Tensor, tk: int, scale: float, stream: cuda.CUstream | None = None,
+    **options,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """block_sparse's exact key blocks (module doc: block-sparse) on `quantize`'s operands `z` (a one-byte pv, head
+    dim 128) of Tk = `tk` keys: the lists `idx` (B, H, Qb, Kb) int32 (first `count` (B, H, Qb) entries ascending, as
+    `block_sparse_routing.exact_lists` makes them), Qb = ceil(Tq / 64). Returns the state (o (B, H, Tq', 128),
+    m (B, H, Tq'), l (B, H, Tq')) fp32, Tq' = z's padded rows, for `block_sparse_attend.attend` to go on from; rows
+    past Tq hold unread values. `options`, compiling and `stream` as `attend`."""
+    b, h, tq_pad = z.q8.shape[:3]
+    device = z.q8.device
+    o = torch.empty((b, h, tq_pad, HEAD_DIM), dtype=torch.float32, device=device)
+    m, l = (torch.empty((b, h, tq_pad), dtype=torch.float32, device=device) for _ in range(2))  # noqa: E741
+    sparse = [
+        from_dlpack(x, assumed_align=4)
+        for x in (idx.permute(3, 2, 1, 0), count.permute(2, 1, 0), m.permute(2, 1, 0), l.permute(2, 1, 0))
+    ]
+    _run(z, operands(z, o) + sparse, (o, z.q8, z.k8, z.v, idx, count), tk, scale, stream, True, options)
+    return o, m, l

@@ -1,7 +1,7 @@
 """The CuTe DSL FP8 attention kernel (kernels/fp8_attention_sm90.py): it compiles for sm_90a wherever the DSL is
 installed (no GPU needed; CI has no DSL and skips this module), and on an H200 it equals the Triton kernel on the same
 quantized operands and is what `fp8_attention.attend` runs there by default for a one-byte P.V, pv="fp8" or "int8"
-(gpu marker)."""
+(gpu marker); its block-sparse build likewise for block_sparse_attention's exact blocks."""
 
 import pytest
 import torch
@@ -11,6 +11,8 @@ pytest.importorskip("cutlass.cute")
 from workbench.kernels import attention_quantize as aq  # noqa: E402
 from workbench.kernels import fp8_attention as fa  # noqa: E402
 from workbench.kernels import fp8_attention_sm90 as sm90  # noqa: E402
+from workbench.kernels.block_sparse_attention import DEFAULT, block_sparse_attention  # noqa: E402
+from workbench.kernels.block_sparse_routing import exact_lists  # noqa: E402
 
 D = 128
 CONFIGS = ({}, {"stages": 2})  # the default (3 K/V stages), and 2
@@ -24,6 +26,9 @@ def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk, pv):
     for config in CONFIGS:
         sm90.attend(z, torch.empty_like(q), 300, D**-0.5, **config)
     assert len(sm90._COMPILED) == before + len(CONFIGS)  # one build each, none launched on the CPU
+    idx, count = exact_lists(torch.rand(1, 2, 5, 5, generator=rng) < 0.5)
+    sm90.attend_blocks(z, idx, count, 300, D**-0.5)  # the block-sparse build
+    assert len(sm90._COMPILED) == before + len(CONFIGS) + 1
 
 
 @pytest.mark.gpu
@@ -54,3 +59,30 @@ def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90
         assert torch.equal(got, default), f"seed {seed}, {config}: not the default build's output"
     assert fa.sm90_kernel(z, want)
     assert torch.equal(fa.fp8_attention(q, k, v, pv=pv, qk=qk), default)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("qk", "pv"), [("e4m3", "fp8"), ("int8", "fp8"), ("int8", "int8")])
+@pytest.mark.parametrize(("shape", "tau"), [((1, 3, 300), 0.5), ((2, 2, 1061), 0.0), ((1, 2, 1000), -float("inf"))])
+def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, rng, qk, pv, shape, tau):
+    """block_sparse_attention's exact blocks in the CuTe kernel (its default on sm_90 with the DSL, D = 128), then
+    the Triton kernel's folded pass from their state, against the Triton kernel alone (a launch given) on the same
+    routing and operands: the same visits (pairs, an odd one out, the ragged last block alone), the same maths up to
+    fp32 order and l (summed from P as rounded here); relative L2 below 5e-3, as the dense kernel. Shapes with an odd
+    number of query blocks (5, 17: a warpgroup with none), ragged last key blocks, lists of one to all blocks."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is built for sm_90a")
+    seed = rng.initial_seed()
+    b, h, t = shape
+    q, k, v = (torch.randn(b, h, t, D, generator=rng).cuda().bfloat16() for _ in range(3))
+    k = k + 1.0
+    calls = []
+    monkeypatch.setattr(
+        sm90, "attend_blocks", lambda *a, _run=sm90.attend_blocks, **o: calls.append(1) or _run(*a, **o)
+    )
+    got = block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv)
+    assert calls, "the CuTe kernel did not run"
+    want = block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv, launch=DEFAULT)
+    rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    assert rel < 5e-3, f"seed {seed}: {rel}"
