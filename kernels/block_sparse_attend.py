@@ -113,14 +113,13 @@ def _lowbit_block(k_desc, v_desc, ks_base, q_scale, j, BLOCK: tl.constexpr, QUAN
 
 def _block_sparse_fwd(
     q_ptr, k_ptr, v_ptr, km_ptr, vm_ptr, loglen_ptr, mask_ptr, idx_ptr, count_ptr, out_ptr,
-    q8_ptr, qs_ptr, ks_ptr, vs_ptr, so_ptr, sm_ptr, sl_ptr,
+    q8_ptr, qs_ptr, ks_ptr, vs_ptr,
     H, TQ, TK, KB, QB, qk_scale, TQP, TKP,
     q_sb, q_sh, q_st, q_sd,
     k_sb, k_sh, k_st,
     v_sb, v_sh, v_st,
     F32: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
     LOWBIT: tl.constexpr, QK_INT8: tl.constexpr, PV: tl.constexpr, QUANT: tl.constexpr, EMULATE: tl.constexpr,
-    RESUME: tl.constexpr,
 ):  # fmt: skip
     # Reductions are tl.reduce with tl.standard's combines, and zeros are tl.full: tl.sum/tl.max/tl.zeros are
     # JITFunctions decorated when triton was imported, which the interpreter cannot call when
@@ -158,12 +157,7 @@ def _block_sparse_fwd(
         v_desc = tl.make_tensor_descriptor(
             v_ptr + b * v_sb + h * v_sh, shape=[TK, D], strides=[v_st, 1], block_shape=[BLOCK, D]
         )
-    if RESUME:  # the exact blocks ran before (fp8_attention_sm90.attend_blocks): their state, in real units
-        state = bh.to(tl.int64) * TQP + rows.to(tl.int64)  # (ROWS,) rows of the (B*H, TQP) state
-        m_i = tl.load(sm_ptr + state, mask=row_ok, other=float("-inf"))
-        l_i = tl.load(sl_ptr + state, mask=row_ok, other=1.0)
-        acc = tl.load(so_ptr + state[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
-    elif LOWBIT:  # quantize's padded q8 rows and the per-128-token scales (module doc: low precision)
+    if LOWBIT:  # quantize's padded q8 rows and the per-128-token scales (module doc: low precision)
         q8 = tl.load(q8_ptr + (bh.to(tl.int64) * TQP + rows.to(tl.int64))[:, None] * D + d[None, :])
         q_scale = tl.load(qs_ptr + bh.to(tl.int64) * (TQP // QUANT) + (part * ROWS) // QUANT) * qk_scale
         ks_base = ks_ptr + bh.to(tl.int64) * (TKP // QUANT)
@@ -208,9 +202,7 @@ def _block_sparse_fwd(
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
-    if (
-        LOWBIT and PV != "bf16" and not RESUME
-    ):  # P.V ran on one-byte v without its per-channel scale; the folded pass adds real values
+    if LOWBIT and PV != "bf16":  # P.V ran on one-byte v without its per-channel scale; the folded pass adds real values
         acc = acc * tl.load(vs_ptr + bh.to(tl.int64) * D + d)[None, :]
         l_i = l_i / (448.0 if PV == "fp8" else 127.0)  # P and l carried P_TOP (quantized_tile); folded weights are real
     # 2. Folded key blocks: their mean keys, BLOCK at a time, as pseudo-keys with log(length) on the logit.
@@ -252,10 +244,16 @@ _KERNEL = LazyKernel(
 )
 
 
+def _tma_ready(x: torch.Tensor) -> bool:
+    """Whether a TMA descriptor can read x: unit last stride, 16-byte aligned base and strides."""
+    return (
+        x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1])
+    )
+
+
 def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:
     for arg, x in (("k", k), ("v", v)):
-        size = x.element_size()
-        if x.stride(-1) != 1 or x.data_ptr() % 16 or any(st * size % 16 for st in x.stride()[:-1]):
+        if not _tma_ready(x):
             raise ValueError(
                 f"block_sparse_attention: the kernel reads {arg} through TMA descriptors and needs unit last stride "
                 f"and 16-byte aligned base and strides (tma), got strides {tuple(x.stride())} ({x.dtype}) at "
@@ -263,17 +261,11 @@ def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:
             )
 
 
-def _check_state(state: tuple, z: Quantized | None, q: torch.Tensor) -> None:
-    if z is None:
-        raise ValueError("block_sparse_attention: state needs quantized (the exact blocks' operands it came from)")
-    b, h, rows = z.q8.shape[:3]
-    want = ((b, h, rows, q.shape[-1]), (b, h, rows), (b, h, rows))
-    for name, x, shape in zip(("o", "m", "l"), state, want, strict=True):
-        if tuple(x.shape) != shape or x.dtype != torch.float32 or not x.is_contiguous() or x.device != q.device:
-            raise ValueError(
-                f"block_sparse_attention: state {name} must be contiguous fp32 {shape} on {q.device}, got "
-                f"{x.dtype} {tuple(x.shape)} on {x.device}"
-            )
+def sm90_sparse(z: Quantized, q: torch.Tensor) -> bool:
+    """Whether `attend` without a launch runs the CuTe kernel on `quantize`'s operands `z` of q: bf16 q that TMA can
+    read, P.V in e4m3 (pv="fp8"; fp8_attention_sm90.attend_sparse says why not "int8") and
+    `fp8_attention.sm90_kernel` (sm_90, the CuTe DSL, D = 128)."""
+    return z.pv == "fp8" and q.dtype == torch.bfloat16 and _tma_ready(q) and sm90_kernel(z, q)
 
 
 def attend(
@@ -283,22 +275,19 @@ def attend(
     route: Plan,
     launch: Launch | None = None,
     quantized: Quantized | None = None,
-    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The attention kernel alone on a `plan(...)` of the same q, k, v: (B, H, Tq, D) contiguous in q's dtype.
     `launch` defaults to `launch_for(q.device)`. `quantized`: `attention_quantize.quantize` of the same q, k, v; the
     exact blocks then run on it (module doc: low precision) and `route.k_mean` must be smoothed by its k_mean. Without
-    a `launch`, where `fp8_attention.sm90_kernel` holds (sm_90, the CuTe DSL, a one-byte P.V, D = 128), the exact
-    blocks run in the CuTe kernel (`fp8_attention_sm90.attend_blocks`) and this kernel goes on from its state with
-    the folded blocks (module doc: low precision). `state`: that state given (o (B, H, Tq', D), m, l (B, H, Tq')
-    contiguous fp32, Tq' = quantized's padded rows), with `quantized`: this kernel runs the folded blocks only."""
+    a `launch`, where `sm90_sparse` holds, the CuTe kernel runs instead (`fp8_attention_sm90.attend_sparse`: the same
+    visits and maths up to fp32 order and l, which sums P as rounded there)."""
     z = quantized
-    if state is not None:
-        _check_state(state, z, q)
-    if state is None and z is not None and launch is None and sm90_kernel(z, q):
+    if z is not None and launch is None and sm90_sparse(z, q):
         from workbench.kernels import fp8_attention_sm90
 
-        state = fp8_attention_sm90.attend_blocks(z, route.idx, route.count, k.shape[2], route.scale)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        fp8_attention_sm90.attend_sparse(z, q, route, k.shape[2], out)
+        return out
     launch = launch_for(q.device) if launch is None else launch
     if not isinstance(launch, Launch):
         raise ValueError(f"block_sparse_attention: launch must be a Launch, got {type(launch).__name__}")
@@ -322,9 +311,9 @@ def attend(
         scales = (z.q8, z.q_scale, z.k_scale, v_scale, z.q8.shape[2], z.k8.shape[2])
     _KERNEL[(qb * (BLOCK // launch.rows), b * h)](
         q, *kv, route.k_mean, route.v_mean, route.log_len, route.mask.view(torch.uint8), route.idx, route.count, out,
-        *scales[:4], *((q, q, q) if state is None else state), h, tq, k.shape[2], kb, qb, route.scale * LOG2E, *scales[4:],
+        *scales[:4], h, tq, k.shape[2], kb, qb, route.scale * LOG2E, *scales[4:],
         *q.stride(), *kv[0].stride()[:3], *kv[1].stride()[:3],
         F32=q.dtype == torch.float32 or emulate, BLOCK=BLOCK, ROWS=launch.rows, D=d,
-        LOWBIT=z is not None, QUANT=QUANT_BLOCK, EMULATE=emulate, RESUME=state is not None, **lowbit, **tuning,
+        LOWBIT=z is not None, QUANT=QUANT_BLOCK, EMULATE=emulate, **lowbit, **tuning,
     )  # fmt: skip
     return out

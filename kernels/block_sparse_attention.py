@@ -55,7 +55,7 @@ from workbench.kernels._runtime import (
     interpreting,
     pad_head_dim,
 )
-from workbench.kernels.attention_quantize import Quantized, quantize, quantize_reference
+from workbench.kernels.attention_quantize import quantize, quantize_reference
 from workbench.kernels.block_sparse_attend import AMPERE_ADA, DEFAULT, LOG2E, Launch, Plan, attend, launch_for
 from workbench.kernels.block_sparse_routing import (
     BLOCK,
@@ -143,8 +143,9 @@ def _lowbit_reference(
     """The low-precision kernel's maths in fp32 torch on routing `mask` (B, H, Qb, Kb): `quantize_reference`, then
     the online softmax over the exact key blocks in ascending order (P rounded per block as `quantized_tile` does,
     v's one-byte scale applied after them), then the folded blocks' smoothed mean keys 64 at a time, unrounded."""
-    z, (m, l, acc) = exact_state(q, k, v, mask, scale, qk, pv)  # noqa: E741
+    z = quantize_reference(q, k, v, pv, qk=qk)
     tq = q.shape[2]
+    logits, values = reference_logits(z, tq, k.shape[2], scale)
     exact_rows = mask[:, :, torch.arange(tq, device=q.device) // BLOCK]  # (B, H, Tq, Kb)
     k_mean, lengths = block_means_torch(k, BLOCK)
     v_mean, _ = block_means_torch(v, BLOCK)
@@ -152,20 +153,6 @@ def _lowbit_reference(
     folded = (q.float() @ (k_mean - z.k_mean).transpose(-1, -2) * qk_scale + lengths.log() * LOG2E).masked_fill(
         exact_rows, float("-inf")
     )  # (B, H, Tq, Kb) in log2 units
-    for c in range(0, mask.shape[-1], BLOCK):  # folded blocks' pseudo-keys
-        m, l, acc = online_step(folded[..., c : c + BLOCK], v_mean[:, :, c : c + BLOCK], m, l, acc, None)  # noqa: E741
-    return (acc / l[..., None]).to(q.dtype)
-
-
-def exact_state(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, qk: str, pv: str
-) -> tuple[Quantized, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """`_lowbit_reference`'s first part: `quantize_reference`'s operands z, and the online softmax's state (m, l, acc:
-    (B, H, Tq), (B, H, Tq), (B, H, Tq, D) fp32, m in log2 units, acc with v's one-byte scale applied) after the exact
-    key blocks of routing `mask`, visited as `visits` says."""
-    z = quantize_reference(q, k, v, pv, qk=qk)
-    tq = q.shape[2]
-    logits, values = reference_logits(z, tq, k.shape[2], scale)
     b, h, qb = mask.shape[:3]
     rows = qb * BLOCK  # the query rows in whole blocks (B, H, Qb, 64, ...) while the exact blocks are visited
     logits = torch.nn.functional.pad(logits, (0, 0, 0, rows - tq)).view(b, h, qb, BLOCK, -1)
@@ -185,7 +172,9 @@ def exact_state(
     m, l, acc = (x.flatten(2, 3)[:, :, :tq] for x in (m, l, acc))  # noqa: E741
     if pv != "bf16":
         acc = acc * z.v_scale[:, :, None, :]
-    return z, (m, l, acc)
+    for c in range(0, mask.shape[-1], BLOCK):  # folded blocks' pseudo-keys
+        m, l, acc = online_step(folded[..., c : c + BLOCK], v_mean[:, :, c : c + BLOCK], m, l, acc, None)  # noqa: E741
+    return (acc / l[..., None]).to(q.dtype)
 
 
 def visits(mask: torch.Tensor, tk: int) -> torch.Tensor:

@@ -31,8 +31,9 @@ compile reports of `workbench.kernels.targets` should agree).
 
 block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
 low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued clock, each with its relative L2 against dense and against
-the exact arm; the plan (routing), the quantization and the attention kernel alone are timed apart, the kernel also
-at each of SPARSE_LAUNCHES, A/B/A against the shipped launch (`launch_sweep`).
+the exact arm; the plan (routing), the quantization and the attention kernel alone are timed apart (each arm's
+`kernel_path`: the CuTe kernel, `fp8_attention_sm90.attend_sparse`, or the Triton kernel), and where that is the CuTe
+kernel, the Triton kernel alone at SPARSE_LAUNCHES beside it, A/B/A (`launch_sweep`).
 `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math backend, every arm and
 swept launch; the numbers say nothing.
 """
@@ -83,11 +84,8 @@ CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hu
 HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3): the kernels' case measured here
 SPARSE_DENSITY = 0.20
 SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "int8"), ("int8", "bf16"), ("e4m3", "fp8"))
-SPARSE_LAUNCHES = {  # besides the shipped DEFAULT (4 warps, 3 stages, 64 rows), kernel alone (8 warps: 0.34-0.52x)
-    "s2": block_sparse_attend.Launch(num_stages=2),
-    "s4": block_sparse_attend.Launch(num_stages=4),
-    "r32": block_sparse_attend.Launch(rows=32),
-}
+SPARSE_LAUNCHES = {"triton": block_sparse_attend.DEFAULT}  # where the low-precision default is the CuTe kernel, the
+# Triton kernel alone at its shipped launch beside it (its launch sweep: git history, fp8-attention.json at 9b6614c)
 ERROR_PART_ROWS = 4096  # query rows (of head 0, against all keys) `error_parts` runs on: a (4096, T) fp32 logits tile
 
 
@@ -399,15 +397,16 @@ def _block_sparse_arms(
     route = bsa.plan(q, k, v, tau, 0)
     arms[base]["plan"] = time_call(lambda: bsa.plan(q, k, v, tau, 0), q.device, **clock).to_dict()
     arms[base]["kernel"] = time_call(lambda: bsa.attend(q, k, v, route), q.device, **clock).to_dict()
-    arms[base]["launch_sweep"] = _sparse_sweep(q, k, v, route, None, clock, rounds)
     visits = {}
     for qk, pv in pairs:
         name = f"{base}[{_label(qk, pv)}]"
         out = bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
         z = aq.quantize(q, k, v, pv, qk=qk)
         smoothed = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
+        cute = block_sparse_attend.sm90_sparse(z, q)  # block_sparse_attend.attend's default path
         arms[name] = {
             **chosen,
+            "kernel_path": "cute" if cute else "triton",
             "rel_l2_vs_dense": rel_l2(out, want),
             "rel_l2_vs_exact_blocks": rel_l2(out, exact),
             "bytes_moved": bsa.cost(tuple(q.shape), chosen["density"], q.dtype, qk, pv)[0],
@@ -417,8 +416,9 @@ def _block_sparse_arms(
                 q.device,
                 **clock,
             ).to_dict(),  # fmt: skip
-            "launch_sweep": _sparse_sweep(q, k, v, smoothed, z, clock, rounds),
         }
+        if cute:
+            arms[name]["launch_sweep"] = _sparse_sweep(q, k, v, smoothed, z, clock, rounds)
         visits[name] = lambda qk=qk, pv=pv: bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
     result = aba_rounds(
         (base, lambda: queued(lambda: bsa.block_sparse_attention(q, k, v, tau, 0))),

@@ -20,7 +20,6 @@ from workbench.kernels.block_sparse_attention import (
     attend,
     block_sparse_attention,
     cost,
-    exact_state,
     plan,
     reference,
     routing,
@@ -384,36 +383,6 @@ def test_block_sparse_attention_low_precision_matches_reference(rng, fp8_p_equal
     else:  # bf16 P: an exp2 ulp crosses its finer rounding grid more often, by less
         assert _rel(got, want) < 5e-4, f"seed {seed}: {_rel(got, want)}"
     assert 1e-3 < _rel(got, exact) < 6e-2, f"seed {seed}: {_rel(got, exact)}"
-
-
-@pytest.mark.parametrize("precision,pv", [("int8", "fp8"), ("e4m3", "int8")])
-def test_block_sparse_attend_resumes_from_the_exact_blocks_state(rng, precision, pv):
-    """`attend(..., state=)` runs only the folded blocks, from the exact blocks' state as the CuTe kernel
-    (`fp8_attention_sm90.attend_blocks`) hands it over: with `exact_state`'s (the reference's own, its rows padded as
-    quantize pads them), the output is `reference(..., precision, pv)` up to fp32 order, and with its o zeroed it is
-    not. A state of another shape, or one without the quantized operands, raises."""
-    seed = rng.initial_seed()
-    q = torch.randn(1, 2, 203, D, generator=rng)
-    k = torch.randn(1, 2, 300, D, generator=rng) + 2.0 * torch.randn(1, 2, 1, D, generator=rng)
-    v = torch.randn(1, 2, 300, D, generator=rng)
-    scale = D**-0.5
-    mask, density = routing(q, k, 0.5, 70, scale=scale)
-    assert 0.0 < density < 1.0, f"seed {seed}: {density}"
-    z, (m, l, acc) = exact_state(q, k, v, mask, scale, precision, pv)  # noqa: E741
-    pad = z.q8.shape[2] - q.shape[2]  # quantize pads the query rows to a multiple of 128
-    pad_rows = torch.nn.functional.pad
-    state = (pad_rows(acc, (0, 0, 0, pad)), pad_rows(m, (0, pad), value=-math.inf), pad_rows(l, (0, pad)))
-    route = plan(q, k, v, 0.5, 70, scale)
-    route.k_mean = route.k_mean - z.k_mean  # smoothed as the exact keys are (block_sparse_attention does so)
-    got = attend(q, k, v, route, quantized=z, state=state)
-    want = reference(q, k, v, 0.5, 70, precision=precision, pv=pv)
-    assert _rel(got, want) < 1e-5, f"seed {seed}: {_rel(got, want)}"
-    emptied = attend(q, k, v, route, quantized=z, state=(torch.zeros_like(state[0]), *state[1:]))
-    assert _rel(emptied, want) > 0.1, f"seed {seed}: the state's o is not what the output starts from"
-    with pytest.raises(ValueError, match=r"state m must be contiguous fp32 \(1, 2, 256\) on cpu, got torch.float32 "):
-        attend(q, k, v, route, quantized=z, state=(state[0], m, state[2]))
-    with pytest.raises(ValueError, match="state needs quantized"):
-        attend(q, k, v, route, state=state)
 
 
 def test_block_sparse_attention_low_precision_bad_option_raises(rng, monkeypatch):

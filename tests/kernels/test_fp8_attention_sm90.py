@@ -3,6 +3,8 @@ installed (no GPU needed; CI has no DSL and skips this module), and on an H200 i
 quantized operands and is what `fp8_attention.attend` runs there by default for a one-byte P.V, pv="fp8" or "int8"
 (gpu marker); its block-sparse build likewise for block_sparse_attention's exact blocks."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,8 +13,7 @@ pytest.importorskip("cutlass.cute")
 from workbench.kernels import attention_quantize as aq  # noqa: E402
 from workbench.kernels import fp8_attention as fa  # noqa: E402
 from workbench.kernels import fp8_attention_sm90 as sm90  # noqa: E402
-from workbench.kernels.block_sparse_attention import DEFAULT, block_sparse_attention  # noqa: E402
-from workbench.kernels.block_sparse_routing import exact_lists  # noqa: E402
+from workbench.kernels.block_sparse_attention import DEFAULT, block_sparse_attention, plan  # noqa: E402
 
 D = 128
 CONFIGS = ({}, {"stages": 2})  # the default (3 K/V stages), and 2
@@ -26,8 +27,13 @@ def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk, pv):
     for config in CONFIGS:
         sm90.attend(z, torch.empty_like(q), 300, D**-0.5, **config)
     assert len(sm90._COMPILED) == before + len(CONFIGS)  # one build each, none launched on the CPU
-    idx, count = exact_lists(torch.rand(1, 2, 5, 5, generator=rng) < 0.5)
-    sm90.attend_blocks(z, idx, count, 300, D**-0.5)  # the block-sparse build
+    route = plan(q, k, v, 0.5, 64)  # the block-sparse build, on bf16 means as a GPU call makes them
+    route = dataclasses.replace(route, k_mean=route.k_mean.bfloat16(), v_mean=route.v_mean.bfloat16())
+    if pv == "int8":  # not qualified (attend_sparse's doc)
+        with pytest.raises(ValueError, match=r"attend_sparse: pv 'int8' is not qualified on this kernel; allowed"):
+            sm90.attend_sparse(z, q, route, 300, torch.empty_like(q))
+        return
+    sm90.attend_sparse(z, q, route, 300, torch.empty_like(q))
     assert len(sm90._COMPILED) == before + len(CONFIGS) + 1
 
 
@@ -62,14 +68,18 @@ def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("qk", "pv"), [("e4m3", "fp8"), ("int8", "fp8"), ("int8", "int8")])
-@pytest.mark.parametrize(("shape", "tau"), [((1, 3, 300), 0.5), ((2, 2, 1061), 0.0), ((1, 2, 1000), -float("inf"))])
+@pytest.mark.parametrize(("qk", "pv"), [("e4m3", "fp8"), ("int8", "fp8")])  # pv="int8" raises (attend_sparse)
+@pytest.mark.parametrize(
+    ("shape", "tau"),
+    [((1, 3, 300), 0.5), ((2, 2, 1061), 0.0), ((1, 2, 1000), -float("inf")), ((1, 2, 1000), float("inf"))],
+)
 def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, rng, qk, pv, shape, tau):
-    """block_sparse_attention's exact blocks in the CuTe kernel (its default on sm_90 with the DSL, D = 128), then
-    the Triton kernel's folded pass from their state, against the Triton kernel alone (a launch given) on the same
-    routing and operands: the same visits (pairs, an odd one out, the ragged last block alone), the same maths up to
-    fp32 order and l (summed from P as rounded here); relative L2 below 5e-3, as the dense kernel. Shapes with an odd
-    number of query blocks (5, 17: a warpgroup with none), ragged last key blocks, lists of one to all blocks."""
+    """block_sparse_attention in low precision through the CuTe kernel (its default on sm_90 with the DSL, D = 128:
+    exact blocks, then the folded pass in bf16) against the Triton kernel (a launch given) on the same routing and
+    operands: the same visits (pairs, an odd one out, the ragged last block alone), the same maths up to fp32 order
+    and l (summed from P as rounded here); relative L2 below 5e-3, as the dense kernel. Shapes with an odd number of
+    query blocks (5, 17: a warpgroup with none), ragged last key blocks, lists of one to all blocks (tau inf: the band
+    and the sinks only, most blocks folded)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is built for sm_90a")
@@ -79,7 +89,7 @@ def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, 
     k = k + 1.0
     calls = []
     monkeypatch.setattr(
-        sm90, "attend_blocks", lambda *a, _run=sm90.attend_blocks, **o: calls.append(1) or _run(*a, **o)
+        sm90, "attend_sparse", lambda *a, _run=sm90.attend_sparse, **o: calls.append(1) or _run(*a, **o)
     )
     got = block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv)
     assert calls, "the CuTe kernel did not run"
