@@ -261,11 +261,16 @@ def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:
             )
 
 
+# (qk, pv) pairs `attend` runs on the CuTe kernel by default: checked against the Triton kernel on lists of one step
+# as well as long ones (benchmarks/results/2026-12-05-block-sparse-cute-h100.json, where int8 P.V failed that check;
+# qk="int8" with pv="fp8" passed the GPU tests and the Wan-shape check but has not met one-step lists yet)
+SM90_PAIRS = (("e4m3", "fp8"),)
+
+
 def sm90_sparse(z: Quantized, q: torch.Tensor) -> bool:
-    """Whether `attend` without a launch runs the CuTe kernel on `quantize`'s operands `z` of q: bf16 q that TMA can
-    read, P.V in e4m3 (pv="fp8"; fp8_attention_sm90.attend_sparse says why not "int8") and
-    `fp8_attention.sm90_kernel` (sm_90, the CuTe DSL, D = 128)."""
-    return z.pv == "fp8" and q.dtype == torch.bfloat16 and _tma_ready(q) and sm90_kernel(z, q)
+    """Whether `attend` without a launch runs the CuTe kernel on `quantize`'s operands `z` of q: a pair of
+    SM90_PAIRS, bf16 q that TMA can read and `fp8_attention.sm90_kernel` (sm_90, the CuTe DSL, D = 128)."""
+    return (z.qk, z.pv) in SM90_PAIRS and q.dtype == torch.bfloat16 and _tma_ready(q) and sm90_kernel(z, q)
 
 
 def attend(

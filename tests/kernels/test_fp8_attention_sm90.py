@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("cutlass.cute")
 
 from workbench.kernels import attention_quantize as aq  # noqa: E402
+from workbench.kernels import block_sparse_attend  # noqa: E402
 from workbench.kernels import fp8_attention as fa  # noqa: E402
 from workbench.kernels import fp8_attention_sm90 as sm90  # noqa: E402
 from workbench.kernels.block_sparse_attention import DEFAULT, block_sparse_attention, plan  # noqa: E402
@@ -74,12 +75,13 @@ def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90
     [((1, 3, 300), 0.5), ((2, 2, 1061), 0.0), ((1, 2, 1000), -float("inf")), ((1, 2, 1000), float("inf"))],
 )
 def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, rng, qk, pv, shape, tau):
-    """block_sparse_attention in low precision through the CuTe kernel (its default on sm_90 with the DSL, D = 128:
-    exact blocks, then the folded pass in bf16) against the Triton kernel (a launch given) on the same routing and
-    operands: the same visits (pairs, an odd one out, the ragged last block alone), the same maths up to fp32 order
-    and l (summed from P as rounded here); relative L2 below 5e-3, as the dense kernel. Shapes with an odd number of
-    query blocks (5, 17: a warpgroup with none), ragged last key blocks, lists of one to all blocks (tau inf: the band
-    and the sinks only, most blocks folded)."""
+    """`attend_sparse` (block_sparse_attention in low precision wholly in the CuTe kernel: exact blocks, then the
+    folded pass in bf16) against block_sparse_attention through the Triton kernel (a launch given) on the same
+    routing and operands: the same visits (pairs, an odd one out, the ragged last block alone), the same maths up to
+    fp32 order and l (summed from P as rounded here); relative L2 below 5e-3, as the dense kernel. Shapes with an odd
+    number of query blocks (5, 17: a warpgroup with none), ragged last key blocks, lists of one step (tau inf: the
+    band and the sinks only, most blocks folded) to all blocks. block_sparse_attention runs it by default for
+    block_sparse_attend.SM90_PAIRS."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is built for sm_90a")
@@ -87,12 +89,13 @@ def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, 
     b, h, t = shape
     q, k, v = (torch.randn(b, h, t, D, generator=rng).cuda().bfloat16() for _ in range(3))
     k = k + 1.0
-    calls = []
-    monkeypatch.setattr(
-        sm90, "attend_sparse", lambda *a, _run=sm90.attend_sparse, **o: calls.append(1) or _run(*a, **o)
-    )
-    got = block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv)
-    assert calls, "the CuTe kernel did not run"
+    z = aq.quantize(q, k, v, pv, qk=qk)
+    route = plan(q, k, v, tau, 64)
+    route = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
+    got = torch.empty_like(q)
+    sm90.attend_sparse(z, q, route, t, got)
     want = block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv, launch=DEFAULT)
     rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
     assert rel < 5e-3, f"seed {seed}: {rel}"
+    if (qk, pv) in block_sparse_attend.SM90_PAIRS:
+        assert torch.equal(block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv), got)
