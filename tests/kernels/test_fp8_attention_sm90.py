@@ -38,6 +38,16 @@ def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk, pv):
     assert len(sm90._COMPILED) == before + len(CONFIGS) + 1
 
 
+def _sm90_qkv(monkeypatch, rng, shape: tuple[int, int, int]) -> tuple[int, tuple[torch.Tensor, ...]]:
+    """The GPU tests' setup: compiled Triton (no interpreter), an sm_90 device (else skip), and the rng's seed with
+    bf16 q, k, v of (B, H, T) = `shape` and head dim D on it."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is built for sm_90a")
+    seed = rng.initial_seed()
+    return seed, tuple(torch.randn(*shape, D, generator=rng).cuda().bfloat16() for _ in range(3))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("qk", "pv"), [("e4m3", "fp8"), ("int8", "fp8"), ("int8", "int8")])
 @pytest.mark.parametrize("shape", [(1, 3, 300), (2, 2, 1061)])
@@ -47,12 +57,8 @@ def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90
     at 300 keys, 2.5e-3 at 1,061 and 2.0e-3 at 32,760 measured on the H200 against the same schedule summing
     unrounded P; int8 P rounds on a finer grid). Every configuration's output is the default's bit for bit (the same
     maths in the same order); `fa.fp8_attention` runs the default configuration there."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the kernel is built for sm_90a")
-    seed = rng.initial_seed()
-    b, h, t = shape
-    q, k, v = (torch.randn(b, h, t, D, generator=rng).cuda().bfloat16() for _ in range(3))
+    seed, (q, k, v) = _sm90_qkv(monkeypatch, rng, shape)
+    t = shape[2]
     z = aq.quantize(q, k, v, pv, qk=qk)
     want = torch.empty_like(q)
     fa.attend(z, want, t, D**-0.5, fa.launch_for(q.device, pv))  # a launch given: the Triton kernel
@@ -82,12 +88,8 @@ def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, 
     number of query blocks (5, 17: a warpgroup with none), ragged last key blocks, lists of one step (tau inf: the
     band and the sinks only, most blocks folded) to all blocks. block_sparse_attention runs it by default for
     block_sparse_attend.SM90_PAIRS."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the kernel is built for sm_90a")
-    seed = rng.initial_seed()
-    b, h, t = shape
-    q, k, v = (torch.randn(b, h, t, D, generator=rng).cuda().bfloat16() for _ in range(3))
+    seed, (q, k, v) = _sm90_qkv(monkeypatch, rng, shape)
+    t = shape[2]
     k = k + 1.0
     z = aq.quantize(q, k, v, pv, qk=qk)
     route = plan(q, k, v, tau, 64)
