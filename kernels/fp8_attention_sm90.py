@@ -888,8 +888,8 @@ def attend_sparse(
     operands `z` (a one-byte pv) of Tk = `tk` keys, q (B, H, Tq, 128) bf16 (unit last stride, 16-byte aligned strides)
     for the folded pass, and `route` (`block_sparse_attention.plan`, its bf16 mean keys smoothed by z's key mean).
     `options`, compiling and `stream` as `attend`. pv="int8" raises: that build's output differed from the Triton
-    kernel's by 1.2e-2 to 8.9e-2 relative L2 on an H100 (2026-12-05-block-sparse-cute-h100.json: worst on one-step lists),
-    far past l's rounding (about 1e-3 for int8 P in fp32 torch), and is not qualified."""
+    kernel's by 1.2e-2 to 8.9e-2 relative L2 on an H100, worst on one-step lists, far past l's rounding, while the
+    Triton kernel equals the reference there (benchmarks/results/2026-12-05-block-sparse-cute-h100.json)."""
     if z.pv != "fp8":
         raise ValueError(
             f"fp8_attention_sm90.attend_sparse: pv {z.pv!r} is not qualified on this kernel; allowed: ['fp8']"
