@@ -60,7 +60,11 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
         )
         sweeps = [entry for row in rows for entry in row.get("launch_sweep", {}).values()]  # A/B/A against shipped
         dense_sweeps = len(fp8_scenario.SWEEP_PAIRS) * len(fp8_scenario.LAUNCHES)
-        sparse_sweeps = (1 + len(fp8_scenario.SPARSE_PRECISIONS)) * len(fp8_scenario.SPARSE_LAUNCHES)
+        sparse = [row for key, row in record["arms"].items() if key.startswith("block_sparse@") and "[" in key]
+        assert len(sparse) == len(fp8_scenario.SPARSE_PRECISIONS)
+        assert all(row["kernel_path"] in ("cute", "triton") for row in sparse)
+        # the Triton kernel is swept beside an arm whose default path is the CuTe kernel (never on the CPU)
+        sparse_sweeps = sum(row["kernel_path"] == "cute" for row in sparse) * len(fp8_scenario.SPARSE_LAUNCHES)
         assert len(sweeps) == dense_sweeps + sparse_sweeps
         assert all(len(e["seconds"]) == 3 and e["vs_shipped"]["n_pairs"] == 3 for e in sweeps), sweeps[0]
     if not record["ratios"]:  # a smoke that measures no pair must say what it skipped
