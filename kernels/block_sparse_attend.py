@@ -287,20 +287,19 @@ def attend(
     a `launch`, where `sm90_sparse` holds, the CuTe kernel runs instead (`fp8_attention_sm90.attend_sparse`: the same
     visits and maths up to fp32 order and l, which sums P as rounded there)."""
     z = quantized
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if z is not None and launch is None and sm90_sparse(z, q):
         from workbench.kernels import fp8_attention_sm90
 
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         fp8_attention_sm90.attend_sparse(z, q, route, k.shape[2], out)
         return out
     launch = launch_for(q.device) if launch is None else launch
     if not isinstance(launch, Launch):
         raise ValueError(f"block_sparse_attention: launch must be a Launch, got {type(launch).__name__}")
-    if quantized is None:
+    if z is None:
         _check_tma(k, v)
     b, h, tq, d = q.shape
     qb, kb = route.mask.shape[-2:]
-    out = torch.empty((b, h, tq, d), dtype=q.dtype, device=q.device)
     emulate = interpreting()
     if emulate:
         tuning = {}

@@ -341,7 +341,7 @@ class Fp8AttentionSm90:
             barrier_storage=storage.bar_v.data_ptr(), num_stages=self.rings * self.stages, producer_group=producer,
             consumer_group=ring_consumers, tx_count=v_bytes, defer_sync=True,
         )  # fmt: skip
-        folded = None  # sparse: the folded pass's smem tensors and q tiles' pipeline (`fold`)
+        folded = None  # sparse: the folded pass's smem tensors and q tiles' pipeline (`fold_pass`)
         if const_expr(self.sparse):
             bf16 = cutlass.BFloat16
             sQb = storage.sQb.get_tensor(sQb_layout.outer, swizzle=sQb_layout.inner)
@@ -426,8 +426,7 @@ class Fp8AttentionSm90:
         )
         tKs, tKg = partition(tma_k, sK, cute.local_tile(mK[None, None, h, b], tile, (None, 0)))  # 64-key blocks
         tVs, tVg = partition(tma_v, sV, cute.local_tile(mV[None, None, h, b], (HEAD_DIM, SPARSE_BLOCK), (0, None)))
-        block = cutlass.min(m_block * 2 + ring, cute.size(mCount, mode=[0]) - 1)
-        n_steps, n_pairs = self.steps(mIdx, mCount, block, h, b, tk)
+        block, n_steps, n_pairs = self.steps(mIdx, mCount, m_block * 2 + ring, h, b, tk)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for t in cutlass.range(n_steps, unroll=1):
             first, second, _ = self.step_blocks(mIdx, block, h, b, t, n_pairs)
@@ -458,12 +457,14 @@ class Fp8AttentionSm90:
         )
 
     def steps(self, mIdx, mCount, block, h, b, tk):
-        """Sparse: (steps, pairs) of query block `block`'s visits (`block_sparse_attention.visits`): its ascending
-        exact list in pairs, an odd one out alone, then alone the last key block when it ends past tk."""
+        """Sparse: (block, steps, pairs) of query block `block`'s visits (`block_sparse_attention.visits`): its
+        ascending exact list in pairs, an odd one out alone, then alone the last key block when it ends past tk.
+        A block past the last (the last CTA's second warpgroup when Qb is odd) is the last one again."""
+        block = cutlass.min(block, cute.size(mCount, mode=[0]) - 1)
         n = mCount[block, h, b]
         ragged = Int32((mIdx[n - 1, block, h, b] + 1) * SPARSE_BLOCK > tk)  # the list's last block ends past tk
         full = n - ragged
-        return full // 2 + full % 2 + ragged, full // 2
+        return block, full // 2 + full % 2 + ragged, full // 2
 
     def step_blocks(self, mIdx, block, h, b, t, n_pairs):
         """Sparse: step t's key blocks (first, second) and 1 where it has two (else 0, second = first): entries
@@ -515,8 +516,7 @@ class Fp8AttentionSm90:
         wg = ctid // 128  # this consumer warpgroup: 0 or 1
         n_steps, n_pairs, block = n_tiles, None, None
         if const_expr(self.sparse):
-            block = cutlass.min(m_block * 2 + wg, cute.size(mCount, mode=[0]) - 1)
-            n_steps, n_pairs = self.steps(mIdx, mCount, block, h, b, tk)
+            block, n_steps, n_pairs = self.steps(mIdx, mCount, m_block * 2 + wg, h, b, tk)
         # v8's extra rows: channel 128 all ones, the rest zeros, in every buffer (key_block keys: 256 / key_block
         # (row, buffer) pairs a pass of the 256 threads)
         extra = self.v_rows - HEAD_DIM
@@ -646,9 +646,9 @@ class Fp8AttentionSm90:
     def softmax(self, acc_s, p, m, alpha, beta, factors, limits, lane_col, first: cutlass.Constexpr):
         """One tile's online softmax: p (fp32, the logits' fragment) = P * 448 of the logits in acc_s (pv_int8:
         127 * P / P_max + 1.5 * 2^23, P_max = exp2(top - m) into beta, top the tile's row max); m (this thread's
-        two rows) updated in place, alpha (the rows' rescale of O and l) set. `factors` and `limits`: one per
-        128 keys (sparse: per 64-key block, `tile`): the block's logit factor, and its keys at column >= limit
-        weigh nothing (padding past tk; sparse: a one-block step's second block too)."""
+        two rows) updated in place, alpha (the rows' rescale of O and l) set. `factors` and `limits` (the methods of
+        those names): one per 128 keys, sparse one per 64-key block; a block's logit factor, and its keys at column
+        >= its limit weigh nothing (padding past tk; sparse: a one-block step's second block too)."""
         if const_expr(self.qk_int8):  # int32 logits + the bits of 1.5 * 2^23, read as fp32: 1.5 * 2^23 + S (no I2FP)
             bits = cute.recast_tensor(acc_s, Float32)
             for i in cutlass.range_constexpr(cute.size(p)):
@@ -692,9 +692,8 @@ class Fp8AttentionSm90:
                 shift = top - LOG2_INT8_MAX
             else:
                 shift = m_new - LOG2_FP8_MAX
-            shifts = [shift for _ in factors]
-            if const_expr(self.qk_int8):  # p * factor is the logit plus 1.5 * 2^23 * factor: the FFMA takes it off
-                shifts = [shift + Float32(_MAGIC) * factor for factor in factors]
+            # qk_int8: p * factor is the logit plus 1.5 * 2^23 * factor, which the FFMA takes off with the shift
+            shifts = [shift + Float32(_MAGIC) * f if const_expr(self.qk_int8) else shift for f in factors]
             for i in mine:
                 half = 8 * (i // 4) // width
                 p[i] = _ex2(p[i] * factors[half] - shifts[half])
@@ -736,8 +735,8 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def fold_pass(
-        self, acc_o, l, m, alpha, mVs, mO, mMask, mLogLen, folded, pipe_k, pipe_v, k_state, v_state, pv_thr,  # noqa: E741
-        qk_scale, block, wg, tid, m_block, h, b,
+        self, acc_o, l, m, alpha, mVs, mO, mMask, mLogLen, folded, pipe_k, pipe_v,  # noqa: E741
+        k_state, v_state, pv_thr, qk_scale, block, wg, tid, m_block, h, b,
     ):  # fmt: skip
         """Sparse: after warpgroup wg's exact blocks, O and l in real units (O times v's per-channel scale, l less
         its factor 448 or 127), then the online softmax over every key block's pseudo-key, 64 a step in bf16 as
