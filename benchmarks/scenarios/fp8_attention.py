@@ -370,7 +370,7 @@ def _sweep(
 
 def _sparse_sweep(q, k, v, route, z, clock: dict, rounds: int) -> dict:
     """block_sparse's attention kernel alone (`block_sparse_attend.attend` on `route`, low precision on `z` when
-    given) at each of SPARSE_LAUNCHES, A/B/A against the shipped launch (`_sweep`)."""
+    given) at each of SPARSE_LAUNCHES (the Triton kernel), A/B/A against attend's default path (`_sweep`)."""
     launches = {
         label: (
             {"launch": dataclasses.asdict(launch)},
