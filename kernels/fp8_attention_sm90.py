@@ -886,9 +886,9 @@ def attend_sparse(
     `quantized`, module doc: block-sparse) into `out` (B, H, Tq, 128) bf16 with unit last stride: `quantize`'s
     operands `z` (a one-byte pv) of Tk = `tk` keys, q (B, H, Tq, 128) bf16 (unit last stride, 16-byte aligned strides)
     for the folded pass, and `route` (`block_sparse_attention.plan`, its bf16 mean keys smoothed by z's key mean).
-    `options`, compiling and `stream` as `attend`. pv="int8" raises: that build's output differed from the Triton
-    kernel's by 1.2e-2 to 8.9e-2 relative L2 on an H100, worst on one-step lists, far past l's rounding, while the
-    Triton kernel equals the reference there (benchmarks/results/2026-12-05-block-sparse-cute-h100.json)."""
+    `options`, compiling and `stream` as `attend`. pv="int8" raises: that build's output disagrees with the Triton
+    kernel's past what l's rounding explains, worst on one-step lists, while the Triton kernel agrees with the
+    reference there (benchmarks/results/2026-12-05-block-sparse-cute-h100.json)."""
     if z.pv != "fp8":
         raise ValueError(
             f"fp8_attention_sm90.attend_sparse: pv {z.pv!r} is not qualified on this kernel; allowed: ['fp8']"
