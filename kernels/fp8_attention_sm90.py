@@ -353,6 +353,14 @@ class Fp8AttentionSm90:
                 defer_sync=True,
             )  # fmt: skip
             folded = (sQb, sKm, sVm, pipe_qb)
+        # v8's extra rows: channel 128 all ones, the rest zeros, in every buffer (key_block keys: THREADS / key_block
+        # (row, buffer) pairs a pass). Before the first TMA: sparse, the folded pass's bf16 tiles reuse these bytes.
+        extra = self.v_rows - HEAD_DIM
+        for buffer in cutlass.range_constexpr(cute.size(sV, mode=[2])):
+            for r in cutlass.range_constexpr(extra):
+                if tidx // self.key_block == (buffer * extra + r) % (THREADS // self.key_block):
+                    sV[HEAD_DIM + r, tidx % self.key_block, buffer] = self.v_dtype(1 if r == 0 else 0)
+        cute.arch.fence_view_async_shared()  # these generic-proxy writes, seen by TMA's and the dots' async proxy
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -517,15 +525,6 @@ class Fp8AttentionSm90:
         n_steps, n_pairs, block = n_tiles, None, None
         if const_expr(self.sparse):
             block, n_steps, n_pairs = self.steps(mIdx, mCount, m_block * 2 + wg, h, b, tk)
-        # v8's extra rows: channel 128 all ones, the rest zeros, in every buffer (key_block keys: 256 / key_block
-        # (row, buffer) pairs a pass of the 256 threads)
-        extra = self.v_rows - HEAD_DIM
-        for buffer in cutlass.range_constexpr(cute.size(sV, mode=[2])):
-            for r in cutlass.range_constexpr(extra):
-                if ctid // self.key_block == (buffer * extra + r) % (256 // self.key_block):
-                    sV[HEAD_DIM + r, ctid % self.key_block, buffer] = self.v_dtype(1 if r == 0 else 0)
-        cute.arch.fence_view_async_shared()  # these generic-proxy writes, seen by the dots' async proxy
-        cute.arch.barrier(barrier_id=3, number_of_threads=256)
 
         # tile 0: its logits and softmax, no P.V yet
         step = self.step(mIdx, block, h, b, 0, n_pairs)
