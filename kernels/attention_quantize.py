@@ -32,11 +32,12 @@ finite number that hides it; the one-byte values of such a block are unspecified
 CPU interpreter the fp32 -> e4m3 conversion is not round-to-nearest-even (fp8_attention's module doc), so the kernel
 rounds to the e4m3 grid in fp32 first (EMULATE), as the GPU's `cvt.rn.satfinite` does.
 
-The Triton path: torch's fp32 mean of k (one read) and, for a one-byte pv, `torch.aminmax` of v over tokens (one read),
-then one launch per tensor of `_quantize_fwd` (five launches in all): one program per (128-token block,
-batch*head) reads the block once (any strides), smooths, reduces its amax (q, k) or makes the per-channel scales from
-v's min and max (v: the head's first program writes v_scale), and writes the one-byte values (transposed and
-in `v_slot` order for v) and the block's scale.
+The Triton path: torch's fp32 mean of k (one read) and, for a one-byte pv, `torch.aminmax` of v over tokens (one
+read; none where the caller passes v's amax, as block_sparse does from its block-means launch), then one launch per
+tensor of `_quantize_fwd` (five launches in all): one program per (128-token block, batch*head) reads the block once
+(any strides), smooths, reduces its amax (q, k) or makes the per-channel scales from v's min and max (v: the head's
+first program writes v_scale), and writes the one-byte values (transposed and in `v_slot` order for v) and the
+block's scale.
 """
 
 from __future__ import annotations
@@ -225,7 +226,8 @@ def _launch(
     int8: bool,
     channel: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """`channel`: v's per-channel (low, high) over tokens (step 3: `scale` receives v_scale), else step 2."""
+    """`channel`: step 3 with v's per-channel (low, high) (B, H, D), whose max(high, -low) is the amax: v's min and
+    max over tokens, or the amax twice (`scale` receives v_scale); else step 2."""
     b, h, t, d = x.shape
     tp = out.shape[-1] if channel else out.shape[2]
     low, high = channel or (scale, scale)
@@ -238,10 +240,19 @@ def _launch(
     )  # fmt: skip
 
 
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8", qk: str = "e4m3") -> Quantized:
+def quantize(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pv: str = "fp8",
+    qk: str = "e4m3",
+    v_amax: torch.Tensor | None = None,
+) -> Quantized:
     """`quantize_reference(q, k, v, pv, qk=qk)`, bit for bit, in Triton (module doc): q (B, H, Tq, 128), k and v
-    (B, H, Tk, 128) of one float dtype and any strides, on a CUDA device or the CPU under the interpreter. No checks
-    of shapes and dtypes: the attention functions are the checked entries."""
+    (B, H, Tk, 128) of one float dtype and any strides, on a CUDA device or the CPU under the interpreter. `v_amax`:
+    v's per-channel max of |v| over tokens (B, H, D) fp32 contiguous where the caller has it (block_sparse's plan,
+    `block_sparse_routing.block_means`), which saves the read of v by `torch.aminmax` (one-byte pv). No checks of
+    shapes and dtypes: the attention functions are the checked entries."""
     b, h, tq, d = q.shape
     tk = k.shape[2]
     dtype = torch.int8 if qk == "int8" else FP8
@@ -255,10 +266,11 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8",
     _launch(k, k8, k_scale, k_mean, qk == "int8")
     if pv == "bf16":
         return Quantized(q8, q_scale, k8, k_scale, _bf16_v(v), None, pv, qk, k_mean)
-    low, high = torch.aminmax(v, dim=2)  # (B, H, D): amax(|v|) = max(high, -low), exact; the kernel takes it from here
+    # (B, H, D): amax(|v|) = max(high, -low), exact; the kernel takes it from here
+    channel = (v_amax, v_amax) if v_amax is not None else torch.aminmax(v, dim=2)
     v_scale = torch.empty((b, h, d), dtype=torch.float32, device=q.device)
     vt = torch.empty((b, h, d, kp), dtype=torch.int8 if pv == "int8" else FP8, device=q.device)
-    _launch(v, vt, v_scale, None, pv == "int8", (low, high))
+    _launch(v, vt, v_scale, None, pv == "int8", channel)
     return Quantized(q8, q_scale, k8, k_scale, vt, v_scale, pv, qk, k_mean)
 
 

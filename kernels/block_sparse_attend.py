@@ -90,7 +90,8 @@ class Plan:
 
     k_mean/v_mean (B, H, Kb, D) in the dot dtype; log_len (Kb,) fp32; mask bool (B, H, Qb, Kb);
     idx int32 (B, H, Qb, Kb) whose first count[b, h, i] entries are query block i's exact key blocks, ascending;
-    count int32 (B, H, Qb); density: fraction of exact pairs (0-dim tensor, no host sync); scale: the softmax scale."""
+    count int32 (B, H, Qb); density: fraction of exact pairs (0-dim tensor, no host sync); scale: the softmax scale;
+    v_amax: v's per-channel amax (B, H, D) fp32 for the low-precision path's quantizer, None unless asked for."""
 
     k_mean: torch.Tensor
     v_mean: torch.Tensor
@@ -100,6 +101,7 @@ class Plan:
     count: torch.Tensor
     density: torch.Tensor
     scale: float
+    v_amax: torch.Tensor | None = None
 
 
 def _lowbit_block(k_desc, v_desc, ks_base, q_scale, j, BLOCK: tl.constexpr, QUANT: tl.constexpr, PV: tl.constexpr):

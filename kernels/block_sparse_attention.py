@@ -196,22 +196,30 @@ def visits(mask: torch.Tensor, tk: int) -> torch.Tensor:
 
 
 def plan(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tau: float, sink_tokens: int, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tau: float,
+    sink_tokens: int,
+    scale: float | None = None,
+    v_amax: bool = False,
 ) -> Plan:
     """The routing and the kernel's index lists (the part of a call before the attention kernel): block means in
     one Triton launch (k/v means rounded once to bf16 for a bf16 GPU call), torch's threshold, Triton compaction.
-    The plan's means have the kernel's head dim (`_runtime.kernel_head_dim`)."""
+    The plan's means have the kernel's head dim (`_runtime.kernel_head_dim`). `v_amax`: also v's per-channel amax
+    from the same launch (`Plan.v_amax`, for `quantize`)."""
     _check(q, k, v)
     check_tau(tau, sink_tokens)
     check_runtime("block_sparse_attention", q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k, v = pad_head_dim(q, k, v)
     bf16 = q.dtype == torch.bfloat16 and not interpreting()
-    q_mean, k_mean, k_mean_dot, v_mean_dot, log_len = block_means(q, k, v, torch.bfloat16 if bf16 else torch.float32)
-    mask, density = route(q_mean, k_mean, tau, sink_tokens, BLOCK, scale)
+    means = block_means(q, k, v, torch.bfloat16 if bf16 else torch.float32, v_amax)
+    mask, density = route(means.q_mean, means.k_mean, tau, sink_tokens, BLOCK, scale)
     mask = mask.contiguous()
     idx, count = exact_lists(mask)
-    return Plan(k_mean_dot.contiguous(), v_mean_dot.contiguous(), log_len, mask, idx, count, density, scale)
+    k_mean, v_mean = means.k_mean_dot.contiguous(), means.v_mean_dot.contiguous()
+    return Plan(k_mean, v_mean, means.log_len, mask, idx, count, density, scale, means.v_amax)
 
 
 def block_sparse_attention(
@@ -238,12 +246,12 @@ def block_sparse_attention(
     d = q.shape[-1]
     scale = d**-0.5 if scale is None else scale
     q, k, v = pad_head_dim(q, k, v)
-    route = plan(q, k, v, tau, sink_tokens, scale)
+    route = plan(q, k, v, tau, sink_tokens, scale, v_amax=precision != "exact" and pv != "bf16")
     if precision == "exact":
         out = attend(q, k, v, route, launch)
     else:
         check_fp8("block_sparse_attention", q.device)
-        z = quantize(q, k, v, pv, qk=precision)
+        z = quantize(q, k, v, pv, qk=precision, v_amax=route.v_amax)
         smoothed = (route.k_mean.float() - z.k_mean).to(route.k_mean.dtype)  # the shift the exact keys took
         out = attend(q, k, v, dataclasses.replace(route, k_mean=smoothed), launch, z)
     out = out if d == out.shape[-1] else out[..., :d].contiguous()

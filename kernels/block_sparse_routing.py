@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -43,18 +44,20 @@ MEANS_WARPS = 4  # warps of the means launch on a GPU: one (64, D) tile per prog
 
 
 def _block_means_qkv(
-    q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, km_dot_ptr, vm_dot_ptr, loglen_ptr,
+    q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, km_dot_ptr, vm_dot_ptr, loglen_ptr, vamax_ptr,
     H, TQ, TK, QB, KB, log_full, log_last,
     q_sb, q_sh, q_st, q_sd,
     k_sb, k_sh, k_st, k_sd,
     v_sb, v_sh, v_st, v_sd,
-    BLOCK: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, V_AMAX: tl.constexpr,
 ):  # fmt: skip
     """One program per (batch*head, block index, tensor): program axis 2 picks q (0), k (1) or v (2) and the program
     reduces that tensor's block `blk` (where it exists; Tq may differ from Tk) to its fp32 mean, dividing by the
     block's true length with IEEE division as torch does. The routing reads the fp32 q/k means, the attention
     kernel the k/v means in its dot dtype: with SPLIT the k means are stored a second time, rounded, in km_dot's
-    dtype (else km_dot is km). The k programs of batch*head 0 also write the (KB,) log block lengths."""
+    dtype (else km_dot is km). The k programs of batch*head 0 also write the (KB,) log block lengths. With V_AMAX
+    the v programs also store the block's per-channel max of |v| (fp32, exact), NaN where the block's channel
+    holds a NaN or an inf."""
     # tl.reduce with tl.standard's combine, not tl.sum: tl.sum is a JITFunction decorated when triton was imported,
     # which the interpreter cannot call when TRITON_INTERPRET was set later (LazyKernel's case)
     bh = tl.program_id(0)
@@ -88,6 +91,10 @@ def _block_means_qkv(
             x = tl.load(v_ptr + b * v_sb + h * v_sh + toff * v_st + d[None, :] * v_sd, mask=key_ok, other=0.0)
             v_mean = tl.fdiv(tl.reduce(x.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)
             tl.store(vm_dot_ptr + out, v_mean.to(vm_dot_ptr.dtype.element_ty))
+            if V_AMAX:  # rows past Tk are zeros; a sum of x * 0 is NaN iff a NaN or inf is there (max skips NaN)
+                x = x.to(tl.float32)
+                amax = tl.reduce(tl.abs(x), 0, tl.standard._elementwise_max)
+                tl.store(vamax_ptr + out, amax + tl.reduce(x * 0.0, 0, tl.standard._sum_combine))
 
 
 def _compact(mask_ptr, idx_ptr, count_ptr, KB, KB_P2: tl.constexpr):
@@ -122,15 +129,29 @@ def block_means_torch(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor
     return torch.cat(parts, 2) if len(parts) > 1 else parts[0], lengths
 
 
-def block_means(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dot_dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The block means of q, k and v and the log block lengths in one launch (`_block_means_qkv`).
+class Means(NamedTuple):
+    """`block_means`' results: q_mean (B, H, Qb, D) and k_mean (B, H, Kb, D) fp32 for the routing; k_mean_dot and
+    v_mean_dot (B, H, Kb, D) in the attention kernel's dot dtype (k_mean_dot is k_mean itself when that is fp32);
+    log_len (Kb,) fp32; v_amax (B, H, D) fp32 v's per-channel max of |v| over its tokens, or None when not asked."""
 
-    Returns q_mean (B, H, Qb, D) and k_mean (B, H, Kb, D) in fp32 for the routing, k_mean and v_mean
-    (B, H, Kb, D) in `dot_dtype` for the attention kernel (the fp32 k_mean itself when dot_dtype is fp32),
-    and log_len (Kb,) fp32. The means equal `block_means_torch`' up to fp32 sum order; log_len is `math.log` of
-    each length rounded once to fp32, where torch's fp32 log can be an ulp off (on CPU: lengths 7, 47, 49)."""
+    q_mean: torch.Tensor
+    k_mean: torch.Tensor
+    k_mean_dot: torch.Tensor
+    v_mean_dot: torch.Tensor
+    log_len: torch.Tensor
+    v_amax: torch.Tensor | None
+
+
+def block_means(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dot_dtype: torch.dtype, v_amax: bool = False
+) -> Means:
+    """The block means of q, k and v and the log block lengths in one launch (`_block_means_qkv`), with `v_amax` also
+    v's per-channel amax (each block's from the same read of v, then torch's max over the blocks: what
+    `attention_quantize.quantize` takes for v's scales instead of reading v again).
+
+    The means equal `block_means_torch`' up to fp32 sum order; log_len is `math.log` of each length rounded once to
+    fp32, where torch's fp32 log can be an ulp off (on CPU: lengths 7, 47, 49); v_amax equals `v.abs().amax(2)` in
+    fp32 (a max is exact in any order) on finite v, and is NaN in a channel holding a NaN or an inf."""
     b, h, tq, d = q.shape
     tk = k.shape[2]
     qb, kb = -(-tq // BLOCK), -(-tk // BLOCK)
@@ -140,14 +161,15 @@ def block_means(
     k_mean_dot = torch.empty_like(k_mean, dtype=dot_dtype) if split else k_mean
     v_mean_dot = torch.empty_like(k_mean, dtype=dot_dtype)
     log_len = torch.empty((kb,), dtype=torch.float32, device=q.device)
+    block_amax = torch.empty_like(k_mean) if v_amax else log_len  # (B, H, Kb, D); a placeholder when not asked
     last = tk - (kb - 1) * BLOCK  # the last key block's length
     _MEANS[(b * h, max(qb, kb), 3)](
-        q, k, v, q_mean, k_mean, k_mean_dot, v_mean_dot, log_len,
+        q, k, v, q_mean, k_mean, k_mean_dot, v_mean_dot, log_len, block_amax,
         h, tq, tk, qb, kb, math.log(BLOCK), math.log(last),
         *q.stride(), *k.stride(), *v.stride(),
-        BLOCK=BLOCK, D=d, SPLIT=split, **({} if interpreting() else {"num_warps": MEANS_WARPS}),
+        BLOCK=BLOCK, D=d, SPLIT=split, V_AMAX=v_amax, **({} if interpreting() else {"num_warps": MEANS_WARPS}),
     )  # fmt: skip
-    return q_mean, k_mean, k_mean_dot, v_mean_dot, log_len
+    return Means(q_mean, k_mean, k_mean_dot, v_mean_dot, log_len, block_amax.amax(2) if v_amax else None)
 
 
 def check_tau(tau: float, sink_tokens: int) -> None:

@@ -250,8 +250,8 @@ def test_block_sparse_fused_means_within_fp32_sum_rounding(rng, tq, tk, batch, d
     q, k, v = _qkv(rng, tq, dtype, batch=batch, noncontiguous=True)
     if tk is not None:
         _, k, v = _qkv(rng, tk, dtype, batch=batch, noncontiguous=True)
-    q_mean, k_mean, k_mean_dot, v_mean, log_len = block_means(q, k, v, torch.float32)
-    assert k_mean_dot is k_mean and v_mean.dtype == torch.float32
+    q_mean, k_mean, k_mean_dot, v_mean, log_len, v_amax = block_means(q, k, v, torch.float32)
+    assert k_mean_dot is k_mean and v_mean.dtype == torch.float32 and v_amax is None
     eps = torch.finfo(torch.float32).eps
     for name, got, x in (("q", q_mean, q), ("k", k_mean, k), ("v", v_mean, v)):
         want = block_means_torch(x, BLOCK)[0]
@@ -267,11 +267,33 @@ def test_block_sparse_fused_means_bf16_copies_for_the_kernel(rng):
     for the routing: within one bf16 ulp (2**-7 relative) of the fp32 means (the interpreter's cast truncates;
     the GPU's rounds to nearest even, as torch's .to(bfloat16) does)."""
     q, k, v = _qkv(rng, 200, torch.bfloat16, batch=2, noncontiguous=True)
-    _, k_mean, k_mean_dot, v_mean_dot, _ = block_means(q, k, v, torch.bfloat16)
-    _, _, _, v_mean, _ = block_means(q, k, v, torch.float32)
-    assert k_mean.dtype == torch.float32 and k_mean_dot.dtype == v_mean_dot.dtype == torch.bfloat16
-    for got, want in ((k_mean_dot, k_mean), (v_mean_dot, v_mean)):
+    bf16 = block_means(q, k, v, torch.bfloat16)
+    fp32 = block_means(q, k, v, torch.float32)
+    assert bf16.k_mean.dtype == torch.float32 and bf16.k_mean_dot.dtype == bf16.v_mean_dot.dtype == torch.bfloat16
+    for got, want in ((bf16.k_mean_dot, bf16.k_mean), (bf16.v_mean_dot, fp32.v_mean_dot)):
         assert ((got.float() - want).abs() <= want.abs() * 2**-7).all(), f"seed {rng.initial_seed()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_sparse_means_v_amax_is_the_quantizers(rng, dtype):
+    """The means launch's v amax (each block's, then the max over blocks) equals torch's per-channel amax exactly on
+    a transposed view of odd length (a last block of 3 tokens), so `quantize` given it returns the bits it makes from
+    `torch.aminmax`; a NaN or an inf makes its channel's amax NaN."""
+    q, k, v = _qkv(rng, 3 * BLOCK + 3, dtype, batch=2, noncontiguous=True)
+    got = block_means(q, k, v, torch.float32, v_amax=True).v_amax
+    assert torch.equal(got, v.float().abs().amax(2)), f"seed {rng.initial_seed()}"
+    for pv in ("fp8", "int8"):
+        want = attention_quantize.quantize(q, k, v, pv)
+        given = attention_quantize.quantize(q, k, v, pv, v_amax=got)
+        for field in ("v", "v_scale", "q8", "k8"):  # compared as bytes: bit for bit
+            assert torch.equal(getattr(given, field).view(torch.uint8), getattr(want, field).view(torch.uint8)), field
+    v = v.clone()
+    v[1, 0, 2 * BLOCK + 1, 5] = float("nan")
+    v[0, 1, 7, 9] = float("inf")
+    got = block_means(q, k, v, torch.float32, v_amax=True).v_amax
+    bad = torch.zeros_like(got, dtype=torch.bool)
+    bad[1, 0, 5] = bad[0, 1, 9] = True
+    assert got[bad].isnan().all() and torch.equal(got[~bad], v.float().abs().amax(2)[~bad])
 
 
 @pytest.mark.parametrize(
