@@ -60,6 +60,13 @@ buffers, which producer warp w fills by TMA:
   bytes as the K and V buffers), the warpgroup's q rows in bf16 (their own tile), logits plus log2 of the block's
   length (-inf where the block is exact), P rounded to bf16 for a bf16 P.V dot, l from FADDs; then O / l.
 pv="int8" (INT8 P.V) is not qualified here (`attend_sparse`).
+`shared` (an option, off by default: measured against the default in the fp8-attention scenario's `launch_sweep`):
+one ring of `stages` (4) buffers for the CTA, which producer warp 0 fills with the steps of the union of its two
+query blocks' lists (`union_lists`: two neighbouring query blocks' lists mostly overlap, so each block is read from
+L2 once for both warpgroups instead of once for each) and then with the folded pass's tiles, once for both; each
+warpgroup runs every step, its keys of a block not in its own list masked like padding (P = 0), so its pairs are the
+union's (its P rounds against another step max than `visits` gives: the Triton kernel's output up to that rounding)
+and its running max starts at FLOOR instead of -inf (a step may hold none of its keys).
 
 `attend(z, out, tk, scale, **options)`: the host entry on torch tensors, compiled once per options and shapes (for
 sm_90a: `cute.compile(..., options="--gpu-arch sm_90a")`, so a CPU without a GPU builds it too) and launched on torch's
@@ -86,6 +93,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from workbench.kernels.attention_quantize import Quantized
 from workbench.kernels.block_sparse_attend import Plan
 from workbench.kernels.block_sparse_routing import BLOCK as SPARSE_BLOCK
+from workbench.kernels.block_sparse_routing import exact_lists
 from workbench.kernels.fp8_attention import LOG2E
 
 TILE_M = 128  # query rows a CTA: two consumer warpgroups of 64
@@ -96,6 +104,7 @@ LOG2_FP8_MAX = math.log2(448.0)
 LOG2_INT8_MAX = math.log2(127.0)
 _MAGIC = 12582912.0  # 1.5 * 2^23: fp32 steps of 1 from 2^23 to 2^24, so x + _MAGIC keeps round(x) in the low bits
 _BIAS = 0x4B400000  # the bits of _MAGIC as an int32
+_FLOOR = -1e30  # shared: the running max's start (log2 units), below any logit; -inf would make exp2(-inf + inf)
 
 # _P_FROM_S[a] = s: register a of the P.V operand (one 32-key k-block: 4 keys x 2 rows x 2 halves) takes accumulator
 # value s of the logits' fragment (2 columns x 2 rows x 4 groups of 8 columns of the same 32 keys). Slot 16g + 4t +
@@ -131,6 +140,12 @@ def _max_tree(values: list) -> Float32:
     return values[0]
 
 
+def _tma_tiles(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor) -> tuple:
+    """TMA's (shared, global) partitions of a tile's buffers and a tensor's tiles (one CTA, no multicast)."""
+    one = cute.make_layout(1)
+    return cpasync.tma_partition(atom, 0, one, cute.group_modes(smem, 0, 2), cute.group_modes(gmem, 0, 2))
+
+
 class Fp8AttentionSm90:
     """The kernel for one configuration: `qk_int8` (INT8 Q.K^T with int32 accumulation, else e4m3 with fp32) and
     `stages` (K/V ring buffers; 3: the fastest with e4m3 Q.K^T on the H200, within 2 % of 2 with int8). `cute.compile`
@@ -143,15 +158,22 @@ class Fp8AttentionSm90:
     against its running value, so a whole row's sum of P carried in it loses the small terms
     (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
-    def __init__(self, qk_int8: bool, stages: int | None = None, pv_int8: bool = False, sparse: bool = False):
+    def __init__(
+        self, qk_int8: bool, stages: int | None = None, pv_int8: bool = False, sparse: bool = False, shared: bool = False
+    ):  # fmt: skip
         """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `sparse`: block_sparse_attention
-        (module doc: block-sparse), `stages` K/V buffers a consumer warpgroup. `stages` defaults to 3, sparse 2
-        (what fits in shared memory beside the bf16 q tiles)."""
+        (module doc: block-sparse), `stages` K/V buffers a consumer warpgroup; `shared` (sparse): one ring for both
+        warpgroups over their lists' union (module doc). `stages` defaults to 3, sparse 2 (what fits in shared memory
+        beside the bf16 q tiles), shared 4."""
+        if shared and not sparse:
+            raise ValueError("Fp8AttentionSm90: shared is an option of the sparse kernel (sparse=True)")
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
-        self.stages = stages or (2 if sparse else 3)
+        self.stages = stages or (4 if shared else 2 if sparse else 3)
         self.sparse = sparse
-        self.rings = 2 if sparse else 1  # K/V rings: sparse, one a consumer warpgroup (each has its own key list)
+        self.shared = shared
+        # K/V rings: sparse, one a consumer warpgroup (each has its own key list), unless they share one
+        self.rings = 2 if sparse and not shared else 1
         self.key_block = SPARSE_BLOCK if sparse else TILE_N  # keys a TMA load: a 128-key stage is two sparse blocks
         # the P.V dot's N: v8's channels and the ones row (+ 7 zero rows; 15 for an INT8 dot, whose N is a multiple of
         # 16 past 32)
@@ -326,6 +348,7 @@ class Fp8AttentionSm90:
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # one arrive per consumer warp
         ring_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8 // self.rings)  # a ring's warps
+        warpgroup_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4)  # a bf16 q tile's warps
         q_bytes = cute.size_in_bytes(self.qk_dtype, cute.select(sQ_layout, mode=[0, 1]))
         k_bytes = cute.size_in_bytes(self.qk_dtype, cute.select(sK_layout, mode=[0, 1]))
         v_bytes = cute.size_in_bytes(self.v_dtype, cute.select(sV_load, mode=[0, 1])) * (TILE_N // self.key_block)
@@ -349,7 +372,7 @@ class Fp8AttentionSm90:
             sVm = storage.sV.get_tensor(sVm_layout.outer, swizzle=sVm_layout.inner, dtype=bf16)
             pipe_qb = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.bar_qb.data_ptr(), num_stages=2, producer_group=producer,
-                consumer_group=ring_consumers, tx_count=cute.size_in_bytes(bf16, cute.select(sQb_layout, mode=[0, 1])),
+                consumer_group=warpgroup_consumers, tx_count=cute.size_in_bytes(bf16, cute.select(sQb_layout, mode=[0, 1])),
                 defer_sync=True,
             )  # fmt: skip
             folded = (sQb, sKm, sVm, pipe_qb)
@@ -390,10 +413,9 @@ class Fp8AttentionSm90:
         gQ = cute.local_tile(mQ[None, None, h, b], (TILE_M, HEAD_DIM), (m_block, 0))
         gK = cute.local_tile(mK[None, None, h, b], (TILE_N, HEAD_DIM), (None, 0))  # (128, 128, tiles)
         gV = cute.local_tile(mV[None, None, h, b], (HEAD_DIM, TILE_N), (0, None))  # (128, 128, tiles)
-        one = cute.make_layout(1)
-        tQs, tQg = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-        tKs, tKg = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVs, tVg = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        tQs, tQg = _tma_tiles(tma_q, sQ, gQ)
+        tKs, tKg = _tma_tiles(tma_k, sK, gK)
+        tVs, tVg = _tma_tiles(tma_v, sV, gV)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         pipe_q.producer_acquire(q_state)
         cute.copy(tma_q, tQg, tQs[None, 0], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
@@ -410,31 +432,45 @@ class Fp8AttentionSm90:
         self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, m_block, h, b, tk, mIdx, mCount,
         ring, tma_qb, mQb, tma_km, mKm, tma_vm, mVm, folded,
     ):  # fmt: skip
-        """Sparse, producer warp `ring` for consumer warpgroup `ring`: its bf16 q tile; its query block's exact key
-        blocks (`steps`), two 64-key blocks a 128-key buffer of its ring (one block twice where a step has one: the
-        copy is masked, its bytes are real v8); then the mean keys and values of all key blocks, 64 a buffer, for
-        the folded pass. Warp 0 loads q8's tile first."""
+        """Sparse, producer warp `ring` (0 or 1) for consumer warpgroup `ring`: its bf16 q tile; then (warp 0 alone
+        when `shared`) its ring's steps (`steps` of the warpgroup's list, shared: of the CTA's union list), two 64-key
+        blocks a 128-key buffer (one block twice where a step has one: the copy is masked, its bytes are real v8), and
+        the mean keys and values of all key blocks, 64 a buffer, for the folded pass. Warp 0 loads q8's tile first."""
         sQb, sKm, sVm, pipe_qb = folded
-        one = cute.make_layout(1)
-
-        def partition(atom, smem, gmem):
-            return cpasync.tma_partition(atom, 0, one, cute.group_modes(smem, 0, 2), cute.group_modes(gmem, 0, 2))
-
-        tQs, tQg = partition(tma_q, sQ, cute.local_tile(mQ[None, None, h, b], (TILE_M, HEAD_DIM), (m_block, 0)))
+        tQs, tQg = _tma_tiles(tma_q, sQ, cute.local_tile(mQ[None, None, h, b], (TILE_M, HEAD_DIM), (m_block, 0)))
         if ring == 0:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_q, tQg, tQs[None, 0], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
         tile = (SPARSE_BLOCK, HEAD_DIM)
-        tQbs, tQbg = partition(tma_qb, sQb, cute.local_tile(mQb[None, None, h, b], tile, (None, 0)))
+        tQbs, tQbg = _tma_tiles(tma_qb, sQb, cute.local_tile(mQb[None, None, h, b], tile, (None, 0)))
         qb_state = pipeline.PipelineState(2, Int32(0), ring, Int32(1))  # a producer starts on phase 1 (empty)
         pipe_qb.producer_acquire(qb_state)
         cute.copy(
             tma_qb, tQbg[None, m_block * 2 + ring], tQbs[None, ring], tma_bar_ptr=pipe_qb.producer_get_barrier(qb_state)
         )
-        tKs, tKg = partition(tma_k, sK, cute.local_tile(mK[None, None, h, b], tile, (None, 0)))  # 64-key blocks
-        tVs, tVg = partition(tma_v, sV, cute.local_tile(mV[None, None, h, b], (HEAD_DIM, SPARSE_BLOCK), (0, None)))
-        block, n_steps, n_pairs = self.steps(mIdx, mCount, m_block * 2 + ring, h, b, tk)
+        if const_expr(self.shared):
+            if ring == 0:
+                self.fill_ring(
+                    tma_k, mK, tma_v, mV, sK, sV, pipe_k, pipe_v, h, b, tk, mIdx, mCount, m_block, 0,
+                    tma_km, mKm, tma_vm, mVm, sKm, sVm,
+                )  # fmt: skip
+        else:
+            self.fill_ring(
+                tma_k, mK, tma_v, mV, sK, sV, pipe_k, pipe_v, h, b, tk, mIdx, mCount, m_block * 2 + ring, ring,
+                tma_km, mKm, tma_vm, mVm, sKm, sVm,
+            )  # fmt: skip
+
+    @cute.jit
+    def fill_ring(
+        self, tma_k, mK, tma_v, mV, sK, sV, pipe_k, pipe_v, h, b, tk, mIdx, mCount, row, ring,
+        tma_km, mKm, tma_vm, mVm, sKm, sVm,
+    ):  # fmt: skip
+        """Sparse: ring `ring`'s loads, the steps of list `row` of mIdx / mCount, then the folded pass's tiles."""
+        tile = (SPARSE_BLOCK, HEAD_DIM)
+        tKs, tKg = _tma_tiles(tma_k, sK, cute.local_tile(mK[None, None, h, b], tile, (None, 0)))  # 64-key blocks
+        tVs, tVg = _tma_tiles(tma_v, sV, cute.local_tile(mV[None, None, h, b], (HEAD_DIM, SPARSE_BLOCK), (0, None)))
+        block, n_steps, n_pairs = self.steps(mIdx, mCount, row, h, b, tk)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for t in cutlass.range(n_steps, unroll=1):
             first, second, _ = self.step_blocks(mIdx, block, h, b, t, n_pairs)
@@ -448,8 +484,8 @@ class Fp8AttentionSm90:
             cute.copy(tma_v, tVg[None, first], tVs[None, 2 * slot.index], tma_bar_ptr=bar)
             cute.copy(tma_v, tVg[None, second], tVs[None, 2 * slot.index + 1], tma_bar_ptr=bar)
             state.advance()
-        tKms, tKmg = partition(tma_km, sKm, cute.local_tile(mKm[None, None, h, b], tile, (None, 0)))
-        tVms, tVmg = partition(tma_vm, sVm, cute.local_tile(mVm[None, None, h, b], tile, (None, 0)))
+        tKms, tKmg = _tma_tiles(tma_km, sKm, cute.local_tile(mKm[None, None, h, b], tile, (None, 0)))
+        tVms, tVmg = _tma_tiles(tma_vm, sVm, cute.local_tile(mVm[None, None, h, b], tile, (None, 0)))
         for c in cutlass.range(cute.ceil_div(cute.size(mKm, mode=[0]), SPARSE_BLOCK), unroll=1):
             slot = self.ring_slot(state, ring)
             pipe_k.producer_acquire(slot)
@@ -487,7 +523,8 @@ class Fp8AttentionSm90:
         ctid, m_block, h, b, n_tiles, mIdx, mCount, mMask, mLogLen, folded,
     ):  # fmt: skip
         """The two consumer warpgroups (module doc): ctid in 0..255. Sparse: warpgroup w runs query block
-        2 * m_block + w over its exact list from ring w, then the folded pass (module doc: block-sparse)."""
+        2 * m_block + w over its exact list from ring w (shared: over the CTA's union list from the one ring), then
+        the folded pass (module doc: block-sparse)."""
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # O (pv_int8: the tile's product after k-block 0) accumulates
         if const_expr(self.pv_int8):  # the same dot that overwrites its accumulator: each tile's first k-block
             self.pv_zero = self._mmas()[1]
@@ -511,7 +548,7 @@ class Fp8AttentionSm90:
         alpha = cute.make_rmem_tensor((2,), Float32)
         beta = cute.make_rmem_tensor((2,), Float32)  # pv_int8: P_max of the tile just made into P
         weight = cute.make_rmem_tensor((2,), Float32)  # pv_int8: P_max of the tile whose P.V is in acc_r
-        m.fill(-Float32.inf)
+        m.fill(Float32(_FLOOR) if const_expr(self.shared) else -Float32.inf)
         l.fill(0.0)
         lane_col = 2 * (ctid % 4)  # this thread's first key column within each group of 8
         q_factor = mQs[m_block, h, b] * qk_scale
@@ -522,37 +559,42 @@ class Fp8AttentionSm90:
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
 
         wg = ctid // 128  # this consumer warpgroup: 0 or 1
-        n_steps, n_pairs, block = n_tiles, None, None
+        ring = 0 if const_expr(self.shared) else wg  # the ring it consumes (sparse)
+        n_steps, n_pairs, block, mine = n_tiles, None, None, None
         if const_expr(self.sparse):
-            block, n_steps, n_pairs = self.steps(mIdx, mCount, m_block * 2 + wg, h, b, tk)
+            # the list it steps through (shared: the CTA's union) and its own query block (the last one again for
+            # the last CTA's second warpgroup when Qb is odd)
+            row = m_block if const_expr(self.shared) else m_block * 2 + wg
+            block, n_steps, n_pairs = self.steps(mIdx, mCount, row, h, b, tk)
+            mine = cutlass.min(m_block * 2 + wg, cute.size(mMask, mode=[1]) - 1)
 
         # tile 0: its logits and softmax, no P.V yet
         step = self.step(mIdx, block, h, b, 0, n_pairs)
-        pipe_k.consumer_wait(self.slot(k_state, wg))
-        self.logits(qk_mma, acc_s, rQ, rK, self.slot(k_state, wg))
+        pipe_k.consumer_wait(self.slot(k_state, ring))
+        self.logits(qk_mma, acc_s, rQ, rK, self.slot(k_state, ring))
         warpgroup.wait_group(0)
-        pipe_k.consumer_release(self.slot(k_state, wg))
+        pipe_k.consumer_release(self.slot(k_state, ring))
         k_state.advance()
-        self.softmax(
-            acc_s, p, m, alpha, beta, self.factors(mKs, q_factor, step, h, b), self.limits(tk, step), lane_col, True
-        )
+        factors = self.factors(mKs, q_factor, step, h, b)
+        self.softmax(acc_s, p, m, alpha, beta, factors, self.limits(tk, step, mMask, mine, h, b), lane_col, True)
         self.to_operand(p, p32, p8)
         for j in cutlass.range(1, n_steps, unroll=1):
             step = self.step(mIdx, block, h, b, j, n_pairs)
             factors = self.factors(mKs, q_factor, step, h, b)
             # P_{j-1}.V_{j-1} runs under tile j's softmax
-            pipe_k.consumer_wait(self.slot(k_state, wg))
-            self.logits(qk_mma, acc_s, rQ, rK, self.slot(k_state, wg))
-            pipe_v.consumer_wait(self.slot(v_state, wg))
+            pipe_k.consumer_wait(self.slot(k_state, ring))
+            self.logits(qk_mma, acc_s, rQ, rK, self.slot(k_state, ring))
+            pipe_v.consumer_wait(self.slot(v_state, ring))
             if const_expr(self.pv_int8):
                 weight[0], weight[1] = beta[0], beta[1]
-            self.values(pv_mma, acc_r, p8, rV, self.slot(v_state, wg))
+            self.values(pv_mma, acc_r, p8, rV, self.slot(v_state, ring))
             warpgroup.wait_group(1)  # the logits are in; P.V still runs
-            pipe_k.consumer_release(self.slot(k_state, wg))
+            pipe_k.consumer_release(self.slot(k_state, ring))
             k_state.advance()
-            self.softmax(acc_s, p, m, alpha, beta, factors, self.limits(tk, step), lane_col, False)
+            limits = self.limits(tk, step, mMask, mine, h, b)
+            self.softmax(acc_s, p, m, alpha, beta, factors, limits, lane_col, False)
             warpgroup.wait_group(0)
-            pipe_v.consumer_release(self.slot(v_state, wg))
+            pipe_v.consumer_release(self.slot(v_state, ring))
             v_state.advance()
             if const_expr(not self.pv_int8):
                 for r in cutlass.range_constexpr(2):  # the ones channel holds tile j-1's sum only: into fp32 l, zeroed
@@ -562,24 +604,24 @@ class Fp8AttentionSm90:
             if const_expr(self.pv_int8):  # O += R * P_max * alpha, the ones channel (l) alike
                 self.fold(acc_o, acc_r, weight)
             self.to_operand(p, p32, p8)
-        pipe_v.consumer_wait(self.slot(v_state, wg))
-        self.values(pv_mma, acc_r, p8, rV, self.slot(v_state, wg))
+        pipe_v.consumer_wait(self.slot(v_state, ring))
+        self.values(pv_mma, acc_r, p8, rV, self.slot(v_state, ring))
         warpgroup.wait_group(0)
-        pipe_v.consumer_release(self.slot(v_state, wg))
+        pipe_v.consumer_release(self.slot(v_state, ring))
         if const_expr(self.pv_int8):
             self.fold(acc_o, acc_r, beta)
         if const_expr(self.sparse):
             v_state.advance()  # the folded pass goes on in the same ring
             self.fold_pass(
                 acc_o, l, m, alpha, mVs, mO, mMask, mLogLen, folded, pipe_k, pipe_v, k_state, v_state, pv_thr,
-                qk_scale, block, wg, ctid % 128, m_block, h, b,
+                qk_scale, mine, wg, ring, ctid % 128, m_block, h, b,
             )  # fmt: skip
         else:
             self.epilogue(acc_o, l, mVs, mO, pv_thr, m_block, h, b)
 
-    def slot(self, state: pipeline.PipelineState, wg) -> pipeline.PipelineState:
-        """The pipelines' state of a consumer's position `state`: itself, or (sparse) in warpgroup wg's ring."""
-        return self.ring_slot(state, wg) if self.sparse else state
+    def slot(self, state: pipeline.PipelineState, ring) -> pipeline.PipelineState:
+        """The pipelines' state of a consumer's position `state`: itself, or (sparse) in ring `ring`."""
+        return self.ring_slot(state, ring) if self.sparse else state
 
     def step(self, mIdx, block, h, b, j, n_pairs):
         """Key tile j, or (sparse) step j's (first, second, pair) (`step_blocks`)."""
@@ -592,11 +634,16 @@ class Fp8AttentionSm90:
             return tuple(q_factor * mKs[block // 2, h, b] for block in step[:2])
         return (q_factor * mKs[step, h, b],)
 
-    def limits(self, tk, step) -> tuple:
+    def limits(self, tk, step, mMask, mine, h, b) -> tuple:
         """A tile's (`step`'s) key limits, one per factor: its keys at or past a limit weigh nothing (past tk, or
-        the second block of a one-block step)."""
+        the second block of a one-block step; shared: a block not in query block `mine`'s list, from mMask)."""
         if self.sparse:
             first, second, pair = step
+            if self.shared:  # 1 where the block is in query block `mine`'s list
+                return (
+                    (tk - first * SPARSE_BLOCK) * Int32(mMask[first, mine, h, b] != 0),
+                    (tk - second * SPARSE_BLOCK) * pair * Int32(mMask[second, mine, h, b] != 0),
+                )
             return (tk - first * SPARSE_BLOCK, (tk - second * SPARSE_BLOCK) * pair)
         return (tk - step * TILE_N,)
 
@@ -687,6 +734,8 @@ class Fp8AttentionSm90:
             alpha[r] = Float32(1.0) if const_expr(first) else _ex2(m[r] - m_new)
             m[r] = m_new
             if const_expr(self.pv_int8):
+                if const_expr(self.shared):  # a step with none of the row's keys: P = 0 (not NaN), beta 0 or 1
+                    top = cute.arch.fmax(top, Float32(_FLOOR))
                 beta[r] = _ex2(top - m_new)
                 shift = top - LOG2_INT8_MAX
             else:
@@ -735,11 +784,12 @@ class Fp8AttentionSm90:
     @cute.jit
     def fold_pass(
         self, acc_o, l, m, alpha, mVs, mO, mMask, mLogLen, folded, pipe_k, pipe_v,  # noqa: E741
-        k_state, v_state, pv_thr, qk_scale, block, wg, tid, m_block, h, b,
+        k_state, v_state, pv_thr, qk_scale, block, wg, ring, tid, m_block, h, b,
     ):  # fmt: skip
-        """Sparse: after warpgroup wg's exact blocks, O and l in real units (O times v's per-channel scale, l less
-        its factor 448 or 127), then the online softmax over every key block's pseudo-key, 64 a step in bf16 as
-        block_sparse_attend's folded pass does (module doc: block-sparse), then O / l into mO. tid in 0..127."""
+        """Sparse: after warpgroup wg's exact blocks (of query block `block`), O and l in real units (O times v's
+        per-channel scale, l less its factor 448 or 127), then the online softmax over every key block's pseudo-key,
+        64 a step in bf16 from ring `ring` as block_sparse_attend's folded pass does (module doc: block-sparse), then
+        O / l into mO. tid in 0..127."""
         sQb, sKm, sVm, pipe_qb = folded
         bf16 = cutlass.BFloat16
         qk = sm90.make_trivial_tiled_mma(
@@ -782,7 +832,7 @@ class Fp8AttentionSm90:
                     bias[j] = -Float32.inf
                 if mMask[kept, block, h, b] != 0:
                     bias[j] = -Float32.inf
-            slot = self.ring_slot(k_state, wg)
+            slot = self.ring_slot(k_state, ring)
             pipe_k.consumer_wait(slot)
             warpgroup.fence()
             qk.set(warpgroup.Field.ACCUMULATE, False)
@@ -809,7 +859,7 @@ class Fp8AttentionSm90:
             for i in cutlass.range_constexpr(cute.size(p32)):
                 p32[i] = acc_s[i]
             p16.store(p32.load().to(bf16))
-            slot = self.ring_slot(v_state, wg)
+            slot = self.ring_slot(v_state, ring)
             pipe_v.consumer_wait(slot)
             warpgroup.fence()
             pv.set(warpgroup.Field.ACCUMULATE, False)
@@ -892,12 +942,22 @@ def attend_sparse(
         raise ValueError(
             f"fp8_attention_sm90.attend_sparse: pv {z.pv!r} is not qualified on this kernel; allowed: ['fp8']"
         )
-    tensors = (out, z.q8, z.k8, z.v, route.idx, route.count, route.mask, q, route.k_mean, route.v_mean, route.log_len)
+    idx, count = union_lists(route.mask) if options.get("shared") else (route.idx, route.count)
+    tensors = (out, z.q8, z.k8, z.v, idx, count, route.mask, q, route.k_mean, route.v_mean, route.log_len)
     sparse = [
-        from_dlpack(route.idx.permute(3, 2, 1, 0), assumed_align=4),
-        from_dlpack(route.count.permute(2, 1, 0), assumed_align=4),
+        from_dlpack(idx.permute(3, 2, 1, 0), assumed_align=4),
+        from_dlpack(count.permute(2, 1, 0), assumed_align=4),
         from_dlpack(route.mask.view(torch.uint8).permute(3, 2, 1, 0), assumed_align=1),
         from_dlpack(route.log_len, assumed_align=4),
         *(from_dlpack(x.permute(2, 3, 1, 0), assumed_align=16) for x in (q, route.k_mean, route.v_mean)),
     ]
     _run(z, operands(z, out) + sparse, tensors, tk, route.scale, stream, True, options)
+
+
+def union_lists(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `shared` build's lists: for each CTA, query blocks 2m and 2m + 1 of the (B, H, Qb, Kb) mask, the ascending
+    exact key blocks of either (of the last alone when Qb is odd), as `exact_lists` gives them: idx int32 (B, H,
+    ceil(Qb / 2), Kb) and count int32 (B, H, ceil(Qb / 2))."""
+    if mask.shape[2] % 2:
+        mask = torch.cat([mask, mask[:, :, -1:]], 2)
+    return exact_lists((mask[:, :, 0::2] | mask[:, :, 1::2]).contiguous())

@@ -18,6 +18,7 @@ from workbench.kernels.block_sparse_attention import DEFAULT, block_sparse_atten
 
 D = 128
 CONFIGS = ({}, {"stages": 2})  # the default (3 K/V stages), and 2
+SPARSE_CONFIGS = ({}, {"shared": True})  # the block-sparse default (a ring a warpgroup), and one ring for both
 
 
 @pytest.mark.parametrize(("qk", "pv"), [("e4m3", "fp8"), ("int8", "fp8"), ("int8", "int8")])
@@ -34,8 +35,9 @@ def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk, pv):
         with pytest.raises(ValueError, match=r"attend_sparse: pv 'int8' is not qualified on this kernel; allowed"):
             sm90.attend_sparse(z, q, route, 300, torch.empty_like(q))
         return
-    sm90.attend_sparse(z, q, route, 300, torch.empty_like(q))
-    assert len(sm90._COMPILED) == before + len(CONFIGS) + 1
+    for config in SPARSE_CONFIGS:
+        sm90.attend_sparse(z, q, route, 300, torch.empty_like(q), **config)
+    assert len(sm90._COMPILED) == before + len(CONFIGS) + len(SPARSE_CONFIGS)
 
 
 def _sm90_qkv(monkeypatch, rng, shape: tuple[int, int, int]) -> tuple[int, tuple[torch.Tensor, ...]]:
@@ -80,14 +82,15 @@ def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90
     ("shape", "tau"),
     [((1, 3, 300), 0.5), ((2, 2, 1061), 0.0), ((1, 2, 1000), -float("inf")), ((1, 2, 1000), float("inf"))],
 )
-def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, rng, qk, pv, shape, tau):
+@pytest.mark.parametrize("config", SPARSE_CONFIGS)
+def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, rng, qk, pv, shape, tau, config):
     """`attend_sparse` (block_sparse_attention in low precision wholly in the CuTe kernel: exact blocks, then the
     folded pass in bf16) against block_sparse_attention through the Triton kernel (a launch given) on the same
-    routing and operands: the same visits (pairs, an odd one out, the ragged last block alone), the same maths up to
-    fp32 order and l (summed from P as rounded here); relative L2 below 5e-3, as the dense kernel. Shapes with an odd
-    number of query blocks (5, 17: a warpgroup with none), ragged last key blocks, lists of one step (tau inf: the
-    band and the sinks only, most blocks folded) to all blocks. block_sparse_attention runs it by default for
-    block_sparse_attend.SM90_PAIRS."""
+    routing and operands: the same visits (pairs, an odd one out, the ragged last block alone; `shared`: the union
+    list's, other blocks masked), the same maths up to fp32 order and l (summed from P as rounded here); relative L2
+    below 5e-3, as the dense kernel. Shapes with an odd number of query blocks (5, 17: a warpgroup with none), ragged
+    last key blocks, lists of one step (tau inf: the band and the sinks only, most blocks folded) to all blocks.
+    block_sparse_attention runs the default build by default for block_sparse_attend.SM90_PAIRS."""
     seed, (q, k, v) = _sm90_qkv(monkeypatch, rng, shape)
     t = shape[2]
     k = k + 1.0
@@ -95,9 +98,9 @@ def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, 
     route = plan(q, k, v, tau, 64)
     route = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
     got = torch.empty_like(q)
-    sm90.attend_sparse(z, q, route, t, got)
+    sm90.attend_sparse(z, q, route, t, got, **config)
     want = block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv, launch=DEFAULT)
     rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
     assert rel < 5e-3, f"seed {seed}: {rel}"
-    if (qk, pv) in block_sparse_attend.SM90_PAIRS:
+    if (qk, pv) in block_sparse_attend.SM90_PAIRS and not config:
         assert torch.equal(block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv), got)
