@@ -159,7 +159,8 @@ class Fp8AttentionSm90:
     (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
     def __init__(
-        self, qk_int8: bool, stages: int | None = None, pv_int8: bool = False, sparse: bool = False, shared: bool = False
+        self, qk_int8: bool, stages: int | None = None, pv_int8: bool = False, sparse: bool = False,
+        shared: bool = False,
     ):  # fmt: skip
         """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `sparse`: block_sparse_attention
         (module doc: block-sparse), `stages` K/V buffers a consumer warpgroup; `shared` (sparse): one ring for both
@@ -791,25 +792,19 @@ class Fp8AttentionSm90:
         64 a step in bf16 from ring `ring` as block_sparse_attend's folded pass does (module doc: block-sparse), then
         O / l into mO. tid in 0..127."""
         sQb, sKm, sVm, pipe_qb = folded
-        bf16 = cutlass.BFloat16
-        qk = sm90.make_trivial_tiled_mma(
-            bf16, bf16, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), tiler_mn=(64, SPARSE_BLOCK)
-        )
-        pv = sm90.make_trivial_tiled_mma(
-            bf16, bf16, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1),
-            tiler_mn=(64, HEAD_DIM), a_source=warpgroup.OperandSource.RMEM,
-        )  # fmt: skip
-        qk_thr, pv_one = qk.get_slice(tid), pv.get_slice(tid)
-        rQ = qk.make_fragment_A(qk_thr.partition_A(sQb))  # (.., k-blocks of 16, 2 warpgroups' tiles)
-        rK = qk.make_fragment_B(qk_thr.partition_B(sKm))  # (.., k-blocks, buffers): mean keys (64, 128)
+        (qk0, pv0), (qk1, pv1) = self._fold_mmas(False), self._fold_mmas(True)
+        qk, pv = (qk0, qk1), (pv0, pv1)  # each dot's first k-block (overwrites), then the rest (accumulate)
+        qk_thr, pv_one = qk1.get_slice(tid), pv1.get_slice(tid)
+        rQ = qk1.make_fragment_A(qk_thr.partition_A(sQb))  # (.., k-blocks of 16, 2 warpgroups' tiles)
+        rK = qk1.make_fragment_B(qk_thr.partition_B(sKm))  # (.., k-blocks, buffers): mean keys (64, 128)
         buffers = cute.size(sVm, mode=[2])
         sVt = cute.composition(sVm, cute.make_ordered_layout((HEAD_DIM, SPARSE_BLOCK, buffers), order=(1, 0, 2)))
-        rV = pv.make_fragment_B(pv_one.partition_B(sVt))  # mean values as (128 channels, 64 keys), MN-major
+        rV = pv1.make_fragment_B(pv_one.partition_B(sVt))  # mean values as (128 channels, 64 keys), MN-major
         acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((64, SPARSE_BLOCK)), Float32)  # ((2,2,8),1,1)
         acc_f = cute.make_rmem_tensor(pv_one.partition_shape_C((64, HEAD_DIM)), Float32)  # ((2,2,16),1,1)
         p_shape = pv_one.partition_shape_A((64, SPARSE_BLOCK))  # ((2,2,2),1,4): acc_s's order, 16 keys a k-block
         p32 = cute.make_rmem_tensor(p_shape, Float32)
-        p16 = pv.make_fragment_A(p_shape)
+        p16 = pv1.make_fragment_A(p_shape)
         bias = cute.make_rmem_tensor((16,), Float32)  # this thread's 16 pseudo-keys' logit bias
         tOc = pv_thr.partition_C(cute.make_identity_tensor((TILE_M, self.v_rows)))  # (row, channel) in the tile
         for i in cutlass.range_constexpr(64):  # O's 128 real channels (value i of acc_f is value i of acc_o)
@@ -821,52 +816,21 @@ class Fp8AttentionSm90:
                 l[r] = (l[r] + acc_o[64 + 2 * r]) / Float32(448.0)
         pipe_qb.consumer_wait(pipeline.PipelineState(2, Int32(0), wg, Int32(0)))
         n_blocks = cute.size(mMask, mode=[0])
+        n_chunks = cute.ceil_div(n_blocks, SPARSE_BLOCK)
         lane_col = 2 * (tid % 4)
-        for c in cutlass.range(cute.ceil_div(n_blocks, SPARSE_BLOCK), unroll=1):
-            # log2(length) of each folded key block; -inf for exact blocks and past the last block
-            for j in cutlass.range_constexpr(16):
-                key = c * SPARSE_BLOCK + lane_col + j % 2 + 8 * (j // 2)
-                kept = cutlass.min(key, n_blocks - 1)
-                bias[j] = mLogLen[kept] * Float32(LOG2E)
-                if key >= n_blocks:
-                    bias[j] = -Float32.inf
-                if mMask[kept, block, h, b] != 0:
-                    bias[j] = -Float32.inf
+        for c in cutlass.range(n_chunks, unroll=1):
+            self.fold_bias(bias, mLogLen, mMask, c, n_blocks, lane_col, block, h, b)
             slot = self.ring_slot(k_state, ring)
             pipe_k.consumer_wait(slot)
-            warpgroup.fence()
-            qk.set(warpgroup.Field.ACCUMULATE, False)
-            for kb in cutlass.range_constexpr(HEAD_DIM // 16):
-                cute.gemm(qk, acc_s, rQ[None, None, kb, wg], rK[None, None, kb, slot.index], acc_s)
-                qk.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.commit_group()
+            self.fold_logits(qk, acc_s, rQ, rK, slot, wg)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(slot)
             k_state.advance()
-            for i in cutlass.range_constexpr(cute.size(acc_s)):
-                acc_s[i] = acc_s[i] * qk_scale + bias[i % 2 + 2 * (i // 4)]
-            for r in cutlass.range_constexpr(2):
-                mine = [i for i in range(cute.size(acc_s)) if (i // 2) % 2 == r]  # this row's 16 values
-                top = _max_tree([acc_s[i] for i in mine])
-                top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=1))
-                top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=2))
-                m_new = cute.arch.fmax(m[r], top)  # finite: every query block has an exact block
-                alpha[r] = _ex2(m[r] - m_new)
-                m[r] = m_new
-                for i in mine:
-                    acc_s[i] = _ex2(acc_s[i] - m_new)
-                l[r] = l[r] * alpha[r] + _sum_tree([acc_s[i] for i in mine])
-            for i in cutlass.range_constexpr(cute.size(p32)):
-                p32[i] = acc_s[i]
-            p16.store(p32.load().to(bf16))
+            self.fold_softmax(acc_s, bias, m, l, alpha, qk_scale)
+            self.fold_operand(acc_s, p32, p16)
             slot = self.ring_slot(v_state, ring)
             pipe_v.consumer_wait(slot)
-            warpgroup.fence()
-            pv.set(warpgroup.Field.ACCUMULATE, False)
-            for kb in cutlass.range_constexpr(SPARSE_BLOCK // 16):
-                cute.gemm(pv, acc_f, p16[None, None, kb], rV[None, None, kb, slot.index], acc_f)
-                pv.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.commit_group()
+            self.fold_values(pv, acc_f, p16, rV, slot)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(slot)
             v_state.advance()
@@ -883,6 +847,75 @@ class Fp8AttentionSm90:
             row = row + m_block * TILE_M
             if row < rows:
                 mO[row, col, h, b] = (acc_o[i] * inv[(i // 2) % 2]).to(cutlass.BFloat16)
+
+    @cute.jit
+    def fold_bias(self, bias, mLogLen, mMask, c, n_blocks, lane_col, block, h, b):
+        """The folded pass's chunk c: this thread's 16 pseudo-keys' logit bias, log2 of each key block's length,
+        -inf for the blocks exact for query block `block` and past the last block."""
+        for j in cutlass.range_constexpr(16):
+            key = c * SPARSE_BLOCK + lane_col + j % 2 + 8 * (j // 2)
+            kept = cutlass.min(key, n_blocks - 1)
+            bias[j] = mLogLen[kept] * Float32(LOG2E)
+            if key >= n_blocks:
+                bias[j] = -Float32.inf
+            if mMask[kept, block, h, b] != 0:
+                bias[j] = -Float32.inf
+
+    def _fold_mmas(self, accumulate: bool) -> tuple[cute.TiledMma, cute.TiledMma]:
+        """The folded pass's bf16 dots, one warpgroup each: q . mean_k^T (64 x 64) and P . mean_v (64 x 128, P from
+        registers), accumulating or not (`accumulate`): a dot's first k-block overwrites, the rest accumulate."""
+        bf16, k_major = cutlass.BFloat16, OperandMajorMode.K
+        qk = sm90.make_trivial_tiled_mma(bf16, bf16, k_major, k_major, Float32, (1, 1, 1), tiler_mn=(64, SPARSE_BLOCK))
+        pv = sm90.make_trivial_tiled_mma(
+            bf16, bf16, k_major, OperandMajorMode.MN, Float32, (1, 1, 1),
+            tiler_mn=(64, HEAD_DIM), a_source=warpgroup.OperandSource.RMEM,
+        )  # fmt: skip
+        for mma in (qk, pv):
+            mma.set(warpgroup.Field.ACCUMULATE, accumulate)
+        return qk, pv
+
+    @cute.jit
+    def fold_logits(self, qk, acc_s, rQ, rK, slot, wg):
+        """Issue the folded pass's S = q . mean_k^T (bf16) on the mean keys in slot's buffer (committed); qk: the
+        dot's (first k-block, rest) (`_fold_mmas`)."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(HEAD_DIM // 16):
+            cute.gemm(qk[min(kb, 1)], acc_s, rQ[None, None, kb, wg], rK[None, None, kb, slot.index], acc_s)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def fold_softmax(self, acc_s, bias, m, l, alpha, qk_scale):  # noqa: E741
+        """The folded pass's online softmax on a chunk's logits in acc_s, in place: P = exp2(s * scale + bias - m),
+        m and l (this thread's part of the row sum) updated, alpha (the rescale of O) set."""
+        for i in cutlass.range_constexpr(cute.size(acc_s)):
+            acc_s[i] = acc_s[i] * qk_scale + bias[i % 2 + 2 * (i // 4)]
+        for r in cutlass.range_constexpr(2):
+            mine = [i for i in range(cute.size(acc_s)) if (i // 2) % 2 == r]  # this row's 16 values
+            top = _max_tree([acc_s[i] for i in mine])
+            top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=1))
+            top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=2))
+            m_new = cute.arch.fmax(m[r], top)  # finite: every query block has an exact block
+            alpha[r] = _ex2(m[r] - m_new)
+            m[r] = m_new
+            for i in mine:
+                acc_s[i] = _ex2(acc_s[i] - m_new)
+            l[r] = l[r] * alpha[r] + _sum_tree([acc_s[i] for i in mine])
+
+    @cute.jit
+    def fold_operand(self, acc_s, p32, p16):
+        """The folded pass's P (fp32 in acc_s) to its P.V operand in bf16 (the same fragment order)."""
+        for i in cutlass.range_constexpr(cute.size(p32)):
+            p32[i] = acc_s[i]
+        p16.store(p32.load().to(cutlass.BFloat16))
+
+    @cute.jit
+    def fold_values(self, pv, acc_f, p16, rV, slot):
+        """Issue the folded pass's acc_f = P . mean_v (bf16, a fresh accumulator) on slot's buffer (committed); pv: the
+        dot's (first k-block, rest)."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(SPARSE_BLOCK // 16):
+            cute.gemm(pv[min(kb, 1)], acc_f, p16[None, None, kb], rV[None, None, kb, slot.index], acc_f)
+        warpgroup.commit_group()
 
 
 def operands(z: Quantized, out: torch.Tensor) -> list:
