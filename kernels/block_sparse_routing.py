@@ -92,9 +92,9 @@ def _block_means_qkv(
             v_mean = tl.fdiv(tl.reduce(x.to(tl.float32), 0, tl.standard._sum_combine), n, ieee_rounding=True)
             tl.store(vm_dot_ptr + out, v_mean.to(vm_dot_ptr.dtype.element_ty))
             if V_AMAX:  # rows past Tk are zeros; a sum of x * 0 is NaN iff a NaN or inf is there (max skips NaN)
-                x = x.to(tl.float32)
-                amax = tl.reduce(tl.abs(x), 0, tl.standard._elementwise_max)
-                tl.store(vamax_ptr + out, amax + tl.reduce(x * 0.0, 0, tl.standard._sum_combine))
+                xf = x.to(tl.float32)
+                amax = tl.reduce(tl.abs(xf), 0, tl.standard._elementwise_max)
+                tl.store(vamax_ptr + out, amax + tl.reduce(xf * 0.0, 0, tl.standard._sum_combine))
 
 
 def _compact(mask_ptr, idx_ptr, count_ptr, KB, KB_P2: tl.constexpr):
