@@ -3,9 +3,10 @@ q, the mean-smoothed k and v turned into the int8 / e4m3 operands and scales the
 
 The maths (`quantize_reference` in torch ops; `quantize` the same in Triton, one read of each tensor):
 1. Key smoothing: `k <- k - key_mean(k)` per (batch, head), with `key_mean` the fp32 mean over tokens (torch's
-   reduction, shared by both paths). Every logit of one query row moves by the same `q . mean(k)`, so the softmax is
-   unchanged in exact maths; what it removes is the common offset trained keys carry, which would otherwise set every
-   block's scale and leave the per-token part a few quantization steps.
+   reduction, shared by both paths) or a vector the caller gives (block_sparse: the mean of its block means). Every
+   logit of one query row moves by the same `q . mean(k)`, so the softmax is unchanged in exact maths; what it
+   removes is the common offset trained keys carry, which would otherwise set every block's scale and leave the
+   per-token part a few quantization steps.
 2. q and the smoothed k per block of QUANT_BLOCK = 128 tokens, symmetric, one fp32 scale a block
    `max(amax(|block|), EPS) / top` (IEEE division), value `clamp(x / scale, -top, top)` (IEEE division) rounded to
    nearest even: qk="int8" top = 127, int8 values (SageAttention's choice); qk="e4m3" top = 448, e4m3 values. Tokens
@@ -132,12 +133,20 @@ def _blocks(x: torch.Tensor, qk: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8", smooth: bool = True, qk: str = "e4m3"
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pv: str = "fp8",
+    smooth: bool = True,
+    qk: str = "e4m3",
+    k_mean: torch.Tensor | None = None,
 ) -> Quantized:
     """Steps 1-3 of the module doc in torch ops on q (B, H, Tq, 128), k and v (B, H, Tk, 128) (`smooth=False`
-    skips the key smoothing: for comparisons)."""
+    skips the key smoothing: for comparisons; `k_mean` (B, H, 1, 128) fp32: the smoothing vector, else
+    `key_mean(k)`)."""
     q8, q_scale = _blocks(q.float(), qk)
-    k_mean = key_mean(k) if smooth else torch.zeros_like(k[:, :, :1], dtype=torch.float32)
+    if k_mean is None:
+        k_mean = key_mean(k) if smooth else torch.zeros_like(k[:, :, :1], dtype=torch.float32)
     k8, k_scale = _blocks(k.float() - k_mean, qk)
     if pv == "bf16":
         return Quantized(q8, q_scale, k8, k_scale, _bf16_v(v), None, pv, qk, k_mean)
@@ -246,13 +255,15 @@ def quantize(
     v: torch.Tensor,
     pv: str = "fp8",
     qk: str = "e4m3",
+    k_mean: torch.Tensor | None = None,
     v_amax: torch.Tensor | None = None,
 ) -> Quantized:
-    """`quantize_reference(q, k, v, pv, qk=qk)`, bit for bit, in Triton (module doc): q (B, H, Tq, 128), k and v
-    (B, H, Tk, 128) of one float dtype and any strides, on a CUDA device or the CPU under the interpreter. `v_amax`:
-    v's per-channel max of |v| over tokens (B, H, D) fp32 contiguous where the caller has it (block_sparse's plan,
-    `block_sparse_routing.block_means`), which saves the read of v by `torch.aminmax` (one-byte pv). No checks of
-    shapes and dtypes: the attention functions are the checked entries."""
+    """`quantize_reference(q, k, v, pv, qk=qk, k_mean=k_mean)`, bit for bit, in Triton (module doc): q (B, H, Tq,
+    128), k and v (B, H, Tk, 128) of one float dtype and any strides, on a CUDA device or the CPU under the
+    interpreter. Statistics a caller already has (block_sparse's plan, `block_sparse_routing.block_means`), each
+    saving a read of k or v: `k_mean` (B, H, 1, 128) fp32 contiguous, the smoothing vector (else `key_mean(k)`);
+    `v_amax` (B, H, 128) fp32 contiguous, v's per-channel max of |v| over tokens (else from `torch.aminmax`; equal
+    on finite v). No checks of shapes and dtypes: the attention functions are the checked entries."""
     b, h, tq, d = q.shape
     tk = k.shape[2]
     dtype = torch.int8 if qk == "int8" else FP8
@@ -261,7 +272,7 @@ def quantize(
     k8 = torch.empty((b, h, kp, d), dtype=dtype, device=q.device)
     q_scale = torch.empty((b, h, qp // QUANT_BLOCK), dtype=torch.float32, device=q.device)
     k_scale = torch.empty((b, h, kp // QUANT_BLOCK), dtype=torch.float32, device=q.device)
-    k_mean = key_mean(k)
+    k_mean = key_mean(k) if k_mean is None else k_mean
     _launch(q, q8, q_scale, None, qk == "int8")
     _launch(k, k8, k_scale, k_mean, qk == "int8")
     if pv == "bf16":

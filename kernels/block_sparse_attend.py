@@ -91,7 +91,8 @@ class Plan:
     k_mean/v_mean (B, H, Kb, D) in the dot dtype; log_len (Kb,) fp32; mask bool (B, H, Qb, Kb);
     idx int32 (B, H, Qb, Kb) whose first count[b, h, i] entries are query block i's exact key blocks, ascending;
     count int32 (B, H, Qb); density: fraction of exact pairs (0-dim tensor, no host sync); scale: the softmax scale;
-    v_amax: v's per-channel amax (B, H, D) fp32 for the low-precision path's quantizer, None unless asked for."""
+    key_mean (B, H, 1, D) and v_amax (B, H, D) fp32: the low-precision path's quantizer statistics
+    (`block_sparse_routing.Means`), None unless asked for."""
 
     k_mean: torch.Tensor
     v_mean: torch.Tensor
@@ -101,6 +102,7 @@ class Plan:
     count: torch.Tensor
     density: torch.Tensor
     scale: float
+    key_mean: torch.Tensor | None = None
     v_amax: torch.Tensor | None = None
 
 

@@ -23,12 +23,15 @@ Low precision (`precision="int8"` or `"e4m3"`, with `pv` "fp8", "int8" or "bf16"
 folded blocks are unchanged; the exact blocks run `fp8_attention`'s quantized steps (`quantized_pair` and
 `quantized_tile`, the same device functions) on `attention_quantize.quantize`'s operands of the same call: q and the
 mean-smoothed k per 128 tokens in int8 or e4m3, v in e4m3, int8 or bf16, P rounded per step of the online softmax (two
-64-key blocks of a query block's list, or one: `visits`). The folded blocks' mean keys are smoothed by the same key
-mean (in fp32, then rounded to the dot dtype), so exact and folded logits shift by the same `q . mean(k)` and the
-softmax is unchanged. Needs FP8 tensor cores (sm_89+, RuntimeError below). Its contract: `reference(...,
-precision, pv)` (`_lowbit_reference`: the same quantized operands, the same block order, fp32 torch maths) up to
-fp32 summation order and exp2's last bit crossing a rounding boundary of P (fp32 inputs: ~1e-7 relative L2 with
-pv="fp8", ~1e-5 with pv="bf16"); against the exact path its error is fp8_attention's at the same precisions.
+64-key blocks of a query block's list, or one: `visits`). The key mean is `key_mean_from_blocks` of the plan's k
+block means and v's amax comes from the same launch (`plan(..., stats=True)`), so the quantizer reads k and v once
+each. The folded blocks' mean keys are smoothed by the same key mean (in fp32, then rounded to the dot dtype), so
+exact and folded logits shift by the same `q . mean(k)` and the softmax is unchanged. Needs FP8 tensor cores (sm_89+,
+RuntimeError below). Its contract: `reference(..., precision, pv, key_mean=plan(..., stats=True).key_mean)`
+(`_lowbit_reference`: the same quantized operands, the same block order, fp32 torch maths) up to fp32 summation order
+and exp2's last bit crossing a rounding boundary of P (fp32 inputs: ~1e-7 relative L2 with pv="fp8", ~1e-5 with
+pv="bf16"); without the plan's key mean, the reference takes it from torch's block means, whose fp32 sum order can
+move a quantized key by one step. Against the exact path its error is fp8_attention's at the same precisions.
 
 Contract against `reference` (dense fp32 torch maths of the same method on torch's routing, `routing`): the kernel's
 plan makes its block means in one Triton launch (fp32, another sum order), so a block whose score ties its row's
@@ -63,6 +66,7 @@ from workbench.kernels.block_sparse_routing import (
     block_means_torch,
     check_tau,
     exact_lists,
+    key_mean_from_blocks,
     route,
     routing,
 )
@@ -111,16 +115,19 @@ def reference(
     precision: str = "exact",
     pv: str = "fp8",
     return_density: bool = False,
+    key_mean: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Dense fp32 torch maths of the same method (torch's routing): exact keys plus one pseudo-key per folded
-    block, in one softmax; with a low `precision`, `_lowbit_reference`. Returns (B, H, Tq, D) in q's dtype; with
-    `return_density`, also the routing density as a 0-dim tensor, as `block_sparse_attention` returns it."""
+    block, in one softmax; with a low `precision`, `_lowbit_reference` (`key_mean` (B, H, 1, D') fp32, D' >= D: the
+    smoothing vector, its first D channels; default `key_mean_from_blocks` of torch's block means). Returns
+    (B, H, Tq, D) in q's dtype; with `return_density`, also the routing density as a 0-dim tensor, as
+    `block_sparse_attention` returns it."""
     _check(q, k, v)
     _check_precision(precision, pv)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     mask, density = routing(q, k, tau, sink_tokens, scale=scale)
     if precision != "exact":
-        out = _lowbit_reference(q, k, v, mask, scale, precision, pv)
+        out = _lowbit_reference(q, k, v, mask, scale, precision, pv, key_mean)
     else:
         tq, tk = q.shape[2], k.shape[2]
         k_mean, lengths = block_means_torch(k, BLOCK)
@@ -138,16 +145,25 @@ def reference(
 
 
 def _lowbit_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, qk: str, pv: str
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    qk: str,
+    pv: str,
+    key_mean: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The low-precision kernel's maths in fp32 torch on routing `mask` (B, H, Qb, Kb): `quantize_reference`, then
-    the online softmax over the exact key blocks in ascending order (P rounded per block as `quantized_tile` does,
-    v's one-byte scale applied after them), then the folded blocks' smoothed mean keys 64 at a time, unrounded."""
-    z = quantize_reference(q, k, v, pv, qk=qk)
+    """The low-precision kernel's maths in fp32 torch on routing `mask` (B, H, Qb, Kb): `quantize_reference` with the
+    key mean `key_mean` (`reference`), then the online softmax over the exact key blocks in ascending order (P
+    rounded per block as `quantized_tile` does, v's one-byte scale applied after them), then the folded blocks'
+    smoothed mean keys 64 at a time, unrounded."""
+    k_mean, lengths = block_means_torch(k, BLOCK)
+    smoothing = key_mean_from_blocks(k_mean) if key_mean is None else key_mean[..., : k.shape[-1]]
+    z = quantize_reference(q, k, v, pv, qk=qk, k_mean=smoothing)
     tq = q.shape[2]
     logits, values = reference_logits(z, tq, k.shape[2], scale)
     exact_rows = mask[:, :, torch.arange(tq, device=q.device) // BLOCK]  # (B, H, Tq, Kb)
-    k_mean, lengths = block_means_torch(k, BLOCK)
     v_mean, _ = block_means_torch(v, BLOCK)
     qk_scale = torch.tensor(scale * LOG2E, dtype=torch.float32)
     folded = (q.float() @ (k_mean - z.k_mean).transpose(-1, -2) * qk_scale + lengths.log() * LOG2E).masked_fill(
@@ -202,24 +218,24 @@ def plan(
     tau: float,
     sink_tokens: int,
     scale: float | None = None,
-    v_amax: bool = False,
+    stats: bool = False,
 ) -> Plan:
     """The routing and the kernel's index lists (the part of a call before the attention kernel): block means in
     one Triton launch (k/v means rounded once to bf16 for a bf16 GPU call), torch's threshold, Triton compaction.
-    The plan's means have the kernel's head dim (`_runtime.kernel_head_dim`). `v_amax`: also v's per-channel amax
-    from the same launch (`Plan.v_amax`, for `quantize`)."""
+    The plan's means have the kernel's head dim (`_runtime.kernel_head_dim`). `stats`: also the low-precision
+    quantizer's statistics from the same launch (`Plan.key_mean`, `Plan.v_amax`)."""
     _check(q, k, v)
     check_tau(tau, sink_tokens)
     check_runtime("block_sparse_attention", q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k, v = pad_head_dim(q, k, v)
     bf16 = q.dtype == torch.bfloat16 and not interpreting()
-    means = block_means(q, k, v, torch.bfloat16 if bf16 else torch.float32, v_amax)
+    means = block_means(q, k, v, torch.bfloat16 if bf16 else torch.float32, stats)
     mask, density = route(means.q_mean, means.k_mean, tau, sink_tokens, BLOCK, scale)
     mask = mask.contiguous()
     idx, count = exact_lists(mask)
     k_mean, v_mean = means.k_mean_dot.contiguous(), means.v_mean_dot.contiguous()
-    return Plan(k_mean, v_mean, means.log_len, mask, idx, count, density, scale, means.v_amax)
+    return Plan(k_mean, v_mean, means.log_len, mask, idx, count, density, scale, means.key_mean, means.v_amax)
 
 
 def block_sparse_attention(
@@ -246,12 +262,12 @@ def block_sparse_attention(
     d = q.shape[-1]
     scale = d**-0.5 if scale is None else scale
     q, k, v = pad_head_dim(q, k, v)
-    route = plan(q, k, v, tau, sink_tokens, scale, v_amax=precision != "exact" and pv != "bf16")
+    route = plan(q, k, v, tau, sink_tokens, scale, stats=precision != "exact")
     if precision == "exact":
         out = attend(q, k, v, route, launch)
     else:
         check_fp8("block_sparse_attention", q.device)
-        z = quantize(q, k, v, pv, qk=precision, v_amax=route.v_amax)
+        z = quantize(q, k, v, pv, qk=precision, k_mean=route.key_mean, v_amax=route.v_amax)
         smoothed = (route.k_mean.float() - z.k_mean).to(route.k_mean.dtype)  # the shift the exact keys took
         out = attend(q, k, v, dataclasses.replace(route, k_mean=smoothed), launch, z)
     out = out if d == out.shape[-1] else out[..., :d].contiguous()

@@ -132,22 +132,31 @@ def block_means_torch(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor
 class Means(NamedTuple):
     """`block_means`' results: q_mean (B, H, Qb, D) and k_mean (B, H, Kb, D) fp32 for the routing; k_mean_dot and
     v_mean_dot (B, H, Kb, D) in the attention kernel's dot dtype (k_mean_dot is k_mean itself when that is fp32);
-    log_len (Kb,) fp32; v_amax (B, H, D) fp32 v's per-channel max of |v| over its tokens, or None when not asked."""
+    log_len (Kb,) fp32; with `stats`, the low-precision quantizer's statistics, else None: key_mean (B, H, 1, D) fp32
+    (`key_mean_from_blocks`) and v_amax (B, H, D) fp32, v's per-channel max of |v| over its tokens."""
 
     q_mean: torch.Tensor
     k_mean: torch.Tensor
     k_mean_dot: torch.Tensor
     v_mean_dot: torch.Tensor
     log_len: torch.Tensor
+    key_mean: torch.Tensor | None
     v_amax: torch.Tensor | None
 
 
+def key_mean_from_blocks(block_means: torch.Tensor) -> torch.Tensor:
+    """The key smoothing vector of block_sparse's low precision (`attention_quantize`'s step 1), (B, H, 1, D) fp32:
+    the mean of k's fp32 block means (B, H, Kb, D), each block weighing alike (k's token mean but for a ragged last
+    block's weight; any vector common to a head's keys leaves the softmax unchanged)."""
+    return block_means.mean(2, keepdim=True)
+
+
 def block_means(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dot_dtype: torch.dtype, v_amax: bool = False
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dot_dtype: torch.dtype, stats: bool = False
 ) -> Means:
-    """The block means of q, k and v and the log block lengths in one launch (`_block_means_qkv`), with `v_amax` also
-    v's per-channel amax (each block's from the same read of v, then torch's max over the blocks: what
-    `attention_quantize.quantize` takes for v's scales instead of reading v again).
+    """The block means of q, k and v and the log block lengths in one launch (`_block_means_qkv`), with `stats` also
+    what `attention_quantize.quantize` would otherwise read k and v again for: `key_mean_from_blocks` of k's means,
+    and v's per-channel amax (each block's from the same read of v, then torch's max over the blocks).
 
     The means equal `block_means_torch`' up to fp32 sum order; log_len is `math.log` of each length rounded once to
     fp32, where torch's fp32 log can be an ulp off (on CPU: lengths 7, 47, 49); v_amax equals `v.abs().amax(2)` in
@@ -161,15 +170,17 @@ def block_means(
     k_mean_dot = torch.empty_like(k_mean, dtype=dot_dtype) if split else k_mean
     v_mean_dot = torch.empty_like(k_mean, dtype=dot_dtype)
     log_len = torch.empty((kb,), dtype=torch.float32, device=q.device)
-    block_amax = torch.empty_like(k_mean) if v_amax else log_len  # (B, H, Kb, D); a placeholder when not asked
+    block_amax = torch.empty_like(k_mean) if stats else log_len  # (B, H, Kb, D); a placeholder when not asked
     last = tk - (kb - 1) * BLOCK  # the last key block's length
     _MEANS[(b * h, max(qb, kb), 3)](
         q, k, v, q_mean, k_mean, k_mean_dot, v_mean_dot, log_len, block_amax,
         h, tq, tk, qb, kb, math.log(BLOCK), math.log(last),
         *q.stride(), *k.stride(), *v.stride(),
-        BLOCK=BLOCK, D=d, SPLIT=split, V_AMAX=v_amax, **({} if interpreting() else {"num_warps": MEANS_WARPS}),
+        BLOCK=BLOCK, D=d, SPLIT=split, V_AMAX=stats, **({} if interpreting() else {"num_warps": MEANS_WARPS}),
     )  # fmt: skip
-    return Means(q_mean, k_mean, k_mean_dot, v_mean_dot, log_len, block_amax.amax(2) if v_amax else None)
+    if not stats:
+        return Means(q_mean, k_mean, k_mean_dot, v_mean_dot, log_len, None, None)
+    return Means(q_mean, k_mean, k_mean_dot, v_mean_dot, log_len, key_mean_from_blocks(k_mean), block_amax.amax(2))
 
 
 def check_tau(tau: float, sink_tokens: int) -> None:

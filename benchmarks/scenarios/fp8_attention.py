@@ -31,8 +31,8 @@ compile reports of `workbench.kernels.targets` should agree).
 
 block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attention`), the exact arm against each
 low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued clock, each with its relative L2 against dense and against
-the exact arm; the plan (routing; a one-byte pv's also makes v's amax for its quantizer), the quantization and the
-attention kernel alone are timed apart (each arm's `kernel_path`: the CuTe kernel, `fp8_attention_sm90.attend_sparse`,
+the exact arm; the plan (routing, and the quantizer's key mean and v amax), the quantization and the attention
+kernel alone are timed apart (each arm's `kernel_path`: the CuTe kernel, `fp8_attention_sm90.attend_sparse`,
 or the Triton kernel), and where that is the CuTe kernel, the Triton kernel alone at SPARSE_LAUNCHES and the CuTe
 kernel's other builds (SPARSE_CUTE_OPTIONS) beside it, A/B/A (`launch_sweep`).
 `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math backend, every arm and
@@ -396,8 +396,8 @@ def _block_sparse_arms(
     arms: dict[str, Any], qkv: tuple, pairs: tuple, dense, queued, rounds: int, clock: dict[str, Any]
 ) -> dict[str, Any]:
     """block_sparse at SPARSE_DENSITY: the exact arm and one arm per (qk, pv) of `pairs` into `arms`, with the plan,
-    the quantization and the kernel alone timed by `time_call(**clock)` as the call runs them (a one-byte pv's plan
-    also makes v's amax, which its quantizer then takes); returns the A/B/A ratios of the low-precision arms against
+    the quantization and the kernel alone timed by `time_call(**clock)` as the call runs them (the low-precision
+    plan also makes the quantizer's key mean and v amax); returns the A/B/A ratios of the low-precision arms against
     the exact one."""
     q, k, v = qkv
     chosen = tau_for(q, k, 0, SPARSE_DENSITY)
@@ -413,9 +413,8 @@ def _block_sparse_arms(
     for qk, pv in pairs:
         name = f"{base}[{_label(qk, pv)}]"
         out = bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
-        one_byte = pv != "bf16"  # the call's plan then brings v's amax to the quantizer
-        v_amax = bsa.plan(q, k, v, tau, 0, v_amax=one_byte).v_amax
-        z = aq.quantize(q, k, v, pv, qk=qk, v_amax=v_amax)
+        stats = bsa.plan(q, k, v, tau, 0, stats=True)  # the call's plan brings the quantizer's statistics
+        z = aq.quantize(q, k, v, pv, qk=qk, k_mean=stats.key_mean, v_amax=stats.v_amax)
         smoothed = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
         cute = block_sparse_attend.sm90_sparse(z, q)  # block_sparse_attend.attend's default path
         arms[name] = {
@@ -424,9 +423,11 @@ def _block_sparse_arms(
             "rel_l2_vs_dense": rel_l2(out, want),
             "rel_l2_vs_exact_blocks": rel_l2(out, exact),
             "bytes_moved": bsa.cost(tuple(q.shape), chosen["density"], q.dtype, qk, pv)[0],
-            "plan": time_call(lambda a=one_byte: bsa.plan(q, k, v, tau, 0, v_amax=a), q.device, **clock).to_dict(),
+            "plan": time_call(lambda: bsa.plan(q, k, v, tau, 0, stats=True), q.device, **clock).to_dict(),
             "quantize": time_call(
-                lambda qk=qk, pv=pv, a=v_amax: aq.quantize(q, k, v, pv, qk=qk, v_amax=a), q.device, **clock
+                lambda qk=qk, pv=pv, s=stats: aq.quantize(q, k, v, pv, qk=qk, k_mean=s.key_mean, v_amax=s.v_amax),
+                q.device,
+                **clock,
             ).to_dict(),
             "kernel": time_call(
                 lambda z=z, r=smoothed: block_sparse_attend.attend(q, k, v, r, None, z),

@@ -97,12 +97,13 @@ def arms(smoke: bool, device: torch.device) -> dict[str, Arm]:
         ),
     }  # fmt: skip
     qk, pv = LOWBIT
-    z = aq.quantize(q, k, v, pv, qk=qk)
+    stats = bsa.plan(q, k, v, tau, 0, stats=True)  # the quantizer's statistics, as block_sparse_attention takes them
+    z = aq.quantize(q, k, v, pv, qk=qk, k_mean=stats.key_mean, v_amax=stats.v_amax)
     smoothed = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
     moved, flops = bsa.cost(shape, density, dtype, qk, pv)
     out[f"block_sparse_attend[{qk},{pv}]"] = Arm(
         **sparse, card="sm_89", call=lambda launch: bsa.attend(q, k, v, smoothed, launch, z),
-        reference=lambda launch: bsa.reference(*head, tau, 0, precision=qk, pv=pv),
+        reference=lambda launch: bsa.reference(*head, tau, 0, precision=qk, pv=pv, key_mean=z.k_mean[:, :1]),
         metric="rel_l2", bound=2e-2 if bf16 else 1e-6, cost=(moved - aq.cost(shape, pv, dtype), flops),
     )  # fmt: skip
     for qk, pv in FP8_PAIRS:

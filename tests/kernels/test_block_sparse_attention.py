@@ -250,8 +250,8 @@ def test_block_sparse_fused_means_within_fp32_sum_rounding(rng, tq, tk, batch, d
     q, k, v = _qkv(rng, tq, dtype, batch=batch, noncontiguous=True)
     if tk is not None:
         _, k, v = _qkv(rng, tk, dtype, batch=batch, noncontiguous=True)
-    q_mean, k_mean, k_mean_dot, v_mean, log_len, v_amax = block_means(q, k, v, torch.float32)
-    assert k_mean_dot is k_mean and v_mean.dtype == torch.float32 and v_amax is None
+    q_mean, k_mean, k_mean_dot, v_mean, log_len, key_mean, v_amax = block_means(q, k, v, torch.float32)
+    assert k_mean_dot is k_mean and v_mean.dtype == torch.float32 and key_mean is v_amax is None
     eps = torch.finfo(torch.float32).eps
     for name, got, x in (("q", q_mean, q), ("k", k_mean, k), ("v", v_mean, v)):
         want = block_means_torch(x, BLOCK)[0]
@@ -275,22 +275,24 @@ def test_block_sparse_fused_means_bf16_copies_for_the_kernel(rng):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_block_sparse_means_v_amax_is_the_quantizers(rng, dtype):
-    """The means launch's v amax (each block's, then the max over blocks) equals torch's per-channel amax exactly on
-    a transposed view of odd length (a last block of 3 tokens), so `quantize` given it returns the bits it makes from
-    `torch.aminmax`; a NaN or an inf makes its channel's amax NaN."""
+def test_block_sparse_means_stats_are_the_quantizers(rng, dtype):
+    """The means launch's statistics for the quantizer, on a transposed view of odd length (a last block of 3 tokens):
+    v's amax (each block's, then the max over blocks) equals torch's per-channel amax exactly, so `quantize` given it
+    returns the bits it makes from `torch.aminmax`, and given the key mean the bits `quantize_reference` makes with
+    it; the key mean is the mean of the fp32 block means; a NaN or an inf makes its channel's amax NaN."""
     q, k, v = _qkv(rng, 3 * BLOCK + 3, dtype, batch=2, noncontiguous=True)
-    got = block_means(q, k, v, torch.float32, v_amax=True).v_amax
-    assert torch.equal(got, v.float().abs().amax(2)), f"seed {rng.initial_seed()}"
+    means = block_means(q, k, v, torch.float32, stats=True)
+    assert torch.equal(means.v_amax, v.float().abs().amax(2)), f"seed {rng.initial_seed()}"
+    assert torch.equal(means.key_mean, means.k_mean.mean(2, keepdim=True))
     for pv in ("fp8", "int8"):
-        want = attention_quantize.quantize(q, k, v, pv)
-        given = attention_quantize.quantize(q, k, v, pv, v_amax=got)
-        for field in ("v", "v_scale", "q8", "k8"):  # compared as bytes: bit for bit
+        want = attention_quantize.quantize_reference(q, k, v, pv, k_mean=means.key_mean)
+        given = attention_quantize.quantize(q, k, v, pv, k_mean=means.key_mean, v_amax=means.v_amax)
+        for field in ("v", "v_scale", "q8", "k8", "k_scale"):  # compared as bytes: bit for bit
             assert torch.equal(getattr(given, field).view(torch.uint8), getattr(want, field).view(torch.uint8)), field
     v = v.clone()
     v[1, 0, 2 * BLOCK + 1, 5] = float("nan")
     v[0, 1, 7, 9] = float("inf")
-    got = block_means(q, k, v, torch.float32, v_amax=True).v_amax
+    got = block_means(q, k, v, torch.float32, stats=True).v_amax
     bad = torch.zeros_like(got, dtype=torch.bool)
     bad[1, 0, 5] = bad[0, 1, 9] = True
     assert got[bad].isnan().all() and torch.equal(got[~bad], v.float().abs().amax(2)[~bad])
@@ -385,8 +387,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("precision,pv", [("int8", "fp8"), ("e4m3", "bf16"), ("int8", "int8")])
 def test_block_sparse_attention_low_precision_matches_reference(rng, fp8_p_equal, precision, pv):
-    """The exact blocks through fp8_attention's quantized tile, against `reference(..., precision, pv)` (the same
-    quantized operands and block order in fp32 torch): Tq != Tk, q a dispatcher view, keys with a common offset
+    """The exact blocks through fp8_attention's quantized tile, against `reference(..., precision, pv, key_mean)` (the
+    same quantized operands, from the plan's key mean, and block order in fp32 torch): Tq != Tk, q a dispatcher view, keys with a common offset
     (smoothed in the exact and the folded blocks alike), 32-row programs, sinks; exact and folded blocks both
     present. Against the exact path the error is the quantization's (fp8_attention's size), not the routing's."""
     seed = rng.initial_seed()
@@ -397,7 +399,8 @@ def test_block_sparse_attention_low_precision_matches_reference(rng, fp8_p_equal
     got, density = block_sparse_attention(
         q, k, v, 0.5, 70, return_density=True, launch=launch, precision=precision, pv=pv
     )
-    want = reference(q, k, v, 0.5, 70, precision=precision, pv=pv)
+    key_mean = plan(q, k, v, 0.5, 70, stats=True).key_mean  # the call's smoothing vector (its plan's)
+    want = reference(q, k, v, 0.5, 70, precision=precision, pv=pv, key_mean=key_mean)
     exact = reference(q, k, v, 0.5, 70)
     assert got.shape == q.shape and 0.0 < float(density) < 1.0, f"seed {seed}: density {float(density)}"
     if pv != "bf16":

@@ -94,8 +94,8 @@ def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, 
     seed, (q, k, v) = _sm90_qkv(monkeypatch, rng, shape)
     t = shape[2]
     k = k + 1.0
-    z = aq.quantize(q, k, v, pv, qk=qk)
-    route = plan(q, k, v, tau, 64)
+    route = plan(q, k, v, tau, 64, stats=True)
+    z = aq.quantize(q, k, v, pv, qk=qk, k_mean=route.key_mean, v_amax=route.v_amax)  # as block_sparse_attention
     route = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
     got = torch.empty_like(q)
     sm90.attend_sparse(z, q, route, t, got, **config)
