@@ -40,6 +40,10 @@ def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk, pv):
     assert len(sm90._COMPILED) == before + len(CONFIGS) + len(SPARSE_CONFIGS)
 
 
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
 def _sm90_qkv(monkeypatch, rng, shape: tuple[int, int, int]) -> tuple[int, tuple[torch.Tensor, ...]]:
     """The GPU tests' setup: compiled Triton (no interpreter), an sm_90 device (else skip), and the rng's seed with
     bf16 q, k, v of (B, H, T) = `shape` and head dim D on it."""
@@ -69,8 +73,7 @@ def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90
     for config in CONFIGS:
         got = torch.empty_like(q)
         sm90.attend(z, got, t, D**-0.5, **config)
-        rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
-        assert rel < 5e-3, f"seed {seed}, {config}: {rel}"
+        assert _rel(got, want) < 5e-3, f"seed {seed}, {config}: {_rel(got, want)}"
         assert torch.equal(got, default), f"seed {seed}, {config}: not the default build's output"
     assert fa.sm90_kernel(z, want)
     assert torch.equal(fa.fp8_attention(q, k, v, pv=pv, qk=qk), default)
@@ -86,9 +89,10 @@ def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90
 def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, rng, qk, pv, shape, tau, config):
     """`attend_sparse` (block_sparse_attention in low precision wholly in the CuTe kernel: exact blocks, then the
     folded pass in bf16) against block_sparse_attention through the Triton kernel (a launch given) on the same
-    routing and operands: the same visits (pairs, an odd one out, the ragged last block alone; `shared`: the union
-    list's, other blocks masked), the same maths up to fp32 order and l (summed from P as rounded here); relative L2
-    below 5e-3, as the dense kernel. Shapes with an odd number of query blocks (5, 17: a warpgroup with none), ragged
+    routing and operands: the same visits (pairs, an odd one out, the ragged last block alone), the same maths up to
+    fp32 order and l (summed from P as rounded here); relative L2 below 5e-3, as the dense kernel. `shared` pairs the
+    union list's blocks (other blocks masked): below 2e-2 from the Triton kernel, and no farther from the exact path
+    than the default build. Shapes with an odd number of query blocks (5, 17: a warpgroup with none), ragged
     last key blocks, lists of one step (tau inf: the band and the sinks only, most blocks folded) to all blocks.
     block_sparse_attention runs the default build by default for block_sparse_attend.SM90_PAIRS."""
     seed, (q, k, v) = _sm90_qkv(monkeypatch, rng, shape)
@@ -100,7 +104,15 @@ def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, 
     got = torch.empty_like(q)
     sm90.attend_sparse(z, q, route, t, got, **config)
     want = block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv, launch=DEFAULT)
-    rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
-    assert rel < 5e-3, f"seed {seed}: {rel}"
-    if (qk, pv) in block_sparse_attend.SM90_PAIRS and not config:
-        assert torch.equal(block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv), got)
+    if not config:
+        assert _rel(got, want) < 5e-3, f"seed {seed}: {_rel(got, want)}"
+        if (qk, pv) in block_sparse_attend.SM90_PAIRS:
+            assert torch.equal(block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv), got)
+        return
+    # shared: the union's pairs round P against other step maxima than `visits`' (6e-3 to 9e-3 relative L2 between
+    # the two orders in the fp32 reference on these shapes, each as far from the exact path as the other, within 0.3 %)
+    default = torch.empty_like(q)
+    sm90.attend_sparse(z, q, route, t, default)
+    exact = block_sparse_attention(q, k, v, tau, 64)
+    assert _rel(got, want) < 2e-2, f"seed {seed}: {_rel(got, want)}"
+    assert _rel(got, exact) < 1.05 * _rel(default, exact), f"seed {seed}: {_rel(got, exact)}, {_rel(default, exact)}"
