@@ -62,12 +62,12 @@ buffers, which producer warp w fills by TMA:
 pv="int8" (INT8 P.V) is not qualified here (`attend_sparse`).
 `shared` (an option, off by default: measured against the default in the fp8-attention scenario's `launch_sweep`):
 one ring of `stages` (4) buffers for the CTA, which producer warp 0 fills with the steps of the union of its two
-query blocks' lists (`union_lists`: two neighbouring query blocks' lists mostly overlap, so each block is read from
-L2 once for both warpgroups instead of once for each) and then with the folded pass's tiles, once for both; each
-warpgroup runs every step, its keys of a block not in its own list masked like padding (P = 0), so its pairs are the
-union's: its P rounds against other step maxima than `visits`' (in the fp32 reference, 6e-3 to 9e-3 relative L2
-between the two orders on small iid shapes, each as far from the exact path as the other, within 0.3 %); its running
-max starts at FLOOR instead of -inf (a step may hold none of its keys).
+query blocks' lists (`block_sparse_routing.union_lists`: two neighbouring query blocks' lists mostly overlap, so each
+block is read from L2 once for both warpgroups instead of once for each) and then with the folded pass's tiles, once
+for both; each warpgroup runs every step, its keys of a block not in its own list masked like padding (P = 0), so its
+pairs are the union's: its P rounds against other step maxima than `visits`' (in the fp32 reference, 6e-3 to 9e-3
+relative L2 between the two orders on small iid shapes, each as far from the exact path as the other, within 0.3 %);
+its running max starts at FLOOR instead of -inf (a step may hold none of its keys).
 
 `attend(z, out, tk, scale, **options)`: the host entry on torch tensors, compiled once per options and shapes (for
 sm_90a: `cute.compile(..., options="--gpu-arch sm_90a")`, so a CPU without a GPU builds it too) and launched on torch's
@@ -94,7 +94,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from workbench.kernels.attention_quantize import Quantized
 from workbench.kernels.block_sparse_attend import Plan
 from workbench.kernels.block_sparse_routing import BLOCK as SPARSE_BLOCK
-from workbench.kernels.block_sparse_routing import exact_lists
+from workbench.kernels.block_sparse_routing import union_lists
 from workbench.kernels.fp8_attention import LOG2E
 
 TILE_M = 128  # query rows a CTA: two consumer warpgroups of 64
@@ -986,12 +986,3 @@ def attend_sparse(
         *(from_dlpack(x.permute(2, 3, 1, 0), assumed_align=16) for x in (q, route.k_mean, route.v_mean)),
     ]
     _run(z, operands(z, out) + sparse, tensors, tk, route.scale, stream, True, options)
-
-
-def union_lists(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `shared` build's lists: for each CTA, query blocks 2m and 2m + 1 of the (B, H, Qb, Kb) mask, the ascending
-    exact key blocks of either (of the last alone when Qb is odd), as `exact_lists` gives them: idx int32 (B, H,
-    ceil(Qb / 2), Kb) and count int32 (B, H, ceil(Qb / 2))."""
-    if mask.shape[2] % 2:
-        mask = torch.cat([mask, mask[:, :, -1:]], 2)
-    return exact_lists((mask[:, :, 0::2] | mask[:, :, 1::2]).contiguous())
