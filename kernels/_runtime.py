@@ -93,6 +93,13 @@ def _with_globals(fn: Callable[..., Any], scope: dict[str, Any]) -> Callable[...
     return copy
 
 
+def tma_ready(x: torch.Tensor) -> bool:
+    """Whether a TMA descriptor can read x: unit last stride, 16-byte aligned base and strides."""
+    return (
+        x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1])
+    )
+
+
 def tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     """Triton's allocator for the tensor descriptors `tl.make_tensor_descriptor` builds on the device
     (`triton.set_allocator(tma_scratch)` before such a launch)."""

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
-from workbench.kernels._runtime import LazyKernel, dtype_size, interpreting
+from workbench.kernels._runtime import LazyKernel, dtype_size, interpreting, tma_ready
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -92,9 +92,7 @@ def _top(qk: str) -> float:
 def _bf16_v(v: torch.Tensor) -> torch.Tensor:
     """v in bf16 as the kernels' TMA descriptors read it: unit last stride, 16-byte aligned base and strides."""
     vb = v.to(torch.bfloat16)
-    if vb.stride(-1) != 1 or vb.data_ptr() % 16 or any(s * 2 % 16 for s in vb.stride()[:-1]):
-        vb = vb.contiguous()
-    return vb
+    return vb if tma_ready(vb) else vb.contiguous()
 
 
 def v_slot(key: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import LazyKernel, capability, interpreting, tma_scratch
+from workbench.kernels._runtime import LazyKernel, capability, interpreting, tma_ready, tma_scratch
 from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
 from workbench.kernels.block_sparse_routing import BLOCK
 from workbench.kernels.fp8_attention import new_max, pv_dot, qk_logits, quantized_pair, quantized_tile, sm90_kernel
@@ -248,16 +248,9 @@ _KERNEL = LazyKernel(
 )
 
 
-def _tma_ready(x: torch.Tensor) -> bool:
-    """Whether a TMA descriptor can read x: unit last stride, 16-byte aligned base and strides."""
-    return (
-        x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(st * x.element_size() % 16 == 0 for st in x.stride()[:-1])
-    )
-
-
 def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:
     for arg, x in (("k", k), ("v", v)):
-        if not _tma_ready(x):
+        if not tma_ready(x):
             raise ValueError(
                 f"block_sparse_attention: the kernel reads {arg} through TMA descriptors and needs unit last stride "
                 f"and 16-byte aligned base and strides (tma), got strides {tuple(x.stride())} ({x.dtype}) at "
@@ -274,7 +267,7 @@ SM90_PAIRS = (("e4m3", "fp8"),)
 def sm90_sparse(z: Quantized, q: torch.Tensor) -> bool:
     """Whether `attend` without a launch runs the CuTe kernel on `quantize`'s operands `z` of q: a pair of
     SM90_PAIRS, bf16 q that TMA can read and `fp8_attention.sm90_kernel` (sm_90, the CuTe DSL, D = 128)."""
-    return (z.qk, z.pv) in SM90_PAIRS and q.dtype == torch.bfloat16 and _tma_ready(q) and sm90_kernel(z, q)
+    return (z.qk, z.pv) in SM90_PAIRS and q.dtype == torch.bfloat16 and tma_ready(q) and sm90_kernel(z, q)
 
 
 def attend(

@@ -372,10 +372,10 @@ class Fp8AttentionSm90:
             sQb = storage.sQb.get_tensor(sQb_layout.outer, swizzle=sQb_layout.inner)
             sKm = storage.sK.get_tensor(sKm_layout.outer, swizzle=sKm_layout.inner, dtype=bf16)
             sVm = storage.sV.get_tensor(sVm_layout.outer, swizzle=sVm_layout.inner, dtype=bf16)
+            qb_bytes = cute.size_in_bytes(bf16, cute.select(sQb_layout, mode=[0, 1]))
             pipe_qb = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.bar_qb.data_ptr(), num_stages=2, producer_group=producer,
-                consumer_group=warpgroup_consumers, tx_count=cute.size_in_bytes(bf16, cute.select(sQb_layout, mode=[0, 1])),
-                defer_sync=True,
+                consumer_group=warpgroup_consumers, tx_count=qb_bytes, defer_sync=True,
             )  # fmt: skip
             folded = (sQb, sKm, sVm, pipe_qb)
         # v8's extra rows: channel 128 all ones, the rest zeros, in every buffer (key_block keys: THREADS / key_block
@@ -776,12 +776,19 @@ class Fp8AttentionSm90:
                 total = cute.arch.shuffle_sync(l[r] + acc_o[64 + 2 * r], offset=cute.arch.lane_idx() & ~3)
                 inv[r] = Float32(448.0) / total  # l carries 448; v's scale is scale_v / 448
         tOc = pv_thr.partition_C(cute.make_identity_tensor((TILE_M, self.v_rows)))  # (row, channel) in the tile
+        self.store(mO, tOc, acc_o, inv, m_block, h, b, mVs)
+
+    @cute.jit
+    def store(self, mO, tOc, acc_o, inv, m_block, h, b, mVs=None):
+        """O's 128 real channels times their row's inv (and, given mVs, v's per-channel scale), rounded to bf16 and
+        stored at their (row, channel) of tOc in query tile m_block, rows past Tq skipped."""
         rows = cute.size(mO, mode=[0])
-        for i in cutlass.range_constexpr(64):  # the 128 real channels
+        for i in cutlass.range_constexpr(64):
             row, col = tOc[i]
             row = row + m_block * TILE_M
             if row < rows:
-                mO[row, col, h, b] = (acc_o[i] * mVs[col, h, b] * inv[(i // 2) % 2]).to(cutlass.BFloat16)
+                value = acc_o[i] * mVs[col, h, b] if const_expr(mVs is not None) else acc_o[i]
+                mO[row, col, h, b] = (value * inv[(i // 2) % 2]).to(cutlass.BFloat16)
 
     @cute.jit
     def fold_pass(
@@ -842,12 +849,7 @@ class Fp8AttentionSm90:
             total = l[r] + cute.arch.shuffle_sync_bfly(l[r], offset=1)
             total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
             inv[r] = Float32(1.0) / total
-        rows = cute.size(mO, mode=[0])
-        for i in cutlass.range_constexpr(64):
-            row, col = tOc[i]
-            row = row + m_block * TILE_M
-            if row < rows:
-                mO[row, col, h, b] = (acc_o[i] * inv[(i // 2) % 2]).to(cutlass.BFloat16)
+        self.store(mO, tOc, acc_o, inv, m_block, h, b)
 
     @cute.jit
     def fold_bias(self, bias, mLogLen, mMask, c, n_blocks, lane_col, block, h, b):

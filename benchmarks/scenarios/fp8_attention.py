@@ -397,8 +397,8 @@ def _block_sparse_arms(
 ) -> dict[str, Any]:
     """block_sparse at SPARSE_DENSITY: the exact arm and one arm per (qk, pv) of `pairs` into `arms`, with the plan,
     the quantization and the kernel alone timed by `time_call(**clock)` as the call runs them (the low-precision
-    plan also makes the quantizer's key mean and v amax); returns the A/B/A ratios of the low-precision arms against
-    the exact one."""
+    plan, `plan_with_stats`, also makes the quantizer's key mean and v amax); returns the A/B/A ratios of the
+    low-precision arms against the exact one."""
     q, k, v = qkv
     chosen = tau_for(q, k, 0, SPARSE_DENSITY)
     tau, base = chosen["tau"], f"block_sparse@{SPARSE_DENSITY:.2f}"
@@ -409,11 +409,14 @@ def _block_sparse_arms(
     route = bsa.plan(q, k, v, tau, 0)
     arms[base]["plan"] = time_call(lambda: bsa.plan(q, k, v, tau, 0), q.device, **clock).to_dict()
     arms[base]["kernel"] = time_call(lambda: bsa.attend(q, k, v, route), q.device, **clock).to_dict()
+    stats = bsa.plan(q, k, v, tau, 0, stats=True)  # the low-precision call's plan: also the quantizer's statistics
+    arms[base]["plan_with_stats"] = time_call(
+        lambda: bsa.plan(q, k, v, tau, 0, stats=True), q.device, **clock
+    ).to_dict()
     visits = {}
     for qk, pv in pairs:
         name = f"{base}[{_label(qk, pv)}]"
         out = bsa.block_sparse_attention(q, k, v, tau, 0, precision=qk, pv=pv)
-        stats = bsa.plan(q, k, v, tau, 0, stats=True)  # the call's plan brings the quantizer's statistics
         z = aq.quantize(q, k, v, pv, qk=qk, k_mean=stats.key_mean, v_amax=stats.v_amax)
         smoothed = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
         cute = block_sparse_attend.sm90_sparse(z, q)  # block_sparse_attend.attend's default path
@@ -423,9 +426,8 @@ def _block_sparse_arms(
             "rel_l2_vs_dense": rel_l2(out, want),
             "rel_l2_vs_exact_blocks": rel_l2(out, exact),
             "bytes_moved": bsa.cost(tuple(q.shape), chosen["density"], q.dtype, qk, pv)[0],
-            "plan": time_call(lambda: bsa.plan(q, k, v, tau, 0, stats=True), q.device, **clock).to_dict(),
             "quantize": time_call(
-                lambda qk=qk, pv=pv, s=stats: aq.quantize(q, k, v, pv, qk=qk, k_mean=s.key_mean, v_amax=s.v_amax),
+                lambda qk=qk, pv=pv: aq.quantize(q, k, v, pv, qk=qk, k_mean=stats.key_mean, v_amax=stats.v_amax),
                 q.device,
                 **clock,
             ).to_dict(),

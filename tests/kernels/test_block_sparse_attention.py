@@ -394,9 +394,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("precision,pv", [("int8", "fp8"), ("e4m3", "bf16"), ("int8", "int8")])
 def test_block_sparse_attention_low_precision_matches_reference(rng, fp8_p_equal, precision, pv):
     """The exact blocks through fp8_attention's quantized tile, against `reference(..., precision, pv, key_mean)` (the
-    same quantized operands, from the plan's key mean, and block order in fp32 torch): Tq != Tk, q a dispatcher view, keys with a common offset
-    (smoothed in the exact and the folded blocks alike), 32-row programs, sinks; exact and folded blocks both
-    present. Against the exact path the error is the quantization's (fp8_attention's size), not the routing's."""
+    same quantized operands, from the plan's key mean, and block order in fp32 torch): Tq != Tk, q a dispatcher
+    view, keys with a common offset (smoothed in the exact and the folded blocks alike), 32-row programs, sinks;
+    exact and folded blocks both present. Against the exact path the error is the quantization's (fp8_attention's
+    size), not the routing's."""
     seed = rng.initial_seed()
     q = torch.randn(1, 203, 2, D, generator=rng).transpose(1, 2)
     k = torch.randn(1, 2, 300, D, generator=rng) + 2.0 * torch.randn(1, 2, 1, D, generator=rng)
