@@ -65,8 +65,8 @@ one ring of `stages` (4) buffers for the CTA, which producer warp 0 fills with t
 query blocks' lists (`block_sparse_routing.union_lists`: two neighbouring query blocks' lists mostly overlap, so each
 block is read from L2 once for both warpgroups instead of once for each) and then with the folded pass's tiles, once
 for both; each warpgroup runs every step, its keys of a block not in its own list masked like padding (P = 0), so its
-pairs are the union's: its P rounds against other step maxima than `visits`' (in the fp32 reference, 6e-3 to 9e-3
-relative L2 between the two orders on small iid shapes, each as far from the exact path as the other, within 0.3 %);
+pairs are the union's: its P rounds against other step maxima than `visits`', so its output is not the Triton
+kernel's up to fp32 order but another rounding of the same maths, as far from the exact path (its GPU test's bounds);
 its running max starts at FLOOR instead of -inf (a step may hold none of its keys).
 
 `attend(z, out, tk, scale, **options)`: the host entry on torch tensors, compiled once per options and shapes (for
