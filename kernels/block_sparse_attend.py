@@ -258,10 +258,9 @@ def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:
             )
 
 
-# (qk, pv) pairs `attend` runs on the CuTe kernel by default: checked against the Triton kernel on lists of one step
-# as well as long ones (benchmarks/results/2026-12-05-block-sparse-cute-h100.json, where int8 P.V failed that check;
-# qk="int8" with pv="fp8" passed the GPU tests and the Wan-shape check but has not met one-step lists yet)
-SM90_PAIRS = (("e4m3", "fp8"),)
+# (qk, pv) pairs `attend` runs on the CuTe kernel by default: each checked against the Triton kernel and the fp32
+# reference on lists of one step as well as long ones (benchmarks/results/2026-12-06-block-sparse-cute-h100.json)
+SM90_PAIRS = (("e4m3", "fp8"), ("int8", "fp8"), ("int8", "int8"))
 
 
 def sm90_sparse(z: Quantized, q: torch.Tensor) -> bool:

@@ -230,15 +230,6 @@ def exact_lists(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return idx, count
 
 
-def union_lists(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lists for a kernel that runs query blocks 2m and 2m + 1 together (fp8_attention_sm90's `shared` build): per
-    pair, the ascending exact key blocks of either (of the last block alone when Qb is odd), as `exact_lists` gives
-    them: idx int32 (B, H, ceil(Qb / 2), Kb) and count int32 (B, H, ceil(Qb / 2))."""
-    if mask.shape[2] % 2:
-        mask = torch.cat([mask, mask[:, :, -1:]], 2)
-    return exact_lists((mask[:, :, 0::2] | mask[:, :, 1::2]).contiguous())
-
-
 def routing(
     q: torch.Tensor, k: torch.Tensor, tau: float, sink_tokens: int, block: int = BLOCK, scale: float | None = None
 ) -> tuple[torch.Tensor, float]:

@@ -59,15 +59,6 @@ buffers, which producer warp w fills by TMA:
   block_sparse_attend runs it: every key block's smoothed mean key and mean value, 64 a buffer in bf16 (the same
   bytes as the K and V buffers), the warpgroup's q rows in bf16 (their own tile), logits plus log2 of the block's
   length (-inf where the block is exact), P rounded to bf16 for a bf16 P.V dot, l from FADDs; then O / l.
-pv="int8" (INT8 P.V) is not qualified here (`attend_sparse`).
-`shared` (an option, off by default: measured against the default in the fp8-attention scenario's `launch_sweep`):
-one ring of `stages` (4) buffers for the CTA, which producer warp 0 fills with the steps of the union of its two
-query blocks' lists (`block_sparse_routing.union_lists`: two neighbouring query blocks' lists mostly overlap, so each
-block is read from L2 once for both warpgroups instead of once for each) and then with the folded pass's tiles, once
-for both; each warpgroup runs every step, its keys of a block not in its own list masked like padding (P = 0), so its
-pairs are the union's: its P rounds against other step maxima than `visits`', so its output is not the Triton
-kernel's up to fp32 order but another rounding of the same maths, as far from the exact path (its GPU test's bounds);
-its running max starts at FLOOR instead of -inf (a step may hold none of its keys).
 
 `attend(z, out, tk, scale, **options)`: the host entry on torch tensors, compiled once per options and shapes (for
 sm_90a: `cute.compile(..., options="--gpu-arch sm_90a")`, so a CPU without a GPU builds it too) and launched on torch's
@@ -94,7 +85,6 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from workbench.kernels.attention_quantize import Quantized
 from workbench.kernels.block_sparse_attend import Plan
 from workbench.kernels.block_sparse_routing import BLOCK as SPARSE_BLOCK
-from workbench.kernels.block_sparse_routing import union_lists
 from workbench.kernels.fp8_attention import LOG2E
 
 TILE_M = 128  # query rows a CTA: two consumer warpgroups of 64
@@ -105,7 +95,6 @@ LOG2_FP8_MAX = math.log2(448.0)
 LOG2_INT8_MAX = math.log2(127.0)
 _MAGIC = 12582912.0  # 1.5 * 2^23: fp32 steps of 1 from 2^23 to 2^24, so x + _MAGIC keeps round(x) in the low bits
 _BIAS = 0x4B400000  # the bits of _MAGIC as an int32
-_FLOOR = -1e30  # shared: the running max's start (log2 units), below any logit; -inf would make exp2(-inf + inf)
 
 # _P_FROM_S[a] = s: register a of the P.V operand (one 32-key k-block: 4 keys x 2 rows x 2 halves) takes accumulator
 # value s of the logits' fragment (2 columns x 2 rows x 4 groups of 8 columns of the same 32 keys). Slot 16g + 4t +
@@ -159,23 +148,15 @@ class Fp8AttentionSm90:
     against its running value, so a whole row's sum of P carried in it loses the small terms
     (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
-    def __init__(
-        self, qk_int8: bool, stages: int | None = None, pv_int8: bool = False, sparse: bool = False,
-        shared: bool = False,
-    ):  # fmt: skip
+    def __init__(self, qk_int8: bool, stages: int | None = None, pv_int8: bool = False, sparse: bool = False):
         """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `sparse`: block_sparse_attention
-        (module doc: block-sparse), `stages` K/V buffers a consumer warpgroup; `shared` (sparse): one ring for both
-        warpgroups over their lists' union (module doc). `stages` defaults to 3, sparse 2 (what fits in shared memory
-        beside the bf16 q tiles), shared 4."""
-        if shared and not sparse:
-            raise ValueError("Fp8AttentionSm90: shared is an option of the sparse kernel (sparse=True)")
+        (module doc: block-sparse), `stages` K/V buffers a consumer warpgroup. `stages` defaults to 3, sparse 2
+        (what fits in shared memory beside the bf16 q tiles)."""
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
-        self.stages = stages or (4 if shared else 2 if sparse else 3)
+        self.stages = stages or (2 if sparse else 3)
         self.sparse = sparse
-        self.shared = shared
-        # K/V rings: sparse, one a consumer warpgroup (each has its own key list), unless they share one
-        self.rings = 2 if sparse and not shared else 1
+        self.rings = 2 if sparse else 1  # K/V rings: sparse, one a consumer warpgroup (each has its own key list)
         self.key_block = SPARSE_BLOCK if sparse else TILE_N  # keys a TMA load: a 128-key stage is two sparse blocks
         # the P.V dot's N: v8's channels and the ones row (+ 7 zero rows; 15 for an INT8 dot, whose N is a multiple of
         # 16 past 32)
@@ -434,10 +415,10 @@ class Fp8AttentionSm90:
         self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, m_block, h, b, tk, mIdx, mCount,
         ring, tma_qb, mQb, tma_km, mKm, tma_vm, mVm, folded,
     ):  # fmt: skip
-        """Sparse, producer warp `ring` (0 or 1) for consumer warpgroup `ring`: its bf16 q tile; then (warp 0 alone
-        when `shared`) its ring's steps (`steps` of the warpgroup's list, shared: of the CTA's union list), two 64-key
-        blocks a 128-key buffer (one block twice where a step has one: the copy is masked, its bytes are real v8), and
-        the mean keys and values of all key blocks, 64 a buffer, for the folded pass. Warp 0 loads q8's tile first."""
+        """Sparse, producer warp `ring` (0 or 1) for consumer warpgroup `ring`: its bf16 q tile; then its ring's
+        steps (`steps` of the warpgroup's list), two 64-key blocks a 128-key buffer (one block twice where a step has
+        one: the copy is masked, its bytes are real v8), and the mean keys and values of all key blocks, 64 a buffer,
+        for the folded pass. Warp 0 loads q8's tile first."""
         sQb, sKm, sVm, pipe_qb = folded
         tQs, tQg = _tma_tiles(tma_q, sQ, cute.local_tile(mQ[None, None, h, b], (TILE_M, HEAD_DIM), (m_block, 0)))
         if ring == 0:
@@ -451,17 +432,10 @@ class Fp8AttentionSm90:
         cute.copy(
             tma_qb, tQbg[None, m_block * 2 + ring], tQbs[None, ring], tma_bar_ptr=pipe_qb.producer_get_barrier(qb_state)
         )
-        if const_expr(self.shared):
-            if ring == 0:
-                self.fill_ring(
-                    tma_k, mK, tma_v, mV, sK, sV, pipe_k, pipe_v, h, b, tk, mIdx, mCount, m_block, 0,
-                    tma_km, mKm, tma_vm, mVm, sKm, sVm,
-                )  # fmt: skip
-        else:
-            self.fill_ring(
-                tma_k, mK, tma_v, mV, sK, sV, pipe_k, pipe_v, h, b, tk, mIdx, mCount, m_block * 2 + ring, ring,
-                tma_km, mKm, tma_vm, mVm, sKm, sVm,
-            )  # fmt: skip
+        self.fill_ring(
+            tma_k, mK, tma_v, mV, sK, sV, pipe_k, pipe_v, h, b, tk, mIdx, mCount, m_block * 2 + ring, ring,
+            tma_km, mKm, tma_vm, mVm, sKm, sVm,
+        )  # fmt: skip
 
     @cute.jit
     def fill_ring(
@@ -525,8 +499,7 @@ class Fp8AttentionSm90:
         ctid, m_block, h, b, n_tiles, mIdx, mCount, mMask, mLogLen, folded,
     ):  # fmt: skip
         """The two consumer warpgroups (module doc): ctid in 0..255. Sparse: warpgroup w runs query block
-        2 * m_block + w over its exact list from ring w (shared: over the CTA's union list from the one ring), then
-        the folded pass (module doc: block-sparse)."""
+        2 * m_block + w over its exact list from ring w, then the folded pass (module doc: block-sparse)."""
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)  # O (pv_int8: the tile's product after k-block 0) accumulates
         if const_expr(self.pv_int8):  # the same dot that overwrites its accumulator: each tile's first k-block
             self.pv_zero = self._mmas()[1]
@@ -550,7 +523,7 @@ class Fp8AttentionSm90:
         alpha = cute.make_rmem_tensor((2,), Float32)
         beta = cute.make_rmem_tensor((2,), Float32)  # pv_int8: P_max of the tile just made into P
         weight = cute.make_rmem_tensor((2,), Float32)  # pv_int8: P_max of the tile whose P.V is in acc_r
-        m.fill(Float32(_FLOOR) if const_expr(self.shared) else -Float32.inf)
+        m.fill(-Float32.inf)
         l.fill(0.0)
         lane_col = 2 * (ctid % 4)  # this thread's first key column within each group of 8
         q_factor = mQs[m_block, h, b] * qk_scale
@@ -561,42 +534,37 @@ class Fp8AttentionSm90:
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
 
         wg = ctid // 128  # this consumer warpgroup: 0 or 1
-        ring = 0 if const_expr(self.shared) else wg  # the ring it consumes (sparse)
-        n_steps, n_pairs, block, mine = n_tiles, None, None, None
+        n_steps, n_pairs, block = n_tiles, None, None
         if const_expr(self.sparse):
-            # the list it steps through (shared: the CTA's union) and its own query block (the last one again for
-            # the last CTA's second warpgroup when Qb is odd)
-            row = m_block if const_expr(self.shared) else m_block * 2 + wg
-            block, n_steps, n_pairs = self.steps(mIdx, mCount, row, h, b, tk)
-            mine = cutlass.min(m_block * 2 + wg, cute.size(mMask, mode=[1]) - 1)
+            block, n_steps, n_pairs = self.steps(mIdx, mCount, m_block * 2 + wg, h, b, tk)
 
         # tile 0: its logits and softmax, no P.V yet
         step = self.step(mIdx, block, h, b, 0, n_pairs)
-        pipe_k.consumer_wait(self.slot(k_state, ring))
-        self.logits(qk_mma, acc_s, rQ, rK, self.slot(k_state, ring))
+        pipe_k.consumer_wait(self.slot(k_state, wg))
+        self.logits(qk_mma, acc_s, rQ, rK, self.slot(k_state, wg))
         warpgroup.wait_group(0)
-        pipe_k.consumer_release(self.slot(k_state, ring))
+        pipe_k.consumer_release(self.slot(k_state, wg))
         k_state.advance()
-        factors = self.factors(mKs, q_factor, step, h, b)
-        self.softmax(acc_s, p, m, alpha, beta, factors, self.limits(tk, step, mMask, mine, h, b), lane_col, True)
+        self.softmax(
+            acc_s, p, m, alpha, beta, self.factors(mKs, q_factor, step, h, b), self.limits(tk, step), lane_col, True
+        )
         self.to_operand(p, p32, p8)
         for j in cutlass.range(1, n_steps, unroll=1):
             step = self.step(mIdx, block, h, b, j, n_pairs)
             factors = self.factors(mKs, q_factor, step, h, b)
             # P_{j-1}.V_{j-1} runs under tile j's softmax
-            pipe_k.consumer_wait(self.slot(k_state, ring))
-            self.logits(qk_mma, acc_s, rQ, rK, self.slot(k_state, ring))
-            pipe_v.consumer_wait(self.slot(v_state, ring))
+            pipe_k.consumer_wait(self.slot(k_state, wg))
+            self.logits(qk_mma, acc_s, rQ, rK, self.slot(k_state, wg))
+            pipe_v.consumer_wait(self.slot(v_state, wg))
             if const_expr(self.pv_int8):
                 weight[0], weight[1] = beta[0], beta[1]
-            self.values(pv_mma, acc_r, p8, rV, self.slot(v_state, ring))
+            self.values(pv_mma, acc_r, p8, rV, self.slot(v_state, wg))
             warpgroup.wait_group(1)  # the logits are in; P.V still runs
-            pipe_k.consumer_release(self.slot(k_state, ring))
+            pipe_k.consumer_release(self.slot(k_state, wg))
             k_state.advance()
-            limits = self.limits(tk, step, mMask, mine, h, b)
-            self.softmax(acc_s, p, m, alpha, beta, factors, limits, lane_col, False)
+            self.softmax(acc_s, p, m, alpha, beta, factors, self.limits(tk, step), lane_col, False)
             warpgroup.wait_group(0)
-            pipe_v.consumer_release(self.slot(v_state, ring))
+            pipe_v.consumer_release(self.slot(v_state, wg))
             v_state.advance()
             if const_expr(not self.pv_int8):
                 for r in cutlass.range_constexpr(2):  # the ones channel holds tile j-1's sum only: into fp32 l, zeroed
@@ -606,24 +574,24 @@ class Fp8AttentionSm90:
             if const_expr(self.pv_int8):  # O += R * P_max * alpha, the ones channel (l) alike
                 self.fold(acc_o, acc_r, weight)
             self.to_operand(p, p32, p8)
-        pipe_v.consumer_wait(self.slot(v_state, ring))
-        self.values(pv_mma, acc_r, p8, rV, self.slot(v_state, ring))
+        pipe_v.consumer_wait(self.slot(v_state, wg))
+        self.values(pv_mma, acc_r, p8, rV, self.slot(v_state, wg))
         warpgroup.wait_group(0)
-        pipe_v.consumer_release(self.slot(v_state, ring))
+        pipe_v.consumer_release(self.slot(v_state, wg))
         if const_expr(self.pv_int8):
             self.fold(acc_o, acc_r, beta)
         if const_expr(self.sparse):
             v_state.advance()  # the folded pass goes on in the same ring
             self.fold_pass(
                 acc_o, l, m, alpha, mVs, mO, mMask, mLogLen, folded, pipe_k, pipe_v, k_state, v_state, pv_thr,
-                qk_scale, mine, wg, ring, ctid % 128, m_block, h, b,
+                qk_scale, block, wg, ctid % 128, m_block, h, b,
             )  # fmt: skip
         else:
             self.epilogue(acc_o, l, mVs, mO, pv_thr, m_block, h, b)
 
-    def slot(self, state: pipeline.PipelineState, ring) -> pipeline.PipelineState:
-        """The pipelines' state of a consumer's position `state`: itself, or (sparse) in ring `ring`."""
-        return self.ring_slot(state, ring) if self.sparse else state
+    def slot(self, state: pipeline.PipelineState, wg) -> pipeline.PipelineState:
+        """The pipelines' state of a consumer's position `state`: itself, or (sparse) in warpgroup wg's ring."""
+        return self.ring_slot(state, wg) if self.sparse else state
 
     def step(self, mIdx, block, h, b, j, n_pairs):
         """Key tile j, or (sparse) step j's (first, second, pair) (`step_blocks`)."""
@@ -636,16 +604,11 @@ class Fp8AttentionSm90:
             return tuple(q_factor * mKs[block // 2, h, b] for block in step[:2])
         return (q_factor * mKs[step, h, b],)
 
-    def limits(self, tk, step, mMask, mine, h, b) -> tuple:
+    def limits(self, tk, step) -> tuple:
         """A tile's (`step`'s) key limits, one per factor: its keys at or past a limit weigh nothing (past tk, or
-        the second block of a one-block step; shared: a block not in query block `mine`'s list, from mMask)."""
+        the second block of a one-block step)."""
         if self.sparse:
             first, second, pair = step
-            if self.shared:  # 1 where the block is in query block `mine`'s list
-                return (
-                    (tk - first * SPARSE_BLOCK) * Int32(mMask[first, mine, h, b] != 0),
-                    (tk - second * SPARSE_BLOCK) * pair * Int32(mMask[second, mine, h, b] != 0),
-                )
             return (tk - first * SPARSE_BLOCK, (tk - second * SPARSE_BLOCK) * pair)
         return (tk - step * TILE_N,)
 
@@ -736,8 +699,6 @@ class Fp8AttentionSm90:
             alpha[r] = Float32(1.0) if const_expr(first) else _ex2(m[r] - m_new)
             m[r] = m_new
             if const_expr(self.pv_int8):
-                if const_expr(self.shared):  # a step with none of the row's keys: P = 0 (not NaN), beta 0 or 1
-                    top = cute.arch.fmax(top, Float32(_FLOOR))
                 beta[r] = _ex2(top - m_new)
                 shift = top - LOG2_INT8_MAX
             else:
@@ -793,11 +754,11 @@ class Fp8AttentionSm90:
     @cute.jit
     def fold_pass(
         self, acc_o, l, m, alpha, mVs, mO, mMask, mLogLen, folded, pipe_k, pipe_v,  # noqa: E741
-        k_state, v_state, pv_thr, qk_scale, block, wg, ring, tid, m_block, h, b,
+        k_state, v_state, pv_thr, qk_scale, block, wg, tid, m_block, h, b,
     ):  # fmt: skip
         """Sparse: after warpgroup wg's exact blocks (of query block `block`), O and l in real units (O times v's
         per-channel scale, l less its factor 448 or 127), then the online softmax over every key block's pseudo-key,
-        64 a step in bf16 from ring `ring` as block_sparse_attend's folded pass does (module doc: block-sparse), then
+        64 a step in bf16 from its ring as block_sparse_attend's folded pass does (module doc: block-sparse), then
         O / l into mO. tid in 0..127."""
         sQb, sKm, sVm, pipe_qb = folded
         (qk0, pv0), (qk1, pv1) = self._fold_mmas(False), self._fold_mmas(True)
@@ -828,7 +789,7 @@ class Fp8AttentionSm90:
         lane_col = 2 * (tid % 4)
         for c in cutlass.range(n_chunks, unroll=1):
             self.fold_bias(bias, mLogLen, mMask, c, n_blocks, lane_col, block, h, b)
-            slot = self.ring_slot(k_state, ring)
+            slot = self.ring_slot(k_state, wg)
             pipe_k.consumer_wait(slot)
             self.fold_logits(qk, acc_s, rQ, rK, slot, wg)
             warpgroup.wait_group(0)
@@ -836,7 +797,7 @@ class Fp8AttentionSm90:
             k_state.advance()
             self.fold_softmax(acc_s, bias, m, l, alpha, qk_scale)
             self.fold_operand(acc_s, p32, p16)
-            slot = self.ring_slot(v_state, ring)
+            slot = self.ring_slot(v_state, wg)
             pipe_v.consumer_wait(slot)
             self.fold_values(pv, acc_f, p16, rV, slot)
             warpgroup.wait_group(0)
@@ -971,18 +932,11 @@ def attend_sparse(
     `quantized`, module doc: block-sparse) into `out` (B, H, Tq, 128) bf16 with unit last stride: `quantize`'s
     operands `z` (a one-byte pv) of Tk = `tk` keys, q (B, H, Tq, 128) bf16 (unit last stride, 16-byte aligned strides)
     for the folded pass, and `route` (`block_sparse_attention.plan`, its bf16 mean keys smoothed by z's key mean).
-    `options`, compiling and `stream` as `attend`. pv="int8" raises: that build's output disagrees with the Triton
-    kernel's past what l's rounding explains, worst on one-step lists, while the Triton kernel agrees with the
-    reference there (benchmarks/results/2026-12-05-block-sparse-cute-h100.json)."""
-    if z.pv != "fp8":
-        raise ValueError(
-            f"fp8_attention_sm90.attend_sparse: pv {z.pv!r} is not qualified on this kernel; allowed: ['fp8']"
-        )
-    idx, count = union_lists(route.mask) if options.get("shared") else (route.idx, route.count)
-    tensors = (out, z.q8, z.k8, z.v, idx, count, route.mask, q, route.k_mean, route.v_mean, route.log_len)
+    `options`, compiling and `stream` as `attend`."""
+    tensors = (out, z.q8, z.k8, z.v, route.idx, route.count, route.mask, q, route.k_mean, route.v_mean, route.log_len)
     sparse = [
-        from_dlpack(idx.permute(3, 2, 1, 0), assumed_align=4),
-        from_dlpack(count.permute(2, 1, 0), assumed_align=4),
+        from_dlpack(route.idx.permute(3, 2, 1, 0), assumed_align=4),
+        from_dlpack(route.count.permute(2, 1, 0), assumed_align=4),
         from_dlpack(route.mask.view(torch.uint8).permute(3, 2, 1, 0), assumed_align=1),
         from_dlpack(route.log_len, assumed_align=4),
         *(from_dlpack(x.permute(2, 3, 1, 0), assumed_align=16) for x in (q, route.k_mean, route.v_mean)),
