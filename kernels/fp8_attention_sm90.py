@@ -95,8 +95,6 @@ LOG2_FP8_MAX = math.log2(448.0)
 LOG2_INT8_MAX = math.log2(127.0)
 _MAGIC = 12582912.0  # 1.5 * 2^23: fp32 steps of 1 from 2^23 to 2^24, so x + _MAGIC keeps round(x) in the low bits
 _BIAS = 0x4B400000  # the bits of _MAGIC as an int32
-_LIVE_O = 68  # values of a thread's P.V accumulator read after the loop: O's channels 0..127 (values 0..63) and the
-# ones row 128 (value 64 + 2r); an INT8 dot's values 68..71 hold its zero rows 136..143 and are never read
 
 # _P_FROM_S[a] = s: register a of the P.V operand (one 32-key k-block: 4 keys x 2 rows x 2 halves) takes accumulator
 # value s of the logits' fragment (2 columns x 2 rows x 4 groups of 8 columns of the same 32 keys). Slot 16g + 4t +
@@ -645,19 +643,15 @@ class Fp8AttentionSm90:
                 weight[r] = weight[r] * alpha[r]
             else:
                 l[r] = l[r] * alpha[r]
-        for i in cutlass.range_constexpr(_LIVE_O):
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
             acc_o[i] = acc_o[i] * alpha[(i // 2) % 2]
 
     @cute.jit
     def fold(self, acc_o, acc_r, weight):
         """pv_int8: O += R * weight per row, R the exact int32 product in acc_r (module doc); O and weight already
-        rescaled. R to fp32 as the logits are (softmax): its bits plus those of 1.5 * 2^23 read as fp32, less 1.5 *
-        2^23, exact since |R| <= 128 * 127 * 127 < 2^22 (an integer add and a full-rate FADD for an I2F conversion,
-        which runs at a quarter of the FMA rate beside the softmax's exp2s); acc_r is left biased."""
-        bits = cute.recast_tensor(acc_r, Float32)
-        for i in cutlass.range_constexpr(_LIVE_O):
-            acc_r[i] = acc_r[i] + Int32(_BIAS)
-            acc_o[i] = (bits[i] - Float32(_MAGIC)) * weight[(i // 2) % 2] + acc_o[i]
+        rescaled."""
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[i] = Float32(acc_r[i]) * weight[(i // 2) % 2] + acc_o[i]
 
     @cute.jit
     def softmax(self, acc_s, p, m, alpha, beta, factors, limits, lane_col, first: cutlass.Constexpr):
