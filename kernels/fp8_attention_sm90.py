@@ -55,7 +55,7 @@ buffers, which producer warp w fills by TMA:
   its block twice and masks the copy). A step's two blocks may have different k scales, so the softmax takes the max
   of each block's logits scaled by its own factor. v8's buffers are 64-key halves (64-byte swizzle), since TMA writes
   whole swizzle rows;
-- then O and l in real units (v's per-channel scale in, l's factor 448 out), and the folded pass (`fold_pass`) as
+- then O and l in real units (v's per-channel scale in, l's factor 448 or 127 out), and the folded pass (`fold_pass`) as
   block_sparse_attend runs it: every key block's smoothed mean key and mean value, 64 a buffer in bf16 (the same
   bytes as the K and V buffers), the warpgroup's q rows in bf16 (their own tile), logits plus log2 of the block's
   length (-inf where the block is exact), P rounded to bf16 for a bf16 P.V dot, l from FADDs; then O / l.
