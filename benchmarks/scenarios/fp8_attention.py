@@ -77,8 +77,8 @@ LAUNCHES = {
     "m128_n128_w8_s2": fa.Launch(128, 128, 8, 2),
     "m128_n128_w8_s3": fa.Launch(128, 128, 8, 3),
 }
-CUTE_OPTIONS = {"s2": {"stages": 2}}  # Fp8AttentionSm90 builds besides the default, A/B/A against it (SWEEP_PAIRS
-# on CuTe)
+CUTE_OPTIONS = {"s2": {"stages": 2}, "lazy": {"lazy_rescale": True}}  # Fp8AttentionSm90 builds besides the
+# default, A/B/A against it (SWEEP_PAIRS on CuTe)
 TRITON_TWIN_PAIRS = (("int8", "fp8"), ("int8", "int8"))  # the plugin's default pair; one-byte P.V within 3e-2
 CAPTURE_MODEL = "demo-av"  # trained: its attention activations are a model's, not synthetic
 CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hum"
