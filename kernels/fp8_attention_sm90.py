@@ -157,11 +157,11 @@ class Fp8AttentionSm90:
         (what fits in shared memory beside the bf16 q tiles). `lazy_rescale` (off by default until timed against
         it): a warp skips O's rescale in a tile where every row's alpha is exactly 1 (its running max did not move),
         a multiplication by 1, so the output is the default build's bit for bit."""
-        self.lazy_rescale = lazy_rescale
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
         self.stages = stages or (2 if sparse else 3)
         self.sparse = sparse
+        self.lazy_rescale = lazy_rescale
         self.rings = 2 if sparse else 1  # K/V rings: sparse, one a consumer warpgroup (each has its own key list)
         self.key_block = SPARSE_BLOCK if sparse else TILE_N  # keys a TMA load: a 128-key stage is two sparse blocks
         # the P.V dot's N: v8's channels and the ones row (+ 7 zero rows; 15 for an INT8 dot, whose N is a multiple of
@@ -438,21 +438,9 @@ class Fp8AttentionSm90:
         cute.copy(
             tma_qb, tQbg[None, m_block * 2 + ring], tQbs[None, ring], tma_bar_ptr=pipe_qb.producer_get_barrier(qb_state)
         )
-        self.fill_ring(
-            tma_k, mK, tma_v, mV, sK, sV, pipe_k, pipe_v, h, b, tk, mIdx, mCount, m_block * 2 + ring, ring,
-            tma_km, mKm, tma_vm, mVm, sKm, sVm,
-        )  # fmt: skip
-
-    @cute.jit
-    def fill_ring(
-        self, tma_k, mK, tma_v, mV, sK, sV, pipe_k, pipe_v, h, b, tk, mIdx, mCount, row, ring,
-        tma_km, mKm, tma_vm, mVm, sKm, sVm,
-    ):  # fmt: skip
-        """Sparse: ring `ring`'s loads, the steps of list `row` of mIdx / mCount, then the folded pass's tiles."""
-        tile = (SPARSE_BLOCK, HEAD_DIM)
         tKs, tKg = _tma_tiles(tma_k, sK, cute.local_tile(mK[None, None, h, b], tile, (None, 0)))  # 64-key blocks
         tVs, tVg = _tma_tiles(tma_v, sV, cute.local_tile(mV[None, None, h, b], (HEAD_DIM, SPARSE_BLOCK), (0, None)))
-        block, n_steps, n_pairs = self.steps(mIdx, mCount, row, h, b, tk)
+        block, n_steps, n_pairs = self.steps(mIdx, mCount, m_block * 2 + ring, h, b, tk)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for t in cutlass.range(n_steps, unroll=1):
             first, second, _ = self.step_blocks(mIdx, block, h, b, t, n_pairs)
