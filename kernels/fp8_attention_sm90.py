@@ -148,20 +148,14 @@ class Fp8AttentionSm90:
     against its running value, so a whole row's sum of P carried in it loses the small terms
     (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
 
-    def __init__(
-        self, qk_int8: bool, stages: int | None = None, pv_int8: bool = False, sparse: bool = False,
-        lazy_rescale: bool = False,
-    ):  # fmt: skip
+    def __init__(self, qk_int8: bool, stages: int | None = None, pv_int8: bool = False, sparse: bool = False):
         """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `sparse`: block_sparse_attention
         (module doc: block-sparse), `stages` K/V buffers a consumer warpgroup. `stages` defaults to 3, sparse 2
-        (what fits in shared memory beside the bf16 q tiles). `lazy_rescale` (off by default until timed against
-        it): a warp skips O's rescale in a tile where every row's alpha is exactly 1 (its running max did not move),
-        a multiplication by 1, so the output is the default build's bit for bit."""
+        (what fits in shared memory beside the bf16 q tiles)."""
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
         self.stages = stages or (2 if sparse else 3)
         self.sparse = sparse
-        self.lazy_rescale = lazy_rescale
         self.rings = 2 if sparse else 1  # K/V rings: sparse, one a consumer warpgroup (each has its own key list)
         self.key_block = SPARSE_BLOCK if sparse else TILE_N  # keys a TMA load: a 128-key stage is two sparse blocks
         # the P.V dot's N: v8's channels and the ones row (+ 7 zero rows; 15 for an INT8 dot, whose N is a multiple of
@@ -631,23 +625,12 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def rescale(self, acc_o, l, weight, alpha):  # noqa: E741
-        """O and l (pv_int8: O and the P_max of the product about to be folded in) times alpha, per row;
-        `lazy_rescale`: O's only where a row of the warp has alpha != 1 (alpha <= 1, so the product of the thread's
-        two is 1 exactly when both are: a warp-uniform branch)."""
+        """O and l (pv_int8: O and the P_max of the product about to be folded in) times alpha, per row."""
         for r in cutlass.range_constexpr(2):
             if const_expr(self.pv_int8):
                 weight[r] = weight[r] * alpha[r]
             else:
                 l[r] = l[r] * alpha[r]
-        if const_expr(self.lazy_rescale):
-            if not cute.arch.vote_all_sync(alpha[0] * alpha[1] == Float32(1.0)):
-                self.rescale_o(acc_o, alpha)
-        else:
-            self.rescale_o(acc_o, alpha)
-
-    @cute.jit
-    def rescale_o(self, acc_o, alpha):
-        """O times alpha, per row."""
         for i in cutlass.range_constexpr(cute.size(acc_o)):
             acc_o[i] = acc_o[i] * alpha[(i // 2) % 2]
 

@@ -33,8 +33,8 @@ block_sparse at 20 %: tau by bisection on the structured q/k (as `sparse-attenti
 low-precision arm (`SPARSE_PRECISIONS`) A/B/A on the queued clock, each with its relative L2 against dense and against
 the exact arm; the plan (routing, and the quantizer's key mean and v amax), the quantization and the attention
 kernel alone are timed apart (each arm's `kernel_path`: the CuTe kernel, `fp8_attention_sm90.attend_sparse`,
-or the Triton kernel), and where that is the CuTe kernel, the Triton kernel alone at SPARSE_LAUNCHES and the CuTe
-kernel's other builds (SPARSE_CUTE_OPTIONS) beside it, A/B/A (`launch_sweep`).
+or the Triton kernel), and where that is the CuTe kernel, the Triton kernel alone at SPARSE_LAUNCHES beside it, A/B/A
+(`launch_sweep`).
 `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math backend, every arm and
 swept launch; the numbers say nothing.
 """
@@ -77,8 +77,8 @@ LAUNCHES = {
     "m128_n128_w8_s2": fa.Launch(128, 128, 8, 2),
     "m128_n128_w8_s3": fa.Launch(128, 128, 8, 3),
 }
-CUTE_OPTIONS = {"s2": {"stages": 2}, "lazy": {"lazy_rescale": True}}  # Fp8AttentionSm90 builds besides the
-# default, A/B/A against it (SWEEP_PAIRS on CuTe)
+CUTE_OPTIONS = {"s2": {"stages": 2}}  # Fp8AttentionSm90 builds besides the default, A/B/A against it (SWEEP_PAIRS
+# on CuTe)
 TRITON_TWIN_PAIRS = (("int8", "fp8"), ("int8", "int8"))  # the plugin's default pair; one-byte P.V within 3e-2
 CAPTURE_MODEL = "demo-av"  # trained: its attention activations are a model's, not synthetic
 CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hum"
@@ -87,7 +87,6 @@ SPARSE_DENSITY = 0.20
 SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "int8"), ("int8", "bf16"), ("e4m3", "fp8"))
 SPARSE_LAUNCHES = {"triton": block_sparse_attend.DEFAULT}  # where the low-precision default is the CuTe kernel, the
 # Triton kernel alone at its shipped launch beside it (its launch sweep: git history, fp8-attention.json at 9b6614c)
-SPARSE_CUTE_OPTIONS = {"lazy": {"lazy_rescale": True}}  # and the CuTe kernel's other builds (fp8_attention_sm90 doc)
 ERROR_PART_ROWS = 4096  # query rows (of head 0, against all keys) `error_parts` runs on: a (4096, T) fp32 logits tile
 
 
@@ -372,15 +371,7 @@ def _sweep(
 
 def _sparse_sweep(q, k, v, route, z, clock: dict, rounds: int) -> dict:
     """block_sparse's attention kernel alone (`block_sparse_attend.attend` on `route`, low precision on `z`) at each
-    of SPARSE_LAUNCHES (the Triton kernel) and each of SPARSE_CUTE_OPTIONS (the CuTe kernel's other builds), A/B/A
-    against attend's default path, the CuTe kernel's default build (`_sweep`)."""
-    from workbench.kernels import fp8_attention_sm90
-
-    def cute(options) -> torch.Tensor:
-        out = torch.empty_like(q)
-        fp8_attention_sm90.attend_sparse(z, q, route, k.shape[2], out, **options)
-        return out
-
+    of SPARSE_LAUNCHES (the Triton kernel), A/B/A against attend's default path, the CuTe kernel (`_sweep`)."""
     variants = {
         label: (
             {"launch": dataclasses.asdict(launch)},
@@ -388,7 +379,6 @@ def _sparse_sweep(q, k, v, route, z, clock: dict, rounds: int) -> dict:
         )
         for label, launch in SPARSE_LAUNCHES.items()
     }
-    variants |= {label: ({"options": o}, lambda o=o: cute(o)) for label, o in SPARSE_CUTE_OPTIONS.items()}
     return _sweep(variants, lambda: block_sparse_attend.attend(q, k, v, route, None, z), q.device, clock, None, rounds)
 
 

@@ -63,10 +63,8 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
         sparse = [row for key, row in record["arms"].items() if key.startswith("block_sparse@") and "[" in key]
         assert len(sparse) == len(fp8_scenario.SPARSE_PRECISIONS)
         assert all(row["kernel_path"] in ("cute", "triton") for row in sparse)
-        # the Triton kernel and the CuTe kernel's other builds are swept beside an arm whose default path is the
-        # CuTe kernel (never on the CPU)
-        per_cute_arm = len(fp8_scenario.SPARSE_LAUNCHES) + len(fp8_scenario.SPARSE_CUTE_OPTIONS)
-        sparse_sweeps = sum(row["kernel_path"] == "cute" for row in sparse) * per_cute_arm
+        # the Triton kernel is swept beside an arm whose default path is the CuTe kernel (never on the CPU)
+        sparse_sweeps = sum(row["kernel_path"] == "cute" for row in sparse) * len(fp8_scenario.SPARSE_LAUNCHES)
         assert len(sweeps) == dense_sweeps + sparse_sweeps
         assert all(len(e["seconds"]) == 3 and e["vs_shipped"]["n_pairs"] == 3 for e in sweeps), sweeps[0]
     if not record["ratios"]:  # a smoke that measures no pair must say what it skipped

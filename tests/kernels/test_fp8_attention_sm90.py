@@ -17,7 +17,7 @@ from workbench.kernels import fp8_attention_sm90 as sm90  # noqa: E402
 from workbench.kernels.block_sparse_attention import DEFAULT, block_sparse_attention, plan  # noqa: E402
 
 D = 128
-CONFIGS = ({}, {"stages": 2}, {"lazy_rescale": True})  # the default (3 K/V stages), 2, and the lazy rescale
+CONFIGS = ({}, {"stages": 2})  # the default (3 K/V stages) and 2
 
 
 @pytest.mark.parametrize(("qk", "pv"), [("e4m3", "fp8"), ("int8", "fp8"), ("int8", "int8")])
@@ -31,8 +31,7 @@ def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk, pv):
     route = plan(q, k, v, 0.5, 64)  # the block-sparse build, on bf16 means as a GPU call makes them
     route = dataclasses.replace(route, k_mean=route.k_mean.bfloat16(), v_mean=route.v_mean.bfloat16())
     sm90.attend_sparse(z, q, route, 300, torch.empty_like(q))
-    sm90.attend_sparse(z, q, route, 300, torch.empty_like(q), lazy_rescale=True)
-    assert len(sm90._COMPILED) == before + len(CONFIGS) + 2
+    assert len(sm90._COMPILED) == before + len(CONFIGS) + 1
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -87,7 +86,7 @@ def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, 
     fp32 order and l (summed from P as rounded here); relative L2 below 5e-3, as the dense kernel. Shapes with an odd
     number of query blocks (5, 17: a warpgroup with none), ragged last key blocks, lists of one step (tau inf: the
     band and the sinks only, most blocks folded) to all blocks. block_sparse_attention runs this kernel by default
-    for block_sparse_attend.SM90_PAIRS; the lazy rescale's output is the default build's bit for bit."""
+    for block_sparse_attend.SM90_PAIRS."""
     seed, (q, k, v) = _sm90_qkv(monkeypatch, rng, shape)
     t = shape[2]
     k = k + 1.0
@@ -100,6 +99,3 @@ def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, 
     assert _rel(got, want) < 5e-3, f"seed {seed}: {_rel(got, want)}"
     assert (qk, pv) in block_sparse_attend.SM90_PAIRS
     assert torch.equal(block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv), got)
-    lazy = torch.empty_like(q)
-    sm90.attend_sparse(z, q, route, t, lazy, lazy_rescale=True)
-    assert torch.equal(lazy, got), f"seed {seed}: the lazy rescale changed the output"
