@@ -8,14 +8,14 @@ The maths (`quantize_reference` in torch ops; `quantize` the same in Triton, one
    removes is the common offset trained keys carry, which would otherwise set every block's scale and leave the
    per-token part a few quantization steps.
 2. q and the smoothed k per block of QUANT_BLOCK = 128 tokens, symmetric, one fp32 scale a block
-   `max(amax(|block|), EPS) / top` (IEEE division), value `clamp(x * (1 / scale), -top, top)` (the reciprocal by
-   IEEE division once a block, then a multiply a value: 1.13x faster a quantize call than dividing each value on an
-   H100, benchmarks/results/2026-12-06-attention-quantize-h100.json) rounded to nearest even: qk="int8" top = 127,
-   int8 values (SageAttention's choice); qk="e4m3" top = 448, e4m3 values. Tokens past T are zeros (padded to a
-   multiple of 128; padding is added after smoothing, so it stays zero).
+   `max(amax(|block|), EPS) / top` (IEEE division), value `clamp(x * (1 / scale), -top, top)` (the reciprocal by IEEE
+   division once a block, then a multiply a value: faster than dividing each value,
+   benchmarks/results/2026-12-06-attention-quantize-h100.json) rounded to nearest even: qk="int8" top = 127, int8
+   values (SageAttention's choice); qk="e4m3" top = 448, e4m3 values. Tokens past T are zeros (padded to a multiple of
+   128; padding is added after smoothing, so it stays zero).
 3. pv="fp8" / pv="int8": v per (batch, head, channel) over all tokens to one byte, symmetric: e4m3
-   (`scale_v = max(amax, EPS) / 448`, values as q's e4m3, times the channel's reciprocal) or int8 (`scale_v = max(amax, EPS) / 127`, values rounded
-   to nearest even as q's int8), stored transposed (B, H, 128, Tk') so the P.V dot reads it K-major, zero-padded
+   (`scale_v = max(amax, EPS) / 448`) or int8 (`scale_v = max(amax, EPS) / 127`), each value times its channel's
+   `1 / scale_v` and rounded as q's, stored transposed (B, H, 128, Tk') so the P.V dot reads it K-major, zero-padded
    like k, its keys in `v_slot` order within each group of 32 (below); `v_scale = scale_v / P_TOP[pv]` (the kernels'
    P carries a factor 448, or 127: `P_TOP`). pv="bf16": v rounded to bf16, made contiguous only when TMA cannot
    read it.
@@ -28,12 +28,12 @@ kernels relabel P's columns the same way (`fp8_attention.quantized_tile`), a ren
 cross-lane shuffles a layout conversion would take. Any relabelling gives the same dot; this one is free.
 
 Contract: `quantize` equals `quantize_reference` bit for bit on finite inputs (every step is an exact or IEEE-rounded
-fp32 operation in both, the Triton kernel divides with `div_rn`, a scale's reciprocal included; v's per-channel amax comes from `torch.aminmax`,
-exact). A NaN or inf makes its block's scale (q, k: every block of the head, through k's mean) or its channel's scale
-(v) NaN in both, so the attention output is NaN where dense attention's is (and more: a whole q block), never a
-finite number that hides it; the one-byte values of such a block are unspecified. Under the
-CPU interpreter the fp32 -> e4m3 conversion is not round-to-nearest-even (fp8_attention's module doc), so the kernel
-rounds to the e4m3 grid in fp32 first (EMULATE), as the GPU's `cvt.rn.satfinite` does.
+fp32 operation in both, the Triton kernel divides with `div_rn`, the scales' reciprocals included; v's per-channel
+amax comes from `torch.aminmax`, exact). A NaN or inf makes its block's scale (q, k: every block of the head, through
+k's mean) or its channel's scale (v) NaN in both, so the attention output is NaN where dense attention's is (and more:
+a whole q block), never a finite number that hides it; the one-byte values of such a block are unspecified. Under
+the CPU interpreter the fp32 -> e4m3 conversion is not round-to-nearest-even (fp8_attention's module doc), so the
+kernel rounds to the e4m3 grid in fp32 first (EMULATE), as the GPU's `cvt.rn.satfinite` does.
 
 The Triton path: torch's fp32 mean of k (one read) and, for a one-byte pv, `torch.aminmax` of v over tokens (one
 read; none where the caller passes v's amax, as block_sparse does from its block-means launch), then one launch per
