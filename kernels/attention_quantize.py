@@ -166,11 +166,6 @@ def quantize_reference(
     return Quantized(q8, q_scale, k8, k_scale, vt.view(v8.dtype), _ieee_div(scale, top), pv, qk, k_mean)
 
 
-def _max_keep_nan(a, b):
-    """tl.reduce's combine: the max, NaN if either is (tl.maximum's default drops it)."""
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
 def _quantize_fwd(
     x_ptr, mean_ptr, scale_ptr, out_ptr, low_ptr, high_ptr,
     H, T, TP,
@@ -205,10 +200,11 @@ def _quantize_fwd(
             tl.store(scale_ptr + bh * D + d, tl.div_rn(channel_scale, top))
         inverse = tl.broadcast_to(tl.div_rn(1.0, channel_scale)[None, :], (BLOCK, D))
     else:
-        amax = tl.reduce(tl.reduce(tl.abs(x), 1, _max_keep_nan), 0, _max_keep_nan)  # NaN if one is there
-        # a NaN or inf in the block poisons its scale (amax - amax is NaN then, else 0), so the block's logits come
-        # out NaN as the reference's (torch's amax keeps NaN) do; tl.maximum(amax, 1e-12) alone would drop a NaN
-        block_scale = tl.div_rn(tl.maximum(amax, 1e-12) + (amax - amax), top)
+        amax = tl.reduce(tl.reduce(tl.abs(x), 1, tl.standard._elementwise_max), 0, tl.standard._elementwise_max)
+        # tl.maximum skips NaN: a NaN or inf in the block poisons its scale through a sum of x * 0 instead (NaN iff
+        # one is there), so the block's logits come out NaN as the reference's (torch's amax keeps NaN) do
+        poison = tl.reduce(tl.reduce(x * 0.0, 1, tl.standard._sum_combine), 0, tl.standard._sum_combine)
+        block_scale = tl.div_rn(tl.maximum(amax, 1e-12) + poison, top)
         tl.store(scale_ptr + bh * (TP // BLOCK) + blk, block_scale)
         inverse = tl.broadcast_to(tl.div_rn(1.0, block_scale), (BLOCK, D))
     y = tl.minimum(tl.maximum(x * inverse, -top), top)
@@ -233,7 +229,7 @@ def _quantize_fwd(
         tl.store(out_ptr + (bh * TP + rows.to(tl.int64))[:, None] * D + d[None, :], values)
 
 
-_KERNEL = LazyKernel(_quantize_fwd, helpers=(_max_keep_nan,))
+_KERNEL = LazyKernel(_quantize_fwd)
 
 
 def _launch(
