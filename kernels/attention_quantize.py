@@ -198,7 +198,7 @@ def _quantize_fwd(
         channel_scale = tl.div_rn(tl.maximum(amax, 1e-12, propagate_nan=tl.PropagateNan.ALL), top)
         if blk == 0:
             tl.store(scale_ptr + bh * D + d, tl.div_rn(channel_scale, top))
-        inverse = tl.broadcast_to(tl.div_rn(1.0, channel_scale)[None, :], (BLOCK, D))
+        inverse = tl.div_rn(1.0, channel_scale)[None, :]  # (1, D)
     else:
         amax = tl.reduce(tl.reduce(tl.abs(x), 1, tl.standard._elementwise_max), 0, tl.standard._elementwise_max)
         # tl.maximum skips NaN: a NaN or inf in the block poisons its scale through a sum of x * 0 instead (NaN iff
@@ -206,7 +206,7 @@ def _quantize_fwd(
         poison = tl.reduce(tl.reduce(x * 0.0, 1, tl.standard._sum_combine), 0, tl.standard._sum_combine)
         block_scale = tl.div_rn(tl.maximum(amax, 1e-12) + poison, top)
         tl.store(scale_ptr + bh * (TP // BLOCK) + blk, block_scale)
-        inverse = tl.broadcast_to(tl.div_rn(1.0, block_scale), (BLOCK, D))
+        inverse = tl.div_rn(1.0, block_scale)
     y = tl.minimum(tl.maximum(x * inverse, -top), top)
     if INT8:
         y = (y + 12582912.0) - 12582912.0  # round half to even: 1.5 * 2^23 leaves fp32 steps of 1
