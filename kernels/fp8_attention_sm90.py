@@ -18,8 +18,9 @@ One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
   row max also reuses the dot's unread accumulator registers), so a warpgroup's softmax runs under the other
   warpgroup's dots, not its own. Keeping the wait after the softmax (a never-taken branch between the two does it
   without serializing the dots) is slower, as are passing P_j through shared memory around the wait and
-  FlashAttention-3's turn-taking barriers between the warpgroups (git history has the code; the timings are in
-  benchmarks/results/2026-12-06-fp8-attention-schedule-h100.json and fp8-attention-cute-bounce.json).
+  FlashAttention-3's turn-taking barriers between the warpgroups. Their timings and the branch's and barriers'
+  patch: benchmarks/results/2026-12-06-fp8-attention-schedule-h100.json; the bounce's timings:
+  fp8-attention-cute-bounce.json (its code is in git history).
 
 The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q * scale_k * softmax scale *
 log2 e), one ex2.approx and half an F2FP (fp32 pairs to e4m3 pairs); the row sum comes from the P.V dot (a ones
