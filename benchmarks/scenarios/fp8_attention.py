@@ -289,7 +289,7 @@ def run(context: Context) -> Measurement:
             fa.fp8_attention(qd, kd, vd, pv=pv, qk=qk), fa.fp8_attention(q, k, v, pv=pv, qk=qk)
         ),
     }
-    visits[name] = lambda: fa.fp8_attention(qd, kd, vd, pv=pv, qk=qk)
+    visits[name] = lambda qk=qk, pv=pv: fa.fp8_attention(qd, kd, vd, pv=pv, qk=qk)  # bound now: the loop below rebinds
     for qk, pv in TRITON_TWIN_PAIRS:  # where the default is the CuTe kernel, the Triton kernel's whole call beside it
         if arms[f"fp8_attention[{_label(qk, pv)}]"]["kernel_path"] == "cute":
             launch = fa.launch_for(device, pv)

@@ -37,6 +37,15 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if name in ("fanout", "fanout-scaling"):
         request.getfixturevalue("ray_instance")
+    pairs_by_q: dict[int, tuple] = {}  # fp8-attention: id(q) -> (q, its calls' (qk, pv)); q kept, so ids stay unique
+    if name == "fp8-attention":
+        call = fp8_scenario.fa.fp8_attention
+
+        def recorded(q, *args, pv="fp8", qk="e4m3", **kwargs):
+            pairs_by_q.setdefault(id(q), (q, set()))[1].add((qk, pv))
+            return call(q, *args, pv=pv, qk=qk, **kwargs)
+
+        monkeypatch.setattr(fp8_scenario.fa, "fp8_attention", recorded)
     path = run_scenario(name, tmp_path, smoke=True, rounds=3)
     assert "TRITON_INTERPRET" not in os.environ  # the smoke's interpreter ends with it, not in the tests after it
     assert path == tmp_path / f"{name}.json"
@@ -67,6 +76,9 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
         sparse_sweeps = sum(row["kernel_path"] == "cute" for row in sparse) * len(fp8_scenario.SPARSE_LAUNCHES)
         assert len(sweeps) == dense_sweeps + sparse_sweeps
         assert all(len(e["seconds"]) == 3 and e["vs_shipped"]["n_pairs"] == 3 for e in sweeps), sweeps[0]
+        # every input runs every pair but the dispatcher-layout copy, whose timed calls run the plugin's pair only
+        partial = [pairs for _, pairs in pairs_by_q.values() if pairs != set(fp8_scenario.PAIRS)]
+        assert partial == [{fp8_scenario.DISPATCHER_PAIR}], partial
     if not record["ratios"]:  # a smoke that measures no pair must say what it skipped
         assert any("smoke" in note.lower() for note in record["notes"]), record["notes"]
 
