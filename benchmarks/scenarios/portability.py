@@ -102,8 +102,10 @@ def arms(smoke: bool, device: torch.device) -> dict[str, Arm]:
     smoothed = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
     moved, flops = bsa.cost(shape, density, dtype, qk, pv)
     out[f"block_sparse_attend[{qk},{pv}]"] = Arm(
-        **sparse, card="sm_89", call=lambda launch: bsa.attend(q, k, v, smoothed, launch, z),
-        reference=lambda launch: bsa.reference(*head, tau, 0, precision=qk, pv=pv, key_mean=z.k_mean[:, :1]),
+        **sparse, card="sm_89", call=lambda launch, z=z: bsa.attend(q, k, v, smoothed, launch, z),
+        reference=lambda launch, z=z, qk=qk, pv=pv: bsa.reference(
+            *head, tau, 0, precision=qk, pv=pv, key_mean=z.k_mean[:, :1]
+        ),  # z, qk, pv bound now: the FP8_PAIRS loop below rebinds them
         metric="rel_l2", bound=2e-2 if bf16 else 1e-6, cost=(moved - aq.cost(shape, pv, dtype), flops),
     )  # fmt: skip
     for qk, pv in FP8_PAIRS:

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.__main__ import main, run_scenario
 from benchmarks.envelope import FIELDS, FORMAT
-from benchmarks.scenarios import SCENARIOS
+from benchmarks.scenarios import SCENARIOS, portability
 from benchmarks.scenarios import fp8_attention as fp8_scenario
 
 REQUIRED = {"forward-wan", "forward-h3", "request-wan", "sparse-attention", "kernels", "relayout", "parallel", "memory"}
@@ -46,7 +46,23 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
             return call(q, *args, pv=pv, qk=qk, **kwargs)
 
         monkeypatch.setattr(fp8_scenario.fa, "fp8_attention", recorded)
+    lowbit_sparse: set = set()  # portability: the (qk, pv) of each low-precision block_sparse call and reference
+    if name == "portability":
+        attend, reference = portability.bsa.attend, portability.bsa.reference
+
+        def attend_recorded(*args, **kwargs):
+            lowbit_sparse.update({(z.qk, z.pv) for z in args[5:6] if z is not None})
+            return attend(*args, **kwargs)
+
+        def reference_recorded(*args, **kwargs):
+            lowbit_sparse.update({(kwargs["precision"], kwargs["pv"])} if "precision" in kwargs else set())
+            return reference(*args, **kwargs)
+
+        monkeypatch.setattr(portability.bsa, "attend", attend_recorded)
+        monkeypatch.setattr(portability.bsa, "reference", reference_recorded)
     path = run_scenario(name, tmp_path, smoke=True, rounds=3)
+    if name == "portability":  # its low-precision block_sparse arm runs and checks the pair it is named for
+        assert lowbit_sparse == {portability.LOWBIT}, lowbit_sparse
     assert "TRITON_INTERPRET" not in os.environ  # the smoke's interpreter ends with it, not in the tests after it
     assert path == tmp_path / f"{name}.json"
     record = json.loads(path.read_text())
