@@ -50,12 +50,14 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
     if name == "portability":
         attend, reference = portability.bsa.attend, portability.bsa.reference
 
-        def attend_recorded(*args, **kwargs):
-            lowbit_sparse.update({(z.qk, z.pv) for z in args[5:6] if z is not None})
-            return attend(*args, **kwargs)
+        def attend_recorded(q, k, v, route, launch=None, quantized=None):
+            if quantized is not None:
+                lowbit_sparse.add((quantized.qk, quantized.pv))
+            return attend(q, k, v, route, launch, quantized)
 
         def reference_recorded(*args, **kwargs):
-            lowbit_sparse.update({(kwargs["precision"], kwargs["pv"])} if "precision" in kwargs else set())
+            if "precision" in kwargs:
+                lowbit_sparse.add((kwargs["precision"], kwargs["pv"]))
             return reference(*args, **kwargs)
 
         monkeypatch.setattr(portability.bsa, "attend", attend_recorded)

@@ -9,6 +9,7 @@ from workbench.kernels.attention_quantize import (
     FP8,
     P_TOP,
     QUANT_BLOCK,
+    _reciprocal,
     _v_scale,
     cost,
     quantize,
@@ -63,7 +64,7 @@ def _check_bitwise_equal_reference(rng, dtype: torch.dtype, device: torch.device
                 keys = v_in_key_order(got.v, 2 * QUANT_BLOCK)
                 assert (keys[..., 171:].view(torch.uint8) == 0).all(), f"seed {seed}: v padding"
                 scale = _v_scale(v.float().abs().amax(2), pv)[:, :, None]
-                values = (v.float() * (torch.ones_like(scale) / scale)).clamp(-P_TOP[pv], P_TOP[pv])
+                values = (v.float() * _reciprocal(scale)).clamp(-P_TOP[pv], P_TOP[pv])
                 values = values.round().to(torch.int8) if pv == "int8" else values.to(FP8)
                 assert torch.equal(_bits(keys[..., :171]), _bits(values.transpose(-1, -2))), f"seed {seed}: v order"
                 assert (keys[..., :171].float() != 0).float().mean() > 0.9, f"seed {seed}: v8 mostly zero"
