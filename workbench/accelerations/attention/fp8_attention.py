@@ -12,8 +12,9 @@ cut the error at both P.V precisions, on iid inputs (1.4e-2 against 3.8e-2 with 
 channel offset and outlier channels (2.3e-2 against 6.9e-2); tests/kernels/test_fp8_attention.py holds the bounds.
 For P.V the same holds: int8 P (127 levels from each tile's row max) and int8 v (per channel) lose less than e4m3's
 3 mantissa bits on P and v: with int8 Q.K^T, 2.1e-2 against 3.7e-2 on iid inputs and 2.6e-2 against 4.2e-2 on the
-outlier q/k. pv="fp8" stays the default because its kernel is the one measured fast on the H200
-(the CuTe kernel below); pv="int8" runs the Triton kernel everywhere.
+outlier q/k. pv="fp8" stays the default because it is the faster call: each tile's int8 P.V is folded into O in fp32
+(a conversion and a multiply-add per accumulator value), which an e4m3 P.V accumulates in the dot itself (the
+`fp8-attention` scenario times both pairs).
 
 The calls reach it the way `block_sparse`'s do (`sparse_routing`): the stock processor computes q/k/v and only the
 self-attention modules the family adapter names are routed (Wan `attn1`, LTX-2 video `attn1`, H3's packed joint
