@@ -56,6 +56,11 @@ HEADLINE = (
         "FP8 attention call (INT8 Q.K^T, FP8 P.V: fp8_attention's default) vs FlashAttention-4",
     ),
     (
+        "fp8-attention",
+        "flash4/fp8_attention[qk=int8,pv=int8]",
+        "FP8 attention call with INT8 P.V (`pv='int8'`, the lower-error P.V) vs FlashAttention-4",
+    ),
+    (
         "calibrate-wan",
         "stock/within-budget seed 42",
         "Wan2.1-1.3B 16-step request within the default quality budget (calibrated stack), held-out seed 42",
