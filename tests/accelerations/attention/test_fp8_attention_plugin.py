@@ -158,3 +158,30 @@ def test_fp8_attention_under_fused_wan_blocks_keeps_the_fused_attention_path(int
         else:
             err = ((both.latents - alone.latents).norm() / alone.latents.norm()).item()
             assert err < 1e-4, f"fused norms move the fp8 request by {err} (relative L2)"
+
+
+def test_receipts_name_the_cute_kernel_for_every_low_bit_pair_it_serves_on_sm90(interpreter, monkeypatch):
+    """On sm_90 with the CuTe DSL, fp8_attention's one-byte P.V modes (fp8 and int8) and block_sparse's low-precision
+    pairs of `block_sparse_attend.SM90_PAIRS` run the CuTe kernel (`fp8_attention.sm90_kernel`, `sm90_sparse`): the
+    receipt's path says so; bf16 P.V, exact blocks and pairs the CuTe kernel lacks keep the Triton kernel's name.
+    Checked on the prepared handles (sm90_ready patched true; no call is made)."""
+    from workbench.accelerations.attention import block_sparse
+    from workbench.kernels.block_sparse_attend import SM90_PAIRS
+
+    monkeypatch.setattr(plugin, "sm90_ready", lambda device: True)
+    monkeypatch.setattr(block_sparse, "sm90_ready", lambda device: True)
+    model = wan.tiny_d128()
+    cases = [("fp8_attention", {"pv": pv}, pv != "bf16") for pv in ("fp8", "int8", "bf16")]
+    cases += [("block_sparse", {}, False)]
+    cases += [
+        ("block_sparse", {"precision": qk, "pv": pv}, (qk, pv) in SM90_PAIRS)
+        for qk in ("int8", "e4m3")
+        for pv in ("fp8", "int8", "bf16")
+    ]
+    for name, options, cute in cases:
+        handle = REGISTRY[name].prepare(model, options, torch.device("cpu")).activate()
+        try:
+            named = handle.report()["notes"]["path"]
+        finally:
+            handle.uninstall()
+        assert named.startswith("cute kernel (sm_90a)") == cute and ("triton kernel" in named), (name, options, named)

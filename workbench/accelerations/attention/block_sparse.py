@@ -25,8 +25,11 @@ Receipts: `sparse_calls`, `dense_calls` (split into `dense_step_calls` and `dens
 
 Head dims 32, 64 and 128 run as they are, others up to 128 zero-padded to the next (demo-av: 48 -> 64).
 
-On a CPU outside the Triton interpreter the kernel's torch reference serves the calls (the same routing and maths in
-fp32, `sparse_kernels`); `notes["path"]` names the path taken.
+Which kernel: the Triton kernel, except on sm_90 (H100/H200) for a low precision whose (precision, pv) pair the CuTe
+kernel serves (`kernels.block_sparse_attend.SM90_PAIRS`) on bf16 calls at head dim 128 when the CuTe DSL is installed
+(the `flash4` extra): there `kernels.fp8_attention_sm90` runs the whole sparse attention. On a CPU outside the Triton
+interpreter the kernel's torch reference serves the calls (the same routing and maths in fp32, `sparse_kernels`).
+`notes["path"]` names the path.
 
 Fail closed: head dim > 128, a dtype other than bfloat16/float32, a family without routable self-attention, a low
 precision on a GPU below sm_89, or a routed call with a mask / causal / context-parallel layout is a RuntimeError;
@@ -40,7 +43,7 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.attention.sparse_kernels import block_sparse_attend, path
+from workbench.accelerations.attention.sparse_kernels import CUTE, KERNEL, block_sparse_attend, path
 from workbench.accelerations.attention.sparse_routing import (
     ROUTED,
     ROUTED_ORDER,
@@ -53,8 +56,9 @@ from workbench.accelerations.attention.sparse_routing import (
 )
 from workbench.accelerations.base import Knob, Spec, option
 from workbench.kernels import _runtime
+from workbench.kernels.block_sparse_attend import SM90_PAIRS
 from workbench.kernels.block_sparse_attention import DTYPES, MAX_HEAD_DIM, PRECISIONS
-from workbench.kernels.fp8_attention import PV_MODES
+from workbench.kernels.fp8_attention import PV_MODES, sm90_ready
 
 LOW_PRECISION = ("precision", "pv")  # the options block_sparse_attend reads from Settings.extra
 
@@ -86,7 +90,10 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     settings = Settings.from_options(options, extra=LOW_PRECISION)
     router = Router("block_sparse", model, None, block_sparse_attend, lambda rows: settings, options["per_expert"])
     router.check_modules(MAX_HEAD_DIM, DTYPES)
-    return lambda: _Installed(SPEC, options, router, path(device))
+    kernel_path = path(device)
+    if kernel_path == KERNEL and (options["precision"], options["pv"]) in SM90_PAIRS and sm90_ready(device):
+        kernel_path = f"{CUTE} for bf16 at head dim 128, {KERNEL} otherwise"  # block_sparse_attend.sm90_sparse
+    return lambda: _Installed(SPEC, options, router, kernel_path)
 
 
 SPEC = Spec(

@@ -19,6 +19,9 @@ from workbench.kernels._runtime import interpreting
 from workbench.kernels.block_sparse_attention import DTYPES, MAX_HEAD_DIM, block_sparse_attention, reference
 
 KERNEL, REFERENCE = "triton kernel", "torch reference"
+# the path's name where the low-precision calls on sm_90 take the CuTe kernel (`fp8_attention_sm90`) when their
+# shapes allow it, and the Triton kernel otherwise (each plugin says which shapes)
+CUTE = "cute kernel (sm_90a)"
 
 
 def block_sparse_attend(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
