@@ -209,7 +209,7 @@ class Fp8AttentionSm90:
         mQs: cute.Tensor,  # (Tq'/128, H, B) fp32 q scales
         mKs: cute.Tensor,  # (Tk'/128, H, B) fp32 k scales
         mVs: cute.Tensor,  # (128, H, B) fp32 scale_v / 448 (pv_int8: / 127)
-        mO: cute.Tensor,  # (Tq, 128, H, B) bf16 output, channels contiguous
+        mO: cute.Tensor,  # (Tq, 128, H, B) bf16 or fp32 output, channels contiguous
         qk_scale: Float32,  # softmax scale * log2(e)
         tk: Int32,  # real keys (Tk <= Tk')
         stream: cuda.CUstream,  # the launch's stream (the caller's current torch stream)
@@ -714,7 +714,7 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def epilogue(self, acc_o, l, mVs, mO, pv_thr, m_block, h, b):  # noqa: E741
-        """O * scale_v / l, rounded to bf16 and stored (rows past Tq skipped). A row's l is l plus the last tile's
+        """O * scale_v / l, rounded to the output's dtype and stored (rows past Tq skipped). A row's l is l plus the last tile's
         channel 128 of O (pv_int8: channel 128 of O alone), both held by the row's first lane (value 64 + 2r)."""
         inv = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
@@ -729,15 +729,15 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def store(self, mO, tOc, acc_o, inv, m_block, h, b, mVs=None):
-        """O's 128 real channels times their row's inv (and, given mVs, v's per-channel scale), rounded to bf16 and
-        stored at their (row, channel) of tOc in query tile m_block, rows past Tq skipped."""
+        """O's 128 real channels times their row's inv (and, given mVs, v's per-channel scale), rounded to the
+        output's dtype and stored at their (row, channel) of tOc in query tile m_block, rows past Tq skipped."""
         rows = cute.size(mO, mode=[0])
         for i in cutlass.range_constexpr(64):
             row, col = tOc[i]
             row = row + m_block * TILE_M
             if row < rows:
                 value = acc_o[i] * mVs[col, h, b] if const_expr(mVs is not None) else acc_o[i]
-                mO[row, col, h, b] = (value * inv[(i // 2) % 2]).to(cutlass.BFloat16)
+                mO[row, col, h, b] = (value * inv[(i // 2) % 2]).to(mO.element_type)
 
     @cute.jit
     def fold_pass(
@@ -871,7 +871,7 @@ class Fp8AttentionSm90:
 
 
 def operands(z: Quantized, out: torch.Tensor) -> list:
-    """`attention_quantize.quantize`'s operands (a one-byte pv) and the output (B, H, Tq, 128) bf16 as the kernel's cute
+    """`attention_quantize.quantize`'s operands (a one-byte pv) and the output (B, H, Tq, 128) as the kernel's cute
     tensors, (T, D, H, B) and v (D, T, H, B); e4m3 as uint8 views (DLPack of float8 types is not in every torch)."""
     tensors = (z.q8.permute(2, 3, 1, 0), z.k8.permute(2, 3, 1, 0), z.v.permute(2, 3, 1, 0),
                z.q_scale.permute(2, 1, 0), z.k_scale.permute(2, 1, 0), z.v_scale.permute(2, 1, 0),
@@ -881,15 +881,16 @@ def operands(z: Quantized, out: torch.Tensor) -> list:
     ]
 
 
-_COMPILED: dict = {}  # (options, operands' shapes and strides) -> the compiled kernel
+_COMPILED: dict = {}  # (options, operands' shapes, strides and dtypes) -> the compiled kernel
 
 
 def _run(z: Quantized, args: list, tensors: tuple, tk: int, scale: float, stream, sparse: bool, options: dict) -> None:
-    """Compile (once per options, shapes and strides) and launch the kernel on the cute tensors `args` (`operands`,
+    """Compile (once per options and the tensors' shapes, strides and dtypes) and launch the kernel on the cute tensors `args` (`operands`,
     then the sparse ones) made from the torch `tensors`, on `stream` (None: torch's current stream on the output's
     device; a CPU output compiles without launching)."""
     out = tensors[0]
-    key = (z.qk, z.pv, sparse, tuple(sorted(options.items())), tuple((tuple(x.shape), x.stride()) for x in tensors))
+    key = (z.qk, z.pv, sparse, tuple(sorted(options.items())))
+    key += tuple((tuple(x.shape), x.stride(), x.dtype) for x in tensors)  # a build is specialised to all three
     if stream is None:
         stream = cuda.CUstream(torch.cuda.current_stream(out.device).cuda_stream if out.is_cuda else 0)
     if key not in _COMPILED:
@@ -905,10 +906,10 @@ def attend(
     z: Quantized, out: torch.Tensor, tk: int, scale: float, stream: cuda.CUstream | None = None, **options
 ) -> None:
     """`fp8_attention.attend`'s contract with this kernel (a one-byte pv, head dim 128, sm_90a) on `quantize`'s
-    operands `z` of Tk = `tk` keys into `out` (B, H, Tq, 128) bf16 with unit last stride; `options`: Fp8AttentionSm90's
-    besides qk_int8, pv_int8 (taken from z) and sparse. Compiled once per options and shapes/strides (about a second),
-    then launched on `stream` (a cuda.CUstream; default: torch's current stream on out's device, or a placeholder when
-    out is on the CPU, which compiles without launching)."""
+    operands `z` of Tk = `tk` keys into `out` (B, H, Tq, 128) bf16 or fp32 with unit last stride; `options`:
+    Fp8AttentionSm90's besides qk_int8, pv_int8 (taken from z) and sparse. Compiled once per options, shapes, strides
+    and output dtype (about a second), then launched on `stream` (a cuda.CUstream; default: torch's current stream on
+    out's device, or a placeholder when out is on the CPU, which compiles without launching)."""
     _run(z, operands(z, out), (out, z.q8, z.k8, z.v), tk, scale, stream, False, options)
 
 

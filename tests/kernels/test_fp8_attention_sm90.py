@@ -28,10 +28,12 @@ def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk, pv):
     for config in CONFIGS:
         sm90.attend(z, torch.empty_like(q), 300, D**-0.5, **config)
     assert len(sm90._COMPILED) == before + len(CONFIGS)  # one build each, none launched on the CPU
+    sm90.attend(z, torch.empty_like(q, dtype=torch.float32), 300, D**-0.5)  # an fp32 output: a build of its own
+    assert len(sm90._COMPILED) == before + len(CONFIGS) + 1
     route = plan(q, k, v, 0.5, 64)  # the block-sparse build, on bf16 means as a GPU call makes them
     route = dataclasses.replace(route, k_mean=route.k_mean.bfloat16(), v_mean=route.v_mean.bfloat16())
     sm90.attend_sparse(z, q, route, 300, torch.empty_like(q))
-    assert len(sm90._COMPILED) == before + len(CONFIGS) + 1
+    assert len(sm90._COMPILED) == before + len(CONFIGS) + 2
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -71,6 +73,25 @@ def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90
         assert torch.equal(got, default), f"seed {seed}, {config}: not the default build's output"
     assert fa.sm90_kernel(z, want)
     assert torch.equal(fa.fp8_attention(q, k, v, pv=pv, qk=qk), default)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("qk", "pv"), [("int8", "fp8"), ("int8", "int8")])
+def test_fp8_attention_sm90_stores_an_fp32_output_in_fp32(monkeypatch, rng, qk, pv):
+    """An fp32 call on sm_90 takes the CuTe kernel too (`fa.sm90_kernel` does not look at the dtype), which stores
+    fp32 values, not bf16-rounded ones, from a build of its own: a bf16 call of the same shape first must not serve it
+    (the compile cache is keyed by dtype). Against the Triton kernel's fp32 output on the same operands: relative L2
+    below 5e-3, as in bf16."""
+    seed, (q, k, v) = _sm90_qkv(monkeypatch, rng, (1, 2, 300))
+    fa.fp8_attention(q, k, v, pv=pv, qk=qk)  # the bf16 build of this shape, first
+    q, k, v = (x.float() for x in (q, k, v))
+    z = aq.quantize(q, k, v, pv, qk=qk)
+    want = torch.empty_like(q)
+    fa.attend(z, want, 300, D**-0.5, fa.launch_for(q.device, pv))  # a launch given: the Triton kernel
+    got = fa.fp8_attention(q, k, v, pv=pv, qk=qk)
+    assert fa.sm90_kernel(z, got) and got.dtype == torch.float32
+    assert _rel(got, want) < 5e-3, f"seed {seed}: {_rel(got, want)}"
+    assert not torch.equal(got, got.bfloat16().float()), f"seed {seed}: the fp32 output holds bf16 values"
 
 
 @pytest.mark.gpu
