@@ -714,8 +714,9 @@ class Fp8AttentionSm90:
 
     @cute.jit
     def epilogue(self, acc_o, l, mVs, mO, pv_thr, m_block, h, b):  # noqa: E741
-        """O * scale_v / l, rounded to the output's dtype and stored (rows past Tq skipped). A row's l is l plus the last tile's
-        channel 128 of O (pv_int8: channel 128 of O alone), both held by the row's first lane (value 64 + 2r)."""
+        """O * scale_v / l, rounded to the output's dtype and stored (rows past Tq skipped). A row's l is l plus the
+        last tile's channel 128 of O (pv_int8: channel 128 of O alone), both held by the row's first lane (value
+        64 + 2r)."""
         inv = cute.make_rmem_tensor((2,), Float32)
         for r in cutlass.range_constexpr(2):
             if const_expr(self.pv_int8):
@@ -885,9 +886,9 @@ _COMPILED: dict = {}  # (options, operands' shapes, strides and dtypes) -> the c
 
 
 def _run(z: Quantized, args: list, tensors: tuple, tk: int, scale: float, stream, sparse: bool, options: dict) -> None:
-    """Compile (once per options and the tensors' shapes, strides and dtypes) and launch the kernel on the cute tensors `args` (`operands`,
-    then the sparse ones) made from the torch `tensors`, on `stream` (None: torch's current stream on the output's
-    device; a CPU output compiles without launching)."""
+    """Compile (once per options and the tensors' shapes, strides and dtypes) and launch the kernel on the cute
+    tensors `args` (`operands`, then the sparse ones) made from the torch `tensors`, on `stream` (None: torch's
+    current stream on the output's device; a CPU output compiles without launching)."""
     out = tensors[0]
     key = (z.qk, z.pv, sparse, tuple(sorted(options.items())))
     key += tuple((tuple(x.shape), x.stride(), x.dtype) for x in tensors)  # a build is specialised to all three
