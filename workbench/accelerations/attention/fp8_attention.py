@@ -22,8 +22,8 @@ self-attention modules the family adapter names are routed (Wan `attn1`, LTX-2 v
 dense-backend plugin installed with it chose (flash4_attention on the exact-fast profile: `sparse_routing`). The
 same family rules hold: `protect_prefix` ("family" by default) gives the first query rows of each call the backend's
 dense attention in the model's dtype, which on H3 are the text, conditioning and audio rows (so audio queries stay
-bf16); 0 sends every query through FP8. `dense_steps` / `dense_blocks` keep the first steps / blocks dense; `per_expert` counts
-`dense_steps` within each Wan2.2 expert.
+bf16); 0 sends every query through FP8. `dense_steps` / `dense_blocks` keep the first steps / blocks dense;
+`per_expert` counts `dense_steps` within each Wan2.2 expert.
 
 Receipts: `fp8_calls` (calls the kernel served), `dense_calls` (split into `dense_step_calls` and
 `dense_block_calls`), `protected_rows`, fallbacks (a perturbed pass whose processor skipped attention),
@@ -39,8 +39,9 @@ to e4m3 or int8; `kernels.fp8_attention.sm90_kernel`). `notes["path"]` says whic
 On a CPU outside the Triton interpreter the kernel's torch reference serves the calls (the same quantization and
 maths in fp32, `kernels.fp8_attention.reference`); `notes["path"]` names the path taken.
 
-Fail closed (RuntimeError with the reason): a CUDA device below sm_89 (no e4m3 tensor cores), head dim > 128, a dtype other than bfloat16/float32, a family without routable
-self-attention, or a routed call with a mask / causal / context-parallel layout; never a silent dense run.
+Fail closed (RuntimeError with the reason): a CUDA device below sm_89 (no e4m3 tensor cores), head dim > 128, a dtype
+other than bfloat16/float32, a family without routable self-attention, or a routed call with a mask / causal /
+context-parallel layout; never a silent dense run.
 """
 
 from __future__ import annotations
