@@ -50,6 +50,7 @@ from workbench.kernels._runtime import LazyKernel, capability, interpreting, tma
 from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
 from workbench.kernels.block_sparse_routing import BLOCK
 from workbench.kernels.fp8_attention import new_max, pv_dot, qk_logits, quantized_pair, quantized_tile, sm90_kernel
+from workbench.kernels.fp8_attention import sm90_serves as fp8_sm90_serves
 
 LOG2E = 1.4426950408889634
 
@@ -261,6 +262,12 @@ def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:
 # (qk, pv) pairs `attend` runs on the CuTe kernel by default: each checked against the Triton kernel and the fp32
 # reference on lists of one step as well as long ones (benchmarks/results/2026-12-06-block-sparse-cute-h100.json)
 SM90_PAIRS = (("e4m3", "fp8"), ("int8", "fp8"), ("int8", "int8"))
+
+
+def sm90_serves(qk: str, pv: str, device: torch.device) -> bool:
+    """Whether the CuTe kernel serves (qk, pv)'s low-precision calls on `device` where their tensors allow
+    (`sm90_sparse`): a pair of SM90_PAIRS that `fp8_attention.sm90_serves`."""
+    return (qk, pv) in SM90_PAIRS and fp8_sm90_serves(pv, device)
 
 
 def sm90_sparse(z: Quantized, q: torch.Tensor) -> bool:

@@ -455,12 +455,18 @@ def sm90_ready(device: torch.device) -> bool:
     )
 
 
+def sm90_serves(pv: str, device: torch.device) -> bool:
+    """Whether the CuTe DSL kernel serves `pv`'s calls on `device` where their shapes allow (`sm90_kernel`): a
+    one-byte P.V (pv="fp8" or "int8") and `sm90_ready`."""
+    return pv in P_TOP and sm90_ready(device)
+
+
 def sm90_kernel(z: Quantized, out: torch.Tensor) -> bool:
     """Whether `attend` without a launch runs the CuTe DSL kernel (FlashAttention-3's schedule, row sums from the
-    P.V dot): `sm90_ready` with a one-byte P.V (pv="fp8" or "int8"), D = 128 and out's channels contiguous; the Triton
-    kernel runs everywhere else. Same operands, same maths but for l (that module's doc: 2e-3 to 3e-3 relative L2
-    between the two)."""
-    return z.pv in P_TOP and out.shape[-1] == 128 and out.stride(-1) == 1 and sm90_ready(out.device)
+    P.V dot): `sm90_serves` z's pv on out's device, D = 128 and out's channels contiguous; the Triton kernel runs
+    everywhere else. Same operands, same maths but for l (that module's doc: 2e-3 to 3e-3 relative L2 between the
+    two)."""
+    return out.shape[-1] == 128 and out.stride(-1) == 1 and sm90_serves(z.pv, out.device)
 
 
 def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launch | None = None) -> None:

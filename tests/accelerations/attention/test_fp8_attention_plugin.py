@@ -164,13 +164,12 @@ def test_receipts_name_the_cute_kernel_for_every_low_bit_pair_it_serves_on_sm90(
     """On sm_90 with the CuTe DSL, fp8_attention's one-byte P.V modes (fp8 and int8) and block_sparse's low-precision
     pairs of `block_sparse_attend.SM90_PAIRS` run the CuTe kernel (`fp8_attention.sm90_kernel`, `sm90_sparse`): the
     receipt's path says so; bf16 P.V, exact blocks and pairs the CuTe kernel lacks keep the Triton kernel's name.
-    Checked on the prepared handles (sm90_ready patched true; no call is made)."""
-    from workbench.accelerations.attention import block_sparse
+    Checked on the prepared handles (the kernels' sm90_ready patched true; no call is made)."""
     from workbench.accelerations.attention.sparse_kernels import CUTE, KERNEL
+    from workbench.kernels import fp8_attention as kernel
     from workbench.kernels.block_sparse_attend import SM90_PAIRS
 
-    monkeypatch.setattr(plugin, "sm90_ready", lambda device: True)
-    monkeypatch.setattr(block_sparse, "sm90_ready", lambda device: True)
+    monkeypatch.setattr(kernel, "sm90_ready", lambda device: True)
     model = wan.tiny_d128()
     cases = [("fp8_attention", {"pv": pv}, pv != "bf16") for pv in ("fp8", "int8", "bf16")]
     cases += [("block_sparse", {}, False)]

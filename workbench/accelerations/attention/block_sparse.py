@@ -56,9 +56,9 @@ from workbench.accelerations.attention.sparse_routing import (
 )
 from workbench.accelerations.base import Knob, Spec, option
 from workbench.kernels import _runtime
-from workbench.kernels.block_sparse_attend import SM90_PAIRS
+from workbench.kernels.block_sparse_attend import sm90_serves
 from workbench.kernels.block_sparse_attention import DTYPES, MAX_HEAD_DIM, PRECISIONS
-from workbench.kernels.fp8_attention import PV_MODES, sm90_ready
+from workbench.kernels.fp8_attention import PV_MODES
 
 LOW_PRECISION = ("precision", "pv")  # the options block_sparse_attend reads from Settings.extra
 
@@ -91,8 +91,8 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     router = Router("block_sparse", model, None, block_sparse_attend, lambda rows: settings, options["per_expert"])
     router.check_modules(MAX_HEAD_DIM, DTYPES)
     kernel_path = path(device)
-    if kernel_path == KERNEL and (options["precision"], options["pv"]) in SM90_PAIRS and sm90_ready(device):
-        kernel_path = f"{CUTE} for bf16 at head dim 128, {KERNEL} otherwise"  # block_sparse_attend.sm90_sparse
+    if kernel_path == KERNEL and sm90_serves(options["precision"], options["pv"], device):
+        kernel_path = f"{CUTE} for bf16 at head dim 128, {KERNEL} otherwise"
     return lambda: _Installed(SPEC, options, router, kernel_path)
 
 

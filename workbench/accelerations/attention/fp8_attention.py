@@ -66,8 +66,7 @@ from workbench.accelerations.attention.sparse_routing import (
 from workbench.accelerations.base import Knob, Spec, option
 from workbench.kernels import _runtime
 from workbench.kernels._runtime import MAX_HEAD_DIM
-from workbench.kernels.attention_quantize import P_TOP
-from workbench.kernels.fp8_attention import DTYPES, PV_MODES, QK_MODES, fp8_attention, reference, sm90_ready
+from workbench.kernels.fp8_attention import DTYPES, PV_MODES, QK_MODES, fp8_attention, reference, sm90_serves
 from workbench.models import experts
 
 NAME = "fp8_attention"
@@ -144,7 +143,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     router = Router(NAME, model, None, fp8_attend, lambda rows: settings, options["per_expert"])
     router.check_modules(MAX_HEAD_DIM, DTYPES)
     kernel_path = path(device)
-    if kernel_path == KERNEL and options["pv"] in P_TOP and sm90_ready(device):  # kernels.fp8_attention.sm90_kernel
+    if kernel_path == KERNEL and sm90_serves(options["pv"], device):
         kernel_path = f"{CUTE} at head dim 128, {KERNEL} at others"
     return lambda: _Installed(SPEC, options, router, kernel_path)
 
