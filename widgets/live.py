@@ -11,7 +11,7 @@ from IPython import get_ipython
 from IPython.display import Image, display
 
 from workbench import Session
-from workbench.plots import figure_png, memory_plot, stage_timeline
+from workbench.plots import figure_png, memory_plot, stage_timeline, timeline_svg
 from workbench.telemetry import Event
 
 from ._common import ErrorBox
@@ -21,28 +21,26 @@ class LiveStagePlot(ipywidgets.VBox):
     """Stage timeline (and, when the request ends, per-stage memory peaks) of each request of a session.
 
     The subscriber only records events: it runs on the request thread, inside the stages it measures,
-    so drawing there would add the drawing time to the stage. A renderer thread redraws at most
-    `max_updates_per_second` times a second while a request runs (open stages grow with the wall
-    clock) and sets `ipywidgets.Image` values, which is safe from a background thread. When the request
-    ends, the final figures are drawn on the request thread (its total is already measured), kept in
-    `png` and (unless `show_static=False`), if that thread is the kernel's main thread, displayed as
-    `IPython.display.Image` under the running cell, where they survive an offline HTML export that blanks every widget. Otherwise
-    `display(*live.static())` shows them.
-
-    Watching is not free: the renderer holds the GIL while it draws, which slows a request whose host
-    thread is busy (a tiny model on a small CPU most of all). Timings of a watched request are a view, not
-    evidence; measure detached.
+    so drawing there would add the drawing time to the stage. While a request runs, a renderer thread
+    redraws the timeline at most `max_updates_per_second` times a second (open stages grow with the wall
+    clock) as an inline SVG (`plots.timeline_svg`: string formatting, no matplotlib), so the GIL it takes
+    from the request is microseconds a redraw; it sets widget values, which is safe from a background
+    thread. When the request ends, the final matplotlib figures are drawn on the request thread (its
+    total is already measured), kept in `png` and (unless `show_static=False`), if that thread is the
+    kernel's main thread, displayed as `IPython.display.Image` under the running cell, where they survive
+    an offline HTML export that blanks every widget. Otherwise `display(*live.static())` shows them.
     """
 
     def __init__(self, max_updates_per_second: float = 2.0, show_static: bool = True):
         self.status = ipywidgets.HTML("not attached to a session")
+        self.running = ipywidgets.HTML(layout=ipywidgets.Layout(display="none"))  # the live SVG timeline
         # Hidden until they hold a figure: an empty image shows the browser's broken-image icon.
         self.timeline = ipywidgets.Image(format="png", layout=ipywidgets.Layout(display="none"))
         self.memory = ipywidgets.Image(format="png", layout=ipywidgets.Layout(display="none"))
         for image in (self.timeline, self.memory):
             image.observe(_reveal, names="value")
         self.errors = ErrorBox()
-        super().__init__([self.status, self.timeline, self.memory, self.errors])
+        super().__init__([self.status, self.running, self.timeline, self.memory, self.errors])
         self._unsubscribe: Callable[[], None] | None = None
         self._renderer: threading.Thread | None = None
         if not max_updates_per_second > 0:
@@ -114,6 +112,7 @@ class LiveStagePlot(ipywidgets.VBox):
     def _finish(self, events: list[Event]) -> None:
         with self.errors.catching("final stage plot"):
             self.png = {"timeline": figure_png(stage_timeline(events)), "memory": figure_png(memory_plot(events))}
+            self.running.layout.display = "none"
             self.timeline.value = self.png["timeline"]
             self.memory.value = self.png["memory"]
             total = events[-1].data.get("total", events[-1].t)
@@ -134,10 +133,13 @@ class LiveStagePlot(ipywidgets.VBox):
                 generation, events = self._generation, list(self.events)
                 now = time.perf_counter() - self._origin
             with self.errors.catching("live stage plot"):
-                png = figure_png(stage_timeline(events, now=now), dpi=80)
+                svg = timeline_svg(events, now=now)
                 with self._lock:
                     if generation == self._generation:  # the request has not ended meanwhile
-                        self.timeline.value = png
+                        self.running.value = svg
+                        if self.running.layout.display == "none":  # the last request's figures give way
+                            self.timeline.value = self.memory.value = b""
+                            self.running.layout.display = ""
                         self.status.value = f"running: {now:.1f} s, {sum(e.kind == 'step' for e in events)} steps"
                         self.updates += 1
             self._closing.wait(self.interval)

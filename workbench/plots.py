@@ -1,13 +1,16 @@
 """Static matplotlib figures of a request's telemetry and of A/B comparisons, plus PNG encoders.
 
-Everything here builds `matplotlib.figure.Figure` objects directly (no pyplot state), so it is safe on
+Everything here except `timeline_svg` builds `matplotlib.figure.Figure` objects directly (no pyplot state), so it is safe on
 any thread and under the Agg backend, and it imports no widget library: reports, notebooks and the
 widgets all draw with the same functions. PNG bytes (`figure_png`, `array_png`) are what survives an
-offline HTML export, where every widget is blank.
+offline HTML export, where every widget is blank. `timeline_svg` is the live view's cheap twin of
+`stage_timeline`: plain string formatting, no matplotlib, so a renderer thread redrawing it holds the
+GIL for microseconds rather than for a figure's rasterization.
 """
 
 from __future__ import annotations
 
+import html
 import io
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -97,6 +100,47 @@ def stage_timeline(events: Sequence[Event], now: float | None = None, title: str
     if not intervals:
         axes.text(0.5, 0.5, "no stage events yet", ha="center", va="center", transform=axes.transAxes)
     return figure
+
+
+def timeline_svg(events: Sequence[Event], now: float | None = None, width: int = 640) -> str:
+    """`stage_timeline`'s chart as an inline SVG string: one row per stage, open stages translucent,
+    a tick per finished denoising step, seconds on a bottom axis. For live redraws; `width` in pixels."""
+    intervals = stage_intervals(events, now)
+    rows = _stage_order(interval.stage for interval in intervals)
+    steps = [e.t for e in events if e.kind == "step"]
+    end = max([i.end for i in intervals] + [e.t for e in events] + [now or 0.0, 1e-3]) * 1.02
+    left, row_height, top = 100, 22, 6
+    plot_width = width - left - 10
+    height = top + row_height * max(len(rows), 1) + 24
+
+    def x(seconds: float) -> float:
+        return left + plot_width * seconds / end
+
+    svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif"'
+    parts = [svg + ' font-size="11">']
+    for y, stage in enumerate(rows):
+        parts.append(
+            f'<text x="{left - 6}" y="{top + row_height * y + 15}" text-anchor="end">{html.escape(stage)}</text>'
+        )
+    for interval in intervals:
+        y = top + row_height * rows.index(interval.stage) + 3
+        color = _COLORS.get(interval.stage, _OTHER_COLOR)
+        opacity = 0.55 if interval.open else 1.0
+        parts.append(
+            f'<rect x="{x(interval.start):.1f}" y="{y}" width="{max(x(interval.end) - x(interval.start), 1.0):.1f}" '
+            f'height="{row_height - 6}" fill="{color}" fill-opacity="{opacity}"/>'
+        )
+    if steps and "denoise" in rows:
+        y = top + row_height * rows.index("denoise") + 3
+        for t in steps:
+            parts.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{y}" y2="{y + row_height - 6}" stroke="black"/>')
+    axis = top + row_height * max(len(rows), 1) + 2
+    parts.append(f'<line x1="{left}" x2="{left + plot_width}" y1="{axis}" y2="{axis}" stroke="#666"/>')
+    for tick in MaxNLocator(nbins=6).tick_values(0.0, end):
+        if 0.0 <= tick <= end:
+            parts.append(f'<text x="{x(tick):.1f}" y="{axis + 14}" text-anchor="middle">{tick:g} s</text>')
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 def memory_plot(events: Sequence[Event]) -> Figure:

@@ -5,14 +5,21 @@ from types import SimpleNamespace
 import pytest
 
 from workbench import Request
+from workbench.plots import figure_png
 from workbench.telemetry import Event
 from workbench.widgets import LiveStagePlot
+from workbench.widgets import live as live_module
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_live_stage_plot_follows_a_real_request_and_leaves_pngs(sessions):
+def test_live_stage_plot_follows_a_real_request_and_leaves_pngs(sessions, monkeypatch):
+    """Live redraws are SVG strings from the renderer thread; matplotlib runs only on the request thread, once the
+    request's total is measured (a rasterization on the renderer would hold the GIL the request needs)."""
     session = sessions("tiny-ltx2")
+    rasterized_on = []
+    monkeypatch.setattr(live_module, "figure_png", lambda *a, **k: rasterized_on.append(threading.current_thread())
+                        or figure_png(*a, **k))  # fmt: skip
     live = LiveStagePlot(max_updates_per_second=5).attach(session)
     assert live.timeline.layout.display == live.memory.layout.display == "none"  # no broken-image icon before
     try:
@@ -26,6 +33,9 @@ def test_live_stage_plot_follows_a_real_request_and_leaves_pngs(sessions):
     assert live.events == result.events  # every event, in order, from the request thread
     assert [e.kind for e in live.events].count("step") == 2 and live.events[-1].kind == "request_end"
     assert 1 <= live.updates <= 5 * elapsed + 1  # it drew while running, within the throttle
+    assert live.running.value.startswith("<svg") and ">denoise</text>" in live.running.value
+    assert live.running.layout.display == "none"  # the live view gives way to the final figures
+    assert rasterized_on == [threading.main_thread()] * 2  # the final timeline and memory figures, nothing live
     assert live.timeline.value == live.png["timeline"] and live.png["timeline"].startswith(PNG)
     assert live.memory.value == live.png["memory"] and live.png["memory"].startswith(PNG)
     assert live.timeline.layout.display == live.memory.layout.display == ""  # shown once they hold a figure
