@@ -1,10 +1,12 @@
-"""Progress bars that stay readable: plain text on stdout, in a terminal and in a notebook alike.
+"""Progress bars that stay readable: plain text, in a terminal and in a notebook alike.
 
 A notebook widget bar (tqdm.notebook, what `tqdm.auto` picks in a kernel) lives only as long as its
 kernel: a saved notebook reopened later shows "Error displaying widget: model not found" where it was,
-and an offline HTML export shows nothing. A text bar on stdout redraws in place while it runs (the
-output area honours carriage returns) and is saved as its last line. stdout, not tqdm's default stderr:
-a notebook's stderr is for warnings and errors.
+and an offline HTML export shows nothing. Outside a kernel the bar is text on stdout (not tqdm's
+default stderr, which is for warnings and errors) redrawn by carriage returns. Inside a kernel each
+redraw would be a stream message of its own, and a headless run (papermill) keeps every one as an
+output line; there the bar is one text/plain display output updated in place (`update_display_data`),
+so a live notebook redraws it and a saved or executed notebook keeps one line, the last.
 """
 
 from __future__ import annotations
@@ -29,7 +31,45 @@ def progress(
     stay free of bars). Usable as an iterator and as a context manager, like any tqdm.
     """
     disabled = not enabled or bool(os.environ.get("TQDM_DISABLE"))
-    return tqdm(iterable, total=total, desc=desc, file=sys.stdout, disable=disabled, delay=0.5, ncols=90, leave=True)
+    file = _DisplayLine() if _in_kernel() else sys.stdout
+    return tqdm(iterable, total=total, desc=desc, file=file, disable=disabled, delay=0.5, ncols=90, leave=True)
+
+
+def _in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel (not a terminal IPython or a plain interpreter). A kernel has
+    IPython imported already, so a plain interpreter never pays for importing it here."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and "IPKernelApp" in shell.config
+
+
+class _DisplayLine:
+    """A file for tqdm in a kernel: the latest line written (the text after the last carriage return or
+    newline) shown as one text/plain display output, created on the first flush and updated in place."""
+
+    encoding = "utf-8"  # tqdm draws unicode blocks only on a file that says so
+
+    def __init__(self) -> None:
+        self.line = ""
+        self._shown = ""
+        self._handle = None
+
+    def write(self, text: str) -> int:
+        segments = [segment.rstrip() for segment in text.replace("\n", "\r").split("\r")]
+        self.line = next((segment for segment in reversed(segments) if segment), self.line)
+        return len(text)
+
+    def flush(self) -> None:
+        from IPython.display import display
+
+        if self.line == self._shown:
+            return
+        bundle = {"text/plain": self.line}
+        if self._handle is None:
+            self._handle = display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
+        self._shown = self.line
 
 
 @contextmanager
