@@ -54,7 +54,7 @@ class Dashboard(ipywidgets.VBox):
     not the folder it loads from). Results are numbered per model (`#1 stock`, `#2 cross_kv_cache`; opening
     a model starts again at #1). The A/B area (`ab`, a box that always holds the current comparison: display
     it to follow the latest pair) keeps the last two results: an `ABPlayer` (and an `ABAudio` when both have
-    audio) of the older against the newer.
+    audio at one sample rate) of the older against the newer; a part that cannot be compared says why in one line.
     The buttons run their work on a background thread (the kernel stays responsive) and only set widget
     values from it; `open_model()`/`generate()` called from code run on the caller's thread and return. Every
     failure shows in the error box; none is a traceback.
@@ -267,6 +267,9 @@ class Dashboard(ipywidgets.VBox):
         return f"<b>{name}</b> on {session.device}{cap}, loaded in {session.init_seconds:.2f} s"
 
     def _show_ab(self) -> None:
+        """The A/B area for the last two results: their videos whenever they are comparable, and their audio when
+        both have a track at one sample rate. A part that cannot be compared shows a one-line reason instead (audio
+        says nothing when neither result has any); videos that cannot be compared also show in the error box."""
         if len(self.results) < 2:
             return
         (label_a, a), (label_b, b) = self.results
@@ -276,18 +279,24 @@ class Dashboard(ipywidgets.VBox):
                 self.ab_player = ABPlayer(a, b, labels=labels)
             else:
                 self.ab_player.compare(a, b, labels)
-            if a.audio is None or b.audio is None:
-                self.ab_audio = None
-            elif self.ab_audio is None:
-                self.ab_audio = ABAudio(a, b, labels=labels)
-            else:
-                self.ab_audio.compare(a, b, labels)
-        except ValueError as error:  # not comparable (other size, frame count or fps)
-            self.ab_player = self.ab_audio = None
-            self.ab.children = [ipywidgets.HTML("<i>A/B: the last two results cannot be compared</i>")]
+            video = self.ab_player
+        except ValueError as error:  # other size, frame count or fps, or a clip the encoder refuses
+            self.ab_player = None
+            video = ipywidgets.HTML(f"<i>A/B video not compared: {html.escape(str(error))}</i>")
             self.errors.show("A/B", error)
-            return
-        self.ab.children = [w for w in (self.ab_player, self.ab_audio) if w is not None]
+        if a.audio is None and b.audio is None:  # video-only models: no audio to compare, nothing to say
+            self.ab_audio = audio = None
+        else:
+            try:
+                if self.ab_audio is None:
+                    self.ab_audio = ABAudio(a, b, labels=labels)
+                else:
+                    self.ab_audio.compare(a, b, labels)
+                audio = self.ab_audio
+            except ValueError as error:  # one side has no audio, or the sample rates differ
+                self.ab_audio = None
+                audio = ipywidgets.HTML(f"<i>A/B audio not compared: {html.escape(str(error))}</i>")
+        self.ab.children = [w for w in (video, audio) if w is not None]
 
     def _in_background(self, what: str, work: Any) -> None:
         """Run a button's work on a thread; one at a time, errors into the box."""

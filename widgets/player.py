@@ -194,9 +194,18 @@ class ABPlayer(ipywidgets.VBox):
         self.next.on_click(lambda _: self.step(1))
 
     def compare(self, result_a: Result, result_b: Result, labels: tuple[str, str] = ("A", "B")) -> None:
-        """Show a new pair (same checks as the constructor), back at frame 0 and paused."""
+        """Show a new pair (same checks as the constructor), back at frame 0 and paused.
+
+        All or nothing: the pair is checked and both MP4s are encoded before anything on screen changes, so a
+        pair that is refused (`ValueError`) or fails to encode (the encoder's error, e.g. `ValueError` for audio
+        of more than 2 channels) raises and leaves the previous pair showing, whole. A pair shown clears the
+        error box.
+        """
         labels = check_labels(labels)
         _check_comparable(result_a, result_b, labels)
+        src_a = _data_uri(result_a.mp4_bytes(min_side=MIN_SIDE))
+        src_b = _data_uri(result_b.mp4_bytes(min_side=MIN_SIDE))
+        self.errors.clear()
         self._ready = False
         self.labels = labels
         self.result_a, self.result_b = result_a, result_b
@@ -223,10 +232,9 @@ class ABPlayer(ipywidgets.VBox):
         self.image_diff.layout.width, self.image_diff.layout.height = f"{hw}px", f"{hh}px"
         self.diff_title.layout.width = f"{hw}px"  # the title wraps under the heatmap, never widens the row
         self.videos.label_a, self.videos.label_b = (f"{label} ({shown})" for label in labels)
-        with self.errors.catching("encoding the MP4s"):
-            self.videos.src_a = _data_uri(result_a.mp4_bytes(min_side=MIN_SIDE))
-            self.videos.src_b = _data_uri(result_b.mp4_bytes(min_side=MIN_SIDE))
+        self.videos.src_a, self.videos.src_b = src_a, src_b
         self.psnr = self.ssim = None
+        self.curves.value = b""  # the previous pair's curves must not stay up if these fail
         self._compute_curves()
         self._ready = True
         self.show(0)

@@ -37,10 +37,11 @@ def video_style(height: int, width: int, min_side: int = VISIBLE_SIDE, max_side:
 
 @dataclass
 class Result:
-    """`frames` uint8 (T, H, W, 3); `audio` float32 (C, N) or None; `timings` seconds and `memory` peak
-    bytes per stage; `receipts` what each acceleration actually executed; `exact` False once an
-    approximate acceleration ran; `finite` False when latents, frames or audio held NaN/inf (only returned when
-    the caller allowed it; `metadata["non_finite"]` names the stages)."""
+    """`frames` uint8 (T, H, W, 3); `audio` float32 (C, N) or None; `timings` seconds per stage; `memory` peak
+    CUDA bytes allocated per stage (CUDA only: `{}` on CPU and other devices); `receipts` what each acceleration
+    actually executed; `exact` False once an approximate acceleration ran; `finite` False when latents, frames
+    or audio held NaN/inf (only returned when the caller allowed it; `metadata["non_finite"]` names the stages).
+    Its text repr is a one-line summary (no pixels); in a notebook it shows as HTML with the video."""
 
     frames: np.ndarray
     audio: np.ndarray | None
@@ -59,6 +60,24 @@ class Result:
     @property
     def audio_seconds(self) -> float | None:
         return None if self.audio is None else self.audio.shape[1] / self.sample_rate
+
+    def __repr__(self) -> str:
+        """One line: model, prompt (shortened past 60 characters), seed, frame and audio shapes, total seconds and the
+        exact / finite flags; the model, prompt, seed and total only where the result records them."""
+        request = self.metadata.get("request", {})
+        prompt = request.get("prompt")
+        if isinstance(prompt, str) and len(prompt) > 60:
+            prompt = prompt[:57] + "..."
+        recorded = {"model": self.metadata.get("model"), "prompt": prompt, "seed": request.get("seed")}
+        fields = [f"{name}={value!r}" for name, value in recorded.items() if value is not None]
+        fields.append(f"frames={tuple(self.frames.shape)} @ {self.fps} fps")
+        fields.append(
+            "audio=None" if self.audio is None else f"audio={tuple(self.audio.shape)} @ {self.sample_rate} Hz"
+        )
+        if "total" in self.timings:
+            fields.append(f"total={self.timings['total']:.3f} s")
+        fields += [f"exact={self.exact}", f"finite={self.finite}"]
+        return f"Result({', '.join(fields)})"
 
     def mp4_bytes(self, min_side: int = 0) -> bytes:
         """The clip as MP4 (H.264 + AAC). With `min_side`, frames whose long side is shorter are first

@@ -12,7 +12,8 @@ from PIL import Image
 
 from workbench import Request, Result, Session, environment
 from workbench.environment import cpu_model_name
-from workbench.evidence.report import render
+from workbench.evidence.report import _png, render, video
+from workbench.plots import round_times
 from workbench.quality import Budget, compare
 
 
@@ -97,6 +98,17 @@ def test_report_videos_show_at_least_256_px_with_their_labels(exact_report):
     videos = re.findall(r"<video [^>]*style=\"width:(\d+)px;height:(\d+)px;image-rendering:pixelated\"", page)
     assert [(int(w), int(h)) for w, h in videos] == [(256, 256), (256, 256)]
     assert "baseline: 32x32 px, 5 frames @ 16 fps" in page and "candidate: 32x32 px" in page
+
+
+def test_video_label_and_figure_caption_are_escaped(make_pair):
+    """A label is any text (the review page labels a candidate's video with its JSON): quotes and markup in it
+    must reach the reader as text, not end the tooltip attribute or open a tag."""
+    label = '{"cross_kv_cache": {}} <b>'
+    page = video(make_pair()[0], label) + _png(round_times([1.0, 1.1], [0.9]), 'A < B & "C"')
+    assert 'title="{&quot;cross_kv_cache&quot;: {}} &lt;b&gt;"' in page
+    assert "<figcaption>{&quot;cross_kv_cache&quot;: {}} &lt;b&gt;: 32x32 px" in page
+    assert '<img alt="A &lt; B &amp; &quot;C&quot;"' in page
+    assert "<figcaption>A &lt; B &amp; &quot;C&quot;</figcaption>" in page
 
 
 def test_not_executed_report_shows_no_speed_up(make_pair):

@@ -74,6 +74,21 @@ def test_dashboard_ab_with_audio_shows_both_players(sessions):
         dash.live.detach()
 
 
+def test_dashboard_ab_compares_the_videos_and_says_why_the_audio_is_not_compared(make_result):
+    dash = Dashboard(["tiny-wan"], device="cpu")  # no model needed: the A/B area shows the last two results
+    a = make_result(frames=(3, 16, 16), sample_rate=16000)
+    dash.results = [("#1 stock", a), ("#2 x", make_result(like=a, noise=3, sample_rate=48000))]
+    dash._show_ab()
+    video, audio = dash.ab.children
+    assert isinstance(video, ABPlayer) and video is dash.ab_player and video.labels == ("#1 stock", "#2 x")
+    assert dash.ab_audio is None and "sample_rate: #1 stock is 16000 Hz, #2 x is 48000 Hz" in audio.value
+    dash.results = [dash.results[1], ("#3 y", make_result(like=a, noise=3, audio_samples=None))]
+    dash._show_ab()
+    video, audio = dash.ab.children
+    assert video is dash.ab_player and video.labels == ("#2 x", "#3 y")
+    assert "#3 y has no audio track" in audio.value and dash.errors.value == ""
+
+
 def test_dashboard_picker_opens_by_name_and_reports_unknown_models(wan):
     dash = Dashboard(["tiny-wan", "no-such-model"], device="cpu")
     assert dash.session is None and dash.picker.value == "tiny-wan"

@@ -1,4 +1,5 @@
 import base64
+import dataclasses
 import io
 import math
 
@@ -86,6 +87,26 @@ def test_compare_swaps_in_a_new_pair_in_place(make_result):
     assert player.psnr.shape == (5,) and "#4 y" in player.header.value and not player.errors.value
     player.slider.value = 4
     assert player.videos.time == pytest.approx(4.5 / 24)
+
+
+def test_compare_is_all_or_nothing_and_a_shown_pair_clears_the_error_box(make_result):
+    a = make_result()
+    player = ABPlayer(a, make_result(like=a, noise=3), labels=("#1 stock", "#2 x"))
+    player.show(42)  # a failure while browsing: in the error box
+
+    def on_screen() -> tuple:
+        return player.errors.value, player.header.value, player.videos.src_a, player.videos.src_b, player.curves.value
+
+    shown = on_screen()
+    assert "showing frame 42 failed" in shown[0]
+    c = make_result(frames=(5, 16, 16))
+    three_channels = dataclasses.replace(make_result(like=c, noise=20), audio=np.zeros((3, 4000), np.float32))
+    with pytest.raises(ValueError, match=r"audio: expected \(C, N\) with C in 1..2"):
+        player.compare(c, three_channels, labels=("#3 stock", "#4 y"))
+    assert on_screen() == shown  # nothing of the refused pair got in
+    player.compare(c, make_result(like=c, noise=20), labels=("#3 stock", "#4 y"))
+    assert not player.errors.value and "#4 y" in player.header.value
+    assert player.videos.src_a != shown[2] and player.videos.src_b != shown[3]
 
 
 def test_play_button_plays_both_and_says_pause(make_result):

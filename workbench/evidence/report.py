@@ -122,8 +122,10 @@ def _floats(values: list[Any] | None) -> np.ndarray:
 
 
 def _png(figure: Any, alt: str) -> str:
+    """The figure as a PNG data URI, with `alt` (escaped) as its alt text and caption."""
     data = base64.b64encode(figure_png(figure, dpi=80)).decode()
-    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>{alt}</figcaption></figure>'
+    text = html.escape(alt)
+    return f'<figure><img alt="{text}" src="data:image/png;base64,{data}"><figcaption>{text}</figcaption></figure>'
 
 
 def _table(rows: dict[str, Any]) -> str:
@@ -133,11 +135,12 @@ def _table(rows: dict[str, Any]) -> str:
 
 
 def video(result: Result, label: str) -> str:
-    """The clip enlarged to >= VISIBLE_SIDE px (nearest-neighbour), captioned with its label and true size."""
+    """The clip enlarged to >= VISIBLE_SIDE px (nearest-neighbour), captioned with its label and true size;
+    `label` (any text, e.g. a candidate's JSON) is escaped in the tooltip and the caption."""
     data = base64.b64encode(result.mp4_bytes(min_side=VISIBLE_SIDE)).decode()
     frames, height, width = result.frames.shape[:3]
     caption = f"{label}: {width}x{height} px, {frames} frames @ {result.fps} fps"
     return (
-        f'<figure><video controls loop title="{label}" style="{video_style(height, width)}" '
+        f'<figure><video controls loop title="{html.escape(label)}" style="{video_style(height, width)}" '
         f'src="data:video/mp4;base64,{data}"></video><figcaption>{html.escape(caption)}</figcaption></figure>'
     )

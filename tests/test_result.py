@@ -1,0 +1,34 @@
+"""`Result`'s text repr: what a console, `print` or a list of results shows."""
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from workbench import Result
+
+
+def test_result_repr_is_a_one_line_summary_not_the_pixels():
+    frames = np.random.default_rng(0).integers(0, 256, (9, 32, 32, 3), dtype=np.uint8)
+    result = Result(
+        frames=frames,
+        audio=np.zeros((2, 4000), np.float32),
+        sample_rate=16000,
+        fps=16,
+        latents=torch.zeros(1, 4, 3, 4, 4),
+        timings={"denoise": 0.4, "total": 0.5},
+        memory={},
+        exact=False,
+        metadata={"model": "tiny-wan", "request": {"prompt": "a red circle", "seed": 3}},
+    )
+    assert repr(result) == (
+        "Result(model='tiny-wan', prompt='a red circle', seed=3, frames=(9, 32, 32, 3) @ 16 fps, "
+        "audio=(2, 4000) @ 16000 Hz, total=0.500 s, exact=False, finite=True)"
+    )
+    bare = dataclasses.replace(
+        result, audio=None, sample_rate=None, timings={}, metadata={"request": {"prompt": "a" * 61}}
+    )
+    assert (
+        repr(bare)
+        == f"Result(prompt='{'a' * 57}...', frames=(9, 32, 32, 3) @ 16 fps, audio=None, exact=False, finite=True)"
+    )
