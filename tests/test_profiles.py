@@ -6,6 +6,7 @@ import torch
 
 from workbench import Request, Session
 from workbench.accelerations import REGISTRY, available
+from workbench.models import families
 from workbench.profiles import FAMILIES, profile, profile_plan
 
 SIZE = {"frames": 9, "height": 32, "width": 32}
@@ -77,6 +78,12 @@ def test_exact_fast_refuses_a_plugin_that_became_approximate(monkeypatch):
     )
     with pytest.raises(RuntimeError, match=r"plugin 'cross_kv_cache' has contract 'approximate'"):
         profile("exact-fast", "wan", "cpu")
+
+
+def test_exact_fast_refuses_a_plugin_its_family_does_not_take(monkeypatch):
+    monkeypatch.setitem(families()["wan"].unsupported, "cross_kv_cache", "withdrawn")
+    with pytest.raises(RuntimeError, match=r"plugin 'cross_kv_cache' serves \('ltx2',\), not 'wan'"):
+        profile("exact-fast", "wan", "cpu")  # a family's list names only plugins that serve it
 
 
 @pytest.mark.parametrize(

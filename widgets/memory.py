@@ -1,7 +1,7 @@
 """The dashboard's memory budget: the cap field, the plan it made, and each result's residency receipt.
 
     memory cap [ rtx4090-48gb v] [x] FP8 ring   <- empty: no cap; "48GiB", "24GB", "512MiB", bytes, or a card offered
-    memory: a cap of ... the smallest cap that fits is 1.53 GiB (1642070 bytes)   <- a refusal, at the field (red)
+    memory: a cap of ... the smallest cap that fits is 1.53 GiB (1642070000 bytes)   <- a refusal, at the field (red)
 
 The cards offered are `workbench.cards.CARDS` (the seeds' 48 GB RTX 4090 and 20 GB RTX 3080, the common 24 GB
 cards, data-centre cards); a card's name caps at its memory. The cap is used when the model is opened

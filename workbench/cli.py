@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument(
         "--max-seconds",
         type=float,
-        help="stop cleanly at a step boundary before this many seconds; prints how to resume",
+        help="stop cleanly at a step boundary: a new step starts only while it is expected to end within this many "
+        "seconds, and every call runs at least one new step, so a call can end past them; prints how to resume",
     )
 
     tiny = commands.add_parser("train-tiny", help="train a demo-av preset on synthetic scenes (resumable)")

@@ -7,7 +7,7 @@ so the session adds measurement without changing what diffusers computes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -15,7 +15,9 @@ from workbench.telemetry import Telemetry
 
 
 @contextmanager
-def stage_probes(model: Any, telemetry: Telemetry, on_stage: Callable[[str], None] | None = None):
+def stage_probes(
+    model: Any, telemetry: Telemetry, on_stage: Callable[[str], None] | None = None
+) -> Iterator[Callable[[Any, int, Any, dict[str, Any]], dict[str, Any]]]:
     """Install the family's probes plus denoise-step probes; yields the step-end callback to pass on.
 
     `on_stage(stage)` runs at the start of every probed call, inside the stage (its time and peak count there) and

@@ -16,16 +16,16 @@ benchmarks run forward-wan request-wan forward-h3` re-measures them (docs/measur
   `fused_vae_decode` in its bitwise default (padded conv buffers). The bit-equal set (`fused_block_ops` + precompute
   + cross-KV) is what a user who needs `torch.equal` to stock installs by hand.
 - H3: `fused_block_norms` + `flash4_attention`.
-- LTX-2: `adaln_precompute` and `cross_kv_cache` where their `Spec.families` accept the family (its fused block was
-  slower per block, and FlashAttention-4 is unmeasured on it).
+- LTX-2: `cross_kv_cache` (its fused block was slower per block, and FlashAttention-4 is unmeasured on it).
 Attention is never forced to `_native_cudnn`: it was slower than diffusers' default on both Wan and H3.
 
 What a machine cannot run is left out, and `profile_plan` says why: a plugin whose `Spec.devices` excludes the
 device (gelu_epilogue, flash4_attention on a CPU), and a plugin whose `Spec.unusable` gives a reason (a Triton
 plugin on a CPU without `TRITON_INTERPRET` on, read as Triton reads it: `workbench.kernels._runtime.interpreting`, which
 refuses a value Triton would silently take as off; flash4_attention: `flash_attn.cute` not installed, or a GPU other
-than sm_90/sm_100; README: FlashAttention-4), and, given the loaded model, a plugin whose `Spec.model_problem` gives
-a reason (fused_vae_decode on Wan2.2-TI2V's VAE). The receipts of a request say which plugins ran.
+than sm_90/sm_100; the README's section "Accelerations", "Optional extras": `flash4`), and, given the loaded model, a
+plugin whose `Spec.model_problem` gives a reason (fused_vae_decode on Wan2.2-TI2V's VAE). The receipts of a request
+say which plugins ran.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def _plan(
                 f"profile {name!r}: plugin {plugin!r} has contract {spec.contract!r}; exact-fast allows {EXACT_CONTRACTS}"
             )
         if spec.families is not None and family not in spec.families:
-            continue  # listed for other families
+            raise RuntimeError(f"profile {name!r}: plugin {plugin!r} serves {spec.families}, not {family!r}")
         reason = why_not(spec)
         if reason is None:
             config[plugin] = dict(options)

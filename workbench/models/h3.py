@@ -308,8 +308,6 @@ FAMILY = H3Family(
     },
     exact_fast=(
         ("fused_block_norms", {}),
-        ("adaln_precompute", {}),
-        ("cross_kv_cache", {}),
         ("flash4_attention", {}),
     ),
     components=COMPONENTS,

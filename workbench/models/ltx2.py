@@ -130,7 +130,7 @@ FAMILY = Family(
         "fused_qkv": "diffusers 0.42.1's LTX-2 attention processor never reads fused projections (it could not run)",
         "cache_dit": "cache-dit 1.5.3's patched LTX-2 transformer forward rejects the pipeline's `sigma` argument",
     },
-    exact_fast=(("adaln_precompute", {}), ("cross_kv_cache", {})),
+    exact_fast=(("cross_kv_cache", {}),),
     components=COMPONENTS,
     stage_components={
         "text_encode": ("text_encoder", "connectors"),

@@ -35,7 +35,13 @@ from diffusers import (
 )
 from diffusers.pipelines.ltx2 import LTX2TextConnectors
 from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
-from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+from transformers import (
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3TextConfig,
+    PreTrainedTokenizerFast,
+    SiglipVisionConfig,
+)
 
 from workbench.data import synthetic
 from workbench.models.tokenizer import build_tokenizer
@@ -395,7 +401,7 @@ def shipped_vocoder(dense: LTX2Vocoder, spec: Spec) -> LTX2Vocoder:
     return separate_channels(dense).half() if spec.separate_channels else dense
 
 
-def tokenizer(spec: Spec = DEMO_AV):
+def tokenizer(spec: Spec = DEMO_AV) -> PreTrainedTokenizerFast:
     """The project's character tokenizer; with `spec.word_tokens`, the vocabulary's words are single tokens."""
     words = vocabulary_words() if spec.word_tokens else ()
     return build_tokenizer(128, model_max_length=spec.max_tokens, words=words)

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import datetime
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from matplotlib.figure import Figure
 
 from workbench.training.model import FPS, SAMPLE_RATE, Spec
+
+T = TypeVar("T")
 
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def guarded(function, *args, **kwargs) -> dict[str, Any]:
+def guarded(function: Callable[..., T], *args: Any, **kwargs: Any) -> T | dict[str, str]:
     """`function(...)`, or {"error": ...} (also printed with its traceback) when it raises."""
     try:
         return function(*args, **kwargs)

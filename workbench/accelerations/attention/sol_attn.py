@@ -15,7 +15,8 @@ prefix), and `sol_attn.get_sol_attn_backend(device)`, which names the backend a 
 ("cute_sm89" / "cute_sm90" / "cute_sm100" / "cute_sm120", else "triton"). The package is not installed where
 this was written and no GPU has run this adapter: the tested paths are the refusals (package missing, entry
 points missing, no CUDA, backend mismatch) and the argument mapping against a stand-in module. A real Sol-Attn
-call is unverified until run on a GPU with the package installed (see the README, "Sparse attention").
+call is unverified until run on a GPU with the package installed (how to install it: the README, section
+"Accelerations", "Optional extras").
 
 Receipts: `sparse_calls`, `dense_calls` (dense steps / blocks), `protected_rows`, `notes["backend"]` and
 `notes["package_version"]`; the package reports no density.

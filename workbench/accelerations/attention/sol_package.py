@@ -23,8 +23,9 @@ HEAD_DIM = 128
 # the CuTe backend sol-attn 0.5 names for each compute capability it specialises
 CUTE_BACKENDS = {(8, 9): "cute_sm89", (9, 0): "cute_sm90", (10, 0): "cute_sm100", (12, 0): "cute_sm120"}
 INSTALL_HINT = (
-    "install it from its source (README, 'Sparse attention': `pip install -e techniques/sparse_backends` in a "
-    "checkout of NVlabs/Sana) and its runtime with `pip install 'vflash-workbench[sol]'`"
+    "install it from its source (README, section 'Accelerations', 'Optional extras': `pip install -e "
+    "techniques/sparse_backends` in a checkout of NVlabs/Sana) and its runtime with `pip install "
+    "'vflash-workbench[sol]'`"
 )
 
 

@@ -115,7 +115,7 @@ def self_attention(
     receipt: Any,
     rope: Any,
     qk_norm_rope: Any = None,
-):
+) -> torch.Tensor:
     """`WanAttnProcessor.__call__(attn, hidden_states, None, None, rotary_emb)` with the rotary kernel `rope`.
     With `qk_norm_rope` (fused_block_norms; contract reduction), norm_q/norm_k and the rotary step run as that one
     kernel for q and for k where `qk_norm_reason` allows; otherwise (fused_block_ops) as before. Under a routing
