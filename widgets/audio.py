@@ -11,6 +11,7 @@ import anywidget
 import ipywidgets
 import numpy as np
 import traitlets
+from IPython.display import HTML
 
 from workbench import Result
 from workbench.plots import ab_audio_figure, figure_png
@@ -107,6 +108,21 @@ class ABAudio(ipywidgets.VBox):
         with self.errors.catching("audio figure"):
             figure = ab_audio_figure(result_a.audio, result_b.audio, self.sample_rate, labels=self.labels)
             self.figure.value = figure_png(figure, dpi=80)
+
+    def static(self) -> HTML:
+        """Both soundtracks and their figure as self-contained HTML (WAV and PNG data URIs), for where the widget
+        is blank (an offline HTML export, a reopened notebook); not normalised, as the players are."""
+        parts = [
+            f'<figure style="margin:0"><figcaption>{title.value}</figcaption>'
+            f'<audio controls src="{player.src}"></audio></figure>'
+            for title, player in zip(self.titles, self.players, strict=True)
+        ]
+        figure = ""
+        if self.figure.value:
+            data = base64.b64encode(self.figure.value).decode()
+            figure = f'<img alt="waveforms and spectrograms of both soundtracks and of their difference" src="data:image/png;base64,{data}">'
+        row = f'<div style="display:flex;flex-wrap:wrap;gap:16px">{"".join(parts)}</div>'
+        return HTML(f'<div class="vflash-ab-audio-static">{row}{figure}</div>')
 
 
 def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:

@@ -15,6 +15,7 @@ from typing import Any
 
 import ipywidgets
 import traitlets
+from IPython.display import HTML
 
 from workbench import Request, Result, Session
 from workbench.memory_plan import gib
@@ -265,6 +266,11 @@ class Dashboard(ipywidgets.VBox):
         name = html.escape(model_name(session.model.name))
         cap = "" if session.memory_plan is None else f" under a {gib(session.memory_plan.cap)} cap"
         return f"<b>{name}</b> on {session.device}{cap}, loaded in {session.init_seconds:.2f} s"
+
+    def ab_static(self) -> list[HTML]:
+        """The A/B area as it stands, as self-contained HTML parts (`ABPlayer.static`, `ABAudio.static`, and its
+        notes as they read): `display(*dash.ab_static())` leaves a copy an offline HTML export keeps."""
+        return [HTML(part.value) if isinstance(part, ipywidgets.HTML) else part.static() for part in self.ab.children]
 
     def _show_ab(self) -> None:
         """The A/B area for the last two results: their videos whenever they are comparable, and their audio when

@@ -10,6 +10,7 @@ import anywidget
 import ipywidgets
 import numpy as np
 import traitlets
+from IPython.display import HTML
 from matplotlib import colormaps
 
 from workbench import Result
@@ -252,6 +253,28 @@ class ABPlayer(ipywidgets.VBox):
             if self.psnr is not None and self.ssim is not None:
                 figure = frame_metric_curves(self.psnr, self.ssim, current=frame, size=CURVES_SIZE)
                 self.curves.value = figure_png(figure, dpi=80)
+
+    def static(self) -> HTML:
+        """The pair as self-contained HTML, for where the widget is blank (an offline HTML export, a reopened
+        notebook): the header, both videos at their display size with their labels, the slider frame's heatmap
+        and the PSNR/SSIM curves, the media as data URIs. A copy of what is on screen now, not a live view."""
+        dw, dh = self.display_size
+        labels = (self.videos.label_a, self.videos.label_b)
+        parts = [
+            f'<figure style="margin:0"><video controls loop width="{dw}" height="{dh}" src="{src}" '
+            f'style="image-rendering:pixelated"></video><figcaption>{html.escape(label)}</figcaption></figure>'
+            for label, src in zip(labels, (self.videos.src_a, self.videos.src_b), strict=True)
+        ]
+        frame = self.slider.value
+        images = [(self.image_diff.value, f"|B - A| of frame {frame}"), (self.curves.value, "per-frame PSNR and SSIM")]
+        parts += [
+            f'<figure style="margin:0"><img alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+            f"<figcaption>{alt}</figcaption></figure>"
+            for png, alt in images
+            if png
+        ]
+        row = f'<div style="display:flex;flex-wrap:wrap;gap:8px;align-items:flex-start">{"".join(parts)}</div>'
+        return HTML(f'<div class="vflash-ab-static"><p>{self.header.value}</p>{row}</div>')
 
     def heatmap(self, frame: int) -> np.ndarray:
         """|A - B| of frame `frame`, channel mean, coloured on the video-wide scale: uint8 (H, W, 3)."""

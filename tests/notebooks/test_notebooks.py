@@ -127,6 +127,10 @@ def test_explore_notebook_runs_the_dashboard(runs):
     notebook, _ = executed(runs, "10_explore")
     assert {"application/vnd.jupyter.widget-view+json", "image/png"} <= mimes(notebook)  # widgets + static timelines
     assert "cross_kv_cache: bitwise" in text(notebook)
+    (static,) = [o["data"]["text/html"] for c in notebook.cells for o in c.outputs if "vflash-ab-static" in str(o)]
+    assert static.count("data:video/mp4;base64,") == 2  # the A/B as an offline HTML export keeps it
+    (audio,) = [o["data"]["text/html"] for c in notebook.cells for o in c.outputs if "vflash-ab-audio-static" in str(o)]
+    assert audio.count("data:audio/wav;base64,") == 2  # demo-av makes sound: both soundtracks inline
 
 
 @pytest.mark.notebook_run("20_qualify")

@@ -1,5 +1,6 @@
 import base64
 import io
+import re
 import wave
 
 import numpy as np
@@ -23,6 +24,15 @@ def test_ab_audio_has_two_quiet_players_with_their_true_duration_and_a_figure(ma
             pcm = np.frombuffer(file.readframes(4000), dtype="<i2").reshape(4000, 2).T
         np.testing.assert_allclose(pcm / 32767, result.audio, atol=1 / 32767)  # not normalised
     assert bytes(widget.figure.value).startswith(b"\x89PNG") and not widget.errors.value
+
+
+def test_ab_audio_static_copy_holds_both_players_and_the_figure_inline(make_result):
+    a = make_result(audio_samples=4000)
+    widget = ABAudio(a, make_result(like=a, noise=2), labels=("A", "B"))
+    page = widget.static().data
+    assert re.findall(r'<audio controls src="([^"]+)"></audio>', page) == [p.src for p in widget.players]
+    (data,) = re.findall(r'<img alt="[^"]+" src="data:image/png;base64,([^"]+)"', page)
+    assert base64.b64decode(data) == widget.figure.value
 
 
 def test_ab_audio_refuses_a_result_without_audio(make_result):

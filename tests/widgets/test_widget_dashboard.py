@@ -87,6 +87,8 @@ def test_dashboard_ab_compares_the_videos_and_says_why_the_audio_is_not_compared
     video, audio = dash.ab.children
     assert video is dash.ab_player and video.labels == ("#2 x", "#3 y")
     assert "#3 y has no audio track" in audio.value and dash.errors.value == ""
+    static_video, static_audio = dash.ab_static()  # the area as an offline HTML export keeps it
+    assert static_video.data == video.static().data and static_audio.data == audio.value
 
 
 def test_dashboard_picker_opens_by_name_and_reports_unknown_models(wan):

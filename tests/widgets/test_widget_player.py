@@ -2,6 +2,7 @@ import base64
 import dataclasses
 import io
 import math
+import re
 
 import av
 import numpy as np
@@ -147,6 +148,22 @@ def test_synced_videos_carry_both_results_as_mp4_data_uris(make_result):
     assert not player.videos.playing
     player.play.value = True  # the Python-side toggle drives the synced trait
     assert player.videos.playing
+
+
+def test_static_copy_holds_both_videos_the_frames_heatmap_and_the_curves_as_data_uris(make_result):
+    """What an offline HTML export keeps, where the widget is blank: the media inline, sized as on screen."""
+    a = make_result()
+    player = ABPlayer(a, make_result(like=a, noise=3), labels=("dense", "<cached>"))
+    player.slider.value = 4
+    page = player.static().data
+    assert re.findall(r'<video controls loop width="(\d+)" height="(\d+)" src="([^"]+)"', page) == [
+        (str(player.display_size[0]), str(player.display_size[1]), player.videos.src_a),
+        (str(player.display_size[0]), str(player.display_size[1]), player.videos.src_b),
+    ]
+    pngs = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', page)
+    assert [alt for alt, _ in pngs] == ["|B - A| of frame 4", "per-frame PSNR and SSIM"]
+    assert [base64.b64decode(data) for _, data in pngs] == [player.image_diff.value, player.curves.value]
+    assert "&lt;cached&gt;" in page and "<cached>" not in page
 
 
 @pytest.mark.parametrize(
