@@ -87,7 +87,8 @@ class LiveStagePlot(ipywidgets.VBox):
 
     def static(self) -> list[Image]:
         """The last finished request's figures as static images (for `display(*live.static())`)."""
-        return [Image(data=self.png[name]) for name in ("timeline", "memory") if name in self.png]
+        alts = {"timeline": "stage timeline of the last request", "memory": "peak memory per stage of the last request"}
+        return [Image(data=self.png[name], alt=alts[name]) for name in ("timeline", "memory") if name in self.png]
 
     # -- request thread ---------------------------------------------------------------------------
     def _on_event(self, event: Event) -> None:
