@@ -61,19 +61,28 @@ def test_adapter_bad_field_raises(tmp_path, fields, message):
         Adapter(**{"path": path, **fields})
 
 
-def test_adapter_target_the_model_lacks_raises_and_changes_nothing(tmp_path):
+def test_a_failed_adapter_load_raises_and_changes_nothing(tmp_path):
+    """A target the model lacks or a file that is no LoRA is refused, leaving the weights as they were: the model's
+    own, or the adapters fused before with their metadata's request defaults."""
     session = Session.open("tiny-wan", device="cpu")
     transformer = session.model.pipeline.transformer
-    path = lora_file(tmp_path / "a.safetensors", transformer, _seed())
+    path = lora_file(tmp_path / "a.safetensors", transformer, _seed(), {"steps": "3"})
     before = fingerprint(transformer)
     with pytest.raises(ValueError, match=r"adapter.target: 'transformer_2' needs \['transformer_2'\]"):
         session.load_adapters([Adapter(path, target="transformer_2")])
     assert fingerprint(transformer) == before
     other = tmp_path / "other.safetensors"  # a safetensors file with no LoRA weights: diffusers' words, named
     save_file({"some.weight": torch.ones(2)}, str(other))
-    with pytest.raises(ValueError, match=r"adapters: 'other' \(.*other.safetensors\) into transformer: "):
+    not_a_lora = r"adapters: 'other' \(.*other.safetensors\) into transformer: "
+    with pytest.raises(ValueError, match=not_a_lora):
         session.load_adapters([Adapter(other)])
     assert fingerprint(transformer) == before
+    session.load_adapters([Adapter(path)])
+    fused = fingerprint(transformer)
+    with pytest.raises(ValueError, match=not_a_lora):
+        session.load_adapters([Adapter(other)])
+    assert fingerprint(transformer) == fused != before
+    assert session.resolve(Request("x", **SIZE)).steps == 3  # the metadata's default, as after the first fusion
 
 
 def test_adapters_fuse_per_expert_match_diffusers_lora_and_unfuse_bitwise(tmp_path):

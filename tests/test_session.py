@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from workbench import Request, Session
+from workbench import session as session_module
 from workbench.models import ltx2, wan
 from workbench.session import _to_uint8
 
@@ -141,11 +142,19 @@ def test_open_rejects_bad_arguments():
         ({"model": ""}, r"^model: '' \(str\); allowed"),
         ({"model": "tiny-wan", "seed": -1}, r"^seed: -1 is out of range; allowed: integers in \[0, "),
         ({"model": "tiny-wan", "seed": 1.5}, r"^seed: must be an integer"),
+        ({"model": "tiny-wan", "device": None}, r"^device: None \(NoneType\); allowed: auto, cpu, cuda, cuda:N$"),
+        ({"model": "tiny-wan", "device": "cpu:7"}, r"^device: 'cpu:7'; allowed: auto, cpu, cuda, cuda:N$"),
+        ({"model": "tiny-wan", "accelerations": {"banana": {}}}, r"^accelerations: unknown \['banana'\]; available"),
+        ({"model": "tiny-wan", "adapters": ["x"]}, r"^adapters\[0\]: 'x'; allowed: a workbench.Adapter"),
     ],
 )
-def test_open_refuses_a_model_or_seed_of_the_wrong_type_before_loading(kwargs, message):
+def test_open_refuses_a_bad_argument_before_loading(monkeypatch, kwargs, message):
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the bad argument was refused")
+
+    monkeypatch.setattr(session_module, "resolve", load)
     with pytest.raises(ValueError, match=message):
-        Session.open(device="cpu", **kwargs)
+        Session.open(**{"device": "cpu", **kwargs})
 
 
 def test_subscribe_refuses_a_non_callable_and_resolve_a_non_request(sessions):
@@ -197,7 +206,13 @@ def test_close_removes_the_accelerations_lets_go_of_the_model_and_refuses_later_
     transformer = session.model.pipeline.transformer
     session.close()
     assert fingerprint(transformer) == stock and session.closed and repr(session) == "Session(closed, device=cpu)"
-    for call in (lambda: session.generate(Request("x")), lambda: session.accelerate({}), lambda: session.family):
+    calls = (
+        lambda: session.generate(Request("x")),
+        lambda: session.accelerate({}),
+        lambda: session.family,
+        lambda: session.subscribe(print),
+    )
+    for call in calls:
         with pytest.raises(RuntimeError, match="session: closed"):
             call()
     session.close()  # again: nothing

@@ -43,19 +43,23 @@ def git_revision(root: Path | None = None) -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(dirty)}
 
 
-def device(spec: str = "auto") -> torch.device:
-    """The torch device a user asked for: `auto` (CUDA when present, else CPU), `cpu`, `cuda` or `cuda:N`.
+def device(spec: str | torch.device = "auto") -> torch.device:
+    """The torch device a user asked for: `auto` (CUDA when present, else CPU), `cpu`, `cuda` or `cuda:N`, as a str
+    or a `torch.device`.
 
-    ValueError for anything else (naming the allowed values); RuntimeError for CUDA on a machine without it.
+    ValueError for anything else, a CPU with an index (`cpu:7`) included (naming the allowed values); RuntimeError
+    for CUDA on a machine without it.
     """
+    if not isinstance(spec, str | torch.device):
+        raise ValueError(f"device: {spec!r} ({type(spec).__name__}); allowed: auto, cpu, cuda, cuda:N")
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         chosen = torch.device(spec)
     except RuntimeError as error:
         raise ValueError(f"device: {spec!r} is not a device; allowed: auto, cpu, cuda, cuda:N") from error
-    if chosen.type not in ("cpu", "cuda"):
-        raise ValueError(f"device: {spec!r}; allowed: auto, cpu, cuda, cuda:N")
+    if chosen.type not in ("cpu", "cuda") or (chosen.type == "cpu" and chosen.index is not None):
+        raise ValueError(f"device: {str(spec)!r}; allowed: auto, cpu, cuda, cuda:N")
     if chosen.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device: {spec!r} requested but this machine has no CUDA device")
     return chosen

@@ -71,7 +71,8 @@ class Session:
         """Load `model` (a name such as `tiny-ltx2`, a local diffusers directory, or a LoadedModel) once.
 
         `device` is `auto`, `cpu`, `cuda` or `cuda:N`; `dtype` defaults to bfloat16 on CUDA, float32 on CPU.
-        `accelerations` is installed after loading (see `accelerate`), after `adapters` are fused (`load_adapters`).
+        `accelerations` is installed after loading (see `accelerate`), after `adapters` are fused (`load_adapters`);
+        their form, the plugins' names and options, and the adapter specs are checked before the model is loaded.
         `memory`: a device memory cap ("48GiB", "24GB", bytes, or a `MemoryBudget`). The model is planned from its
         shapes first (a checkpoint's modules built from their configs on the meta device: `family.shapes_only`), so
         a cap no plan meets is a ValueError naming the smallest that fits before any weight is read; then it is built
@@ -84,6 +85,9 @@ class Session:
                 "a local diffusers directory (str or pathlib.Path), or a LoadedModel"
             )
         seed = integer("seed", seed, 0, MAX_SEED)
+        if accelerations is not None:
+            install.check_options(REGISTRY, accelerations)  # what needs no model; capabilities are checked after
+        specs = [] if adapters is None else lora.parse(adapters)
         budget = None if memory is None else MemoryBudget.of(memory)
         start = time.perf_counter()
         torch_device = environment.device(device)
@@ -109,8 +113,8 @@ class Session:
             torch.cuda.synchronize(torch_device)
         session = cls(loaded, torch_device, torch_dtype, time.perf_counter() - start)
         session.residency = residency
-        if adapters:
-            session.load_adapters(adapters)
+        if specs:
+            session.load_adapters(specs)
         if accelerations:
             session.accelerate(accelerations)
         return session
@@ -129,6 +133,7 @@ class Session:
         """Call `callback(event)` for every telemetry event of later requests; returns an unsubscribe."""
         if not callable(callback):
             raise ValueError(f"callback: {shown(callback)} is not callable; allowed: a function taking one Event")
+        self._check_usable()
         self._subscribers.append(callback)
         return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
 
@@ -183,7 +188,11 @@ class Session:
         """Fuse LoRA `adapters` into the weights in place of any fused before (`[]`: back to the model's own weights,
         bit for bit); see `workbench.adapters`. The installed accelerations come off first and go back on over the
         new weights (a quantization quantizes the fused weights). Their metadata's steps / guidance become the
-        defaults of requests that leave them out. Refused while a request runs. Returns what is fused."""
+        defaults of requests that leave them out. Refused while a request runs. Returns what is fused.
+
+        All or nothing: when the new adapters fail to fuse (a file that is not a LoRA, a target the model lacks), the
+        ones fused before are fused again, so the weights and request defaults are as they were; if even that fails,
+        the session refuses further work (`RuntimeError` naming why)."""
         specs = lora.parse(adapters)  # bad specs: nothing touched
         installed = self.accelerations
         self.accelerate({})  # refused while a request runs
@@ -191,16 +200,30 @@ class Session:
             if not self._lock.acquire(blocking=False):
                 raise RuntimeError(f"load_adapters: refused while request {self.active_request} runs")
             try:
-                if self._adapters is not None:
-                    self._adapters.restore()
-                    self._adapters = None
-                if specs:
-                    self._adapters = lora.fuse(self.model, specs)
+                self._replace_adapters(specs)
             finally:
                 self._lock.release()
         finally:
             self.accelerate(installed)
         return list(self._adapters.records) if self._adapters else []
+
+    def _replace_adapters(self, specs: list[lora.Adapter]) -> None:
+        """Fuse `specs` in place of the fused adapters; on failure the previous ones are fused back before the error
+        propagates (`lora.fuse` leaves the model's own weights when it fails)."""
+        previous = self._adapters
+        if previous is not None:
+            previous.restore()
+            self._adapters = None
+        try:
+            if specs:
+                self._adapters = lora.fuse(self.model, specs)
+        except BaseException:
+            if previous is not None:
+                try:
+                    self._adapters = lora.fuse(self.model, previous.adapters)
+                except Exception as undo:
+                    self._unknown_state = f"load_adapters: the previous adapters could not be fused back ({undo})"
+            raise
 
     def close(self) -> None:
         """Let go of the model and the device: the accelerations removed, a memory budget's cap lifted, the session's
