@@ -169,12 +169,37 @@ def test_cli_suite_pinned_to_another_model_needs_allow_other_model(command, tmp_
         ("sweep", "--base", '{"threshold": 0.1} x'),
         ("sweep", "--budget", "{"),
         ("search", "--candidates", '[{"cross_kv_cache": {}}] ]'),
+        pytest.param("generate", "--accelerate", "[" * 100_000 + "]" * 100_000, id="accelerate-nested-too-deep"),
     ],
 )
 def test_cli_json_flags_that_do_not_parse_name_the_flag(command, flag, value, tmp_path, capsys, no_model):
     out = tmp_path / "out"
     assert main([*COMMANDS[command], flag, value, "--out", str(out)]) == 2
     assert f"error: {flag}: not valid JSON" in _one_line_error(capsys, command)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "message"),
+    [
+        ("qualify", ["--candidate", '{"banana": {}}'], "--candidate: accelerations: unknown ['banana']"),
+        ("qualify", ["--baseline", '{"easycache": {"threshold": -1}}'], "--baseline: easycache.threshold: -1.0"),
+        ("qualify", ["--rounds", "0"], "--rounds: 0; allowed: an int of interleaved rounds"),
+        ("sweep", ["--plugin", "banana"], "--plugin: unknown 'banana'"),
+        ("sweep", ["--values", '"a",-1'], "--values: easycache.threshold: expected float, got str 'a'"),
+        ("sweep", ["--base", '{"warmup": -3}'], "--base: easycache.warmup: -3 is below the minimum 0"),
+        ("search", ["--candidates", '[{"banana": {}}]'], "--candidates[0]: accelerations: unknown ['banana']"),
+        ("search", ["--rounds", "0"], "--rounds: 0; allowed"),
+        ("calibrate", ["--rounds", "0"], "--rounds: 0; allowed"),
+    ],
+)
+def test_cli_plugin_configs_and_rounds_are_refused_before_the_model_loads(
+    command, flags, message, tmp_path, capsys, no_model
+):
+    out = tmp_path / "out"
+    base = COMMANDS[command] if command in COMMANDS else ["calibrate", *SUITE_ARGS, "--plugin", "easycache"]
+    assert main([*base, *flags, "--out", str(out)]) == 2
+    assert message in _one_line_error(capsys, command)
     assert not out.exists()
 
 
@@ -189,6 +214,9 @@ def test_cli_generate_output_names_are_refused_before_the_model_loads(tmp_path, 
     out = tmp_path / "out"
     assert main([*base, "--out", str(out), "--name", "../escape"]) == 2
     assert "--name: must be a plain file stem" in _one_line_error(capsys, "generate") and not out.exists()
+    assert main([*base, "--out", str(out), "--name", "a" * 300]) == 2  # longer than a file name may be
+    assert "--name: 'aaaaaaaaaaaaaaaaaaaaaaaa'... is 300 bytes, too long" in _one_line_error(capsys, "generate")
+    assert not out.exists()
     (out / "result.json").mkdir(parents=True)
     assert main([*base, "--out", str(out)]) == 2
     assert f"--out: {out / 'result.json'} exists and is not a regular file" in _one_line_error(capsys, "generate")

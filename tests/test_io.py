@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import workbench
-from workbench.io import check_writable, json_bytes, json_value, recover_sets, write_atomic, write_set
+from workbench.io import check_stem, check_writable, json_bytes, json_value, recover_sets, write_atomic, write_set
 
 
 def test_write_atomic_replaces_whole_file(tmp_path):
@@ -79,6 +79,35 @@ def test_write_set_bad_names_raise_before_writing(tmp_path):
     with pytest.raises(ValueError, match="expected bytes"):
         write_set(tmp_path / "o", {"a.json": "text"})
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("stem", "message"),
+    [("x\x00y", "holds a NUL character"), ("\ud800", "cannot encode"), ("a" * 300, "bytes, too long for a file name")],
+)
+def test_stems_and_names_no_file_system_takes_are_refused_by_name_before_writing(tmp_path, stem, message):
+    """What Result.save and the CLI's --name check run on: a NUL, an unencodable character or a name longer than a
+    file name may be is a ValueError naming the field (not an OS error after the work), and write_set refuses the
+    same file names before it creates the folder. The longest stem accepted leaves room for a suffix and the
+    temporary name of write_atomic."""
+    with pytest.raises(ValueError, match=f"^--name: .*{message}"):
+        check_stem(stem, "--name")
+    with pytest.raises(ValueError, match=f"^files: .*{message}"):
+        write_set(tmp_path / "o", {f"{stem}.json": b"{}"})
+    assert not (tmp_path / "o").exists()
+    longest = check_stem("a" * 231)  # 251 bytes as write_atomic's `.<stem>.html.tmp-<pid>` with a 10-digit pid
+    assert write_atomic(tmp_path / f"{longest}.html", b"").exists()
+    with pytest.raises(ValueError, match="232 bytes"):
+        check_stem(longest + "a")
+
+
+@pytest.mark.parametrize("directory", ["a-file", "a-file/sub", None, 5])
+def test_write_set_into_a_bad_directory_is_a_value_error_naming_it(tmp_path, monkeypatch, directory):
+    monkeypatch.chdir(tmp_path)
+    Path("a-file").write_text("in the way")
+    with pytest.raises(ValueError, match=r"^directory: (cannot write to a-file|expected a path)"):
+        write_set(directory, {"a.json": b"{}"})
+    assert os.listdir(tmp_path) == ["a-file"] and Path("a-file").read_text() == "in the way"
 
 
 def test_write_set_onto_a_folder_or_link_raises_before_its_commit_point(tmp_path):

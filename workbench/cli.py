@@ -19,8 +19,11 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from workbench.quality import Budget
@@ -251,7 +254,7 @@ def _generate(args: argparse.Namespace) -> int:
     from workbench import Request, Result, Session, distributed
     from workbench.accelerations.attention.attention_policy import model_key
     from workbench.accelerations.memory.ring import AS_STORED, FP8
-    from workbench.io import check_targets, check_writable
+    from workbench.io import check_stem, check_targets, check_writable
     from workbench.media import verify_mp4
     from workbench.memory_plan import MemoryBudget, parse_cap
     from workbench.profiles import calibration_record, profile_plan, within_budget
@@ -264,7 +267,7 @@ def _generate(args: argparse.Namespace) -> int:
         **{name: getattr(args, name) for name in fields},
     )
     device, accelerations = args.device, {}
-    extra = _accelerate_arg(args.accelerate)  # refused before the model loads
+    extra = _accelerations_arg("accelerate", args.accelerate)  # refused before the model loads
     adapters = [_adapter_arg(text) for text in args.adapter]
     if args.fp8_ring and args.memory is None:
         raise ValueError("--fp8-ring: FP8 transfers are how a memory cap's ring moves blocks; give --memory too")
@@ -274,6 +277,7 @@ def _generate(args: argparse.Namespace) -> int:
         parse_cap(args.memory, "--memory")  # refused here, before loading, under the flag's name
     if not distributed.is_worker():  # probed once by the launcher: ranks probing one folder at once race each other
         check_writable(args.out, "--out")
+    check_stem(args.name, "--name", args.out)  # its characters and length, against --out's file system
     check_targets(args.out, Result.saved_names(args.name, "--name"), "--out")
     if (args.profile == "within-budget") != (args.calibration is not None):
         raise ValueError("--calibration: a calibrate record goes with --profile within-budget, and only with it")
@@ -332,15 +336,17 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _qualify(args: argparse.Namespace) -> int:
     from workbench import Session
-    from workbench.evidence.harness import default_budget, qualify
+    from workbench.evidence.harness import check_rounds, default_budget, qualify
     from workbench.evidence.manifest import load_manifest
     from workbench.evidence.records import record_bytes
     from workbench.evidence.report import render
     from workbench.io import check_writable, write_set
     from workbench.quality import Budget
 
-    configs = {name: _json_arg(name, getattr(args, name)) for name in ("baseline", "candidate", "budget")}
+    configs = {name: _accelerations_arg(name, getattr(args, name)) for name in ("baseline", "candidate")}
+    configs["budget"] = _json_arg("budget", args.budget)
     Budget.from_dict(configs["budget"])  # bad overrides: refused before anything loads
+    _flagged("--rounds", check_rounds, args.rounds)
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     check_writable(args.out, "--out")
     requests = [case.to_request() for case in getattr(suite, args.cases)]
@@ -369,15 +375,20 @@ def _qualify(args: argparse.Namespace) -> int:
 def _sweep_or_search(args: argparse.Namespace) -> int:
     from workbench import Session
     from workbench.evidence import sweep as sweeps
+    from workbench.evidence.harness import check_rounds
     from workbench.evidence.manifest import load_manifest
     from workbench.io import check_writable
     from workbench.quality import Budget
 
-    names = ("baseline", "budget", "base") if args.command == "sweep" else ("baseline", "budget")
-    configs = {name: _json_arg(name, getattr(args, name)) for name in names}
-    values = _values_arg(args.values) if args.command == "sweep" else None
+    configs = {"baseline": _accelerations_arg("baseline", args.baseline), "budget": _json_arg("budget", args.budget)}
+    values = None
+    if args.command == "sweep":
+        configs["base"] = _json_arg("base", args.base)
+        values = _values_arg(args.values)
+        _check_sweep(args.plugin, args.option, values, configs["base"])
     candidates = _candidates_arg(args.candidates) if args.command == "search" else None
     Budget.from_dict(configs["budget"])  # bad overrides: refused before anything loads
+    _flagged("--rounds", check_rounds, args.rounds)
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     check_writable(args.out, "--out")
     requests = [case.to_request() for case in getattr(suite, args.cases)]
@@ -411,6 +422,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     from workbench import Session
     from workbench.evidence import calibrate as calibration
+    from workbench.evidence.harness import check_rounds
     from workbench.evidence.manifest import load_manifest
     from workbench.evidence.resume import PARTIAL, partial_path, read_partial
     from workbench.io import check_writable
@@ -430,6 +442,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                 "at the evidence by a path relative to it)"
             )
     calibration.check_arguments(args.plugin, args.knob, args.margin, args.max_evals)
+    _flagged("--rounds", check_rounds, args.rounds)
     fixed = calibration.check_options(args.plugin, _json_arg("options", args.options))
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     if not suite.calibration or not suite.test:
@@ -522,7 +535,7 @@ def _batch(args: argparse.Namespace) -> int:
     from workbench.evidence import fanout_jobs
     from workbench.io import check_writable
 
-    accelerations = _accelerate_arg(args.accelerate)
+    accelerations = _accelerations_arg("accelerate", args.accelerate)
     requests = fanout_jobs.read_requests(args.requests)
     check_writable(args.out, "--out")
     args.store = args.out
@@ -611,18 +624,44 @@ def _values_arg(text: str) -> list:
         raise ValueError(
             f"--values: {text!r} is not a comma-separated list of JSON values, e.g. 0,0.05,0.1 ({error})"
         ) from error
+    except RecursionError:
+        raise ValueError("--values: not valid JSON (nested too deeply)") from None
     if not isinstance(values, list) or not values:
         raise ValueError(f"--values: {text!r}: expected at least one value")
     return values
 
 
+def _check_sweep(plugin: str, option: str, values: list, base: dict[str, Any]) -> None:
+    """`sweep`'s `--plugin`, `--option`, each `--base` option, then each configuration `{plugin: {**base, option:
+    value}}` checked as installing it would check it (no model needed): ValueError naming the flag at fault."""
+    from workbench.accelerations import REGISTRY, install
+    from workbench.evidence.sweep import sweep_configs
+
+    spec = REGISTRY.get(plugin)
+    if spec is None:
+        raise ValueError(f"--plugin: unknown {plugin!r}; available: {sorted(REGISTRY)}")
+    options = {o.name: o for o in spec.options}
+    if option not in options:
+        raise ValueError(f"--option: {plugin} has no option {option!r}; allowed: {sorted(options)}")
+    for name, value in base.items():
+        if name == option or name not in options:
+            allowed = sorted(set(options) - {option})
+            raise ValueError(f"--base: {plugin} option {name!r}; allowed: {allowed} (--option {option} is swept)")
+        _flagged("--base", options[name].check, plugin, value)
+    for config in _flagged("--values", sweep_configs, plugin, option, values, base):
+        _flagged("--values", install.check_options, REGISTRY, config)
+
+
 def _candidates_arg(text: str) -> list:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"--candidates: not valid JSON ({error})") from error
+    """`--candidates`: a non-empty JSON list of accelerations configurations, each checked as installing it would
+    check it (no model needed)."""
+    from workbench.accelerations import REGISTRY, install
+
+    value = _parse_json("--candidates", text)
     if not isinstance(value, list) or not value or not all(isinstance(item, dict) for item in value):
         raise ValueError("--candidates: expected a non-empty JSON list of objects ({plugin: options})")
+    for i, candidate in enumerate(value):
+        _flagged(f"--candidates[{i}]", install.check_options, REGISTRY, candidate)
     return value
 
 
@@ -648,26 +687,42 @@ def _directory(text: str) -> Path:
     return Path(text)
 
 
-def _json_arg(name: str, text: str) -> dict:
+def _parse_json(flag: str, text: str) -> Any:
+    """`text` parsed as JSON; text that does not parse, or nests deeper than the parser goes, is a ValueError
+    naming `flag`."""
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"--{name}: not valid JSON ({error})") from error
+        raise ValueError(f"{flag}: not valid JSON ({error})") from error
+    except RecursionError:  # its own words name no input
+        raise ValueError(f"{flag}: not valid JSON (nested too deeply)") from None
+
+
+def _json_arg(name: str, text: str) -> dict:
+    """`--<name>`'s JSON object (ValueError naming the flag otherwise)."""
+    value = _parse_json(f"--{name}", text)
     if not isinstance(value, dict):
         raise ValueError(f"--{name}: expected a JSON object, got {type(value).__name__}")
     return value
 
 
-def _accelerate_arg(text: str) -> dict:
-    """--accelerate's JSON with its plugins' names, options and conflicts checked (no model needed)."""
+def _accelerations_arg(name: str, text: str) -> dict:
+    """`--<name>`'s accelerations JSON with its plugins' names, options and conflicts checked (no model needed)."""
     from workbench.accelerations import REGISTRY, install
 
-    value = _json_arg("accelerate", text)
-    try:
-        install.check_options(REGISTRY, value)
-    except ValueError as error:
-        raise ValueError(f"--accelerate: {error}") from None
+    value = _json_arg(name, text)
+    _flagged(f"--{name}", install.check_options, REGISTRY, value)
     return value
+
+
+def _flagged(flag: str, check: Callable[..., T], *args: Any) -> T:
+    """`check(*args)`, its ValueError said under the command line's `flag`: `--rounds: 0; ...` where the library
+    says `rounds: 0; ...`, `--accelerate: easycache.threshold: ...` where it names no flag's field."""
+    try:
+        return check(*args)
+    except ValueError as error:
+        field = flag.removeprefix("--").replace("-", "_")
+        raise ValueError(f"{flag}: {str(error).removeprefix(f'{field}: ')}") from None
 
 
 def _info() -> int:

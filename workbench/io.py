@@ -36,6 +36,9 @@ from typing import Any
 
 MANIFEST = ".manifest.json"
 _PREFIX = ".wbset-"
+NAME_MAX = 255  # bytes in one file name where the file system does not say (ext4, XFS, Btrfs, tmpfs, APFS)
+SUFFIX_MAX = 8  # bytes of the longest suffix a stem is written with (".json", ".html", ".mp4")
+_TEMPORARY = len(".") + len(".tmp-") + 10  # what write_atomic's `.<name>.tmp-<pid>` adds (a pid: <= 10 digits)
 
 
 def write_atomic(path: Path, data: bytes) -> Path:
@@ -56,19 +59,28 @@ def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Pa
     After this returns, or after any kill followed by `recover_sets(directory)` (which every `write_set`
     runs first), `directory` holds either all of the previous versions of these files or all of the new
     ones, and no staging folders or temporary files. `directory` is created if missing. Names must be plain
-    file names (no folder part, not hidden, not `.`/`..`), and a name whose path exists must be a regular file
-    (not a folder or a link): either is a ValueError before anything is written.
+    file names (no folder part, not hidden, not `.`/`..`, no NUL, no longer than `directory`'s file system takes),
+    and a name whose path exists must be a regular file (not a folder or a link): each is a ValueError naming
+    `files` before anything is written. A `directory` that is not a path, or that cannot be created (a file in
+    the way, a file as its parent, no permission), is a ValueError naming `directory`, with nothing created.
     """
     if not files:
         raise ValueError("files: at least one file is required")
+    if not isinstance(directory, str | os.PathLike):
+        raise ValueError(f"directory: expected a path (str or os.PathLike), got {type(directory).__name__}")
+    directory = Path(directory)
     for name, data in files.items():
         if not isinstance(name, str) or not name or name != Path(name).name or name.startswith("."):
             raise ValueError(f"files: {name!r} is not a plain, non-hidden file name")
+        _check_file_name(name, 0, "files", directory)
         if not isinstance(data, bytes | bytearray | memoryview):
             raise ValueError(f"files[{name!r}]: expected bytes, got {type(data).__name__}")
-    directory = Path(directory)
     check_targets(directory, files)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as error:  # ValueError: a NUL in the path
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ValueError(f"directory: cannot write to {directory} ({reason})") from error
     recover_sets(directory)
     key = hashlib.sha256("\0".join(sorted(files)).encode()).hexdigest()[:12]
     staging = directory / f"{_PREFIX}{key}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
@@ -101,12 +113,50 @@ def check_targets(directory: str | Path, names: Iterable[str], field: str = "fil
             raise ValueError(f"{field}: {target} exists and is not a regular file; remove it or write elsewhere")
 
 
-def check_stem(name: object, field: str = "name") -> str:
-    """`name` if it is a plain file stem (a non-empty str, no folder part, not hidden); else ValueError naming
-    `field`."""
+def check_stem(name: object, field: str = "name", directory: str | Path | None = None) -> str:
+    """`name` if it is a plain file stem; else ValueError naming `field`. A plain stem is a non-empty str with no
+    folder part, not hidden, holding no character a file name cannot (NUL, one the file-system encoding cannot
+    write), and short enough that every file written from it fits one file name: the stem, a suffix of up to
+    SUFFIX_MAX bytes and write_atomic's temporary name around them within the limit of `directory`'s file system
+    (NAME_MAX bytes when no `directory` is given or the platform cannot say)."""
     if not isinstance(name, str) or not name.strip() or "/" in name or "\\" in name or name.startswith("."):
         raise ValueError(f"{field}: must be a plain file stem (no folder part, not hidden), got {name!r}")
+    _check_file_name(name, SUFFIX_MAX + _TEMPORARY, field, directory)
     return name
+
+
+def _check_file_name(name: str, extra: int, field: str, directory: str | Path | None) -> None:
+    """ValueError naming `field` when `name` holds a character no file name can (NUL, one the file-system
+    encoding cannot write), or when `name` plus the `extra` bytes a writer adds to it is longer than a file name
+    of `directory`'s file system may be."""
+    if "\0" in name:
+        raise ValueError(f"{field}: {name!r} holds a NUL character; allowed: file names without NUL")
+    try:
+        size = len(os.fsencode(name))
+    except UnicodeEncodeError as error:
+        bad = error.object[error.start : error.end]
+        raise ValueError(f"{field}: {name!r} holds {bad!r}, which file names here cannot encode") from None
+    limit = _name_max(directory)
+    if size + extra > limit:
+        raise ValueError(
+            f"{field}: {name[:24]!r}... is {size} bytes, too long for a file name here; allowed: at most "
+            f"{limit - extra} bytes"
+        )
+
+
+def _name_max(directory: str | Path | None) -> int:
+    """The longest file name, in bytes, that `directory`'s file system takes: asked of its nearest existing
+    folder where the platform can say (os.pathconf), else NAME_MAX."""
+    if directory is None:
+        return NAME_MAX
+    folder = Path(directory)
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or a path it cannot ask
+        return NAME_MAX
+    return limit if limit > 0 else NAME_MAX
 
 
 def check_writable(directory: str | Path, field: str = "out") -> Path:

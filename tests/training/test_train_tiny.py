@@ -23,6 +23,8 @@ from workbench.training.model import MEL_BINS, SAMPLE_RATE
         ("profile_steps", -1),
         ("caption_dropout", -0.1),
         ("vocoder_lr", 0.0),
+        ("vocoder_lr", float("inf")),
+        ("checkpoint_seconds", float("inf")),
         ("vocoder_reset", True),
     ],
 )

@@ -84,8 +84,9 @@ class TrainConfig:
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: 0 to 1")
         for name in ("ae_lr", "denoise_lr", "vocoder_lr", "checkpoint_seconds"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: a number > 0")
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}: {value!r}; allowed: a finite number > 0")
         for name, allowed in (("preset", PRESETS), ("ae_train", AE_PARTS), ("schedule", SCHEDULES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: one of {list(allowed)}")
