@@ -10,8 +10,8 @@ from safetensors.torch import load_file, save_file
 from transformers import UMT5Config, UMT5EncoderModel
 
 from workbench import Request, Session
-from workbench.models import ltx2, resolve, wan
-from workbench.models.family import check_config_sizes
+from workbench.models import SHIPPED_MODELS, ltx2, resolve, wan
+from workbench.models.family import check_config_sizes, read_workbench_file
 from workbench.models.loaded import LoadedModel
 
 
@@ -101,9 +101,11 @@ def test_load_unknown_pipeline_class(saved_wan, tmp_path):
         resolve(broken)
 
 
-def test_load_not_a_directory(tmp_path):
+def test_load_not_a_directory_or_not_a_diffusers_folder(tmp_path):
     with pytest.raises(ValueError, match="neither a known name"):
         resolve(tmp_path / "absent")
+    with pytest.raises(ValueError, match=r"has no model_index.json .*a diffusers-format directory needs"):
+        resolve(tmp_path)  # empty
 
 
 # Hostile model folders: each is refused with a ValueError naming the folder, component or field, before anything
@@ -210,9 +212,12 @@ def test_load_refuses_a_shard_index_pointing_outside(saved_wan, tmp_path):
         ("scheduler", "scheduler_config.json", "num_train_timesteps", 1e10),
         ("text_encoder", "config.json", "vocab_size", 10**9),
         ("vae", "config.json", "base_dim", -3),
+        ("transformer", "config.json", "num_layers", "4"),  # a size field must be an int
     ],
 )
-def test_load_refuses_an_oversized_config_field_before_building(saved_wan, tmp_path, component, file, field, value):
+def test_load_refuses_an_oversized_or_mistyped_config_field_before_building(
+    saved_wan, tmp_path, component, file, field, value
+):
     broken = _copy(saved_wan, tmp_path / "m")
     path = broken / component / file
     config = json.loads(path.read_text())
@@ -253,6 +258,25 @@ def test_call_overrides_may_not_replace_what_the_request_sets(saved_wan, tmp_pat
         resolve(broken)
     with pytest.raises(ValueError, match=r"model 'x': call_overrides.guidance_scale"):
         LoadedModel("x", ltx2.FAMILY, None, {}, {"guidance_scale": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("banana", 1, r"is not a kwarg .* allowed: \['audio_guidance_rescale', "),
+        ("max_sequence_length", 10_000_000, r"is 10000000; allowed: an int in \[1, 10240\]"),
+        ("max_sequence_length", "64", r"is '64'; allowed: an int in "),
+        ("stg_scale", True, r"is True; allowed: a finite number in \[0.0, 100.0\]"),
+        ("spatio_temporal_guidance_blocks", [0, -1], r"is \[0, -1\]; allowed: null or a list .* each an int in \[0, "),
+    ],
+)
+def test_call_overrides_are_checked_against_what_the_pipeline_may_take(tmp_path, key, value, message):
+    shipped = json.loads((SHIPPED_MODELS["demo-av-mini"] / "workbench.json").read_text())
+    assert read_workbench_file(SHIPPED_MODELS["demo-av-mini"], ltx2.FAMILY)[1] == shipped["call_overrides"]
+    shipped["call_overrides"][key] = value
+    (tmp_path / "workbench.json").write_text(json.dumps(shipped))
+    with pytest.raises(ValueError, match=rf"workbench.json: call_overrides.{key} {message}"):
+        read_workbench_file(tmp_path, ltx2.FAMILY)
 
 
 def test_call_overrides_and_defaults_that_ran_are_in_the_record(saved_wan, tmp_path):

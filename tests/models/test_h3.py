@@ -110,6 +110,7 @@ def test_loop_blocks_are_restored_after_a_request(session):
         ({"guidance": 4.0}, "guidance"),
         ({"negative_prompt": "blurry"}, "negative_prompt"),
         ({"height": 48}, "height"),
+        ({"steps": 1}, "steps"),  # N steps run N - 1 transformer calls: one step would run none
     ],
 )
 def test_bad_requests_are_refused_naming_the_field(session, fields, field):

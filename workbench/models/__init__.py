@@ -54,7 +54,12 @@ def resolve(
     index = path / "model_index.json"
     if not index.is_file() and (path / MODULAR_INDEX).is_file():
         index = path / MODULAR_INDEX
-    class_name = read_json(index, "model index").get("_class_name") if index.is_file() else None
+    if not index.is_file():
+        raise ValueError(
+            f"model: {str(path)!r} has no model_index.json (nor {MODULAR_INDEX}); a diffusers-format directory needs "
+            "one naming its pipeline class (`_class_name`) and components, beside a folder per component"
+        )
+    class_name = read_json(index, "model index").get("_class_name")
     if class_name not in PIPELINE_FAMILIES:
         raise ValueError(f"model: {index} names pipeline {class_name!r}; supported: {sorted(PIPELINE_FAMILIES)}")
     module = {"wan": wan, "ltx2": ltx2, "h3": h3}[PIPELINE_FAMILIES[class_name]]

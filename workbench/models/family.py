@@ -389,24 +389,28 @@ def component_class(table: Mapping[str, Mapping[tuple[str, str], type]], index_f
 
 
 def check_config_sizes(config: Any, path: Path, prefix: str = "") -> None:
-    """Refuse a config whose size-setting fields exceed CONFIG_MAXIMA (or are negative), or that holds a
-    non-finite number, with a ValueError naming the file and the field. Nested objects and lists are walked."""
+    """Refuse a config whose size-setting fields (CONFIG_MAXIMA) exceed their maximum, are negative or are not
+    ints (null is left to the library's default), or that holds a non-finite number, with a ValueError naming the
+    file and the field. Nested objects and lists are walked."""
     items = config.items() if isinstance(config, dict) else enumerate(config) if isinstance(config, list) else ()
     for key, value in items:
         field_name = f"{prefix}{key}" if isinstance(config, dict) else f"{prefix[:-1]}[{key}]"
         if isinstance(value, dict | list):
             check_config_sizes(value, path, f"{field_name}.")
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        if not math.isfinite(value):
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{path}: field {field_name} is {value!r}; config numbers must be finite")
         name = key if isinstance(config, dict) else prefix[:-1].rsplit(".", 1)[-1]
         maximum = CONFIG_MAXIMA.get(name)
-        if maximum is not None and not 0 <= value <= maximum:
+        if maximum is None or value is None:
+            continue
+        allowed = f"allowed 0..{maximum} (workbench.models.family.CONFIG_MAXIMA, about 10x the largest released model)"
+        if is_number and not 0 <= value <= maximum:
+            raise ValueError(f"{path}: field {field_name} is {value!r}; {allowed}")
+        if not is_number or isinstance(value, float):
             raise ValueError(
-                f"{path}: field {field_name} is {value!r}; allowed 0..{maximum} "
-                "(workbench.models.family.CONFIG_MAXIMA, about 10x the largest released model)"
+                f"{path}: field {field_name} is {value!r}; {allowed}: expected an int, got {type(value).__name__}"
             )
 
 
@@ -642,14 +646,80 @@ def request_kwargs(family: Family) -> dict[str, str]:
     return {key: field_of.get(value, "?") if isinstance(value, int | float) else "?" for key, value in kwargs.items()}
 
 
+@dataclass(frozen=True)
+class OverrideRule:
+    """What one call_overrides value may be: a number of `kind` (int, or float which takes ints too; bools are
+    refused) in [low, high]; with `max_items`, a list of at most that many such numbers instead; with `nullable`,
+    also null (the pipeline's own `None`)."""
+
+    kind: type[int] | type[float]
+    low: float
+    high: float
+    nullable: bool = False
+    max_items: int | None = None
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.nullable
+        if self.max_items is None:
+            return self._number(value)
+        return isinstance(value, list) and len(value) <= self.max_items and all(map(self._number, value))
+
+    def _number(self, value: Any) -> bool:
+        kinds = int if self.kind is int else int | float
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            return False
+        return self.low <= value <= self.high  # NaN and the infinities compare out of range
+
+    def describe(self) -> str:
+        number = (
+            f"an int in [{self.low}, {self.high}]"
+            if self.kind is int
+            else f"a finite number in [{self.low}, {self.high}]"
+        )
+        if self.max_items is not None:
+            number = f"a list of at most {self.max_items} items, each {number}"
+        return f"null or {number}" if self.nullable else number
+
+
+_TEXT_TOKENS = OverrideRule(int, 1, 10_240)  # about 10x the largest pipeline default (LTX-2: 1,024; Wan: 512)
+_SCALE = OverrideRule(float, 0.0, 100.0)  # a guidance-like scale, bounded as Request.guidance is
+_RESCALE = OverrideRule(float, 0.0, 1.0)  # a guidance rescale: the fraction of the rescaled prediction
+_SCALE_OR_NULL = OverrideRule(float, 0.0, 100.0, nullable=True)
+_RESCALE_OR_NULL = OverrideRule(float, 0.0, 1.0, nullable=True)
+_BLOCKS = OverrideRule(int, 0, _LAYERS - 1, nullable=True, max_items=_LAYERS)  # transformer block indices
+# The pipeline kwargs a checkpoint's call_overrides may set, per pipeline class (`Family.pipeline_class`), each with
+# the values it takes: the kwargs the shipped and tiny models store (text length; LTX-2's auxiliary guidance
+# passes), all of them kwargs of the pipeline's call. Anything else is refused at load, never passed to diffusers.
+CALL_OVERRIDES: dict[str, dict[str, OverrideRule]] = {
+    "WanPipeline": {"max_sequence_length": _TEXT_TOKENS},
+    "LTX2Pipeline": {
+        "max_sequence_length": _TEXT_TOKENS,
+        "stg_scale": _SCALE,
+        "modality_scale": _SCALE,
+        "guidance_rescale": _RESCALE,
+        "audio_guidance_scale": _SCALE_OR_NULL,
+        "audio_stg_scale": _SCALE_OR_NULL,
+        "audio_modality_scale": _SCALE_OR_NULL,
+        "audio_guidance_rescale": _RESCALE_OR_NULL,
+        "spatio_temporal_guidance_blocks": _BLOCKS,
+    },
+    "MiniMaxH3ModularPipeline": {},
+}
+
+
 def check_call_overrides(family: Family, overrides: Mapping[str, Any], where: str) -> None:
-    """call_overrides may add pipeline kwargs but not replace what the request sets (steps, guidance, sizes, ...)
-    or what the runner sets: those would run something other than what the Result's request records. ValueError
-    naming the key and the request field to use instead."""
+    """call_overrides may add the pipeline kwargs `CALL_OVERRIDES` lists for the family's pipeline, each value as its
+    rule allows, but not replace what the request sets (steps, guidance, sizes, ...) or what the runner sets: those
+    would run something other than what the Result's request records. ValueError naming the key (and the request
+    field to use instead, or the allowed keys, or the allowed values)."""
+    from workbench.request import shown  # not at the top: workbench.request imports this module
+
     if not isinstance(overrides, Mapping) or not all(isinstance(k, str) for k in overrides):
-        raise ValueError(f"{where}: call_overrides must be an object of pipeline kwargs, got {overrides!r}")
+        raise ValueError(f"{where}: call_overrides must be an object of pipeline kwargs, got {shown(overrides)}")
     from_request = request_kwargs(family)
-    for key in overrides:
+    rules = CALL_OVERRIDES.get(family.pipeline_class, {})
+    for key, value in overrides.items():
         if key in from_request:
             raise ValueError(
                 f"{where}: call_overrides.{key} would replace what the request sets (Request.{from_request[key]}); "
@@ -657,6 +727,13 @@ def check_call_overrides(family: Family, overrides: Mapping[str, Any], where: st
             )
         if key in RUNNER_KWARGS:
             raise ValueError(f"{where}: call_overrides.{key} is set by the workbench's runner; not allowed: {key}")
+        if key not in rules:
+            raise ValueError(
+                f"{where}: call_overrides.{key} is not a kwarg the workbench lets a checkpoint set for "
+                f"{family.pipeline_class}; allowed: {sorted(rules) or 'none'}"
+            )
+        if not rules[key].accepts(value):
+            raise ValueError(f"{where}: call_overrides.{key} is {shown(value)}; allowed: {rules[key].describe()}")
 
 
 def read_workbench_file(root: Path, family: Family) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -12,8 +12,8 @@ it to the session's contract:
   step with the packed video rows of the sequence (conditioning rows first, as the loop holds them). The wrappers
   delegate `inputs`/`intermediate_outputs` to the wrapped block, so the loop's state layout is unchanged.
 - N `steps` give N - 1 transformer calls (the scheduler's last sigma is 0 and is not evaluated).
-- Frames are `17 n + 5` at a fixed 24 fps and must last 5-15 s: 124, 141, ..., 345. Out-of-range counts are refused
-  (`check_request`), never snapped.
+- Frames are `17 n + 5` at a fixed 24 fps and must last 5-15 s: 124, 141, ..., 345. Out-of-range counts, and fewer
+  than 2 steps, are refused (`check_request`), never snapped.
 - Modes: `t2va`, `i2va` (first keyframe = `Request.image`), `l2va` (last keyframe = `Request.last_image`), `fl2va`
   (both). Keyframes are PIL images or uint8 (H, W, 3) arrays; arrays are handed to the pipeline as PIL images
   (its resize step reads `.size`), which is lossless.
@@ -79,6 +79,7 @@ TransformerBlockRegistry.register(
 FPS = 24
 MIN_FRAMES, MAX_FRAMES = 124, 345  # 5 s and 15 s at 24 fps, both of the form 17 n + 5
 ALLOWED_FRAMES = tuple(range(MIN_FRAMES, MAX_FRAMES + 1, 17))
+MIN_STEPS = 2  # the scheduler's `set_timesteps` refuses fewer (1 step would run no transformer call)
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 # Which keyframes each mode takes: (needs Request.image, needs Request.last_image).
 MODE_KEYFRAMES = {"t2va": (False, False), "i2va": (True, False), "l2va": (False, True), "fl2va": (True, True)}
@@ -184,9 +185,15 @@ def run_modular_pipeline(pipeline: Any, kwargs: dict[str, Any], generator: Any, 
 
 @dataclasses.dataclass(frozen=True)
 class H3Family(Family):
-    """Adds `check_request` (called by `Request.resolved`): keyframes per mode, the 5-15 s range, fixed 24 fps."""
+    """Adds `check_request` (called by `Request.resolved`): keyframes per mode, the 5-15 s range, fixed 24 fps,
+    at least 2 steps."""
 
     def check_request(self, request: Any) -> None:
+        if request.steps < MIN_STEPS:
+            raise ValueError(
+                f"steps: {request.steps}; allowed: integers >= {MIN_STEPS} for {self.name} "
+                "(N steps run N - 1 transformer calls: the scheduler's last sigma is 0)"
+            )
         if request.frames not in ALLOWED_FRAMES:
             raise ValueError(
                 f"frames: {request.frames} is outside what {self.name} generates (5-15 s at {FPS} fps, 17*n + 5); "
