@@ -72,9 +72,8 @@ class Launch:
 
 
 DEFAULT = Launch()  # sm_90's: measured on the H200
-# sm_80/86/89: the H200's tile with twice the warps. DEFAULT's 4 warps need ~255 registers a thread there and spill
-# ~460 bytes (ptxas, tests/kernels/test_targets.py); 8 warps halve the per-thread share and spill nothing. Chosen from
-# the compile reports; not timed on such a card.
+# sm_80/86/89: the H200's tile with twice the warps, which halves the registers a thread holds. Chosen from compile
+# reports (tests/kernels/test_targets.py checks it spills no more than DEFAULT on sm_90); not timed on such a card.
 AMPERE_ADA = Launch(num_warps=8)
 
 

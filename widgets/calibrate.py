@@ -30,7 +30,9 @@ class CalibrationPanel(ipywidgets.VBox):
     """Budget limits (the session's default budget shown; untick a limit to leave it unchecked), the plugins to
     calibrate (one: its knob is searched; several: a greedy stack), the profile underneath (`exact-fast` by default,
     as the command line's `--base-profile`; what this machine cannot run of it is left out), margin and tries per
-    knob; "calibrate" runs
+    knob (the controls start at `budget`, `plugins`, `base`, `margin` and `max_evals`, so a panel shown beside a
+    result calibrated in code searches as that result did; a value the controls cannot hold is a ValueError naming
+    it); "calibrate" runs
     `workbench.evidence.calibrate` on `calibration` and confirms on `test` (each finished step shows in the panel as it
     comes: the value tried, the share of the budget it spent, the confirmations' verdicts);
     the result shows as status, the Pareto plot (knee circled, cliff crossed) and the setting; "apply" installs the
@@ -43,7 +45,16 @@ class CalibrationPanel(ipywidgets.VBox):
         test: list[Request],
         plugins: list[str] | None = None,
         budget: Budget | None = None,
+        margin: float = cal.MARGIN,
+        max_evals: int = cal.MAX_EVALS,
+        base: str = "exact-fast",
     ):
+        if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0.1 <= margin <= 1.0:
+            raise ValueError(f"margin: {margin!r}; allowed: 0.1 to 1.0 (the panel's slider)")
+        if isinstance(max_evals, bool) or not isinstance(max_evals, int) or not 2 <= max_evals <= 12:
+            raise ValueError(f"max_evals: {max_evals!r}; allowed: an int from 2 to 12 (the panel's slider)")
+        if base not in ("exact-fast", "stock"):
+            raise ValueError(f"base: {base!r}; allowed: 'exact-fast', 'stock'")
         self.session, self.calibration, self.test = session, calibration, test
         self.result: cal.Calibration | cal.Stack | None = None
         budget = budget or cal.default_budget(session)
@@ -64,11 +75,11 @@ class CalibrationPanel(ipywidgets.VBox):
             description="plugins", style={"description_width": "60px"},
         )  # fmt: skip
         self.base = ipywidgets.ToggleButtons(
-            options=["exact-fast", "stock"], value="exact-fast", description="underneath",
+            options=["exact-fast", "stock"], value=base, description="underneath",
             style={"description_width": "70px", "button_width": "90px"},
         )  # fmt: skip
-        self.margin = ipywidgets.FloatSlider(value=cal.MARGIN, min=0.1, max=1.0, step=0.05, description="margin")
-        self.evals = ipywidgets.IntSlider(value=cal.MAX_EVALS, min=2, max=12, description="tries / knob")
+        self.margin = ipywidgets.FloatSlider(value=margin, min=0.1, max=1.0, step=0.05, description="margin")
+        self.evals = ipywidgets.IntSlider(value=max_evals, min=2, max=12, description="tries / knob")
         self.run_button = ipywidgets.Button(description="calibrate", button_style="primary", icon="search")
         self.apply_button = ipywidgets.Button(description="apply", disabled=True, icon="check")
         self.status = ipywidgets.HTML()

@@ -30,6 +30,14 @@ def test_panel_shows_the_default_budget_with_audio_and_reads_edited_limits(demo)
         panel.apply()
 
 
+def test_panel_controls_start_at_the_given_settings_and_refuse_what_they_cannot_hold(demo):
+    panel = CalibrationPanel(demo, [], [], margin=0.5, max_evals=4, base="stock")  # as a notebook's run searched
+    assert (panel.margin.value, panel.evals.value, panel.base.value) == (0.5, 4, "stock")
+    for field, value in [("margin", 1.5), ("max_evals", 20), ("max_evals", True), ("base", "fastest")]:
+        with pytest.raises(ValueError, match=f"^{field}: "):
+            CalibrationPanel(demo, [], [], **{field: value})  # a slider would clamp it silently
+
+
 def test_panel_calibrates_shows_the_pareto_plot_and_applies_the_confirmed_setting(demo):
     """Over the exact-fast profile (what this CPU runs of it) the applied setting is that base plus the knee."""
     calibration = [Request("a red circle moves left, low hum", seed=2, **SIZE)]

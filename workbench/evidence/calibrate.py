@@ -702,9 +702,13 @@ def pareto_figure(result: Calibration | Stack) -> Figure:
             axes.plot([cliff.spent], [cliff.speedup], "x", ms=12, color=line.get_color())
     axes.axvline(result.margin, color="#888", ls="--", lw=1, label=f"margin {result.margin:g}")
     axes.axvline(1.0, color="#e15759", lw=1, label="budget limit")
+    axes.plot([], [], "o", ms=10, mfc="none", mec="#444", label="knee (the setting)")  # legend keys for the markers
+    axes.plot([], [], "x", ms=9, color="#444", label="cliff")
     axes.set_xlabel("budget spent (worst calibration request; 1 = at a limit)")
     axes.set_ylabel("speed-up vs stock (one run: indicative)")
     axes.set_xscale("symlog", linthresh=0.05)
+    spent = [p.spent for run, _ in _searches(result) for p in run.points if math.isfinite(p.spent)]
+    axes.set_xlim(0.0, 1.6 * max([*spent, 1.0]))  # spent is never negative; room for the right-most labels
     axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))  # plain text: no mathtext fonts
     axes.xaxis.set_minor_formatter(NullFormatter())
     axes.legend(fontsize=8)
