@@ -10,6 +10,8 @@ from workbench import Request, Session
 from workbench.memory_plan import Footprint, MemoryBudget, footprint, parse_bytes, plan_for, plan_memory
 from workbench.profiles import profile
 
+CUDA_CAP = 4 * 2**30  # the GPU tests' cap: the CUDA context and LIBRARY_RESERVE (memory_plan) fit under it
+
 # A synthetic model: a text encoder of 100 B, a VAE of 50 B, a denoiser of four 40 B blocks and 10 B besides.
 # Activations: denoise 20, text_encode 5, video_decode 60 untiled / 15 tiled; 4 denoiser forwards per request.
 FP = Footprint(
@@ -360,8 +362,8 @@ def test_residency_dismantle_gives_back_the_resident_model_bitwise(sessions, arr
 )
 def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(monkeypatch, name, arrangement):
     """A CPU-planned arrangement carried out on CUDA (pinned host copies, side-stream copies, one set of ring slots for
-    the denoiser's and the text encoder's streamed blocks) under a 1 GiB cap (a tiny model's own cap is below the
-    allocator's granularity): tiny-wan's smallest (components and the denoiser offloaded between stages) and the
+    the denoiser's and the text encoder's streamed blocks) under a 4 GiB cap (the card's memory: the CUDA context
+    and LIBRARY_RESERVE take their share of it; a tiny model's own cap would leave the allocator nothing): tiny-wan's smallest (components and the denoiser offloaded between stages) and the
     text-ring plans of the CPU test. Equal to the resident CUDA session twice; the streamed text layers compute on
     the device; after each request every offloaded weight is back in pinned host memory. Dismantled, the model is
     resident on the device again and gives the resident output."""
@@ -382,7 +384,7 @@ def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(monkeypatch, name
     budget = _text_ring_budget(model, request) if arrangement == "text" else MemoryBudget(
         plan_for(model, budget, planned).minimum_cap, request=request
     )  # fmt: skip
-    plan = dataclasses.replace(plan_for(model, budget, planned), cap=2**30)
+    plan = dataclasses.replace(plan_for(model, budget, planned), cap=CUDA_CAP)
     assert plan.streamed_text_layers if arrangement == "text" else plan.denoisers_offloaded, str(plan)
     away = [getattr(model.pipeline, c) for c in plan.offloaded]
     away += [model.pipeline.transformer] if plan.denoisers_offloaded else []
@@ -391,7 +393,7 @@ def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(monkeypatch, name
     device = torch.device("cuda", torch.cuda.current_device())
     try:
         session = Session(model, device, torch.bfloat16, 0.0)
-        session.residency = Residency.arrange(model, plan, device, dataclasses.replace(budget, cap=2**30))
+        session.residency = Residency.arrange(model, plan, device, dataclasses.replace(budget, cap=CUDA_CAP))
         where = lambda module, _: on_device.append({t.device.type for t in tensors_of(module)})  # noqa: E731
         hooks = [layers[i].register_forward_pre_hook(where) for i in plan.streamed_text_layers]
         for _ in range(2):
@@ -451,20 +453,20 @@ def test_a_cap_holds_while_its_session_lives_and_goes_with_it_on_cuda():
     meanwhile is warned that it runs under it), lifted by close() and by dropping the session without it."""
     import gc
 
-    def allocate_2gib() -> None:
-        torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    def allocate_the_cap() -> None:  # more than the allocator's share of the cap, which is less than the cap
+        torch.empty(CUDA_CAP, dtype=torch.uint8, device="cuda")
 
     for ending in ("close", "drop"):
-        capped = Session.open("tiny-wan", device="cuda", memory="1GiB")
+        capped = Session.open("tiny-wan", device="cuda", memory=CUDA_CAP)
         with pytest.raises(torch.OutOfMemoryError):
-            allocate_2gib()
-        with pytest.warns(UserWarning, match="capped at 1.00 GiB by an open session's memory budget"):
+            allocate_the_cap()
+        with pytest.warns(UserWarning, match="capped at 4.00 GiB by an open session's memory budget"):
             Session.open("tiny-wan", device="cuda").close()
         if ending == "close":
             capped.close()
         del capped
         gc.collect()
-        allocate_2gib()
+        allocate_the_cap()
 
 
 @pytest.mark.parametrize(
