@@ -115,9 +115,12 @@ def test_explore_notebook_runs_the_dashboard(runs):
     notebook, _ = executed(runs, "10_explore")
     assert {"application/vnd.jupyter.widget-view+json", "image/png"} <= mimes(notebook)  # widgets + static timelines
     assert "cross_kv_cache: bitwise" in text(notebook)
-    (static,) = [o["data"]["text/html"] for c in notebook.cells for o in c.outputs if "vflash-ab-static" in str(o)]
+    pages = [
+        o["data"]["text/html"] for c in notebook.cells for o in c.get("outputs", []) if "text/html" in o.get("data", {})
+    ]
+    (static,) = [page for page in pages if 'class="vflash-ab-static"' in page]
     assert static.count("data:video/mp4;base64,") == 2  # the A/B as an offline HTML export keeps it
-    (audio,) = [o["data"]["text/html"] for c in notebook.cells for o in c.outputs if "vflash-ab-audio-static" in str(o)]
+    (audio,) = [page for page in pages if 'class="vflash-ab-audio-static"' in page]
     assert audio.count("data:audio/wav;base64,") == 2  # demo-av makes sound: both soundtracks inline
 
 
