@@ -66,9 +66,7 @@ def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Pa
     """
     if not files:
         raise ValueError("files: at least one file is required")
-    if not isinstance(directory, str | os.PathLike):
-        raise ValueError(f"directory: expected a path (str or os.PathLike), got {type(directory).__name__}")
-    directory = Path(directory)
+    directory = check_path(directory, "directory")
     for name, data in files.items():
         if not isinstance(name, str) or not name or name != Path(name).name or name.startswith("."):
             raise ValueError(f"files: {name!r} is not a plain, non-hidden file name")
@@ -111,6 +109,13 @@ def check_targets(directory: str | Path, names: Iterable[str], field: str = "fil
         target = Path(directory) / name
         if target.is_symlink() or (target.exists() and not target.is_file()):
             raise ValueError(f"{field}: {target} exists and is not a regular file; remove it or write elsewhere")
+
+
+def check_path(path: object, field: str) -> Path:
+    """`path` as a Path if it is a str or os.PathLike; else ValueError naming `field`."""
+    if not isinstance(path, str | os.PathLike):
+        raise ValueError(f"{field}: expected a path (str or os.PathLike), got {type(path).__name__}")
+    return Path(path)
 
 
 def check_stem(name: object, field: str = "name", directory: str | Path | None = None) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.io import check_stem, json_bytes, write_set
+from workbench.io import check_path, check_stem, json_bytes, write_set
 from workbench.media import encode_mp4
 from workbench.telemetry import Event
 
@@ -116,6 +116,7 @@ class Result:
         (`workbench.io.write_set`): the folder holds the complete previous set or the complete new one, never
         a mix, even when the process is killed part-way. Returns the MP4 path."""
         mp4_name, json_name, html_name = self.saved_names(name)
+        check_path(directory, "directory")  # before the encoding, not after it
         request = self.metadata.get("request", {})
         title = " · ".join(str(x) for x in (request.get("prompt"), self.metadata.get("model")) if x) or name
         page = (
