@@ -146,6 +146,10 @@ def test_open_rejects_bad_arguments():
         ({"model": "tiny-wan", "device": "cpu:7"}, r"^device: 'cpu:7'; allowed: auto, cpu, cuda, cuda:N$"),
         ({"model": "tiny-wan", "accelerations": {"banana": {}}}, r"^accelerations: unknown \['banana'\]; available"),
         ({"model": "tiny-wan", "adapters": ["x"]}, r"^adapters\[0\]: 'x'; allowed: a workbench.Adapter"),
+        (
+            {"model": "tiny-wan", "memory": "8GiB", "accelerations": {"group_offload": {}}},
+            r"^accelerations: \['group_offload'\] move the denoiser's weights, which this session's memory plan",
+        ),
     ],
 )
 def test_open_refuses_a_bad_argument_before_loading(monkeypatch, kwargs, message):

@@ -87,6 +87,8 @@ class Session:
         seed = integer("seed", seed, 0, MAX_SEED)
         if accelerations is not None:
             install.check_options(REGISTRY, accelerations)  # what needs no model; capabilities are checked after
+            if memory is not None:
+                _check_no_placing(accelerations)
         specs = [] if adapters is None else lora.parse(adapters)
         budget = None if memory is None else MemoryBudget.of(memory)
         start = time.perf_counter()
@@ -158,14 +160,8 @@ class Session:
             raise RuntimeError(f"accelerate: refused while request {self.active_request} runs")
         try:
             self._check_usable()
-            placing = [
-                name for name in config if "denoiser.weights_device" in getattr(REGISTRY.get(name), "touches", ())
-            ]
-            if self.residency is not None and placing:
-                raise ValueError(
-                    f"accelerations: {placing} move the denoiser's weights, which this session's memory plan places; "
-                    "open a session without memory=... to use them"
-                )
+            if self.residency is not None:
+                _check_no_placing(config)
             install.validate(REGISTRY, self.model, config, self.device)  # bad config: nothing touched
             previous = self.accelerations
             try:
@@ -375,6 +371,16 @@ class Session:
         return (
             f"Session(model={self.model.name!r}, family={self.family.name!r}, device={self.device}, "
             f"dtype={self.dtype}, init={self.init_seconds:.2f}s)"
+        )
+
+
+def _check_no_placing(config: dict[str, Any]) -> None:
+    """ValueError when `config` names plugins that move the denoiser's weights, which a memory plan places."""
+    placing = [name for name in config if "denoiser.weights_device" in getattr(REGISTRY.get(name), "touches", ())]
+    if placing:
+        raise ValueError(
+            f"accelerations: {placing} move the denoiser's weights, which this session's memory plan places; "
+            "open a session without memory=... to use them"
         )
 
 
