@@ -26,6 +26,11 @@ _LIMIT_HELP = {
 }
 
 
+MARGINS = (0.1, 1.0)  # the margin slider's range
+TRIES = (2, 12)  # the tries-per-knob slider's range
+BASES = ("exact-fast", "stock")  # the profiles the panel can install underneath
+
+
 class CalibrationPanel(ipywidgets.VBox):
     """Budget limits (the session's default budget shown; untick a limit to leave it unchecked), the plugins to
     calibrate (one: its knob is searched; several: a greedy stack), the profile underneath (`exact-fast` by default,
@@ -49,12 +54,14 @@ class CalibrationPanel(ipywidgets.VBox):
         max_evals: int = cal.MAX_EVALS,
         base: str = "exact-fast",
     ):
-        if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0.1 <= margin <= 1.0:
-            raise ValueError(f"margin: {margin!r}; allowed: 0.1 to 1.0 (the panel's slider)")
-        if isinstance(max_evals, bool) or not isinstance(max_evals, int) or not 2 <= max_evals <= 12:
-            raise ValueError(f"max_evals: {max_evals!r}; allowed: an int from 2 to 12 (the panel's slider)")
-        if base not in ("exact-fast", "stock"):
-            raise ValueError(f"base: {base!r}; allowed: 'exact-fast', 'stock'")
+        low, high = MARGINS
+        if isinstance(margin, bool) or not isinstance(margin, int | float) or not low <= margin <= high:
+            raise ValueError(f"margin: {margin!r}; allowed: {low} to {high} (the panel's slider)")
+        low, high = TRIES
+        if isinstance(max_evals, bool) or not isinstance(max_evals, int) or not low <= max_evals <= high:
+            raise ValueError(f"max_evals: {max_evals!r}; allowed: an int from {low} to {high} (the panel's slider)")
+        if base not in BASES:
+            raise ValueError(f"base: {base!r}; allowed: {', '.join(map(repr, BASES))}")
         self.session, self.calibration, self.test = session, calibration, test
         self.result: cal.Calibration | cal.Stack | None = None
         budget = budget or cal.default_budget(session)
@@ -75,11 +82,13 @@ class CalibrationPanel(ipywidgets.VBox):
             description="plugins", style={"description_width": "60px"},
         )  # fmt: skip
         self.base = ipywidgets.ToggleButtons(
-            options=["exact-fast", "stock"], value=base, description="underneath",
+            options=list(BASES), value=base, description="underneath",
             style={"description_width": "70px", "button_width": "90px"},
         )  # fmt: skip
-        self.margin = ipywidgets.FloatSlider(value=margin, min=0.1, max=1.0, step=0.05, description="margin")
-        self.evals = ipywidgets.IntSlider(value=max_evals, min=2, max=12, description="tries / knob")
+        self.margin = ipywidgets.FloatSlider(
+            value=margin, min=MARGINS[0], max=MARGINS[1], step=0.05, description="margin"
+        )
+        self.evals = ipywidgets.IntSlider(value=max_evals, min=TRIES[0], max=TRIES[1], description="tries / knob")
         self.run_button = ipywidgets.Button(description="calibrate", button_style="primary", icon="search")
         self.apply_button = ipywidgets.Button(description="apply", disabled=True, icon="check")
         self.status = ipywidgets.HTML()

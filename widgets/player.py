@@ -14,7 +14,7 @@ from IPython.display import HTML
 from matplotlib import colormaps
 
 from workbench import Result
-from workbench.plots import array_png, figure_png, frame_metric_curves
+from workbench.plots import array_png, figure_png, frame_metric_curves, png_figure_html
 from workbench.result import enlargement
 
 from ._common import ErrorBox, check_labels, progress, upscale
@@ -267,12 +267,7 @@ class ABPlayer(ipywidgets.VBox):
         ]
         frame = self.slider.value
         images = [(self.image_diff.value, f"|B - A| of frame {frame}"), (self.curves.value, "per-frame PSNR and SSIM")]
-        parts += [
-            f'<figure style="margin:0"><img alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-            f"<figcaption>{alt}</figcaption></figure>"
-            for png, alt in images
-            if png
-        ]
+        parts += [png_figure_html(png, alt, style="margin:0") for png, alt in images if png]
         row = f'<div style="display:flex;flex-wrap:wrap;gap:8px;align-items:flex-start">{"".join(parts)}</div>'
         return HTML(f'<div class="vflash-ab-static"><p>{self.header.value}</p>{row}</div>')
 

@@ -254,7 +254,7 @@ def _generate(args: argparse.Namespace) -> int:
     from workbench import Request, Result, Session, distributed
     from workbench.accelerations.attention.attention_policy import model_key
     from workbench.accelerations.memory.ring import AS_STORED, FP8
-    from workbench.io import check_stem, check_targets, check_writable
+    from workbench.io import check_targets, check_writable
     from workbench.media import verify_mp4
     from workbench.memory_plan import MemoryBudget, parse_cap
     from workbench.profiles import calibration_record, profile_plan, within_budget
@@ -277,8 +277,7 @@ def _generate(args: argparse.Namespace) -> int:
         parse_cap(args.memory, "--memory")  # refused here, before loading, under the flag's name
     if not distributed.is_worker():  # probed once by the launcher: ranks probing one folder at once race each other
         check_writable(args.out, "--out")
-    check_stem(args.name, "--name", args.out)  # its characters and length, against --out's file system
-    check_targets(args.out, Result.saved_names(args.name, "--name"), "--out")
+    check_targets(args.out, Result.saved_names(args.name, "--name", args.out), "--out")  # against --out's file system
     if (args.profile == "within-budget") != (args.calibration is not None):
         raise ValueError("--calibration: a calibrate record goes with --profile within-budget, and only with it")
     if args.calibration is not None:

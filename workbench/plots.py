@@ -10,6 +10,7 @@ GIL for microseconds rather than for a figure's rasterization.
 
 from __future__ import annotations
 
+import base64
 import html
 import io
 from collections.abc import Iterable, Sequence
@@ -90,7 +91,7 @@ def stage_timeline(events: Sequence[Event], now: float | None = None, title: str
         axes.vlines(steps, y - 0.35, y + 0.35, colors="black", linewidth=1)
     axes.set_yticks(range(len(rows)), rows)
     axes.set_ylim(len(rows) - 0.5, -0.5)
-    end = max([i.end for i in intervals] + [e.t for e in events] + [now or 0.0, 1e-3])
+    end = _chart_end(intervals, events, now)
     axes.set_xlim(0, end * 1.02)
     axes.set_xlabel("seconds since request start")
     total = next((e.data.get("total") for e in events if e.kind == "request_end"), None)
@@ -108,7 +109,7 @@ def timeline_svg(events: Sequence[Event], now: float | None = None, width: int =
     intervals = stage_intervals(events, now)
     rows = _stage_order(interval.stage for interval in intervals)
     steps = [e.t for e in events if e.kind == "step"]
-    end = max([i.end for i in intervals] + [e.t for e in events] + [now or 0.0, 1e-3]) * 1.02
+    end = _chart_end(intervals, events, now) * 1.02
     left, row_height, top = 100, 22, 6
     plot_width = width - left - 10
     height = top + row_height * max(len(rows), 1) + 24
@@ -294,6 +295,17 @@ def figure_png(figure: Figure, dpi: int = 100) -> bytes:
     return buffer.getvalue()
 
 
+def png_figure_html(png: bytes, caption: str, style: str = "") -> str:
+    """PNG bytes as a self-contained HTML `<figure>` (a data-URI image), `caption` (escaped) its alt text and its
+    caption; `style`, when given, the figure's inline style."""
+    text = html.escape(caption)
+    data = base64.b64encode(png).decode()
+    styled = f' style="{style}"' if style else ""
+    return (
+        f'<figure{styled}><img alt="{text}" src="data:image/png;base64,{data}"><figcaption>{text}</figcaption></figure>'
+    )
+
+
 def array_png(image: np.ndarray) -> bytes:
     """Encode a uint8 (H, W, 3) or (H, W) image to PNG bytes; fast compression, since views re-encode often."""
     if image.dtype != np.uint8 or image.ndim not in (2, 3):
@@ -301,6 +313,11 @@ def array_png(image: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(image)).save(buffer, format="PNG", compress_level=1)
     return buffer.getvalue()
+
+
+def _chart_end(intervals: Sequence[Interval], events: Sequence[Event], now: float | None) -> float:
+    """A timeline's last instant in seconds: the latest interval end, event or `now`, and at least 1 ms."""
+    return max([i.end for i in intervals] + [e.t for e in events] + [now or 0.0, 1e-3])
 
 
 def _stage_order(stages: Iterable[str]) -> list[str]:

@@ -105,10 +105,10 @@ class Result:
         }
 
     @staticmethod
-    def saved_names(name: str, field: str = "name") -> tuple[str, str, str]:
+    def saved_names(name: str, field: str = "name", directory: str | Path | None = None) -> tuple[str, str, str]:
         """The files `save(directory, name)` writes: `<name>.mp4`, `.json`, `.html` (ValueError naming `field` for a
-        name that is not a plain file stem)."""
-        check_stem(name, field)
+        name that is not a plain file stem, or too long for `directory`'s file system: `io.check_stem`)."""
+        check_stem(name, field, directory)
         return f"{name}.mp4", f"{name}.json", f"{name}.html"
 
     def save(self, directory: str | Path, name: str = "result") -> Path:

@@ -687,10 +687,12 @@ def pareto_figure(result: Calibration | Stack) -> Figure:
     """Indicative speed-up against budget spent, one series per searched knob; knee circled, cliff crossed."""
     figure = Figure(figsize=(7.0, 4.2), dpi=100)
     axes = figure.subplots()
+    right = 1.0  # the x axis reaches past the budget limit and the right-most point
     for run, label in _searches(result):
         points = [p for p in run.points if math.isfinite(p.spent) and math.isfinite(p.speedup)]
         if not points:
             continue
+        right = max(right, *(p.spent for p in points))
         line = axes.plot([p.spent for p in points], [p.speedup for p in points], "o", label=label, alpha=0.8)[0]
         for p in points:
             axes.annotate(f"{p.value:.3g}", (p.spent, p.speedup), fontsize=7, xytext=(3, 3), textcoords="offset points")
@@ -707,8 +709,7 @@ def pareto_figure(result: Calibration | Stack) -> Figure:
     axes.set_xlabel("budget spent (worst calibration request; 1 = at a limit)")
     axes.set_ylabel("speed-up vs stock (one run: indicative)")
     axes.set_xscale("symlog", linthresh=0.05)
-    spent = [p.spent for run, _ in _searches(result) for p in run.points if math.isfinite(p.spent)]
-    axes.set_xlim(0.0, 1.6 * max([*spent, 1.0]))  # spent is never negative; room for the right-most labels
+    axes.set_xlim(0.0, 1.6 * right)  # spent is never negative; room for the right-most labels
     axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))  # plain text: no mathtext fonts
     axes.xaxis.set_minor_formatter(NullFormatter())
     axes.legend(fontsize=8)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from workbench.environment import device_label
-from workbench.plots import figure_png, frame_metric_curves, round_times
+from workbench.plots import figure_png, frame_metric_curves, png_figure_html, round_times
 from workbench.result import VISIBLE_SIDE, Result, video_style
 
 # Scoped to the report's own wrapper: shown inside a notebook, the page must not restyle the notebook.
@@ -123,9 +123,7 @@ def _floats(values: list[Any] | None) -> np.ndarray:
 
 def _png(figure: Any, alt: str) -> str:
     """The figure as a PNG data URI, with `alt` (escaped) as its alt text and caption."""
-    data = base64.b64encode(figure_png(figure, dpi=80)).decode()
-    text = html.escape(alt)
-    return f'<figure><img alt="{text}" src="data:image/png;base64,{data}"><figcaption>{text}</figcaption></figure>'
+    return png_figure_html(figure_png(figure, dpi=80), alt)
 
 
 def _table(rows: dict[str, Any]) -> str:
