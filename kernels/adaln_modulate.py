@@ -30,8 +30,6 @@ batch). Index values are not range-checked here (that needs a device sync); the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -41,10 +39,10 @@ from workbench.kernels._runtime import (
     FLOAT_DTYPES,
     ROUNDING,
     LazyKernel,
+    PointwiseLaunch,
     broadcast_rows,
     check_float,
     check_index,
-    check_power_of_two,
     check_runtime,
     dtype_size,
     pointwise_tile,
@@ -52,18 +50,10 @@ from workbench.kernels._runtime import (
 )
 
 
-@dataclass(frozen=True)
-class Launch:
-    """The tile of one program on the GPU: `rows` flattened (b, t) rows x `cols` channels, both powers of two. Each
-    element is computed on its own, so the result never depends on it; under the interpreter the tile is widened
-    (`_runtime.pointwise_tile`)."""
+class Launch(PointwiseLaunch):
+    """adaln_modulate's tile (`_runtime.PointwiseLaunch`)."""
 
-    rows: int = 16
-    cols: int = 128
-
-    def __post_init__(self) -> None:
-        check_power_of_two("adaln_modulate", "rows", self.rows)
-        check_power_of_two("adaln_modulate", "cols", self.cols)
+    kernel = "adaln_modulate"
 
 
 DEFAULT = Launch()

@@ -27,8 +27,6 @@ not range-checked here (the caller keeps them in [0, R)).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -37,10 +35,10 @@ from workbench.kernels._rounding import round_to, store_bf16
 from workbench.kernels._runtime import (
     ROUNDING,
     LazyKernel,
+    PointwiseLaunch,
     broadcast_rows,
     check_float,
     check_index,
-    check_power_of_two,
     check_runtime,
     dtype_size,
     pointwise_tile,
@@ -48,18 +46,10 @@ from workbench.kernels._runtime import (
 )
 
 
-@dataclass(frozen=True)
-class Launch:
-    """The tile of one program on the GPU: `rows` flattened (b, t) rows x `cols` channels, both powers of two. Each
-    element is computed on its own, so the result never depends on it; under the interpreter the tile is widened
-    (`_runtime.pointwise_tile`)."""
+class Launch(PointwiseLaunch):
+    """gated_residual's tile (`_runtime.PointwiseLaunch`)."""
 
-    rows: int = 16
-    cols: int = 128
-
-    def __post_init__(self) -> None:
-        check_power_of_two("gated_residual", "rows", self.rows)
-        check_power_of_two("gated_residual", "cols", self.cols)
+    kernel = "gated_residual"
 
 
 DEFAULT = Launch()

@@ -1,9 +1,12 @@
-"""diffusers' own caches (`denoiser.enable_cache(config)`) installed with fail-closed checks and receipts.
+"""Handles shared by the caching plugins built on diffusers' hooks; not a plugin itself (it registers no Spec).
 
-Shared by `diffusers_caches` (first-block cache, TaylorSeer, PAB) and `mag_cache`; not a plugin itself (it registers
-no Spec). Receipts count work that really ran: a skipped block or predicted module still passes through its
-`__call__` (the cache hook answers for it), so executions are counted one level down, a block at the first layer
-of its feed-forward, an attention at its output projection.
+`CacheHandle`: diffusers' own caches (`denoiser.enable_cache(config)`) installed with fail-closed checks and receipts,
+for `diffusers_caches` (first-block cache, TaylorSeer, PAB) and `mag_cache`. Receipts count work that really ran: a
+skipped block or predicted module still passes through its `__call__` (the cache hook answers for it), so executions
+are counted one level down, a block at the first layer of its feed-forward, an attention at its output projection.
+
+`ScheduledCacheHandle`: the request lifecycle of the caches that register hooks of their own (`easycache`,
+`teacache`): the request's step count and expert schedule, and per-request state emptied around each request.
 
 Experts (Wan2.2): diffusers keeps each cache's state in hooks on each denoiser, so the low-noise expert's state is its
 own and its step counts (TaylorSeer's `disable_cache_before_step`, MagCache's step index) start at 0 when it first
@@ -85,6 +88,29 @@ class CacheHandle(Handle):
             if getattr(denoiser, "is_cache_enabled", False):
                 denoiser.disable_cache()
             drop_restored_forwards(denoiser)
+
+
+class ScheduledCacheHandle(Handle):
+    """A cache whose hooks read the request's step count (`steps`) and expert schedule (`schedule`), both set at
+    `begin_request`, and keep per-request state that the subclass's `_reset` empties at the start and end of every
+    request."""
+
+    def __init__(self, spec: Spec, options: dict[str, Any], proof: tuple[str, ...]):
+        super().__init__(spec, options, proof)
+        self.steps: int | None = None
+        self.schedule: experts.Schedule | None = None
+
+    def begin_request(self, request_id: int, steps: int) -> None:
+        super().begin_request(request_id, steps)
+        self.steps = steps
+        self.schedule = experts.schedule(self.model, steps)
+        self._reset()
+
+    def end_request(self, request_id: int) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        raise NotImplementedError
 
 
 def _first_module(module: torch.nn.Module) -> torch.nn.Module:

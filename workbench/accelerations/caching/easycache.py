@@ -25,7 +25,8 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
-from workbench.accelerations.base import Handle, Knob, Spec, drop_restored_forwards, option
+from workbench.accelerations.base import Knob, Spec, drop_restored_forwards, option
+from workbench.accelerations.caching.diffusers_hooks import ScheduledCacheHandle
 from workbench.models import experts
 
 HOOK_NAME = "workbench_easycache"
@@ -125,27 +126,16 @@ def _rebuild(template: Any, tensors: list[torch.Tensor]) -> Any:
     return type(template)(**{k: next(items, v) if isinstance(v, torch.Tensor) else v for k, v in template.items()})
 
 
-class _Installed(Handle):
+class _Installed(ScheduledCacheHandle):
     def __init__(self, spec: Spec, options: dict[str, Any], model: Any, streams: tuple):
         super().__init__(spec, options, proof=("reused",))
         named = experts.named_denoisers(model)
         self.denoisers = [denoiser for _, denoiser in named]
-        self.steps: int | None = None
-        self.schedule: experts.Schedule | None = None
         self.hooks = []
         for expert, denoiser in named:
             hook = _EasyCacheHook(self, streams, expert)
             HookRegistry.check_if_exists_or_initialize(denoiser).register_hook(hook, HOOK_NAME)
             self.hooks.append(hook)
-
-    def begin_request(self, request_id: int, steps: int) -> None:
-        super().begin_request(request_id, steps)
-        self.steps = steps
-        self.schedule = experts.schedule(self.model, steps)
-        self._reset()
-
-    def end_request(self, request_id: int) -> None:
-        self._reset()
 
     def _reset(self) -> None:
         for hook, denoiser in zip(self.hooks, self.denoisers, strict=True):

@@ -46,7 +46,8 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 
-from workbench.accelerations.base import Handle, Knob, Spec, drop_restored_forwards, option
+from workbench.accelerations.base import Knob, Spec, drop_restored_forwards, option
+from workbench.accelerations.caching.diffusers_hooks import ScheduledCacheHandle
 from workbench.models import experts, families
 from workbench.models.family import block_arg
 
@@ -158,11 +159,9 @@ def _store_residuals(state: _BranchState, output: Any) -> None:
     state.stack_inputs = None
 
 
-class _Installed(Handle):
+class _Installed(ScheduledCacheHandle):
     def __init__(self, spec: Spec, options: dict[str, Any], family: Any, stacks: list[tuple[str, Any, list]]):
         super().__init__(spec, options, proof=("reused",))
-        self.steps: int | None = None
-        self.schedule: experts.Schedule | None = None
         rescale = options["rescale"]
         self.coefficients = None if rescale == "none" else family.teacache.coefficients[rescale]
         self.blocks: list[torch.nn.Module] = []
@@ -184,15 +183,6 @@ class _Installed(Handle):
         if self.coefficients is None:
             return change
         return max(float(np.polyval(self.coefficients, change)), 0.0)  # highest power first
-
-    def begin_request(self, request_id: int, steps: int) -> None:
-        super().begin_request(request_id, steps)
-        self.steps = steps
-        self.schedule = experts.schedule(self.model, steps)
-        self._reset()
-
-    def end_request(self, request_id: int) -> None:
-        self._reset()
 
     def _reset(self) -> None:
         for leader in self.leaders:
