@@ -1,4 +1,5 @@
-"""Pieces the widgets share: an in-widget error box, label checks, and crisp upscaling of small frames."""
+"""Pieces the widgets share: an in-widget error box, a static copy in every display, label checks, and crisp
+upscaling of small frames."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TypeVar
 
 import ipywidgets
 import numpy as np
+from IPython.display import HTML
 
 from workbench.progress import progress as text_progress
 
@@ -40,6 +42,42 @@ class ErrorBox(ipywidgets.HTML):
             yield
         except Exception as error:
             self.show(where, error)
+
+
+STATIC_COPY_MAX_BYTES = 8 * 2**20  # a display's static copy above this is left out (the notebook file keeps it)
+
+
+class StaticCopy:
+    """A widget with a static copy of what it shows (`static()`: self-contained HTML, no JavaScript).
+
+    Its display carries that copy, as it stands at display time, as text/html beside the widget view. A front end
+    with the widget manager (JupyterLab, Notebook 7, VS Code) draws the widget: the view outranks HTML there. One
+    without it shows the copy where it would show the widget's repr: a notebook viewer, an nbconvert HTML export of
+    a notebook saved without widget state (JupyterLab's default; papermill saves it, so the README's export of an
+    executed notebook clears it). A copy over STATIC_COPY_MAX_BYTES, or one that fails to build, is replaced by a
+    one-line note saying so; the widget itself still displays.
+    Mix in before the ipywidgets class: `class ABPlayer(StaticCopy, ipywidgets.VBox)`.
+    """
+
+    def static(self) -> HTML:
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, **kwargs: object) -> dict | None:
+        bundle = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]
+        if bundle is None:
+            return None
+        name = type(self).__name__
+        try:
+            copy = self.static().data
+        except Exception as error:  # never let the copy stop the widget from showing
+            copy = f"<p><i>{name}: no static copy ({html.escape(repr(error))})</i></p>"
+        size = len(copy.encode())
+        if size > STATIC_COPY_MAX_BYTES:
+            copy = (
+                f"<p><i>{name}: its static copy ({size / 2**20:.1f} MiB) is over {STATIC_COPY_MAX_BYTES // 2**20} MiB "
+                "and left out of this output; display(widget.static()) keeps it.</i></p>"
+            )
+        return {**bundle, "text/html": copy}
 
 
 def check_labels(labels: tuple[str, str]) -> tuple[str, str]:

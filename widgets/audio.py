@@ -14,9 +14,9 @@ import traitlets
 from IPython.display import HTML
 
 from workbench import Result
-from workbench.plots import ab_audio_figure, figure_png
+from workbench.plots import ab_audio_figure, figure_png, png_figure_html
 
-from ._common import ErrorBox, check_labels
+from ._common import ErrorBox, StaticCopy, check_labels
 
 _AUDIO_PLAYER_ESM = """
 function render({ model, el }) {
@@ -68,7 +68,7 @@ class AudioPlayer(anywidget.AnyWidget):
         self.duration = audio.shape[1] / sample_rate
 
 
-class ABAudio(ipywidgets.VBox):
+class ABAudio(StaticCopy, ipywidgets.VBox):
     """Listen to and look at the soundtracks of two results.
 
     Both players get the samples as they are (16-bit PCM WAV, clipped to [-1, 1], not normalised):
@@ -117,10 +117,8 @@ class ABAudio(ipywidgets.VBox):
             f'<audio controls src="{player.src}"></audio></figure>'
             for title, player in zip(self.titles, self.players, strict=True)
         ]
-        figure = ""
-        if self.figure.value:
-            data = base64.b64encode(self.figure.value).decode()
-            figure = f'<img alt="waveforms and spectrograms of both soundtracks and of their difference" src="data:image/png;base64,{data}">'
+        alt = "waveforms and spectrograms of both soundtracks and of their difference"
+        figure = png_figure_html(self.figure.value, alt, style="margin:0") if self.figure.value else ""
         row = f'<div style="display:flex;flex-wrap:wrap;gap:16px">{"".join(parts)}</div>'
         return HTML(f'<div class="vflash-ab-audio-static">{row}{figure}</div>')
 

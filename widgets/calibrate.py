@@ -5,15 +5,16 @@ from __future__ import annotations
 import html
 
 import ipywidgets
+from IPython.display import HTML
 
 from workbench import Session
 from workbench.evidence import calibrate as cal
-from workbench.plots import figure_png
+from workbench.plots import figure_png, png_figure_html
 from workbench.profiles import profile
 from workbench.quality import Budget
 from workbench.request import Request
 
-from ._common import ErrorBox
+from ._common import ErrorBox, StaticCopy
 
 _LIMIT_HELP = {
     "latent_rel_l2": "latent rel-L2 <=",
@@ -31,7 +32,7 @@ TRIES = (2, 12)  # the tries-per-knob slider's range
 BASES = ("exact-fast", "stock")  # the profiles the panel can install underneath
 
 
-class CalibrationPanel(ipywidgets.VBox):
+class CalibrationPanel(StaticCopy, ipywidgets.VBox):
     """Budget limits (the session's default budget shown; untick a limit to leave it unchecked), the plugins to
     calibrate (one: its knob is searched; several: a greedy stack), the profile underneath (`exact-fast` by default,
     as the command line's `--base-profile`; what this machine cannot run of it is left out), margin and tries per
@@ -163,6 +164,20 @@ class CalibrationPanel(ipywidgets.VBox):
         self.plot.layout.display = None
         self.setting.value = f"<pre>{html.escape(str(result.config))}</pre>" if result.config else ""
         self.apply_button.disabled = result.status not in ("calibrated", "quality_confirmed")
+
+    def static(self) -> HTML:
+        """The panel's outcome as it stands, as self-contained HTML: the budget, the status, the Pareto plot and the
+        setting (the controls need a running kernel); before a run, the budget alone."""
+        limits = ", ".join(
+            f"{_LIMIT_HELP[name]} {box.value:g}" for name, (use, box) in self.limits.items() if use.value
+        )
+        plot = png_figure_html(self.plot.value, "Pareto plot of the calibration") if self.plot.value else ""
+        parts = [
+            f"<p><b>quality budget</b>: {html.escape(limits) or 'no limit'}</p>",
+            self.error.value,
+            self.status.value,
+        ]
+        return HTML(f'<div class="vflash-calibration-static">{"".join(parts)}{plot}{self.setting.value}</div>')
 
     def apply(self) -> dict:
         """Install the confirmed setting into the session; returns what `Session.accelerate` installed (name ->

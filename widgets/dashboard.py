@@ -21,7 +21,7 @@ from workbench import Request, Result, Session
 from workbench.memory_plan import gib
 from workbench.models import SHIPPED_MODELS
 
-from ._common import ErrorBox
+from ._common import ErrorBox, StaticCopy
 from .audio import ABAudio
 from .live import LiveStagePlot
 from .memory import MemoryCapField, plan_html, residency_html
@@ -45,7 +45,16 @@ def model_name(name: str) -> str:
     return path.name if path.is_absolute() or len(path.parts) > 1 else name
 
 
-class Dashboard(ipywidgets.VBox):
+class ABArea(StaticCopy, ipywidgets.VBox):
+    """The Dashboard's A/B area: the players of its last two results, or a one-line note of why there are none."""
+
+    def static(self) -> HTML:
+        """The area as it stands, as self-contained HTML: `ABPlayer.static`, `ABAudio.static` and its notes."""
+        parts = [part.value if isinstance(part, ipywidgets.HTML) else part.static().data for part in self.children]
+        return HTML(f'<div class="vflash-ab-area-static">{"".join(parts)}</div>')
+
+
+class Dashboard(StaticCopy, ipywidgets.VBox):
     """Session picker, request form, acceleration panel, generate button, live stage plot and an A/B area.
 
     `Dashboard(session)` works on an open session; `Dashboard(["demo-av", ...], device="cpu")` lets the
@@ -56,6 +65,8 @@ class Dashboard(ipywidgets.VBox):
     a model starts again at #1). The A/B area (`ab`, a box that always holds the current comparison: display
     it to follow the latest pair) keeps the last two results: an `ABPlayer` (and an `ABAudio` when both have
     audio at one sample rate) of the older against the newer; a part that cannot be compared says why in one line.
+    Every display of the dashboard or of `ab` also carries its static copy (`static()`, `ab.static()`), which is what
+    an HTML export without widget state shows in its place.
     The buttons run their work on a background thread (the kernel stays responsive) and only set widget
     values from it; `open_model()`/`generate()` called from code run on the caller's thread and return. Every
     failure shows in the error box; none is a traceback.
@@ -102,7 +113,7 @@ class Dashboard(ipywidgets.VBox):
         self.generate_button = ipywidgets.Button(description="generate", icon="play", button_style="success")
         self.request_status = ipywidgets.HTML(layout={"flex": "1 1 0", "min_width": "0"})
         self.live = LiveStagePlot(show_static=True)
-        self.ab = ipywidgets.VBox([ipywidgets.HTML("<i>A/B: generate twice to compare the last two results</i>")])
+        self.ab = ABArea([ipywidgets.HTML("<i>A/B: generate twice to compare the last two results</i>")])
         self.ab.add_class("vflash-ab")
         self.errors = ErrorBox()
         row = {"align_items": "center", "flex_flow": "row wrap", "overflow": "visible"}
@@ -267,10 +278,18 @@ class Dashboard(ipywidgets.VBox):
         cap = "" if session.memory_plan is None else f" under a {gib(session.memory_plan.cap)} cap"
         return f"<b>{name}</b> on {session.device}{cap}, loaded in {session.init_seconds:.2f} s"
 
-    def ab_static(self) -> list[HTML]:
-        """The A/B area as it stands, as self-contained HTML parts (`ABPlayer.static`, `ABAudio.static`, and its
-        notes as they read): `display(*dash.ab_static())` leaves a copy an offline HTML export keeps."""
-        return [HTML(part.value) if isinstance(part, ipywidgets.HTML) else part.static() for part in self.ab.children]
+    def static(self) -> HTML:
+        """The dashboard as it stands, as self-contained HTML: the session and the last request's status, the
+        memory plan, any error, the live plot's figures, the last result's residency and the A/B area's copy. The
+        controls are left out: they only work with a running kernel."""
+        status = self.session_status.value + (
+            f"; last request {self.request_status.value}" if self.request_status.value else ""
+        )
+        plan, errors, residency = (
+            w.value if w.layout.display != "none" else "" for w in (self.plan, self.errors, self.residency)
+        )
+        body = [plan, errors, self.live.static().data, residency, self.ab.static().data]  # in the screen's order
+        return HTML(f'<div class="vflash-dashboard-static"><p><b>Dashboard</b>: {status}</p>{"".join(body)}</div>')
 
     def _show_ab(self) -> None:
         """The A/B area for the last two results: their videos whenever they are comparable, and their audio when

@@ -23,7 +23,7 @@ from IPython.display import HTML, display
 
 from workbench.evidence.fanout_progress import Event, Progress
 
-from ._common import ErrorBox
+from ._common import ErrorBox, StaticCopy
 
 _STATE_COLORS = {"running": "#4e79a7", "lost": "#c62828", "starting": "#757575", "idle": "#757575"}
 _CELL = "padding:1px 12px 1px 0;text-align:left;vertical-align:top;font-weight:normal"
@@ -31,7 +31,7 @@ _WRAP = "overflow-wrap:anywhere;white-space:normal"
 _FAILED_SHOWN = 10  # failures listed by name; more are counted
 
 
-class FanoutProgress(ipywidgets.VBox):
+class FanoutProgress(StaticCopy, ipywidgets.VBox):
     """Cells done / running / failed of the total, elapsed time and ETA, one line per worker (host, device, state,
     the cell it runs, its counts), and the failed cells with their errors, updated on every event of a run.
 
@@ -78,8 +78,11 @@ class FanoutProgress(ipywidgets.VBox):
             self._unsubscribe = None
 
     def static(self) -> HTML:
-        """The last finished run's summary as a static HTML output (for `display(view.static())`)."""
-        return HTML(self.html)
+        """The last finished run's summary as a static HTML output (for `display(view.static())`); before a run
+        has ended, the counts as they stand."""
+        return HTML(
+            self.html or f'<div class="vflash-fanout-summary" style="font-size:13px">{self.summary.value}</div>'
+        )
 
     def __call__(self, event: Event) -> None:
         """A `Fanout.subscribe` callback: draw `event`'s state of the run."""

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import html
 import threading
 import time
 from collections.abc import Callable
 
 import ipywidgets
 from IPython import get_ipython
-from IPython.display import Image, display
+from IPython.display import HTML, display
 
 from workbench import Session
-from workbench.plots import figure_png, memory_plot, stage_timeline, timeline_svg
+from workbench.plots import figure_png, memory_plot, png_figure_html, stage_timeline, timeline_svg
 from workbench.telemetry import Event
 
-from ._common import ErrorBox
+from ._common import ErrorBox, StaticCopy
 
 
-class LiveStagePlot(ipywidgets.VBox):
+class LiveStagePlot(StaticCopy, ipywidgets.VBox):
     """Stage timeline (and, when the request ends, per-stage memory peaks) of each request of a session.
 
     The subscriber only records events: it runs on the request thread, inside the stages it measures,
@@ -27,8 +28,8 @@ class LiveStagePlot(ipywidgets.VBox):
     from the request is microseconds a redraw; it sets widget values, which is safe from a background
     thread. When the request ends, the final matplotlib figures are drawn on the request thread (its
     total is already measured), kept in `png` and (unless `show_static=False`), if that thread is the
-    kernel's main thread, displayed as `IPython.display.Image` under the running cell, where they survive
-    an offline HTML export that blanks every widget. Otherwise `display(*live.static())` shows them.
+    kernel's main thread, displayed as static HTML (`static()`) under the running cell, where they survive
+    an offline HTML export that blanks every widget. Otherwise `display(live.static())` shows them.
     """
 
     def __init__(self, max_updates_per_second: float = 2.0, show_static: bool = True):
@@ -64,7 +65,7 @@ class LiveStagePlot(ipywidgets.VBox):
         self._closing.clear()
         self._renderer = threading.Thread(target=self._render_loop, name="live-stage-plot", daemon=True)
         self._renderer.start()
-        self.status.value = f"attached to {session.model.name}: waiting for a request"
+        self.status.value = f"attached to {html.escape(session.model.name)}: waiting for a request"
         return self
 
     def detach(self) -> None:
@@ -85,10 +86,13 @@ class LiveStagePlot(ipywidgets.VBox):
         self.detach()
         super().close()
 
-    def static(self) -> list[Image]:
-        """The last finished request's figures as static images (for `display(*live.static())`)."""
+    def static(self) -> HTML:
+        """The last finished request's figures as self-contained HTML (PNG data URIs, each with its alt text and
+        caption), or the status line while none has finished (for `display(live.static())`)."""
         alts = {"timeline": "stage timeline of the last request", "memory": "peak memory per stage of the last request"}
-        return [Image(data=self.png[name], alt=alts[name]) for name in ("timeline", "memory") if name in self.png]
+        names = [name for name in ("timeline", "memory") if name in self.png]
+        body = "".join(png_figure_html(self.png[name], alts[name], style="margin:0") for name in names)
+        return HTML(f'<div class="vflash-live-static">{body or f"<p>{self.status.value}</p>"}</div>')
 
     # -- request thread ---------------------------------------------------------------------------
     def _on_event(self, event: Event) -> None:
@@ -119,7 +123,7 @@ class LiveStagePlot(ipywidgets.VBox):
             total = events[-1].data.get("total", events[-1].t)
             self.status.value = f"request done: {total:.3f} s, {sum(e.kind == 'step' for e in events)} steps"
             if self.show_static and get_ipython() is not None and threading.current_thread() is threading.main_thread():
-                display(*self.static())
+                display(self.static())
 
     # -- renderer thread --------------------------------------------------------------------------
     def _render_loop(self) -> None:

@@ -17,7 +17,7 @@ from workbench import Result
 from workbench.plots import array_png, figure_png, frame_metric_curves, png_figure_html
 from workbench.result import enlargement
 
-from ._common import ErrorBox, check_labels, progress, upscale
+from ._common import ErrorBox, StaticCopy, check_labels, progress, upscale
 
 MIN_SIDE = 256  # px: the long side of a video in the A/B row is at least this
 MAX_SIDE = 320  # px: larger frames are shown scaled down to this, so the row fits a 1400 px screen
@@ -145,7 +145,7 @@ class SyncedVideos(anywidget.AnyWidget):
     display_height = traitlets.Int(MIN_SIDE, min=1).tag(sync=True)
 
 
-class ABPlayer(ipywidgets.VBox):
+class ABPlayer(StaticCopy, ipywidgets.VBox):
     """Two results side by side under ONE frame slider: synced videos, |A - B| heatmap, PSNR/SSIM curves.
 
     One row holds what differs: both videos, the heatmap of the slider's frame and the per-frame PSNR/SSIM

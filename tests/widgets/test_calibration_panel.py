@@ -1,6 +1,8 @@
 """The calibration panel drives the real calibrate on demo-av-mini (tiny requests), shows the outcome, and applies only
 a confirmed setting."""
 
+import base64
+
 import pytest
 
 from workbench import Request, Session
@@ -61,6 +63,9 @@ def test_panel_calibrates_shows_the_pareto_plot_and_applies_the_confirmed_settin
         and panel.steps.layout.display is None
     )
     assert bytes(panel.plot.value).startswith(b"\x89PNG") and panel.plot.layout.display is None
+    copy = panel.static().data  # what an HTML export shows where the panel was: budget, verdict, plot, setting
+    assert "latent rel-L2 &lt;= 0.3</p>" in copy and panel.status.value in copy and panel.setting.value in copy
+    assert base64.b64encode(panel.plot.value).decode() in copy and copy == panel._repr_mimebundle_()["text/html"]
     assert not panel.apply_button.disabled
     try:
         installed = panel.apply()

@@ -9,6 +9,8 @@ from workbench.models import SHIPPED_MODELS
 from workbench.widgets import ABAudio, ABPlayer, AccelerationPanel, Dashboard
 from workbench.widgets.dashboard import MODELS, model_name
 
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
 TINY = {"frames": 9, "height": 32, "width": 32, "steps": 2}
 
 
@@ -87,8 +89,11 @@ def test_dashboard_ab_compares_the_videos_and_says_why_the_audio_is_not_compared
     video, audio = dash.ab.children
     assert video is dash.ab_player and video.labels == ("#2 x", "#3 y")
     assert "#3 y has no audio track" in audio.value and dash.errors.value == ""
-    static_video, static_audio = dash.ab_static()  # the area as an offline HTML export keeps it
-    assert static_video.data == video.static().data and static_audio.data == audio.value
+    copy = dash.ab.static().data  # the area as an offline HTML export keeps it: each part's own copy, in order
+    assert copy.index(video.static().data) < copy.index(audio.value)
+    bundle = dash.ab._repr_mimebundle_()  # displaying the area carries that copy beside the widget view
+    assert bundle["text/html"] == copy and bundle[WIDGET]["model_id"] == dash.ab.model_id
+    assert copy in dash._repr_mimebundle_()["text/html"]  # and so does displaying the whole dashboard
 
 
 def test_dashboard_picker_opens_by_name_and_reports_unknown_models(wan):

@@ -22,6 +22,7 @@ H200 = "NVIDIA H200 (141 GiB)"
 
 def test_fanout_progress_follows_the_event_stream_and_leaves_a_static_summary():
     view = FanoutProgress(show_static=False)
+    assert "waiting for a run" in view.static().data  # before any run its copy says so, not nothing
     workers = [WorkerState(0), WorkerState(1)]
     p = Progress(total=4, workers=workers, skipped=1)  # mutated as Fanout.run mutates it, one event per change
     view(Event("start", p))

@@ -1,3 +1,5 @@
+import base64
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -39,7 +41,11 @@ def test_live_stage_plot_follows_a_real_request_and_leaves_pngs(sessions, monkey
     assert live.timeline.value == live.png["timeline"] and live.png["timeline"].startswith(PNG)
     assert live.memory.value == live.png["memory"] and live.png["memory"].startswith(PNG)
     assert live.timeline.layout.display == live.memory.layout.display == ""  # shown once they hold a figure
-    assert [image.data for image in live.static()] == [live.png["timeline"], live.png["memory"]]
+    figures = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', live.static().data)
+    assert [(alt, base64.b64decode(data)) for alt, data in figures] == [
+        ("stage timeline of the last request", live.png["timeline"]),
+        ("peak memory per stage of the last request", live.png["memory"]),
+    ]
     assert "request done" in live.status.value and not live.errors.value
     assert result.metadata["subscriber_errors"] == []
 

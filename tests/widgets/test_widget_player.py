@@ -10,7 +10,7 @@ import pytest
 
 from workbench.plots import array_png
 from workbench.quality import psnr_per_frame, ssim_per_frame
-from workbench.widgets import ABPlayer, SyncedVideos
+from workbench.widgets import ABPlayer, SyncedVideos, _common
 from workbench.widgets._common import upscale
 from workbench.widgets.player import display_size, frame_at, frame_time
 
@@ -164,6 +164,24 @@ def test_static_copy_holds_both_videos_the_frames_heatmap_and_the_curves_as_data
     assert [alt for alt, _ in pngs] == ["|B - A| of frame 4", "per-frame PSNR and SSIM"]
     assert [base64.b64decode(data) for _, data in pngs] == [player.image_diff.value, player.curves.value]
     assert "&lt;cached&gt;" in page and "<cached>" not in page
+
+
+def test_a_display_carries_the_static_copy_beside_the_view_and_never_fails_for_it(make_result, monkeypatch):
+    """A front end without the widget (an HTML export without widget state) shows the copy; a copy too large for a
+    notebook file, or one that fails, leaves a note in its place and the view still displays."""
+    a = make_result()
+    player = ABPlayer(a, make_result(like=a, noise=3))
+    bundle = player._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == player.model_id
+    assert bundle["text/html"] == player.static().data
+    monkeypatch.setattr(_common, "STATIC_COPY_MAX_BYTES", len(bundle["text/html"]) - 1)
+    note = player._repr_mimebundle_()["text/html"]
+    assert "ABPlayer: its static copy" in note and "left out" in note and "base64" not in note
+    monkeypatch.setattr(ABPlayer, "static", lambda self: 1 / 0)
+    bundle = player._repr_mimebundle_()
+    assert "ZeroDivisionError" in bundle["text/html"] and "application/vnd.jupyter.widget-view+json" in bundle
+    player.close()
+    assert player._repr_mimebundle_ is None  # a closed widget displays nothing (ipywidgets' own rule)
 
 
 @pytest.mark.parametrize(
