@@ -13,14 +13,11 @@ One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
 - Warpgroups 1 and 2, the consumers (240 registers a thread): 64 query rows each. Per key tile j, in one warpgroup:
   issue S_j = q8 . k8_j^T (wgmma, FP8 with fp32 accumulation or INT8 with int32), issue O += P_{j-1} . v8_{j-1}
   (wgmma, P from registers), wait for S_j only, do tile j's online softmax (written to run under that P.V),
-  then wait for it, rescale O and l by the max's change and turn P_j into the next P.V's register operand. In the
-  SASS, ptxas puts that wait at the top of the softmax's block, before the row max (all three builds; int8/int8's
-  row max also reuses the dot's unread accumulator registers), so a warpgroup's softmax runs under the other
-  warpgroup's dots, not its own. Keeping the wait after the softmax (a never-taken branch between the two does it
-  without serializing the dots) is slower, as are passing P_j through shared memory around the wait and
-  FlashAttention-3's turn-taking barriers between the warpgroups. Their timings and the branch's and barriers'
-  patch: benchmarks/results/2026-12-06-fp8-attention-schedule-h100.json; the bounce's timings:
-  fp8-attention-cute-bounce.json (its code is in git history).
+  then wait for it, rescale O and l by the max's change and turn P_j into the next P.V's register operand. ptxas
+  places that wait at the top of the softmax's block, so a warpgroup's softmax runs under the other warpgroup's
+  dots, not its own. The schedules measured against this one, all slower (the wait kept after the softmax, P_j
+  through shared memory, FlashAttention-3's turn-taking barriers between the warpgroups):
+  benchmarks/results/2026-12-06-fp8-attention-schedule-h100.json and fp8-attention-cute-bounce.json.
 
 The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q * scale_k * softmax scale *
 log2 e), one ex2.approx and half an F2FP (fp32 pairs to e4m3 pairs); the row sum comes from the P.V dot (a ones
