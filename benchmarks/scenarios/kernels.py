@@ -4,8 +4,10 @@ The Wan block's kernels at Wan2.1-1.3B's shape (x (1, 32,760, 1536) bf16, FFN 89
 `workbench.kernel_bench.cases`), and `head_norm_rope` at the full-size MiniMax-H3's q (1, 52,648, 56, 128) bf16.
 Every kernel is first checked against its reference on the inputs it is timed on (bitwise, or within its
 contract's bound). Then A/B/A rounds, reference / kernel / reference, each visit the median of 20 synchronised calls
-(`time_call`, warm-up excluded); the roofline is max(bytes / 4.17 TB/s, flops / 775 TFLOP/s) from the kernel's
-`cost()`. `--smoke`: tiny shapes on the CPU under the Triton interpreter.
+(`time_call`, warm-up excluded); the roofline is max(bytes / copy bandwidth, flops / bf16 GEMM rate) from the
+kernel's `cost()`, at the ceilings measured on the same device at the start of the run
+(`kernel_bench.measure_ceilings`, recorded in `shape.ceilings`). `--smoke`: tiny shapes on the CPU under the Triton
+interpreter.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 
 from benchmarks.envelope import Context, Measurement
-from benchmarks.workloads import calls
+from benchmarks.workloads import calls, ceilings
 from workbench import kernel_bench
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.kernels import head_norm_rope
@@ -52,6 +54,7 @@ def run(context: Context) -> Measurement:
     device = context.device
     wan, h3_q = (SMOKE_WAN, SMOKE_H3_Q) if context.smoke else (WAN, H3_Q)
     clock = calls(context.smoke, repeats=20, warmup=2)
+    device_ceilings = ceilings(context.smoke, device)
     cases = [*kernel_bench.cases(**wan, device=device), head_norm_rope_case(h3_q, device)]
     arms: dict[str, Any] = {}
     ratios: dict[str, Any] = {}
@@ -73,7 +76,7 @@ def run(context: Context) -> Measurement:
             notes.append(f"{case.name}: failed while timed: {row['error']}")
             continue
         medians = rounds.medians()
-        roofline = kernel_bench.roofline_seconds(case.bytes_moved, case.flops)
+        roofline = device_ceilings.roofline_seconds(case.bytes_moved, case.flops)
         row.update(
             median_s=medians[case.name],
             reference_median_s=medians[f"{case.name} reference"],
@@ -82,10 +85,11 @@ def run(context: Context) -> Measurement:
             achieved_gbps=case.bytes_moved / medians[case.name] / 1e9,
         )
         ratios.update({k: v.to_dict() for k, v in rounds.ratios().items()})
-    shape = {"wan": wan, "h3_q": list(h3_q), "dtype": "bfloat16",
-             "ceilings": {"copy_bytes_per_s": kernel_bench.COPY_BANDWIDTH, "bf16_flops": kernel_bench.BF16_GEMM_FLOPS}}  # fmt: skip
+    shape = {"wan": wan, "h3_q": list(h3_q), "dtype": "bfloat16", "ceilings": device_ceilings.to_dict()}
     notes.append(
         "Times: calls queued back to back (device time per call, as inside a forward), median of the A/B/A "
-        "visits; ratios are reference time / kernel time (> 1: the kernel is faster)."
+        "visits; ratios are reference time / kernel time (> 1: the kernel is faster). roofline_s at the ceilings "
+        "measured on this device in this run (shape.ceilings: copy bytes read plus written per second, bf16 GEMM "
+        "flop/s)."
     )
     return Measurement(SUMMARY, shape, arms, ratios, notes)

@@ -21,7 +21,9 @@ Arms (bf16, 1 x 12 heads x 32,760 tokens x 128; structured q/k/v of `sparse_atte
 Tolerances (`metric` <= `bound`) are the kernel tests' bounds for the dtype. Each build's output is checked before it
 is timed; a build outside its bound or failing is recorded and not timed. Times: the synchronised per-call clock,
 median of each visit, A/B/A with CI95 (`aba_rounds`); an arm's `median_s` is its `default` build's; roofline:
-`kernel_bench.roofline_seconds` of the timed call's bytes and flops, `fraction_of_roofline` per build. Kernels whose launch does not depend on the card are listed in `arms["kernels_considered"]`.
+`Ceilings.roofline_seconds` of the timed call's bytes and flops at the ceilings measured on the same device at the
+start of the run (`kernel_bench.measure_ceilings`, recorded in `shape.ceilings`), `fraction_of_roofline` per build.
+Kernels whose launch does not depend on the card are listed in `arms["kernels_considered"]`.
 `--smoke`: tiny shapes, float32, on the CPU under the Triton interpreter (no card builds: the interpreter has no
 architecture).
 """
@@ -37,9 +39,8 @@ import torch
 
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.sparse_attention import SMOKE_GRID, structured_qkv
-from benchmarks.workloads import WAN_TOKENS_GRID, calls, rel_l2, tau_for
+from benchmarks.workloads import WAN_TOKENS_GRID, calls, ceilings, rel_l2, tau_for
 from workbench.evidence.timing import aba_rounds, time_call
-from workbench.kernel_bench import roofline_seconds
 from workbench.kernels import attention_quantize as aq
 from workbench.kernels import block_sparse_attention as bsa
 from workbench.kernels import fp8_attention as fa
@@ -171,6 +172,7 @@ def run(context: Context) -> Measurement:
     rows: dict[str, Any] = {}
     ratios: dict[str, Any] = {}
     notes: list[str] = []
+    device_ceilings = ceilings(smoke, device)
     built = arms(smoke, device)
     covered: dict[str, list[str]] = {}
     for op, arm in built.items():
@@ -199,7 +201,7 @@ def run(context: Context) -> Measurement:
                 failed[build] = repr(exc)
         worst = max((m[arm.metric] for m in measured.values()), default=float("nan"))
         within = {build: m[arm.metric] <= arm.bound for build, m in measured.items()}
-        roofline = roofline_seconds(*arm.cost)
+        roofline = device_ceilings.roofline_seconds(*arm.cost)
         row: dict[str, Any] = {
             "non_hopper_launch": arm.other, "card_build": None if smoke else arm.card, "metric": arm.metric,
             "bound": arm.bound, "worst_error": worst, "within_tolerance": not failed and all(within.values()),
@@ -244,9 +246,10 @@ def run(context: Context) -> Measurement:
         "build's) cost on Hopper, not a speed on Ada.",
         "Errors against the kernel's torch reference (first head for the attention kernels); bounds are the kernel "
         "tests': block_sparse_attend max |error| 2e-2 (bf16), its int8/fp8 path rel-L2 2e-2, fp8_attention rel-L2 "
-        "1e-2 (bf16), relayout bit-equal. roofline_s: max(bytes / copy bandwidth, flops / bf16 GEMM peak) of the "
-        "timed kernel (the quantization before the low-precision kernels is not part of it); the FP8/INT8 dots' "
-        "peak is about twice bf16's and was not measured, so their fractions of the roofline are upper bounds.",
+        "1e-2 (bf16), relayout bit-equal. roofline_s: max(bytes / copy bandwidth, flops / bf16 GEMM rate) of the "
+        "timed kernel (the quantization before the low-precision kernels is not part of it), at the ceilings "
+        "measured on this device in this run (shape.ceilings); the FP8/INT8 dots' peak is about twice bf16's and "
+        "was not measured, so their fractions of the roofline are upper bounds.",
         "Kernels with one launch for every card (no capability selection; nothing to compare here; their "
         "sm_80/86/89/90 builds are checked by tests/kernels/test_targets.py): "
         + ", ".join(considered["one_launch_for_every_card"])
@@ -255,5 +258,6 @@ def run(context: Context) -> Measurement:
     if smoke:
         notes.append("Smoke: CPU under the Triton interpreter, float32; no card builds; the numbers say nothing.")
     return Measurement(SUMMARY, {"tokens_grid": list(SMOKE_GRID if smoke else WAN_TOKENS_GRID), "world_size": WORLD,
-                                 "dtype": "float32" if smoke else "bfloat16", "density_target": DENSITY}, rows,
+                                 "dtype": "float32" if smoke else "bfloat16", "density_target": DENSITY,
+                                 "ceilings": device_ceilings.to_dict()}, rows,
                        ratios, notes)  # fmt: skip

@@ -5,7 +5,8 @@ contiguous copy of the same bytes.
 Ops: `pack_qkv` (q, k, v (1, T_local, 12, 128) before the all-to-all), `split_result` ((1, T, 6, 128) attention
 output), `merge_heads` ((2, 1, T_local, 6, 128) received heads). Each call is timed as a CUDA-graph replay (device
 time, no host launch cost: what a call costs inside a step where the host runs ahead), A/B/A: reference / direct /
-reference, and copy / direct; achieved GB/s of `relayout.cost` bytes against the 4.17 TB/s copy ceiling. The direct
+reference, and copy / direct; `relayout.cost` bytes per second against the copy bandwidth measured on the same
+device at the start of the run (`kernel_bench.measure_ceilings`, recorded in `shape.ceilings`). The direct
 output must equal the reference bit for bit. `--smoke`: a tiny shape on the CPU under the Triton interpreter, host
 clock, no graphs.
 """
@@ -18,9 +19,8 @@ from typing import Any
 import torch
 
 from benchmarks.envelope import Context, Measurement
-from benchmarks.workloads import calls
+from benchmarks.workloads import calls, ceilings
 from workbench.evidence.timing import aba_rounds, time_call
-from workbench.kernel_bench import COPY_BANDWIDTH
 from workbench.kernels import relayout
 
 NAME = "relayout"
@@ -56,6 +56,7 @@ def run(context: Context) -> Measurement:
     shape = SMOKE_SHAPE if smoke else SHAPE
     graph = device.type == "cuda"
     clock = calls(smoke, repeats=50, warmup=2)
+    device_ceilings = ceilings(smoke, device)
 
     def timed(fn: Callable[[], Any]) -> float:
         return time_call(fn, device, graph=graph, **clock).device_s
@@ -75,7 +76,7 @@ def run(context: Context) -> Measurement:
                     **{f"{name.removeprefix(op).strip() or 'direct'}_median_s": s for name, s in medians.items()}}  # fmt: skip
         if op in medians:
             arms[op]["median_s"] = medians[op]
-            arms[op]["fraction_of_copy_bandwidth"] = bytes_moved / medians[op] / COPY_BANDWIDTH
+            arms[op]["fraction_of_copy_bandwidth"] = bytes_moved / medians[op] / device_ceilings.copy_bytes_per_s
         ratios.update({k: v.to_dict() for k, v in rounds.ratios().items()})
     notes = [
         "Times: CUDA-graph replays queued back to back (device time); a reference that is already contiguous (a "
@@ -84,4 +85,6 @@ def run(context: Context) -> Measurement:
         if graph
         else "Smoke: host clock on the CPU under the Triton interpreter, no graphs; the numbers say nothing about speed."
     ]
-    return Measurement(SUMMARY, {**shape, "dtype": "bfloat16"}, arms, ratios, notes)
+    return Measurement(
+        SUMMARY, {**shape, "dtype": "bfloat16", "ceilings": device_ceilings.to_dict()}, arms, ratios, notes
+    )

@@ -128,10 +128,44 @@ def test_kernel_bench_cases_match_their_references_and_time_on_cpu(monkeypatch):
         checked = kernel_bench.check(case)
         assert checked["within"], (case.name, checked)
         assert case.bytes_moved > 0
-    row = kernel_bench.measure(cases[0], torch.device("cpu"), repeats=1, warmup=0)
+    # made-up ceilings (1 GB/s copy, 1 GFLOP/s): the row's roofline and fractions are at the ceilings it is given
+    given = kernel_bench.Ceilings("given", copy_bytes=10**9, copy_s=1.0, gemm_flops=10**9, gemm_s=1.0)
+    row = kernel_bench.measure(cases[0], torch.device("cpu"), given, repeats=1, warmup=0)
     assert row["kernel"] == "adaln_modulate" and row["bitwise_equal"] and row["clock"] == "perf_counter"
-    assert row["roofline_ms"] == kernel_bench.roofline_seconds(row["bytes_moved"], row["flops"]) * 1e3
+    assert row["roofline_ms"] == max(row["bytes_moved"], row["flops"]) / 1e9 * 1e3
+    assert row["fraction_of_copy_bandwidth"] == pytest.approx(row["bytes_moved"] / (row["kernel_ms"] / 1e3) / 1e9)
     assert 0 < row["fraction_of_roofline"] and row["speedup"] > 0
+
+
+def test_measure_ceilings_are_the_rates_of_the_copy_and_gemm_it_timed(monkeypatch):
+    """On tiny sizes on the CPU: the copy moves 2 x its bytes (read + write), the GEMM 2*n^3 flops, each rate over the
+    median `time_call` gave; the roofline is at those rates. No speed is asserted."""
+    import math
+
+    import torch
+
+    from workbench import kernel_bench
+
+    time_call = kernel_bench.time_call
+    timed = []  # (what one call returns: shape, dtype) and the median time_call gave for it
+
+    def recorded(fn, *args, **kwargs):
+        timing = time_call(fn, *args, **kwargs)
+        out = fn()
+        timed.append(((tuple(out.shape), out.dtype), timing.median_s))
+        return timing
+
+    monkeypatch.setattr(kernel_bench, "time_call", recorded)
+    ceilings = kernel_bench.measure_ceilings("cpu", copy_bytes=4096, gemm_size=16, repeats=3, warmup=1)
+    (copied, copy_s), (product, gemm_s) = timed
+    assert copied == ((4096,), torch.uint8) and product == ((16, 16), torch.bfloat16)
+    assert ceilings.device == "cpu" and ceilings.copy_bytes == 2 * 4096 and ceilings.gemm_flops == 2 * 16**3
+    assert ceilings.copy_bytes_per_s == 2 * 4096 / copy_s and ceilings.bf16_flops_per_s == 2 * 16**3 / gemm_s
+    assert all(math.isfinite(rate) and rate > 0 for rate in (ceilings.copy_bytes_per_s, ceilings.bf16_flops_per_s))
+    assert ceilings.roofline_seconds(2 * 4096, 0) == pytest.approx(copy_s)
+    assert ceilings.roofline_seconds(0, 2 * 16**3) == pytest.approx(gemm_s)
+    assert ceilings.to_dict()["copy_bytes_per_s"] == ceilings.copy_bytes_per_s
+    assert ceilings.to_dict()["bf16_flops"] == ceilings.bf16_flops_per_s
 
 
 def test_kernel_bench_refuses_a_kernel_outside_its_contract():
@@ -141,8 +175,9 @@ def test_kernel_bench_refuses_a_kernel_outside_its_contract():
 
     x = torch.randn(4)
     wrong = kernel_bench.Case("wrong", lambda: x + 1, lambda: x, 16, 0, exact=True)
+    ceilings = kernel_bench.Ceilings("given", copy_bytes=1, copy_s=1.0, gemm_flops=1, gemm_s=1.0)
     with pytest.raises(ValueError, match="wrong: kernel output differs from its reference"):
-        kernel_bench.measure(wrong, "cpu", repeats=1, warmup=0)
+        kernel_bench.measure(wrong, "cpu", ceilings, repeats=1, warmup=0)
 
 
 def test_the_default_budget_holds_a_model_with_sound_to_the_audio_limits_and_overrides_keep_the_rest(sessions):
