@@ -36,7 +36,7 @@ kernel alone are timed apart (each arm's `kernel_path`: the CuTe kernel, `fp8_at
 or the Triton kernel), and where that is the CuTe kernel, the Triton kernel alone at SPARSE_LAUNCHES beside it, A/B/A
 (`launch_sweep`).
 `--smoke`: (1, 1, 128, 128) float32 on the CPU under the Triton interpreter against the math backend, every arm and
-swept launch; the numbers say nothing.
+swept launch, the captured calls from a short request (`SMOKE_CAPTURE`); the numbers say nothing.
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ CUTE_OPTIONS = {"s2": {"stages": 2}}  # Fp8AttentionSm90 builds besides the defa
 TRITON_TWIN_PAIRS = (("int8", "fp8"), ("int8", "int8"))  # the plugin's default pair; one-byte P.V within 3e-2
 CAPTURE_MODEL = "demo-av"  # trained: its attention activations are a model's, not synthetic
 CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hum"
+SMOKE_CAPTURE = {"steps": 2, "frames": 9}  # smoke: 2 steps of 9 frames (2 latent frames: 128 video rows, as many as
+# the smoke's synthetic inputs; the default 49 frames' 448 rows made the interpreted calls 7x slower)
 HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3): the kernels' case measured here
 SPARSE_DENSITY = 0.20
 SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "int8"), ("int8", "bf16"), ("e4m3", "fp8"))
@@ -138,11 +140,11 @@ def compiled_kernels() -> list[dict[str, Any]] | str:
 
 def captured_calls(device: torch.device, smoke: bool) -> list[tuple[int, tuple[torch.Tensor, ...]]]:
     """(step, (q, k, v) as (B, H, T, D)) of CAPTURE_MODEL's routed video self-attention in one dense request of its
-    default size (CFG: both branches in one call), in the session's dtype; smoke: 2 steps, first block only."""
+    default size (CFG: both branches in one call), in the session's dtype; smoke: `SMOKE_CAPTURE`, first block only."""
     session = Session.open(CAPTURE_MODEL, device=str(device))
     keep = (lambda step, block: block == 0) if smoke else (lambda step, block: True)
     with captured_qkv(session.model, keep) as records:
-        session.generate(Request(CAPTURE_PROMPT, seed=5, steps=2 if smoke else None), progress=False)
+        session.generate(Request(CAPTURE_PROMPT, seed=5, **(SMOKE_CAPTURE if smoke else {})), progress=False)
     return [(r["step"], tuple(r[name].transpose(1, 2) for name in "qkv")) for r in records]
 
 

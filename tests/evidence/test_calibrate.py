@@ -197,11 +197,16 @@ def test_stack_on_demo_av_at_the_default_budget_confirms_what_holds_and_leaves_o
     """Issue 22's CPU bar on the trained demo-av (its shipped default: 128x128, 49 frames, 16 steps) with the
     seeds' budget and its audio limits, the demo-av-smoke suite's seeds: easycache and block_sparse calibrated and
     stacked. easycache's knee stays short of its cliff and is confirmed inside the budget on both test seeds;
-    block_sparse cannot qualify on demo-av (its 7 key blocks make any folding coarse), so it is left out, named."""
+    block_sparse cannot qualify on demo-av (its 7 key blocks make any folding coarse), so it is left out, named.
+
+    Calibrated on the suite's first calibration seed (11) alone: a point spends what its worst request spends, and
+    over both seeds every tried value's worst was seed 11's (block_sparse's tau=-1 too; 12 never spent more), so the
+    search tries the same values, finds the same knee (0.047) and cliff (0.0625) and confirms the same setting as
+    over both; seed 12 only doubled the search's runs."""
     demo_av = Session.open("demo-av", device="cpu")
     suite = load_manifest(ROOT / "data_manifests" / "demo-av-smoke.json", model="demo-av")
     full = {"height": 128, "width": 128, "steps": 16}
-    calibration = [dataclasses.replace(case.to_request(), **full) for case in suite.calibration]
+    calibration = [dataclasses.replace(case.to_request(), **full) for case in suite.calibration[:1]]
     test = [dataclasses.replace(case.to_request(), **full) for case in suite.test]
     result = stack(demo_av, calibration, test, ["easycache", "block_sparse"], progress=False)
     assert result.budget == Budget().with_audio()  # the default: the seeds' limits and the stated audio ones
@@ -215,6 +220,7 @@ def test_stack_on_demo_av_at_the_default_budget_confirms_what_holds_and_leaves_o
     cases = result.confirmation["cases"]
     assert len(cases) == 2 and all(case["quality"]["within_budget"] for case in cases)
     assert all(case["quality"]["audio_snr_db"] >= 20.0 for case in cases)  # the audio terms were checked
+    assert result.scope["calibration_seeds"] == [11] and result.scope["test_seeds"] == [42, 43]
 
 
 def test_stack_composes_block_sparse_and_easycache_and_confirms_inside_the_budget(monkeypatch):
