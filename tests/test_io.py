@@ -2,6 +2,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -99,6 +100,27 @@ def test_stems_and_names_no_file_system_takes_are_refused_by_name_before_writing
     assert write_atomic(tmp_path / f"{longest}.html", b"").exists()
     with pytest.raises(ValueError, match="232 bytes"):
         check_stem(longest + "a")
+
+
+@pytest.mark.parametrize(
+    ("stem", "message"),
+    [
+        ("run:1", "holds ':'; allowed: no control characters and none of <>:"),
+        ('a<b>"c|d?e*', """holds '"*<>?|'"""),
+        ("tab\there", "holds '\\t'"),
+        ("con", "is a device name on Windows"),
+        ("LPT9.final", "is a device name on Windows"),
+        ("draft.", "ends in a dot or a space"),
+        ("draft ", "ends in a dot or a space"),
+    ],
+)
+def test_stems_other_systems_cannot_hold_are_refused_by_name(stem, message):
+    """Saved results are copied between machines: a stem Windows cannot hold (its reserved characters, control
+    characters, device names, a trailing dot or space) is refused by name; near misses are plain stems."""
+    with pytest.raises(ValueError, match=f"^--name: {re.escape(repr(stem))} .*{re.escape(message)}"):
+        check_stem(stem, "--name")
+    for fine in ("console", "com10", "nul-run", "run 1.final", "x-y_z (2)"):
+        assert check_stem(fine) == fine
 
 
 @pytest.mark.parametrize("directory", ["a-file", "a-file/sub", None, 5])

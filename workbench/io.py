@@ -118,15 +118,30 @@ def check_path(path: object, field: str) -> Path:
     return Path(path)
 
 
+_NOT_PORTABLE = frozenset('<>:"|?*')  # besides control characters: what Windows file names cannot hold
+_DEVICE_NAMES = frozenset(
+    ["CON", "PRN", "AUX", "NUL", *(f"{port}{i}" for port in ("COM", "LPT") for i in range(1, 10))]
+)
+
+
 def check_stem(name: object, field: str = "name", directory: str | Path | None = None) -> str:
     """`name` if it is a plain file stem; else ValueError naming `field`. A plain stem is a non-empty str with no
     folder part, not hidden, holding no character a file name cannot (NUL, one the file-system encoding cannot
     write), and short enough that every file written from it fits one file name: the stem, a suffix of up to
     SUFFIX_MAX bytes and write_atomic's temporary name around them within the limit of `directory`'s file system
-    (NAME_MAX bytes when no `directory` is given or the platform cannot say)."""
+    (NAME_MAX bytes when no `directory` is given or the platform cannot say). It is also portable, so the files
+    can be copied to any machine: no control character or one of <>:"|?*, no Windows device name (CON, COM1, ...
+    before any suffix), and no trailing dot or space (Windows drops them)."""
     if not isinstance(name, str) or not name.strip() or "/" in name or "\\" in name or name.startswith("."):
         raise ValueError(f"{field}: must be a plain file stem (no folder part, not hidden), got {name!r}")
     _check_file_name(name, SUFFIX_MAX + _TEMPORARY, field, directory)
+    bad = "".join(sorted({c for c in name if c in _NOT_PORTABLE or ord(c) < 32 or c == "\x7f"}))
+    if bad:
+        raise ValueError(f'{field}: {name!r} holds {bad!r}; allowed: no control characters and none of <>:"|?*')
+    if name.split(".")[0].rstrip(" ").upper() in _DEVICE_NAMES:
+        raise ValueError(f"{field}: {name!r} is a device name on Windows; allowed: any other stem")
+    if name.endswith((".", " ")):
+        raise ValueError(f"{field}: {name!r} ends in a dot or a space, which Windows drops; allowed: any other ending")
     return name
 
 
