@@ -1,8 +1,8 @@
 """docs/measurements.md, generated from `benchmarks/results/*.json` (`python -m benchmarks docs`); never typed.
 
 Per results file, newest first within each format: what was measured, by which command, on which device, commit
-and date; a table of the arms (median time and the arm's other scalar facts) and one of the ratios (median speed-up
-with its CI95 and the number of paired rounds). Files of the current envelope (`envelope.FORMAT`) come first; files
+and date; a table of the arms (median time and the arm's other scalar facts, its fractions of a ceiling first) and
+one of the ratios (median speed-up with its CI95 and the number of paired rounds). Files of the current envelope (`envelope.FORMAT`) come first; files
 of the earlier format (before the one harness: keys `what`, `device`, `torch`, `commit`, `date`, `arms`, `ratios`)
 follow, marked "earlier format", with their scalar ratios flattened.
 """
@@ -65,6 +65,7 @@ def _current(path: Path, record: dict[str, Any]) -> list[str]:
         for key, value in row.items():
             if key != "median_s" and key not in columns and _scalar(value):
                 columns.append(key)
+    columns.sort(key=lambda key: not key.startswith("fraction_of"))  # a kernel's place against its roofline first
     columns = columns[:MAX_COLUMNS]
     # rows with neither a median nor a shown fact (only nested data: launches, lists) stay in the file
     arms = {name: row for name, row in arms.items() if _scalar(row.get("median_s")) or set(row) & set(columns)}

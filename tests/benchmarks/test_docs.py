@@ -40,6 +40,10 @@ def test_docs_table_every_scenario_and_mark_the_earlier_format(tmp_path):
     (results / "a-relayout-older.json").write_text(json.dumps(older))  # sorts first by name
     page = generate(results, tmp_path / "docs" / "measurements.md").read_text()
     assert page.index(current["what"]) < page.index("the older relayout run")  # newest first within a scenario
+    facts = {**{f"fact_{i}": i for i in range(8)}, "fraction_of_roofline": 0.9}  # more facts than the table shows
+    (results / "crowded.json").write_text(json.dumps(current | {"scenario": "crowded", "arms": {"k": facts}}))
+    page = generate(results, tmp_path / "docs" / "measurements.md").read_text()
+    assert "| arm | median | fraction_of_roofline | fact_0 |" in page and "| k |  | 0.9 | 0 |" in page
 
 
 def test_docs_command_writes_the_page_and_refuses_a_non_object(tmp_path, capsys):
