@@ -2,9 +2,9 @@
 
 Per results file, newest first within each format: what was measured, by which command, on which device, commit
 and date; a table of the arms (median time and the arm's other scalar facts, its fractions of a ceiling first) and
-one of the ratios (median speed-up with its CI95 and the number of paired rounds). Files of the current envelope (`envelope.FORMAT`) come first; files
-of the earlier format (before the one harness: keys `what`, `device`, `torch`, `commit`, `date`, `arms`, `ratios`)
-follow, marked "earlier format", with their scalar ratios flattened.
+one of the ratios (median speed-up with its CI95 and the number of paired rounds). Files of the current envelope
+(`envelope.FORMAT`) come first; files of the earlier format (before the one harness: keys `what`, `device`, `torch`,
+`commit`, `date`, `arms`, `ratios`) follow, marked "earlier format", with their scalar ratios flattened.
 """
 
 from __future__ import annotations

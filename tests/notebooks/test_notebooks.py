@@ -118,15 +118,14 @@ def test_quickstart_notebook_plays_the_demo_and_writes_the_video(runs):
 def test_explore_notebook_runs_the_dashboard(runs):
     notebook, _ = executed(runs, "10_explore")
     assert "cross_kv_cache: bitwise" in text(notebook)
-    widgets = [o.data for c in notebook.cells for o in c.get("outputs", []) if WIDGET in o.get("data", {})]
+    datas = [o.get("data", {}) for c in notebook.cells for o in c.get("outputs", [])]
+    widgets = [data for data in datas if WIDGET in data]
     assert len(widgets) == 2 and all("text/html" in data for data in widgets)  # the dashboard, then its A/B area
     assert 'class="vflash-dashboard-static"' in widgets[0]["text/html"]
     ab = widgets[1]["text/html"]  # the A/B area's copy as it stood when displayed: both results in
     assert ab.count("data:video/mp4;base64,") == 2 and ab.count("data:audio/wav;base64,") == 2
-    datas = [o.get("data", {}) for c in notebook.cells for o in c.get("outputs", [])]
-    shown = [data.get("text/html", "") for data in datas if WIDGET not in data]
-    lives = [page for page in shown if LIVE in page]  # under each cell that ran a request: its two figures
-    assert len(lives) == 2 and all(page.count('<img alt="') == 2 for page in lives)
+    lives = [data["text/html"] for data in datas if WIDGET not in data and LIVE in data.get("text/html", "")]
+    assert len(lives) == 2 and all(page.count('<img alt="') == 2 for page in lives)  # each request's two figures
     # The README's offline export (papermill saves widget state, which nbconvert would draw with JavaScript from a
     # CDN; without it the copies show): each copy in its widget's place, no widget repr, every image's own alt text.
     page, _ = HTMLExporter(config=Config({"ClearMetadataPreprocessor": {"enabled": True}})).from_notebook_node(notebook)
