@@ -82,8 +82,8 @@ CUTE_OPTIONS = {"s2": {"stages": 2}}  # Fp8AttentionSm90 builds besides the defa
 TRITON_TWIN_PAIRS = (("int8", "fp8"), ("int8", "int8"))  # the plugin's default pair; one-byte P.V within 3e-2
 CAPTURE_MODEL = "demo-av"  # trained: its attention activations are a model's, not synthetic
 CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hum"
-SMOKE_CAPTURE = {"steps": 2, "frames": 9}  # smoke: 2 steps of 9 frames (2 latent frames: 128 video rows, as many as
-# the smoke's synthetic inputs; the default 49 frames' 448 rows made the interpreted calls 7x slower)
+# smoke: 2 steps of 9 frames (2 latent frames: 128 video rows, as many as the smoke's synthetic inputs)
+SMOKE_CAPTURE = {"steps": 2, "frames": 9}
 HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3): the kernels' case measured here
 SPARSE_DENSITY = 0.20
 SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "int8"), ("int8", "bf16"), ("e4m3", "fp8"))

@@ -201,8 +201,7 @@ def test_stack_on_demo_av_at_the_default_budget_confirms_what_holds_and_leaves_o
 
     Calibrated on the suite's first calibration seed (11) alone: a point spends what its worst request spends, and
     over both seeds every tried value's worst was seed 11's (block_sparse's tau=-1 too; 12 never spent more), so the
-    search tries the same values, finds the same knee (0.047) and cliff (0.0625) and confirms the same setting as
-    over both; seed 12 only doubled the search's runs."""
+    search tries the same values, finds the same knee and cliff and confirms the same setting as over both."""
     demo_av = Session.open("demo-av", device="cpu")
     suite = load_manifest(ROOT / "data_manifests" / "demo-av-smoke.json", model="demo-av")
     full = {"height": 128, "width": 128, "steps": 16}
