@@ -21,7 +21,6 @@ import torch
 
 from workbench import Request, Session
 from workbench.evidence.timing import Timing, aba_rounds, kernel_times, time_call
-from workbench.kernel_bench import Ceilings, measure_ceilings
 from workbench.profiles import profile_plan
 
 WAN_TOKENS_GRID = (21, 30, 52)  # latent frames x height x width tokens of 81 x 480 x 832 after the (1, 2, 2) patch
@@ -31,14 +30,6 @@ def calls(smoke: bool, repeats: int, warmup: int) -> dict[str, Any]:
     """`time_call` keyword arguments: as given on a full run; one call, no warm-up, no queued clock in a smoke run
     (its numbers are not read, and the Triton interpreter makes every call slow)."""
     return {"repeats": 1, "warmup": 0, "queued": False} if smoke else {"repeats": repeats, "warmup": warmup}
-
-
-def ceilings(smoke: bool, device: torch.device) -> Ceilings:
-    """The roofline's ceilings measured on `device` now (`kernel_bench.measure_ceilings`): its default sizes on a full
-    run; a 64 KiB copy and a 64^3 GEMM, one call each, in a smoke run (its numbers are not read)."""
-    if smoke:
-        return measure_ceilings(device, copy_bytes=1 << 16, gemm_size=64, repeats=1, warmup=0)
-    return measure_ceilings(device)
 
 
 def wan_request(steps: int, smoke: bool) -> Request:

@@ -1,27 +1,40 @@
-"""The fused block kernels against their torch references, reported against the roofline.
+"""The fused block kernels against their torch references, A/B/A, reported against the roofline.
 
-`cases(...)` builds each kernel's launcher call (DEFAULT launch), its reference call and its `cost()` at one
-shape; `measure(case, ...)` times both with `workbench.evidence.timing.time_call` and checks the kernel's output
-against the reference on the very inputs it is timed on (equal, or within the bound its contract allows), so a
-fast wrong kernel cannot report a speed. Used by `notebooks/30_kernels.ipynb` (`micro_benchmarks`) and the
-`kernels` benchmark scenario (`python -m benchmarks run kernels`).
+`benchmark(device, rounds, smoke)` is the one entry, used by `notebooks/30_kernels.ipynb` and the `kernels` benchmark
+scenario (`python -m benchmarks run kernels`, which records it):
+- `all_cases`: each kernel's launcher call (DEFAULT launch), its reference call and its `cost()`, the Wan block's
+  kernels at Wan2.1-1.3B's shape (x (1, 32,760, 1536) bf16, 12 heads of 128) and `head_norm_rope` at MiniMax-H3's
+  q (1, 52,648, 56, 128) bf16;
+- `compare`: each kernel's output checked against its reference on the very inputs it is timed on (`check`: equal,
+  or within the bound its contract allows), so a fast wrong kernel cannot report a speed; then A/B/A rounds,
+  reference / kernel / reference, each visit one `time_call` (device time per call, queued back to back);
+- the roofline: a call cannot take less than max(bytes_moved / copy bandwidth, flops / bf16 GEMM rate), at the
+  ceilings `measure_ceilings(device)` measures on the device that runs, in the same process
+  (`Ceilings.roofline_seconds`).
 
-Roofline: a call cannot take less than max(bytes_moved / copy bandwidth, flops / bf16 GEMM rate), the ceilings
-`measure_ceilings(device)` measures on the device that runs, in the same process (`Ceilings.roofline_seconds`).
+`smoke`: tiny shapes, one call a visit and tiny ceilings, on a CPU under Triton's interpreter
+(TRITON_INTERPRET=1): the checks are real, the times and fractions say nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from html import escape
 from typing import Any
 
 import torch
 
-from workbench.evidence.timing import time_call
-from workbench.kernels import adaln_modulate, gated_residual, layernorm_modulate, qk_norm_rope
+from workbench.evidence.timing import aba_rounds, time_call
+from workbench.kernels import adaln_modulate, gated_residual, head_norm_rope, layernorm_modulate, qk_norm_rope
 
 HEADS = 12  # Wan2.1-1.3B: 12 heads of 128
+WAN = {"batch": 1, "tokens": 32760, "channels": 1536, "heads": HEADS}  # x (1, 32,760, 1536): 81 x 480 x 832
+H3_Q = (1, 52648, 56, 128)  # the full-size MiniMax-H3's q: (batch, tokens, heads, head_dim)
+H3_ROTARY = 96  # rotated channels of each H3 head
+SMOKE_WAN = {"batch": 1, "tokens": 8, "channels": 64, "heads": 2}
+SMOKE_H3_Q = (1, 8, 1, 128)
+REPEATS, WARMUP = 20, 2  # calls a visit on a full run, and untimed calls before them
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,14 @@ def measure_ceilings(
     gemm_s = time_call(lambda: torch.mm(a, b, out=c), device, repeats, warmup, queued=False).median_s
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     return Ceilings(name, 2 * copy_bytes, copy_s, 2 * gemm_size**3, gemm_s)
+
+
+def device_ceilings(device: str | torch.device, smoke: bool = False) -> Ceilings:
+    """`measure_ceilings` at its default sizes, or for a smoke run a 64 KiB copy and a 64^3 GEMM, one call each
+    (numbers nobody reads: the run only has to go through)."""
+    if smoke:
+        return measure_ceilings(device, copy_bytes=1 << 16, gemm_size=64, repeats=1, warmup=0)
+    return measure_ceilings(device)
 
 
 def cases(
@@ -170,6 +191,32 @@ def cases(
     ]
 
 
+def head_norm_rope_case(shape: tuple[int, int, int, int], device: str | torch.device, seed: int = 1) -> Case:
+    """MiniMax-H3's per-head RMS norm and partial rotary (`H3_ROTARY` channels) on q of `shape` (batch, tokens,
+    heads, head_dim) bf16, inputs drawn from `seed`."""
+    g = torch.Generator(device).manual_seed(seed)
+    x = (torch.randn(shape, generator=g, device=device) * 2 + 0.1).bfloat16()
+    weight = torch.randn(shape[-1], generator=g, device=device).bfloat16()
+    cos, sin = (torch.randn(shape[1], H3_ROTARY, generator=g, device=device) for _ in range(2))
+    moved = head_norm_rope.cost(shape)
+    bytes_moved, flops = moved if isinstance(moved, tuple) else (moved, 0)
+    return Case(
+        "head_norm_rope",
+        lambda: head_norm_rope.head_norm_rope(x, weight, 1e-6, cos, sin),
+        lambda: head_norm_rope.reference(x, weight, 1e-6, cos, sin),
+        bytes_moved,
+        flops,
+        exact=False,
+        rel_l2_bound=1e-2,
+    )
+
+
+def all_cases(device: str | torch.device, smoke: bool = False) -> list[Case]:
+    """Every kernel `benchmark` times: the Wan block's at `WAN`, head_norm_rope at `H3_Q` (smoke: the tiny shapes)."""
+    wan, h3_q = (SMOKE_WAN, SMOKE_H3_Q) if smoke else (WAN, H3_Q)
+    return [*cases(**wan, device=device), head_norm_rope_case(h3_q, device)]
+
+
 def check(case: Case) -> dict[str, Any]:
     """The kernel's output against the reference's on the case's inputs: equal / differing / rel-L2 / within."""
     got, want = case.kernel(), case.reference()
@@ -180,40 +227,112 @@ def check(case: Case) -> dict[str, Any]:
     return {"bitwise_equal": equal, "differing_elements": int((got != want).sum()), "rel_l2": rel_l2, "within": within}
 
 
-def measure(
-    case: Case, device: str | torch.device, ceilings: Ceilings, repeats: int = 20, warmup: int = 3
-) -> dict[str, Any]:
-    """One row: the check, both arms' times (`time_call`: `*_ms` on the queued clock, device time per call back to
-    back; `*_synchronised_ms` each call alone), the speed-up reference / kernel and the kernel's fractions of the
-    roofline and of the copy bandwidth of `ceilings` (`measure_ceilings` on the same device), both on the queued
-    clock. ValueError naming the kernel if it fails its check."""
-    checked = check(case)
-    if not checked["within"]:
-        raise ValueError(f"{case.name}: kernel output differs from its reference beyond its contract: {checked}")
-    kernel = time_call(case.kernel, device, repeats, warmup)
-    reference = time_call(case.reference, device, repeats, warmup)
-    roofline = ceilings.roofline_seconds(case.bytes_moved, case.flops)
-    return {
-        "kernel": case.name,
-        **checked,
-        "kernel_ms": kernel.device_s * 1e3,
-        "kernel_synchronised_ms": kernel.median_s * 1e3,
-        "reference_ms": reference.device_s * 1e3,
-        "reference_synchronised_ms": reference.median_s * 1e3,
-        "speedup": reference.device_s / kernel.device_s,
-        "bytes_moved": case.bytes_moved,
-        "flops": case.flops,
-        "roofline_ms": roofline * 1e3,
-        "fraction_of_roofline": roofline / kernel.device_s,
-        "fraction_of_copy_bandwidth": case.bytes_moved / kernel.device_s / ceilings.copy_bytes_per_s,
-        "clock": kernel.clock,
-    }
+@dataclass
+class Comparison:
+    """What `compare` measured. `arms`: per kernel, its check (`check`), bytes and flops, and when timed its median
+    seconds and its reference's (`median_s`, `reference_median_s`), `roofline_s`, `fraction_of_roofline` and
+    `achieved_gbps`; `ratios`: `"<kernel> reference/<kernel>"` -> the paired speed-up with its CI95
+    (`RatioCI.to_dict`, >= 3 rounds); `notes`: kernels left untimed and why, then how to read the times."""
+
+    ceilings: Ceilings
+    smoke: bool
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ratios: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """Every kernel within its contract and timed."""
+        return bool(self.arms) and all(arm["within"] and "median_s" in arm for arm in self.arms.values())
+
+    def html(self) -> str:
+        """A self-contained table (no script): per kernel its check, both medians, the speed-up and its CI95, and its
+        fraction of the roofline as a bar; the ceilings and the notes under it."""
+        rows = []
+        for name, arm in self.arms.items():
+            check = "equal" if arm["bitwise_equal"] else f"rel L2 {arm['rel_l2']:.1e}"
+            check += "" if arm["within"] else " (outside its contract)"
+            ratio = self.ratios.get(f"{name} reference/{name}")
+            if "median_s" not in arm:
+                cells = ["", "", "", ""]
+            else:
+                fraction = arm["fraction_of_roofline"]
+                speedup = f"{ratio['median']:.2f}x [{ratio['low']:.2f}, {ratio['high']:.2f}]" if ratio else "< 3 rounds"
+                bar = (f'<span style="display:inline-block;width:{min(fraction, 1) * 8:.2f}em;height:0.8em;'
+                       f'background:#4c72b0"></span> {fraction:.0%}')  # fmt: skip
+                cells = [f"{arm['median_s'] * 1e3:.3f}", f"{arm['reference_median_s'] * 1e3:.3f}", speedup, bar]
+            rows.append("".join(f"<td>{c}</td>" for c in [escape(name), escape(check), *cells]))
+        head = "".join(f"<th>{h}</th>" for h in
+                       ["kernel", "check", "kernel ms", "reference ms", "speed-up [CI95]", "of roofline"])  # fmt: skip
+        c = self.ceilings
+        caption = (f"{escape(c.device)}: copy {c.copy_bytes_per_s / 1e12:.2f} TB/s (read + write), "
+                   f"bf16 GEMM {c.bf16_flops_per_s / 1e12:.0f} TFLOP/s, measured in this run")  # fmt: skip
+        if self.smoke:
+            caption = (
+                "Smoke run (tiny shapes, Triton's interpreter): the checks are real, the times say nothing. " + caption
+            )
+        notes = "".join(f"<li>{escape(note)}</li>" for note in self.notes)
+        return (f'<table class="vflash-kernels"><caption>{caption}</caption><tr>{head}</tr>'
+                + "".join(f"<tr>{row}</tr>" for row in rows) + f"</table><ul>{notes}</ul>")  # fmt: skip
 
 
-def micro_benchmarks(batch: int = 1, tokens: int = 32760, channels: int = 1536) -> list[dict[str, Any]]:
-    """Each kernel and its reference on CUDA (`measure`, one row per kernel), against the ceilings `measure_ceilings`
-    measures on that GPU first. RuntimeError without a CUDA device."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("kernel micro-benchmarks need a CUDA device; this machine has none")
-    ceilings = measure_ceilings("cuda")
-    return [measure(case, "cuda", ceilings) for case in cases(batch, tokens, channels, device="cuda")]
+def compare(
+    cases: list[Case], device: str | torch.device, ceilings: Ceilings, rounds: int, clock: dict[str, Any],
+    smoke: bool = False,
+) -> Comparison:  # fmt: skip
+    """Check each case (`check`), then time the ones within their contract in `rounds` A/B/A rounds, reference /
+    kernel / reference, each visit `time_call(..., **clock)`'s device seconds. A kernel outside its contract, or one
+    that fails while timed, is noted and left untimed; the others still run."""
+    result = Comparison(ceilings, smoke)
+    for case in cases:
+        checked = check(case)
+        arm: dict[str, Any] = {**checked, "bytes_moved": case.bytes_moved, "flops": case.flops}
+        result.arms[case.name] = arm
+        if not checked["within"]:
+            result.notes.append(f"{case.name}: output outside its contract's bound; not timed ({checked}).")
+            continue
+        rounds_run = aba_rounds(
+            (f"{case.name} reference", lambda c=case: time_call(c.reference, device, **clock).device_s),
+            {case.name: lambda c=case: time_call(c.kernel, device, **clock).device_s},
+            rounds,
+        )
+        if case.name in rounds_run.errors:
+            arm["error"] = rounds_run.errors[case.name]
+            result.notes.append(f"{case.name}: failed while timed: {arm['error']}")
+            continue
+        medians = rounds_run.medians()
+        roofline = ceilings.roofline_seconds(case.bytes_moved, case.flops)
+        arm.update(
+            median_s=medians[case.name],
+            reference_median_s=medians[f"{case.name} reference"],
+            roofline_s=roofline,
+            fraction_of_roofline=roofline / medians[case.name],
+            achieved_gbps=case.bytes_moved / medians[case.name] / 1e9,
+        )
+        result.ratios.update({k: v.to_dict() for k, v in rounds_run.ratios().items()})
+    result.notes.append(
+        "Times: calls queued back to back (device time per call, as inside a forward), median of the A/B/A "
+        "visits; ratios are reference time / kernel time (> 1: the kernel is faster). roofline_s at the ceilings "
+        "measured on this device in this run (copy bytes read plus written per second, bf16 GEMM flop/s)."
+    )
+    return result
+
+
+def benchmark(device: str | torch.device, rounds: int = 5, smoke: bool = False) -> Comparison:
+    """Every kernel (`all_cases`) against its reference on `device`, `rounds` A/B/A rounds, at the ceilings measured
+    first on the same device (`device_ceilings`). A full run: `REPEATS` calls a visit after `WARMUP`. `smoke`: one
+    call a visit, tiny shapes; on a CPU the kernels then need TRITON_INTERPRET=1.
+
+    RuntimeError for a full run off CUDA (the times would be a CPU's), and on a CPU when the Triton interpreter is
+    off (the kernels cannot run there otherwise)."""
+    from workbench.kernels._runtime import interpreting
+
+    device = torch.device(device)
+    if not smoke and device.type != "cuda":
+        raise RuntimeError(f"kernel benchmarks need a CUDA device, got {device}; pass smoke=True for the CPU check")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("kernel benchmarks: device cuda asked for, and this machine has no CUDA device")
+    if device.type == "cpu" and not interpreting():
+        raise RuntimeError("Triton kernels on a CPU need TRITON_INTERPRET=1 (set before the first kernel launch)")
+    clock = {"repeats": 1, "warmup": 0, "queued": False} if smoke else {"repeats": REPEATS, "warmup": WARMUP}
+    return compare(all_cases(device, smoke), device, device_ceilings(device, smoke), rounds, clock, smoke)

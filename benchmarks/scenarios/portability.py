@@ -22,7 +22,7 @@ Tolerances (`metric` <= `bound`) are the kernel tests' bounds for the dtype. Eac
 is timed; a build outside its bound or failing is recorded and not timed. Times: the synchronised per-call clock,
 median of each visit, A/B/A with CI95 (`aba_rounds`); an arm's `median_s` is its `default` build's; roofline:
 `Ceilings.roofline_seconds` of the timed call's bytes and flops at the ceilings measured on the same device at the
-start of the run (`kernel_bench.measure_ceilings`, recorded in `shape.ceilings`), `fraction_of_roofline` per build.
+start of the run (`kernel_bench.device_ceilings`, recorded in `shape.ceilings`), `fraction_of_roofline` per build.
 Kernels whose launch does not depend on the card are listed in `arms["kernels_considered"]`.
 `--smoke`: tiny shapes, float32, on the CPU under the Triton interpreter (no card builds: the interpreter has no
 architecture).
@@ -39,7 +39,8 @@ import torch
 
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.sparse_attention import SMOKE_GRID, structured_qkv
-from benchmarks.workloads import WAN_TOKENS_GRID, calls, ceilings, rel_l2, tau_for
+from benchmarks.workloads import WAN_TOKENS_GRID, calls, rel_l2, tau_for
+from workbench import kernel_bench
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.kernels import attention_quantize as aq
 from workbench.kernels import block_sparse_attention as bsa
@@ -172,7 +173,7 @@ def run(context: Context) -> Measurement:
     rows: dict[str, Any] = {}
     ratios: dict[str, Any] = {}
     notes: list[str] = []
-    device_ceilings = ceilings(smoke, device)
+    device_ceilings = kernel_bench.device_ceilings(device, smoke)
     built = arms(smoke, device)
     covered: dict[str, list[str]] = {}
     for op, arm in built.items():

@@ -6,7 +6,7 @@ Ops: `pack_qkv` (q, k, v (1, T_local, 12, 128) before the all-to-all), `split_re
 output), `merge_heads` ((2, 1, T_local, 6, 128) received heads). Each call is timed as a CUDA-graph replay (device
 time, no host launch cost: what a call costs inside a step where the host runs ahead), A/B/A: reference / direct /
 reference, and copy / direct; `relayout.cost` bytes per second against the copy bandwidth measured on the same
-device at the start of the run (`kernel_bench.measure_ceilings`, recorded in `shape.ceilings`). The direct
+device at the start of the run (`kernel_bench.device_ceilings`, recorded in `shape.ceilings`). The direct
 output must equal the reference bit for bit. `--smoke`: a tiny shape on the CPU under the Triton interpreter, host
 clock, no graphs.
 """
@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from benchmarks.envelope import Context, Measurement
-from benchmarks.workloads import calls, ceilings
+from benchmarks.workloads import calls
+from workbench import kernel_bench
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.kernels import relayout
 
@@ -56,7 +57,7 @@ def run(context: Context) -> Measurement:
     shape = SMOKE_SHAPE if smoke else SHAPE
     graph = device.type == "cuda"
     clock = calls(smoke, repeats=50, warmup=2)
-    device_ceilings = ceilings(smoke, device)
+    device_ceilings = kernel_bench.device_ceilings(device, smoke)
 
     def timed(fn: Callable[[], Any]) -> float:
         return time_call(fn, device, graph=graph, **clock).device_s
