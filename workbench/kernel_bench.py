@@ -261,7 +261,9 @@ class Comparison:
                 bar = (f'<span style="display:inline-block;width:{min(fraction, 1) * 8:.2f}em;height:0.8em;'
                        f'background:#4c72b0"></span> {fraction:.0%}')  # fmt: skip
                 cells = [f"{arm['median_s'] * 1e3:.3f}", f"{arm['reference_median_s'] * 1e3:.3f}", speedup, bar]
-            rows.append("".join(f"<td>{c}</td>" for c in [escape(name), escape(check), *cells]))
+            cells = [escape(name), escape(check), *cells]
+            rows.append("".join(f'<td style="text-align:{"left" if i in (0, 5) else "right"}">{c}</td>'
+                                for i, c in enumerate(cells)))  # fmt: skip
         head = "".join(f"<th>{h}</th>" for h in
                        ["kernel", "check", "kernel ms", "reference ms", "speed-up [CI95]", "of roofline"])  # fmt: skip
         c = self.ceilings
@@ -310,10 +312,13 @@ def compare(
             achieved_gbps=case.bytes_moved / medians[case.name] / 1e9,
         )
         result.ratios.update({k: v.to_dict() for k, v in rounds_run.ratios().items()})
+    clocked = "calls queued back to back (device time per call, as inside a forward)"
+    if not clock.get("queued", True):
+        clocked = "each call timed alone, synchronised (on a CPU: the host clock)"
     result.notes.append(
-        "Times: calls queued back to back (device time per call, as inside a forward), median of the A/B/A "
-        "visits; ratios are reference time / kernel time (> 1: the kernel is faster). roofline_s at the ceilings "
-        "measured on this device in this run (copy bytes read plus written per second, bf16 GEMM flop/s)."
+        f"Times: {clocked}, median of the A/B/A visits; ratios are reference time / kernel time (> 1: the kernel is "
+        "faster). roofline_s at the ceilings measured on this device in this run (copy bytes read plus written per "
+        "second, bf16 GEMM flop/s)."
     )
     return result
 
