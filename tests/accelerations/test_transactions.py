@@ -195,6 +195,15 @@ def stock():
     return get
 
 
+def _options(plugin, session, qualified_registry):
+    """The plugin's options here. attention_policy gets a registry with a qualified entry for this model (at a size
+    the request never has, so its calls stay dense and the output stock): with the committed, empty registry it
+    would install nothing, leaving no mutation to fail."""
+    if plugin == "attention_policy":
+        return {"registry": qualified_registry(session, video_tokens=10**9)}
+    return OPTIONS.get(plugin, {})
+
+
 def _cases():
     return [(model, plugin) for model, plugins in INSTALLS.items() for plugin in plugins]
 
@@ -214,18 +223,17 @@ def _prints(session):
 
 
 @pytest.mark.parametrize("model, plugin", _cases())
-def test_failed_activation_leaves_model_as_before(stock, model, plugin, monkeypatch):
+def test_failed_activation_leaves_model_as_before(stock, model, plugin, monkeypatch, qualified_registry):
     session, stock_state, stock_result = stock(model)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     faults = _Faults(monkeypatch)
-    config = {plugin: OPTIONS.get(plugin, {})}
+    config = {plugin: _options(plugin, session, qualified_registry)}
     session.accelerate(config)
     session.accelerate({})
     total = _mutations(session, faults, config)
     session.accelerate({})
     assert _prints(session) == stock_state[0], f"{plugin}: a clean install and uninstall did not restore the model"
-    if total == 0:  # attention_policy with no qualified setting for this model installs nothing
-        return
+    assert total > 0, f"{plugin}: its install made no mutation to fail"
     for fail_at in sorted({total, total // 2 + 1}):
         before = _state(session)
         faults.arm(fail_at)
@@ -244,19 +252,18 @@ def test_failed_activation_leaves_model_as_before(stock, model, plugin, monkeypa
 
 
 @pytest.mark.parametrize("model, plugin", _cases())
-def test_failed_uninstall_keeps_plugin_installed_and_recorded(stock, model, plugin, monkeypatch):
+def test_failed_uninstall_keeps_plugin_installed_and_recorded(stock, model, plugin, monkeypatch, qualified_registry):
     session, stock_state, _ = stock(model)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     faults = _Faults(monkeypatch)
-    config = {plugin: OPTIONS.get(plugin, {})}
+    config = {plugin: _options(plugin, session, qualified_registry)}
     session.accelerate(config)
     session.accelerate({})
     session.accelerate(config)
     recorded = session.accelerations
     total = _mutations(session, faults, {})
     assert _prints(session) == stock_state[0]
-    if total == 0:
-        return  # nothing was installed (see above), so an uninstall has nothing to fail on
+    assert total > 0, f"{plugin}: its install made no mutation to fail"
     for fail_at in sorted({total, total // 2 + 1}):
         session.accelerate(config)
         installed = _state(session)

@@ -26,34 +26,6 @@ def session():
     return Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
 
 
-def _registry(tmp_path, session, verdict="qualified", video_tokens=288, device=None, options=None, candidate=None):
-    """A registry with one block_sparse entry for this session, backed by an evidence record written beside it."""
-    tmp_path = tmp_path / f"registry{len(list(tmp_path.iterdir()))}"  # each call its own files
-    tmp_path.mkdir()
-    options = options or {"tau": 1e9}
-    device = device or attention_policy.device_name(session.device)
-    record = {
-        "kind": "qualification",
-        "verdict": verdict,
-        "candidate": candidate or {"block_sparse": options},
-        "device": {"name": device},
-        "model_key": attention_policy.model_key(session.model),
-    }
-    (tmp_path / "record.json").write_text(json.dumps(record))
-    entry = {
-        "family": "wan",
-        "device": device,
-        "model_key": attention_policy.model_key(session.model),
-        "video_tokens": video_tokens,
-        "plugin": "block_sparse",
-        "options": options,
-        "evidence": str(tmp_path / "record.json"),
-    }
-    path = tmp_path / "registry.json"
-    path.write_text(json.dumps({"version": 1, "entries": [entry]}))
-    return str(path)
-
-
 def _run(session, config, size=SIZE):
     session.accelerate(config)
     try:
@@ -62,19 +34,21 @@ def _run(session, config, size=SIZE):
         session.accelerate({})
 
 
-def test_attention_policy_auto_without_qualified_sparse_setting_is_stock(session, tmp_path):
+def test_attention_policy_auto_without_qualified_sparse_setting_is_stock(session, qualified_registry):
     """The committed registry, and one whose only entry is for another device: dense, bitwise stock, exact."""
     stock = _run(session, {})
-    for registry in ("", _registry(tmp_path, session, device="NVIDIA H200")):
+    for registry in ("", qualified_registry(session, device="NVIDIA H200")):
         result = _run(session, {"attention_policy": {"registry": registry}})
         report = result.receipts["attention_policy"]
         assert report["policy"] == "dense" and report["contract"] == "bitwise" and report["executed"], report
         assert result.exact and torch.equal(result.latents, stock.latents)
 
 
-def test_attention_policy_auto_runs_the_qualified_sparse_setting_only_at_its_size(interpreter, session, tmp_path):
+def test_attention_policy_auto_runs_the_qualified_sparse_setting_only_at_its_size(
+    interpreter, session, qualified_registry
+):
     before = fingerprint(session.model.pipeline.transformer)
-    registry = _registry(tmp_path, session)
+    registry = qualified_registry(session)
     sparse = _run(session, {"attention_policy": {"registry": registry}})
     report = sparse.receipts["attention_policy"]
     assert report["policy"] == "block_sparse" and report["contract"] == "approximate", report
@@ -90,12 +64,12 @@ def test_attention_policy_auto_runs_the_qualified_sparse_setting_only_at_its_siz
     assert fingerprint(session.model.pipeline.transformer) == before
 
 
-def test_attention_policy_sparse_entry_without_qualified_evidence_is_refused(session, tmp_path):
+def test_attention_policy_sparse_entry_without_qualified_evidence_is_refused(session, qualified_registry, tmp_path):
     cases = [
-        (_registry(tmp_path, session, verdict="no_speed_claim"), "verdict 'no_speed_claim'"),
-        (_registry(tmp_path, session, candidate={"block_sparse": {"tau": 0.5}}), "candidate"),
+        (qualified_registry(session, verdict="no_speed_claim"), "verdict 'no_speed_claim'"),
+        (qualified_registry(session, candidate={"block_sparse": {"tau": 0.5}}), "candidate"),
     ]
-    data = json.loads(open(_registry(tmp_path, session)).read())
+    data = json.loads(open(qualified_registry(session)).read())
     data["entries"][0]["evidence"] = str(tmp_path / "missing.json")
     (tmp_path / "gone.json").write_text(json.dumps(data))
     cases.append((str(tmp_path / "gone.json"), "not a readable record"))
@@ -111,8 +85,9 @@ def test_attention_policy_sparse_entry_without_qualified_evidence_is_refused(ses
 def test_attention_policy_sparse_committed_registry_is_backed_by_qualified_records():
     """Every committed entry names a qualification record with verdict `qualified` for exactly its plugin,
     options and device (load_registry raises otherwise)."""
+    committed = json.loads(attention_policy.REGISTRY_FILE.read_text())["entries"]
     entries = attention_policy.load_registry(attention_policy.REGISTRY_FILE)
-    assert isinstance(entries, list)
+    assert len(entries) == len(committed)  # none dropped (an empty registry is the committed state: dense everywhere)
     for entry in entries:
         assert entry["plugin"] in attention_policy.ROUTABLE
 
