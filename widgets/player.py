@@ -290,7 +290,7 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
             self.psnr, self.ssim = np.asarray(psnr, dtype=np.float64), np.asarray(ssim, dtype=np.float64)
 
     def _caption(self, frame: int) -> str:
-        text = f"frame {frame} of {self.frame_count - 1}, t = {frame_time(frame, self.fps):.3f} s"
+        text = f"frame {frame} (frames 0-{self.frame_count - 1}), t = {frame_time(frame, self.fps):.3f} s"
         if self.psnr is not None and self.ssim is not None:
             text += f"; PSNR {self.psnr[frame]:.2f} dB, SSIM {self.ssim[frame]:.4f}"
         return text

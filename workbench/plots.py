@@ -22,6 +22,7 @@ from matplotlib.ticker import MaxNLocator
 from PIL import Image
 from scipy import signal
 
+from workbench.quality.audio import audio_snr_db
 from workbench.telemetry import STAGES, Event
 
 _COLORS = {
@@ -176,8 +177,9 @@ def ab_audio_figure(
     """Waveforms and spectrograms of A and B, and their difference (B - A), in a 3x2 grid (six axes).
 
     Audio is float (C, N) or (N,); channels are averaged to what a listener hears summed. A and B share
-    their amplitude and dB scales so a louder arm looks louder. When lengths differ, the differences
-    cover the common start and say so.
+    their amplitude and dB scales so a louder arm looks louder. The difference's title gives B's SNR against A
+    over the channels (`quality.audio_snr_db`, the budget's waveform SNR) when both have the same layout. When
+    lengths differ, the differences cover the common start and say so.
     """
     if not isinstance(sample_rate, int | np.integer) or sample_rate <= 0:
         raise ValueError(f"sample_rate: expected a positive integer in Hz, got {sample_rate!r}")
@@ -201,7 +203,11 @@ def ab_audio_figure(
     difference = b[:n] - a[:n]
     grid[2, 0].plot(np.arange(n) / sample_rate, difference, color="#e15759", linewidth=0.6)
     grid[2, 0].set_ylim(-peak * 1.05, peak * 1.05)
-    grid[2, 0].set_title(f"{labels[1]} - {labels[0]}: waveform{suffix}", fontsize=10)
+    snr = (
+        audio_snr_db(*(np.atleast_2d(x) for x in (a_audio, b_audio))) if np.ndim(a_audio) == np.ndim(b_audio) else None
+    )
+    snr_text = "" if snr is None else ", identical" if snr == np.inf else f", SNR {snr:.1f} dB"
+    grid[2, 0].set_title(f"{labels[1]} - {labels[0]}: waveform{snr_text}{suffix}", fontsize=10)
     freqs, times, db_a = _spectrogram(a[:n], sample_rate)
     _, _, db_b = _spectrogram(b[:n], sample_rate)
     delta = db_b - db_a
@@ -344,7 +350,11 @@ def _spectrogram(x: np.ndarray, sample_rate: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _show_spectrogram(axes, freqs, times, values, cmap: str, low: float, high: float) -> None:
-    step = times[1] - times[0] if times.size > 1 else 1.0
-    extent = (times[0] - step / 2, times[-1] + step / 2, freqs[0], freqs[-1])
-    axes.imshow(values, origin="lower", aspect="auto", extent=extent, cmap=cmap, vmin=low, vmax=high)
+    """`values` (F, T) over `freqs` (Hz) and `times` (s), on a log frequency axis from the first bin above 0 Hz: on a
+    linear one the octaves where hums, voices and most artifacts sit get a few pixels at the bottom. Linear when
+    there are too few bins to drop 0 Hz."""
+    if freqs.size > 2:
+        freqs, values = freqs[1:], values[1:]
+        axes.set_yscale("log")
+    axes.pcolormesh(times, freqs, values, shading="nearest", cmap=cmap, vmin=low, vmax=high)
     axes.set_ylabel("Hz")

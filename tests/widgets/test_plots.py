@@ -10,6 +10,7 @@ from workbench.plots import (
     stage_intervals,
     stage_timeline,
 )
+from workbench.quality.audio import audio_snr_db
 from workbench.telemetry import Event
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -73,6 +74,12 @@ def test_ab_audio_figure_has_waveforms_spectrograms_and_differences(rng):
     figure = ab_audio_figure(a, b, 16000)
     assert len(figure.axes) == 6
     assert "lengths differ" in figure.axes[4].get_title()
+    assert f"SNR {audio_snr_db(a, b):.1f} dB" in figure.axes[4].get_title()
+    assert "identical" in ab_audio_figure(a, a, 16000).axes[4].get_title()
+    for spectrogram in figure.axes[2:4] + figure.axes[5:]:  # log frequency, from the first bin above 0 Hz to Nyquist
+        assert (
+            spectrogram.get_yscale() == "log" and 0 < spectrogram.get_ylim()[0] < 32 < 7900 < spectrogram.get_ylim()[1]
+        )
     assert figure_png(figure).startswith(PNG)
 
 

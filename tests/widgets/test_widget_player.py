@@ -22,7 +22,7 @@ def test_slider_moves_heatmap_and_sets_synced_videos_time_to_the_middle_of_the_f
     player.slider.value = 5
     assert player.image_diff.value == array_png(upscale(player.heatmap(5), 6))  # 28 px x6: the most within 192
     assert player.videos.time == pytest.approx(5.5 / 24)
-    assert "frame 5 of 8" in player.caption.value
+    assert "frame 5 (frames 0-8)" in player.caption.value
     assert not player.errors.value
 
 
