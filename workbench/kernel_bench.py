@@ -27,6 +27,7 @@ import torch
 
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.kernels import adaln_modulate, gated_residual, head_norm_rope, layernorm_modulate, qk_norm_rope
+from workbench.kernels._runtime import interpreting
 
 HEADS = 12  # Wan2.1-1.3B: 12 heads of 128
 WAN = {"batch": 1, "tokens": 32760, "channels": 1536, "heads": HEADS}  # x (1, 32,760, 1536): 81 x 480 x 832
@@ -330,8 +331,6 @@ def benchmark(device: str | torch.device, rounds: int = 5, smoke: bool = False) 
 
     RuntimeError for a full run off CUDA (the times would be a CPU's), and on a CPU when the Triton interpreter is
     off (the kernels cannot run there otherwise)."""
-    from workbench.kernels._runtime import interpreting
-
     device = torch.device(device)
     if not smoke and device.type != "cuda":
         raise RuntimeError(f"kernel benchmarks need a CUDA device, got {device}; pass smoke=True for the CPU check")
