@@ -228,7 +228,8 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
         dw, dh = self.display_size
         self.heat_factor, (hw, hh) = display_size(height, width, HEATMAP_SIDE, HEATMAP_SIDE)
         heat_shown = f"{width}x{height} px" + (f", shown x{self.heat_factor}" if self.heat_factor > 1 else "")
-        self.diff_title.value = f"<b>|{b} - {a}|</b> ({heat_shown})"
+        # ipywidgets' HTML row height spaces wrapped lines a row apart: this caption keeps its lines together
+        self.diff_title.value = f'<div style="line-height:1.3"><b>|{b} - {a}|</b> ({heat_shown})</div>'
         self.videos.display_width, self.videos.display_height = dw, dh
         self.image_diff.layout.width, self.image_diff.layout.height = f"{hw}px", f"{hh}px"
         self.diff_title.layout.width = f"{hw}px"  # the title wraps under the heatmap, never widens the row
