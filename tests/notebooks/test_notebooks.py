@@ -173,7 +173,7 @@ def test_kernels_notebook_checks_and_times_every_kernel(runs):
 def test_review_notebook_makes_and_compares_two_executed_records_and_writes_its_report(runs):
     notebook, folder = executed(runs, "40_review")
     records = [json.loads((folder / "out" / f"{name}.json").read_text()) for name in ("cross_kv_cache", "easycache")]
-    assert all(Path(r["model"]).name == "demo-av" for r in records)
+    assert all(Path(r["model"]).name == "demo-av-mini" for r in records)
     assert all(x["executed"] for r in records for case in r["cases"] for x in case["receipts"].values())
     assert records[1]["cases"][0]["receipts"]["easycache"]["reused"] > 0  # the approximate arm really skipped work
     report = (folder / "out" / "review.html").read_text()
