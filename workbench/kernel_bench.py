@@ -28,6 +28,7 @@ import torch
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.kernels import adaln_modulate, gated_residual, head_norm_rope, layernorm_modulate, qk_norm_rope
 from workbench.kernels._runtime import interpreting
+from workbench.telemetry import Telemetry, maybe_sampler, summarize_samples
 
 HEADS = 12  # Wan2.1-1.3B: 12 heads of 128
 WAN = {"batch": 1, "tokens": 32760, "channels": 1536, "heads": HEADS}  # x (1, 32,760, 1536): 81 x 480 x 832
@@ -233,13 +234,16 @@ class Comparison:
     """What `compare` measured. `arms`: per kernel, its check (`check`), bytes and flops, and when timed its median
     seconds and its reference's (`median_s`, `reference_median_s`), `roofline_s`, `fraction_of_roofline` and
     `achieved_gbps`; `ratios`: `"<kernel> reference/<kernel>"` -> the paired speed-up with its CI95
-    (`RatioCI.to_dict`, >= 3 rounds); `notes`: kernels left untimed and why, then how to read the times."""
+    (`RatioCI.to_dict`, >= 3 rounds); `notes`: kernels left untimed and why, then how to read the times;
+    `device_state`: the GPU's clocks, temperature, throttling and other processes while `benchmark` ran
+    (`telemetry.summarize_samples` of NVML samples; empty off CUDA or without NVML)."""
 
     ceilings: Ceilings
     smoke: bool
     arms: dict[str, dict[str, Any]] = field(default_factory=dict)
     ratios: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    device_state: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -273,6 +277,12 @@ class Comparison:
         if self.smoke:
             caption = (
                 "Smoke run (tiny shapes, Triton's interpreter): the checks are real, the times say nothing. " + caption
+            )
+        if state := self.device_state:
+            caption += (
+                f"; during the run: SM clock {state['min_sm_clock_mhz']}-{state['max_sm_clock_mhz']} MHz, up to "
+                f"{state['max_temperature_c']} C, {state['throttled_samples']} of {state['count']} samples "
+                f"slowed by heat or hardware, up to {state['max_processes']} processes on the GPU"
             )
         notes = "".join(f"<li>{escape(note)}</li>" for note in self.notes)
         return (f'<table class="vflash-kernels"><caption>{caption}</caption><tr>{head}</tr>'
@@ -327,7 +337,8 @@ def compare(
 def benchmark(device: str | torch.device, rounds: int = 5, smoke: bool = False) -> Comparison:
     """Every kernel (`all_cases`) against its reference on `device`, `rounds` A/B/A rounds, at the ceilings measured
     first on the same device (`device_ceilings`). A full run: `REPEATS` calls a visit after `WARMUP`. `smoke`: one
-    call a visit, tiny shapes; on a CPU the kernels then need TRITON_INTERPRET=1.
+    call a visit, tiny shapes; on a CPU the kernels then need TRITON_INTERPRET=1. On CUDA the GPU's state is sampled
+    through the timed part (`Comparison.device_state`).
 
     RuntimeError for a full run off CUDA (the times would be a CPU's), and on a CPU when the Triton interpreter is
     off (the kernels cannot run there otherwise)."""
@@ -339,4 +350,10 @@ def benchmark(device: str | torch.device, rounds: int = 5, smoke: bool = False) 
     if device.type == "cpu" and not interpreting():
         raise RuntimeError("Triton kernels on a CPU need TRITON_INTERPRET=1 (set before the first kernel launch)")
     clock = {"repeats": 1, "warmup": 0, "queued": False} if smoke else {"repeats": REPEATS, "warmup": WARMUP}
-    return compare(all_cases(device, smoke), device, device_ceilings(device, smoke), rounds, clock, smoke)
+    ceilings = device_ceilings(device, smoke)
+    if device.type != "cuda":
+        return compare(all_cases(device, smoke), device, ceilings, rounds, clock, smoke)
+    with maybe_sampler(device, Telemetry(device)) as sampler:  # a throttled or shared GPU shows in the result
+        result = compare(all_cases(device, smoke), device, ceilings, rounds, clock, smoke)
+    result.device_state = summarize_samples(sampler.samples if sampler is not None else [])
+    return result

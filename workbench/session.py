@@ -31,7 +31,7 @@ from workbench.progress import library_bars_off
 from workbench.progress import progress as progress_bar
 from workbench.request import MAX_SEED, Request, integer, shown
 from workbench.result import Result
-from workbench.telemetry import Event, NvmlSampler, Telemetry, summarize_samples
+from workbench.telemetry import Event, Telemetry, maybe_sampler, summarize_samples
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -304,7 +304,7 @@ class Session:
                 stack.callback(handle.end_request, request_id)
             sampler = None
             if self.device.type == "cuda":
-                sampler = stack.enter_context(_maybe_sampler(self.device, telemetry))
+                sampler = stack.enter_context(maybe_sampler(self.device, telemetry))
             on_stage = None if residency is None else residency.enter_stage
             on_step_end = stack.enter_context(stage_probes(self.model, telemetry, on_stage))
             clock = on_step_end.__self__
@@ -437,25 +437,6 @@ def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype
     if dtype in DTYPES:
         return DTYPES[dtype]
     raise ValueError(f"dtype: {dtype!r}; allowed: {sorted(DTYPES)}")
-
-
-class _maybe_sampler:
-    """An NVML sampler when pynvml can reach the driver; without NVML the summary is simply empty."""
-
-    def __init__(self, device: torch.device, telemetry: Telemetry):
-        self.device, self.telemetry, self.sampler = device, telemetry, None
-
-    def __enter__(self) -> Any:
-        try:
-            self.sampler = NvmlSampler(self.device, self.telemetry).__enter__()
-        except Exception as error:  # NVML missing in a container is a reportable fact, not a failure
-            self.telemetry.emit("sample", error=repr(error))
-            return None
-        return self.sampler
-
-    def __exit__(self, *exc: object) -> None:
-        if self.sampler is not None:
-            self.sampler.__exit__(*exc)
 
 
 def _plan_from_shapes(

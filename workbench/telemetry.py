@@ -181,6 +181,25 @@ class NvmlSampler:
             self._stop.wait(self._period)
 
 
+class maybe_sampler:
+    """An NVML sampler when pynvml can reach the driver; without NVML the summary is simply empty."""
+
+    def __init__(self, device: torch.device, telemetry: Telemetry):
+        self.device, self.telemetry, self.sampler = device, telemetry, None
+
+    def __enter__(self) -> Any:
+        try:
+            self.sampler = NvmlSampler(self.device, self.telemetry).__enter__()
+        except Exception as error:  # NVML missing in a container is a reportable fact, not a failure
+            self.telemetry.emit("sample", error=repr(error))
+            return None
+        return self.sampler
+
+    def __exit__(self, *exc: object) -> None:
+        if self.sampler is not None:
+            self.sampler.__exit__(*exc)
+
+
 # NVML clock-event ("throttle") reason bits.
 THROTTLE_REASONS = {
     0x1: "gpu_idle",

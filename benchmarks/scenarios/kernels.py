@@ -2,7 +2,8 @@
 
 What runs is `workbench.kernel_bench.benchmark` (its docstring: the shapes, the check before timing, the rounds and
 the roofline), the same code `notebooks/30_kernels.ipynb` shows; this scenario records it. The ceilings measured at
-the start of the run are in `shape.ceilings`. `--smoke`: tiny shapes on the CPU under the Triton interpreter.
+the start of the run are in `shape.ceilings`, the GPU's clocks, temperature and throttling while it ran in
+`shape.nvml`. `--smoke`: tiny shapes on the CPU under the Triton interpreter.
 """
 
 from __future__ import annotations
@@ -20,5 +21,6 @@ def run(context: Context) -> Measurement:
     wan, h3_q = (
         (kernel_bench.SMOKE_WAN, kernel_bench.SMOKE_H3_Q) if context.smoke else (kernel_bench.WAN, kernel_bench.H3_Q)
     )
-    shape = {"wan": wan, "h3_q": list(h3_q), "dtype": "bfloat16", "ceilings": result.ceilings.to_dict()}
+    shape = {"wan": wan, "h3_q": list(h3_q), "dtype": "bfloat16", "ceilings": result.ceilings.to_dict(),
+             "nvml": result.device_state}  # fmt: skip
     return Measurement(SUMMARY, shape, result.arms, result.ratios, result.notes)

@@ -117,6 +117,7 @@ def test_kernel_benchmark_refuses_a_full_run_off_cuda_and_kernels_on_a_cpu_witho
 
 def test_kernel_bench_compare_checks_then_times_each_kernel_aba_against_the_given_ceilings(monkeypatch):
     from workbench import kernel_bench
+    from workbench.telemetry import summarize_samples
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     cases = kernel_bench.cases(batch=1, tokens=5, channels=64, heads=2, device="cpu", seed=3)[:2]
@@ -132,6 +133,10 @@ def test_kernel_bench_compare_checks_then_times_each_kernel_aba_against_the_give
         assert ratio["n_pairs"] == 3 and ratio["low"] <= ratio["median"] <= ratio["high"]
     page = result.html()
     assert page.count(">equal</td>") == 2 and "given: copy " in page and "Smoke run" not in page
+    assert "during the run" not in page  # nothing sampled: nothing claimed
+    sample = {"used_bytes": 1, "temperature_c": 61, "sm_clock_mhz": 1755, "throttle_reasons": 0x20, "processes": 1}
+    result.device_state = summarize_samples([sample, {**sample, "sm_clock_mhz": 1980, "throttle_reasons": 0}])
+    assert "SM clock 1755-1980 MHz, up to 61 C, 1 of 2 samples slowed by heat or hardware" in result.html()
 
 
 def test_kernel_bench_leaves_a_kernel_outside_its_contract_untimed_and_says_so():
