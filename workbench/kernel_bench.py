@@ -7,7 +7,10 @@ scenario (`python -m benchmarks run kernels`, which records it):
   q (1, 52,648, 56, 128) bf16;
 - `compare`: each kernel's output checked against its reference on the very inputs it is timed on (`check`: equal,
   or within the bound its contract allows), so a fast wrong kernel cannot report a speed; then A/B/A rounds,
-  reference / kernel / reference, each visit one `time_call` (device time per call, queued back to back);
+  reference / kernel / reference, each visit one `time_call` of CUDA-graph replays queued back to back (device time
+  per call). Not plain launches: a launcher's Python can cost as much host time as one of these kernels takes on the
+  GPU, and then back-to-back launches time the host, not the kernel (benchmarks/results/notebooks/README.md). The
+  host's cost of one launch is reported beside it (`host_launch_s`);
 - the roofline: a call cannot take less than max(bytes_moved / copy bandwidth, flops / bf16 GEMM rate), at the
   ceilings `measure_ceilings(device)` measures on the device that runs, in the same process
   (`Ceilings.roofline_seconds`).
@@ -18,6 +21,7 @@ scenario (`python -m benchmarks run kernels`, which records it):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape
@@ -233,7 +237,8 @@ def check(case: Case) -> dict[str, Any]:
 class Comparison:
     """What `compare` measured. `arms`: per kernel, its check (`check`), bytes and flops, and when timed its median
     seconds and its reference's (`median_s`, `reference_median_s`), `roofline_s`, `fraction_of_roofline` and
-    `achieved_gbps`; `ratios`: `"<kernel> reference/<kernel>"` -> the paired speed-up with its CI95
+    `achieved_gbps`, and `host_launch_s` (CUDA: host seconds to enqueue one call, no sync); `ratios`:
+    `"<kernel> reference/<kernel>"` -> the paired speed-up with its CI95
     (`RatioCI.to_dict`, >= 3 rounds); `notes`: kernels left untimed and why, then how to read the times;
     `device_state`: the GPU's clocks, temperature, throttling and other processes while `benchmark` ran
     (`telemetry.summarize_samples` of NVML samples; empty off CUDA or without NVML)."""
@@ -259,18 +264,19 @@ class Comparison:
             check += "" if arm["within"] else " (outside its contract)"
             ratio = self.ratios.get(f"{name} reference/{name}")
             if "median_s" not in arm:
-                cells = ["", "", "", ""]
+                cells = ["", "", "", "", ""]
             else:
                 fraction = arm["fraction_of_roofline"]
                 speedup = f"{ratio['median']:.2f}x [{ratio['low']:.2f}, {ratio['high']:.2f}]" if ratio else "< 3 rounds"
                 bar = (f'<span style="display:inline-block;width:{min(fraction, 1) * 8:.2f}em;height:0.8em;'
                        f'background:#4c72b0"></span> {fraction:.0%}')  # fmt: skip
-                cells = [f"{arm['median_s'] * 1e3:.3f}", f"{arm['reference_median_s'] * 1e3:.3f}", speedup, bar]
+                launch = f"{arm['host_launch_s'] * 1e3:.3f}" if "host_launch_s" in arm else ""
+                cells = [f"{arm['median_s'] * 1e3:.3f}", f"{arm['reference_median_s'] * 1e3:.3f}", speedup, bar, launch]
             cells = [escape(name), escape(check), *cells]
             rows.append("".join(f'<td style="text-align:{"left" if i in (0, 5) else "right"}">{c}</td>'
                                 for i, c in enumerate(cells)))  # fmt: skip
-        head = "".join(f"<th>{h}</th>" for h in
-                       ["kernel", "check", "kernel ms", "reference ms", "speed-up [CI95]", "of roofline"])  # fmt: skip
+        columns = ["kernel", "check", "kernel ms", "reference ms", "speed-up [CI95]", "of roofline", "host launch ms"]
+        head = "".join(f"<th>{h}</th>" for h in columns)
         c = self.ceilings
         caption = (f"{escape(c.device)}: copy {c.copy_bytes_per_s / 1e12:.2f} TB/s (read + write), "
                    f"bf16 GEMM {c.bf16_flops_per_s / 1e12:.0f} TFLOP/s, measured in this run")  # fmt: skip
@@ -322,8 +328,12 @@ def compare(
             fraction_of_roofline=roofline / medians[case.name],
             achieved_gbps=case.bytes_moved / medians[case.name] / 1e9,
         )
+        if torch.device(device).type == "cuda":
+            arm["host_launch_s"] = host_launch_seconds(case.kernel, device)
         result.ratios.update({k: v.to_dict() for k, v in rounds_run.ratios().items()})
-    clocked = "calls queued back to back (device time per call, as inside a forward)"
+    clocked = "calls queued back to back (device time per call)"
+    if clock.get("graph"):
+        clocked = "CUDA-graph replays queued back to back (device time per call, no host launch cost)"
     if not clock.get("queued", True):
         clocked = "each call timed alone, synchronised (on a CPU: the host clock)"
     result.notes.append(
@@ -332,6 +342,20 @@ def compare(
         "second, bf16 GEMM flop/s)."
     )
     return result
+
+
+def host_launch_seconds(fn: Callable[[], Any], device: str | torch.device, calls: int = REPEATS) -> float:
+    """Host seconds to enqueue one call of `fn` on CUDA: `calls` calls back to back without a sync, after one warm
+    call, on the host clock (the GPU may still be running them). What a step pays per call when the host, not the
+    GPU, is the bottleneck."""
+    fn()
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    seconds = (time.perf_counter() - start) / calls
+    torch.cuda.synchronize(device)
+    return seconds
 
 
 def benchmark(device: str | torch.device, rounds: int = 5, smoke: bool = False) -> Comparison:
@@ -350,6 +374,8 @@ def benchmark(device: str | torch.device, rounds: int = 5, smoke: bool = False) 
     if device.type == "cpu" and not interpreting():
         raise RuntimeError("Triton kernels on a CPU need TRITON_INTERPRET=1 (set before the first kernel launch)")
     clock = {"repeats": 1, "warmup": 0, "queued": False} if smoke else {"repeats": REPEATS, "warmup": WARMUP}
+    if device.type == "cuda":
+        clock["graph"] = True  # device time alone: the launchers' host cost is near the kernels' (module doc)
     ceilings = device_ceilings(device, smoke)
     if device.type != "cuda":
         return compare(all_cases(device, smoke), device, ceilings, rounds, clock, smoke)
