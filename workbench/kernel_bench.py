@@ -374,7 +374,7 @@ def benchmark(device: str | torch.device, rounds: int = 5, smoke: bool = False) 
     if device.type == "cpu" and not interpreting():
         raise RuntimeError("Triton kernels on a CPU need TRITON_INTERPRET=1 (set before the first kernel launch)")
     clock = {"repeats": 1, "warmup": 0, "queued": False} if smoke else {"repeats": REPEATS, "warmup": WARMUP}
-    if device.type == "cuda":
+    if device.type == "cuda" and not smoke:  # (a smoke run's one unwarmed call cannot be captured)
         clock["graph"] = True  # device time alone: the launchers' host cost is near the kernels' (module doc)
     ceilings = device_ceilings(device, smoke)
     if device.type != "cuda":
