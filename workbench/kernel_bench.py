@@ -21,6 +21,7 @@ scenario (`python -m benchmarks run kernels`, which records it):
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -217,9 +218,14 @@ def head_norm_rope_case(shape: tuple[int, int, int, int], device: str | torch.de
     )
 
 
+def shapes(smoke: bool = False) -> tuple[dict[str, int], tuple[int, int, int, int]]:
+    """(the Wan block's `cases` arguments, H3's q shape): `WAN`, `H3_Q`, or the tiny ones of a smoke run."""
+    return (SMOKE_WAN, SMOKE_H3_Q) if smoke else (WAN, H3_Q)
+
+
 def all_cases(device: str | torch.device, smoke: bool = False) -> list[Case]:
-    """Every kernel `benchmark` times: the Wan block's at `WAN`, head_norm_rope at `H3_Q` (smoke: the tiny shapes)."""
-    wan, h3_q = (SMOKE_WAN, SMOKE_H3_Q) if smoke else (WAN, H3_Q)
+    """Every kernel `benchmark` times: the Wan block's and head_norm_rope at `shapes(smoke)`."""
+    wan, h3_q = shapes(smoke)
     return [*cases(**wan, device=device), head_norm_rope_case(h3_q, device)]
 
 
@@ -377,9 +383,9 @@ def benchmark(device: str | torch.device, rounds: int = 5, smoke: bool = False) 
     if device.type == "cuda" and not smoke:  # (a smoke run's one unwarmed call cannot be captured)
         clock["graph"] = True  # device time alone: the launchers' host cost is near the kernels' (module doc)
     ceilings = device_ceilings(device, smoke)
-    if device.type != "cuda":
-        return compare(all_cases(device, smoke), device, ceilings, rounds, clock, smoke)
-    with maybe_sampler(device, Telemetry(device)) as sampler:  # a throttled or shared GPU shows in the result
+    # on CUDA, a throttled or shared GPU shows in the result
+    sampling = maybe_sampler(device, Telemetry(device)) if device.type == "cuda" else contextlib.nullcontext()
+    with sampling as sampler:
         result = compare(all_cases(device, smoke), device, ceilings, rounds, clock, smoke)
     result.device_state = summarize_samples(sampler.samples if sampler is not None else [])
     return result

@@ -18,9 +18,7 @@ GPUS = 1
 
 def run(context: Context) -> Measurement:
     result = kernel_bench.benchmark(context.device, context.rounds, context.smoke)
-    wan, h3_q = (
-        (kernel_bench.SMOKE_WAN, kernel_bench.SMOKE_H3_Q) if context.smoke else (kernel_bench.WAN, kernel_bench.H3_Q)
-    )
+    wan, h3_q = kernel_bench.shapes(context.smoke)
     shape = {"wan": wan, "h3_q": list(h3_q), "dtype": "bfloat16", "ceilings": result.ceilings.to_dict(),
              "nvml": result.device_state}  # fmt: skip
     return Measurement(SUMMARY, shape, result.arms, result.ratios, result.notes)
