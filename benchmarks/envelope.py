@@ -4,8 +4,8 @@ Every scenario's result is one JSON object with these keys (`FIELDS`), written a
 `<out>/<scenario>.json` (the latest result per scenario; git keeps the history):
 - `format`: `FORMAT`; `what`: one line; `scenario`: its name; `command`: the command line that made it, after those
   of the scenario's `SETTINGS` (environment variables) that were set;
-- `commit`, `dirty`: the git revision; WORKBENCH_COMMIT, when set, names it instead (a copy of a working tree sent to
-  another machine may carry a stale .git: the sender knows the commit, `dirty` is then None); `date`: UTC ISO time;
+- `commit`, `dirty`: the git revision (`workbench.environment.git_revision`: WORKBENCH_COMMIT when set, `dirty`
+  then None); `date`: UTC ISO time;
 - `device`: the device's description (GPU name, capability, CUDA); `versions`: torch, triton, diffusers, cuda, ...;
 - `smoke`: True for a `--smoke` run (tiny shapes on the CPU: its numbers say nothing about speed);
 - `shape`, `arms` ({arm: {median_s, seconds, ...}}), `ratios` ({"A/B": RatioCI dict (median, low, high, ...)}),
@@ -97,8 +97,8 @@ def envelope(
         "what": measurement.what,
         "scenario": scenario,
         "command": command_line(settings),
-        "commit": os.environ.get("WORKBENCH_COMMIT") or described["git"]["commit"],
-        "dirty": None if os.environ.get("WORKBENCH_COMMIT") else described["git"]["dirty"],
+        "commit": described["git"]["commit"],
+        "dirty": described["git"]["dirty"],
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": described["device"],
         "versions": versions,

@@ -54,11 +54,9 @@ Error contract:
   v does not average out), so FP8 P.V sets the floor of its pairs' error (the `fp8-attention` scenario's
   `error_parts` separates the steps). A scale cannot change that (e4m3's relative step is the same at every scale);
   int8 P.V can: 127 uniform levels from each tile's row max on P and per channel on v lose less than 3 mantissa
-  bits do on the values that carry the output. Relative L2 against bf16 dense at T = 257
-  (tests/kernels/test_fp8_attention.py bounds them), pv fp8 / int8 / bf16: iid normal q, k, v: e4m3 5.1e-2 /
-  4.1e-2 / 3.8e-2, int8 3.7e-2 / 2.1e-2 / 1.4e-2; RMS-normed q/k with a shared channel offset and 4 outlier channels
-  (x6): e4m3 7.7e-2 / 7.0e-2 / 6.9e-2, int8 4.2e-2 / 2.6e-2 / 2.3e-2; bf16 dense itself is 2e-3 from exact. The
-  benchmark scenario `fp8-attention` reports them at the production shape.
+  bits do on the values that carry the output. tests/kernels/test_fp8_attention.py bounds every pair's relative L2
+  against bf16 dense on iid normal q, k, v and on RMS-normed q/k with a shared channel offset and outlier channels;
+  the benchmark scenario `fp8-attention` reports them at the production shape.
 
 The CPU interpreter (`TRITON_INTERPRET=1`): its FP8 and INT8 dots are right, but its fp32 -> e4m3 and fp32 -> bf16
 conversions are not round-to-nearest-even (e.g. 31.9999 -> 16). Under it the kernel rounds P to e4m3 / bf16 with an

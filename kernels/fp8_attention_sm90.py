@@ -135,8 +135,8 @@ def _tma_tiles(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor) -> tup
 
 class Fp8AttentionSm90:
     """The kernel for one configuration: `qk_int8` (INT8 Q.K^T with int32 accumulation, else e4m3 with fp32) and
-    `stages` (K/V ring buffers; 3: the fastest with e4m3 Q.K^T on the H200, within 2 % of 2 with int8). `cute.compile`
-    it once per configuration and shape.
+    `stages` (K/V ring buffers, default 3; 2 against it: benchmarks/results/fp8-attention-cute-stages-lazy.json).
+    `cute.compile` it once per configuration and shape.
 
     The row sums l come from the P.V dot itself, as an extra output channel (N = 136: each v8 stage holds 8 more rows,
     a row of ones and 7 of zeros, written once), instead of 64 FADDs a tile; l is then the sum of P as rounded to

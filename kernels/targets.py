@@ -56,12 +56,6 @@ TARGETS = {
 }
 
 
-def target_for(capability: tuple[int, int] | int) -> Target | None:
-    """The supported target of a device capability ((8, 9) or 89), or None when the project has none for it."""
-    number = capability[0] * 10 + capability[1] if isinstance(capability, tuple) else int(capability)
-    return next((t for t in TARGETS.values() if t.capability == number), None)
-
-
 @dataclass(frozen=True)
 class Launched:
     """One intercepted launch: the kernel's Python function, its signature, constexprs and argument attributes as

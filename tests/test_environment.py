@@ -9,20 +9,25 @@ def _git(cwd, *args):
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def test_git_revision_of_a_checkout_names_its_commit(tmp_path):
+def test_git_revision_of_a_checkout_names_its_commit_unless_the_sender_names_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORKBENCH_COMMIT", raising=False)
     _git(tmp_path, "init", "-q")
     (tmp_path / "a.txt").write_text("x")
     _git(tmp_path, "add", "a.txt")
     _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "m")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     assert environment.git_revision(tmp_path) == {"commit": head, "dirty": False}
+    monkeypatch.setenv("WORKBENCH_COMMIT", "feedface")  # a copy sent to another machine may carry a stale .git
+    assert environment.git_revision(tmp_path) == {"commit": "feedface", "dirty": None}
 
 
-def test_git_revision_of_a_snapshot_inside_another_checkout_uses_the_launchers_commit(tmp_path, monkeypatch):
+def test_git_revision_of_a_snapshot_inside_another_checkout_is_not_that_checkouts(tmp_path, monkeypatch):
     _git(tmp_path, "init", "-q")
     snapshot = tmp_path / "snap"
     snapshot.mkdir()
-    monkeypatch.setenv("WORKBENCH_COMMIT", "feedface")
+    monkeypatch.delenv("WORKBENCH_COMMIT", raising=False)
+    assert environment.git_revision(snapshot) == {"commit": None, "dirty": None}
+    monkeypatch.setenv("WORKBENCH_COMMIT", "feedface")  # the launcher names it
     assert environment.git_revision(snapshot) == {"commit": "feedface", "dirty": None}
 
 

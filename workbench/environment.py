@@ -15,10 +15,17 @@ import torch
 PACKAGES = ("vflash-workbench", "torch", "triton", "diffusers", "transformers", "av", "numpy")
 
 
-@cache
 def git_revision(root: Path | None = None) -> dict[str, Any]:
-    """The checkout's commit and whether the tree had uncommitted changes (None outside a checkout)."""
-    root = (root or Path(__file__).parent.parent).resolve()
+    """The code's commit and whether the tree had uncommitted changes: `WORKBENCH_COMMIT` when set (dirty None; a
+    copy of a working tree sent to another machine may carry a stale .git, and its sender knows the commit), else
+    the checkout's; None for both outside a checkout."""
+    if given := os.environ.get("WORKBENCH_COMMIT"):
+        return {"commit": given, "dirty": None}
+    return _checkout_revision((root or Path(__file__).parent.parent).resolve())
+
+
+@cache
+def _checkout_revision(root: Path) -> dict[str, Any]:
     try:
         top = subprocess.run(
             ["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True, check=True, timeout=5
@@ -38,8 +45,7 @@ def git_revision(root: Path | None = None) -> dict[str, Any]:
             timeout=5,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        # A copy without .git (a GPU machine gets the working tree only): the launcher may name the commit.
-        return {"commit": os.environ.get("WORKBENCH_COMMIT"), "dirty": None}
+        return {"commit": None, "dirty": None}
     return {"commit": commit, "dirty": bool(dirty)}
 
 

@@ -67,13 +67,12 @@ def stage_intervals(events: Iterable[Event], now: float | None = None) -> list[I
     return sorted(intervals, key=lambda interval: interval.start)
 
 
-def stage_timeline(events: Sequence[Event], now: float | None = None, title: str | None = None) -> Figure:
+def stage_timeline(events: Sequence[Event]) -> Figure:
     """A Gantt-like chart: one row per stage, one bar per interval, a tick per finished denoising step.
 
-    `now` (seconds since request start) extends stages that are still running, for live views.
-    Returns a figure with one axes.
+    A stage still running ends at the latest event. Returns a figure with one axes.
     """
-    intervals = stage_intervals(events, now)
+    intervals = stage_intervals(events)
     rows = _stage_order(interval.stage for interval in intervals)
     figure = Figure(figsize=(8, 0.5 + 0.45 * max(len(rows), 1)), layout="constrained")
     axes = figure.add_subplot()
@@ -92,12 +91,11 @@ def stage_timeline(events: Sequence[Event], now: float | None = None, title: str
         axes.vlines(steps, y - 0.35, y + 0.35, colors="black", linewidth=1)
     axes.set_yticks(range(len(rows)), rows)
     axes.set_ylim(len(rows) - 0.5, -0.5)
-    end = _chart_end(intervals, events, now)
+    end = _chart_end(intervals, events, None)
     axes.set_xlim(0, end * 1.02)
     axes.set_xlabel("seconds since request start")
     total = next((e.data.get("total") for e in events if e.kind == "request_end"), None)
-    if title is None:
-        title = f"stages: {total:.3f} s total, {len(steps)} steps" if total is not None else f"running: {end:.2f} s"
+    title = f"stages: {total:.3f} s total, {len(steps)} steps" if total is not None else f"running: {end:.2f} s"
     axes.set_title(title, fontsize=10)
     if not intervals:
         axes.text(0.5, 0.5, "no stage events yet", ha="center", va="center", transform=axes.transAxes)

@@ -1,4 +1,4 @@
-"""How the Ray fan-out scales over the GPUs of one host (issue 27's second run): the same kind of sweep as `fanout`
+"""How the Ray fan-out scales over the GPUs of one host: the same kind of sweep as `fanout`
 (easycache thresholds against stock on one Wan2.1-1.3B-shaped request, random weights, bf16, 480x832x81, `STEPS`
 steps with CFG; each value one cell, one request's A/B/A qualification) through `workbench.evidence.fanout` on 1, 2,
 4 and 8 GPU workers (`FANOUT_SCALING_WORKERS`, those the machine holds; one actor per GPU).

@@ -88,7 +88,7 @@ HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3): the kernels' case me
 SPARSE_DENSITY = 0.20
 SPARSE_PRECISIONS = (("int8", "fp8"), ("int8", "int8"), ("int8", "bf16"), ("e4m3", "fp8"))
 SPARSE_LAUNCHES = {"triton": block_sparse_attend.DEFAULT}  # where the low-precision default is the CuTe kernel, the
-# Triton kernel alone at its shipped launch beside it (its launch sweep: git history, fp8-attention.json at 9b6614c)
+# Triton kernel alone at its shipped launch beside it
 ERROR_PART_ROWS = 4096  # query rows (of head 0, against all keys) `error_parts` runs on: a (4096, T) fp32 logits tile
 
 

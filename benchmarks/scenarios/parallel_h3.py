@@ -1,6 +1,6 @@
 """Context parallelism on the full MiniMax-H3 transformer (33.1B, random weights, bf16): one forward of the seeds' 10 s
 t2va packing (52,648 rows, `forward_h3`'s inputs) split by Ulysses over 2, 4 and 8 GPUs, against the same forward on one
-GPU, alone and stacked with the `exact-fast` profile (issue 27's first run).
+GPU, alone and stacked with the `exact-fast` profile.
 
 One torchrun launch per world size in `PARALLEL_H3_WORLDS` (default "2,4,8", those the machine holds; each launch builds
 its own copies of the model, so one world size per device call is the safe size, e.g. PARALLEL_H3_WORLDS=8). In each,

@@ -202,8 +202,8 @@ class CappedRequests:
 
     def expected(self, arm: str) -> float:
         """About how long `arm`'s part takes: an A/B/A of r rounds is r + 1 resident requests and r of the arm's, each
-        at the resident request's time t times the arm's slowdown (the plan ~1.0x resident as measured; diffusers'
-        group offloading 0.87-0.94x at the H3 and Wan-1.3B caps measured, taken as 1.2x), plus its installs."""
+        at the resident request's time t times the arm's assumed slowdown (the plan 1.1x, group offloading 1.2x:
+        above what the request-capped records show), plus its installs."""
         t, r = self.request_s(), self.rounds
         return {"plan": (r + 1) * t + 1.1 * r * t + 20 * r, "group_offload": (r + 1) * t + 1.2 * r * t + 40 * r,
                 "model_cpu_offload": t + 60, "sequential_cpu_offload": 4.5 * t + 60}[arm]  # fmt: skip

@@ -4,9 +4,9 @@ both resident, ~57 GB in bf16; random weights; 480x832, 81 frames; CFG 4; UniPC 
 
 - `speed`: whole requests through `Session.generate`, stock against the `exact-fast` profile: one untimed pilot per
   arm, then A/B/A rounds (`request_wan.compare_requests`): total and per-stage medians, peak memory per stage, the
-  pilots' receipts and latent relative L2. At 40 steps a request is 80 forwards of ~1.7 PFLOP (about 5 minutes on an
-  H200 at the throughput request-wan measured), so an A/B/A of whole requests cannot fit a 10-minute device call:
-  the part runs `WAN22_STEPS` steps (default 4, about 7 minutes with pilots and 3 rounds). The boundary
+  pilots' receipts and latent relative L2. At 40 steps a request is 80 forwards of ~1.7 PFLOP, minutes each on one
+  GPU, so an A/B/A of whole 40-step requests would take the better part of an hour: the part runs `WAN22_STEPS` steps
+  (default 4). The boundary
   stays the same noise level (timestep 875 of 1000) on the same shifted schedule, so the high-noise expert keeps
   about the same share of the steps, up to the coarser discretisation; `shape.experts` gives the split at the
   measured steps and at 40 (4 steps: 3 high + 1 low; 40 steps: 26 + 14). The ratio is that of a reduced-steps
@@ -19,12 +19,10 @@ both resident, ~57 GB in bf16; random weights; 480x832, 81 frames; CFG 4; UniPC 
   same process (once per process, before its first cache part): latent relative L2, PSNR, minimum-frame SSIM and the
   default budget's verdict (`workbench.quality.compare`), each expert's computed/reused decisions per CFG branch, the
   request steps each skipped, and the request seconds (one run each: indicative, no CI). Each mode is its own part, so
-  at 40 steps (a dense request alone is ~4.5 minutes) a device call holds the dense request and one or two cached
-  ones. Both arms keep the cache state per expert (one hook per denoiser); they differ in which steps the options
+  a run with `--max-seconds` can stop and resume between them. Both arms keep the cache state per expert (one hook per denoiser); they differ in which steps the options
   force dense, so this does not reproduce a cache that carries one expert's state into the other's steps.
 
-`WAN22_PARTS` (default `speed,cache`) picks the parts: `cache` alone runs the cache parts without the speed part
-(at 40 steps its A/B/A of whole requests, ~9 minutes for one round without pilots, does not fit a 10-minute call).
+`WAN22_PARTS` (default `speed,cache`) picks the parts: `cache` alone runs the cache parts without the speed part.
 
 The parts run in chunks across device calls: after each part (a step of `workbench.evidence.resume.Journal`) the
 partial record `<out>/request-wan22/calibrate.partial.json` is rewritten; with `--max-seconds S` the run stops before a

@@ -24,7 +24,7 @@ from workbench.kernels import (
     relayout,
     rms_norm_silu,
 )
-from workbench.kernels.targets import TARGETS, built_for, compile_for, compiled_for, record, target_for
+from workbench.kernels.targets import TARGETS, built_for, compile_for, compiled_for, record
 
 B, T, H, D = 1, 1024, 12, 128
 C = H * D
@@ -188,10 +188,6 @@ def test_fp8_attention_takes_one_launch_per_card_and_is_refused_below_sm_89():
             pytest.raises(RuntimeError, match=f"fp8_attention: FP8 .* needs compute capability 8.9.*{target}"),
         ):
             fp8_attention.fp8_attention(heads[:, :1, :64], heads[:, :1, :64], heads[:, :1, :64])
-
-
-def test_target_for_names_the_supported_capabilities():
-    assert target_for((8, 9)).name == "sm_89" and target_for(90).name == "sm_90" and target_for((7, 5)) is None
 
 
 def _ptx(launch) -> str:

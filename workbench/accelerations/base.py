@@ -238,9 +238,9 @@ class Receipt:
         if expert is not None:
             _add(self.expert_counters, self.traced_counters, f"{expert}/{key}", n)
 
-    def count_fallback(self, reason: str, n: int = 1) -> None:
-        """`fallbacks[reason] += n`, also inside compiled code (see the class docstring)."""
-        _add(self.fallbacks, self.traced_fallbacks, reason, n)
+    def count_fallback(self, reason: str) -> None:
+        """`fallbacks[reason] += 1`, also inside compiled code (see the class docstring)."""
+        _add(self.fallbacks, self.traced_fallbacks, reason, 1)
 
     def fold(self) -> None:
         """Move the counts made in compiled code into `counters` / `fallbacks` (one host read per tensor)."""

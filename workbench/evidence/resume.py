@@ -116,7 +116,7 @@ class Journal:
         self.steps: list[dict[str, Any]] = []
         self.references: list[dict[str, str]] | None = None
         self.session = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
-        self.commit = os.environ.get("WORKBENCH_COMMIT") or environment.git_revision()["commit"]
+        self.commit = environment.git_revision()["commit"]
         self.start, self.cursor, self.new, self.longest = time.perf_counter(), 0, 0, {}
         if self.path is not None and self.path.exists():
             record = read_partial(self.path)

@@ -183,15 +183,13 @@ def aba_rounds(
     baseline: tuple[str, Callable[[], float]],
     candidates: dict[str, Callable[[], float]],
     rounds: int,
-    on_round: Callable[[Rounds], None] | None = None,
     stop: Callable[[Rounds], bool] | None = None,
 ) -> Rounds:
     """Up to `rounds` rounds of B1, A, B2, A, ... after one first A: each callable runs one visit of its arm and
     returns its seconds; `1 + rounds * len(candidates)` baseline visits in all.
 
     A candidate whose visit raises is recorded in `errors` and left out of later rounds; a failing baseline
-    visit raises (nothing can be paired without it). `on_round` sees the partial result after every round;
-    `stop`, asked after every round but the last, ends the rounds early when it returns True (a time limit).
+    visit raises (nothing can be paired without it). `stop`, asked after every round but the last, ends the rounds early when it returns True (a time limit).
     """
     if rounds < 1:
         raise ValueError(f"rounds: must be >= 1, got {rounds}")
@@ -215,8 +213,6 @@ def aba_rounds(
             result.seconds[name].append(after)
             result.paired_baseline[candidate].append((before + after) / 2)
             before = after
-        if on_round is not None:
-            on_round(result)
         if stop is not None and round_index < rounds - 1 and stop(result):
             break
     return result

@@ -86,12 +86,12 @@ def owners(tiles: int, world: int) -> list[int]:
 
 
 def tiled_decode(
-    vae: Any, z: torch.Tensor, tiling: Tiling, receipt: Any = None, group: Any = None
+    vae: Any, z: torch.Tensor, tiling: Tiling, receipt: Any = None
 ) -> torch.Tensor:  # z: (B, C, T, H, W) latents -> (B, 3, T_out, H*8, W*8) clamped to [-1, 1]
-    """diffusers 0.42.1 `AutoencoderKLWan.tiled_decode` with `tiling`, each tile decoded by one rank of `group`.
+    """diffusers 0.42.1 `AutoencoderKLWan.tiled_decode` with `tiling`, each tile decoded by one rank.
 
-    Every rank of the group must call it with the same `z`; every rank returns the whole blended video."""
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    Every rank of the default process group must call it with the same `z`; every rank returns the whole blended video."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     _, _, num_frames, height, width = z.shape
     ratio = vae.spatial_compression_ratio
     sample_height, sample_width = height * ratio, width * ratio
@@ -128,12 +128,12 @@ def tiled_decode(
         if tile is not None:
             meta[t, :5] = torch.tensor(tile.shape)
             meta[t, 5] = DTYPES.index(tile.dtype)
-    dist.all_reduce(meta, group=group)
+    dist.all_reduce(meta)
     for t, who in enumerate(owner):
         if decoded[t] is None:
             shape, dtype = meta[t, :5].tolist(), DTYPES[int(meta[t, 5])]
             decoded[t] = torch.empty(shape, dtype=dtype, device=z.device)
-        dist.broadcast(decoded[t], src=dist.get_global_rank(group, who) if group is not None else who, group=group)
+        dist.broadcast(decoded[t], src=who)
     if receipt is not None:
         receipt.counters["parallel_decodes"] += 1
         receipt.counters["decode_tiles"] += owner.count(rank)
