@@ -204,9 +204,9 @@ def test_cli_plugin_configs_and_rounds_are_refused_before_the_model_loads(
 
 
 def test_cli_generate_output_names_are_refused_before_the_model_loads(tmp_path, capsys, no_model):
-    """An empty --out (it would be the current directory), a --name with a folder part, and a folder where one of the
-    outputs goes (publishing onto it would fail after the set's commit point) are refused in one line before loading,
-    with nothing written; a card's name is a --memory cap."""
+    """An empty --out (it would be the current directory), a --name with a folder part, too long or not UTF-8 text,
+    and a folder where one of the outputs goes (publishing onto it would fail after the set's commit point) are
+    refused in one line before loading, with nothing written; a card's name is a --memory cap."""
     base = COMMANDS["generate"]
     with pytest.raises(SystemExit) as refused:
         main([*base, "--out", ""])
@@ -216,6 +216,9 @@ def test_cli_generate_output_names_are_refused_before_the_model_loads(tmp_path, 
     assert "--name: must be a plain file stem" in _one_line_error(capsys, "generate") and not out.exists()
     assert main([*base, "--out", str(out), "--name", "a" * 300]) == 2  # longer than a file name may be
     assert "--name: 'aaaaaaaaaaaaaaaaaaaaaaaa'... is 300 bytes, too long" in _one_line_error(capsys, "generate")
+    assert not out.exists()
+    assert main([*base, "--out", str(out), "--name", "a\udc80"]) == 2  # $'a\x80': a byte UTF-8 cannot decode
+    assert "--name: 'a\\udc80' holds '\\udc80', which UTF-8 cannot encode" in _one_line_error(capsys, "generate")
     assert not out.exists()
     (out / "result.json").mkdir(parents=True)
     assert main([*base, "--out", str(out)]) == 2

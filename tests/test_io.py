@@ -3,6 +3,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,12 +85,18 @@ def test_write_set_bad_names_raise_before_writing(tmp_path):
 
 @pytest.mark.parametrize(
     ("stem", "message"),
-    [("x\x00y", "holds a NUL character"), ("\ud800", "cannot encode"), ("a" * 300, "bytes, too long for a file name")],
+    [
+        ("x\x00y", "holds a NUL character"),
+        ("\ud800", "cannot encode"),
+        ("a\udc80", "holds '\\\\udc80', which UTF-8 cannot encode; allowed: UTF-8 text"),  # $'a\x80' on a command line
+        ("a" * 300, "bytes, too long for a file name"),
+    ],
 )
 def test_stems_and_names_no_file_system_takes_are_refused_by_name_before_writing(tmp_path, stem, message):
-    """What Result.save and the CLI's --name check run on: a NUL, an unencodable character or a name longer than a
-    file name may be is a ValueError naming the field (not an OS error after the work), and write_set refuses the
-    same file names before it creates the folder. The longest stem accepted leaves room for a suffix and the
+    """What Result.save and the CLI's --name check run on: a NUL, a character UTF-8 or the file system cannot encode
+    (an undecodable byte arrives as a lone surrogate the file system takes, but no UTF-8 record can) or a name longer
+    than a file name may be is a ValueError naming the field (not an OS error after the work), and write_set refuses
+    the same file names before it creates the folder. The longest stem accepted leaves room for a suffix and the
     temporary name of write_atomic."""
     with pytest.raises(ValueError, match=f"^--name: .*{message}"):
         check_stem(stem, "--name")
@@ -228,6 +235,47 @@ def test_write_set_killed_at_random_times_never_leaves_a_mix(tmp_path):
         assert sorted(p.name for p in folder.iterdir()) == sorted(NAMES), f"seed {seed}"
     write_set(folder, _payload(9))
     assert _versions(folder) == {"9"}
+
+
+@pytest.mark.parametrize(
+    "manifest", ['["../victim.txt"]', "garbage", "5", '[".."]', '["a/b"]', '["a\\\\b"]', '[""]', "[1]", "none", "link"]
+)
+def test_a_leftover_commit_folder_write_set_did_not_write_is_refused_and_nothing_moves(tmp_path, manifest):
+    """A commit folder whose manifest is not a JSON list of plain file names (or is missing, or that is a link) is
+    not a set write_set left: recover_sets, and so write_set and Result.save, refuse it naming the folder and how to
+    clear it, and move nothing (no file leaves the folder or enters it from elsewhere); once it is removed, writes go
+    on."""
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    commit = out / ".wbset-zzz.commit"
+    elsewhere.mkdir()
+    (elsewhere / "victim.txt").write_text("outside")
+    if manifest == "link":  # a valid manifest, in a folder outside `out`
+        (elsewhere / ".manifest.json").write_text('["victim.txt"]')
+        out.mkdir()
+        commit.symlink_to(elsewhere, target_is_directory=True)
+    else:
+        commit.mkdir(parents=True)
+        (commit / "b").write_text("leftover")
+        if manifest != "none":
+            (commit / ".manifest.json").write_text(manifest)
+    (out / "victim.txt").write_text("inside")
+    before = {p.relative_to(tmp_path): p.is_file() and p.read_text() for p in tmp_path.rglob("*")}
+    clear = (
+        rf"^directory: {re.escape(str(commit))}.*not written by workbench\.io\.write_set, so nothing was moved: remove"
+    )
+    with pytest.raises(ValueError, match=clear):
+        recover_sets(out)
+    with pytest.raises(ValueError, match=clear):
+        write_set(out, {"victim.txt": b"new"})
+    with pytest.raises(ValueError, match=clear):
+        workbench.Result(np.zeros((2, 16, 16, 3), np.uint8), None, None, 8, None, {}, {}).save(out)
+    assert {p.relative_to(tmp_path): p.is_file() and p.read_text() for p in tmp_path.rglob("*")} == before
+    if manifest == "link":
+        commit.unlink()
+    else:
+        shutil.rmtree(commit)
+    write_set(out, {"victim.txt": b"new"})
+    assert sorted(os.listdir(out)) == ["victim.txt"] and (out / "victim.txt").read_text() == "new"
 
 
 def test_recover_sets_removes_write_atomic_leftovers_of_dead_writers(tmp_path):

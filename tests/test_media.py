@@ -75,3 +75,20 @@ def test_result_save_writes_strict_json_with_numpy_numbers(tmp_path):
     with pytest.raises(ValueError, match="name: must be a plain file stem"):
         result.save(tmp_path, "../escape")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.html", "clip.json", "clip.mp4"]
+
+
+def test_encode_refuses_non_finite_audio_and_fps_naming_the_field():
+    """PyAV answers NaN samples or a zero/negative frame rate with a bare 'Invalid argument' (or, for fps 0, writes a
+    file no player can time): each is a ValueError naming the field before anything is encoded."""
+    frames = np.zeros((2, 8, 8, 3), np.uint8)
+    audio = np.zeros((2, 2048), np.float32)
+    audio[1, 5], audio[0, 7] = np.nan, -np.inf
+    with pytest.raises(
+        ValueError, match=r"^audio: 2 of 4096 samples are NaN/inf; allowed: finite samples in \[-1, 1\]"
+    ):
+        encode_mp4(frames, 8, audio, 16000)
+    for fps in (0, -5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"^fps: expected a finite number of frames per second > 0"):
+            encode_mp4(frames, fps)
+    with pytest.raises(ValueError, match=r"^fps: 0\.0001 is below the 1/1000"):
+        encode_mp4(frames, 0.0001)

@@ -4,11 +4,13 @@ evidence refuses."""
 import functools
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from workbench import Request, Session
 from workbench.evidence.harness import qualify
+from workbench.media import verify_mp4
 
 REQUEST = Request("a red circle moves left", seed=4, steps=2, frames=9, height=32, width=32)
 
@@ -34,6 +36,11 @@ def _poison(module):
 @pytest.fixture(scope="module")
 def wan():
     return Session.open("tiny-wan", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def ltx2():
+    return Session.open("tiny-ltx2", device="cpu")
 
 
 def test_nan_latents_raise_naming_denoise(wan):
@@ -92,14 +99,41 @@ def test_non_finite_frames_raise_naming_video_decode(wan, monkeypatch):
         wan.generate(REQUEST, progress=False)
 
 
-def test_non_finite_audio_raises_naming_audio_decode():
-    session = Session.open("tiny-ltx2", device="cpu")
-    handle = _poison(session.model.pipeline.vocoder)
+def test_non_finite_audio_raises_naming_audio_decode(ltx2):
+    handle = _poison(ltx2.model.pipeline.vocoder)
     try:
         with pytest.raises(RuntimeError, match=r"audio_decode produced non-finite audio \(\d+ of \d+ values"):
-            session.generate(REQUEST, progress=False)
+            ltx2.generate(REQUEST, progress=False)
     finally:
         handle.remove()
+
+
+def test_allowed_non_finite_audio_is_marked_then_made_finite_so_it_saves_and_shows(ltx2, tmp_path):
+    """Like the frames, the audio of an allowed non-finite result carries NaN as silence and +-inf as full scale:
+    the record still says the decoder produced NaN/inf and how many, and the result saves and shows (PyAV refuses
+    NaN samples)."""
+    handle = _poison(ltx2.model.pipeline.vocoder)
+    try:
+        result = ltx2.generate(REQUEST, progress=False, allow_non_finite=True)
+    finally:
+        handle.remove()
+    assert result.finite is False
+    inf_at = np.zeros(result.audio.size, bool)
+    inf_at[1::7] = True  # where _poison wrote inf (over its NaN where both fall)
+    nan_at = np.zeros_like(inf_at)
+    nan_at[::3] = True
+    nan_at &= ~inf_at
+    note = f"audio_decode produced non-finite audio ({(nan_at | inf_at).sum()} of {inf_at.size} values NaN/inf)"
+    assert result.metadata["non_finite"] == [note]  # what the decoder produced, counted before it was replaced
+    assert result.audio.dtype == np.float32 and np.isfinite(result.audio).all()
+    flat = result.audio.reshape(-1)
+    assert (flat[nan_at] == 0).all() and (flat[inf_at] == 1).all()  # NaN: silence; inf: full scale
+    mp4 = result.save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.html", "result.json", "result.mp4"]
+    assert json.loads((tmp_path / "result.json").read_text())["metadata"]["non_finite"] == [note]
+    report = verify_mp4(mp4, expect_frames=REQUEST.frames, expect_audio_seconds=result.audio_seconds)
+    assert report.audio_finite and report.audio_channels == result.audio.shape[0]
+    assert "data:video/mp4;base64," in result._repr_html_()
 
 
 def test_allow_non_finite_must_be_bool(wan):

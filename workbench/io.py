@@ -18,6 +18,12 @@ A kill during step 4 leaves a commit folder beside a half-published set: `recove
 `write_set` and available to readers) sees it and moves the remaining files, so the folder then holds the
 complete new set; a staging folder without a commit is deleted, which leaves the complete old set. One writer
 per set at a time: a second writer that finds another's commit folder mid-publish raises RuntimeError.
+
+A commit folder is trusted only as far as it checks out: a real folder (not a link) whose manifest is a JSON
+list of plain file names (one path component each: not hidden, so no `.`/`..`, and no `/`, `\\` or NUL), or
+an empty folder (a publish finished but for its removal).
+`write_set` never leaves any other kind; for one that fails this, `recover_sets` moves and deletes nothing and
+raises ValueError naming the folder and how to clear it, so no file is ever moved across the folder's edge.
 """
 
 from __future__ import annotations
@@ -59,10 +65,11 @@ def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Pa
     After this returns, or after any kill followed by `recover_sets(directory)` (which every `write_set`
     runs first), `directory` holds either all of the previous versions of these files or all of the new
     ones, and no staging folders or temporary files. `directory` is created if missing. Names must be plain
-    file names (no folder part, not hidden, not `.`/`..`, no NUL, no longer than `directory`'s file system takes),
-    and a name whose path exists must be a regular file (not a folder or a link): each is a ValueError naming
-    `files` before anything is written. A `directory` that is not a path, or that cannot be created (a file in
-    the way, a file as its parent, no permission), is a ValueError naming `directory`, with nothing created.
+    file names (no folder part, not hidden, not `.`/`..`, no NUL, UTF-8 text, no longer than `directory`'s file
+    system takes), and a name whose path exists must be a regular file (not a folder or a link): each is a
+    ValueError naming `files` before anything is written. A `directory` that is not a path, or that cannot be
+    created (a file in the way, a file as its parent, no permission), is a ValueError naming `directory`, with
+    nothing created; so is a leftover commit folder there that `recover_sets` refuses, with nothing written.
     """
     if not files:
         raise ValueError("files: at least one file is required")
@@ -98,7 +105,7 @@ def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Pa
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     _fsync_directory(directory)
-    _publish(commit)
+    _publish(commit, sorted(files))
     return {name: directory / name for name in files}
 
 
@@ -126,10 +133,11 @@ _DEVICE_NAMES = frozenset(
 
 def check_stem(name: object, field: str = "name", directory: str | Path | None = None) -> str:
     """`name` if it is a plain file stem; else ValueError naming `field`. A plain stem is a non-empty str with no
-    folder part, not hidden, holding no character a file name cannot (NUL, one the file-system encoding cannot
-    write), and short enough that every file written from it fits one file name: the stem, a suffix of up to
-    SUFFIX_MAX bytes and write_atomic's temporary name around them within the limit of `directory`'s file system
-    (NAME_MAX bytes when no `directory` is given or the platform cannot say). It is also portable, so the files
+    folder part, not hidden, holding no character a file name cannot (NUL; one UTF-8 cannot encode, such as the
+    lone surrogate Python puts for an undecodable byte; one the file-system encoding cannot write), and short
+    enough that every file written from it fits one file name: the stem, a suffix of up to SUFFIX_MAX bytes and
+    write_atomic's temporary name around them within the limit of `directory`'s file system (NAME_MAX bytes when
+    no `directory` is given or the platform cannot say). It is also portable, so the files
     can be copied to any machine: no control character or one of <>:"|?*, no Windows device name (CON, COM1, ...
     before any suffix), and no trailing dot or space (Windows drops them)."""
     if not isinstance(name, str) or not name.strip() or "/" in name or "\\" in name or name.startswith("."):
@@ -146,11 +154,16 @@ def check_stem(name: object, field: str = "name", directory: str | Path | None =
 
 
 def _check_file_name(name: str, extra: int, field: str, directory: str | Path | None) -> None:
-    """ValueError naming `field` when `name` holds a character no file name can (NUL, one the file-system
-    encoding cannot write), or when `name` plus the `extra` bytes a writer adds to it is longer than a file name
-    of `directory`'s file system may be."""
+    """ValueError naming `field` when `name` holds a character no file name can (NUL; one UTF-8 cannot encode,
+    since names also go into UTF-8 records and pages; one the file-system encoding cannot write), or when `name`
+    plus the `extra` bytes a writer adds to it is longer than a file name of `directory`'s file system may be."""
     if "\0" in name:
         raise ValueError(f"{field}: {name!r} holds a NUL character; allowed: file names without NUL")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate, e.g. an undecodable byte of a command line
+        bad = error.object[error.start : error.end]
+        raise ValueError(f"{field}: {name!r} holds {bad!r}, which UTF-8 cannot encode; allowed: UTF-8 text") from None
     try:
         size = len(os.fsencode(name))
     except UnicodeEncodeError as error:
@@ -209,16 +222,29 @@ def check_writable(directory: str | Path, field: str = "out") -> Path:
 def recover_sets(directory: str | Path) -> list[Path]:
     """Finish every set whose publishing was interrupted after its commit point (moves its remaining files
     into place) and delete staging folders and `write_atomic` temporaries left by writers that no longer
-    run. Returns the paths of the sets finished. A missing `directory` is nothing to recover."""
+    run. Returns the paths of the sets finished. A missing `directory` is nothing to recover.
+
+    Every commit folder is checked before anything moves: one that is a link, holds files but no manifest, or
+    whose manifest is unreadable, not JSON or not a list of plain file names (one path component each, not hidden,
+    no `..`, no `/`, `\\` or NUL), was not written by `write_set`. Then nothing is moved or deleted, and a
+    ValueError names `directory`, the folder and how to clear it (remove that folder, or write elsewhere)."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
+    entries = sorted(directory.iterdir())
+    commits = [
+        (entry, _manifest(entry))
+        for entry in entries
+        if entry.name.startswith(_PREFIX) and entry.name.endswith(".commit") and (entry.is_dir() or entry.is_symlink())
+    ]
     finished = []
-    for entry in sorted(directory.iterdir()):
+    for commit, names in commits:
+        finished += [directory / n for n in _publish(commit, names)]
+    for entry in entries:
         name = entry.name
-        if name.startswith(_PREFIX) and name.endswith(".commit") and entry.is_dir():
-            finished += [directory / n for n in _publish(entry)]
-        elif name.startswith(_PREFIX) and ".tmp-" in name and _dead(name.split(".tmp-")[-1].split("-")[0]):
+        if name.startswith(_PREFIX) and name.endswith(".commit"):
+            continue  # finished above
+        if name.startswith(_PREFIX) and ".tmp-" in name and _dead(name.split(".tmp-")[-1].split("-")[0]):
             shutil.rmtree(entry, ignore_errors=True)
         elif name.startswith(".") and ".tmp-" in name and entry.is_file() and _dead(name.rsplit("-", 1)[-1]):
             entry.unlink(missing_ok=True)  # a write_atomic temporary of a killed writer
@@ -265,14 +291,51 @@ def _key(key: Any, where: str) -> str:
     return str(json_value(key, where))
 
 
-def _publish(commit: Path) -> list[str]:
-    """Move a committed set's files into place and remove its folder. Idempotent, and safe when another
-    process (a `recover_sets` elsewhere) publishes the same commit at the same time: every file it moves is
-    the new version, and a file or manifest already gone was moved by the other."""
+def _manifest(commit: Path) -> list[str]:
+    """The file names `commit`'s manifest lists; [] when the folder is empty or gone (another process published
+    the set and is removing the folder: the manifest is the last file left). ValueError naming `directory` (the
+    folder `commit` is in) when `commit` is a link, holds files but no manifest, or its manifest is unreadable, not
+    JSON, or not a list of plain file names: not a set `write_set` wrote."""
+    clear = f"it was not written by workbench.io.write_set, so nothing was moved: remove {commit} or write elsewhere"
+    if commit.is_symlink():
+        raise ValueError(f"directory: {commit} is a link, not a set folder; {clear}")
     try:
         names = json.loads((commit / MANIFEST).read_bytes())
     except FileNotFoundError:
-        names = []
+        try:
+            left = next(commit.iterdir(), None)
+        except OSError:  # the folder is gone too
+            return []
+        if left is None:
+            return []
+        raise ValueError(f"directory: {commit} holds {left.name!r} but no {MANIFEST}; {clear}") from None
+    except (OSError, ValueError) as error:  # ValueError: not JSON, or not UTF-8
+        raise ValueError(f"directory: {commit / MANIFEST} is not a readable JSON manifest ({error}); {clear}") from None
+    if not isinstance(names, list) or not all(_plain_name(name) for name in names):
+        raise ValueError(
+            f"directory: {commit / MANIFEST} holds {json.dumps(names)[:80]}; allowed: a JSON list of plain file "
+            f"names (one path component each, not hidden, no '..', no '/', '\\' or NUL); {clear}"
+        )
+    return names
+
+
+def _plain_name(name: object) -> bool:
+    """Whether `name` is a file name a set may hold: a non-empty str that is one path component (no `/`, `\\`
+    or NUL) and not hidden (so not `.` or `..`)."""
+    return (
+        isinstance(name, str)
+        and name != ""
+        and name == Path(name).name
+        and not name.startswith(".")
+        and not any(c in name for c in "/\\\0")
+    )
+
+
+def _publish(commit: Path, names: list[str]) -> list[str]:
+    """Move a committed set's files (`names`, as `_manifest` checked them) into place and remove its folder;
+    returns `names`. Idempotent, and safe when another process (a `recover_sets` elsewhere) publishes the same
+    commit at the same time: every file it moves is the new version, and a file already gone was moved by the
+    other."""
     for name in names:
         with contextlib.suppress(FileNotFoundError):
             os.replace(commit / name, commit.parent / name)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import math
+import numbers
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -12,17 +14,32 @@ import numpy as np
 BLACK_LUMA = 16.0 / 255.0  # mean luma at or below this counts as a black frame
 
 
+def check_fps(fps: object, field: str = "fps") -> float:
+    """`fps` as a float if it is a finite real number > 0 (not a bool); else ValueError naming `field`."""
+    if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not math.isfinite(fps) or fps <= 0:
+        raise ValueError(f"{field}: expected a finite number of frames per second > 0, got {fps!r}")
+    return float(fps)
+
+
 def encode_mp4(frames: np.ndarray, fps: int, audio: np.ndarray | None = None, sample_rate: int | None = None) -> bytes:
-    """Encode uint8 frames (T, H, W, 3) and optional float audio (C, N) in [-1, 1] to MP4 bytes."""
+    """Encode uint8 frames (T, H, W, 3) and optional float audio (C, N) in [-1, 1] (louder samples are clipped) to
+    MP4 bytes. `fps` must be finite and > 0, and not round to 0 as the time base's fraction (denominator at most
+    1000); audio must be finite: anything else is a ValueError naming the field before anything is encoded."""
     if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
         raise ValueError(f"frames: expected uint8 (T, H, W, 3), got {frames.dtype} {frames.shape}")
+    rate = Fraction(check_fps(fps)).limit_denominator(1000)
+    if rate <= 0:
+        raise ValueError(f"fps: {fps!r} is below the 1/1000 the encoder's time base can hold")
     if audio is not None and (sample_rate is None or audio.ndim != 2 or audio.shape[0] not in (1, 2)):
         raise ValueError(f"audio: expected (C, N) with C in 1..2 and a sample_rate, got {audio.shape}")
+    if audio is not None and not np.isfinite(audio).all():
+        bad = int((~np.isfinite(audio)).sum())
+        raise ValueError(f"audio: {bad} of {audio.size} samples are NaN/inf; allowed: finite samples in [-1, 1]")
     buffer = io.BytesIO()
     import av  # loaded on first encode: GPU benchmark runs carry no PyAV wheel
 
     with av.open(buffer, mode="w", format="mp4") as container:
-        video = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
+        video = container.add_stream("libx264", rate=rate)
         video.width, video.height = frames.shape[2] + frames.shape[2] % 2, frames.shape[1] + frames.shape[1] % 2
         video.pix_fmt = "yuv420p"
         video.options = {"crf": "18", "preset": "medium"}

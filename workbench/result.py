@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from workbench.io import check_path, check_stem, json_bytes, write_set
-from workbench.media import encode_mp4
+from workbench.media import check_fps, encode_mp4
 from workbench.telemetry import Event
 
 VISIBLE_SIDE = 256  # px: a video in a report or notebook shows at least this on its long side
@@ -40,8 +40,11 @@ class Result:
     """`frames` uint8 (T, H, W, 3); `audio` float32 (C, N) or None; `timings` seconds per stage; `memory` peak
     CUDA bytes allocated per stage (CUDA only: `{}` on CPU and other devices); `receipts` what each acceleration
     actually executed; `exact` False once an approximate acceleration ran; `finite` False when latents, frames
-    or audio held NaN/inf (only returned when the caller allowed it; `metadata["non_finite"]` names the stages).
-    Its text repr is a one-line summary (no pixels); in a notebook it shows as HTML with the video."""
+    or audio held NaN/inf (only returned when the caller allowed it; `metadata["non_finite"]` names the stages and
+    counts the values as produced; the frames and audio returned then carry NaN as black and silence and +-inf as
+    full scale, so they encode; the latents are kept as they were). `fps` must be a finite number > 0 (ValueError
+    naming `fps` otherwise); the other fields are taken as given. Its text repr is a one-line summary (no pixels);
+    in a notebook it shows as HTML with the video."""
 
     frames: np.ndarray
     audio: np.ndarray | None
@@ -56,6 +59,9 @@ class Result:
     metadata: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_fps(self.fps)
 
     @property
     def audio_seconds(self) -> float | None:

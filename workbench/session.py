@@ -345,7 +345,9 @@ class Session:
         }
         return Result(
             frames=_to_uint8(np.nan_to_num(frames, nan=0.0) if non_finite else frames),  # NaN: black, said so
-            audio=None if audio is None else audio.float().cpu().numpy(),
+            audio=None
+            if audio is None
+            else np.nan_to_num(audio.float().cpu().numpy(), nan=0.0, posinf=1.0, neginf=-1.0),  # NaN: silence, said so
             sample_rate=self._sample_rate() if audio is not None else None,
             fps=request.fps,
             latents=None if clock.latents is None else clock.latents.detach().float().cpu(),
@@ -434,7 +436,7 @@ def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
-    if dtype in DTYPES:
+    if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
     raise ValueError(f"dtype: {dtype!r}; allowed: {sorted(DTYPES)}")
 
