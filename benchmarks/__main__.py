@@ -3,10 +3,13 @@
 
 `run` measures each scenario in this process and writes `<out>/<scenario>.json` (benchmarks/envelope.py) as soon as
 it is done; `<out>` is `--out`, else $BENCHMARKS_OUT when set (benchmarks/device/setup.sh sets it to the device
-call's $OUT, the folder that comes back), else benchmarks/results. A scenario that declares `ALLOCATOR` (the capped
-ones: `expandable_segments:True`, which torch reads once, when CUDA starts) needs it in PYTORCH_CUDA_ALLOC_CONF: on
-a GPU `run` starts itself again with it added when it is missing (`allocator_env`), and refuses to mix such
-scenarios with others in one process. A scenario that fails is reported and the next one still runs (exit status 1
+call's $OUT, the folder that comes back), else out/benchmarks-smoke for a `--smoke` run (git-ignored: a CPU smoke
+never replaces a committed record), else benchmarks/results. Bad options (`--rounds` < 1, a `--max-seconds` that is
+not a finite number >= 0, an `--out` that cannot be made or written) are usage errors (exit status 2, one line
+naming the flag) before anything runs. A scenario that declares `ALLOCATOR` (the capped ones:
+`expandable_segments:True`, which torch reads once, when CUDA starts) needs it in PYTORCH_CUDA_ALLOC_CONF: on a GPU
+`run` starts itself again with it added when it is missing (`allocator_env`), and refuses to mix such scenarios
+with others in one process. A scenario that fails is reported and the next one still runs (exit status 1
 if any failed). A scenario that runs in chunks (calibrate-wan) stops cleanly at `--max-seconds` with its partial
 state under `<out>`, says so, and writes no envelope: the same command continues it (exit status 0).
 `docs` regenerates docs/measurements.md and the README's generated blocks (plugin table, headline figures).
@@ -15,33 +18,64 @@ state under `<out>`, says so, and writes no envelope: the same command continues
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 RESULTS = Path(__file__).parent / "results"
+SMOKE_OUT = Path(__file__).parent.parent / "out" / "benchmarks-smoke"  # git-ignored (out/)
 DOCS = Path(__file__).parent.parent / "docs" / "measurements.md"
 README = Path(__file__).parent.parent / "README.md"
 
 
+def default_out(smoke: bool, environ: Mapping[str, str] | None = None) -> Path:
+    """Where `run` writes without `--out`: $BENCHMARKS_OUT when set and not empty (`environ`, default os.environ),
+    else SMOKE_OUT for a smoke run (a CPU smoke record must never replace a committed one), else RESULTS."""
+    given = (os.environ if environ is None else environ).get("BENCHMARKS_OUT")
+    if given:
+        return Path(given)
+    return SMOKE_OUT if smoke else RESULTS
+
+
+def check_options(rounds: int, max_seconds: float | None) -> None:
+    """ValueError naming the flag unless `rounds` is an integer >= 1 and `max_seconds` is None or a finite number
+    >= 0 (NaN compares false with every time, so a NaN limit would stop at once; no limit is None, not inf)."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"--rounds: must be an integer >= 1 (>= 3 for a CI95), got {rounds!r}")
+    if max_seconds is not None and (
+        isinstance(max_seconds, bool)
+        or not isinstance(max_seconds, int | float)
+        or not math.isfinite(max_seconds)
+        or max_seconds < 0
+    ):
+        raise ValueError(
+            f"--max-seconds: must be a finite number of seconds >= 0 (leave it out for no limit), got {max_seconds!r}"
+        )
+
+
 def run_scenario(name: str, out: Path, smoke: bool, rounds: int, max_seconds: float | None = None) -> Path:
-    """Run scenario `name` and write its envelope into `out`; returns the file. ValueError for an unknown name or
-    rounds < 1; RuntimeError when a full run has no CUDA device (or fewer than the scenario's GPUs); `Unfinished`
-    when a scenario run in chunks stopped at `max_seconds` (its partial state is under `out`).
+    """Run scenario `name` and write its envelope into `out`; returns the file. ValueError, before the scenario
+    starts, for an unknown name, bad `rounds` or `max_seconds` (`check_options`) or an `out` that cannot be made or
+    written (`workbench.io.check_writable`, which leaves nothing behind); RuntimeError when a full run has no CUDA
+    device (or fewer than the scenario's GPUs); `Unfinished` when a scenario run in chunks stopped at `max_seconds`
+    (its partial state is under `out`).
 
     A smoke run sets TRITON_INTERPRET=1 for the scenario only (the kernels are decorated at first launch, so this is
     early enough; worker processes it starts inherit it) and puts back the caller's value, or its absence, when the
     scenario returns or raises."""
     from benchmarks.envelope import Context, envelope, write
     from benchmarks.scenarios import SCENARIOS
+    from workbench.io import check_writable
 
     if name not in SCENARIOS:
         raise ValueError(f"scenario: unknown {name!r}; allowed: {sorted(SCENARIOS)}")
-    if rounds < 1:
-        raise ValueError(f"--rounds: must be >= 1 (>= 3 for a CI95), got {rounds}")
+    check_options(rounds, max_seconds)
+    check_writable(out, "--out")
     if smoke:
         device = torch.device("cpu")
     elif not torch.cuda.is_available():
@@ -87,15 +121,30 @@ def allocator_env(names: list[str], environ: dict[str, str]) -> dict[str, str] |
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring); returns the exit status. A usage error exits 2 (SystemExit)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description="the Vflash Workbench benchmark harness")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="measure scenarios, one results file each")
     run.add_argument("scenarios", nargs="+", metavar="SCENARIO")
-    default_out = Path(os.environ["BENCHMARKS_OUT"]) if os.environ.get("BENCHMARKS_OUT") else RESULTS
-    run.add_argument("--out", type=Path, default=default_out, help=f"results folder (default: {default_out})")
-    run.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the code, not the speed")
+    results, smoke_out = (os.path.relpath(path, Path(__file__).parent.parent) for path in (RESULTS, SMOKE_OUT))
+    run.add_argument(
+        "--out",
+        type=Path,
+        help=f"results folder (default: $BENCHMARKS_OUT when set, else {results}, or {smoke_out} with --smoke: a "
+        "smoke never replaces a committed record)",
+    )
+    run.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"tiny shapes on the CPU: checks the code, not the speed (writes to {smoke_out} unless --out or "
+        "$BENCHMARKS_OUT says otherwise)",
+    )
     run.add_argument("--rounds", type=int, default=3, help="A/B/A rounds (default 3, the least for a CI95)")
-    run.add_argument("--max-seconds", type=float, help="a scenario run in chunks stops cleanly after about this long")
+    run.add_argument(
+        "--max-seconds",
+        type=float,
+        help="a scenario run in chunks stops cleanly after about this long (finite, >= 0; default: no limit)",
+    )
     commands.add_parser("list", help="the scenarios")
     docs = commands.add_parser("docs", help="regenerate docs/measurements.md and the README's generated blocks")
     docs.add_argument("--results", type=Path, default=RESULTS)
@@ -120,6 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.scenarios if name not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; allowed: {sorted(SCENARIOS)}")
+    from workbench.io import check_writable
+
+    try:  # every option refused here, before anything runs (run_scenario checks the same again)
+        check_options(args.rounds, args.max_seconds)
+        args.out = check_writable(default_out(args.smoke) if args.out is None else args.out, "--out")
+    except ValueError as error:
+        parser.error(str(error))
     if not args.smoke and torch.cuda.is_available():  # is_available does not start CUDA's allocator
         try:
             environ = allocator_env(args.scenarios, dict(os.environ))

@@ -17,9 +17,10 @@ import ipywidgets
 import traitlets
 from IPython.display import HTML
 
-from workbench import Request, Result, Session
+from workbench import Request, Result, Session, environment
 from workbench.memory_plan import gib
 from workbench.models import SHIPPED_MODELS
+from workbench.request import INT_RANGES, integer
 
 from ._common import ErrorBox, StaticCopy
 from .audio import ABAudio
@@ -70,9 +71,24 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
     The buttons run their work on a background thread (the kernel stays responsive) and only set widget
     values from it; `open_model()`/`generate()` called from code run on the caller's thread and return. Every
     failure shows in the error box; none is a traceback.
+
+    Construction refuses, with a ValueError naming the parameter: a bare str for `session_or_model_names` (a
+    sequence of names is meant: `Dashboard(["tiny-wan"])`, not `Dashboard("tiny-wan")`), no names, and a `device`
+    that `workbench.environment.device` refuses as a value (`bogus`, None, `cpu:7`). A well-formed `cuda` on a
+    machine without CUDA is not refused here: the machine is asked when a model is opened, and the error box says so.
     """
 
     def __init__(self, session_or_model_names: Session | Sequence[str] = MODELS, device: str = "auto"):
+        if isinstance(session_or_model_names, str | bytes):
+            raise ValueError(
+                f"session_or_model_names: a bare {type(session_or_model_names).__name__} "
+                f"{session_or_model_names!r}; allowed: a Session or a sequence of model names, e.g. "
+                f"[{session_or_model_names!r}]"
+            )
+        try:
+            environment.device(device)  # its ValueError names `device` and the allowed values
+        except RuntimeError:  # CUDA asked for on a machine without it: Session.open says so in the error box
+            pass
         self.device = device
         self.session: Session | None = None
         self.results: list[tuple[str, Result]] = []  # at most the last two, oldest first
@@ -192,22 +208,28 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         return Request(self.prompt.value, seed=self.seed.value, **sizes)
 
     def set_request(self, prompt: str | None = None, seed: int | None = None, **sizes: int | None) -> None:
-        """Fill in the form from code (what a user would type); a size given None keeps the form's value (0 there:
-        the model's default)."""
+        """Fill in the form from code (what a user would type); a field given None keeps the form's value (a size of
+        0 there, or given: the model's default).
+
+        Every value is checked before any is set (a refused call changes nothing): `prompt` a str (a blank one is
+        refused when generating, as from the form), `seed` and the sizes integers (numpy integers taken, bools and
+        floats refused) in `Request`'s ranges (`workbench.request.integer`, `INT_RANGES`), a size also 0. A bad
+        value is a ValueError starting `request form: <field>: `."""
         unknown = sorted(set(sizes) - set(_FIELDS))
         if unknown:
             raise ValueError(f"request form: unknown field(s) {unknown}; allowed: {list(_FIELDS)}")
-        given = {"prompt": (self.prompt, prompt), "seed": (self.seed, seed)}
-        given |= {name: (self.fields[name], value) for name, value in sizes.items()}
-        for name, (widget, value) in given.items():
-            if value is None:
-                continue
-            try:
-                widget.value = value
-            except traitlets.TraitError:
-                kind = type(widget.value).__name__
-                article = "an" if kind[0] in "aeiou" else "a"
-                raise ValueError(f"request form: {name}: {value!r}; allowed: {article} {kind}") from None
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValueError(f"request form: prompt: {prompt!r}; allowed: a str")
+        checked: dict[str, tuple[traitlets.HasTraits, Any]] = {}
+        if prompt is not None:
+            checked["prompt"] = (self.prompt, prompt)
+        if seed is not None:
+            checked["seed"] = (self.seed, integer("request form: seed", seed, *INT_RANGES["seed"]))
+        for name, value in sizes.items():
+            if value is not None:  # 0: the model's default
+                checked[name] = (self.fields[name], integer(f"request form: {name}", value, 0, INT_RANGES[name][1]))
+        for widget, value in checked.values():
+            widget.value = value
 
     def generate(self) -> Result | None:
         """Run the form's request on the session (LiveStagePlot attached) and update the A/B area.

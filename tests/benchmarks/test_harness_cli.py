@@ -3,6 +3,7 @@
 import json
 import math
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -103,11 +104,19 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
 
 def test_run_writes_into_benchmarks_out_when_set_and_no_out_is_given(tmp_path, monkeypatch):
     """On the device, setup.sh sets BENCHMARKS_OUT to the call's $OUT: a `run` without --out writes there (its record
-    comes back), an explicit --out still wins, and unset or empty means benchmarks/results."""
+    comes back), an explicit --out still wins, and unset or empty means benchmarks/results for a full run but the
+    git-ignored out/benchmarks-smoke for a smoke (a CPU smoke record never replaces a committed GPU record)."""
     import benchmarks.__main__ as harness
 
+    root = Path(harness.__file__).resolve().parents[1]
+    assert harness.SMOKE_OUT.resolve() == root / "out" / "benchmarks-smoke"
+    assert harness.RESULTS.resolve() not in (harness.SMOKE_OUT.resolve(), *harness.SMOKE_OUT.resolve().parents)
+    assert "out/" in (root / ".gitignore").read_text().splitlines()
+    monkeypatch.setattr(harness, "RESULTS", tmp_path / "results")  # the defaults' folders, not the repository's
+    monkeypatch.setattr(harness, "SMOKE_OUT", tmp_path / "smoke")
     written = []
     monkeypatch.setattr(harness, "run_scenario", lambda name, out, *rest: written.append(out) or out / f"{name}.json")
+    monkeypatch.setattr(harness.torch.cuda, "is_available", lambda: False)  # a full run here: no allocator restart
     monkeypatch.setenv("BENCHMARKS_OUT", str(tmp_path / "device-out"))
     assert main(["run", "kernels", "--smoke"]) == 0
     assert main(["run", "kernels", "--smoke", "--out", str(tmp_path / "mine")]) == 0
@@ -115,7 +124,38 @@ def test_run_writes_into_benchmarks_out_when_set_and_no_out_is_given(tmp_path, m
     assert main(["run", "kernels", "--smoke"]) == 0
     monkeypatch.delenv("BENCHMARKS_OUT")
     assert main(["run", "kernels", "--smoke"]) == 0
-    assert written == [tmp_path / "device-out", tmp_path / "mine", harness.RESULTS, harness.RESULTS]
+    assert main(["run", "kernels"]) == 0
+    assert written == [tmp_path / "device-out", tmp_path / "mine", *[tmp_path / "smoke"] * 2, tmp_path / "results"]
+
+
+@pytest.mark.parametrize(
+    ("options", "flag"),
+    [
+        (["--rounds", "0"], "--rounds"),
+        (["--max-seconds", "nan"], "--max-seconds"),
+        (["--max-seconds", "inf"], "--max-seconds"),
+        (["--max-seconds", "-1"], "--max-seconds"),
+        (["--out", "{file}/results"], "--out"),
+    ],
+)
+def test_run_refuses_a_bad_option_with_one_usage_line_before_anything_runs(
+    options, flag, tmp_path, monkeypatch, capsys
+):
+    """`--rounds 0`, a NaN/inf/negative `--max-seconds` and an `--out` under a regular file exit 2 with one line
+    naming the flag, before any scenario starts (no traceback, nothing created)."""
+    import benchmarks.__main__ as harness
+
+    (tmp_path / "file").write_text("in the way")
+    started = []
+    monkeypatch.setattr(SCENARIOS["kernels"], "run", lambda context: started.append(context))
+    options = [option.format(file=tmp_path / "file") for option in options]
+    out = [] if flag == "--out" else ["--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as usage:
+        harness.main(["run", "kernels", "--smoke", *out, *options])
+    error = capsys.readouterr().err
+    assert usage.value.code == 2 and not started and "Traceback" not in error
+    assert error.strip().splitlines()[-1].startswith(f"python -m benchmarks: error: {flag}: "), error
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file"]
 
 
 def test_smoke_interprets_during_the_scenario_and_restores_the_callers_value_when_it_raises(tmp_path, monkeypatch):
@@ -137,11 +177,17 @@ def test_smoke_interprets_during_the_scenario_and_restores_the_callers_value_whe
     assert os.environ["TRITON_INTERPRET"] == "0" and not interpreting()
 
 
-def test_unknown_scenario_and_bad_rounds_raise(tmp_path):
+def test_unknown_scenario_and_bad_rounds_raise(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="scenario: unknown 'nope'"):
         run_scenario("nope", tmp_path, smoke=True, rounds=3)
     with pytest.raises(ValueError, match="--rounds"):
         run_scenario("kernels", tmp_path, smoke=True, rounds=0)
+    monkeypatch.setattr(SCENARIOS["kernels"], "run", lambda context: pytest.fail("ran with a bad option"))
+    with pytest.raises(ValueError, match=r"--max-seconds: must be a finite number of seconds >= 0.*got nan"):
+        run_scenario("kernels", tmp_path, smoke=True, rounds=3, max_seconds=math.nan)
+    (tmp_path / "file").write_text("in the way")
+    with pytest.raises(ValueError, match=r"--out: cannot write to .*file/results"):
+        run_scenario("kernels", tmp_path / "file" / "results", smoke=True, rounds=3)
 
 
 def test_full_run_without_cuda_refuses_and_parallel_needs_two_gpus(tmp_path):

@@ -59,7 +59,7 @@ def test_dashboard_bad_request_shows_error_not_traceback(wan):
         dash.set_request(prompt="  ")
         assert dash.generate() is None and "prompt" in dash.errors.value
         assert dash.results == []
-        with pytest.raises(ValueError, match="request form: frames: 'abc'; allowed: an int"):
+        with pytest.raises(ValueError, match=r"request form: frames: must be an integer in \[0, 1025\], got str 'abc'"):
             dash.set_request(frames="abc")  # what code (not the form) may hand it
     finally:
         dash.live.detach()
@@ -119,6 +119,26 @@ def test_dashboard_buttons_run_in_the_background(wan):
 def test_dashboard_rejects_no_models():
     with pytest.raises(ValueError, match="session_or_model_names"):
         Dashboard([])
+
+
+def test_dashboard_refuses_a_bare_name_a_bad_device_and_non_integer_sizes_up_front():
+    """A str is not a sequence of model names (it would list its letters), a device that is no device is refused at
+    construction (not later in the error box on open), and the form takes no float or bool where an integer is
+    meant (2.7 would be stored as 2, True as 1): each a ValueError naming the parameter or field, nothing changed."""
+    with pytest.raises(ValueError, match=r"session_or_model_names: a bare str 'tiny-wan'; allowed: .*\['tiny-wan'\]"):
+        Dashboard("tiny-wan", device="cpu")
+    for device in ("bogus", None, "cpu:7"):
+        with pytest.raises(ValueError, match=r"^device: .*allowed: auto, cpu, cuda, cuda:N"):
+            Dashboard(["tiny-wan"], device=device)
+    assert Dashboard(["tiny-wan"], device="cuda").device == "cuda"  # a machine without CUDA says so on open
+    dash = Dashboard(["tiny-wan"], device="cpu")
+    dash.set_request(seed=5, frames=np.int64(9), steps=0)  # numpy integers taken; 0: the model's default
+    assert (dash.seed.value, dash.fields["frames"].value, dash.fields["steps"].value) == (5, 9, 0)
+    assert type(dash.fields["frames"].value) is int
+    for field, bad in (("frames", 2.7), ("frames", True), ("steps", np.float32(4)), ("seed", -1), ("width", 5000)):
+        with pytest.raises(ValueError, match=rf"^request form: {field}: .*\[0, \d+\]"):
+            dash.set_request(**{"prompt": "changed", "seed": 7, field: bad})
+    assert dash.seed.value == 5 and dash.fields["frames"].value == 9 and dash.prompt.value != "changed"
 
 
 def test_dashboard_defaults_to_demo_av_and_lays_out_controls_first():
