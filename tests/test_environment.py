@@ -31,6 +31,17 @@ def test_git_revision_of_a_snapshot_inside_another_checkout_is_not_that_checkout
     assert environment.git_revision(snapshot) == {"commit": "feedface", "dirty": None}
 
 
+def test_device_past_the_last_cuda_device_is_refused_naming_the_ones_there(monkeypatch):
+    import pytest
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert environment.device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(RuntimeError, match=r"^device: 'cuda:2' requested but this machine has 2 CUDA device\(s\)"):
+        environment.device("cuda:2")
+
+
 def test_device_label_names_the_gpu_or_the_cpu_model_and_threads():
     import torch
 

@@ -110,8 +110,9 @@ def test_load_unknown_pipeline_class(saved_wan, tmp_path):
 
 
 def test_load_not_a_directory_or_not_a_diffusers_folder(tmp_path):
-    with pytest.raises(ValueError, match="neither a known name"):
-        resolve(tmp_path / "absent")
+    for absent in (tmp_path / "absent", tmp_path / ("x" * 5000)):  # the second is longer than a file name may be
+        with pytest.raises(ValueError, match="neither a known name"):
+            resolve(absent)
     with pytest.raises(ValueError, match=r"has no model_index.json .*a diffusers-format directory needs"):
         resolve(tmp_path)  # empty
 
@@ -166,6 +167,22 @@ def test_load_refuses_a_component_key_that_is_a_path(saved_wan, tmp_path, key):
     index[key] = index.pop("vae")
     (broken / "model_index.json").write_text(json.dumps(index))
     with pytest.raises(ValueError, match=rf"component key {re.escape(repr(key))} is not a plain folder name"):
+        resolve(broken)
+
+
+def test_load_refuses_a_mistyped_deeply_nested_or_looping_index_naming_the_file(saved_wan, tmp_path):
+    broken = _copy(saved_wan, tmp_path / "m")
+    _edit_index(broken, _class_name=["WanPipeline"])
+    with pytest.raises(ValueError, match=r"names pipeline \['WanPipeline'\]; supported"):
+        resolve(broken)
+    (broken / "model_index.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=r"model index .*model_index.json: not valid JSON"):
+        resolve(broken)
+    shutil.copy(saved_wan / "model_index.json", broken / "model_index.json")
+    weights = broken / "vae" / "diffusion_pytorch_model.safetensors"
+    weights.unlink()
+    weights.symlink_to(weights)  # a link to itself
+    with pytest.raises(ValueError, match=r"component file .*diffusion_pytorch_model.safetensors does not resolve"):
         resolve(broken)
 
 

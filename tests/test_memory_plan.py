@@ -3,6 +3,7 @@ fits, bit-equal to the resident session at it, with the plan's bytes moved equal
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -116,10 +117,23 @@ def test_planner_refuses_a_cap_too_small_naming_the_smallest_that_fits():
 
 @pytest.mark.parametrize(
     "value, expected",
-    [("48GiB", 48 * 2**30), ("24GB", 24 * 10**9), ("1.5 gib", 3 * 2**29), ("512MiB", 2**29), (4096, 4096)],
+    [
+        ("48GiB", 48 * 2**30),
+        ("24GB", 24 * 10**9),
+        ("1.5 gib", 3 * 2**29),
+        ("512MiB", 2**29),
+        (4096, 4096),
+        (np.int64(2**34), 2**34),
+    ],
 )
 def test_memory_strings_parse(value, expected):
-    assert parse_bytes(value) == expected
+    assert parse_bytes(value) == expected and type(parse_bytes(value)) is int
+
+
+@pytest.mark.parametrize("value", [10**400, 2**60 + 1, "99999999999TiB"])
+def test_memory_beyond_one_exbibyte_is_refused_naming_the_field(value):
+    with pytest.raises(ValueError, match=r"^memory: .* is more than 1 EiB; allowed"):
+        parse_bytes(value)
 
 
 def test_text_blocks_of_another_text_encoder_raises(sessions):

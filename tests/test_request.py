@@ -31,8 +31,18 @@ def test_request_bad_field_raises_naming_field(field, value):
 
 
 def test_request_empty_prompt_raises():
-    with pytest.raises(ValueError, match="^prompt: "):
-        Request("   ")
+    for blank in ("   ", "\x00", "\u200b\n"):
+        with pytest.raises(ValueError, match="^prompt: must hold a visible character"):
+            Request(blank)
+
+
+def test_request_keeps_a_str_subclass_own_text_not_what_its_str_returns():
+    class Sly(str):
+        def __str__(self):
+            return "\ud800" * 10
+
+    request = Request(Sly("a red circle"))
+    assert request.prompt == "a red circle" and type(request.prompt) is str
 
 
 @pytest.mark.parametrize("bad", ["image.png", np.zeros((8, 8, 3), np.float32), np.zeros((8, 8), np.uint8), [1, 2]])

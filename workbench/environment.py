@@ -54,7 +54,7 @@ def device(spec: str | torch.device = "auto") -> torch.device:
     or a `torch.device`.
 
     ValueError for anything else, a CPU with an index (`cpu:7`) included (naming the allowed values); RuntimeError
-    for CUDA on a machine without it.
+    for CUDA on a machine without it, or an index past its last CUDA device.
     """
     if not isinstance(spec, str | torch.device):
         raise ValueError(f"device: {spec!r} ({type(spec).__name__}); allowed: auto, cpu, cuda, cuda:N")
@@ -68,6 +68,10 @@ def device(spec: str | torch.device = "auto") -> torch.device:
         raise ValueError(f"device: {str(spec)!r}; allowed: auto, cpu, cuda, cuda:N")
     if chosen.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device: {spec!r} requested but this machine has no CUDA device")
+    if chosen.type == "cuda" and chosen.index is not None and chosen.index >= (count := torch.cuda.device_count()):
+        raise RuntimeError(
+            f"device: {str(spec)!r} requested but this machine has {count} CUDA device(s): cuda:0 to cuda:{count - 1}"
+        )
     return chosen
 
 

@@ -71,6 +71,7 @@ from workbench.telemetry import STAGES
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
+MAX_BYTES = 2**60  # 1 EiB: more than any machine holds, and far inside what int64 and float64 carry
 _AMOUNT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
 DEFAULT_HEADROOM = 0.1
 # What a CUDA device spends outside torch's allocator, kept out of every plan for a CUDA device or a card: the CUDA
@@ -87,17 +88,19 @@ def parse_bytes(value: Any, name: str = "memory", cards: bool = False) -> int:
     """`value` in bytes: an int, or a string such as "48GiB", "24GB", "1.5 GiB", "512MiB" (KB/MB/GB/TB are powers
     of 10, KiB/MiB/GiB/TiB powers of 2, case-insensitive). ValueError naming `name` for anything else or <= 0 (and,
     with `cards`, listing the card names `parse_cap` also takes)."""
-    allowed = "allowed: a positive int of bytes or a string such as '48GiB', '24GB', '512MiB'"
+    allowed = "allowed: a positive int of bytes up to 1 EiB or a string such as '48GiB', '24GB', '512MiB'"
     if cards:
         allowed += f", or a card's name ({', '.join(CARDS)})"
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
+    if isinstance(value, int | np.integer) and not isinstance(value, bool):
+        number = int(value)
     elif isinstance(value, str) and (match := _AMOUNT.fullmatch(value)) and match[2].upper() in UNITS:
         number = int(float(match[1]) * UNITS[match[2].upper()])
     else:
         raise ValueError(f"{name}: {shown(value)} is not an amount of memory; {allowed}")
     if number <= 0:
         raise ValueError(f"{name}: {shown(value)} is not positive; {allowed}")
+    if number > MAX_BYTES:
+        raise ValueError(f"{name}: {shown(value)} is more than 1 EiB; {allowed}")
     return number
 
 

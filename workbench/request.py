@@ -178,8 +178,9 @@ def number(name: str, value: Any, minimum: float, maximum: float) -> float:
 def _text(name: str, value: Any, required: bool) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{name}: must be a string, got {type(value).__name__} {shown(value)}")
-    if required and not value.strip():
-        raise ValueError(f"{name}: must be a non-empty string, got {shown(value)}")
+    value = str.__str__(value)  # a str subclass's own characters, checked and kept (never what its __str__ makes)
+    if required and not any(ch.isprintable() and not ch.isspace() for ch in value):
+        raise ValueError(f"{name}: must hold a visible character, got {shown(value)}")
     if len(value) > MAX_PROMPT_CHARS:
         raise ValueError(f"{name}: {len(value)} characters; allowed: at most {MAX_PROMPT_CHARS}")
     try:
@@ -189,7 +190,7 @@ def _text(name: str, value: Any, required: bool) -> str:
             f"{name}: holds a lone surrogate {value[error.start]!r} at index {error.start} (a half of a UTF-16 pair, "
             "not a character); allowed: text that encodes as UTF-8"
         ) from None
-    return str(value)
+    return value
 
 
 def _check_video_size(frames: int, height: int, width: int) -> None:

@@ -45,7 +45,8 @@ class Option:
 
     `check` takes numpy scalars as the Python values they hold (so records serialise), refuses bools where a number
     is meant, NaN always and +-inf unless `allow_inf` (a plugin that needs "no limit" declares it), and an int
-    outside `minimum`/`maximum` or, without them, outside a signed 64-bit integer."""
+    outside `minimum`/`maximum` or, without them, outside a signed 64-bit integer. A list option (`list[str]`,
+    `list[float]`) checks each item against `items`, the same way (numpy scalars taken, bools and NaN/inf refused)."""
 
     name: str
     kind: type | tuple[type, ...]
@@ -56,6 +57,7 @@ class Option:
     required: bool = False
     help: str = ""
     allow_inf: bool = False
+    items: type | None = None
 
     def check(self, plugin: str, value: Any) -> Any:
         where = f"{plugin}.{self.name}"
@@ -74,6 +76,8 @@ class Option:
             raise ValueError(f"{where}: expected {names}, got {type(value).__name__} {shown(value)}")
         if isinstance(value, float) and (math.isnan(value) or math.isinf(value) and not self.allow_inf):
             raise ValueError(f"{where}: {value!r} is not allowed; allowed: {self._allowed(float)}")
+        if isinstance(value, list) and self.items is not None:
+            value = [self._item(f"{where}[{i}]", item) for i, item in enumerate(value)]
         if self.allowed is not None and value not in self.allowed:
             raise ValueError(f"{where}: {shown(value)} is not allowed; allowed: {list(self.allowed)}")
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -88,6 +92,21 @@ class Option:
                     f"{where}: {shown(value)} is above the maximum {high}; allowed: {self._allowed(number)}"
                 )
         return value
+
+    def _item(self, where: str, item: Any) -> Any:
+        """One item of a list option, as `items` (float: an int becomes a float; never a bool, NaN or inf)."""
+        if isinstance(item, np.generic):
+            item = item.item()
+        if self.items is float and isinstance(item, int) and not isinstance(item, bool):
+            try:
+                item = float(item)
+            except OverflowError:
+                raise ValueError(f"{where}: {shown(item)} is not a finite number") from None
+        if isinstance(item, bool) or not isinstance(item, self.items):
+            raise ValueError(f"{where}: expected {self.items.__name__}, got {type(item).__name__} {shown(item)}")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{where}: {item!r} is not allowed; allowed: finite numbers")
+        return item
 
     def _bounds(self, kind: type) -> tuple[float, float]:
         """The range a number of `kind` (int or float) must lie in: the declared one, else int64 / unbounded."""
@@ -164,6 +183,14 @@ def _kind(hint: Any, required: bool) -> type | tuple[type, ...]:
     return typing.get_origin(hint) or hint
 
 
+def _items(hint: Any) -> type | None:
+    """The item type of a list annotation (`list[str] | None` -> str), else None."""
+    for arg in (hint, *typing.get_args(hint)):
+        if typing.get_origin(arg) is list and typing.get_args(arg):
+            return typing.get_args(arg)[0]
+    return None
+
+
 def options_of(config: type) -> tuple[Option, ...]:
     """The `Option`s of an options dataclass, in field order; TypeError for a field not made with `option(...)` or
     a default its own check refuses (NaN, out of range), so a plugin's mistake shows when its module is imported."""
@@ -176,7 +203,9 @@ def options_of(config: type) -> tuple[Option, ...]:
         declared = dict(declared)
         cls, kind = declared.pop("cls"), declared.pop("kind")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        declared_option = cls(f.name, kind or _kind(hints[f.name], declared["required"]), default, **declared)
+        declared_option = cls(
+            f.name, kind or _kind(hints[f.name], declared["required"]), default, **declared, items=_items(hints[f.name])
+        )
         if not (declared_option.required and default is None):
             try:
                 declared_option.check(config.__name__, default)
@@ -398,7 +427,9 @@ class Spec:
     `model_problem`: optional, why a loaded model cannot take the plugin (a component it does not cover), or None;
     profiles given the model read it the same way.
 
-    `config`: the plugin's options dataclass (module docstring); `options` are derived from it.
+    `config`: the plugin's options dataclass (module docstring); `options` are derived from it. `joint`: optional,
+    what the options must satisfy together (ValueError naming the option), checked by `validate` with the options
+    themselves, so before any model loads.
 
     Families are asked, never listed here: `requires(family)` says why a family lacks what the plugin needs (no
     streams, no text cross-attention, no fused forwards wired), or None; a family may also name the plugin in its
@@ -422,6 +453,7 @@ class Spec:
     kind: str = ""  # the subpackage it lives in (attention, caching, ...); set by the registry
     knob: Knob | None = None  # approximate plugins: the option calibration searches
     capabilities: tuple[int, ...] | None = None  # CUDA compute capabilities it runs on (90 = sm_90); None: any
+    joint: Callable[[dict[str, Any]], None] | None = None
 
     def __post_init__(self) -> None:
         if self.contract not in CONTRACTS:
@@ -445,7 +477,10 @@ class Spec:
         unknown = sorted(map(shown, (name for name in options if not isinstance(name, str) or name not in known)))
         if unknown:
             raise ValueError(f"{self.name}: unknown option(s) [{', '.join(unknown)}]; allowed: {sorted(known)}")
-        return {name: o.check(self.name, options.get(name, o.default)) for name, o in known.items()}
+        checked = {name: o.check(self.name, options.get(name, o.default)) for name, o in known.items()}
+        if self.joint is not None:
+            self.joint(checked)
+        return checked
 
     def check_capabilities(self, model: Any, device: torch.device) -> None:
         """A valid request this machine or model cannot run is a RuntimeError naming what is missing."""

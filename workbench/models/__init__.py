@@ -48,7 +48,11 @@ def resolve(
         cast_components(model.pipeline, dtype)
         return model
     path = shipped_path(str(name)) if str(name) in SHIPPED_MODELS else Path(name)
-    if not path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError:  # a name the file system cannot hold (too long) is no directory either
+        is_dir = False
+    if not is_dir:
         known = TINY_MODELS + RANDOM_MODELS + tuple(SHIPPED_MODELS)
         raise ValueError(f"model: {str(name)!r} is neither a known name {known} nor a local directory")
     index = path / "model_index.json"
@@ -60,7 +64,7 @@ def resolve(
             "one naming its pipeline class (`_class_name`) and components, beside a folder per component"
         )
     class_name = read_json(index, "model index").get("_class_name")
-    if class_name not in PIPELINE_FAMILIES:
+    if not isinstance(class_name, str) or class_name not in PIPELINE_FAMILIES:
         raise ValueError(f"model: {index} names pipeline {class_name!r}; supported: {sorted(PIPELINE_FAMILIES)}")
     module = {"wan": wan, "ltx2": ltx2, "h3": h3}[PIPELINE_FAMILIES[class_name]]
     model = module.load(path, dtype=dtype)

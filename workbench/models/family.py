@@ -333,7 +333,7 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 
     try:
         data = json.loads(path.read_text(), parse_constant=no_constant)
-    except (UnicodeDecodeError, ValueError) as error:
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:  # RecursionError: nested too deep to parse
         raise ValueError(f"{what} {path}: not valid JSON ({error})") from error
     if not isinstance(data, dict):
         raise ValueError(f"{what} {path}: expected a JSON object, got {type(data).__name__}")
@@ -350,7 +350,10 @@ def _confines(root: Path) -> tuple[Path, ...]:
 
 
 def _check_inside(path: Path, confines: tuple[Path, ...], what: str) -> None:
-    resolved = path.resolve()
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as error:  # a symlink loop (RuntimeError before Python 3.13, OSError after)
+        raise ValueError(f"{what} {path} does not resolve ({error}); component files must be plain files") from error
     if not any(resolved.is_relative_to(c) for c in confines):
         raise ValueError(
             f"{what} {path} resolves to {resolved}, outside the model directory {confines[0]}; "

@@ -92,13 +92,15 @@ def test_attention_policy_sparse_committed_registry_is_backed_by_qualified_recor
         assert entry["plugin"] in attention_policy.ROUTABLE
 
 
-def test_attention_policy_explicit_dense_and_bad_options_of_the_sparse_policy(session):
+def test_attention_policy_explicit_dense_and_bad_options_of_the_sparse_policy(session, tmp_path):
     result = _run(session, {"attention_policy": {"policy": "dense"}})
     assert result.receipts["attention_policy"]["policy"] == "dense" and result.exact
     with pytest.raises(ValueError, match="attention_policy.policy"):
         session.accelerate({"attention_policy": {"policy": "sparse"}})
-    with pytest.raises(ValueError, match="attention_policy.registry"):
-        session.accelerate({"attention_policy": {"registry": "/nonexistent/registry.json"}})
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    for registry in ("/nonexistent/registry.json", "/dev/zero", "a\x00b", str(tmp_path / "deep.json")):
+        with pytest.raises(ValueError, match=r"^attention_policy.registry: .* is not a readable JSON file"):
+            session.accelerate({"attention_policy": {"registry": registry}})
     with pytest.raises(ValueError, match="cannot be installed together"):
         session.accelerate({"attention_policy": {}, "block_sparse": {}})
     assert REGISTRY["attention_policy"].contract == "approximate"

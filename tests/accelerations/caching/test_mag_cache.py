@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from workbench import Request, Session
-from workbench.accelerations import fingerprint
+from workbench.accelerations import REGISTRY, fingerprint
+from workbench.accelerations.install import check_options
 
 SIZE = {"frames": 9, "height": 32, "width": 32}
 STEPS = 6
@@ -39,14 +40,31 @@ def _same(a, b):
         ({}, r"mag_cache.mag_ratios: required unless calibrate=True"),
         ({"mag_ratios": [1.0, -1.0]}, r"mag_cache.mag_ratios: expected a non-empty list of positive numbers"),
         ({"mag_ratios": "1,1"}, r"mag_cache.mag_ratios: expected list/NoneType, got str"),
+        ({"mag_ratios": [1.0, "x"]}, r"mag_cache.mag_ratios\[1\]: expected float, got str 'x'"),
+        ({"mag_ratios": [1.0, float("inf")]}, r"mag_cache.mag_ratios\[1\]: inf is not allowed"),
+        ({"mag_ratios": [True]}, r"mag_cache.mag_ratios\[0\]: expected float, got bool"),
         ({"calibrate": True, "threshold": -1.0}, r"mag_cache.threshold: -1.0 is below the minimum"),
         ({"calibrate": True, "retention_ratio": 2.0}, r"mag_cache.retention_ratio: 2.0 is above the maximum"),
     ],
 )
-def test_mag_cache_bad_option_raises(options, message):
-    session = Session.open("tiny-wan", device="cpu")
+def test_mag_cache_bad_option_raises_before_any_model_loads(options, message):
     with pytest.raises(ValueError, match=message):
-        session.accelerate({"mag_cache": options})
+        check_options(REGISTRY, {"mag_cache": options})  # what Session.open and the CLI run before loading
+
+
+def test_plugin_options_checked_together_and_item_by_item_before_any_model_loads():
+    chosen = check_options(REGISTRY, {"mag_cache": {"mag_ratios": [np.float32(1.5), 2]}})
+    assert chosen[0][1]["mag_ratios"] == [1.5, 2.0]  # numpy scalars and ints taken as the floats they are
+    bad = {
+        "selective_fp8": ({"include": [1]}, r"selective_fp8.include\[0\]: expected str, got int"),
+        "pyramid_attention_broadcast": (
+            {"timestep_low": 900, "timestep_high": 100},
+            r"pyramid_attention_broadcast.timestep_low: 900 is not below timestep_high 100",
+        ),
+    }
+    for name, (options, message) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            check_options(REGISTRY, {name: options})
 
 
 def test_mag_cache_ratio_count_must_match_steps():

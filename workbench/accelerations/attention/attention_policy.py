@@ -69,8 +69,10 @@ def load_registry(path: str | Path) -> list[dict[str, Any]]:
     """The entries of a registry file, each checked against its evidence; ValueError naming what is wrong."""
     path = Path(path)
     try:
+        if not path.is_file():  # a device such as /dev/zero would be read without end
+            raise OSError("not a regular file")
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: a NUL in the path, or not JSON
         raise ValueError(f"attention_policy.registry: {str(path)!r} is not a readable JSON file: {error}") from error
     entries = data.get("entries") if isinstance(data, dict) else None
     if not isinstance(entries, list):

@@ -88,6 +88,14 @@ class PyramidAttentionBroadcastConfig:
     timestep_high: int = option(800, minimum=0, maximum=1000)
 
 
+def _pab_window(options: dict[str, Any]) -> None:
+    if options["timestep_low"] >= options["timestep_high"]:
+        raise ValueError(
+            f"pyramid_attention_broadcast.timestep_low: {options['timestep_low']} is not below timestep_high "
+            f"{options['timestep_high']}; allowed: timestep_low < timestep_high"
+        )
+
+
 def _prepare_pab(model: Any, options: dict[str, Any], device: torch.device):
     pipe = model.pipeline
     if not hasattr(type(pipe), "current_timestep"):
@@ -95,8 +103,6 @@ def _prepare_pab(model: Any, options: dict[str, Any], device: torch.device):
             f"pyramid_attention_broadcast: {type(pipe).__name__} exposes no current_timestep, which PAB needs "
             "to decide when to broadcast"
         )
-    if options["timestep_low"] >= options["timestep_high"]:
-        raise ValueError("pyramid_attention_broadcast.timestep_low: must be below timestep_high")
 
     def config(expert: str) -> diffusers.PyramidAttentionBroadcastConfig:
         return diffusers.PyramidAttentionBroadcastConfig(
@@ -129,6 +135,7 @@ PAB = Spec(
     summary="diffusers PAB: reuse self-attention outputs for a range of blocks inside a timestep window",
     prepare_fn=_prepare_pab,
     config=PyramidAttentionBroadcastConfig,
+    joint=_pab_window,
     **COMMON,
 )
 SPECS = (FIRST_BLOCK, TAYLORSEER, PAB)

@@ -118,17 +118,19 @@ class MagCacheConfig:
     per_expert: bool = option(True, help=experts.PER_EXPERT_HELP)
 
 
-def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    needs_registered_blocks(NAME, model)
+def _ratios(options: dict[str, Any]) -> None:
     ratios = options["mag_ratios"]
     if ratios is None and not options["calibrate"]:
         raise ValueError(
             f"{NAME}.mag_ratios: required unless calibrate=True (run once with calibrate=True to get them)"
         )
-    if ratios is not None:
-        bad = [r for r in ratios if isinstance(r, bool) or not isinstance(r, int | float) or not r > 0]
-        if bad or not ratios:
-            raise ValueError(f"{NAME}.mag_ratios: expected a non-empty list of positive numbers, got {ratios!r}")
+    if ratios is not None and (not ratios or min(ratios) <= 0):
+        raise ValueError(f"{NAME}.mag_ratios: expected a non-empty list of positive numbers, got {ratios!r}")
+
+
+def _prepare(model: Any, options: dict[str, Any], device: torch.device):
+    needs_registered_blocks(NAME, model)
+    ratios = options["mag_ratios"]
     steps = len(ratios) if ratios else int(model.defaults.get("steps", 1))
     return lambda: _Installed(SPEC, options, model, steps)
 
@@ -138,6 +140,7 @@ SPEC = Spec(
     summary="diffusers MagCache: skip the block stack while residual-magnitude ratios predict little change",
     prepare_fn=_prepare,
     config=MagCacheConfig,
+    joint=_ratios,
     knob=Knob("threshold", 0.0, 0.5),  # with mag_ratios from a calibrate=True run
     contract="approximate",
     group="feature_cache",

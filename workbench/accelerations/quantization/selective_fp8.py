@@ -57,12 +57,14 @@ def _torchao():
     return quantize_, Float8DynamicActivationFloat8WeightConfig, PerRow
 
 
-def _patterns(options: dict[str, Any], name: str) -> list[str]:
-    patterns = options[name]
-    bad = [p for p in patterns if not isinstance(p, str) or not p]
-    if bad:
-        raise ValueError(f"{NAME}.{name}: expected non-empty module-path glob strings, got {bad!r}")
-    return list(patterns)
+def _selection(options: dict[str, Any]) -> None:
+    for name in ("include", "exclude"):
+        if "" in (options[name] or []):
+            raise ValueError(f"{NAME}.{name}: an empty glob; allowed: non-empty module-path globs")
+    if not options["include"] and not options["groups"]:
+        raise ValueError(
+            f"{NAME}.include: give at least one module-path glob, e.g. 'blocks.*.ffn.net.0.proj', or groups >= 1"
+        )
 
 
 def _select(
@@ -274,12 +276,7 @@ class SelectiveFP8Config:
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    include = [] if options["include"] is None else _patterns(options, "include")
-    exclude = _patterns(options, "exclude")
-    if not include and not options["groups"]:
-        raise ValueError(
-            f"{NAME}.include: give at least one module-path glob, e.g. 'blocks.*.ffn.net.0.proj', or groups >= 1"
-        )
+    include, exclude = options["include"] or [], options["exclude"]
     denoisers = model.denoisers()
     if options["order"] == "measured" and options["groups"]:
         if (problem := machine_problem(device)) is not None:
@@ -324,6 +321,7 @@ SPEC = Spec(
     summary="row-wise dynamic FP8 (activations and weights) for the Linear layers a glob selects (torchao or fused)",
     prepare_fn=_prepare,
     config=SelectiveFP8Config,
+    joint=_selection,
     knob=Knob("groups", 1, 8, integer=True),
     touches=("attention.projections", "linear.weights"),
     order=30,
