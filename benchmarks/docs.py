@@ -43,8 +43,10 @@ def generate(results: Path, out: Path) -> Path:
     for path, record in sorted(current, key=lambda item: item[1].get("scenario", "")):
         lines += _current(path, record)
     if earlier:
-        lines += ["## Earlier format", "", "Results written before the one harness; each is replaced when its scenario",
-                  "is re-run. Their arms are nested; only their scalar ratios are shown.", ""]  # fmt: skip
+        lines += ["## Other records", "", "Records not in the harness's format: results written before the one harness",
+                  "(replaced when their scenario is re-run) and lab probes behind a design choice (their command names",
+                  "the probe; no scenario re-runs them). Their arms are nested; only their scalar ratios are shown.",
+                  ""]  # fmt: skip
         for path, record in sorted(earlier, key=lambda item: str(item[1].get("date", "")), reverse=True):
             lines += _earlier(path, record)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ import torch
 from workbench import Request, Session
 from workbench.evidence.timing import Timing, aba_rounds, kernel_times, time_call
 from workbench.profiles import profile_plan
+from workbench.quality.latent import rel_l2
 
 WAN_TOKENS_GRID = (21, 30, 52)  # latent frames x height x width tokens of 81 x 480 x 832 after the (1, 2, 2) patch
 
@@ -221,17 +222,6 @@ def equal(a: Any, b: Any) -> bool:
     """torch.equal of two outputs (tensors or tuples of tensors)."""
     a, b = (a if isinstance(a, tuple | list) else (a,)), (b if isinstance(b, tuple | list) else (b,))
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-
-
-def rel_l2(got: Any, want: Any) -> float:
-    """Relative L2 of `got` against `want` over all outputs (tensors or tuples of tensors)."""
-    got, want = (
-        (got if isinstance(got, tuple | list) else (got,)),
-        (want if isinstance(want, tuple | list) else (want,)),
-    )
-    num = sum(float((g.float() - w.float()).pow(2).sum()) for g, w in zip(got, want, strict=True))
-    den = sum(float(w.float().pow(2).sum()) for w in want)
-    return (num / den) ** 0.5 if den else float("nan")
 
 
 @contextlib.contextmanager

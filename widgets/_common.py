@@ -4,17 +4,12 @@ upscaling of small frames."""
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TypeVar
 
 import ipywidgets
 import numpy as np
 from IPython.display import HTML
-
-from workbench.progress import progress as text_progress
-
-T = TypeVar("T")
 
 _ERROR_STYLE = (
     "border:1px solid #d9534f;background:#fdf2f2;color:#a94442;padding:6px 10px;"
@@ -93,9 +88,3 @@ def upscale(image: np.ndarray, factor: int) -> np.ndarray:
     A/B view is for.
     """
     return image if factor == 1 else image.repeat(factor, axis=0).repeat(factor, axis=1)
-
-
-def progress(items: Iterable[T], total: int, desc: str) -> Iterable[T]:
-    """`workbench.progress.progress`: a text bar (a widget bar reads "model not found" once the notebook is
-    reopened) that honours TQDM_DISABLE (CI sets it) and shows only after 0.5 s."""
-    return text_progress(items, total=total, desc=desc)

@@ -15,9 +15,10 @@ from matplotlib import colormaps
 
 from workbench import Result
 from workbench.plots import array_png, figure_png, frame_metric_curves, png_figure_html
+from workbench.progress import progress
 from workbench.result import enlargement
 
-from ._common import ErrorBox, StaticCopy, check_labels, progress, upscale
+from ._common import ErrorBox, StaticCopy, check_labels, upscale
 
 MIN_SIDE = 256  # px: the long side of a video in the A/B row is at least this
 MAX_SIDE = 320  # px: larger frames are shown scaled down to this, so the row fits a 1400 px screen

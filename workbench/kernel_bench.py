@@ -33,6 +33,7 @@ import torch
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.kernels import adaln_modulate, gated_residual, head_norm_rope, layernorm_modulate, qk_norm_rope
 from workbench.kernels._runtime import interpreting
+from workbench.quality.latent import rel_l2
 from workbench.telemetry import Telemetry, maybe_sampler, summarize_samples
 
 HEADS = 12  # Wan2.1-1.3B: 12 heads of 128
@@ -234,9 +235,9 @@ def check(case: Case) -> dict[str, Any]:
     got, want = case.kernel(), case.reference()
     got, want = (got[-1], want[-1]) if isinstance(got, tuple) else (got, want)  # fused add: the normed output
     equal = bool(torch.equal(got, want))
-    rel_l2 = float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
-    within = equal if case.exact else rel_l2 <= case.rel_l2_bound
-    return {"bitwise_equal": equal, "differing_elements": int((got != want).sum()), "rel_l2": rel_l2, "within": within}
+    error = rel_l2(got, want)
+    within = equal if case.exact else error <= case.rel_l2_bound
+    return {"bitwise_equal": equal, "differing_elements": int((got != want).sum()), "rel_l2": error, "within": within}
 
 
 @dataclass

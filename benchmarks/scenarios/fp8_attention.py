@@ -52,7 +52,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.sparse_attention import SMOKE_GRID, SMOKE_HEADS, structured_qkv
-from benchmarks.workloads import WAN_TOKENS_GRID, calls, rel_l2, tau_for
+from benchmarks.workloads import WAN_TOKENS_GRID, calls, tau_for
 from workbench import Request, Session
 from workbench.accelerations.attention import flash4_attention
 from workbench.accelerations.attention.sparse_routing import captured_qkv
@@ -61,6 +61,7 @@ from workbench.kernels import attention_quantize as aq
 from workbench.kernels import block_sparse_attend
 from workbench.kernels import block_sparse_attention as bsa
 from workbench.kernels import fp8_attention as fa
+from workbench.quality.latent import rel_l2
 
 NAME = "fp8-attention"
 SUMMARY = "low-bit attention (QK int8/e4m3 x PV fp8/bf16) vs cuDNN and FA4; block_sparse 20 % exact vs low-bit"

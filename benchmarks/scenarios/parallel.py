@@ -21,6 +21,7 @@ import torch
 from benchmarks.envelope import Context, Measurement
 from benchmarks.workloads import launch_ranks, rank_visit, split_arms, wan_request, worker_main
 from workbench.io import json_bytes, write_atomic
+from workbench.quality.latent import latent_rel_l2
 
 NAME = "parallel"
 SUMMARY = (
@@ -87,7 +88,7 @@ def worker(out: Path, rounds: int, smoke: bool) -> None:
         if name in arms:  # each split arm against one GPU with the same plugins
             got, want = results[name][0].latents, results[single][0].latents
             arms[name][f"latents_equal_{single}"] = bool(torch.equal(got, want))
-            arms[name][f"latent_rel_l2_vs_{single}"] = float((got - want).norm() / want.norm())
+            arms[name][f"latent_rel_l2_vs_{single}"] = latent_rel_l2(want, got)
     record = {
         "shape": {"model": model, "world_size": dist.get_world_size(), "request": request.to_dict()},
         "arms": arms,

@@ -32,8 +32,9 @@ import torch
 
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios import forward_h3
-from benchmarks.workloads import equal, launch_ranks, rank_visit, rel_l2, split_arms, worker_main
+from benchmarks.workloads import equal, launch_ranks, rank_visit, split_arms, worker_main
 from workbench.io import json_bytes, write_atomic
+from workbench.quality.latent import rel_l2
 
 NAME = "parallel-h3"
 SUMMARY = (

@@ -1,11 +1,11 @@
-"""Every kernel's non-Hopper launch runs on the H200 (issue 28): each launch a card below sm_90 takes (`launch_for`:
-block_sparse_attend's AMPERE_ADA, fp8_attention's ADA, relayout's AMPERE_ADA) beside the H200's DEFAULT at the
+"""Every kernel's non-Hopper launch runs on a Hopper GPU (sm_90): each launch a card below sm_90 takes (`launch_for`:
+block_sparse_attend's AMPERE_ADA, fp8_attention's ADA, relayout's AMPERE_ADA) beside Hopper's DEFAULT at the
 Wan2.1-1.3B shapes, for correctness against the kernel's torch reference and for time, A/B/A, with the roofline of
 its `cost()`.
 
-Three builds per arm: `default` (DEFAULT, built for the H200), the non-Hopper launch built for the H200 (`ampere_ada`
+Three builds per arm: `default` (DEFAULT, built for Hopper), the non-Hopper launch built for Hopper (`ampere_ada`
 or `ada`: the launch shape's cost on Hopper), and the same launch built as Triton builds it for the card
-(`ampere_ada@sm_86`, `ada@sm_89`: `targets.built_for`, no wgmma, no TMA, assembled for the H200 from the card's code),
+(`ampere_ada@sm_86`, `ada@sm_89`: `targets.built_for`, no wgmma, no TMA, assembled for Hopper from the card's code),
 which is the card's own kernel run on Hopper's SMs. No build here measures a speed on an A100, 3090 or 4090; what
 those cards' builds need (shared memory, registers, spills) is checked without a GPU by tests/kernels/test_targets.py.
 
@@ -39,7 +39,7 @@ import torch
 
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.sparse_attention import SMOKE_GRID, structured_qkv
-from benchmarks.workloads import WAN_TOKENS_GRID, calls, rel_l2, tau_for
+from benchmarks.workloads import WAN_TOKENS_GRID, calls, tau_for
 from workbench import kernel_bench
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.kernels import attention_quantize as aq
@@ -47,9 +47,10 @@ from workbench.kernels import block_sparse_attention as bsa
 from workbench.kernels import fp8_attention as fa
 from workbench.kernels import relayout
 from workbench.kernels.targets import TARGETS, built_for, kernel_modules
+from workbench.quality.latent import rel_l2
 
 NAME = "portability"
-SUMMARY = "every kernel's Ampere/Ada launch and build vs the H200's, on the H200: error, time, roofline"
+SUMMARY = "every kernel's Ampere/Ada launch and build vs Hopper's, on a Hopper GPU: error, time, roofline"
 GPUS = 1
 DENSITY = 0.20
 HEAD_DIM = 128  # the production head dim (Wan, LTX-2, H3)
@@ -60,7 +61,7 @@ WORLD = 2
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """One kernel call at the H200's launch and a card's. `call(launch)` returns the output; `reference(launch)` the
+    """One kernel call at Hopper's launch and a card's. `call(launch)` returns the output; `reference(launch)` the
     torch reference of its first head (`first_head`) or of all of it, compared by `metric` ("max_abs" or "rel_l2")
     within `bound`. `table`: the kernel module whose launch table holds `hopper` (DEFAULT) and `launch`, the one named
     `other`; `card`: the target whose build of `launch` also runs. `cost`: (bytes, flops) of one call."""
@@ -231,19 +232,20 @@ def run(context: Context) -> Measurement:
             context.rounds,
         )
         medians = rounds.medians()
-        row["median_s"] = medians[f"{op} default"]  # the H200's own launch and build
+        row["median_s"] = medians[f"{op} default"]  # Hopper's own launch and build
         row["medians_s"] = medians
         row["fraction_of_roofline"] = {name.removeprefix(f"{op} "): roofline / s for name, s in medians.items()}
         row["errors"].update(rounds.errors)
         ratios.update({key: value.to_dict() for key, value in rounds.ratios().items()})
     rows["kernels_considered"] = considered
+    here = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     notes += [
-        "Ratios are default / candidate seconds (< 1: the candidate is slower on the H200). `ampere_ada` / `ada`: the "
-        "card's launch built for the H200 (its shape's cost on Hopper); `...@sm_86` / `...@sm_89`: that launch built "
-        "as Triton builds it for the card (no wgmma, no TMA) and run on the H200, the card's own kernel on Hopper's "
+        f"Ratios are default / candidate seconds (< 1: the candidate is slower on the {here}). `ampere_ada` / `ada`: "
+        f"the card's launch built for the {here} (its shape's cost on Hopper); `...@sm_86` / `...@sm_89`: that launch built "
+        f"as Triton builds it for the card (no wgmma, no TMA) and run on the {here}, the card's own kernel on Hopper's "
         "SMs. Neither is a speed on an A100, 3090 or 4090.",
         "FP8 arms (fp8_attention, block_sparse_attend[int8,fp8]): their non-Hopper launch is Ada's (sm_89; sm_80/86 "
-        "refuse FP8); the H200 has FP8 tensor cores too, so it runs them, and the ratio is again that launch's (and "
+        f"refuse FP8); the {here} has FP8 tensor cores too, so it runs them, and the ratio is again that launch's (and "
         "build's) cost on Hopper, not a speed on Ada.",
         "Errors against the kernel's torch reference (first head for the attention kernels); bounds are the kernel "
         "tests': block_sparse_attend max |error| 2e-2 (bf16), its int8/fp8 path rel-L2 2e-2, fp8_attention rel-L2 "

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from benchmarks.envelope import Context, Measurement
-from benchmarks.workloads import exact_fast, open_wan, rel_l2, wan_request
+from benchmarks.workloads import exact_fast, open_wan, wan_request
 from workbench import Result, Session
 from workbench.evidence.timing import aba_rounds
+from workbench.quality.latent import rel_l2
 
 NAME = "request-wan"
 SUMMARY = "Wan2.1-1.3B request, 480x832x81, 6 steps CFG 5, through Session.generate: stock vs exact-fast"

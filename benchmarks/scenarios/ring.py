@@ -42,11 +42,12 @@ import torch
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.forward_h3 import FULL, SMOKE, SMOKE_CONFIG, build, packed_inputs, transformer_session
 from benchmarks.scenarios.memory import Capped
-from benchmarks.workloads import ForwardArm, equal, exact_fast, rel_l2
+from benchmarks.workloads import ForwardArm, equal, exact_fast
 from workbench.accelerations.memory.ring import module_bytes
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.memory_estimate import denoise_activation
 from workbench.memory_plan import Footprint, gib, outside_for, plan_memory
+from workbench.quality.latent import rel_l2
 
 NAME = "ring"
 SUMMARY = (

@@ -20,9 +20,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.envelope import Context, Measurement
-from benchmarks.workloads import WAN_TOKENS_GRID, calls, rel_l2, tau_for
+from benchmarks.workloads import WAN_TOKENS_GRID, calls, tau_for
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.kernels import block_sparse_attention as bsa
+from workbench.quality.latent import rel_l2
 
 NAME = "sparse-attention"
 SUMMARY = "block-sparse attention kernel vs cuDNN dense, 1x12x32760x128 bf16, at 10/20/40 % density"

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 
 from benchmarks.envelope import Context, Measurement
-from benchmarks.workloads import rel_l2
 from workbench.accelerations import REGISTRY
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.models import ltx2, wan
+from workbench.quality.latent import rel_l2
 
 NAME = "vae-decode"
 SUMMARY = "VAE decode, Wan 480x832x81 and LTX-2 512x768x121 (bf16): stock vs fused_vae_decode per lever"

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.scenarios import fp8_attention as scenario
-from benchmarks.workloads import rel_l2
 from workbench.kernels import fp8_attention as fa
+from workbench.quality.latent import rel_l2
 
 
 def test_error_parts_all_steps_equal_the_kernel_references_error():

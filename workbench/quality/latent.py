@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -27,3 +28,15 @@ def latent_rel_l2(reference: torch.Tensor, candidate: torch.Tensor) -> float:
     if denominator == 0.0:
         return math.nan if math.isnan(numerator) else math.inf
     return numerator / denominator
+
+
+def rel_l2(got: torch.Tensor | Sequence[torch.Tensor], want: torch.Tensor | Sequence[torch.Tensor]) -> float:
+    """||got - want|| / ||want|| over one tensor or matching sequences of tensors (all outputs together), on their
+    device with fp32 accumulation: the measure of a kernel's or a forward's error. nan when `want` is all zeros."""
+    got, want = (
+        (got if isinstance(got, tuple | list) else (got,)),
+        (want if isinstance(want, tuple | list) else (want,)),
+    )
+    num = sum(float((g.float() - w.float()).pow(2).sum()) for g, w in zip(got, want, strict=True))
+    den = sum(float(w.float().pow(2).sum()) for w in want)
+    return (num / den) ** 0.5 if den else float("nan")
