@@ -4,6 +4,7 @@ importing another plugin (shared pieces are public helpers of their kind)."""
 import ast
 import dataclasses
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,9 @@ def test_no_plugin_imports_another_plugin_or_a_private_name():
             assert not name.startswith("_"), where
 
 
+DEFAULTS_CHOOSE_NOTHING = {"mag_cache", "selective_fp8"}  # mag_ratios or calibrate=True; include globs or groups
+
+
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_every_plugin_options_come_from_a_frozen_config_dataclass(name):
     spec = REGISTRY[name]
@@ -57,7 +61,13 @@ def test_every_plugin_options_come_from_a_frozen_config_dataclass(name):
     for field, declared in zip(dataclasses.fields(spec.config), spec.options, strict=True):
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
         assert default == declared.default, (name, field.name)
-    if not any(o.required for o in spec.options):
+    if name in DEFAULTS_CHOOSE_NOTHING:  # a joint rule asks for a choice no default makes: refused the same way
+        with pytest.raises(ValueError) as refused:
+            spec.validate({})
+        for given in (spec.config(), None):
+            with pytest.raises(ValueError, match=re.escape(str(refused.value))):
+                spec.validate(given)
+    elif not any(o.required for o in spec.options):
         assert spec.validate(spec.config()) == spec.validate({}) == spec.validate(None)
         assert isinstance(spec.parse({}), spec.config)
 
