@@ -143,6 +143,7 @@ def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_r
     assert result.cliff is None or result.knee < result.cliff
     assert result.knee_point.spent <= result.margin
     assert result.status == "quality_confirmed", result.reason  # CPU: quality holds, no speed claim
+    assert result.reason.count("no speed claim") == 1 and "quality within the budget" not in result.reason
     assert all(case["quality"]["within_budget"] for case in result.confirmation["cases"])
     assert result.setting == {"easycache": {"threshold": result.knee}}
     json_path, html_path = write(result, tmp_path / "cal")
@@ -151,6 +152,8 @@ def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_r
     page = html_path.read_text()
     png = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page).group(1)
     assert base64.b64decode(png).startswith(b"\x89PNG") and "<script" not in page
+    # the summary's cells align left by their own style (JupyterLab right-aligns table cells), its floats short
+    assert f'<th style="text-align:left">margin</th><td style="text-align:left">{result.margin:.4g}</td>' in page
     resolved = demo.resolve(test[0]).to_dict()
     assert within_budget(json_path, "demo-av-mini", "cpu", resolved) == result.setting
     with pytest.raises(ValueError, match="model 'demo-av-mini', not 'tiny-ltx2'"):
@@ -245,7 +248,10 @@ def test_stack_composes_block_sparse_and_easycache_and_confirms_inside_the_budge
         assert f"knee {run.knee:.4g}, cliff" in page and all(f"<td>{p.value:.4g}</td>" in page for p in run.points)
     assert result.budget.describe() in html.unescape(page)
     (case,) = result.confirmation["cases"]
-    assert "receipts, seed 1000003" in page and f"<td>{case['quality']['latent_rel_l2']}</td>" in page
+    assert (
+        "receipts, seed 1000003" in page
+        and f'<td style="text-align:left">{case["quality"]["latent_rel_l2"]:.4g}</td>' in page
+    )
 
 
 @pytest.mark.parametrize(
@@ -386,7 +392,8 @@ def test_calibration_and_stack_records_round_trip():
         saved = record_bytes(result.to_record())
         assert record_bytes(type(result).from_record(json.loads(saved)).to_record()) == saved
     greedy.base = {"cross_kv_cache": {}}
-    assert "<th>base alone</th><td>1.000x stock, spends 0 (one run: indicative)</td>" in calibrate_module.render(greedy)
+    base = '<th style="text-align:left">base alone</th><td style="text-align:left">1.000x stock, spends 0 (one run:'
+    assert base in calibrate_module.render(greedy)
 
 
 class _Synthetic:

@@ -111,8 +111,11 @@ def text(notebook: nbformat.NotebookNode) -> str:
 @pytest.mark.notebook_run("00_quickstart")
 def test_quickstart_notebook_plays_the_demo_and_writes_the_video(runs):
     notebook, folder = executed(runs, "00_quickstart")
-    assert {"text/html", "image/png"} <= mimes(notebook)  # the embedded video/audio and the static timeline
+    assert "text/html" in mimes(notebook)  # the embedded video/audio, the frame strip and the timeline
     assert (folder / "out" / "result.mp4").stat().st_size > 0
+    page, _ = HTMLExporter(config=Config({"ClearMetadataPreprocessor": {"enabled": True}})).from_notebook_node(notebook)
+    assert '<img alt="frames [0, ' in page and '<img alt="stage timeline: one row per stage' in page
+    assert "No description has been provided" not in page  # an image's alt text survives the README's export
 
 
 @pytest.mark.notebook_run("10_explore")

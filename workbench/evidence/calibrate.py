@@ -642,9 +642,9 @@ def apply_confirmation(result: Calibration | Stack, record: dict[str, Any]) -> N
     if record["verdict"] == "qualified":
         result.status, result.reason = "calibrated", f"confirmed on {len(cases)} test request(s): qualified"
     elif inside and record["verdict"] == "no_speed_claim":
-        reasons = sorted({case["reason"] for case in cases})
+        reasons = sorted({case["reason"].removeprefix("quality within the budget; ") for case in cases})
         result.status = "quality_confirmed"
-        result.reason = f"inside the budget on {len(cases)} test request(s); no speed claim: {'; '.join(reasons)}"
+        result.reason = f"inside the budget on {len(cases)} test request(s); {'; '.join(reasons)}"
     else:
         worst = min(cases, key=lambda c: c["quality"]["within_budget"])
         result.status = "not_confirmed"

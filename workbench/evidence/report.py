@@ -127,8 +127,15 @@ def _png(figure: Any, alt: str) -> str:
 
 
 def _table(rows: dict[str, Any]) -> str:
-    """Rows of (heading, value) as a two-column HTML table, every cell escaped."""
-    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows.items())
+    """Rows of (heading, value) as a two-column HTML table, every cell escaped, floats to 4 significant digits.
+    The cells align left by their own style: JupyterLab right-aligns the cells of rendered HTML with a rule more
+    specific than the report's scoped one."""
+    left = ' style="text-align:left"'
+    cells = "".join(
+        f"<tr><th{left}>{html.escape(k)}</th><td{left}>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}"
+        "</td></tr>"
+        for k, v in rows.items()
+    )
     return f"<table>{cells}</table>"
 
 
