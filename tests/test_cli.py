@@ -148,6 +148,9 @@ def test_cli_bad_suite_exits_2_naming_the_file(command, tmp_path, capsys, no_mod
     args = [a if a != str(SUITE) else str(torn) for a in COMMANDS[command]]
     assert main([*args, "--out", str(out)]) == 2
     assert re.search(rf"suite: {re.escape(str(torn))}: Extra data at line \d+", _one_line_error(capsys, command))
+    torn.write_text("[" * 100_000 + "]" * 100_000)  # deeper than the parser goes: the file is still named
+    assert main([*args, "--out", str(out)]) == 2
+    assert f"suite: {torn} is not valid JSON (nested too deeply)" in _one_line_error(capsys, command)
     assert not out.exists()
 
 
@@ -259,6 +262,7 @@ def test_cli_generate_refuses_a_malformed_calibration_record_before_loading(tmp_
     ]
     cases = {
         "": "is not a readable JSON file",
+        "[" * 100_000 + "]" * 100_000: f"{str(path)!r} is not a readable JSON file",  # deeper than the parser goes
         "[]": "expected a JSON object (a calibrate record), got list",
         json.dumps({k: v for k, v in good.items() if k != "scope"}): "'scope' must hold 'model', 'device'",
         json.dumps(good | {"setting": "oops"}): "'setting' must be an object of plugin -> options",

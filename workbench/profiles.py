@@ -66,7 +66,7 @@ def calibration_record(record: str | Path | dict[str, Any], field: str = "record
     else:
         try:
             data = json.loads(Path(record).read_text())
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, RecursionError) as error:  # RecursionError: nested too deeply
             raise ValueError(f"{field}: {str(record)!r} is not a readable JSON file ({error})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{field}: expected a JSON object (a calibrate record), got {type(data).__name__}")

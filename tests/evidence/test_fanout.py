@@ -231,6 +231,7 @@ def test_read_requests_names_the_entry_and_the_field(tmp_path):
         '[{"prompt": "p", "frames": "9"}]': r"requests\[0\]: frames: must be an integer",
         '[{"prompt": "p", "name": "../x"}]': r"requests\[0\]\.name: must be a plain file stem",
         '[{"prompt": "p", "name": "a"}, {"prompt": "q", "name": "a"}]': r"requests\[1\]\.name: 'a' is taken",
+        "[" * 100_000 + "]" * 100_000: r"requests: .*requests.json is not valid JSON \(nested too deeply\)",
     }
     for text, message in cases.items():
         path.write_text(text)

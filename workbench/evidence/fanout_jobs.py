@@ -148,6 +148,8 @@ def read_requests(path: str | Path) -> list[tuple[str, Request]]:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"requests: {path} is not valid JSON ({error})") from error
+    except RecursionError:  # its own words name no file
+        raise ValueError(f"requests: {path} is not valid JSON (nested too deeply)") from None
     except OSError as error:
         raise ValueError(f"requests: {path} is not readable ({error.strerror or error})") from error
     if isinstance(data, dict) and "test" in data:

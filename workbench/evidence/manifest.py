@@ -111,6 +111,8 @@ def load_manifest(path: str | Path, model: str | None = None, allow_other_model:
         raise ValueError(f"suite: {path} is not UTF-8 text ({error.reason})") from error
     except json.JSONDecodeError as error:
         raise ValueError(f"suite: {path}: {error.msg} at line {error.lineno} column {error.colno}") from error
+    except RecursionError:  # its own words name no file
+        raise ValueError(f"suite: {path} is not valid JSON (nested too deeply)") from None
     if not isinstance(raw, dict):
         raise ValueError(f"suite: {path} must hold a JSON object, got {type(raw).__name__}")
     _check_keys("manifest", raw, _TOP, required=_TOP - {"description"})

@@ -41,6 +41,8 @@ def read_record(path: str | Path) -> dict[str, Any]:
         record = json.loads(path.read_bytes())
     except json.JSONDecodeError as error:
         raise ValueError(f"record: {path} is not valid JSON ({error})") from error
+    except RecursionError:  # its own words name no file
+        raise ValueError(f"record: {path} is not valid JSON (nested too deeply)") from None
     if not isinstance(record, dict):
         raise ValueError(f"record: {path} holds a JSON {type(record).__name__}, expected an object")
     return record
