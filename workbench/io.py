@@ -75,7 +75,7 @@ def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Pa
         raise ValueError("files: at least one file is required")
     directory = check_path(directory, "directory")
     for name, data in files.items():
-        if not isinstance(name, str) or not name or name != Path(name).name or name.startswith("."):
+        if not _plain_name(name):
             raise ValueError(f"files: {name!r} is not a plain, non-hidden file name")
         _check_file_name(name, 0, "files", directory)
         if not isinstance(data, bytes | bytearray | memoryview):
@@ -311,7 +311,7 @@ def _manifest(commit: Path) -> list[str]:
         raise ValueError(f"directory: {commit} holds {left.name!r} but no {MANIFEST}; {clear}") from None
     except (OSError, ValueError) as error:  # ValueError: not JSON, or not UTF-8
         raise ValueError(f"directory: {commit / MANIFEST} is not a readable JSON manifest ({error}); {clear}") from None
-    if not isinstance(names, list) or not all(_plain_name(name) for name in names):
+    if not isinstance(names, list) or not all(_plain_name(n) and "\\" not in n and "\0" not in n for n in names):
         raise ValueError(
             f"directory: {commit / MANIFEST} holds {json.dumps(names)[:80]}; allowed: a JSON list of plain file "
             f"names (one path component each, not hidden, no '..', no '/', '\\' or NUL); {clear}"
@@ -320,15 +320,9 @@ def _manifest(commit: Path) -> list[str]:
 
 
 def _plain_name(name: object) -> bool:
-    """Whether `name` is a file name a set may hold: a non-empty str that is one path component (no `/`, `\\`
-    or NUL) and not hidden (so not `.` or `..`)."""
-    return (
-        isinstance(name, str)
-        and name != ""
-        and name == Path(name).name
-        and not name.startswith(".")
-        and not any(c in name for c in "/\\\0")
-    )
+    """Whether `name` is a plain file name: a non-empty str that is one path component and not hidden (so not `.`
+    or `..`)."""
+    return isinstance(name, str) and bool(name) and name == Path(name).name and not name.startswith(".")
 
 
 def _publish(commit: Path, names: list[str]) -> list[str]:

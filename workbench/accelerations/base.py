@@ -76,8 +76,8 @@ class Option:
             raise ValueError(f"{where}: expected {names}, got {type(value).__name__} {shown(value)}")
         if isinstance(value, float) and (math.isnan(value) or math.isinf(value) and not self.allow_inf):
             raise ValueError(f"{where}: {value!r} is not allowed; allowed: {self._allowed(float)}")
-        if isinstance(value, list) and self.items is not None:
-            value = [self._item(f"{where}[{i}]", item) for i, item in enumerate(value)]
+        if isinstance(value, list) and self.items is not None:  # each item checked as an option of its own
+            value = [Option(f"{self.name}[{i}]", self.items, None).check(plugin, v) for i, v in enumerate(value)]
         if self.allowed is not None and value not in self.allowed:
             raise ValueError(f"{where}: {shown(value)} is not allowed; allowed: {list(self.allowed)}")
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -92,21 +92,6 @@ class Option:
                     f"{where}: {shown(value)} is above the maximum {high}; allowed: {self._allowed(number)}"
                 )
         return value
-
-    def _item(self, where: str, item: Any) -> Any:
-        """One item of a list option, as `items` (float: an int becomes a float; never a bool, NaN or inf)."""
-        if isinstance(item, np.generic):
-            item = item.item()
-        if self.items is float and isinstance(item, int) and not isinstance(item, bool):
-            try:
-                item = float(item)
-            except OverflowError:
-                raise ValueError(f"{where}: {shown(item)} is not a finite number") from None
-        if isinstance(item, bool) or not isinstance(item, self.items):
-            raise ValueError(f"{where}: expected {self.items.__name__}, got {type(item).__name__} {shown(item)}")
-        if isinstance(item, float) and not math.isfinite(item):
-            raise ValueError(f"{where}: {item!r} is not allowed; allowed: finite numbers")
-        return item
 
     def _bounds(self, kind: type) -> tuple[float, float]:
         """The range a number of `kind` (int or float) must lie in: the declared one, else int64 / unbounded."""
