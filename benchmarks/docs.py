@@ -1,10 +1,15 @@
-"""docs/measurements.md, generated from `benchmarks/results/*.json` (`python -m benchmarks docs`); never typed.
+"""docs/measurements.md, generated from `benchmarks/results/` (`python -m benchmarks docs`); never typed.
 
-Per results file, newest first within each format: what was measured, by which command, on which device, commit
-and date; a table of the arms (median time and the arm's other scalar facts, its fractions of a ceiling first) and
-one of the ratios (median speed-up with its CI95 and the number of paired rounds). Files of the current envelope
-(`envelope.FORMAT`) come first; files of the earlier format (before the one harness: keys `what`, `device`, `torch`,
-`commit`, `date`, `arms`, `ratios`) follow, marked "earlier format", with their scalar ratios flattened.
+The results folder holds three kinds of record:
+- `*.json` in the envelope of the one harness (`envelope.FORMAT`), one section each, newest first within a scenario:
+  what was measured, by which command, on which device, commit and date; a table of the arms (median time and the
+  arm's other scalar facts, its fractions of a ceiling first) and one of the ratios (median speed-up with its CI95 and
+  the number of paired rounds);
+- `gpu-tests/*.json`, runs of the `gpu`-marked tests on a GPU (keys `device`, `commit`, `date`, `summary` or `runs`):
+  one table, a row per run;
+- `probes/*.json` (and any top-level file not in the envelope): lab probes behind a design choice and records written
+  before the one harness (keys `what`, `device`, `torch`, `commit`, `date`, `ratios`), marked "earlier format", their
+  scalar ratios flattened. No scenario re-runs them.
 """
 
 from __future__ import annotations
@@ -25,11 +30,9 @@ def generate(results: Path, out: Path) -> Path:
     """Write the page for every `*.json` in `results` to `out` (atomically); returns `out`. ValueError if a file is
     not a JSON object."""
     current, earlier = [], []
-    for path in sorted(results.glob("*.json")):
-        record = json.loads(path.read_text())
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}: a results file must hold a JSON object, got {type(record).__name__}")
+    for path, record in _records(results, "*.json") + _records(results, "probes/*.json"):
         (current if record.get("format") == FORMAT else earlier).append((path, record))
+    gpu_tests = _records(results, "gpu-tests/*.json")
     lines = [
         "# Measurements",
         "",
@@ -42,16 +45,48 @@ def generate(results: Path, out: Path) -> Path:
     current.sort(key=lambda item: str(item[1].get("date", "")), reverse=True)  # newest first within a scenario
     for path, record in sorted(current, key=lambda item: item[1].get("scenario", "")):
         lines += _current(path, record)
+    if gpu_tests:
+        lines += _gpu_tests(results, gpu_tests)
     if earlier:
-        lines += ["## Other records", "", "Records not in the harness's format: results written before the one harness",
-                  "(replaced when their scenario is re-run) and lab probes behind a design choice (their command names",
-                  "the probe; no scenario re-runs them). Their arms are nested; only their scalar ratios are shown.",
-                  ""]  # fmt: skip
+        lines += ["## Lab probes and earlier records", "",
+                  "Records not in the harness's format (`benchmarks/results/probes/`): lab probes behind a design choice",
+                  "(their command names the probe; no scenario re-runs them) and results written before the one",
+                  "harness. Their arms are nested; only their scalar ratios are shown.", ""]  # fmt: skip
         for path, record in sorted(earlier, key=lambda item: str(item[1].get("date", "")), reverse=True):
-            lines += _earlier(path, record)
+            lines += _earlier(results, path, record)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, ("\n".join(lines).rstrip() + "\n").encode())
     return out
+
+
+def _records(results: Path, pattern: str) -> list[tuple[Path, dict[str, Any]]]:
+    """(path, record) of every file matching `pattern` under `results`, by name; ValueError if one is not a JSON
+    object."""
+    records = []
+    for path in sorted(results.glob(pattern)):
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: a results file must hold a JSON object, got {type(record).__name__}")
+        records.append((path, record))
+    return records
+
+
+def _gpu_tests(results: Path, records: list[tuple[Path, dict[str, Any]]]) -> list[str]:
+    """One row per run of the `gpu`-marked tests, newest first: date, device, commit, pytest's summary line(s)."""
+    lines = ["## GPU test runs", "",
+             "Runs of the `gpu`-marked tests on a GPU (CI has none and skips them). Each file names the command and",
+             "the tests that ran.", "", "| date | device | commit | result | file |", "|---|---|---|---|---|"]  # fmt: skip
+    for path, record in sorted(records, key=lambda item: str(item[1].get("date", "")), reverse=True):
+        runs = [record, *(run for run in record.get("runs") or [] if isinstance(run, dict))]
+        result = "; ".join(str(run["summary"]) for run in runs if run.get("summary")) or "?"
+        lines.append(f"| {str(record.get('date', '?'))[:10]} | {_device_name(record)} | "
+                     f"`{str(record.get('commit') or '?')[:10]}` | {_cell(result)} | `{path.relative_to(results)}` |")  # fmt: skip
+    return lines + [""]
+
+
+def _device_name(record: dict[str, Any]) -> str:
+    device = record.get("device")
+    return device.get("name", "?") if isinstance(device, dict) else str(device or "?")
 
 
 def _current(path: Path, record: dict[str, Any]) -> list[str]:
@@ -96,13 +131,11 @@ def _ratios(ratios: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _earlier(path: Path, record: dict[str, Any]) -> list[str]:
-    device = record.get("device")
-    name = device.get("name", "?") if isinstance(device, dict) else device or "?"
+def _earlier(results: Path, path: Path, record: dict[str, Any]) -> list[str]:
     title = record.get("what") or path.stem
     lines = [f"### {title} (earlier format)", "",
-             f"On {name}, commit `{str(record.get('commit') or '?')[:10]}`, {record.get('date', '?')}; torch "
-             f"{record.get('torch', '?')}. File: `{path.name}`.", ""]  # fmt: skip
+             f"On {_device_name(record)}, commit `{str(record.get('commit') or '?')[:10]}`, {record.get('date', '?')}; "
+             f"torch {record.get('torch', '?')}. File: `{path.relative_to(results)}`.", ""]  # fmt: skip
     flat = list(_flatten(record.get("ratios") or {}, ""))
     if flat:
         lines += ["| ratio | value |", "|---|---|"]

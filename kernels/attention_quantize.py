@@ -10,7 +10,7 @@ The maths (`quantize_reference` in torch ops; `quantize` the same in Triton, one
 2. q and the smoothed k per block of QUANT_BLOCK = 128 tokens, symmetric, one fp32 scale a block
    `max(amax(|block|), EPS) / top` (IEEE division), value `clamp(x * (1 / scale), -top, top)` (the reciprocal by IEEE
    division once a block, then a multiply a value: faster than dividing each value,
-   benchmarks/results/2026-12-06-attention-quantize-h100.json) rounded to nearest even: qk="int8" top = 127, int8
+   benchmarks/results/probes/2026-12-06-attention-quantize-h100.json) rounded to nearest even: qk="int8" top = 127, int8
    values (SageAttention's choice); qk="e4m3" top = 448, e4m3 values. Tokens past T are zeros (padded to a multiple of
    128; padding is added after smoothing, so it stays zero).
 3. pv="fp8" / pv="int8": v per (batch, head, channel) over all tokens to one byte, symmetric: e4m3
@@ -59,7 +59,7 @@ P_TOP = {"fp8": FP8_MAX, "int8": INT8_MAX}  # the factor the kernels' one-byte P
 EPS = 1e-12  # the smallest amax a scale is made from
 QUANT_BLOCK = 128  # tokens per q / k quantization block (and per program of `_quantize_fwd`)
 QUANT_WARPS = 16  # a (128, 128) fp32 tile over 512 threads, 32 values a thread: the fastest of 4, 8 and 16 on the
-# H200 (benchmarks/results/attention-quantize-warps.json); no spills on any target (tests/kernels/test_targets)
+# H200 (benchmarks/results/probes/attention-quantize-warps.json); no spills on any target (tests/kernels/test_targets)
 
 
 @dataclass

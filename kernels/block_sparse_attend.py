@@ -260,7 +260,7 @@ def _check_tma(k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 # (qk, pv) pairs `attend` runs on the CuTe kernel by default: each checked against the Triton kernel and the fp32
-# reference on lists of one step as well as long ones (benchmarks/results/2026-12-06-block-sparse-cute-h100.json)
+# reference on lists of one step as well as long ones (benchmarks/results/probes/2026-12-06-block-sparse-cute-h100.json)
 SM90_PAIRS = (("e4m3", "fp8"), ("int8", "fp8"), ("int8", "int8"))
 
 

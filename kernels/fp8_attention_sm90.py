@@ -17,7 +17,8 @@ One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
   places that wait at the top of the softmax's block, so a warpgroup's softmax runs under the other warpgroup's
   dots, not its own. The schedules measured against this one, all slower (the wait kept after the softmax, P_j
   through shared memory, FlashAttention-3's turn-taking barriers between the warpgroups):
-  benchmarks/results/2026-12-06-fp8-attention-schedule-h100.json and fp8-attention-cute-bounce.json.
+  benchmarks/results/probes/2026-12-06-fp8-attention-schedule-h100.json and
+  benchmarks/results/fp8-attention-cute-bounce.json.
 
 The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q * scale_k * softmax scale *
 log2 e), one ex2.approx and half an F2FP (fp32 pairs to e4m3 pairs); the row sum comes from the P.V dot (a ones
@@ -135,7 +136,7 @@ def _tma_tiles(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor) -> tup
 
 class Fp8AttentionSm90:
     """The kernel for one configuration: `qk_int8` (INT8 Q.K^T with int32 accumulation, else e4m3 with fp32) and
-    `stages` (K/V ring buffers, default 3; 2 against it: benchmarks/results/fp8-attention-cute-stages-lazy.json).
+    `stages` (K/V ring buffers, default 3; 2 against it: benchmarks/results/probes/fp8-attention-cute-stages-lazy.json).
     `cute.compile` it once per configuration and shape.
 
     The row sums l come from the P.V dot itself, as an extra output channel (N = 136: each v8 stage holds 8 more rows,
@@ -143,7 +144,7 @@ class Fp8AttentionSm90:
     e4m3, the weights the dot used (the reference sums it unrounded: 2e-3 to 3e-3 relative L2 between the two). The
     channel is moved into fp32 l and zeroed after every tile: an e4m3 dot's accumulator keeps only about 14 bits
     against its running value, so a whole row's sum of P carried in it loses the small terms
-    (benchmarks/results/fp8-attention-cute-probes.json has the carried variant's error)."""
+    (benchmarks/results/probes/fp8-attention-cute-probes.json has the carried variant's error)."""
 
     def __init__(self, qk_int8: bool, stages: int | None = None, pv_int8: bool = False, sparse: bool = False):
         """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `sparse`: block_sparse_attention

@@ -1,4 +1,4 @@
-"""docs/measurements.md is generated from the results files, current and earlier format alike."""
+"""docs/measurements.md is generated from the results files: the harness's, GPU test runs, probes and earlier ones."""
 
 import json
 from pathlib import Path
@@ -25,8 +25,17 @@ EARLIER = {
 def test_docs_table_every_scenario_and_mark_the_earlier_format(tmp_path):
     results = tmp_path / "results"
     run_scenario("relayout", results, smoke=True, rounds=3)
-    (results / "2026-11-30-sparse-attention-h200-run11.json").write_text(json.dumps(EARLIER))
+    (results / "probes").mkdir()
+    (results / "probes" / "2026-11-30-sparse-attention-h200-run11.json").write_text(json.dumps(EARLIER))
+    (results / "gpu-tests").mkdir()
+    runs = {"a": {"summary": "3 passed, 1 failed in 9.0s"}, "b": {"runs": [{"summary": "2 passed"}, {}]}}
+    for name, run in runs.items():
+        record = {"device": {"name": "NVIDIA H100"}, "commit": "0123456789abc", "date": "2026-12-01", **run}
+        (results / "gpu-tests" / f"{name}.json").write_text(json.dumps(record))
     page = generate(results, tmp_path / "docs" / "measurements.md").read_text()
+    assert "| 2026-12-01 | NVIDIA H100 | `0123456789` | 3 passed, 1 failed in 9.0s | `gpu-tests/a.json` |" in page
+    assert "| 2 passed | `gpu-tests/b.json` |" in page
+    assert "File: `probes/2026-11-30-sparse-attention-h200-run11.json`" in page
     current = json.loads((results / "relayout.json").read_text())
     assert "## relayout (smoke run: no speed claim)" in page
     assert current["commit"] is None or current["commit"][:10] in page

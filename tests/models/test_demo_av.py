@@ -6,7 +6,7 @@ must pass. Thresholds are floors stated here, from chance, not fitted to a run: 
 (noise seeds never trained on; each colour and direction twice) demo-av must match colour, pitch, rhythm, speed and
 background in at least 6 of 8 (chance 2 or 4 of 8) and shape and direction in 5 of 8 (chance about 2.7 and 2).
 The full evidence (128 held-out requests, the colour-direction pairs held out of training reported apart) is the
-record under benchmarks/results/av2-training/; demo-av-mini's is benchmarks/results/2026-11-29-demo-av-cpu-eval.json
+record under benchmarks/results/av2-training/; demo-av-mini's is benchmarks/results/probes/2026-11-29-demo-av-cpu-eval.json
 (its weights do not change, and its inference path is demo-av's, so CI checks its learning no more)"""
 
 import time

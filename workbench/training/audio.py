@@ -63,7 +63,7 @@ def stft_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     output silence; the spectra say what a listener (and the pitch detector) hears. The log term compares
     `log(|S| + STFT_LOG_EPS)`: with a tiny floor every silent bin of a pure tone weighs as much as the tone
     itself and a near-silent output scores well, so a vocoder trained on it falls silent. With this floor
-    it keeps the tones' loudness (benchmarks/results/2026-11-29-vocoder-loss-cpu.json compares the floors).
+    it keeps the tones' loudness (benchmarks/results/probes/2026-11-29-vocoder-loss-cpu.json compares the floors).
     """
     length = min(prediction.shape[-1], target.shape[-1])
     prediction = prediction[..., :length].reshape(-1, length).float()
