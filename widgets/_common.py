@@ -4,12 +4,13 @@ upscaling of small frames."""
 from __future__ import annotations
 
 import html
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ipywidgets
 import numpy as np
-from IPython.display import HTML
+from IPython.display import HTML, display, update_display
 
 _ERROR_STYLE = (
     "border:1px solid #d9534f;background:#fdf2f2;color:#a94442;padding:6px 10px;"
@@ -45,17 +46,43 @@ STATIC_COPY_MAX_BYTES = 8 * 2**20  # a display's static copy above this is left 
 class StaticCopy:
     """A widget with a static copy of what it shows (`static()`: self-contained HTML, no JavaScript).
 
-    Its display carries that copy, as it stands at display time, as text/html beside the widget view. A front end
-    with the widget manager (JupyterLab, Notebook 7, VS Code) draws the widget: the view outranks HTML there. One
-    without it shows the copy where it would show the widget's repr: a notebook viewer, an nbconvert HTML export of
-    a notebook saved without widget state (JupyterLab's default; papermill saves it, so the README's export of an
-    executed notebook clears it). A copy over STATIC_COPY_MAX_BYTES, or one that fails to build, is replaced by a
-    one-line note saying so; the widget itself still displays.
+    Its display carries that copy as text/html beside the widget view. A front end with the widget manager
+    (JupyterLab, Notebook 7, VS Code) draws the widget: the view outranks HTML there. One without it shows the copy
+    where it would show the widget's repr: a notebook viewer, an nbconvert HTML export of a notebook saved without
+    widget state (JupyterLab's default; papermill saves it, so the README's export of an executed notebook clears it).
+    A copy over STATIC_COPY_MAX_BYTES, or one that fails to build, is replaced by a one-line note saying so; the
+    widget itself still displays.
+
+    In a kernel every display of one widget is a display_data output under the widget's own display id, and
+    `refresh_static()` replaces the copy in all of them (an `update_display_data`, which JupyterLab and nbclient apply
+    to earlier cells too), so a saved notebook shows the widget as it last stood rather than as it was displayed.
+    A widget refreshes after the actions that change what it shows (a request, a new pair), never per control move:
+    JupyterLab draws the view again for each update.
     Mix in before the ipywidgets class: `class ABPlayer(StaticCopy, ipywidgets.VBox)`.
     """
 
+    _static_display_id: str | None = None  # set by the first display
+
     def static(self) -> HTML:
         raise NotImplementedError
+
+    def _ipython_display_(self) -> None:
+        """IPython's hook for `display(widget)` and a cell ending in the widget: one display_data output (view and
+        copy) under this widget's display id."""
+        bundle = self._repr_mimebundle_()
+        if bundle is None:  # a closed widget displays nothing
+            return
+        self._static_display_id = self._static_display_id or uuid.uuid4().hex
+        display(bundle, raw=True, display_id=self._static_display_id)
+
+    def refresh_static(self) -> None:
+        """Replace the static copy in every output that displayed this widget with the current one (nothing before
+        the widget is displayed, or once it is closed)."""
+        if self._static_display_id is None:
+            return
+        bundle = self._repr_mimebundle_()
+        if bundle is not None:
+            update_display(bundle, raw=True, display_id=self._static_display_id)
 
     def _repr_mimebundle_(self, **kwargs: object) -> dict | None:
         bundle = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]

@@ -88,7 +88,7 @@ class ABAudio(StaticCopy, ipywidgets.VBox):
         self.compare(result_a, result_b, labels)
 
     def compare(self, result_a: Result, result_b: Result, labels: tuple[str, str] = ("A", "B")) -> None:
-        """Show a new pair (same checks as the constructor)."""
+        """Show a new pair (same checks as the constructor); it becomes the static copy of the widget's displays."""
         labels = check_labels(labels)
         for label, result in zip(labels, (result_a, result_b), strict=True):
             if result.audio is None:
@@ -108,6 +108,7 @@ class ABAudio(StaticCopy, ipywidgets.VBox):
         with self.errors.catching("audio figure"):
             figure = ab_audio_figure(result_a.audio, result_b.audio, self.sample_rate, labels=self.labels)
             self.figure.value = figure_png(figure, dpi=80)
+        self.refresh_static()
 
     def static(self) -> HTML:
         """Both soundtracks and their figure as self-contained HTML (WAV and PNG data URIs), for where the widget
@@ -117,7 +118,9 @@ class ABAudio(StaticCopy, ipywidgets.VBox):
             f'<audio controls src="{player.src}"></audio></figure>'
             for title, player in zip(self.titles, self.players, strict=True)
         ]
-        alt = "waveforms and spectrograms of both soundtracks and of their difference"
+        same = np.array_equal(self.result_a.audio, self.result_b.audio)  # no difference drawn (`ab_audio_figure`)
+        difference = ", which are identical" if same else " and of their difference"
+        alt = f"waveforms and spectrograms of both soundtracks{difference}"
         figure = png_figure_html(self.figure.value, alt, style="margin:0") if self.figure.value else ""
         row = f'<div style="display:flex;flex-wrap:wrap;gap:16px">{"".join(parts)}</div>'
         return HTML(f'<div class="vflash-ab-audio-static">{row}{figure}</div>')

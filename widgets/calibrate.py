@@ -153,7 +153,8 @@ class CalibrationPanel(StaticCopy, ipywidgets.VBox):
         self.steps.value = "\n".join(line for line in lines if line)
 
     def show(self, result: cal.Calibration | cal.Stack) -> None:
-        """Display a finished calibration or stack (also one loaded from elsewhere)."""
+        """Display a finished calibration or stack (also one loaded from elsewhere); it becomes the static copy of the
+        panel's displays."""
         self.result = result
         colour = {"calibrated": "#59a14f", "quality_confirmed": "#4e79a7"}.get(result.status, "#e15759")
         self.status.value = (
@@ -164,6 +165,7 @@ class CalibrationPanel(StaticCopy, ipywidgets.VBox):
         self.plot.layout.display = None
         self.setting.value = f"<pre>{html.escape(str(result.config))}</pre>" if result.config else ""
         self.apply_button.disabled = result.status not in ("calibrated", "quality_confirmed")
+        self.refresh_static()
 
     def static(self) -> HTML:
         """The panel's outcome as it stands, as self-contained HTML: the budget, the status, the Pareto plot and the

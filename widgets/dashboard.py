@@ -7,9 +7,10 @@ box, the live stage plot, the last result's memory residency (only under a cap) 
 
 from __future__ import annotations
 
+import functools
 import html
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,21 @@ def model_name(name: str) -> str:
     return path.name if path.is_absolute() or len(path.parts) > 1 else name
 
 
+def _refreshing(action: Callable[..., Any]) -> Callable[..., Any]:
+    """A Dashboard action after which, returned or raised, the displays of the dashboard and of its A/B area show its
+    outcome in their static copies (`StaticCopy.refresh_static`)."""
+
+    @functools.wraps(action)
+    def run(self: Dashboard, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return action(self, *args, **kwargs)
+        finally:
+            self.refresh_static()
+            self.ab.refresh_static()
+
+    return run
+
+
 class ABArea(StaticCopy, ipywidgets.VBox):
     """The Dashboard's A/B area: the players of its last two results, or a one-line note of why there are none."""
 
@@ -67,7 +83,8 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
     it to follow the latest pair) keeps the last two results: an `ABPlayer` (and an `ABAudio` when both have
     audio at one sample rate) of the older against the newer; a part that cannot be compared says why in one line.
     Every display of the dashboard or of `ab` also carries its static copy (`static()`, `ab.static()`), which is what
-    an HTML export without widget state shows in its place.
+    an HTML export without widget state shows in its place; opening, closing and generating bring the copies of the
+    displays made so far up to date, so a saved notebook shows the finished requests.
     The buttons run their work on a background thread (the kernel stays responsive) and only set widget
     values from it; `open_model()`/`generate()` called from code run on the caller's thread and return. Every
     failure shows in the error box; none is a traceback.
@@ -158,6 +175,7 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
             self._use(given)
 
     # -- actions ----------------------------------------------------------------------------------
+    @_refreshing
     def open_model(self, name: str | None = None) -> Session | None:
         """Open model `name` (default: the picker's) with `Session.open(name, device=..., memory=<the cap field>)`
         and use it. A session this dashboard opened before is closed first (two models need not fit the device
@@ -190,6 +208,7 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         self._opened_here = True
         return session
 
+    @_refreshing
     def close_session(self) -> None:
         """Close the session on screen (`Session.close`: the model and the device let go of, a memory cap lifted),
         also one handed to the dashboard; the widgets let go of it and the results shown stay."""
@@ -231,6 +250,7 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         for widget, value in checked.values():
             widget.value = value
 
+    @_refreshing
     def generate(self) -> Result | None:
         """Run the form's request on the session (LiveStagePlot attached) and update the A/B area.
 

@@ -43,7 +43,8 @@ class FanoutProgress(StaticCopy, ipywidgets.VBox):
 
     When the run ends, `html` holds a static summary (inline styles, no JS) and, unless `show_static=False`, it is
     displayed under the running cell if the run ended on the kernel's main thread: it survives an offline HTML export
-    that blanks every widget. Otherwise `display(view.static())` shows it.
+    that blanks every widget. Otherwise `display(view.static())` shows it. Either way it becomes the static copy of the
+    view's own displays (`StaticCopy.refresh_static`).
     """
 
     def __init__(self, fanout: Any = None, show_static: bool = True):
@@ -112,6 +113,7 @@ class FanoutProgress(StaticCopy, ipywidgets.VBox):
                     and threading.current_thread() is threading.main_thread()
                 ):
                     display(self.static())
+                self.refresh_static()
 
 
 def _duration(seconds: float) -> str:

@@ -19,7 +19,8 @@ from ._common import ErrorBox, StaticCopy
 
 
 class LiveStagePlot(StaticCopy, ipywidgets.VBox):
-    """Stage timeline (and, when the request ends, per-stage memory peaks) of each request of a session.
+    """Stage timeline (and, when the request ends, its memory: per-stage device peaks on a GPU, host RSS over the
+    request on the CPU; `plots.memory_plot`) of each request of a session.
 
     The subscriber only records events: it runs on the request thread, inside the stages it measures,
     so drawing there would add the drawing time to the stage. While a request runs, a renderer thread
@@ -29,7 +30,8 @@ class LiveStagePlot(StaticCopy, ipywidgets.VBox):
     thread. When the request ends, the final matplotlib figures are drawn on the request thread (its
     total is already measured), kept in `png` and (unless `show_static=False`), if that thread is the
     kernel's main thread, displayed as static HTML (`static()`) under the running cell, where they survive
-    an offline HTML export that blanks every widget. Otherwise `display(live.static())` shows them.
+    an offline HTML export that blanks every widget. Otherwise `display(live.static())` shows them. Either way they
+    become the static copy of the plot's own displays (`StaticCopy.refresh_static`).
     """
 
     def __init__(self, max_updates_per_second: float = 2.0, show_static: bool = True):
@@ -89,7 +91,7 @@ class LiveStagePlot(StaticCopy, ipywidgets.VBox):
     def static(self) -> HTML:
         """The last finished request's figures as self-contained HTML (PNG data URIs, each with its alt text and
         caption), or the status line while none has finished (for `display(live.static())`)."""
-        alts = {"timeline": "stage timeline of the last request", "memory": "peak memory per stage of the last request"}
+        alts = {"timeline": "stage timeline of the last request", "memory": "memory of the last request"}
         names = [name for name in ("timeline", "memory") if name in self.png]
         body = "".join(png_figure_html(self.png[name], alts[name], style="margin:0") for name in names)
         return HTML(f'<div class="vflash-live-static">{body or f"<p>{self.status.value}</p>"}</div>')
@@ -124,6 +126,7 @@ class LiveStagePlot(StaticCopy, ipywidgets.VBox):
             self.status.value = f"request done: {total:.3f} s, {sum(e.kind == 'step' for e in events)} steps"
             if self.show_static and get_ipython() is not None and threading.current_thread() is threading.main_thread():
                 display(self.static())
+            self.refresh_static()
 
     # -- renderer thread --------------------------------------------------------------------------
     def _render_loop(self) -> None:

@@ -150,10 +150,11 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
     """Two results side by side under ONE frame slider: synced videos, |A - B| heatmap, PSNR/SSIM curves.
 
     One row holds what differs: both videos, the heatmap of the slider's frame and the per-frame PSNR/SSIM
-    curves with that frame marked. Small clips are enlarged by a whole factor (nearest-neighbour) to at
-    least `MIN_SIDE` pixels on the long side, and captioned with their true size. Frame i is shown at
-    time (i + 0.5) / fps, the middle of its display interval, so a browser's rounding of the seek (Chromium
-    truncates `currentTime` to microseconds) cannot land on the frame before; a time maps back to
+    curves with that frame marked; when A and B are identical (every pixel of every frame equal), a note says so in
+    place of the heatmap and the curves, which would be black and empty. Small clips are enlarged by a whole factor
+    (nearest-neighbour) to at least `MIN_SIDE` pixels on the long side, and captioned with their true size. Frame i
+    is shown at time (i + 0.5) / fps, the middle of its display interval, so a browser's rounding of the seek
+    (Chromium truncates `currentTime` to microseconds) cannot land on the frame before; a time maps back to
     floor(t * fps), clamped to 0..T-1. The heatmap shares one colour scale over the whole video, so a
     brighter frame differs more. `compare` swaps in a new pair in place, so a player already on screen
     tracks the latest results. Results must have the same frame count, frame size and fps; otherwise
@@ -173,11 +174,13 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
         self.image_diff = ipywidgets.Image(format="png")
         self.diff_title = ipywidgets.HTML()
         self.curves = ipywidgets.Image(format="png")
+        self.heat_box = ipywidgets.VBox([self.image_diff, self.diff_title])
+        self.identical = ipywidgets.HTML(layout={"display": "none"})  # in their place when A and B are identical
         self.videos = SyncedVideos()
         self.caption = ipywidgets.HTML()
         ipywidgets.link((self.videos, "playing"), (self.play, "value"))
         row = ipywidgets.HBox(
-            [self.videos, ipywidgets.VBox([self.image_diff, self.diff_title]), self.curves],
+            [self.videos, self.heat_box, self.identical, self.curves],
             layout={"flex_flow": "row wrap", "align_items": "flex-start", "grid_gap": "8px"},
         )
         controls = ipywidgets.HBox(
@@ -201,7 +204,7 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
         All or nothing: the pair is checked and both MP4s are encoded before anything on screen changes, so a
         pair that is refused (`ValueError`) or fails to encode (the encoder's error, e.g. `ValueError` for audio
         of more than 2 channels) raises and leaves the previous pair showing, whole. A pair shown clears the
-        error box.
+        error box and becomes the static copy of the player's displays (`StaticCopy.refresh_static`).
         """
         labels = check_labels(labels)
         _check_comparable(result_a, result_b, labels)
@@ -236,11 +239,16 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
         self.diff_title.layout.width = f"{hw}px"  # the title wraps under the heatmap, never widens the row
         self.videos.label_a, self.videos.label_b = (f"{label} ({shown})" for label in labels)
         self.videos.src_a, self.videos.src_b = src_a, src_b
+        same = self.diff_max == 0
+        self.identical.value = _identical_html(labels, self.frame_count) if same else ""
+        self.identical.layout.display = None if same else "none"
+        self.heat_box.layout.display = self.curves.layout.display = "none" if same else None
         self.psnr = self.ssim = None
-        self.curves.value = b""  # the previous pair's curves must not stay up if these fail
+        self.image_diff.value = self.curves.value = b""  # the previous pair's figures must not stay up
         self._compute_curves()
         self._ready = True
         self.show(0)
+        self.refresh_static()
 
     def step(self, frames: int) -> None:
         """Move the slider by `frames` (negative: back), stopping at the first and last frame."""
@@ -248,10 +256,12 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
         self.slider.value = min(self.frame_count - 1, max(0, self.slider.value + frames))
 
     def show(self, frame: int) -> None:
-        """Draw the difference of frame `frame` and mark it on the curves."""
+        """Caption frame `frame`, draw its difference and mark it on the curves (nothing to draw when identical)."""
         with self.errors.catching(f"showing frame {frame}"):
-            self.image_diff.value = array_png(upscale(self.heatmap(frame), self.heat_factor))
             self.caption.value = self._caption(frame)
+            if self.diff_max == 0:
+                return
+            self.image_diff.value = array_png(upscale(self.heatmap(frame), self.heat_factor))
             if self.psnr is not None and self.ssim is not None:
                 figure = frame_metric_curves(self.psnr, self.ssim, current=frame, size=CURVES_SIZE)
                 self.curves.value = figure_png(figure, dpi=80)
@@ -259,7 +269,8 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
     def static(self) -> HTML:
         """The pair as self-contained HTML, for where the widget is blank (an offline HTML export, a reopened
         notebook): the header, both videos at their display size with their labels, the slider frame's heatmap
-        and the PSNR/SSIM curves, the media as data URIs. A copy of what is on screen now, not a live view."""
+        and the PSNR/SSIM curves (or the note that A and B are identical), the media as data URIs. A copy of what is
+        on screen now, not a live view."""
         dw, dh = self.display_size
         labels = (self.videos.label_a, self.videos.label_b)
         parts = [
@@ -270,6 +281,7 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
         frame = self.slider.value
         images = [(self.image_diff.value, f"|B - A| of frame {frame}"), (self.curves.value, "per-frame PSNR and SSIM")]
         parts += [png_figure_html(png, alt, style="margin:0") for png, alt in images if png]
+        parts += [self.identical.value] if self.identical.value else []
         row = f'<div style="display:flex;flex-wrap:wrap;gap:8px;align-items:flex-start">{"".join(parts)}</div>'
         return HTML(f'<div class="vflash-ab-static"><p>{self.header.value}</p>{row}</div>')
 
@@ -341,6 +353,19 @@ def display_size(
         return factor, (width * factor, height * factor)
     scale = min(1.0, max_side / max(height, width))
     return 1, (round(width * scale), round(height * scale))
+
+
+def _identical_html(labels: tuple[str, str], frames: int) -> str:
+    """The note shown in place of the heatmap and the curves when both results are the same, frame for frame."""
+    a, b = (html.escape(label) for label in labels)
+    style = (
+        "max-width:260px;padding:8px 12px;border-left:4px solid #59a14f;background:#f1f8ee;"
+        "font-size:13px;line-height:1.4;white-space:normal"
+    )
+    return (
+        f'<div class="vflash-identical" style="{style}"><b>{a} and {b} are identical</b>: every frame equal, pixel '
+        f"for pixel ({frames} of {frames} frames), so there is no difference to map and no PSNR/SSIM to plot.</div>"
+    )
 
 
 def _data_uri(mp4: bytes) -> str:

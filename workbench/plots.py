@@ -144,28 +144,49 @@ def timeline_svg(events: Sequence[Event], now: float | None = None, width: int =
 
 
 def memory_plot(events: Sequence[Event]) -> Figure:
-    """Peak allocated device memory per stage (MiB), the maximum over that stage's intervals.
+    """The request's memory in MiB, as the device it ran on measures it. Returns a figure with one axes.
 
-    Peaks come from stage_end events; a CPU request has none, and the axes say so rather than show
-    zeros that would read as a measurement. Returns a figure with one axes.
+    On a GPU: the peak allocated device memory per stage, one bar each, the maximum over that stage's intervals
+    (stage_end `peak_bytes`). On the CPU, which has no device memory: the process's resident set size (host RSS,
+    `rss_bytes`) at each event that carries it (stage starts and ends, steps, the request's end) over seconds since
+    request start, on the timeline's time axis with the stages shaded in its colours. RSS is read at those instants
+    only, so memory taken and given back between two readings does not show. Events with neither say so in text.
     """
     peaks: dict[str, int] = {}
     for event in events:
         if event.kind == "stage_end" and event.stage is not None and "peak_bytes" in event.data:
             peaks[event.stage] = max(peaks.get(event.stage, 0), int(event.data["peak_bytes"]))
+    readings = [(event.t, event.data["rss_bytes"] / 2**20) for event in events if "rss_bytes" in event.data]
+    if not peaks and readings:
+        return _host_rss_plot(events, readings)
     figure = Figure(figsize=(6, 2.6 if peaks else 0.9), layout="constrained")
     axes = figure.add_subplot()
     axes.set_title("peak allocated memory per stage", fontsize=10)
     if not peaks:
-        axes.text(0.5, 0.5, "no device memory on CPU", ha="center", va="center", transform=axes.transAxes)
-        axes.set_xticks([])
-        axes.set_yticks([])
+        _say(axes, "no memory readings in these events")
         return figure
     stages = _stage_order(peaks)
     mib = [peaks[stage] / 2**20 for stage in stages]
     bars = axes.bar(stages, mib, color=[_COLORS.get(stage, _OTHER_COLOR) for stage in stages])
     axes.bar_label(bars, labels=[f"{value:.0f}" for value in mib], fontsize=8)
     axes.set_ylabel("MiB")
+    return figure
+
+
+def _host_rss_plot(events: Sequence[Event], readings: Sequence[tuple[float, float]]) -> Figure:
+    """`memory_plot` on the CPU: host RSS `readings` (seconds, MiB) as a line over the stages of `events`."""
+    intervals = stage_intervals(events)
+    figure = Figure(figsize=(8, 2.6), layout="constrained")
+    axes = figure.add_subplot()
+    for interval in intervals:
+        color = _COLORS.get(interval.stage, _OTHER_COLOR)
+        axes.axvspan(interval.start, interval.end, color=color, alpha=0.18, linewidth=0)
+    times, mib = zip(*readings, strict=True)
+    axes.plot(times, mib, marker=".", color="#333333", linewidth=1)
+    axes.set_xlim(0, _chart_end(intervals, events, None) * 1.02)
+    axes.set_xlabel("seconds since request start")
+    axes.set_ylabel("MiB")
+    axes.set_title(f"host RSS (process resident memory; no device memory on CPU): peak {max(mib):.0f} MiB", fontsize=10)
     return figure
 
 
@@ -177,43 +198,54 @@ def ab_audio_figure(
     Audio is float (C, N) or (N,); channels are averaged to what a listener hears summed. A and B share
     their amplitude and dB scales so a louder arm looks louder. The difference's title gives B's SNR against A
     over the channels (`quality.audio_snr_db`, the budget's waveform SNR) when both have the same layout. When
-    lengths differ, the differences cover the common start and say so.
+    lengths differ, the differences cover the common start and say so. When A and B are equal sample for sample
+    (same shape), there is no difference to draw: the bottom row is one text-only axes saying so (five axes).
     """
     if not isinstance(sample_rate, int | np.integer) or sample_rate <= 0:
         raise ValueError(f"sample_rate: expected a positive integer in Hz, got {sample_rate!r}")
     a = _mono(a_audio, "a_audio")
     b = _mono(b_audio, "b_audio")
     n = min(a.size, b.size)
-    figure = Figure(figsize=(10, 7), layout="constrained")
-    grid = figure.subplots(3, 2)
+    identical = np.array_equal(a_audio, b_audio)
+    figure = Figure(figsize=(10, 5.4 if identical else 7), layout="constrained")
+    rows = figure.add_gridspec(3, 2, height_ratios=(1, 1, 0.25 if identical else 1))
+    waves = [figure.add_subplot(rows[0, column]) for column in range(2)]
+    spectrograms = [figure.add_subplot(rows[1, column]) for column in range(2)]
     peak = max(np.abs(a).max(initial=0.0), np.abs(b).max(initial=0.0), 1e-6)
     spectra = [_spectrogram(x, sample_rate) for x in (a, b)]
     low = min(np.percentile(db, 5) for _, _, db in spectra)
     high = max(db.max() for _, _, db in spectra)
     for column, (x, label, (freqs, times, db)) in enumerate(zip((a, b), labels, spectra, strict=True)):
-        wave_axes, spec_axes = grid[0, column], grid[1, column]
+        wave_axes, spec_axes = waves[column], spectrograms[column]
         wave_axes.plot(np.arange(x.size) / sample_rate, x, linewidth=0.6)
         wave_axes.set_ylim(-peak * 1.05, peak * 1.05)
         wave_axes.set_title(f"{label}: waveform ({x.size / sample_rate:.2f} s)", fontsize=10)
         _show_spectrogram(spec_axes, freqs, times, db, "magma", low, high)
         spec_axes.set_title(f"{label}: spectrogram (dB)", fontsize=10)
+    for axes in (waves[0], spectrograms[0]):
+        axes.set_xlabel("s")
+    if identical:
+        channels = 1 if np.ndim(a_audio) == 1 else np.shape(a_audio)[0]
+        equal = f"every sample equal ({channels} ch x {np.shape(a_audio)[-1]} samples)"
+        _say(figure.add_subplot(rows[2, :]), f"{labels[0]} and {labels[1]} are identical: {equal}", fontsize=12)
+        return figure
+    grid = [figure.add_subplot(rows[2, column]) for column in range(2)]
     suffix = "" if a.size == b.size else f" (first {n / sample_rate:.2f} s: lengths differ)"
     difference = b[:n] - a[:n]
-    grid[2, 0].plot(np.arange(n) / sample_rate, difference, color="#e15759", linewidth=0.6)
-    grid[2, 0].set_ylim(-peak * 1.05, peak * 1.05)
+    grid[0].plot(np.arange(n) / sample_rate, difference, color="#e15759", linewidth=0.6)
+    grid[0].set_ylim(-peak * 1.05, peak * 1.05)
     snr = (
         audio_snr_db(*(np.atleast_2d(x) for x in (a_audio, b_audio))) if np.ndim(a_audio) == np.ndim(b_audio) else None
     )
     snr_text = "" if snr is None else ", identical" if snr == np.inf else f", SNR {snr:.1f} dB"
-    grid[2, 0].set_title(f"{labels[1]} - {labels[0]}: waveform{snr_text}{suffix}", fontsize=10)
+    grid[0].set_title(f"{labels[1]} - {labels[0]}: waveform{snr_text}{suffix}", fontsize=10)
+    grid[0].set_xlabel("s")
     freqs, times, db_a = _spectrogram(a[:n], sample_rate)
     _, _, db_b = _spectrogram(b[:n], sample_rate)
     delta = db_b - db_a
     limit = max(float(np.abs(delta).max(initial=0.0)), 1e-3)
-    _show_spectrogram(grid[2, 1], freqs, times, delta, "RdBu_r", -limit, limit)
-    grid[2, 1].set_title(f"{labels[1]} - {labels[0]}: spectrogram (dB){suffix}", fontsize=10)
-    for axes in grid[:, 0]:
-        axes.set_xlabel("s")
+    _show_spectrogram(grid[1], freqs, times, delta, "RdBu_r", -limit, limit)
+    grid[1].set_title(f"{labels[1]} - {labels[0]}: spectrogram (dB){suffix}", fontsize=10)
     return figure
 
 
@@ -229,7 +261,8 @@ def frame_metric_curves(
     Identical frames have infinite PSNR; they are left out of the curve and counted in its title.
     `budget` (a `Budget.to_dict()`) draws its limits as dashed lines: `psnr_db` on the PSNR axes (the
     budget applies it to the whole clip; per frame it is a guide) and `min_ssim` on the SSIM axes (the
-    budget applies it to the worst frame). `size` is the figure size in inches. Returns a figure with two axes.
+    budget applies it to the worst frame). `size` is the figure size in inches. Returns a figure with two axes;
+    when every frame is identical (no finite PSNR to draw), one text-only axes saying so.
     """
     psnr = np.asarray(psnr, dtype=np.float64)
     ssim = np.asarray(ssim, dtype=np.float64)
@@ -241,11 +274,14 @@ def frame_metric_curves(
     identical = int(np.isposinf(psnr).sum())
     small = size[0] < 5
     figure = Figure(figsize=size, layout="constrained")
+    if psnr.size and identical == psnr.size:
+        _say(figure.add_subplot(), f"A and B are identical:\nevery frame equal\n({psnr.size} of {psnr.size} frames)")
+        return figure
     top, bottom = figure.subplots(2, 1, sharex=True)
     top.plot(frames, np.where(np.isfinite(psnr), psnr, np.nan), marker=".", color="#4e79a7")
     top.set_ylabel("PSNR (dB)")
     finite = psnr[np.isfinite(psnr)]
-    title = f"min PSNR {finite.min():.2f} dB" if finite.size else "every frame identical"
+    title = f"min PSNR {finite.min():.2f} dB" if finite.size else "no finite PSNR"
     if identical and finite.size:
         title += f"; {identical} identical" if small else f"; {identical} identical frame(s) (PSNR = inf, not drawn)"
     top.set_title(title, fontsize=9 if small else 10)
@@ -328,6 +364,12 @@ def _stage_order(stages: Iterable[str]) -> list[str]:
     """Known stages in pipeline order, unknown ones after them in first-seen order."""
     seen = list(dict.fromkeys(stages))
     return [s for s in STAGES if s in seen] + [s for s in seen if s not in STAGES]
+
+
+def _say(axes, text: str, fontsize: float = 10) -> None:
+    """Turn `axes` into a plain statement: `text` centred, no frame or ticks (where a plot would show nothing)."""
+    axes.set_axis_off()
+    axes.text(0.5, 0.5, text, ha="center", va="center", fontsize=fontsize, transform=axes.transAxes)
 
 
 def _mono(audio: np.ndarray, name: str) -> np.ndarray:

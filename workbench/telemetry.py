@@ -2,7 +2,9 @@
 
 On a GPU, intervals are CUDA events (the host-side clock would measure kernel launches, not work) and
 each stage end synchronises once so live plots and memory peaks are true; per-step events are read
-back after the request without extra synchronisation. On the CPU, `perf_counter`.
+back after the request without extra synchronisation. On the CPU, `perf_counter`, and the memory there is
+the process's: each stage start and end, step and request end carries its resident set size (`rss_bytes`, one
+`/proc` read through psutil), where a GPU's stage ends carry the device's allocated peak.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import psutil
 import torch
 
 STAGES = ("text_encode", "image_encode", "denoise", "video_decode", "audio_decode", "mux")
@@ -48,6 +51,7 @@ class Telemetry:
         self.memory: dict[str, int] = {}
         self.steps: list[tuple[int, Any, Any]] = []  # (index, start marker, end marker)
         self.subscriber_errors: list[str] = []
+        self._process = None if self.cuda else psutil.Process()  # host RSS is the CPU's memory reading
         self._t0 = time.perf_counter()
         self._origin = self._marker()
         self._open: dict[str, tuple[Any, int]] = {}
@@ -85,8 +89,9 @@ class Telemetry:
             return  # re-entrant: an inner call of the same stage belongs to the outer interval
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+        host = self._host_memory()  # read before the stage's clock starts
         self._open[stage] = (self._marker(), self._allocated())
-        self.emit("stage_start", stage)
+        self.emit("stage_start", stage, **host)
 
     def end(self, stage: str) -> None:
         if stage not in self._open:
@@ -100,7 +105,7 @@ class Telemetry:
             self.memory[stage] = max(self.memory.get(stage, 0), peak)
             data["peak_bytes"] = peak
             data["reserved_peak_bytes"] = torch.cuda.max_memory_reserved(self.device)  # the allocator's, cache included
-        self.emit("stage_end", stage, **data)
+        self.emit("stage_end", stage, **data, **self._host_memory())
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -114,7 +119,7 @@ class Telemetry:
         """Close denoising step `index` that began at marker `start`; returns the marker that ends it."""
         end = self._marker()
         self.steps.append((index, start, end))
-        self.emit("step", "denoise", index=index)
+        self.emit("step", "denoise", index=index, **self._host_memory())
         return end
 
     def marker(self) -> Any:
@@ -126,10 +131,14 @@ class Telemetry:
     def _allocated(self) -> int:
         return torch.cuda.memory_allocated(self.device) if self.cuda else 0
 
+    def _host_memory(self) -> dict[str, int]:
+        """{"rss_bytes": the process's resident set size now} off a GPU; {} on one."""
+        return {} if self._process is None else {"rss_bytes": self._process.memory_info().rss}
+
     def finish(self) -> float:
         """Total request seconds on the device clock; emits request_end."""
         total = self._seconds(self._origin, self._marker())
-        self.emit("request_end", total=total)
+        self.emit("request_end", total=total, **self._host_memory())
         return total
 
 

@@ -125,17 +125,20 @@ def test_explore_notebook_runs_the_dashboard(runs):
     datas = [o.get("data", {}) for c in notebook.cells for o in c.get("outputs", [])]
     widgets = [data for data in datas if WIDGET in data]
     assert len(widgets) == 2 and all("text/html" in data for data in widgets)  # the dashboard, then its A/B area
-    assert 'class="vflash-dashboard-static"' in widgets[0]["text/html"]
-    ab = widgets[1]["text/html"]  # the A/B area's copy as it stood when displayed: both results in
-    assert ab.count("data:video/mp4;base64,") == 2 and ab.count("data:audio/wav;base64,") == 2
+    dashboard, ab = (data["text/html"] for data in widgets)  # each copy as it last stood, after both requests
+    assert 'class="vflash-dashboard-static"' in dashboard and "last request #2 cross_kv_cache" in dashboard
+    assert "waiting for a request" not in dashboard  # displayed before the requests, brought up to date after them
+    for copy in (dashboard, ab):  # the dashboard holds the A/B area too
+        assert copy.count("data:video/mp4;base64,") == 2 and copy.count("data:audio/wav;base64,") == 2
+        assert "#1 stock and #2 cross_kv_cache are identical</b>" in copy  # bitwise: said, not drawn black and empty
     lives = [data["text/html"] for data in datas if WIDGET not in data and LIVE in data.get("text/html", "")]
     assert len(lives) == 2 and all(page.count('<img alt="') == 2 for page in lives)  # each request's two figures
     # The README's offline export (papermill saves widget state, which nbconvert would draw with JavaScript from a
     # CDN; without it the copies show): each copy in its widget's place, no widget repr, every image's own alt text.
     page, _ = HTMLExporter(config=Config({"ClearMetadataPreprocessor": {"enabled": True}})).from_notebook_node(notebook)
     assert page.count(WIDGET) == 0 and "Dashboard(children=" not in page
-    assert page.count("data:video/mp4;base64,") == 2 and page.count("data:audio/wav;base64,") == 2
-    assert page.count('<img alt="stage timeline of the last request"') == 2
+    assert page.count("data:video/mp4;base64,") == 4 and page.count("data:audio/wav;base64,") == 4
+    assert page.count('<img alt="stage timeline of the last request"') == 3  # each request's, and the dashboard's
     assert "No description has been provided" not in page
 
 

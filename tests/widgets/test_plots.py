@@ -1,5 +1,7 @@
 import numpy as np
+import psutil
 import pytest
+import torch
 
 from workbench.plots import (
     ab_audio_figure,
@@ -11,7 +13,7 @@ from workbench.plots import (
     stage_timeline,
 )
 from workbench.quality.audio import audio_snr_db
-from workbench.telemetry import Event
+from workbench.telemetry import Event, Telemetry
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -52,10 +54,27 @@ def test_stage_timeline_has_one_axes_with_a_row_per_stage_and_step_ticks():
     assert figure_png(figure).startswith(PNG)
 
 
-def test_memory_plot_says_there_is_no_device_memory_on_cpu():
-    figure = memory_plot(cpu_events())
+def test_cpu_telemetry_reads_host_rss_and_memory_plot_draws_it_over_the_request():
+    """The CPU has no device memory: its memory panel is the process's resident set size, labelled as host RSS."""
+    telemetry = Telemetry(torch.device("cpu"))
+    telemetry.begin("denoise")
+    telemetry.step(0, telemetry.marker())
+    telemetry.end("denoise")
+    telemetry.finish()
+    assert [e.kind for e in telemetry.events] == ["stage_start", "step", "stage_end", "request_end"]
+    rss = [e.data["rss_bytes"] for e in telemetry.events]
+    now = psutil.Process().memory_info().rss  # each reading is this process's RSS at its event
+    assert all(abs(value - now) < 64 * 2**20 for value in rss) and telemetry.memory == {}  # no device peaks
+    events = [Event(e.kind, e.t, e.stage, {**e.data, "rss_bytes": (i + 1) * 2**20}) for i, e in enumerate(cpu_events())]
+    figure = memory_plot(events)
     assert len(figure.axes) == 1
-    assert [text.get_text() for text in figure.axes[0].texts] == ["no device memory on CPU"]
+    axes = figure.axes[0]
+    assert "host RSS" in axes.get_title() and "peak 11 MiB" in axes.get_title() and axes.get_ylabel() == "MiB"
+    (line,) = axes.lines
+    assert list(line.get_xdata()) == [e.t for e in events] and list(line.get_ydata()) == list(range(1, 12))
+    assert axes.get_xlim()[1] >= 2.61  # the timeline's time axis: the whole request
+    nothing = memory_plot(cpu_events())  # events without readings (recorded before there were any) say so
+    assert [text.get_text() for text in nothing.axes[0].texts] == ["no memory readings in these events"]
 
 
 def test_memory_plot_bars_are_the_peak_per_stage_in_mib():
@@ -75,7 +94,13 @@ def test_ab_audio_figure_has_waveforms_spectrograms_and_differences(rng):
     assert len(figure.axes) == 6
     assert "lengths differ" in figure.axes[4].get_title()
     assert f"SNR {audio_snr_db(a, b):.1f} dB" in figure.axes[4].get_title()
-    assert "identical" in ab_audio_figure(a, a, 16000).axes[4].get_title()
+    start = ab_audio_figure(a, a[:, :2500], 16000)  # identical over the common start only: still drawn
+    assert len(start.axes) == 6 and "identical (first 0.16 s: lengths differ)" in start.axes[4].get_title()
+    same = ab_audio_figure(a, a.copy(), 16000, labels=("#1", "#2"))  # no difference to draw: a statement instead
+    assert len(same.axes) == 5 and not same.axes[4].axison
+    assert [t.get_text() for t in same.axes[4].texts] == [
+        "#1 and #2 are identical: every sample equal (2 ch x 3001 samples)"
+    ]
     for spectrogram in figure.axes[2:4] + figure.axes[5:]:  # log frequency, from the first bin above 0 Hz to Nyquist
         assert (
             spectrogram.get_yscale() == "log" and 0 < spectrogram.get_ylim()[0] < 32 < 7900 < spectrogram.get_ylim()[1]
@@ -105,6 +130,10 @@ def test_frame_metric_curves_has_two_axes_and_marks_the_current_frame(rng):
     for axes in figure.axes:
         assert list(axes.lines[-1].get_xdata()) == [4, 4]
     assert "1 identical frame" in figure.axes[0].get_title()
+    (same,) = frame_metric_curves(np.full(7, np.inf), np.ones(7)).axes  # every frame identical: no empty axes
+    assert not same.axison and [t.get_text() for t in same.texts] == [
+        "A and B are identical:\nevery frame equal\n(7 of 7 frames)"
+    ]
     with pytest.raises(ValueError, match="current"):
         frame_metric_curves(psnr, ssim, current=7)
     with pytest.raises(ValueError, match="psnr, ssim"):

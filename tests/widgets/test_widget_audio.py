@@ -33,6 +33,9 @@ def test_ab_audio_static_copy_holds_both_players_and_the_figure_inline(make_resu
     assert re.findall(r'<audio controls src="([^"]+)"></audio>', page) == [p.src for p in widget.players]
     (data,) = re.findall(r'<img alt="[^"]+" src="data:image/png;base64,([^"]+)"', page)
     assert base64.b64decode(data) == widget.figure.value
+    assert 'alt="waveforms and spectrograms of both soundtracks and of their difference"' in page
+    widget.compare(a, a, labels=("A", "B"))  # equal sample for sample: the figure says so, and so does its text
+    assert 'alt="waveforms and spectrograms of both soundtracks, which are identical"' in widget.static().data
 
 
 def test_ab_audio_refuses_a_result_without_audio(make_result):

@@ -6,7 +6,7 @@ import pytest
 
 from workbench.memory_plan import MemoryBudget, gib
 from workbench.models import SHIPPED_MODELS
-from workbench.widgets import ABAudio, ABPlayer, AccelerationPanel, Dashboard
+from workbench.widgets import ABAudio, ABPlayer, AccelerationPanel, Dashboard, _common
 from workbench.widgets.dashboard import MODELS, model_name
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -22,10 +22,16 @@ def wan(sessions):
     session.accelerate({})
 
 
-def test_dashboard_on_a_session_generates_and_compares_the_last_two(wan):
+def test_dashboard_on_a_session_generates_and_compares_the_last_two(wan, monkeypatch):
+    copies = {}  # display id -> the static copy its outputs show now
+    monkeypatch.setattr(_common, "display", lambda bundle, raw, display_id: copies.update({display_id: bundle}))
+    monkeypatch.setattr(_common, "update_display", lambda bundle, raw, display_id: copies.update({display_id: bundle}))
     dash = Dashboard(wan)
     try:
         assert dash.session is wan and dash.picker.options == ("tiny-wan",)
+        dash._ipython_display_()  # the notebook shows the dashboard and its A/B area before any request
+        dash.ab._ipython_display_()
+        assert "waiting for a request" in copies[dash._static_display_id]["text/html"]
         assert isinstance(dash.panel, AccelerationPanel) and dash.panel.session is wan
         dash.set_request(prompt="a red circle", seed=3, **TINY)
         baseline = dash.generate()
@@ -39,6 +45,11 @@ def test_dashboard_on_a_session_generates_and_compares_the_last_two(wan):
         assert isinstance(dash.ab_player, ABPlayer) and dash.ab.children == (dash.ab_player,)
         assert dash.ab_player.labels == ("#1 stock", "#2 cross_kv_cache")
         assert dash.ab_audio is None  # Wan makes no audio
+        # what a saved notebook keeps of the outputs displayed before the requests: the dashboard as it stands now
+        assert copies[dash._static_display_id]["text/html"] == dash.static().data
+        assert "last request #2 cross_kv_cache" in dash.static().data and "waiting for" not in dash.static().data
+        assert copies[dash.ab._static_display_id]["text/html"] == dash.ab.static().data
+        assert "#1 stock and #2 cross_kv_cache are identical</b>" in dash.ab.static().data  # bitwise: said, not drawn
         assert dash.live.png  # the live plot followed the requests
         third = dash.generate()
         assert [label for label, _ in dash.results] == ["#2 cross_kv_cache", "#3 cross_kv_cache"]

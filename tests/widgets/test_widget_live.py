@@ -33,6 +33,7 @@ def test_live_stage_plot_follows_a_real_request_and_leaves_pngs(sessions, monkey
     finally:
         live.detach()
     assert live.events == result.events  # every event, in order, from the request thread
+    assert all(event.data["rss_bytes"] > 0 for event in live.events)  # the CPU's memory: host RSS at every event
     assert [e.kind for e in live.events].count("step") == 2 and live.events[-1].kind == "request_end"
     assert 1 <= live.updates <= 5 * elapsed + 1  # it drew while running, within the throttle
     assert live.running.value.startswith("<svg") and ">denoise</text>" in live.running.value
@@ -44,7 +45,7 @@ def test_live_stage_plot_follows_a_real_request_and_leaves_pngs(sessions, monkey
     figures = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', live.static().data)
     assert [(alt, base64.b64decode(data)) for alt, data in figures] == [
         ("stage timeline of the last request", live.png["timeline"]),
-        ("peak memory per stage of the last request", live.png["memory"]),
+        ("memory of the last request", live.png["memory"]),
     ]
     assert "request done" in live.status.value and not live.errors.value
     assert result.metadata["subscriber_errors"] == []

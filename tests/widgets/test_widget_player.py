@@ -130,12 +130,27 @@ def test_curves_are_the_quality_metrics_per_frame(make_result):
     assert bytes(player.curves.value).startswith(b"\x89PNG") and player.curves.value != before  # the marker moved
 
 
-def test_identical_results_give_a_flat_heatmap_and_infinite_psnr(make_result):
+def test_identical_results_say_so_in_place_of_a_black_heatmap_and_empty_curves(make_result):
+    """Bitwise-equal arms (an exact acceleration, one profile run twice): a note, live and in the static copy; a pair
+    with only some frames equal keeps its heatmap and curves (whose title counts the identical frames)."""
     a = make_result()
-    player = ABPlayer(a, a)
-    assert player.diff_max == 0
+    player = ABPlayer(a, dataclasses.replace(a, frames=a.frames.copy()), labels=("#1 stock", "#2 exact"))
+    assert player.diff_max == 0 and np.isposinf(player.psnr).all() and not player.errors.value
     assert len(np.unique(player.heatmap(4).reshape(-1, 3), axis=0)) == 1
-    assert np.isposinf(player.psnr).all() and not player.errors.value
+    note = "<b>#1 stock and #2 exact are identical</b>: every frame equal, pixel for pixel (9 of 9 frames)"
+    assert note in player.identical.value and player.identical.layout.display is None
+    assert player.heat_box.layout.display == player.curves.layout.display == "none"
+    player.slider.value = 3
+    assert player.image_diff.value == player.curves.value == b"" and "frame 3" in player.caption.value
+    page = player.static().data
+    assert note in page and "<img" not in page and page.count("<video") == 2
+    partly = a.frames.copy()
+    partly[5] ^= 1  # one frame differs: frames 0-4 and 6-8 stay identical
+    player.compare(a, dataclasses.replace(a, frames=partly))
+    assert player.diff_max == 1 and np.isposinf(player.psnr).sum() == 8 and np.isfinite(player.psnr[5])
+    assert player.identical.value == "" and player.identical.layout.display == "none"
+    assert player.heat_box.layout.display is None and player.curves.layout.display is None
+    assert player.static().data.count("<img") == 2 and "identical</b>" not in player.static().data
 
 
 def test_synced_videos_carry_both_results_as_mp4_data_uris(make_result):
@@ -182,6 +197,26 @@ def test_a_display_carries_the_static_copy_beside_the_view_and_never_fails_for_i
     assert "ZeroDivisionError" in bundle["text/html"] and "application/vnd.jupyter.widget-view+json" in bundle
     player.close()
     assert player._repr_mimebundle_ is None  # a closed widget displays nothing (ipywidgets' own rule)
+
+
+def test_every_display_shares_the_widgets_display_id_and_a_new_pair_updates_their_copy(make_result, monkeypatch):
+    """A saved notebook keeps what an output last showed: a new pair replaces the copy in every earlier display
+    (update_display_data under the display id), so an HTML export shows the pair compared last, not the first."""
+    shown, updates = [], []
+    monkeypatch.setattr(_common, "display", lambda bundle, raw, display_id: shown.append((bundle, display_id)))
+    monkeypatch.setattr(_common, "update_display", lambda bundle, raw, display_id: updates.append((bundle, display_id)))
+    a = make_result()
+    player = ABPlayer(a, make_result(like=a, noise=3), labels=("#1", "#2"))
+    player.refresh_static()
+    assert updates == []  # nothing displayed yet: nothing to update
+    player._ipython_display_()  # what a cell ending in `player`, or display(player), does
+    player._ipython_display_()
+    (first, display_id), (second, same_id) = shown
+    assert display_id == same_id and first == second == player._repr_mimebundle_()
+    c = make_result()
+    player.compare(c, make_result(like=c, noise=3), labels=("#3", "#4"))
+    ((bundle, updated),) = updates
+    assert updated == display_id and bundle["text/html"] == player.static().data and "#4" in bundle["text/html"]
 
 
 @pytest.mark.parametrize(
