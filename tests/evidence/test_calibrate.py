@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.accelerations.attention.test_block_sparse_families import _ltx2_d128
+from tests.evidence.test_report import assert_readable, pngs
 from workbench import Request, Session
 from workbench.accelerations import REGISTRY
 from workbench.accelerations.base import Knob
@@ -444,3 +445,5 @@ def test_stack_on_a_timed_device_adds_greedily_by_gain_per_spend_and_drops_what_
     assert "easycache.threshold alone, added in round 1" in page
     assert "first_block_cache.threshold on the stack, added in round 2" in page
     assert "teacache.rel_l1_thresh on the stack, added in round 3" in page
+    (plot,) = pngs(page)  # every search's points labelled, readable as the report shows them
+    assert_readable(calibrate_module.pareto_figure(result), plot.width)

@@ -8,11 +8,13 @@ import re
 import numpy as np
 import pytest
 import torch
+from matplotlib.figure import Figure
+from matplotlib.text import Text
 from PIL import Image
 
 from workbench import Request, Result, Session, environment
 from workbench.environment import cpu_model_name
-from workbench.evidence.report import _png, render, video
+from workbench.evidence.report import Table, _png, render, video
 from workbench.plots import round_times
 from workbench.quality import Budget, compare
 
@@ -76,6 +78,19 @@ def pngs(page: str) -> list[Image.Image]:
     return [Image.open(io.BytesIO(base64.b64decode(d))) for d in re.findall(r"data:image/png;base64,([^\"']+)", page)]
 
 
+def assert_readable(figure: Figure, shown_px: int, min_px: float = 12.0) -> None:
+    """Shown `shown_px` wide (as its page shows it), every text of `figure` (point labels, ticks, legend, axis labels,
+    title) is at least `min_px` tall, and no two texts written on its axes (the point labels) overlap."""
+    px_per_point = shown_px / figure.get_figwidth() / 72
+    sizes = sorted((t.get_fontsize() * px_per_point, t.get_text()) for t in figure.findobj(Text) if t.get_text())
+    assert sizes[0][0] >= min_px, sizes[:3]
+    figure.draw_without_rendering()
+    boxes = [t.get_window_extent() for axes in figure.axes for t in axes.texts]
+    assert boxes and not any(box.count_overlaps(boxes[:i]) for i, box in enumerate(boxes)), [
+        t.get_text() for t in figure.axes[0].texts
+    ]
+
+
 def test_report_carries_round_and_quality_plots_as_png_data_uris(exact_report):
     record, page = exact_report
     assert "<script" not in page and "http" not in page.replace("http-equiv", "")  # nothing fetched
@@ -109,6 +124,23 @@ def test_video_label_and_figure_caption_are_escaped(make_pair):
     assert "<figcaption>{&quot;cross_kv_cache&quot;: {}} &lt;b&gt;: 32x32 px" in page
     assert '<img alt="A &lt; B &amp; &quot;C&quot;"' in page
     assert "<figcaption>A &lt; B &amp; &quot;C&quot;</figcaption>" in page
+
+
+def test_table_reads_as_html_in_a_notebook_and_as_aligned_text_in_a_terminal():
+    columns = ["attribute", "expected", "detected", "match"]
+    shown = Table({"colour": ("red", "blue", False), "shape <b>": ("circle", "circle", True)}, columns)
+    page = shown._repr_html_()
+    assert page.startswith('<table><tr><th style="text-align:left">attribute</th><th style="text-align:left">expected')
+    assert '<tr><th style="text-align:left">shape &lt;b&gt;</th><td style="text-align:left">circle</td>' in page
+    assert repr(shown).splitlines() == [
+        "attribute  expected  detected  match",
+        "---------  --------  --------  -----",
+        "colour     red       blue      False",
+        "shape <b>  circle    circle    True",
+    ]
+    assert repr(Table({"rate": 1 / 3, "count": 4})) == "rate   0.3333\ncount  4"  # no header: heading and value
+    with pytest.raises(ValueError, match="row 'colour': 1 cells for 3 columns"):
+        Table({"colour": ("red",)}, columns)
 
 
 def test_not_executed_report_shows_no_speed_up(make_pair):

@@ -6,6 +6,7 @@ import json
 import pytest
 from matplotlib.figure import Figure
 
+from tests.evidence.test_report import assert_readable, pngs
 from workbench import Request, Session
 from workbench.cli import main
 from workbench.evidence.records import read_record
@@ -17,12 +18,12 @@ from workbench.evidence.sweep import (
     pareto_front,
     rank,
     recommend,
+    render,
     search,
     summarize,
     sweep,
     write,
 )
-from workbench.plots import figure_png
 from workbench.quality import Budget
 
 REQUEST = Request("a red circle moves left", seed=42, frames=9, steps=4, height=32, width=32)
@@ -133,13 +134,20 @@ def test_pareto_front_keeps_undominated_executed_points():
 
 
 def test_pareto_figure_of_synthetic_sweep_draws_knee_cliff_and_budget():
-    rows = [row(0.05, 1.2, True), row(0.1, 1.5, True), row(0.2, 1.9, False, latent=0.2)]
-    result = SweepResult("easycache", "threshold", [0.05, 0.1, 0.2], {}, {}, Budget(), rows, 0.1, 0.2, None, "", [])
+    """Crowded points near speed-up 1 and the knee: every label readable where the report shows it, none on another."""
+    rows = [row(0.0, 1.0, True, executed=False, verdict="not_executed", latent=0.0)]
+    rows += [
+        row(v, s, True, latent=v / 5) for v, s in ((0.02, 1.05), (0.05, 1.2), (0.08, 1.32), (0.1, 1.4), (0.12, 1.45))
+    ]
+    rows += [row(0.15, 1.6, False, latent=0.05), row(0.2, 1.9, False, latent=0.2)]
+    values = [r.value for r in rows]
+    result = SweepResult("easycache", "threshold", values, {}, {}, Budget(), rows, 0.12, 0.15, None, "", [])
     figure = pareto_figure(result)
     assert isinstance(figure, Figure)
     texts = {t.get_text() for t in figure.axes[0].texts}
-    assert {"knee", "cliff", "0.05", "0.1", "0.2"} <= texts
-    assert figure_png(figure).startswith(b"\x89PNG")
+    assert {"knee", "cliff", "0.0 (not executed)", "0.05", "0.12", "0.2"} <= texts
+    (shown,) = pngs(render(result))
+    assert_readable(figure, shown.width)
 
 
 # --- the real thing on CPU ---------------------------------------------------------------------------

@@ -116,6 +116,11 @@ def test_quickstart_notebook_plays_the_demo_and_writes_the_video(runs):
     page, _ = HTMLExporter(config=Config({"ClearMetadataPreprocessor": {"enabled": True}})).from_notebook_node(notebook)
     assert '<img alt="frames [0, ' in page and '<img alt="stage timeline: one row per stage' in page
     assert "No description has been provided" not in page  # an image's alt text survives the README's export
+    # The caption checks read as tables (HTML, with aligned text for a terminal), not as dumped dicts and lists
+    datas = [o.get("data", {}) for c in notebook.cells for o in c.get("outputs", [])]
+    heads = [data["text/plain"].split()[0] for data in datas if data.get("text/html", "").startswith("<table>")]
+    assert heads == ["attribute", "attribute", "seed"] and "{'" not in text(notebook)
+    assert '<th style="text-align:left">detected</th>' in page
 
 
 @pytest.mark.notebook_run("10_explore")

@@ -56,7 +56,7 @@ from workbench.accelerations import REGISTRY
 from workbench.accelerations.base import Knob
 from workbench.evidence.harness import MIN_ROUNDS, default_budget, qualify
 from workbench.evidence.records import record_bytes
-from workbench.evidence.report import _png, _table, page, speedup_text
+from workbench.evidence.report import LABEL_PT, Table, _png, label_points, page, speedup_text
 from workbench.evidence.resume import Journal, Partial, Paused, merge_cases
 from workbench.io import write_set
 from workbench.progress import progress as progress_bar
@@ -684,18 +684,19 @@ def scope_of(session: Session, calibration: list[Request], test: list[Request] |
 
 
 def pareto_figure(result: Calibration | Stack) -> Figure:
-    """Indicative speed-up against budget spent, one series per searched knob; knee circled, cliff crossed."""
+    """Indicative speed-up against budget spent, one series per searched knob, each point labelled by its value; knee
+    circled, cliff crossed."""
     figure = Figure(figsize=(7.0, 4.2), dpi=100)
     axes = figure.subplots()
     right = 1.0  # the x axis reaches past the budget limit and the right-most point
+    labels = []  # (x, y, text) of each point
     for run, label in _searches(result):
         points = [p for p in run.points if math.isfinite(p.spent) and math.isfinite(p.speedup)]
         if not points:
             continue
         right = max(right, *(p.spent for p in points))
         line = axes.plot([p.spent for p in points], [p.speedup for p in points], "o", label=label, alpha=0.8)[0]
-        for p in points:
-            axes.annotate(f"{p.value:.3g}", (p.spent, p.speedup), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        labels += [(p.spent, p.speedup, f"{p.value:.3g}") for p in points]
         knee = run.knee_point
         if knee is not None:
             axes.plot([knee.spent], [knee.speedup], "o", ms=14, mfc="none", mec=line.get_color())
@@ -712,9 +713,10 @@ def pareto_figure(result: Calibration | Stack) -> Figure:
     axes.set_xlim(0.0, 1.6 * right)  # spent is never negative; room for the right-most labels
     axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))  # plain text: no mathtext fonts
     axes.xaxis.set_minor_formatter(NullFormatter())
-    axes.legend(fontsize=8)
     axes.grid(alpha=0.3)
     figure.tight_layout()
+    label_points(axes, labels, fontsize=LABEL_PT)
+    axes.legend(fontsize=LABEL_PT)
     return figure
 
 
@@ -744,7 +746,7 @@ def render(result: Calibration | Stack) -> str:
     if isinstance(result, Stack) and result.base_point is not None and result.base:
         point = result.base_point  # what the exact plugins underneath give alone
         summary["base alone"] = f"{point.speedup:.3f}x stock, spends {point.spent:.3g} (one run: indicative)"
-    body = [f"<h1>{html.escape(title)}</h1>", _table(summary), _png(pareto_figure(result), "Pareto plot")]
+    body = [f"<h1>{html.escape(title)}</h1>", Table(summary).html(), _png(pareto_figure(result), "Pareto plot")]
     head = "".join(f"<th>{h}</th>" for h in ("value", "spent", "seconds", "speed-up", "failures"))
     for run, label in _searches(result):
         under = ", ".join(sorted(run.base)) or "stock"
@@ -768,14 +770,14 @@ def render(result: Calibration | Stack) -> str:
             rows = {"seed": seed, "verdict": case["verdict"], "speed-up (CI95)": speedup_text(case)}
             rows |= {"timed rounds": len(case["candidate_seconds"]), "reason": case["reason"]}
             rows |= {name: case["quality"].get(name) for name in limits}  # each budget term as measured
-            body.append(_table(rows))
+            body.append(Table(rows).html())
             receipts = html.escape(json.dumps(case["receipts"], indent=1, default=str))
             body.append(f"<details><summary>receipts, seed {seed}</summary><pre>{receipts}</pre></details>")
     if result.attention is not None:
         body.append(f"<h2>{html.escape(str(result.attention['candidate']))} alone (the attention_policy evidence)</h2>")
         for case in result.attention["cases"]:
             rows = {"seed": case["request"]["seed"], "verdict": case["verdict"], "speed-up (CI95)": speedup_text(case)}
-            body.append(_table(rows | {"reason": case["reason"]}))
+            body.append(Table(rows | {"reason": case["reason"]}).html())
     return page(title, body)
 
 

@@ -1,14 +1,21 @@
 """A static HTML report of a qualification record: tables, PNG plots and both arms' pilot MP4s as data
-URIs, so the report opens offline and survives being mailed or exported (no script, nothing fetched)."""
+URIs, so the report opens offline and survives being mailed or exported (no script, nothing fetched).
+
+Also what the other reports and the notebooks share: `page`, `Table` (HTML with a plain-text fallback) and
+`label_points` (a figure's point labels, kept apart)."""
 
 from __future__ import annotations
 
 import base64
 import html
 import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.transforms import Bbox
 
 from workbench.environment import device_label
 from workbench.plots import figure_png, frame_metric_curves, png_figure_html, round_times
@@ -39,7 +46,7 @@ def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -
     title = f"Qualification: {record['verdict']} · {candidate} vs {json.dumps(record['baseline'])} on {record['model']}"
     parts = [
         f"<h1>Qualification: {html.escape(record['verdict'])}</h1>",
-        _table(
+        Table(
             {
                 "model": record["model"],
                 "baseline": json.dumps(record["baseline"]),
@@ -49,7 +56,7 @@ def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -
                 "commit": f"{record['git'].get('commit')} (dirty={record['git'].get('dirty')})",
                 "budget": json.dumps(record["budget"]),
             }
-        ),
+        ).html(),
     ]
     pairs = pilots if pilots is not None else [None] * len(record["cases"])
     for index, (case, pair) in enumerate(zip(record["cases"], pairs, strict=True)):
@@ -72,7 +79,7 @@ def _case(index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, 
     parts = [
         f"<h2>Case {index}: {html.escape(case['request']['prompt'])} (seed {case['request']['seed']})</h2>",
         f"<p><b>{html.escape(case['verdict'])}</b>: {html.escape(case['reason'])}</p>",
-        _table(rows),
+        Table(rows).html(),
         "<h3>Timed rounds</h3>",
         _rounds_table(case),
         _png(round_times(case["baseline_seconds"], case["candidate_seconds"]), "per-round request time of both arms"),
@@ -122,21 +129,98 @@ def _floats(values: list[Any] | None) -> np.ndarray:
 
 
 def _png(figure: Any, alt: str) -> str:
-    """The figure as a PNG data URI, with `alt` (escaped) as its alt text and caption."""
-    return png_figure_html(figure_png(figure, dpi=80), alt)
+    """The figure as a PNG data URI at `figure_png`'s dpi, with `alt` (escaped) as its alt text and caption. Shown at
+    its natural size, an n-point font is n * dpi / 72 px tall on the page."""
+    return png_figure_html(figure_png(figure), alt)
 
 
-def _table(rows: dict[str, Any]) -> str:
-    """Rows of (heading, value) as a two-column HTML table, every cell escaped, floats to 4 significant digits.
-    The cells align left by their own style: JupyterLab right-aligns the cells of rendered HTML with a rule more
-    specific than the report's scoped one."""
-    left = ' style="text-align:left"'
-    cells = "".join(
-        f"<tr><th{left}>{html.escape(k)}</th><td{left}>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}"
-        "</td></tr>"
-        for k, v in rows.items()
-    )
-    return f"<table>{cells}</table>"
+LABEL_PT = 9  # the size of the report figures' point labels and legends: 12.5 px at 100 dpi, the ticks' 10 are 13.9
+# Where a point's label may go, in points from the point, in the order tried: beside it, then 2.5 times as far.
+_LABEL_OFFSETS = [
+    (x * k, y * k) for k in (1, 2.5) for x, y in ((7, 0), (6, 6), (6, -6), (-7, 0), (-6, 6), (-6, -6), (0, 7), (0, -7))
+]
+_MARKER_REACH = 4  # points from a point's centre that its label must keep clear of
+_LABEL_BOX = {"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.7}
+
+
+def label_points(axes: Axes, points: Sequence[tuple[float, float, str]], fontsize: float) -> None:
+    """Write each (x, y, text) of `points` beside its point, in order: at the first of `_LABEL_OFFSETS` where the
+    label stays inside `axes` and covers no point and no label written before it, else at the first offset.
+
+    Call it once the axes' limits, scales and layout are final: positions are measured on the figure as drawn. The
+    labels take no part in the figure's layout and sit on a translucent white box, readable over lines and grid.
+    """
+    axes.figure.draw_without_rendering()
+    inside = axes.get_window_extent()
+    reach = _MARKER_REACH * axes.figure.dpi / 72
+    centres = [axes.transData.transform((x, y)) for x, y, _ in points]
+    taken = [Bbox.from_extents(x - reach, y - reach, x + reach, y + reach) for x, y in centres]
+    for x, y, text in points:
+        label = axes.annotate(
+            text, (x, y), xytext=_LABEL_OFFSETS[0], textcoords="offset points", fontsize=fontsize, bbox=_LABEL_BOX
+        )
+        label.set_in_layout(False)
+        for dx, dy in [*_LABEL_OFFSETS, _LABEL_OFFSETS[0]]:  # the last: where it goes when no offset is free
+            label.xyann = (dx, dy)
+            label.set_horizontalalignment("left" if dx > 0 else "right" if dx < 0 else "center")
+            label.set_verticalalignment("bottom" if dy > 0 else "top" if dy < 0 else "center")
+            box = label.get_window_extent()
+            if inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1) and not box.count_overlaps(taken):
+                break
+        taken.append(box)
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows of cells as a table: HTML in a notebook (`_repr_html_`) or a page (`html`), aligned plain text in a
+    terminal or wherever HTML is not shown (`repr`).
+
+    `rows` maps each row's heading to its value. Without `columns` that value is the row's one cell and no header
+    row is shown (a two-column table of heading and value); with `columns` (the header: the headings' column, then
+    one name per cell) it is a sequence of `len(columns) - 1` cells, else ValueError naming the row. Floats show 4
+    significant digits; HTML cells are escaped and align left by their own style (JupyterLab right-aligns the cells
+    of rendered HTML with a rule more specific than a page's scoped one).
+    """
+
+    rows: Mapping[str, Any]
+    columns: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        for heading, cells in self.rows.items():
+            if self.columns and len(cells) != len(self.columns) - 1:
+                raise ValueError(f"row {heading!r}: {len(cells)} cells for {len(self.columns) - 1} columns")
+
+    def html(self) -> str:
+        """The table as one `<table>`: the header row (when `columns` is given) of `<th>`, then per row its heading
+        as a `<th>` and its cells as `<td>`."""
+        left = ' style="text-align:left"'
+        head = "".join(f"<th{left}>{html.escape(name)}</th>" for name in self.columns)
+        body = "".join(
+            f"<tr><th{left}>{html.escape(heading)}</th>{''.join(f'<td{left}>{html.escape(c)}</td>' for c in cells)}</tr>"
+            for heading, *cells in self._body()
+        )
+        return f"<table>{f'<tr>{head}</tr>' if head else ''}{body}</table>"
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def __repr__(self) -> str:
+        lines = [list(self.columns), *self._body()] if self.columns else self._body()
+        widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))] if lines else []
+        text = [
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines
+        ]
+        if self.columns:
+            text.insert(1, "  ".join("-" * width for width in widths))  # a rule under the header
+        return "\n".join(text)
+
+    def _body(self) -> list[list[str]]:
+        """Each row as text: its heading, then its cells."""
+        return [[str(h), *map(_cell, cells if self.columns else [cells])] for h, cells in self.rows.items()]
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def video(result: Result, label: str) -> str:

@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from workbench.accelerations import REGISTRY, install
 from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, check_rounds, default_budget, qualify
 from workbench.evidence.records import record_bytes
-from workbench.evidence.report import _table
+from workbench.evidence.report import LABEL_PT, Table, label_points
 from workbench.io import write_set
 from workbench.plots import figure_png
 from workbench.quality import Budget
@@ -378,6 +378,7 @@ def pareto_figure(result: SweepResult | SearchResult, metric: str = "latent_rel_
 
     figure = Figure(figsize=(7, 4.5), layout="constrained")
     axes = figure.add_subplot()
+    labels = []  # (x, y, text): each point's label, the knee's and the cliff's
     for i, row in enumerate(rows):
         y = y_of(row)
         if y is None:
@@ -392,14 +393,13 @@ def pareto_figure(result: SweepResult | SearchResult, metric: str = "latent_rel_
             zorder=2,
         )
         label = row.label + (" (exact)" if math.isinf(getattr(row, metric)) else "")
-        label += "" if row.executed else " (not executed)"
-        axes.annotate(label, (row.speedup, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        labels.append((row.speedup, y, label + ("" if row.executed else " (not executed)")))
         if i == knee:
             axes.scatter(row.speedup, y, s=260, facecolors="none", edgecolors="#000000", linewidths=1.5, zorder=4)
-            axes.annotate("knee", (row.speedup, y), textcoords="offset points", xytext=(5, -14), fontsize=8)
+            labels.append((row.speedup, y, "knee"))
         if i == cliff:
             axes.scatter(row.speedup, y, s=160, marker="x", color="#e15759", linewidths=2, zorder=4)
-            axes.annotate("cliff", (row.speedup, y), textcoords="offset points", xytext=(5, -14), fontsize=8)
+            labels.append((row.speedup, y, "cliff"))
     if front:
         points = [(rows[i].speedup, y_of(rows[i])) for i in front]
         axes.plot(*zip(*points, strict=True), color="#000000", linewidth=1, linestyle="-", label="Pareto front")
@@ -412,8 +412,9 @@ def pareto_figure(result: SweepResult | SearchResult, metric: str = "latent_rel_
         axes.set_title(f"{result.plugin}.{result.option} sweep")
     else:
         axes.set_title("candidate search")
+    label_points(axes, labels, fontsize=LABEL_PT)
     if axes.get_legend_handles_labels()[0]:
-        axes.legend(fontsize=8, loc="best")
+        axes.legend(fontsize=LABEL_PT, loc="best")
     return figure
 
 
@@ -448,7 +449,7 @@ def render(result: SweepResult | SearchResult) -> str:
             "<style>body{font-family:sans-serif;margin:1.5em}td,th{border:1px solid #ccc;padding:2px 6px}"
             "table{border-collapse:collapse;margin:0.5em 0}</style>",
             f"<h1>{html.escape(title)}</h1>",
-            _table(summary),
+            Table(summary).html(),
             "<h2>Results</h2>",
             _rows_table(result.rows, "value" if sweeping else "candidate"),
             f'<img alt="Pareto plot" src="data:image/png;base64,{png}">',
