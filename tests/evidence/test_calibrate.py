@@ -246,7 +246,7 @@ def test_stack_composes_block_sparse_and_easycache_and_confirms_inside_the_budge
     assert len(set(searches)) == len(searches) == len(result.singles) + len(result.members) - 1  # round 1: a single
     assert sum("added in round 1" in h for h in searches) == 1
     for run in [*result.singles, *result.members]:
-        assert f"knee {run.knee:.4g}, cliff" in page and all(f"<td>{p.value:.4g}</td>" in page for p in run.points)
+        assert f"knee {run.knee:.4g}, cliff" in page and all(f">{p.value:.4g}</th>" in page for p in run.points)
     assert result.budget.describe() in html.unescape(page)
     (case,) = result.confirmation["cases"]
     assert (

@@ -139,6 +139,8 @@ def test_table_reads_as_html_in_a_notebook_and_as_aligned_text_in_a_terminal():
         "shape <b>  circle    circle    True",
     ]
     assert repr(Table({"rate": 1 / 3, "count": 4})) == "rate   0.3333\ncount  4"  # no header: heading and value
+    pairs = Table([("x", [None, 0.5]), ("x", ["b", 2])], ["value", "a", "b"])  # headings repeat; None: nothing
+    assert repr(pairs).splitlines()[2:] == ["x         0.5", "x      b  2"]
     with pytest.raises(ValueError, match="row 'colour': 1 cells for 3 columns"):
         Table({"colour": ("red",)}, columns)
 

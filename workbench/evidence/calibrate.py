@@ -56,9 +56,10 @@ from workbench.accelerations import REGISTRY
 from workbench.accelerations.base import Knob
 from workbench.evidence.harness import MIN_ROUNDS, default_budget, qualify
 from workbench.evidence.records import record_bytes
-from workbench.evidence.report import LABEL_PT, Table, _png, label_points, page, speedup_text
+from workbench.evidence.report import Table, _png, page, speedup_text
 from workbench.evidence.resume import Journal, Partial, Paused, merge_cases
 from workbench.io import write_set
+from workbench.plots import LABEL_PT, label_points
 from workbench.progress import progress as progress_bar
 from workbench.quality import Budget, compare
 from workbench.request import Request
@@ -747,21 +748,17 @@ def render(result: Calibration | Stack) -> str:
         point = result.base_point  # what the exact plugins underneath give alone
         summary["base alone"] = f"{point.speedup:.3f}x stock, spends {point.spent:.3g} (one run: indicative)"
     body = [f"<h1>{html.escape(title)}</h1>", Table(summary).html(), _png(pareto_figure(result), "Pareto plot")]
-    head = "".join(f"<th>{h}</th>" for h in ("value", "spent", "seconds", "speed-up", "failures"))
     for run, label in _searches(result):
         under = ", ".join(sorted(run.base)) or "stock"
         knee = "none inside the budget" if run.knee is None else f"{run.knee:.4g}"
         cliff = "none in the knob's range" if run.cliff is None else f"{run.cliff:.4g}"
         body.append(f"<h2>{html.escape(f'{label} (over {under})')}</h2>")
         body.append(f"<p>knee {knee}, cliff {cliff}: {html.escape(f'{run.status}, {run.reason}')}</p>")
-        rows = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
-                f"{p.value:.4g}", f"{p.spent:.3g}", f"{p.seconds:.3f}", f"{p.speedup:.3f}",
-                "; ".join(p.failures) or p.error,
-            )) + "</tr>"
+        rows = [
+            (f"{p.value:.4g}", [f"{p.spent:.3g}", f"{p.seconds:.3f}", f"{p.speedup:.3f}", "; ".join(p.failures) or p.error])
             for p in run.points
-        )  # fmt: skip
-        body.append(f"<table><tr>{head}</tr>{rows}</table>")
+        ]  # fmt: skip
+        body.append(Table(rows, ["value", "spent", "seconds", "speed-up", "failures"]).html())
     if result.confirmation is not None:
         body.append("<h2>confirmation on the test requests</h2>")
         limits = [name for name, limit in result.budget.to_dict().items() if limit is not None]

@@ -1,8 +1,7 @@
 """A static HTML report of a qualification record: tables, PNG plots and both arms' pilot MP4s as data
 URIs, so the report opens offline and survives being mailed or exported (no script, nothing fetched).
 
-Also what the other reports and the notebooks share: `page`, `Table` (HTML with a plain-text fallback) and
-`label_points` (a figure's point labels, kept apart)."""
+Also what the other reports and the notebooks share: `page` and `Table` (HTML with a plain-text fallback)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.transforms import Bbox
 
 from workbench.environment import device_label
 from workbench.plots import figure_png, frame_metric_curves, png_figure_html, round_times
@@ -71,7 +68,7 @@ def _case(index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, 
         "warm-up seconds": ", ".join(f"{arm} {seconds:.4f}" for arm, seconds in case["warmup_seconds"].items()),
         "timed outputs match pilot": json.dumps(case["timed_outputs_match_pilot"]),
         "latent rel-L2": quality.get("latent_rel_l2"),
-        "PSNR dB (clip / min frame)": f"{quality.get('psnr_db')} / {quality.get('psnr_min_db')}",
+        "PSNR dB (clip / min frame)": f"{_cell(quality.get('psnr_db'))} / {_cell(quality.get('psnr_min_db'))}",
         "min-frame SSIM": quality.get("min_ssim"),
         "budget failures": "; ".join(quality.get("failures", [])) or "none",
         "receipts": json.dumps(case["receipts"]),
@@ -110,17 +107,14 @@ def speedup_text(case: dict[str, Any]) -> str:
 def _rounds_table(case: dict[str, Any]) -> str:
     """Round r pairs candidate run B_r with the mean of the baseline runs either side, A_(r-1) and A_r."""
     a, b = case["baseline_seconds"], case["candidate_seconds"]
-    head = "<tr><th>round</th><th>baseline before (s)</th><th>candidate (s)</th><th>baseline after (s)</th>"
     show_ratio = case["verdict"] != "not_executed"
-    head += "<th>paired ratio</th></tr>" if show_ratio else "</tr>"
-    rows = []
-    for r, seconds in enumerate(b):
-        ratio = f"<td>{(a[r] + a[r + 1]) / 2 / seconds:.4f}</td>" if show_ratio else ""
-        rows.append(
-            f"<tr><td>{r + 1}: A{r} B{r + 1} A{r + 1}</td><td>{a[r]:.4f}</td><td>{seconds:.4f}</td>"
-            f"<td>{a[r + 1]:.4f}</td>{ratio}</tr>"
-        )
-    return f"<table>{head}{''.join(rows)}</table>"
+    columns = ["round", "baseline before (s)", "candidate (s)", "baseline after (s)"] + ["paired ratio"] * show_ratio
+    rows = [
+        (f"{r + 1}: A{r} B{r + 1} A{r + 1}", [f"{a[r]:.4f}", f"{seconds:.4f}", f"{a[r + 1]:.4f}"]
+         + [f"{(a[r] + a[r + 1]) / 2 / seconds:.4f}"] * show_ratio)
+        for r, seconds in enumerate(b)
+    ]  # fmt: skip
+    return Table(rows, columns).html()
 
 
 def _floats(values: list[Any] | None) -> np.ndarray:
@@ -134,59 +128,26 @@ def _png(figure: Any, alt: str) -> str:
     return png_figure_html(figure_png(figure), alt)
 
 
-LABEL_PT = 9  # the size of the report figures' point labels and legends: 12.5 px at 100 dpi, the ticks' 10 are 13.9
-# Where a point's label may go, in points from the point, in the order tried: beside it, then 2.5 times as far.
-_LABEL_OFFSETS = [
-    (x * k, y * k) for k in (1, 2.5) for x, y in ((7, 0), (6, 6), (6, -6), (-7, 0), (-6, 6), (-6, -6), (0, 7), (0, -7))
-]
-_MARKER_REACH = 4  # points from a point's centre that its label must keep clear of
-_LABEL_BOX = {"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.7}
-
-
-def label_points(axes: Axes, points: Sequence[tuple[float, float, str]], fontsize: float) -> None:
-    """Write each (x, y, text) of `points` beside its point, in order: at the first of `_LABEL_OFFSETS` where the
-    label stays inside `axes` and covers no point and no label written before it, else at the first offset.
-
-    Call it once the axes' limits, scales and layout are final: positions are measured on the figure as drawn. The
-    labels take no part in the figure's layout and sit on a translucent white box, readable over lines and grid.
-    """
-    axes.figure.draw_without_rendering()
-    inside = axes.get_window_extent()
-    reach = _MARKER_REACH * axes.figure.dpi / 72
-    centres = [axes.transData.transform((x, y)) for x, y, _ in points]
-    taken = [Bbox.from_extents(x - reach, y - reach, x + reach, y + reach) for x, y in centres]
-    for x, y, text in points:
-        label = axes.annotate(
-            text, (x, y), xytext=_LABEL_OFFSETS[0], textcoords="offset points", fontsize=fontsize, bbox=_LABEL_BOX
-        )
-        label.set_in_layout(False)
-        for dx, dy in [*_LABEL_OFFSETS, _LABEL_OFFSETS[0]]:  # the last: where it goes when no offset is free
-            label.xyann = (dx, dy)
-            label.set_horizontalalignment("left" if dx > 0 else "right" if dx < 0 else "center")
-            label.set_verticalalignment("bottom" if dy > 0 else "top" if dy < 0 else "center")
-            box = label.get_window_extent()
-            if inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1) and not box.count_overlaps(taken):
-                break
-        taken.append(box)
-
-
 @dataclass(frozen=True)
 class Table:
     """Rows of cells as a table: HTML in a notebook (`_repr_html_`) or a page (`html`), aligned plain text in a
     terminal or wherever HTML is not shown (`repr`).
 
-    `rows` maps each row's heading to its value. Without `columns` that value is the row's one cell and no header
-    row is shown (a two-column table of heading and value); with `columns` (the header: the headings' column, then
-    one name per cell) it is a sequence of `len(columns) - 1` cells, else ValueError naming the row. Floats show 4
-    significant digits; HTML cells are escaped and align left by their own style (JupyterLab right-aligns the cells
-    of rendered HTML with a rule more specific than a page's scoped one).
+    `rows` gives each row's heading and value, as a mapping or as (heading, value) pairs (kept as pairs, in order;
+    headings may repeat). Without `columns` the value is the row's one cell and no header row is shown (a two-column
+    table of heading and value); with `columns` (the header: the headings' column, then one name per cell) it is a
+    sequence of `len(columns) - 1` cells, else ValueError naming the row. Floats show 4 significant digits, None an
+    empty cell; HTML cells are escaped and align left by their own style (JupyterLab right-aligns the cells of
+    rendered HTML with a rule more specific than a page's scoped one).
     """
 
-    rows: Mapping[str, Any]
+    rows: Mapping[str, Any] | Sequence[tuple[str, Any]]
     columns: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        for heading, cells in self.rows.items():
+        pairs = tuple(self.rows.items() if isinstance(self.rows, Mapping) else self.rows)
+        object.__setattr__(self, "rows", pairs)  # frozen: set once, here
+        for heading, cells in pairs:
             if self.columns and len(cells) != len(self.columns) - 1:
                 raise ValueError(f"row {heading!r}: {len(cells)} cells for {len(self.columns) - 1} columns")
 
@@ -216,11 +177,14 @@ class Table:
 
     def _body(self) -> list[list[str]]:
         """Each row as text: its heading, then its cells."""
-        return [[str(h), *map(_cell, cells if self.columns else [cells])] for h, cells in self.rows.items()]
+        return [[str(h), *map(_cell, cells if self.columns else [cells])] for h, cells in self.rows]
 
 
 def _cell(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    """A table cell's text: floats to 4 significant digits, None empty (nothing measured)."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
 
 
 def video(result: Result, label: str) -> str:

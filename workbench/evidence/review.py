@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from workbench.environment import device_label
-from workbench.evidence.report import page, speedup_text, video
+from workbench.evidence.report import Table, page, speedup_text, video
 from workbench.result import Result
 
 QUALITY = ("within_budget", "exact", "latent_rel_l2", "psnr_db", "psnr_min_db", "ssim_mean", "min_ssim")
@@ -49,32 +49,16 @@ def review_page(
     body = [
         f"<h1>{html.escape(title)}</h1>",
         "<h2>Records</h2>",
-        grid(summary, labels),
+        Table(summary, ["", *labels]).html(),
         "<h2>Speed (baseline time / candidate time, median and CI95 of paired rounds)</h2>",
-        grid(speed, ["verdict", "speed-up", "pairs", "reason"]),
+        Table(speed, ["", "verdict", "speed-up", "pairs", "reason"]).html(),
         "<h2>Quality of each candidate against its baseline</h2>",
-        grid(quality, list(metrics)),
+        Table(quality, ["", *metrics]).html(),
         "<h2>What ran (receipts of the candidate's pilot)</h2>",
-        grid(receipts, ["receipts"]),
+        Table(receipts, ["", "receipts"]).html(),
     ]
     for label, pairs in (pilots or {}).items():
         for index, (a, b) in enumerate(pairs):
             candidate = json.dumps(records[label]["candidate"])
             body += [f"<h2>{html.escape(label)} case {index}</h2>", video(a, "baseline"), video(b, candidate)]
     return page(title, body)
-
-
-def grid(rows: dict[str, list[Any]], columns: list[str]) -> str:
-    """A table with a heading row (`columns`) and one row per key of `rows`; floats to 4 significant digits."""
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["", *columns])
-    body = "".join(
-        f"<tr><th>{html.escape(name)}</th>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in values) + "</tr>"
-        for name, values in rows.items()
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "" if value is None else str(value)

@@ -29,9 +29,9 @@ from matplotlib.figure import Figure
 from workbench.accelerations import REGISTRY, install
 from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, check_rounds, default_budget, qualify
 from workbench.evidence.records import record_bytes
-from workbench.evidence.report import LABEL_PT, Table, label_points
+from workbench.evidence.report import Table
 from workbench.io import write_set
-from workbench.plots import figure_png
+from workbench.plots import LABEL_PT, figure_png, label_points
 from workbench.quality import Budget
 from workbench.request import Request
 from workbench.session import Session
@@ -532,22 +532,15 @@ def _environment(records: list[dict[str, Any]]) -> dict[str, Any]:
 def _rows_table(rows: Sequence[Row], first: str) -> str:
     head = [first, "verdict", "speed-up (median, CI95)", "latent rel-L2", "PSNR dB", "min SSIM", "in budget"]
     head += ["executed", "exact", "budget failures"]
-    lines = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
-    for row in rows:
-        cells = [
-            row.label,
-            row.verdict,
-            f"{row.speedup:.4f} [{row.speedup_low:.4f}, {row.speedup_high:.4f}]",
-            _number(row.latent_rel_l2),
-            _number(row.psnr_db),
-            _number(row.min_ssim),
-            str(row.within_budget),
-            str(row.executed),
-            str(row.exact),
-            "; ".join(row.failures) or "none",
-        ]
-        lines.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    return "".join(lines) + "</table>"
+    cells = [
+        (row.label, [
+            row.verdict, f"{row.speedup:.4f} [{row.speedup_low:.4f}, {row.speedup_high:.4f}]",
+            _number(row.latent_rel_l2), _number(row.psnr_db), _number(row.min_ssim),
+            str(row.within_budget), str(row.executed), str(row.exact), "; ".join(row.failures) or "none",
+        ])
+        for row in rows
+    ]  # fmt: skip
+    return Table(cells, head).html()
 
 
 def _number(value: float | None) -> str:
