@@ -3,7 +3,9 @@ T_local 16,380, 6 heads per rank): the direct kernels (DEFAULT launch) against t
 contiguous copy of the same bytes.
 
 Ops: `pack_qkv` (q, k, v (1, T_local, 12, 128) before the all-to-all), `split_result` ((1, T, 6, 128) attention
-output), `merge_heads` ((2, 1, T_local, 6, 128) received heads). Each call is timed as a CUDA-graph replay (device
+output: already rank-major, so both sides return a view and copy nothing; recorded as `copies: false`, no bytes and
+no bandwidth), `split_result batch 2` (the same at batch 2, where the kernel copies), `merge_heads`
+((2, 1, T_local, 6, 128) received heads). Each call is timed as a CUDA-graph replay (device
 time, no host launch cost: what a call costs inside a step where the host runs ahead), A/B/A: reference / direct /
 reference, and copy / direct; `relayout.cost` bytes per second against the copy bandwidth measured on the same
 device at the start of the run (`kernel_bench.device_ceilings`, recorded in `shape.ceilings`). The direct
@@ -32,7 +34,8 @@ SMOKE_SHAPE = {"batch": 1, "tokens": 22, "heads": 4, "head_dim": 16, "world_size
 
 
 def ops(shape: dict[str, int], device: torch.device) -> dict[str, tuple[Callable, Callable, torch.Tensor, tuple]]:
-    """op -> (direct call, reference call, the input a copy of the same bytes clones, the shape `cost` takes)."""
+    """op -> (direct call, reference call, the input a copy of the same bytes clones, the shape `cost` takes); an op's
+    first word is the relayout function it times."""
     b, t, h, d, w = (shape[k] for k in ("batch", "tokens", "heads", "head_dim", "world_size"))
     g = torch.Generator(device).manual_seed(0)
 
@@ -42,11 +45,14 @@ def ops(shape: dict[str, int], device: torch.device) -> dict[str, tuple[Callable
     q, k, v = (randn(b, t // w, h, d) for _ in range(3))
     stacked = torch.stack((q, k, v))
     out, received = randn(b, t, h // w, d), randn(w, b, t // w, h // w, d)
+    out2 = randn(2 * b, t, h // w, d)
     return {
         "pack_qkv": (lambda: relayout.pack_qkv(q, k, v, w), lambda: relayout.pack_qkv_reference(q, k, v, w),
                      stacked, tuple(q.shape)),
         "split_result": (lambda: relayout.split_result(out, w), lambda: relayout.split_result_reference(out, w),
                          out, tuple(out.shape)),
+        "split_result batch 2": (lambda: relayout.split_result(out2, w), lambda: relayout.split_result_reference(out2, w),
+                                 out2, tuple(out2.shape)),
         "merge_heads": (lambda: relayout.merge_heads(received, w), lambda: relayout.merge_heads_reference(received, w),
                         received, tuple(received.shape)),
     }  # fmt: skip
@@ -65,24 +71,26 @@ def run(context: Context) -> Measurement:
     arms: dict[str, Any] = {}
     ratios: dict[str, Any] = {}
     for op, (direct, reference, source, cost_shape) in ops(shape, device).items():
-        equal = bool(torch.equal(direct(), reference()))
+        result = direct()
+        equal = bool(torch.equal(result, reference()))
+        copies = result.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()  # a view moves nothing
         rounds = aba_rounds(
             (f"{op} reference", lambda f=reference: timed(f)),
             {op: lambda f=direct: timed(f), f"{op} copy": lambda s=source: timed(s.clone)},
             context.rounds,
         )
-        bytes_moved, _ = relayout.cost(op, cost_shape)
+        bytes_moved = relayout.cost(op.split()[0], cost_shape)[0] if copies else 0
         medians = rounds.medians()
-        arms[op] = {"equal_to_reference": equal, "bytes_moved": bytes_moved, "errors": rounds.errors,
+        arms[op] = {"equal_to_reference": equal, "copies": copies, "bytes_moved": bytes_moved, "errors": rounds.errors,
                     **{f"{name.removeprefix(op).strip() or 'direct'}_median_s": s for name, s in medians.items()}}  # fmt: skip
-        if op in medians:
+        if op in medians and copies:
             arms[op]["median_s"] = medians[op]
             arms[op]["fraction_of_copy_bandwidth"] = bytes_moved / medians[op] / device_ceilings.copy_bytes_per_s
         ratios.update({k: v.to_dict() for k, v in rounds.ratios().items()})
     notes = [
-        "Times: CUDA-graph replays queued back to back (device time); a reference that is already contiguous (a "
-        "view, e.g. split_result at batch 1) copies nothing and its graph is empty; ratios are reference / candidate (direct kernel, or a plain copy of "
-        "the same bytes: the ceiling), > 1: the candidate is faster."
+        "Times: CUDA-graph replays queued back to back (device time); split_result at batch 1 returns a view on both "
+        "sides (copies: false): its graphs are empty, so its times and ratios measure no work; ratios are reference / "
+        "candidate (direct kernel, or a plain copy of the same bytes: the ceiling), > 1: the candidate is faster."
         if graph
         else "Smoke: host clock on the CPU under the Triton interpreter, no graphs; the numbers say nothing about speed."
     ]
