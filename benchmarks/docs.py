@@ -5,11 +5,11 @@ The results folder holds three kinds of record:
   what was measured, by which command, on which device, commit and date; a table of the arms (median time and the
   arm's other scalar facts, its fractions of a ceiling first) and one of the ratios (median speed-up with its CI95 and
   the number of paired rounds);
-- `gpu-tests/*.json`, runs of the `gpu`-marked tests on a GPU (keys `device`, `commit`, `date`, `summary` or `runs`):
-  one table, a row per run;
-- `probes/*.json` (and any top-level file not in the envelope): lab probes behind a design choice and records written
-  before the one harness (keys `what`, `device`, `torch`, `commit`, `date`, `ratios`), marked "earlier format", their
-  scalar ratios flattened. No scenario re-runs them.
+- `benchmarks/results/gpu-tests/*.json`, runs of the `gpu`-marked tests on a GPU (keys `device`, `commit`, `date`,
+  `summary` or `runs`): one table, a row per run;
+- `benchmarks/results/probes/*.json` (and any top-level file not in the envelope): lab probes behind a design choice
+  and records written before the one harness (keys `what`, `device`, `torch`, `commit`, `date`, `ratios`), marked
+  "earlier format", their scalar ratios flattened. No scenario re-runs them.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ def generate(results: Path, out: Path) -> Path:
     """Write the page for every `*.json` in `results` to `out` (atomically); returns `out`. ValueError if a file is
     not a JSON object."""
     current, earlier = [], []
-    for path, record in _records(results, "*.json") + _records(results, "probes/*.json"):
+    for path, record in _records(results) + _records(results / "probes"):
         (current if record.get("format") == FORMAT else earlier).append((path, record))
-    gpu_tests = _records(results, "gpu-tests/*.json")
+    gpu_tests = _records(results / "gpu-tests")
     lines = [
         "# Measurements",
         "",
@@ -59,11 +59,11 @@ def generate(results: Path, out: Path) -> Path:
     return out
 
 
-def _records(results: Path, pattern: str) -> list[tuple[Path, dict[str, Any]]]:
-    """(path, record) of every file matching `pattern` under `results`, by name; ValueError if one is not a JSON
-    object."""
+def _records(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(path, record) of every `*.json` in `folder` (none when it is missing), by name; ValueError if one is not a
+    JSON object."""
     records = []
-    for path in sorted(results.glob(pattern)):
+    for path in sorted(folder.glob("*.json")):
         record = json.loads(path.read_text())
         if not isinstance(record, dict):
             raise ValueError(f"{path}: a results file must hold a JSON object, got {type(record).__name__}")
@@ -80,8 +80,14 @@ def _gpu_tests(results: Path, records: list[tuple[Path, dict[str, Any]]]) -> lis
         runs = [record, *(run for run in record.get("runs") or [] if isinstance(run, dict))]
         result = "; ".join(str(run["summary"]) for run in runs if run.get("summary")) or "?"
         lines.append(f"| {str(record.get('date', '?'))[:10]} | {_device_name(record)} | "
-                     f"`{str(record.get('commit') or '?')[:10]}` | {_cell(result)} | `{path.relative_to(results)}` |")  # fmt: skip
+                     f"`{str(record.get('commit') or '?')[:10]}` | {_cell(result)} | `{_shown(results, path)}` |")  # fmt: skip
     return lines + [""]
+
+
+def _shown(results: Path, path: Path) -> str:
+    """A record's path from the results folder's parent: `benchmarks/results/probes/<name>` in the repository, a
+    path its readers (and the pointer check of tests/test_packaging.py) can follow."""
+    return Path(results.parent.name, results.name, path.relative_to(results)).as_posix()
 
 
 def _device_name(record: dict[str, Any]) -> str:
@@ -135,7 +141,7 @@ def _earlier(results: Path, path: Path, record: dict[str, Any]) -> list[str]:
     title = record.get("what") or path.stem
     lines = [f"### {title} (earlier format)", "",
              f"On {_device_name(record)}, commit `{str(record.get('commit') or '?')[:10]}`, {record.get('date', '?')}; "
-             f"torch {record.get('torch', '?')}. File: `{path.relative_to(results)}`.", ""]  # fmt: skip
+             f"torch {record.get('torch', '?')}. File: `{_shown(results, path)}`.", ""]  # fmt: skip
     flat = list(_flatten(record.get("ratios") or {}, ""))
     if flat:
         lines += ["| ratio | value |", "|---|---|"]

@@ -33,9 +33,13 @@ def test_docs_table_every_scenario_and_mark_the_earlier_format(tmp_path):
         record = {"device": {"name": "NVIDIA H100"}, "commit": "0123456789abc", "date": "2026-12-01", **run}
         (results / "gpu-tests" / f"{name}.json").write_text(json.dumps(record))
     page = generate(results, tmp_path / "docs" / "measurements.md").read_text()
-    assert "| 2026-12-01 | NVIDIA H100 | `0123456789` | 3 passed, 1 failed in 9.0s | `gpu-tests/a.json` |" in page
-    assert "| 2 passed | `gpu-tests/b.json` |" in page
-    assert "File: `probes/2026-11-30-sparse-attention-h200-run11.json`" in page
+    shown = f"{tmp_path.name}/results"  # records are named from the results folder's parent, as in the repository
+    folder = "gpu-tests"
+    assert (
+        f"| 2026-12-01 | NVIDIA H100 | `0123456789` | 3 passed, 1 failed in 9.0s | `{shown}/{folder}/a.json` |" in page
+    )
+    assert f"| 2 passed | `{shown}/{folder}/b.json` |" in page
+    assert f"File: `{shown}/probes/2026-11-30-sparse-attention-h200-run11.json`" in page
     current = json.loads((results / "relayout.json").read_text())
     assert "## relayout (smoke run: no speed claim)" in page
     assert current["commit"] is None or current["commit"][:10] in page
