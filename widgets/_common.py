@@ -55,7 +55,9 @@ class StaticCopy:
 
     In a kernel every display of one widget is a display_data output under the widget's own display id, and
     `refresh_static()` replaces the copy in all of them (an `update_display_data`, which JupyterLab and nbclient apply
-    to earlier cells too), so a saved notebook shows the widget as it last stood rather than as it was displayed.
+    to earlier cells too, from any thread), so a saved notebook shows the widget as it last stood rather than as it was
+    displayed. JupyterLab routes the update through the page's record of which execution showed the display id: after
+    a reload, or in a second tab, it drops the update, and the saved copy stays as it was.
     A widget refreshes after the actions that change what it shows (a request, a new pair), never per control move:
     JupyterLab draws the view again for each update.
     Mix in before the ipywidgets class: `class ABPlayer(StaticCopy, ipywidgets.VBox)`.
