@@ -3,8 +3,8 @@ T_local 16,380, 6 heads per rank): the direct kernels (DEFAULT launch) against t
 contiguous copy of the same bytes.
 
 Ops: `pack_qkv` (q, k, v (1, T_local, 12, 128) before the all-to-all), `split_result` ((1, T, 6, 128) attention
-output: already rank-major, so both sides return a view and copy nothing; recorded as `copies: false`, no bytes and
-no bandwidth), `split_result batch 2` (the same at batch 2, where the kernel copies), `merge_heads`
+output: already rank-major, so both sides return a view and copy nothing; recorded as `copies: false` and not
+timed), `split_result batch 2` (the same at batch 2, where the kernel copies), `merge_heads`
 ((2, 1, T_local, 6, 128) received heads). Each call is timed as a CUDA-graph replay (device
 time, no host launch cost: what a call costs inside a step where the host runs ahead), A/B/A: reference / direct /
 reference, and copy / direct; `relayout.cost` bytes per second against the copy bandwidth measured on the same
@@ -74,23 +74,26 @@ def run(context: Context) -> Measurement:
         result = direct()
         equal = bool(torch.equal(result, reference()))
         copies = result.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()  # a view moves nothing
+        arms[op] = {"equal_to_reference": equal, "copies": copies}
+        if not copies:  # both sides return a view: an empty graph, nothing to time
+            continue
         rounds = aba_rounds(
             (f"{op} reference", lambda f=reference: timed(f)),
             {op: lambda f=direct: timed(f), f"{op} copy": lambda s=source: timed(s.clone)},
             context.rounds,
         )
-        bytes_moved = relayout.cost(op.split()[0], cost_shape)[0] if copies else 0
+        bytes_moved = relayout.cost(op.split()[0], cost_shape)[0]
         medians = rounds.medians()
-        arms[op] = {"equal_to_reference": equal, "copies": copies, "bytes_moved": bytes_moved, "errors": rounds.errors,
-                    **{f"{name.removeprefix(op).strip() or 'direct'}_median_s": s for name, s in medians.items()}}  # fmt: skip
-        if op in medians and copies:
+        arms[op] |= {"bytes_moved": bytes_moved, "errors": rounds.errors,
+                     **{f"{name.removeprefix(op).strip() or 'direct'}_median_s": s for name, s in medians.items()}}  # fmt: skip
+        if op in medians:
             arms[op]["median_s"] = medians[op]
             arms[op]["fraction_of_copy_bandwidth"] = bytes_moved / medians[op] / device_ceilings.copy_bytes_per_s
         ratios.update({k: v.to_dict() for k, v in rounds.ratios().items()})
     notes = [
         "Times: CUDA-graph replays queued back to back (device time); split_result at batch 1 returns a view on both "
-        "sides (copies: false): its graphs are empty, so its times and ratios measure no work; ratios are reference / "
-        "candidate (direct kernel, or a plain copy of the same bytes: the ceiling), > 1: the candidate is faster."
+        "sides (copies: false) and is not timed; ratios are reference / candidate (direct kernel, or a plain copy of "
+        "the same bytes: the ceiling), > 1: the candidate is faster."
         if graph
         else "Smoke: host clock on the CPU under the Triton interpreter, no graphs; the numbers say nothing about speed."
     ]

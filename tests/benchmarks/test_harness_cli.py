@@ -98,6 +98,11 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
         # every input runs every pair but the dispatcher-layout copy, whose timed calls run the plugin's pair only
         partial = [pairs for _, pairs in pairs_by_q.values() if pairs != set(fp8_scenario.PAIRS)]
         assert partial == [{fp8_scenario.DISPATCHER_PAIR}], partial
+    if name == "relayout":  # an op that copies nothing (a view on both sides) is recorded as such, never timed
+        arms = record["arms"]
+        assert arms["split_result"] == {"equal_to_reference": True, "copies": False}, arms["split_result"]
+        assert not any(key.startswith("split_result ") for key in record["ratios"] if "batch" not in key)
+        assert all(arms[op]["copies"] and arms[op]["bytes_moved"] > 0 for op in arms if op != "split_result")
     if not record["ratios"]:  # a smoke that measures no pair must say what it skipped
         assert any("smoke" in note.lower() for note in record["notes"]), record["notes"]
 
