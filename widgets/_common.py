@@ -40,6 +40,15 @@ class ErrorBox(ipywidgets.HTML):
             self.show(where, error)
 
 
+def figure_image(**layout: str) -> ipywidgets.Image:
+    """A PNG image widget for a drawn figure, shown at the figure's own pixel size (smaller only in a narrower box).
+
+    A VBox stretches each child to its width (flex `align-items: stretch`), which would enlarge a figure to the
+    width of the window, blurring its text and growing its height with it; `align_self` keeps the image's own width.
+    `layout`: further Layout settings (e.g. `display="none"`)."""
+    return ipywidgets.Image(format="png", layout=ipywidgets.Layout(align_self="flex-start", **layout))
+
+
 STATIC_COPY_MAX_BYTES = 8 * 2**20  # a display's static copy above this is left out (the notebook file keeps it)
 
 

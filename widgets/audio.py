@@ -16,7 +16,7 @@ from IPython.display import HTML
 from workbench import Result
 from workbench.plots import ab_audio_figure, figure_png, png_figure_html
 
-from ._common import ErrorBox, StaticCopy, check_labels
+from ._common import ErrorBox, StaticCopy, check_labels, figure_image
 
 _AUDIO_PLAYER_ESM = """
 function render({ model, el }) {
@@ -80,7 +80,7 @@ class ABAudio(StaticCopy, ipywidgets.VBox):
     def __init__(self, result_a: Result, result_b: Result, labels: tuple[str, str] = ("A", "B")):
         self.players = [AudioPlayer(), AudioPlayer()]
         self.titles = [ipywidgets.HTML(), ipywidgets.HTML()]
-        self.figure = ipywidgets.Image(format="png")
+        self.figure = figure_image()  # at its drawn size, not stretched to the window's width
         self.errors = ErrorBox()
         columns = [ipywidgets.VBox([title, player]) for title, player in zip(self.titles, self.players, strict=True)]
         super().__init__([ipywidgets.HBox(columns, layout={"grid_gap": "16px"}), self.figure, self.errors])

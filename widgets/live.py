@@ -15,7 +15,7 @@ from workbench import Session
 from workbench.plots import figure_png, memory_plot, png_figure_html, stage_timeline, timeline_svg
 from workbench.telemetry import Event
 
-from ._common import ErrorBox, StaticCopy
+from ._common import ErrorBox, StaticCopy, figure_image
 
 
 class LiveStagePlot(StaticCopy, ipywidgets.VBox):
@@ -31,15 +31,16 @@ class LiveStagePlot(StaticCopy, ipywidgets.VBox):
     total is already measured), kept in `png` and (unless `show_static=False`), if that thread is the
     kernel's main thread, displayed as static HTML (`static()`) under the running cell, where they survive
     an offline HTML export that blanks every widget. Otherwise `display(live.static())` shows them. Either way they
-    become the static copy of the plot's own displays (`StaticCopy.refresh_static`).
+    become the static copy of the plot's own displays (`StaticCopy.refresh_static`). The figures show at their drawn
+    size (`figure_image`), not stretched to the width of the window.
     """
 
     def __init__(self, max_updates_per_second: float = 2.0, show_static: bool = True):
         self.status = ipywidgets.HTML("not attached to a session")
         self.running = ipywidgets.HTML(layout=ipywidgets.Layout(display="none"))  # the live SVG timeline
         # Hidden until they hold a figure: an empty image shows the browser's broken-image icon.
-        self.timeline = ipywidgets.Image(format="png", layout=ipywidgets.Layout(display="none"))
-        self.memory = ipywidgets.Image(format="png", layout=ipywidgets.Layout(display="none"))
+        self.timeline = figure_image(display="none")
+        self.memory = figure_image(display="none")
         for image in (self.timeline, self.memory):
             image.observe(_reveal, names="value")
         self.errors = ErrorBox()

@@ -4,7 +4,8 @@ Checks the layout, not the maths: no element is wider than its container, the pa
 controls (model, request form, acceleration panel, generate) fit one 1,100 px screen while every plugin is
 off; the rows with many options wrap inside the panel when switched on; an expanded description reads as
 lines of text, not a column of single words; apply with a required option left empty marks that field; a memory cap
-too small is refused at its field, and a card preset's plan shows, both within the width.
+too small is refused at its field, and a card preset's plan shows, both within the width; after two requests the
+figures below the controls (the live plot's, the A/B audio's) show at their drawn size, not stretched to the width.
 Writes the screenshot the README shows, docs/dashboard.png (`pytest tests/browser/test_dashboard_layout.py`
 regenerates it).
 
@@ -130,6 +131,12 @@ MEASURE = """() => {
             panel: Math.round(rect('.vflash-acceleration-panel').height), lines};
 }"""
 
+# The figures on screen: where they are, their width shown and drawn (0 while the PNG is still loading).
+FIGURES = """() => [...document.querySelectorAll('.vflash-dashboard img')]
+    .filter((img) => img.getClientRects().length)
+    .map((img) => [img.closest('.vflash-ab') ? 'A/B' : 'live', Math.round(img.getBoundingClientRect().width),
+                   img.naturalWidth])"""
+
 
 def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):
     base, token = lab[:2]
@@ -190,6 +197,21 @@ def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):
                 assert "required" in marked.inner_text()
             assert "nothing (stock diffusers)" in panel.inner_text()
             page.screenshot(path=str(tmp_path / "marked.png"), full_page=True)
+
+            # Two requests of 2 steps (nothing installed: apply refused): the live plot's figures and the A/B audio's.
+            steps = page.locator(".vflash-request .widget-text", has_text="steps").locator("input")
+            steps.fill("2")
+            steps.press("Enter")
+            for n in (1, 2):
+                page.locator(".vflash-generate button").click()
+                page.wait_for_function(
+                    f"() => document.querySelector('.vflash-generate').innerText.includes('#{n} ')", timeout=120_000
+                )
+            loaded = f"() => {{ const f = ({FIGURES})(); return f.length >= 3 && f.every(([, , drawn]) => drawn); }}"
+            page.wait_for_function(loaded, timeout=30_000)
+            figures = page.evaluate(FIGURES)
+            print(f"figures (where, width shown, width drawn): {figures}")
+            assert all(shown <= drawn + 1 for _, shown, drawn in figures), figures
 
         finally:
             browser.close()

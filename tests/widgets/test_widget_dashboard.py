@@ -107,6 +107,18 @@ def test_dashboard_ab_compares_the_videos_and_says_why_the_audio_is_not_compared
     assert copy in dash._repr_mimebundle_()["text/html"]  # and so does displaying the whole dashboard
 
 
+def test_dashboard_figures_keep_their_drawn_size(make_result):
+    """The PNG figures under the controls (the live plot's two, the A/B audio's) opt out of the stretch of their VBox
+    to its width: stretched, they grew with the window and pushed the A/B area down (measured in the browser by
+    tests/browser/test_dashboard_layout.py)."""
+    dash = Dashboard(["tiny-wan"], device="cpu")
+    a = make_result(frames=(3, 16, 16))
+    dash.results = [("#1 stock", a), ("#2 x", make_result(like=a, noise=3))]
+    dash._show_ab()
+    figures = [dash.live.timeline, dash.live.memory, dash.ab_audio.figure]
+    assert [figure.layout.align_self for figure in figures] == ["flex-start"] * 3
+
+
 def test_dashboard_picker_opens_by_name_and_reports_unknown_models(wan):
     dash = Dashboard(["tiny-wan", "no-such-model"], device="cpu")
     assert dash.session is None and dash.picker.value == "tiny-wan"
