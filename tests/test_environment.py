@@ -47,7 +47,9 @@ def test_device_label_names_the_gpu_or_the_cpu_model_and_threads():
 
     cpu = environment.device_info(torch.device("cpu"))
     assert cpu["cpu"] == environment.cpu_model_name() and cpu["cpu"]
-    assert environment.device_label(cpu) == f"{cpu['cpu']}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    assert environment.device_label(cpu) == f"{cpu['cpu']}, {threads} thread{'s' * (threads != 1)}"
     gpu = {"type": "cuda", "name": "NVIDIA H200", "memory_bytes": 150_000_000_000}
     assert environment.device_label(gpu) == "NVIDIA H200 (140 GiB)"
     assert environment.device_label({"type": "cpu", "name": "x86_64", "threads": 2}) == "x86_64, 2 threads"
+    assert environment.device_label({"type": "cpu", "cpu": "AMD EPYC", "threads": 1}) == "AMD EPYC, 1 thread"

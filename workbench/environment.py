@@ -118,14 +118,14 @@ def cpu_model_name() -> str:
 
 def device_label(info: dict[str, Any]) -> str:
     """A recorded `device_info` as a reader names the device: "NVIDIA H200 (141 GiB)", or for a CPU
-    "AMD EPYC 9654 96-Core Processor, 16 threads" (records made before the model name was kept show the
+    "AMD EPYC 9654 96-Core Processor, 16 threads" ("1 thread"; records made before the model name was kept show the
     architecture)."""
     if info.get("type") == "cuda":
         memory = info.get("memory_bytes")
         return f"{info.get('name')}" + (f" ({memory / 2**30:.0f} GiB)" if memory else "")
     name = info.get("cpu") or info.get("name") or "unknown CPU"
     threads = info.get("threads")
-    return f"{name}, {threads} threads" if threads else str(name)
+    return f"{name}, {threads} thread{'s' * (threads != 1)}" if threads else str(name)
 
 
 def describe(device: torch.device) -> dict[str, Any]:

@@ -304,11 +304,16 @@ def frame_metric_curves(
     return figure
 
 
+_RUN_TICKS = 12  # the most run names `round_times` writes under its axes (A99 at 10 pt is 28 px of the axes' ~440)
+
+
 def round_times(baseline_seconds: Sequence[float], candidate_seconds: Sequence[float]) -> Figure:
     """Seconds of each timed run of both arms in A/B/A order: baseline runs 0..R, candidate runs 1..R.
 
     The harness times A, B, A, ..., A: candidate round r (1-based) sits between baseline runs r-1 and r,
-    and is paired with their mean. Points are labelled by round so a drifting or outlying run shows.
+    and is paired with their mean. The x ticks name the runs (A0, B1, A1, ...), every run up to `_RUN_TICKS` runs and
+    evenly spaced ones beyond, so the names never run together; the y axis starts at 0 with room above the slowest
+    run, and the legend sits outside the axes, so no point is hidden under it or on the frame.
     """
     a = np.asarray(baseline_seconds, dtype=np.float64)
     b = np.asarray(candidate_seconds, dtype=np.float64)
@@ -321,12 +326,14 @@ def round_times(baseline_seconds: Sequence[float], candidate_seconds: Sequence[f
     order_a = np.arange(a.size) * 2  # run position in the A, B, A, ... sequence
     axes.plot(order_a, a, marker="o", color="#4e79a7", label="baseline")
     axes.plot(order_a[:-1] + 1, b, marker="s", color="#f28e2b", label="candidate")
-    ticks = np.arange(a.size + b.size)
+    runs = a.size + b.size
+    step = 1 if runs <= _RUN_TICKS else 2 * int(np.ceil(runs / _RUN_TICKS / 2))  # even: the ticks name A runs
+    ticks = np.arange(0, runs, step)
     axes.set_xticks(ticks, [f"A{i // 2}" if i % 2 == 0 else f"B{i // 2 + 1}" for i in ticks])
     axes.set_xlabel("timed run (A = baseline, B = candidate round)")
     axes.set_ylabel("seconds")
-    axes.set_ylim(bottom=0)
-    axes.legend(fontsize=8)
+    axes.set_ylim(0, 1.1 * max(a.max(), b.max()))
+    figure.legend(loc="outside right upper", fontsize=8)
     axes.set_title("per-round request time", fontsize=10)
     return figure
 

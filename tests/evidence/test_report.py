@@ -1,6 +1,7 @@
 """The static qualification report and result page: what they name they carry, offline (no script)."""
 
 import base64
+import html
 import io
 import random
 import re
@@ -10,11 +11,13 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 from PIL import Image
 
 from workbench import Request, Result, Session, environment
 from workbench.environment import cpu_model_name
 from workbench.evidence.report import Table, _png, render, video
+from workbench.evidence.review import review_page
 from workbench.plots import round_times
 from workbench.quality import Budget, compare
 
@@ -91,6 +94,11 @@ def assert_readable(figure: Figure, shown_px: int, min_px: float = 12.0) -> None
     ]
 
 
+def html_text(page: str) -> str:
+    """The page's text as a reader sees it: tags dropped, entities unescaped."""
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
 def test_report_carries_round_and_quality_plots_as_png_data_uris(exact_report):
     record, page = exact_report
     assert "<script" not in page and "http" not in page.replace("http-equiv", "")  # nothing fetched
@@ -104,7 +112,7 @@ def test_report_labels_rounds_and_names_the_device(exact_report):
     record, page = exact_report
     for r in (1, 2, 3):
         assert f"{r}: A{r - 1} B{r} A{r}" in page
-    assert f"{cpu_model_name()}, {record['device']['threads']} threads" in page
+    assert f"{cpu_model_name()}, {record['device']['threads']} thread" in page
     assert re.search(r"<title>Qualification: no_speed_claim · \{&quot;cross_kv_cache&quot;: \{\}\} vs", page)
 
 
@@ -158,3 +166,59 @@ def test_result_page_has_a_title_and_a_visible_video(tmp_path):
     page = result.save(tmp_path).with_suffix(".html").read_text()
     assert "<title>a red circle moves left · tiny-wan</title>" in page
     assert "width:256px;height:256px;image-rendering:pixelated" in page and "<script" not in page
+
+
+@pytest.mark.parametrize("verdict", ["no_speed_claim", "rejected_quality"])
+def test_a_verdict_without_a_speed_claim_says_so_beside_its_speed_up(make_pair, verdict):
+    """`rejected_quality` never carries a speed claim (`stats.verdict`), like `no_speed_claim`: its timed speed-up
+    must not read as one in the qualification report or the review."""
+    record, pilots = make_record(verdict, make_pair)
+    claim = "1.2345 [1.1111, 1.3333] (baseline / candidate time)"
+    for page in (render(record, pilots), review_page({"A": record})):
+        assert f"{claim}; not a speed claim (see the verdict)" in html_text(page)
+    qualified, _ = make_record("qualified", make_pair)
+    assert f"{claim} " in html_text(render(qualified, None)) and "not a speed claim" not in render(qualified, None)
+
+
+def test_reports_state_the_budget_in_words_and_the_review_names_each_failure(make_pair):
+    """The budget reads as limits with their direction and unit (no JSON, no null for a dropped limit); the
+    qualification report shows each audio limit's measured value, and the review says why a case is out of budget."""
+    record, pilots = make_record("rejected_quality", make_pair)
+    record["budget"] = Budget(psnr_db=None).with_audio().to_dict()
+    words = Budget(psnr_db=None).with_audio().describe()
+    page = review_page({"A": record})
+    report, review = html_text(render(record, pilots)), html_text(page)
+    for text in (report, review):
+        assert words in text and "null" not in text and '"latent_rel_l2": 0.03' not in text
+    assert all(row in report for row in ("audio SNR dB", "log-spectral distance dB", "RMS ratio error"))
+    failures = record["cases"][0]["quality"]["failures"]
+    assert failures and "; ".join(failures) in review
+    head = '<th style="text-align:left">'
+    assert f"{head}latent rel-L2</th>" in page and f"{head}budget failures</th>" in page  # the reports' wording
+
+
+def test_identical_frames_are_said_in_words_not_under_a_curves_caption(make_pair):
+    a, _ = make_pair()
+    record, _ = make_record("no_speed_claim", lambda: (a, a))
+    page = render(record, [(a, a)])
+    assert "Every frame equals the baseline's (5 of 5): PSNR inf, SSIM 1." in page
+    assert "per-frame PSNR and SSIM" not in page and len(pngs(page)) == 1  # the round times only
+
+
+@pytest.mark.parametrize("rounds", [3, 7, 30, 100])
+def test_round_times_hides_no_point_and_names_runs_apart(rng, rounds):
+    """Steady runs (every point near the slowest, the last baseline run the fastest, as in a CPU qualification of
+    demo-av-mini): no point sits under the legend or on the axes' frame, and the run names under the x axis do not
+    overlap at any allowed number of rounds."""
+    a, b = 0.66 + rng.normal(0, 0.003, rounds + 1), 0.65 + rng.normal(0, 0.003, rounds)
+    a[-1] = 0.6537
+    figure = round_times(a, b)
+    figure.draw_without_rendering()
+    axes = figure.axes[0]
+    legends = [legend.get_window_extent() for legend in [*figure.legends, axes.get_legend()] if legend]
+    points = axes.transData.transform([(2 * i, y) for i, y in enumerate(a)] + [(2 * i + 1, y) for i, y in enumerate(b)])
+    markers = [Bbox.from_extents(x - 5, y - 5, x + 5, y + 5) for x, y in points]  # a 6 pt marker is 8 px wide
+    assert legends and not any(box.overlaps(marker) for box in legends for marker in markers)
+    assert axes.get_ylim()[1] > 1.05 * max(a.max(), b.max())  # room above the slowest run
+    names = [t.get_window_extent() for t in axes.get_xticklabels() if t.get_visible() and t.get_text()]
+    assert len(names) >= min(2 * rounds + 1, 8) and not any(n.count_overlaps(names[:i]) for i, n in enumerate(names))

@@ -7,6 +7,7 @@ Each run is its own process with its own fresh kernel (`python -m papermill ...`
 started in the background when the session starts (conftest.py); a test waits for its run and checks it.
 """
 
+import html
 import json
 import re
 import shutil
@@ -17,6 +18,8 @@ import nbformat
 import pytest
 from nbconvert import HTMLExporter
 from traitlets.config import Config
+
+from workbench.quality import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -154,6 +157,7 @@ def test_qualify_notebook_writes_record_and_report(runs):
     assert record["verdict"] in text(notebook) and len(record["cases"]) == 1
     report = (folder / "out" / "qualification.html").read_text()
     assert f"Qualification: {record['verdict']}" in report and "data:video/mp4;base64," in report
+    assert html.escape(Budget.from_dict(record["budget"]).describe()) in report  # the limits in words, not JSON
     assert "text/html" in mimes(notebook)
 
 
@@ -190,7 +194,11 @@ def test_review_notebook_makes_and_compares_two_executed_records_and_writes_its_
     report = (folder / "out" / "review.html").read_text()
     assert report.count("data:video/mp4;base64,") == 4 and "<script" not in report and "<title>Review: " in report
     shown = text(notebook)
-    assert "CI95" in shown and "latent_rel_l2" in shown and "verdict" in shown
+    assert "CI95" in shown and "latent rel-L2" in shown and "verdict" in shown
+    cases = [case for r in records for case in r["cases"]]
+    assert report.count("; not a speed claim (see the verdict)") == len(cases)  # CPU times: no case claims speed
+    for case in cases:  # why a case is in or out of the budget
+        assert html.escape("; ".join(case["quality"]["failures"]) or "none") in report
 
 
 @pytest.mark.notebook_run("50_calibrate")

@@ -6,6 +6,7 @@ Also what the other reports and the notebooks share: `page` and `Table` (HTML wi
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,19 @@ import numpy as np
 
 from workbench.environment import device_label
 from workbench.plots import figure_png, frame_metric_curves, png_figure_html, round_times
+from workbench.quality import Budget
 from workbench.result import VISIBLE_SIDE, Result, video_style
+
+# The verdicts that never carry a speed claim though a speed-up was timed (`stats.verdict`): outside the budget without
+# one (`rejected_quality`), or inside it without one (`no_speed_claim`).
+NO_SPEED_CLAIM = ("no_speed_claim", "rejected_quality")
+# The audio limits' rows of a case, shown when the record's budget sets the limit (the verdict rests on them).
+AUDIO_ROWS = {
+    "audio_snr_db": "audio SNR dB",
+    "lsd_db": "log-spectral distance dB",
+    "spectral_cosine": "spectral cosine",
+    "rms_ratio_error": "RMS ratio error",
+}
 
 # Scoped to the report's own wrapper: shown inside a notebook, the page must not restyle the notebook.
 STYLE = (
@@ -51,7 +64,7 @@ def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -
                 "rounds": f"{record['rounds']} (timed A, B, A, ..., A after one warm-up run per arm)",
                 "device": device_label(record["device"]),
                 "commit": f"{record['git'].get('commit')} (dirty={record['git'].get('dirty')})",
-                "budget": json.dumps(record["budget"]),
+                "budget": budget_text(record["budget"]),
             }
         ).html(),
     ]
@@ -63,13 +76,14 @@ def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -
 
 def _case(index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, budget: dict) -> list[str]:
     quality = case["quality"]
-    rows = {"speed-up (median, CI95)": speedup_text(case)}
-    rows |= {
+    rows = {
+        "speed-up (median, CI95)": speedup_text(case),
         "warm-up seconds": ", ".join(f"{arm} {seconds:.4f}" for arm, seconds in case["warmup_seconds"].items()),
         "timed outputs match pilot": json.dumps(case["timed_outputs_match_pilot"]),
         "latent rel-L2": quality.get("latent_rel_l2"),
         "PSNR dB (clip / min frame)": f"{_cell(quality.get('psnr_db'))} / {_cell(quality.get('psnr_min_db'))}",
         "min-frame SSIM": quality.get("min_ssim"),
+        **{label: quality.get(name) for name, label in AUDIO_ROWS.items() if budget.get(name) is not None},
         "budget failures": "; ".join(quality.get("failures", [])) or "none",
         "receipts": json.dumps(case["receipts"]),
     }
@@ -83,10 +97,12 @@ def _case(index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, 
     ]
     psnr, ssim = _floats(quality.get("psnr_per_frame")), _floats(quality.get("ssim_per_frame"))
     if psnr.size and psnr.shape == ssim.shape:
-        parts += [
-            "<h3>Per-frame quality of the candidate against the baseline</h3>",
-            _png(frame_metric_curves(psnr, ssim, budget=budget), "per-frame PSNR and SSIM with the budget's limits"),
-        ]
+        parts.append("<h3>Per-frame quality of the candidate against the baseline</h3>")
+        if np.isposinf(psnr).all():  # no curve to draw
+            parts.append(f"<p>Every frame equals the baseline's ({psnr.size} of {psnr.size}): PSNR inf, SSIM 1.</p>")
+        else:
+            curves = frame_metric_curves(psnr, ssim, budget=budget)
+            parts.append(_png(curves, "per-frame PSNR and SSIM with the budget's limits"))
     parts.append("<h3>Pilot outputs</h3>")
     if pair is None:
         parts.append("<p><i>Videos not embedded: this report was rendered from the record alone.</i></p>")
@@ -96,12 +112,21 @@ def _case(index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, 
 
 
 def speedup_text(case: dict[str, Any]) -> str:
-    """A case's speed-up as a reader should see it: none at all when the candidate did not execute."""
+    """A case's speed-up as a reader should see it: none at all when the candidate did not execute, and marked as
+    not a speed claim under a verdict that makes none (`NO_SPEED_CLAIM`)."""
     if case["verdict"] == "not_executed":
         return "none: the candidate did not execute, so its timings measure something else"
     speed = case["speedup"]
     text = f"{speed['median']:.4f} [{speed['low']:.4f}, {speed['high']:.4f}] (baseline / candidate time)"
-    return text + ("; not a speed claim (see the verdict)" if case["verdict"] == "no_speed_claim" else "")
+    return text + ("; not a speed claim (see the verdict)" if case["verdict"] in NO_SPEED_CLAIM else "")
+
+
+def budget_text(limits: dict[str, float | None]) -> str:
+    """A record's budget (`Budget.to_dict()`) in words, as `Budget.describe` writes it: each set limit with its
+    direction and unit ("latent_rel_l2 <= 0.03, psnr_db >= 33 dB"), "no limits" when none is set. A limit the
+    record does not name was not set."""
+    unset = dict.fromkeys(field.name for field in dataclasses.fields(Budget))
+    return Budget.from_dict(unset | limits).describe()
 
 
 def _rounds_table(case: dict[str, Any]) -> str:

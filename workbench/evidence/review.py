@@ -11,19 +11,30 @@ import json
 from typing import Any
 
 from workbench.environment import device_label
-from workbench.evidence.report import Table, page, speedup_text, video
+from workbench.evidence.report import Table, budget_text, page, speedup_text, video
 from workbench.result import Result
 
-QUALITY = ("within_budget", "exact", "latent_rel_l2", "psnr_db", "psnr_min_db", "ssim_mean", "min_ssim")
-QUALITY_AUDIO = ("audio_snr_db", "lsd_db")
+# The quality columns, record key -> heading (worded as in the qualification and sweep reports); the audio ones when
+# a case measured sound.
+QUALITY = {
+    "within_budget": "in budget",
+    "exact": "exact",
+    "latent_rel_l2": "latent rel-L2",
+    "psnr_db": "PSNR dB",
+    "psnr_min_db": "min-frame PSNR dB",
+    "ssim_mean": "mean SSIM",
+    "min_ssim": "min-frame SSIM",
+}
+QUALITY_AUDIO = {"audio_snr_db": "audio SNR dB", "lsd_db": "log-spectral distance dB"}
 
 
 def review_page(
     records: dict[str, dict[str, Any]], pilots: dict[str, list[tuple[Result, Result]]] | None = None
 ) -> str:
-    """The page comparing `records` (label -> record as `qualify` made it): a summary, the speed-ups with
-    their CI95 and pairs, the quality metrics per case, and, for labels in `pilots`, each case's baseline
-    and candidate pilot videos (>= 256 px, captioned). Static: data URIs, no script."""
+    """The page comparing `records` (label -> record as `qualify` made it): a summary (each record's budget in
+    words), the speed-ups with their CI95 and pairs, the quality metrics per case with the budget's failures, and,
+    for labels in `pilots`, each case's baseline and candidate pilot videos (>= 256 px, captioned). Static: data
+    URIs, no script."""
     if not records:
         raise ValueError("records: at least one record is required")
     labels = list(records)
@@ -35,15 +46,17 @@ def review_page(
         "candidate": [json.dumps(r["candidate"]) for r in records.values()],
         "rounds": [r["rounds"] for r in records.values()],
         "cases": [len(r["cases"]) for r in records.values()],
+        "budget": [budget_text(r["budget"]) for r in records.values()],
     }
     speed, quality, receipts = {}, {}, {}
     audio = any(case["quality"].get("audio_snr_db") is not None for r in records.values() for case in r["cases"])
-    metrics = QUALITY + (QUALITY_AUDIO if audio else ())
+    metrics = QUALITY | (QUALITY_AUDIO if audio else {})
     for label, record in records.items():
         for index, case in enumerate(record["cases"]):
             row = f"{label} case {index}"
             speed[row] = [case["verdict"], speedup_text(case), case["speedup"].get("n_pairs"), case["reason"]]
-            quality[row] = [case["quality"].get(m) for m in metrics]
+            failures = "; ".join(case["quality"].get("failures", [])) or "none"
+            quality[row] = [*(case["quality"].get(m) for m in metrics), failures]
             receipts[row] = [json.dumps(case["receipts"])]
     title = "Review: " + " vs ".join(f"{label} {json.dumps(records[label]['candidate'])}" for label in labels)
     body = [
@@ -53,7 +66,7 @@ def review_page(
         "<h2>Speed (baseline time / candidate time, median and CI95 of paired rounds)</h2>",
         Table(speed, ["", "verdict", "speed-up", "pairs", "reason"]).html(),
         "<h2>Quality of each candidate against its baseline</h2>",
-        Table(quality, ["", *metrics]).html(),
+        Table(quality, ["", *metrics.values(), "budget failures"]).html(),
         "<h2>What ran (receipts of the candidate's pilot)</h2>",
         Table(receipts, ["", "receipts"]).html(),
     ]
