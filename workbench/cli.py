@@ -376,6 +376,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     from workbench.evidence import sweep as sweeps
     from workbench.evidence.harness import check_rounds
     from workbench.evidence.manifest import load_manifest
+    from workbench.evidence.report import NO_SPEED_CLAIM
     from workbench.io import check_writable
     from workbench.quality import Budget
 
@@ -409,8 +410,9 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     else:
         print(f"best: {_show(result.best)} ({result.reason})")
     for row in result.rows:
-        # A verdict that makes no speed claim (the candidate did not execute, or a CPU run) shows no speed-up.
-        speed = "" if row.verdict in ("not_executed", "no_speed_claim") else f", speed-up {row.speedup:.4f}"
+        # A verdict that makes no speed claim (the candidate did not execute, or `report.NO_SPEED_CLAIM`: a CPU run,
+        # quality outside the budget without a claim) shows no speed-up.
+        speed = "" if row.verdict in ("not_executed", *NO_SPEED_CLAIM) else f", speed-up {row.speedup:.4f}"
         print(f"  {row.label}: {row.verdict}{speed}, within budget {row.within_budget}")
     record, page = sweeps.write(result, args.out)
     print(f"record: {record}")

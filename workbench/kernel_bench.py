@@ -263,30 +263,34 @@ class Comparison:
         return bool(self.arms) and all(arm["within"] and "median_s" in arm for arm in self.arms.values())
 
     def html(self) -> str:
-        """A self-contained table (no script): per kernel its check, both medians, the speed-up and its CI95, and its
-        fraction of the roofline as a bar; the ceilings and the notes under it."""
+        """A self-contained table (no script): per kernel its check, both medians, the speed-up and its CI95, its
+        fraction of the roofline as a bar and, when measured (CUDA), its host launch time; the ceilings (each rate at
+        the SI prefix that keeps it readable: "2.98 TB/s", a smoke run's "16.7 MB/s") and the notes under it."""
+        launches = any("host_launch_s" in arm for arm in self.arms.values())  # a column only where one was measured
         rows = []
         for name, arm in self.arms.items():
             check = "equal" if arm["bitwise_equal"] else f"rel L2 {arm['rel_l2']:.1e}"
             check += "" if arm["within"] else " (outside its contract)"
             ratio = self.ratios.get(f"{name} reference/{name}")
             if "median_s" not in arm:
-                cells = ["", "", "", "", ""]
+                cells = [""] * (4 + launches)
             else:
                 fraction = arm["fraction_of_roofline"]
                 speedup = f"{ratio['median']:.2f}x [{ratio['low']:.2f}, {ratio['high']:.2f}]" if ratio else "< 3 rounds"
                 bar = (f'<span style="display:inline-block;width:{min(fraction, 1) * 8:.2f}em;height:0.8em;'
                        f'background:#4c72b0"></span> {fraction:.0%}')  # fmt: skip
                 launch = f"{arm['host_launch_s'] * 1e3:.3f}" if "host_launch_s" in arm else ""
-                cells = [f"{arm['median_s'] * 1e3:.3f}", f"{arm['reference_median_s'] * 1e3:.3f}", speedup, bar, launch]
+                cells = [f"{arm['median_s'] * 1e3:.3f}", f"{arm['reference_median_s'] * 1e3:.3f}", speedup, bar]
+                cells += [launch] * launches
             cells = [escape(name), escape(check), *cells]
             rows.append("".join(f'<td style="text-align:{"left" if i in (0, 5) else "right"}">{c}</td>'
                                 for i, c in enumerate(cells)))  # fmt: skip
-        columns = ["kernel", "check", "kernel ms", "reference ms", "speed-up [CI95]", "of roofline", "host launch ms"]
+        columns = ["kernel", "check", "kernel ms", "reference ms", "speed-up [CI95]", "of roofline"]
+        columns += ["host launch ms"] * launches
         head = "".join(f"<th>{h}</th>" for h in columns)
         c = self.ceilings
-        caption = (f"{escape(c.device)}: copy {c.copy_bytes_per_s / 1e12:.2f} TB/s (read + write), "
-                   f"bf16 GEMM {c.bf16_flops_per_s / 1e12:.0f} TFLOP/s, measured in this run")  # fmt: skip
+        caption = (f"{escape(c.device)}: copy {_rate(c.copy_bytes_per_s, 'B')} (read + write), "
+                   f"bf16 GEMM {_rate(c.bf16_flops_per_s, 'FLOP')}, measured in this run")  # fmt: skip
         if self.smoke:
             caption = (
                 "Smoke run (tiny shapes, Triton's interpreter): the checks are real, the times say nothing. " + caption
@@ -300,6 +304,16 @@ class Comparison:
         notes = "".join(f"<li>{escape(note)}</li>" for note in self.notes)
         return (f'<table class="vflash-kernels"><caption>{caption}</caption><tr>{head}</tr>'
                 + "".join(f"<tr>{row}</tr>" for row in rows) + f"</table><ul>{notes}</ul>")  # fmt: skip
+
+
+def _rate(per_s: float, unit: str) -> str:
+    """`per_s` (`unit` per second) at the SI prefix, up to P, that puts it at 1 or more: "2.98 TB/s", "766 TFLOP/s",
+    "16.7 MB/s"; 3 significant digits, none after the point from 100 up."""
+    prefix, scale = next(
+        (p for p in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)) if per_s >= p[1]), ("", 1.0)
+    )
+    value = per_s / scale
+    return f"{value:.3g} {prefix}{unit}/s" if value < 100 else f"{value:.0f} {prefix}{unit}/s"
 
 
 def compare(
@@ -345,8 +359,8 @@ def compare(
         clocked = "each call timed alone, synchronised (on a CPU: the host clock)"
     result.notes.append(
         f"Times: {clocked}, median of the A/B/A visits; ratios are reference time / kernel time (> 1: the kernel is "
-        "faster). roofline_s at the ceilings measured on this device in this run (copy bytes read plus written per "
-        "second, bf16 GEMM flop/s)."
+        "faster). Of roofline: the least time the kernel's bytes and flops can take at the ceilings measured on this "
+        "device in this run (copy bytes read plus written per second, bf16 GEMM flop/s), over the kernel's time."
     )
     return result
 

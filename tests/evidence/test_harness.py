@@ -139,6 +139,28 @@ def test_kernel_bench_compare_checks_then_times_each_kernel_aba_against_the_give
     assert "SM clock 1755-1980 MHz, up to 61 C, 1 of 2 samples slowed by heat or hardware" in result.html()
 
 
+def test_kernel_bench_table_states_each_ceiling_in_a_unit_it_can_be_read_in_and_shows_launch_times_where_measured():
+    """A CPU's (or a smoke run's) ceilings are far below a GPU's: at a GPU's fixed TB/s and TFLOP/s they read as zero.
+    The host launch column is shown when a kernel's launch was timed (CUDA), not as a column of blanks."""
+    import torch
+
+    from workbench import kernel_bench
+
+    x = torch.randn(4)
+    case = kernel_bench.Case("same", lambda: x * 1, lambda: x, 16, 0, exact=True)
+    cpu_like = kernel_bench.Ceilings("cpu", copy_bytes=131072, copy_s=0.0079, gemm_flops=524288, gemm_s=0.0077)
+    clock = {"repeats": 1, "warmup": 0, "queued": False}
+    result = kernel_bench.compare([case], "cpu", cpu_like, rounds=3, clock=clock, smoke=True)
+    page = result.html()
+    assert "cpu: copy 16.6 MB/s (read + write), bf16 GEMM 68.1 MFLOP/s, measured in this run" in page
+    assert "host launch" not in page and "roofline_s" not in page and "Of roofline: the least time" in page
+    result.arms["same"]["host_launch_s"] = 4.8e-5
+    result.ceilings = kernel_bench.Ceilings("NVIDIA H100", copy_bytes=2980, copy_s=1e-9, gemm_flops=766, gemm_s=1e-12)
+    page = result.html()
+    assert "NVIDIA H100: copy 2.98 TB/s (read + write), bf16 GEMM 766 TFLOP/s" in page
+    assert "<th>host launch ms</th>" in page and '<td style="text-align:right">0.048</td></tr>' in page
+
+
 def test_kernel_bench_leaves_a_kernel_outside_its_contract_untimed_and_says_so():
     import torch
 

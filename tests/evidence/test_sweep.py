@@ -4,14 +4,19 @@ real thing on CPU with the tiny Wan (where nothing may ever be recommended: CPU 
 import json
 
 import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
 
-from tests.evidence.test_report import assert_readable, pngs
+from tests.evidence.test_report import assert_readable, html_text, pngs
 from workbench import Request, Session
 from workbench.cli import main
+from workbench.environment import device_label
 from workbench.evidence.records import read_record
+from workbench.evidence.report import budget_text
 from workbench.evidence.sweep import (
     Row,
+    SearchResult,
     SweepResult,
     knee_and_cliff,
     pareto_figure,
@@ -150,6 +155,82 @@ def test_pareto_figure_of_synthetic_sweep_draws_knee_cliff_and_budget():
     assert_readable(figure, shown.width)
 
 
+NOT_A_CLAIM = "(baseline / candidate time); not a speed claim (see the verdict)"
+NOT_EXECUTED = "none: the candidate did not execute, so its timings measure something else"
+DEVICE = {"type": "cpu", "name": "x86_64", "cpu": "AMD EPYC 9654 96-Core Processor", "threads": 2}
+
+
+def mixed_rows():
+    """One row of each verdict a sweep row can have, least to most aggressive."""
+    return [
+        row(0.0, 0.62, True, executed=False, verdict="not_executed", latent=0.0),  # its speed-up is noise
+        row(0.05, 1.2, True, verdict="qualified"),
+        row(0.1, 1.3, True),  # no_speed_claim
+        row(0.2, 1.9, False),  # rejected_quality
+        row(0.3, 2.5, False, verdict="measured_quality_tradeoff", latent=0.2),
+    ]
+
+
+def test_sweep_page_words_speed_ups_device_and_budget_as_the_other_reports():
+    """As the qualification and review reports (`report.speedup_text`, `budget_text`, `device_label`): a row that did
+    not execute shows no speed-up, one whose verdict makes no speed claim says so beside its speed-up, the device is
+    named as a reader knows it and the budget is in words (no JSON, no null); the figure's caption says what it shows
+    and whether any of its speed-ups is a claim."""
+    rows = mixed_rows()
+    budget = Budget().with_audio()
+    records = [{"model": "tiny-wan", "rounds": 3, "device": DEVICE, "git": {"commit": "f" * 40, "dirty": False}}]
+    result = SweepResult(
+        "easycache", "threshold", [r.value for r in rows], {}, {}, budget, rows, 0.05, 0.2, 0.05, "", records
+    )
+    text = html_text(render(result))
+    assert NOT_EXECUTED in text
+    assert "0.6200" not in text  # the speed-up of a row that did not execute is nowhere
+    assert f"1.3000 [1.2500, 1.3500] {NOT_A_CLAIM}" in text and f"1.9000 [1.8500, 1.9500] {NOT_A_CLAIM}" in text
+    for claim in ("1.2000 [1.1500, 1.2500]", "2.5000 [2.4500, 2.5500]"):  # qualified, measured_quality_tradeoff
+        assert f"{claim} (baseline / candidate time) " in text and f"{claim} {NOT_A_CLAIM}" not in text
+    assert device_label(DEVICE) in text and "x86_64" not in text
+    assert budget_text(budget.to_dict()) in text and "null" not in text and '"psnr_db"' not in text
+    assert "min-frame SSIM" in text and "the slowest case's speed-up" in text
+    assert "Only a qualified or measured_quality_tradeoff verdict's speed-up is a speed claim." in text
+    cpu = SweepResult("easycache", "threshold", [0.1], {}, {}, budget, rows[2:3], None, None, None, "", records)
+    assert "None of these speed-ups is a speed claim (see the verdicts)." in html_text(render(cpu))
+
+
+def test_search_page_ranks_candidates_by_name_and_says_when_none_qualified():
+    candidates = [{"a": {}}, {"b": {}}, {"c": {}}]
+    rows = [row(c, s, True, verdict="qualified") for c, s in zip(candidates, (1.2, 1.5, 1.1), strict=True)]
+    found = SearchResult(candidates, {}, Budget(), rows, rank(rows), candidates[1], "", [])
+    assert '1. {"b": {}}; 2. {"a": {}}; 3. {"c": {}}' in html_text(render(found))
+    rows = [row(c, 1.2, True) for c in candidates]  # no_speed_claim
+    none = SearchResult(candidates, {}, Budget(), rows, rank(rows), None, "", [])
+    page = html_text(render(none))
+    assert "none: no candidate is qualified" in page and "[]" not in page
+
+
+def test_pareto_figure_puts_what_did_not_execute_at_speed_up_1_and_keys_each_verdict_outside_the_axes():
+    """A row that did not execute has no speed-up to plot (drawn at 1, no CI bar); rows at one point share a label;
+    each verdict's colour is named in a legend that covers no point."""
+    rows = [row(0.01, 0.62, True, executed=False, verdict="not_executed", latent=0.0)]
+    rows += [row(0.02, 1.83, True, executed=False, verdict="not_executed", latent=0.0)]
+    rows += mixed_rows()[1:]
+    values = [r.value for r in rows]
+    result = SweepResult("easycache", "threshold", values, {}, {}, Budget(), rows, 0.05, 0.2, None, "", [])
+    figure = pareto_figure(result)
+    axes = figure.axes[0]
+    points = [tuple(xy) for c in axes.collections if isinstance(c, PathCollection) for xy in c.get_offsets()]
+    assert (1.0, 0.0) in points and not {(0.62, 0.0), (1.83, 0.0)} & set(points)
+    assert len([c for c in axes.containers if isinstance(c, ErrorbarContainer)]) == 4  # the executed rows only
+    texts = [t.get_text() for t in axes.texts]
+    assert "0.01, 0.02 (not executed)" in texts and not any(t.startswith("0.01 (") for t in texts)
+    (legend,) = figure.legends
+    assert {"qualified", "no_speed_claim", "rejected_quality", "measured_quality_tradeoff", "not_executed"} <= {
+        t.get_text() for t in legend.get_texts()
+    }
+    figure.draw_without_rendering()
+    assert not legend.get_window_extent().overlaps(axes.get_window_extent())
+    assert_readable(figure, pngs(render(result))[0].width)
+
+
 # --- the real thing on CPU ---------------------------------------------------------------------------
 
 
@@ -179,6 +260,8 @@ def test_sweep_writes_strict_json_and_offline_html(threshold_sweep, tmp_path):
     assert len(saved["records"]) == 2 and saved["model"] == "tiny-wan"
     page = page_path.read_text()
     assert "data:image/png;base64," in page and "<script" not in page and "rejected_quality" in page
+    text = html_text(page)  # the CPU run's speed-ups: none for threshold 0, not a claim for threshold 10
+    assert NOT_EXECUTED in text and NOT_A_CLAIM in text and device_label(saved["device"]) in text
 
 
 def test_sweep_refuses_bad_input_before_running(session):
@@ -208,8 +291,9 @@ def test_cli_sweep_writes_json_and_html(tmp_path, capsys):
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "recommended: none" in printed and "cliff: 10" in printed
-    not_executed = [line for line in printed.splitlines() if ": not_executed" in line]
-    assert not_executed and not any("speed-up" in line for line in not_executed)  # threshold 0 skipped nothing
+    rows = [line for line in printed.splitlines() if line.startswith("  ")]  # one line a value
+    assert [line.split(",")[0] for line in rows] == ["  0: not_executed", "  10: rejected_quality"]
+    assert not any("speed-up" in line for line in rows)  # 0 skipped nothing; 10 on a CPU: no speed claim
     record = json.loads((out / "sweep.json").read_text())
     assert [r["executed"] for r in record["rows"]] == [False, True]
     assert "<script" not in (out / "sweep.html").read_text()

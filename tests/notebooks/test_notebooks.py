@@ -182,6 +182,8 @@ def test_kernels_notebook_checks_and_times_every_kernel(runs):
         )
     assert "outside its contract" not in table
     assert ("Smoke run" in table) == (not torch.cuda.is_available())
+    assert not re.search(r" 0(\.0*)? T(B|FLOP)/s", table)  # the ceilings in a unit they read in (a CPU's: M or G)
+    assert ("host launch ms" in table) == torch.cuda.is_available()  # timed on CUDA only: no column of blanks
 
 
 @pytest.mark.notebook_run("40_review")
@@ -232,6 +234,19 @@ def test_run_with_defaults_really_passes_the_defaults(tmp_path):
         exec(notebook.cells[1].source, {}, defaults)  # the parameters cell: plain assignments
         given = {k: v for k, v in parameters(name, tmp_path).items() if k != "out"}
         assert given.items() <= defaults.items(), name
+
+
+def test_papermill_finds_every_parameter_of_every_notebook():
+    """Each name the parameters cell assigns is one papermill reads as a parameter (a line it cannot parse, say a
+    comment with "=" in it, makes it warn that a passed parameter is unknown and leaves it out of --help-notebook)."""
+    import ast
+
+    import papermill
+
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        cell = next(c for c in nbformat.read(path, as_version=4).cells if "parameters" in c.metadata.get("tags", []))
+        assigned = {target.id for node in ast.parse(cell.source).body for target in getattr(node, "targets", [])}
+        assert assigned and assigned == set(papermill.inspect_notebook(str(path))), path.name
 
 
 @pytest.mark.notebook_run(NBVAL)

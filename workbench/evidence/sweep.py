@@ -15,7 +15,6 @@ the requests, seeds, geometry and device it was measured on.
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import math
@@ -25,13 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from workbench.accelerations import REGISTRY, install
+from workbench.environment import device_label
 from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, check_rounds, default_budget, qualify
 from workbench.evidence.records import record_bytes
-from workbench.evidence.report import Table
+from workbench.evidence.report import NO_SPEED_CLAIM, Table, budget_text, page, speedup_text
 from workbench.io import write_set
-from workbench.plots import LABEL_PT, figure_png, label_points
+from workbench.plots import LABEL_PT, figure_png, label_points, png_figure_html
 from workbench.quality import Budget
 from workbench.request import Request
 from workbench.session import Session
@@ -358,10 +359,13 @@ def search_result(
 
 
 def pareto_figure(result: SweepResult | SearchResult, metric: str = "latent_rel_l2") -> Figure:
-    """Speed-up (x) against `metric` (y) for every row, labelled by value; the Pareto front of the executed
-    rows as a line, the knee ringed, the cliff crossed, the budget's limit and speed-up 1 as dashed lines.
+    """Speed-up (x) against `metric` (y) for every row, labelled by value and coloured by verdict; the Pareto front of
+    the executed rows as a line, the knee ringed, the cliff crossed, the budget's limit and speed-up 1 as dashed lines.
+    The legend, outside the axes (it hides no point), names the lines and each verdict drawn.
 
-    Rows that did not execute are grey; an identical output's infinite PSNR is drawn at the top, labelled.
+    A row that did not execute has no speed-up (its runs did the baseline's work): it is drawn grey at speed-up 1,
+    without a CI bar. An identical output's infinite PSNR is drawn at the top, labelled. Rows drawn at one point share
+    one label ("0, 0.05 (not executed)").
     """
     rows = result.rows
     front = pareto_front(rows, metric)
@@ -376,30 +380,36 @@ def pareto_figure(result: SweepResult | SearchResult, metric: str = "latent_rel_
             return None
         return top if math.isinf(y) else y
 
-    figure = Figure(figsize=(7, 4.5), layout="constrained")
+    figure = Figure(figsize=(8.5, 4.5), layout="constrained")
     axes = figure.add_subplot()
-    labels = []  # (x, y, text): each point's label, the knee's and the cliff's
+    names: dict[tuple[float, float, str], list[str]] = {}  # (x, y, suffix) -> the labels of the rows drawn there
+    marks = []  # (x, y, text): the knee's and the cliff's labels
+    verdicts = {}  # verdict -> colour, of the rows drawn
     for i, row in enumerate(rows):
         y = y_of(row)
         if y is None:
             continue
-        axes.scatter(row.speedup, y, s=40, color=_VERDICT_COLORS.get(row.verdict, "#000000"), zorder=3)
-        axes.errorbar(
-            row.speedup,
-            y,
-            xerr=[[max(row.speedup - row.speedup_low, 0.0)], [max(row.speedup_high - row.speedup, 0.0)]],
-            color="#999999",
-            linewidth=0.8,
-            zorder=2,
-        )
-        label = row.label + (" (exact)" if math.isinf(getattr(row, metric)) else "")
-        labels.append((row.speedup, y, label + ("" if row.executed else " (not executed)")))
+        x = row.speedup if row.executed else 1.0
+        verdicts[row.verdict] = _VERDICT_COLORS.get(row.verdict, "#000000")
+        on_top = 3 if row.executed else 2.5  # an executed point hides under no point that did not execute
+        axes.scatter(x, y, s=40, color=verdicts[row.verdict], zorder=on_top)
+        if row.executed:
+            axes.errorbar(
+                x,
+                y,
+                xerr=[[max(row.speedup - row.speedup_low, 0.0)], [max(row.speedup_high - row.speedup, 0.0)]],
+                color="#999999",
+                linewidth=0.8,
+                zorder=2,
+            )
+        suffix = (" (exact)" if math.isinf(getattr(row, metric)) else "") + ("" if row.executed else " (not executed)")
+        names.setdefault((x, y, suffix), []).append(row.label)
         if i == knee:
-            axes.scatter(row.speedup, y, s=260, facecolors="none", edgecolors="#000000", linewidths=1.5, zorder=4)
-            labels.append((row.speedup, y, "knee"))
+            axes.scatter(x, y, s=260, facecolors="none", edgecolors="#000000", linewidths=1.5, zorder=4)
+            marks.append((x, y, "knee"))
         if i == cliff:
-            axes.scatter(row.speedup, y, s=160, marker="x", color="#e15759", linewidths=2, zorder=4)
-            labels.append((row.speedup, y, "cliff"))
+            axes.scatter(x, y, s=160, marker="x", color="#e15759", linewidths=2, zorder=4)
+            marks.append((x, y, "cliff"))
     if front:
         points = [(rows[i].speedup, y_of(rows[i])) for i in front]
         axes.plot(*zip(*points, strict=True), color="#000000", linewidth=1, linestyle="-", label="Pareto front")
@@ -412,16 +422,28 @@ def pareto_figure(result: SweepResult | SearchResult, metric: str = "latent_rel_
         axes.set_title(f"{result.plugin}.{result.option} sweep")
     else:
         axes.set_title("candidate search")
-    label_points(axes, labels, fontsize=LABEL_PT)
-    if axes.get_legend_handles_labels()[0]:
-        axes.legend(fontsize=LABEL_PT, loc="best")
+    handles = axes.get_legend_handles_labels()[0]
+    handles += [
+        Line2D([], [], marker="o", linestyle="", color=verdicts[verdict], label=verdict)
+        for verdict in reversed(SUITE_ORDER)  # the strongest verdict first
+        if verdict in verdicts
+    ]
+    if handles:
+        figure.legend(handles=handles, loc="outside right upper", fontsize=LABEL_PT)
+    labels = [(x, y, ", ".join(rows_there) + suffix) for (x, y, suffix), rows_there in names.items()]
+    label_points(axes, labels + marks, fontsize=LABEL_PT)  # last: the legend outside the axes narrows them
     return figure
 
 
 def render(result: SweepResult | SearchResult) -> str:
-    """A static HTML page (no JavaScript): summary, one table row per value/candidate, the Pareto PNG inline."""
+    """A static HTML page (`report.page`: no script, nothing fetched): the summary (the device as
+    `environment.device_label` names it, the budget in words as `report.budget_text`, a search's ranking by
+    candidate), one table row per value or candidate, its speed-up worded as `report.speedup_text` (none for a row
+    that did not execute, marked as no speed claim under a verdict that makes none), and the Pareto PNG with a
+    caption saying what it shows and whether any speed-up in it is a speed claim."""
     record = result.to_record()
     sweeping = isinstance(result, SweepResult)
+    noun = "value" if sweeping else "candidate"
     title = f"Sweep {result.plugin}.{result.option}" if sweeping else "Candidate search"
     summary: dict[str, Any] = {"model": record.get("model"), "baseline": json.dumps(result.baseline)}
     if sweeping:
@@ -434,29 +456,41 @@ def render(result: SweepResult | SearchResult) -> str:
             "recommended": _text(result.recommended),
         }
     else:
-        summary |= {"ranking": json.dumps(result.ranking), "best": _text(result.best)}
+        ranked = "; ".join(f"{place}. {result.rows[i].label}" for place, i in enumerate(result.ranking, 1))
+        summary |= {"ranking": ranked or "none: no candidate is qualified", "best": _text(result.best)}
     summary |= {
         "reason": result.reason,
         "rounds": record.get("rounds"),
-        "device": (record.get("device") or {}).get("name"),
+        "device": device_label(record["device"]) if record.get("device") else None,
         "commit": f"{(record.get('git') or {}).get('commit')} (dirty={(record.get('git') or {}).get('dirty')})",
-        "budget": json.dumps(result.budget.to_dict()),
+        "budget": budget_text(result.budget.to_dict()),
     }
-    png = base64.b64encode(figure_png(pareto_figure(result))).decode()
-    return "".join(
-        [
-            f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>",
-            "<style>body{font-family:sans-serif;margin:1.5em}td,th{border:1px solid #ccc;padding:2px 6px}"
-            "table{border-collapse:collapse;margin:0.5em 0}</style>",
-            f"<h1>{html.escape(title)}</h1>",
-            Table(summary).html(),
-            "<h2>Results</h2>",
-            _rows_table(result.rows, "value" if sweeping else "candidate"),
-            f'<img alt="Pareto plot" src="data:image/png;base64,{png}">',
-            "<p>A recommendation needs quality within the budget and a speed claim (clean CUDA timing with a CI "
-            "above 1); it holds only for these requests, seeds, geometry and device.</p>",
-        ]
-    )
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        Table(summary).html(),
+        "<h2>Results</h2>",
+        f"<p>One row per {noun}, the worst over its requests: the weakest case's verdict, the slowest case's "
+        "speed-up, the largest latent rel-L2, the smallest PSNR and min-frame SSIM.</p>",
+        _rows_table(result.rows, noun),
+        png_figure_html(figure_png(pareto_figure(result)), _pareto_caption(result, noun)),
+        "<p>A recommendation needs quality within the budget and a speed claim (clean CUDA timing with a CI "
+        "above 1); it holds only for these requests, seeds, geometry and device.</p>",
+    ]
+    return page(title, body)
+
+
+def _pareto_caption(result: SweepResult | SearchResult, noun: str) -> str:
+    """What `pareto_figure` (its default metric) shows, and whether any of its speed-ups is a speed claim."""
+    marks = ", the knee ringed, the cliff crossed" if isinstance(result, SweepResult) else ""
+    marks += ", the budget's limit dashed" if result.budget.latent_rel_l2 is not None else ""
+    claims = [row for row in result.rows if row.verdict not in (*NO_SPEED_CLAIM, "not_executed")]
+    return (
+        f"Speed-up (median, CI95) against {_METRICS['latent_rel_l2']}, one point per {noun} coloured by its "
+        f"verdict: the Pareto front of the executed ones as a line{marks}. A {noun} that did not execute sits at "
+        "speed-up 1 without a bar (its runs did the baseline's work). "
+        + ("Only a qualified or measured_quality_tradeoff verdict's speed-up is a speed claim." if claims else
+           "None of these speed-ups is a speed claim (see the verdicts).")
+    )  # fmt: skip
 
 
 def write(result: SweepResult | SearchResult, out: str | Path) -> tuple[Path, Path]:
@@ -530,17 +564,23 @@ def _environment(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _rows_table(rows: Sequence[Row], first: str) -> str:
-    head = [first, "verdict", "speed-up (median, CI95)", "latent rel-L2", "PSNR dB", "min SSIM", "in budget"]
+    head = [first, "verdict", "speed-up (median, CI95)", "latent rel-L2", "PSNR dB", "min-frame SSIM", "in budget"]
     head += ["executed", "exact", "budget failures"]
     cells = [
         (row.label, [
-            row.verdict, f"{row.speedup:.4f} [{row.speedup_low:.4f}, {row.speedup_high:.4f}]",
+            row.verdict, speedup_text(_case(row)),
             _number(row.latent_rel_l2), _number(row.psnr_db), _number(row.min_ssim),
             str(row.within_budget), str(row.executed), str(row.exact), "; ".join(row.failures) or "none",
         ])
         for row in rows
     ]  # fmt: skip
     return Table(cells, head).html()
+
+
+def _case(row: Row) -> dict[str, Any]:
+    """The row's verdict and speed-up in a case's shape, as `report.speedup_text` reads it."""
+    speedup = {"median": row.speedup, "low": row.speedup_low, "high": row.speedup_high}
+    return {"verdict": row.verdict, "speedup": speedup}
 
 
 def _number(value: float | None) -> str:
