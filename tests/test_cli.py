@@ -194,6 +194,17 @@ def test_cli_json_flags_that_do_not_parse_name_the_flag(command, flag, value, tm
         ("search", ["--candidates", '[{"banana": {}}]'], "--candidates[0]: accelerations: unknown ['banana']"),
         ("search", ["--rounds", "0"], "--rounds: 0; allowed"),
         ("calibrate", ["--rounds", "0"], "--rounds: 0; allowed"),
+        ("calibrate", ["--plugin", "easycache"], "plugin: 'easycache' given more than once"),
+        ("search", ["--candidates", '[{"cross_kv_cache": {}}, {"cross_kv_cache": {}}]'], "candidates[1]: repeats"),
+        # JSON keeps the last of two equal keys: which one was meant is the user's to say
+        (
+            "generate",
+            ["--accelerate", '{"easycache": {"threshold": 0.1, "threshold": 0.3}}'],
+            "--accelerate: 'threshold' is given twice in one object",
+        ),
+        ("qualify", ["--budget", '{"psnr_db": 30, "psnr_db": 5}'], "--budget: 'psnr_db' is given twice in one object"),
+        ("qualify", ["--budget", '{"psnr_db": 1%s}' % ("0" * 400)], "psnr_db: must be a finite number >= 0"),
+        ("generate", ["--memory", "1" + "0" * 400], "--memory: '10000000000"),
     ],
 )
 def test_cli_plugin_configs_and_rounds_are_refused_before_the_model_loads(
@@ -204,6 +215,25 @@ def test_cli_plugin_configs_and_rounds_are_refused_before_the_model_loads(
     assert main([*base, *flags, "--out", str(out)]) == 2
     assert message in _one_line_error(capsys, command)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["qualify", "sweep", "search", "calibrate"])
+def test_cli_suite_case_the_model_cannot_take_is_refused_before_any_run(command, tmp_path, capsys, monkeypatch):
+    """A case the loaded model refuses (frames its VAE does not take) is named before the first request runs, not
+    after the cases before it ran (2 x rounds + 3 runs each, for every configuration)."""
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a request ran before every case was checked")
+
+    monkeypatch.setattr(Session, "generate", ran)
+    suite = json.loads(SUITE.read_text())
+    suite["test"][1]["frames"] = 10  # Wan takes 4n + 1 frames
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(suite))
+    base = COMMANDS.get(command, ["calibrate", *SUITE_ARGS, "--plugin", "easycache"])
+    args = [a if a != str(SUITE) else str(path) for a in base]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 2
+    assert "error: test[1]: frames: 10 is not accepted by the wan VAE" in _one_line_error(capsys, command)
 
 
 def test_cli_generate_output_names_are_refused_before_the_model_loads(tmp_path, capsys, no_model):

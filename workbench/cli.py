@@ -335,7 +335,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _qualify(args: argparse.Namespace) -> int:
     from workbench import Session
-    from workbench.evidence.harness import check_rounds, default_budget, qualify
+    from workbench.evidence.harness import check_requests, check_rounds, default_budget, qualify
     from workbench.evidence.manifest import load_manifest
     from workbench.evidence.records import record_bytes
     from workbench.evidence.report import render
@@ -360,6 +360,7 @@ def _qualify(args: argparse.Namespace) -> int:
         pilots = None  # the pilots stayed on the workers: the report says the videos are not embedded
     else:
         session = Session.open(args.model, device=args.device)
+        check_requests(session, requests, args.cases)  # a case the model refuses, named before any case runs
         budget = _budget(default_budget(session), configs["budget"])
         record, pilots = qualify(session, requests, configs["baseline"], configs["candidate"], args.rounds, budget)
     record["suite"] = {"name": suite.name, "path": str(args.suite), "sha256": suite.sha256, "cases": args.cases}
@@ -374,7 +375,7 @@ def _qualify(args: argparse.Namespace) -> int:
 def _sweep_or_search(args: argparse.Namespace) -> int:
     from workbench import Session
     from workbench.evidence import sweep as sweeps
-    from workbench.evidence.harness import check_rounds
+    from workbench.evidence.harness import check_requests, check_rounds
     from workbench.evidence.manifest import load_manifest
     from workbench.evidence.report import NO_SPEED_CLAIM
     from workbench.io import check_writable
@@ -401,6 +402,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
             result = run(fanout, store, requests, *_sweep_arguments(args, configs, values, candidates), budget)
     else:
         session = Session.open(args.model, device=args.device)
+        check_requests(session, requests, args.cases)  # a case the model refuses, named before any case runs
         budget = _budget(sweeps.default_budget(session), configs["budget"])
         run = sweeps.sweep if args.command == "sweep" else sweeps.search
         result = run(session, requests, *_sweep_arguments(args, configs, values, candidates), budget)
@@ -423,7 +425,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     from workbench import Session
     from workbench.evidence import calibrate as calibration
-    from workbench.evidence.harness import check_rounds
+    from workbench.evidence.harness import check_requests, check_rounds
     from workbench.evidence.manifest import load_manifest
     from workbench.evidence.resume import PARTIAL, partial_path, read_partial
     from workbench.io import check_writable
@@ -475,6 +477,8 @@ def _calibrate(args: argparse.Namespace) -> int:
             )  # fmt: skip
         return _calibrate_report(args, result)
     session = Session.open(args.model, device=args.device)
+    for split, requests in (("calibration", calibration_requests), ("test", test)):
+        check_requests(session, requests, split)  # a case the model refuses, named before any case runs
     budget = _budget(calibration.default_budget(session), overrides)
     base = profile(args.base_profile, session.model.family.name, session.device, session.model)
     options["resume"] = args.resume or args.out  # the partial record, rewritten after every step, lives there
@@ -657,12 +661,14 @@ def _candidates_arg(text: str) -> list:
     """`--candidates`: a non-empty JSON list of accelerations configurations, each checked as installing it would
     check it (no model needed)."""
     from workbench.accelerations import REGISTRY, install
+    from workbench.evidence.sweep import check_candidates
 
     value = _parse_json("--candidates", text)
     if not isinstance(value, list) or not value or not all(isinstance(item, dict) for item in value):
         raise ValueError("--candidates: expected a non-empty JSON list of objects ({plugin: options})")
     for i, candidate in enumerate(value):
         _flagged(f"--candidates[{i}]", install.check_options, REGISTRY, candidate)
+    _flagged("--candidates", check_candidates, value)  # a repeated configuration
     return value
 
 
@@ -688,13 +694,29 @@ def _directory(text: str) -> Path:
     return Path(text)
 
 
+class _RepeatedKey(ValueError):
+    """A JSON object that gives one key twice (the parser would keep the last without a word)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`'s `object_pairs_hook`: the object's dict, or _RepeatedKey naming a key given twice."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise _RepeatedKey(f"{key!r} is given twice in one object; give each key once")
+        value[key] = item
+    return value
+
+
 def _parse_json(flag: str, text: str) -> Any:
-    """`text` parsed as JSON; text that does not parse, or nests deeper than the parser goes, is a ValueError
-    naming `flag`."""
+    """`text` parsed as JSON; text that does not parse, nests deeper than the parser goes, or gives a key twice in
+    one object is a ValueError naming `flag`."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as error:
         raise ValueError(f"{flag}: not valid JSON ({error})") from error
+    except _RepeatedKey as error:
+        raise ValueError(f"{flag}: {error}") from None
     except RecursionError:  # its own words name no input
         raise ValueError(f"{flag}: not valid JSON (nested too deeply)") from None
 

@@ -94,7 +94,8 @@ def parse_bytes(value: Any, name: str = "memory", cards: bool = False) -> int:
     if isinstance(value, int | np.integer) and not isinstance(value, bool):
         number = int(value)
     elif isinstance(value, str) and (match := _AMOUNT.fullmatch(value)) and match[2].upper() in UNITS:
-        number = int(float(match[1]) * UNITS[match[2].upper()])
+        amount = float(match[1]) * UNITS[match[2].upper()]  # inf past float's range: refused below, never int()ed
+        number = int(amount) if amount <= MAX_BYTES else MAX_BYTES + 1
     else:
         raise ValueError(f"{name}: {shown(value)} is not an amount of memory; {allowed}")
     if number <= 0:

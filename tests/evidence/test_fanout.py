@@ -232,8 +232,9 @@ def test_read_requests_names_the_entry_and_the_field(tmp_path):
         '[{"prompt": "p", "name": "../x"}]': r"requests\[0\]\.name: must be a plain file stem",
         '[{"prompt": "p", "name": "a"}, {"prompt": "q", "name": "a"}]': r"requests\[1\]\.name: 'a' is taken",
         "[" * 100_000 + "]" * 100_000: r"requests: .*requests.json is not valid JSON \(nested too deeply\)",
+        b'[{"prompt": "caf\xe9"}]': r"requests: .*requests.json is not UTF-8 text \(invalid continuation byte",
     }
     for text, message in cases.items():
-        path.write_text(text)
+        path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
         with pytest.raises(ValueError, match=message):
             fanout_jobs.read_requests(path)

@@ -51,6 +51,19 @@ def test_too_few_or_too_many_rounds_refused(session):
             qualify(session, [REQUEST], {}, {"cross_kv_cache": {}}, rounds=rounds, progress=False)
 
 
+def test_a_request_the_model_cannot_take_is_refused_before_any_run(session, monkeypatch):
+    """Every request is checked against the model before the first one runs: a later case with frames the VAE
+    refuses costs no generation of the earlier ones (2 x rounds + 3 runs each), and the error names the case."""
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a request ran before every request was checked")
+
+    monkeypatch.setattr(Session, "generate", ran)
+    odd = Request("a blue square", seed=43, frames=10, steps=4, height=32, width=32)  # Wan takes 4n + 1 frames
+    with pytest.raises(ValueError, match=r"^requests\[1\]: frames: 10 is not accepted by the wan VAE"):
+        qualify(session, [REQUEST, odd], {}, {"cross_kv_cache": {}}, rounds=3, progress=False)
+
+
 def test_cli_qualify_writes_record_and_offline_report(tmp_path, capsys):
     out = tmp_path / "q"
     code = main(

@@ -103,6 +103,10 @@ def test_manifest_refuses_overlapping_calibration_and_test_seeds(tmp_path):
         ({}, [_case(42, frames="9")], r"test\[0\].frames"),
         ({}, [_case(-1)], r"test\[0\].seed"),
         ({}, [_case(42, prompt=" ")], r"test\[0\].prompt"),
+        # what a Request refuses is said under the case, not as a bare field the command line has no flag for
+        ({}, [_case(42), _case(43, frames=100_000)], r"test\[1\].frames: 100000 is out of range; allowed"),
+        ({}, [_case(2**63)], r"test\[0\].seed: 9223372036854775808 is out of range; allowed"),
+        ({}, [_case(42, prompt="a \ud800")], r"test\[0\].prompt: holds a lone surrogate"),
         ({}, [_case(42, guidance=5.0)], r"test\[0\]: unknown field\(s\) \['guidance'\]"),
         ({}, [_case(42, reference={"path": "x", "size": 1, "sha256": "ABC"})], r"test\[0\].reference.sha256"),
     ],

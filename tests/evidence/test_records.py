@@ -41,6 +41,9 @@ def test_record_refuses_unserialisable_and_non_objects(tmp_path):
     (tmp_path / "torn.json").write_text('{"a": ')
     with pytest.raises(ValueError, match="torn.json is not valid JSON"):
         read_record(tmp_path / "torn.json")
+    (tmp_path / "latin1.json").write_bytes(b'{"note": "caf\xe9"}')  # an editor's Latin-1, or a torn disk block
+    with pytest.raises(ValueError, match=r"^record: .*latin1.json is not valid JSON \(not UTF-8 text:"):
+        read_record(tmp_path / "latin1.json")
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)  # deeper than the parser goes
     with pytest.raises(ValueError, match=r"^record: .*deep.json is not valid JSON \(nested too deeply\)"):
         read_record(tmp_path / "deep.json")

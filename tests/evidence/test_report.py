@@ -197,6 +197,22 @@ def test_reports_state_the_budget_in_words_and_the_review_names_each_failure(mak
     assert f"{head}latent rel-L2</th>" in page and f"{head}budget failures</th>" in page  # the reports' wording
 
 
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"kind": "stack", "status": "calibrated"}, r"records\['B'\]: a 'stack' record; allowed: a qualification"),
+        ({"frames_shape": [5, 32, 32, 3], "timings": {}}, r"records\['B'\]: a record without 'verdict', 'cases'"),
+        ([1, 2], r"records\['B'\]: a list; allowed: a qualification record"),
+    ],
+)
+def test_review_refuses_a_record_that_is_not_a_qualification(make_pair, record, message):
+    """The review notebook takes record paths: a calibrate `stack.json`, a `result.json` or a sweep record given by
+    mistake is a ValueError naming the label, not a KeyError from deep inside the page."""
+    qualification, _ = make_record("qualified", make_pair)
+    with pytest.raises(ValueError, match=message):
+        review_page({"A": qualification, "B": record})
+
+
 def test_identical_frames_are_said_in_words_not_under_a_curves_caption(make_pair):
     a, _ = make_pair()
     record, _ = make_record("no_speed_claim", lambda: (a, a))

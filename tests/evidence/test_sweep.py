@@ -273,6 +273,13 @@ def test_sweep_refuses_bad_input_before_running(session):
         sweep(session, [REQUEST], "easycache", "threshold", [], progress=False)
     with pytest.raises(ValueError, match="nosuchcache"):
         search(session, [REQUEST], [{"cross_kv_cache": {}}, {"nosuchcache": {}}], progress=False)
+    odd = Request("a blue square", seed=43, frames=9, steps=4, height=40, width=32)  # Wan: a multiple of 16
+    with pytest.raises(ValueError, match=r"^requests\[1\]: height: 40 must be a multiple of 16"):
+        sweep(session, [REQUEST, odd], "easycache", "threshold", [0.1], progress=False)
+    with pytest.raises(ValueError, match=r"^requests\[1\]: height: 40 must be a multiple of 16"):
+        search(session, [REQUEST, odd], [{"cross_kv_cache": {}}], progress=False)
+    with pytest.raises(ValueError, match=r"^candidates\[1\]: repeats candidates\[0\]"):
+        search(session, [REQUEST], [{"cross_kv_cache": {}}, {"cross_kv_cache": {}}], progress=False)
 
 
 def test_cpu_search_has_no_best(session):

@@ -83,6 +83,8 @@ def test_budget_bad_values_raise_naming_the_field():
         Budget(psnr_db=math.nan)
     with pytest.raises(ValueError, match="^latent_rel_l2: "):
         Budget(latent_rel_l2=True)
+    with pytest.raises(ValueError, match=r"^psnr_db: must be a finite number >= 0 or None, got <an integer of"):
+        Budget(psnr_db=10**400)  # past any float: a ValueError, not an OverflowError
 
 
 def test_budget_round_trips_through_dict():

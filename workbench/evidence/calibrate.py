@@ -505,10 +505,13 @@ def _stack(
 
 
 def check_arguments(plugins: list[str], knob: str | None, margin: float, max_evals: int) -> list[Any]:
-    """The plugins' specs, after checking what needs no model: each plugin exists and declares a knob (`knob`, when
-    given, is that knob), the margin is in (0, 1], max_evals >= 2. ValueError naming the field otherwise."""
+    """The plugins' specs, after checking what needs no model: each plugin exists, declares a knob (`knob`, when
+    given, is that knob) and is given once, the margin is in (0, 1], max_evals >= 2. ValueError naming the field
+    otherwise."""
     specs = []
-    for plugin in plugins:
+    for index, plugin in enumerate(plugins):
+        if plugin in plugins[:index]:
+            raise ValueError(f"plugin: {plugin!r} given more than once; each plugin is searched once")
         spec = REGISTRY.get(plugin)
         if spec is None:
             raise ValueError(f"plugin: unknown {plugin!r}; calibratable: {calibratable()}")

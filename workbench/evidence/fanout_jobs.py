@@ -148,6 +148,8 @@ def read_requests(path: str | Path) -> list[tuple[str, Request]]:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"requests: {path} is not valid JSON ({error})") from error
+    except UnicodeDecodeError as error:  # its own words name no file
+        raise ValueError(f"requests: {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
     except RecursionError:  # its own words name no file
         raise ValueError(f"requests: {path} is not valid JSON (nested too deeply)") from None
     except OSError as error:

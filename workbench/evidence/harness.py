@@ -43,6 +43,22 @@ def check_rounds(rounds: object) -> int:
     return rounds
 
 
+def check_requests(session: Session, requests: list[Request], where: str = "requests") -> list[Request]:
+    """Every one of `requests` resolved against `session`'s model (`Session.resolve`) before any runs, so a request
+    the model cannot take (frames its VAE refuses, a mode it lacks) is refused before the ones ahead of it have
+    run. ValueError naming it as `{where}[i]` (`requests[1]: frames: 10 is not accepted ...`), or for no requests.
+    Returns the resolved requests."""
+    if not requests:
+        raise ValueError(f"{where}: at least one request is required")
+    resolved = []
+    for index, request in enumerate(requests):
+        try:
+            resolved.append(session.resolve(request))
+        except ValueError as error:
+            raise ValueError(f"{where}[{index}]: {error}") from None
+    return resolved
+
+
 def qualify(
     session: Session,
     requests: list[Request],
@@ -53,10 +69,10 @@ def qualify(
     progress: bool = True,
 ) -> tuple[dict[str, Any], list[tuple[Result, Result]]]:
     """Qualify `candidate` against `baseline` on `requests` under `budget` (default: `default_budget(session)`);
-    returns the record and each case's pilots."""
+    returns the record and each case's pilots. Every request is checked against the model before the first runs
+    (`check_requests`)."""
     check_rounds(rounds)
-    if not requests:
-        raise ValueError("requests: at least one request is required")
+    check_requests(session, requests)
     budget = budget or default_budget(session)
     cases, pilots = [], []
     with progress_bar(total=len(requests) * (2 * rounds + 3), desc="qualify runs", enabled=progress) as bar:

@@ -95,10 +95,11 @@ def load_manifest(path: str | Path, model: str | None = None, allow_other_model:
     """Read and validate a manifest, and verify every referenced file's size and SHA-256.
 
     A missing or unreadable file, or one that is not JSON, is a ValueError naming it (and the line of a
-    JSON error); a bad or unknown field is a ValueError naming it (e.g. `test[1].seed`); a missing, absolute,
-    escaping or changed reference file is a ValueError naming its path; so is a seed used by both calibration
-    and test cases. With `model` (the name or folder the suite is about to run against), a suite pinned to
-    another model is a ValueError unless `allow_other_model` (see `Manifest.check_model`).
+    JSON error); a bad or unknown field, or a value `workbench.Request` refuses, is a ValueError naming it (e.g.
+    `test[1].seed`); a missing, absolute, escaping or changed reference file is a ValueError naming its path; so
+    is a seed used by both calibration and test cases. With `model` (the name or folder the suite is about to run
+    against), a suite pinned to another model is a ValueError unless `allow_other_model` (see
+    `Manifest.check_model`).
     """
     path = Path(path)
     try:
@@ -157,7 +158,12 @@ def _case(where: str, raw: Any, folder: Path) -> Case:
     reference = None
     if "reference" in raw:
         reference = _reference(f"{where}.reference", raw["reference"], folder)
-    return Case(**{k: v for k, v in raw.items() if k != "reference"}, reference=reference)
+    case = Case(**{k: v for k, v in raw.items() if k != "reference"}, reference=reference)
+    try:
+        case.to_request()  # what a Request refuses (frames past MAX_FRAMES, a seed past int64, a lone surrogate)
+    except ValueError as error:  # its message starts with the field: `test[1].frames: 100000 is out of range`
+        raise ValueError(f"{where}.{error}") from None
+    return case
 
 
 def _reference(where: str, raw: Any, folder: Path) -> Reference:

@@ -35,12 +35,15 @@ def record_bytes(record: dict[str, Any]) -> bytes:
 
 
 def read_record(path: str | Path) -> dict[str, Any]:
-    """Read a record written by `write_record`; a file that is not a JSON object is a ValueError naming it."""
+    """Read a record written by `write_record`; a file that is not a JSON object (not UTF-8 text included) is a
+    ValueError naming it."""
     path = Path(path)
     try:
         record = json.loads(path.read_bytes())
     except json.JSONDecodeError as error:
         raise ValueError(f"record: {path} is not valid JSON ({error})") from error
+    except UnicodeDecodeError as error:  # its own words name no file
+        raise ValueError(f"record: {path} is not valid JSON (not UTF-8 text: {error.reason})") from None
     except RecursionError:  # its own words name no file
         raise ValueError(f"record: {path} is not valid JSON (nested too deeply)") from None
     if not isinstance(record, dict):

@@ -26,6 +26,8 @@ QUALITY = {
     "min_ssim": "min-frame SSIM",
 }
 QUALITY_AUDIO = {"audio_snr_db": "audio SNR dB", "lsd_db": "log-spectral distance dB"}
+# The keys of a qualification record the page reads (`harness.qualify` writes them, with kind "qualification").
+REVIEWED = ("verdict", "cases", "baseline", "candidate", "rounds", "budget", "device")
 
 
 def review_page(
@@ -34,9 +36,12 @@ def review_page(
     """The page comparing `records` (label -> record as `qualify` made it): a summary (each record's budget in
     words), the speed-ups with their CI95 and pairs, the quality metrics per case with the budget's failures, and,
     for labels in `pilots`, each case's baseline and candidate pilot videos (>= 256 px, captioned). Static: data
-    URIs, no script."""
+    URIs, no script. A record of another kind (a calibrate `stack.json`, a sweep, a `result.json`) is a ValueError
+    naming its label."""
     if not records:
         raise ValueError("records: at least one record is required")
+    for label, record in records.items():
+        _check_qualification(label, record)
     labels = list(records)
     summary = {
         "verdict": [r["verdict"] for r in records.values()],
@@ -75,3 +80,17 @@ def review_page(
             candidate = json.dumps(records[label]["candidate"])
             body += [f"<h2>{html.escape(label)} case {index}</h2>", video(a, "baseline"), video(b, candidate)]
     return page(title, body)
+
+
+def _check_qualification(label: str, record: Any) -> None:
+    """ValueError naming `label` unless `record` is a qualification record (a dict of kind "qualification", or of no
+    kind, holding every key in REVIEWED)."""
+    allowed = "allowed: a qualification record (what qualify returns; `workbench qualify` writes qualification.json)"
+    if not isinstance(record, dict):
+        raise ValueError(f"records[{label!r}]: a {type(record).__name__}; {allowed}")
+    kind = record.get("kind", "qualification")
+    if kind != "qualification":
+        raise ValueError(f"records[{label!r}]: a {kind!r} record; {allowed}")
+    missing = [key for key in REVIEWED if key not in record]
+    if missing:
+        raise ValueError(f"records[{label!r}]: a record without {', '.join(map(repr, missing))}; {allowed}")

@@ -28,7 +28,7 @@ from matplotlib.lines import Line2D
 
 from workbench.accelerations import REGISTRY, install
 from workbench.environment import device_label
-from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, check_rounds, default_budget, qualify
+from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, check_requests, check_rounds, default_budget, qualify
 from workbench.evidence.records import record_bytes
 from workbench.evidence.report import NO_SPEED_CLAIM, Table, budget_text, page, speedup_text
 from workbench.io import write_set
@@ -514,20 +514,25 @@ def sweep_configs(plugin: str, option: str, values: list[Any], base_options: dic
 
 
 def check_candidates(candidates: list[dict[str, Any]]) -> None:
-    """Refuse an empty candidate list or a candidate that is not a dict of name -> options (ValueError)."""
+    """Refuse an empty candidate list, a candidate that is not a dict of name -> options, or one that repeats an
+    earlier candidate (it would be qualified twice; `sweep` refuses a repeated value alike): ValueError naming it."""
     if not isinstance(candidates, list) or not candidates:
         raise ValueError("candidates: at least one candidate configuration is required")
+    seen: dict[str, int] = {}
     for i, candidate in enumerate(candidates):
         if not isinstance(candidate, dict):
             raise ValueError(f"candidates[{i}]: expected a dict of name -> options, got {type(candidate).__name__}")
+        text = json.dumps(candidate, sort_keys=True, default=repr)
+        if text in seen:
+            raise ValueError(f"candidates[{i}]: repeats candidates[{seen[text]}] {text}; give each configuration once")
+        seen[text] = i
 
 
 def validate(session: Session, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
-    """Refuse, before any run, too few rounds, no requests, or a configuration `session` cannot install
-    (ValueError naming it; RuntimeError when this device cannot run it)."""
+    """Refuse, before any run, too few rounds, no requests, a request the model cannot take (`check_requests`), or a
+    configuration `session` cannot install (ValueError naming it; RuntimeError when this device cannot run it)."""
     check_rounds(rounds)
-    if not requests:
-        raise ValueError("requests: at least one request is required")
+    check_requests(session, requests)
     for config in configs:
         install.validate(REGISTRY, session.model, config, session.device)
 

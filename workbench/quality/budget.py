@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
+
+from workbench.request import shown
 
 # field -> (direction, unit): "max" limits pass when value <= limit, "min" limits when value >= limit
 _LIMITS = {
@@ -55,8 +58,9 @@ class Budget:
             value = getattr(self, name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name}: must be a finite number >= 0 or None, got {value!r}")
+            # compared, never converted: an int past any float (10**400) is refused, not an OverflowError
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= sys.float_info.max:
+                raise ValueError(f"{name}: must be a finite number >= 0 or None, got {shown(value)}")
         for name in ("min_ssim", "spectral_cosine"):
             if getattr(self, name) is not None and getattr(self, name) > 1:
                 raise ValueError(f"{name}: must be <= 1 (it never exceeds 1), got {getattr(self, name)!r}")
