@@ -694,28 +694,16 @@ def _directory(text: str) -> Path:
     return Path(text)
 
 
-class _RepeatedKey(ValueError):
-    """A JSON object that gives one key twice (the parser would keep the last without a word)."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """`json.loads`'s `object_pairs_hook`: the object's dict, or _RepeatedKey naming a key given twice."""
-    value: dict[str, Any] = {}
-    for key, item in pairs:
-        if key in value:
-            raise _RepeatedKey(f"{key!r} is given twice in one object; give each key once")
-        value[key] = item
-    return value
-
-
 def _parse_json(flag: str, text: str) -> Any:
     """`text` parsed as JSON; text that does not parse, nests deeper than the parser goes, or gives a key twice in
     one object is a ValueError naming `flag`."""
+    from workbench.io import RepeatedKey, unique_keys
+
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as error:
         raise ValueError(f"{flag}: not valid JSON ({error})") from error
-    except _RepeatedKey as error:
+    except RepeatedKey as error:
         raise ValueError(f"{flag}: {error}") from None
     except RecursionError:  # its own words name no input
         raise ValueError(f"{flag}: not valid JSON (nested too deeply)") from None

@@ -278,6 +278,21 @@ def json_value(value: Any, where: str = "value") -> Any:
     raise TypeError(f"{where}: {type(value).__name__} is not JSON-serialisable: {value!r}")
 
 
+class RepeatedKey(ValueError):
+    """A JSON object a person wrote that gives one key twice (`json.loads` alone keeps the last without a word)."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`'s `object_pairs_hook` for JSON a person wrote (CLI flags, suites, batch files): the object's dict,
+    or RepeatedKey naming the key given twice."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise RepeatedKey(f"{key!r} is given twice in one object; give each key once")
+        value[key] = item
+    return value
+
+
 def json_bytes(value: Any, indent: int | None = 2) -> bytes:
     """`json_value(value)` as strict JSON (`allow_nan=False`), UTF-8, with a trailing newline."""
     return (json.dumps(json_value(value), indent=indent, allow_nan=False) + "\n").encode()

@@ -233,6 +233,7 @@ def test_read_requests_names_the_entry_and_the_field(tmp_path):
         '[{"prompt": "p", "name": "a"}, {"prompt": "q", "name": "a"}]': r"requests\[1\]\.name: 'a' is taken",
         "[" * 100_000 + "]" * 100_000: r"requests: .*requests.json is not valid JSON \(nested too deeply\)",
         b'[{"prompt": "caf\xe9"}]': r"requests: .*requests.json is not UTF-8 text \(invalid continuation byte",
+        '[{"prompt": "p", "seed": 1, "seed": 2}]': r"requests: .*requests.json: 'seed' is given twice in one object",
     }
     for text, message in cases.items():
         path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)

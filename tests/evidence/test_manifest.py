@@ -116,6 +116,14 @@ def test_manifest_bad_field_raises_naming_it(tmp_path, top, test, field):
         load_manifest(_write(tmp_path, test=test, **top))
 
 
+def test_manifest_refuses_a_key_given_twice_in_one_object(tmp_path):
+    """JSON alone keeps the last of a repeated key: a suite someone edited by hand would run another seed unsaid."""
+    path = _write(tmp_path, test=[_case(42)])
+    path.write_text(path.read_text().replace('"seed": 42', '"seed": 42, "seed": 43'))
+    with pytest.raises(ValueError, match=r"^suite: .*: 'seed' is given twice in one object"):
+        load_manifest(path)
+
+
 def test_manifest_missing_field_raises_naming_it(tmp_path):
     case = _case(42)
     del case["steps"]

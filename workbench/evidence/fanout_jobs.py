@@ -141,17 +141,19 @@ def read_requests(path: str | Path) -> list[tuple[str, Request]]:
     fields}), or a suite manifest (`data_manifests/*.json`: its test cases). Names default to `request-0000`...
     ValueError naming the entry for anything else."""
     from workbench.evidence.manifest import load_manifest
-    from workbench.io import check_stem
+    from workbench.io import RepeatedKey, check_stem, unique_keys
 
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(), object_pairs_hook=unique_keys)
     except json.JSONDecodeError as error:
         raise ValueError(f"requests: {path} is not valid JSON ({error})") from error
     except UnicodeDecodeError as error:  # its own words name no file
         raise ValueError(f"requests: {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
     except RecursionError:  # its own words name no file
         raise ValueError(f"requests: {path} is not valid JSON (nested too deeply)") from None
+    except RepeatedKey as error:
+        raise ValueError(f"requests: {path}: {error}") from None
     except OSError as error:
         raise ValueError(f"requests: {path} is not readable ({error.strerror or error})") from error
     if isinstance(data, dict) and "test" in data:

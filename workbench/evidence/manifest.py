@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from workbench.io import RepeatedKey, unique_keys
 from workbench.request import Request
 
 _TOP = {"name", "version", "model", "description", "calibration", "test"}
@@ -107,13 +108,15 @@ def load_manifest(path: str | Path, model: str | None = None, allow_other_model:
     except OSError as error:
         raise ValueError(f"suite: cannot read {path} ({error.strerror or error})") from error
     try:
-        raw = json.loads(data)
+        raw = json.loads(data, object_pairs_hook=unique_keys)
     except UnicodeDecodeError as error:
         raise ValueError(f"suite: {path} is not UTF-8 text ({error.reason})") from error
     except json.JSONDecodeError as error:
         raise ValueError(f"suite: {path}: {error.msg} at line {error.lineno} column {error.colno}") from error
     except RecursionError:  # its own words name no file
         raise ValueError(f"suite: {path} is not valid JSON (nested too deeply)") from None
+    except RepeatedKey as error:
+        raise ValueError(f"suite: {path}: {error}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"suite: {path} must hold a JSON object, got {type(raw).__name__}")
     _check_keys("manifest", raw, _TOP, required=_TOP - {"description"})
