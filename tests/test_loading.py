@@ -304,6 +304,25 @@ def test_call_overrides_are_checked_against_what_the_pipeline_may_take(tmp_path,
         read_workbench_file(tmp_path, ltx2.FAMILY)
 
 
+@pytest.mark.parametrize(
+    ("defaults", "message"),
+    [
+        ({"frames": -1}, r"defaults.frames: -1 is out of range"),
+        ({"frames": 10}, r"defaults.frames: 10 is not accepted by the ltx2 VAE"),
+        ({"height": 60}, r"defaults.height: 60 must be a multiple of 32 for ltx2"),
+        ({"steps": "16"}, r"defaults.steps: must be an integer"),
+        ({"guidance": -1.0}, r"defaults.guidance: -1.0 is out of range"),
+    ],
+)
+def test_stored_defaults_a_request_would_refuse_are_refused_at_load_naming_the_file(tmp_path, defaults, message):
+    """Before, such a default passed the load and failed at the first generate as a bare field, naming no file."""
+    shipped = json.loads((SHIPPED_MODELS["demo-av-mini"] / "workbench.json").read_text())
+    shipped["defaults"] |= defaults
+    (tmp_path / "workbench.json").write_text(json.dumps(shipped))
+    with pytest.raises(ValueError, match=rf"workbench.json: {message}"):
+        read_workbench_file(tmp_path, ltx2.FAMILY)
+
+
 def test_call_overrides_and_defaults_that_ran_are_in_the_record(saved_wan, tmp_path):
     model = _copy(saved_wan, tmp_path / "m")
     stored = {"defaults": {**wan.TINY_DEFAULTS, "steps": 3}, "call_overrides": {"max_sequence_length": 16}}

@@ -742,8 +742,10 @@ def check_call_overrides(family: Family, overrides: Mapping[str, Any], where: st
 def read_workbench_file(root: Path, family: Family) -> tuple[dict[str, Any], dict[str, Any]]:
     """The (defaults, call_overrides) stored beside a checkpoint, or the family's defaults when absent.
 
-    `defaults` fill request fields (and so are recorded with the request); `call_overrides` are extra pipeline
-    kwargs (recorded in `Result.metadata["call_overrides"]`) and may not replace a request-derived kwarg.
+    `defaults` fill request fields (and so are recorded with the request) and must make a request the family
+    accepts (`Request.resolved`); `call_overrides` are extra pipeline kwargs (recorded in
+    `Result.metadata["call_overrides"]`) and may not replace a request-derived kwarg. Each refusal is a ValueError
+    naming the file and the field (`workbench.json: defaults.frames: -1 ...`).
     """
     path = Path(root) / WORKBENCH_FILE
     if not path.is_file():
@@ -760,4 +762,11 @@ def read_workbench_file(root: Path, family: Family) -> tuple[dict[str, Any], dic
     if bad:
         raise ValueError(f"{path}: defaults {sorted(bad)} are not request fields; allowed: {sorted(family.defaults)}")
     check_call_overrides(family, overrides, str(path))
-    return {**family.defaults, **defaults}, dict(overrides)
+    merged = {**family.defaults, **defaults}
+    from workbench.request import Request  # request.py imports this module
+
+    try:  # a value a request would refuse is named here, not at the first generate with no file to blame
+        Request("the stored defaults").resolved(family, merged)
+    except ValueError as error:
+        raise ValueError(f"{path}: defaults.{error}") from None
+    return merged, dict(overrides)
