@@ -38,7 +38,7 @@ def test_result_repr_is_a_one_line_summary_not_the_pixels():
 def test_save_refuses_what_is_not_a_directory_before_encoding(monkeypatch, tmp_path):
     result = Result(np.zeros((2, 16, 16, 3), np.uint8), None, None, 8, None, {}, {})
     monkeypatch.setattr(Result, "mp4_bytes", lambda *a, **k: pytest.fail("encoded before the directory was checked"))
-    for directory in (None, 5):
+    for directory in (None, 5, "", "  "):
         with pytest.raises(ValueError, match="^directory: expected a path"):
             result.save(directory)
 

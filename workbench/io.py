@@ -119,9 +119,12 @@ def check_targets(directory: str | Path, names: Iterable[str], field: str = "fil
 
 
 def check_path(path: object, field: str) -> Path:
-    """`path` as a Path if it is a str or os.PathLike; else ValueError naming `field`."""
+    """`path` as a Path if it is a str or os.PathLike; else ValueError naming `field`. An empty or blank string is
+    refused too (Path("") is the current folder: an unset variable would write there unsaid); "." says it."""
     if not isinstance(path, str | os.PathLike):
         raise ValueError(f"{field}: expected a path (str or os.PathLike), got {type(path).__name__}")
+    if isinstance(path, str) and not path.strip():
+        raise ValueError(f"{field}: expected a path, got the empty string {path!r}; '.' is the current folder")
     return Path(path)
 
 
