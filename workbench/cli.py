@@ -422,6 +422,9 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     return 0
 
 
+_CALIBRATE_FLAGS = ("plugin", "knob", "margin", "max_evals")  # check_arguments's fields, each a flag
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from workbench import Session
     from workbench.evidence import calibrate as calibration
@@ -444,7 +447,13 @@ def _calibrate(args: argparse.Namespace) -> int:
                 f"--register: --out {args.out} must be inside the repository {ROOT} (the committed registry points "
                 "at the evidence by a path relative to it)"
             )
-    calibration.check_arguments(args.plugin, args.knob, args.margin, args.max_evals)
+    try:
+        calibration.check_arguments(args.plugin, args.knob, args.margin, args.max_evals)
+    except ValueError as error:  # the library names its parameters (`max_evals: ...`): said under their flags
+        field, _, reason = str(error).partition(": ")
+        raise ValueError(
+            f"--{field.replace('_', '-')}: {reason}" if field in _CALIBRATE_FLAGS else str(error)
+        ) from None
     _flagged("--rounds", check_rounds, args.rounds)
     fixed = calibration.check_options(args.plugin, _json_arg("options", args.options))
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)

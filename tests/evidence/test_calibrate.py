@@ -259,9 +259,9 @@ def test_stack_composes_block_sparse_and_easycache_and_confirms_inside_the_budge
     ("extra", "message"),
     [
         (["--budget", '{"psnr": 30}'], "unknown field"),
-        (["--plugin", "fused_block_norms"], "declares no knob"),
+        (["--plugin", "fused_block_norms"], "--plugin: 'fused_block_norms' declares no knob"),
         (["--plugin", "easycache", "--knob", "threshold"], "--knob: names one plugin"),
-        (["--margin", "1.5"], "margin"),
+        (["--margin", "1.5"], "--margin: 1.5; allowed: a number in (0, 1]"),
         (["--register"], "--register: --out"),
         (["--options", '{"teacache": {}}'], "options: 'teacache' is not among the plugins calibrated"),
         (["--options", '{"easycache": {"threshold": 0.1}}'], "options.easycache: expected an object of its options"),
