@@ -412,17 +412,13 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     else:
         print(f"best: {_show(result.best)} ({result.reason})")
     for row in result.rows:
-        # A verdict that makes no speed claim (the candidate did not execute, or `report.NO_SPEED_CLAIM`: a CPU run,
-        # quality outside the budget without a claim) shows no speed-up.
-        speed = "" if row.verdict in ("not_executed", *NO_SPEED_CLAIM) else f", speed-up {row.speedup:.4f}"
+        # A verdict that makes no speed claim (`report.NO_SPEED_CLAIM`) shows no speed-up.
+        speed = "" if row.verdict in NO_SPEED_CLAIM else f", speed-up {row.speedup:.4f}"
         print(f"  {row.label}: {row.verdict}{speed}, within budget {row.within_budget}")
     record, page = sweeps.write(result, args.out)
     print(f"record: {record}")
     print(f"report: {page}")
     return 0
-
-
-_CALIBRATE_FLAGS = ("plugin", "knob", "margin", "max_evals")  # check_arguments's fields, each a flag
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -447,13 +443,8 @@ def _calibrate(args: argparse.Namespace) -> int:
                 f"--register: --out {args.out} must be inside the repository {ROOT} (the committed registry points "
                 "at the evidence by a path relative to it)"
             )
-    try:
-        calibration.check_arguments(args.plugin, args.knob, args.margin, args.max_evals)
-    except ValueError as error:  # the library names its parameters (`max_evals: ...`): said under their flags
-        field, _, reason = str(error).partition(": ")
-        raise ValueError(
-            f"--{field.replace('_', '-')}: {reason}" if field in _CALIBRATE_FLAGS else str(error)
-        ) from None
+    flags = ("--plugin", "--knob", "--margin", "--max-evals")
+    _flagged(flags, calibration.check_arguments, args.plugin, args.knob, args.margin, args.max_evals)
     _flagged("--rounds", check_rounds, args.rounds)
     fixed = calibration.check_options(args.plugin, _json_arg("options", args.options))
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
@@ -735,14 +726,20 @@ def _accelerations_arg(name: str, text: str) -> dict:
     return value
 
 
-def _flagged(flag: str, check: Callable[..., T], *args: Any) -> T:
+def _flagged(flag: str | tuple[str, ...], check: Callable[..., T], *args: Any) -> T:
     """`check(*args)`, its ValueError said under the command line's `flag`: `--rounds: 0; ...` where the library
-    says `rounds: 0; ...`, `--accelerate: easycache.threshold: ...` where it names no flag's field."""
+    says `rounds: 0; ...`, `--accelerate: easycache.threshold: ...` where it names no flag's field. Given several
+    flags, the error goes under the one whose field it names (`max_evals: ...` under `--max-evals`), and stays as it
+    is when it names none of them."""
     try:
         return check(*args)
     except ValueError as error:
-        field = flag.removeprefix("--").replace("-", "_")
-        raise ValueError(f"{flag}: {str(error).removeprefix(f'{field}: ')}") from None
+        text, flags = str(error), (flag,) if isinstance(flag, str) else flag
+        for name in flags:
+            field = name.removeprefix("--").replace("-", "_")
+            if len(flags) == 1 or text.startswith(f"{field}: "):
+                raise ValueError(f"{name}: {text.removeprefix(f'{field}: ')}") from None
+        raise
 
 
 def _info() -> int:

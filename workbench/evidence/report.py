@@ -20,9 +20,10 @@ from workbench.plots import figure_png, frame_metric_curves, png_figure_html, ro
 from workbench.quality import Budget
 from workbench.result import VISIBLE_SIDE, Result, video_style
 
-# The verdicts that never carry a speed claim though a speed-up was timed (`stats.verdict`): outside the budget without
-# one (`rejected_quality`), or inside it without one (`no_speed_claim`).
-NO_SPEED_CLAIM = ("no_speed_claim", "rejected_quality")
+# The verdicts that never carry a speed claim though a speed-up was timed (`stats.verdict`): the candidate did no work
+# (`not_executed`), or quality outside the budget without one (`rejected_quality`) or inside it without one
+# (`no_speed_claim`).
+NO_SPEED_CLAIM = ("not_executed", "no_speed_claim", "rejected_quality")
 # The audio limits' rows of a case, shown when the record's budget sets the limit (the verdict rests on them).
 AUDIO_ROWS = {
     "audio_snr_db": "audio SNR dB",

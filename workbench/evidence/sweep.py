@@ -30,7 +30,7 @@ from workbench.accelerations import REGISTRY, install
 from workbench.environment import device_label
 from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, check_requests, check_rounds, default_budget, qualify
 from workbench.evidence.records import record_bytes
-from workbench.evidence.report import NO_SPEED_CLAIM, Table, budget_text, page, speedup_text
+from workbench.evidence.report import NO_SPEED_CLAIM, Table, page, speedup_text
 from workbench.io import write_set
 from workbench.plots import LABEL_PT, figure_png, label_points, png_figure_html
 from workbench.quality import Budget
@@ -437,7 +437,7 @@ def pareto_figure(result: SweepResult | SearchResult, metric: str = "latent_rel_
 
 def render(result: SweepResult | SearchResult) -> str:
     """A static HTML page (`report.page`: no script, nothing fetched): the summary (the device as
-    `environment.device_label` names it, the budget in words as `report.budget_text`, a search's ranking by
+    `environment.device_label` names it, the budget in words as `Budget.describe` writes it, a search's ranking by
     candidate), one table row per value or candidate, its speed-up worded as `report.speedup_text` (none for a row
     that did not execute, marked as no speed claim under a verdict that makes none), and the Pareto PNG with a
     caption saying what it shows and whether any speed-up in it is a speed claim."""
@@ -463,7 +463,7 @@ def render(result: SweepResult | SearchResult) -> str:
         "rounds": record.get("rounds"),
         "device": device_label(record["device"]) if record.get("device") else None,
         "commit": f"{(record.get('git') or {}).get('commit')} (dirty={(record.get('git') or {}).get('dirty')})",
-        "budget": budget_text(result.budget.to_dict()),
+        "budget": result.budget.describe(),
     }
     body = [
         f"<h1>{html.escape(title)}</h1>",
@@ -483,7 +483,7 @@ def _pareto_caption(result: SweepResult | SearchResult, noun: str) -> str:
     """What `pareto_figure` (its default metric) shows, and whether any of its speed-ups is a speed claim."""
     marks = ", the knee ringed, the cliff crossed" if isinstance(result, SweepResult) else ""
     marks += ", the budget's limit dashed" if result.budget.latent_rel_l2 is not None else ""
-    claims = [row for row in result.rows if row.verdict not in (*NO_SPEED_CLAIM, "not_executed")]
+    claims = [row for row in result.rows if row.verdict not in NO_SPEED_CLAIM]
     return (
         f"Speed-up (median, CI95) against {_METRICS['latent_rel_l2']}, one point per {noun} coloured by its "
         f"verdict: the Pareto front of the executed ones as a line{marks}. A {noun} that did not execute sits at "
