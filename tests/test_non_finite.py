@@ -45,6 +45,8 @@ def ltx2():
 
 def test_nan_latents_raise_naming_denoise(wan):
     handle = _poison(wan.model.pipeline.transformer)
+    events = []
+    unsubscribe = wan.subscribe(events.append)
     try:
         with pytest.raises(
             RuntimeError, match=r"denoise produced non-finite latents \((\d+) of (\d+) values"
@@ -52,6 +54,9 @@ def test_nan_latents_raise_naming_denoise(wan):
             wan.generate(REQUEST, progress=False)
     finally:
         handle.remove()
+        unsubscribe()
+    # the request ran to its end (request_end, as subscribers saw it), then its outputs failed it: no second ending
+    assert [e.kind for e in events if e.kind.startswith("request_")] == ["request_end"]
     message = str(caught.value)
     assert "guidance=" in message and "steps=2" in message and "allow_non_finite=True" in message
     assert wan.active_request is None

@@ -18,7 +18,7 @@ import ipywidgets
 import traitlets
 from IPython.display import HTML
 
-from workbench import Request, Result, Session, environment
+from workbench import Request, RequestStopped, Result, Session, environment
 from workbench.memory_plan import gib
 from workbench.models import SHIPPED_MODELS
 from workbench.request import INT_RANGES, integer
@@ -144,6 +144,13 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
             name: ipywidgets.IntText(0, description=name, style=short, layout={"width": "150px"}) for name in _FIELDS
         }
         self.generate_button = ipywidgets.Button(description="generate", icon="play", button_style="success")
+        self.stop_button = ipywidgets.Button(
+            description="stop",
+            icon="stop",
+            disabled=True,
+            layout={"width": "auto"},
+            tooltip="stop the running request at its next stage or denoiser call; the model stays loaded",
+        )
         self.request_status = ipywidgets.HTML(layout={"flex": "1 1 0", "min_width": "0"})
         self.live = LiveStagePlot(show_static=True)
         self.ab = ABArea([ipywidgets.HTML("<i>A/B: generate twice to compare the last two results</i>")])
@@ -158,7 +165,7 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
             layout={"overflow": "visible"},
         )
         form.add_class("vflash-request")
-        generate_row = ipywidgets.HBox([self.generate_button, self.request_status], layout=row)
+        generate_row = ipywidgets.HBox([self.generate_button, self.stop_button, self.request_status], layout=row)
         generate_row.add_class("vflash-generate")
         self.controls = ipywidgets.VBox(
             [model_row, self.plan, form, self.panel, generate_row], layout={"overflow": "visible"}
@@ -171,6 +178,7 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         self.open_button.on_click(lambda _: self._in_background("open", lambda: self.open_model(self.picker.value)))
         self.close_button.on_click(lambda _: self._in_background("close", self.close_session))
         self.generate_button.on_click(lambda _: self._in_background("generate", self.generate))
+        self.stop_button.on_click(lambda _: self.stop())
         if given is not None:
             self._use(given)
 
@@ -264,13 +272,20 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         self.request_status.value = "running ..."
         try:
             request = self.request()
+            self.stop_button.disabled = False
             result = self.session.generate(request, progress=False)
+        except RequestStopped as stopped:  # asked for: the status says so, the error box stays empty
+            self.request_status.value = (
+                f"stopped {stopped.where}, {stopped.steps_done} of {stopped.steps} steps done; the model stays loaded"
+            )
+            return None
         except (ValueError, RuntimeError) as error:
             self.errors.show("generate", error)
             self.request_status.value = "failed"
             return None
         finally:
             self.generate_button.disabled = False
+            self.stop_button.disabled = True
         self._count += 1
         label = f"#{self._count} " + (" + ".join(self.session.accelerations) or "stock")
         self.request_status.value = f"{html.escape(label)}: {result.timings.get('total', 0.0):.3f} s"
@@ -279,6 +294,15 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         self.residency.layout.display = None if self.residency.value else "none"
         self._show_ab()
         return result
+
+    def stop(self) -> None:
+        """Ask the session's running request to stop (`Session.stop`): the stop button. The request ends at its next
+        stage or denoiser call; the results shown before it stay. A request started from code on the kernel's own
+        thread keeps the kernel busy, so the button reaches only one started by the generate button; interrupt the
+        kernel to stop the other."""
+        if self.session is not None and self.session.stop() is not None:
+            self.request_status.value = "stopping ..."
+            self.stop_button.disabled = True
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for a button's background work to finish (for code and tests)."""

@@ -32,7 +32,8 @@ class LiveStagePlot(StaticCopy, ipywidgets.VBox):
     kernel's main thread, displayed as static HTML (`static()`) under the running cell, where they survive
     an offline HTML export that blanks every widget. Otherwise `display(live.static())` shows them. Either way they
     become the static copy of the plot's own displays (`StaticCopy.refresh_static`). The figures show at their drawn
-    size (`figure_image`), not stretched to the width of the window.
+    size (`figure_image`), not stretched to the width of the window. A request that raises, or that `Session.stop()`
+    ends, finishes the same way: its timeline is cut off where it ended and the status says why.
     """
 
     def __init__(self, max_updates_per_second: float = 2.0, show_static: bool = True):
@@ -77,7 +78,7 @@ class LiveStagePlot(StaticCopy, ipywidgets.VBox):
             self._unsubscribe()
             self._unsubscribe = None
         with self._lock:
-            self._running = False  # a request cut off mid-way never sends its request_end here
+            self._running = False  # a request that ends after the detach sends its last event elsewhere
         if self._renderer is not None:
             self._closing.set()
             self._wake.set()
@@ -108,7 +109,7 @@ class LiveStagePlot(StaticCopy, ipywidgets.VBox):
                 if self.errors.value:
                     self.errors.clear()
             self.events.append(event)
-            if event.kind != "request_end":
+            if event.kind not in ("request_end", "request_failed"):
                 self._wake.set()
                 return
             self._running = False
@@ -123,8 +124,14 @@ class LiveStagePlot(StaticCopy, ipywidgets.VBox):
             self.running.layout.display = "none"
             self.timeline.value = self.png["timeline"]
             self.memory.value = self.png["memory"]
-            total = events[-1].data.get("total", events[-1].t)
-            self.status.value = f"request done: {total:.3f} s, {sum(e.kind == 'step' for e in events)} steps"
+            end, steps = events[-1], sum(e.kind == "step" for e in events)
+            if end.kind == "request_end":
+                self.status.value = f"request done: {end.data.get('total', end.t):.3f} s, {steps} steps"
+            elif end.data.get("stopped"):
+                self.status.value = f"request stopped after {end.t:.3f} s, {steps} steps"
+            else:
+                error = html.escape(str(end.data.get("error", "")))
+                self.status.value = f"request failed after {end.t:.3f} s, {steps} steps: {error}"
             if self.show_static and get_ipython() is not None and threading.current_thread() is threading.main_thread():
                 display(self.static())
             self.refresh_static()

@@ -7,6 +7,6 @@ defer_torchao()  # before anything imports a diffusers model: see workbench/_qui
 from workbench.adapters import Adapter  # noqa: E402
 from workbench.request import Request  # noqa: E402
 from workbench.result import Result  # noqa: E402
-from workbench.session import Session  # noqa: E402
+from workbench.session import RequestStopped, Session  # noqa: E402
 
-__all__ = ["Adapter", "Request", "Result", "Session"]
+__all__ = ["Adapter", "Request", "RequestStopped", "Result", "Session"]

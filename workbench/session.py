@@ -36,6 +36,23 @@ from workbench.telemetry import Event, Telemetry, maybe_sampler, summarize_sampl
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class RequestStopped(KeyboardInterrupt):
+    """`Session.generate` ended early by `Session.stop()`. The session stays usable: the request's per-request state
+    was undone as for any interrupted request. A KeyboardInterrupt, so it is handled as Ctrl-C is: code that records
+    a failing case (`except Exception`) lets it through, and an evidence run ends as an interrupted one does.
+    `where` says where it stopped ("before video_decode", "in denoise"); `steps_done` of `steps` denoise steps ran."""
+
+    def __init__(self, request_id: int, where: str, steps_done: int, steps: int):
+        self.request_id, self.where, self.steps_done, self.steps = request_id, where, steps_done, steps
+        super().__init__(
+            f"request {request_id} stopped by Session.stop() {where}, {steps_done} of {steps} denoise steps done; "
+            "the session is usable"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[int, str, int, int]]:  # pickles (Ray) with its fields
+        return RequestStopped, (self.request_id, self.where, self.steps_done, self.steps)
+
+
 class Session:
     """Holds one model resident on one device and runs one request at a time.
 
@@ -51,6 +68,7 @@ class Session:
         self._subscribers: list[Callable[[Event], None]] = []
         self._request_ids = itertools.count(1)
         self.active_request: int | None = None
+        self._stop_request: int | None = None  # the request `stop()` asked to end (ids are never reused)
         self._handles: list[Handle] = []  # installed, in installation order
         self._unknown_state: str | None = None  # why a failed change could not be undone
         self.residency: Residency | None = None  # the memory budget's arrangement (`open(..., memory=...)`)
@@ -138,6 +156,17 @@ class Session:
         self._check_usable()
         self._subscribers.append(callback)
         return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
+
+    def stop(self) -> int | None:
+        """Ask the running request to stop at its next checkpoint: the start of a stage (text_encode, denoise,
+        video_decode, ...) or of a denoiser forward (one classifier-free-guidance pass of a step). Its `generate`
+        then raises `RequestStopped`, and subscribers receive a request_failed event with `stopped=True`. Returns the
+        request's id, or None when none runs (nothing is kept for a later request). Safe from any thread: the
+        dashboard's stop button calls it while the request runs on another."""
+        request_id = self.active_request
+        if request_id is not None:
+            self._stop_request = request_id
+        return request_id
 
     @property
     def accelerations(self) -> dict[str, dict[str, Any]]:
@@ -266,6 +295,9 @@ class Session:
         NaN or inf raises `RuntimeError` naming it, how many values and the request. With `allow_non_finite=True`
         the Result is returned with `finite=False` and `metadata["non_finite"]` saying which stages; evidence
         refuses such a result.
+
+        `stop()` (from another thread) ends the request early with `RequestStopped`; an exception or an interrupt
+        mid-request leaves the model, the accelerations and their state as they were.
         """
         if not isinstance(allow_non_finite, bool):
             raise ValueError(f"allow_non_finite: expected a bool, got {type(allow_non_finite).__name__}")
@@ -289,12 +321,28 @@ class Session:
                 torch.cuda.empty_cache()
 
     def _run(self, request: Request, request_id: int, progress: bool, allow_non_finite: bool) -> Result:
+        """`_execute` under the request's telemetry; a request that raises ends with a request_failed event."""
         pipe = self.model.pipeline
         # diffusers' own bar is a tqdm.auto widget in a kernel, "model not found" once the notebook is reopened
         pipe.progress_bar = lambda iterable=None, total=None: progress_bar(iterable, total, "denoise steps", progress)
         telemetry = Telemetry(self.device, self._subscribers)
+        try:
+            return self._execute(request, request_id, allow_non_finite, telemetry)
+        except BaseException as error:
+            telemetry.fail(error, stopped=isinstance(error, RequestStopped))
+            raise
+
+    def _execute(self, request: Request, request_id: int, allow_non_finite: bool, telemetry: Telemetry) -> Result:
+        pipe = self.model.pipeline
         kwargs = {**self.family.call_kwargs(request), **self.model.call_overrides}
         residency = self.residency
+        checkpoint = self._checkpoint(request_id, request.steps, telemetry)
+
+        def on_stage(stage: str) -> None:
+            checkpoint(f"before {stage}")
+            if residency is not None:
+                residency.enter_stage(stage)
+
         with ExitStack() as stack:
             if residency is not None:
                 residency.begin_request()
@@ -305,8 +353,10 @@ class Session:
             sampler = None
             if self.device.type == "cuda":
                 sampler = stack.enter_context(maybe_sampler(self.device, telemetry))
-            on_stage = None if residency is None else residency.enter_stage
             on_step_end = stack.enter_context(stage_probes(self.model, telemetry, on_stage))
+            for module in self.model.denoisers():
+                hook = module.register_forward_pre_hook(lambda *_: checkpoint("in denoise"))
+                stack.callback(hook.remove)
             clock = on_step_end.__self__
             generator = torch.Generator("cpu").manual_seed(request.seed)
             with torch.inference_mode():
@@ -360,6 +410,15 @@ class Session:
             events=list(telemetry.events),
             step_seconds=telemetry.step_seconds(),
         )
+
+    def _checkpoint(self, request_id: int, steps: int, telemetry: Telemetry) -> Callable[[str], None]:
+        """A check to call where request `request_id` may stop: raises RequestStopped once `stop()` asked for it."""
+
+        def check(where: str) -> None:
+            if self._stop_request == request_id:
+                raise RequestStopped(request_id, where, len(telemetry.steps), steps)
+
+        return check
 
     def _sample_rate(self) -> int:
         vocoder = getattr(self.model.pipeline, "vocoder", None)

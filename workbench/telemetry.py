@@ -25,7 +25,9 @@ STAGES = ("text_encode", "image_encode", "denoise", "video_decode", "audio_decod
 
 @dataclass
 class Event:
-    """`kind` is one of stage_start, stage_end, step, sample, request_end; `t` is seconds since request start."""
+    """`kind` is one of stage_start, stage_end, step, sample, and one of request_end (the request ran to its end) or
+    request_failed (it raised: `data` has `error`, the exception named, and `stopped`, whether `Session.stop()` ended
+    it; stages still open then were cut off there); `t` is seconds since request start."""
 
     kind: str
     t: float
@@ -55,6 +57,7 @@ class Telemetry:
         self._t0 = time.perf_counter()
         self._origin = self._marker()
         self._open: dict[str, tuple[Any, int]] = {}
+        self._ended = False  # request_end or request_failed emitted
 
     # -- clock ---------------------------------------------------------------------------------
     def _marker(self) -> Any:
@@ -139,7 +142,16 @@ class Telemetry:
         """Total request seconds on the device clock; emits request_end."""
         total = self._seconds(self._origin, self._marker())
         self.emit("request_end", total=total, **self._host_memory())
+        self._ended = True
         return total
+
+    def fail(self, error: BaseException, stopped: bool = False) -> None:
+        """Emits request_failed, so subscribers learn the request is over, unless request_end came first (a check
+        after the request, such as non-finite outputs, failed it). Reads no device clock: a failed device may not
+        answer."""
+        if not self._ended:
+            self._ended = True
+            self.emit("request_failed", error=f"{type(error).__name__}: {error}", stopped=stopped)
 
 
 class NvmlSampler:

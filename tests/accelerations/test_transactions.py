@@ -7,6 +7,8 @@ middle, and the model must be stock again: its fingerprint, every module's attri
 processors' attributes, the backend registry and the pipeline class, and what it generates.
 """
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +16,7 @@ from diffusers.hooks.hooks import HookRegistry
 from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 from torch.utils.hooks import RemovableHandle
 
-from workbench import Request, Session
+from workbench import Request, RequestStopped, Session
 from workbench.accelerations import available, fingerprint
 from workbench.accelerations.undo import Snapshot
 
@@ -358,4 +360,33 @@ def test_interrupted_request_keeps_record_and_model(monkeypatch):
     assert session.accelerations == {"cross_kv_cache": {}} and session.active_request is None
     assert not _diff(_state(session), installed_state)
     again = session.generate(REQUEST, progress=False)
+    assert torch.equal(again.latents, good.latents) and again.receipts == good.receipts
+
+
+def test_stop_ends_the_request_at_a_checkpoint_and_only_that_request():
+    session = Session.open("tiny-wan", device="cpu", accelerations={"cross_kv_cache": {}})
+    good = session.generate(REQUEST, progress=False)
+    installed_state = _state(session)
+    assert session.stop() is None  # no request runs: nothing to stop, nothing kept for a later one
+    seen, stopped_ids = [], []
+
+    def stop_after_first_step(event):  # on the request thread; the dashboard's button calls stop() from another
+        seen.append(event)
+        if event.kind == "step" and event.data["index"] == 0:
+            stopped_ids.append(session.stop())
+
+    unsubscribe = session.subscribe(stop_after_first_step)
+    with pytest.raises(RequestStopped, match="in denoise, 1 of 2 denoise steps done") as stopped:
+        session.generate(REQUEST, progress=False)
+    unsubscribe()
+    request_id = good.metadata["request_id"] + 1
+    assert stopped_ids == [request_id] and stopped.value.request_id == request_id
+    assert not isinstance(stopped.value, Exception)  # Ctrl-C's kind: `except Exception` lets it through
+    assert seen[-1].kind == "request_failed" and seen[-1].data["stopped"]
+    assert [e.stage for e in seen if e.kind == "stage_start"] == ["text_encode", "denoise"]  # no decode
+    copy = pickle.loads(pickle.dumps(stopped.value))  # crosses to a Ray driver whole
+    assert (copy.request_id, copy.where, copy.steps_done, copy.steps) == (request_id, "in denoise", 1, 2)
+    assert session.accelerations == {"cross_kv_cache": {}} and session.active_request is None
+    assert not _diff(_state(session), installed_state)
+    again = session.generate(REQUEST, progress=False)  # the stop was for the request before: this one runs whole
     assert torch.equal(again.latents, good.latents) and again.receipts == good.receipts

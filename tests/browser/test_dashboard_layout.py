@@ -203,7 +203,7 @@ def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):
             steps.fill("2")
             steps.press("Enter")
             for n in (1, 2):
-                page.locator(".vflash-generate button").click()
+                page.locator(".vflash-generate button", has_text="generate").click()
                 page.wait_for_function(
                     f"() => document.querySelector('.vflash-generate').innerText.includes('#{n} ')", timeout=120_000
                 )

@@ -1,5 +1,6 @@
 import html
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -127,15 +128,44 @@ def test_dashboard_picker_opens_by_name_and_reports_unknown_models(wan):
     assert "no-such-model" in dash.errors.value and dash.session is None
 
 
-def test_dashboard_buttons_run_in_the_background(wan):
+def test_dashboard_buttons_run_in_the_background_and_stop_stops_the_request(wan):
+    """The buttons' work runs on a thread, so the kernel stays free for the stop button's click; a stopped request
+    leaves the results shown before it, an empty error box and a session that generates again."""
     dash = Dashboard(wan)
+    first_step, clicked = threading.Event(), threading.Event()
+
+    def hold_at_first_step(event):  # on the request thread: wait there until the test has clicked stop
+        if event.kind == "step" and not first_step.is_set():
+            first_step.set()
+            clicked.wait(60)
+
+    unsubscribe = wan.subscribe(hold_at_first_step)
     try:
         dash.set_request(**TINY)
+        assert dash.stop_button.disabled
         dash.generate_button.click()
         dash.wait(120)
         assert len(dash.results) == 1 and dash.errors.value == ""
-        assert not dash.generate_button.disabled
+        assert not dash.generate_button.disabled and dash.stop_button.disabled
+        first_step.clear()
+        dash.generate_button.click()  # returns at once: the request runs on the dashboard's thread
+        assert first_step.wait(60) and not dash.stop_button.disabled and dash.generate_button.disabled
+        dash.stop_button.click()
+        assert dash.request_status.value == "stopping ..." and dash.stop_button.disabled
+        clicked.set()
+        dash.wait(120)
+        assert dash.request_status.value == "stopped in denoise, 1 of 2 steps done; the model stays loaded"
+        assert dash.errors.value == "" and [label for label, _ in dash.results] == ["#1 stock"]
+        assert not dash.generate_button.disabled and dash.stop_button.disabled
+        assert dash.live.status.value.startswith("request stopped after") and "1 steps" in dash.live.status.value
+        assert wan.active_request is None
+        dash.generate_button.click()
+        dash.wait(120)
+        assert [label for label, _ in dash.results] == ["#1 stock", "#2 stock"] and dash.errors.value == ""
+        assert np.array_equal(dash.results[0][1].frames, dash.results[1][1].frames)
     finally:
+        clicked.set()
+        unsubscribe()
         dash.live.detach()
 
 

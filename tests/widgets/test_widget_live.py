@@ -51,6 +51,39 @@ def test_live_stage_plot_follows_a_real_request_and_leaves_pngs(sessions, monkey
     assert result.metadata["subscriber_errors"] == []
 
 
+def test_a_failed_request_ends_its_timeline_and_the_next_request_starts_a_new_one(sessions, monkeypatch):
+    """A request that raises mid-denoise sends request_failed: the plot stops running, shows the cut-off timeline and
+    says why, and the next request's events are its own."""
+    session = sessions("tiny-wan")
+    live = LiveStagePlot(max_updates_per_second=50).attach(session)
+    transformer = session.model.pipeline.transformer
+    forward, calls = type(transformer).forward, []
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("device fell over")
+        return forward(self, *args, **kwargs)
+
+    request = Request("a red circle", seed=0, frames=9, height=32, width=32, steps=2)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(type(transformer), "forward", failing)
+            with pytest.raises(RuntimeError, match="device fell over"):
+                session.generate(request, progress=False)
+        assert live.events[-1].kind == "request_failed" and not live.events[-1].data["stopped"]
+        assert live.events[-1].data["error"] == "RuntimeError: device fell over"
+        assert live.status.value.startswith("request failed after") and "device fell over" in live.status.value
+        assert live.running.layout.display == "none" and live.png["timeline"].startswith(PNG)
+        updates = live.updates
+        time.sleep(0.2)
+        assert live.updates == updates  # nothing runs any more: the open stage stopped growing
+        result = session.generate(request, progress=False)
+    finally:
+        live.detach()
+    assert live.events == result.events and "request done" in live.status.value
+
+
 def test_detach_unsubscribes_and_stops_the_renderer():
     subscribers = []
     session = SimpleNamespace(
