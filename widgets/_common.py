@@ -4,12 +4,14 @@ upscaling of small frames."""
 from __future__ import annotations
 
 import html
+import io
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ipywidgets
 import numpy as np
+import PIL.Image
 from IPython.display import HTML, display, update_display
 
 _ERROR_STYLE = (
@@ -47,6 +49,15 @@ def figure_image(**layout: str) -> ipywidgets.Image:
     width of the window, blurring its text and growing its height with it; `align_self` keeps the image's own width.
     `layout`: further Layout settings (e.g. `display="none"`)."""
     return ipywidgets.Image(format="png", layout=ipywidgets.Layout(align_self="flex-start", **layout))
+
+
+FIGURE_MARGIN_PX = 2  # an ipywidgets Image's margin (--jp-widgets-margin), above and below
+
+
+def png_height(png: bytes) -> int:
+    """The pixel height of a PNG image."""
+    with PIL.Image.open(io.BytesIO(png)) as image:
+        return image.height
 
 
 STATIC_COPY_MAX_BYTES = 8 * 2**20  # a display's static copy above this is left out (the notebook file keeps it)

@@ -15,7 +15,7 @@ from workbench import Session
 from workbench.plots import figure_png, memory_plot, png_figure_html, stage_timeline, timeline_svg
 from workbench.telemetry import Event
 
-from ._common import ErrorBox, StaticCopy, figure_image
+from ._common import FIGURE_MARGIN_PX, ErrorBox, StaticCopy, figure_image, png_height
 
 
 class LiveStagePlot(StaticCopy, ipywidgets.VBox):
@@ -32,7 +32,8 @@ class LiveStagePlot(StaticCopy, ipywidgets.VBox):
     kernel's main thread, displayed as static HTML (`static()`) under the running cell, where they survive
     an offline HTML export that blanks every widget. Otherwise `display(live.static())` shows them. Either way they
     become the static copy of the plot's own displays (`StaticCopy.refresh_static`). The figures show at their drawn
-    size (`figure_image`), not stretched to the width of the window. A request that raises, or that `Session.stop()`
+    size (`figure_image`), not stretched to the width of the window; while the next request runs, their box keeps their
+    height (at the drawn width), so what is below the plot stays where it is. A request that raises, or that `Session.stop()`
     ends, finishes the same way: its timeline is cut off where it ended and the status says why.
     """
 
@@ -45,7 +46,8 @@ class LiveStagePlot(StaticCopy, ipywidgets.VBox):
         for image in (self.timeline, self.memory):
             image.observe(_reveal, names="value")
         self.errors = ErrorBox()
-        super().__init__([self.status, self.running, self.timeline, self.memory, self.errors])
+        self.figures = ipywidgets.VBox([self.running, self.timeline, self.memory])
+        super().__init__([self.status, self.figures, self.errors])
         self._unsubscribe: Callable[[], None] | None = None
         self._renderer: threading.Thread | None = None
         if not max_updates_per_second > 0:
@@ -124,6 +126,9 @@ class LiveStagePlot(StaticCopy, ipywidgets.VBox):
             self.running.layout.display = "none"
             self.timeline.value = self.png["timeline"]
             self.memory.value = self.png["memory"]
+            # the next request's live timeline takes the figures' place without moving what is below the plot
+            drawn = sum(png_height(image) + 2 * FIGURE_MARGIN_PX for image in self.png.values())
+            self.figures.layout.min_height = f"{drawn}px"
             end, steps = events[-1], sum(e.kind == "step" for e in events)
             if end.kind == "request_end":
                 self.status.value = f"request done: {end.data.get('total', end.t):.3f} s, {steps} steps"

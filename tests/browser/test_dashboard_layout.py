@@ -137,6 +137,18 @@ FIGURES = """() => [...document.querySelectorAll('.vflash-dashboard img')]
     .map((img) => [img.closest('.vflash-ab') ? 'A/B' : 'live', Math.round(img.getBoundingClientRect().width),
                    img.naturalWidth])"""
 
+AB_TOPS_UNTIL = """async (done) => {
+    const tops = [];
+    const top = () => document.querySelector('.vflash-ab').getBoundingClientRect().top + window.scrollY;
+    while (!document.querySelector('.vflash-generate').innerText.includes(done)) {
+        tops.push(top());
+        await new Promise((wake) => setTimeout(wake, 50));
+    }
+    await new Promise((wake) => setTimeout(wake, 500));  // the final figures replace the live view
+    tops.push(top());
+    return [Math.min(...tops), Math.max(...tops), tops.length];
+}"""
+
 
 def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):
     base, token = lab[:2]
@@ -212,6 +224,14 @@ def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):
             figures = page.evaluate(FIGURES)
             print(f"figures (where, width shown, width drawn): {figures}")
             assert all(shown <= drawn + 1 for _, shown, drawn in figures), figures
+            # A third, longer request: while it runs, the live timeline takes the figures' place and the A/B area
+            # below stays where it is (its top is sampled every 50 ms until the request is done).
+            steps.fill("8")
+            steps.press("Enter")
+            page.locator(".vflash-generate button", has_text="generate").click()
+            tops = page.evaluate(AB_TOPS_UNTIL, "#3 ")
+            print(f"A/B top during and after request #3 (min, max, samples): {tops}")
+            assert tops[2] >= 10 and tops[1] - tops[0] <= 8, tops
 
         finally:
             browser.close()
