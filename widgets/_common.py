@@ -14,9 +14,16 @@ import numpy as np
 import PIL.Image
 from IPython.display import HTML, display, update_display
 
+# Colours follow JupyterLab's theme (light or dark) through its CSS variables; the fallback after the comma is the
+# light colour, which shows where no Jupyter CSS is loaded (a static HTML export, a notebook viewer).
+MUTED_COLOR = "var(--jp-ui-font-color2, #757575)"  # secondary text: hints, summaries, counts, table heads
+ALERT_COLOR = "var(--jp-error-color1, #a94442)"  # red words in running text: not here, left out, failed
+# The error box: Lab's own error-output background (light red in a light theme, dark red in a dark one) under the
+# theme's text colour; no Jupyter CSS: today's red text on pale red.
 _ERROR_STYLE = (
-    "border:1px solid #d9534f;background:#fdf2f2;color:#a94442;padding:6px 10px;"
-    "border-radius:4px;font-family:monospace;white-space:pre-wrap"
+    "border:1px solid var(--jp-error-color1, #d9534f);background:var(--jp-rendermime-error-background, #fdf2f2);"
+    "color:var(--jp-ui-font-color1, #a94442);padding:6px 10px;border-radius:4px;font-family:monospace;"
+    "white-space:pre-wrap"
 )
 
 

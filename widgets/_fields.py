@@ -20,8 +20,10 @@ import ipywidgets
 
 from workbench.accelerations import Option
 
-MARK_COLOR = "#c62828"  # the required star and a bad value's message
-INVALID_BACKGROUND = "#fdecea"
+from ._common import MUTED_COLOR
+
+MARK_COLOR = "var(--jp-error-color1, #c62828)"  # the required star and a bad value's message
+INVALID_BACKGROUND = "var(--jp-rendermime-error-background, #fdecea)"  # under the input's own text colour
 _LABEL = "font-size:11px;line-height:15px;white-space:nowrap"
 _MESSAGE = f"font-size:11px;line-height:14px;color:{MARK_COLOR};white-space:normal;max-width:240px"
 _INPUT_WIDTH = "150px"
@@ -76,7 +78,9 @@ class OptionField(ipywidgets.VBox):
         start = value if value is not None else option.default
         star = f' <b style="color:{MARK_COLOR}" title="required">*</b>' if option.required else ""
         hint = (
-            "" if option.allowed is not None else f' <span style="color:#757575">{html.escape(accepts(option))}</span>'
+            ""
+            if option.allowed is not None
+            else f' <span style="color:{MUTED_COLOR}">{html.escape(accepts(option))}</span>'
         )
         self.label = ipywidgets.HTML(
             f'<div style="{_LABEL}">{html.escape(option.name)}{star}{hint}</div>',

@@ -10,6 +10,8 @@ import ipywidgets
 from workbench import Session
 from workbench.profiles import profile_plan
 
+from ._common import ALERT_COLOR, MUTED_COLOR
+
 
 class ProfileRow(ipywidgets.HBox):
     """A profile's one-click button and what it installs on this session and what it leaves out, and why."""
@@ -34,7 +36,7 @@ class ProfileRow(ipywidgets.HBox):
         try:
             self.config, self.left_out = profile_plan(self.name, session.family.name, session.device, session.model)
         except (ValueError, RuntimeError) as error:
-            self._say(f"not available here: {error}", color="#a94442")
+            self._say(f"not available here: {error}", color=ALERT_COLOR)
             return
         installs = ", ".join(f"<code>{html.escape(p)}</code>" for p in self.config) or "nothing (stock diffusers)"
         text = f"installs {installs}"
@@ -42,10 +44,10 @@ class ProfileRow(ipywidgets.HBox):
             reasons = "; ".join(
                 f"<code>{html.escape(p)}</code> ({html.escape(why)})" for p, why in self.left_out.items()
             )
-            text += f'; <span style="color:#a94442">left out here:</span> {reasons}'
+            text += f'; <span style="color:{ALERT_COLOR}">left out here:</span> {reasons}'
         self._say(text, raw=True)
 
-    def _say(self, text: str, color: str = "#616161", raw: bool = False) -> None:
+    def _say(self, text: str, color: str = MUTED_COLOR, raw: bool = False) -> None:
         self.button.disabled = self.config is None
         body = text if raw else html.escape(text)
         self.plan.value = f'<div style="font-size:12px;line-height:16px;color:{color};white-space:normal">{body}</div>'

@@ -156,7 +156,10 @@ class CalibrationPanel(StaticCopy, ipywidgets.VBox):
         """Display a finished calibration or stack (also one loaded from elsewhere); it becomes the static copy of the
         panel's displays."""
         self.result = result
-        colour = {"calibrated": "#59a14f", "quality_confirmed": "#4e79a7"}.get(result.status, "#e15759")
+        colour = {
+            "calibrated": "var(--jp-success-color0, #59a14f)",
+            "quality_confirmed": "var(--jp-content-link-color, #4e79a7)",
+        }.get(result.status, "var(--jp-error-color1, #e15759)")
         self.status.value = (
             f"<span style='color:{colour};font-weight:bold'>{html.escape(result.status)}</span>: "
             f"{html.escape(result.reason)}"

@@ -23,9 +23,14 @@ from IPython.display import HTML, display
 
 from workbench.evidence.fanout_progress import Event, Progress
 
-from ._common import ErrorBox, StaticCopy
+from ._common import ALERT_COLOR, MUTED_COLOR, ErrorBox, StaticCopy
 
-_STATE_COLORS = {"running": "#4e79a7", "lost": "#c62828", "starting": "#757575", "idle": "#757575"}
+_STATE_COLORS = {
+    "running": "var(--jp-content-link-color, #4e79a7)",
+    "lost": "var(--jp-error-color1, #c62828)",
+    "starting": MUTED_COLOR,
+    "idle": MUTED_COLOR,
+}
 _CELL = "padding:1px 12px 1px 0;text-align:left;vertical-align:top;font-weight:normal"
 _WRAP = "overflow-wrap:anywhere;white-space:normal"
 _FAILED_SHOWN = 10  # failures listed by name; more are counted
@@ -138,7 +143,7 @@ def _counts(p: Progress, ended: bool) -> str:
 def _workers(p: Progress) -> str:
     rows = []
     for w in p.workers:
-        color = _STATE_COLORS.get(w.state, "#757575")
+        color = _STATE_COLORS.get(w.state, MUTED_COLOR)
         cells = (
             f"worker {w.index}",
             html.escape(w.host or "–"),
@@ -159,4 +164,6 @@ def _failures(failures: list[tuple[str, str]]) -> str:
         f"<li><b>{html.escape(label)}</b>: {html.escape(error)}</li>" for label, error in failures[:_FAILED_SHOWN]
     )
     more = f"<li>and {len(failures) - _FAILED_SHOWN} more</li>" if len(failures) > _FAILED_SHOWN else ""
-    return f'<div style="font-size:12px;color:#a94442;{_WRAP}">failed:<ul style="margin:0">{items}{more}</ul></div>'
+    return (
+        f'<div style="font-size:12px;color:{ALERT_COLOR};{_WRAP}">failed:<ul style="margin:0">{items}{more}</ul></div>'
+    )

@@ -21,12 +21,13 @@ import ipywidgets
 from workbench.cards import CARDS
 from workbench.memory_plan import MemoryBudget, MemoryPlan, gib
 
+from ._common import MUTED_COLOR
 from ._fields import INVALID_BACKGROUND, MARK_COLOR
 
 _MESSAGE = f"font-size:11px;line-height:14px;color:{MARK_COLOR};white-space:normal;max-width:480px"
 _BLOCK = (
     "font-family:monospace;font-size:12px;line-height:16px;white-space:pre-wrap;overflow-wrap:anywhere;"
-    "margin:2px 0;padding:4px 8px;background:#f5f7fa;border-left:3px solid #4e79a7"
+    "margin:2px 0;padding:4px 8px;background:var(--jp-cell-editor-background, #f5f7fa);border-left:3px solid #4e79a7"
 )
 _CELL = "padding:1px 10px 1px 0;text-align:left;font-weight:normal"
 
@@ -154,10 +155,12 @@ def residency_html(result: Any, label: str) -> str:
         f'<td style="{_CELL}">{_amount(result.memory.get(stage))}</td></tr>'
         for stage in stages
     )
-    head = "".join(f'<th style="{_CELL};color:#757575">{t}</th>' for t in ("stage", "planned peak", "allocated peak"))
+    head = "".join(
+        f'<th style="{_CELL};color:{MUTED_COLOR}">{t}</th>' for t in ("stage", "planned peak", "allocated peak")
+    )
     lines.append(f"<table><tr>{head}</tr>{rows}</table>")
     if not result.memory:
-        lines.append('<span style="color:#757575">no allocated peaks: a CPU measures no device memory</span>')
+        lines.append(f'<span style="color:{MUTED_COLOR}">no allocated peaks: a CPU measures no device memory</span>')
     return f'<div class="vflash-memory-residency" style="font-size:12px">{"".join(lines)}</div>'
 
 

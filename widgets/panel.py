@@ -32,14 +32,14 @@ from workbench import Session
 from workbench.accelerations import Spec, available
 from workbench.profiles import PROFILES
 
-from ._common import ErrorBox
+from ._common import ALERT_COLOR, MUTED_COLOR, ErrorBox
 from ._fields import OptionField, accepts, show_value
 from ._profiles import ProfileRow
 
 CONTRACT_COLORS = {
     "bitwise": "#2e7d32",  # element-for-element equal
-    "rounding": "#00838f",  # same rounding boundaries
-    "reduction": "#ef6c00",  # reduction order may differ
+    "rounding": "#00747f",  # same rounding boundaries
+    "reduction": "#b85400",  # reduction order may differ
     "approximate": "#c62828",  # a named quality trade
 }
 CONTRACT_MEANINGS = {
@@ -62,7 +62,8 @@ GROUPS = {
 _BADGE = "display:inline-block;padding:0 7px;border-radius:9px;color:white;font-size:11px;line-height:17px;background:{color}"
 # `width:0;min-width:100%`: the text does not widen its flex container (its min-content width is 0), yet fills it.
 _ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;width:0;min-width:100%"
-_GREY = "color:#757575;font-size:12px"
+_GREY = f"color:{MUTED_COLOR};font-size:12px"
+_RULE = "var(--jp-border-color2, #e0e0e0)"  # a group's underline, a description's left bar
 
 
 def contract_badge(contract: str) -> str:
@@ -105,7 +106,7 @@ def description_html(spec: Spec) -> str:
     )
     return (
         '<div class="vflash-description" style="font-size:12px;line-height:1.45;white-space:normal;'
-        'max-height:260px;overflow:auto;padding:4px 8px;border-left:3px solid #e0e0e0;margin:0 0 4px 24px">'
+        f'max-height:260px;overflow:auto;padding:4px 8px;border-left:3px solid {_RULE};margin:0 0 4px 24px">'
         + "".join(paragraphs)
         + "<p style='margin:0 0 4px 0'>"
         + " &middot; ".join(facts)
@@ -176,7 +177,7 @@ class AccelerationRow(ipywidgets.VBox):
     def show_note(self, problem: str | None) -> None:
         """The one-line summary; a reason this session cannot run the plugin goes in front of it, in red."""
         summary = html.escape(self.spec.summary)
-        warning = f'<span style="color:#a94442">not here: {html.escape(problem)}</span> ' if problem else ""
+        warning = f'<span style="color:{ALERT_COLOR}">not here: {html.escape(problem)}</span> ' if problem else ""
         self.note.value = f'<div style="{_ONE_LINE};{_GREY}" title="{summary}">{warning}{summary}</div>'
 
     def options(self) -> dict[str, Any]:
@@ -320,8 +321,9 @@ class AccelerationPanel(ipywidgets.VBox):
         for kind, names in self.groups.items():
             title = GROUPS.get(kind, kind)
             header = ipywidgets.HTML(
-                f'<div style="font-weight:600;font-size:12px;color:#424242;border-bottom:1px solid #e0e0e0">'
-                f'{html.escape(title)} <span style="font-weight:400;color:#9e9e9e">{len(names)}</span></div>'
+                f'<div style="font-weight:600;font-size:12px;color:var(--jp-ui-font-color1, #424242);'
+                f'border-bottom:1px solid {_RULE}">{html.escape(title)} '
+                f'<span style="font-weight:400;color:{MUTED_COLOR}">{len(names)}</span></div>'
             )
             section = ipywidgets.VBox(
                 [header, *(self.rows[n] for n in names)], layout=ipywidgets.Layout(overflow="visible")

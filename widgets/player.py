@@ -359,7 +359,7 @@ def _identical_html(labels: tuple[str, str], frames: int) -> str:
     """The note shown in place of the heatmap and the curves when both results are the same, frame for frame."""
     a, b = (html.escape(label) for label in labels)
     style = (
-        "max-width:260px;padding:8px 12px;border-left:4px solid #59a14f;background:#f1f8ee;"
+        "max-width:260px;padding:8px 12px;border-left:4px solid #59a14f;background:rgba(89,161,79,0.1);"
         "font-size:13px;line-height:1.4;white-space:normal"
     )
     return (

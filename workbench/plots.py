@@ -120,7 +120,7 @@ def timeline_svg(events: Sequence[Event], now: float | None = None, width: int =
         return left + plot_width * seconds / end
 
     svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif"'
-    parts = [svg + ' font-size="11">']
+    parts = [svg + ' font-size="11" fill="currentColor">']  # text in the theme's colour (black without one)
     for y, stage in enumerate(rows):
         parts.append(
             f'<text x="{left - 6}" y="{top + row_height * y + 15}" text-anchor="end">{html.escape(stage)}</text>'
