@@ -205,6 +205,9 @@ def test_cli_json_flags_that_do_not_parse_name_the_flag(command, flag, value, tm
         ("qualify", ["--budget", '{"psnr_db": 30, "psnr_db": 5}'], "--budget: 'psnr_db' is given twice in one object"),
         ("qualify", ["--budget", '{"psnr_db": 1%s}' % ("0" * 400)], "psnr_db: must be a finite number >= 0"),
         ("generate", ["--memory", "1" + "0" * 400], "--memory: '10000000000"),
+        ("qualify", ["--budget", '{"psnr_db": "x"}'], "--budget: psnr_db: must be a finite number >= 0 or None"),
+        ("sweep", ["--budget", '{"nope": 1}'], "--budget: unknown field(s) ['nope']; allowed: ['latent_rel_l2'"),
+        ("calibrate", ["--budget", '{"psnr_db": -1}'], "--budget: psnr_db: must be a finite number >= 0"),
     ],
 )
 def test_cli_plugin_configs_and_rounds_are_refused_before_the_model_loads(
@@ -234,6 +237,91 @@ def test_cli_suite_case_the_model_cannot_take_is_refused_before_any_run(command,
     args = [a if a != str(SUITE) else str(path) for a in base]
     assert main([*args, "--out", str(tmp_path / "out")]) == 2
     assert "error: test[1]: frames: 10 is not accepted by the wan VAE" in _one_line_error(capsys, command)
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Touching Ray (starting or joining a cluster) fails the test."""
+
+    def touched(*args, **kwargs):
+        raise AssertionError("Ray was touched before the cases were checked")
+
+    monkeypatch.setattr("workbench.evidence.fanout._ray", touched)
+
+
+@pytest.mark.parametrize(
+    ("command", "split", "index", "field", "value", "message"),
+    [
+        ("qualify", "test", 1, "frames", 10, "test[1]: frames: 10 is not accepted by the wan VAE"),
+        ("sweep", "test", 1, "height", 72, "test[1]: height: 72 must be a multiple of 16 for wan"),
+        ("search", "test", 0, "mode", "i2v", "test[0]: mode: 'i2v' is not supported by wan"),
+        ("calibrate", "calibration", 1, "frames", 10, "calibration[1]: frames: 10 is not accepted by the wan VAE"),
+        ("calibrate", "test", 1, "width", 40, "test[1]: width: 40 must be a multiple of 16 for wan"),
+        ("batch", "test", 1, "frames", 10, "requests[1]: frames: 10 is not accepted by the wan VAE"),
+    ],
+)
+def test_cli_ray_refuses_a_case_the_model_cannot_take_before_ray_starts(
+    command, split, index, field, value, message, tmp_path, capsys, no_model, no_ray
+):
+    """With --ray, a case the model refuses is named on the driver as without Ray (`test[1]: ...`), from the model's
+    shapes (no weight loaded, no Ray touched), where it was found on a worker once the cluster had started; a suite
+    the model takes goes on to Ray."""
+    suite = json.loads(SUITE.read_text())
+    suite[split][index][field] = value
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(suite))
+    base = {
+        **COMMANDS,
+        "calibrate": ["calibrate", *SUITE_ARGS, "--plugin", "easycache"],
+        "batch": ["batch", "--model", "tiny-wan", "--requests", str(SUITE)],
+    }[command]
+    args = [*(a if a != str(SUITE) else str(path) for a in base), "--ray", "--out", str(tmp_path / "out")]
+    assert main(args) == 2
+    assert f"error: {message}" in _one_line_error(capsys, command)
+    with pytest.raises(AssertionError, match="Ray was touched"):  # the shipped suite passes the check
+        main([*base, "--ray", "--out", str(tmp_path / "out")])
+
+
+def test_cli_ray_cases_of_a_model_the_driver_cannot_build_are_left_to_the_workers(tmp_path, capsys, no_model, no_ray):
+    """A folder this machine does not hold may be the Ray workers' (a cluster's ADDRESS): its cases are checked on a
+    worker once loaded, as before; a model the driver builds is checked here whichever cluster runs it."""
+    suite = json.loads(SUITE.read_text())
+    suite["test"][1]["frames"] = 10
+    (tmp_path / "suite.json").write_text(json.dumps(suite))
+    args = ["batch", "--requests", str(tmp_path / "suite.json"), "--out", str(tmp_path / "out")]
+    with pytest.raises(AssertionError, match="Ray was touched"):
+        main([*args, "--model", str(tmp_path / "model-on-the-workers"), "--ray", "auto"])
+    assert main([*args, "--model", "tiny-wan", "--ray", "auto"]) == 2
+    assert "requests[1]: frames: 10 is not accepted" in _one_line_error(capsys, "batch")
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "message"),
+    [
+        ("generate", ["--memory", "-5GiB"], "--memory: '-5GiB' is not an amount of memory; allowed: a positive int"),
+        ("generate", ["--guidance", "-1e-3"], "--guidance: -0.001 is out of range; allowed: finite numbers in [0.0,"),
+        ("generate", ["--guidance", "-inf"], "--guidance: -inf is out of range; allowed: finite numbers"),
+        ("generate", ["--seed", "-1"], "--seed: -1 is out of range; allowed: integers in [0,"),
+        ("generate", ["--frames", "10"], "--frames: 10 is not accepted by the wan VAE; allowed: 4*n + 1"),
+        ("qualify", ["--ray", "--memory", "-5GiB"], "--memory: '-5GiB' is not an amount of memory; allowed:"),
+        ("qualify", ["--ray", "--workers", "-2"], "--workers: -2; allowed: an integer >= 1"),
+        ("sweep", ["--values", "-1e-3"], "--values: easycache.threshold: -0.001 is below the minimum 0.0"),
+        ("calibrate", ["--margin", "-1e-3"], "--margin: -0.001; allowed: a number in (0, 1]"),
+        ("calibrate", ["--max-seconds", "-1e3"], "--max-seconds: -1000.0; allowed: seconds >= 0"),
+        ("train-tiny", ["--vocoder-lr", "-1e-4"], "--vocoder-lr: -0.0001; allowed: a finite number > 0"),
+    ],
+)
+def test_cli_a_negative_value_given_apart_is_refused_under_its_flag(
+    command, flags, message, tmp_path, capsys, no_model, no_ray
+):
+    """`--memory -5GiB` is the flag's value, as `--memory=-5GiB` is (argparse took every dash-led word but -5 and -.5
+    for an option: `expected one argument`, nothing of what is allowed); either way the error names the flag, where
+    a library check names its field (`seed: ...`, `workers: ...`, `vocoder_lr: ...`)."""
+    base = COMMANDS.get(command, ["calibrate", *SUITE_ARGS, "--plugin", "easycache"])
+    *before, flag, value = flags
+    for given in ([flag, value], [f"{flag}={value}"]):
+        assert main([*base, *before, *given, "--out", str(tmp_path / "out")]) == 2
+        assert message in _one_line_error(capsys, command)
 
 
 def test_cli_generate_output_names_are_refused_before_the_model_loads(tmp_path, capsys, no_model):

@@ -2,7 +2,8 @@
 
 `qualify`, `sweep`, `search` and `calibrate` take `--ray [ADDRESS]`: their cells run on Ray workers, one resident
 session each (`--memory`: planned under a cap, or for each worker's own GPU), into a resumable record store
-(`--store`, default `<out>/cells`); see `workbench.evidence.fanout`.
+(`--store`, default `<out>/cells`); see `workbench.evidence.fanout`. Every case is checked against the model on the
+driver before Ray starts, as without Ray (`_check_cases_here`).
 Without Ray, `calibrate` keeps a partial record in `--out` while it runs (rewritten after every tried value):
 `--resume DIR` continues it, `--max-seconds S` stops it cleanly and prints the command that continues it.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import shlex
 import sys
 import time
@@ -29,8 +31,20 @@ if TYPE_CHECKING:
     from workbench.quality import Budget
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, taking every word that reads as a negative number (`-5GiB`, `-1e3`, `-.5x`, `-inf`, `-nan`) as a
+    flag's value: `--memory -5GiB` reaches the flag's own check (`--memory: '-5GiB' is not an amount of memory;
+    allowed: ...`), where argparse takes only `-5` and `-.5` so and says `argument --memory: expected one argument`,
+    nothing of what is allowed. No option of this command line starts with a dash and a digit, `inf` or `nan`, so no
+    option reads as such a word. Every subcommand's parser is one of these (`add_parser` makes its parent's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"-(\.?\d|inf|nan)", re.IGNORECASE)  # argparse reads .match
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="workbench", description="Vflash Workbench")
+    parser = _Parser(prog="workbench", description="Vflash Workbench")
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser("generate", help="run one request and write MP4 + JSON + HTML report")
@@ -260,7 +274,10 @@ def _generate(args: argparse.Namespace) -> int:
     from workbench.profiles import calibration_record, profile_plan, within_budget
 
     fields = ("frames", "height", "width", "steps", "guidance", "fps")
-    request = Request(
+    flags = ("--prompt", "--negative-prompt", "--seed", *(f"--{name}" for name in fields))  # `seed: ...` as `--seed: `
+    request = _flagged(
+        flags,
+        Request,
         args.prompt,
         negative_prompt=args.negative_prompt,
         seed=args.seed,
@@ -284,6 +301,9 @@ def _generate(args: argparse.Namespace) -> int:
         calibration_record(args.calibration, "--calibration")  # its form; where it holds is checked once loaded
     if args.parallel_decode:  # a bad combination is refused before any process starts
         distributed.cli_accelerations(args.gpus, parallel_decode=True)
+    shapes = None if distributed.is_worker() else _shapes(args.model)  # the launcher checks it for every rank
+    if shapes is not None:
+        _flagged(flags, shapes.resolve, request)  # a request the model refuses, before its weights load
     if args.gpus != 1 or distributed.is_worker():  # see workbench.distributed
         distributed.check_cli_relayout(args.gpus, distributed.check_gpus(args.gpus, args.device))
         if not distributed.is_worker():
@@ -299,7 +319,7 @@ def _generate(args: argparse.Namespace) -> int:
         memory=memory,
         adapters=adapters,
     )
-    session.resolve(request)  # refuse a bad request before any work
+    _flagged(flags, session.resolve, request)  # refuse a bad request before any work
     print(f"loaded {session} in {session.init_seconds:.2f} s", file=sys.stderr)
     if session.memory_plan is not None:
         print(session.memory_plan, file=sys.stderr)
@@ -344,7 +364,7 @@ def _qualify(args: argparse.Namespace) -> int:
 
     configs = {name: _accelerations_arg(name, getattr(args, name)) for name in ("baseline", "candidate")}
     configs["budget"] = _json_arg("budget", args.budget)
-    Budget.from_dict(configs["budget"])  # bad overrides: refused before anything loads
+    _flagged("--budget", Budget.from_dict, configs["budget"])  # bad overrides: refused before anything loads
     _flagged("--rounds", check_rounds, args.rounds)
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     check_writable(args.out, "--out")
@@ -352,6 +372,7 @@ def _qualify(args: argparse.Namespace) -> int:
     if args.ray is not None:
         from workbench.evidence import fanout_jobs
 
+        _check_cases_here(args, {args.cases: requests})
         with _fanout(args) as (fanout, store):
             budget = _budget(fanout.default_budget(), configs["budget"])
             record = fanout_jobs.qualify(
@@ -388,7 +409,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
         values = _values_arg(args.values)
         _check_sweep(args.plugin, args.option, values, configs["base"])
     candidates = _candidates_arg(args.candidates) if args.command == "search" else None
-    Budget.from_dict(configs["budget"])  # bad overrides: refused before anything loads
+    _flagged("--budget", Budget.from_dict, configs["budget"])  # bad overrides: refused before anything loads
     _flagged("--rounds", check_rounds, args.rounds)
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     check_writable(args.out, "--out")
@@ -396,6 +417,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     if args.ray is not None:
         from workbench.evidence import fanout_jobs
 
+        _check_cases_here(args, {args.cases: requests})
         with _fanout(args) as (fanout, store):
             budget = _budget(fanout.default_budget(), configs["budget"])
             run = fanout_jobs.sweep if args.command == "sweep" else fanout_jobs.search
@@ -432,7 +454,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from workbench.quality import Budget
 
     overrides = _json_arg("budget", args.budget)
-    Budget.from_dict(overrides)  # an unknown field or a bad limit is refused before the model loads
+    _flagged("--budget", Budget.from_dict, overrides)  # an unknown field or a bad limit: refused before loading
     if args.knob is not None and len(args.plugin) > 1:
         raise ValueError("--knob: names one plugin's option; give it with a single --plugin")
     if args.register:
@@ -470,6 +492,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.ray is not None:
         from workbench.evidence import fanout_jobs
 
+        _check_cases_here(args, {"calibration": calibration_requests, "test": test})
         with _fanout(args) as (fanout, store):
             result = fanout_jobs.calibrate(
                 fanout, store, calibration_requests, test, args.plugin, overrides, knob=args.knob,
@@ -543,6 +566,7 @@ def _batch(args: argparse.Namespace) -> int:
     accelerations = _accelerations_arg("accelerate", args.accelerate)
     requests = fanout_jobs.read_requests(args.requests)
     check_writable(args.out, "--out")
+    _check_cases_here(args, {"requests": [request for _, request in requests]})
     args.store = args.out
     with _fanout(args) as (fanout, store):
         entries = fanout_jobs.batch(fanout, store, requests, accelerations)
@@ -551,6 +575,32 @@ def _batch(args: argparse.Namespace) -> int:
             f"{name}: {args.out / entry['outputs'] / name}.mp4 ({entry['worker']['host']}, {entry['worker']['label']})"
         )
     return 0
+
+
+def _check_cases_here(args: argparse.Namespace, splits: dict[str, list]) -> None:
+    """`--ray`: every case resolved against the model's family and defaults here, on the driver, before Ray starts,
+    as the run without Ray does once its session loads: `test[1]: frames: 10 is not accepted by the wan VAE`. See
+    `_shapes` for a model whose shapes do not build here: its cases are checked on a worker once it has loaded."""
+    from workbench.evidence.harness import check_requests
+
+    model = _shapes(args.model)
+    if model is None:
+        return
+    for where, requests in splits.items():
+        check_requests(model, requests, where)
+
+
+def _shapes(model: str) -> Any:
+    """`models.preview(model)`: its family and request defaults with no weight read, to check requests before it
+    loads. None when its shapes do not build here (a folder only the Ray workers hold, a config the meta device
+    cannot build, a name that is no model): the model's own load then reports what is wrong, or checks the requests
+    once loaded, as `Session.open`'s memory planning leaves such a model to the load."""
+    from workbench.models import preview
+
+    try:
+        return preview(model)
+    except (ValueError, RuntimeError):
+        return None
 
 
 @contextlib.contextmanager
@@ -562,7 +612,8 @@ def _fanout(args: argparse.Namespace):
     device = args.device
     options = {"address": address, "workers": args.workers, "device": device, "retries": args.retries}
     options["memory"] = args.memory
-    with Fanout(args.model, dtype=getattr(args, "dtype", None), **options) as fanout:
+    flags = ("--workers", "--device", "--retries", "--memory")  # `workers: ...` said as `--workers: ...`
+    with _flagged(flags, Fanout, args.model, dtype=getattr(args, "dtype", None), **options) as fanout:
         fanout.subscribe(TqdmView())
         yield fanout, Store(args.store or args.out / "cells")
 
@@ -608,7 +659,8 @@ def _train_tiny(args: argparse.Namespace) -> int:
         "stage",
     )
     config = TrainConfig(**{name: getattr(args, name) for name in fields})
-    config.validate()  # a bad option is refused before --out is made
+    flags = tuple(f"--{name.replace('_', '-')}" for name in fields)
+    _flagged(flags, config.validate)  # a bad option is refused before --out is made, under its flag
     check_writable(args.out, "--out")
     if args.pack is not None:
         check_writable(args.pack, "--pack")
@@ -726,13 +778,13 @@ def _accelerations_arg(name: str, text: str) -> dict:
     return value
 
 
-def _flagged(flag: str | tuple[str, ...], check: Callable[..., T], *args: Any) -> T:
-    """`check(*args)`, its ValueError said under the command line's `flag`: `--rounds: 0; ...` where the library
-    says `rounds: 0; ...`, `--accelerate: easycache.threshold: ...` where it names no flag's field. Given several
-    flags, the error goes under the one whose field it names (`max_evals: ...` under `--max-evals`), and stays as it
-    is when it names none of them."""
+def _flagged(flag: str | tuple[str, ...], check: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`check(*args, **kwargs)`, its ValueError said under the command line's `flag`: `--rounds: 0; ...` where the
+    library says `rounds: 0; ...`, `--accelerate: easycache.threshold: ...` where it names no flag's field. Given
+    several flags, the error goes under the one whose field it names (`max_evals: ...` under `--max-evals`), and
+    stays as it is when it names none of them."""
     try:
-        return check(*args)
+        return check(*args, **kwargs)
     except ValueError as error:
         text, flags = str(error), (flag,) if isinstance(flag, str) else flag
         for name in flags:

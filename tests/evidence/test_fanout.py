@@ -230,6 +230,7 @@ def test_read_requests_names_the_entry_and_the_field(tmp_path):
     cases = {
         '[{"prompt": "p", "frames": "9"}]': r"requests\[0\]: frames: must be an integer",
         '[{"prompt": "p", "name": "../x"}]': r"requests\[0\]\.name: must be a plain file stem",
+        '[{"prompt": "p", "fps": 8, "bogus": 1}]': r"requests\[0\]: unknown field\(s\) \['bogus'\]; allowed: \['name', 'prompt'",
         '[{"prompt": "p", "name": "a"}, {"prompt": "q", "name": "a"}]': r"requests\[1\]\.name: 'a' is taken",
         "[" * 100_000 + "]" * 100_000: r"requests: .*requests.json is not valid JSON \(nested too deeply\)",
         b'[{"prompt": "caf\xe9"}]': r"requests: .*requests.json is not UTF-8 text \(invalid continuation byte",

@@ -213,6 +213,26 @@ def test_review_refuses_a_record_that_is_not_a_qualification(make_pair, record, 
         review_page({"A": qualification, "B": record})
 
 
+@pytest.mark.parametrize(
+    ("cases", "message"),
+    [
+        ([], r"records\['B'\]: 'cases' is \[\]; allowed: a non-empty list of case objects"),
+        ("x", r"records\['B'\]: 'cases' is 'x'; allowed: a non-empty list"),
+        ([{}], r"records\['B'\]: cases\[0\] is \{\}; allowed: an object with \['verdict', .*\(missing: verdict"),
+        (lambda case: [case, {**case, "quality": None}], r"cases\[1\] is .*'speedup' and 'quality' objects"),
+        (lambda case: [{**case, "speedup": {"median": 1.2}}], r"cases\[0\] .*\(missing: speedup.low, speedup.high\)"),
+    ],
+)
+def test_review_refuses_a_qualification_whose_cases_are_cut_naming_the_case(make_pair, cases, message):
+    """A qualification record whose cases were cut or hand-edited (no cases, a case without its quality or speed-up)
+    is a ValueError naming the label and the case, not a KeyError or TypeError from inside the page (no cases: a
+    page of empty tables, said nowhere)."""
+    qualification, _ = make_record("qualified", make_pair)
+    cut = {**qualification, "cases": cases(qualification["cases"][0]) if callable(cases) else cases}
+    with pytest.raises(ValueError, match=message):
+        review_page({"A": qualification, "B": cut})
+
+
 def test_identical_frames_are_said_in_words_not_under_a_curves_caption(make_pair):
     a, _ = make_pair()
     record, _ = make_record("no_speed_claim", lambda: (a, a))

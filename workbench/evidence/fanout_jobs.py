@@ -17,6 +17,7 @@ store keeps them, so a re-run runs only the failed ones).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -166,6 +167,10 @@ def read_requests(path: str | Path) -> list[tuple[str, Request]]:
         if not isinstance(item, dict):
             raise ValueError(f"requests[{i}]: expected an object, got {type(item).__name__}")
         fields = dict(item)
+        allowed = ["name", *(f.name for f in dataclasses.fields(Request))]
+        unknown = sorted(set(fields) - set(allowed))
+        if unknown:
+            raise ValueError(f"requests[{i}]: unknown field(s) {unknown}; allowed: {allowed}")
         name = check_stem(fields.pop("name", f"request-{i:04d}"), f"requests[{i}].name")
         if name in out:
             raise ValueError(f"requests[{i}].name: {name!r} is taken by an earlier request; names must be unique")

@@ -18,6 +18,7 @@ import torch
 
 from workbench import environment
 from workbench.evidence.stats import RatioCI, paired_ratio_ci, verdict
+from workbench.models.loaded import LoadedModel
 from workbench.progress import progress as progress_bar
 from workbench.quality import Budget, compare
 from workbench.quality.budget import default_for
@@ -43,11 +44,12 @@ def check_rounds(rounds: object) -> int:
     return rounds
 
 
-def check_requests(session: Session, requests: list[Request], where: str = "requests") -> list[Request]:
+def check_requests(session: Session | LoadedModel, requests: list[Request], where: str = "requests") -> list[Request]:
     """Every one of `requests` resolved against `session`'s model (`Session.resolve`) before any runs, so a request
     the model cannot take (frames its VAE refuses, a mode it lacks) is refused before the ones ahead of it have
     run. ValueError naming it as `{where}[i]` (`requests[1]: frames: 10 is not accepted ...`), or for no requests.
-    Returns the resolved requests."""
+    `session` may be a `LoadedModel` instead, such as `models.preview`'s (no weight loaded): the `--ray` driver
+    checks the cases so before any worker starts. Returns the resolved requests."""
     if not requests:
         raise ValueError(f"{where}: at least one request is required")
     resolved = []

@@ -12,6 +12,7 @@ from typing import Any
 
 from workbench.environment import device_label
 from workbench.evidence.report import Table, budget_text, page, speedup_text, video
+from workbench.request import shown
 from workbench.result import Result
 
 # The quality columns, record key -> heading (worded as in the qualification and sweep reports); the audio ones when
@@ -28,6 +29,7 @@ QUALITY = {
 QUALITY_AUDIO = {"audio_snr_db": "audio SNR dB", "lsd_db": "log-spectral distance dB"}
 # The keys of a qualification record the page reads (`harness.qualify` writes them, with kind "qualification").
 REVIEWED = ("verdict", "cases", "baseline", "candidate", "rounds", "budget", "device")
+CASE = ("verdict", "reason", "speedup", "quality", "receipts")  # the keys of each case the page reads
 
 
 def review_page(
@@ -94,3 +96,16 @@ def _check_qualification(label: str, record: Any) -> None:
     missing = [key for key in REVIEWED if key not in record]
     if missing:
         raise ValueError(f"records[{label!r}]: a record without {', '.join(map(repr, missing))}; {allowed}")
+    cases = record["cases"]
+    if not isinstance(cases, list) or not cases:
+        raise ValueError(f"records[{label!r}]: 'cases' is {shown(cases)}; allowed: a non-empty list of case objects")
+    for index, case in enumerate(cases):  # what the page reads of each (a hand-edited or cut record: named here)
+        lacking = [key for key in CASE if not isinstance(case, dict) or key not in case]
+        speed = case.get("speedup") if isinstance(case, dict) else None
+        lacking += [f"speedup.{k}" for k in ("median", "low", "high") if isinstance(speed, dict) and k not in speed]
+        if lacking or not isinstance(speed, dict) or not isinstance(case["quality"], dict):
+            raise ValueError(
+                f"records[{label!r}]: cases[{index}] is {shown(case)}; allowed: an object with {list(CASE)}, "
+                "'speedup' and 'quality' objects, 'speedup' holding median, low and high"
+                + (f" (missing: {', '.join(lacking)})" if lacking else "")
+            )

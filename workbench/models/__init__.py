@@ -73,6 +73,21 @@ def resolve(
     return model
 
 
+def preview(name: str | Path, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
+    """Model `name` as `resolve` builds it, from its shapes alone: a checkpoint's modules built from their configs on
+    the meta device (`family.shapes_only`: the same checks of its folder, no weight read), a built-in model built as
+    usual (small, or on the meta device), as `Session.open` builds it to plan a memory cap. Its family and request
+    defaults are the loaded model's, so a request can be resolved against it (`LoadedModel.resolve`) before the
+    weights load: the CLI checks `generate`'s request so, and on the `--ray` driver every case before a worker
+    starts. Its pipeline runs nothing. A ValueError where the shapes do not build (a config the meta device cannot
+    build, which `from_pretrained` may still load)."""
+    from workbench.models.family import shapes_only
+    from workbench.progress import library_bars_off
+
+    with library_bars_off(), shapes_only():
+        return resolve(name, seed=seed, dtype=dtype, device="meta")
+
+
 def shipped_path(name: str) -> Path:
     """The folder of a shipped checkpoint; a RuntimeError saying how to make it when it is not there."""
     path, preset = SHIPPED_MODELS[name], SHIPPED_PRESETS[name]
