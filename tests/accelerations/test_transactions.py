@@ -390,3 +390,26 @@ def test_stop_ends_the_request_at_a_checkpoint_and_only_that_request():
     assert not _diff(_state(session), installed_state)
     again = session.generate(REQUEST, progress=False)  # the stop was for the request before: this one runs whole
     assert torch.equal(again.latents, good.latents) and again.receipts == good.receipts
+
+
+STATEFUL = ("easycache", "first_block_cache", "taylorseer", "pyramid_attention_broadcast", "teacache", "mag_cache",
+            "cache_dit", "block_ring")  # fmt: skip
+
+
+@pytest.mark.parametrize("plugin", STATEFUL)
+def test_a_stopped_request_leaves_no_cache_state_behind(stock, plugin):
+    """Stopped after its first step, a cache has computed and stored one step's state; the next request must not see
+    it: it equals, bit for bit, the request before the stop."""
+    session = stock("tiny-wan")[0]
+    request = Request("a red circle moves left", seed=11, steps=4, frames=9, height=32, width=32)
+    session.accelerate({plugin: OPTIONS.get(plugin, {})})
+    try:
+        good = session.generate(request, progress=False)
+        unsubscribe = session.subscribe(lambda e: e.kind == "step" and e.data["index"] == 0 and session.stop())
+        with pytest.raises(RequestStopped, match="1 of 4 denoise steps done"):
+            session.generate(request, progress=False)
+        unsubscribe()
+        again = session.generate(request, progress=False)
+        assert torch.equal(again.latents, good.latents) and again.receipts == good.receipts
+    finally:
+        session.accelerate({})
