@@ -87,3 +87,24 @@ def test_record_killed_mid_write_leaves_the_previous_complete_version(tmp_path):
     if record["version"] == 2:
         assert len(record["payload"]) == 150_000_000
     assert read_record(target) == record
+
+
+def test_store_names_a_file_in_its_entries_that_is_not_an_entry(tmp_path):
+    """A resumed run reads every entry; one that is not an entry (hand-edited, cut) is named with what to do, instead
+    of a KeyError mid-run or a cell taken for finished."""
+    from workbench.evidence.store import Store
+
+    store, key = Store(tmp_path), "ab" * 32
+    entry = {"key": key, "kind": "generate", "label": "x", "status": "finished", "record": {}, "outputs": None}
+    assert store.get(key) is None and store.put(entry) == entry
+    assert store.get(key) == entry and store.entries() == {key: entry}
+    for bad in (
+        {},
+        {**entry, "status": "done"},
+        {**entry, "key": "cd" * 32},
+        {k: v for k, v in entry.items() if k != "record"},
+    ):
+        write_record(tmp_path / "entries" / f"{key}.json", bad)
+        for read in (lambda: store.get(key), store.entries):
+            with pytest.raises(ValueError, match=rf"{key}\.json: not a store entry .*delete the file to run its cell"):
+                read()

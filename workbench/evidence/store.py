@@ -32,7 +32,7 @@ class Store:
 
     def get(self, key: str) -> dict[str, Any] | None:
         path = self._path(key)
-        return read_record(path) if path.exists() else None
+        return _read_entry(path) if path.exists() else None
 
     def put(self, entry: dict[str, Any], files: dict[str, bytes] | None = None, name: str = "") -> dict[str, Any]:
         """Write `entry` (after `files`, into `outputs/<name>/` as one set, when given); returns the entry written."""
@@ -46,9 +46,25 @@ class Store:
 
     def entries(self) -> dict[str, dict[str, Any]]:
         folder = self.root / "entries"
-        return {p.stem: read_record(p) for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
+        return {p.stem: _read_entry(p) for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
 
     def _path(self, key: str) -> Path:
         if not _KEY.fullmatch(key):
             raise ValueError(f"key: {key!r} is not a cell key (64 hex digits)")
         return self.root / "entries" / f"{key}.json"
+
+
+ENTRY_KEYS = ("key", "kind", "label", "status", "record")  # what a run reads of an entry
+STATUSES = ("finished", "failed")
+
+
+def _read_entry(path: Path) -> dict[str, Any]:
+    """The entry at `path`; a ValueError naming the file when it is not one (hand-edited, or not written by a run):
+    a resumed run would otherwise fail on it with a KeyError, or take it for a finished cell."""
+    entry = read_record(path)  # a JSON object, or a ValueError naming the file
+    if any(k not in entry for k in ENTRY_KEYS) or entry["key"] != path.stem or entry["status"] not in STATUSES:
+        raise ValueError(
+            f"{path}: not a store entry (an object with {list(ENTRY_KEYS)}, 'key' its file's name and 'status' one "
+            f"of {list(STATUSES)}); delete the file to run its cell again"
+        )
+    return entry
