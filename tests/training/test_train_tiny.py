@@ -142,11 +142,11 @@ def test_cli_train_tiny_bad_input_writes_nothing(tmp_path, capsys):
 
     out = tmp_path / "run"
     assert main(["train-tiny", "--out", str(out), "--minutes", "-1", "--device", "cpu"]) == 2
-    assert "minutes" in capsys.readouterr().err
+    assert "--minutes: " in capsys.readouterr().err  # said under its flag
     assert main(["train-tiny", "--out", str(out), "--resume", "--device", "cpu"]) == 2
     assert "resume" in capsys.readouterr().err
     assert main(["train-tiny", "--out", str(out), "--preset", "av2", "--ae-train", "both", "--device", "cpu"]) == 2
-    assert "ae_train" in capsys.readouterr().err
+    assert "--ae-train: 'both'; allowed: one of ['video', 'audio', 'all']" in capsys.readouterr().err
     assert main(["train-tiny", "--out", str(out), "--preset", "av3", "--device", "cpu"]) == 2
     assert "preset" in capsys.readouterr().err
     assert not out.exists()
