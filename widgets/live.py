@@ -32,9 +32,9 @@ class LiveStagePlot(StaticCopy, ipywidgets.VBox):
     kernel's main thread, displayed as static HTML (`static()`) under the running cell, where they survive
     an offline HTML export that blanks every widget. Otherwise `display(live.static())` shows them. Either way they
     become the static copy of the plot's own displays (`StaticCopy.refresh_static`). The figures show at their drawn
-    size (`figure_image`), not stretched to the width of the window; while the next request runs, their box keeps their
-    height (at the drawn width), so what is below the plot stays where it is. A request that raises, or that `Session.stop()`
-    ends, finishes the same way: its timeline is cut off where it ended and the status says why.
+    size (`figure_image`), not stretched to the width of the window; while the next request runs, their box keeps
+    their height (at the drawn width), so what is below the plot stays where it is. A request that raises, or that
+    `Session.stop()` ends, finishes the same way: its timeline is cut off where it ended and the status says why.
     """
 
     def __init__(self, max_updates_per_second: float = 2.0, show_static: bool = True):

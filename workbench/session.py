@@ -333,6 +333,8 @@ class Session:
             raise
 
     def _execute(self, request: Request, request_id: int, allow_non_finite: bool, telemetry: Telemetry) -> Result:
+        """The request itself: per-request state begun and ended, the probes and the stop checkpoints installed
+        around the family's runner, the outputs checked, the Result assembled."""
         pipe = self.model.pipeline
         kwargs = {**self.family.call_kwargs(request), **self.model.call_overrides}
         residency = self.residency
