@@ -66,3 +66,32 @@ def test_the_kernels_folder_does_not_shadow_an_installed_kernels_package_from_th
         assert top_level != ours
     except importlib.metadata.PackageNotFoundError:
         assert top_level == ours
+
+
+def test_the_readmes_main_command_writes_what_the_readme_says(tmp_path, monkeypatch):
+    """The README's first command for a fresh machine, its `workbench generate ...` run as written (only `--out` moved
+    into a temporary folder): the three files, and the video and sound the paragraph after it describes."""
+    import json
+    import re
+    import shlex
+
+    from workbench.cli import main
+    from workbench.media import verify_mp4
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("python3 -m venv .venv && "))
+    command = shlex.split(line.split(" && ")[-1])
+    assert command[0] == ".venv/bin/workbench" and command[command.index("--out") + 1] == "out/quickstart"
+    command[command.index("--out") + 1] = str(tmp_path / "quickstart")
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    assert main(command[1:]) == 0
+    written = sorted(p.name for p in (tmp_path / "quickstart").iterdir())
+    assert written == ["result.html", "result.json", "result.mp4"]
+    said = re.search(r"2 s of (\d+)x(\d+) video at (\d+) fps \((\d+)\s+frames\) with (\d+) kHz stereo", readme)
+    size, fps, frames, khz = int(said[1]), int(said[3]), int(said[4]), int(said[5])
+    report = verify_mp4(tmp_path / "quickstart" / "result.mp4", expect_frames=frames, expect_audio_seconds=2.0)
+    assert not report.problems and (report.height, report.width) == (size, int(said[2]))
+    assert (report.sample_rate, report.audio_channels) == (khz * 1000, 2) and report.black_frames == 0
+    record = json.loads((tmp_path / "quickstart" / "result.json").read_text())
+    request = record["metadata"]["request"]
+    assert (request["fps"], request["frames"], record["metadata"]["model"]) == (fps, frames, "demo-av")
