@@ -258,17 +258,25 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         for widget, value in checked.values():
             widget.value = value
 
-    @_refreshing
     def generate(self) -> Result | None:
         """Run the form's request on the session (LiveStagePlot attached) and update the A/B area.
 
-        Returns the result, or None when it failed (the error box says why).
+        Returns the result, or None when it failed (the error box says why). The generate button is off from the
+        start until everything the request updates is shown (the A/B area, the static copies), so an enabled button
+        means the dashboard takes the next action.
         """
+        self.generate_button.disabled = True
+        try:
+            return self._generate()
+        finally:
+            self.generate_button.disabled = False
+
+    @_refreshing
+    def _generate(self) -> Result | None:
         self.errors.clear()
         if self.session is None:
             self.errors.show("generate", RuntimeError("no session: pick a model and open it first"))
             return None
-        self.generate_button.disabled = True
         self.request_status.value = "running ..."
         try:
             request = self.request()
@@ -284,7 +292,6 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
             self.request_status.value = "failed"
             return None
         finally:
-            self.generate_button.disabled = False
             self.stop_button.disabled = True
         self._count += 1
         label = f"#{self._count} " + (" + ".join(self.session.accelerations) or "stock")

@@ -152,6 +152,9 @@ AB_TOPS_UNTIL = """async (done) => {
     return [Math.min(...tops), Math.max(...tops), tops.length];
 }"""
 
+# The dashboard takes the next action: its generate button is back on (it stays off until a request has shown all).
+IDLE = "() => !document.querySelector('.vflash-generate button').disabled"
+
 
 # Every visible text in the dashboard: its colour and what it is drawn on (the backgrounds behind it composited, the
 # page's white under them all), their WCAG 2 contrast ratio and the least it needs: 4.5, or 3 for large text. The
@@ -295,8 +298,29 @@ def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):
             tops = page.evaluate(AB_TOPS_UNTIL, "#3 ")
             print(f"A/B top during and after request #3 (min, max, samples): {tops}")
             assert tops[2] >= 3 and tops[1] - tops[0] <= 8, tops
-            ab_done = "() => document.querySelector('.vflash-ab').innerText.includes('#3 ')"
-            page.wait_for_function(ab_done, timeout=30_000)  # the request's thread is done with the A/B area
+            page.wait_for_function(IDLE, timeout=30_000)  # the request's thread has shown all it updates
+
+            # A long request, stopped from the browser once a step has run: the click reaches the kernel while the
+            # request runs on the dashboard's thread; the status says where it stopped, the A/B pair stays.
+            steps.fill("200")
+            steps.press("Enter")
+            page.locator(".vflash-generate button", has_text="generate").click()
+            running = (
+                r"() => /running: [\d.]+ s, [1-9]\d* steps/.test(document.querySelector('.vflash-dashboard').innerText)"
+            )
+            page.wait_for_function(running, timeout=60_000)
+            page.locator(".vflash-generate button", has_text="stop").click()
+            stopped = "() => document.querySelector('.vflash-generate').innerText.includes('of 200 steps done')"
+            page.wait_for_function(stopped, timeout=60_000)
+            status = page.locator(".vflash-generate").inner_text()
+            assert re.search(r"stopped in denoise, [1-9]\d* of 200 steps done; the model stays loaded", status), status
+            assert (
+                "#3 " in page.locator(".vflash-ab").inner_text()
+                and "request stopped after" in page.locator(".vflash-dashboard").inner_text()
+            )
+            page.wait_for_function(IDLE, timeout=30_000)
+            steps.fill("2")
+            steps.press("Enter")
 
             # Readable in the light and the dark theme: a bad value at its field (red message, red-tinted input),
             # the error box, the A/B note (the two stock results are identical), then a memory cap's plan.
