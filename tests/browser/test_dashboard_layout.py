@@ -345,4 +345,7 @@ def test_dashboard_fits_1400_wide_and_one_screen_tall(lab, tmp_path):
 
         finally:
             browser.close()
+            # the theme is the server's setting: the later tests (and their screenshots for the README) see Light
+            light = json.dumps({"theme": "JupyterLab Light"})
+            put(base, token, "lab/api/settings/@jupyterlab/apputils-extension:themes", {"raw": light})
     assert SCREENSHOT.stat().st_size > 0
