@@ -281,11 +281,7 @@ class Session:
     def resolve(self, request: Request) -> Request:
         """`request` with this model's defaults filled in and checked against its family (ValueError if not)."""
         self._check_usable()
-        if not isinstance(request, Request):
-            raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
-        return request.resolved(
-            self.family, {**self.model.defaults, **(self._adapters.defaults if self._adapters else {})}
-        )
+        return self.model.resolve(request, self._adapters.defaults if self._adapters else None)
 
     def generate(self, request: Request, progress: bool = True, allow_non_finite: bool = False) -> Result:
         """Run one request end to end and return frames, audio, latents, timings, memory and metadata.

@@ -30,14 +30,14 @@ class LoadedModel:
     def __post_init__(self) -> None:
         check_call_overrides(self.family, self.call_overrides, f"model {self.name!r}")
 
-    def resolve(self, request: Any) -> Any:
-        """`request` with this model's defaults filled in, checked against its family (ValueError if not), as
-        `Session.resolve` does for a session without adapters."""
+    def resolve(self, request: Any, defaults: dict[str, Any] | None = None) -> Any:
+        """`request` with this model's defaults (and over them `defaults`, a session's adapters' own) filled in,
+        checked against its family (ValueError if not)."""
         from workbench.request import Request  # workbench.request imports workbench.models
 
         if not isinstance(request, Request):
             raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
-        return request.resolved(self.family, self.defaults)
+        return request.resolved(self.family, {**self.defaults, **(defaults or {})})
 
     def denoisers(self) -> list[torch.nn.Module]:
         """The transformer(s) that run the denoising loop (two for Wan2.2)."""
