@@ -199,6 +199,7 @@ def test_a_cap_no_plan_meets_is_refused_from_the_shapes_before_any_weight_is_rea
     """demo-av (a checkpoint directory) is planned from its modules built on the meta device: the same smallest cap
     as the loaded model's, and a cap below it is refused naming that cap with no build but the shapes-only one
     (a 33B checkpoint is not read into host memory only to be refused)."""
+    from workbench import models
     from workbench import session as session_module
     from workbench.models import family, resolve
 
@@ -213,9 +214,10 @@ def test_a_cap_no_plan_meets_is_refused_from_the_shapes_before_any_weight_is_rea
     assert _smallest_cap(preview) == cap
     builds = []
     real = session_module.resolve
-    monkeypatch.setattr(
-        session_module, "resolve", lambda *a, **k: builds.append(family._SHAPES_ONLY.get()) or real(*a, **k)
-    )
+    for module in (session_module, models):  # the session's own build, and `models.preview`'s
+        monkeypatch.setattr(
+            module, "resolve", lambda *a, **k: builds.append(family._SHAPES_ONLY.get()) or real(*a, **k)
+        )
     with pytest.raises(ValueError, match=rf"the smallest cap that fits is .*\({cap} bytes\)"):
         Session.open("demo-av", device="cpu", memory=cap - 1)
     assert builds == [True]

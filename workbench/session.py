@@ -23,8 +23,7 @@ from workbench.accelerations.base import Handle
 from workbench.accelerations.memory.residency import Residency, cap_holder
 from workbench.accelerations.undo import UndoFailed
 from workbench.memory_plan import MemoryBudget, MemoryPlan, check_request, gib, outside_for, plan_for
-from workbench.models import resolve
-from workbench.models.family import shapes_only
+from workbench.models import preview, resolve
 from workbench.models.loaded import LoadedModel
 from workbench.probes import stage_probes
 from workbench.progress import library_bars_off
@@ -501,14 +500,12 @@ def _dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype
 def _plan_from_shapes(
     model: str | os.PathLike, seed: int, dtype: torch.dtype, budget: MemoryBudget, device: torch.device
 ) -> MemoryPlan | None:
-    """`model`'s memory plan under `budget` from its shapes alone (`shapes_only`: a checkpoint's modules on the meta
-    device, no weight read; a built-in model is built as usual, its weights are small or random); the planner's
+    """`model`'s memory plan under `budget` from its shapes alone (`models.preview`: a checkpoint's modules on the
+    meta device, no weight read; a built-in model is built as usual, its weights are small or random); the planner's
     ValueError, naming the smallest cap that fits, when no plan meets it. None when the shapes cannot be built
     (the checkpoint's own load then reports what is wrong, or plans after the host build)."""
     try:
-        with library_bars_off(), shapes_only():
-            preview = resolve(model, seed=seed, dtype=dtype, device="meta")
+        shapes = preview(model, seed=seed, dtype=dtype)
     except ValueError:
         return None
-    planned = (budget.request or Request("memory plan")).resolved(preview.family, preview.defaults)
-    return plan_for(preview, budget, planned, outside_for(device))
+    return plan_for(shapes, budget, shapes.resolve(budget.request or Request("memory plan")), outside_for(device))
