@@ -132,10 +132,10 @@ def test_dashboard_buttons_run_in_the_background_and_stop_stops_the_request(wan)
     """The buttons' work runs on a thread, so the kernel stays free for the stop button's click; a stopped request
     leaves the results shown before it, an empty error box and a session that generates again."""
     dash = Dashboard(wan)
-    first_step, clicked = threading.Event(), threading.Event()
+    armed, first_step, clicked = threading.Event(), threading.Event(), threading.Event()
 
-    def hold_at_first_step(event):  # on the request thread: wait there until the test has clicked stop
-        if event.kind == "step" and not first_step.is_set():
+    def hold_at_first_step(event):  # on the request thread, once armed: wait there until the test has clicked stop
+        if event.kind == "step" and armed.is_set() and not first_step.is_set():
             first_step.set()
             clicked.wait(60)
 
@@ -147,7 +147,7 @@ def test_dashboard_buttons_run_in_the_background_and_stop_stops_the_request(wan)
         dash.wait(120)
         assert len(dash.results) == 1 and dash.errors.value == ""
         assert not dash.generate_button.disabled and dash.stop_button.disabled
-        first_step.clear()
+        armed.set()
         dash.generate_button.click()  # returns at once: the request runs on the dashboard's thread
         assert first_step.wait(60) and not dash.stop_button.disabled and dash.generate_button.disabled
         dash.stop_button.click()
