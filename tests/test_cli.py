@@ -324,6 +324,19 @@ def test_cli_a_negative_value_given_apart_is_refused_under_its_flag(
         assert message in _one_line_error(capsys, command)
 
 
+def test_cli_a_dash_led_prompt_given_apart_is_shown_how_to_write_it(capsys):
+    """argparse reads `-dog` as a flag and says only that --prompt has no value; the message adds how to write it."""
+    with pytest.raises(SystemExit) as refused:
+        main(["generate", "--prompt", "-dog", "--out", "out"])
+    error = capsys.readouterr().err
+    assert refused.value.code == 2 and error.endswith(
+        "argument --prompt: expected one argument; a value that starts with '-' goes after '=': --prompt=-dog\n"
+    )
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "p", "--out"])  # a missing value: no such hint
+    assert capsys.readouterr().err.endswith("argument --out: expected one argument\n")
+
+
 def test_cli_generate_output_names_are_refused_before_the_model_loads(tmp_path, capsys, no_model):
     """An empty --out (it would be the current directory), a --name with a folder part, too long or not UTF-8 text,
     and a folder where one of the outputs goes (publishing onto it would fail after the set's commit point) are

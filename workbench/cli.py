@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -41,6 +41,20 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"-(\.?\d|inf|nan)", re.IGNORECASE)  # argparse reads .match
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._words = list(sys.argv[1:] if args is None else args)  # for `error`; a subcommand's parser gets its own
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's usage error; where a flag's value starts with a dash (`--prompt -dog`, which argparse reads as
+        a flag, leaving --prompt without a value), how to write it."""
+        names = re.fullmatch(r"argument ([\w/-]+): expected one argument", message)
+        words = getattr(self, "_words", [])
+        for flag in names[1].split("/") if names else []:
+            if flag in words[:-1] and (value := words[words.index(flag) + 1]).startswith("-"):
+                message += f"; a value that starts with '-' goes after '=': {flag}={value}"
+        super().error(message)
 
 
 def main(argv: list[str] | None = None) -> int:
