@@ -17,7 +17,9 @@ from IPython.display import HTML, display, update_display
 # Colours follow JupyterLab's theme (light or dark) through its CSS variables; the fallback after the comma is the
 # light colour, which shows where no Jupyter CSS is loaded (a static HTML export, a notebook viewer).
 MUTED_COLOR = "var(--jp-ui-font-color2, #757575)"  # secondary text: hints, summaries, counts, table heads
-ALERT_COLOR = "var(--jp-error-color1, #a94442)"  # red words in running text: not here, left out, failed
+ALERT_COLOR = "var(--jp-error-color1, #a94442)"  # red words: not here, left out, failed, lost, a required field's star
+ACCENT_COLOR = "var(--jp-content-link-color, #4e79a7)"  # a state in progress or a confirmed setting
+GOOD_COLOR = "var(--jp-success-color0, #2e7d32)"  # a setting that met its budget
 # The error box: Lab's own error-output background (light red in a light theme, dark red in a dark one) under the
 # theme's text colour; no Jupyter CSS: today's red text on pale red.
 _ERROR_STYLE = (

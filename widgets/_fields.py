@@ -20,12 +20,11 @@ import ipywidgets
 
 from workbench.accelerations import Option
 
-from ._common import MUTED_COLOR
+from ._common import ALERT_COLOR, MUTED_COLOR
 
-MARK_COLOR = "var(--jp-error-color1, #c62828)"  # the required star and a bad value's message
 INVALID_BACKGROUND = "var(--jp-rendermime-error-background, #fdecea)"  # under the input's own text colour
 _LABEL = "font-size:11px;line-height:15px;white-space:nowrap"
-_MESSAGE = f"font-size:11px;line-height:14px;color:{MARK_COLOR};white-space:normal;max-width:240px"
+_MESSAGE = f"font-size:11px;line-height:14px;color:{ALERT_COLOR};white-space:normal;max-width:240px"
 _INPUT_WIDTH = "150px"
 
 
@@ -76,7 +75,7 @@ class OptionField(ipywidgets.VBox):
         self.plugin, self.option = plugin, option
         self.error: str | None = None  # the message shown at the field (set by `check`), None while the value is fine
         start = value if value is not None else option.default
-        star = f' <b style="color:{MARK_COLOR}" title="required">*</b>' if option.required else ""
+        star = f' <b style="color:{ALERT_COLOR}" title="required">*</b>' if option.required else ""
         hint = (
             ""
             if option.allowed is not None

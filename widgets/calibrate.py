@@ -14,7 +14,7 @@ from workbench.profiles import profile
 from workbench.quality import Budget
 from workbench.request import Request
 
-from ._common import ErrorBox, StaticCopy
+from ._common import ACCENT_COLOR, ALERT_COLOR, GOOD_COLOR, ErrorBox, StaticCopy
 
 _LIMIT_HELP = {
     "latent_rel_l2": "latent rel-L2 <=",
@@ -157,9 +157,9 @@ class CalibrationPanel(StaticCopy, ipywidgets.VBox):
         panel's displays."""
         self.result = result
         colour = {
-            "calibrated": "var(--jp-success-color0, #59a14f)",
-            "quality_confirmed": "var(--jp-content-link-color, #4e79a7)",
-        }.get(result.status, "var(--jp-error-color1, #e15759)")
+            "calibrated": GOOD_COLOR,
+            "quality_confirmed": ACCENT_COLOR,
+        }.get(result.status, ALERT_COLOR)
         self.status.value = (
             f"<span style='color:{colour};font-weight:bold'>{html.escape(result.status)}</span>: "
             f"{html.escape(result.reason)}"

@@ -23,11 +23,11 @@ from IPython.display import HTML, display
 
 from workbench.evidence.fanout_progress import Event, Progress
 
-from ._common import ALERT_COLOR, MUTED_COLOR, ErrorBox, StaticCopy
+from ._common import ACCENT_COLOR, ALERT_COLOR, MUTED_COLOR, ErrorBox, StaticCopy
 
 _STATE_COLORS = {
-    "running": "var(--jp-content-link-color, #4e79a7)",
-    "lost": "var(--jp-error-color1, #c62828)",
+    "running": ACCENT_COLOR,
+    "lost": ALERT_COLOR,
     "starting": MUTED_COLOR,
     "idle": MUTED_COLOR,
 }

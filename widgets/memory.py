@@ -21,10 +21,10 @@ import ipywidgets
 from workbench.cards import CARDS
 from workbench.memory_plan import MemoryBudget, MemoryPlan, gib
 
-from ._common import MUTED_COLOR
-from ._fields import INVALID_BACKGROUND, MARK_COLOR
+from ._common import ALERT_COLOR, MUTED_COLOR
+from ._fields import INVALID_BACKGROUND
 
-_MESSAGE = f"font-size:11px;line-height:14px;color:{MARK_COLOR};white-space:normal;max-width:480px"
+_MESSAGE = f"font-size:11px;line-height:14px;color:{ALERT_COLOR};white-space:normal;max-width:480px"
 _BLOCK = (
     "font-family:monospace;font-size:12px;line-height:16px;white-space:pre-wrap;overflow-wrap:anywhere;"
     "margin:2px 0;padding:4px 8px;background:var(--jp-cell-editor-background, #f5f7fa);border-left:3px solid #4e79a7"

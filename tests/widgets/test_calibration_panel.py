@@ -2,6 +2,8 @@
 a confirmed setting."""
 
 import base64
+import dataclasses
+import re
 
 import pytest
 
@@ -11,6 +13,13 @@ from workbench.quality.budget import AUDIO_LIMITS
 from workbench.widgets import CalibrationPanel
 
 SIZE = {"frames": 9, "height": 32, "width": 32, "steps": 8}
+
+
+def contrast_on_white(colour: str) -> float:
+    """WCAG 2 contrast ratio of `#rrggbb` on white."""
+    channels = [int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    linear = [v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4 for v in channels]
+    return 1.05 / (0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2] + 0.05)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +75,11 @@ def test_panel_calibrates_shows_the_pareto_plot_and_applies_the_confirmed_settin
     copy = panel.static().data  # what an HTML export shows where the panel was: budget, verdict, plot, setting
     assert "latent rel-L2 &lt;= 0.3</p>" in copy and panel.status.value in copy and panel.setting.value in copy
     assert base64.b64encode(panel.plot.value).decode() in copy and copy == panel._repr_mimebundle_()["text/html"]
+    for status in ("calibrated", "quality_confirmed", "no_setting"):  # an export has no Jupyter CSS: the fallbacks
+        panel.show(dataclasses.replace(result, status=status))
+        colours = re.findall(r"color:\s*(?:var\(--[\w-]+,\s*)?(#[0-9a-fA-F]{6})", panel.static().data)
+        assert colours and all(contrast_on_white(c) >= 4.5 for c in colours), (status, colours)
+    panel.show(result)
     assert not panel.apply_button.disabled
     try:
         installed = panel.apply()
