@@ -324,6 +324,18 @@ def test_cli_a_negative_value_given_apart_is_refused_under_its_flag(
         assert message in _one_line_error(capsys, command)
 
 
+def test_cli_an_arm_equal_to_the_baseline_is_noted_as_an_a_a_run_before_the_model_loads(tmp_path, capsys, no_model):
+    runs = {
+        "qualify": (["--candidate", "{}"], ["--candidate"]),
+        "search": (["--candidates", '[{"cross_kv_cache": {}}, {}]', "--baseline", "{}"], ["--candidates[1]"]),
+    }
+    for command, (flags, noted) in runs.items():
+        with pytest.raises(AssertionError, match="a model was loaded"):
+            main([command, *SUITE_ARGS, *flags, "--out", str(tmp_path / command)])
+        notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+        assert notes == [f"note: {flag} is the baseline ({{}}): an A/A run, it measures the noise" for flag in noted]
+
+
 def test_cli_a_dash_led_prompt_given_apart_is_shown_how_to_write_it(capsys):
     """argparse reads `-dog` as a flag and says only that --prompt has no value; the message adds how to write it."""
     with pytest.raises(SystemExit) as refused:

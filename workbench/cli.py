@@ -377,6 +377,7 @@ def _qualify(args: argparse.Namespace) -> int:
     from workbench.quality import Budget
 
     configs = {name: _accelerations_arg(name, getattr(args, name)) for name in ("baseline", "candidate")}
+    _note_a_a(configs["baseline"], {"--candidate": configs["candidate"]})
     configs["budget"] = _json_arg("budget", args.budget)
     _flagged("--budget", Budget.from_dict, configs["budget"])  # bad overrides: refused before anything loads
     _flagged("--rounds", check_rounds, args.rounds)
@@ -423,6 +424,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
         values = _values_arg(args.values)
         _check_sweep(args.plugin, args.option, values, configs["base"])
     candidates = _candidates_arg(args.candidates) if args.command == "search" else None
+    _note_a_a(configs["baseline"], {f"--candidates[{i}]": c for i, c in enumerate(candidates or [])})
     _flagged("--budget", Budget.from_dict, configs["budget"])  # bad overrides: refused before anything loads
     _flagged("--rounds", check_rounds, args.rounds)
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
@@ -790,6 +792,16 @@ def _accelerations_arg(name: str, text: str) -> dict:
     value = _json_arg(name, text)
     _flagged(f"--{name}", install.check_options, REGISTRY, value)
     return value
+
+
+def _note_a_a(baseline: dict, arms: dict[str, dict]) -> None:
+    """Say so on stderr where an arm is the baseline itself: an A/A comparison, whose spread measures the noise (a
+    way to see it, or a slip in the JSON), before minutes of runs."""
+    for flag, arm in arms.items():
+        if arm == baseline:
+            print(
+                f"note: {flag} is the baseline ({json.dumps(arm)}): an A/A run, it measures the noise", file=sys.stderr
+            )
 
 
 def _flagged(flag: str | tuple[str, ...], check: Callable[..., T], *args: Any, **kwargs: Any) -> T:
