@@ -199,7 +199,8 @@ def ab_audio_figure(
     """Waveforms and spectrograms of A and B, and their difference (B - A), in a 3x2 grid (six axes).
 
     Audio is float (C, N) or (N,); channels are averaged to what a listener hears summed. A and B share
-    their amplitude and dB scales so a louder arm looks louder. The difference's title gives B's SNR against A
+    their amplitude and dB scales so a louder arm looks louder; each spectrogram's title gives its colour scale's
+    range in dB (the difference's is symmetric about 0). The difference's title gives B's SNR against A
     over the channels (`quality.audio_snr_db`, the budget's waveform SNR) when both have the same layout. When
     lengths differ, the differences cover the common start and say so. When A and B are equal sample for sample
     (same shape), there is no difference to draw: the bottom row is one text-only axes saying so (five axes).
@@ -224,7 +225,7 @@ def ab_audio_figure(
         wave_axes.set_ylim(-peak * 1.05, peak * 1.05)
         wave_axes.set_title(f"{label}: waveform ({x.size / sample_rate:.2f} s)", fontsize=10)
         _show_spectrogram(spec_axes, freqs, times, db, "magma", low, high)
-        spec_axes.set_title(f"{label}: spectrogram (dB)", fontsize=10)
+        spec_axes.set_title(f"{label}: spectrogram, {low:.3g} to {high:.3g} dB", fontsize=10)
     for axes in (waves[0], spectrograms[0]):
         axes.set_xlabel("s")
     if identical:
@@ -248,7 +249,7 @@ def ab_audio_figure(
     delta = db_b - db_a
     limit = max(float(np.abs(delta).max(initial=0.0)), 1e-3)
     _show_spectrogram(grid[1], freqs, times, delta, "RdBu_r", -limit, limit)
-    grid[1].set_title(f"{labels[1]} - {labels[0]}: spectrogram (dB){suffix}", fontsize=10)
+    grid[1].set_title(f"{labels[1]} - {labels[0]}: spectrogram, {-limit:.3g} to {limit:.3g} dB{suffix}", fontsize=10)
     return figure
 
 

@@ -105,6 +105,8 @@ def test_ab_audio_figure_has_waveforms_spectrograms_and_differences(rng):
         assert (
             spectrogram.get_yscale() == "log" and 0 < spectrogram.get_ylim()[0] < 32 < 7900 < spectrogram.get_ylim()[1]
         )
+        low, high = spectrogram.collections[0].get_clim()  # the colour scale, as the title gives it
+        assert f": spectrogram, {low:.3g} to {high:.3g} dB" in spectrogram.get_title(), (low, high)
     assert figure_png(figure).startswith(PNG)
 
 
