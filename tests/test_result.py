@@ -43,13 +43,44 @@ def test_save_refuses_what_is_not_a_directory_before_encoding(monkeypatch, tmp_p
             result.save(directory)
 
 
-@pytest.mark.parametrize("fps", [0, -5, 0.0, float("nan"), float("inf"), True, "24", None])
-def test_a_result_refuses_an_fps_that_is_not_a_finite_positive_number(fps):
-    """A non-positive or non-finite frame rate cannot be played: refused naming `fps` when the Result is made, not
-    later as an MP4 with no time base, a PyAV error or a division by zero in the A/B player."""
-    with pytest.raises(ValueError, match=r"^fps: expected a finite number of frames per second > 0, got "):
-        Result(np.zeros((2, 16, 16, 3), np.uint8), None, None, fps, None, {}, {})
-    assert Result(np.zeros((2, 16, 16, 3), np.uint8), None, None, 29.97, None, {}, {}).fps == 29.97
+FPS_REFUSED = r"^fps: expected a finite number of frames per second > 0, got "
+FRAMES_REFUSED = r"^frames: expected a uint8 numpy array \(T, H, W, 3\)"
+AUDIO_REFUSED = r"^audio: expected "
+RATE_REFUSED = r"^sample_rate: .*allowed: integers in \[1, 2147483647\]|^sample_rate: must be an integer in \[1, "
+
+
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [({"fps": fps}, FPS_REFUSED) for fps in (0, -5, 0.0, float("nan"), float("inf"), True, "24", None)]
+    + [
+        ({"frames": [[[[0, 0, 0]]]]}, FRAMES_REFUSED + r", got list "),
+        ({"frames": np.zeros((2, 16, 16, 3), np.float32)}, FRAMES_REFUSED + r", got float32 array"),
+        ({"frames": np.zeros((16, 16, 3), np.uint8)}, FRAMES_REFUSED),
+        ({"frames": np.zeros((2, 16, 16, 4), np.uint8)}, FRAMES_REFUSED + r" with T, H, W >= 1, got \(2, 16, 16, 4\)"),
+        ({"frames": np.zeros((0, 16, 16, 3), np.uint8)}, FRAMES_REFUSED + r" with T, H, W >= 1, got \(0, 16, 16, 3\)"),
+        ({"audio": np.zeros(400, np.float32)}, AUDIO_REFUSED + r"None or a float numpy array \(C, N\), got float32"),
+        ({"audio": np.zeros((2, 400), np.int16)}, AUDIO_REFUSED + r"None or a float numpy array \(C, N\), got int16"),
+        ({"audio": [[0.0] * 400]}, AUDIO_REFUSED + r"None or a float numpy array \(C, N\), got list"),
+        ({"audio": np.zeros((0, 400), np.float32)}, AUDIO_REFUSED + r"a float numpy array \(C, N\) with C >= 1"),
+        ({"sample_rate": None}, RATE_REFUSED),
+        ({"sample_rate": 0}, RATE_REFUSED),
+        ({"sample_rate": 16000.0}, RATE_REFUSED),
+        ({"sample_rate": True}, RATE_REFUSED),
+        ({"sample_rate": 2**40}, RATE_REFUSED),
+    ],
+)
+def test_a_result_refuses_what_it_cannot_play_naming_the_field(given, match):
+    """Frames, audio, sample rate and fps a clip cannot be made of are refused naming the field when the Result is
+    made, not later as an AttributeError in `save`, a division by zero in `audio_seconds` or the A/B widgets, an
+    MP4 with no time base or a PyAV error."""
+    fields = {"frames": np.zeros((2, 16, 16, 3), np.uint8), "audio": np.zeros((2, 400), np.float32)}
+    fields |= {"sample_rate": 16000, "fps": 8, "latents": None, "timings": {}, "memory": {}}
+    with pytest.raises(ValueError, match=match):
+        Result(**(fields | given))
+    assert Result(**(fields | {"fps": 29.97})).fps == 29.97
+    taken = Result(**(fields | {"sample_rate": np.int64(16000), "audio": np.zeros((1, 400), np.float64)}))
+    assert type(taken.sample_rate) is int and taken.audio_seconds == 0.025  # a numpy integer is taken as an int
+    assert Result(**(fields | {"audio": None, "sample_rate": None})).audio_seconds is None
 
 
 def test_save_refuses_a_name_utf8_cannot_encode_before_creating_anything(tmp_path):

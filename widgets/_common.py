@@ -134,7 +134,9 @@ class StaticCopy:
 
 
 def check_labels(labels: tuple[str, str]) -> tuple[str, str]:
-    if len(labels) != 2 or not all(isinstance(label, str) and label for label in labels):
+    """`labels` as a pair of non-empty strings (a tuple or list of two); anything else is a ValueError naming
+    `labels`."""
+    if not isinstance(labels, tuple | list) or len(labels) != 2 or not all(isinstance(x, str) and x for x in labels):
         raise ValueError(f"labels: expected two non-empty strings, got {labels!r}")
     return labels[0], labels[1]
 

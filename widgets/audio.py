@@ -64,8 +64,11 @@ class AudioPlayer(anywidget.AnyWidget):
 
     def set_audio(self, audio: np.ndarray, sample_rate: int) -> None:
         """Play float audio (C, N) in [-1, 1] at `sample_rate` Hz (as a 16-bit PCM WAV data URI)."""
-        self.src = "data:audio/wav;base64," + base64.b64encode(wav_bytes(audio, sample_rate)).decode()
-        self.duration = audio.shape[1] / sample_rate
+        self._show(wav_bytes(audio, sample_rate), audio.shape[1] / sample_rate)
+
+    def _show(self, wav: bytes, duration: float) -> None:
+        self.src = "data:audio/wav;base64," + base64.b64encode(wav).decode()
+        self.duration = duration
 
 
 class ABAudio(StaticCopy, ipywidgets.VBox):
@@ -88,9 +91,15 @@ class ABAudio(StaticCopy, ipywidgets.VBox):
         self.compare(result_a, result_b, labels)
 
     def compare(self, result_a: Result, result_b: Result, labels: tuple[str, str] = ("A", "B")) -> None:
-        """Show a new pair (same checks as the constructor); it becomes the static copy of the widget's displays."""
+        """Show a new pair (same checks as the constructor); it becomes the static copy of the widget's displays.
+
+        All or nothing: what is not a `workbench.Result` with audio, or a pair at two sample rates, raises
+        `ValueError` naming the label, and both WAVs are made before anything on screen changes, so a refused pair
+        leaves the previous one showing, whole."""
         labels = check_labels(labels)
         for label, result in zip(labels, (result_a, result_b), strict=True):
+            if not isinstance(result, Result):
+                raise ValueError(f"{label}: expected a workbench.Result, got {type(result).__name__}")
             if result.audio is None:
                 raise ValueError(f"audio: result {label} has no audio track (its model makes video only)")
         if result_a.sample_rate != result_b.sample_rate:
@@ -98,12 +107,15 @@ class ABAudio(StaticCopy, ipywidgets.VBox):
                 f"sample_rate: {labels[0]} is {result_a.sample_rate} Hz, {labels[1]} is "
                 f"{result_b.sample_rate} Hz; compare at one rate"
             )
+        sample_rate = int(result_a.sample_rate)
+        wavs = [wav_bytes(result.audio, sample_rate) for result in (result_a, result_b)]
         self.labels = labels
         self.result_a, self.result_b = result_a, result_b
-        self.sample_rate = int(result_a.sample_rate)
-        for label, result, title, player in zip(labels, (result_a, result_b), self.titles, self.players, strict=True):
+        self.sample_rate = sample_rate
+        pairs = zip(labels, (result_a, result_b), wavs, self.titles, self.players, strict=True)
+        for label, result, wav, title, player in pairs:
             title.value = f"<b>{html.escape(label)}</b>: {_describe(result)}"
-            player.set_audio(result.audio, self.sample_rate)
+            player._show(wav, result.audio.shape[1] / sample_rate)
         self.errors.clear()
         with self.errors.catching("audio figure"):
             figure = ab_audio_figure(result_a.audio, result_b.audio, self.sample_rate, labels=self.labels)

@@ -16,6 +16,7 @@ from matplotlib import colormaps
 from workbench import Result
 from workbench.plots import array_png, figure_png, frame_metric_curves, png_figure_html
 from workbench.progress import progress
+from workbench.request import integer
 from workbench.result import enlargement
 
 from ._common import ErrorBox, StaticCopy, check_labels, upscale
@@ -256,8 +257,10 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
         self.slider.value = min(self.frame_count - 1, max(0, self.slider.value + frames))
 
     def show(self, frame: int) -> None:
-        """Caption frame `frame`, draw its difference and mark it on the curves (nothing to draw when identical)."""
+        """Caption frame `frame`, draw its difference and mark it on the curves (nothing to draw when identical).
+        A frame outside [0, frame_count - 1] shows as an error in the widget's error box, naming `frame`."""
         with self.errors.catching(f"showing frame {frame}"):
+            frame = integer("frame", frame, 0, self.frame_count - 1)
             self.caption.value = self._caption(frame)
             if self.diff_max == 0:
                 return
@@ -286,7 +289,9 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
         return HTML(f'<div class="vflash-ab-static"><p>{self.header.value}</p>{row}</div>')
 
     def heatmap(self, frame: int) -> np.ndarray:
-        """|A - B| of frame `frame`, channel mean, coloured on the video-wide scale: uint8 (H, W, 3)."""
+        """|A - B| of frame `frame`, channel mean, coloured on the video-wide scale: uint8 (H, W, 3). `frame` is an
+        int in [0, frame_count - 1] (ValueError naming `frame` otherwise: no wrap-around to the end)."""
+        frame = integer("frame", frame, 0, self.frame_count - 1)
         diff = np.abs(self.result_a.frames[frame].astype(np.float32) - self.result_b.frames[frame].astype(np.float32))
         scaled = diff.mean(axis=-1) / max(self.diff_max, 1)
         return (colormaps["magma"](scaled)[..., :3] * 255).round().astype(np.uint8)

@@ -38,9 +38,26 @@ def test_ab_audio_static_copy_holds_both_players_and_the_figure_inline(make_resu
     assert 'alt="waveforms and spectrograms of both soundtracks, which are identical"' in widget.static().data
 
 
-def test_ab_audio_refuses_a_result_without_audio(make_result):
-    with pytest.raises(ValueError, match="result B has no audio"):
-        ABAudio(make_result(), make_result(audio_samples=None))
+def test_ab_audio_refuses_a_pair_it_cannot_play_and_keeps_the_previous_pair_whole(make_result):
+    """What is not a Result with audio, or labels that are not two strings, is refused naming the label or field;
+    a pair whose WAV cannot be made changes nothing on screen."""
+    a, b = make_result(), make_result()
+    widget = ABAudio(a, b)
+    shown = ([t.value for t in widget.titles], [p.src for p in widget.players], widget.labels)
+    cases = [
+        ((a, make_result(audio_samples=None)), "^audio: result B has no audio"),
+        ((a, "b.mp4"), "^B: expected a workbench.Result, got str"),
+        ((None, b), "^A: expected a workbench.Result, got NoneType"),
+        ((a, b, None), r"^labels: expected two non-empty strings, got None"),
+        ((a, b, "AB"), r"^labels: expected two non-empty strings, got 'AB'"),
+    ]
+    for args, match in cases:
+        with pytest.raises(ValueError, match=match):
+            widget.compare(*args)
+    b.audio = np.zeros((0, 4000), np.float32)  # changed after it was made: no channel to play
+    with pytest.raises(ValueError, match=r"^audio: expected \(C, N\) with C >= 1"):
+        widget.compare(make_result(audio_samples=8000), b, labels=("C", "D"))
+    assert ([t.value for t in widget.titles], [p.src for p in widget.players], widget.labels) == shown
 
 
 def test_ab_audio_refuses_different_sample_rates(make_result):

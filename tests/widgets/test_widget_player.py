@@ -241,7 +241,11 @@ def test_a_failure_while_browsing_shows_in_the_widget(make_result):
     a = make_result()
     player = ABPlayer(a, a)
     player.show(42)  # no such frame: the error box says so, no traceback escapes
-    assert "showing frame 42 failed" in player.errors.value and "IndexError" in player.errors.value
+    assert "showing frame 42 failed" in player.errors.value
+    assert "frame: 42 is out of range; allowed: integers in [0, 8]" in player.errors.value
+    for frame in (-1, 9, 2.0):  # called directly: refused naming `frame`, never wrapped around to the last frame
+        with pytest.raises(ValueError, match=r"^frame: .*integers? in \[0, 8\]"):
+            player.heatmap(frame)
 
 
 def test_a_dashboard_player_already_on_screen_tracks_the_latest_pair(sessions):
