@@ -141,6 +141,14 @@ def test_allowed_non_finite_audio_is_marked_then_made_finite_so_it_saves_and_sho
     assert "data:video/mp4;base64," in result._repr_html_()
 
 
-def test_allow_non_finite_must_be_bool(wan):
-    with pytest.raises(ValueError, match="allow_non_finite: expected a bool, got str"):
-        wan.generate(REQUEST, progress=False, allow_non_finite="yes")
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        ({"progress": False, "allow_non_finite": "yes"}, "^allow_non_finite: expected a bool, got str 'yes'"),
+        ({"progress": "no"}, r"^progress: expected a bool, got str 'no'; allowed: True, False"),  # "no" is truthy
+        ({"progress": None}, r"^progress: expected a bool, got NoneType None; allowed: True, False"),
+    ],
+)
+def test_generate_flags_must_be_bool(wan, flags, match):
+    with pytest.raises(ValueError, match=match):
+        wan.generate(REQUEST, **flags)

@@ -294,8 +294,12 @@ class Session:
         `stop()` (from another thread) ends the request early with `RequestStopped`; an exception or an interrupt
         mid-request leaves the model, the accelerations and their state as they were.
         """
-        if not isinstance(allow_non_finite, bool):
-            raise ValueError(f"allow_non_finite: expected a bool, got {type(allow_non_finite).__name__}")
+        for name, flag in (("progress", progress), ("allow_non_finite", allow_non_finite)):
+            if not isinstance(flag, bool | np.bool_):
+                raise ValueError(
+                    f"{name}: expected a bool, got {type(flag).__name__} {shown(flag)}; allowed: True, False"
+                )
+        progress, allow_non_finite = bool(progress), bool(allow_non_finite)
         if not isinstance(request, Request):
             raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
         self._check_usable()
