@@ -349,6 +349,16 @@ def test_cli_a_dash_led_prompt_given_apart_is_shown_how_to_write_it(capsys):
     assert capsys.readouterr().err.endswith("argument --out: expected one argument\n")
 
 
+def test_cli_flags_are_matched_whole_never_by_prefix(tmp_path, capsys, no_model):
+    """`--mode` is no flag of generate: argparse's prefix matching read `--mode i2v` as `--model i2v`, so a later
+    `--model` dropped it without a word (and an earlier one was replaced by a model named 'i2v')."""
+    for words in (["--mode", "i2v", "--model", "tiny-wan"], ["--model", "tiny-wan", "--mode", "i2v"]):
+        with pytest.raises(SystemExit) as refused:
+            main(["generate", *words, "--prompt", "p", "--out", str(tmp_path / "o")])
+        assert refused.value.code == 2 and "unrecognized arguments: --mode i2v" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_generate_output_names_are_refused_before_the_model_loads(tmp_path, capsys, no_model):
     """An empty --out (it would be the current directory), a --name with a folder part, too long or not UTF-8 text,
     and a folder where one of the outputs goes (publishing onto it would fail after the set's commit point) are

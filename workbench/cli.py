@@ -36,9 +36,13 @@ class _Parser(argparse.ArgumentParser):
     flag's value: `--memory -5GiB` reaches the flag's own check (`--memory: '-5GiB' is not an amount of memory;
     allowed: ...`), where argparse takes only `-5` and `-.5` so and says `argument --memory: expected one argument`,
     nothing of what is allowed. No option of this command line starts with a dash and a digit, `inf` or `nan`, so no
-    option reads as such a word. Every subcommand's parser is one of these (`add_parser` makes its parent's class)."""
+    option reads as such a word. Every subcommand's parser is one of these (`add_parser` makes its parent's class).
+
+    Flags are matched whole, never by prefix: `--mode i2v` is refused as an unrecognized argument, where argparse's
+    abbreviations would read it as `--model i2v` (and a later `--model` would silently drop it)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"-(\.?\d|inf|nan)", re.IGNORECASE)  # argparse reads .match
 

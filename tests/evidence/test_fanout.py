@@ -232,6 +232,7 @@ def test_read_requests_names_the_entry_and_the_field(tmp_path):
         '[{"prompt": "p", "name": "../x"}]': r"requests\[0\]\.name: must be a plain file stem",
         '[{"prompt": "p", "fps": 8, "bogus": 1}]': r"requests\[0\]: unknown field\(s\) \['bogus'\]; allowed: \['name', 'prompt'",
         '[{"prompt": "p", "name": "a"}, {"prompt": "q", "name": "a"}]': r"requests\[1\]\.name: 'a' is taken",
+        '[{"name": "a", "seed": 1}]': r"requests\[0\]\.prompt: missing \(required: \['prompt'\]; allowed: \['name'",
         "[" * 100_000 + "]" * 100_000: r"requests: .*requests.json is not valid JSON \(nested too deeply\)",
         b'[{"prompt": "caf\xe9"}]': r"requests: .*requests.json is not UTF-8 text \(invalid continuation byte",
         '[{"prompt": "p", "seed": 1, "seed": 2}]': r"requests: .*requests.json: 'seed' is given twice in one object",

@@ -171,6 +171,8 @@ def read_requests(path: str | Path) -> list[tuple[str, Request]]:
         unknown = sorted(set(fields) - set(allowed))
         if unknown:
             raise ValueError(f"requests[{i}]: unknown field(s) {unknown}; allowed: {allowed}")
+        if "prompt" not in fields:
+            raise ValueError(f"requests[{i}].prompt: missing (required: ['prompt']; allowed: {allowed})")
         name = check_stem(fields.pop("name", f"request-{i:04d}"), f"requests[{i}].name")
         if name in out:
             raise ValueError(f"requests[{i}].name: {name!r} is taken by an earlier request; names must be unique")
