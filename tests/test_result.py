@@ -1,4 +1,4 @@
-"""`Result`'s text repr: what a console, `print` or a list of results shows."""
+"""`Result`'s text repr: what a console, `print` or a list of results shows; its HTML, what a notebook shows."""
 
 import dataclasses
 
@@ -90,3 +90,15 @@ def test_save_refuses_a_name_utf8_cannot_encode_before_creating_anything(tmp_pat
     with pytest.raises(ValueError, match=r"^name: 'a\\udc80' holds '\\udc80', which UTF-8 cannot encode"):
         result.save(tmp_path / "d", "a\udc80")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_result_html_shows_peak_memory_only_where_it_was_measured(monkeypatch):
+    """`memory` is CUDA's peak allocation per stage, `{}` elsewhere: a CPU result's stage table has no column of
+    blanks, a CUDA one names what the column measured."""
+    monkeypatch.setattr(Result, "mp4_bytes", lambda *a, **k: b"")
+    cpu = Result(np.zeros((2, 16, 16, 3), np.uint8), None, None, 8, None, {"denoise": 0.4, "total": 0.5}, {})
+    page = cpu._repr_html_()
+    assert "<tr><th>stage</th><th>ms</th></tr><tr><td>denoise</td><td>400.0</td></tr>" in page and "MiB" not in page
+    cuda = dataclasses.replace(cpu, memory={"denoise": 3 * 2**20})
+    page = cuda._repr_html_()
+    assert "<th>peak CUDA MiB allocated</th>" in page and "<td>denoise</td><td>400.0</td><td>3.0</td>" in page

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 
 import ipywidgets
 from IPython.display import HTML
@@ -166,7 +167,11 @@ class CalibrationPanel(StaticCopy, ipywidgets.VBox):
         )
         self.plot.value = figure_png(cal.pareto_figure(result))
         self.plot.layout.display = None
-        self.setting.value = f"<pre>{html.escape(str(result.config))}</pre>" if result.config else ""
+        self.setting.value = (  # named, and as JSON (as the reports write it), not a bare Python repr under the plot
+            f"<p><b>setting</b> (what <i>apply</i> installs): <code>{html.escape(json.dumps(result.config))}</code></p>"
+            if result.config
+            else ""
+        )
         self.apply_button.disabled = result.status not in ("calibrated", "quality_confirmed")
         self.refresh_static()
 

@@ -283,17 +283,17 @@ class Comparison:
                 cells = [f"{arm['median_s'] * 1e3:.3f}", f"{arm['reference_median_s'] * 1e3:.3f}", speedup, bar]
                 cells += [launch] * launches
             cells = [escape(name), escape(check), *cells]
-            rows.append("".join(f'<td style="text-align:{"left" if i in (0, 5) else "right"}">{c}</td>'
-                                for i, c in enumerate(cells)))  # fmt: skip
+            rows.append("".join(f'<td style="text-align:{_align(i)}">{c}</td>' for i, c in enumerate(cells)))
         columns = ["kernel", "check", "kernel ms", "reference ms", "speed-up [CI95]", "of roofline"]
         columns += ["host launch ms"] * launches
-        head = "".join(f"<th>{h}</th>" for h in columns)
+        head = "".join(f'<th style="text-align:{_align(i)}">{h}</th>' for i, h in enumerate(columns))  # as its cells
         c = self.ceilings
         caption = (f"{escape(c.device)}: copy {_rate(c.copy_bytes_per_s, 'B')} (read + write), "
                    f"bf16 GEMM {_rate(c.bf16_flops_per_s, 'FLOP')}, measured in this run")  # fmt: skip
         if self.smoke:
             caption = (
-                "Smoke run (tiny shapes, Triton's interpreter): the checks are real, the times say nothing. " + caption
+                "Smoke run (tiny shapes, Triton's interpreter): the checks are real, the times say nothing.<br>"
+                + caption
             )
         if state := self.device_state:
             caption += (
@@ -302,8 +302,15 @@ class Comparison:
                 f"slowed by heat or hardware, up to {state['max_processes']} processes on the GPU"
             )
         notes = "".join(f"<li>{escape(note)}</li>" for note in self.notes)
-        return (f'<table class="vflash-kernels"><caption>{caption}</caption><tr>{head}</tr>'
+        # the caption reads from the table's left edge, as the notes under it do (a browser centres it by default)
+        return (f'<table class="vflash-kernels"><caption style="text-align:left">{caption}</caption><tr>{head}</tr>'
                 + "".join(f"<tr>{row}</tr>" for row in rows) + f"</table><ul>{notes}</ul>")  # fmt: skip
+
+
+def _align(column: int) -> str:
+    """A column's alignment in `Comparison.html`, its heading's too: text (kernel, check, the roofline bar) left,
+    numbers right."""
+    return "left" if column in (0, 1, 5) else "right"
 
 
 def _rate(per_s: float, unit: str) -> str:

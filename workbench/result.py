@@ -155,13 +155,16 @@ class Result:
 
     def _html(self, mp4: bytes) -> str:
         """Self-contained: the video is a data URI (of frames enlarged to >= VISIBLE_SIDE px), tables are
-        plain HTML, no script."""
+        plain HTML (the peak memory column only where it was measured: CUDA), no script."""
         request = self.metadata.get("request", {})
+        measured = bool(self.memory)  # CUDA only: elsewhere no column of blanks
         rows = "".join(
             f"<tr><td>{html.escape(stage)}</td><td>{seconds * 1000:.1f}</td>"
-            f"<td>{_mib(self.memory.get(stage))}</td></tr>"
+            + (f"<td>{_mib(self.memory.get(stage))}</td>" if measured else "")
+            + "</tr>"
             for stage, seconds in self.timings.items()
         )
+        memory_head = "<th>peak CUDA MiB allocated</th>" if measured else ""
         receipts = (
             "".join(
                 f"<tr><td>{html.escape(name)}</td><td>{html.escape(json.dumps(counters))}</td></tr>"
@@ -179,7 +182,7 @@ class Result:
             f" &middot; exact={self.exact}</p>"
             f'<video controls loop src="data:video/mp4;base64,{video}" style="{video_style(*self.frames.shape[1:3])}">'
             "</video>"
-            f"<table><tr><th>stage</th><th>ms</th><th>peak MiB</th></tr>{rows}</table>"
+            f"<table><tr><th>stage</th><th>ms</th>{memory_head}</tr>{rows}</table>"
             f"<table><tr><th>acceleration</th><th>receipt</th></tr>{receipts}</table></div>"
         )
 

@@ -395,6 +395,33 @@ def test_calibration_and_stack_records_round_trip():
     greedy.base = {"cross_kv_cache": {}}
     base = '<th style="text-align:left">base alone</th><td style="text-align:left">1.000x stock, spends 0 (one run:'
     assert base in calibrate_module.render(greedy)
+    # What a reader of the report needs beside the numbers: the setting as JSON (as the qualification reports write
+    # it, not a Python repr), the device the seconds and speed-ups were measured on, what each search column measured,
+    # and each confirmed budget term with its limit and unit.
+    assert html.escape('{"easycache": {}}') in calibrate_module.render(greedy)
+    single.scope["device"] = {"type": "cpu", "cpu": "AMD EPYC", "threads": 2}
+    single.confirmation = {
+        "cases": [
+            {
+                "request": {"seed": 7},
+                "verdict": "no_speed_claim",
+                "speedup": {"median": 1.2, "low": 1.1, "high": 1.3},
+                "candidate_seconds": [1.0, 1.0, 1.0],
+                "reason": "r",
+                "quality": {"latent_rel_l2": 0.01, "psnr_db": 40.0, "min_ssim": 0.99},
+                "receipts": {},
+            }
+        ]
+    }
+    page = calibrate_module.render(single)
+    cell = '<th style="text-align:left">{}</th><td style="text-align:left">{}</td>'
+    assert cell.format("device", "AMD EPYC, 2 threads") in page and cell.format("setting", "none") in page
+    assert '<th style="text-align:left">speed-up vs stock (one run: indicative)</th>' in page
+    assert cell.format("psnr_db (&gt;= 33 dB)", "40") in page
+    # a value that spent nothing sits on the plot's left spine (x = 0): its marker is drawn whole, not cut in half
+    lines = calibrate_module.pareto_figure(single).axes[0].lines
+    on_spine = [line for line in lines if len(line.get_xdata()) and line.get_xdata()[0] == 0.0]
+    assert on_spine and not any(line.get_clip_on() for line in on_spine)
 
 
 class _Synthetic:

@@ -171,7 +171,13 @@ def test_kernel_bench_table_states_each_ceiling_in_a_unit_it_can_be_read_in_and_
     result.ceilings = kernel_bench.Ceilings("NVIDIA H100", copy_bytes=2980, copy_s=1e-9, gemm_flops=766, gemm_s=1e-12)
     page = result.html()
     assert "NVIDIA H100: copy 2.98 TB/s (read + write), bf16 GEMM 766 TFLOP/s" in page
-    assert "<th>host launch ms</th>" in page and '<td style="text-align:right">0.048</td></tr>' in page
+    assert '<th style="text-align:right">host launch ms</th>' in page
+    assert '<td style="text-align:right">0.048</td></tr>' in page
+    # headings align as their columns (kernel and check left, times right) and the caption from the left edge: a
+    # browser centres a caption and nbconvert's page right-aligns an unstyled heading
+    assert '<th style="text-align:left">kernel</th><th style="text-align:left">check</th>' in page
+    assert '<td style="text-align:left">same</td><td style="text-align:left">equal</td>' in page
+    assert '<caption style="text-align:left">Smoke run (tiny shapes' in page and "nothing.<br>NVIDIA H100: " in page
 
 
 def test_kernel_bench_leaves_a_kernel_outside_its_contract_untimed_and_says_so():

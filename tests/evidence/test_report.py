@@ -195,6 +195,16 @@ def test_reports_state_the_budget_in_words_and_the_review_names_each_failure(mak
     assert failures and "; ".join(failures) in review
     head = '<th style="text-align:left">'
     assert f"{head}latent rel-L2</th>" in page and f"{head}budget failures</th>" in page  # the reports' wording
+    # the receipts read as what each acceleration did, not as a JSON dump, in both reports
+    record["cases"][0]["receipts"] = {
+        "easycache": {"contract": "approximate", "options": {"threshold": 0.2}, "executed": True, "reused": 1},
+        "fallback": {"contract": "bitwise", "options": {}, "executed": False, "fallbacks": {}},
+    }
+    said = (
+        'easycache (approximate, options {"threshold": 0.2}): executed, reused 1 | fallback (bitwise): did not execute'
+    )
+    for text in (html_text(render(record, pilots)), html_text(review_page({"A": record}))):
+        assert said in text and '"executed": true' not in text
 
 
 @pytest.mark.parametrize(

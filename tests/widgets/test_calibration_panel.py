@@ -3,6 +3,8 @@ a confirmed setting."""
 
 import base64
 import dataclasses
+import html
+import json
 import re
 
 import pytest
@@ -74,6 +76,8 @@ def test_panel_calibrates_shows_the_pareto_plot_and_applies_the_confirmed_settin
     assert bytes(panel.plot.value).startswith(b"\x89PNG") and panel.plot.layout.display is None
     copy = panel.static().data  # what an HTML export shows where the panel was: budget, verdict, plot, setting
     assert "latent rel-L2 &lt;= 0.3</p>" in copy and panel.status.value in copy and panel.setting.value in copy
+    setting = html.escape(json.dumps(result.config))  # named, as JSON, not a bare Python repr under the plot
+    assert f"<b>setting</b> (what <i>apply</i> installs): <code>{setting}</code>" in copy
     assert base64.b64encode(panel.plot.value).decode() in copy and copy == panel._repr_mimebundle_()["text/html"]
     for status in ("calibrated", "quality_confirmed", "no_setting"):  # an export has no Jupyter CSS: the fallbacks
         panel.show(dataclasses.replace(result, status=status))

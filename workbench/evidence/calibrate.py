@@ -699,14 +699,16 @@ def pareto_figure(result: Calibration | Stack) -> Figure:
         if not points:
             continue
         right = max(right, *(p.spent for p in points))
-        line = axes.plot([p.spent for p in points], [p.speedup for p in points], "o", label=label, alpha=0.8)[0]
+        # unclipped: a value that spent nothing sits on the left spine (x = 0), drawn whole rather than cut in half
+        xs, ys = [p.spent for p in points], [p.speedup for p in points]
+        line = axes.plot(xs, ys, "o", label=label, alpha=0.8, clip_on=False)[0]
         labels += [(p.spent, p.speedup, f"{p.value:.3g}") for p in points]
         knee = run.knee_point
         if knee is not None:
-            axes.plot([knee.spent], [knee.speedup], "o", ms=14, mfc="none", mec=line.get_color())
+            axes.plot([knee.spent], [knee.speedup], "o", ms=14, mfc="none", mec=line.get_color(), clip_on=False)
         cliff = next((p for p in points if p.value == run.cliff), None)
         if cliff is not None:
-            axes.plot([cliff.spent], [cliff.speedup], "x", ms=12, color=line.get_color())
+            axes.plot([cliff.spent], [cliff.speedup], "x", ms=12, color=line.get_color(), clip_on=False)
     axes.axvline(result.margin, color="#888", ls="--", lw=1, label=f"margin {result.margin:g}")
     axes.axvline(1.0, color="#e15759", lw=1, label="budget limit")
     axes.plot([], [], "o", ms=10, mfc="none", mec="#444", label="knee (the setting)")  # legend keys for the markers
@@ -742,10 +744,23 @@ def _searches(result: Calibration | Stack) -> list[tuple[Calibration, str]]:
     return searches
 
 
+# The columns of a search's table after the knob's value: what each measured (a CPU's seconds rank nothing).
+SEARCH_COLUMNS = [
+    "budget spent (1 = at a limit)",
+    "seconds (one run per request, summed)",
+    "speed-up vs stock (one run: indicative)",
+    "failures",
+]
+
+
 def render(result: Calibration | Stack) -> str:
-    """A static HTML report: status, the Pareto plot, every tried point, the confirmation's cases and receipts."""
+    """A static HTML report: status, the setting (JSON), the device the times were measured on, the Pareto plot, every
+    tried point, the confirmation's cases (each budget term beside its limit) and receipts."""
     title = f"calibration: {result.plugin}" if isinstance(result, Calibration) else f"{PROFILE} stack"
-    summary = {"status": result.status, "reason": result.reason, "setting": result.config}
+    setting = "none" if result.config is None else json.dumps(result.config)  # as the qualification reports write it
+    summary = {"status": result.status, "reason": result.reason, "setting": setting}
+    if (result.scope or {}).get("device"):  # what every time and speed-up below was measured on
+        summary["device"] = environment.device_label(result.scope["device"])
     summary |= {"budget": result.budget.describe(), "margin": result.margin}
     if isinstance(result, Stack) and result.base_point is not None and result.base:
         point = result.base_point  # what the exact plugins underneath give alone
@@ -761,7 +776,7 @@ def render(result: Calibration | Stack) -> str:
             (f"{p.value:.4g}", [f"{p.spent:.3g}", f"{p.seconds:.3f}", f"{p.speedup:.3f}", "; ".join(p.failures) or p.error])
             for p in run.points
         ]  # fmt: skip
-        body.append(Table(rows, ["value", "spent", "seconds", "speed-up", "failures"]).html())
+        body.append(Table(rows, ["value", *SEARCH_COLUMNS]).html())
     if result.confirmation is not None:
         body.append("<h2>confirmation on the test requests</h2>")
         limits = [name for name, limit in result.budget.to_dict().items() if limit is not None]
@@ -769,7 +784,8 @@ def render(result: Calibration | Stack) -> str:
             seed = case["request"]["seed"]
             rows = {"seed": seed, "verdict": case["verdict"], "speed-up (CI95)": speedup_text(case)}
             rows |= {"timed rounds": len(case["candidate_seconds"]), "reason": case["reason"]}
-            rows |= {name: case["quality"].get(name) for name in limits}  # each budget term as measured
+            # each budget term as measured, beside its limit and unit ("psnr_db (>= 33 dB)")
+            rows |= {f"{name} ({result.budget.bound(name)})": case["quality"].get(name) for name in limits}
             body.append(Table(rows).html())
             receipts = html.escape(json.dumps(case["receipts"], indent=1, default=str))
             body.append(f"<details><summary>receipts, seed {seed}</summary><pre>{receipts}</pre></details>")

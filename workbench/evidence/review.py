@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from workbench.environment import device_label
-from workbench.evidence.report import Table, budget_text, page, speedup_text, video
+from workbench.evidence.report import Table, budget_text, page, receipts_text, speedup_text, video
 from workbench.request import shown
 from workbench.result import Result
 
@@ -64,7 +64,7 @@ def review_page(
             speed[row] = [case["verdict"], speedup_text(case), case["speedup"].get("n_pairs"), case["reason"]]
             failures = "; ".join(case["quality"].get("failures", [])) or "none"
             quality[row] = [*(case["quality"].get(m) for m in metrics), failures]
-            receipts[row] = [json.dumps(case["receipts"])]
+            receipts[row] = [receipts_text(case["receipts"])]
     title = "Review: " + " vs ".join(f"{label} {json.dumps(records[label]['candidate'])}" for label in labels)
     body = [
         f"<h1>{html.escape(title)}</h1>",

@@ -105,11 +105,12 @@ class Budget:
 
     def describe(self) -> str:
         """The set limits in words, e.g. "latent_rel_l2 <= 0.03, psnr_db >= 33 dB"; "no limits" when none is set."""
-        return ", ".join(f"{name} {self._bound(name)}" for name in _LIMITS if getattr(self, name) is not None) or (
+        return ", ".join(f"{name} {self.bound(name)}" for name in _LIMITS if getattr(self, name) is not None) or (
             "no limits"
         )
 
-    def _bound(self, name: str) -> str:
+    def bound(self, name: str) -> str:
+        """Limit `name` in words, its direction and unit: "<= 0.03", ">= 33 dB"."""
         direction, unit = _LIMITS[name]
         return f"{'<=' if direction == 'max' else '>='} {getattr(self, name):g}{unit}"
 
@@ -124,7 +125,7 @@ class Budget:
             if limit is None:
                 continue
             value = measured.get(name)
-            bound = self._bound(name)
+            bound = self.bound(name)
             if value is None:
                 problems.append(f"{name}: not measured, limit {bound}")
             elif not (value <= limit if direction == "max" else value >= limit):
