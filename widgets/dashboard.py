@@ -113,6 +113,10 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         self.ab_audio: ABAudio | None = None
         self._busy = threading.Lock()
         self._thread: threading.Thread | None = None
+        # guards `_requesting` and the status writes of `stop`: a stop asked for as the request ends never writes
+        # "stopping ..." over the request's outcome
+        self._stop_lock = threading.Lock()
+        self._requesting = False  # a request of `generate` is in `Session.generate`
         self._count = 0
         self._opened_here = False  # the session is the dashboard's own (open_model), closed when replaced
         given = session_or_model_names if isinstance(session_or_model_names, Session) else None
@@ -189,7 +193,8 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         and use it. A session this dashboard opened before is closed first (two models need not fit the device
         together, and a memory cap is the whole process's); one handed to the dashboard stays open. A cap that does not
         parse is shown at the cap field and changes nothing; a refused cap there too, other failures in the error box,
-        and then no session is open."""
+        and then no session is open. While a request runs on the session on screen (the generate button's, called
+        from code meanwhile) it is refused in the error box (`busy: ...`) and the session stays."""
         name = name or self.picker.value
         self.errors.clear()
         try:
@@ -197,12 +202,18 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         except ValueError as error:
             self.memory.refuse(str(error))
             return None
+        if self.session is not None and self.session.active_request is not None:
+            busy = f"busy: request {self.session.active_request} runs on this session; stop it or wait for it"
+            self.errors.show(f"opening {name}", RuntimeError(busy))
+            return None
         if self._opened_here:
             self.close_session()
+            if self.session is not None:  # the close was refused: the error box says why
+                return None
         self.session_status.value = f"opening {html.escape(name)} ..."
         try:
             session = Session.open(name, device=self.device, memory=cap)
-        except (ValueError, RuntimeError, OSError) as error:
+        except Exception as error:  # a loader's bug too: the status must not stay "opening ..."
             self.session_status.value = "no session open" if self.session is None else self._describe_session()
             if isinstance(error, ValueError) and str(error).startswith("memory"):
                 self.memory.refuse(str(error))
@@ -219,11 +230,16 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
     @_refreshing
     def close_session(self) -> None:
         """Close the session on screen (`Session.close`: the model and the device let go of, a memory cap lifted),
-        also one handed to the dashboard; the widgets let go of it and the results shown stay."""
+        also one handed to the dashboard; the widgets let go of it and the results shown stay. A close the session
+        refuses (a request runs on it) shows in the error box and changes nothing: the widgets stay bound to it."""
         if self.session is None:
             return
+        try:
+            self.session.close()
+        except RuntimeError as error:
+            self.errors.show("close", error)
+            return
         self._detach()
-        self.session.close()
         self.session = None
         self.close_button.disabled = True
         self.plan.layout.display = "none"
@@ -280,19 +296,25 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         self.request_status.value = "running ..."
         try:
             request = self.request()
-            self.stop_button.disabled = False
-            result = self.session.generate(request, progress=False)
+            with self._stop_lock:
+                self._requesting, self.stop_button.disabled = True, False
+            try:
+                result = self.session.generate(request, progress=False)
+            finally:  # before the outcome is written, so a late stop cannot overwrite it
+                with self._stop_lock:
+                    self._requesting, self.stop_button.disabled = False, True
         except RequestStopped as stopped:  # asked for: the status says so, the error box stays empty
             self.request_status.value = (
                 f"stopped {stopped.where}, {stopped.steps_done} of {stopped.steps} steps done; the model stays loaded"
             )
             return None
-        except (ValueError, RuntimeError) as error:
+        except Exception as error:  # a plugin's or a model's bug (KeyError, TypeError) too, not only ValueError
             self.errors.show("generate", error)
             self.request_status.value = "failed"
             return None
-        finally:
-            self.stop_button.disabled = True
+        except BaseException:  # a kernel interrupt of a request run from code: the status must not say running
+            self.request_status.value = "interrupted"
+            raise
         self._count += 1
         label = f"#{self._count} " + (" + ".join(self.session.accelerations) or "stock")
         self.request_status.value = f"{html.escape(label)}: {result.timings.get('total', 0.0):.3f} s"
@@ -306,10 +328,12 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         """Ask the session's running request to stop (`Session.stop`): the stop button. The request ends at its next
         stage or denoiser call; the results shown before it stay. A request started from code on the kernel's own
         thread keeps the kernel busy, so the button reaches only one started by the generate button; interrupt the
-        kernel to stop the other."""
-        if self.session is not None and self.session.stop() is not None:
-            self.request_status.value = "stopping ..."
-            self.stop_button.disabled = True
+        kernel to stop the other. Once the request has ended (a click as it finishes) it does nothing: the status
+        shows the request's outcome, never a "stopping ..." left behind."""
+        with self._stop_lock:
+            if self._requesting and self.session is not None and self.session.stop() is not None:
+                self.request_status.value = "stopping ..."
+                self.stop_button.disabled = True
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for a button's background work to finish (for code and tests)."""

@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 
+from workbench import Session
 from workbench.memory_plan import MemoryBudget, gib
 from workbench.models import SHIPPED_MODELS
 from workbench.widgets import ABAudio, ABPlayer, AccelerationPanel, Dashboard, _common
@@ -77,6 +78,30 @@ def test_dashboard_bad_request_shows_error_not_traceback(wan):
         dash.live.detach()
 
 
+def test_dashboard_request_raising_an_unforeseen_error_says_failed_and_generates_again(wan, monkeypatch):
+    """A request that raises what no check foresaw (a plugin's KeyError) shows in the error box and the status says
+    "failed" (it said "running ..." for good), from code and from the button; the next request runs."""
+
+    def broken(*args, **kwargs):
+        raise KeyError("cache slot")
+
+    dash = Dashboard(wan)
+    try:
+        dash.set_request(**TINY)
+        with monkeypatch.context() as patch:
+            patch.setattr(wan, "generate", broken)
+            assert dash.generate() is None
+            assert dash.request_status.value == "failed" and "generate failed:</b> KeyError" in dash.errors.value
+            dash.request_status.value = ""
+            dash.generate_button.click()
+            dash.wait(60)
+            assert dash.request_status.value == "failed" and "cache slot" in dash.errors.value
+            assert not dash.generate_button.disabled and dash.stop_button.disabled
+        assert dash.generate() is not None and dash.errors.value == "" and dash.results[0][0] == "#1 stock"
+    finally:
+        dash.live.detach()
+
+
 def test_dashboard_ab_with_audio_shows_both_players(sessions):
     ltx = sessions("tiny-ltx2")
     dash = Dashboard(ltx)
@@ -120,12 +145,18 @@ def test_dashboard_figures_keep_their_drawn_size(make_result):
     assert [figure.layout.align_self for figure in figures] == ["flex-start"] * 3
 
 
-def test_dashboard_picker_opens_by_name_and_reports_unknown_models(wan):
+def test_dashboard_picker_opens_by_name_and_reports_unknown_models(wan, monkeypatch):
     dash = Dashboard(["tiny-wan", "no-such-model"], device="cpu")
     assert dash.session is None and dash.picker.value == "tiny-wan"
     assert dash.generate() is None and "no session" in dash.errors.value
     assert dash.open_model("no-such-model") is None
     assert "no-such-model" in dash.errors.value and dash.session is None
+    # a loader failing with what no check foresaw: in the error box, and the status no longer says "opening ..."
+    monkeypatch.setattr(Session, "open", classmethod(lambda cls, *args, **kwargs: {}["transformer"]))
+    dash.open_button.click()
+    dash.wait(60)
+    assert dash.session is None and dash.session_status.value == "no session open"
+    assert "opening tiny-wan failed" in dash.errors.value and "KeyError" in dash.errors.value
 
 
 def test_dashboard_buttons_run_in_the_background_and_stop_stops_the_request(wan):
@@ -165,6 +196,77 @@ def test_dashboard_buttons_run_in_the_background_and_stop_stops_the_request(wan)
         assert np.array_equal(dash.results[0][1].frames, dash.results[1][1].frames)
     finally:
         clicked.set()
+        unsubscribe()
+        dash.live.detach()
+
+
+def test_dashboard_close_or_open_from_code_while_the_button_request_runs_is_refused_in_the_error_box(wan):
+    """`close_session()` / `open_model()` typed in a cell while the generate button's request runs: each refusal shows
+    in the error box (no traceback) and changes nothing, the panel and the live plot stay bound to the session (a
+    refused close had unbound them), no other model is swapped in under the request, and the request's result shows."""
+    dash = Dashboard(wan)
+    first_step, release = threading.Event(), threading.Event()
+
+    def hold_at_first_step(event):
+        if event.kind == "step" and not first_step.is_set():
+            first_step.set()
+            release.wait(60)
+
+    unsubscribe = wan.subscribe(hold_at_first_step)
+    try:
+        dash.set_request(**TINY)
+        dash.generate_button.click()
+        assert first_step.wait(60)
+        dash.close_session()
+        assert "close failed:</b> RuntimeError" in dash.errors.value and "refused while request" in dash.errors.value
+        assert dash.session is wan and dash.panel.session is wan and not dash.close_button.disabled
+        assert dash.open_model("tiny-ltx2") is None
+        assert "opening tiny-ltx2 failed:</b> RuntimeError(&#x27;busy: request" in dash.errors.value
+        assert dash.session is wan and "tiny-wan" in dash.session_status.value
+        release.set()
+        dash.wait(60)
+        assert [label for label, _ in dash.results] == ["#1 stock"] and dash.request_status.value.startswith("#1 stock")
+        assert dash.live.status.value.startswith("request done")  # the live plot followed the request to its end
+    finally:
+        release.set()
+        dash.wait(60)
+        unsubscribe()
+        dash.live.detach()
+
+
+def test_dashboard_stop_as_the_request_ends_leaves_its_outcome_not_stopping(wan, monkeypatch):
+    """A stop click whose `Session.stop` returns only after the request has ended (the kernel's thread paused there)
+    must not write "stopping ..." over the request's outcome: the status said "stopping ..." for good."""
+    dash = Dashboard(wan)
+    first_step, release, outcome = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_at_first_step(event):
+        if event.kind == "step" and not first_step.is_set():
+            first_step.set()
+            release.wait(60)
+
+    real_stop = wan.stop
+
+    def stop_then_pause():  # asks, then lets the request run to its outcome before returning (0.5 s at most)
+        request_id = real_stop()
+        release.set()
+        outcome.wait(0.5)  # the fixed dashboard writes its outcome only after this stop is done: the wait runs out
+        return request_id
+
+    monkeypatch.setattr(wan, "stop", stop_then_pause)
+    dash.request_status.observe(lambda change: change["new"].startswith("stopped") and outcome.set(), "value")
+    unsubscribe = wan.subscribe(hold_at_first_step)
+    try:
+        dash.set_request(**TINY)
+        dash.generate_button.click()
+        assert first_step.wait(60)
+        dash.stop_button.click()
+        dash.wait(60)
+        assert dash.request_status.value == "stopped in denoise, 1 of 2 steps done; the model stays loaded"
+        assert dash.stop_button.disabled and not dash.generate_button.disabled and wan.active_request is None
+    finally:
+        release.set()
+        dash.wait(60)
         unsubscribe()
         dash.live.detach()
 
