@@ -92,9 +92,9 @@ def test_save_refuses_a_name_utf8_cannot_encode_before_creating_anything(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
-def test_result_html_shows_peak_memory_only_where_it_was_measured(monkeypatch):
+def test_result_html_shows_peak_memory_only_where_it_was_measured_and_receipts_in_words(monkeypatch):
     """`memory` is CUDA's peak allocation per stage, `{}` elsewhere: a CPU result's stage table has no column of
-    blanks, a CUDA one names what the column measured."""
+    blanks, a CUDA one names what the column measured. Receipts read as the reports write them, not as JSON."""
     monkeypatch.setattr(Result, "mp4_bytes", lambda *a, **k: b"")
     cpu = Result(np.zeros((2, 16, 16, 3), np.uint8), None, None, 8, None, {"denoise": 0.4, "total": 0.5}, {})
     page = cpu._repr_html_()
@@ -102,3 +102,7 @@ def test_result_html_shows_peak_memory_only_where_it_was_measured(monkeypatch):
     cuda = dataclasses.replace(cpu, memory={"denoise": 3 * 2**20})
     page = cuda._repr_html_()
     assert "<th>peak CUDA MiB allocated</th>" in page and "<td>denoise</td><td>400.0</td><td>3.0</td>" in page
+    receipt = {"contract": "approximate", "options": {"threshold": 0.2}, "executed": True, "reused": 1, "notes": {}}
+    page = dataclasses.replace(cpu, receipts={"easycache": receipt})._repr_html_()
+    said = "approximate, options {&quot;threshold&quot;: 0.2}: executed, reused 1"
+    assert f"<tr><td>easycache</td><td>{said}</td></tr>" in page and "&quot;executed&quot;" not in page

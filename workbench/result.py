@@ -167,8 +167,8 @@ class Result:
         memory_head = "<th>peak CUDA MiB allocated</th>" if measured else ""
         receipts = (
             "".join(
-                f"<tr><td>{html.escape(name)}</td><td>{html.escape(json.dumps(counters))}</td></tr>"
-                for name, counters in self.receipts.items()
+                f"<tr><td>{html.escape(name)}</td><td>{html.escape(receipt_text(receipt))}</td></tr>"
+                for name, receipt in self.receipts.items()
             )
             or "<tr><td colspan=2>none installed</td></tr>"
         )
@@ -185,6 +185,29 @@ class Result:
             f"<table><tr><th>stage</th><th>ms</th>{memory_head}</tr>{rows}</table>"
             f"<table><tr><th>acceleration</th><th>receipt</th></tr>{receipts}</table></div>"
         )
+
+
+def receipt_text(receipt: Any, name: str = "") -> str:
+    """An acceleration's receipt as a reader takes it in, not as a JSON dump: its name (if given) with its contract
+    and options, whether it executed, then its counters and any non-empty note ("cross_kv_cache (bitwise): executed,
+    hits 48, misses 16"; without a name "bitwise: executed, hits 48, misses 16")."""
+    receipt = receipt if isinstance(receipt, dict) else {"receipt": receipt}
+    about = [str(receipt["contract"])] if "contract" in receipt else []
+    about += [f"options {json.dumps(receipt['options'])}"] if receipt.get("options") else []
+    said = ["executed" if receipt.get("executed") else "did not execute"] if "executed" in receipt else []
+    said += [
+        f"{key} {json.dumps(value) if isinstance(value, dict | list | bool) else value}"
+        for key, value in receipt.items()
+        if key not in ("contract", "options", "executed") and value not in ({}, [], None, "")
+    ]
+    head = f"{name} ({', '.join(about)})" if name and about else name or ", ".join(about)
+    return f"{head}: {', '.join(said) or 'no counters'}" if head else ", ".join(said) or "no counters"
+
+
+def receipts_text(receipts: dict[str, Any]) -> str:
+    """A request's receipts in words, each `receipt_text` with its name, apart by " | "; "none installed" for none.
+    The record keeps the receipts whole."""
+    return " | ".join(receipt_text(receipt, name) for name, receipt in receipts.items()) or "none installed"
 
 
 def _described(value: Any) -> str:

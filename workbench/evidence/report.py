@@ -18,7 +18,7 @@ import numpy as np
 from workbench.environment import device_label
 from workbench.plots import figure_png, frame_metric_curves, png_figure_html, round_times
 from workbench.quality import Budget
-from workbench.result import VISIBLE_SIDE, Result, video_style
+from workbench.result import VISIBLE_SIDE, Result, receipts_text, video_style
 
 # The verdicts that never carry a speed claim though a speed-up was timed (`stats.verdict`): the candidate did no work
 # (`not_executed`), or quality outside the budget without one (`rejected_quality`) or inside it without one
@@ -120,26 +120,6 @@ def speedup_text(case: dict[str, Any]) -> str:
     speed = case["speedup"]
     text = f"{speed['median']:.4f} [{speed['low']:.4f}, {speed['high']:.4f}] (baseline / candidate time)"
     return text + ("; not a speed claim (see the verdict)" if case["verdict"] in NO_SPEED_CLAIM else "")
-
-
-def receipts_text(receipts: dict[str, dict[str, Any]]) -> str:
-    """A case's receipts as a reader takes them in, not as a JSON dump: per acceleration its contract and options,
-    whether it executed, then its counters and any non-empty note ("cross_kv_cache (bitwise): executed, hits 48,
-    misses 16"); accelerations apart by " | "; "none installed" for none. The record keeps the receipts whole."""
-    parts = []
-    for name, receipt in receipts.items():
-        receipt = receipt if isinstance(receipt, dict) else {"receipt": receipt}
-        about = [str(receipt["contract"])] if "contract" in receipt else []
-        about += [f"options {json.dumps(receipt['options'])}"] if receipt.get("options") else []
-        said = ["executed" if receipt.get("executed") else "did not execute"] if "executed" in receipt else []
-        said += [
-            f"{key} {json.dumps(value) if isinstance(value, dict | list | bool) else value}"
-            for key, value in receipt.items()
-            if key not in ("contract", "options", "executed") and value not in ({}, [], None, "")
-        ]
-        head = f"{name} ({', '.join(about)})" if about else name
-        parts.append(f"{head}: {', '.join(said) or 'no counters'}")
-    return " | ".join(parts) or "none installed"
 
 
 def budget_text(limits: dict[str, float | None]) -> str:
