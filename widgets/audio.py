@@ -64,9 +64,10 @@ class AudioPlayer(anywidget.AnyWidget):
 
     def set_audio(self, audio: np.ndarray, sample_rate: int) -> None:
         """Play float audio (C, N) in [-1, 1] at `sample_rate` Hz (as a 16-bit PCM WAV data URI)."""
-        self._show(wav_bytes(audio, sample_rate), audio.shape[1] / sample_rate)
+        self.set_wav(wav_bytes(audio, sample_rate), audio.shape[1] / sample_rate)
 
-    def _show(self, wav: bytes, duration: float) -> None:
+    def set_wav(self, wav: bytes, duration: float) -> None:
+        """Play `wav` (a whole WAV file's bytes) lasting `duration` seconds."""
         self.src = "data:audio/wav;base64," + base64.b64encode(wav).decode()
         self.duration = duration
 
@@ -115,7 +116,7 @@ class ABAudio(StaticCopy, ipywidgets.VBox):
         pairs = zip(labels, (result_a, result_b), wavs, self.titles, self.players, strict=True)
         for label, result, wav, title, player in pairs:
             title.value = f"<b>{html.escape(label)}</b>: {_describe(result)}"
-            player._show(wav, result.audio.shape[1] / sample_rate)
+            player.set_wav(wav, result.audio.shape[1] / sample_rate)
         self.errors.clear()
         with self.errors.catching("audio figure"):
             figure = ab_audio_figure(result_a.audio, result_b.audio, self.sample_rate, labels=self.labels)
