@@ -525,8 +525,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     budget = _budget(calibration.default_budget(session), overrides)
     base = profile(args.base_profile, session.model.family.name, session.device, session.model)
     options["resume"] = args.resume or args.out  # the partial record, rewritten after every step, lives there
-    if args.max_seconds is not None:
-        options["max_seconds"] = max(0.0, args.max_seconds - (time.perf_counter() - args.started))
+    if args.max_seconds is not None:  # counted from the call's start, loading included; its reason quotes the flag
+        options["max_seconds"], options["started"] = args.max_seconds, args.started
     if len(args.plugin) == 1:
         result = calibration.calibrate(
             session, calibration_requests, test, args.plugin[0], budget, knob=args.knob, base=base,

@@ -4,14 +4,16 @@ aside; `max_seconds` stops cleanly after one new step; a partial record of other
 references is refused; the CLI prints the command that continues a stopped run."""
 
 import json
+import re
 import shlex
+import time
 
 import pytest
 
 from workbench import Request, Session
 from workbench.cli import main
 from workbench.evidence.calibrate import calibrate, stack
-from workbench.evidence.resume import PARTIAL, Journal, Partial, read_partial
+from workbench.evidence.resume import PARTIAL, Journal, Partial, Paused, read_partial
 from workbench.quality import Budget
 
 SIZE = {"frames": 5, "height": 16, "width": 16, "steps": 6, "guidance": 1.0}
@@ -92,6 +94,19 @@ def test_resume_refuses_other_arguments_other_references_and_a_bad_time_budget(t
         calibrate(tiny, CALIBRATION, None, "teacache", BUDGET, max_seconds=-1, **kwargs)
 
 
+def test_journal_counts_max_seconds_from_started_and_quotes_the_limit_given(tmp_path):
+    """A caller that spent time before the search (the CLI loads the model) passes its own start: the limit is the
+    one its user gave, and the reason of a stop says that limit and the seconds since that start."""
+    journal = Journal(tmp_path, "calibration", {"a": 1}, at_most=3, max_seconds=60, started=time.perf_counter() - 50)
+    journal.step("plan", {"part": 0}, lambda: {"x": 1}, expected=100)  # the first new step runs whatever it takes
+    with pytest.raises(Paused) as stopped:  # 50 s spent + 20 s expected (a kind not timed yet) > 60 s
+        journal.step("measure", {"part": 1}, lambda: {"x": 2}, expected=20)
+    assert re.search(r"stopped at a step boundary: 5\d s spent of max_seconds=60, ", stopped.value.partial.reason)
+    for started in (time.perf_counter() + 100, True, "now"):
+        with pytest.raises(ValueError, match="started: "):
+            Journal(tmp_path, "calibration", {"a": 1}, at_most=3, max_seconds=60, started=started)
+
+
 def test_cli_calibrate_stops_at_max_seconds_and_prints_the_command_that_finishes_it(tmp_path, capsys):
     suite = tmp_path / "suite.json"
     fields = ("prompt", "seed", "frames", "height", "width", "steps")  # a manifest case: the default guidance
@@ -103,9 +118,10 @@ def test_cli_calibrate_stops_at_max_seconds_and_prints_the_command_that_finishes
     out = tmp_path / "cal"
     args = ["calibrate", "--model", "tiny-wan", "--suite", str(suite), "--plugin", "teacache", "--device", "cpu"]
     args += ["--budget", '{"latent_rel_l2": 0.1, "psnr_db": null, "min_ssim": null}', "--max-evals", "2"]
-    assert main([*args, "--out", str(out), "--max-seconds", "0"]) == 0
+    assert main([*args, "--out", str(out), "--max-seconds", "0.001"]) == 0
     printed = capsys.readouterr().out
     assert "partial: stopped at a step boundary" in printed and (out / PARTIAL).exists()
+    assert " s spent of max_seconds=0.001, " in printed  # the flag's limit, counted from the call's start
     command = shlex.split(printed.split("resume: ", 1)[1].splitlines()[0])
     assert command[0] == "workbench" and command[-2:] == ["--resume", str(out)]
     assert main([*args, "--out", str(out)]) == 2  # a partial record in --out is continued only when asked

@@ -334,6 +334,7 @@ def calibrate(
     progress: bool = True,
     resume: str | Path | None = None,
     max_seconds: float | None = None,
+    started: float | None = None,
     on_step: Callable[[str], None] | None = None,
 ) -> Calibration | Partial:
     """Search `plugin`'s knob (its `Spec.knob`: one declared option and range; `knob`, when given, must name that
@@ -343,9 +344,10 @@ def calibrate(
 
     `resume`: a folder for the partial record, read when there and rewritten after every step; `max_seconds`
     (needs `resume`): stop at the step boundary past which the next step would not end in time, and return a
-    `Partial` (`workbench.evidence.resume`). `on_step(text)` hears each finished step (a tried value, a confirmation
-    case) in a line of words: what a panel shows while it runs. ValueError for an unknown plugin, one without a
-    knob, a bad margin, max_evals or max_seconds, empty request lists, or a partial record of another run."""
+    `Partial` (`workbench.evidence.resume`), counting from `started` (a `time.perf_counter()` reading; default: this
+    call's start). `on_step(text)` hears each finished step (a tried value, a confirmation case) in a line of words:
+    what a panel shows while it runs. ValueError for an unknown plugin, one without a knob, a bad margin, max_evals,
+    max_seconds or started, empty request lists, or a partial record of another run."""
     spec = check_arguments([plugin], knob, margin, max_evals)[0]
     if not calibration or (test is not None and not test):
         raise ValueError("requests: calibration (and test, when given) need at least one request each")
@@ -356,7 +358,7 @@ def calibrate(
     arguments = {"plugins": [plugin], "knob": spec.knob.option, "options": options, "base": base, "margin": margin}
     run = _identity("calibration", session, calibration, test, budget, arguments | {"max_evals": max_evals})
     at_most = max_evals + 2 * len(test or [])
-    journal = Journal(resume, "calibration", run | {"rounds": rounds}, at_most, max_seconds)
+    journal = Journal(resume, "calibration", run | {"rounds": rounds}, at_most, max_seconds, started)
     try:
         evaluator = _Evaluator(session, calibration, budget, journal, on_step)
         result = _calibrate(evaluator, plugin, spec, options, base, margin, max_evals, progress)
@@ -417,13 +419,14 @@ def stack(
     progress: bool = True,
     resume: str | Path | None = None,
     max_seconds: float | None = None,
+    started: float | None = None,
     on_step: Callable[[str], None] | None = None,
 ) -> Stack | Partial:
     """Greedy composition of `plugins` over `base` (the exact set underneath; see the module docstring).
 
     `options` gives each plugin's fixed options besides its knob; `test=None` leaves the stack "searched" (not
-    confirmed); `resume`, `max_seconds` and `on_step` as for `calibrate`. ValueError as for `calibrate`, and for a
-    repeated or empty plugin list."""
+    confirmed); `resume`, `max_seconds`, `started` and `on_step` as for `calibrate`. ValueError as for `calibrate`,
+    and for a repeated or empty plugin list."""
     if not plugins or len(set(plugins)) != len(plugins):
         raise ValueError(f"plugins: need at least one, each once; got {plugins!r}")
     specs = check_arguments(plugins, None, margin, max_evals)
@@ -435,7 +438,7 @@ def stack(
     run = _identity("stack", session, calibration, test, budget, arguments | {"rounds": rounds})
     searches = len(plugins) * (len(plugins) + 1) // 2  # the singles, then a shrinking round of re-searches each
     at_most = 1 + searches * max_evals + 2 * len(test or [])
-    journal = Journal(resume, "stack", run, at_most, max_seconds)
+    journal = Journal(resume, "stack", run, at_most, max_seconds, started)
     try:
         evaluator = _Evaluator(session, calibration, budget, journal, on_step)
         result = _stack(evaluator, plugins, specs, options, base, margin, max_evals, progress, search_scope)

@@ -98,17 +98,30 @@ def read_partial(path: str | Path) -> dict[str, Any]:
 class Journal:
     """The steps of one calibration run, replayed from the partial record in `folder` and extended there (`folder`
     None: kept in memory only, nothing written, no time limit). `run` identifies the run (its arguments: JSON);
-    `at_most` is how many steps the whole run takes at most.
+    `at_most` is how many steps the whole run takes at most. `max_seconds` counts from `started` (a
+    `time.perf_counter()` reading; default: now), so a caller that loaded a model first can give its own start and
+    the limit its user gave, which the reason of a stop then quotes.
 
-    ValueError for a bad `max_seconds`, one without a folder, or a partial record of another run."""
+    ValueError for a bad `max_seconds` or `started`, a limit without a folder, or a partial record of another run."""
 
     def __init__(
-        self, folder: str | Path | None, kind: str, run: dict[str, Any], at_most: int, max_seconds: float | None
+        self,
+        folder: str | Path | None,
+        kind: str,
+        run: dict[str, Any],
+        at_most: int,
+        max_seconds: float | None,
+        started: float | None = None,
     ):
         if max_seconds is not None and (
             isinstance(max_seconds, bool) or not isinstance(max_seconds, int | float) or not max_seconds >= 0
         ):
             raise ValueError(f"max_seconds: {max_seconds!r}; allowed: a number of seconds >= 0, or None")
+        now = time.perf_counter()
+        if started is not None and (
+            isinstance(started, bool) or not isinstance(started, int | float) or not started <= now
+        ):
+            raise ValueError(f"started: {started!r}; allowed: a time.perf_counter() reading not in the future, or None")
         if max_seconds is not None and folder is None:
             raise ValueError("max_seconds: needs resume= (the folder the partial record is written to)")
         self.path = None if folder is None else partial_path(folder)
@@ -117,7 +130,7 @@ class Journal:
         self.references: list[dict[str, str]] | None = None
         self.session = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
         self.commit = environment.git_revision()["commit"]
-        self.start, self.cursor, self.new, self.longest = time.perf_counter(), 0, 0, {}
+        self.start, self.cursor, self.new, self.longest = now if started is None else started, 0, 0, {}
         if self.path is not None and self.path.exists():
             record = read_partial(self.path)
             if record.get("kind") != kind or record.get("status") != "partial":
