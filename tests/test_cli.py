@@ -455,3 +455,74 @@ def test_cli_generate_memory_cap_refused_before_anything_runs(tmp_path, capsys):
     residency = record["receipts"]["memory_residency"]
     assert residency["options"]["ring_transfer"] == "fp8" and "blocks_streamed" not in residency
     assert record["exact"] is True and residency["contract"] == "bitwise"
+
+
+def test_cli_ctrl_c_says_what_was_kept_and_the_command_that_goes_on(tmp_path, capsys, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt, wherever it hits) ends with status 130 and one line: for calibrate, the steps its
+    partial record keeps and the `--resume` command; for a `--ray` run, the finished cells its store keeps; for a run
+    that keeps nothing (qualify, sweep, search without Ray), that nothing was written. Never a bare traceback."""
+    import shlex
+
+    from workbench.evidence.resume import PARTIAL, Journal
+    from workbench.evidence.store import Store
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Session, "open", classmethod(interrupted))
+    for command in ("qualify", "sweep", "search"):
+        out = tmp_path / command
+        assert main([*COMMANDS[command], "--out", str(out)]) == 130
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"workbench {command}: interrupted; nothing was written to {out}") and "--ray" in err
+        assert "Traceback" not in err and not out.exists()
+
+    calibrate = ["calibrate", *SUITE_ARGS, "--plugin", "easycache", "--out", str(tmp_path / "cal")]
+    assert main(calibrate) == 130
+    assert "interrupted; no step was recorded yet" in capsys.readouterr().err
+
+    def after_a_step(*args, **kwargs):  # the dense references and one point recorded, then Ctrl-C
+        journal = Journal(tmp_path / "cal", "calibration", {}, 3, None)
+        journal.steps.append({"kind": "point", "key": {}, "value": {}})
+        journal._write("in progress: 1 step(s) recorded")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Session, "open", classmethod(after_a_step))
+    assert main(calibrate) == 130
+    err = capsys.readouterr().err.strip()
+    assert f"interrupted; 1 step(s) recorded in {tmp_path / 'cal' / PARTIAL}; continue: workbench calibrate" in err
+    assert shlex.split(err.split("continue: ")[1])[-2:] == ["--resume", str(tmp_path / "cal")]
+
+    def cells(*args, **kwargs):  # two cells finished in the store, then Ctrl-C
+        for key in ("ab" * 32, "cd" * 32):
+            Store(tmp_path / "ray" / "cells").put({"key": key, "kind": "qualify", "label": "", "status": "finished"} |
+                                                  {"record": {}, "outputs": None})  # fmt: skip
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("workbench.cli._fanout", cells)
+    assert main([*COMMANDS["sweep"], "--ray", "--out", str(tmp_path / "ray")]) == 130
+    err = capsys.readouterr().err.strip()
+    assert f"the store {tmp_path / 'ray' / 'cells'} keeps 2 finished cell(s); the same command runs only" in err
+
+
+def test_cli_a_run_into_an_out_holding_an_earlier_runs_record_says_it_replaces_them(tmp_path, capsys, no_model):
+    """An --out that holds this command's record and report of an earlier run: a note before anything runs (the
+    earlier files stay until this run ends, then are replaced whole)."""
+    from workbench.evidence.fanout import Event, Progress, TqdmView
+
+    for command, names in (("qualify", ["qualification.json"]), ("sweep", ["sweep.json", "sweep.html"])):
+        out = tmp_path / command
+        out.mkdir()
+        for name in names:
+            (out / name).write_text("{}")
+        with pytest.raises(AssertionError, match="a model was loaded"):
+            main([*COMMANDS[command], "--out", str(out)])
+        shown = ", ".join(names)
+        assert f"note: --out {out} holds {shown} of an earlier run; this run replaces them" in capsys.readouterr().err
+    with pytest.raises(AssertionError, match="a model was loaded"):
+        main([*COMMANDS["search"], "--out", str(tmp_path / "search")])
+    assert "note:" not in capsys.readouterr().err
+    view, progress = TqdmView(), Progress(5, [], skipped=3)  # a --ray re-run: what its store already holds
+    view(Event("start", progress))
+    view(Event("end", progress))
+    assert "note: 3 of 5 cells already finished in the store: reused, not run again" in capsys.readouterr().err

@@ -8,7 +8,8 @@ Without Ray, `calibrate` keeps a partial record in `--out` while it runs (rewrit
 `--resume DIR` continues it, `--max-seconds S` stops it cleanly and prints the command that continues it.
 
 A bad input (a bad value, a missing or unreadable file, JSON that does not parse, an `--out` that cannot be
-written) exits with status 2 and one line on stderr naming the flag or file and what is wrong. Every `--out`
+written) exits with status 2 and one line on stderr naming the flag or file and what is wrong. Ctrl-C exits with
+status 130 and one line saying what was kept and the command that goes on from there (`_interrupted`). Every `--out`
 is created and probed for writing before a model loads, so no run loses its work to an unwritable folder.
 """
 
@@ -280,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(str(error).split())  # one line, whatever the message holds
         print(f"workbench {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what was kept and how to go on, not a traceback from wherever it hit
+        print(f"\nworkbench {args.command}: interrupted; {_interrupted(args)}", file=sys.stderr)
+        return 130
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -387,6 +391,7 @@ def _qualify(args: argparse.Namespace) -> int:
     _flagged("--rounds", check_rounds, args.rounds)
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     check_writable(args.out, "--out")
+    _note_replaced(args.out, ["qualification.json", "qualification.html"])
     requests = [case.to_request() for case in getattr(suite, args.cases)]
     if args.ray is not None:
         from workbench.evidence import fanout_jobs
@@ -433,6 +438,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     _flagged("--rounds", check_rounds, args.rounds)
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     check_writable(args.out, "--out")
+    _note_replaced(args.out, [f"{args.command}.json", f"{args.command}.html"])
     requests = [case.to_request() for case in getattr(suite, args.cases)]
     if args.ray is not None:
         from workbench.evidence import fanout_jobs
@@ -506,6 +512,8 @@ def _calibrate(args: argparse.Namespace) -> int:
             f"{args.out}, or choose another --out"
         )
     check_writable(args.out, "--out")
+    kind = "calibration" if len(args.plugin) == 1 else "stack"
+    _note_replaced(args.out, [f"{kind}.json", f"{kind}.html"])
     calibration_requests = [case.to_request() for case in suite.calibration]
     test = [case.to_request() for case in suite.test]
     options = {"margin": args.margin, "max_evals": args.max_evals, "rounds": args.rounds}
@@ -546,12 +554,7 @@ def _calibrate_report(args: argparse.Namespace, result) -> int:
     if isinstance(result, Partial):
         print(f"partial: {result.reason}")
         print(f"record: {result.path}")
-        argv, skip = [], False
-        for item in args.argv:  # the same command, reading the partial record
-            if not skip and item != "--resume" and not item.startswith("--resume="):
-                argv.append(item)
-            skip = item == "--resume"
-        print(f"resume: {shlex.join(['workbench', *argv, '--resume', str(result.path.parent)])}")
+        print(f"resume: {_resume_command(args, result.path.parent)}")
         return 0
     if isinstance(result, calibration.Calibration):
         print(f"knee: {_show(result.knee)}; cliff: {_show(result.cliff)}")
@@ -569,7 +572,7 @@ def _calibrate_report(args: argparse.Namespace, result) -> int:
         from workbench.accelerations.attention import attention_policy
 
         earned = Path(args.out) / "attention_registry.json"
-        if earned.exists():
+        if calibration.registry_entry(result, str(earned)) is not None:  # this run's: not one left by an earlier run
             for entry in attention_policy.load_registry(earned):
                 print(f"registered: {entry['plugin']} at {entry['video_tokens']} video rows in "
                       f"{attention_policy.register(entry)}")  # fmt: skip
@@ -577,6 +580,49 @@ def _calibrate_report(args: argparse.Namespace, result) -> int:
             print("not registered: the run earned no attention_policy entry (registry_entry: a calibrated "
                   "sparse-attention setting, qualified alone)")  # fmt: skip
     return 0
+
+
+def _resume_command(args: argparse.Namespace, folder: Path) -> str:
+    """The command line of this `calibrate` call continuing the partial record in `folder` (`--resume` replaced)."""
+    argv, skip = [], False
+    for item in args.argv:
+        if not skip and item != "--resume" and not item.startswith("--resume="):
+            argv.append(item)
+        skip = item == "--resume"
+    return shlex.join(["workbench", *argv, "--resume", str(folder)])
+
+
+def _interrupted(args: argparse.Namespace) -> str:
+    """What an interrupted (Ctrl-C) evidence command kept, and the command that goes on from there: a calibration's
+    partial record (`--resume`), a `--ray` run's store (the same command runs only the cells not finished there).
+    Nothing is half-written (`workbench.io`): what was not published is gone, whole."""
+    from workbench.evidence.resume import partial_path, read_partial
+    from workbench.evidence.store import Store
+
+    again = shlex.join(["workbench", *args.argv])
+    if args.command not in ("qualify", "sweep", "search", "calibrate", "batch"):
+        return "nothing was written"
+    if getattr(args, "ray", None) is not None:
+        store = Store(args.out if args.command == "batch" else args.store or args.out / "cells")
+        try:
+            done = sum(entry["status"] == "finished" for entry in store.entries().values())
+        except (ValueError, OSError):
+            done = "its"
+        return f"the store {store.root} keeps {done} finished cell(s); the same command runs only the rest: {again}"
+    if args.command == "calibrate":
+        path = partial_path(args.resume or args.out)
+        try:
+            steps = len(read_partial(path)["steps"]) if path.exists() else None
+        except (ValueError, OSError):
+            steps = None
+        if steps is not None:
+            return f"{steps} step(s) recorded in {path}; continue: {_resume_command(args, path.parent)}"
+        return f"no step was recorded yet; nothing to continue, the same command starts again: {again}"
+    return (
+        f"nothing was written to {args.out}: without --ray, {args.command} keeps no partial record and the same "
+        f"command starts over ({again}); with --ray (a local cluster when no address is given) a re-run runs only "
+        "the cells not finished"
+    )
 
 
 def _batch(args: argparse.Namespace) -> int:
@@ -798,11 +844,26 @@ def _accelerations_arg(name: str, text: str) -> dict:
     return value
 
 
+def _note_replaced(out: Path, names: list[str]) -> None:
+    """Say so on stderr, before any run, where `out` already holds files this run writes (an earlier run's): they
+    are replaced, whole, when it ends (`workbench.io.write_set`); until then they stay as they were."""
+    found = [name for name in names if (out / name).exists()]
+    if found:
+        print(
+            f"note: --out {out} holds {', '.join(found)} of an earlier run; this run replaces them when it ends "
+            "(another --out keeps them)",
+            file=sys.stderr,
+        )
+
+
 def _note_a_a(baseline: dict, arms: dict[str, dict]) -> None:
     """Say so on stderr where an arm is the baseline itself: an A/A comparison, whose spread measures the noise (a
-    way to see it, or a slip in the JSON), before minutes of runs."""
+    way to see it, or a slip in the JSON), before minutes of runs. Compared as installed (`sweep.setting_key`): an
+    option spelled at its default is the same arm."""
+    from workbench.evidence.sweep import setting_key
+
     for flag, arm in arms.items():
-        if arm == baseline:
+        if setting_key(arm) == setting_key(baseline):
             print(
                 f"note: {flag} is the baseline ({json.dumps(arm)}): an A/A run, it measures the noise", file=sys.stderr
             )

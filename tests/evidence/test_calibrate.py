@@ -118,6 +118,32 @@ def test_a_knee_where_the_searched_plugin_does_no_work_is_no_setting():
     )
 
 
+def test_a_budget_without_limits_calibrates_to_the_top_of_the_range_where_the_plugin_works():
+    """`--budget` with every limit null: every point spends 0, changed output or not. The top of the range, where
+    the cache does work, is inside that budget: the knee, not "no setting" (spent == 0 read as "equals stock")."""
+
+    class Evaluator:  # `_Evaluator`'s interface: the budget, and a point per value (teacache idle only at 0)
+        def __init__(self, budget, idle_from=math.inf):
+            self.budget, self.idle_from = budget, idle_from
+
+        def point(self, value, config):
+            idle = ("teacache",) if value == 0 or value >= self.idle_from else ()
+            return Point(value, self.budget.spent({"latent_rel_l2": 0.01}), 1.0, 1.0 + value, idle=idle)
+
+    spec, free = REGISTRY["teacache"], Budget(latent_rel_l2=None, psnr_db=None, min_ssim=None)
+    found = calibrate_module._calibrate(Evaluator(free), "teacache", spec, {}, {}, 0.8, 7, False)
+    assert (found.status, found.knee, found.cliff, found.setting) == (
+        "searched",
+        0.6,
+        None,
+        {"teacache": {"rel_l1_thresh": 0.6}},
+    )
+    idle = calibrate_module._calibrate(Evaluator(free, idle_from=0.0), "teacache", spec, {}, {}, 0.8, 7, False)
+    assert idle.status == "no_setting" and idle.reason.endswith("show no work, and no value tried is outside")
+    limited = calibrate_module._calibrate(Evaluator(Budget(1.0, None, None)), "teacache", spec, {}, {}, 0.8, 7, False)
+    assert limited.knee == 0.6  # a limit everything meets: the same knee
+
+
 def test_calibratable_plugins_declare_their_knob():
     assert {"easycache", "teacache", "first_block_cache", "block_sparse", "fp8_attention", "selective_fp8"} <= set(
         calibratable()
@@ -474,3 +500,26 @@ def test_stack_on_a_timed_device_adds_greedily_by_gain_per_spend_and_drops_what_
     assert "teacache.rel_l1_thresh on the stack, added in round 3" in page
     (plot,) = pngs(page)  # every search's points labelled, readable as the report shows them
     assert_readable(calibrate_module.pareto_figure(result), plot.width)
+
+
+def test_cli_register_never_takes_the_entry_an_earlier_run_left_in_out(monkeypatch, tmp_path, capsys):
+    """`calibrate --register` into an --out where an earlier run earned an attention_registry.json: a run that earns
+    none (no setting, here) says so, and registers nothing; the earlier run's entry is not this run's evidence."""
+    import argparse
+
+    from workbench import cli
+    from workbench.accelerations.attention import attention_policy
+
+    out = tmp_path / "cal"
+    out.mkdir()
+    (out / "attention_registry.json").write_text('{"version": 1, "entries": []}')  # what the earlier run wrote
+    monkeypatch.setattr(calibrate_module, "write", lambda result, folder: (folder / "c.json", folder / "c.html"))
+    monkeypatch.setattr(
+        attention_policy, "load_registry", lambda path: [{"plugin": "block_sparse", "video_tokens": 96}]
+    )
+    monkeypatch.setattr(attention_policy, "register", lambda entry: pytest.fail(f"registered {entry}"))
+    knob = REGISTRY["block_sparse"].knob
+    result = Calibration("block_sparse", knob, {}, {}, Budget(), 0.8, [], None, knob.low, None, "no_setting", "none")
+    args = argparse.Namespace(argv=[], out=out, ray=None, resume=None, register=True)
+    assert cli._calibrate_report(args, result) == 0
+    assert "not registered: the run earned no attention_policy entry" in capsys.readouterr().out

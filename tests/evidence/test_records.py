@@ -108,3 +108,24 @@ def test_store_names_a_file_in_its_entries_that_is_not_an_entry(tmp_path):
         for read in (lambda: store.get(key), store.entries):
             with pytest.raises(ValueError, match=rf"{key}\.json: not a store entry .*delete the file to run its cell"):
                 read()
+
+
+def test_a_finished_cell_whose_outputs_another_cell_replaced_or_someone_deleted_runs_again(tmp_path):
+    """Outputs live by name: a batch request edited (seed 1 -> 9), run, then edited back finds its cell finished in
+    the store, but `outputs/a/` holds seed 9's files. The cell is not finished any more (a re-run runs it again
+    rather than print seed 9's video as seed 1's); nor is one whose files were deleted."""
+    from workbench.evidence.fanout import _finished
+    from workbench.evidence.store import Store
+
+    store = Store(tmp_path)
+    first, second = "ab" * 32, "cd" * 32
+    cell = {"kind": "generate", "label": "a", "status": "finished", "record": {}, "outputs": None}
+    store.put({**cell, "key": first}, {"a.json": b'{"seed": 1}', "a.mp4": b"one"}, "a")
+    assert _finished(store.get(first), store)
+    store.put({**cell, "key": second}, {"a.json": b'{"seed": 9}', "a.mp4": b"nine"}, "a")
+    assert not _finished(store.get(first), store) and _finished(store.get(second), store)
+    (tmp_path / "outputs" / "a" / "a.mp4").unlink()
+    assert not _finished(store.get(second), store)
+    assert _finished(store.put({**cell, "key": "ef" * 32}), store)  # no outputs: finished is finished
+    old = {**store.get(first), "files": None}  # an entry written before digests were kept: its folder decides
+    assert store.intact(old) and not store.intact({**old, "outputs": "outputs/gone"})

@@ -323,8 +323,51 @@ def test_cli_bad_input_exits_2(tmp_path, capsys, argv, message):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sweep", "--plugin", "teacache", "--option", "rel_l1_thresh", "--values", "0.5,1,1.0"], "--values: [0.5, 1,"),
+        (["search", "--candidates", '[{"teacache": {"rel_l1_thresh": 1}}, {"teacache": {"rel_l1_thresh": 1.0}}]'], ""),
+        (["search", "--candidates", '[{"teacache": {"rel_l1_thresh": 0.1}}, {"teacache": {"rel_l1_thresh": 0.1, '
+          '"warmup": 1}}]'], ""),  # warmup 1 is its default
+        (["search", "--candidates", '[{"cross_kv_cache": {}}, {"cross_kv_cache": null}]'], ""),
+    ],
+)  # fmt: skip
+def test_cli_one_setting_spelled_twice_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, argv, message):
+    """The same acceleration given twice in other words (1 and 1.0 of a float option, an option at its default
+    spelled out, null for no options) would be qualified twice and shown as two rows of one setting."""
+    monkeypatch.setattr(Session, "open", classmethod(lambda *a, **k: pytest.fail("the model loaded")))
+    common = ["--model", "tiny-wan", "--suite", "data_manifests/tiny-smoke.json", "--out", str(tmp_path / "o")]
+    assert main([*argv, *common]) == 2
+    err = capsys.readouterr().err
+    expected = (
+        "repeats a setting: 1.0 sets" if argv[0] == "sweep" else "--candidates: candidates[1]: repeats candidates[0]"
+    )
+    assert message in err and expected in err and not (tmp_path / "o").exists()
+
+
 def test_cli_unknown_plugin_exits_2(tmp_path, capsys):
     argv = ["search", "--model", "tiny-wan", "--suite", "data_manifests/tiny-smoke.json", "--device", "cpu"]
     argv += ["--candidates", '[{"nosuchcache": {}}]', "--out", str(tmp_path / "o")]
     assert main(argv) == 2
     assert "nosuchcache" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_a_sweeps_bars_say_which_value_of_how_many_and_a_search_speaks_of_candidates(monkeypatch):
+    """A sweep runs one qualify bar per value, each from 0 again: without its name a bar says nothing of how far the
+    sweep is. A search's reason names candidates, not values."""
+    from workbench.evidence import sweep as sweeps
+
+    bars = []
+
+    def qualify(session, requests, baseline, candidate, rounds, budget, progress, desc="qualify runs"):
+        bars.append(desc)
+        made = record("no_speed_claim", [1.0], [0.01])
+        return {**made, "candidate": candidate, "device": {"type": "cpu"}}, []
+
+    monkeypatch.setattr(sweeps, "qualify", qualify)
+    monkeypatch.setattr(sweeps, "validate", lambda *args: None)  # no model: the bars' names are what is checked
+    sweep(None, [REQUEST], "easycache", "threshold", [0.05, 0.1], BASE, budget=Budget())
+    found = search(None, [REQUEST], [{"cross_kv_cache": {}}, {"fused_qkv": {}}], budget=Budget())
+    assert bars == ["value 1/2: threshold=0.05", "value 2/2: threshold=0.1", "candidate 1/2", "candidate 2/2"]
+    assert found.reason.startswith("nothing to recommend: no candidate is qualified (")

@@ -392,7 +392,8 @@ def _calibrate(
             bar.set_postfix_str(f"{value:.4g}: spent {point.spent:.3g}")
             return point
 
-        points, knee, cliff = _search(evaluate, spec.knob, margin, max_evals, plugin)
+        limited = any(limit is not None for limit in evaluator.budget.to_dict().values())
+        points, knee, cliff = _search(evaluate, spec.knob, margin, max_evals, plugin, limited)
     budget = evaluator.budget
     result = Calibration(plugin, spec.knob, base, options, budget, margin, points, knee, cliff, None, "", "")
     if knee is None:
@@ -580,9 +581,18 @@ def _configs(base: dict[str, Any], plugin: str, options: dict[str, Any], option:
     return lambda value: {**base, plugin: {**options, option: value}}
 
 
-def _search(evaluate: Callable[[float], Point], knob: Knob, margin: float, max_evals: int, plugin: str = ""):
+def _search(
+    evaluate: Callable[[float], Point],
+    knob: Knob,
+    margin: float,
+    max_evals: int,
+    plugin: str = "",
+    limited: bool = True,
+):
     """(points in the order tried, knee, cliff); a point inside is `spent <= margin`, and useful when `spent > 0`
-    and `plugin` (the one searched) did work there: its spend alone can be the base's, underneath it."""
+    and `plugin` (the one searched) did work there: its spend alone can be the base's, underneath it. Under a budget
+    that sets no limit (`limited` False) every point spends 0, so `spent` says nothing of the output: the receipts
+    alone decide, and the knee is the top of the range where the plugin works there."""
     points = [evaluate(knob.low)]
     if points[0].spent > margin:
         return points, None, knob.low
@@ -595,7 +605,8 @@ def _search(evaluate: Callable[[float], Point], knob: Knob, margin: float, max_e
             points.append(evaluate(middle))
             good, bad = (middle, bad) if points[-1].spent <= margin else (good, middle)
     knee_point = next(p for p in points if p.value == good)
-    return points, (good if knee_point.spent > 0 and plugin not in knee_point.idle else None), bad
+    useful = (knee_point.spent > 0 or not limited) and plugin not in knee_point.idle
+    return points, (good if useful else None), bad
 
 
 def _no_setting_reason(points: list[Point], knob: Knob, margin: float, plugin: str) -> str:
@@ -610,6 +621,8 @@ def _no_setting_reason(points: list[Point], knob: Knob, margin: float, plugin: s
         inside = f"at the values inside {margin:g} of the budget, {plugin}'s receipts show no work"
     else:
         inside = f"the values inside {margin:g} of the budget change nothing (outputs equal stock)"
+    if all(p.spent <= margin for p in points):  # nothing outside: no value tried did anything
+        return f"no setting qualifies: {inside}, and no value tried is outside"
     return f"no setting qualifies: {inside}; the least aggressive value that does anything is outside"
 
 

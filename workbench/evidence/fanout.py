@@ -17,7 +17,8 @@ it into the `Store` itself, so workers need no shared file system.
 Failures: a cell that raises is recorded as failed with its error, and the run goes on. A worker that dies
 mid-cell (killed, preempted, out of memory) is replaced by a fresh one, and its cell goes back to the front of the
 queue, for whichever worker is free first, at most `retries` more times; after that it is recorded as failed with
-the reason. A re-run with the same store skips the finished cells and runs the failed ones again.
+the reason. A re-run with the same store skips the finished cells and runs the failed ones again, and a finished
+one whose output files were since replaced or deleted (`Store.intact`).
 
 Progress: `Fanout.subscribe(callback)` receives an `Event` for each change (a run starts or ends, a worker is
 ready or lost, a cell starts, finishes, fails or is retried); each event carries the live `Progress` (counts,
@@ -253,7 +254,7 @@ class Fanout:
 
     def pending(self, cells: list[Cell], store: Store) -> list[Cell]:
         """The cells `run` would run: those not finished in `store`."""
-        return [cell for cell in cells if not _finished(store.get(cell.key(self.session_key)))]
+        return [cell for cell in cells if not _finished(store.get(cell.key(self.session_key)), store)]
 
     def run(self, cells: list[Cell], store: Store) -> dict[str, dict[str, Any]]:
         """Run every cell not finished in `store`; returns cell key -> store entry (finished or failed) in the
@@ -266,7 +267,7 @@ class Fanout:
         entries, queue = {}, deque()
         for cell, key in zip(cells, keys, strict=True):
             entry = store.get(key)
-            if _finished(entry):
+            if _finished(entry, store):
                 entries[key] = entry
                 progress.skipped += 1
             else:
@@ -413,8 +414,9 @@ def _ray() -> Any:
     return ray
 
 
-def _finished(entry: dict[str, Any] | None) -> bool:
-    return entry is not None and entry["status"] == "finished"
+def _finished(entry: dict[str, Any] | None, store: Store) -> bool:
+    """Whether `entry` is a finished cell whose output files are still its own (`Store.intact`)."""
+    return entry is not None and entry["status"] == "finished" and store.intact(entry)
 
 
 def _first_line(error: BaseException) -> str:

@@ -4,6 +4,7 @@ per-worker state, and the command line's view of them (tqdm.auto). A notebook wi
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,7 +64,8 @@ class Event:
 
 class TqdmView:
     """The command line's progress (tqdm.auto): one bar of cells (done/running/failed, ETA) and one line per
-    worker (host, device, the cell it runs, its counts). Subscribe it with `Fanout.subscribe(TqdmView())`."""
+    worker (host, device, the cell it runs, its counts), after a note on stderr of the cells a re-run found finished
+    in the store. Subscribe it with `Fanout.subscribe(TqdmView())`."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -74,6 +76,11 @@ class TqdmView:
 
         p = event.progress
         if event.kind == "start":
+            if self.enabled and p.skipped:  # a re-run into a store: say what it reuses, not only what it runs
+                print(
+                    f"note: {p.skipped} of {p.total} cells already finished in the store: reused, not run again",
+                    file=sys.stderr,
+                )
             off = not self.enabled or p.remaining == 0
             self._bars = [tqdm(total=p.total, initial=p.skipped, desc="cells", unit="cell", disable=off)]
             self._bars += [

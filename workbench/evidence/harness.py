@@ -69,15 +69,16 @@ def qualify(
     rounds: int = MIN_ROUNDS,
     budget: Budget | None = None,
     progress: bool = True,
+    desc: str = "qualify runs",
 ) -> tuple[dict[str, Any], list[tuple[Result, Result]]]:
     """Qualify `candidate` against `baseline` on `requests` under `budget` (default: `default_budget(session)`);
     returns the record and each case's pilots. Every request is checked against the model before the first runs
-    (`check_requests`)."""
+    (`check_requests`). `desc` names the progress bar (a sweep says which of its values this is)."""
     check_rounds(rounds)
     check_requests(session, requests)
     budget = budget or default_budget(session)
     cases, pilots = [], []
-    with progress_bar(total=len(requests) * (2 * rounds + 3), desc="qualify runs", enabled=progress) as bar:
+    with progress_bar(total=len(requests) * (2 * rounds + 3), desc=desc, enabled=progress) as bar:
         for request in requests:
             case, pair = _qualify_one(session, request, baseline, candidate, rounds, budget, bar)
             cases.append(case)

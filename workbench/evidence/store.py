@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,11 @@ class Store:
     worker), "wall_seconds" (from handing it to the worker to its result: the difference is the engine's overhead
     per cell; both of the last attempt), "worker" (host,
     pid, device of the worker it last ran on), "error" and "traceback" (None when finished), "record", "outputs"
-    (folder relative to the store root, or None)}.
+    (folder relative to the store root, or None), "files" (with outputs: file name -> sha256 of what was written)}.
+
+    Outputs live by name, and two cells may share one (a batch request edited, run, then edited back): the later
+    cell's files replace the earlier's. `intact(entry)` tells whether an entry's folder still holds what it wrote,
+    so a re-run runs such a cell again rather than point at another cell's files (or at files since deleted).
     """
 
     def __init__(self, root: str | Path):
@@ -40,9 +45,24 @@ class Store:
             if not _NAME.fullmatch(name):
                 raise ValueError(f"name: {name!r}; allowed: letters, digits, '.', '_', '-' (first a letter or digit)")
             write_set(self.root / "outputs" / name, files)
-            entry = {**entry, "outputs": f"outputs/{name}"}
+            digests = {file: hashlib.sha256(data).hexdigest() for file, data in files.items()}
+            entry = {**entry, "outputs": f"outputs/{name}", "files": digests}
         write_record(self._path(entry["key"]), entry)
         return entry
+
+    def intact(self, entry: dict[str, Any]) -> bool:
+        """Whether `entry`'s output files are still the ones it wrote (sha256 of each; an entry without outputs is
+        intact; one written before digests were kept: when its folder exists)."""
+        if not entry.get("outputs"):
+            return True
+        folder = self.root / entry["outputs"]
+        if not isinstance(entry.get("files"), dict):
+            return folder.is_dir()
+        for file, digest in entry["files"].items():
+            path = folder / file
+            if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+                return False
+        return True
 
     def entries(self) -> dict[str, dict[str, Any]]:
         folder = self.root / "entries"

@@ -150,8 +150,9 @@ def rank(rows: Sequence[Row]) -> list[int]:
     return sorted(qualified, key=lambda i: (-rows[i].speedup, -rows[i].speedup_low, i))
 
 
-def recommend(rows: Sequence[Row], device_type: str) -> tuple[int | None, str]:
-    """The row to recommend (the fastest `qualified` one) and why; None when nothing qualified.
+def recommend(rows: Sequence[Row], device_type: str, noun: str = "value") -> tuple[int | None, str]:
+    """The row to recommend (the fastest `qualified` one) and why; None when nothing qualified. `noun` names a row
+    in the reason: a sweep's "value", a search's "candidate".
 
     Only a row within the budget with a speed claim is ever recommended: never a quality trade-off,
     never a row that did not execute, never a CPU timing.
@@ -161,7 +162,7 @@ def recommend(rows: Sequence[Row], device_type: str) -> tuple[int | None, str]:
         best = rows[order[0]]
         return order[0], f"{best.label}: the fastest qualified configuration ({best.reason})"
     verdicts = ", ".join(f"{row.label}: {row.verdict}" for row in rows)
-    reason = f"nothing to recommend: no value is qualified ({verdicts})"
+    reason = f"nothing to recommend: no {noun} is qualified ({verdicts})"
     if device_type.split(":")[0] != "cuda":
         reason += f"; timed on {device_type!r}: no speed claim is possible without a CUDA device"
     else:
@@ -284,7 +285,10 @@ def sweep(
     configs = sweep_configs(plugin, option, values, base_options)
     validate(session, [baseline, *configs], rounds, requests)
     budget = budget or default_budget(session)
-    records = [qualify(session, requests, baseline, c, rounds, budget, progress)[0] for c in configs]
+    records = [
+        qualify(session, requests, baseline, c, rounds, budget, progress, f"value {i}/{len(values)}: {option}={v}")[0]
+        for i, (c, v) in enumerate(zip(configs, values, strict=True), 1)
+    ]  # each bar says which value of how many it runs
     return sweep_result(plugin, option, values, base_options, baseline, budget, records)
 
 
@@ -335,7 +339,10 @@ def search(
     baseline = dict(baseline or {})
     validate(session, [baseline, *candidates], rounds, requests)
     budget = budget or default_budget(session)
-    records = [qualify(session, requests, baseline, c, rounds, budget, progress)[0] for c in candidates]
+    records = [
+        qualify(session, requests, baseline, c, rounds, budget, progress, f"candidate {i}/{len(candidates)}")[0]
+        for i, c in enumerate(candidates, 1)
+    ]
     return search_result(candidates, baseline, budget, records)
 
 
@@ -345,7 +352,7 @@ def search_result(
     """The `SearchResult` of one qualification record per candidate (in `candidates` order), as `sweep_result`."""
     rows = [summarize(record, candidate) for record, candidate in zip(records, candidates, strict=True)]
     ranking = rank(rows)
-    chosen, reason = recommend(rows, records[0]["device"]["type"])
+    chosen, reason = recommend(rows, records[0]["device"]["type"], "candidate")
     return SearchResult(
         candidates=candidates,
         baseline=baseline,
@@ -503,29 +510,55 @@ def write(result: SweepResult | SearchResult, out: str | Path) -> tuple[Path, Pa
 
 def sweep_configs(plugin: str, option: str, values: list[Any], base_options: dict[str, Any]) -> list[dict[str, Any]]:
     """The configuration of each value, `{plugin: {**base_options, option: value}}`, after refusing no values,
-    a repeated value, or `base_options` setting the swept option (ValueError naming the field)."""
+    a repeated value (or two that are one setting, `setting_key`: 1 and 1.0 of a float option), or `base_options`
+    setting the swept option (ValueError naming the field)."""
     if not values:
         raise ValueError("values: at least one value is required")
     if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
         raise ValueError(f"values: {values!r} repeats a value")
     if option in base_options:
         raise ValueError(f"base_options: sets {option!r}, the option being swept")
-    return [{plugin: {**base_options, option: value}} for value in values]
+    configs = [{plugin: {**base_options, option: value}} for value in values]
+    seen: dict[str, int] = {}
+    for i, config in enumerate(configs):  # 1 and 1.0 of a float option: one setting, qualified twice
+        if (earlier := seen.setdefault(setting_key(config), i)) != i:
+            raise ValueError(
+                f"values: {values!r} repeats a setting: {values[i]!r} sets {plugin}.{option} as {values[earlier]!r} "
+                f"(values[{earlier}]) does; give each value once"
+            )
+    return configs
 
 
 def check_candidates(candidates: list[dict[str, Any]]) -> None:
-    """Refuse an empty candidate list, a candidate that is not a dict of name -> options, or one that repeats an
-    earlier candidate (it would be qualified twice; `sweep` refuses a repeated value alike): ValueError naming it."""
+    """Refuse an empty candidate list, a candidate that is not a dict of name -> options, or one that installs the
+    same setting as an earlier candidate (`setting_key`: it would be qualified twice; `sweep` refuses a repeated
+    value alike): ValueError naming it."""
     if not isinstance(candidates, list) or not candidates:
         raise ValueError("candidates: at least one candidate configuration is required")
     seen: dict[str, int] = {}
     for i, candidate in enumerate(candidates):
         if not isinstance(candidate, dict):
             raise ValueError(f"candidates[{i}]: expected a dict of name -> options, got {type(candidate).__name__}")
-        text = json.dumps(candidate, sort_keys=True, default=repr)
+        text = setting_key(candidate)
         if text in seen:
-            raise ValueError(f"candidates[{i}]: repeats candidates[{seen[text]}] {text}; give each configuration once")
+            shown = json.dumps(candidate, sort_keys=True, default=repr)
+            raise ValueError(
+                f"candidates[{i}]: repeats candidates[{seen[text]}] ({shown} installs the same setting, its options "
+                "resolved: defaults filled in, 1 and 1.0 alike); give each configuration once"
+            )
         seen[text] = i
+
+
+def setting_key(config: dict[str, Any]) -> str:
+    """`config` as the accelerations it installs, in one text: each plugin's options resolved as installing checks
+    them (`install.check_options`: defaults filled in, an int given to a float option as that float, `null` as no
+    options), so two spellings of one setting have one key. A config installing would refuse keeps its own JSON
+    (its error comes from the check that refuses it)."""
+    try:
+        resolved = {spec.name: options for spec, options in install.check_options(REGISTRY, config)}
+    except ValueError:
+        resolved = config
+    return json.dumps(resolved, sort_keys=True, default=repr)
 
 
 def validate(session: Session, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
