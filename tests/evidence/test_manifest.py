@@ -42,6 +42,7 @@ def _pinned(folder, rng, name="ref_42.bin", size=4096):
     [
         ("tiny-smoke", 9, 64, 64, 2, "t2v"),
         ("demo-av-smoke", 49, 128, 128, 8, "t2va"),
+        ("demo-av-calibrate", 49, 128, 128, 16, "t2va"),
         ("demo-av-mini-smoke", 9, 64, 64, 8, "t2va"),
         ("wan-1.3b-480p", 81, 480, 832, 16, "t2v"),
     ],
