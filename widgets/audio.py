@@ -62,10 +62,6 @@ class AudioPlayer(anywidget.AnyWidget):
     duration = traitlets.Float(0.0, min=0.0).tag(sync=True)
     loop = traitlets.Bool(False).tag(sync=True)
 
-    def set_audio(self, audio: np.ndarray, sample_rate: int) -> None:
-        """Play float audio (C, N) in [-1, 1] at `sample_rate` Hz (as a 16-bit PCM WAV data URI)."""
-        self.set_wav(wav_bytes(audio, sample_rate), audio.shape[1] / sample_rate)
-
     def set_wav(self, wav: bytes, duration: float) -> None:
         """Play `wav` (a whole WAV file's bytes) lasting `duration` seconds."""
         self.src = "data:audio/wav;base64," + base64.b64encode(wav).decode()

@@ -93,7 +93,9 @@ SPARSE_LAUNCHES = {"triton": block_sparse_attend.DEFAULT}  # where the low-preci
 ERROR_PART_ROWS = 4096  # query rows (of head 0, against all keys) `error_parts` runs on: a (4096, T) fp32 logits tile
 
 
-def outlier_qkv(tokens: int, heads: int, device: torch.device, dtype: torch.dtype, seed: int):
+def outlier_qkv(
+    tokens: int, heads: int, device: torch.device, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(1, heads, T, 128): q and k share a per-channel offset, 4 channels get 6x gain, then each token is
     RMS-normalised (the models' q/k norm); v iid normal."""
     g = torch.Generator(device).manual_seed(seed)

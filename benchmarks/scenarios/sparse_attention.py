@@ -32,7 +32,9 @@ DENSITIES = (0.10, 0.20, 0.40)
 SMOKE_GRID, SMOKE_HEADS = (1, 8, 16), 1
 
 
-def structured_qkv(grid: tuple[int, int, int], heads: int, device: torch.device, dtype: torch.dtype, seed: int):
+def structured_qkv(
+    grid: tuple[int, int, int], heads: int, device: torch.device, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(1, heads, T, 128): q and k share random Fourier features of the token's grid position plus unit noise."""
     g = torch.Generator(device).manual_seed(seed)
     axes = (torch.arange(n, device=device, dtype=torch.float32) for n in grid)

@@ -56,10 +56,10 @@ from workbench.accelerations import REGISTRY
 from workbench.accelerations.base import Knob
 from workbench.evidence.harness import MIN_ROUNDS, default_budget, qualify
 from workbench.evidence.records import record_bytes
-from workbench.evidence.report import Table, _png, page, speedup_text
+from workbench.evidence.report import Table, page, speedup_text
 from workbench.evidence.resume import Journal, Partial, Paused, merge_cases
 from workbench.io import write_set
-from workbench.plots import LABEL_PT, label_points
+from workbench.plots import LABEL_PT, figure_png, label_points, png_figure_html
 from workbench.progress import progress as progress_bar
 from workbench.quality import Budget, compare
 from workbench.request import Request
@@ -781,7 +781,11 @@ def render(result: Calibration | Stack) -> str:
     if isinstance(result, Stack) and result.base_point is not None and result.base:
         point = result.base_point  # what the exact plugins underneath give alone
         summary["base alone"] = f"{point.speedup:.3f}x stock, spends {point.spent:.3g} (one run: indicative)"
-    body = [f"<h1>{html.escape(title)}</h1>", Table(summary).html(), _png(pareto_figure(result), "Pareto plot")]
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        Table(summary).html(),
+        png_figure_html(figure_png(pareto_figure(result)), "Pareto plot"),
+    ]
     for run, label in _searches(result):
         under = ", ".join(sorted(run.base)) or "stock"
         knee = "none inside the budget" if run.knee is None else f"{run.knee:.4g}"

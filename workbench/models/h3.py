@@ -445,9 +445,8 @@ class _ProcessorWithoutVideo(Qwen3VLProcessor):
         return [*self.tokenizer.save_pretrained(save_directory), *self.image_processor.save_pretrained(save_directory)]
 
 
-def build_processor(tokenizer: Any, image_processor: Any, video_processor: Any = None) -> Qwen3VLProcessor:
-    if video_processor is not None:
-        return Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor)
+def build_processor(tokenizer: Any, image_processor: Any) -> Qwen3VLProcessor:
+    """A Qwen3-VL processor of `tokenizer` and `image_processor` without its video half (`_ProcessorWithoutVideo`)."""
     return _ProcessorWithoutVideo(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
 
 
@@ -458,7 +457,7 @@ def _tiny_text_encoder(seed: int, tokenizer: Any) -> Qwen3VLForConditionalGenera
 
 
 def tiny_components(seed: int = 0) -> dict[str, Any]:
-    """Every component of a random-initialised H3 that runs 124x32x64 (3 steps) in about half a second on a CPU."""
+    """Every component of a random-initialised H3 small enough for the CPU tests at 124x32x64 (3 steps)."""
     tokenizer = build_tokenizer(TINY_TEXT["vocab_size"], model_max_length=256, extra_special_tokens=VISION_TOKENS)
     image_processor = Qwen2VLImageProcessorPil(
         patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=32 * 32, max_pixels=64 * 64
@@ -610,7 +609,3 @@ def _load_processor(folder: Path, tokenizer: Any) -> Qwen3VLProcessor:
         if tokenizer is None:
             tokenizer = Qwen2TokenizerFast.from_pretrained(folder, local_files_only=True)
         return build_processor(tokenizer, image_processor)
-
-
-def sample_rate(pipeline: Any) -> int:
-    return int(pipeline.audio_sampling_rate)

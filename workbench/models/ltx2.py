@@ -185,7 +185,7 @@ def _tiny_text_encoder(seed: int) -> Gemma3ForConditionalGeneration:
 
 
 def tiny_pipeline(seed: int = 0) -> LTX2Pipeline:
-    """A random-initialised LTX-2 (video + stereo audio) that runs 9x64x64 in about a second on a CPU."""
+    """A random-initialised LTX-2 (video + stereo audio) small enough for the CPU tests at 9x64x64."""
     text_encoder = _tiny_text_encoder(seed)
     torch.manual_seed(seed + 1)
     transformer = LTX2VideoTransformer3DModel(
@@ -321,8 +321,3 @@ def random_release_vae(seed: int = 0, device: str | torch.device = "cpu", dtype:
 def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
     pipe = load_pipeline(path, FAMILY, LTX2Pipeline, dtype)
     return LoadedModel(str(path), FAMILY, pipe, *read_workbench_file(path, FAMILY))
-
-
-def sample_rate(pipeline: LTX2Pipeline) -> int:
-    """The rate of the waveform the vocoder emits (not the audio VAE's mel rate)."""
-    return int(pipeline.vocoder.config.output_sampling_rate)

@@ -176,7 +176,7 @@ def _tiny_transformer(seed: int, heads: int = 2, head_dim: int = 16) -> WanTrans
 
 
 def tiny_pipeline(seed: int = 0, two_experts: bool = False) -> WanPipeline:
-    """A random-initialised Wan that runs 9x64x64 in well under a second on a CPU."""
+    """A random-initialised Wan small enough for the CPU tests at 9x64x64 (`TINY_DEFAULTS`)."""
     torch.manual_seed(seed)
     vae = AutoencoderKLWan(
         base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]

@@ -160,8 +160,6 @@ def _shim(backend_fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor
 class _Routed:
     """Wraps one self-attention module's processor; attribute reads and writes go to the original."""
 
-    _own = ("original", "router", "block")
-
     def __init__(self, original: Any, router: Router, block: int):
         object.__setattr__(self, "original", original)
         object.__setattr__(self, "router", router)
