@@ -453,14 +453,17 @@ class _Run:
     # ---- shared ------------------------------------------------------------------------------------------
     def _loop(self, stage: str, optimizer, step_fn, seconds: float, modules: tuple[str, ...], after_step=None):
         """Optimise `modules` until `seconds` have passed or `stop_at` (checked before each step); returns the
-        seconds of stepping used (the last checkpoint write not counted)."""
+        seconds of stepping used (the last checkpoint write not counted). With `profile_steps`, the stage runs at
+        least the steps its profile needs (PROFILE_SKIP, one warm-up, then the profiled ones) unless `stop_at`
+        comes first: a profile asked for is written, however slow the steps."""
         trained = [p for name in modules for p in getattr(self.pipe, name).parameters()]
         sums: dict[str, float] = {}
-        count, last_print, began = 0, time.perf_counter(), time.perf_counter()
+        count, count_all, last_print, began = 0, 0, time.perf_counter(), time.perf_counter()
         until, skipped = min(began + seconds, self.stop_at), 0
         base_seconds = self.state["seconds"][stage]
         profiler = self._profiler(stage)
-        while time.perf_counter() < until:
+        needed = 0 if profiler is None else PROFILE_SKIP + 1 + self.config.profile_steps  # the profile's steps
+        while time.perf_counter() < until or (count_all < needed and time.perf_counter() < self.stop_at):
             losses = step_fn()
             optimizer.zero_grad(set_to_none=True)
             losses["loss"].backward()
@@ -482,6 +485,7 @@ class _Run:
             for key, value in losses.items():
                 sums[key] = sums.get(key, 0.0) + float(value.detach())
             count += 1
+            count_all += 1
             if profiler is not None:
                 profiler.step()
             now = time.perf_counter()
