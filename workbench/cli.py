@@ -603,7 +603,7 @@ def _interrupted(args: argparse.Namespace) -> str:
     if args.command not in ("qualify", "sweep", "search", "calibrate", "batch"):
         return "nothing was written"
     if getattr(args, "ray", None) is not None:
-        store = Store(args.out if args.command == "batch" else args.store or args.out / "cells")
+        store = Store(_store_folder(args))
         try:
             done = sum(entry["status"] == "finished" for entry in store.entries().values())
         except (ValueError, OSError):
@@ -633,7 +633,6 @@ def _batch(args: argparse.Namespace) -> int:
     requests = fanout_jobs.read_requests(args.requests)
     check_writable(args.out, "--out")
     _check_cases_here(args, {"requests": [request for _, request in requests]})
-    args.store = args.out
     with _fanout(args) as (fanout, store):
         entries = fanout_jobs.batch(fanout, store, requests, accelerations)
     for name, entry in entries.items():
@@ -681,7 +680,13 @@ def _fanout(args: argparse.Namespace):
     flags = ("--workers", "--device", "--retries", "--memory")  # `workers: ...` said as `--workers: ...`
     with _flagged(flags, Fanout, args.model, dtype=getattr(args, "dtype", None), **options) as fanout:
         fanout.subscribe(TqdmView())
-        yield fanout, Store(args.store or args.out / "cells")
+        yield fanout, Store(_store_folder(args))
+
+
+def _store_folder(args: argparse.Namespace) -> Path:
+    """The record store of a `--ray` run: `--out` itself for `batch` (its outputs live there), else `--store` or
+    `<out>/cells`."""
+    return args.out if args.command == "batch" else args.store or args.out / "cells"
 
 
 def _budget(default: Budget, overrides: dict[str, Any]) -> Budget:

@@ -458,12 +458,14 @@ class _Run:
         comes first: a profile asked for is written, however slow the steps."""
         trained = [p for name in modules for p in getattr(self.pipe, name).parameters()]
         sums: dict[str, float] = {}
-        count, count_all, last_print, began = 0, 0, time.perf_counter(), time.perf_counter()
+        count, last_print, began = 0, time.perf_counter(), time.perf_counter()
         until, skipped = min(began + seconds, self.stop_at), 0
-        base_seconds = self.state["seconds"][stage]
+        base_seconds, base_steps = self.state["seconds"][stage], self.state["steps"][stage]
         profiler = self._profiler(stage)
         needed = 0 if profiler is None else PROFILE_SKIP + 1 + self.config.profile_steps  # the profile's steps
-        while time.perf_counter() < until or (count_all < needed and time.perf_counter() < self.stop_at):
+        while time.perf_counter() < until or (
+            self.state["steps"][stage] - base_steps < needed and time.perf_counter() < self.stop_at
+        ):
             losses = step_fn()
             optimizer.zero_grad(set_to_none=True)
             losses["loss"].backward()
@@ -485,7 +487,6 @@ class _Run:
             for key, value in losses.items():
                 sums[key] = sums.get(key, 0.0) + float(value.detach())
             count += 1
-            count_all += 1
             if profiler is not None:
                 profiler.step()
             now = time.perf_counter()
