@@ -153,7 +153,7 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
             icon="stop",
             disabled=True,
             layout={"width": "auto"},
-            tooltip="stop the running request at its next stage or denoiser call; the model stays loaded",
+            tooltip="stop the running request at its next stage, denoiser call or decoder block; the model stays loaded",
         )
         self.request_status = ipywidgets.HTML(layout={"flex": "1 1 0", "min_width": "0"})
         self.live = LiveStagePlot(show_static=True)
@@ -326,10 +326,10 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
 
     def stop(self) -> None:
         """Ask the session's running request to stop (`Session.stop`): the stop button. The request ends at its next
-        stage or denoiser call; the results shown before it stay. A request started from code on the kernel's own
-        thread keeps the kernel busy, so the button reaches only one started by the generate button; interrupt the
-        kernel to stop the other. Once the request has ended (a click as it finishes) it does nothing: the status
-        shows the request's outcome, never a "stopping ..." left behind."""
+        stage, denoiser call or decoder block; the results shown before it stay. A request started from code on the
+        kernel's own thread keeps the kernel busy, so the button reaches only one started by the generate button;
+        interrupt the kernel to stop the other. Once the request has ended (a click as it finishes) it does nothing:
+        the status shows the request's outcome, never a "stopping ..." left behind."""
         with self._stop_lock:
             if self._requesting and self.session is not None and self.session.stop() is not None:
                 self.request_status.value = "stopping ..."

@@ -25,7 +25,7 @@ from workbench.accelerations.undo import UndoFailed
 from workbench.memory_plan import MemoryBudget, MemoryPlan, check_request, gib, outside_for, plan_for
 from workbench.models import preview, resolve
 from workbench.models.loaded import LoadedModel
-from workbench.probes import stage_probes
+from workbench.probes import stage_modules, stage_probes
 from workbench.progress import library_bars_off
 from workbench.progress import progress as progress_bar
 from workbench.request import MAX_SEED, Request, integer, shown
@@ -39,7 +39,8 @@ class RequestStopped(KeyboardInterrupt):
     """`Session.generate` ended early by `Session.stop()`. The session stays usable: the request's per-request state
     was undone as for any interrupted request. A KeyboardInterrupt, so it is handled as Ctrl-C is: code that records
     a failing case (`except Exception`) lets it through, and an evidence run ends as an interrupted one does.
-    `where` says where it stopped ("before video_decode", "in denoise"); `steps_done` of `steps` denoise steps ran."""
+    `where` says where it stopped ("before video_decode", "in denoise", "in video_decode"); `steps_done` of `steps`
+    denoise steps ran."""
 
     def __init__(self, request_id: int, where: str, steps_done: int, steps: int):
         self.request_id, self.where, self.steps_done, self.steps = request_id, where, steps_done, steps
@@ -158,7 +159,8 @@ class Session:
 
     def stop(self) -> int | None:
         """Ask the running request to stop at its next checkpoint: the start of a stage (text_encode, denoise,
-        video_decode, ...) or of a denoiser forward (one classifier-free-guidance pass of a step). Its `generate`
+        video_decode, ...), of a denoiser forward (one classifier-free-guidance pass of a step) or of any module call
+        inside a stage's component (a decoder block, a vocoder layer: a decode ends within one block). Its `generate`
         then raises `RequestStopped`, and subscribers receive a request_failed event with `stopped=True`. Returns the
         request's id, or None when none runs (nothing is kept for a later request). Safe from any thread: the
         dashboard's stop button calls it while the request runs on another."""
@@ -338,8 +340,11 @@ class Session:
         kwargs = {**self.family.call_kwargs(request), **self.model.call_overrides}
         residency = self.residency
         checkpoint = self._checkpoint(request_id, request.steps, telemetry)
+        current = "text_encode"  # the stage begun last: a stop inside a component's module call names it
 
         def on_stage(stage: str) -> None:
+            nonlocal current
+            current = stage
             checkpoint(f"before {stage}")
             if residency is not None:
                 residency.enter_stage(stage)
@@ -357,6 +362,9 @@ class Session:
             on_step_end = stack.enter_context(stage_probes(self.model, telemetry, on_stage))
             for module in self.model.denoisers():
                 hook = module.register_forward_pre_hook(lambda *_: checkpoint("in denoise"))
+                stack.callback(hook.remove)
+            for module in stage_modules(self.model):  # a decode stops within one block, not when it ends
+                hook = module.register_forward_pre_hook(lambda *_: checkpoint(f"in {current}"))
                 stack.callback(hook.remove)
             clock = on_step_end.__self__
             generator = torch.Generator("cpu").manual_seed(request.seed)

@@ -392,6 +392,46 @@ def test_stop_ends_the_request_at_a_checkpoint_and_only_that_request():
     assert torch.equal(again.latents, good.latents) and again.receipts == good.receipts
 
 
+@pytest.mark.parametrize(
+    "model, component, stage, plugin",
+    [
+        ("tiny-wan", "vae", "video_decode", None),
+        ("tiny-wan", "vae", "video_decode", "fused_vae_decode"),  # its own decode loop calls the blocks it keeps
+        ("tiny-ltx2", "audio_vae", "audio_decode", None),
+    ],
+)
+def test_stop_during_a_decode_ends_it_at_the_next_module_call(stock, model, component, stage, plugin):
+    """A stop asked while a decoder runs ends the request before the decoder's next module call, not when the decode
+    ends (which, for a long clip, is seconds later); the next request is the one before, bit for bit."""
+    session = stock(model)[0]
+    before = _state(session)
+    session.accelerate({} if plugin is None else {plugin: {}})
+    try:
+        good = session.generate(REQUEST, progress=False)
+        called = []
+
+        def stop_at_first_call(module, _):  # a decoder block starts: the dashboard's stop button is pressed
+            called.append(module)
+            if len(called) == 1:
+                session.stop()
+
+        decoder = getattr(session.model.pipeline, component)
+        hooks = [m.register_forward_pre_hook(stop_at_first_call) for m in list(decoder.modules())[1:]]
+        try:
+            with pytest.raises(RequestStopped, match=f"in {stage}, 2 of 2 denoise steps done"):
+                session.generate(REQUEST, progress=False)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        assert len(called) == 1  # the session's checkpoint on that same module raised before it computed
+        again = session.generate(REQUEST, progress=False)
+        assert torch.equal(again.latents, good.latents) and np.array_equal(again.frames, good.frames)
+        assert (again.audio is None and good.audio is None) or np.array_equal(again.audio, good.audio)
+    finally:
+        session.accelerate({})
+    assert not _diff(_state(session), before)
+
+
 STATEFUL = ("easycache", "first_block_cache", "taylorseer", "pyramid_attention_broadcast", "teacache", "mag_cache",
             "cache_dit", "block_ring")  # fmt: skip
 # on CUDA: stock, and weights streamed on side streams (group offload's prefetch, block_ring's ring), maybe mid-copy
