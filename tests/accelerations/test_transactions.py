@@ -393,17 +393,18 @@ def test_stop_ends_the_request_at_a_checkpoint_and_only_that_request():
 
 
 @pytest.mark.parametrize(
-    "model, component, stage, plugin",
+    "device, model, component, stage, plugin",
     [
-        ("tiny-wan", "vae", "video_decode", None),
-        ("tiny-wan", "vae", "video_decode", "fused_vae_decode"),  # its own decode loop calls the blocks it keeps
-        ("tiny-ltx2", "audio_vae", "audio_decode", None),
+        ("cpu", "tiny-wan", "vae", "video_decode", None),
+        ("cpu", "tiny-wan", "vae", "video_decode", "fused_vae_decode"),  # its own decode loop calls the blocks it keeps
+        ("cpu", "tiny-ltx2", "audio_vae", "audio_decode", None),
+        pytest.param("cuda", "tiny-wan", "vae", "video_decode", "fused_vae_decode", marks=pytest.mark.gpu),
     ],
 )
-def test_stop_during_a_decode_ends_it_at_the_next_module_call(stock, model, component, stage, plugin):
+def test_stop_during_a_decode_ends_it_at_the_next_module_call(stock, device, model, component, stage, plugin):
     """A stop asked while a decoder runs ends the request before the decoder's next module call, not when the decode
     ends (which, for a long clip, is seconds later); the next request is the one before, bit for bit."""
-    session = stock(model)[0]
+    session = stock(model)[0] if device == "cpu" else Session.open(model, device="cuda")
     before = _state(session)
     session.accelerate({} if plugin is None else {plugin: {}})
     try:
@@ -430,6 +431,8 @@ def test_stop_during_a_decode_ends_it_at_the_next_module_call(stock, model, comp
     finally:
         session.accelerate({})
     assert not _diff(_state(session), before)
+    if device == "cuda":
+        session.close()
 
 
 STATEFUL = ("easycache", "first_block_cache", "taylorseer", "pyramid_attention_broadcast", "teacache", "mag_cache",
