@@ -113,6 +113,7 @@ class CalibrationPanel(StaticCopy, ipywidgets.VBox):
                 self.setting,
             ]
         )
+        self.add_class("vflash-calibration")
 
     def budget(self) -> Budget:
         """The budget the controls describe (a bad limit is a ValueError naming it)."""

@@ -345,7 +345,7 @@ _LABEL_OFFSETS = [
     (x * k, y * k) for k in (1, 2.5) for x, y in ((7, 0), (6, 6), (6, -6), (-7, 0), (-6, 6), (-6, -6), (0, 7), (0, -7))
 ]
 _MARKER_REACH = 4  # points from a point's centre that its label must keep clear of
-_LABEL_BOX = {"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.7}
+_LABEL_BOX = {"boxstyle": "square,pad=0.1", "edgecolor": "none", "alpha": 0.7}  # its face: the axes' background
 
 
 def label_points(axes: Axes, points: Sequence[tuple[float, float, str]], fontsize: float) -> None:
@@ -353,16 +353,19 @@ def label_points(axes: Axes, points: Sequence[tuple[float, float, str]], fontsiz
     label stays inside `axes` and covers no point and no label written before it, else at the first offset.
 
     Call it once the axes' limits, scales and layout are final: positions are measured on the figure as drawn. The
-    labels take no part in the figure's layout and sit on a translucent white box, readable over lines and grid.
+    labels take no part in the figure's layout and sit on a translucent box of the axes' background colour (white in
+    matplotlib's default style; black under a dark one such as "dark_background", whose text is white), readable over
+    lines and grid.
     """
     axes.figure.draw_without_rendering()
     inside = axes.get_window_extent()
     reach = _MARKER_REACH * axes.figure.dpi / 72
     centres = [axes.transData.transform((x, y)) for x, y, _ in points]
     taken = [Bbox.from_extents(x - reach, y - reach, x + reach, y + reach) for x, y in centres]
+    under = {**_LABEL_BOX, "facecolor": axes.get_facecolor()}
     for x, y, text in points:
         label = axes.annotate(
-            text, (x, y), xytext=_LABEL_OFFSETS[0], textcoords="offset points", fontsize=fontsize, bbox=_LABEL_BOX
+            text, (x, y), xytext=_LABEL_OFFSETS[0], textcoords="offset points", fontsize=fontsize, bbox=under
         )
         label.set_in_layout(False)
         for dx, dy in [*_LABEL_OFFSETS, _LABEL_OFFSETS[0]]:  # the last: where it goes when no offset is free

@@ -156,10 +156,11 @@ AB_TOPS_UNTIL = """async (done) => {
 IDLE = "() => !document.querySelector('.vflash-generate button').disabled"
 
 
-# Every visible text in the dashboard: its colour and what it is drawn on (the backgrounds behind it composited, the
-# page's white under them all), their WCAG 2 contrast ratio and the least it needs: 4.5, or 3 for large text. The
-# contract badges (white on a saturated colour, the same in every theme) are held to 4.5 too. Buttons are ipywidgets'.
-CONTRAST = """() => {
+# Every visible text under the elements `root` (CSS selectors, comma-separated) selects: its colour and what
+# it is drawn on (the backgrounds behind it composited, the page's white under them all), their WCAG 2 contrast ratio
+# and the least it needs: 4.5, or 3 for large text. The contract badges (white on a saturated colour, the same in every
+# theme) are held to 4.5 too. Buttons are ipywidgets'. Also used by test_widget_themes.py.
+CONTRAST = """(root) => {
     const rgba = (s) => { const m = s.match(/rgba?\\(([^)]+)\\)/);
         const p = m ? m[1].split(/[\\s,\\/]+/).filter(Boolean).map(Number) : [0, 0, 0, 0];
         return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
@@ -168,10 +169,10 @@ CONTRAST = """() => {
         .reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
     const hex = (c) => '#' + c.slice(0, 3).map((v) => Math.round(v).toString(16).padStart(2, '0')).join('');
     const rows = [];
-    for (const el of document.querySelectorAll('.vflash-dashboard *')) {
+    for (const el of document.querySelectorAll(root.split(',').map((part) => `${part} *`).join(','))) {
         if (!el.getClientRects().length || el.closest('button')) continue;
         const style = getComputedStyle(el);
-        const text = el.tagName === 'INPUT' ? (el.type === 'text' ? el.value : '')
+        const text = el.tagName === 'INPUT' ? (['text', 'number'].includes(el.type) ? el.value : '')
             : el.tagName === 'SELECT' ? el.value
             : [...el.childNodes].filter((n) => n.nodeType === 3).map((n) => n.textContent).join('').trim();
         if (!text || style.visibility !== 'visible') continue;
@@ -206,9 +207,10 @@ def use_theme(page, name: str, layout_color0: str) -> None:
     )
 
 
-def assert_readable(page, theme: str, expect: tuple[str, ...]) -> None:
-    """Every text in the dashboard has the contrast it needs; `expect`: texts that must be among those measured."""
-    rows = page.evaluate(CONTRAST)
+def assert_readable(page, theme: str, expect: tuple[str, ...], root: str = ".vflash-dashboard") -> None:
+    """Every text under `root` (the dashboard by default) has the contrast it needs; `expect`: texts that must be among
+    those measured."""
+    rows = page.evaluate(CONTRAST, root)
     poor = [f"{r['where']} {r['text']!r}: {r['fg']} on {r['bg']} {r['ratio']:.2f} < {r['need']}" for r in rows
             if r["ratio"] < r["need"]]  # fmt: skip
     print(f"{theme}: {len(rows)} texts, lowest {min(r['ratio'] for r in rows):.2f}")

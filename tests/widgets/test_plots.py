@@ -1,13 +1,17 @@
+import matplotlib.style
 import numpy as np
 import psutil
 import pytest
 import torch
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
 
 from workbench.plots import (
     ab_audio_figure,
     array_png,
     figure_png,
     frame_metric_curves,
+    label_points,
     memory_plot,
     stage_intervals,
     stage_timeline,
@@ -140,6 +144,22 @@ def test_frame_metric_curves_has_two_axes_and_marks_the_current_frame(rng):
         frame_metric_curves(psnr, ssim, current=7)
     with pytest.raises(ValueError, match="psnr, ssim"):
         frame_metric_curves(psnr, ssim[:-1])
+
+
+@pytest.mark.parametrize("style", ["default", "dark_background"])
+def test_point_labels_sit_on_the_axes_background_in_light_and_dark_styles(style):
+    """A dark matplotlib style (what a dark-theme user may set) draws white text on black axes: a label's box is the
+    axes' colour, never a fixed white under white text."""
+    with matplotlib.style.context(style):
+        figure = Figure(figsize=(4, 3))
+        axes = figure.subplots()
+        axes.plot([0, 1, 2], [1, 2, 3], "o")
+        label_points(axes, [(0, 1, "0"), (1, 2, "0.1"), (2, 3, "0.2")], fontsize=9)
+    labels = axes.texts
+    assert len(labels) == 3
+    for label in labels:
+        assert to_rgb(label.get_bbox_patch().get_facecolor()) == to_rgb(axes.get_facecolor())
+        assert to_rgb(label.get_color()) != to_rgb(axes.get_facecolor())
 
 
 def test_array_png_encodes_frames_and_refuses_floats(rng):
