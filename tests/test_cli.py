@@ -458,9 +458,10 @@ def test_cli_generate_memory_cap_refused_before_anything_runs(tmp_path, capsys):
 
 
 def test_cli_ctrl_c_says_what_was_kept_and_the_command_that_goes_on(tmp_path, capsys, monkeypatch):
-    """Ctrl-C (KeyboardInterrupt, wherever it hits) ends with status 130 and one line: for calibrate, the steps its
-    partial record keeps and the `--resume` command; for a `--ray` run, the finished cells its store keeps; for a run
-    that keeps nothing (qualify, sweep, search without Ray), that nothing was written. Never a bare traceback."""
+    """Ctrl-C (KeyboardInterrupt, wherever it hits) ends with status 130 and one line: without Ray, what the partial
+    record keeps and the `--resume` command (tests/evidence/test_resume.py: qualify, sweep, search), or that nothing
+    was recorded yet and the same command starts again; for a `--ray` run, the finished cells its store keeps. Never a
+    bare traceback."""
     import shlex
 
     from workbench.evidence.resume import PARTIAL, Journal
@@ -470,11 +471,11 @@ def test_cli_ctrl_c_says_what_was_kept_and_the_command_that_goes_on(tmp_path, ca
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Session, "open", classmethod(interrupted))
-    for command in ("qualify", "sweep", "search"):
+    for command, unit in (("qualify", "case"), ("sweep", "(value, case) pair"), ("search", "(candidate, case) pair")):
         out = tmp_path / command
         assert main([*COMMANDS[command], "--out", str(out)]) == 130
         err = capsys.readouterr().err.strip()
-        assert err.startswith(f"workbench {command}: interrupted; nothing was written to {out}") and "--ray" in err
+        assert err.startswith(f"workbench {command}: interrupted; no {unit} was recorded yet; nothing to continue")
         assert "Traceback" not in err and not out.exists()
 
     calibrate = ["calibrate", *SUITE_ARGS, "--plugin", "easycache", "--out", str(tmp_path / "cal")]

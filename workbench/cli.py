@@ -4,8 +4,11 @@
 session each (`--memory`: planned under a cap, or for each worker's own GPU), into a resumable record store
 (`--store`, default `<out>/cells`); see `workbench.evidence.fanout`. Every case is checked against the model on the
 driver before Ray starts, as without Ray (`_check_cases_here`).
-Without Ray, `calibrate` keeps a partial record in `--out` while it runs (rewritten after every tried value):
-`--resume DIR` continues it, `--max-seconds S` stops it cleanly and prints the command that continues it.
+Without Ray, `calibrate`, `qualify`, `sweep` and `search` keep a partial record in `--out` while they run
+(`<command>.partial.json`, rewritten after every tried value or finished case; removed once the final record is
+written): `--resume DIR` continues it, running only what it does not hold (a partial record of other arguments is
+refused, naming each field that differs); an `--out` holding one is refused without `--resume`. `calibrate
+--max-seconds S` stops cleanly and prints the command that continues it.
 
 A bad input (a bad value, a missing or unreadable file, JSON that does not parse, an `--out` that cannot be
 written) exits with status 2 and one line on stderr naming the flag or file and what is wrong. Ctrl-C exits with
@@ -133,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     qual.add_argument("--device", default="auto")
     qual.add_argument("--out", required=True, type=_directory)
     qual.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
+    qual.add_argument(
+        "--resume", type=Path, metavar="DIR", help="continue the run whose partial record (one case a step) is in DIR"
+    )
 
     swp = commands.add_parser("sweep", help="qualify one plugin at each value of one option; knee, cliff, Pareto")
     swp.add_argument("--plugin", required=True, help="the acceleration plugin, e.g. easycache")
@@ -151,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--device", default="auto")
         sub.add_argument("--out", required=True, type=_directory)
         sub.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
+        sub.add_argument(
+            "--resume",
+            type=Path,
+            metavar="DIR",
+            help="continue the run whose partial record (one configuration's case a step) is in DIR",
+        )
 
     cal = commands.add_parser(
         "calibrate", help="the most aggressive setting inside a quality budget; several --plugin: a greedy stack"
@@ -390,9 +402,12 @@ def _qualify(args: argparse.Namespace) -> int:
     _flagged("--budget", Budget.from_dict, configs["budget"])  # bad overrides: refused before anything loads
     _flagged("--rounds", check_rounds, args.rounds)
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
+    requests = [case.to_request() for case in getattr(suite, args.cases)]
+    identity = {"suite": {"name": suite.name, "sha256": suite.sha256, "cases": args.cases}}
+    arms = {"baseline": configs["baseline"], "candidate": configs["candidate"], "rounds": args.rounds}
+    _check_resume(args, arms | {"requests": [r.to_dict() for r in requests]} | identity)
     check_writable(args.out, "--out")
     _note_replaced(args.out, ["qualification.json", "qualification.html"])
-    requests = [case.to_request() for case in getattr(suite, args.cases)]
     if args.ray is not None:
         from workbench.evidence import fanout_jobs
 
@@ -407,10 +422,14 @@ def _qualify(args: argparse.Namespace) -> int:
         session = Session.open(args.model, device=args.device)
         check_requests(session, requests, args.cases)  # a case the model refuses, named before any case runs
         budget = _budget(default_budget(session), configs["budget"])
-        record, pilots = qualify(session, requests, configs["baseline"], configs["candidate"], args.rounds, budget)
+        resume = {"resume": args.resume or args.out, "identity": identity}  # the partial record lives there
+        record, pilots = qualify(
+            session, requests, configs["baseline"], configs["candidate"], args.rounds, budget, **resume
+        )
     record["suite"] = {"name": suite.name, "path": str(args.suite), "sha256": suite.sha256, "cases": args.cases}
     files = {"qualification.json": record_bytes(record), "qualification.html": render(record, pilots).encode()}
     paths = write_set(args.out, files)
+    _remove_partial(args, "qualify")
     print(f"verdict: {record['verdict']}")
     print(f"record: {paths['qualification.json']}")
     print(f"report: {paths['qualification.html']}")
@@ -437,9 +456,16 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     _flagged("--budget", Budget.from_dict, configs["budget"])  # bad overrides: refused before anything loads
     _flagged("--rounds", check_rounds, args.rounds)
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
+    requests = [case.to_request() for case in getattr(suite, args.cases)]
+    identity = {"suite": {"name": suite.name, "sha256": suite.sha256, "cases": args.cases}}
+    if args.command == "sweep":
+        known = {"plugin": args.plugin, "option": args.option, "values": values, "base_options": configs["base"]}
+    else:
+        known = {"candidates": candidates}
+    known |= {"baseline": configs["baseline"], "rounds": args.rounds, "requests": [r.to_dict() for r in requests]}
+    _check_resume(args, known | identity)
     check_writable(args.out, "--out")
     _note_replaced(args.out, [f"{args.command}.json", f"{args.command}.html"])
-    requests = [case.to_request() for case in getattr(suite, args.cases)]
     if args.ray is not None:
         from workbench.evidence import fanout_jobs
 
@@ -453,7 +479,8 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
         check_requests(session, requests, args.cases)  # a case the model refuses, named before any case runs
         budget = _budget(sweeps.default_budget(session), configs["budget"])
         run = sweeps.sweep if args.command == "sweep" else sweeps.search
-        result = run(session, requests, *_sweep_arguments(args, configs, values, candidates), budget)
+        resume = {"resume": args.resume or args.out, "identity": identity}  # the partial record lives there
+        result = run(session, requests, *_sweep_arguments(args, configs, values, candidates), budget, **resume)
     if args.command == "sweep":
         print(f"knee: {_show(result.knee)}; cliff: {_show(result.cliff)}")
         print(f"recommended: {_show(result.recommended)} ({result.reason})")
@@ -464,6 +491,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
         speed = "" if row.verdict in NO_SPEED_CLAIM else f", speed-up {row.speedup:.4f}"
         print(f"  {row.label}: {row.verdict}{speed}, within budget {row.within_budget}")
     record, page = sweeps.write(result, args.out)
+    _remove_partial(args, args.command)
     print(f"record: {record}")
     print(f"report: {page}")
     return 0
@@ -474,7 +502,6 @@ def _calibrate(args: argparse.Namespace) -> int:
     from workbench.evidence import calibrate as calibration
     from workbench.evidence.harness import check_requests, check_rounds
     from workbench.evidence.manifest import load_manifest
-    from workbench.evidence.resume import PARTIAL, partial_path, read_partial
     from workbench.io import check_writable
     from workbench.profiles import profile
     from workbench.quality import Budget
@@ -502,15 +529,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise ValueError("--resume, --max-seconds: not with --ray (its --store resumes a Ray run cell by cell)")
     if args.max_seconds is not None and not args.max_seconds >= 0:
         raise ValueError(f"--max-seconds: {args.max_seconds!r}; allowed: seconds >= 0")
-    if args.resume is not None and not partial_path(args.resume).exists():
-        raise ValueError(f"--resume: {args.resume} holds no partial calibration record ({PARTIAL})")
-    if args.resume is not None:
-        read_partial(partial_path(args.resume))  # its form, before loading; which run made it is checked once loaded
-    if args.resume is None and args.ray is None and partial_path(args.out).exists():
-        raise ValueError(
-            f"--out: {args.out} holds a partial calibration record ({PARTIAL}); continue it with --resume "
-            f"{args.out}, or choose another --out"
-        )
+    _check_resume(args, {})  # its form, before loading; which run made it is checked once loaded
     check_writable(args.out, "--out")
     kind = "calibration" if len(args.plugin) == 1 else "stack"
     _note_replaced(args.out, [f"{kind}.json", f"{kind}.html"])
@@ -549,7 +568,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _calibrate_report(args: argparse.Namespace, result) -> int:
     from workbench.evidence import calibrate as calibration
-    from workbench.evidence.resume import Partial, partial_path
+    from workbench.evidence.resume import Partial
 
     if isinstance(result, Partial):
         print(f"partial: {result.reason}")
@@ -564,8 +583,7 @@ def _calibrate_report(args: argparse.Namespace, result) -> int:
     print(f"{result.status}: {result.reason}")
     print(f"setting: {_show(None if result.status == 'no_setting' else result.config)}")
     record, page = calibration.write(result, args.out)
-    if args.ray is None:
-        partial_path(args.resume or args.out).unlink(missing_ok=True)  # the final record holds every step
+    _remove_partial(args, "calibrate")
     print(f"record: {record}")
     print(f"report: {page}")
     if args.register:
@@ -582,8 +600,46 @@ def _calibrate_report(args: argparse.Namespace, result) -> int:
     return 0
 
 
+_NOUNS = {"calibrate": "calibration", "qualify": "qualification", "sweep": "sweep", "search": "search"}
+_UNITS = {"qualify": "case", "sweep": "(value, case) pair", "search": "(candidate, case) pair"}  # a record's step
+
+
+def _check_resume(args: argparse.Namespace, known: dict[str, Any]) -> None:
+    """The partial-record flags of an evidence command (`calibrate`, `qualify`, `sweep`, `search`), before any
+    model loads: `--resume` refused with `--ray` (its store resumes by cell) or naming a folder with no partial
+    record of this command (the path named); an `--out` holding one refused without `--resume` (continue it, or
+    choose another `--out`); the partial record's form (`read_partial`) and the fields of its run that the command
+    line alone decides (`known`: `resume.check_run`, each differing field with its recorded and given value). The
+    rest (budget, model, dtype, device) is checked once the model is loaded."""
+    from workbench.evidence.resume import check_run, partial_path, read_partial
+
+    noun = _NOUNS[args.command]
+    if args.resume is not None and args.ray is not None:
+        raise ValueError("--resume: not with --ray (its --store resumes a Ray run cell by cell: run the same command)")
+    if args.resume is not None:
+        path = partial_path(args.resume, args.command)
+        if not path.exists():
+            raise ValueError(f"--resume: {args.resume} holds no partial {noun} record ({path})")
+        check_run(path, read_partial(path), known, fields=True)
+    elif args.ray is None and (path := partial_path(args.out, args.command)).exists():
+        raise ValueError(
+            f"--out: {args.out} holds a partial {noun} record ({path.name}); continue it with --resume "
+            f"{args.out}, or choose another --out"
+        )
+
+
+def _remove_partial(args: argparse.Namespace, command: str) -> None:
+    """Once the final record of `command` is published (without `--ray`): remove its partial record, which the final
+    record holds whole."""
+    from workbench.evidence.resume import partial_path
+
+    if args.ray is None:
+        partial_path(args.resume or args.out, command).unlink(missing_ok=True)
+
+
 def _resume_command(args: argparse.Namespace, folder: Path) -> str:
-    """The command line of this `calibrate` call continuing the partial record in `folder` (`--resume` replaced)."""
+    """The command line of this evidence command (`calibrate`, `qualify`, `sweep`, `search`) continuing the partial
+    record in `folder` (`--resume` replaced)."""
     argv, skip = [], False
     for item in args.argv:
         if not skip and item != "--resume" and not item.startswith("--resume="):
@@ -593,36 +649,38 @@ def _resume_command(args: argparse.Namespace, folder: Path) -> str:
 
 
 def _interrupted(args: argparse.Namespace) -> str:
-    """What an interrupted (Ctrl-C) evidence command kept, and the command that goes on from there: a calibration's
-    partial record (`--resume`), a `--ray` run's store (the same command runs only the cells not finished there).
-    Nothing is half-written (`workbench.io`): what was not published is gone, whole."""
+    """What an interrupted (Ctrl-C) evidence command kept, and the command that goes on from there: without `--ray`
+    its partial record (the steps, cases or (configuration, case) pairs finished, and the `--resume` command), with
+    `--ray` its store (the same command runs only the cells not finished there). Nothing is half-written
+    (`workbench.io`): what was not published is gone, whole."""
     from workbench.evidence.resume import partial_path, read_partial
     from workbench.evidence.store import Store
 
     again = shlex.join(["workbench", *args.argv])
     if args.command not in ("qualify", "sweep", "search", "calibrate", "batch"):
         return "nothing was written"
-    if getattr(args, "ray", None) is not None:
+    if args.ray is not None or args.command == "batch":  # batch always fans out, into its --out
         store = Store(_store_folder(args))
         try:
             done = sum(entry["status"] == "finished" for entry in store.entries().values())
         except (ValueError, OSError):
             done = "its"
         return f"the store {store.root} keeps {done} finished cell(s); the same command runs only the rest: {again}"
+    path = partial_path(args.resume or args.out, args.command)
+    unit = _UNITS.get(args.command, "step")
+    try:
+        record = read_partial(path) if path.exists() else None
+    except (ValueError, OSError):
+        record = None
+    if record is None:
+        return f"no {unit} was recorded yet; nothing to continue, the same command starts again: {again}"
+    done = len(record["steps"])
     if args.command == "calibrate":
-        path = partial_path(args.resume or args.out)
-        try:
-            steps = len(read_partial(path)["steps"]) if path.exists() else None
-        except (ValueError, OSError):
-            steps = None
-        if steps is not None:
-            return f"{steps} step(s) recorded in {path}; continue: {_resume_command(args, path.parent)}"
-        return f"no step was recorded yet; nothing to continue, the same command starts again: {again}"
-    return (
-        f"nothing was written to {args.out}: without --ray, {args.command} keeps no partial record and the same "
-        f"command starts over ({again}); with --ray (a local cluster when no address is given) a re-run runs only "
-        "the cells not finished"
-    )
+        shown = f"{done} step(s) recorded"
+    else:
+        total = done + (record.get("remaining") or {}).get("at_most", 0)
+        shown = f"{done} of {total} {unit}(s) finished and recorded"
+    return f"{shown} in {path}; continue: {_resume_command(args, path.parent)}"
 
 
 def _batch(args: argparse.Namespace) -> int:

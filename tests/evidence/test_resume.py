@@ -1,7 +1,10 @@
 """Resumable calibration (workbench.evidence.resume): a stack killed mid-bisection and again before its
 confirmation, then finished under `max_seconds=0`, ends with the record an uninterrupted run writes, timing fields
 aside; `max_seconds` stops cleanly after one new step; a partial record of other arguments or other dense
-references is refused; the CLI prints the command that continues a stopped run."""
+references is refused; the CLI prints the command that continues a stopped run. Resumable qualify, sweep and
+search (one step per finished case): a CLI run interrupted after its first case, then resumed with the command its
+Ctrl-C line prints, runs only the rest and writes an uninterrupted run's record; a resume of other arguments is
+refused naming the field."""
 
 import json
 import re
@@ -12,8 +15,10 @@ import pytest
 
 from workbench import Request, Session
 from workbench.cli import main
+from workbench.evidence import harness
 from workbench.evidence.calibrate import calibrate, stack
-from workbench.evidence.resume import PARTIAL, Journal, Partial, Paused, read_partial
+from workbench.evidence.records import read_record
+from workbench.evidence.resume import PARTIAL, Journal, Partial, Paused, partial_path, read_partial
 from workbench.quality import Budget
 
 SIZE = {"frames": 5, "height": 16, "width": 16, "steps": 6, "guidance": 1.0}
@@ -133,3 +138,119 @@ def test_cli_calibrate_stops_at_max_seconds_and_prints_the_command_that_finishes
     assert record["status"] == "quality_confirmed" and len(record["points"]) == 2 and not (out / PARTIAL).exists()
     assert main([*args, "--out", str(tmp_path / "other"), "--resume", str(tmp_path / "none")]) == 2
     assert "holds no partial calibration record" in capsys.readouterr().err
+
+
+CASE = {"frames": 1, "height": 16, "width": 16, "steps": 2, "mode": "t2v"}  # a manifest case: the default guidance
+QUALIFY_ONE = harness._qualify_one
+
+
+def cli_suite(path, seeds=(1, 2)):
+    """A tiny-wan suite of one test case per seed, at the smallest size; its path."""
+    cases = [{"prompt": f"a red kite, take {seed}", "seed": seed, **CASE} for seed in seeds]
+    path.write_text(json.dumps({"name": "resume", "version": 1, "model": "tiny-wan", "calibration": [], "test": cases}))
+    return path
+
+
+@pytest.fixture
+def loads(tiny, monkeypatch):
+    """`Session.open` gives the module's tiny-wan (a CLI run here loads no model again); the list counts the loads."""
+    opened = []
+    monkeypatch.setattr(Session, "open", classmethod(lambda cls, *args, **kwargs: opened.append(1) or tiny))
+    return opened
+
+
+def counted(monkeypatch, interrupt_at=None):
+    """The seeds of the cases `harness._qualify_one` runs from now on; Ctrl-C (KeyboardInterrupt) instead of the
+    `interrupt_at`-th."""
+    seeds = []
+
+    def one(session, request, *args):
+        seeds.append(request.seed)
+        if len(seeds) == interrupt_at:
+            raise KeyboardInterrupt
+        return QUALIFY_ONE(session, request, *args)
+
+    monkeypatch.setattr(harness, "_qualify_one", one)
+    return seeds
+
+
+def interrupted(argv, out, capsys, monkeypatch, what):
+    """Run `argv --out out`, Ctrl-C at its second case; check what the Ctrl-C line says was kept (`what`) and
+    return the command it gives to continue."""
+    assert counted(monkeypatch, interrupt_at=2) == [] and main([*argv, "--out", str(out)]) == 130
+    err = capsys.readouterr().err.strip()
+    partial = partial_path(out, argv[0])
+    assert f"interrupted; {what} finished and recorded in {partial}; continue: workbench {argv[0]} " in err, err
+    assert read_partial(partial)["status"] == "partial" and [p.name for p in out.iterdir()] == [partial.name]
+    command = shlex.split(err.split("continue: ")[1])
+    assert command[-2:] == ["--resume", str(out)]
+    assert main([*argv, "--out", str(out)]) == 2  # a partial record in --out is continued only when asked
+    assert f"holds a partial {argv[0].replace('qualify', 'qualification')} record" in capsys.readouterr().err
+    return command[1:]
+
+
+def test_cli_qualify_interrupted_after_a_case_resumes_with_the_other_case_only(tmp_path, capsys, monkeypatch, loads):
+    argv = ["qualify", "--model", "tiny-wan", "--suite", str(cli_suite(tmp_path / "suite.json"))]
+    argv += ["--candidate", '{"cross_kv_cache": {}}']
+    assert counted(monkeypatch) == [] and main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    whole = read_record(tmp_path / "whole" / "qualification.json")
+    out = tmp_path / "q"
+    resume = interrupted(argv, out, capsys, monkeypatch, "1 of 2 case(s)")
+    ran = counted(monkeypatch)
+    assert main(resume) == 0 and ran == [2]  # the case of seed 1 is not run again
+    resumed = read_record(out / "qualification.json")
+    assert [c["verdict"] for c in resumed["cases"]] == [c["verdict"] for c in whole["cases"]] == ["no_speed_claim"] * 2
+    assert untimed(resumed) == untimed(whole) and not partial_path(out, "qualify").exists()
+    report = (out / "qualification.html").read_text()  # the case run now shows its pilots, the other says why not
+    assert report.count("data:video/mp4;base64,") == 2 and report.count("finished by an earlier process") == 1
+
+
+@pytest.mark.parametrize("command", ["sweep", "search"])
+def test_cli_sweep_and_search_interrupted_after_a_case_resume_with_the_rest_only(
+    command, tmp_path, capsys, monkeypatch, loads
+):
+    argv = [command, "--model", "tiny-wan", "--suite", str(cli_suite(tmp_path / "suite.json", seeds=(1,)))]
+    if command == "sweep":
+        argv += ["--plugin", "easycache", "--option", "threshold", "--values", "0,10", "--base", '{"warmup": 1}']
+    else:
+        argv += ["--candidates", '[{"cross_kv_cache": {}}, {"easycache": {"threshold": 10, "warmup": 1}}]']
+    assert counted(monkeypatch) == [] and main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    whole = read_record(tmp_path / "whole" / f"{command}.json")
+    out = tmp_path / command
+    unit = "value" if command == "sweep" else "candidate"
+    resume = interrupted(argv, out, capsys, monkeypatch, f"1 of 2 ({unit}, case) pair(s)")
+    ran = counted(monkeypatch)
+    assert main(resume) == 0 and ran == [1]  # the second configuration's case only
+    resumed = read_record(out / f"{command}.json")
+    assert [r["verdict"] for r in resumed["rows"]] == [r["verdict"] for r in whole["rows"]]
+    assert untimed(resumed) == untimed(whole) and not partial_path(out, command).exists()
+
+
+def test_cli_resume_of_another_run_is_refused_naming_the_field_and_both_values(tmp_path, capsys, monkeypatch, loads):
+    """The fields the command line decides are checked before the model loads, the rest (the budget) once loaded;
+    `--resume` of a folder without a partial record, or with `--ray`, is refused too."""
+    argv = ["qualify", "--model", "tiny-wan", "--suite", str(cli_suite(tmp_path / "suite.json"))]
+    argv += ["--candidate", '{"cross_kv_cache": {}}']
+    out = tmp_path / "q"
+    resume = interrupted(argv, out, capsys, monkeypatch, "1 of 2 case(s)")
+    other_suite = str(cli_suite(tmp_path / "other.json", seeds=(1, 3)))
+    refused = [
+        (["--rounds", "4"], "(rounds: 3 recorded, 4 now)"),
+        (["--candidate", '{"fused_qkv": {}}'], "(candidate: {'cross_kv_cache': {}} recorded, {'fused_qkv': {}} now)"),
+        (["--suite", other_suite], "; suite: {'name': 'resume', 'sha256': '"),  # and its requests
+    ]
+    for flags, message in refused:
+        del loads[:]
+        assert main([*resume, *flags]) == 2 and not loads  # refused before the model loads
+        err = capsys.readouterr().err
+        assert f"error: resume: {out / 'qualify.partial.json'} was made by another run (" in err and message in err
+    assert main([*resume, "--budget", '{"latent_rel_l2": 0.5}']) == 2 and loads
+    err = capsys.readouterr().err
+    assert re.search(r"\(budget: \{[^}]*'latent_rel_l2': 0.03[^}]*\} recorded, \{[^}]*'latent_rel_l2': 0.5", err), err
+    none = tmp_path / "none"
+    assert main([*argv, "--out", str(tmp_path / "o"), "--resume", str(none)]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume: {none} holds no partial qualification record ({none / 'qualify.partial.json'})" in err
+    assert main([*resume, "--ray"]) == 2
+    assert "--resume: not with --ray (its --store resumes a Ray run cell by cell" in capsys.readouterr().err
+    assert read_partial(partial_path(out, "qualify"))["steps"][0]["key"]["request"]["seed"] == 1  # kept as it was

@@ -360,12 +360,12 @@ def test_a_sweeps_bars_say_which_value_of_how_many_and_a_search_speaks_of_candid
 
     bars = []
 
-    def qualify(session, requests, baseline, candidate, rounds, budget, progress, desc="qualify runs"):
+    def qualify_cases(session, requests, baseline, candidate, rounds, budget, progress, desc, journal):
         bars.append(desc)
         made = record("no_speed_claim", [1.0], [0.01])
         return {**made, "candidate": candidate, "device": {"type": "cpu"}}, []
 
-    monkeypatch.setattr(sweeps, "qualify", qualify)
+    monkeypatch.setattr(sweeps, "qualify_cases", qualify_cases)
     monkeypatch.setattr(sweeps, "validate", lambda *args: None)  # no model: the bars' names are what is checked
     sweep(None, [REQUEST], "easycache", "threshold", [0.05, 0.1], BASE, budget=Budget())
     found = search(None, [REQUEST], [{"cross_kv_cache": {}}, {"fused_qkv": {}}], budget=Budget())

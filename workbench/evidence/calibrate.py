@@ -57,7 +57,7 @@ from workbench.accelerations.base import Knob
 from workbench.evidence.harness import MIN_ROUNDS, default_budget, qualify
 from workbench.evidence.records import record_bytes
 from workbench.evidence.report import Table, page, speedup_text
-from workbench.evidence.resume import Journal, Partial, Paused, merge_cases
+from workbench.evidence.resume import Journal, Partial, Paused, merge_cases, run_key
 from workbench.io import write_set
 from workbench.plots import LABEL_PT, figure_png, label_points, png_figure_html
 from workbench.progress import progress as progress_bar
@@ -564,17 +564,11 @@ def _identity(
     kind: str, session: Session, calibration: list[Request], test: list[Request] | None, budget: Budget, arguments
 ) -> dict[str, Any]:
     """What a partial record must agree on to be resumed: the arguments, requests, model, dtype and device."""
-    from workbench.accelerations.attention.attention_policy import model_key
-
-    device = environment.device_info(session.device)
-    return {"kind": kind, **arguments, "budget": budget.to_dict()} | {
+    requests = {
         "calibration": [r.to_dict() for r in calibration],
         "test": None if test is None else [r.to_dict() for r in test],
-        "model": session.model.name,
-        "model_key": model_key(session.model),
-        "dtype": str(session.dtype).removeprefix("torch."),
-        "device": device["type"] if device["type"] != "cuda" else f"cuda: {device['name']}",
     }
+    return run_key(kind, session, budget, arguments | requests)
 
 
 def _configs(base: dict[str, Any], plugin: str, options: dict[str, Any], option: str) -> Callable[[float], dict]:

@@ -5,13 +5,21 @@ it and keep its pilot; then time A, B, A, B, ..., A. Each candidate run is paire
 the stock runs either side of it, so slow drift cancels. Installation and the warm-up (JIT, autotune)
 are reported apart from the timed runs. Every timed output must equal its arm's pilot, or timing says
 nothing about the output that was judged.
+
+Resumable (`resume=` a folder): after every finished case the partial record `qualify.partial.json` there is
+rewritten atomically (`workbench.evidence.resume.Journal`, one step per case), so an interrupted run loses at most
+the case in flight; the same call again runs only the cases not recorded and returns the record an uninterrupted
+call returns. A case is the unit because its A/B/A is timed whole inside one process: seconds of two processes
+are never compared. A case read back from the record has no pilot outputs (they are not kept).
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,6 +33,9 @@ from workbench.quality.budget import default_for
 from workbench.request import Request
 from workbench.result import Result
 from workbench.session import Session
+
+if TYPE_CHECKING:
+    from workbench.evidence.resume import Journal  # it imports this module
 
 MIN_ROUNDS = 3
 MAX_ROUNDS = 100  # each round is two whole requests per case: more is a typo, not a measurement plan
@@ -70,19 +81,69 @@ def qualify(
     budget: Budget | None = None,
     progress: bool = True,
     desc: str = "qualify runs",
-) -> tuple[dict[str, Any], list[tuple[Result, Result]]]:
+    resume: str | Path | None = None,
+    identity: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[tuple[Result, Result] | None]]:
     """Qualify `candidate` against `baseline` on `requests` under `budget` (default: `default_budget(session)`);
     returns the record and each case's pilots. Every request is checked against the model before the first runs
-    (`check_requests`). `desc` names the progress bar (a sweep says which of its values this is)."""
+    (`check_requests`). `desc` names the progress bar (a sweep says which of its values this is).
+
+    `resume`: a folder for the partial record (`qualify.partial.json`), read when there and rewritten after every
+    finished case; the cases it holds are not run again, and their pilots are None (not kept). The record returned
+    is then an uninterrupted run's, its environment fields this process's. `identity`: more fields the partial
+    record must agree on (the CLI's: the suite). A partial record of other arguments (`resume.run_key`: the
+    configurations, rounds, budget, requests, `identity`, model, dtype, device) is a ValueError naming each field
+    that differs, its recorded and its given value. The caller removes the partial record once the final one is
+    published."""
     check_rounds(rounds)
     check_requests(session, requests)
     budget = budget or default_budget(session)
-    cases, pilots = [], []
-    with progress_bar(total=len(requests) * (2 * rounds + 3), desc=desc, enabled=progress) as bar:
-        for request in requests:
+    journal = None
+    if resume is not None:
+        from workbench.evidence.resume import Journal, run_key  # it imports this module
+
+        arguments = {"baseline": baseline, "candidate": candidate, "rounds": rounds}
+        arguments |= {"requests": [r.to_dict() for r in requests], **(identity or {})}
+        run = run_key("qualification", session, budget, arguments)
+        journal = Journal(resume, "qualification", run, len(requests), None, name="qualify")
+    return qualify_cases(session, requests, baseline, candidate, rounds, budget, progress, desc, journal)
+
+
+def qualify_cases(
+    session: Session,
+    requests: list[Request],
+    baseline: dict[str, Any],
+    candidate: dict[str, Any],
+    rounds: int,
+    budget: Budget,
+    progress: bool,
+    desc: str,
+    journal: Journal | None = None,
+) -> tuple[dict[str, Any], list[tuple[Result, Result] | None]]:
+    """`qualify` of checked arguments, each case a step of `journal` (`workbench.evidence.resume.Journal`, keyed by
+    the candidate and the request) when one is given: a case it holds is read back (pilots None), any other is run
+    and recorded at once. A sweep or search passes one journal through all its configurations."""
+    cases: list[dict[str, Any]] = []
+    pilots: list[tuple[Result, Result] | None] = []
+    runs, ran = 2 * rounds + 3, []  # ran: the pilots of the case run now (none when the journal held it)
+    with progress_bar(total=len(requests) * runs, desc=desc, enabled=progress) as bar:
+
+        def run(request: Request) -> dict[str, Any]:
             case, pair = _qualify_one(session, request, baseline, candidate, rounds, budget, bar)
+            ran.append(pair)
+            return case
+
+        for request in requests:
+            ran.clear()
+            if journal is None:
+                case = run(request)
+            else:
+                key = {"candidate": candidate, "request": request.to_dict()}
+                case = journal.step("case", key, functools.partial(run, request), 0.0)
+                if not ran:
+                    bar.update(runs)  # recorded by an earlier process
             cases.append(case)
-            pilots.append(pair)
+            pilots.append(ran[0] if ran else None)
     session.accelerate({})
     overall = min((c["verdict"] for c in cases), key=SUITE_ORDER.index)
     record = {

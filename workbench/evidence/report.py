@@ -49,10 +49,11 @@ def page(title: str, body: list[str]) -> str:
     )
 
 
-def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -> str:
+def render(record: dict[str, Any], pilots: list[tuple[Result, Result] | None] | None) -> str:
     """The report page; with `pilots=None` (a record read back without its outputs) the videos are
-    replaced by a note saying so. A case whose candidate did not execute (`not_executed`) shows no
-    speed-up anywhere: its timings measured something other than the candidate."""
+    replaced by a note saying so, and a case whose pilots are None (a resumed run's case finished by an earlier
+    process, whose outputs are not kept) by a note saying that. A case whose candidate did not execute
+    (`not_executed`) shows no speed-up anywhere: its timings measured something other than the candidate."""
     candidate = json.dumps(record["candidate"])
     title = f"Qualification: {record['verdict']} · {candidate} vs {json.dumps(record['baseline'])} on {record['model']}"
     parts = [
@@ -70,12 +71,20 @@ def render(record: dict[str, Any], pilots: list[tuple[Result, Result]] | None) -
         ).html(),
     ]
     pairs = pilots if pilots is not None else [None] * len(record["cases"])
+    missing = (
+        "this report was rendered from the record alone"
+        if pilots is None
+        else "this case was finished by an earlier process of a resumed run (--resume), whose pilot outputs are not "
+        "kept; its record is"
+    )
     for index, (case, pair) in enumerate(zip(record["cases"], pairs, strict=True)):
-        parts += _case(index, case, pair, record["budget"])
+        parts += _case(index, case, pair, record["budget"], missing)
     return page(title, parts)
 
 
-def _case(index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, budget: dict) -> list[str]:
+def _case(
+    index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, budget: dict, missing: str
+) -> list[str]:
     quality = case["quality"]
     rows = {
         "speed-up (median, CI95)": speedup_text(case),
@@ -106,7 +115,7 @@ def _case(index: int, case: dict[str, Any], pair: tuple[Result, Result] | None, 
             parts.append(_png(curves, "per-frame PSNR and SSIM with the budget's limits"))
     parts.append("<h3>Pilot outputs</h3>")
     if pair is None:
-        parts.append("<p><i>Videos not embedded: this report was rendered from the record alone.</i></p>")
+        parts.append(f"<p><i>Videos not embedded: {html.escape(missing)}.</i></p>")
     else:
         parts.append(video(pair[0], "baseline") + video(pair[1], "candidate"))
     return parts

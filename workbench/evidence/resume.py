@@ -1,5 +1,7 @@
 """The partial record of a calibration (`calibrate.calibrate` / `calibrate.stack` with `resume=`): a search resumable
-at the granularity of one step, across processes, sessions and machines.
+at the granularity of one step, across processes, sessions and machines. A qualification, sweep or search
+(`harness.qualify`, `sweep.sweep`, `sweep.search` with `resume=`) keeps one alike, one step per finished case (a
+sweep's or search's: per configuration and case), in its own file (`partial_path(folder, name)`): see `harness`.
 
 A step is one evaluated knob value (a `Point`: its worst quality against the dense references on the calibration
 requests, and its speed-up against them) or one test request's confirmation (its A/B/A `qualify` record). After
@@ -49,7 +51,7 @@ from workbench.evidence.harness import SUITE_ORDER
 from workbench.evidence.records import read_record, record_bytes, write_record
 from workbench.result import Result
 
-PARTIAL = "calibrate.partial.json"
+PARTIAL = "calibrate.partial.json"  # a calibration's; `partial_path(folder, name)` names the others
 
 
 @dataclass
@@ -73,8 +75,11 @@ class Paused(Exception):
         self.partial = partial
 
 
-def partial_path(folder: str | Path) -> Path:
-    return Path(folder) / PARTIAL
+def partial_path(folder: str | Path, name: str = "calibrate") -> Path:
+    """The partial record of the run `name` (the command: calibrate, qualify, sweep or search) in `folder`:
+    `<name>.partial.json` (`PARTIAL` for a calibration), one file per command, so runs of two commands sharing a
+    folder never read each other's."""
+    return Path(folder) / f"{name}.partial.json"
 
 
 def read_partial(path: str | Path) -> dict[str, Any]:
@@ -95,14 +100,42 @@ def read_partial(path: str | Path) -> dict[str, Any]:
     return record
 
 
-class Journal:
-    """The steps of one calibration run, replayed from the partial record in `folder` and extended there (`folder`
-    None: kept in memory only, nothing written, no time limit). `run` identifies the run (its arguments: JSON);
-    `at_most` is how many steps the whole run takes at most. `max_seconds` counts from `started` (a
-    `time.perf_counter()` reading; default: now), so a caller that loaded a model first can give its own start and
-    the limit its user gave, which the reason of a stop then quotes.
+def check_run(path: str | Path, record: dict[str, Any], run: dict[str, Any], fields: bool = False) -> None:
+    """Refuse to resume the partial `record` (read from `path`) with the run `run`: ValueError naming every field
+    whose value differs, with the recorded and the given value (`margin: 0.8 recorded, 0.5 now`). `fields`: compare
+    only the fields `run` gives (a check before the model loads, when what depends on the model is not known yet)."""
+    run = _plain(run)
+    keys = set(run) if fields else {*run, *record["run"]}
+    differ = sorted(k for k in keys if run.get(k) != record["run"].get(k))
+    if differ:
+        shown = "; ".join(f"{k}: {record['run'].get(k)!r} recorded, {run.get(k)!r} now" for k in differ)
+        raise ValueError(f"resume: {path} was made by another run ({shown})")
 
-    ValueError for a bad `max_seconds` or `started`, a limit without a folder, or a partial record of another run."""
+
+def run_key(kind: str, session: Any, budget: Any, arguments: dict[str, Any]) -> dict[str, Any]:
+    """What a partial record must agree on to be resumed (`Journal`'s `run`): `kind`, the `arguments` (the
+    requests among them), the budget (`Budget`), and `session`'s model (its name and weights' key), dtype and
+    device (a CUDA device by its name)."""
+    from workbench.accelerations.attention.attention_policy import model_key
+
+    device = environment.device_info(session.device)
+    return {"kind": kind, **arguments, "budget": budget.to_dict()} | {
+        "model": session.model.name,
+        "model_key": model_key(session.model),
+        "dtype": str(session.dtype).removeprefix("torch."),
+        "device": device["type"] if device["type"] != "cuda" else f"cuda: {device['name']}",
+    }
+
+
+class Journal:
+    """The steps of one run, replayed from the partial record `partial_path(folder, name)` and extended there
+    (`folder` None: kept in memory only, nothing written, no time limit). `run` identifies the run (its arguments:
+    JSON; `run_key`); `at_most` is how many steps the whole run takes at most. `max_seconds` counts from `started`
+    (a `time.perf_counter()` reading; default: now), so a caller that loaded a model first can give its own start
+    and the limit its user gave, which the reason of a stop then quotes.
+
+    ValueError for a bad `max_seconds` or `started`, a limit without a folder, or a partial record of another kind
+    or another run (`check_run`: each field that differs, with its recorded and its given value)."""
 
     def __init__(
         self,
@@ -112,6 +145,7 @@ class Journal:
         at_most: int,
         max_seconds: float | None,
         started: float | None = None,
+        name: str = "calibrate",
     ):
         if max_seconds is not None and (
             isinstance(max_seconds, bool) or not isinstance(max_seconds, int | float) or not max_seconds >= 0
@@ -124,7 +158,7 @@ class Journal:
             raise ValueError(f"started: {started!r}; allowed: a time.perf_counter() reading not in the future, or None")
         if max_seconds is not None and folder is None:
             raise ValueError("max_seconds: needs resume= (the folder the partial record is written to)")
-        self.path = None if folder is None else partial_path(folder)
+        self.path = None if folder is None else partial_path(folder, name)
         self.kind, self.run, self.at_most, self.max_seconds = kind, _plain(run), at_most, max_seconds
         self.steps: list[dict[str, Any]] = []
         self.references: list[dict[str, str]] | None = None
@@ -135,10 +169,7 @@ class Journal:
             record = read_partial(self.path)
             if record.get("kind") != kind or record.get("status") != "partial":
                 raise ValueError(f"resume: {self.path} is a {record.get('kind')!r} record, not a partial {kind!r} one")
-            differ = sorted(k for k in {*self.run, *record["run"]} if self.run.get(k) != record["run"].get(k))
-            if differ:
-                shown = "; ".join(f"{k}: {record['run'].get(k)!r} recorded, {self.run.get(k)!r} now" for k in differ)
-                raise ValueError(f"resume: {self.path} was made by another run ({shown})")
+            check_run(self.path, record, self.run)
             self.steps, self.references = record["steps"], record.get("references")
 
     def check_references(self, references: list[Result], seeds: list[int]) -> None:

@@ -11,6 +11,11 @@ Neither ever recommends what failed: a value or configuration is recommended onl
 `qualified` (quality within the budget *and* a speed claim, which needs a clean CUDA run). On CPU that
 never happens, so `recommended`/`best` is None and `reason` says why. Everything chosen holds only for
 the requests, seeds, geometry and device it was measured on.
+
+Both are resumable (`resume=` a folder): the partial record (`sweep.partial.json` / `search.partial.json`) is
+rewritten after every finished (configuration, request) case, each timed A/B/A whole inside one process
+(`harness.qualify_cases`); the same call again runs only the cases not recorded and returns an uninterrupted
+run's result.
 """
 
 from __future__ import annotations
@@ -28,9 +33,17 @@ from matplotlib.lines import Line2D
 
 from workbench.accelerations import REGISTRY, install
 from workbench.environment import device_label
-from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, check_requests, check_rounds, default_budget, qualify
+from workbench.evidence.harness import (
+    MIN_ROUNDS,
+    SUITE_ORDER,
+    check_requests,
+    check_rounds,
+    default_budget,
+    qualify_cases,
+)
 from workbench.evidence.records import record_bytes
 from workbench.evidence.report import NO_SPEED_CLAIM, Table, page, speedup_text
+from workbench.evidence.resume import Journal, run_key
 from workbench.io import write_set
 from workbench.plots import LABEL_PT, figure_png, label_points, png_figure_html
 from workbench.quality import Budget
@@ -274,19 +287,30 @@ def sweep(
     rounds: int = MIN_ROUNDS,
     budget: Budget | None = None,
     progress: bool = True,
+    resume: str | Path | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> SweepResult:
     """Qualify `{plugin: {**base_options, option: value}}` against `baseline` (default `{}`) for each value.
 
     Order `values` from least to most aggressive: the cliff is looked for after the knee. Every
     configuration is validated before anything runs, so a bad plugin, option or value is a ValueError
     (RuntimeError: not runnable on this device) without spending any time.
+
+    `resume`, `identity`: as for `harness.qualify`, one step per (value, request) in `sweep.partial.json`; the
+    run's fields are `plugin`, `option`, `values`, `base_options`, `baseline`, `rounds`, `requests`, the budget,
+    `identity`, model, dtype and device.
     """
     values, base_options, baseline = list(values), dict(base_options or {}), dict(baseline or {})
     configs = sweep_configs(plugin, option, values, base_options)
     validate(session, [baseline, *configs], rounds, requests)
     budget = budget or default_budget(session)
+    arguments = {"plugin": plugin, "option": option, "values": values, "base_options": base_options}
+    arguments |= {"baseline": baseline, "rounds": rounds}
+    journal = _journal(resume, "sweep", session, requests, budget, arguments, len(configs), identity)
     records = [
-        qualify(session, requests, baseline, c, rounds, budget, progress, f"value {i}/{len(values)}: {option}={v}")[0]
+        qualify_cases(
+            session, requests, baseline, c, rounds, budget, progress, f"value {i}/{len(values)}: {option}={v}", journal
+        )[0]
         for i, (c, v) in enumerate(zip(configs, values, strict=True), 1)
     ]  # each bar says which value of how many it runs
     return sweep_result(plugin, option, values, base_options, baseline, budget, records)
@@ -330,20 +354,47 @@ def search(
     rounds: int = MIN_ROUNDS,
     budget: Budget | None = None,
     progress: bool = True,
+    resume: str | Path | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> SearchResult:
     """Qualify each candidate configuration against `baseline` (default `{}`) and pick the fastest qualified.
 
-    Every candidate is validated before anything runs (ValueError/RuntimeError as for `sweep`).
+    Every candidate is validated before anything runs (ValueError/RuntimeError as for `sweep`). `resume`,
+    `identity`: as for `sweep`, one step per (candidate, request) in `search.partial.json`; the run's fields are
+    `candidates`, `baseline`, `rounds`, `requests`, the budget, `identity`, model, dtype and device.
     """
     check_candidates(candidates)
     baseline = dict(baseline or {})
     validate(session, [baseline, *candidates], rounds, requests)
     budget = budget or default_budget(session)
+    arguments = {"candidates": candidates, "baseline": baseline, "rounds": rounds}
+    journal = _journal(resume, "search", session, requests, budget, arguments, len(candidates), identity)
     records = [
-        qualify(session, requests, baseline, c, rounds, budget, progress, f"candidate {i}/{len(candidates)}")[0]
+        qualify_cases(
+            session, requests, baseline, c, rounds, budget, progress, f"candidate {i}/{len(candidates)}", journal
+        )[0]
         for i, c in enumerate(candidates, 1)
     ]
     return search_result(candidates, baseline, budget, records)
+
+
+def _journal(
+    resume: str | Path | None,
+    kind: str,
+    session: Session,
+    requests: list[Request],
+    budget: Budget,
+    arguments: dict[str, Any],
+    configs: int,
+    identity: dict[str, Any] | None,
+) -> Journal | None:
+    """The journal of a resumable sweep or search (`resume` a folder; None: not resumable): one step per
+    (configuration, request), its partial record `<kind>.partial.json`."""
+    if resume is None:
+        return None
+    arguments = arguments | {"requests": [r.to_dict() for r in requests], **(identity or {})}
+    run = run_key(kind, session, budget, arguments)
+    return Journal(resume, kind, run, configs * len(requests), None, name=kind)
 
 
 def search_result(
