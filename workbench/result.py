@@ -47,7 +47,8 @@ class Result:
     full scale, so they encode; the latents are kept as they were). Checked when made (ValueError naming the field
     and what is allowed): `frames` a uint8 numpy array (T, H, W, 3) with T, H, W >= 1; `audio` None or a floating
     numpy array (C, N) with C >= 1; `sample_rate` an int in [1, MAX_SAMPLE_RATE] with audio (numpy integers taken as
-    ints), None or such an int without; `fps` a finite number > 0. The other fields are taken as given. Its text repr
+    ints), None or such an int without; `fps` a finite number > 0. The other fields are taken as given. `trace`: the
+    request's profiler trace (`Session.generate(trace=True)`: gzip Chrome trace JSON), else None. Its text repr
     is a one-line summary (no pixels); in a notebook it shows as HTML with the video."""
 
     frames: np.ndarray
@@ -63,6 +64,7 @@ class Result:
     metadata: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
+    trace: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         frames = self.frames
@@ -129,17 +131,21 @@ class Result:
         }
 
     @staticmethod
-    def saved_names(name: str, field: str = "name", directory: str | Path | None = None) -> tuple[str, str, str]:
-        """The files `save(directory, name)` writes: `<name>.mp4`, `.json`, `.html` (ValueError naming `field` for a
-        name that is not a plain file stem, or too long for `directory`'s file system: `io.check_stem`)."""
+    def saved_names(
+        name: str, field: str = "name", directory: str | Path | None = None, trace: bool = False
+    ) -> tuple[str, ...]:
+        """The files `save(directory, name)` writes: `<name>.mp4`, `.json`, `.html`, and with `trace` (a traced
+        result) `<name>.trace.json.gz` (ValueError naming `field` for a name that is not a plain file stem, or too
+        long for `directory`'s file system: `io.check_stem`)."""
         check_stem(name, field, directory)
-        return f"{name}.mp4", f"{name}.json", f"{name}.html"
+        return (f"{name}.mp4", f"{name}.json", f"{name}.html") + ((f"{name}.trace.json.gz",) if trace else ())
 
     def save(self, directory: str | Path, name: str = "result") -> Path:
-        """Write `<name>.mp4`, `<name>.json` (strict JSON) and `<name>.html` into `directory` as one set
-        (`workbench.io.write_set`): the folder holds the complete previous set or the complete new one, never
-        a mix, even when the process is killed part-way. Returns the MP4 path."""
-        mp4_name, json_name, html_name = self.saved_names(name)
+        """Write `<name>.mp4`, `<name>.json` (strict JSON), `<name>.html` and, for a traced result,
+        `<name>.trace.json.gz` (open it in Perfetto) into `directory` as one set (`workbench.io.write_set`): the
+        folder holds the complete previous set or the complete new one, never a mix, even when the process is killed
+        part-way. Returns the MP4 path."""
+        mp4_name, json_name, html_name, *trace_name = self.saved_names(name, trace=self.trace is not None)
         check_path(directory, "directory")  # before the encoding, not after it
         request = self.metadata.get("request", {})
         title = " · ".join(str(x) for x in (request.get("prompt"), self.metadata.get("model")) if x) or name
@@ -148,6 +154,7 @@ class Result:
             f"<body style='font-family:sans-serif'>{self._html(self.mp4_bytes(min_side=VISIBLE_SIDE))}</body></html>"
         )
         files = {mp4_name: self.mp4_bytes(), json_name: json_bytes(self.summary()), html_name: page.encode()}
+        files.update(dict.fromkeys(trace_name, self.trace))
         return write_set(directory, files)[mp4_name]
 
     def _repr_html_(self) -> str:
@@ -183,7 +190,7 @@ class Result:
             f'<video controls loop src="data:video/mp4;base64,{video}" style="{video_style(*self.frames.shape[1:3])}">'
             "</video>"
             f"<table><tr><th>stage</th><th>ms</th>{memory_head}</tr>{rows}</table>"
-            f"<table><tr><th>acceleration</th><th>receipt</th></tr>{receipts}</table></div>"
+            f"<table><tr><th>acceleration</th><th>receipt</th></tr>{receipts}</table>{_trace_html(self.metadata)}</div>"
         )
 
 
@@ -215,6 +222,23 @@ def _described(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return f"{value.dtype} array of shape {value.shape}"
     return f"{type(value).__name__} {shown(value)}"
+
+
+def _trace_html(metadata: dict[str, Any]) -> str:
+    """A traced request's operators with the most self time (`metadata["trace"]`), or "" for an untraced one."""
+    summary = metadata.get("trace")
+    if not isinstance(summary, dict) or not summary.get("top"):
+        return ""
+    what = "CUDA kernels and copies" if summary.get("activity") == "cuda" else "CPU operators"
+    rows = "".join(
+        f"<tr><td>{html.escape(str(row['name']))}</td><td>{row['calls']}</td><td>{row['ms']:.1f}</td></tr>"
+        for row in summary["top"]
+    )
+    return (
+        f"<p>Profiled (the timings above include the profiler's overhead): {what} by self time, "
+        f"{summary['total_ms']:.1f} ms in all, {summary['other_ms']:.1f} ms outside this table.</p>"
+        f"<table><tr><th>name</th><th>calls</th><th>ms</th></tr>{rows}</table>"
+    )
 
 
 def _mib(value: int | None) -> str:

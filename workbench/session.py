@@ -284,7 +284,9 @@ class Session:
         self._check_usable()
         return self.model.resolve(request, self._adapters.defaults if self._adapters else None)
 
-    def generate(self, request: Request, progress: bool = True, allow_non_finite: bool = False) -> Result:
+    def generate(
+        self, request: Request, progress: bool = True, allow_non_finite: bool = False, trace: bool = False
+    ) -> Result:
         """Run one request end to end and return frames, audio, latents, timings, memory and metadata.
 
         Non-finite numbers fail the request: the final latents (stage `denoise`), the decoded frames
@@ -295,13 +297,18 @@ class Session:
 
         `stop()` (from another thread) ends the request early with `RequestStopped`; an exception or an interrupt
         mid-request leaves the model, the accelerations and their state as they were.
+
+        `trace=True` runs the request under torch.profiler (`workbench.trace`): `Result.trace` is its Chrome trace
+        (gzip JSON, stages and denoise steps as named ranges; `save` writes it as `<name>.trace.json.gz`) and
+        `metadata["trace"]` the operators (CUDA: kernels) with the most self time. The profiler slows every
+        operator, so the result says `metadata["traced"]`; its outputs are the untraced request's.
         """
-        for name, flag in (("progress", progress), ("allow_non_finite", allow_non_finite)):
+        for name, flag in (("progress", progress), ("allow_non_finite", allow_non_finite), ("trace", trace)):
             if not isinstance(flag, bool | np.bool_):
                 raise ValueError(
                     f"{name}: expected a bool, got {type(flag).__name__} {shown(flag)}; allowed: True, False"
                 )
-        progress, allow_non_finite = bool(progress), bool(allow_non_finite)
+        progress, allow_non_finite, trace = bool(progress), bool(allow_non_finite), bool(trace)
         if not isinstance(request, Request):
             raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
         self._check_usable()
@@ -313,7 +320,7 @@ class Session:
         request_id = next(self._request_ids)
         self.active_request = request_id
         try:
-            return self._run(request, request_id, progress, allow_non_finite)
+            return self._run(request, request_id, progress, allow_non_finite, trace)
         finally:
             self.active_request = None
             self._lock.release()
@@ -321,19 +328,21 @@ class Session:
                 gc.collect()
                 torch.cuda.empty_cache()
 
-    def _run(self, request: Request, request_id: int, progress: bool, allow_non_finite: bool) -> Result:
+    def _run(self, request: Request, request_id: int, progress: bool, allow_non_finite: bool, trace: bool) -> Result:
         """`_execute` under the request's telemetry; a request that raises ends with a request_failed event."""
         pipe = self.model.pipeline
         # diffusers' own bar is a tqdm.auto widget in a kernel, "model not found" once the notebook is reopened
         pipe.progress_bar = lambda iterable=None, total=None: progress_bar(iterable, total, "denoise steps", progress)
         telemetry = Telemetry(self.device, self._subscribers)
         try:
-            return self._execute(request, request_id, allow_non_finite, telemetry)
+            return self._execute(request, request_id, allow_non_finite, telemetry, trace)
         except BaseException as error:
             telemetry.fail(error, stopped=isinstance(error, RequestStopped))
             raise
 
-    def _execute(self, request: Request, request_id: int, allow_non_finite: bool, telemetry: Telemetry) -> Result:
+    def _execute(
+        self, request: Request, request_id: int, allow_non_finite: bool, telemetry: Telemetry, trace: bool
+    ) -> Result:
         """The request itself: per-request state begun and ended, the probes and the stop checkpoints installed
         around the family's runner, the outputs checked, the Result assembled."""
         pipe = self.model.pipeline
@@ -366,6 +375,12 @@ class Session:
             for module in stage_modules(self.model):  # a decode stops within one block, not when it ends
                 hook = module.register_forward_pre_hook(lambda *_: checkpoint(f"in {current}"))
                 stack.callback(hook.remove)
+            tracer = None
+            if trace:
+                from workbench.trace import RequestTrace
+
+                tracer = stack.enter_context(RequestTrace(self.device, request.steps))
+                telemetry.subscribers.append(tracer.on_event)
             clock = on_step_end.__self__
             generator = torch.Generator("cpu").manual_seed(request.seed)
             with torch.inference_mode():
@@ -399,6 +414,7 @@ class Session:
             **({"adapters": list(self._adapters.records)} if self._adapters else {}),
             "nvml": summarize_samples(samples),
             "subscriber_errors": telemetry.subscriber_errors,
+            **({"traced": True, "trace": tracer.summary()} if tracer is not None else {}),
             **({"non_finite": non_finite} if non_finite else {}),
             **environment.describe(self.device),
         }
@@ -418,6 +434,7 @@ class Session:
             metadata=metadata,
             events=list(telemetry.events),
             step_seconds=telemetry.step_seconds(),
+            trace=None if tracer is None else tracer.chrome_trace(),
         )
 
     def _checkpoint(self, request_id: int, steps: int, telemetry: Telemetry) -> Callable[[str], None]:

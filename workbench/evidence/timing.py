@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -119,10 +119,8 @@ def time_call(
 
 
 def kernel_times(fn: Callable[[], Any], device: torch.device | str, top: int = 15) -> dict[str, Any]:
-    """One call of `fn()` under torch.profiler, self time summed by name: CUDA kernels and copies on a CUDA device,
-    CPU ops elsewhere. Returns {"activity": "cuda" | "cpu", "total_ms": all names, "top": [{"name" (first 120
-    characters), "calls", "ms"}] for the `top` names by time, longest first, "other_ms": the rest}. ValueError for
-    top < 1."""
+    """One call of `fn()` under torch.profiler, self time summed by name (`profile_summary`: CUDA kernels and copies
+    on a CUDA device, CPU ops elsewhere). ValueError for top < 1."""
     if top < 1:
         raise ValueError(f"top: must be >= 1, got {top}")
     from torch.profiler import ProfilerActivity, profile
@@ -132,8 +130,17 @@ def kernel_times(fn: Callable[[], Any], device: torch.device | str, top: int = 1
         fn()
         if cuda:
             torch.cuda.synchronize(device)
+    return profile_summary(prof, cuda, top)
+
+
+def profile_summary(prof: Any, cuda: bool, top: int = 15, skip: Collection[str] = ()) -> dict[str, Any]:
+    """A finished torch.profiler run's self time summed by name: device time of CUDA kernels and copies when `cuda`,
+    CPU time of operators otherwise; the names in `skip` (a caller's own ranges) left out. Returns {"activity": "cuda" | "cpu", "total_ms": all names, "top": [{"name"
+    (first 120 characters), "calls", "ms"}] for the `top` names by time, longest first, "other_ms": the rest}."""
     rows = []
     for event in prof.key_averages():
+        if event.key in skip or (cuda and event.device_type == torch.autograd.DeviceType.CPU):
+            continue  # an operator, whose kernels' time is theirs: counted once, under the kernels' names
         us = event.self_device_time_total if cuda else event.self_cpu_time_total
         if us > 0:
             rows.append({"name": event.key[:120], "calls": event.count, "ms": us / 1e3})
