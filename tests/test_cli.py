@@ -500,7 +500,7 @@ def test_cli_ctrl_c_says_what_was_kept_and_the_command_that_goes_on(tmp_path, ca
                                                   {"record": {}, "outputs": None})  # fmt: skip
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("workbench.cli._fanout", cells)
+    monkeypatch.setattr("workbench.cli.evidence._fanout", cells)  # where sweep looks it up
     assert main([*COMMANDS["sweep"], "--ray", "--out", str(tmp_path / "ray")]) == 130
     err = capsys.readouterr().err.strip()
     assert f"the store {tmp_path / 'ray' / 'cells'} keeps 2 finished cell(s); the same command runs only" in err

@@ -507,8 +507,8 @@ def test_cli_register_never_takes_the_entry_an_earlier_run_left_in_out(monkeypat
     none (no setting, here) says so, and registers nothing; the earlier run's entry is not this run's evidence."""
     import argparse
 
-    from workbench import cli
     from workbench.accelerations.attention import attention_policy
+    from workbench.cli.evidence import _calibrate_report
 
     out = tmp_path / "cal"
     out.mkdir()
@@ -521,5 +521,5 @@ def test_cli_register_never_takes_the_entry_an_earlier_run_left_in_out(monkeypat
     knob = REGISTRY["block_sparse"].knob
     result = Calibration("block_sparse", knob, {}, {}, Budget(), 0.8, [], None, knob.low, None, "no_setting", "none")
     args = argparse.Namespace(argv=[], out=out, ray=None, resume=None, register=True)
-    assert cli._calibrate_report(args, result) == 0
+    assert _calibrate_report(args, result) == 0
     assert "not registered: the run earned no attention_policy entry" in capsys.readouterr().out

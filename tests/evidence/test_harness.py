@@ -228,7 +228,7 @@ def test_measure_ceilings_are_the_rates_of_the_copy_and_gemm_it_timed(monkeypatc
 
 
 def test_the_default_budget_holds_a_model_with_sound_to_the_audio_limits_and_overrides_keep_the_rest(sessions):
-    from workbench.cli import _budget
+    from workbench.cli.evidence import _budget
     from workbench.evidence.harness import default_budget
     from workbench.quality import Budget
     from workbench.quality.budget import AUDIO_LIMITS
