@@ -1,3 +1,4 @@
+import gzip
 import json
 import re
 from pathlib import Path
@@ -29,13 +30,17 @@ def test_cli_generate_writes_video_report_and_record(tmp_path, capsys):
             "0",
             "--out",
             str(out),
+            "--trace",
         ]
     )
     assert code == 0
     printed = capsys.readouterr().out
-    assert f"video:  {out / 'result.mp4'}" in printed
+    assert f"video:  {out / 'result.mp4'}" in printed and f"trace:  {out / 'result.trace.json.gz'}" in printed
     record = json.loads((out / "result.json").read_text())
     assert record["metadata"]["request"]["frames"] == 9 and record["timings"]["denoise"] > 0
+    assert record["metadata"]["traced"] and record["metadata"]["trace"]["top"]
+    events = json.loads(gzip.decompress((out / "result.trace.json.gz").read_bytes()))["traceEvents"]
+    assert {"denoise", "step 1", "video_decode", "audio_decode"} <= {e["name"] for e in events}
 
 
 def test_cli_bad_input_writes_nothing(tmp_path, capsys):

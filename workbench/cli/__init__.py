@@ -121,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --memory: streamed denoiser blocks move as row-wise FP8 (half the bytes; approximate, exact=False)",
     )
     gen.add_argument(
+        "--trace",
+        action="store_true",
+        help="run the request under torch.profiler; writes <name>.trace.json.gz (for ui.perfetto.dev) with the rest",
+    )
+    gen.add_argument(
         "--parallel-decode",
         action="store_true",
         help="with --gpus N >= 2: split the Wan VAE decode into one band per GPU (approximate vs untiled decode)",

@@ -42,7 +42,8 @@ def _generate(args: argparse.Namespace) -> int:
         parse_cap(args.memory, "--memory")  # refused here, before loading, under the flag's name
     if not distributed.is_worker():  # probed once by the launcher: ranks probing one folder at once race each other
         check_writable(args.out, "--out")
-    check_targets(args.out, Result.saved_names(args.name, "--name", args.out), "--out")  # against --out's file system
+    names = Result.saved_names(args.name, "--name", args.out, trace=args.trace)
+    check_targets(args.out, names, "--out")  # against --out's file system
     if (args.profile == "within-budget") != (args.calibration is not None):
         raise ValueError("--calibration: a calibrate record goes with --profile within-budget, and only with it")
     if args.calibration is not None:
@@ -83,7 +84,7 @@ def _generate(args: argparse.Namespace) -> int:
             print(f"profile {args.profile}: {plugin} left out ({reason})", file=sys.stderr)
         installed = session.accelerate({**accelerations, **chosen, **extra})
         print(f"accelerations: {', '.join(installed) or 'none'}", file=sys.stderr)
-    result = session.generate(request, progress=distributed.rank() == 0)
+    result = session.generate(request, progress=distributed.rank() == 0, trace=args.trace)
     if distributed.rank() != 0:  # one request over the group: rank 0 writes it
         return 0
     for plugin in extra:  # asked for by name: say so when it did nothing at this request (its receipt shows why)
@@ -96,6 +97,8 @@ def _generate(args: argparse.Namespace) -> int:
     print(f"video:  {mp4}")
     print(f"report: {mp4.with_suffix('.html')}")
     print(f"record: {mp4.with_suffix('.json')}")
+    if args.trace:
+        print(f"trace:  {mp4.parent / names[-1]} (open in ui.perfetto.dev; the timings include the profiler's cost)")
     if not report.ok:
         print(f"media check: {'; '.join(report.problems)}", file=sys.stderr)
     return 0
