@@ -405,10 +405,10 @@ def test_stop_during_a_decode_ends_it_at_the_next_module_call(stock, device, mod
     """A stop asked while a decoder runs ends the request before the decoder's next module call, not when the decode
     ends (which, for a long clip, is seconds later); the next request is the one before, bit for bit."""
     session = stock(model)[0] if device == "cpu" else Session.open(model, device="cuda")
-    before = _state(session)
     session.accelerate({} if plugin is None else {plugin: {}})
     try:
         good = session.generate(REQUEST, progress=False)
+        installed = _state(session)
         called = []
 
         def stop_at_first_call(module, _):  # a decoder block starts: the dashboard's stop button is pressed
@@ -425,14 +425,14 @@ def test_stop_during_a_decode_ends_it_at_the_next_module_call(stock, device, mod
             for hook in hooks:
                 hook.remove()
         assert len(called) == 1  # the session's checkpoint on that same module raised before it computed
+        assert not _diff(_state(session), installed)
         again = session.generate(REQUEST, progress=False)
         assert torch.equal(again.latents, good.latents) and np.array_equal(again.frames, good.frames)
         assert (again.audio is None and good.audio is None) or np.array_equal(again.audio, good.audio)
     finally:
         session.accelerate({})
-    assert not _diff(_state(session), before)
-    if device == "cuda":
-        session.close()
+        if device == "cuda":
+            session.close()
 
 
 STATEFUL = ("easycache", "first_block_cache", "taylorseer", "pyramid_attention_broadcast", "teacache", "mag_cache",
