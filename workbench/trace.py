@@ -35,7 +35,8 @@ class RequestTrace:
         self.cuda = device.type == "cuda"
         self.steps = steps
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        self.profiler = profile(activities=activities)
+        # acc_events: one cycle either way; without it torch warns that each cycle clears the last one's events
+        self.profiler = profile(activities=activities, acc_events=True)
         self.open: list[tuple[str, record_function]] = []  # innermost last
         self.names: set[str] = set()  # every range opened: not operators, left out of `summary`
 
