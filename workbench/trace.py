@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,8 +33,7 @@ class RequestTrace:
     exit: `chrome_trace()` and `summary()`."""
 
     def __init__(self, device: torch.device, steps: int):
-        self.cuda = device.type == "cuda"
-        self.steps = steps
+        self.device, self.cuda, self.steps = device, device.type == "cuda", steps
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         # acc_events: one cycle either way; without it torch warns that each cycle clears the last one's events
         self.profiler = profile(activities=activities, acc_events=True)
@@ -49,7 +49,7 @@ class RequestTrace:
         while self.open:
             self._close()
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
         with _quiet_stderr():
             self.profiler.__exit__(*exc)
 
@@ -96,6 +96,7 @@ class RequestTrace:
 def _quiet_stderr() -> Iterator[None]:
     """File descriptor 2 to /dev/null for the block: the profiler's native start and stop lines ("USDT: ...
     profiler_start"), which a notebook would show under the cell, written below Python's sys.stderr."""
+    sys.stderr.flush()  # what Python wrote before the block reaches the real stderr
     saved = os.dup(2)
     try:
         with open(os.devnull, "wb") as null:
