@@ -98,14 +98,10 @@ def qualify(
     check_rounds(rounds)
     check_requests(session, requests)
     budget = budget or default_budget(session)
-    journal = None
-    if resume is not None:
-        from workbench.evidence.resume import Journal, run_key  # it imports this module
+    from workbench.evidence.resume import case_journal  # it imports this module
 
-        arguments = {"baseline": baseline, "candidate": candidate, "rounds": rounds}
-        arguments |= {"requests": [r.to_dict() for r in requests], **(identity or {})}
-        run = run_key("qualification", session, budget, arguments)
-        journal = Journal(resume, "qualification", run, len(requests), None, name="qualify")
+    arguments = {"baseline": baseline, "candidate": candidate, "rounds": rounds}
+    journal = case_journal(resume, "qualification", session, budget, requests, arguments, identity)
     return qualify_cases(session, requests, baseline, candidate, rounds, budget, progress, desc, journal)
 
 

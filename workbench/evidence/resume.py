@@ -127,6 +127,27 @@ def run_key(kind: str, session: Any, budget: Any, arguments: dict[str, Any]) -> 
     }
 
 
+def case_journal(
+    folder: str | Path | None,
+    kind: str,
+    session: Any,
+    budget: Any,
+    requests: list[Any],
+    arguments: dict[str, Any],
+    identity: dict[str, Any] | None,
+    configs: int = 1,
+) -> Journal | None:
+    """None without a `folder` (not resumable); else the journal of a resumable qualification, sweep or search (`kind`: "qualification", "sweep", "search"): one
+    step per finished (configuration, request) case, `configs` configurations of `requests`, in the partial record
+    `partial_path(folder, name)` of its command (qualify, sweep, search). Its run is `run_key` of `arguments`, the
+    requests and `identity` (the CLI's: the suite)."""
+    if folder is None:
+        return None
+    arguments = arguments | {"requests": [r.to_dict() for r in requests], **(identity or {})}
+    name = "qualify" if kind == "qualification" else kind
+    return Journal(folder, kind, run_key(kind, session, budget, arguments), configs * len(requests), None, name=name)
+
+
 class Journal:
     """The steps of one run, replayed from the partial record `partial_path(folder, name)` and extended there
     (`folder` None: kept in memory only, nothing written, no time limit). `run` identifies the run (its arguments:

@@ -43,7 +43,7 @@ from workbench.evidence.harness import (
 )
 from workbench.evidence.records import record_bytes
 from workbench.evidence.report import NO_SPEED_CLAIM, Table, page, speedup_text
-from workbench.evidence.resume import Journal, run_key
+from workbench.evidence.resume import case_journal
 from workbench.io import write_set
 from workbench.plots import LABEL_PT, figure_png, label_points, png_figure_html
 from workbench.quality import Budget
@@ -306,7 +306,7 @@ def sweep(
     budget = budget or default_budget(session)
     arguments = {"plugin": plugin, "option": option, "values": values, "base_options": base_options}
     arguments |= {"baseline": baseline, "rounds": rounds}
-    journal = _journal(resume, "sweep", session, requests, budget, arguments, len(configs), identity)
+    journal = case_journal(resume, "sweep", session, budget, requests, arguments, identity, len(configs))
     records = [
         qualify_cases(
             session, requests, baseline, c, rounds, budget, progress, f"value {i}/{len(values)}: {option}={v}", journal
@@ -368,7 +368,7 @@ def search(
     validate(session, [baseline, *candidates], rounds, requests)
     budget = budget or default_budget(session)
     arguments = {"candidates": candidates, "baseline": baseline, "rounds": rounds}
-    journal = _journal(resume, "search", session, requests, budget, arguments, len(candidates), identity)
+    journal = case_journal(resume, "search", session, budget, requests, arguments, identity, len(candidates))
     records = [
         qualify_cases(
             session, requests, baseline, c, rounds, budget, progress, f"candidate {i}/{len(candidates)}", journal
@@ -376,25 +376,6 @@ def search(
         for i, c in enumerate(candidates, 1)
     ]
     return search_result(candidates, baseline, budget, records)
-
-
-def _journal(
-    resume: str | Path | None,
-    kind: str,
-    session: Session,
-    requests: list[Request],
-    budget: Budget,
-    arguments: dict[str, Any],
-    configs: int,
-    identity: dict[str, Any] | None,
-) -> Journal | None:
-    """The journal of a resumable sweep or search (`resume` a folder; None: not resumable): one step per
-    (configuration, request), its partial record `<kind>.partial.json`."""
-    if resume is None:
-        return None
-    arguments = arguments | {"requests": [r.to_dict() for r in requests], **(identity or {})}
-    run = run_key(kind, session, budget, arguments)
-    return Journal(resume, kind, run, configs * len(requests), None, name=kind)
 
 
 def search_result(

@@ -135,8 +135,9 @@ def kernel_times(fn: Callable[[], Any], device: torch.device | str, top: int = 1
 
 def profile_summary(prof: Any, cuda: bool, top: int = 15, skip: Collection[str] = ()) -> dict[str, Any]:
     """A finished torch.profiler run's self time summed by name: device time of CUDA kernels and copies when `cuda`,
-    CPU time of operators otherwise; the names in `skip` (a caller's own ranges) left out. Returns {"activity": "cuda" | "cpu", "total_ms": all names, "top": [{"name"
-    (first 120 characters), "calls", "ms"}] for the `top` names by time, longest first, "other_ms": the rest}."""
+    CPU time of operators otherwise; the names in `skip` (a caller's own ranges) left out. Returns {"activity":
+    "cuda" | "cpu", "total_ms": all names, "top": [{"name" (first 120 characters), "calls", "ms"}] for the `top`
+    names by time, longest first, "other_ms": the rest}."""
     rows = []
     for event in prof.key_averages():
         if event.key in skip or (cuda and event.device_type == torch.autograd.DeviceType.CPU):
