@@ -313,6 +313,8 @@ def test_cli_ray_cases_of_a_model_the_driver_cannot_build_are_left_to_the_worker
         ("sweep", ["--values", "-1e-3"], "--values: easycache.threshold: -0.001 is below the minimum 0.0"),
         ("calibrate", ["--margin", "-1e-3"], "--margin: -0.001; allowed: a number in (0, 1]"),
         ("calibrate", ["--max-seconds", "-1e3"], "--max-seconds: -1000.0; allowed: seconds >= 0"),
+        ("qualify", ["--max-seconds", "-1e3"], "--max-seconds: -1000.0; allowed: seconds >= 0"),
+        ("search", ["--ray", "--max-seconds", "5"], "--max-seconds: not with --ray (stop it with Ctrl-C: its --store"),
         ("train-tiny", ["--vocoder-lr", "-1e-4"], "--vocoder-lr: -0.0001; allowed: a finite number > 0"),
     ],
 )

@@ -4,13 +4,15 @@ aside; `max_seconds` stops cleanly after one new step; a partial record of other
 references is refused; the CLI prints the command that continues a stopped run. Resumable qualify, sweep and
 search (one step per finished case): a CLI run interrupted after its first case, then resumed with the command its
 Ctrl-C line prints, runs only the rest and writes an uninterrupted run's record; a resume of other arguments is
-refused naming the field."""
+refused naming the field; `--max-seconds 0` makes every call run one case, and the calls end with the same
+record. A qualification's pilots are kept beside its partial record, so the resumed report embeds every case's."""
 
 import json
 import re
 import shlex
 import time
 
+import numpy as np
 import pytest
 
 from workbench import Request, Session
@@ -18,8 +20,9 @@ from workbench.cli import main
 from workbench.evidence import harness
 from workbench.evidence.calibrate import calibrate, stack
 from workbench.evidence.records import read_record
-from workbench.evidence.resume import PARTIAL, Journal, Partial, Paused, partial_path, read_partial
+from workbench.evidence.resume import PARTIAL, Journal, Partial, Paused, outputs_folder, partial_path, read_partial
 from workbench.quality import Budget
+from workbench.result import Result
 
 SIZE = {"frames": 5, "height": 16, "width": 16, "steps": 6, "guidance": 1.0}
 CALIBRATION = [Request("a red fox runs through snow", seed=7, **SIZE)]
@@ -140,7 +143,8 @@ def test_cli_calibrate_stops_at_max_seconds_and_prints_the_command_that_finishes
     assert "holds no partial calibration record" in capsys.readouterr().err
 
 
-CASE = {"frames": 1, "height": 16, "width": 16, "steps": 2, "mode": "t2v"}  # a manifest case: the default guidance
+CASE_SIZE = {"frames": 1, "height": 16, "width": 16, "steps": 2}
+CASE = {**CASE_SIZE, "mode": "t2v"}  # a manifest case: the default guidance
 QUALIFY_ONE = harness._qualify_one
 
 
@@ -181,12 +185,39 @@ def interrupted(argv, out, capsys, monkeypatch, what):
     err = capsys.readouterr().err.strip()
     partial = partial_path(out, argv[0])
     assert f"interrupted; {what} finished and recorded in {partial}; continue: workbench {argv[0]} " in err, err
-    assert read_partial(partial)["status"] == "partial" and [p.name for p in out.iterdir()] == [partial.name]
+    kept = [outputs_folder(partial).name] if argv[0] == "qualify" else []  # a qualification's pilots: 0.npz
+    assert read_partial(partial)["status"] == "partial" and sorted(p.name for p in out.iterdir()) == sorted(
+        [*kept, partial.name]
+    )
+    assert not kept or [p.name for p in outputs_folder(partial).iterdir()] == ["0.npz"]
     command = shlex.split(err.split("continue: ")[1])
     assert command[-2:] == ["--resume", str(out)]
     assert main([*argv, "--out", str(out)]) == 2  # a partial record in --out is continued only when asked
     assert f"holds a partial {argv[0].replace('qualify', 'qualification')} record" in capsys.readouterr().err
     return command[1:]
+
+
+RECORD_AND_REPORT = ["qualification.html", "qualification.json"]
+
+
+def stopped_and_resumed(argv, out, capsys, monkeypatch):
+    """Run `argv --out out --max-seconds 0`, then the command each stop prints, until the run finishes; the seeds of
+    the cases each call ran (each call runs exactly one new case, since every call runs at least one)."""
+    command, calls = [*argv, "--out", str(out), "--max-seconds", "0"], []
+    capsys.readouterr()  # what earlier calls printed
+    while True:
+        ran = counted(monkeypatch)
+        assert main(command) == 0
+        calls.append(ran)
+        printed = capsys.readouterr().out
+        if "partial:" not in printed:
+            return calls
+        stop = (
+            r"partial: stopped at a step boundary: \d+ s spent of max_seconds=0, and the next step \(the case of seed "
+        )
+        assert re.search(stop, printed), printed
+        command = shlex.split(printed.split("resume: ", 1)[1].splitlines()[0])[1:]
+        assert command[-2:] == ["--resume", str(out)] and partial_path(out, argv[0]).exists()
 
 
 def test_cli_qualify_interrupted_after_a_case_resumes_with_the_other_case_only(tmp_path, capsys, monkeypatch, loads):
@@ -200,9 +231,11 @@ def test_cli_qualify_interrupted_after_a_case_resumes_with_the_other_case_only(t
     assert main(resume) == 0 and ran == [2]  # the case of seed 1 is not run again
     resumed = read_record(out / "qualification.json")
     assert [c["verdict"] for c in resumed["cases"]] == [c["verdict"] for c in whole["cases"]] == ["no_speed_claim"] * 2
-    assert untimed(resumed) == untimed(whole) and not partial_path(out, "qualify").exists()
-    report = (out / "qualification.html").read_text()  # the case run now shows its pilots, the other says why not
-    assert report.count("data:video/mp4;base64,") == 2 and report.count("finished by an earlier process") == 1
+    assert untimed(resumed) == untimed(whole) and sorted(p.name for p in out.iterdir()) == RECORD_AND_REPORT
+    report = (out / "qualification.html").read_text()  # both cases' pilots: the earlier process's kept on disk
+    assert report.count("data:video/mp4;base64,") == 4 and "finished by an earlier process" not in report
+    assert stopped_and_resumed(argv, tmp_path / "limited", capsys, monkeypatch) == [[1], [2]]
+    assert untimed(read_record(tmp_path / "limited" / "qualification.json")) == untimed(whole)
 
 
 @pytest.mark.parametrize("command", ["sweep", "search"])
@@ -224,6 +257,8 @@ def test_cli_sweep_and_search_interrupted_after_a_case_resume_with_the_rest_only
     resumed = read_record(out / f"{command}.json")
     assert [r["verdict"] for r in resumed["rows"]] == [r["verdict"] for r in whole["rows"]]
     assert untimed(resumed) == untimed(whole) and not partial_path(out, command).exists()
+    assert stopped_and_resumed(argv, tmp_path / "limited", capsys, monkeypatch) == [[1], [1]]
+    assert untimed(read_record(tmp_path / "limited" / f"{command}.json")) == untimed(whole)
 
 
 def test_cli_resume_of_another_run_is_refused_naming_the_field_and_both_values(tmp_path, capsys, monkeypatch, loads):
@@ -254,3 +289,45 @@ def test_cli_resume_of_another_run_is_refused_naming_the_field_and_both_values(t
     assert main([*resume, "--ray"]) == 2
     assert "--resume: not with --ray (its --store resumes a Ray run cell by cell" in capsys.readouterr().err
     assert read_partial(partial_path(out, "qualify"))["steps"][0]["key"]["request"]["seed"] == 1  # kept as it was
+
+
+def test_journal_keeps_each_steps_outputs_losslessly_and_a_fresh_run_clears_old_ones(tmp_path):
+    """`keep` saves the outputs of the step it runs in, `kept` reads them back bit for bit (frames, audio, sample rate,
+    fps), None where nothing readable was kept; a run started afresh in the folder removes what an earlier one left."""
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (3, 8, 10, 3), dtype=np.uint8)
+    pair = (
+        Result(frames, rng.standard_normal((2, 64)).astype(np.float32), 16_000, 24, None, {}, {}),
+        Result(frames[::-1].copy(), None, None, 12, None, {}, {}),
+    )
+    journal = Journal(tmp_path, "qualification", {"a": 1}, 2, None, name="qualify", keep_outputs=True)
+    journal.step("case", {"n": 0}, lambda: journal.keep(pair) or {"x": 0}, 0.0)
+    again = Journal(tmp_path, "qualification", {"a": 1}, 2, None, name="qualify", keep_outputs=True)
+    assert again.step("case", {"n": 0}, lambda: pytest.fail("replayed, not run"), 0.0) == {"x": 0}
+    for kept, made in zip(again.kept(0), pair, strict=True):
+        assert np.array_equal(kept.frames, made.frames) and (kept.fps, kept.sample_rate) == (made.fps, made.sample_rate)
+        assert (kept.audio is None and made.audio is None) or np.array_equal(kept.audio, made.audio)
+    assert again.kept(1) is None
+    (outputs_folder(again.path) / "0.npz").write_bytes(b"not a zip")
+    assert again.kept(0) is None
+    partial_path(tmp_path, "qualify").unlink()
+    Journal(tmp_path, "qualification", {"a": 1}, 2, None, name="qualify", keep_outputs=True)
+    assert not outputs_folder(again.path).exists()
+
+
+def test_qualify_stopped_at_max_seconds_leaves_the_session_stock_and_resumes_with_the_first_cases_pilots(
+    tiny, tmp_path
+):
+    """`harness.qualify` with `max_seconds=0` runs one case and returns `(Partial, [])`, the session holding no
+    accelerations (the baseline was installed last); the same call finishes the run, the first case's pilots read
+    back from disk equal to what a fresh run of that case makes."""
+    requests = [Request(f"a red kite, take {seed}", seed=seed, **CASE_SIZE) for seed in (1, 2)]
+    arms = ({"fused_qkv": {}}, {"cross_kv_cache": {}})
+    stopped, pilots = harness.qualify(tiny, requests, *arms, progress=False, resume=tmp_path, max_seconds=0)
+    assert isinstance(stopped, Partial) and pilots == [] and tiny.accelerations == {}
+    assert "the next step (the case of seed 2 under " in stopped.reason
+    record, pilots = harness.qualify(tiny, requests, *arms, progress=False, resume=tmp_path, max_seconds=0)
+    assert record["kind"] == "qualification" and len(record["cases"]) == 2
+    _, fresh = harness.qualify(tiny, requests[:1], *arms, progress=False)
+    for kept, made in zip(pilots[0], fresh[0], strict=True):
+        assert np.array_equal(kept.frames, made.frames) and kept.fps == made.fps

@@ -7,8 +7,8 @@ driver before Ray starts, as without Ray (`fanout._check_cases_here`).
 Without Ray, `calibrate`, `qualify`, `sweep` and `search` keep a partial record in `--out` while they run
 (`<command>.partial.json`, rewritten after every tried value or finished case; removed once the final record is
 written): `--resume DIR` continues it, running only what it does not hold (a partial record of other arguments is
-refused, naming each field that differs); an `--out` holding one is refused without `--resume`. `calibrate
---max-seconds S` stops cleanly and prints the command that continues it.
+refused, naming each field that differs); an `--out` holding one is refused without `--resume`. `--max-seconds S`
+stops such a run cleanly at a step (or case) boundary and prints the command that continues it.
 
 A bad input (a bad value, a missing or unreadable file, JSON that does not parse, an `--out` that cannot be
 written) exits with status 2 and one line on stderr naming the flag or file and what is wrong. Ctrl-C exits with
@@ -34,6 +34,16 @@ from workbench.cli.evidence import _calibrate, _interrupted, _qualify, _sweep_or
 from workbench.cli.fanout import _batch
 from workbench.cli.flags import _directory
 from workbench.cli.generate import _generate, _info, _train_tiny
+
+
+def _max_seconds(command: argparse.ArgumentParser, unit: str) -> None:
+    """`command`'s `--max-seconds`: a clean stop at a `unit` boundary (`workbench.evidence.resume.Journal`)."""
+    command.add_argument(
+        "--max-seconds",
+        type=float,
+        help=f"stop cleanly at a {unit} boundary: a new {unit} starts only while it is expected to end within this "
+        f"many seconds, and every call runs at least one new {unit}, so a call can end past them; prints how to resume",
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -145,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     qual.add_argument(
         "--resume", type=Path, metavar="DIR", help="continue the run whose partial record (one case a step) is in DIR"
     )
+    _max_seconds(qual, "case")
 
     swp = commands.add_parser("sweep", help="qualify one plugin at each value of one option; knee, cliff, Pareto")
     swp.add_argument("--plugin", required=True, help="the acceleration plugin, e.g. easycache")
@@ -169,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             metavar="DIR",
             help="continue the run whose partial record (one configuration's case a step) is in DIR",
         )
+        _max_seconds(sub, "case")
 
     cal = commands.add_parser(
         "calibrate", help="the most aggressive setting inside a quality budget; several --plugin: a greedy stack"
@@ -199,12 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="continue the run whose partial record (written after every step) is in DIR",
     )
-    cal.add_argument(
-        "--max-seconds",
-        type=float,
-        help="stop cleanly at a step boundary: a new step starts only while it is expected to end within this many "
-        "seconds, and every call runs at least one new step, so a call can end past them; prints how to resume",
-    )
+    _max_seconds(cal, "step")
 
     tiny = commands.add_parser("train-tiny", help="train a demo-av preset on synthetic scenes (resumable)")
     tiny.add_argument(
@@ -277,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("info", help="versions, device and registered model families")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what `--gpus N` re-executes under torchrun
-    args.started = time.perf_counter()  # what `calibrate --max-seconds` counts from
+    args.started = time.perf_counter()  # what `--max-seconds` counts from
     try:
         if args.command not in ("batch", "generate", "info", "train-tiny") and args.ray is None:
             if args.workers is not None or args.store is not None or args.retries != 2:

@@ -26,6 +26,7 @@ from workbench.cli.flags import (
 )
 
 if TYPE_CHECKING:
+    from workbench.evidence.resume import Partial
     from workbench.quality import Budget
 
 
@@ -35,6 +36,7 @@ def _qualify(args: argparse.Namespace) -> int:
     from workbench.evidence.manifest import load_manifest
     from workbench.evidence.records import record_bytes
     from workbench.evidence.report import render
+    from workbench.evidence.resume import Partial
     from workbench.io import check_writable, write_set
     from workbench.quality import Budget
 
@@ -64,10 +66,12 @@ def _qualify(args: argparse.Namespace) -> int:
         session = Session.open(args.model, device=args.device)
         check_requests(session, requests, args.cases)  # a case the model refuses, named before any case runs
         budget = _budget(default_budget(session), configs["budget"])
-        resume = {"resume": args.resume or args.out, "identity": identity}  # the partial record lives there
         record, pilots = qualify(
-            session, requests, configs["baseline"], configs["candidate"], args.rounds, budget, **resume
-        )
+            session, requests, configs["baseline"], configs["candidate"], args.rounds, budget,
+            **_resume_options(args, identity),
+        )  # fmt: skip
+        if isinstance(record, Partial):
+            return _print_partial(args, record)
     record["suite"] = {"name": suite.name, "path": str(args.suite), "sha256": suite.sha256, "cases": args.cases}
     files = {"qualification.json": record_bytes(record), "qualification.html": render(record, pilots).encode()}
     paths = write_set(args.out, files)
@@ -84,6 +88,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     from workbench.evidence.harness import check_requests, check_rounds
     from workbench.evidence.manifest import load_manifest
     from workbench.evidence.report import NO_SPEED_CLAIM
+    from workbench.evidence.resume import Partial
     from workbench.io import check_writable
     from workbench.quality import Budget
 
@@ -121,8 +126,10 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
         check_requests(session, requests, args.cases)  # a case the model refuses, named before any case runs
         budget = _budget(sweeps.default_budget(session), configs["budget"])
         run = sweeps.sweep if args.command == "sweep" else sweeps.search
-        resume = {"resume": args.resume or args.out, "identity": identity}  # the partial record lives there
-        result = run(session, requests, *_sweep_arguments(args, configs, values, candidates), budget, **resume)
+        arguments = _sweep_arguments(args, configs, values, candidates)
+        result = run(session, requests, *arguments, budget, **_resume_options(args, identity))
+        if isinstance(result, Partial):
+            return _print_partial(args, result)
     if args.command == "sweep":
         print(f"knee: {_show(result.knee)}; cliff: {_show(result.cliff)}")
         print(f"recommended: {_show(result.recommended)} ({result.reason})")
@@ -167,10 +174,6 @@ def _calibrate(args: argparse.Namespace) -> int:
     suite = load_manifest(args.suite, model=args.model, allow_other_model=args.allow_other_model)
     if not suite.calibration or not suite.test:
         raise ValueError(f"--suite: {args.suite} needs both calibration and test cases")
-    if args.ray is not None and (args.resume is not None or args.max_seconds is not None):
-        raise ValueError("--resume, --max-seconds: not with --ray (its --store resumes a Ray run cell by cell)")
-    if args.max_seconds is not None and not args.max_seconds >= 0:
-        raise ValueError(f"--max-seconds: {args.max_seconds!r}; allowed: seconds >= 0")
     _check_resume(args, {})  # its form, before loading; which run made it is checked once loaded
     check_writable(args.out, "--out")
     kind = "calibration" if len(args.plugin) == 1 else "stack"
@@ -193,9 +196,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         check_requests(session, requests, split)  # a case the model refuses, named before any case runs
     budget = _budget(calibration.default_budget(session), overrides)
     base = profile(args.base_profile, session.model.family.name, session.device, session.model)
-    options["resume"] = args.resume or args.out  # the partial record, rewritten after every step, lives there
-    if args.max_seconds is not None:  # counted from the call's start, loading included; its reason quotes the flag
-        options["max_seconds"], options["started"] = args.max_seconds, args.started
+    options |= _resume_options(args)
     if len(args.plugin) == 1:
         result = calibration.calibrate(
             session, calibration_requests, test, args.plugin[0], budget, knob=args.knob, base=base,
@@ -213,10 +214,7 @@ def _calibrate_report(args: argparse.Namespace, result) -> int:
     from workbench.evidence.resume import Partial
 
     if isinstance(result, Partial):
-        print(f"partial: {result.reason}")
-        print(f"record: {result.path}")
-        print(f"resume: {_resume_command(args, result.path.parent)}")
-        return 0
+        return _print_partial(args, result)
     if isinstance(result, calibration.Calibration):
         print(f"knee: {_show(result.knee)}; cliff: {_show(result.cliff)}")
     else:
@@ -266,7 +264,8 @@ _UNITS = {"qualify": "case", "sweep": "(value, case) pair", "search": "(candidat
 
 def _check_resume(args: argparse.Namespace, known: dict[str, Any]) -> None:
     """The partial-record flags of an evidence command (`calibrate`, `qualify`, `sweep`, `search`), before any
-    model loads: `--resume` refused with `--ray` (its store resumes by cell) or naming a folder with no partial
+    model loads: `--resume` and `--max-seconds` refused with `--ray` (its store resumes by cell), `--max-seconds`
+    below 0 or NaN, `--resume` naming a folder with no partial
     record of this command (the path named); an `--out` holding one refused without `--resume` (continue it, or
     choose another `--out`); the partial record's form (`read_partial`) and the fields of its run that the command
     line alone decides (`known`: `resume.check_run`, each differing field with its recorded and given value). The
@@ -276,6 +275,10 @@ def _check_resume(args: argparse.Namespace, known: dict[str, Any]) -> None:
     noun = _NOUNS[args.command]
     if args.resume is not None and args.ray is not None:
         raise ValueError("--resume: not with --ray (its --store resumes a Ray run cell by cell: run the same command)")
+    if args.max_seconds is not None and args.ray is not None:
+        raise ValueError("--max-seconds: not with --ray (stop it with Ctrl-C: its --store keeps every finished cell)")
+    if args.max_seconds is not None and not args.max_seconds >= 0:
+        raise ValueError(f"--max-seconds: {args.max_seconds!r}; allowed: seconds >= 0")
     if args.resume is not None:
         path = partial_path(args.resume, args.command)
         if not path.exists():
@@ -288,13 +291,31 @@ def _check_resume(args: argparse.Namespace, known: dict[str, Any]) -> None:
         )
 
 
+def _resume_options(args: argparse.Namespace, identity: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The keywords of a run kept in a partial record: its folder (`--resume`, else `--out`), and with
+    `--max-seconds` the limit counted from the call's start (loading included; a stop's reason quotes the flag);
+    `identity` where the run takes one (qualify, sweep, search: the suite)."""
+    options = {"resume": args.resume or args.out} | ({} if identity is None else {"identity": identity})
+    if args.max_seconds is not None:
+        options |= {"max_seconds": args.max_seconds, "started": args.started}
+    return options
+
+
+def _print_partial(args: argparse.Namespace, partial: Partial) -> int:
+    """A run stopped at `--max-seconds`: why, where its partial record is, and the command that continues it."""
+    print(f"partial: {partial.reason}")
+    print(f"record: {partial.path}")
+    print(f"resume: {_resume_command(args, partial.path.parent)}")
+    return 0
+
+
 def _remove_partial(args: argparse.Namespace, command: str) -> None:
     """Once the final record of `command` is published (without `--ray`): remove its partial record, which the final
-    record holds whole."""
-    from workbench.evidence.resume import partial_path
+    record holds whole, and the outputs kept beside it."""
+    from workbench.evidence.resume import partial_path, remove_partial
 
     if args.ray is None:
-        partial_path(args.resume or args.out, command).unlink(missing_ok=True)
+        remove_partial(partial_path(args.resume or args.out, command))
 
 
 def _resume_command(args: argparse.Namespace, folder: Path) -> str:

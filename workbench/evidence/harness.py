@@ -10,7 +10,8 @@ Resumable (`resume=` a folder): after every finished case the partial record `qu
 rewritten atomically (`workbench.evidence.resume.Journal`, one step per case), so an interrupted run loses at most
 the case in flight; the same call again runs only the cases not recorded and returns the record an uninterrupted
 call returns. A case is the unit because its A/B/A is timed whole inside one process: seconds of two processes
-are never compared. A case read back from the record has no pilot outputs (they are not kept).
+are never compared. Each case's pilot outputs are kept beside the record (`qualify.partial.pilots/`), so a case read
+back from it has its pilots too. With `max_seconds` a run stops cleanly at a case boundary (`resume.Journal`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from workbench.result import Result
 from workbench.session import Session
 
 if TYPE_CHECKING:
-    from workbench.evidence.resume import Journal  # it imports this module
+    from workbench.evidence.resume import Journal, Partial  # it imports this module
 
 MIN_ROUNDS = 3
 MAX_ROUNDS = 100  # each round is two whole requests per case: more is a typo, not a measurement plan
@@ -83,26 +84,35 @@ def qualify(
     desc: str = "qualify runs",
     resume: str | Path | None = None,
     identity: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any], list[tuple[Result, Result] | None]]:
+    max_seconds: float | None = None,
+    started: float | None = None,
+) -> tuple[dict[str, Any] | Partial, list[tuple[Result, Result] | None]]:
     """Qualify `candidate` against `baseline` on `requests` under `budget` (default: `default_budget(session)`);
     returns the record and each case's pilots. Every request is checked against the model before the first runs
     (`check_requests`). `desc` names the progress bar (a sweep says which of its values this is).
 
     `resume`: a folder for the partial record (`qualify.partial.json`), read when there and rewritten after every
-    finished case; the cases it holds are not run again, and their pilots are None (not kept). The record returned
-    is then an uninterrupted run's, its environment fields this process's. `identity`: more fields the partial
-    record must agree on (the CLI's: the suite). A partial record of other arguments (`resume.run_key`: the
-    configurations, rounds, budget, requests, `identity`, model, dtype, device) is a ValueError naming each field
-    that differs, its recorded and its given value. The caller removes the partial record once the final one is
-    published."""
+    finished case; the cases it holds are not run again, and their pilots are read back from
+    `qualify.partial.pilots/` (frames, audio and fps only; None where not found). The record returned is then an
+    uninterrupted run's, its environment fields this process's. `max_seconds` (with `resume`; counted from
+    `started`, a `time.perf_counter()` reading, default now): a new case starts only while it is expected to end
+    within it (`resume.Journal`), else the call returns `(Partial, [])`, the same call continuing it; every call
+    runs at least one new case. `identity`: more fields the partial record must agree on (the CLI's: the suite). A
+    partial record of other arguments (`resume.run_key`: the configurations, rounds, budget, requests, `identity`,
+    model, dtype, device) is a ValueError naming each field that differs, its recorded and its given value. The
+    caller removes the partial record and its pilots once the final record is published (`resume.remove_partial`)."""
     check_rounds(rounds)
     check_requests(session, requests)
     budget = budget or default_budget(session)
-    from workbench.evidence.resume import case_journal  # it imports this module
+    from workbench.evidence.resume import Paused, case_journal  # it imports this module
 
     arguments = {"baseline": baseline, "candidate": candidate, "rounds": rounds}
-    journal = case_journal(resume, "qualification", session, budget, requests, arguments, identity)
-    return qualify_cases(session, requests, baseline, candidate, rounds, budget, progress, desc, journal)
+    limit = {"max_seconds": max_seconds, "started": started}
+    journal = case_journal(resume, "qualification", session, budget, requests, arguments, identity, **limit)
+    try:
+        return qualify_cases(session, requests, baseline, candidate, rounds, budget, progress, desc, journal)
+    except Paused as paused:
+        return paused.partial, []
 
 
 def qualify_cases(
@@ -117,29 +127,39 @@ def qualify_cases(
     journal: Journal | None = None,
 ) -> tuple[dict[str, Any], list[tuple[Result, Result] | None]]:
     """`qualify` of checked arguments, each case a step of `journal` (`workbench.evidence.resume.Journal`, keyed by
-    the candidate and the request) when one is given: a case it holds is read back (pilots None), any other is run
-    and recorded at once. A sweep or search passes one journal through all its configurations."""
+    the candidate and the request) when one is given: a case it holds is read back (its pilots as the journal kept
+    them, else None), any other is run and recorded at once with its pilots. A sweep or search passes one journal
+    through all its configurations. Raises `resume.Paused` at a case boundary past the journal's time limit."""
+    from workbench.evidence.resume import Paused  # it imports this module
+
     cases: list[dict[str, Any]] = []
     pilots: list[tuple[Result, Result] | None] = []
-    runs, ran = 2 * rounds + 3, []  # ran: the pilots of the case run now (none when the journal held it)
+    runs, ran = 2 * rounds + 3, []  # ran: this case's pilots (run now, or as the journal kept them)
     with progress_bar(total=len(requests) * runs, desc=desc, enabled=progress) as bar:
 
         def run(request: Request) -> dict[str, Any]:
             case, pair = _qualify_one(session, request, baseline, candidate, rounds, budget, bar)
             ran.append(pair)
+            if journal is not None:
+                journal.keep(pair)  # before the case is recorded: a recorded case has its pilots
             return case
 
-        for request in requests:
-            ran.clear()
-            if journal is None:
-                case = run(request)
-            else:
-                key = {"candidate": candidate, "request": request.to_dict()}
-                case = journal.step("case", key, functools.partial(run, request), 0.0)
-                if not ran:
-                    bar.update(runs)  # recorded by an earlier process
-            cases.append(case)
-            pilots.append(ran[0] if ran else None)
+        try:
+            for request in requests:
+                ran.clear()
+                if journal is None:
+                    case = run(request)
+                else:
+                    key = {"candidate": candidate, "request": request.to_dict()}
+                    case = journal.step("case", key, functools.partial(run, request), 0.0)
+                    if not ran:
+                        bar.update(runs)  # recorded by an earlier process
+                        ran.append(journal.kept(journal.cursor - 1))
+                cases.append(case)
+                pilots.append(ran[0] if ran else None)
+        except Paused:
+            session.accelerate({})  # stopped at a case boundary: the session left as a finished run leaves it
+            raise
     session.accelerate({})
     overall = min((c["verdict"] for c in cases), key=SUITE_ORDER.index)
     record = {

@@ -52,7 +52,7 @@ def page(title: str, body: list[str]) -> str:
 def render(record: dict[str, Any], pilots: list[tuple[Result, Result] | None] | None) -> str:
     """The report page; with `pilots=None` (a record read back without its outputs) the videos are
     replaced by a note saying so, and a case whose pilots are None (a resumed run's case finished by an earlier
-    process, whose outputs are not kept) by a note saying that. A case whose candidate did not execute
+    process, whose kept outputs were not found) by a note saying that. A case whose candidate did not execute
     (`not_executed`) shows no speed-up anywhere: its timings measured something other than the candidate."""
     candidate = json.dumps(record["candidate"])
     title = f"Qualification: {record['verdict']} · {candidate} vs {json.dumps(record['baseline'])} on {record['model']}"
@@ -74,8 +74,8 @@ def render(record: dict[str, Any], pilots: list[tuple[Result, Result] | None] | 
     missing = (
         "this report was rendered from the record alone"
         if pilots is None
-        else "this case was finished by an earlier process of a resumed run (--resume), whose pilot outputs are not "
-        "kept; its record is"
+        else "this case was finished by an earlier process of a resumed run (--resume), and its pilot outputs were "
+        "not found beside the partial record; its record is"
     )
     for index, (case, pair) in enumerate(zip(record["cases"], pairs, strict=True)):
         parts += _case(index, case, pair, record["budget"], missing)

@@ -2,6 +2,8 @@
 at the granularity of one step, across processes, sessions and machines. A qualification, sweep or search
 (`harness.qualify`, `sweep.sweep`, `sweep.search` with `resume=`) keeps one alike, one step per finished case (a
 sweep's or search's: per configuration and case), in its own file (`partial_path(folder, name)`): see `harness`.
+A qualification also keeps each finished case's pilot outputs beside its partial record (`Journal.keep`, in
+`outputs_folder(path)`), so the report of a resumed run shows the videos of the cases an earlier process finished.
 
 A step is one evaluated knob value (a `Point`: its worst quality against the dense references on the calibration
 requests, and its speed-up against them) or one test request's confirmation (its A/B/A `qualify` record). After
@@ -27,17 +29,20 @@ stack compare only speed-ups.
 
 Time: with `max_seconds`, a new step starts only while the seconds spent since the call began plus the step's
 expected seconds (the longest step of its kind in this call, or before one: the dense references' seconds for a
-point, `2 * rounds + 3` dense requests for a confirmation) stay within `max_seconds`; otherwise the call stops at
-that step boundary and returns a `Partial`. Every call runs at least one new step, so repeating it always finishes.
+point, `2 * rounds + 3` dense requests for a confirmation; the longest case so far for a qualification's case) stay
+within `max_seconds`; otherwise the call stops at that step boundary and returns a `Partial`. Every call runs at least one new step, so repeating it always finishes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import shutil
 import socket
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +54,7 @@ import torch
 from workbench import environment
 from workbench.evidence.harness import SUITE_ORDER
 from workbench.evidence.records import read_record, record_bytes, write_record
+from workbench.io import write_atomic
 from workbench.result import Result
 
 PARTIAL = "calibrate.partial.json"  # a calibration's; `partial_path(folder, name)` names the others
@@ -56,7 +62,8 @@ PARTIAL = "calibrate.partial.json"  # a calibration's; `partial_path(folder, nam
 
 @dataclass
 class Partial:
-    """A calibration stopped at a step boundary (`max_seconds`): nothing is decided yet. `path` is its partial
+    """A calibration, qualification, sweep or search stopped at a step boundary (`max_seconds`): nothing is decided
+    yet. `path` is its partial
     record; the same call with `resume=` its folder continues it. `remaining`: `next` (the step it stopped before),
     `done` (steps recorded) and `at_most` (steps still to run, at most)."""
 
@@ -80,6 +87,18 @@ def partial_path(folder: str | Path, name: str = "calibrate") -> Path:
     `<name>.partial.json` (`PARTIAL` for a calibration), one file per command, so runs of two commands sharing a
     folder never read each other's."""
     return Path(folder) / f"{name}.partial.json"
+
+
+def outputs_folder(path: str | Path) -> Path:
+    """Where the journal with the partial record `path` keeps its steps' outputs (`Journal.keep`):
+    `qualify.partial.json` -> `qualify.partial.pilots/`, one `<step>.npz` a step. Removed with the partial record."""
+    return Path(path).with_suffix(".pilots")
+
+
+def remove_partial(path: str | Path) -> None:
+    """Remove the partial record `path` and its outputs folder, if there (the final record holds the run whole)."""
+    shutil.rmtree(outputs_folder(path), ignore_errors=True)
+    Path(path).unlink(missing_ok=True)
 
 
 def read_partial(path: str | Path) -> dict[str, Any]:
@@ -136,16 +155,24 @@ def case_journal(
     arguments: dict[str, Any],
     identity: dict[str, Any] | None,
     configs: int = 1,
+    max_seconds: float | None = None,
+    started: float | None = None,
 ) -> Journal | None:
-    """None without a `folder` (not resumable); else the journal of a resumable qualification, sweep or search (`kind`: "qualification", "sweep", "search"): one
-    step per finished (configuration, request) case, `configs` configurations of `requests`, in the partial record
-    `partial_path(folder, name)` of its command (qualify, sweep, search). Its run is `run_key` of `arguments`, the
-    requests and `identity` (the CLI's: the suite)."""
+    """None without a `folder` (not resumable; ValueError with `max_seconds`); else the journal of a resumable
+    qualification, sweep or search (`kind`: "qualification", "sweep", "search"): one step per finished
+    (configuration, request) case, `configs` configurations of `requests`, in the partial record
+    `partial_path(folder, name)` of its command (qualify, sweep, search), stopping at a case boundary past
+    `max_seconds` (counted from `started`). Its run is `run_key` of `arguments`, the requests and `identity` (the
+    CLI's: the suite). A qualification's journal keeps its cases' pilots (`Journal.keep`)."""
     if folder is None:
+        if max_seconds is not None:
+            raise ValueError("max_seconds: needs resume= (the folder the partial record is written to)")
         return None
     arguments = arguments | {"requests": [r.to_dict() for r in requests], **(identity or {})}
     name = "qualify" if kind == "qualification" else kind
-    return Journal(folder, kind, run_key(kind, session, budget, arguments), configs * len(requests), None, name=name)
+    run, at_most = run_key(kind, session, budget, arguments), configs * len(requests)
+    keep = kind == "qualification"
+    return Journal(folder, kind, run, at_most, max_seconds, started, name=name, keep_outputs=keep)
 
 
 class Journal:
@@ -153,7 +180,8 @@ class Journal:
     (`folder` None: kept in memory only, nothing written, no time limit). `run` identifies the run (its arguments:
     JSON; `run_key`); `at_most` is how many steps the whole run takes at most. `max_seconds` counts from `started`
     (a `time.perf_counter()` reading; default: now), so a caller that loaded a model first can give its own start
-    and the limit its user gave, which the reason of a stop then quotes.
+    and the limit its user gave, which the reason of a stop then quotes. `keep_outputs`: the outputs of each new
+    step can be saved with it (`keep`, `kept`); a run started afresh clears what an earlier run left there.
 
     ValueError for a bad `max_seconds` or `started`, a limit without a folder, or a partial record of another kind
     or another run (`check_run`: each field that differs, with its recorded and its given value)."""
@@ -167,6 +195,7 @@ class Journal:
         max_seconds: float | None,
         started: float | None = None,
         name: str = "calibrate",
+        keep_outputs: bool = False,
     ):
         if max_seconds is not None and (
             isinstance(max_seconds, bool) or not isinstance(max_seconds, int | float) or not max_seconds >= 0
@@ -180,6 +209,7 @@ class Journal:
         if max_seconds is not None and folder is None:
             raise ValueError("max_seconds: needs resume= (the folder the partial record is written to)")
         self.path = None if folder is None else partial_path(folder, name)
+        self.outputs = None if self.path is None or not keep_outputs else outputs_folder(self.path)
         self.kind, self.run, self.at_most, self.max_seconds = kind, _plain(run), at_most, max_seconds
         self.steps: list[dict[str, Any]] = []
         self.references: list[dict[str, str]] | None = None
@@ -192,6 +222,8 @@ class Journal:
                 raise ValueError(f"resume: {self.path} is a {record.get('kind')!r} record, not a partial {kind!r} one")
             check_run(self.path, record, self.run)
             self.steps, self.references = record["steps"], record.get("references")
+        elif self.outputs is not None:
+            shutil.rmtree(self.outputs, ignore_errors=True)  # an earlier run's, killed before its first step
 
     def check_references(self, references: list[Result], seeds: list[int]) -> None:
         """Store the dense references' digests, or check them against the stored ones (RuntimeError if any
@@ -244,6 +276,41 @@ class Journal:
         self.cursor, self.new = self.cursor + 1, self.new + 1
         self._write(f"in progress: {len(self.steps)} step(s) recorded")
         return value
+
+    def keep(self, results: list[Result] | tuple[Result, ...]) -> None:
+        """Save `results` as the outputs of the step now running (the next one recorded): each one's frames, audio,
+        sample rate and fps, losslessly, in `outputs/<step>.npz`, written whole or not at all. A no-op without
+        `keep_outputs`."""
+        if self.outputs is None:
+            return
+        arrays = {}
+        for n, result in enumerate(results):
+            arrays[f"{n}_frames"] = result.frames
+            arrays[f"{n}_rates"] = np.array([result.fps, result.sample_rate or 0], dtype=np.int64)
+            if result.audio is not None:
+                arrays[f"{n}_audio"] = result.audio
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **arrays)
+        self.outputs.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.outputs / f"{len(self.steps)}.npz", buffer.getvalue())
+
+    def kept(self, step: int) -> tuple[Result, ...] | None:
+        """The outputs `keep` saved with step number `step` (frames, audio, sample rate, fps; no timings, latents or
+        receipts), or None: not kept, or unreadable."""
+        path = None if self.outputs is None else self.outputs / f"{step}.npz"
+        if path is None or not path.is_file():
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as arrays:
+                results, n = [], 0
+                while f"{n}_frames" in arrays:
+                    fps, rate = (int(x) for x in arrays[f"{n}_rates"])
+                    audio = arrays[f"{n}_audio"] if f"{n}_audio" in arrays else None
+                    results.append(Result(arrays[f"{n}_frames"], audio, rate or None, fps, None, {}, {}))
+                    n += 1
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+            return None
+        return tuple(results) or None
 
     def _pause(self, kind: str, key: dict[str, Any], elapsed: float, expected: float) -> Partial:
         remaining = {"next": describe(kind, key), "done": len(self.steps), "at_most": self.at_most - len(self.steps)}
@@ -300,8 +367,10 @@ def parts_line(steps: list[dict[str, Any]], name: Callable[[dict[str, Any]], str
 
 
 def describe(kind: str, key: dict[str, Any]) -> str:
-    """A step's key in words: "point easycache.threshold=0.25 over {...}" or "confirmation on seed 42"; another
-    user's step (a benchmark's part) as its kind and key."""
+    """A step's key in words: "point easycache.threshold=0.25 over {...}", "confirmation on seed 42" or "the case of
+    seed 7 under {...}"; another user's step (a benchmark's part) as its kind and key."""
+    if kind == "case":  # a qualification's, a sweep's or a search's
+        return f"the case of seed {key['request']['seed']} under {json.dumps(key['candidate'], sort_keys=True)}"
     if kind not in ("confirmation", "point"):
         return f"{kind} {json.dumps(key, sort_keys=True)}"
     if kind == "confirmation":

@@ -15,7 +15,7 @@ the requests, seeds, geometry and device it was measured on.
 Both are resumable (`resume=` a folder): the partial record (`sweep.partial.json` / `search.partial.json`) is
 rewritten after every finished (configuration, request) case, each timed A/B/A whole inside one process
 (`harness.qualify_cases`); the same call again runs only the cases not recorded and returns an uninterrupted
-run's result.
+run's result. With `max_seconds` a run stops cleanly at a case boundary and returns a `resume.Partial`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from workbench.evidence.harness import (
 )
 from workbench.evidence.records import record_bytes
 from workbench.evidence.report import NO_SPEED_CLAIM, Table, page, speedup_text
-from workbench.evidence.resume import case_journal
+from workbench.evidence.resume import Partial, Paused, case_journal
 from workbench.io import write_set
 from workbench.plots import LABEL_PT, figure_png, label_points, png_figure_html
 from workbench.quality import Budget
@@ -289,16 +289,19 @@ def sweep(
     progress: bool = True,
     resume: str | Path | None = None,
     identity: dict[str, Any] | None = None,
-) -> SweepResult:
+    max_seconds: float | None = None,
+    started: float | None = None,
+) -> SweepResult | Partial:
     """Qualify `{plugin: {**base_options, option: value}}` against `baseline` (default `{}`) for each value.
 
     Order `values` from least to most aggressive: the cliff is looked for after the knee. Every
     configuration is validated before anything runs, so a bad plugin, option or value is a ValueError
     (RuntimeError: not runnable on this device) without spending any time.
 
-    `resume`, `identity`: as for `harness.qualify`, one step per (value, request) in `sweep.partial.json`; the
-    run's fields are `plugin`, `option`, `values`, `base_options`, `baseline`, `rounds`, `requests`, the budget,
-    `identity`, model, dtype and device.
+    `resume`, `identity`, `max_seconds`, `started`: as for `harness.qualify`, one step per (value, request) in
+    `sweep.partial.json` (no pilots kept); a run stopped at `max_seconds` returns its `Partial`. The run's fields
+    are `plugin`, `option`, `values`, `base_options`, `baseline`, `rounds`, `requests`, the budget, `identity`,
+    model, dtype and device.
     """
     values, base_options, baseline = list(values), dict(base_options or {}), dict(baseline or {})
     configs = sweep_configs(plugin, option, values, base_options)
@@ -306,13 +309,25 @@ def sweep(
     budget = budget or default_budget(session)
     arguments = {"plugin": plugin, "option": option, "values": values, "base_options": base_options}
     arguments |= {"baseline": baseline, "rounds": rounds}
-    journal = case_journal(resume, "sweep", session, budget, requests, arguments, identity, len(configs))
-    records = [
-        qualify_cases(
-            session, requests, baseline, c, rounds, budget, progress, f"value {i}/{len(values)}: {option}={v}", journal
-        )[0]
-        for i, (c, v) in enumerate(zip(configs, values, strict=True), 1)
-    ]  # each bar says which value of how many it runs
+    limit = {"max_seconds": max_seconds, "started": started}
+    journal = case_journal(resume, "sweep", session, budget, requests, arguments, identity, len(configs), **limit)
+    try:
+        records = [
+            qualify_cases(
+                session,
+                requests,
+                baseline,
+                c,
+                rounds,
+                budget,
+                progress,
+                f"value {i}/{len(values)}: {option}={v}",
+                journal,
+            )[0]
+            for i, (c, v) in enumerate(zip(configs, values, strict=True), 1)
+        ]  # each bar says which value of how many it runs
+    except Paused as paused:
+        return paused.partial
     return sweep_result(plugin, option, values, base_options, baseline, budget, records)
 
 
@@ -356,25 +371,32 @@ def search(
     progress: bool = True,
     resume: str | Path | None = None,
     identity: dict[str, Any] | None = None,
-) -> SearchResult:
+    max_seconds: float | None = None,
+    started: float | None = None,
+) -> SearchResult | Partial:
     """Qualify each candidate configuration against `baseline` (default `{}`) and pick the fastest qualified.
 
     Every candidate is validated before anything runs (ValueError/RuntimeError as for `sweep`). `resume`,
-    `identity`: as for `sweep`, one step per (candidate, request) in `search.partial.json`; the run's fields are
-    `candidates`, `baseline`, `rounds`, `requests`, the budget, `identity`, model, dtype and device.
+    `identity`, `max_seconds`, `started`: as for `sweep`, one step per (candidate, request) in `search.partial.json`;
+    the run's fields are `candidates`, `baseline`, `rounds`, `requests`, the budget, `identity`, model, dtype and
+    device.
     """
     check_candidates(candidates)
     baseline = dict(baseline or {})
     validate(session, [baseline, *candidates], rounds, requests)
     budget = budget or default_budget(session)
     arguments = {"candidates": candidates, "baseline": baseline, "rounds": rounds}
-    journal = case_journal(resume, "search", session, budget, requests, arguments, identity, len(candidates))
-    records = [
-        qualify_cases(
-            session, requests, baseline, c, rounds, budget, progress, f"candidate {i}/{len(candidates)}", journal
-        )[0]
-        for i, c in enumerate(candidates, 1)
-    ]
+    limit = {"max_seconds": max_seconds, "started": started}
+    journal = case_journal(resume, "search", session, budget, requests, arguments, identity, len(candidates), **limit)
+    try:
+        records = [
+            qualify_cases(
+                session, requests, baseline, c, rounds, budget, progress, f"candidate {i}/{len(candidates)}", journal
+            )[0]
+            for i, c in enumerate(candidates, 1)
+        ]
+    except Paused as paused:
+        return paused.partial
     return search_result(candidates, baseline, budget, records)
 
 
