@@ -20,6 +20,10 @@ MUTED_COLOR = "var(--jp-ui-font-color2, #757575)"  # secondary text: hints, summ
 ALERT_COLOR = "var(--jp-error-color1, #a94442)"  # red words: not here, left out, failed, lost, a required field's star
 ACCENT_COLOR = "var(--jp-content-link-color, #4e79a7)"  # a state in progress or a confirmed setting
 GOOD_COLOR = "var(--jp-success-color0, #2e7d32)"  # a setting that met its budget
+# ipywidgets' "info" button is Lab's `--jp-info-color1` under the theme's inverse text: 3.5 contrast in the light theme,
+# under WCAG's 4.5. Its darker `--jp-info-color0` clears 4.5 in both themes under that same text. ("success" has no
+# such shade in both themes, so the main action is "primary", which clears it as Lab draws it.)
+INFO_BUTTON = {"button_color": "var(--jp-info-color0, #006064)"}
 # The error box: Lab's own error-output background (light red in a light theme, dark red in a dark one) under the
 # theme's text colour; no Jupyter CSS: today's red text on pale red.
 _ERROR_STYLE = (

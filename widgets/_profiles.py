@@ -10,7 +10,7 @@ import ipywidgets
 from workbench import Session
 from workbench.profiles import profile_plan
 
-from ._common import ALERT_COLOR, MUTED_COLOR
+from ._common import ALERT_COLOR, INFO_BUTTON, MUTED_COLOR
 
 
 class ProfileRow(ipywidgets.HBox):
@@ -19,7 +19,10 @@ class ProfileRow(ipywidgets.HBox):
     def __init__(self, name: str):
         self.name = name
         self.button = ipywidgets.Button(
-            description=name, button_style="" if name == "stock" else "info", layout=ipywidgets.Layout(width="auto")
+            description=name,
+            button_style="" if name == "stock" else "info",
+            style={} if name == "stock" else INFO_BUTTON,
+            layout=ipywidgets.Layout(width="auto"),
         )
         self.button.add_class("vflash-profile")
         self.plan = ipywidgets.HTML(layout=ipywidgets.Layout(flex="1 1 0", min_width="0"))

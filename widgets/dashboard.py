@@ -147,7 +147,7 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         self.fields = {
             name: ipywidgets.IntText(0, description=name, style=short, layout={"width": "150px"}) for name in _FIELDS
         }
-        self.generate_button = ipywidgets.Button(description="generate", icon="play", button_style="success")
+        self.generate_button = ipywidgets.Button(description="generate", icon="play", button_style="primary")
         self.stop_button = ipywidgets.Button(
             description="stop",
             icon="stop",
