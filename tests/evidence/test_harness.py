@@ -1,10 +1,12 @@
 """The A/B/A harness on CPU with the tiny Wan: each verdict a CPU run can honestly reach."""
 
+import dataclasses
 import json
 
 import pytest
 
 from workbench import Request, Session
+from workbench.accelerations import REGISTRY
 from workbench.cli import main
 from workbench.evidence.harness import qualify
 
@@ -52,8 +54,9 @@ def test_too_few_or_too_many_rounds_refused(session):
 
 
 def test_a_request_the_model_cannot_take_is_refused_before_any_run(session, monkeypatch):
-    """Every request is checked against the model before the first one runs: a later case with frames the VAE
-    refuses costs no generation of the earlier ones (2 x rounds + 3 runs each), and the error names the case."""
+    """Every request and both arms are checked against the model and device before the first run: a later case with
+    frames the VAE refuses costs no generation of the earlier ones (2 x rounds + 3 runs each), and the error names
+    the case; an arm the device cannot run is named before any run."""
 
     def ran(*args, **kwargs):
         raise AssertionError("a request ran before every request was checked")
@@ -62,6 +65,12 @@ def test_a_request_the_model_cannot_take_is_refused_before_any_run(session, monk
     odd = Request("a blue square", seed=43, frames=10, steps=4, height=32, width=32)  # Wan takes 4n + 1 frames
     with pytest.raises(ValueError, match=r"^requests\[1\]: frames: 10 is not accepted by the wan VAE"):
         qualify(session, [REQUEST, odd], {}, {"cross_kv_cache": {}}, rounds=3, progress=False)
+    # an arm this machine cannot run (`Spec.unusable`: a Triton plugin on a CPU without the interpreter, a GPU too
+    # old), named before the first run too, whichever arm it is; it was found only when the candidate was installed
+    monkeypatch.setitem(REGISTRY, "fused_qkv", dataclasses.replace(REGISTRY["fused_qkv"], unusable=lambda d: "no"))
+    for arms in (({}, {"fused_qkv": {}}), ({"fused_qkv": {}}, {"cross_kv_cache": {}})):
+        with pytest.raises(RuntimeError, match="^fused_qkv: no$"):
+            qualify(session, [REQUEST], *arms, rounds=3, progress=False)
 
 
 def test_cli_qualify_writes_record_and_offline_report(tmp_path, capsys):

@@ -408,7 +408,8 @@ class Spec:
     resource conflict. `touches_with`: optional, the resources it mutates only under some options (options ->
     resources), added to `touches` for the conflict check. `order`: installation order, so a set does not depend on
     dict order. `unusable`: optional, why this machine cannot run the plugin on a device (a package missing, another
-    GPU), or None; profiles read it to leave such a plugin out (installing it still raises at prepare).
+    GPU), or None; profiles read it to leave such a plugin out, and `check_capabilities` refuses it (so a qualification,
+    sweep or search names it before its first run).
     `model_problem`: optional, why a loaded model cannot take the plugin (a component it does not cover), or None;
     profiles given the model read it the same way.
 
@@ -474,6 +475,8 @@ class Spec:
         reason = self.refusal(model.family)
         if reason is not None:
             raise RuntimeError(f"{self.name}: supports families {self.families}, not {model.family.name!r} ({reason})")
+        if self.unusable is not None and (reason := self.unusable(device)) is not None:
+            raise RuntimeError(f"{self.name}: {reason}")
 
     def refusal(self, family: Any) -> str | None:
         """Why `family` (a `workbench.models.family.Family`) cannot take this plugin, or None."""

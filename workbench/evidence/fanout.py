@@ -135,7 +135,7 @@ class Worker:
         }
 
     def validate(self, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
-        from workbench.evidence.sweep import validate
+        from workbench.evidence.harness import validate
 
         validate(self.session, configs, rounds, requests)
 
@@ -234,7 +234,7 @@ class Fanout:
         return lambda: self._listeners.remove(callback)
 
     def validate(self, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
-        """`workbench.evidence.sweep.validate` on a worker's session: a configuration the model or device cannot
+        """`workbench.evidence.harness.validate` on a worker's session: a configuration the model or device cannot
         take is refused (ValueError / RuntimeError) before any cell runs."""
         self._first_worker()
         _ray().get(self.actors[0].validate.remote(configs, rounds, requests))

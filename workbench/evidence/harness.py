@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from workbench import environment
+from workbench.accelerations import REGISTRY, install
 from workbench.evidence.stats import RatioCI, paired_ratio_ci, verdict
 from workbench.models.loaded import LoadedModel
 from workbench.progress import progress as progress_bar
@@ -73,6 +74,15 @@ def check_requests(session: Session | LoadedModel, requests: list[Request], wher
     return resolved
 
 
+def validate(session: Session, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
+    """Refuse, before any run, too few rounds, no requests, a request the model cannot take (`check_requests`), or a
+    configuration `session` cannot install (ValueError naming it; RuntimeError when this device cannot run it)."""
+    check_rounds(rounds)
+    check_requests(session, requests)
+    for config in configs:
+        install.validate(REGISTRY, session.model, config, session.device)
+
+
 def qualify(
     session: Session,
     requests: list[Request],
@@ -88,8 +98,8 @@ def qualify(
     started: float | None = None,
 ) -> tuple[dict[str, Any] | Partial, list[tuple[Result, Result] | None]]:
     """Qualify `candidate` against `baseline` on `requests` under `budget` (default: `default_budget(session)`);
-    returns the record and each case's pilots. Every request is checked against the model before the first runs
-    (`check_requests`). `desc` names the progress bar (a sweep says which of its values this is).
+    returns the record and each case's pilots. Every request and both arms are checked against the model and device
+    before the first runs (`validate`). `desc` names the progress bar (a sweep says which of its values this is).
 
     `resume`: a folder for the partial record (`qualify.partial.json`), read when there and rewritten after every
     finished case; the cases it holds are not run again, and their pilots are read back from
@@ -101,8 +111,7 @@ def qualify(
     partial record of other arguments (`resume.run_key`: the configurations, rounds, budget, requests, `identity`,
     model, dtype, device) is a ValueError naming each field that differs, its recorded and its given value. The
     caller removes the partial record and its pilots once the final record is published (`resume.remove_partial`)."""
-    check_rounds(rounds)
-    check_requests(session, requests)
+    validate(session, [baseline, candidate], rounds, requests)
     budget = budget or default_budget(session)
     from workbench.evidence.resume import Paused, case_journal  # it imports this module
 

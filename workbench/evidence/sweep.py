@@ -33,14 +33,7 @@ from matplotlib.lines import Line2D
 
 from workbench.accelerations import REGISTRY, install
 from workbench.environment import device_label
-from workbench.evidence.harness import (
-    MIN_ROUNDS,
-    SUITE_ORDER,
-    check_requests,
-    check_rounds,
-    default_budget,
-    qualify_cases,
-)
+from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, default_budget, qualify_cases, validate
 from workbench.evidence.records import record_bytes
 from workbench.evidence.report import NO_SPEED_CLAIM, Table, page, speedup_text
 from workbench.evidence.resume import Partial, Paused, case_journal
@@ -613,15 +606,6 @@ def setting_key(config: dict[str, Any]) -> str:
     except ValueError:
         resolved = config
     return json.dumps(resolved, sort_keys=True, default=repr)
-
-
-def validate(session: Session, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
-    """Refuse, before any run, too few rounds, no requests, a request the model cannot take (`check_requests`), or a
-    configuration `session` cannot install (ValueError naming it; RuntimeError when this device cannot run it)."""
-    check_rounds(rounds)
-    check_requests(session, requests)
-    for config in configs:
-        install.validate(REGISTRY, session.model, config, session.device)
 
 
 def _worst(values: list[Any], pick: Any) -> float | None:
