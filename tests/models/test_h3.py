@@ -1,11 +1,13 @@
 import dataclasses
 import json
+import warnings
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+import workbench.session
 from workbench import Request
 from workbench.models import h3, resolve
 from workbench.models.tokenizer import build_tokenizer
@@ -90,6 +92,27 @@ def test_loop_blocks_are_restored_after_a_request(session):
     session.generate(Request("p"), progress=False)
     assert [dict(loop.sub_blocks) for loop in loops] == before
     assert all(type(b).__module__.startswith("diffusers") for loop in loops for b in loop.sub_blocks.values())
+    assert all("progress_bar" not in loop.__dict__ for loop in loops)  # the session's bar was lent for the request
+
+
+def test_a_request_shows_the_sessions_labelled_bar_and_the_build_warns_nothing(session, monkeypatch):
+    """The denoise loop's own (unlabelled diffusers) bar is replaced by the session's "denoise steps" bar for the
+    request; building an H3 warns nothing (diffusers' audio VAE builds with the old `weight_norm` spelling)."""
+    import diffusers.modular_pipelines.modular_pipeline as modular
+
+    def unlabelled(*args, **kwargs):
+        raise AssertionError("diffusers' unlabelled bar was drawn")
+
+    monkeypatch.setattr(modular, "tqdm", unlabelled)
+    shown = []
+    real = workbench.session.progress_bar
+    monkeypatch.setattr(workbench.session, "progress_bar", lambda *a: shown.append(a[1:3]) or real(*a))
+    session.generate(Request("p", steps=3), progress=False)
+    assert shown == [(2, "denoise steps")]  # N steps run N - 1 transformer calls
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        h3.tiny_components()
+    assert [str(w.message) for w in caught] == []
 
 
 @pytest.mark.parametrize(

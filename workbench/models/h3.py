@@ -25,9 +25,11 @@ it to the session's contract:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +164,17 @@ def _denoise_loops(blocks: Any) -> list[Any]:
     return found
 
 
+@contextlib.contextmanager
+def _quiet_weight_norm() -> Iterator[None]:
+    """Build the audio VAE without torch's FutureWarning about `torch.nn.utils.weight_norm`: diffusers' H3 audio VAE
+    keeps that spelling for its checkpoints' weight_g/weight_v names, so the warning says nothing a user can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"`torch\.nn\.utils\.weight_norm` is deprecated", category=FutureWarning
+        )
+        yield
+
+
 def run_modular_pipeline(pipeline: Any, kwargs: dict[str, Any], generator: Any, on_step_end: Any) -> tuple:
     """Call the H3 modular pipeline; returns float frames (T, H, W, 3) in [0, 1] and audio (2, N)."""
     undo: list[Callable[[], None]] = []
@@ -175,6 +188,10 @@ def run_modular_pipeline(pipeline: Any, kwargs: dict[str, Any], generator: Any, 
                 else:
                     continue
                 undo.append(lambda loop=loop, name=name, block=block: loop.sub_blocks.__setitem__(name, block))
+            labelled = getattr(pipeline, "progress_bar", None)  # a session's labelled bar; the loop's own has no label
+            if labelled is not None:
+                loop.progress_bar = labelled
+                undo.append(lambda loop=loop: loop.__dict__.pop("progress_bar"))
         state = pipeline(**kwargs, generator=generator, output_type="np")
     finally:
         for restore in reversed(undo):
@@ -468,7 +485,8 @@ def tiny_components(seed: int = 0) -> dict[str, Any]:
     torch.manual_seed(seed + 2)
     vae = AutoencoderKLMiniMaxH3(**TINY_VAE)
     torch.manual_seed(seed + 3)
-    audio_vae = AutoencoderKLMiniMaxH3Audio(**TINY_AUDIO_VAE)
+    with _quiet_weight_norm():
+        audio_vae = AutoencoderKLMiniMaxH3Audio(**TINY_AUDIO_VAE)
     return {
         "text_encoder": text_encoder,
         "tokenizer": tokenizer,
@@ -542,7 +560,8 @@ def random_components(
         torch.manual_seed(seed + 2)
         vae = AutoencoderKLMiniMaxH3(**configs["vae"])
         torch.manual_seed(seed + 3)
-        audio_vae = AutoencoderKLMiniMaxH3Audio(**configs["audio_vae"])
+        with _quiet_weight_norm():
+            audio_vae = AutoencoderKLMiniMaxH3Audio(**configs["audio_vae"])
     for module in (vae, audio_vae):
         cast_like_from_pretrained(module, dtype)
     transformer = materialise(lambda: MiniMaxH3Transformer3DModel(**configs["transformer"]), device, dtype, seed + 1)
@@ -589,9 +608,10 @@ def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
     if index.get("_class_name") not in (FAMILY.pipeline_class, "MiniMaxH3Blocks"):
         raise ValueError(f"{index_file}: _class_name is {index.get('_class_name')!r}, expected a MiniMax-H3 pipeline")
     absent = tuple(name for name in index if not name.startswith("_") and not (root / name).is_dir())
-    components, config = load_components(
-        root, index_file, index, FAMILY, dtype, skip=("transformer_ref", "processor", *absent)
-    )
+    with _quiet_weight_norm():
+        components, config = load_components(
+            root, index_file, index, FAMILY, dtype, skip=("transformer_ref", "processor", *absent)
+        )
     components = {name: value for name, value in components.items() if value is not None}
     components["processor"] = _load_processor(
         component_folder(root, "processor", index_file), components.get("tokenizer")
