@@ -74,6 +74,20 @@ def test_write_set_failure_keeps_the_old_set_and_no_staging(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(NAMES)
 
 
+def test_a_full_disk_names_the_file_and_its_size_and_keeps_the_old_set(tmp_path, monkeypatch):
+    """The OSError of a failed write says which file (and how many bytes) was being written, keeping its errno."""
+    write_set(tmp_path, _payload(1))
+
+    def no_space(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("workbench.io.os.fsync", no_space)
+    with pytest.raises(OSError, match=r"writing \d+ bytes to \S+/[^/]+: No space left on device") as failed:
+        write_set(tmp_path, _payload(2))
+    assert failed.value.errno == 28 and Path(failed.value.strerror.split(" to ")[1].split(":")[0]).name in NAMES
+    assert _versions(tmp_path) == {"1"} and sorted(p.name for p in tmp_path.iterdir()) == sorted(NAMES)
+
+
 def test_write_set_bad_names_raise_before_writing(tmp_path):
     for name in ("../x", ".hidden", "a/b", ""):
         with pytest.raises(ValueError, match="plain, non-hidden file name"):

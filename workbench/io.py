@@ -357,10 +357,15 @@ def _publish(commit: Path, names: list[str]) -> list[str]:
 
 
 def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    """Write and fsync `path`; an OSError (a full disk, a quota) says which file and how many bytes it was writing."""
+    try:
+        with open(path, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise OSError(error.errno, f"writing {len(data):,} bytes to {path}: {reason}") from error
 
 
 def _fsync_directory(path: Path) -> None:
