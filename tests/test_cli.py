@@ -262,7 +262,7 @@ def no_ray(monkeypatch):
         ("search", "test", 0, "mode", "i2v", "test[0]: mode: 'i2v' is not supported by wan"),
         ("calibrate", "calibration", 1, "frames", 10, "calibration[1]: frames: 10 is not accepted by the wan VAE"),
         ("calibrate", "test", 1, "width", 40, "test[1]: width: 40 must be a multiple of 16 for wan"),
-        ("batch", "test", 1, "frames", 10, "requests[1]: frames: 10 is not accepted by the wan VAE"),
+        ("batch", "test", 1, "frames", 10, "--requests[1]: frames: 10 is not accepted by the wan VAE"),
     ],
 )
 def test_cli_ray_refuses_a_case_the_model_cannot_take_before_ray_starts(
@@ -329,6 +329,22 @@ def test_cli_a_negative_value_given_apart_is_refused_under_its_flag(
     for given in ([flag, value], [f"{flag}={value}"]):
         assert main([*base, *before, *given, "--out", str(tmp_path / "out")]) == 2
         assert message in _one_line_error(capsys, command)
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "message"),
+    [
+        ("generate", ["--gpus", "0"], "--gpus: expected a positive int"),
+        ("generate", ["--device", "foo"], "--device: 'foo' is not a device; allowed: auto, cpu, cuda, cuda:N"),
+        ("generate", ["--dtype", "int8"], "--dtype: 'int8'; allowed: ['bfloat16', 'float16', 'float32']"),
+        ("generate", ["--adapter", '{"path": 5}'], "--adapter: path: 5; allowed: a str or pathlib.Path"),
+        ("qualify", ["--suite", "no-such-suite.json"], "--suite: cannot read no-such-suite.json"),
+    ],
+)
+def test_cli_a_library_check_naming_its_field_is_said_under_the_flag(command, flags, message, tmp_path, capsys):
+    """The library names its field (`gpus: ...`, `adapter.path: ...`); the command line says its flag instead."""
+    assert main([*COMMANDS[command], *flags, "--out", str(tmp_path / "out")]) == 2
+    assert f"error: {message}" in _one_line_error(capsys, command)
 
 
 def test_cli_an_arm_equal_to_the_baseline_is_noted_as_an_a_a_run_before_the_model_loads(tmp_path, capsys, no_model):

@@ -290,7 +290,7 @@ def test_stack_composes_block_sparse_and_easycache_and_confirms_inside_the_budge
         (["--margin", "1.5"], "--margin: 1.5; allowed: a number in (0, 1]"),
         (["--register"], "--register: --out"),
         (["--options", '{"teacache": {}}'], "options: 'teacache' is not among the plugins calibrated"),
-        (["--options", '{"easycache": {"threshold": 0.1}}'], "options.easycache: expected an object of its options"),
+        (["--options", '{"easycache": {"threshold": 0.1}}'], "--options: easycache: expected an object of its options"),
         (["--options", '{"easycache": {"warmup": -1}}'], "easycache.warmup"),
     ],
 )

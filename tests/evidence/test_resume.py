@@ -278,7 +278,7 @@ def test_cli_resume_of_another_run_is_refused_naming_the_field_and_both_values(t
         del loads[:]
         assert main([*resume, *flags]) == 2 and not loads  # refused before the model loads
         err = capsys.readouterr().err
-        assert f"error: resume: {out / 'qualify.partial.json'} was made by another run (" in err and message in err
+        assert f"error: --resume: {out / 'qualify.partial.json'} was made by another run (" in err and message in err
     assert main([*resume, "--budget", '{"latent_rel_l2": 0.5}']) == 2 and loads
     err = capsys.readouterr().err
     assert re.search(r"\(budget: \{[^}]*'latent_rel_l2': 0.03[^}]*\} recorded, \{[^}]*'latent_rel_l2': 0.5", err), err

@@ -36,6 +36,18 @@ from workbench.cli.flags import _directory
 from workbench.cli.generate import _generate, _info, _train_tiny
 
 
+def _under_flag(message: str, flags: set[str]) -> str:
+    """A library's error said under the command line's flag when it names one of the command's `flags` by its field:
+    `gpus: ...` as `--gpus: ...`, `requests[1]: ...` as `--requests[1]: ...`, `adapter.path: ...` as
+    `--adapter: path: ...`; any other message as it is."""
+    match = re.match(r"([a-z][a-z_]*)(?=[:.\[])", message)
+    flag = None if match is None else "--" + match[1].replace("_", "-")
+    if flag not in flags:
+        return message
+    rest = message[match.end() :]
+    return f"{flag}: {rest[1:]}" if rest.startswith(".") else flag + rest
+
+
 def _max_seconds(command: argparse.ArgumentParser, unit: str) -> None:
     """`command`'s `--max-seconds`: a clean stop at a `unit` boundary (`workbench.evidence.resume.Journal`)."""
     command.add_argument(
@@ -304,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         return _generate(args) if args.command == "generate" else _info()
     except (ValueError, RuntimeError, OSError) as error:
         message = " ".join(str(error).split())  # one line, whatever the message holds
-        print(f"workbench {args.command}: error: {message}", file=sys.stderr)
+        flags = {o for action in commands.choices[args.command]._actions for o in action.option_strings}
+        print(f"workbench {args.command}: error: {_under_flag(message, flags)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: what was kept and how to go on, not a traceback from wherever it hit
         print(f"\nworkbench {args.command}: interrupted; {_interrupted(args)}", file=sys.stderr)
