@@ -186,11 +186,15 @@ def qwen3_vl(
 def _h3() -> tuple[dict, dict]:
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
 
+    from workbench.models.h3 import quiet_weight_norm
+
+    with quiet_weight_norm():
+        audio_vae = AutoencoderKLMiniMaxH3Audio()
     modules = {
         "text_encoder": qwen3_vl(),
         "transformer": MiniMaxH3Transformer3DModel(),
         "vae": AutoencoderKLMiniMaxH3(),
-        "audio_vae": AutoencoderKLMiniMaxH3Audio(),
+        "audio_vae": audio_vae,
     }
     return modules, {}
 

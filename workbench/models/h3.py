@@ -165,7 +165,7 @@ def _denoise_loops(blocks: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
-def _quiet_weight_norm() -> Iterator[None]:
+def quiet_weight_norm() -> Iterator[None]:
     """Build the audio VAE without torch's FutureWarning about `torch.nn.utils.weight_norm`: diffusers' H3 audio VAE
     keeps that spelling for its checkpoints' weight_g/weight_v names, so the warning says nothing a user can act on."""
     with warnings.catch_warnings():
@@ -485,7 +485,7 @@ def tiny_components(seed: int = 0) -> dict[str, Any]:
     torch.manual_seed(seed + 2)
     vae = AutoencoderKLMiniMaxH3(**TINY_VAE)
     torch.manual_seed(seed + 3)
-    with _quiet_weight_norm():
+    with quiet_weight_norm():
         audio_vae = AutoencoderKLMiniMaxH3Audio(**TINY_AUDIO_VAE)
     return {
         "text_encoder": text_encoder,
@@ -560,7 +560,7 @@ def random_components(
         torch.manual_seed(seed + 2)
         vae = AutoencoderKLMiniMaxH3(**configs["vae"])
         torch.manual_seed(seed + 3)
-        with _quiet_weight_norm():
+        with quiet_weight_norm():
             audio_vae = AutoencoderKLMiniMaxH3Audio(**configs["audio_vae"])
     for module in (vae, audio_vae):
         cast_like_from_pretrained(module, dtype)
@@ -608,7 +608,7 @@ def load(path: str | Path, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
     if index.get("_class_name") not in (FAMILY.pipeline_class, "MiniMaxH3Blocks"):
         raise ValueError(f"{index_file}: _class_name is {index.get('_class_name')!r}, expected a MiniMax-H3 pipeline")
     absent = tuple(name for name in index if not name.startswith("_") and not (root / name).is_dir())
-    with _quiet_weight_norm():
+    with quiet_weight_norm():
         components, config = load_components(
             root, index_file, index, FAMILY, dtype, skip=("transformer_ref", "processor", *absent)
         )
