@@ -273,3 +273,15 @@ def test_the_nvml_sampler_finds_the_sessions_gpu():
     result = Session.open(wan.tiny(), device="cuda").generate(Request("x", frames=5, height=32, width=32, steps=2))
     assert result.metadata["nvml"]["count"] >= 1
     assert not [event for event in result.events if event.kind == "sample" and "error" in event.data]
+
+
+def test_a_float16_session_on_the_cpu_runs_without_diffusers_warning_that_it_cannot(monkeypatch):
+    """diffusers warns, once per float16 module moved to a CPU, that such a pipeline "cannot run" there; it runs."""
+    from diffusers.pipelines import pipeline_utils
+
+    warned = []
+    monkeypatch.setattr(pipeline_utils.logger, "warning", lambda message, *args, **kwargs: warned.append(message))
+    session = Session.open("tiny-wan", device="cpu", dtype=torch.float16)
+    result = session.generate(Request("a red kite", steps=2, frames=1, height=16, width=16), progress=False)
+    assert result.finite and session.dtype == torch.float16
+    assert not [m for m in warned if "cannot run with" in m]

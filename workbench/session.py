@@ -124,7 +124,8 @@ class Session:
                 loaded = resolve(model, seed=seed, dtype=torch_dtype, device=build_on)
         residency = None
         if budget is None:
-            loaded.pipeline.to(device=torch_device)
+            # diffusers warns that float16 "cannot run" on a CPU; torch's CPU runs it, and so does the workbench
+            loaded.pipeline.to(device=torch_device, silence_dtype_warnings=True)
         else:
             planned = (budget.request or Request("memory plan")).resolved(loaded.family, loaded.defaults)
             plan = plan_for(loaded, budget, planned, outside_for(torch_device))
