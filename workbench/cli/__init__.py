@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         help="limit on the whole call from set-up to record (Python's start-up not counted): training stops early "
         "enough for export and evaluation",
     )
-    tiny.add_argument("--device", default="cuda")
+    tiny.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N")
     tiny.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
     tiny.add_argument("--train-clips", type=int, default=4096)
     tiny.add_argument("--ae-minutes", type=float, help="the autoencoder stage's planned total (default: 0.4 x minutes)")

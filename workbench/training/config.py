@@ -36,7 +36,7 @@ class TrainConfig:
 
     out: Path
     minutes: float = 6.0
-    device: str = "cuda"
+    device: str = "auto"
     resume: bool = False
     preset: str = "demo-av"
     overrides: dict[str, Any] | None = None  # replace preset fields (tests shrink the sizes); kept on resume
