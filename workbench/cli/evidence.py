@@ -265,11 +265,11 @@ _UNITS = {"qualify": "case", "sweep": "(value, case) pair", "search": "(candidat
 def _check_resume(args: argparse.Namespace, known: dict[str, Any]) -> None:
     """The partial-record flags of an evidence command (`calibrate`, `qualify`, `sweep`, `search`), before any
     model loads: `--resume` and `--max-seconds` refused with `--ray` (its store resumes by cell), `--max-seconds`
-    below 0 or NaN, `--resume` naming a folder with no partial
-    record of this command (the path named); an `--out` holding one refused without `--resume` (continue it, or
-    choose another `--out`); the partial record's form (`read_partial`) and the fields of its run that the command
-    line alone decides (`known`: `resume.check_run`, each differing field with its recorded and given value). The
-    rest (budget, model, dtype, device) is checked once the model is loaded."""
+    below 0 or NaN, `--resume` naming a folder with no partial record of this command (the path named); an `--out`
+    holding one refused without `--resume` (continue it, or choose another `--out`); the partial record's form
+    (`read_partial`) and the fields of its run that the command line alone decides (`known`: `resume.check_run`,
+    each differing field with its recorded and given value). The rest (budget, model, dtype, device) is checked once
+    the model is loaded."""
     from workbench.evidence.resume import check_run, partial_path, read_partial
 
     noun = _NOUNS[args.command]

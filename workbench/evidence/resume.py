@@ -30,7 +30,8 @@ stack compare only speed-ups.
 Time: with `max_seconds`, a new step starts only while the seconds spent since the call began plus the step's
 expected seconds (the longest step of its kind in this call, or before one: the dense references' seconds for a
 point, `2 * rounds + 3` dense requests for a confirmation; the longest case so far for a qualification's case) stay
-within `max_seconds`; otherwise the call stops at that step boundary and returns a `Partial`. Every call runs at least one new step, so repeating it always finishes.
+within `max_seconds`; otherwise the call stops at that step boundary and returns a `Partial`. Every call runs at
+least one new step, so repeating it always finishes.
 """
 
 from __future__ import annotations
@@ -63,9 +64,8 @@ PARTIAL = "calibrate.partial.json"  # a calibration's; `partial_path(folder, nam
 @dataclass
 class Partial:
     """A calibration, qualification, sweep or search stopped at a step boundary (`max_seconds`): nothing is decided
-    yet. `path` is its partial
-    record; the same call with `resume=` its folder continues it. `remaining`: `next` (the step it stopped before),
-    `done` (steps recorded) and `at_most` (steps still to run, at most)."""
+    yet. `path` is its partial record; the same call with `resume=` its folder continues it. `remaining`: `next`
+    (the step it stopped before), `done` (steps recorded) and `at_most` (steps still to run, at most)."""
 
     kind: str
     path: Path
