@@ -124,8 +124,9 @@ class Session:
                 loaded = resolve(model, seed=seed, dtype=torch_dtype, device=build_on)
         residency = None
         if budget is None:
-            # diffusers warns that float16 "cannot run" on a CPU; torch's CPU runs it, and so does the workbench
-            loaded.pipeline.to(device=torch_device, silence_dtype_warnings=True)
+            # a diffusers pipeline warns that float16 "cannot run" on a CPU; torch's CPU runs it, and so does the workbench
+            quiet = {} if isinstance(loaded.pipeline, torch.nn.Module) else {"silence_dtype_warnings": True}
+            loaded.pipeline.to(device=torch_device, **quiet)
         else:
             planned = (budget.request or Request("memory plan")).resolved(loaded.family, loaded.defaults)
             plan = plan_for(loaded, budget, planned, outside_for(torch_device))
