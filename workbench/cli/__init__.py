@@ -48,8 +48,12 @@ def _under_flag(message: str, flags: set[str]) -> str:
     return f"{flag}: {rest[1:]}" if rest.startswith(".") else flag + rest
 
 
-def _max_seconds(command: argparse.ArgumentParser, unit: str) -> None:
-    """`command`'s `--max-seconds`: a clean stop at a `unit` boundary (`workbench.evidence.resume.Journal`)."""
+def _partial_record_flags(command: argparse.ArgumentParser, record: str, unit: str) -> None:
+    """`command`'s `--resume DIR` (continue the run whose partial record, `record` in words, is in DIR) and
+    `--max-seconds`: a clean stop at a `unit` boundary (`workbench.evidence.resume.Journal`)."""
+    command.add_argument(
+        "--resume", type=Path, metavar="DIR", help=f"continue the run whose partial record ({record}) is in DIR"
+    )
     command.add_argument(
         "--max-seconds",
         type=float,
@@ -154,21 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     qual = commands.add_parser("qualify", help="A/B/A qualification of a candidate against a baseline")
-    qual.add_argument("--model", required=True)
-    qual.add_argument("--suite", required=True, type=Path, help="a data_manifests/*.json suite")
-    qual.add_argument("--cases", default="test", choices=("test", "calibration"))
-    qual.add_argument("--baseline", default="{}", help="accelerations JSON of the baseline arm")
     qual.add_argument("--candidate", required=True, help="accelerations JSON of the candidate arm")
-    qual.add_argument("--rounds", type=int, default=3)
-    qual.add_argument("--budget", default="{}", help="JSON overrides of the quality budget")
-    qual.add_argument("--device", default="auto")
-    qual.add_argument("--out", required=True, type=_directory)
-    qual.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
-    qual.add_argument(
-        "--resume", type=Path, metavar="DIR", help="continue the run whose partial record (one case a step) is in DIR"
-    )
-    _max_seconds(qual, "case")
-
     swp = commands.add_parser("sweep", help="qualify one plugin at each value of one option; knee, cliff, Pareto")
     swp.add_argument("--plugin", required=True, help="the acceleration plugin, e.g. easycache")
     swp.add_argument("--option", required=True, help="the option swept, e.g. threshold")
@@ -176,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     swp.add_argument("--base", default="{}", help="JSON options of the plugin kept fixed at every value")
     search_cmd = commands.add_parser("search", help="qualify fixed configurations; pick the fastest qualified")
     search_cmd.add_argument("--candidates", required=True, help="JSON list of accelerations configurations")
-    for sub in (swp, search_cmd):
+    for sub in (qual, swp, search_cmd):
         sub.add_argument("--model", required=True)
         sub.add_argument("--suite", required=True, type=Path, help="a data_manifests/*.json suite")
         sub.add_argument("--cases", default="test", choices=("test", "calibration"))
@@ -186,13 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--device", default="auto")
         sub.add_argument("--out", required=True, type=_directory)
         sub.add_argument("--allow-other-model", action="store_true", help="run a suite pinned to another model")
-        sub.add_argument(
-            "--resume",
-            type=Path,
-            metavar="DIR",
-            help="continue the run whose partial record (one configuration's case a step) is in DIR",
-        )
-        _max_seconds(sub, "case")
+        record = "one case a step" if sub is qual else "one configuration's case a step"
+        _partial_record_flags(sub, record, "case")
 
     cal = commands.add_parser(
         "calibrate", help="the most aggressive setting inside a quality budget; several --plugin: a greedy stack"
@@ -217,13 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="add the attention_policy entry the run earns (if any) to the committed qualified_attention.json",
     )
-    cal.add_argument(
-        "--resume",
-        type=Path,
-        metavar="DIR",
-        help="continue the run whose partial record (written after every step) is in DIR",
-    )
-    _max_seconds(cal, "step")
+    _partial_record_flags(cal, "written after every step", "step")
 
     tiny = commands.add_parser("train-tiny", help="train a demo-av preset on synthetic scenes (resumable)")
     tiny.add_argument(
