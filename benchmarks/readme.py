@@ -104,7 +104,7 @@ def cards_table() -> list[str]:
                 left.setdefault(f"`{plugin}` ({why})", []).append(family)
         said = "; ".join(f"{what}: {', '.join(fams)}" for what, fams in left.items()) or "nothing"
         fp8 = "yes" if TARGETS[card.target].fp8 else "no"
-        lines.append(f"| {card.label} (`{name}`) | {card.memory // 2**30} GiB | {card.target} | {fp8} | {said} |")
+        lines.append(f"| {card.label} (`{name}`) | {_card_gib(card.memory)} | {card.target} | {fp8} | {said} |")
     return lines
 
 
@@ -133,7 +133,7 @@ def fits_table(results: Path) -> list[str]:
     ]
     for card, plans in card_plans().items():
         cells = [_cell(p) if p else f"no (needs {_gib_up(smallest[name])})" for name, p in plans.items()]
-        lines.append(f"| `{card}` ({CARDS[card].memory // 2**30} GiB) | " + " | ".join(cells) + " |")
+        lines.append(f"| `{card}` ({_card_gib(CARDS[card].memory)}) | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Planner estimates, not measurements: `workbench.memory_plan.plan_for` on each release built from its published "
@@ -152,6 +152,11 @@ def fits_table(results: Path) -> list[str]:
 
 def _gib_up(value: int) -> str:
     return f"{math.ceil(value / 2**30 * 10) / 10:.1f} GiB"
+
+
+def _card_gib(memory: int) -> str:
+    """A card's memory in GiB, rounded down to a tenth: "20 GiB", "79.1 GiB"."""
+    return f"{math.floor(memory / 2**30 * 10) / 10:g} GiB"
 
 
 def _cell(plan: Any) -> str:

@@ -2,6 +2,8 @@
 fits, bit-equal to the resident session at it, with the plan's bytes moved equal to what the receipts counted."""
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,6 +161,12 @@ def test_card_names_are_memory_caps_and_card_plans():
     assert card_plan("exact-fast", "wan", "rtx4090") == card_plan("exact-fast", "wan", "sm_89")
     with pytest.raises(ValueError, match=r"card: unknown 'gtx1080'; allowed: .*'rtx4090-48gb'"):
         card_plan("exact-fast", "wan", "gtx1080")
+    # a card this project measured on plans under the total torch reported there, not its marketed size
+    results = Path(__file__).parents[1] / "benchmarks" / "results"
+    for name, record in (("h100", "fp8-attention-h100.json"), ("h200", "fp8-attention.json")):
+        device = json.loads((results / record).read_text())["device"]
+        assert device["name"].startswith("NVIDIA " + name.upper()), device
+        assert MemoryBudget.of(name).cap_bytes == CARDS[name].memory == device["memory_bytes"]
 
 
 @pytest.mark.parametrize("value", ["48 gigs", "-1GiB", "GiB", 0, -5, True, 1.5, [48], "", "1e9"])
