@@ -360,16 +360,19 @@ def test_cli_an_arm_equal_to_the_baseline_is_noted_as_an_a_a_run_before_the_mode
 
 
 def test_cli_a_dash_led_prompt_given_apart_is_shown_how_to_write_it(capsys):
-    """argparse reads `-dog` as a flag and says only that --prompt has no value; the message adds how to write it."""
+    """argparse reads `-dog` as a flag and says only that --prompt has no value; the message adds how to write it.
+    An argparse refusal is one line like every other (no usage block), pointing at the command's --help."""
     with pytest.raises(SystemExit) as refused:
         main(["generate", "--prompt", "-dog", "--out", "out"])
-    error = capsys.readouterr().err
-    assert refused.value.code == 2 and error.endswith(
-        "argument --prompt: expected one argument; a value that starts with '-' goes after '=': --prompt=-dog\n"
+    assert refused.value.code == 2 and capsys.readouterr().err == (
+        "workbench generate: error: argument --prompt: expected one argument; a value that starts with '-' goes "
+        "after '=': --prompt=-dog (see workbench generate --help)\n"
     )
     with pytest.raises(SystemExit):
         main(["generate", "--prompt", "p", "--out"])  # a missing value: no such hint
-    assert capsys.readouterr().err.endswith("argument --out: expected one argument\n")
+    assert capsys.readouterr().err == (
+        "workbench generate: error: argument --out: expected one argument (see workbench generate --help)\n"
+    )
 
 
 def test_cli_flags_are_matched_whole_never_by_prefix(tmp_path, capsys, no_model):
@@ -448,8 +451,16 @@ def test_cli_generate_refuses_a_malformed_calibration_record_before_loading(tmp_
         path.write_text(text)
         assert main(args) == 2
         assert message in _one_line_error(capsys, "generate").removeprefix("workbench generate: error: --calibration: ")
+    for differs, message in (  # where it holds, as far as the model's shapes tell, before loading too
+        ({"model": "tiny-ltx2"}, "record: calibrated for model 'tiny-ltx2', not 'tiny-wan'"),
+        ({"device": {"name": "NVIDIA H200", "type": "cuda"}}, "record: calibrated on NVIDIA H200 (cuda), not "),
+        ({"request": {"steps": 16}}, "record: holds for another request geometry: steps 16 (calibrated) vs "),
+    ):
+        path.write_text(json.dumps(good | {"scope": scope | differs}))
+        assert main([*args, "--device", "cpu"]) == 2
+        assert message in _one_line_error(capsys, "generate").removeprefix("workbench generate: error: --calibration: ")
     path.write_text(json.dumps(good))
-    with pytest.raises(AssertionError, match="a model was loaded"):  # its form holds: where it holds is checked next
+    with pytest.raises(AssertionError, match="a model was loaded"):  # it holds as far as the shapes tell
         main(args)
 
 

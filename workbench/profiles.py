@@ -112,7 +112,7 @@ def within_budget(
     config = data["setting"] if data["kind"] == "calibration" else data["config"]
     scope = data["scope"]
     measured = {"model": scope["model"], "device": scope["device"]["name"], "type": scope["device"]["type"]}
-    here = environment.device_info(torch.device(device))
+    here = environment.device_info(environment.device(device))
     if measured["model"] != model:
         raise ValueError(f"record: calibrated for model {measured['model']!r}, not {model!r}")
     if measured["type"] != here["type"] or (here["type"] == "cuda" and measured["device"] != here["name"]):

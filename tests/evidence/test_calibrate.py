@@ -193,6 +193,8 @@ def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_r
         within_budget(json_path, "demo-av-mini", "cpu", key="LTX2VideoTransformer3DModel:0")  # same name, other size
     with pytest.raises(ValueError, match="calibrated with dtype 'float32', not 'bfloat16'"):
         within_budget(json_path, "demo-av-mini", "cpu", dtype="bfloat16")
+    with pytest.raises(ValueError, match="^device: 'gpu' is not a device; allowed: auto, cpu, cuda, cuda:N"):
+        within_budget(json_path, "demo-av-mini", "gpu")
     args = ["generate", "--model", "demo-av-mini", "--prompt", "a red circle moves left, low hum", "--device", "cpu"]
     args += [
         "--steps",

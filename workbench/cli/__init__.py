@@ -82,14 +82,16 @@ class _Parser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        """argparse's usage error; where a flag's value starts with a dash (`--prompt -dog`, which argparse reads as
-        a flag, leaving --prompt without a value), how to write it."""
+        """argparse's usage error as one line on stderr, status 2, like every other refusal (`workbench generate:
+        error: argument --seed: invalid int value: 'abc' (see workbench generate --help)`, no usage block); where a
+        flag's value starts with a dash (`--prompt -dog`, which argparse reads as a flag, leaving --prompt without a
+        value), how to write it."""
         names = re.fullmatch(r"argument ([\w/-]+): expected one argument", message)
         words = getattr(self, "_words", [])
         for flag in names[1].split("/") if names else []:
             if flag in words[:-1] and (value := words[words.index(flag) + 1]).startswith("-"):
                 message += f"; a value that starts with '-' goes after '=': {flag}={value}"
-        super().error(message)
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def main(argv: list[str] | None = None) -> int:

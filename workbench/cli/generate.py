@@ -13,7 +13,7 @@ from workbench.cli.flags import _accelerations_arg, _adapter_arg, _flagged, _sha
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from workbench import Request, Result, Session, distributed
+    from workbench import Request, Result, Session, distributed, environment
     from workbench.accelerations.attention.attention_policy import model_key
     from workbench.accelerations.memory.ring import AS_STORED, FP8
     from workbench.io import check_targets, check_writable
@@ -47,12 +47,15 @@ def _generate(args: argparse.Namespace) -> int:
     if (args.profile == "within-budget") != (args.calibration is not None):
         raise ValueError("--calibration: a calibrate record goes with --profile within-budget, and only with it")
     if args.calibration is not None:
-        calibration_record(args.calibration, "--calibration")  # its form; where it holds is checked once loaded
+        calibration_record(args.calibration, "--calibration")  # its form; where it holds below
     if args.parallel_decode:  # a bad combination is refused before any process starts
         distributed.cli_accelerations(args.gpus, parallel_decode=True)
     shapes = None if distributed.is_worker() else _shapes(args.model)  # the launcher checks it for every rank
     if shapes is not None:
-        _flagged(flags, shapes.resolve, request)  # a request the model refuses, before its weights load
+        resolved = _flagged(flags, shapes.resolve, request)  # a request the model refuses, before its weights load
+        if args.calibration is not None:  # where the record holds, as far as the shapes tell (the rest once loaded)
+            here = environment.device(args.device)
+            _flagged("--calibration", within_budget, args.calibration, shapes.name, here, resolved.to_dict())
     if args.gpus != 1 or distributed.is_worker():  # see workbench.distributed
         distributed.check_cli_relayout(args.gpus, distributed.check_gpus(args.gpus, args.device))
         if not distributed.is_worker():
@@ -76,7 +79,9 @@ def _generate(args: argparse.Namespace) -> int:
         if args.profile == "within-budget":
             resolved = session.resolve(request).to_dict()
             held = {"key": model_key(session.model), "dtype": str(session.dtype).removeprefix("torch.")}
-            chosen = within_budget(args.calibration, session.model.name, session.device, resolved, **held)
+            chosen = _flagged(
+                "--calibration", within_budget, args.calibration, session.model.name, session.device, resolved, **held
+            )
             left_out = {}
         else:
             chosen, left_out = profile_plan(args.profile, session.model.family.name, session.device, session.model)
