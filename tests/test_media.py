@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from workbench import Request
+from workbench import Request, Result
 from workbench.io import write_atomic
-from workbench.media import decode_mp4, encode_mp4, verify_mp4
+from workbench.media import AAC_LAYOUTS, AAC_SAMPLE_RATES, decode_mp4, encode_mp4, verify_mp4
 
 
 def test_result_save_round_trips_through_verifier(sessions, tmp_path):
@@ -47,6 +47,33 @@ def test_verifier_flags_black_frames_and_wrong_counts(tmp_path):
 def test_encode_rejects_bad_frames():
     with pytest.raises(ValueError, match="frames: expected uint8"):
         encode_mp4(np.zeros((2, 8, 8, 3), np.float32), 8)
+
+
+def test_encode_writes_every_aac_rate_in_mono_and_stereo(tmp_path):
+    """AAC_SAMPLE_RATES and AAC_LAYOUTS are what the AAC encoder takes: each pair encodes and decodes back as given."""
+    frames = np.zeros((2, 8, 8, 3), np.uint8)
+    for rate in AAC_SAMPLE_RATES:
+        for channels in AAC_LAYOUTS:
+            mp4 = encode_mp4(frames, 8, np.zeros((channels, 1024), np.float32), rate)
+            _, audio, decoded_rate = decode_mp4(write_atomic(tmp_path / "a.mp4", mp4))
+            assert (decoded_rate, audio.shape[0]) == (rate, channels)
+
+
+@pytest.mark.parametrize(
+    ("audio", "rate"),
+    [(np.zeros((2, 1000), np.float32), rate) for rate in (None, 1, 7, 12345, 2**31 - 1, np.float64(16000))]
+    + [(np.zeros(shape, np.float32), 16000) for shape in ((1000, 2), (6, 1000), (0, 1000), (1000,))]
+    + [(np.zeros((2, 1000), np.int16), 16000)],
+)
+def test_encode_refuses_audio_aac_cannot_hold_as_a_result_does(audio, rate):
+    """PyAV answers a rate outside the MPEG-4 table with a bare 'Invalid argument' from avcodec_open2: encode_mp4
+    refuses it, and audio that is not mono or stereo (C, N), with the message a Result gives when it is made."""
+    frames = np.zeros((2, 8, 8, 3), np.uint8)
+    with pytest.raises(ValueError, match=r"^(audio|sample_rate): expected ") as encoding:
+        encode_mp4(frames, 8, audio, rate)
+    with pytest.raises(ValueError) as making:
+        Result(frames, audio, rate, 8, None, {}, {})
+    assert str(encoding.value) == str(making.value)
 
 
 def test_result_save_writes_strict_json_with_numpy_numbers(tmp_path):

@@ -236,6 +236,33 @@ def test_request_rgb_keyframes_accepted_and_recorded_by_shape():
     assert record["image"] == record["last_image"] == {"shape": [3, 5, 3]}
 
 
+KEY = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "equal"),
+    [
+        ({"image": KEY}, {"image": KEY.copy()}, True),
+        ({"last_image": KEY}, {"last_image": np.asfortranarray(KEY)}, True),  # same pixels, another memory layout
+        ({"image": Image.fromarray(KEY)}, {"image": Image.fromarray(KEY.copy())}, True),
+        ({"image": KEY}, {"image": KEY + 1}, False),
+        ({"image": KEY}, {"image": KEY[:3]}, False),
+        ({"image": KEY}, {"image": Image.fromarray(KEY)}, False),
+        ({"image": KEY}, {"last_image": KEY}, False),
+        ({"image": KEY}, {}, False),
+        ({"image": KEY, "seed": 1}, {"image": KEY.copy()}, False),
+    ],
+)
+def test_request_equality_compares_keyframes_by_content_and_hash_agrees(a, b, equal):
+    """Not numpy's 'truth value of an array is ambiguous' or 'unhashable type': keyframes compare by content, and
+    requests that are equal hash alike (the hash leaves the keyframes out)."""
+    first, second = Request("p", **a), Request("p", **b)
+    assert (first == second, second == first, first != second) == (equal, equal, not equal)
+    assert hash(first) == hash(Request("p", **a))
+    if equal:
+        assert hash(first) == hash(second) and len({first, second}) == 1
+
+
 def test_request_mode_given_is_kept_when_defaults_name_none():
     request = Request("p", mode="fl2va", image=Image.new("RGB", (8, 8)), last_image=Image.new("RGB", (8, 8)))
     assert request.resolved(h3.FAMILY, h3.TINY_DEFAULTS).mode == "fl2va"

@@ -8,10 +8,16 @@ import numbers
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from workbench.request import shown
+
 BLACK_LUMA = 16.0 / 255.0  # mean luma at or below this counts as a black frame
+# Hz: the MPEG-4 sampling frequency table, the only rates an AAC stream can signal (FFmpeg's encoder refuses others)
+AAC_SAMPLE_RATES = (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
+AAC_LAYOUTS = {1: "mono", 2: "stereo"}  # audio channels -> the AAC channel layout `encode_mp4` writes
 
 
 def check_fps(fps: object, field: str = "fps") -> float:
@@ -21,17 +27,48 @@ def check_fps(fps: object, field: str = "fps") -> float:
     return float(fps)
 
 
+def check_audio(audio: Any, sample_rate: Any) -> int | None:
+    """What `encode_mp4` can write as AAC, checked before anything is encoded: `audio` None or a floating numpy array
+    (C, N) with C in AAC_LAYOUTS (1 mono, 2 stereo); `sample_rate` one of AAC_SAMPLE_RATES (numpy integers taken)
+    with audio, None or such a rate without. Returns the rate as a Python int (None for None); anything else is a
+    ValueError naming the field and what is allowed. Finiteness is left to the caller (a pass over every sample)."""
+    if audio is not None:
+        if not (isinstance(audio, np.ndarray) and np.issubdtype(audio.dtype, np.floating) and audio.ndim == 2):
+            raise ValueError(f"audio: expected None or a float numpy array (C, N), got {described(audio)}")
+        if audio.shape[0] not in AAC_LAYOUTS:
+            transposed = " (transposed? channels come first)" if audio.shape[1] in AAC_LAYOUTS else ""
+            raise ValueError(
+                f"audio: expected a float numpy array (C, N) with C = 1 (mono) or 2 (stereo) channels, got shape "
+                f"{audio.shape}{transposed}"
+            )
+    if audio is None and sample_rate is None:
+        return None
+    if not isinstance(sample_rate, int | np.integer) or int(sample_rate) not in AAC_SAMPLE_RATES:
+        raise ValueError(
+            f"sample_rate: expected an AAC sample rate in Hz, one of {', '.join(map(str, AAC_SAMPLE_RATES))} "
+            f"(the MPEG-4 sampling frequency table), got {described(sample_rate)}"
+        )
+    return int(sample_rate)
+
+
+def described(value: Any) -> str:
+    """A value's type, and for an array its dtype and shape, for an error message."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} array of shape {value.shape}"
+    return f"{type(value).__name__} {shown(value)}"
+
+
 def encode_mp4(frames: np.ndarray, fps: int, audio: np.ndarray | None = None, sample_rate: int | None = None) -> bytes:
     """Encode uint8 frames (T, H, W, 3) and optional float audio (C, N) in [-1, 1] (louder samples are clipped) to
     MP4 bytes. `fps` must be finite and > 0, and not round to 0 as the time base's fraction (denominator at most
-    1000); audio must be finite: anything else is a ValueError naming the field before anything is encoded."""
+    1000); audio and its sample rate must pass `check_audio` (mono or stereo, an AAC rate) and audio must be finite:
+    anything else is a ValueError naming the field before anything is encoded."""
     if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
         raise ValueError(f"frames: expected uint8 (T, H, W, 3), got {frames.dtype} {frames.shape}")
     rate = Fraction(check_fps(fps)).limit_denominator(1000)
     if rate <= 0:
         raise ValueError(f"fps: {fps!r} is below the 1/1000 the encoder's time base can hold")
-    if audio is not None and (sample_rate is None or audio.ndim != 2 or audio.shape[0] not in (1, 2)):
-        raise ValueError(f"audio: expected (C, N) with C in 1..2 and a sample_rate, got {audio.shape}")
+    sample_rate = check_audio(audio, sample_rate)
     if audio is not None and not np.isfinite(audio).all():
         bad = int((~np.isfinite(audio)).sum())
         raise ValueError(f"audio: {bad} of {audio.size} samples are NaN/inf; allowed: finite samples in [-1, 1]")
@@ -45,8 +82,7 @@ def encode_mp4(frames: np.ndarray, fps: int, audio: np.ndarray | None = None, sa
         video.options = {"crf": "18", "preset": "medium"}
         sound = None
         if audio is not None:
-            layout = "stereo" if audio.shape[0] == 2 else "mono"
-            sound = container.add_stream("aac", rate=int(sample_rate), layout=layout)
+            sound = container.add_stream("aac", rate=sample_rate, layout=AAC_LAYOUTS[audio.shape[0]])
         for image in _even(frames):
             container.mux(video.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
         container.mux(video.encode())
@@ -56,7 +92,7 @@ def encode_mp4(frames: np.ndarray, fps: int, audio: np.ndarray | None = None, sa
             for start in range(0, samples.shape[1], chunk):
                 piece = np.ascontiguousarray(samples[:, start : start + chunk])
                 frame = av.AudioFrame.from_ndarray(piece, format="fltp", layout=sound.layout.name)
-                frame.sample_rate = int(sample_rate)
+                frame.sample_rate = sample_rate
                 frame.pts = start
                 container.mux(sound.encode(frame))
             container.mux(sound.encode())

@@ -37,6 +37,7 @@ import numpy as np
 
 from workbench.models.family import Family
 
+KEYFRAME_FIELDS = ("image", "last_image")
 KEYFRAME_HELP = "a PIL.Image.Image or a uint8 numpy array of shape (H, W, 3)"
 KEYFRAME_MODES = ("RGB",)  # PIL modes a keyframe may have; anything else is converted by the caller, on purpose
 
@@ -93,9 +94,20 @@ class Request:
             _set(self, "mode", str(self.mode))
         if None not in (self.frames, self.height, self.width):
             _check_video_size(self.frames, self.height, self.width)
-        for name in ("image", "last_image"):
+        for name in KEYFRAME_FIELDS:
             if getattr(self, name) is not None:
                 _check_keyframe(name, getattr(self, name))
+
+    def __eq__(self, other: object) -> bool:
+        """Field by field; keyframes by content (numpy arrays: same dtype, shape and pixels; PIL images: PIL's own
+        comparison), never numpy's elementwise `==`."""
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self))
+
+    def __hash__(self) -> int:
+        """Of every field but the keyframes (arrays and PIL images are unhashable): equal requests hash alike."""
+        return hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in KEYFRAME_FIELDS))
 
     def resolved(self, family: Family, defaults: dict[str, Any]) -> Request:
         """This request with defaults filled in, checked against what the family's VAE and modes accept.
@@ -104,7 +116,7 @@ class Request:
         input too); a key that is not a Request field is refused."""
         if not isinstance(defaults, dict):
             raise ValueError(f"defaults: must be a dict of Request field -> value, got {type(defaults).__name__}")
-        names = {f.name for f in dataclasses.fields(Request)} - {"prompt", "image", "last_image"}
+        names = {f.name for f in dataclasses.fields(Request)} - {"prompt", *KEYFRAME_FIELDS}
         unknown = [k for k in defaults if not isinstance(k, str) or k not in names]
         if unknown:
             raise ValueError(f"defaults: unknown field(s) {shown(unknown)}; allowed: {sorted(names)}")
@@ -125,7 +137,7 @@ class Request:
                 raise ValueError(
                     f"{name}: {getattr(request, name)} must be a multiple of {family.size_multiple} for {family.name}"
                 )
-        for name in ("image", "last_image"):
+        for name in KEYFRAME_FIELDS:
             if getattr(request, name) is not None and request.mode in ("t2v", "t2va"):
                 raise ValueError(f"{name}: mode {request.mode!r} takes no keyframe; allowed modes: {family.modes}")
         check = getattr(family, "check_request", None)  # a family's own rules (keyframes per mode, ranges)
@@ -136,7 +148,7 @@ class Request:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form; keyframes are described by shape, not embedded."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # plain values; keyframes follow
-        for name in ("image", "last_image"):
+        for name in KEYFRAME_FIELDS:
             if (value := getattr(self, name)) is not None:
                 shape = value.shape if isinstance(value, np.ndarray) else (value.size[1], value.size[0], 3)  # PIL: RGB
                 out[name] = {"shape": list(shape)}
@@ -191,6 +203,14 @@ def _text(name: str, value: Any, required: bool) -> str:
             "not a character); allowed: text that encodes as UTF-8"
         ) from None
     return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two field values are equal; numpy arrays by dtype, shape and content."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        arrays = isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+        return arrays and a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+    return bool(a == b)
 
 
 def _check_video_size(frames: int, height: int, width: int) -> None:

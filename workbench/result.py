@@ -13,11 +13,9 @@ import numpy as np
 import torch
 
 from workbench.io import check_path, check_stem, json_bytes, write_set
-from workbench.media import check_fps, encode_mp4
-from workbench.request import integer, shown
+from workbench.media import check_audio, check_fps, described, encode_mp4
 from workbench.telemetry import Event
 
-MAX_SAMPLE_RATE = 2**31 - 1  # Hz: what a WAV header's 32-bit rate field holds
 VISIBLE_SIDE = 256  # px: a video in a report or notebook shows at least this on its long side
 
 
@@ -45,11 +43,12 @@ class Result:
     or audio held NaN/inf (only returned when the caller allowed it; `metadata["non_finite"]` names the stages and
     counts the values as produced; the frames and audio returned then carry NaN as black and silence and +-inf as
     full scale, so they encode; the latents are kept as they were). Checked when made (ValueError naming the field
-    and what is allowed): `frames` a uint8 numpy array (T, H, W, 3) with T, H, W >= 1; `audio` None or a floating
-    numpy array (C, N) with C >= 1; `sample_rate` an int in [1, MAX_SAMPLE_RATE] with audio (numpy integers taken as
-    ints), None or such an int without; `fps` a finite number > 0. The other fields are taken as given. `trace`: the
-    request's profiler trace (`Session.generate(trace=True)`: gzip Chrome trace JSON), else None. Its text repr
-    is a one-line summary (no pixels); in a notebook it shows as HTML with the video."""
+    and what is allowed): `frames` a uint8 numpy array (T, H, W, 3) with T, H, W >= 1; `audio` and `sample_rate` what
+    `encode_mp4` can write (`media.check_audio`): audio None or a floating numpy array (C, N) with C 1 (mono) or 2
+    (stereo), the rate one of `media.AAC_SAMPLE_RATES` with audio (numpy integers taken as ints), None or such a
+    rate without; `fps` a finite number > 0. The other fields are taken as given. `trace`: the request's profiler
+    trace (`Session.generate(trace=True)`: gzip Chrome trace JSON), else None. Its text repr is a one-line summary
+    (no pixels); in a notebook it shows as HTML with the video."""
 
     frames: np.ndarray
     audio: np.ndarray | None
@@ -69,18 +68,10 @@ class Result:
     def __post_init__(self) -> None:
         frames = self.frames
         if not (isinstance(frames, np.ndarray) and frames.dtype == np.uint8 and frames.ndim == 4):
-            raise ValueError(f"frames: expected a uint8 numpy array (T, H, W, 3), got {_described(frames)}")
+            raise ValueError(f"frames: expected a uint8 numpy array (T, H, W, 3), got {described(frames)}")
         if frames.shape[3] != 3 or min(frames.shape[:3]) < 1:
             raise ValueError(f"frames: expected a uint8 numpy array (T, H, W, 3) with T, H, W >= 1, got {frames.shape}")
-        audio = self.audio
-        if audio is not None and not (
-            isinstance(audio, np.ndarray) and np.issubdtype(audio.dtype, np.floating) and audio.ndim == 2
-        ):
-            raise ValueError(f"audio: expected None or a float numpy array (C, N), got {_described(audio)}")
-        if audio is not None and audio.shape[0] < 1:
-            raise ValueError(f"audio: expected a float numpy array (C, N) with C >= 1 channels, got {audio.shape}")
-        if audio is not None or self.sample_rate is not None:
-            self.sample_rate = integer("sample_rate", self.sample_rate, 1, MAX_SAMPLE_RATE)
+        self.sample_rate = check_audio(self.audio, self.sample_rate)
         check_fps(self.fps)
 
     @property
@@ -215,13 +206,6 @@ def receipts_text(receipts: dict[str, Any]) -> str:
     """A request's receipts in words, each `receipt_text` with its name, apart by " | "; "none installed" for none.
     The record keeps the receipts whole."""
     return " | ".join(receipt_text(receipt, name) for name, receipt in receipts.items()) or "none installed"
-
-
-def _described(value: Any) -> str:
-    """A value's type, and for an array its dtype and shape, for an error message."""
-    if isinstance(value, np.ndarray):
-        return f"{value.dtype} array of shape {value.shape}"
-    return f"{type(value).__name__} {shown(value)}"
 
 
 def _trace_html(metadata: dict[str, Any]) -> str:
