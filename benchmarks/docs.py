@@ -1,6 +1,6 @@
 """docs/measurements.md, generated from `benchmarks/results/` (`python -m benchmarks docs`); never typed.
 
-The results folder holds three kinds of record:
+The results folder holds these kinds of record:
 - `*.json` in the envelope of the one harness (`envelope.FORMAT`), one section each, newest first within a scenario:
   what was measured, by which command, on which device, commit and date; a table of the arms (median time and the
   arm's other scalar facts, its fractions of a ceiling first) and one of the ratios (median speed-up with its CI95 and
@@ -9,7 +9,14 @@ The results folder holds three kinds of record:
   `summary` or `runs`): one table, a row per run;
 - `benchmarks/results/probes/*.json` (and any top-level file not in the envelope): lab probes behind a design choice
   and records written before the one harness (keys `what`, `device`, `torch`, `commit`, `date`, `ratios`), marked
-  "earlier format", their scalar ratios flattened. No scenario re-runs them.
+  "earlier format", their scalar ratios flattened. No scenario re-runs them;
+- every other subfolder (a scenario's own records beside its envelope, the workbench commands' calibration, stack and
+  qualification records, training runs, executed notebooks, logs): one section a folder, a row per JSON record with
+  what it is, its device, commit, date and outcome (status or verdict, a calibration's setting, a training run's
+  steps and losses, an earlier record's ratios), then the other files by name.
+
+No table shows a speed-up for a candidate whose record says it is not confirmed (an arm whose `status` is not one of
+`SPEED_CONFIRMED`): as in `workbench.evidence.review`, its ratio's row says "none" and why.
 """
 
 from __future__ import annotations
@@ -24,6 +31,12 @@ from workbench.io import write_atomic
 
 MAX_COLUMNS = 7  # arm facts shown beside the median, in first-seen order
 MAX_EARLIER_ROWS = 24  # flattened ratios shown per earlier-format file
+MAX_LISTED_RATIOS = 12  # flattened ratios shown in a subfolder record's outcome
+TABLED = ("probes", "gpu-tests")  # subfolders with sections of their own; every other one is listed
+# An arm's `status` that confirms its speed-up: a calibrate stack's (`calibrate.apply_confirmation`) is "calibrated"
+# only after a `qualified` confirmation; "quality_confirmed" made no speed claim and "not_confirmed" failed or did not
+# execute, so their ratios show no speed-up.
+SPEED_CONFIRMED = ("calibrated",)
 
 
 def generate(results: Path, out: Path) -> Path:
@@ -47,6 +60,7 @@ def generate(results: Path, out: Path) -> Path:
         lines += _current(path, record)
     if gpu_tests:
         lines += _gpu_tests(results, gpu_tests)
+    lines += _subfolders(results)
     if earlier:
         lines += ["## Lab probes and earlier records", "",
                   "Records not in the harness's format (`benchmarks/results/probes/`): lab probes behind a design choice",
@@ -118,18 +132,41 @@ def _current(path: Path, record: dict[str, Any]) -> list[str]:
             median = _seconds(row["median_s"]) if _scalar(row.get("median_s")) else ""
             lines.append("| " + " | ".join([name, median, *(_cell(row.get(column)) for column in columns)]) + " |")
         lines.append("")
-    lines += _ratios(record.get("ratios") or {})
+    lines += _ratios(record)
     for note in record.get("notes") or []:
         lines.append(f"- {note}")
     return lines + [""]
 
 
-def _ratios(ratios: dict[str, Any]) -> list[str]:
+def candidate_arm(record: dict[str, Any], key: str) -> tuple[str, dict[str, Any]] | None:
+    """(name, row) of the arm that ratio `key` ("baseline/candidate") measures as its candidate: the arm named after
+    the first "/", or the longest arm name that text starts with before a space ("within-budget seed 42" is arm
+    "within-budget" on one seed); None when no arm matches."""
+    arms = {name: row for name, row in (record.get("arms") or {}).items() if isinstance(row, dict)}
+    candidate = key.partition("/")[2]
+    named = [name for name in arms if candidate == name or candidate.startswith(f"{name} ")]
+    return (max(named, key=len), arms[max(named, key=len)]) if named else None
+
+
+def unconfirmed(record: dict[str, Any], key: str) -> str | None:
+    """Why ratio `key` of `record` shows no speed-up ("within-budget: not_confirmed"), when its candidate arm carries
+    a `status` that is not one of `SPEED_CONFIRMED`; None otherwise (an arm without a status makes its own claim)."""
+    found = candidate_arm(record, key)
+    if found is None or "status" not in found[1] or found[1]["status"] in SPEED_CONFIRMED:
+        return None
+    return f"{found[0]}: {found[1]['status']}"
+
+
+def _ratios(record: dict[str, Any]) -> list[str]:
+    ratios = record.get("ratios") or {}
     if not ratios:
         return []
     lines = ["| ratio | median | CI95 | pairs |", "|---|---|---|---|"]
     for name, ratio in ratios.items():
-        if isinstance(ratio, dict) and {"median", "low", "high"} <= set(ratio):
+        if (why := unconfirmed(record, name)) is not None:  # its times are in the arms' table, its ratio is no claim
+            pairs = ratio.get("n_pairs", "") if isinstance(ratio, dict) else ""
+            lines.append(f"| {name} | none: {_cell(why)}, no speed claim | | {pairs} |")
+        elif isinstance(ratio, dict) and {"median", "low", "high"} <= set(ratio):
             lines.append(f"| {name} | {ratio['median']:.3f}x | [{ratio['low']:.3f}, {ratio['high']:.3f}] | "
                          f"{ratio.get('n_pairs', len(ratio.get('ratios', [])))} |")  # fmt: skip
         elif _scalar(ratio):
@@ -150,6 +187,109 @@ def _earlier(results: Path, path: Path, record: dict[str, Any]) -> list[str]:
             lines.append(f"| ({len(flat) - MAX_EARLIER_ROWS} more in the file) | |")
         lines.append("")
     return lines
+
+
+def _subfolders(results: Path) -> list[str]:
+    """A section per subfolder of `results` other than `TABLED`, by name: a row per JSON record (`_listed`), then the
+    other files by name."""
+    folders = sorted(p for p in results.iterdir() if p.is_dir() and p.name not in TABLED) if results.is_dir() else []
+    if not folders:
+        return []
+    lines = ["## Records in subfolders", "",
+             "The other records kept in subfolders of `benchmarks/results/`: a scenario's own records beside its",
+             "envelope, the workbench commands' calibration, stack and qualification records, training runs, executed",
+             "notebooks and logs. They are not in the harness's format: a row per JSON record says what it is, where",
+             "and when it ran and its outcome; the figures behind it are in the file.", ""]  # fmt: skip
+    for folder in folders:
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        records = [(path, json.loads(path.read_text())) for path in files if path.suffix == ".json"]
+        records = [(path, record) for path, record in records if isinstance(record, dict)]
+        others = [path for path in files if path not in dict(records)]
+        lines += [f"### `{_shown(results, folder)}/`", ""]
+        if records:
+            lines += ["| file | what | device | commit | date | outcome |", "|---|---|---|---|---|---|"]
+            lines += [_listed(results, path, record) for path, record in records]
+            lines.append("")
+        if others:
+            names = ", ".join(f"`{path.relative_to(folder).as_posix()}`" for path in others)
+            lines += [f"Also kept: {names}.", ""]
+    return lines
+
+
+def _listed(results: Path, path: Path, record: dict[str, Any]) -> str:
+    """One row of `_subfolders`: file, what, device, commit, date, outcome. A qualification shows its verdict, not its
+    speed-ups (a verdict may make no speed claim: `workbench.evidence.report.NO_SPEED_CLAIM`)."""
+    kind, scope = record.get("kind"), record.get("scope") if isinstance(record.get("scope"), dict) else {}
+    run = record.get("run") if isinstance(record.get("run"), dict) else {}
+    model = record.get("model") or scope.get("model") or run.get("model")
+    on = f" on {model}" if isinstance(model, str) else ""
+    device = record.get("device") or scope.get("device") or run.get("device")
+    if isinstance(record.get("what"), str):
+        what = record["what"]
+    elif kind == "calibration":
+        what = f"calibration of {record.get('plugin')}'s {(record.get('knob') or {}).get('option')}{on}"
+    elif kind == "stack":
+        plugins = run.get("plugins") or [m.get("plugin") for m in record.get("members") or [] if isinstance(m, dict)]
+        what = f"{'partial ' * (record.get('status') == 'partial')}stack of {', '.join(map(str, plugins))}{on}"
+    elif kind == "qualification":
+        what = f"qualification of {_setting(record.get('candidate'))} against {_setting(record.get('baseline'))}{on}"
+    elif isinstance(record.get("entries"), list):
+        entries = [entry for entry in record["entries"] if isinstance(entry, dict)]
+        what = "attention registry: " + "; ".join(
+            f"{entry.get('plugin')}({_options(entry.get('options'))}) for {entry.get('family')} at "
+            f"{entry.get('video_tokens')} video tokens"
+            for entry in entries
+        )
+        device = ", ".join(sorted({str(entry.get("device")) for entry in entries}))
+    else:
+        what = path.stem
+    threads = device.get("threads") if isinstance(device, dict) else None
+    shown = _device_name({"device": device}) + (f" ({threads} threads)" if threads else "")
+    git = record.get("commit") or record.get("git") or scope.get("git")
+    commit = git.get("commit") if isinstance(git, dict) else git
+    cells = [f"`{_shown(results, path)}`", what, shown, f"`{str(commit)[:10]}`" if commit else "",
+             str(record.get("date") or "")[:10], _outcome(record)]  # fmt: skip
+    return "| " + " | ".join(_cell(cell) for cell in cells) + " |"
+
+
+def _outcome(record: dict[str, Any]) -> str:
+    """A subfolder record's outcome in words: status and setting, verdict, a training run's steps and final losses,
+    or its scalar ratios (the first `MAX_LISTED_RATIOS`)."""
+    parts = []
+    if "status" in record:
+        parts.append(str(record["status"]))
+    setting = record.get("setting") or (record.get("config") if record.get("kind") == "stack" else None)
+    if isinstance(setting, dict):
+        parts.append(f"setting {_setting(setting)}")
+    if "verdict" in record:
+        parts.append(str(record["verdict"]))
+    if isinstance(record.get("steps"), dict):
+        parts.append("steps " + ", ".join(f"{stage} {steps}" for stage, steps in record["steps"].items()))
+    losses = record.get("final_loss")
+    if isinstance(losses, dict):
+        shown = {stage: loss.get("loss") for stage, loss in losses.items() if isinstance(loss, dict)}
+        parts.append("final loss " + ", ".join(f"{stage} {_cell(loss)}" for stage, loss in shown.items()))
+    flat = list(_flatten(record.get("ratios") or {}, ""))
+    if flat:
+        more = f" ({len(flat) - MAX_LISTED_RATIOS} more in the file)" if len(flat) > MAX_LISTED_RATIOS else ""
+        parts.append(", ".join(f"{key} {value}" for key, value in flat[:MAX_LISTED_RATIOS]) + more)
+    return "; ".join(parts)
+
+
+def _setting(config: Any) -> str:
+    """An accelerations config in words: "stock" for none, else `plugin(option=value, ...)` joined by " + "."""
+    if not isinstance(config, dict) or not config:
+        return "stock"
+    return " + ".join(name + (f"({_options(options)})" if options else "") for name, options in config.items())
+
+
+def _options(options: Any) -> str:
+    """A plugin's options as `option=value, ...`, numbers as written (`%g`)."""
+    if not isinstance(options, dict):
+        return ""
+    return ", ".join(
+        f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}" for key, value in options.items()
+    )
 
 
 def _flatten(value: Any, prefix: str):

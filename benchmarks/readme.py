@@ -10,7 +10,10 @@ A block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->`:
   that fits; then what `ring.json` measured under a cap, the ring beside diffusers' group offloading under the same
   cap (`ring-group-offload-*.json`) and the whole H3 request under a cap, when present;
 - `headline`: the headline ratios of `HEADLINE` from `benchmarks/results/<stem>.json` (current envelope only),
-  each with its CI95, device and date; a result that is missing is left out, never filled in.
+  each with its CI95, device and date; a result that is missing, or whose candidate the record does not confirm
+  (`docs.unconfirmed`), is left out, never filled in. A label says what its record ran: `{plugins}` and `{base}` are
+  filled from the record's `shape`, and "exact-fast" reads "exact-fast (without FA4)" where the candidate arm's
+  config has no flash4_attention.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from benchmarks.docs import candidate_arm, unconfirmed
 from benchmarks.envelope import FORMAT
 
 # (results file stem, ratio key, what it is): the figures a reader of the README looks for first.
@@ -63,13 +67,14 @@ HEADLINE = (
     (
         "calibrate-wan",
         "stock/within-budget seed 42",
-        "Wan2.1-1.3B 16-step request within the default quality budget (calibrated stack), held-out seed 42",
+        "Wan2.1-1.3B 16-step request within the default quality budget, held-out seed 42: {plugins} calibrated over "
+        "{base}",
     ),
     ("memory", "stock/group_offload", "Wan2.1-1.3B request: group_offload under a memory cap (< 1: slower)"),
     (
         "ring-exact-fast-48GiB",
         "resident/ring+exact-fast-48GiB",
-        "MiniMax-H3 forward under a 48 GiB cap: block ring + exact-fast (without FA4) vs resident stock",
+        "MiniMax-H3 forward under a 48 GiB cap: block ring + exact-fast vs resident stock",
     ),
     ("request-capped", "resident/plan", "Wan2.1-14B request under a 24 GiB cap: the session's memory plan"),
 )
@@ -261,7 +266,8 @@ def _measured_h3_request(results: Path) -> list[str]:
 
 
 def headline_table(results: Path) -> list[str]:
-    """The `HEADLINE` ratios found in `results` (current envelope), in `HEADLINE`'s order."""
+    """The `HEADLINE` ratios found in `results` (current envelope, candidate confirmed), in `HEADLINE`'s order, each
+    labelled as `headline_label` says."""
     lines = ["| measurement | speed-up | CI95 | device, date |", "|---|---|---|---|"]
     for stem, key, label in HEADLINE:
         path = results / f"{stem}.json"
@@ -271,10 +277,25 @@ def headline_table(results: Path) -> list[str]:
         ratio = (record.get("ratios") or {}).get(key)
         if record.get("format") != FORMAT or record.get("smoke") or not isinstance(ratio, dict):
             continue
-        device = (record.get("device") or {}).get("name", "?")
-        lines.append(f"| {label} | {ratio['median']:.3f}x | [{ratio['low']:.3f}, {ratio['high']:.3f}] | "
-                     f"{device}, {str(record.get('date', '?'))[:10]} |")  # fmt: skip
+        if unconfirmed(record, key) is not None:  # no speed-up in any table (workbench.evidence.review)
+            continue
+        device, date = (record.get("device") or {}).get("name", "?"), str(record.get("date", "?"))[:10]
+        lines.append(f"| {headline_label(label, record, key)} | {ratio['median']:.3f}x | "
+                     f"[{ratio['low']:.3f}, {ratio['high']:.3f}] | {device}, {date} |")  # fmt: skip
     return lines
+
+
+def headline_label(label: str, record: dict[str, Any], key: str) -> str:
+    """`label` as what `record` ran for ratio `key`: `{plugins}` (joined by " + ") and `{base}` (its plugins' names)
+    from the record's `shape`, and the first "exact-fast" as "exact-fast (without FA4)" when the candidate arm's
+    config has no flash4_attention (the profile leaves it out where flash_attn.cute is not installed)."""
+    shape = record.get("shape") or {}
+    label = label.format(plugins=" + ".join(shape.get("plugins") or []), base=", ".join(shape.get("base") or {}))
+    found = candidate_arm(record, key)
+    config = found[1].get("config") if found is not None else None
+    if "exact-fast" in label and isinstance(config, dict) and "flash4_attention" not in config:
+        label = label.replace("exact-fast", "exact-fast (without FA4)", 1)
+    return label
 
 
 def render(text: str, results: Path) -> str:

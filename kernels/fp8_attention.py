@@ -21,10 +21,10 @@ The maths, in the order it happens:
    two tiles at once). Per tile: `s = dot(q8, k8^T)`, an FP8 dot with fp32 accumulation or an INT8 dot with int32
    accumulation (exact), times `scale_q * scale_k * scale * log2(e)` (one scalar per tile: BLOCK_M and BLOCK_N
    divide 128); online softmax in fp32 with exp2 (running max m, row sum l of the fp32 probabilities);
-   P = exp2(s - m) <= 1: pv="fp8" rounds
-   `P * 448` to e4m3 (P's row-block scale is 1/448: its amax is at most 1 by construction) and runs
-   `dot_fp8(P8, v8)` with P's columns relabelled as v8's keys were stored (`v_slot`: the keys a thread holds in the
-   logits' accumulator become the ones its registers give the dot, no shuffle between lanes); pv="int8" scales P to
+   P = exp2(s - m) <= 1: pv="fp8" rounds `P * 448` to e4m3 (P's row-block scale is 1/448: its amax is at most 1 by
+   construction) and runs an FP8 dot of P8 and v8 (`pv_dot`: `tl.dot` with fp32 accumulation) with P's columns
+   relabelled as v8's keys were stored (`v_slot`: the keys a thread holds in the logits' accumulator become the ones
+   its registers give the dot, no shuffle between lanes); pv="int8" scales P to
    the tile's own row max instead, `127 * P / P_max` with `P_max = exp2(top - m)` (top the tile's row max), rounds it
    to int8 (0..127, all of int8's levels whatever the tile's share of the row), runs an INT8 dot with int32
    accumulation (exact) with the same relabelling, and adds that product times P_max per row; pv="bf16" rounds P to

@@ -36,10 +36,11 @@ from workbench.evidence.resume import Partial, partial_path
 from workbench.quality import Budget
 
 NAME = "calibrate-wan"
-SUMMARY = "issue 22: calibrate + stack {plugins} to the default budget, Wan2.1-1.3B 16 steps"  # the run's plugins
+PLUGINS = ["block_sparse", "easycache"]  # CALIBRATE_WAN_PLUGINS overrides
+WHAT = "issue 22: calibrate + stack {plugins} to the default budget, Wan2.1-1.3B 16 steps"  # a run's: its plugins
+SUMMARY = WHAT.format(plugins=f"CALIBRATE_WAN_PLUGINS (default {','.join(PLUGINS)})")
 GPUS = 1
 SETTINGS = ("CALIBRATE_WAN_PLUGINS",)  # environment it reads (the record names those set)
-PLUGINS = ["block_sparse", "easycache"]  # CALIBRATE_WAN_PLUGINS overrides
 # each stacked plugin's fixed options: selective_fp8 through the fused row-wise path (torchao's eager quantization
 # costs about six torch passes per activation, as much as its FP8 GEMMs save on the H3 forward), its groups=N knob
 # adding the groups in the order of the time their FP8 GEMMs save on this GPU (measured at install)
@@ -86,7 +87,7 @@ def run(context: Context) -> Measurement:
     shape |= {"plugins": plugins, "base": base, "budget": budget.to_dict(), "margin": result.margin}
     shape |= {"calibration_seeds": [r.seed for r in calibration], "test_seeds": [r.seed for r in test]}
     arms, ratios = _arms(result)
-    return Measurement(SUMMARY.format(plugins=" and ".join(plugins)), shape, arms, ratios, notes)
+    return Measurement(WHAT.format(plugins=" and ".join(plugins)), shape, arms, ratios, notes)
 
 
 def _request(request: Any, smoke: bool) -> Any:

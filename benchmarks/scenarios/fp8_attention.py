@@ -64,7 +64,7 @@ from workbench.kernels import fp8_attention as fa
 from workbench.quality.latent import rel_l2
 
 NAME = "fp8-attention"
-SUMMARY = "low-bit attention (QK int8/e4m3 x PV fp8/bf16) vs cuDNN and FA4; block_sparse 20 % exact vs low-bit"
+SUMMARY = "low-bit attention (QK int8/e4m3 x PV fp8/int8/bf16) vs cuDNN and FA4; block_sparse 20 % exact vs low-bit"
 GPUS = 1
 PAIRS = tuple((qk, pv) for qk in fa.QK_MODES for pv in fa.PV_MODES)
 SWEEP_PAIRS = (("int8", "fp8"), ("int8", "int8"), ("int8", "bf16"))  # the plugin's default; one-byte P.V whose

@@ -128,3 +128,76 @@ def test_readme_h3_request_line_says_whether_the_device_peak_passed_the_cap(tmp_
     (tmp_path / "request-h3-capped.json").write_text(json.dumps(record))
     line = "".join(_measured_h3_request(tmp_path))
     assert f"{nvml_gib:.1f} GiB, {said}." in line and "under a 48.0 GiB memory cap in 194.2 s" in line
+
+
+def _envelope(scenario: str, arms: dict, ratios: dict, shape: dict | None = None) -> dict:
+    from benchmarks.envelope import FORMAT
+
+    return {"format": FORMAT, "scenario": scenario, "what": f"{scenario} run", "smoke": False, "date": "2026-12-03",
+            "device": {"name": "NVIDIA H200", "type": "cuda"}, "shape": shape or {}, "arms": arms, "ratios": ratios}  # fmt: skip
+
+
+RATIO = {"median": 2.375, "low": 2.370, "high": 2.382, "n_pairs": 3}
+BASE = {"fused_block_norms": {}, "adaln_precompute": {}}
+
+
+@pytest.mark.parametrize("status", ["not_confirmed", "quality_confirmed", "calibrated"])
+def test_a_candidate_its_record_does_not_confirm_shows_no_speed_up_in_any_table(tmp_path, status):
+    """As in workbench.evidence.review: the page's ratio row and the README's headline show no speed-up for an arm
+    whose `status` is not "calibrated"; its times stay in the arms' table."""
+    from benchmarks.readme import HEADLINE, headline_table
+
+    stem, key, _ = next(row for row in HEADLINE if row[0] == "calibrate-wan")
+    arms = {"stock": {"median_s": 22.5, "config": {}},
+            "within-budget": {"median_s": 9.48, "config": {**BASE, "block_sparse": {"tau": 3.0}}, "status": status}}  # fmt: skip
+    shape = {"plugins": ["block_sparse"], "base": BASE}
+    (tmp_path / f"{stem}.json").write_text(json.dumps(_envelope(stem, arms, {key: RATIO}, shape)))
+    page = generate(tmp_path, tmp_path / "m.md").read_text()
+    headline = "\n".join(headline_table(tmp_path))
+    assert "| within-budget | 9.480 s |" in page
+    if status == "calibrated":
+        assert f"| {key} | 2.375x | [2.370, 2.382] | 3 |" in page and "2.375x" in headline
+        assert "block_sparse calibrated over fused_block_norms, adaln_precompute |" in headline  # what ran
+    else:
+        assert f"| {key} | none: within-budget: {status}, no speed claim | | 3 |" in page
+        assert "2.375x" not in page and "2.375x" not in headline
+
+
+@pytest.mark.parametrize("fa4", [True, False])
+def test_headline_says_without_fa4_from_the_candidate_arms_config(tmp_path, fa4):
+    from benchmarks.readme import HEADLINE, headline_table
+
+    for stem in ("request-lora", "ring-exact-fast-48GiB"):
+        key = next(key for s, key, _ in HEADLINE if s == stem)
+        config = {**BASE, **({"flash4_attention": {}} if fa4 else {})}
+        arms = {key.split("/")[0]: {"config": {}}, key.split("/")[1]: {"config": config}}
+        (tmp_path / f"{stem}.json").write_text(json.dumps(_envelope(stem, arms, {key: RATIO})))
+    rows = headline_table(tmp_path)[2:]
+    assert len(rows) == 2 and all(("exact-fast (without FA4)" in row) != fa4 for row in rows), rows
+    assert all(row.count("FA4") <= 1 for row in rows)
+
+
+def test_docs_list_the_records_of_every_other_subfolder(tmp_path):
+    """A subfolder other than probes/ and gpu-tests/ gets a section: a row per JSON record (what, device, commit,
+    outcome; a qualification's verdict, never its speed-up), then its other files by name."""
+    results = tmp_path / "results"
+    folder = results / "calibrate-x" / "run-1"
+    folder.mkdir(parents=True)
+    scope = {"model": "demo-av", "device": {"name": "x86_64", "threads": 2}, "git": {"commit": "5b43b0d36eecb7"}}
+    calibration = {"kind": "calibration", "plugin": "easycache", "knob": {"option": "threshold"}, "scope": scope,
+                   "status": "quality_confirmed", "setting": {"cross_kv_cache": {}, "easycache": {"threshold": 0.046875}}}  # fmt: skip
+    qualification = {"kind": "qualification", "verdict": "not_executed", "candidate": {"easycache": {"threshold": 0.2}},
+                     "baseline": {}, "model": "demo-av", "device": {"name": "NVIDIA H200"}, "git": {"commit": "abc"},
+                     "cases": [{"speedup": {"median": 1.9, "low": 1.8, "high": 2.0}}]}  # fmt: skip
+    (folder / "calibration.json").write_text(json.dumps(calibration))
+    (results / "calibrate-x" / "qualification.json").write_text(json.dumps(qualification))
+    (folder / "call-1.log").write_text("log")
+    page = generate(results, tmp_path / "m.md").read_text()
+    shown = f"{tmp_path.name}/results"
+    assert "### `" + shown + "/calibrate-x/`" in page
+    assert (f"| `{shown}/calibrate-x/run-1/calibration.json` | calibration of easycache's threshold on demo-av | "
+            "x86_64 (2 threads) | `5b43b0d36e` |  | quality_confirmed; setting cross_kv_cache + "
+            "easycache(threshold=0.046875) |") in page  # fmt: skip
+    assert "qualification of easycache(threshold=0.2) against stock on demo-av | NVIDIA H200 |" in page
+    assert "| not_executed |" in page and "1.9" not in page
+    assert "Also kept: `run-1/call-1.log`." in page

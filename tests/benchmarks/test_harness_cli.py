@@ -17,10 +17,19 @@ REQUIRED = {"forward-wan", "forward-h3", "request-wan", "sparse-attention", "ker
 
 
 def test_harness_lists_the_required_scenarios(capsys):
+    """`list` prints each scenario's summary as it is, no template field left to fill; the fp8-attention summary names
+    every Q.K^T and P.V precision its record holds arms for."""
+    import re
+
+    from workbench.kernels import fp8_attention as fa
+
     assert REQUIRED <= set(SCENARIOS)
     assert main(["list"]) == 0
     listed = capsys.readouterr().out
     assert all(name in listed for name in REQUIRED)
+    assert "{" not in listed and "CALIBRATE_WAN_PLUGINS (default block_sparse,easycache)" in listed
+    for step, modes in (("QK", fa.QK_MODES), ("PV", fa.PV_MODES)):
+        assert set(re.search(rf"{step} ([\w/]+)", fp8_scenario.SUMMARY).group(1).split("/")) == set(modes), step
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +250,7 @@ def test_calibrate_wan_stops_unfinished_at_max_seconds_and_the_same_command_fini
     assert main(command) == 0
     record = json.loads((tmp_path / "calibrate-wan.json").read_text())
     assert any("over 2 process(es)" in note for note in record["notes"]), record["notes"]
+    assert "calibrate + stack block_sparse and easycache to the default budget" in record["what"]  # the run's plugins
     assert (tmp_path / "calibrate-wan" / "stack.json").exists()
     assert not (tmp_path / "calibrate-wan" / "calibrate.partial.json").exists()
 

@@ -7,11 +7,11 @@ one set of slots: their blocks run at different times (one denoiser at a time, t
 
 Where the streamed weights live (CUDA). On the host: views of a few pinned chunks whose sizes are powers of two
 (`chunk_layout`, `pin_on_host`). torch's pinned allocator rounds every allocation up to a power of two (torch 2.13 can
-be told not to above a threshold, 2.11 cannot): one allocation per weight would take ~1.6x the weights, one buffer up
-to 2x (85 GiB of H3's streamed weights would take 128 GiB). A power-of-two chunk is taken at its size, so the host
-holds the weights plus less than one tensor per chunk, on any torch, with no process-wide setting. On the device:
-`Slots`, RING_IN_FLIGHT flat buffers allocated once at install, each the size of the largest streamed block, shared
-by all the rings of one install (one ring's blocks compute at a time: Wan2.2's experts take turns and the text
+be told not to above a threshold, 2.11 cannot): one allocation per weight, or one buffer for them all, takes up to 2x
+the bytes it holds (a size just past a power of two is rounded up to the next). A power-of-two chunk is taken at its
+size, so the host holds the weights plus less than one tensor per chunk, on any torch, with no process-wide setting. On
+the device: `Slots`, RING_IN_FLIGHT flat buffers allocated once at install, each the size of the largest streamed block,
+shared by all the rings of one install (one ring's blocks compute at a time: Wan2.2's experts take turns and the text
 encoder runs before denoising, as the planner's working set assumes).
 Streamed block j computes from views of slot j % count, its tensors at aligned offsets in its own layout; outside its
 forward its `.data` are the pinned views again. So after install the streamed weights never touch the caching
