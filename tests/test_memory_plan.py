@@ -505,3 +505,8 @@ def test_a_cap_holds_while_its_session_lives_and_goes_with_it_on_cuda():
 def test_memory_budget_fields_are_refused_by_name_before_loading(budget, message):
     with pytest.raises(ValueError, match=message):
         Session.open("tiny-wan", device="cpu", memory=budget)
+
+
+def test_memory_budget_takes_a_numpy_headroom_as_the_python_float_it_holds():
+    headroom = MemoryBudget.of(MemoryBudget("64MiB", headroom=np.float32(0.1))).headroom
+    assert type(headroom) is float and headroom == float(np.float32(0.1))

@@ -49,7 +49,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -66,7 +66,7 @@ from workbench.accelerations.memory.ring import (
 )
 from workbench.cards import CARDS, card, is_card
 from workbench.memory_estimate import estimate_activation
-from workbench.request import Request, shown
+from workbench.request import Request, number, shown
 from workbench.telemetry import STAGES
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -131,6 +131,8 @@ class MemoryBudget:
 
     @classmethod
     def of(cls, memory: Any) -> MemoryBudget:
+        """`memory` (a MemoryBudget, or its cap alone) checked field by field, its headroom as a Python float; a bad
+        field is a ValueError naming it (`memory.headroom: ...`)."""
         budget = memory if isinstance(memory, MemoryBudget) else cls(memory)
         budget.cap_bytes  # noqa: B018 (validates the cap)
         if not isinstance(budget.activation, dict):
@@ -141,10 +143,11 @@ class MemoryBudget:
             parse_bytes(amount, f"memory.activation[{stage!r}]")
         if budget.request is not None and not isinstance(budget.request, Request):
             raise ValueError(f"memory.request: expected a workbench.Request or None, got {shown(budget.request)}")
-        if isinstance(budget.headroom, bool) or not isinstance(budget.headroom, int | float):
-            raise ValueError(f"memory.headroom: {shown(budget.headroom)}; allowed: a number in [0, 0.9]")
-        if not 0 <= budget.headroom <= 0.9:
-            raise ValueError(f"memory.headroom: {shown(budget.headroom)}; allowed: a number in [0, 0.9]")
+        try:  # a numpy number taken as the Python float it holds (a plan serialises to JSON)
+            headroom = number("memory.headroom", budget.headroom, 0.0, 0.9)
+        except ValueError:
+            raise ValueError(f"memory.headroom: {shown(budget.headroom)}; allowed: a number in [0, 0.9]") from None
+        budget = replace(budget, headroom=headroom)
         if not isinstance(budget.ring_transfer, str) or budget.ring_transfer not in TRANSFERS:
             raise ValueError(
                 f"memory.ring_transfer: {shown(budget.ring_transfer)}; allowed: {', '.join(map(repr, TRANSFERS))}"

@@ -187,6 +187,13 @@ def number(name: str, value: Any, minimum: float, maximum: float) -> float:
     return value
 
 
+def flag(name: str, value: Any) -> bool:
+    """`value` as a Python bool; numpy bools accepted, anything else (1, "no", None) refused."""
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name}: expected a bool, got {type(value).__name__} {shown(value)}; allowed: True, False")
+    return bool(value)
+
+
 def _text(name: str, value: Any, required: bool) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{name}: must be a string, got {type(value).__name__} {shown(value)}")

@@ -28,7 +28,7 @@ from workbench.models.loaded import LoadedModel
 from workbench.probes import stage_modules, stage_probes
 from workbench.progress import library_bars_off
 from workbench.progress import progress as progress_bar
-from workbench.request import MAX_SEED, Request, integer, shown
+from workbench.request import MAX_SEED, Request, flag, integer, shown
 from workbench.result import Result
 from workbench.telemetry import Event, Telemetry, maybe_sampler, summarize_samples
 
@@ -305,12 +305,8 @@ class Session:
         `metadata["trace"]` the operators (CUDA: kernels) with the most self time. The profiler slows every
         operator, so the result says `metadata["traced"]`; its outputs are the untraced request's.
         """
-        for name, flag in (("progress", progress), ("allow_non_finite", allow_non_finite), ("trace", trace)):
-            if not isinstance(flag, bool | np.bool_):
-                raise ValueError(
-                    f"{name}: expected a bool, got {type(flag).__name__} {shown(flag)}; allowed: True, False"
-                )
-        progress, allow_non_finite, trace = bool(progress), bool(allow_non_finite), bool(trace)
+        progress, trace = flag("progress", progress), flag("trace", trace)
+        allow_non_finite = flag("allow_non_finite", allow_non_finite)
         if not isinstance(request, Request):
             raise ValueError(f"request: expected a workbench.Request, got {type(request).__name__}")
         self._check_usable()

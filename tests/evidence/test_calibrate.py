@@ -10,6 +10,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -207,6 +208,76 @@ def test_calibrate_easycache_on_demo_av_holds_on_the_test_seeds_and_writes_its_r
         str(json_path),
     ]
     assert main(args) == 0 and "accelerations: easycache" in capsys.readouterr().err
+
+
+CALIBRATION = [Request("a red circle moves left, low hum", seed=5, **DEMO)]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda s: stack(s, CALIBRATION, None, ["easycache", "teacache"], options={"teacache": {"warmup": -5}}),
+            r"^teacache.warmup: -5 is below the minimum 0",
+        ),
+        (
+            lambda s: stack(s, CALIBRATION, None, ["easycache"], options={"teacache": {}}),
+            r"^options: 'teacache' is not among the plugins calibrated \['easycache'\]",
+        ),
+        (
+            lambda s: stack(s, CALIBRATION, None, ["easycache"], options=["a"]),
+            r"^options: expected a JSON object of plugin -> options, got list",
+        ),
+        (
+            lambda s: stack(s, CALIBRATION, None, ["easycache"], base={"easycache": {}}),
+            r"^base: already installs 'easycache', the plugin being calibrated",
+        ),
+        (lambda s: stack(s, [], None, ["easycache"]), r"^calibration: at least one request is required"),
+        (lambda s: stack(s, CALIBRATION, [], ["easycache"]), r"^test: at least one request is required"),
+        (lambda s: calibrate(s, CALIBRATION, CALIBRATION, "easycache", rounds=2), r"^rounds: 2; allowed: an int"),
+    ],
+    ids=[
+        "second-plugins-option",
+        "plugin-not-searched",
+        "options-not-a-dict",
+        "base-installs-it",
+        "no-calibration",
+        "no-test",
+        "rounds",
+    ],
+)
+def test_bad_options_requests_or_rounds_are_refused_before_any_run(demo, monkeypatch, call, message):
+    """A stack's options are checked as the CLI checks them (`check_options`), and every argument before the dense
+    references run: a bad option of the second plugin surfaced only after the first one's whole search, and a bad
+    `rounds` only at the confirmation."""
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a request ran before the arguments were checked")
+
+    monkeypatch.setattr(Session, "generate", ran)
+    with pytest.raises(ValueError, match=message):
+        call(demo)
+
+
+def test_calibrate_and_stack_put_the_callers_accelerations_back_and_take_numpy_numbers():
+    """A finished calibration and an interrupted stack (Ctrl-C from a subscriber during a tried value) both leave the
+    session holding what the caller installed; numpy numbers are taken as the plain numbers they hold."""
+    tiny = Session.open("tiny-wan", device="cpu")
+    requests = [Request("a red fox runs through snow", seed=7, frames=5, height=16, width=16, steps=6, guidance=1.0)]
+    callers = tiny.accelerate({"fused_qkv": {}})
+    margin, evals, rounds = np.float32(0.75), np.int64(2), np.int64(3)
+    result = calibrate(tiny, requests, None, "teacache", margin=margin, max_evals=evals, rounds=rounds, progress=False)
+    assert tiny.accelerations == callers and len(result.points) == 2
+    assert type(result.margin) is float and result.margin == float(margin)
+
+    def interrupt(event):
+        if "teacache" in tiny.accelerations:
+            raise KeyboardInterrupt
+
+    tiny.subscribe(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        stack(tiny, requests, None, ["teacache"], max_evals=2, progress=False)
+    assert tiny.accelerations == callers
 
 
 def test_budget_too_tight_for_any_setting_says_so(demo):

@@ -3,12 +3,15 @@
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from workbench import Request, Session
 from workbench.accelerations import REGISTRY
 from workbench.cli import main
-from workbench.evidence.harness import qualify
+from workbench.evidence.calibrate import calibrate, stack
+from workbench.evidence.harness import check_rounds, qualify
+from workbench.evidence.sweep import search, sweep
 
 REQUEST = Request("a red circle moves left", seed=42, steps=4, height=32, width=32)
 
@@ -18,7 +21,16 @@ def session():
     return Session.open("tiny-wan", device="cpu")
 
 
-def test_exact_plugin_in_budget_but_cpu_gives_no_speed_claim(session):
+@pytest.fixture
+def callers(session):
+    """The accelerations a caller installed before calling the harness (taken off again after the test)."""
+    try:
+        yield session.accelerate({"fused_qkv": {}})
+    finally:
+        session.accelerate({})
+
+
+def test_exact_plugin_in_budget_but_cpu_gives_no_speed_claim(session, callers):
     record, pilots = qualify(session, [REQUEST], {}, {"cross_kv_cache": {}}, rounds=3, progress=False)
     case = record["cases"][0]
     assert record["verdict"] == case["verdict"] == "no_speed_claim"
@@ -27,7 +39,7 @@ def test_exact_plugin_in_budget_but_cpu_gives_no_speed_claim(session):
     assert case["timed_outputs_match_pilot"] == {"baseline": True, "candidate": True}
     assert len(case["baseline_seconds"]) == 4 and len(case["candidate_seconds"]) == 3  # A B A B A B A
     assert case["receipts"]["cross_kv_cache"]["hits"] > 0
-    assert session.accelerations == {}  # the harness leaves the session clean
+    assert session.accelerations == callers  # the harness leaves the session as it was
 
 
 def test_lossy_plugin_outside_budget_is_rejected(session):
@@ -47,10 +59,58 @@ def test_configured_but_never_executed_plugin_is_not_executed(session):
     assert record["verdict"] == "not_executed" and "['easycache'] did no work" in record["cases"][0]["reason"]
 
 
-def test_too_few_or_too_many_rounds_refused(session):
+def test_too_few_or_too_many_rounds_refused_and_a_numpy_integer_taken_as_an_int(session):
     for rounds in (2, 101, True):
         with pytest.raises(ValueError, match=rf"rounds: {rounds}; allowed: an int of interleaved rounds in \[3, 100\]"):
             qualify(session, [REQUEST], {}, {"cross_kv_cache": {}}, rounds=rounds, progress=False)
+    assert type(check_rounds(np.int64(3))) is int and check_rounds(np.int64(3)) == 3  # a record holds a plain int
+
+
+EVIDENCE = {  # each evidence function, on `requests`, with its other arguments good
+    "qualify": lambda session, requests, **kw: qualify(session, requests, {}, {"cross_kv_cache": {}}, **kw),
+    "sweep": lambda session, requests, **kw: sweep(session, requests, "easycache", "threshold", [0.1], **kw),
+    "search": lambda session, requests, **kw: search(session, requests, [{"cross_kv_cache": {}}], **kw),
+    "calibrate": lambda session, requests, **kw: calibrate(session, requests, None, "easycache", **kw),
+    "stack": lambda session, requests, **kw: stack(session, requests, None, ["easycache"], **kw),
+}
+
+
+@pytest.mark.parametrize("name", list(EVIDENCE))
+def test_a_bad_budget_progress_or_request_list_is_refused_before_any_run(session, monkeypatch, name):
+    """One check of the arguments every evidence function shares: a dict for a Budget (it failed deep in the quality
+    comparison after a whole case ran), a truthy non-bool for `progress` (as `Session.generate` refuses it), a single
+    Request for the list of them."""
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a request ran before the arguments were checked")
+
+    monkeypatch.setattr(Session, "generate", ran)
+    call = EVIDENCE[name]
+    budget = r"^budget: expected a workbench.quality.Budget \(or None for the model's default\), got dict"
+    with pytest.raises(ValueError, match=budget):
+        call(session, [REQUEST], budget={"psnr_db": 30}, progress=False)
+    with pytest.raises(ValueError, match=r"^progress: expected a bool, got str 'no'; allowed: True, False$"):
+        call(session, [REQUEST], progress="no")
+    where = "calibration" if name in ("calibrate", "stack") else "requests"
+    with pytest.raises(ValueError, match=rf"^{where}: expected a list of workbench.Request, got Request \(a single"):
+        call(session, REQUEST, progress=False)
+
+
+def test_an_interrupted_qualification_puts_the_callers_accelerations_back(session, callers):
+    """Ctrl-C during the candidate's pilot (here from a subscriber) leaves no candidate installed: a cache left on
+    would make the caller's later requests silently approximate."""
+
+    def interrupt(event):
+        if "easycache" in session.accelerations:
+            raise KeyboardInterrupt
+
+    unsubscribe = session.subscribe(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            qualify(session, [REQUEST], {}, {"easycache": {"threshold": 0.1}}, progress=False)
+    finally:
+        unsubscribe()
+    assert session.accelerations == callers
 
 
 def test_a_request_the_model_cannot_take_is_refused_before_any_run(session, monkeypatch):

@@ -315,16 +315,21 @@ def test_journal_keeps_each_steps_outputs_losslessly_and_a_fresh_run_clears_old_
     assert not outputs_folder(again.path).exists()
 
 
-def test_qualify_stopped_at_max_seconds_leaves_the_session_stock_and_resumes_with_the_first_cases_pilots(
+def test_qualify_stopped_at_max_seconds_leaves_the_session_as_it_was_and_resumes_with_the_first_cases_pilots(
     tiny, tmp_path
 ):
-    """`harness.qualify` with `max_seconds=0` runs one case and returns `(Partial, [])`, the session holding no
-    accelerations (the baseline was installed last); the same call finishes the run, the first case's pilots read
-    back from disk equal to what a fresh run of that case makes."""
+    """`harness.qualify` with `max_seconds=0` runs one case and returns `(Partial, [])`, the session holding the
+    accelerations it held before the call (not the baseline, installed last); the same call finishes the run, the
+    first case's pilots read back from disk equal to what a fresh run of that case makes."""
     requests = [Request(f"a red kite, take {seed}", seed=seed, **CASE_SIZE) for seed in (1, 2)]
     arms = ({"fused_qkv": {}}, {"cross_kv_cache": {}})
-    stopped, pilots = harness.qualify(tiny, requests, *arms, progress=False, resume=tmp_path, max_seconds=0)
-    assert isinstance(stopped, Partial) and pilots == [] and tiny.accelerations == {}
+    callers = tiny.accelerate({"easycache": {"threshold": 0.0}})
+    try:
+        stopped, pilots = harness.qualify(tiny, requests, *arms, progress=False, resume=tmp_path, max_seconds=0)
+        assert tiny.accelerations == callers
+    finally:
+        tiny.accelerate({})
+    assert isinstance(stopped, Partial) and pilots == []
     assert "the next step (the case of seed 2 under " in stopped.reason
     record, pilots = harness.qualify(tiny, requests, *arms, progress=False, resume=tmp_path, max_seconds=0)
     assert record["kind"] == "qualification" and len(record["cases"]) == 2

@@ -3,6 +3,7 @@ real thing on CPU with the tiny Wan (where nothing may ever be recommended: CPU 
 
 import json
 
+import numpy as np
 import pytest
 from matplotlib.collections import PathCollection
 from matplotlib.container import ErrorbarContainer
@@ -27,6 +28,7 @@ from workbench.evidence.sweep import (
     search,
     summarize,
     sweep,
+    sweep_configs,
     write,
 )
 from workbench.quality import Budget
@@ -271,6 +273,11 @@ def test_sweep_refuses_bad_input_before_running(session):
         sweep(session, [REQUEST], "easycache", "threshold", [0.1, 0.1], progress=False)
     with pytest.raises(ValueError, match="at least one value"):
         sweep(session, [REQUEST], "easycache", "threshold", [], progress=False)
+    for values in ("0.1", (value for value in [0.1])):  # a str is not swept character by character
+        with pytest.raises(
+            ValueError, match=r"^values: expected a list of the option's values, .* got (str|generator)"
+        ):
+            sweep(session, [REQUEST], "easycache", "threshold", values, progress=False)
     with pytest.raises(ValueError, match="nosuchcache"):
         search(session, [REQUEST], [{"cross_kv_cache": {}}, {"nosuchcache": {}}], progress=False)
     odd = Request("a blue square", seed=43, frames=9, steps=4, height=40, width=32)  # Wan: a multiple of 16
@@ -280,6 +287,12 @@ def test_sweep_refuses_bad_input_before_running(session):
         search(session, [REQUEST, odd], [{"cross_kv_cache": {}}], progress=False)
     with pytest.raises(ValueError, match=r"^candidates\[1\]: repeats candidates\[0\]"):
         search(session, [REQUEST], [{"cross_kv_cache": {}}, {"cross_kv_cache": {}}], progress=False)
+
+
+def test_numpy_values_are_swept_as_the_python_numbers_they_hold():
+    configs = sweep_configs("easycache", "warmup", np.arange(0, 2), {"threshold": 0.1})  # was a TypeError (JSON)
+    assert [c["easycache"]["warmup"] for c in configs] == [0, 1]
+    assert all(type(c["easycache"]["warmup"]) is int for c in configs)
 
 
 def test_cpu_search_has_no_best(session):

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 
 from workbench.quality import Budget
@@ -85,6 +86,15 @@ def test_budget_bad_values_raise_naming_the_field():
         Budget(latent_rel_l2=True)
     with pytest.raises(ValueError, match=r"^psnr_db: must be a finite number >= 0 or None, got <an integer of"):
         Budget(psnr_db=10**400)  # past any float: a ValueError, not an OverflowError
+    for refused in (np.float32("nan"), np.bool_(True), "30"):
+        with pytest.raises(ValueError, match=r"^psnr_db: must be a finite number >= 0 or None, got "):
+            Budget(psnr_db=refused)
+
+
+@pytest.mark.parametrize("limit", [np.float32(30), np.int64(30), np.float64(30), 30])
+def test_budget_takes_a_numpy_number_as_the_python_float_it_holds(limit):
+    budget = Budget(psnr_db=limit)
+    assert type(budget.psnr_db) is float and budget.psnr_db == 30.0  # a record of it is plain JSON
 
 
 def test_budget_round_trips_through_dict():

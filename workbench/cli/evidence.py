@@ -85,7 +85,7 @@ def _qualify(args: argparse.Namespace) -> int:
 def _sweep_or_search(args: argparse.Namespace) -> int:
     from workbench import Session
     from workbench.evidence import sweep as sweeps
-    from workbench.evidence.harness import check_requests, check_rounds
+    from workbench.evidence.harness import check_requests, check_rounds, default_budget
     from workbench.evidence.manifest import load_manifest
     from workbench.evidence.report import NO_SPEED_CLAIM
     from workbench.evidence.resume import Partial
@@ -124,7 +124,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
     else:
         session = Session.open(args.model, device=args.device)
         check_requests(session, requests, args.cases)  # a case the model refuses, named before any case runs
-        budget = _budget(sweeps.default_budget(session), configs["budget"])
+        budget = _budget(default_budget(session), configs["budget"])
         run = sweeps.sweep if args.command == "sweep" else sweeps.search
         arguments = _sweep_arguments(args, configs, values, candidates)
         result = run(session, requests, *arguments, budget, **_resume_options(args, identity))
@@ -149,7 +149,7 @@ def _sweep_or_search(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     from workbench import Session
     from workbench.evidence import calibrate as calibration
-    from workbench.evidence.harness import check_requests, check_rounds
+    from workbench.evidence.harness import check_requests, check_rounds, default_budget
     from workbench.evidence.manifest import load_manifest
     from workbench.io import check_writable
     from workbench.profiles import profile
@@ -194,7 +194,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     session = Session.open(args.model, device=args.device)
     for split, requests in (("calibration", calibration_requests), ("test", test)):
         check_requests(session, requests, split)  # a case the model refuses, named before any case runs
-    budget = _budget(calibration.default_budget(session), overrides)
+    budget = _budget(default_budget(session), overrides)
     base = profile(args.base_profile, session.model.family.name, session.device, session.model)
     options |= _resume_options(args)
     if len(args.plugin) == 1:

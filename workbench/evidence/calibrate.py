@@ -17,6 +17,9 @@ holds (`quality_confirmed`); no speed is claimed there. A point's speed-up is on
 references' run in the same process (`Point.session`): indicative, used to order and plot, never a claim; seconds
 of different processes are never compared.
 
+Both install what they try on the caller's session, and on every exit (a result, an error, an interrupt, a stop at
+`max_seconds`) put back the accelerations it held when the call began (`harness.accelerations_kept`).
+
 `resume=` (a folder) makes a calibration or stack resumable at one step (a tried value, or one test request's
 confirmation) and `max_seconds=` stops it cleanly at a step boundary with a `Partial`: `workbench.evidence.resume`.
 
@@ -42,6 +45,7 @@ import dataclasses
 import html
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +58,13 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from workbench import environment
 from workbench.accelerations import REGISTRY
 from workbench.accelerations.base import Knob
-from workbench.evidence.harness import MIN_ROUNDS, default_budget, qualify
+from workbench.evidence.harness import (
+    MIN_ROUNDS,
+    accelerations_kept,
+    check_common,
+    check_requests,
+    qualify,
+)
 from workbench.evidence.records import record_bytes
 from workbench.evidence.report import Table, page, speedup_text
 from workbench.evidence.resume import Journal, Partial, Paused, merge_cases, run_key
@@ -62,7 +72,7 @@ from workbench.io import write_set
 from workbench.plots import LABEL_PT, figure_png, label_points, png_figure_html
 from workbench.progress import progress as progress_bar
 from workbench.quality import Budget, compare
-from workbench.request import Request
+from workbench.request import Request, integer, number
 from workbench.result import Result
 from workbench.session import Session
 
@@ -237,7 +247,8 @@ class _Evaluator:
     """Runs configs on the calibration requests against stock references computed once in this process (their
     digests checked against the journal's), each point through the journal (answered from it when recorded). The
     first point of each set of plugins in a process runs one untimed request first on CUDA, so compilation stays out
-    of its seconds (elsewhere the seconds rank nothing)."""
+    of its seconds (elsewhere the seconds rank nothing). It uninstalls the session's accelerations to run the
+    references and after each point: its caller puts the caller's set back (`harness.accelerations_kept`)."""
 
     def __init__(
         self,
@@ -346,12 +357,14 @@ def calibrate(
     (needs `resume`): stop at the step boundary past which the next step would not end in time, and return a
     `Partial` (`workbench.evidence.resume`), counting from `started` (a `time.perf_counter()` reading; default: this
     call's start). `on_step(text)` hears each finished step (a tried value, a confirmation case) in a line of words:
-    what a panel shows while it runs. ValueError for an unknown plugin, one without a knob, a bad margin, max_evals,
-    max_seconds or started, empty request lists, or a partial record of another run."""
+    what a panel shows while it runs. ValueError, before any run, for an unknown plugin, one without a knob, a bad
+    margin, max_evals, rounds, budget, progress, max_seconds or started, request lists that are empty or not lists
+    of Request, or a partial record of another run. The session's accelerations are as they were when it returns or
+    raises."""
     spec = check_arguments([plugin], knob, margin, max_evals)[0]
-    if not calibration or (test is not None and not test):
-        raise ValueError("requests: calibration (and test, when given) need at least one request each")
-    budget = budget or default_budget(session)
+    margin, max_evals = float(margin), int(max_evals)  # checked: numpy numbers as plain ones (records are JSON)
+    rounds, budget, progress = check_common(session, rounds, budget, progress)
+    _check_requests(session, calibration, test)
     base, options = dict(base or {}), dict(options or {})
     _check_options(spec, plugin, base, options)  # a bad option fails before any run
     scope = scope_of(session, calibration, test)  # one geometry, checked before any run
@@ -360,12 +373,13 @@ def calibrate(
     at_most = max_evals + 2 * len(test or [])
     journal = Journal(resume, "calibration", run | {"rounds": rounds}, at_most, max_seconds, started)
     try:
-        evaluator = _Evaluator(session, calibration, budget, journal, on_step)
-        result = _calibrate(evaluator, plugin, spec, options, base, margin, max_evals, progress)
-        result.scope = scope
-        if result.status == "searched" and test is not None:
-            _confirm(evaluator, test, result, rounds, progress)
-            _confirm_attention_alone(evaluator, test, result, rounds, progress)
+        with accelerations_kept(session):
+            evaluator = _Evaluator(session, calibration, budget, journal, on_step)
+            result = _calibrate(evaluator, plugin, spec, options, base, margin, max_evals, progress)
+            result.scope = scope
+            if result.status == "searched" and test is not None:
+                _confirm(evaluator, test, result, rounds, progress)
+                _confirm_attention_alone(evaluator, test, result, rounds, progress)
     except Paused as paused:
         return paused.partial
     return result
@@ -425,14 +439,20 @@ def stack(
 ) -> Stack | Partial:
     """Greedy composition of `plugins` over `base` (the exact set underneath; see the module docstring).
 
-    `options` gives each plugin's fixed options besides its knob; `test=None` leaves the stack "searched" (not
-    confirmed); `resume`, `max_seconds`, `started` and `on_step` as for `calibrate`. ValueError as for `calibrate`,
-    and for a repeated or empty plugin list."""
+    `options` gives each plugin's fixed options besides its knob (`check_options`); `test=None` leaves the stack
+    "searched" (not confirmed); `resume`, `max_seconds`, `started` and `on_step` as for `calibrate`. ValueError, before
+    any run, as for `calibrate`, and for a repeated or empty plugin list or `options` that `check_options` refuses (a
+    plugin not among `plugins` too). The session's accelerations are as they were when it returns or raises."""
     if not plugins or len(set(plugins)) != len(plugins):
         raise ValueError(f"plugins: need at least one, each once; got {plugins!r}")
     specs = check_arguments(plugins, None, margin, max_evals)
-    budget = budget or default_budget(session)
-    base, options = dict(base or {}), {p: dict(o or {}) for p, o in (options or {}).items()}
+    margin, max_evals = float(margin), int(max_evals)  # checked: numpy numbers as plain ones (records are JSON)
+    rounds, budget, progress = check_common(session, rounds, budget, progress)
+    _check_requests(session, calibration, test)
+    base = dict(base or {})
+    options = {p: dict(o) for p, o in check_options(plugins, {} if options is None else options).items()}
+    for plugin, spec in zip(plugins, specs, strict=True):
+        _check_options(spec, plugin, base, options.get(plugin, {}))  # a plugin the base installs too
     scope = scope_of(session, calibration, test)
     search_scope = {**scope, "test_seeds": []}  # what the searches alone hold for
     arguments = {"plugins": plugins, "options": options, "base": base, "margin": margin, "max_evals": max_evals}
@@ -441,12 +461,13 @@ def stack(
     at_most = 1 + searches * max_evals + 2 * len(test or [])
     journal = Journal(resume, "stack", run, at_most, max_seconds, started)
     try:
-        evaluator = _Evaluator(session, calibration, budget, journal, on_step)
-        result = _stack(evaluator, plugins, specs, options, base, margin, max_evals, progress, search_scope)
-        result.scope = scope
-        if result.status == "searched" and test is not None:
-            _confirm(evaluator, test, result, rounds, progress)
-            _confirm_attention_alone(evaluator, test, result, rounds, progress)
+        with accelerations_kept(session):
+            evaluator = _Evaluator(session, calibration, budget, journal, on_step)
+            result = _stack(evaluator, plugins, specs, options, base, margin, max_evals, progress, search_scope)
+            result.scope = scope
+            if result.status == "searched" and test is not None:
+                _confirm(evaluator, test, result, rounds, progress)
+                _confirm_attention_alone(evaluator, test, result, rounds, progress)
     except Paused as paused:
         return paused.partial
     return result
@@ -510,8 +531,8 @@ def _stack(
 
 def check_arguments(plugins: list[str], knob: str | None, margin: float, max_evals: int) -> list[Any]:
     """The plugins' specs, after checking what needs no model: each plugin exists, declares a knob (`knob`, when
-    given, is that knob) and is given once, the margin is in (0, 1], max_evals >= 2. ValueError naming the field
-    otherwise."""
+    given, is that knob) and is given once, the margin is a number in (0, 1], max_evals an integer >= 2 (numpy
+    numbers taken as the numbers they hold). ValueError naming the field otherwise."""
     specs = []
     for index, plugin in enumerate(plugins):
         if plugin in plugins[:index]:
@@ -524,10 +545,14 @@ def check_arguments(plugins: list[str], knob: str | None, margin: float, max_eva
         if knob is not None and knob != spec.knob.option:
             raise ValueError(f"knob: {plugin} calibrates {spec.knob.option!r}, got {knob!r}")
         specs.append(spec)
-    if isinstance(margin, bool) or not (isinstance(margin, int | float) and 0 < margin <= 1):
-        raise ValueError(f"margin: {margin!r}; allowed: a number in (0, 1]")
-    if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 2:
-        raise ValueError(f"max_evals: {max_evals!r}; allowed: an integer >= 2 (low and high)")
+    try:
+        number("margin", margin, math.nextafter(0.0, 1.0), 1.0)  # (0, 1]
+    except ValueError:
+        raise ValueError(f"margin: {margin!r}; allowed: a number in (0, 1]") from None
+    try:
+        integer("max_evals", max_evals, 2, sys.maxsize)
+    except ValueError:
+        raise ValueError(f"max_evals: {max_evals!r}; allowed: an integer >= 2 (low and high)") from None
     return specs
 
 
@@ -550,6 +575,14 @@ def check_options(plugins: list[str], options: dict[str, Any]) -> dict[str, dict
 def calibratable() -> list[str]:
     """The registered plugins that declare a knob."""
     return sorted(name for name, spec in REGISTRY.items() if spec.knob is not None)
+
+
+def _check_requests(session: Session, calibration: list[Request], test: list[Request] | None) -> None:
+    """`harness.check_requests` of the calibration requests and of the test requests when given: ValueError naming
+    `calibration` or `test` for a list that is empty, not a list of Request, or holds one the model cannot take."""
+    check_requests(session, calibration, "calibration")
+    if test is not None:
+        check_requests(session, test, "test")
 
 
 def _check_options(spec: Any, plugin: str, base: dict[str, Any], options: dict[str, Any]) -> None:

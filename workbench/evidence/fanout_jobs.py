@@ -26,7 +26,7 @@ from typing import Any
 from workbench.evidence import calibrate as calibration
 from workbench.evidence import sweep as sweeps
 from workbench.evidence.fanout import Cell, Fanout, Store
-from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER
+from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, check_budget, default_budget
 from workbench.evidence.harness import qualify as qualify_here
 from workbench.quality import Budget
 from workbench.request import Request
@@ -42,7 +42,7 @@ def qualify(
     budget: Budget | None = None,
 ) -> dict[str, Any]:
     """The qualification record of `candidate` against `baseline` on `requests` (see `harness.qualify`)."""
-    budget = budget or fanout.default_budget()
+    budget = check_budget(budget, fanout.default_budget)
     return _qualifications(fanout, store, requests, baseline, [candidate], rounds, budget)[0]
 
 
@@ -59,9 +59,9 @@ def sweep(
     budget: Budget | None = None,
 ) -> sweeps.SweepResult:
     """`sweep.sweep` with its cells on the fanout's workers (same arguments, same result)."""
-    values, base_options, baseline = list(values), dict(base_options or {}), dict(baseline or {})
+    values, base_options, baseline = sweeps.check_values(values), dict(base_options or {}), dict(baseline or {})
     configs = sweeps.sweep_configs(plugin, option, values, base_options)
-    budget = budget or fanout.default_budget()
+    budget = check_budget(budget, fanout.default_budget)
     records = _qualifications(fanout, store, requests, baseline, configs, rounds, budget)
     return sweeps.sweep_result(plugin, option, values, base_options, baseline, budget, records)
 
@@ -78,7 +78,7 @@ def search(
     """`sweep.search` with its cells on the fanout's workers."""
     sweeps.check_candidates(candidates)
     baseline = dict(baseline or {})
-    budget = budget or fanout.default_budget()
+    budget = check_budget(budget, fanout.default_budget)
     records = _qualifications(fanout, store, requests, baseline, candidates, rounds, budget)
     return sweeps.search_result(candidates, baseline, budget, records)
 
@@ -222,7 +222,7 @@ def _search(
     from workbench.profiles import profile
 
     requests, knob, fixed = calibration_requests, options.pop("knob"), options.pop("fixed", {})
-    budget = Budget.from_dict({**calibration.default_budget(session).to_dict(), **options.pop("budget")})
+    budget = Budget.from_dict({**default_budget(session).to_dict(), **options.pop("budget")})
     options["base"] = profile(options.pop("base_profile"), session.model.family.name, session.device, session.model)
     if len(plugins) == 1:
         result = calibration.calibrate(

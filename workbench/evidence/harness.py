@@ -12,13 +12,18 @@ the case in flight; the same call again runs only the cases not recorded and ret
 call returns. A case is the unit because its A/B/A is timed whole inside one process: seconds of two processes
 are never compared. Each case's pilot outputs are kept beside the record (`qualify.partial.pilots/`), so a case read
 back from it has its pilots too. With `max_seconds` a run stops cleanly at a case boundary (`resume.Journal`).
+
+Every run installs its arms on the caller's session; on every exit (a record, an error, an interrupt, a stop at
+`max_seconds`) the session holds again the accelerations it held when the call began (`accelerations_kept`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +37,7 @@ from workbench.models.loaded import LoadedModel
 from workbench.progress import progress as progress_bar
 from workbench.quality import Budget, compare
 from workbench.quality.budget import default_for
-from workbench.request import Request
+from workbench.request import Request, flag, integer, shown
 from workbench.result import Result
 from workbench.session import Session
 
@@ -51,18 +56,59 @@ def default_budget(session: Session) -> Budget:
 
 
 def check_rounds(rounds: object) -> int:
-    """`rounds` if it is an int of interleaved A/B/A rounds in [MIN_ROUNDS, MAX_ROUNDS]; else ValueError naming it."""
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or not MIN_ROUNDS <= rounds <= MAX_ROUNDS:
-        raise ValueError(f"rounds: {rounds!r}; allowed: an int of interleaved rounds in [{MIN_ROUNDS}, {MAX_ROUNDS}]")
-    return rounds
+    """`rounds` as a Python int (a numpy integer taken as the int it holds) if it is an integer of interleaved A/B/A
+    rounds in [MIN_ROUNDS, MAX_ROUNDS]; else ValueError naming it."""
+    try:
+        return integer("rounds", rounds, MIN_ROUNDS, MAX_ROUNDS)
+    except ValueError:
+        allowed = f"an int of interleaved rounds in [{MIN_ROUNDS}, {MAX_ROUNDS}]"
+        raise ValueError(f"rounds: {rounds!r}; allowed: {allowed}") from None
+
+
+def check_budget(budget: object, default: Callable[[], Budget]) -> Budget:
+    """`budget`, or `default()` for None (`default_budget` of the session's model); anything else is a ValueError
+    naming it (a dict of limits too: `Budget.from_dict` makes a Budget of one)."""
+    if budget is None:
+        return default()
+    if not isinstance(budget, Budget):
+        raise ValueError(
+            f"budget: expected a workbench.quality.Budget (or None for the model's default), got "
+            f"{type(budget).__name__} {shown(budget)}"
+        )
+    return budget
+
+
+def check_common(session: Session, rounds: object, budget: object, progress: object) -> tuple[int, Budget, bool]:
+    """The arguments every evidence function (qualify, sweep, search, calibrate, stack) shares, checked before any
+    run: `rounds` (`check_rounds`), the budget (`check_budget`: the model's default for None) and `progress`
+    (`request.flag`, as `Session.generate` checks it), returned as plain Python values."""
+    return check_rounds(rounds), check_budget(budget, lambda: default_budget(session)), flag("progress", progress)
+
+
+@contextlib.contextmanager
+def accelerations_kept(session: Session) -> Iterator[None]:
+    """Run the body, then install on `session` the accelerations it held on entry, on every exit: success, an error,
+    an interrupt (Ctrl-C, `Session.stop`) or a stop at a step boundary (`resume.Paused`). An evidence run installs
+    its arms on the caller's session; a candidate left installed would make the caller's later requests silently
+    approximate."""
+    before = session.accelerations
+    try:
+        yield
+    finally:
+        if session.accelerations != before:  # a run read back whole from a journal installed nothing
+            session.accelerate(before)
 
 
 def check_requests(session: Session | LoadedModel, requests: list[Request], where: str = "requests") -> list[Request]:
     """Every one of `requests` resolved against `session`'s model (`Session.resolve`) before any runs, so a request
     the model cannot take (frames its VAE refuses, a mode it lacks) is refused before the ones ahead of it have
-    run. ValueError naming it as `{where}[i]` (`requests[1]: frames: 10 is not accepted ...`), or for no requests.
+    run. ValueError naming it as `{where}[i]` (`requests[1]: frames: 10 is not accepted ...`), for no requests, or
+    for `requests` not a list (or tuple) of them: a single Request too.
     `session` may be a `LoadedModel` instead, such as `models.preview`'s (no weight loaded): the `--ray` driver
     checks the cases so before any worker starts. Returns the resolved requests."""
+    if not isinstance(requests, list | tuple):
+        hint = " (a single request goes in a list: [request])" if isinstance(requests, Request) else ""
+        raise ValueError(f"{where}: expected a list of workbench.Request, got {type(requests).__name__}{hint}")
     if not requests:
         raise ValueError(f"{where}: at least one request is required")
     resolved = []
@@ -98,8 +144,10 @@ def qualify(
     started: float | None = None,
 ) -> tuple[dict[str, Any] | Partial, list[tuple[Result, Result] | None]]:
     """Qualify `candidate` against `baseline` on `requests` under `budget` (default: `default_budget(session)`);
-    returns the record and each case's pilots. Every request and both arms are checked against the model and device
-    before the first runs (`validate`). `desc` names the progress bar (a sweep says which of its values this is).
+    returns the record and each case's pilots. `rounds`, `budget` and `progress` (`check_common`), every request and
+    both arms are checked against the model and device before the first runs (`validate`). `desc` names the progress
+    bar (a sweep says which of its values this is). The session's accelerations are as they were when it returns or
+    raises (`accelerations_kept`).
 
     `resume`: a folder for the partial record (`qualify.partial.json`), read when there and rewritten after every
     finished case; the cases it holds are not run again, and their pilots are read back from
@@ -111,8 +159,8 @@ def qualify(
     partial record of other arguments (`resume.run_key`: the configurations, rounds, budget, requests, `identity`,
     model, dtype, device) is a ValueError naming each field that differs, its recorded and its given value. The
     caller removes the partial record and its pilots once the final record is published (`resume.remove_partial`)."""
+    rounds, budget, progress = check_common(session, rounds, budget, progress)
     validate(session, [baseline, candidate], rounds, requests)
-    budget = budget or default_budget(session)
     from workbench.evidence.resume import Paused, case_journal  # it imports this module
 
     arguments = {"baseline": baseline, "candidate": candidate, "rounds": rounds}
@@ -138,13 +186,13 @@ def qualify_cases(
     """`qualify` of checked arguments, each case a step of `journal` (`workbench.evidence.resume.Journal`, keyed by
     the candidate and the request) when one is given: a case it holds is read back (its pilots as the journal kept
     them, else None), any other is run and recorded at once with its pilots. A sweep or search passes one journal
-    through all its configurations. Raises `resume.Paused` at a case boundary past the journal's time limit."""
-    from workbench.evidence.resume import Paused  # it imports this module
+    through all its configurations. Raises `resume.Paused` at a case boundary past the journal's time limit. On every
+    exit the session holds the accelerations it held on entry (`accelerations_kept`)."""
 
     cases: list[dict[str, Any]] = []
     pilots: list[tuple[Result, Result] | None] = []
     runs, ran = 2 * rounds + 3, []  # ran: this case's pilots (run now, or as the journal kept them)
-    with progress_bar(total=len(requests) * runs, desc=desc, enabled=progress) as bar:
+    with accelerations_kept(session), progress_bar(total=len(requests) * runs, desc=desc, enabled=progress) as bar:
 
         def run(request: Request) -> dict[str, Any]:
             case, pair = _qualify_one(session, request, baseline, candidate, rounds, budget, bar)
@@ -153,23 +201,18 @@ def qualify_cases(
                 journal.keep(pair)  # before the case is recorded: a recorded case has its pilots
             return case
 
-        try:
-            for request in requests:
-                ran.clear()
-                if journal is None:
-                    case = run(request)
-                else:
-                    key = {"candidate": candidate, "request": request.to_dict()}
-                    case = journal.step("case", key, functools.partial(run, request), 0.0)
-                    if not ran:
-                        bar.update(runs)  # recorded by an earlier process
-                        ran.append(journal.kept(journal.cursor - 1))
-                cases.append(case)
-                pilots.append(ran[0] if ran else None)
-        except Paused:
-            session.accelerate({})  # stopped at a case boundary: the session left as a finished run leaves it
-            raise
-    session.accelerate({})
+        for request in requests:
+            ran.clear()
+            if journal is None:
+                case = run(request)
+            else:
+                key = {"candidate": candidate, "request": request.to_dict()}
+                case = journal.step("case", key, functools.partial(run, request), 0.0)
+                if not ran:
+                    bar.update(runs)  # recorded by an earlier process
+                    ran.append(journal.kept(journal.cursor - 1))
+            cases.append(case)
+            pilots.append(ran[0] if ran else None)
     overall = min((c["verdict"] for c in cases), key=SUITE_ORDER.index)
     record = {
         "kind": "qualification",

@@ -28,19 +28,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from workbench.accelerations import REGISTRY, install
 from workbench.environment import device_label
-from workbench.evidence.harness import MIN_ROUNDS, SUITE_ORDER, default_budget, qualify_cases, validate
+from workbench.evidence.harness import (
+    MIN_ROUNDS,
+    SUITE_ORDER,
+    check_common,
+    qualify_cases,
+    validate,
+)
 from workbench.evidence.records import record_bytes
 from workbench.evidence.report import NO_SPEED_CLAIM, Table, page, speedup_text
 from workbench.evidence.resume import Partial, Paused, case_journal
 from workbench.io import write_set
 from workbench.plots import LABEL_PT, figure_png, label_points, png_figure_html
 from workbench.quality import Budget
-from workbench.request import Request
+from workbench.request import Request, shown
 from workbench.session import Session
 
 _VERDICT_COLORS = {
@@ -287,19 +294,21 @@ def sweep(
 ) -> SweepResult | Partial:
     """Qualify `{plugin: {**base_options, option: value}}` against `baseline` (default `{}`) for each value.
 
-    Order `values` from least to most aggressive: the cliff is looked for after the knee. Every
-    configuration is validated before anything runs, so a bad plugin, option or value is a ValueError
-    (RuntimeError: not runnable on this device) without spending any time.
+    Order `values` from least to most aggressive: the cliff is looked for after the knee. `values` is a list, tuple
+    or 1-D numpy array (`check_values`: numpy scalars taken as the Python values they hold). Every configuration,
+    `rounds`, `budget` and `progress` (`harness.check_common`) are checked before anything runs, so a bad plugin,
+    option or value is a ValueError (RuntimeError: not runnable on this device) without spending any time. The
+    session's accelerations are as they were when it returns or raises.
 
     `resume`, `identity`, `max_seconds`, `started`: as for `harness.qualify`, one step per (value, request) in
     `sweep.partial.json` (no pilots kept); a run stopped at `max_seconds` returns its `Partial`. The run's fields
     are `plugin`, `option`, `values`, `base_options`, `baseline`, `rounds`, `requests`, the budget, `identity`,
     model, dtype and device.
     """
-    values, base_options, baseline = list(values), dict(base_options or {}), dict(baseline or {})
+    values, base_options, baseline = check_values(values), dict(base_options or {}), dict(baseline or {})
     configs = sweep_configs(plugin, option, values, base_options)
+    rounds, budget, progress = check_common(session, rounds, budget, progress)
     validate(session, [baseline, *configs], rounds, requests)
-    budget = budget or default_budget(session)
     arguments = {"plugin": plugin, "option": option, "values": values, "base_options": base_options}
     arguments |= {"baseline": baseline, "rounds": rounds}
     limit = {"max_seconds": max_seconds, "started": started}
@@ -369,15 +378,16 @@ def search(
 ) -> SearchResult | Partial:
     """Qualify each candidate configuration against `baseline` (default `{}`) and pick the fastest qualified.
 
-    Every candidate is validated before anything runs (ValueError/RuntimeError as for `sweep`). `resume`,
+    Every candidate is validated before anything runs (ValueError/RuntimeError as for `sweep`); the session's
+    accelerations are as they were when it returns or raises. `resume`,
     `identity`, `max_seconds`, `started`: as for `sweep`, one step per (candidate, request) in `search.partial.json`;
     the run's fields are `candidates`, `baseline`, `rounds`, `requests`, the budget, `identity`, model, dtype and
     device.
     """
     check_candidates(candidates)
     baseline = dict(baseline or {})
+    rounds, budget, progress = check_common(session, rounds, budget, progress)
     validate(session, [baseline, *candidates], rounds, requests)
-    budget = budget or default_budget(session)
     arguments = {"candidates": candidates, "baseline": baseline, "rounds": rounds}
     limit = {"max_seconds": max_seconds, "started": started}
     journal = case_journal(resume, "search", session, budget, requests, arguments, identity, len(candidates), **limit)
@@ -555,10 +565,24 @@ def write(result: SweepResult | SearchResult, out: str | Path) -> tuple[Path, Pa
     return paths[f"{kind}.json"], paths[f"{kind}.html"]
 
 
+def check_values(values: Sequence[Any]) -> list[Any]:
+    """`values` as a list, each numpy scalar as the Python value it holds (records stay JSON); ValueError naming
+    `values` for a str or bytes (a sweep of its characters) or anything else that is not a list, tuple, range or
+    1-D numpy array."""
+    one_d_array = isinstance(values, np.ndarray) and values.ndim == 1
+    if isinstance(values, str | bytes) or not (isinstance(values, Sequence) or one_d_array):
+        raise ValueError(
+            f"values: expected a list of the option's values, least to most aggressive, got "
+            f"{type(values).__name__} {shown(values)}"
+        )
+    return [value.item() if isinstance(value, np.generic) else value for value in values]
+
+
 def sweep_configs(plugin: str, option: str, values: list[Any], base_options: dict[str, Any]) -> list[dict[str, Any]]:
-    """The configuration of each value, `{plugin: {**base_options, option: value}}`, after refusing no values,
-    a repeated value (or two that are one setting, `setting_key`: 1 and 1.0 of a float option), or `base_options`
-    setting the swept option (ValueError naming the field)."""
+    """The configuration of each value, `{plugin: {**base_options, option: value}}`, after refusing `values` that
+    `check_values` refuses, no values, a repeated value (or two that are one setting, `setting_key`: 1 and 1.0 of a
+    float option), or `base_options` setting the swept option (ValueError naming the field)."""
+    values = check_values(values)
     if not values:
         raise ValueError("values: at least one value is required")
     if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):

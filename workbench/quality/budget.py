@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.request import shown
+from workbench.request import number, shown
 
 # field -> (direction, unit): "max" limits pass when value <= limit, "min" limits when value >= limit
 _LIMITS = {
@@ -42,7 +42,8 @@ class Budget:
     Audio is not checked by default (its limits are None): the seeds name no audio budget; `with_audio()` sets
     the stated `AUDIO_LIMITS` (waveform SNR, log-spectral distance, spectral cosine, RMS ratio off 1).
     A limit is inclusive: a value exactly at the limit passes. A set limit whose metric could not be
-    measured (no latents, no audio) is a failure, never a silent pass.
+    measured (no latents, no audio) is a failure, never a silent pass. A limit is kept as a Python float (an int or
+    a numpy number taken as the number it holds, so a record serialises to JSON).
     """
 
     latent_rel_l2: float | None = 0.03
@@ -58,9 +59,11 @@ class Budget:
             value = getattr(self, name)
             if value is None:
                 continue
-            # compared, never converted: an int past any float (10**400) is refused, not an OverflowError
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= sys.float_info.max:
-                raise ValueError(f"{name}: must be a finite number >= 0 or None, got {shown(value)}")
+            try:  # an int past any float (10**400) is refused, not an OverflowError
+                value = number(name, value, 0.0, sys.float_info.max)
+            except ValueError:
+                raise ValueError(f"{name}: must be a finite number >= 0 or None, got {shown(value)}") from None
+            object.__setattr__(self, name, value)  # frozen: the checked (converted) value replaces what was given
         for name in ("min_ssim", "spectral_cosine"):
             if getattr(self, name) is not None and getattr(self, name) > 1:
                 raise ValueError(f"{name}: must be <= 1 (it never exceeds 1), got {getattr(self, name)!r}")
