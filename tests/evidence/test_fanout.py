@@ -182,6 +182,42 @@ def test_fanout_duplicate_cells_and_bad_options_raise(fanout, tmp_path):
         Fanout("tiny-wan", workers=1, device="cpu", memory="48 gigs")
     with pytest.raises(ValueError, match="memory: 'device' .* needs GPU workers"):
         Fanout("tiny-wan", workers=1, device="cpu", memory="device")
+    with pytest.raises(ValueError, match=r"dtype: 'bogus'; allowed: \['bfloat16', 'float16', 'float32'\]"):
+        Fanout("tiny-wan", workers=1, device="cpu", dtype="bogus")  # on the driver, before a worker loads
+
+
+def test_a_store_entry_of_other_code_is_not_finished_for_this_run(fanout, tmp_path, monkeypatch):
+    """A cell's key holds the code (git revision, package versions) and device type: a store entry made at another
+    commit is other work, run again, never merged into this run's record under this run's commit."""
+    cell = Cell("generate", {"request": REQUEST, "accelerations": {}, "name": "a"}, "a", "a")
+    store = Store(tmp_path)
+    store.put(
+        {"key": cell.key(fanout.session_key), "kind": "generate", "label": "a", "status": "finished", "record": {}}
+    )
+    assert fanout.pending([cell], store) == [] and fanout.session_key["device"] == "cpu"
+    monkeypatch.setenv("WORKBENCH_COMMIT", "deadbeefcafe")
+    with Fanout("tiny-wan", workers=1, device="cpu") as other:  # joins the module's instance; starts no worker
+        assert other.session_key["code"]["git"]["commit"] == "deadbeefcafe"
+        assert other.pending([cell], store) == [cell]
+
+
+def test_merge_refuses_records_of_other_code():
+    """Cells that ran other code (workers of one cluster on two checkouts) are not merged under the first's commit."""
+    record = {"cases": [{"verdict": "qualified"}], "worker": {"host": "a"}, "init_seconds": 1.0}
+    record |= {"git": {"commit": "0f45a4d", "dirty": False}, "versions": {"torch": "2.8.0"}}
+    assert fanout_jobs.merge([record, {**record, "worker": {"host": "b"}}])["git"] == record["git"]
+    for field, other in (("git", {"commit": "deadbeefcafe", "dirty": None}), ("versions", {"torch": "2.9.0"})):
+        with pytest.raises(RuntimeError, match=rf"cell 1 \(on b\) ran other code than cell 0 \(on a\): {field} "):
+            fanout_jobs.merge([record, {**record, field: other, "worker": {"host": "b"}}])
+
+
+def test_batch_checks_its_accelerations_on_a_worker_before_any_cell(fanout, tmp_path):
+    """An acceleration the workers' device cannot run is refused once, before any cell, with the worker's own
+    exception (not Ray's wrapper and its traceback text); no cell is recorded."""
+    store = Store(tmp_path)
+    with pytest.raises(RuntimeError, match=r"^flash4_attention: needs a device of type") as raised:
+        fanout_jobs.batch(fanout, store, [("a", REQUEST)], {"flash4_attention": {}})
+    assert not isinstance(raised.value, ray.exceptions.RayTaskError) and store.entries() == {}
 
 
 def test_a_worker_places_its_model_under_the_runs_cap_and_asks_to_be_replaced_when_its_session_is_stuck():
@@ -214,11 +250,22 @@ def test_a_worker_places_its_model_under_the_runs_cap_and_asks_to_be_replaced_wh
         (["qualify", "--candidate", "{}", "--store", "s"], "go with --ray"),
         (["qualify", "--candidate", "{}", "--memory", "48GiB"], "--memory: goes with --ray"),
         (["batch", "--requests", "data_manifests/tiny-smoke.json", "--accelerate", "{x"], "--accelerate"),
+        # refused on the driver before Ray starts, as `generate` refuses them
+        (
+            ["batch", "--requests", "data_manifests/tiny-smoke.json", "--dtype", "bogus"],
+            "error: --dtype: 'bogus'; allowed: ['bfloat16', 'float16', 'float32']",
+        ),
+        (
+            ["batch", "--requests", "data_manifests/tiny-smoke.json", "--model", "tiny-wann", "--ray"],
+            "error: --model: 'tiny-wann' is neither a known name",
+        ),
+        (["qualify", "--candidate", "{}", "--ray", "--store", __file__], f"error: --store: cannot write to {__file__}"),
     ],
 )
 def test_cli_ray_options_bad_input_exits_2(tmp_path, capsys, argv, message):
     suite = [] if argv[0] == "batch" else ["--suite", "data_manifests/tiny-smoke.json"]
-    assert main([*argv, "--model", "tiny-wan", *suite, "--out", str(tmp_path / "o")]) == 2
+    model = [] if "--model" in argv else ["--model", "tiny-wan"]
+    assert main([*argv, *model, *suite, "--device", "cpu", "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 

@@ -36,3 +36,11 @@ def test_cli_calibrate_over_ray_writes_its_record_and_a_rerun_resumes_from_the_s
     again = json.loads((out / "calibration.json").read_text())
     assert [p["value"] for p in again["points"]] == [p["value"] for p in record["points"]]
     assert again["status"] == record["status"]
+
+
+def test_cli_ray_malformed_address_is_refused_under_ray(tmp_path, capsys):
+    argv = ["batch", "--model", "tiny-wan", "--requests", "data_manifests/tiny-smoke.json", "--out", str(tmp_path)]
+    assert main([*argv, "--ray", "garbage"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --ray: 'garbage': Invalid address format: garbage; allowed: 'auto', a cluster's host:port" in err
+    assert not ray.is_initialized()

@@ -1,12 +1,14 @@
 """`--ray`: `batch` (many requests of one model generated on Ray workers, each request's outputs in its `--out`) and
-what every command that fans out shares: the workers and their record store (`_fanout`, `_store_folder`), and every
-case checked against the model here, on the driver, before Ray starts (`_check_cases_here`). The fan-out itself is
+what every command that fans out shares: the workers and their record store (`_fanout`, `_store_folder`; the store
+checked writable before Ray starts), and every case checked against the model here, on the driver, before Ray starts
+(`_check_cases_here`, which refuses a model that is none too, when the workers share this machine). The fan-out is
 `workbench.evidence.fanout`; the jobs it runs are `workbench.evidence.fanout_jobs`."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from pathlib import Path
 
 from workbench.cli.flags import _accelerations_arg, _flagged, _shapes
@@ -32,10 +34,14 @@ def _batch(args: argparse.Namespace) -> int:
 def _check_cases_here(args: argparse.Namespace, splits: dict[str, list]) -> None:
     """`--ray`: every case resolved against the model's family and defaults here, on the driver, before Ray starts,
     as the run without Ray does once its session loads: `test[1]: frames: 10 is not accepted by the wan VAE`. See
-    `_shapes` for a model whose shapes do not build here: its cases are checked on a worker once it has loaded."""
+    `_shapes` for a model whose shapes do not build here: its cases are checked on a worker once it has loaded. With
+    a local instance (`--ray` without an address) the workers see this machine's folders, so a model that is no
+    folder here is refused here when it is no known name either (`models.preview`'s ValueError)."""
     from workbench.evidence.harness import check_requests
+    from workbench.models import preview
 
-    model = _shapes(args.model)
+    local = args.ray in (None, "local")  # `batch` without --ray fans out on a local instance too
+    model = preview(args.model) if local and not os.path.isdir(args.model) else _shapes(args.model)
     if model is None:
         return
     for where, requests in splits.items():
@@ -44,17 +50,21 @@ def _check_cases_here(args: argparse.Namespace, splits: dict[str, list]) -> None
 
 @contextlib.contextmanager
 def _fanout(args: argparse.Namespace):
-    """(Fanout, Store) of a `--ray` run, progress on stderr; the workers end with the block."""
+    """(Fanout, Store) of a `--ray` run, progress on stderr; the workers end with the block. The store is checked
+    writable first (`--store`, else `--out`), before Ray starts."""
     from workbench.evidence.fanout import Fanout, Store, TqdmView
+    from workbench.io import check_writable
 
+    store = Store(check_writable(_store_folder(args), "--store" if getattr(args, "store", None) else "--out"))
     address = None if args.ray in (None, "local") else args.ray
     device = args.device
     options = {"address": address, "workers": args.workers, "device": device, "retries": args.retries}
     options["memory"] = args.memory
-    flags = ("--workers", "--device", "--retries", "--memory")  # `workers: ...` said as `--workers: ...`
+    flags = {"--ray": "address", "--workers": "workers", "--device": "device", "--retries": "retries"}
+    flags["--memory"] = "memory"  # `workers: ...` said as `--workers: ...`, `address: ...` as `--ray: ...`
     with _flagged(flags, Fanout, args.model, dtype=getattr(args, "dtype", None), **options) as fanout:
         fanout.subscribe(TqdmView())
-        yield fanout, Store(_store_folder(args))
+        yield fanout, store
 
 
 def _store_folder(args: argparse.Namespace) -> Path:

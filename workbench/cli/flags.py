@@ -145,17 +145,18 @@ def _note_a_a(baseline: dict, arms: dict[str, dict]) -> None:
             )
 
 
-def _flagged(flag: str | tuple[str, ...], check: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def _flagged(flag: str | tuple[str, ...] | dict[str, str], check: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`check(*args, **kwargs)`, its ValueError said under the command line's `flag`: `--rounds: 0; ...` where the
     library says `rounds: 0; ...`, `--accelerate: easycache.threshold: ...` where it names no flag's field. Given
     several flags, the error goes under the one whose field it names (`max_evals: ...` under `--max-evals`), and
-    stays as it is when it names none of them."""
+    stays as it is when it names none of them. A flag whose field the library names otherwise comes as {flag: field}
+    (`{"--ray": "address"}`)."""
     try:
         return check(*args, **kwargs)
     except ValueError as error:
-        text, flags = str(error), (flag,) if isinstance(flag, str) else flag
-        for name in flags:
-            field = name.removeprefix("--").replace("-", "_")
+        text, names = str(error), (flag,) if isinstance(flag, str) else flag
+        flags = names if isinstance(names, dict) else {n: n.removeprefix("--").replace("-", "_") for n in names}
+        for name, field in flags.items():
             if len(flags) == 1 or text.startswith(f"{field}: "):
                 raise ValueError(f"{name}: {text.removeprefix(f'{field}: ')}") from None
         raise
@@ -165,7 +166,8 @@ def _shapes(model: str) -> Any:
     """`models.preview(model)`: its family and request defaults with no weight read, to check requests before it
     loads. None when its shapes do not build here (a folder only the Ray workers hold, a config the meta device
     cannot build, a name that is no model): the model's own load then reports what is wrong, or checks the requests
-    once loaded, as `Session.open`'s memory planning leaves such a model to the load."""
+    once loaded, as `Session.open`'s memory planning leaves such a model to the load (a `--ray` run on this machine
+    refuses a name that is no model at once: `fanout._check_cases_here`)."""
     from workbench.models import preview
 
     try:

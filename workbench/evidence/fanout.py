@@ -18,7 +18,10 @@ Failures: a cell that raises is recorded as failed with its error, and the run g
 mid-cell (killed, preempted, out of memory) is replaced by a fresh one, and its cell goes back to the front of the
 queue, for whichever worker is free first, at most `retries` more times; after that it is recorded as failed with
 the reason. A re-run with the same store skips the finished cells and runs the failed ones again, and a finished
-one whose output files were since replaced or deleted (`Store.intact`).
+one whose output files were since replaced or deleted (`Store.intact`). A cell's key holds the code that runs it
+(the driver's git revision and package versions) and the kind of device (`Fanout.session_key`): a cell finished by
+other code, or on CPU for a GPU run, is other work, run again (the store keeps both): a store entry of other code
+is never taken for this run's.
 
 Progress: `Fanout.subscribe(callback)` receives an `Event` for each change (a run starts or ends, a worker is
 ready or lost, a cell starts, finishes, fails or is retried); each event carries the live `Progress` (counts,
@@ -41,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.environment import device_info, device_label
+from workbench.environment import device_info, device_label, git_revision, versions
 from workbench.evidence.fanout_progress import Event, Progress, TqdmView, WorkerState
 from workbench.evidence.store import Store
 from workbench.memory_plan import MemoryBudget
@@ -77,8 +80,9 @@ class Cell:
     name: str = ""
 
     def key(self, session: dict[str, Any]) -> str:
-        """SHA-256 of the session it needs (model, dtype, seed) and what it runs: the same work has the same key
-        in every run, so a store knows what is already done."""
+        """SHA-256 of the session it needs (`Fanout.session_key`: model, dtype, seed, device type, code) and what
+        it runs: the same work by the same code has the same key in every run, so a store knows what is already
+        done."""
         text = json.dumps({"session": session, "kind": self.kind, "args": fingerprint(self.args)}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -134,10 +138,18 @@ class Worker:
             "audio": self.session.family.has_audio,
         }
 
-    def validate(self, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
+    def validate(
+        self, configs: list[dict[str, Any]], rounds: int | None = None, requests: list[Request] | None = None
+    ) -> None:
+        """`Fanout.validate` on this worker's session."""
+        from workbench.accelerations import REGISTRY, install
         from workbench.evidence.harness import validate
 
-        validate(self.session, configs, rounds, requests)
+        if requests is None:
+            for config in configs:
+                install.validate(REGISTRY, self.session.model, config, self.session.device)
+        else:
+            validate(self.session, configs, rounds, requests)
 
     def run(self, cell: Cell) -> dict[str, Any]:
         """Run `cell`: {"status": "finished", "record", "files", "seconds"} or, when it raised, {"status": "failed",
@@ -171,8 +183,14 @@ class Fanout:
     GPU of the cluster, or 1 on CPU); more than the cluster's GPUs (CPUs) is a ValueError. `device`: "auto" (GPU
     workers when the cluster has GPUs), "cuda" or "cpu". `memory`: None (the model resident on each worker), a cap
     for every worker, or "device" (each GPU worker's own memory; see the module docstring); a capped run's cells are
-    other cells than a resident run's (the session key holds the cap). `retries`: see the module docstring. Use it
-    as a context manager (or call `close`): the workers are killed, and a local instance it started is shut down.
+    other cells than a resident run's (the session key holds the cap). `retries`: see the module docstring. A bad
+    `dtype`, `address` (malformed) or option is a ValueError before any worker starts; an exception a worker raises
+    (loading, `validate`) is raised here as the worker raised it, not as Ray's wrapper. Use it as a context manager
+    (or call `close`): the workers are killed, and a local instance it started is shut down.
+
+    `session_key`: what every cell's key holds besides the cell (`Cell.key`): model, dtype, seed, the workers'
+    device type ("cuda" or "cpu"), the cap, and `code`, the driver's git revision and package versions
+    (`workbench.environment`; the workers of a local instance run the driver's code).
     """
 
     def __init__(
@@ -194,6 +212,12 @@ class Fanout:
         for name, value, least in (("workers", workers, 1), ("retries", retries, 0)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
                 raise ValueError(f"{name}: {value!r}; allowed: an integer >= {least}")
+        if dtype is not None:
+            import torch
+
+            from workbench.session import _dtype
+
+            _dtype(dtype, torch.device("cpu"))  # a bad name is refused here, as `Session.open` refuses it
         ray = _ray()
         self._started_ray = not ray.is_initialized()
         if self._started_ray:
@@ -202,7 +226,13 @@ class Fanout:
                 options["address"] = address
             elif device == "cpu":
                 options["num_cpus"] = workers or 1
-            ray.init(**options)
+            try:
+                ray.init(**options)
+            except ValueError as error:  # Ray's words name no parameter: "Invalid address format: x"
+                if address is None:
+                    raise
+                allowed = "'auto', a cluster's host:port or ray://host:port"
+                raise ValueError(f"address: {address!r}: {_first_line(error)}; allowed: {allowed}") from error
         try:
             on_gpu, count = _placement(ray.cluster_resources(), device, workers)
         except (ValueError, RuntimeError):
@@ -214,9 +244,10 @@ class Fanout:
                 ray.shutdown()
             raise ValueError("memory: 'device' (each worker's GPU memory) needs GPU workers; give a cap, or None")
         self.model, self.retries = model, retries
-        self.session_key = {"model": str(model), "dtype": dtype, "seed": seed}
+        self.session_key = {"model": str(model), "dtype": dtype, "seed": seed, "device": "cuda" if on_gpu else "cpu"}
         if memory is not None:
             self.session_key["memory"] = memory
+        self.session_key["code"] = {"git": git_revision(), "versions": versions()}
         self._remote = (
             ray.remote(Worker).options(num_gpus=1, num_cpus=1) if on_gpu else ray.remote(Worker).options(num_cpus=1)
         )
@@ -233,11 +264,14 @@ class Fanout:
         self._listeners.append(callback)
         return lambda: self._listeners.remove(callback)
 
-    def validate(self, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
-        """`workbench.evidence.harness.validate` on a worker's session: a configuration the model or device cannot
-        take is refused (ValueError / RuntimeError) before any cell runs."""
+    def validate(
+        self, configs: list[dict[str, Any]], rounds: int | None = None, requests: list[Request] | None = None
+    ) -> None:
+        """`workbench.evidence.harness.validate` on a worker's session (with `rounds` and `requests`; without, each
+        configuration alone: `install.validate`): a configuration the model or device cannot take is refused
+        (ValueError / RuntimeError, as the worker raised it) before any cell runs."""
         self._first_worker()
-        _ray().get(self.actors[0].validate.remote(configs, rounds, requests))
+        _get(self.actors[0].validate.remote(configs, rounds, requests))
 
     def default_budget(self) -> Budget:
         """`harness.default_budget` of the workers' model (the audio limits for one that makes sound, as a worker's
@@ -311,7 +345,13 @@ class Fanout:
                 }
                 died = True
             except ray.exceptions.RayTaskError as error:  # the worker's cell guard itself failed
-                out = {"status": "failed", "error": _first_line(error), "seconds": None, "replace": True}
+                cause = _cause(error)
+                out = {
+                    "status": "failed",
+                    "error": f"{type(cause).__name__}: {cause}",
+                    "seconds": None,
+                    "replace": True,
+                }
             if not died:
                 self.workers[index].state, self.workers[index].cell = "idle", ""
                 if out.get("replace"):  # its session may be in any state: a fresh worker takes its place
@@ -378,7 +418,7 @@ class Fanout:
         ray = _ray()
         index = self._opening.pop(ref)
         try:
-            identity = ray.get(ref)
+            identity = _get(ref)
         except ray.exceptions.RayActorError as error:
             raise RuntimeError(f"worker {index} died while loading {self.model}: {_first_line(error)}") from error
         self.identities[index] = identity
@@ -412,6 +452,22 @@ def _ray() -> Any:
     except ImportError as error:
         raise RuntimeError("--ray: the ray package is not installed; pip install 'vflash-workbench[ray]'") from error
     return ray
+
+
+def _get(ref: Any) -> Any:
+    """`ray.get(ref)`; an exception the worker raised is raised as itself (`_cause`)."""
+    ray = _ray()
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as error:
+        raise _cause(error) from error
+
+
+def _cause(error: BaseException) -> BaseException:
+    """The exception a worker raised, out of the RayTaskError Ray wraps it in (whose text is the worker's whole
+    traceback, colour codes included); `error` itself when it holds none."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, BaseException) else error
 
 
 def _finished(entry: dict[str, Any] | None, store: Store) -> bool:

@@ -11,8 +11,9 @@ What one cell is, so that every speed ratio comes from one process:
   per request. (Without Ray, `calibrate.calibrate(resume=...)` resumes a search point by point.)
 - generate (`batch`): one request, generated with the run's accelerations; its MP4, JSON and HTML come back.
 
-Each function runs its cells, then raises RuntimeError naming every cell that failed (the others all ran; the
-store keeps them, so a re-run runs only the failed ones).
+Each function checks the configuration on the first worker before any cell runs (`Fanout.validate`), runs its
+cells, then raises RuntimeError naming every cell that failed (the others all ran; the store keeps them, so a re-run
+runs only the failed ones).
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def batch(
     fanout: Fanout, store: Store, requests: list[tuple[str, Request]], accelerations: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
     """Generate each (name, request) with `accelerations` installed; the outputs go to the store's
-    `outputs/<name>/` (`<name>.mp4`, `.json`, `.html`). Returns name -> store entry."""
+    `outputs/<name>/` (`<name>.mp4`, `.json`, `.html`). Returns name -> store entry. `accelerations` the model or
+    device cannot take is refused on a worker before any cell runs; a request it refuses fails its own cell only."""
     names = [name for name, _ in requests]
     if not requests or len(set(names)) != len(names):
         raise ValueError(f"requests: need at least one, each name once; got {names}")
@@ -132,6 +134,8 @@ def batch(
         Cell("generate", {"request": r, "accelerations": accelerations, "name": n}, f"{n}: {r.prompt[:40]}", n)
         for n, r in requests
     ]
+    if fanout.pending(cells, store):
+        fanout.validate([accelerations])
     entries = fanout.run(cells, store)
     _records(entries, store)
     return dict(zip(names, entries.values(), strict=True))
@@ -186,7 +190,9 @@ def read_requests(path: str | Path) -> list[tuple[str, Request]]:
 def merge(records: list[dict[str, Any]]) -> dict[str, Any]:
     """One qualification record from per-request cell records of one configuration (in request order): the cases
     in order, each with its `worker`; verdict the weakest case's; `workers` lists each worker once; `init_seconds`
-    is the longest load. The rest (configs, rounds, budget, model, environment) is the first record's."""
+    is the longest load. The rest (configs, rounds, budget, model, environment) is the first record's: records of
+    other code than the first's are refused (`check_one_code`)."""
+    check_one_code(records)
     cases = [{**case, "worker": record["worker"]} for record in records for case in record["cases"]]
     workers = []
     for record in records:
@@ -195,6 +201,21 @@ def merge(records: list[dict[str, Any]]) -> dict[str, Any]:
     merged = {key: value for key, value in records[0].items() if key != "worker"}
     merged |= {"verdict": min((c["verdict"] for c in cases), key=SUITE_ORDER.index), "cases": cases}
     return merged | {"init_seconds": max(r["init_seconds"] for r in records), "workers": workers}
+
+
+def check_one_code(records: list[dict[str, Any]]) -> None:
+    """RuntimeError naming the first of `records` whose `git` revision or package `versions` differ from the first
+    record's: their cells ran on other code (workers of one cluster on different checkouts), and one record names
+    one commit. (Cells of the store from other code are other cells: `Fanout.session_key`.)"""
+    for index, record in enumerate(records):
+        for field in ("git", "versions"):
+            if record.get(field) != records[0].get(field):
+                hosts = [(r.get("worker") or {}).get("host") for r in (records[0], record)]
+                raise RuntimeError(
+                    f"records: cell {index} (on {hosts[1]}) ran other code than cell 0 (on {hosts[0]}): {field} "
+                    f"{record.get(field)} vs {records[0].get(field)}; run every worker on one checkout and one set "
+                    "of packages, into another store (this one keeps these cells)"
+                )
 
 
 def execute(session: Any, cell: Cell) -> tuple[dict[str, Any], dict[str, bytes] | None]:
@@ -253,6 +274,7 @@ def _qualifications(fanout, store, requests, baseline, candidates, rounds, budge
     if fanout.pending(cells, store):
         fanout.validate([baseline, *candidates], rounds, requests)
     records = _records(fanout.run(cells, store), store)
+    check_one_code(records)  # across configurations too: a sweep's rows are compared with each other
     size = len(requests)
     return [merge(records[i * size : (i + 1) * size]) for i in range(len(candidates))]
 
