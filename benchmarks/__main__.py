@@ -4,15 +4,24 @@
 `run` measures each scenario in this process and writes `<out>/<scenario>.json` (benchmarks/envelope.py) as soon as
 it is done; `<out>` is `--out`, else $BENCHMARKS_OUT when set (benchmarks/device/setup.sh sets it to the device
 call's $OUT, the folder that comes back), else out/benchmarks-smoke for a `--smoke` run (git-ignored: a CPU smoke
-never replaces a committed record), else benchmarks/results. Bad options (`--rounds` < 1, a `--max-seconds` that is
-not a finite number >= 0, an `--out` that cannot be made or written) are usage errors (exit status 2, one line
-naming the flag) before anything runs. A scenario that declares `ALLOCATOR` (the capped ones:
+never replaces a committed record), else benchmarks/results. Bad options are usage errors (exit status 2, one line
+naming the flag, or BENCHMARKS_OUT when the folder came from it) before anything runs: `--rounds` < 1, a
+`--max-seconds` that is not a finite number >= 0 or that none of the scenarios reads, an empty `--out` or one that
+cannot be made or written, a full run (no `--smoke`) on a machine without CUDA. `--rounds` 1 or 2 runs (a capped
+scenario's long requests may afford no more) but gives no ratios, a CI95 needs `MIN_PAIRS` paired rounds: `run`
+says so, and so does each record. A scenario that declares `ALLOCATOR` (the capped ones:
 `expandable_segments:True`, which torch reads once, when CUDA starts) needs it in PYTORCH_CUDA_ALLOC_CONF: on a GPU
 `run` starts itself again with it added when it is missing (`allocator_env`), and refuses to mix such scenarios
 with others in one process. A scenario that fails is reported and the next one still runs (exit status 1
-if any failed). A scenario that runs in chunks (calibrate-wan) stops cleanly at `--max-seconds` with its partial
-state under `<out>`, says so, and writes no envelope: the same command continues it (exit status 0).
-`docs` regenerates docs/measurements.md and the README's generated blocks (plugin table, headline figures).
+if any failed). A scenario that declares `STOPS_AT_MAX_SECONDS` reads `--max-seconds`: those run in parts
+(calibrate-wan, request-capped, request-wan22) stop cleanly with their partial state under `<out>`, say so, and
+write no envelope: the same command continues them (exit status 0); those that repeat rounds (fanout, ring) end
+their rounds early and their envelope says how many ran. Ctrl-C ends `run` with one line saying what was written
+(and a partial state kept), exit status 130.
+`docs` regenerates docs/measurements.md and the README's generated blocks (plugin table, headline figures): both
+are rendered first, and a `--results` that is no folder, holds no records or a bad one, a `--readme` that cannot be
+read or lacks a block's markers, or an `--out` or `--readme` that cannot be written is a usage error naming the
+flag, with nothing written.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+
+from workbench.evidence.stats import MIN_PAIRS
 
 RESULTS = Path(__file__).parent / "results"
 SMOKE_OUT = Path(__file__).parent.parent / "out" / "benchmarks-smoke"  # git-ignored (out/)
@@ -58,8 +69,14 @@ def check_options(rounds: int, max_seconds: float | None) -> None:
         )
 
 
+def few_rounds(rounds: int) -> str:
+    """Why a run of `rounds` (< `MIN_PAIRS`) gives no ratios, for the command's note and the record's."""
+    return f"--rounds {rounds}: fewer than the {MIN_PAIRS} paired rounds a CI95 needs, so times but no ratios"
+
+
 def run_scenario(name: str, out: Path, smoke: bool, rounds: int, max_seconds: float | None = None) -> Path:
-    """Run scenario `name` and write its envelope into `out`; returns the file. ValueError, before the scenario
+    """Run scenario `name` and write its envelope into `out`; returns the file (with fewer than `MIN_PAIRS` rounds,
+    its notes say why it holds no ratios: `few_rounds`). ValueError, before the scenario
     starts, for an unknown name, bad `rounds` or `max_seconds` (`check_options`) or an `out` that cannot be made or
     written (`workbench.io.check_writable`, which leaves nothing behind); RuntimeError when a full run has no CUDA
     device (or fewer than the scenario's GPUs); `Unfinished` when a scenario run in chunks stopped at `max_seconds`
@@ -91,6 +108,8 @@ def run_scenario(name: str, out: Path, smoke: bool, rounds: int, max_seconds: fl
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         measurement = module.run(Context(smoke, rounds, device, out, max_seconds))
+        if rounds < MIN_PAIRS:
+            measurement.notes.append(f"Run with {few_rounds(rounds)}.")
         return write(envelope(name, measurement, device, smoke, getattr(module, "SETTINGS", ())), out)
     finally:
         if smoke:
@@ -129,7 +148,6 @@ def main(argv: list[str] | None = None) -> int:
     results, smoke_out = (os.path.relpath(path, Path(__file__).parent.parent) for path in (RESULTS, SMOKE_OUT))
     run.add_argument(
         "--out",
-        type=Path,
         help=f"results folder (default: $BENCHMARKS_OUT when set, else {results}, or {smoke_out} with --smoke: a "
         "smoke never replaces a committed record)",
     )
@@ -143,14 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--max-seconds",
         type=float,
-        help="a scenario run in chunks stops cleanly after about this long (finite, >= 0; default: no limit)",
+        help="a scenario run in parts or rounds (one whose module sets STOPS_AT_MAX_SECONDS) stops cleanly after "
+        "about this long (finite, >= 0; default: no limit; refused when no scenario given reads it)",
     )
     commands.add_parser("list", help="the scenarios")
     docs = commands.add_parser("docs", help="regenerate docs/measurements.md and the README's generated blocks")
-    docs.add_argument("--results", type=Path, default=RESULTS)
-    docs.add_argument("--out", type=Path, default=DOCS)
-    docs.add_argument("--readme", type=Path, default=README)
+    docs.add_argument("--results", default=RESULTS)
+    docs.add_argument("--out", default=DOCS)
+    docs.add_argument("--readme", default=README)
     args = parser.parse_args(argv)
+    for flag in ("out", "results", "readme"):  # as text: Path("") would be the current folder
+        if getattr(args, flag, None) == "":
+            parser.error(f"--{flag}: must name a path, got ''")
+        if isinstance(getattr(args, flag, None), str):
+            setattr(args, flag, Path(getattr(args, flag)))
     if args.command == "list":
         from benchmarks.scenarios import SCENARIOS
 
@@ -158,12 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:18s} {module.GPUS} GPU{'s' if module.GPUS > 1 else ' '}  {module.SUMMARY}")
         return 0
     if args.command == "docs":
-        from benchmarks.docs import generate
-        from benchmarks.readme import update
-
-        print(f"wrote {generate(args.results, args.out)}")
-        print(f"wrote {update(args.readme, args.results)}")
-        return 0
+        return _docs(parser, args.results, args.out, args.readme)
     from benchmarks.scenarios import SCENARIOS
 
     unknown = [name for name in args.scenarios if name not in SCENARIOS]
@@ -173,9 +192,23 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # every option refused here, before anything runs (run_scenario checks the same again)
         check_options(args.rounds, args.max_seconds)
-        args.out = check_writable(default_out(args.smoke) if args.out is None else args.out, "--out")
+        if args.out is None:
+            field = "BENCHMARKS_OUT" if os.environ.get("BENCHMARKS_OUT") else "--out"
+            args.out = check_writable(default_out(args.smoke), field)
+        else:
+            args.out = check_writable(args.out, "--out")
     except ValueError as error:
         parser.error(str(error))
+    if args.max_seconds is not None:
+        ignoring = [name for name in args.scenarios if not getattr(SCENARIOS[name], "STOPS_AT_MAX_SECONDS", False)]
+        reading = sorted(name for name, module in SCENARIOS.items() if getattr(module, "STOPS_AT_MAX_SECONDS", False))
+        if len(ignoring) == len(args.scenarios):
+            parser.error(f"--max-seconds: none of {ignoring} reads it; allowed only with one of {reading}")
+        if ignoring:
+            print(f"note: --max-seconds does not limit {ignoring}", file=sys.stderr)
+    cuda = [name for name in args.scenarios if SCENARIOS[name].GPUS >= 1]
+    if not args.smoke and cuda and not torch.cuda.is_available():
+        parser.error(f"{', '.join(cuda)}: needs a CUDA device, this machine has none; run with --smoke on a CPU")
     if not args.smoke and torch.cuda.is_available():  # is_available does not start CUDA's allocator
         try:
             environ = allocator_env(args.scenarios, dict(os.environ))
@@ -184,21 +217,58 @@ def main(argv: list[str] | None = None) -> int:
         if environ is not None:
             print(f"restarting with PYTORCH_CUDA_ALLOC_CONF={environ['PYTORCH_CUDA_ALLOC_CONF']}", flush=True)
             os.execvpe(sys.executable, [sys.executable, "-m", "benchmarks", *(argv or sys.argv[1:])], environ)
+    if args.rounds < MIN_PAIRS:
+        print(f"note: {few_rounds(args.rounds)}", file=sys.stderr)
     from benchmarks.envelope import Unfinished
+    from workbench.evidence.resume import partial_path
 
-    failed = []
+    failed, written = [], []
     for name in args.scenarios:
         print(f"== {name}", flush=True)
         try:
-            print(f"wrote {run_scenario(name, args.out, args.smoke, args.rounds, args.max_seconds)}", flush=True)
+            written.append(run_scenario(name, args.out, args.smoke, args.rounds, args.max_seconds))
+            print(f"wrote {written[-1]}", flush=True)
         except Unfinished as unfinished:
             print(f"unfinished {name}: {unfinished}", flush=True)
+        except KeyboardInterrupt:  # Ctrl-C: what was kept, not a traceback from wherever it hit
+            partial = partial_path(args.out / name)
+            kept = f"; its partial state {partial} is kept: the same command continues it" if partial.exists() else ""
+            shown = ", ".join(map(str, written)) or "nothing"
+            print(f"\npython -m benchmarks run: interrupted during {name}{kept}; wrote {shown}", file=sys.stderr)
+            return 130
         except Exception:
             traceback.print_exc()
             failed.append(name)
     if failed:
         print(f"failed: {failed}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _docs(parser: argparse.ArgumentParser, results: Path, out: Path, readme: Path) -> int:
+    """`docs`: the page and the README rendered in memory, then both written; a bad `--results` (`docs.page`),
+    `--readme` or `--out` is a usage error naming the flag, with nothing written."""
+    from benchmarks.docs import page
+    from benchmarks.readme import render
+    from workbench.io import check_targets, check_writable, write_atomic
+
+    try:
+        text = page(results)
+    except (OSError, ValueError) as error:  # an OSError names its file
+        parser.error(f"--results: {error}")
+    try:
+        rendered = render(readme.read_text(), results)
+    except (OSError, ValueError) as error:
+        parser.error(f"--readme: {readme}: {getattr(error, 'strerror', None) or error}")
+    for flag, path in (("--out", out), ("--readme", readme)):
+        try:
+            check_targets(path.parent, [path.name], flag)
+            check_writable(path.parent, flag)
+        except ValueError as error:
+            parser.error(str(error))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for path, data in ((out, text), (readme, rendered)):
+        print(f"wrote {write_atomic(path, data.encode())}")
+    return 0
 
 
 if __name__ == "__main__":

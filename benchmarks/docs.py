@@ -26,7 +26,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from benchmarks.envelope import FORMAT
+from benchmarks.envelope import FIELDS, FORMAT
 from workbench.io import write_atomic
 
 MAX_COLUMNS = 7  # arm facts shown beside the median, in first-seen order
@@ -40,8 +40,21 @@ SPEED_CONFIRMED = ("calibrated",)
 
 
 def generate(results: Path, out: Path) -> Path:
-    """Write the page for every `*.json` in `results` to `out` (atomically); returns `out`. ValueError if a file is
-    not a JSON object."""
+    """Write `page(results)` to `out` (atomically); returns `out`."""
+    text = page(results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(out, text.encode())
+    return out
+
+
+def page(results: Path) -> str:
+    """The page for every `*.json` in `results`. ValueError, naming the folder or the file, when `results` is not a
+    folder or holds no `*.json` at any depth (a typo must not wipe the generated pages), or a file is not valid JSON,
+    not a JSON object, or in the current envelope without one of its `FIELDS`."""
+    if not results.is_dir():
+        raise ValueError(f"{results}: not a folder; give the results folder (benchmarks/results)")
+    if next(results.rglob("*.json"), None) is None:
+        raise ValueError(f"{results}: holds no results records (*.json); give the results folder (benchmarks/results)")
     current, earlier = [], []
     for path, record in _records(results) + _records(results / "probes"):
         (current if record.get("format") == FORMAT else earlier).append((path, record))
@@ -68,19 +81,29 @@ def generate(results: Path, out: Path) -> Path:
                   "harness. Their arms are nested; only their scalar ratios are shown.", ""]  # fmt: skip
         for path, record in sorted(earlier, key=lambda item: str(item[1].get("date", "")), reverse=True):
             lines += _earlier(results, path, record)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, ("\n".join(lines).rstrip() + "\n").encode())
-    return out
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def read_json(path: Path) -> Any:
+    """The JSON document in `path`; ValueError naming the file when it is not valid JSON (a truncated record)."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
 
 
 def _records(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """(path, record) of every `*.json` in `folder` (none when it is missing), by name; ValueError if one is not a
-    JSON object."""
+    """(path, record) of every `*.json` in `folder` (none when it is missing), by name; ValueError naming the file if
+    one is not a JSON object, or is in the current envelope without one of its `FIELDS` (`envelope.envelope` writes
+    them all)."""
     records = []
     for path in sorted(folder.glob("*.json")):
-        record = json.loads(path.read_text())
+        record = read_json(path)
         if not isinstance(record, dict):
             raise ValueError(f"{path}: a results file must hold a JSON object, got {type(record).__name__}")
+        missing = [name for name in FIELDS if name not in record]
+        if record.get("format") == FORMAT and missing:
+            raise ValueError(f"{path}: a {FORMAT} record must hold every field of the envelope; missing {missing}")
         records.append((path, record))
     return records
 
@@ -202,7 +225,7 @@ def _subfolders(results: Path) -> list[str]:
              "and when it ran and its outcome; the figures behind it are in the file.", ""]  # fmt: skip
     for folder in folders:
         files = sorted(p for p in folder.rglob("*") if p.is_file())
-        records = [(path, json.loads(path.read_text())) for path in files if path.suffix == ".json"]
+        records = [(path, read_json(path)) for path in files if path.suffix == ".json"]
         records = [(path, record) for path, record in records if isinstance(record, dict)]
         others = [path for path in files if path not in dict(records)]
         lines += [f"### `{_shown(results, folder)}/`", ""]

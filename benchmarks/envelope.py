@@ -2,12 +2,13 @@
 
 Every scenario's result is one JSON object with these keys (`FIELDS`), written atomically as
 `<out>/<scenario>.json` (the latest result per scenario; git keeps the history):
-- `format`: `FORMAT`; `what`: one line; `scenario`: its name; `command`: the command line that made it, after those
-  of the scenario's `SETTINGS` (environment variables) that were set;
+- `format`: `FORMAT`; `what`: one line (a smoke run's says so: `SMOKE_WHAT`); `scenario`: its name; `command`: the
+  command line that made it, after those of the scenario's `SETTINGS` (environment variables) that were set;
 - `commit`, `dirty`: the git revision (`workbench.environment.git_revision`: WORKBENCH_COMMIT when set, `dirty`
   then None); `date`: UTC ISO time;
 - `device`: the device's description (GPU name, capability, CUDA); `versions`: torch, triton, diffusers, cuda, ...;
-- `smoke`: True for a `--smoke` run (tiny shapes on the CPU: its numbers say nothing about speed);
+- `smoke`: True for a `--smoke` run (tiny shapes on the CPU: its numbers say nothing about speed; its notes say so,
+  `SMOKE_NOTE` where the scenario's own do not);
 - `shape`, `arms` ({arm: {median_s, seconds, ...}}), `ratios` ({"A/B": RatioCI dict (median, low, high, ...)}),
   `notes` (list of sentences: what was skipped and why, what a number means).
 The JSON is strict (`workbench.io.json_bytes`): a non-finite number is written as null, numpy and torch scalars
@@ -37,6 +38,8 @@ FIELDS = (
     "format", "what", "scenario", "command", "commit", "dirty", "date", "device", "versions", "smoke",
     "shape", "arms", "ratios", "notes",
 )  # fmt: skip
+SMOKE_WHAT = "Smoke run at tiny shapes on the CPU of the scenario that measures: {what}"
+SMOKE_NOTE = "Smoke: tiny shapes on the CPU (Triton kernels interpreted); the numbers say nothing about speed."
 
 
 @dataclass(frozen=True)
@@ -88,13 +91,18 @@ def envelope(
     scenario: str, measurement: Measurement, device: torch.device, smoke: bool, settings: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """The full record of `measurement` made by this process on `device`; `settings`: the environment variables the
-    scenario reads (its `SETTINGS`), those set prefixing the record's command."""
+    scenario reads (its `SETTINGS`), those set prefixing the record's command. A `smoke` record's `what` is
+    `SMOKE_WHAT` of the measurement's (which names the production shapes), and its notes end with `SMOKE_NOTE` unless
+    one already says that the numbers say nothing about speed."""
     described = environment.describe(device)
     versions = {name: described["versions"].get(name) for name in ("python", "torch", "triton", "diffusers")}
     versions["cuda"] = torch.version.cuda
+    notes = list(measurement.notes)
+    if smoke and not any("say nothing about speed" in note for note in notes):
+        notes.append(SMOKE_NOTE)
     return {
         "format": FORMAT,
-        "what": measurement.what,
+        "what": SMOKE_WHAT.format(what=measurement.what) if smoke else measurement.what,
         "scenario": scenario,
         "command": command_line(settings),
         "commit": described["git"]["commit"],
@@ -106,7 +114,7 @@ def envelope(
         "shape": measurement.shape,
         "arms": measurement.arms,
         "ratios": measurement.ratios,
-        "notes": list(measurement.notes),
+        "notes": notes,
     }
 
 

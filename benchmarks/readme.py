@@ -18,13 +18,12 @@ A block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->`:
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
-from benchmarks.docs import candidate_arm, unconfirmed
+from benchmarks.docs import candidate_arm, read_json, unconfirmed
 from benchmarks.envelope import FORMAT
 
 # (results file stem, ratio key, what it is): the figures a reader of the README looks for first.
@@ -182,7 +181,7 @@ def _measured_under_cap(results: Path) -> list[str]:
     from workbench.model_sizes import RELEASED, plan
 
     path = results / "ring.json"
-    record = json.loads(path.read_text()) if path.exists() else {}
+    record = read_json(path) if path.exists() else {}
     arms = [
         arm
         for arm in (record.get("arms") or {}).values()
@@ -209,7 +208,7 @@ def _beside_group_offload(results: Path) -> list[str]:
     resident's, from the same process; or nothing."""
     lines = []
     for path in sorted(results.glob("ring-group-offload-*.json")):
-        record = json.loads(path.read_text())
+        record = read_json(path)
         arms = record.get("arms") or {}
         ring = [a for a in arms.values() if "block_ring" in (a.get("config") or {})]
         offload = [a for a in arms.values() if "group_offload" in (a.get("config") or {})]
@@ -234,7 +233,7 @@ def _measured_h3_request(results: Path) -> list[str]:
     """A line on `results/request-h3-capped.json` (current envelope, not a smoke run) when its request completed:
     the cap, the time, the allocated peak per stage against the plan's, and the NVML device peak; or nothing."""
     path = results / "request-h3-capped.json"
-    record = json.loads(path.read_text()) if path.exists() else {}
+    record = read_json(path) if path.exists() else {}
     row = (record.get("arms") or {}).get("plan") or {}
     if record.get("format") != FORMAT or record.get("smoke") or not row.get("completed"):
         return []
@@ -273,7 +272,7 @@ def headline_table(results: Path) -> list[str]:
         path = results / f"{stem}.json"
         if not path.exists():
             continue
-        record = json.loads(path.read_text())
+        record = read_json(path)
         ratio = (record.get("ratios") or {}).get(key)
         if record.get("format") != FORMAT or record.get("smoke") or not isinstance(ratio, dict):
             continue
@@ -313,13 +312,6 @@ def render(text: str, results: Path) -> str:
         body = "\n".join(lines)
         text = pattern.sub(lambda m, body=body: f"{m.group(1)}{body}\n{m.group(2)}", text)
     return text
-
-
-def update(readme: Path, results: Path) -> Path:
-    """Rewrite `readme`'s generated blocks in place (atomically); returns `readme`."""
-    from workbench.io import write_atomic
-
-    return write_atomic(readme, render(readme.read_text(), results).encode())
 
 
 def blocks(text: str) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""Named benchmark scenarios, one small module each: `NAME`, `SUMMARY`, `GPUS` and `run(context) -> Measurement`.
+"""Named benchmark scenarios, one small module each: `NAME`, `SUMMARY`, `GPUS` and `run(context) -> Measurement`;
+optionally `SETTINGS` (the environment variables it reads), `ALLOCATOR` (the PYTORCH_CUDA_ALLOC_CONF setting it needs)
+and `STOPS_AT_MAX_SECONDS = True` (it reads `context.max_seconds`; the harness refuses `--max-seconds` otherwise).
 
 A scenario measures at its production shape on CUDA; with `context.smoke` it runs the same code path at a tiny
 shape on the CPU (Triton kernels under TRITON_INTERPRET=1) in seconds, or states in its notes what it skips there.

@@ -40,6 +40,7 @@ PLUGINS = ["block_sparse", "easycache"]  # CALIBRATE_WAN_PLUGINS overrides
 WHAT = "issue 22: calibrate + stack {plugins} to the default budget, Wan2.1-1.3B 16 steps"  # a run's: its plugins
 SUMMARY = WHAT.format(plugins=f"CALIBRATE_WAN_PLUGINS (default {','.join(PLUGINS)})")
 GPUS = 1
+STOPS_AT_MAX_SECONDS = True  # reads --max-seconds (benchmarks/__main__.py)
 SETTINGS = ("CALIBRATE_WAN_PLUGINS",)  # environment it reads (the record names those set)
 # each stacked plugin's fixed options: selective_fp8 through the fused row-wise path (torchao's eager quantization
 # costs about six torch passes per activation, as much as its FP8 GEMMs save on the H3 forward), its groups=N knob

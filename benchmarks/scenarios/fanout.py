@@ -36,6 +36,7 @@ from workbench.evidence.timing import Rounds, aba_rounds
 NAME = "fanout"
 SUMMARY = "Ray fan-out overhead per cell: a sweep's qualification cells on one Ray GPU worker vs in this process"
 GPUS = 1
+STOPS_AT_MAX_SECONDS = True  # reads --max-seconds (benchmarks/__main__.py)
 STEPS = 2
 VALUES = [0.1]  # one cell per sweep: a visit is already ~40 s of whole requests at the full shape
 PILOT_VALUE = 0.2

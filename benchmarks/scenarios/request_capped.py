@@ -68,6 +68,7 @@ SUMMARY = (
     "session's memory plan vs diffusers' group / model / sequential offloading vs resident (uncapped)"
 )
 GPUS = 1
+STOPS_AT_MAX_SECONDS = True  # reads --max-seconds (benchmarks/__main__.py)
 SETTINGS = (
     "REQUEST_CAPPED_MODEL",
     "REQUEST_CAPPED_CAP",

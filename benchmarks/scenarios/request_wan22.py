@@ -59,6 +59,7 @@ SUMMARY = (
     "easycache per expert vs boundary-unaware against dense"
 )
 GPUS = 1
+STOPS_AT_MAX_SECONDS = True  # reads --max-seconds (benchmarks/__main__.py)
 # the environment it reads (the record names those set)
 SETTINGS = ("WAN22_STEPS", "WAN22_CACHE_STEPS", "WAN22_THRESHOLDS", "WAN22_PARTS")
 STEPS, CACHE_STEPS, THRESHOLDS = 4, 12, (0.3,)  # WAN22_STEPS, WAN22_CACHE_STEPS, WAN22_THRESHOLDS

@@ -55,6 +55,7 @@ SUMMARY = (
     "group_offload vs resident (uncapped)"
 )
 GPUS = 1
+STOPS_AT_MAX_SECONDS = True  # reads --max-seconds (benchmarks/__main__.py)
 SETTINGS = ("RING_CAPS", "RING_ARMS")  # environment it reads (the record names those set)
 ALLOCATOR = "expandable_segments:True"  # the harness sets it; see benchmarks/__main__.py
 GIB = 2**30

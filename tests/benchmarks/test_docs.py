@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks.__main__ import main, run_scenario
 from benchmarks.docs import generate
+from benchmarks.envelope import FORMAT
 from benchmarks.readme import blocks, render
 
 EARLIER = {
@@ -20,6 +21,10 @@ EARLIER = {
     "ratios": {"structured": {"block_sparse@0.20": 2.5}, "forward": {"median": 1.2, "low": 1.1, "high": 1.3}},
     "notes": "",
 }
+MARKED = "".join(
+    f"<!-- generated:{name} -->\nSTALE\n<!-- /generated:{name} -->\n"
+    for name in ("plugins", "cards", "fits", "headline")
+)
 
 
 def test_docs_table_every_scenario_and_mark_the_earlier_format(tmp_path):
@@ -64,10 +69,7 @@ def test_docs_command_writes_the_page_and_refuses_a_non_object(tmp_path, capsys)
     results.mkdir()
     (results / "x.json").write_text(json.dumps(EARLIER))
     readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- generated:plugins -->\nSTALE\n<!-- /generated:plugins -->\n"
-                      "<!-- generated:cards -->\nSTALE\n<!-- /generated:cards -->\n"
-                      "<!-- generated:fits -->\nSTALE\n<!-- /generated:fits -->\n"
-                      "<!-- generated:headline -->\nSTALE\n<!-- /generated:headline -->\nend\n")  # fmt: skip
+    readme.write_text(f"intro\n{MARKED}end\n")
     assert main(["docs", "--results", str(results), "--out", str(tmp_path / "m.md"), "--readme", str(readme)]) == 0
     assert "(earlier format)" in (tmp_path / "m.md").read_text()
     written = readme.read_text()
@@ -77,6 +79,59 @@ def test_docs_command_writes_the_page_and_refuses_a_non_object(tmp_path, capsys)
     (results / "y.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="must hold a JSON object"):
         generate(results, tmp_path / "m.md")
+
+
+@pytest.mark.parametrize(
+    ("case", "flag", "said"),
+    [
+        ("results missing", "--results", "missing: not a folder"),
+        ("results a file", "--results", "x.json: not a folder"),
+        ("results empty", "--results", "empty: holds no results records"),
+        ("results empty name", "--results", "must name a path, got ''"),
+        ("truncated record", "--results", "cut.json: not valid JSON"),
+        ("record without its fields", "--results", "zz.json: a workbench-benchmark/1 record must hold every field"),
+        ("readme without markers", "--readme", "the markers of the generated block 'plugins' are missing"),
+        ("readme missing", "--readme", "gone.md: No such file or directory"),
+        ("out a folder", "--out", "exists and is not a regular file"),
+    ],
+)
+def test_docs_command_refuses_a_bad_input_with_one_line_and_writes_nothing(tmp_path, capsys, case, flag, said):
+    """A `--results` that is missing, not a folder, empty or holds a bad record, a `--readme` that is missing or has
+    no markers, an `--out` that is a folder: exit 2, one line naming the flag and the file, and neither the page nor
+    the README is touched (both are rendered before either is written)."""
+    results, readme, out = tmp_path / "results", tmp_path / "README.md", tmp_path / "m.md"
+    (results / "empty").mkdir(parents=True)
+    (results / "x.json").write_text(json.dumps(EARLIER))
+    readme.write_text(f"intro\n{MARKED}end\n")
+    out.write_text("old page\n")
+    args = {"--results": str(results), "--readme": str(readme), "--out": str(out)}
+    if case == "results missing":
+        args["--results"] = str(results / "missing")
+    elif case == "results a file":
+        args["--results"] = str(results / "x.json")
+    elif case == "results empty":
+        args["--results"] = str(results / "empty")
+    elif case == "results empty name":
+        args["--results"] = ""
+    elif case == "truncated record":
+        (results / "cut.json").write_text('{"format": ')
+    elif case == "record without its fields":
+        (results / "zz.json").write_text(json.dumps({"format": FORMAT, "scenario": "zz"}))
+    elif case == "readme without markers":
+        args["--readme"] = str(tmp_path / "plain.md")
+        (tmp_path / "plain.md").write_text("no markers here\n")
+    elif case == "readme missing":
+        args["--readme"] = str(tmp_path / "gone.md")
+    elif case == "out a folder":
+        args["--out"] = str(tmp_path / "folder")
+        (tmp_path / "folder").mkdir()
+    with pytest.raises(SystemExit) as usage:
+        main(["docs", *(part for pair in args.items() for part in pair)])
+    error = capsys.readouterr().err
+    assert usage.value.code == 2 and "Traceback" not in error
+    line = error.strip().splitlines()[-1]
+    assert line.startswith(f"python -m benchmarks: error: {flag}: ") and said in line, error
+    assert out.read_text() == "old page\n" and readme.read_text() == f"intro\n{MARKED}end\n"
 
 
 def test_readme_generated_blocks_are_current():
@@ -91,7 +146,6 @@ def test_readme_generated_blocks_are_current():
 
 
 def test_readme_sets_the_ring_beside_group_offloading_only_when_both_ran(tmp_path):
-    from benchmarks.envelope import FORMAT
     from benchmarks.readme import _beside_group_offload
 
     def record(offload_equal: bool) -> dict:
@@ -117,7 +171,6 @@ def test_readme_sets_the_ring_beside_group_offloading_only_when_both_ran(tmp_pat
     "nvml_gib, said", [(48.9, "0.9 GiB over the cap, which bounds the allocator"), (46.0, "under the cap")]
 )
 def test_readme_h3_request_line_says_whether_the_device_peak_passed_the_cap(tmp_path, nvml_gib, said):
-    from benchmarks.envelope import FORMAT
     from benchmarks.readme import _measured_h3_request
 
     row = {"completed": True, "seconds": 194.2, "peak_bytes": {"denoise": 43 * 2**30},
@@ -131,10 +184,10 @@ def test_readme_h3_request_line_says_whether_the_device_peak_passed_the_cap(tmp_
 
 
 def _envelope(scenario: str, arms: dict, ratios: dict, shape: dict | None = None) -> dict:
-    from benchmarks.envelope import FORMAT
-
-    return {"format": FORMAT, "scenario": scenario, "what": f"{scenario} run", "smoke": False, "date": "2026-12-03",
-            "device": {"name": "NVIDIA H200", "type": "cuda"}, "shape": shape or {}, "arms": arms, "ratios": ratios}  # fmt: skip
+    return {"format": FORMAT, "scenario": scenario, "what": f"{scenario} run", "command": f"run {scenario}",
+            "commit": "0123456789", "dirty": False, "date": "2026-12-03", "versions": {}, "smoke": False,
+            "device": {"name": "NVIDIA H200", "type": "cuda"}, "shape": shape or {}, "arms": arms, "ratios": ratios,
+            "notes": []}  # fmt: skip
 
 
 RATIO = {"median": 2.375, "low": 2.370, "high": 2.382, "n_pairs": 3}

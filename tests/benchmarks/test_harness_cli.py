@@ -81,6 +81,9 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
     assert tuple(record) == FIELDS
     assert record["format"] == FORMAT and record["scenario"] == name and record["smoke"] is True
     assert record["what"] and record["date"] and record["device"]["type"] == "cpu"
+    # a smoke record says what it is: not the production shapes its scenario names, no speed claim
+    assert record["what"].startswith("Smoke run at tiny shapes on the CPU of the scenario that measures: ")
+    assert any("say nothing about speed" in note for note in record["notes"]), record["notes"]
     assert {"torch", "triton", "diffusers", "cuda"} <= set(record["versions"])
     assert isinstance(record["notes"], list)
     for ratio in record["ratios"].values():
@@ -130,7 +133,7 @@ def test_run_writes_into_benchmarks_out_when_set_and_no_out_is_given(tmp_path, m
     monkeypatch.setattr(harness, "SMOKE_OUT", tmp_path / "smoke")
     written = []
     monkeypatch.setattr(harness, "run_scenario", lambda name, out, *rest: written.append(out) or out / f"{name}.json")
-    monkeypatch.setattr(harness.torch.cuda, "is_available", lambda: False)  # a full run here: no allocator restart
+    monkeypatch.setattr(harness.torch.cuda, "is_available", lambda: True)  # kernels sets no allocator: no restart
     monkeypatch.setenv("BENCHMARKS_OUT", str(tmp_path / "device-out"))
     assert main(["run", "kernels", "--smoke"]) == 0
     assert main(["run", "kernels", "--smoke", "--out", str(tmp_path / "mine")]) == 0
@@ -149,21 +152,26 @@ def test_run_writes_into_benchmarks_out_when_set_and_no_out_is_given(tmp_path, m
         (["--max-seconds", "nan"], "--max-seconds"),
         (["--max-seconds", "inf"], "--max-seconds"),
         (["--max-seconds", "-1"], "--max-seconds"),
+        (["--max-seconds", "5"], "--max-seconds"),  # kernels does not read it
         (["--out", "{file}/results"], "--out"),
+        (["--out", ""], "--out"),  # not the current folder
+        ([], "BENCHMARKS_OUT"),  # the folder came from the environment: named as such
     ],
 )
 def test_run_refuses_a_bad_option_with_one_usage_line_before_anything_runs(
     options, flag, tmp_path, monkeypatch, capsys
 ):
-    """`--rounds 0`, a NaN/inf/negative `--max-seconds` and an `--out` under a regular file exit 2 with one line
-    naming the flag, before any scenario starts (no traceback, nothing created)."""
+    """`--rounds 0`, a NaN/inf/negative `--max-seconds` or one the scenario does not read, an empty `--out` and an
+    `--out` (or BENCHMARKS_OUT) under a regular file exit 2 with one line naming the flag, before any scenario starts
+    (no traceback, nothing created)."""
     import benchmarks.__main__ as harness
 
     (tmp_path / "file").write_text("in the way")
     started = []
     monkeypatch.setattr(SCENARIOS["kernels"], "run", lambda context: started.append(context))
+    monkeypatch.setenv("BENCHMARKS_OUT", str(tmp_path / "file" / "results"))
     options = [option.format(file=tmp_path / "file") for option in options]
-    out = [] if flag == "--out" else ["--out", str(tmp_path / "out")]
+    out = [] if flag in ("--out", "BENCHMARKS_OUT") else ["--out", str(tmp_path / "out")]
     with pytest.raises(SystemExit) as usage:
         harness.main(["run", "kernels", "--smoke", *out, *options])
     error = capsys.readouterr().err
@@ -204,9 +212,12 @@ def test_unknown_scenario_and_bad_rounds_raise(tmp_path, monkeypatch):
         run_scenario("kernels", tmp_path / "file" / "results", smoke=True, rounds=3)
 
 
-def test_full_run_without_cuda_refuses_and_parallel_needs_two_gpus(tmp_path):
+def test_full_run_without_cuda_refuses_and_parallel_needs_two_gpus(tmp_path, monkeypatch, capsys):
+    """Without CUDA a full run is one usage line before any scenario starts; parallel's own refusal of one GPU is
+    reported and the run goes on."""
     import torch
 
+    import benchmarks.__main__ as harness
     from benchmarks.envelope import Context
     from benchmarks.scenarios import parallel
 
@@ -215,10 +226,65 @@ def test_full_run_without_cuda_refuses_and_parallel_needs_two_gpus(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="kernels: needs a CUDA device"):
             run_scenario("kernels", tmp_path, smoke=False, rounds=3)
+    monkeypatch.setattr(harness.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(SCENARIOS["kernels"], "run", lambda context: pytest.fail("ran without CUDA"))
+    with pytest.raises(SystemExit) as usage:
+        main(["run", "kernels", "forward-wan", "--out", str(tmp_path)])
+    error = capsys.readouterr().err
+    assert usage.value.code == 2 and "Traceback" not in error
+    assert (
+        error.strip()
+        .splitlines()[-1]
+        .endswith("error: kernels, forward-wan: needs a CUDA device, this machine has none; run with --smoke on a CPU")
+    )
     with pytest.raises(RuntimeError, match="parallel: needs at least 2 CUDA devices"):
         parallel.run(Context(smoke=False, rounds=3, device=torch.device("cuda")))
+    monkeypatch.setattr(harness.torch.cuda, "is_available", lambda: True)  # past the harness's check
+    monkeypatch.setattr(harness.torch.cuda, "device_count", lambda: 1)
     assert main(["run", "parallel", "--out", str(tmp_path)]) == 1  # reported, not raised; nothing written
     assert not (tmp_path / "parallel.json").exists()
+
+
+def test_run_says_what_few_rounds_give_and_which_scenarios_ignore_max_seconds(tmp_path, monkeypatch, capsys):
+    """`--rounds 2` runs (a capped scenario's long requests may afford no more) but says, on stderr and in the
+    record's notes, that it gives no ratios; `--max-seconds` with a scenario that reads it and one that does not
+    names the one it does not limit."""
+    from benchmarks.envelope import Measurement
+
+    for name in ("kernels", "fanout"):
+        monkeypatch.setattr(SCENARIOS[name], "run", lambda context: Measurement("w", {"n": 1}))
+    assert (
+        main(["run", "fanout", "kernels", "--smoke", "--rounds", "2", "--max-seconds", "9", "--out", str(tmp_path)])
+        == 0
+    )
+    error = capsys.readouterr().err
+    assert "note: --max-seconds does not limit ['kernels']" in error
+    said = "--rounds 2: fewer than the 3 paired rounds a CI95 needs, so times but no ratios"
+    assert f"note: {said}" in error
+    for name in ("kernels", "fanout"):
+        assert f"Run with {said}." in json.loads((tmp_path / f"{name}.json").read_text())["notes"]
+
+
+def test_ctrl_c_during_run_ends_with_one_line_saying_what_was_written(tmp_path, monkeypatch, capsys):
+    """Ctrl-C inside a scenario: exit 130, no traceback, one line naming the scenario interrupted, the records
+    written before it and its partial state when it keeps one."""
+    from benchmarks.envelope import Measurement
+    from workbench.evidence.resume import partial_path
+
+    def interrupted(context):
+        partial_path(context.out / "kernels").parent.mkdir()
+        partial_path(context.out / "kernels").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SCENARIOS["relayout"], "run", lambda context: Measurement("w", {"n": 1}))
+    monkeypatch.setattr(SCENARIOS["kernels"], "run", interrupted)
+    assert main(["run", "relayout", "kernels", "memory", "--smoke", "--out", str(tmp_path)]) == 130
+    error = capsys.readouterr().err
+    assert "Traceback" not in error and not (tmp_path / "memory.json").exists()
+    assert error.strip().splitlines() == [
+        f"python -m benchmarks run: interrupted during kernels; its partial state {partial_path(tmp_path / 'kernels')} "
+        f"is kept: the same command continues it; wrote {tmp_path / 'relayout.json'}"
+    ]
 
 
 def test_envelope_names_the_commit_the_sender_gives(monkeypatch):
@@ -237,6 +303,27 @@ def test_envelope_names_the_commit_the_sender_gives(monkeypatch):
     monkeypatch.delenv("RING_ARMS", raising=False)
     command = envelope("ring", measurement, torch.device("cpu"), True, ("RING_CAPS", "RING_ARMS"))["command"]
     assert command.startswith("RING_CAPS=48GiB ") and "RING_ARMS" not in command
+
+
+def test_a_smoke_envelope_says_it_is_one_and_that_its_numbers_say_nothing_about_speed():
+    """A smoke record's `what` does not claim the production shapes, and its notes carry the smoke note once (the
+    scenario's own when it has one); a full run's record keeps the scenario's words."""
+    import torch
+
+    from benchmarks.envelope import SMOKE_NOTE, Measurement, envelope
+
+    cpu = torch.device("cpu")
+    measurement = Measurement("Wan2.1-1.3B transformer forward, 32,760 tokens bf16", {}, notes=["Ratios are A/B."])
+    smoke = envelope("forward-wan", measurement, cpu, smoke=True)
+    assert smoke["what"] == (
+        "Smoke run at tiny shapes on the CPU of the scenario that measures: Wan2.1-1.3B transformer forward, "
+        "32,760 tokens bf16"
+    )
+    assert smoke["notes"] == ["Ratios are A/B.", SMOKE_NOTE] and measurement.notes == ["Ratios are A/B."]
+    own = Measurement("w", {}, notes=["Smoke: tiny-wan; the numbers say nothing about speed."])
+    assert envelope("forward-wan", own, cpu, smoke=True)["notes"] == own.notes
+    full = envelope("forward-wan", measurement, cpu, smoke=False)
+    assert full["what"] == measurement.what and full["notes"] == measurement.notes
 
 
 def test_calibrate_wan_stops_unfinished_at_max_seconds_and_the_same_command_finishes_it(tmp_path, capsys):
@@ -263,8 +350,11 @@ def test_scenarios_declare_the_environment_they_read():
 
     harness = {"PYTORCH_CUDA_ALLOC_CONF", "TRITON_INTERPRET", "WORKBENCH_COMMIT", "TQDM_DISABLE"}
     for name, module in SCENARIOS.items():
-        read = set(re.findall(r'environ(?:\.get)?[\(\[]\s*"([A-Z0-9_]+)"', inspect.getsource(module))) - harness
+        source = inspect.getsource(module)
+        read = set(re.findall(r'environ(?:\.get)?[\(\[]\s*"([A-Z0-9_]+)"', source)) - harness
         assert read <= set(getattr(module, "SETTINGS", ())), (name, read)
+        # --max-seconds is refused unless a scenario given reads it: the flag says which do
+        assert ("context.max_seconds" in source) == getattr(module, "STOPS_AT_MAX_SECONDS", False), name
 
 
 def test_calibrate_wan_takes_its_plugins_from_the_environment_and_refuses_a_partial_of_others(
