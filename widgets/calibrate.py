@@ -10,6 +10,7 @@ from IPython.display import HTML
 
 from workbench import Session
 from workbench.evidence import calibrate as cal
+from workbench.evidence.harness import default_budget
 from workbench.plots import figure_png, png_figure_html
 from workbench.profiles import profile
 from workbench.quality import Budget
@@ -66,7 +67,7 @@ class CalibrationPanel(StaticCopy, ipywidgets.VBox):
             raise ValueError(f"base: {base!r}; allowed: {', '.join(map(repr, BASES))}")
         self.session, self.calibration, self.test = session, calibration, test
         self.result: cal.Calibration | cal.Stack | None = None
-        budget = budget or cal.default_budget(session)
+        budget = budget or default_budget(session)
         style = {"description_width": "170px"}
         self.limits: dict[str, tuple[ipywidgets.Checkbox, ipywidgets.FloatText]] = {}
         rows = []

@@ -22,6 +22,7 @@ from workbench import Session
 from workbench.accelerations.base import Knob
 from workbench.evidence import calibrate as cal
 from workbench.evidence.fanout_progress import Event, Progress, WorkerState
+from workbench.evidence.harness import default_budget
 from workbench.widgets import CalibrationPanel, FanoutProgress
 
 session = Session.open("demo-av-mini", device="cpu")
@@ -34,7 +35,7 @@ def panel(status, reason, steps=()):
     for n, text in enumerate(steps, 1):
         shown._step(f"step {n}: {text}")
     shown.steps.layout.display = None if steps else "none"
-    budget = cal.default_budget(session)
+    budget = default_budget(session)
     knob = Knob("threshold", 0.0, 0.2)
     result = cal.Calibration(
         "easycache", knob, {"cross_kv_cache": {}}, {}, budget, 0.8, points, 0.1, 0.2, setting, status, reason

@@ -101,8 +101,9 @@ def test_compare_is_all_or_nothing_and_a_shown_pair_clears_the_error_box(make_re
     shown = on_screen()
     assert "showing frame 42 failed" in shown[0]
     c = make_result(frames=(5, 16, 16))
-    three_channels = dataclasses.replace(make_result(like=c, noise=20), audio=np.zeros((3, 4000), np.float32))
-    with pytest.raises(ValueError, match=r"audio: expected \(C, N\) with C in 1..2"):
+    three_channels = make_result(like=c, noise=20)
+    three_channels.audio = np.zeros((3, 4000), np.float32)  # set after it was made: a Result refuses it when made
+    with pytest.raises(ValueError, match=r"audio: expected a float numpy array \(C, N\) with C = 1 \(mono\) or 2"):
         player.compare(c, three_channels, labels=("#3 stock", "#4 y"))
     assert on_screen() == shown  # nothing of the refused pair got in
     player.compare(c, make_result(like=c, noise=20), labels=("#3 stock", "#4 y"))
