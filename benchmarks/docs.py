@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.envelope import FIELDS, FORMAT
-from workbench.io import write_atomic
 
 MAX_COLUMNS = 7  # arm facts shown beside the median, in first-seen order
 MAX_EARLIER_ROWS = 24  # flattened ratios shown per earlier-format file
@@ -37,14 +36,6 @@ TABLED = ("probes", "gpu-tests")  # subfolders with sections of their own; every
 # only after a `qualified` confirmation; "quality_confirmed" made no speed claim and "not_confirmed" failed or did not
 # execute, so their ratios show no speed-up.
 SPEED_CONFIRMED = ("calibrated",)
-
-
-def generate(results: Path, out: Path) -> Path:
-    """Write `page(results)` to `out` (atomically); returns `out`."""
-    text = page(results)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, text.encode())
-    return out
 
 
 def page(results: Path) -> str:

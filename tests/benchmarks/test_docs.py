@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import docs
 from benchmarks.__main__ import main, run_scenario
-from benchmarks.docs import generate
 from benchmarks.envelope import FORMAT
 from benchmarks.readme import blocks, render
 
@@ -37,7 +37,7 @@ def test_docs_table_every_scenario_and_mark_the_earlier_format(tmp_path):
     for name, run in runs.items():
         record = {"device": {"name": "NVIDIA H100"}, "commit": "0123456789abc", "date": "2026-12-01", **run}
         (results / "gpu-tests" / f"{name}.json").write_text(json.dumps(record))
-    page = generate(results, tmp_path / "docs" / "measurements.md").read_text()
+    page = docs.page(results)
     shown = f"{tmp_path.name}/results"  # records are named from the results folder's parent, as in the repository
     folder = "gpu-tests"
     assert (
@@ -56,11 +56,11 @@ def test_docs_table_every_scenario_and_mark_the_earlier_format(tmp_path):
     assert "do not edit by hand" in page
     older = current | {"date": "2026-01-01T00:00:00+00:00", "what": "the older relayout run"}
     (results / "a-relayout-older.json").write_text(json.dumps(older))  # sorts first by name
-    page = generate(results, tmp_path / "docs" / "measurements.md").read_text()
+    page = docs.page(results)
     assert page.index(current["what"]) < page.index("the older relayout run")  # newest first within a scenario
     facts = {**{f"fact_{i}": i for i in range(8)}, "fraction_of_roofline": 0.9}  # more facts than the table shows
     (results / "crowded.json").write_text(json.dumps(current | {"scenario": "crowded", "arms": {"k": facts}}))
-    page = generate(results, tmp_path / "docs" / "measurements.md").read_text()
+    page = docs.page(results)
     assert "| arm | median | fraction_of_roofline | fact_0 |" in page and "| k |  | 0.9 | 0 |" in page
 
 
@@ -78,7 +78,7 @@ def test_docs_command_writes_the_page_and_refuses_a_non_object(tmp_path, capsys)
     assert "STALE" not in written and written.startswith("intro\n") and written.endswith("end\n")
     (results / "y.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="must hold a JSON object"):
-        generate(results, tmp_path / "m.md")
+        docs.page(results)
 
 
 @pytest.mark.parametrize(
@@ -205,7 +205,7 @@ def test_a_candidate_its_record_does_not_confirm_shows_no_speed_up_in_any_table(
             "within-budget": {"median_s": 9.48, "config": {**BASE, "block_sparse": {"tau": 3.0}}, "status": status}}  # fmt: skip
     shape = {"plugins": ["block_sparse"], "base": BASE}
     (tmp_path / f"{stem}.json").write_text(json.dumps(_envelope(stem, arms, {key: RATIO}, shape)))
-    page = generate(tmp_path, tmp_path / "m.md").read_text()
+    page = docs.page(tmp_path)
     headline = "\n".join(headline_table(tmp_path))
     assert "| within-budget | 9.480 s |" in page
     if status == "calibrated":
@@ -245,7 +245,7 @@ def test_docs_list_the_records_of_every_other_subfolder(tmp_path):
     (folder / "calibration.json").write_text(json.dumps(calibration))
     (results / "calibrate-x" / "qualification.json").write_text(json.dumps(qualification))
     (folder / "call-1.log").write_text("log")
-    page = generate(results, tmp_path / "m.md").read_text()
+    page = docs.page(results)
     shown = f"{tmp_path.name}/results"
     assert "### `" + shown + "/calibrate-x/`" in page
     assert (f"| `{shown}/calibrate-x/run-1/calibration.json` | calibration of easycache's threshold on demo-av | "

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import docs
 from benchmarks.__main__ import run_scenario
-from benchmarks.docs import generate
 from benchmarks.scenarios import portability
 from workbench.kernels.targets import kernel_modules
 
@@ -35,7 +35,7 @@ def test_portability_runs_every_launch_table_and_lists_every_other_kernel(tmp_pa
     shutil.copy(RESULTS / "portability.json", tmp_path / "portability.json")  # the H200's committed record
     committed = json.loads((tmp_path / "portability.json").read_text())
     for folder, current in ((tmp_path, committed), (tmp_path / "new", record)):
-        page = generate(folder, tmp_path / "measurements.md").read_text()
+        page = docs.page(folder)
         for ratio, value in current["ratios"].items():
             assert f"| {ratio} | {value['median']:.3f}x |" in page
         row = next(line for line in page.splitlines() if line.startswith("| fp8_attention[int8,fp8] | "))

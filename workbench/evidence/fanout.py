@@ -142,14 +142,9 @@ class Worker:
         self, configs: list[dict[str, Any]], rounds: int | None = None, requests: list[Request] | None = None
     ) -> None:
         """`Fanout.validate` on this worker's session."""
-        from workbench.accelerations import REGISTRY, install
         from workbench.evidence.harness import validate
 
-        if requests is None:
-            for config in configs:
-                install.validate(REGISTRY, self.session.model, config, self.session.device)
-        else:
-            validate(self.session, configs, rounds, requests)
+        validate(self.session, configs, rounds, requests)
 
     def run(self, cell: Cell) -> dict[str, Any]:
         """Run `cell`: {"status": "finished", "record", "files", "seconds"} or, when it raised, {"status": "failed",
@@ -267,8 +262,8 @@ class Fanout:
     def validate(
         self, configs: list[dict[str, Any]], rounds: int | None = None, requests: list[Request] | None = None
     ) -> None:
-        """`workbench.evidence.harness.validate` on a worker's session (with `rounds` and `requests`; without, each
-        configuration alone: `install.validate`): a configuration the model or device cannot take is refused
+        """`workbench.evidence.harness.validate` on a worker's session (without `rounds` and `requests`, the
+        configurations alone): a configuration the model or device cannot take is refused
         (ValueError / RuntimeError, as the worker raised it) before any cell runs."""
         self._first_worker()
         _get(self.actors[0].validate.remote(configs, rounds, requests))

@@ -120,11 +120,15 @@ def check_requests(session: Session | LoadedModel, requests: list[Request], wher
     return resolved
 
 
-def validate(session: Session, configs: list[dict[str, Any]], rounds: int, requests: list[Request]) -> None:
+def validate(
+    session: Session, configs: list[dict[str, Any]], rounds: int | None = None, requests: list[Request] | None = None
+) -> None:
     """Refuse, before any run, too few rounds, no requests, a request the model cannot take (`check_requests`), or a
-    configuration `session` cannot install (ValueError naming it; RuntimeError when this device cannot run it)."""
-    check_rounds(rounds)
-    check_requests(session, requests)
+    configuration `session` cannot install (ValueError naming it; RuntimeError when this device cannot run it).
+    Without `requests` (a batch, whose requests each fail only their own cell), the configurations alone."""
+    if requests is not None:
+        check_rounds(rounds)
+        check_requests(session, requests)
     for config in configs:
         install.validate(REGISTRY, session.model, config, session.device)
 
