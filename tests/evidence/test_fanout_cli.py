@@ -3,6 +3,7 @@ initialises none), shows the cells' progress on stderr, writes the calibration r
 filled, shuts the instance down, and a second run over the same store runs no cell again."""
 
 import json
+import socket
 
 import pytest
 
@@ -44,3 +45,17 @@ def test_cli_ray_malformed_address_is_refused_under_ray(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "error: --ray: 'garbage': Invalid address format: garbage; allowed: 'auto', a cluster's host:port" in err
     assert not ray.is_initialized()
+
+
+def test_cli_ray_address_where_nothing_answers_is_refused_before_ray_init(tmp_path, capsys):
+    """`ray.init` would retry such an address for minutes; the probe refuses it first, for both address forms."""
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = ["batch", "--model", "tiny-wan", "--requests", "data_manifests/tiny-smoke.json", "--out", str(tmp_path)]
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        assert main([*argv, "--ray", address]) == 2
+        err = capsys.readouterr().err
+        assert f"error: --ray: '{address}': nothing answers at 127.0.0.1:{port} within 10 s (" in err, err
+        assert "allowed: 'auto', a cluster's host:port" in err
+        assert not ray.is_initialized()

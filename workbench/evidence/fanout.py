@@ -66,6 +66,7 @@ __all__ = [
 ]
 
 RETRIES = 2  # re-runs of a cell whose worker died under it, before it is recorded as failed
+CONNECT_SECONDS = 10.0  # how long a given --ray host:port has to accept a connection before it is refused
 
 
 @dataclass(frozen=True)
@@ -221,12 +222,14 @@ class Fanout:
                 options["address"] = address
             elif device == "cpu":
                 options["num_cpus"] = workers or 1
+            allowed = "'auto', a cluster's host:port or ray://host:port"
+            if address is not None:
+                _check_answers(address, allowed)
             try:
                 ray.init(**options)
             except ValueError as error:  # Ray's words name no parameter: "Invalid address format: x"
                 if address is None:
                     raise
-                allowed = "'auto', a cluster's host:port or ray://host:port"
                 raise ValueError(f"address: {address!r}: {_first_line(error)}; allowed: {allowed}") from error
         try:
             on_gpu, count = _placement(ray.cluster_resources(), device, workers)
@@ -439,6 +442,23 @@ def _placement(resources: dict[str, float], device: str, workers: int | None) ->
             f"workers: {count} needs {count} {'GPUs' if on_gpu else 'CPUs'}; the Ray cluster has {capacity}"
         )
     return on_gpu, count
+
+
+def _check_answers(address: str, allowed: str) -> None:
+    """Refuse a `host:port` (or `ray://host:port`) address where nothing accepts a connection within
+    `CONNECT_SECONDS`: `ray.init` would retry such an address for minutes, printing a warning every few seconds.
+    Other addresses ("auto", a malformed one) are left to Ray, which answers them at once."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ValueError(
+            f"address: {address!r}: nothing answers at {host}:{port} within {CONNECT_SECONDS:g} s ({reason}); "
+            f"allowed: {allowed}"
+        ) from error
 
 
 def _ray() -> Any:
