@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import html
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,14 @@ from .player import ABPlayer
 # the trained ones first: an A/B you can see and hear
 MODELS = ("demo-av", "demo-av-mini", "tiny-wan", "tiny-wan22", "tiny-ltx2")
 _FIELDS = ("frames", "height", "width", "steps")
+_STOP_TOOLTIP = "stop the running request at its next stage, denoiser call or decoder block; the model stays loaded"
+_INTERRUPT_TOOLTIP = (
+    "this request runs from code on the kernel's thread, which takes no click until it ends: "
+    "interrupt the kernel to stop it"
+)
+# The last Dashboard that opened a session of its own: the next one to open one closes that session first, so a cell
+# run again (a new Dashboard each time) keeps one model loaded, not one per run.
+_last_opener: weakref.ref[Dashboard] | None = None
 
 
 def model_name(name: str) -> str:
@@ -87,7 +96,8 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
     displays made so far up to date, so a saved notebook shows the finished requests.
     The buttons run their work on a background thread (the kernel stays responsive) and only set widget
     values from it; `open_model()`/`generate()` called from code run on the caller's thread and return. Every
-    failure shows in the error box; none is a traceback.
+    failure shows in the error box; none is a traceback. `close()` lets go of the session the dashboard opened and of
+    its live plot's thread; opening a model closes the session the last other Dashboard opened (a cell run again).
 
     Construction refuses, with a ValueError naming the parameter: a bare str for `session_or_model_names` (a
     sequence of names is meant: `Dashboard(["tiny-wan"])`, not `Dashboard("tiny-wan")`), no names, and a `device`
@@ -153,7 +163,7 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
             icon="stop",
             disabled=True,
             layout={"width": "auto"},
-            tooltip="stop the running request at its next stage, denoiser call or decoder block; the model stays loaded",
+            tooltip=_STOP_TOOLTIP,
         )
         self.request_status = ipywidgets.HTML(layout={"flex": "1 1 0", "min_width": "0"})
         self.live = LiveStagePlot(show_static=True)
@@ -191,10 +201,13 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
     def open_model(self, name: str | None = None) -> Session | None:
         """Open model `name` (default: the picker's) with `Session.open(name, device=..., memory=<the cap field>)`
         and use it. A session this dashboard opened before is closed first (two models need not fit the device
-        together, and a memory cap is the whole process's); one handed to the dashboard stays open. A cap that does not
-        parse is shown at the cap field and changes nothing; a refused cap there too, other failures in the error box,
-        and then no session is open. While a request runs on the session on screen (the generate button's, called
-        from code meanwhile) it is refused in the error box (`busy: ...`) and the session stays."""
+        together, and a memory cap is the whole process's), and so is the one the last other Dashboard to open one
+        opened (a notebook cell run again makes a new Dashboard: the previous run's model goes, and that dashboard's
+        status says so); one handed to a dashboard stays open. A cap that does not parse is shown at the cap field
+        and changes nothing; a refused cap there too, other failures in the error box, and then no session is open.
+        While a request runs on a session to be closed (the generate button's, called from code meanwhile) it is
+        refused in the error box (`busy: ...`) and the sessions stay."""
+        global _last_opener
         name = name or self.picker.value
         self.errors.clear()
         try:
@@ -206,6 +219,14 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
             busy = f"busy: request {self.session.active_request} runs on this session; stop it or wait for it"
             self.errors.show(f"opening {name}", RuntimeError(busy))
             return None
+        previous = _last_opener() if _last_opener is not None else None
+        if previous is not None and previous is not self and previous._opened_here and previous.session is not None:
+            previous.close_session()
+            if previous.session is not None:  # refused: a request of its generate button runs on it
+                busy = f"busy: request {previous.session.active_request} runs on an earlier Dashboard's session"
+                self.errors.show(f"opening {name}", RuntimeError(f"{busy}; stop it or wait for it"))
+                return None
+            previous.session_status.value = f"no session open: a later Dashboard opened {html.escape(name)}"
         if self._opened_here:
             self.close_session()
             if self.session is not None:  # the close was refused: the error box says why
@@ -225,6 +246,7 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         self.picker.value = name
         self._use(session)
         self._opened_here = True
+        _last_opener = weakref.ref(self)
         return session
 
     @_refreshing
@@ -244,6 +266,23 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         self.close_button.disabled = True
         self.plan.layout.display = "none"
         self.session_status.value = "no session open"
+
+    def close(self) -> None:
+        """Let go of everything the dashboard holds, then close its widget (its views leave the page): a request of its
+        generate button still running is stopped (`Session.stop`) and waited for, the session it opened is closed (one
+        handed to it stays open), and the live plot is detached (its renderer thread ends) and closed. Closing again
+        does nothing."""
+        if self.comm is None:  # closed already (or never opened: a constructor that refused its arguments)
+            return
+        with self._stop_lock:
+            if self._requesting and self.session is not None:
+                self.session.stop()
+        self.wait(60)
+        if self._opened_here:
+            self.close_session()  # refused while a request from code still runs: its error box says so
+        self._detach()
+        self.live.close()
+        super().close()
 
     def request(self) -> Request:
         """The form as a `Request`; a field left at 0 takes the model's default. Bad values: ValueError."""
@@ -279,7 +318,9 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
 
         Returns the result, or None when it failed (the error box says why). The generate button is off from the
         start until everything the request updates is shown (the A/B area, the static copies), so an enabled button
-        means the dashboard takes the next action.
+        means the dashboard takes the next action. The stop button is on while the request runs off the kernel's main
+        thread (the generate button's); one run from code on that thread keeps the kernel from taking the click until
+        the cell ends, so the stop button stays off and its tooltip and the status say to interrupt the kernel.
         """
         self.generate_button.disabled = True
         try:
@@ -293,16 +334,21 @@ class Dashboard(StaticCopy, ipywidgets.VBox):
         if self.session is None:
             self.errors.show("generate", RuntimeError("no session: pick a model and open it first"))
             return None
-        self.request_status.value = "running ..."
+        on_kernel_thread = threading.current_thread() is threading.main_thread()
+        self.request_status.value = (
+            "running ... (interrupt the kernel to stop it)" if on_kernel_thread else "running ..."
+        )
         try:
             request = self.request()
             with self._stop_lock:
-                self._requesting, self.stop_button.disabled = True, False
+                self._requesting, self.stop_button.disabled = True, on_kernel_thread
+                self.stop_button.tooltip = _INTERRUPT_TOOLTIP if on_kernel_thread else _STOP_TOOLTIP
             try:
                 result = self.session.generate(request, progress=False)
             finally:  # before the outcome is written, so a late stop cannot overwrite it
                 with self._stop_lock:
                     self._requesting, self.stop_button.disabled = False, True
+                    self.stop_button.tooltip = _STOP_TOOLTIP
         except RequestStopped as stopped:  # asked for: the status says so, the error box stays empty
             self.request_status.value = (
                 f"stopped {stopped.where}, {stopped.steps_done} of {stopped.steps} steps done; the model stays loaded"

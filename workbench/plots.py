@@ -37,6 +37,7 @@ _COLORS = {
     "mux": "#9c755f",
 }
 _OTHER_COLOR = "#bab0ac"
+_CUT_COLOR = "#e15759"  # where a stop, an interrupt or a failure cut a request off
 
 
 @dataclass(frozen=True)
@@ -70,23 +71,77 @@ def stage_intervals(events: Iterable[Event], now: float | None = None) -> list[I
     return sorted(intervals, key=lambda interval: interval.start)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """How a request's events end. `kind`: "done" (request_end), "stopped" (request_failed, ended by `Session.stop()`),
+    "interrupted" (request_failed by a KeyboardInterrupt: Ctrl-C, a kernel interrupt), "failed" (request_failed by any
+    other exception) or "running" (neither event yet). `seconds`: the request's total (done), the time of its
+    request_failed event (stopped, interrupted, failed) or of its latest event (running); `steps`: the denoising steps
+    finished; `error`: the exception as request_failed names it ("RuntimeError: device fell over"; failed only, else
+    "")."""
+
+    kind: str
+    seconds: float
+    steps: int
+    error: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.kind != "running"
+
+    def __str__(self) -> str:
+        """One line: "done: 2.610 s total, 2 steps", "stopped after 2.920 s, 1 step", "failed after 0.410 s, 0 steps:
+        RuntimeError: device fell over", "running: 2.61 s, 1 step"."""
+        steps = f"{self.steps} step" + ("" if self.steps == 1 else "s")
+        if self.kind == "done":
+            return f"done: {self.seconds:.3f} s total, {steps}"
+        if self.kind == "running":
+            return f"running: {self.seconds:.2f} s, {steps}"
+        return f"{self.kind} after {self.seconds:.3f} s, {steps}" + (f": {self.error}" if self.error else "")
+
+
+def request_outcome(events: Sequence[Event]) -> Outcome:
+    """How the request of `events` ended (or that it runs yet): its first request_end or request_failed event."""
+    steps = sum(event.kind == "step" for event in events)
+    for event in events:
+        if event.kind == "request_end":
+            return Outcome("done", float(event.data.get("total", event.t)), steps)
+        if event.kind == "request_failed":
+            error = str(event.data.get("error", ""))
+            if event.data.get("stopped"):
+                return Outcome("stopped", event.t, steps)
+            if error.partition(":")[0] == "KeyboardInterrupt":  # the event names the exception's type first
+                return Outcome("interrupted", event.t, steps)
+            return Outcome("failed", event.t, steps, error)
+    return Outcome("running", max((event.t for event in events), default=0.0), steps)
+
+
 def stage_timeline(events: Sequence[Event]) -> Figure:
     """A Gantt-like chart: one row per stage, one bar per interval, a tick per finished denoising step.
 
-    A stage still running ends at the latest event. Returns a figure with one axes.
+    The title says how the request ended (`request_outcome`): "request done: 2.610 s total, 2 steps", "request
+    stopped after ...", "request interrupted after ...", "request failed after ...: <error>", or "running: ..." while
+    no end event is among `events`. A stage still running ends at the latest event and is hatched; one a stop, an
+    interrupt or a failure cut off ends at that instant, translucent with a dashed red edge, and a red line there says
+    how the request ended. Returns a figure with one axes.
     """
     intervals = stage_intervals(events)
+    outcome = request_outcome(events)
     rows = _stage_order(interval.stage for interval in intervals)
     figure = Figure(figsize=(8, 0.5 + 0.45 * max(len(rows), 1)), layout="constrained")
     axes = figure.add_subplot()
     for interval in intervals:
         y = rows.index(interval.stage)
+        cut = interval.open and outcome.ended  # it will never finish
         axes.broken_barh(
             [(interval.start, interval.end - interval.start)],
             (y - 0.35, 0.7),
             facecolors=_COLORS.get(interval.stage, _OTHER_COLOR),
             alpha=0.55 if interval.open else 1.0,
-            hatch="//" if interval.open else None,
+            hatch="//" if interval.open and not cut else None,
+            edgecolors=_CUT_COLOR if cut else "none",
+            linestyles="--",
+            linewidth=1.5 if cut else 0,
         )
     steps = [e.t for e in events if e.kind == "step"]
     if steps and "denoise" in rows:
@@ -97,53 +152,112 @@ def stage_timeline(events: Sequence[Event]) -> Figure:
     end = _chart_end(intervals, events, None)
     axes.set_xlim(0, end * 1.02)
     axes.set_xlabel("seconds since request start")
-    total = next((e.data.get("total") for e in events if e.kind == "request_end"), None)
-    title = f"stages: {total:.3f} s total, {len(steps)} steps" if total is not None else f"running: {end:.2f} s"
-    axes.set_title(title, fontsize=10)
+    if outcome.kind not in ("done", "running"):
+        axes.axvline(outcome.seconds, color=_CUT_COLOR, linestyle="--", linewidth=1.5)
+        at_top = {"xycoords": ("data", "axes fraction"), "xytext": (-3, -3), "textcoords": "offset points"}
+        axes.annotate(outcome.kind, (outcome.seconds, 1.0), **at_top, ha="right", va="top", color=_CUT_COLOR)
+    axes.set_title(str(outcome) if outcome.kind == "running" else f"request {outcome}", fontsize=10)
     if not intervals:
         axes.text(0.5, 0.5, "no stage events yet", ha="center", va="center", transform=axes.transAxes)
     return figure
 
 
+# the live SVGs' plot area: `width` less these margins (px), the stage names right-aligned in the left one
+_SVG_LEFT, _SVG_RIGHT = 100, 10
+
+
 def timeline_svg(events: Sequence[Event], now: float | None = None, width: int = 640) -> str:
-    """`stage_timeline`'s chart as an inline SVG string: one row per stage, open stages translucent,
-    a tick per finished denoising step, seconds on a bottom axis. For live redraws; `width` in pixels."""
+    """`stage_timeline`'s chart as an inline SVG string: one row per stage, open stages translucent (a stage a
+    request_failed event cut off also with a dashed red edge), a tick per finished denoising step, seconds on a bottom
+    axis. For live redraws; `width` in pixels, the time axis the same as `memory_svg`'s of the same `now` and `width`."""
     intervals = stage_intervals(events, now)
+    ended = request_outcome(events).ended
     rows = _stage_order(interval.stage for interval in intervals)
     steps = [e.t for e in events if e.kind == "step"]
-    end = _chart_end(intervals, events, now) * 1.02
-    left, row_height, top = 100, 22, 6
-    plot_width = width - left - 10
+    scale = _svg_scale(intervals, events, now, width)
+    plot_width = width - _SVG_LEFT - _SVG_RIGHT
+    row_height, top = 22, 6
     height = top + row_height * max(len(rows), 1) + 24
 
     def x(seconds: float) -> float:
-        return left + plot_width * seconds / end
+        return _SVG_LEFT + scale * seconds
 
     svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif"'
     parts = [svg + ' font-size="11" fill="currentColor">']  # text in the theme's colour (black without one)
     for y, stage in enumerate(rows):
         parts.append(
-            f'<text x="{left - 6}" y="{top + row_height * y + 15}" text-anchor="end">{html.escape(stage)}</text>'
+            f'<text x="{_SVG_LEFT - 6}" y="{top + row_height * y + 15}" text-anchor="end">{html.escape(stage)}</text>'
         )
     for interval in intervals:
         y = top + row_height * rows.index(interval.stage) + 3
         color = _COLORS.get(interval.stage, _OTHER_COLOR)
         opacity = 0.55 if interval.open else 1.0
+        cut = f' stroke="{_CUT_COLOR}" stroke-dasharray="4 2"' if interval.open and ended else ""
         parts.append(
             f'<rect x="{x(interval.start):.1f}" y="{y}" width="{max(x(interval.end) - x(interval.start), 1.0):.1f}" '
-            f'height="{row_height - 6}" fill="{color}" fill-opacity="{opacity}"/>'
+            f'height="{row_height - 6}" fill="{color}" fill-opacity="{opacity}"{cut}/>'
         )
     if steps and "denoise" in rows:
         y = top + row_height * rows.index("denoise") + 3
         for t in steps:
             parts.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{y}" y2="{y + row_height - 6}" stroke="black"/>')
     axis = top + row_height * max(len(rows), 1) + 2
-    parts.append(f'<line x1="{left}" x2="{left + plot_width}" y1="{axis}" y2="{axis}" stroke="#666"/>')
+    parts.append(f'<line x1="{_SVG_LEFT}" x2="{_SVG_LEFT + plot_width}" y1="{axis}" y2="{axis}" stroke="#666"/>')
+    end = plot_width / scale  # seconds at the plot area's right edge
     for tick in MaxNLocator(nbins=6).tick_values(0.0, end):
         if 0.0 <= tick <= end:
             parts.append(f'<text x="{x(tick):.1f}" y="{axis + 14}" text-anchor="middle">{tick:g} s</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def memory_svg(events: Sequence[Event], now: float | None = None, width: int = 640) -> str:
+    """`memory_plot`'s live twin as an inline SVG string (plain string formatting, like `timeline_svg`), or "" while
+    no event carries a memory reading.
+
+    On a GPU: the peak allocated memory (stage_end `peak_bytes`) of each stage finished so far, one bar a stage in MiB
+    (the largest spans the plot area). On the CPU: host RSS (`rss_bytes`) at each event that carries it as a line over
+    seconds since request start, on `timeline_svg`'s time axis for the same `now` and `width` (drawn one above the
+    other, the two line up); its y axis spans `_memory_limits` (at least a few MiB), its ends labelled in MiB."""
+    peaks, readings = _memory_readings(events)
+    if not peaks and not readings:
+        return ""
+    row_height, top = 18, 16
+    open_tag = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{{height}}" font-family="sans-serif"'
+    open_tag += ' font-size="11" fill="currentColor">'
+    if peaks:
+        stages = _stage_order(peaks)
+        scale = (width - _SVG_LEFT - _SVG_RIGHT - 60) / max(max(peaks.values()), 1)  # 60 px for the largest's label
+        parts = [open_tag.format(height=top + row_height * len(stages) + 4)]
+        parts.append(f'<text x="{_SVG_LEFT}" y="11">peak allocated memory per stage</text>')
+        for row, stage in enumerate(stages):
+            y = top + row_height * row
+            bar = max(peaks[stage] * scale, 1.0)
+            parts.append(f'<text x="{_SVG_LEFT - 6}" y="{y + 12}" text-anchor="end">{html.escape(stage)}</text>')
+            parts.append(
+                f'<rect x="{_SVG_LEFT}" y="{y + 2}" width="{bar:.1f}" height="{row_height - 4}" '
+                f'fill="{_COLORS.get(stage, _OTHER_COLOR)}"/>'
+            )
+            parts.append(f'<text x="{_SVG_LEFT + bar + 4:.1f}" y="{y + 12}">{peaks[stage] / 2**20:.0f} MiB</text>')
+        return "".join(parts) + "</svg>"
+    scale = _svg_scale(stage_intervals(events, now), events, now, width)
+    plot_height = 40
+    low, high = _memory_limits([mib for _, mib in readings])
+
+    def x(seconds: float) -> float:
+        return _SVG_LEFT + scale * seconds
+
+    def y(mib: float) -> float:
+        return top + plot_height * (high - mib) / (high - low)
+
+    points = " ".join(f"{x(t):.1f},{y(mib):.1f}" for t, mib in readings)
+    now_mib, peak = readings[-1][1], max(mib for _, mib in readings)
+    title = f"host RSS (process resident memory): {now_mib:.0f} MiB, peak {peak:.0f} MiB"
+    parts = [open_tag.format(height=top + plot_height + 4), f'<text x="{_SVG_LEFT}" y="11">{title}</text>']
+    for mib, baseline in ((high, top + 9), (low, top + plot_height)):  # the axis' ends
+        parts.append(f'<text x="{_SVG_LEFT - 6}" y="{baseline}" text-anchor="end">{mib:.0f} MiB</text>')
+    parts.append(f'<polyline points="{points}" fill="none" stroke="currentColor" stroke-width="1.5"/>')
+    return "".join(parts) + "</svg>"
 
 
 def memory_plot(events: Sequence[Event]) -> Figure:
@@ -155,11 +269,7 @@ def memory_plot(events: Sequence[Event]) -> Figure:
     request start, on the timeline's time axis with the stages shaded in its colours. RSS is read at those instants
     only, so memory taken and given back between two readings does not show. Events with neither say so in text.
     """
-    peaks: dict[str, int] = {}
-    for event in events:
-        if event.kind == "stage_end" and event.stage is not None and "peak_bytes" in event.data:
-            peaks[event.stage] = max(peaks.get(event.stage, 0), int(event.data["peak_bytes"]))
-    readings = [(event.t, event.data["rss_bytes"] / 2**20) for event in events if "rss_bytes" in event.data]
+    peaks, readings = _memory_readings(events)
     if not peaks and readings:
         return _host_rss_plot(events, readings)
     figure = Figure(figsize=(6, 2.6 if peaks else 0.9), layout="constrained")
@@ -177,7 +287,8 @@ def memory_plot(events: Sequence[Event]) -> Figure:
 
 
 def _host_rss_plot(events: Sequence[Event], readings: Sequence[tuple[float, float]]) -> Figure:
-    """`memory_plot` on the CPU: host RSS `readings` (seconds, MiB) as a line over the stages of `events`."""
+    """`memory_plot` on the CPU: host RSS `readings` (seconds, MiB) as a line over the stages of `events`, the y axis
+    over `_memory_limits` (at least a few MiB: the noise between readings does not fill it as a steep climb)."""
     intervals = stage_intervals(events)
     figure = Figure(figsize=(8, 2.6), layout="constrained")
     axes = figure.add_subplot()
@@ -187,6 +298,7 @@ def _host_rss_plot(events: Sequence[Event], readings: Sequence[tuple[float, floa
     times, mib = zip(*readings, strict=True)
     axes.plot(times, mib, marker=".", color="#333333", linewidth=1)
     axes.set_xlim(0, _chart_end(intervals, events, None) * 1.02)
+    axes.set_ylim(*_memory_limits(mib))
     axes.set_xlabel("seconds since request start")
     axes.set_ylabel("MiB")
     axes.set_title(f"host RSS (process resident memory; no device memory on CPU): peak {max(mib):.0f} MiB", fontsize=10)
@@ -408,6 +520,37 @@ def array_png(image: np.ndarray) -> bytes:
 def _chart_end(intervals: Sequence[Interval], events: Sequence[Event], now: float | None) -> float:
     """A timeline's last instant in seconds: the latest interval end, event or `now`, and at least 1 ms."""
     return max([i.end for i in intervals] + [e.t for e in events] + [now or 0.0, 1e-3])
+
+
+def _memory_readings(events: Sequence[Event]) -> tuple[dict[str, int], list[tuple[float, float]]]:
+    """The memory `events` carry: ({stage: its peak allocated device bytes, the maximum of its stage_end
+    `peak_bytes`}, [(seconds, host RSS in MiB) of each event with `rss_bytes`, in order])."""
+    peaks: dict[str, int] = {}
+    for event in events:
+        if event.kind == "stage_end" and event.stage is not None and "peak_bytes" in event.data:
+            peaks[event.stage] = max(peaks.get(event.stage, 0), int(event.data["peak_bytes"]))
+    readings = [(event.t, event.data["rss_bytes"] / 2**20) for event in events if "rss_bytes" in event.data]
+    return peaks, readings
+
+
+def _svg_scale(intervals: Sequence[Interval], events: Sequence[Event], now: float | None, width: int) -> float:
+    """The live SVGs' pixels per second: their plot area (`width` less `_SVG_LEFT` and `_SVG_RIGHT`) spans 1.02 times
+    `_chart_end`, so a timeline and a memory line of the same events, `now` and `width` share their time axis."""
+    return (width - _SVG_LEFT - _SVG_RIGHT) / (_chart_end(intervals, events, now) * 1.02)
+
+
+# a memory axis spans at least this fraction of the peak reading or this many MiB, whichever is more
+_MEMORY_MIN_SPAN_FRACTION, _MEMORY_MIN_SPAN_MIB = 0.02, 4.0
+
+
+def _memory_limits(mib: Sequence[float]) -> tuple[float, float]:
+    """Y-axis limits (low, high) in MiB for the non-empty memory readings `mib`: their range widened about its middle
+    to at least `_MEMORY_MIN_SPAN_FRACTION` of the peak or `_MEMORY_MIN_SPAN_MIB` (a flat RSS, whose readings differ by
+    a few KiB of noise, would otherwise fill the axis as a steep climb), plus 5 % margins each side, never below 0."""
+    low, high = min(mib), max(mib)
+    span = max(high - low, _MEMORY_MIN_SPAN_FRACTION * high, _MEMORY_MIN_SPAN_MIB) * 1.1
+    bottom = max(0.0, (low + high - span) / 2)
+    return bottom, bottom + span
 
 
 def _stage_order(stages: Iterable[str]) -> list[str]:

@@ -1,3 +1,5 @@
+import re
+
 import matplotlib.style
 import numpy as np
 import psutil
@@ -13,8 +15,10 @@ from workbench.plots import (
     frame_metric_curves,
     label_points,
     memory_plot,
+    memory_svg,
     stage_intervals,
     stage_timeline,
+    timeline_svg,
 )
 from workbench.quality.audio import audio_snr_db
 from workbench.telemetry import Event, Telemetry
@@ -54,7 +58,7 @@ def test_stage_timeline_has_one_axes_with_a_row_per_stage_and_step_ticks():
     axes = figure.axes[0]
     assert [label.get_text() for label in axes.get_yticklabels()] == ["text_encode", "denoise", "video_decode"]
     assert len(axes.collections[-1].get_segments()) == 2  # one tick per denoising step
-    assert "2.610 s total" in axes.get_title()
+    assert axes.get_title() == "request done: 2.610 s total, 2 steps"
     assert figure_png(figure).startswith(PNG)
 
 
@@ -79,6 +83,29 @@ def test_cpu_telemetry_reads_host_rss_and_memory_plot_draws_it_over_the_request(
     assert axes.get_xlim()[1] >= 2.61  # the timeline's time axis: the whole request
     nothing = memory_plot(cpu_events())  # events without readings (recorded before there were any) say so
     assert [text.get_text() for text in nothing.axes[0].texts] == ["no memory readings in these events"]
+    # a flat RSS (readings a few KiB apart) spans at least 2 % of its peak: its noise drew as a steep climb
+    noise = [600 * 2**20 + 4096 * (i % 3) for i in range(len(events))]
+    flat = [Event(e.kind, e.t, e.stage, {**e.data, "rss_bytes": rss}) for e, rss in zip(events, noise, strict=True)]
+    low, high = memory_plot(flat).axes[0].get_ylim()
+    assert high - low >= 0.02 * 600 and low < 600 < 600.01 < high
+
+
+def test_live_svgs_draw_memory_on_the_timelines_time_axis_and_mark_a_cut_off_stage():
+    """`memory_svg` is the live plot's memory: host RSS as a line on `timeline_svg`'s time axis (the same x for the
+    same instant), device peaks as a bar a finished stage, nothing without readings. A stage a request_failed event
+    cut off gets the cut's dashed red edge in `timeline_svg`; one still running does not."""
+    rss = [Event(e.kind, e.t, e.stage, {**e.data, "rss_bytes": (600 + i) * 2**20}) for i, e in enumerate(cpu_events())]
+    running = rss[:6]  # in denoise, one step done
+    line = memory_svg(running, now=2.0)
+    assert line.startswith("<svg") and ">host RSS (process resident memory): 605 MiB, peak 605 MiB</text>" in line
+    xs = [float(point.split(",")[0]) for point in re.search(r'<polyline points="([^"]+)"', line)[1].split()]
+    step = re.search(r'<line x1="([\d.]+)"', timeline_svg(running, now=2.0))[1]  # the step's tick on the timeline
+    assert len(xs) == 6 and xs[-1] == float(step)
+    peaks = [Event("stage_end", 1.0, "denoise", {"seconds": 1.0, "peak_bytes": 300 * 2**20})]
+    assert ">denoise</text>" in memory_svg(peaks) and ">300 MiB</text>" in memory_svg(peaks)
+    assert memory_svg(cpu_events()) == ""  # no readings: nothing to draw
+    cut = [*running, Event("request_failed", 2.0, None, {"error": "RuntimeError: boom", "stopped": False})]
+    assert 'stroke="#e15759"' in timeline_svg(cut) and 'stroke="#e15759"' not in timeline_svg(running, now=2.0)
 
 
 def test_memory_plot_bars_are_the_peak_per_stage_in_mib():

@@ -161,11 +161,16 @@ def test_dashboard_picker_opens_by_name_and_reports_unknown_models(wan, monkeypa
 
 def test_dashboard_buttons_run_in_the_background_and_stop_stops_the_request(wan):
     """The buttons' work runs on a thread, so the kernel stays free for the stop button's click; a stopped request
-    leaves the results shown before it, an empty error box and a session that generates again."""
+    leaves the results shown before it, an empty error box and a session that generates again. A request run from code
+    on the kernel's thread keeps the stop button off (the kernel would take its click only once the cell ends): its
+    tooltip and the status say to interrupt the kernel."""
     dash = Dashboard(wan)
     armed, first_step, clicked = threading.Event(), threading.Event(), threading.Event()
+    seen = []  # (stop button disabled, its tooltip, the status) at each step
 
     def hold_at_first_step(event):  # on the request thread, once armed: wait there until the test has clicked stop
+        if event.kind == "step":
+            seen.append((dash.stop_button.disabled, dash.stop_button.tooltip, dash.request_status.value))
         if event.kind == "step" and armed.is_set() and not first_step.is_set():
             first_step.set()
             clicked.wait(60)
@@ -177,6 +182,7 @@ def test_dashboard_buttons_run_in_the_background_and_stop_stops_the_request(wan)
         dash.generate_button.click()
         dash.wait(120)
         assert len(dash.results) == 1 and dash.errors.value == ""
+        assert seen and all(not off and "interrupt" not in tip + status for off, tip, status in seen)
         assert not dash.generate_button.disabled and dash.stop_button.disabled
         armed.set()
         dash.generate_button.click()  # returns at once: the request runs on the dashboard's thread
@@ -188,12 +194,16 @@ def test_dashboard_buttons_run_in_the_background_and_stop_stops_the_request(wan)
         assert dash.request_status.value == "stopped in denoise, 1 of 2 steps done; the model stays loaded"
         assert dash.errors.value == "" and [label for label, _ in dash.results] == ["#1 stock"]
         assert not dash.generate_button.disabled and dash.stop_button.disabled
-        assert dash.live.status.value.startswith("request stopped after") and "1 steps" in dash.live.status.value
+        assert re.fullmatch(r"request stopped after [\d.]+ s, 1 step", dash.live.status.value)
         assert wan.active_request is None
         dash.generate_button.click()
         dash.wait(120)
         assert [label for label, _ in dash.results] == ["#1 stock", "#2 stock"] and dash.errors.value == ""
         assert np.array_equal(dash.results[0][1].frames, dash.results[1][1].frames)
+        seen.clear()
+        assert dash.generate() is not None  # from code, on this (the main) thread
+        assert seen and all(off and "interrupt the kernel" in tip + status for off, tip, status in seen)
+        assert dash.stop_button.tooltip.startswith("stop the running request")  # the button's own again
     finally:
         clicked.set()
         unsubscribe()
@@ -335,6 +345,29 @@ def test_dashboard_numbers_results_per_model_and_closes_the_sessions_it_opened(w
         assert given.generate() is None and "no session" in given.errors.value
     finally:
         given.live.detach()
+
+
+def test_a_dashboard_made_again_closes_the_last_ones_session_and_its_renderer_thread(wan):
+    """A cell that makes a Dashboard and opens a model, run three times: each opening closes the session the previous
+    dashboard opened and ends its live plot's renderer thread (every run kept its model loaded and a thread running,
+    the first ones never closed). `close()` lets go of the last one's; a session handed to a dashboard stays open."""
+    dashes, sessions, renderers = [], [], []
+    for _ in range(3):
+        dash = Dashboard(["tiny-wan"], device="cpu")
+        sessions.append(dash.open_model())
+        dashes.append(dash)
+        renderers.append(dash.live._renderer)
+    assert all(session is not None for session in sessions)
+    assert [session.closed for session in sessions] == [True, True, False]
+    assert [renderer.is_alive() for renderer in renderers] == [False, False, True]
+    for dash in dashes[:2]:
+        assert dash.session is None and "a later Dashboard opened tiny-wan" in dash.session_status.value
+    dashes[-1].close()
+    assert sessions[-1].closed and not renderers[-1].is_alive() and dashes[-1].comm is None
+    given = Dashboard(wan)
+    renderer = given.live._renderer
+    given.close()
+    assert not wan.closed and not renderer.is_alive()
 
 
 @pytest.mark.skipif(not (SHIPPED_MODELS["demo-av"] / "model_index.json").is_file(), reason="demo-av is not shipped")

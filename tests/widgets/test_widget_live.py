@@ -1,12 +1,15 @@
 import base64
+import gc
 import re
 import threading
 import time
+import weakref
 from types import SimpleNamespace
 
+import ipywidgets
 import pytest
 
-from workbench import Request
+from workbench import Request, RequestStopped
 from workbench.plots import figure_png
 from workbench.telemetry import Event
 from workbench.widgets import LiveStagePlot
@@ -37,7 +40,13 @@ def test_live_stage_plot_follows_a_real_request_and_leaves_pngs(sessions, monkey
     assert [e.kind for e in live.events].count("step") == 2 and live.events[-1].kind == "request_end"
     assert 1 <= live.updates <= 5 * elapsed + 1  # it drew while running, within the throttle
     assert live.running.value.startswith("<svg") and ">denoise</text>" in live.running.value
-    assert live.running.layout.display == "none"  # the live view gives way to the final figures
+    # the memory too, in the same redraws: the host RSS the events carried so far, as a line
+    assert (
+        live.running_memory.value.startswith("<svg")
+        and ">host RSS (process resident memory): " in live.running_memory.value
+    )
+    assert "<polyline points=" in live.running_memory.value
+    assert live.running.layout.display == live.running_memory.layout.display == "none"  # the final figures take over
     assert rasterized_on == [threading.main_thread()] * 2  # the final timeline and memory figures, nothing live
     assert live.timeline.value == live.png["timeline"] and live.png["timeline"].startswith(PNG)
     assert live.memory.value == live.png["memory"] and live.png["memory"].startswith(PNG)
@@ -51,44 +60,76 @@ def test_live_stage_plot_follows_a_real_request_and_leaves_pngs(sessions, monkey
     assert result.metadata["subscriber_errors"] == []
 
 
-def test_a_failed_request_ends_its_timeline_and_the_next_request_starts_a_new_one(sessions, monkeypatch):
-    """A request that raises mid-denoise sends request_failed: the plot stops running, shows the cut-off timeline and
-    says why, and the next request's events are its own."""
+# What the denoiser's third forward does (tiny-wan runs two a step, with guidance), and the status the request ends with.
+ENDINGS = {
+    "done": (None, r"request done: [\d.]+ s total, 2 steps"),
+    "stopped": ("stop", r"request stopped after [\d.]+ s, 1 step"),
+    "interrupted": (KeyboardInterrupt(), r"request interrupted after [\d.]+ s, 1 step"),
+    "failed": (
+        RuntimeError("device fell over"),
+        r"request failed after [\d.]+ s, 1 step: RuntimeError: device fell over",
+    ),
+}
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_each_ending_titles_the_timeline_and_heads_the_static_copy(sessions, monkeypatch, ending):
+    """A request that runs to its end, that `Session.stop()` stops, that a kernel interrupt (KeyboardInterrupt) ends or
+    that raises mid-denoise: the status, the final timeline's title and the static copy (what a saved notebook and an
+    HTML export keep) say which, after how long and how many steps. A stage cut off is not hatched as still running,
+    and a line at the cut names the ending. After a cut-off request nothing redraws, and the next request's events are
+    its own."""
+    action, status = ENDINGS[ending]
     session = sessions("tiny-wan")
+    drawn = []
+    monkeypatch.setattr(live_module, "figure_png", lambda figure, *a, **k: drawn.append(figure) or figure_png(figure, *a, **k))  # fmt: skip
     live = LiveStagePlot(max_updates_per_second=50).attach(session)
     transformer = session.model.pipeline.transformer
     forward, calls = type(transformer).forward, []
 
-    def failing(self, *args, **kwargs):
+    def third_forward_ends(self, *args, **kwargs):
         calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("device fell over")
+        if len(calls) == 3 and action == "stop":
+            session.stop()
+        elif len(calls) == 3 and action is not None:
+            raise action
         return forward(self, *args, **kwargs)
 
     request = Request("a red circle", seed=0, frames=9, height=32, width=32, steps=2)
     try:
         with monkeypatch.context() as patch:
-            patch.setattr(type(transformer), "forward", failing)
-            with pytest.raises(RuntimeError, match="device fell over"):
+            patch.setattr(type(transformer), "forward", third_forward_ends)
+            if action is None:
                 session.generate(request, progress=False)
-        assert live.events[-1].kind == "request_failed" and not live.events[-1].data["stopped"]
-        assert live.events[-1].data["error"] == "RuntimeError: device fell over"
-        assert live.status.value.startswith("request failed after") and "device fell over" in live.status.value
+            else:
+                with pytest.raises(RequestStopped if action == "stop" else type(action)):
+                    session.generate(request, progress=False)
+        assert re.fullmatch(status, live.status.value), live.status.value
+        timeline = drawn[0].axes[0]
+        assert timeline.get_title() == live.status.value  # it said "running: ..." for all but "done"
+        assert "//" not in [bar.get_hatch() for bar in timeline.collections]
+        assert [text.get_text() for text in timeline.texts] == ([] if action is None else [ending])
+        copy = live.static().data  # the status line first, then the figures
+        assert copy.startswith(f'<div class="vflash-live-static"><p>{live.status.value}</p><figure')
         assert live.running.layout.display == "none" and live.png["timeline"].startswith(PNG)
-        updates = live.updates
-        time.sleep(0.2)
-        assert live.updates == updates  # nothing runs any more: the open stage stopped growing
-        result = session.generate(request, progress=False)
+        if action is not None:
+            updates = live.updates
+            time.sleep(0.2)
+            assert live.updates == updates  # nothing runs any more: the open stage stopped growing
+            result = session.generate(request, progress=False)
+            assert live.events == result.events and live.status.value.startswith("request done")
     finally:
         live.detach()
-    assert live.events == result.events and "request done" in live.status.value
 
 
 def test_detach_unsubscribes_and_stops_the_renderer():
     subscribers = []
     session = SimpleNamespace(
         model=SimpleNamespace(name="fake"),
-        subscribe=lambda callback: subscribers.append(callback) or (lambda: subscribers.remove(callback)),
+        # as Session.subscribe's: unsubscribing a callback the session no longer holds does nothing
+        subscribe=lambda callback: (
+            subscribers.append(callback) or (lambda: subscribers.count(callback) and subscribers.remove(callback))
+        ),
     )
     live = LiveStagePlot().attach(session)
     renderer = live._renderer
@@ -96,6 +137,16 @@ def test_detach_unsubscribes_and_stops_the_renderer():
     live.detach()
     assert subscribers == [] and not renderer.is_alive()
     assert "(detached)" in live.status.value
+    # a plot closed as a bare widget (no detach) that its session lets go of: the renderer holds it only by a weakref,
+    # so the plot is collected and the renderer ends (it held the plot, and ran, for the life of the kernel)
+    renderer = live.attach(session)._renderer
+    subscribers.clear()
+    ipywidgets.Widget.close(live)
+    plot = weakref.ref(live)
+    del live
+    gc.collect()
+    renderer.join(5)
+    assert plot() is None and not renderer.is_alive()
 
 
 def test_a_drawing_failure_shows_in_the_widget_not_the_request():
