@@ -1,6 +1,7 @@
 """Non-finite latents, frames or audio fail a request naming the stage, or (when allowed) mark the Result, which
 evidence refuses."""
 
+import dataclasses
 import functools
 import json
 
@@ -111,6 +112,34 @@ def test_non_finite_audio_raises_naming_audio_decode(ltx2):
             ltx2.generate(REQUEST, progress=False)
     finally:
         handle.remove()
+
+
+def test_non_finite_audio_latents_raise_naming_denoise(ltx2):
+    """NaN in the denoiser's audio output at its one step: the audio latents the audio VAE decodes are named (stage
+    denoise), not the audio decoded from them; the video latents stay finite (one step: the video branch never saw
+    the NaN)."""
+
+    def poison_audio(_, __, output):
+        audio = (output[1] if isinstance(output, tuple) else output.audio_sample).clone()
+        audio.view(-1)[::3] = float("nan")
+        if isinstance(output, tuple):
+            return (output[0], audio, *output[2:])
+        output.audio_sample = audio
+        return output
+
+    request = dataclasses.replace(REQUEST, steps=1)
+    handle = ltx2.model.pipeline.transformer.register_forward_hook(poison_audio)
+    try:
+        with pytest.raises(
+            RuntimeError, match=r"^denoise produced non-finite audio latents \(\d+ of \d+ values NaN/inf"
+        ):
+            ltx2.generate(request, progress=False)
+        notes = ltx2.generate(request, progress=False, allow_non_finite=True).metadata["non_finite"]
+    finally:
+        handle.remove()
+    assert notes[0].startswith("denoise produced non-finite audio latents")
+    assert not any(note.startswith("denoise produced non-finite latents") for note in notes)
+    assert ltx2.generate(request, progress=False).finite  # the probe holds nothing over to the next request
 
 
 def test_allowed_non_finite_audio_is_marked_then_made_finite_so_it_saves_and_shows(ltx2, tmp_path):

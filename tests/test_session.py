@@ -1,10 +1,16 @@
+import re
+from types import SimpleNamespace
+
 import numpy as np
+import psutil
 import pytest
 import torch
 
 from workbench import Request, Session
 from workbench import session as session_module
-from workbench.models import ltx2, wan
+from workbench.memory_estimate import estimate_activation
+from workbench.memory_plan import gib
+from workbench.models import ltx2, resolve, wan
 from workbench.session import _to_uint8
 
 
@@ -113,7 +119,9 @@ def test_request_during_request_is_refused(sessions):
 
     def reenter(event):
         if event.kind == "step" and not errors:
-            with pytest.raises(RuntimeError, match="session is busy") as caught:
+            with pytest.raises(
+                RuntimeError, match=r"^session is busy with request \d+; one request at a time"
+            ) as caught:
                 session.generate(Request("q"), progress=False)
             errors.append(caught.value)
 
@@ -123,6 +131,81 @@ def test_request_during_request_is_refused(sessions):
     finally:
         unsubscribe()
     assert errors and not result.metadata["subscriber_errors"]
+    with session._lock:  # held as accelerate() holds it while it changes the plugins: no request is active yet
+        with pytest.raises(RuntimeError, match=r"^session is busy \(changing accelerations or another request\); one"):
+            session.generate(Request("q"), progress=False)
+
+
+@pytest.mark.parametrize("short", [1, 0], ids=["over", "exactly-free"])
+def test_a_request_whose_estimated_activations_exceed_free_memory_is_refused_before_it_runs(
+    sessions, monkeypatch, short
+):
+    """The audit's 4096x4096 request, which on a CPU ends the process out of memory: with the host's available
+    memory read as its largest stage estimate less `short` bytes, it is refused naming its size, the stage and both
+    amounts, and nothing runs; with exactly enough it runs (here: reaches the request, stubbed)."""
+    session = sessions("tiny-wan")
+    huge = Request("a red circle", frames=9, height=4096, width=4096, steps=1)
+    estimate = estimate_activation(session.model, session.resolve(huge))[0]
+    assert max(estimate, key=estimate.get) == "video_decode"
+    peak = max(estimate.values())
+    free = peak - short
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=free))
+
+    class Ran(Exception):
+        pass
+
+    def run(*args, **kwargs):
+        raise Ran
+
+    monkeypatch.setattr(session, "_run", run)
+    if short:
+        message = (
+            rf"^request: frames=9, height=4096, width=4096: its video_decode needs about {re.escape(gib(peak))} of "
+            rf"activations \(estimated\), more than the {re.escape(gib(free))} cpu has free; allowed: .*fewer frames "
+            r"or a smaller height and width, or a session opened with memory=MemoryBudget"
+        )
+        with pytest.raises(ValueError, match=message):
+            session.generate(huge, progress=False)
+    else:
+        with pytest.raises(Ran):
+            session.generate(huge, progress=False)
+    monkeypatch.undo()  # the host's own reading: a tiny request runs
+    assert session.generate(Request("p", steps=1), progress=False).finite
+
+
+def test_open_takes_a_loaded_model_no_open_session_holds_nor_left_changed_and_runs_it_in_its_own_dtype():
+    """A LoadedModel another open session holds is refused (that session's plugins would run unrecorded in the new
+    one, or crash it); so, once that session is collected without close(), is the model it left its plugin on, naming
+    what is left; closed, it opens again with nothing installed. A dtype other than the model's is refused rather than
+    recorded; without one, the model's own is the session's."""
+    first = Session.open("tiny-wan", device="cpu")
+    model = first.model
+    first.accelerate({"cross_kv_cache": {}})  # module-local state only: dropping the session leaves no global state
+    with pytest.raises(ValueError, match=r"^model: 'tiny-wan' is held by an open session \(Session\(model='tiny-wan'"):
+        Session.open(model, device="cpu")
+    del first  # dropped without close(): the plugin stays on the model
+    with pytest.raises(
+        ValueError,
+        match=r"^model: 'tiny-wan' carries what was installed on it and never removed \(transformer.blocks.0.attn2.to_k: "
+        r"instance forward; transformer.blocks.0.attn2.to_v: instance forward; .*\); allowed: a model without hooks",
+    ):
+        Session.open(model, device="cpu")
+
+    second = Session.open(wan.tiny(), device="cpu")
+    model = second.model
+    second.accelerate({"block_sparse": {}})
+    second.close()
+    again = Session.open(model, device="cpu")
+    assert again.accelerations == {} and again.generate(Request("p", steps=1), progress=False).exact
+    again.close()
+
+    with pytest.raises(
+        ValueError,
+        match=r"^dtype: 'bfloat16', but model 'tiny-wan' holds its weights in float32; allowed: 'float32' or None",
+    ):
+        Session.open(model, device="cpu", dtype="bfloat16")
+    assert Session.open(model, device="cpu", dtype=torch.float32).dtype == torch.float32
+    assert Session.open(resolve("tiny-wan", dtype=torch.bfloat16), device="cpu").dtype == torch.bfloat16
 
 
 def test_open_rejects_bad_arguments():

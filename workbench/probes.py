@@ -23,9 +23,14 @@ def stage_probes(
     """Install the family's probes plus denoise-step probes; yields the step-end callback to pass on.
 
     `on_stage(stage)` runs at the start of every probed call, inside the stage (its time and peak count there) and
-    before the call computes: the memory residency brings the stage's offloaded components onto the device there."""
+    before the call computes: the memory residency brings the stage's offloaded components onto the device there.
+
+    The callback's `__self__` keeps what the denoiser produced: `latents`, the video latents of the last step end, and
+    `audio_latents`, the first argument of the audio_decode stage's probed method (the audio VAE's `decode`), since a
+    pipeline's step-end callback may not carry them (LTX-2's does not); each the latest seen, None until then."""
     pipe = model.pipeline
     entered = on_stage or (lambda stage: None)
+    denoise = _DenoiseClock(pipe, telemetry, entered)
     undo: list[Callable[[], None]] = []
     try:
         for stage, attribute, method in model.family.stage_probes:
@@ -35,8 +40,8 @@ def stage_probes(
             if method is None:
                 undo += _probe_forward(target, stage, telemetry, entered)
             else:
-                undo.append(_probe_method(target, method, stage, telemetry, entered))
-        denoise = _DenoiseClock(pipe, telemetry, entered)
+                seen = denoise.on_audio_decode if stage == "audio_decode" else None
+                undo.append(_probe_method(target, method, stage, telemetry, entered, seen))
         for module in model.denoisers():
             undo.append(module.register_forward_pre_hook(denoise.on_forward).remove)
         yield denoise.on_step_end
@@ -72,13 +77,22 @@ def _component(pipe: Any, attribute: str) -> Any:
 
 
 def _probe_method(
-    target: Any, name: str, stage: str, telemetry: Telemetry, entered: Callable[[str], None]
+    target: Any,
+    name: str,
+    stage: str,
+    telemetry: Telemetry,
+    entered: Callable[[str], None],
+    seen: Callable[[tuple[Any, ...]], None] | None = None,
 ) -> Callable[[], None]:
+    """Wrap `target.name` (an instance attribute, removed by the returned undo) to time it as `stage`; `seen(args)`,
+    when given, receives each call's positional arguments before it runs."""
     original = getattr(target, name)
 
     @functools.wraps(original)
     def timed(*args: Any, **kwargs: Any) -> Any:
         telemetry.end("denoise")  # decoding starts where denoising ended
+        if seen is not None:
+            seen(args)
         with telemetry.stage(stage):
             entered(stage)
             return original(*args, **kwargs)
@@ -108,6 +122,7 @@ class _DenoiseClock:
         self.entered = entered
         self.step_start: Any = None
         self.latents: Any = None
+        self.audio_latents: Any = None
 
     def on_forward(self, *_: Any) -> None:
         if self.step_start is None:
@@ -121,3 +136,8 @@ class _DenoiseClock:
             self.step_start = end
         self.latents = tensors.get("latents")
         return {}
+
+    def on_audio_decode(self, args: tuple[Any, ...]) -> None:
+        """The audio VAE's decode is called with the denoiser's audio latents first."""
+        if args and isinstance(args[0], torch.Tensor):
+            self.audio_latents = args[0]

@@ -18,10 +18,10 @@ LTX-2 121x512x768, MiniMax-H3 124-345 frames at 768x1344):
 - MAX_STEPS: 1000, the default number of training timesteps of diffusers' flow-matching schedulers.
 - MAX_FPS: 240, a frame rate for the written video (LTX-2 also conditions on it).
 - MAX_GUIDANCE: 100; classifier-free guidance scales in use are about 1-20.
-- MAX_VIDEO_ELEMENTS: 2**30 for frames x height x width, the estimate of what a request allocates: the uint8 frames
-  the Result holds take 3 bytes per element (3 GiB at the limit), the decoded float32 video 12, and the latents
-  fewer elements than the video (Wan's VAE: 16 latent channels per 4 x 8 x 8 pixels, one element per 16 pixels).
-  121 frames of 3840x2160 fit.
+- MAX_VIDEO_ELEMENTS: 2**30 for frames x height x width, a bound on what the Result holds (its uint8 frames take 3
+  bytes per element: 3 GiB at the limit); 121 frames of 3840x2160 fit. It is not what a request needs while it runs:
+  a VAE decode's activations take far more per element, which `Session.generate` checks against the device's free
+  memory before it starts (`memory_estimate.estimate_activation`).
 - MAX_PROMPT_CHARS, MAX_KEYFRAME_SIDE: generous; text encoders truncate and pipelines resize keyframes far below.
 """
 

@@ -8,20 +8,24 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 from workbench import adapters as lora
 from workbench import environment
 from workbench.accelerations import REGISTRY, install
+from workbench.accelerations.attention.sparse_routing import unrouted
 from workbench.accelerations.base import Handle
 from workbench.accelerations.memory.residency import Residency, cap_holder
 from workbench.accelerations.undo import UndoFailed
+from workbench.memory_estimate import estimate_activation
 from workbench.memory_plan import MemoryBudget, MemoryPlan, check_request, gib, outside_for, plan_for
 from workbench.models import preview, resolve
 from workbench.models.loaded import LoadedModel
@@ -33,6 +37,9 @@ from workbench.result import Result
 from workbench.telemetry import Event, Telemetry, maybe_sampler, summarize_samples
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The sessions that hold their model: added when made, dropped by close() and when collected. A model one of them
+# holds is refused by another `Session.open`: its accelerations, adapters and requests would act on both.
+_HOLDERS: weakref.WeakSet[Session] = weakref.WeakSet()
 
 
 class RequestStopped(KeyboardInterrupt):
@@ -74,6 +81,7 @@ class Session:
         self.residency: Residency | None = None  # the memory budget's arrangement (`open(..., memory=...)`)
         self._adapters: lora.Fused | None = None  # LoRA adapters fused into the weights (`load_adapters`)
         self.closed = False  # `close()`: the model let go of, every call refused
+        _HOLDERS.add(self)
 
     @classmethod
     def open(
@@ -89,6 +97,10 @@ class Session:
         """Load `model` (a name such as `tiny-ltx2`, a local diffusers directory, or a LoadedModel) once.
 
         `device` is `auto`, `cpu`, `cuda` or `cuda:N`; `dtype` defaults to bfloat16 on CUDA, float32 on CPU.
+        A LoadedModel is moved to `device` and runs in its own dtype (`dtype` None, or the same: a ValueError names
+        the model's otherwise); one another open session holds (its accelerations and adapters would act on both),
+        or that carries hooks, instance-level methods or changed attention processors (what a session dropped
+        without `close()` leaves installed) is refused. A model `close()` let go of opens again.
         `accelerations` is installed after loading (see `accelerate`), after `adapters` are fused (`load_adapters`);
         their form, the plugins' names and options, and the adapter specs are checked before the model is loaded.
         `memory`: a device memory cap ("48GiB", "24GB", bytes, or a `MemoryBudget`). The model is planned from its
@@ -112,6 +124,9 @@ class Session:
         start = time.perf_counter()
         torch_device = environment.device(device)
         torch_dtype = _dtype(dtype, torch_device)
+        if isinstance(model, LoadedModel):
+            _check_reusable(model)
+            torch_dtype = _own_dtype(model, None if dtype is None else torch_dtype, torch_device)
         if torch_device.type == "cuda":
             _warn_if_capped(torch_device, replacing=budget is not None)
         if isinstance(model, LoadedModel):
@@ -269,6 +284,7 @@ class Session:
                 self.residency.lift_cap()
             self.model, self.residency, self._handles, self._adapters = None, None, [], None
             self.closed = True
+            _HOLDERS.discard(self)
         finally:
             self._lock.release()
         gc.collect()  # the model's hooks and rings hold it in reference cycles
@@ -281,6 +297,12 @@ class Session:
         if self._unknown_state is not None:
             raise RuntimeError(f"session: the model is in an unknown state ({self._unknown_state})")
 
+    @property
+    def _holds_model(self) -> bool:
+        """Whether this session holds its model: open, and not dismantled from its memory arrangement (whose
+        `Residency.dismantle` gives the model back resident, for a new session to open)."""
+        return not self.closed and not (self.residency is not None and self.residency.dismantled)
+
     def resolve(self, request: Request) -> Request:
         """`request` with this model's defaults filled in and checked against its family (ValueError if not)."""
         self._check_usable()
@@ -291,11 +313,16 @@ class Session:
     ) -> Result:
         """Run one request end to end and return frames, audio, latents, timings, memory and metadata.
 
-        Non-finite numbers fail the request: the final latents (stage `denoise`), the decoded frames
-        (`video_decode`) and the decoded audio (`audio_decode`) are each checked once, and the first stage with a
-        NaN or inf raises `RuntimeError` naming it, how many values and the request. With `allow_non_finite=True`
-        the Result is returned with `finite=False` and `metadata["non_finite"]` saying which stages; evidence
-        refuses such a result.
+        A request whose estimated activation peak (`memory_estimate.estimate_activation`, the largest stage's)
+        alone is more than the device has free is a ValueError naming its size, the stage and both amounts before
+        anything runs (on the CPU it would end the process out of memory); a session with a memory plan checks the
+        request against the plan instead.
+
+        Non-finite numbers fail the request: the final latents and the audio latents the audio VAE decodes (stage
+        `denoise`), the decoded frames (`video_decode`) and the decoded audio (`audio_decode`) are each checked once,
+        and the first stage with a NaN or inf raises `RuntimeError` naming it, how many values and the request.
+        With `allow_non_finite=True` the Result is returned with `finite=False` and `metadata["non_finite"]` saying
+        which stages; evidence refuses such a result.
 
         `stop()` (from another thread) ends the request early with `RequestStopped`; an exception or an interrupt
         mid-request leaves the model, the accelerations and their state as they were.
@@ -314,10 +341,18 @@ class Session:
         if self.residency is not None:
             check_request(self.model, self.residency.plan, self.residency.budget, request)
         if not self._lock.acquire(blocking=False):
-            raise RuntimeError(f"session is busy with request {self.active_request}; one request at a time")
-        request_id = next(self._request_ids)
-        self.active_request = request_id
+            running = self.active_request
+            busy = (
+                "busy (changing accelerations or another request)"
+                if running is None
+                else f"busy with request {running}"
+            )
+            raise RuntimeError(f"session is {busy}; one request at a time")
         try:
+            if self.residency is None:
+                _check_free_memory(self.model, self.device, request)
+            request_id = next(self._request_ids)
+            self.active_request = request_id
             return self._run(request, request_id, progress, allow_non_finite, trace)
         finally:
             self.active_request = None
@@ -385,8 +420,13 @@ class Session:
                 frames, audio = self.family.runner(pipe, kwargs, generator, on_step_end)
             total = telemetry.finish()
             samples = sampler.samples if sampler is not None else []
-        outputs = (("denoise", "latents", clock.latents), ("video_decode", "frames", frames))
-        non_finite = _non_finite((*outputs, ("audio_decode", "audio", audio)))
+        outputs = (
+            ("denoise", "latents", clock.latents),
+            ("denoise", "audio latents", clock.audio_latents),
+            ("video_decode", "frames", frames),
+            ("audio_decode", "audio", audio),
+        )
+        non_finite = _non_finite(outputs)
         if non_finite and not allow_non_finite:
             installed = f"; accelerations: {sorted(self.accelerations)}" if self._handles else ""
             raise RuntimeError(
@@ -466,6 +506,134 @@ def _check_no_placing(config: dict[str, Any]) -> None:
         raise ValueError(
             f"accelerations: {placing} move the denoiser's weights, which this session's memory plan places; "
             "open a session without memory=... to use them"
+        )
+
+
+def _check_reusable(model: LoadedModel) -> None:
+    """ValueError when `model` (a LoadedModel given to `Session.open`) is held by an open session, or carries what
+    one left installed (`_leftovers`)."""
+    if _holder(model) is not None:
+        gc.collect()  # a session dropped without close() lets go of the model when collected
+    holder = _holder(model)
+    if holder is not None:
+        raise ValueError(
+            f"model: {model.name!r} is held by an open session ({holder!r}); allowed: a model no open session "
+            "holds: close() that session first, or open the model by name for a separate copy"
+        )
+    leftovers = _leftovers(model)
+    if leftovers:
+        listed = "; ".join(leftovers[:4]) + (f"; and {len(leftovers) - 4} more" if len(leftovers) > 4 else "")
+        raise ValueError(
+            f"model: {model.name!r} carries what was installed on it and never removed ({listed}); allowed: a model "
+            "without hooks, instance-level methods or changed attention processors: close() a session rather than "
+            "dropping it, or open the model by name for a fresh copy"
+        )
+
+
+def _holder(model: LoadedModel) -> Session | None:
+    """The open session holding `model`'s pipeline, or None."""
+    return next((s for s in _HOLDERS if s._holds_model and s.model.pipeline is model.pipeline), None)
+
+
+def _leftovers(model: LoadedModel) -> list[str]:
+    """What is installed on `model`'s module components beyond their classes' own code, one line per module: torch
+    hooks of the workbench's code (not the libraries' own: torch's weight norm, transformers' output capture),
+    diffusers hooks, instance-level methods (a `forward` or `_decode` set on the module; the class's own method bound
+    back, as diffusers restores a forward, does not count), a compiled call, an attention processor wrapped by a
+    router or given its own attention backend. A plugin or a memory arrangement leaves these while installed;
+    `Session.close()` removes them. The markers `accelerations.base.fingerprint` lists as leftovers, without its hash
+    of every weight (which reads the whole model), and the instance methods and processors it does not see."""
+    pipeline = model.pipeline
+    components = (
+        {"pipeline": pipeline}
+        if isinstance(pipeline, torch.nn.Module)
+        else {name: c for name, c in pipeline.components.items() if isinstance(c, torch.nn.Module)}
+    )
+    found = []
+    for name, component in components.items():
+        for path, module in component.named_modules(prefix=name):
+            registry = getattr(module, "_diffusers_hook", None)
+            methods = [key for key, value in vars(module).items() if _overrides(module, key, value)]
+            processor = getattr(module, "processor", None)
+            kinds = []
+            if any(map(_workbench_code, (*module._forward_pre_hooks.values(), *module._forward_hooks.values()))):
+                kinds.append("workbench torch hooks")
+            if registry is not None and registry.hooks:
+                kinds.append(f"diffusers hooks {list(registry.hooks)}")
+            if methods:
+                kinds.append(f"instance {', '.join(methods)}")
+            if getattr(module, "_compiled_call_impl", None) is not None:
+                kinds.append("compiled")
+            if processor is not None and unrouted(processor) is not processor:
+                kinds.append("a routed attention processor")
+            if processor is not None and vars(unrouted(processor)).get("_attention_backend") is not None:
+                kinds.append("an attention backend set")
+            if kinds:
+                found.append(f"{path}: {', '.join(kinds)}")
+    return found
+
+
+def _workbench_code(code: Any) -> bool:
+    """Whether `code` (a function, a bound method, a callable object or a functools.partial of one) is the
+    workbench's."""
+    module = getattr(getattr(code, "func", code), "__module__", None)
+    return isinstance(module, str) and module.startswith("workbench.")
+
+
+def _overrides(module: torch.nn.Module, key: str, value: Any) -> bool:
+    """Whether instance attribute `key` = `value` replaces a method of `module`'s class with other code (not the
+    class's own method bound to `module`)."""
+    own = getattr(type(module), key, None)
+    if not callable(value) or not callable(own):
+        return False
+    return not (getattr(value, "__self__", None) is module and getattr(value, "__func__", None) is own)
+
+
+def _own_dtype(model: LoadedModel, requested: torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The dtype `model`'s denoisers hold most of their floating-point weights in (a bfloat16 model keeps its
+    `_keep_in_fp32_modules` in float32), which a session over it records (`requested`, else `device`'s default, for
+    denoisers without any); ValueError when `requested` (None: the model's own) is another, or when it is none
+    `DTYPES` names."""
+    counts: dict[torch.dtype, int] = {}
+    for denoiser in model.denoisers():
+        for weight in denoiser.parameters():
+            if weight.is_floating_point():
+                counts[weight.dtype] = counts.get(weight.dtype, 0) + weight.numel()
+    own = max(counts, key=counts.get) if counts else _dtype(requested, device)
+    name = str(own).removeprefix("torch.")
+    if own not in DTYPES.values():
+        raise ValueError(f"model: {model.name!r} holds its denoiser weights in {name}; allowed: {sorted(DTYPES)}")
+    if requested is not None and requested != own:
+        raise ValueError(
+            f"dtype: {str(requested).removeprefix('torch.')!r}, but model {model.name!r} holds its weights in "
+            f"{name}; allowed: {name!r} or None for this model (a model is run in its own dtype: build it in another, "
+            "e.g. resolve(name, dtype=...), to run it so)"
+        )
+    return own
+
+
+def _free_bytes(device: torch.device) -> int:
+    """What `device` has free for a request's activations: the host's available memory on the CPU; on CUDA the
+    device's free memory plus the blocks torch's allocator holds cached, which it reuses without asking CUDA."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return psutil.virtual_memory().available
+
+
+def _check_free_memory(model: LoadedModel, device: torch.device, request: Request) -> None:
+    """ValueError naming `request`'s size when its largest estimated stage activation peak (an upper bound by
+    `memory_estimate`'s formulas; the weights already hold their memory) alone is more than `device` has free: such
+    a request would run out of memory part-way (on the CPU the process is killed)."""
+    estimate, _ = estimate_activation(model, request)
+    stage, peak = max(estimate.items(), key=lambda item: item[1])
+    free = _free_bytes(device)
+    if peak > free:
+        raise ValueError(
+            f"request: frames={request.frames}, height={request.height}, width={request.width}: its {stage} needs "
+            f"about {gib(peak)} of activations (estimated), more than the {gib(free)} {device} has free; allowed: "
+            "a request that fits: fewer frames or a smaller height and width, or a session opened with "
+            "memory=MemoryBudget(cap, request=<this request>), whose plan may tile the decode"
         )
 
 

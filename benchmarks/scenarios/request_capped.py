@@ -260,15 +260,19 @@ class CappedRequests:
     def _plan(self) -> dict[str, Any]:
         if self.cuda:
             torch.cuda.empty_cache()  # the cap counts cached blocks too
+        self.resident.close()  # a model is held by one open session; the resident one opens again after
         start = time.perf_counter()
-        session = Session.open(self.model, device=str(self.device), dtype="bfloat16", memory=self.budget)
-        install = time.perf_counter() - start
         try:
-            self.plan = session.memory_plan
-            return self._timed(session.generate, install)
+            session = Session.open(self.model, device=str(self.device), dtype="bfloat16", memory=self.budget)
+            install = time.perf_counter() - start
+            try:
+                self.plan = session.memory_plan
+                return self._timed(session.generate, install)
+            finally:
+                session.residency.dismantle()
+                self._flush()
         finally:
-            session.residency.dismantle()
-            self._flush()
+            self.resident = Session.open(self.model, device=str(self.device), dtype="bfloat16")
 
     def _group_offload(self) -> dict[str, Any]:
         start = time.perf_counter()
