@@ -7,7 +7,7 @@ import torch
 from diffusers import WanTransformer3DModel
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from workbench import Adapter, Request, Session
 from workbench.accelerations import available, fingerprint
@@ -62,8 +62,10 @@ def test_adapter_bad_field_raises(tmp_path, fields, message):
 
 
 def test_a_failed_adapter_load_raises_and_changes_nothing(tmp_path):
-    """A target the model lacks or a file that is no LoRA is refused, leaving the weights as they were: the model's
-    own, or the adapters fused before with their metadata's request defaults."""
+    """A target the model lacks, a file that is no LoRA, or a LoRA none of whose keys reach the targeted denoiser
+    (a text encoder's keys, peft's own unprefixed keys: diffusers only warns and loads nothing) is refused with the
+    adapter, the target and the keys named, leaving the weights as they were: the model's own, or the adapters fused
+    before with their metadata's request defaults and metadata records."""
     session = Session.open("tiny-wan", device="cpu")
     transformer = session.model.pipeline.transformer
     path = lora_file(tmp_path / "a.safetensors", transformer, _seed(), {"steps": "3"})
@@ -71,18 +73,32 @@ def test_a_failed_adapter_load_raises_and_changes_nothing(tmp_path):
     with pytest.raises(ValueError, match=r"adapter.target: 'transformer_2' needs \['transformer_2'\]"):
         session.load_adapters([Adapter(path, target="transformer_2")])
     assert fingerprint(transformer) == before
-    other = tmp_path / "other.safetensors"  # a safetensors file with no LoRA weights: diffusers' words, named
-    save_file({"some.weight": torch.ones(2)}, str(other))
-    not_a_lora = r"adapters: 'other' \(.*other.safetensors\) into transformer: "
-    with pytest.raises(ValueError, match=not_a_lora):
-        session.load_adapters([Adapter(other)])
-    assert fingerprint(transformer) == before
-    session.load_adapters([Adapter(path)])
-    fused = fingerprint(transformer)
-    with pytest.raises(ValueError, match=not_a_lora):
-        session.load_adapters([Adapter(other)])
-    assert fingerprint(transformer) == fused != before
+    lora = load_file(str(path))
+    refused = {  # file name -> its tensors, the words of the refusal
+        "other": ({"some.weight": torch.ones(2)}, ""),  # diffusers' own words follow
+        "encoder": (
+            {f"text_encoder.model.layers.0.self_attn.q_proj.lora_{ab}.weight": torch.ones(4, 4) for ab in "AB"},
+            r"no layer of transformer took its weights; its keys start with \['text_encoder'\]",
+        ),
+        "unprefixed": (
+            {key.removeprefix("transformer."): value for key, value in lora.items()},
+            r"no layer of transformer took its weights; its keys start with \['blocks'\]",
+        ),
+    }
+    for name, (tensors, _) in refused.items():
+        save_file(tensors, str(tmp_path / f"{name}.safetensors"))
+    for previous in ([], [Adapter(path)]):  # nothing fused before, then the adapter `a`
+        session.load_adapters(previous)
+        expected = fingerprint(transformer)
+        for name, (_, words) in refused.items():
+            with pytest.raises(
+                ValueError, match=rf"adapters: '{name}' \(.*{name}.safetensors\) into transformer: {words}"
+            ):
+                session.load_adapters([Adapter(tmp_path / f"{name}.safetensors", scale=5.0)])
+            assert fingerprint(transformer) == expected, (previous, name)
+    assert expected != before
     assert session.resolve(Request("x", **SIZE)).steps == 3  # the metadata's default, as after the first fusion
+    assert [record["name"] for record in _generate(session, 0).metadata["adapters"]] == ["a"]
 
 
 def test_adapters_fuse_per_expert_match_diffusers_lora_and_unfuse_bitwise(tmp_path):

@@ -74,6 +74,27 @@ def test_write_set_failure_keeps_the_old_set_and_no_staging(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(NAMES)
 
 
+def test_write_set_failing_in_new_folders_removes_the_folders_it_created_only(tmp_path, monkeypatch):
+    """A set written into folders that do not exist yet, failing before its commit point, leaves none of the folders
+    it created; the folder that existed before stays, and so does an existing folder a failure happens in."""
+    (tmp_path / "kept").mkdir()
+    writes = []
+
+    def full_disk(path, data):
+        writes.append(path)
+        if len(writes) % 2 == 0:
+            raise OSError(28, "No space left on device")
+        Path(path).write_bytes(data)
+
+    monkeypatch.setattr("workbench.io._write_synced", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        write_set(tmp_path / "kept" / "a" / "b", _payload(1))
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"] and list((tmp_path / "kept").iterdir()) == []
+    with pytest.raises(OSError, match="No space"):
+        write_set(tmp_path / "kept", _payload(1))
+    assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []
+
+
 def test_a_full_disk_names_the_file_and_its_size_and_keeps_the_old_set(tmp_path, monkeypatch):
     """The OSError of a failed write says which file (and how many bytes) was being written, keeping its errno."""
     write_set(tmp_path, _payload(1))

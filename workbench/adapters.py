@@ -189,6 +189,9 @@ def fuse(model: Any, adapters: list[Adapter]) -> Fused:
     try:
         with _no_torchao_probe():
             _load(pipe, adapters, targets)
+        for adapter in adapters:
+            for expert in targets[adapter.name]:
+                _check_landed(adapter, expert, getattr(pipe, expert))
         for expert in available:
             names = [a.name for a in adapters if expert in targets[a.name]]
             if names:
@@ -219,6 +222,34 @@ def _load(pipe: Any, adapters: list[Adapter], targets: dict[str, list[str]]) -> 
                 )
             except ValueError as error:  # diffusers' own words (not a LoRA file, keys it cannot map), with the adapter
                 raise ValueError(f"adapters: {adapter.name!r} ({adapter.path}) into {expert}: {error}") from error
+
+
+def _check_landed(adapter: Adapter, expert: str, denoiser: torch.nn.Module) -> None:
+    """ValueError unless `adapter` wrapped at least one layer of `denoiser`. diffusers' loader only warns when no key
+    of the file maps to the denoiser (keys of a text encoder, or without the prefix it looks for): the fused result
+    would then be the model's own, recorded as adapted."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    wrapped = adapter.name in (getattr(denoiser, "peft_config", None) or {}) and any(
+        any(adapter.name in getattr(module, layer, {}) for layer in module.adapter_layer_names)
+        for module in denoiser.modules()
+        if isinstance(module, BaseTunerLayer)
+    )
+    if not wrapped:
+        raise ValueError(
+            f"adapters: {adapter.name!r} ({adapter.path}) into {expert}: no layer of {expert} took its weights; "
+            f"its keys start with {_key_prefixes(adapter.path)}; allowed: LoRA keys diffusers maps to the "
+            f"{type(denoiser).__name__} (e.g. 'transformer.<module>.lora_A.weight')"
+        )
+
+
+def _key_prefixes(path: Path, shown_at_most: int = 4) -> list[str]:
+    """The distinct first dotted components of the tensor names in safetensors file `path`, sorted, at most
+    `shown_at_most` of them."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as weights:
+        return sorted({key.split(".", 1)[0] for key in weights.keys()})[:shown_at_most]
 
 
 @contextlib.contextmanager

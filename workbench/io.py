@@ -70,6 +70,7 @@ def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Pa
     ValueError naming `files` before anything is written. A `directory` that is not a path, or that cannot be
     created (a file in the way, a file as its parent, no permission), is a ValueError naming `directory`, with
     nothing created; so is a leftover commit folder there that `recover_sets` refuses, with nothing written.
+    A write that fails before the commit point (a full disk) also removes the folders this call created.
     """
     if not files:
         raise ValueError("files: at least one file is required")
@@ -81,6 +82,21 @@ def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Pa
         if not isinstance(data, bytes | bytearray | memoryview):
             raise ValueError(f"files[{name!r}]: expected bytes, got {type(data).__name__}")
     check_targets(directory, files)
+    created = _missing_folders(directory)
+    try:
+        commit = _commit(directory, files)
+    except BaseException:
+        _remove_empty(created)  # a set that never reached its commit point leaves no folder behind
+        raise
+    _fsync_directory(directory)
+    _publish(commit, sorted(files))
+    return {name: directory / name for name in files}
+
+
+def _commit(directory: Path, files: Mapping[str, bytes]) -> Path:
+    """`write_set`'s steps up to its commit point (module docstring, 1-3): `directory` created, its interrupted sets
+    recovered, `files` written into a staging folder there, renamed to the set's commit folder, which is returned.
+    On failure the staging folder is gone and the published files were not touched."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except (OSError, ValueError) as error:  # ValueError: a NUL in the path
@@ -104,9 +120,7 @@ def write_set(directory: str | Path, files: Mapping[str, bytes]) -> dict[str, Pa
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _fsync_directory(directory)
-    _publish(commit, sorted(files))
-    return {name: directory / name for name in files}
+    return commit
 
 
 def check_targets(directory: str | Path, names: Iterable[str], field: str = "files") -> None:
@@ -202,7 +216,7 @@ def check_writable(directory: str | Path, field: str = "out") -> Path:
     the path. A path that cannot be created or written (a file in the way, no permission, a read-only file
     system) is a ValueError naming `field`, the path and the reason."""
     directory = Path(directory)
-    missing = [folder for folder in (directory, *directory.parents) if not folder.exists()]
+    missing = _missing_folders(directory)
     probe = directory / f".probe.tmp-{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -214,12 +228,23 @@ def check_writable(directory: str | Path, field: str = "out") -> Path:
     finally:
         with contextlib.suppress(OSError):
             probe.unlink(missing_ok=True)
-        for folder in missing:  # deepest first
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        _remove_empty(missing)
     return directory
+
+
+def _missing_folders(directory: Path) -> list[Path]:
+    """`directory` and those of its parents that do not exist, deepest first: what `mkdir(parents=True)` creates."""
+    return [folder for folder in (directory, *directory.parents) if not folder.exists()]
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove `folders` (deepest first, as `_missing_folders` lists them) while they are empty: the first one that
+    holds something (or cannot be removed) stops it, so nothing but folders a failed writer created goes."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def recover_sets(directory: str | Path) -> list[Path]:

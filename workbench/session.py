@@ -452,6 +452,7 @@ class Session:
             **({"adapters": list(self._adapters.records)} if self._adapters else {}),
             "nvml": summarize_samples(samples),
             "subscriber_errors": telemetry.subscriber_errors,
+            "subscriber_seconds": telemetry.subscriber_seconds,  # left out of the CPU's timings (workbench.telemetry)
             **({"traced": True, "trace": tracer.summary()} if tracer is not None else {}),
             **({"non_finite": non_finite} if non_finite else {}),
             **environment.describe(self.device),

@@ -5,6 +5,12 @@ each stage end synchronises once so live plots and memory peaks are true; per-st
 back after the request without extra synchronisation. On the CPU, `perf_counter`, and the memory there is
 the process's: each stage start and end, step and request end carries its resident set size (`rss_bytes`, one
 `/proc` read through psutil), where a GPU's stage ends carry the device's allocated peak.
+
+Subscribers run on the request's thread, inside the intervals being timed; their time is not the request's. `emit`
+times its subscriber calls (`subscriber_seconds`, carried by the request_end event). On the CPU every interval (a
+stage, a step, the total) is its clock reading less the subscriber seconds spent inside it, so stages + other still
+sum to total. On a GPU the intervals are the device's clock, which runs on through a subscriber while queued work
+remains; nothing is subtracted there, and no synchronisation is added for it (it would change what is timed).
 """
 
 from __future__ import annotations
@@ -41,6 +47,16 @@ class Event:
 Subscriber = Callable[[Event], None]
 
 
+@dataclass(frozen=True)
+class Mark:
+    """A point on the request's clock: `clock` a CUDA event (GPU) or a perf_counter reading (CPU), `paused` the
+    subscriber seconds spent before it. On the CPU the time between two marks is their clock difference less their
+    `paused` difference."""
+
+    clock: Any
+    paused: float
+
+
 class Telemetry:
     """One request's clock. Subscribers are called on the thread that runs the request."""
 
@@ -51,40 +67,49 @@ class Telemetry:
         self.events: list[Event] = []
         self.timings: dict[str, float] = defaultdict(float)
         self.memory: dict[str, int] = {}
-        self.steps: list[tuple[int, Any, Any]] = []  # (index, start marker, end marker)
+        self.steps: list[tuple[int, Mark, Mark]] = []  # (index, start, end)
         self.subscriber_errors: list[str] = []
+        self.subscriber_seconds = 0.0  # time in subscriber calls, excluded from the CPU's intervals
         self._process = None if self.cuda else psutil.Process()  # host RSS is the CPU's memory reading
         self._t0 = time.perf_counter()
         self._origin = self._marker()
-        self._open: dict[str, tuple[Any, int]] = {}
+        self._open: dict[str, tuple[Mark, int]] = {}
         self._ended = False  # request_end or request_failed emitted
 
     # -- clock ---------------------------------------------------------------------------------
-    def _marker(self) -> Any:
+    def _marker(self) -> Mark:
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
-            return event
-        return time.perf_counter()
+            return Mark(event, self.subscriber_seconds)
+        return Mark(time.perf_counter(), self.subscriber_seconds)
 
-    def _seconds(self, start: Any, end: Any) -> float:
+    def _seconds(self, start: Mark, end: Mark) -> float:
+        """Seconds from `start` to `end`: on the device's clock (GPU), or less the subscriber time between them (CPU)."""
         if self.cuda:
-            end.synchronize()
-            return start.elapsed_time(end) / 1000.0
-        return end - start
+            end.clock.synchronize()
+            return start.clock.elapsed_time(end.clock) / 1000.0
+        return max(0.0, end.clock - start.clock - (end.paused - start.paused))
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
     # -- events --------------------------------------------------------------------------------
     def emit(self, kind: str, stage: str | None = None, **data: Any) -> None:
+        """Record an event and call the subscribers, their time counted in `subscriber_seconds`."""
         event = Event(kind, self.now(), stage, data)
         self.events.append(event)
-        for callback in self.subscribers:
-            try:
-                callback(event)
-            except Exception as error:  # a broken plot must not break the request it watches
-                self.subscriber_errors.append(f"{getattr(callback, '__name__', callback)}: {error!r}")
+        if not self.subscribers:
+            return
+        began = time.perf_counter()
+        try:
+            for callback in self.subscribers:
+                try:
+                    callback(event)
+                except Exception as error:  # a broken plot must not break the request it watches
+                    self.subscriber_errors.append(f"{getattr(callback, '__name__', callback)}: {error!r}")
+        finally:
+            self.subscriber_seconds += time.perf_counter() - began
 
     # -- stages --------------------------------------------------------------------------------
     def begin(self, stage: str) -> None:
@@ -118,14 +143,14 @@ class Telemetry:
         finally:
             self.end(name)
 
-    def step(self, index: int, start: Any) -> Any:
+    def step(self, index: int, start: Mark) -> Mark:
         """Close denoising step `index` that began at marker `start`; returns the marker that ends it."""
         end = self._marker()
         self.steps.append((index, start, end))
         self.emit("step", "denoise", index=index, **self._host_memory())
         return end
 
-    def marker(self) -> Any:
+    def marker(self) -> Mark:
         return self._marker()
 
     def step_seconds(self) -> list[float]:
@@ -139,9 +164,9 @@ class Telemetry:
         return {} if self._process is None else {"rss_bytes": self._process.memory_info().rss}
 
     def finish(self) -> float:
-        """Total request seconds on the device clock; emits request_end."""
+        """Total request seconds on the device clock, subscriber time excluded; emits request_end."""
         total = self._seconds(self._origin, self._marker())
-        self.emit("request_end", total=total, **self._host_memory())
+        self.emit("request_end", total=total, subscriber_seconds=self.subscriber_seconds, **self._host_memory())
         self._ended = True
         return total
 

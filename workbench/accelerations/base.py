@@ -516,6 +516,43 @@ class Spec:
         }
 
 
+OWN_COPY = "workbench_own_copy"  # set on a forward that computes from weight copies of its own: the plugin's name
+
+
+def own_copy(forward: Callable[..., Any], plugin: str) -> Callable[..., Any]:
+    """`forward` (an instance-level forward `plugin` installs on a module) marked as computing from weight copies of
+    its own, not from its module's parameters: a plugin that moves the parameters elsewhere (a block ring,
+    offloading) would move weights it never reads, so such a plugin refuses it (`own_copy_forwards`)."""
+    setattr(forward, OWN_COPY, plugin)
+    return forward
+
+
+def own_copy_forwards(modules: dict[str, torch.nn.Module]) -> dict[str, list[str]]:
+    """The plugins whose `own_copy` forwards are installed in `modules` (name -> module), each with the layers that
+    carry one ("name: path"). Forwards that call their module's own weights (a cache's wrapper, diffusers' hooks)
+    are not marked and not listed."""
+    found: dict[str, list[str]] = {}
+    for name, module in modules.items():
+        for path, layer in module.named_modules():
+            plugin = getattr(layer.__dict__.get("forward"), OWN_COPY, None)
+            if plugin is not None:
+                found.setdefault(plugin, []).append(f"{name}: {path}")
+    return found
+
+
+def refuse_own_copy_forwards(plugin: str, modules: dict[str, torch.nn.Module]) -> None:
+    """RuntimeError naming `plugin` (which moves the weights of `modules`), the plugins of `own_copy_forwards(modules)`
+    and a few of their layers, if there are any."""
+    if found := own_copy_forwards(modules):
+        owners = " and ".join(sorted(found))
+        layers = [layer for owner in sorted(found) for layer in found[owner]]
+        shown = ", ".join(layers[:3]) + (f", ... ({len(layers)} layers)" if len(layers) > 3 else "")
+        raise RuntimeError(
+            f"{plugin}: {owners}'s forwards on layers it moves ({shown}) compute from weight copies of their own, "
+            f"not from the weights {plugin} moves; install {plugin} without {owners}"
+        )
+
+
 def drop_restored_forwards(root: torch.nn.Module) -> None:
     """diffusers' hook registry restores a module's forward as an instance attribute bound to the
     class method; remove those so an uninstalled model is the original object graph again."""

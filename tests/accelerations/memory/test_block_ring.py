@@ -64,6 +64,18 @@ def test_block_ring_bitwise_equal_resident(sessions, name):
     assert receipt["bytes_moved"] == forwards * module_bytes(blocks[streamed[0]]) and "late" not in receipt
 
 
+@pytest.mark.parametrize("ring", ["block_ring", "fp8_ring"])
+def test_a_ring_with_cross_kv_cache_equals_the_ring_alone(sessions, ring):
+    """cross_kv_cache's wrappers on the streamed blocks' K/V projections call the projections' own forwards, which read
+    the weights the ring moves: the pair installs and gives exactly the ring's output, the cache hitting."""
+    session = sessions("tiny-wan")
+    request = Request("a red circle moves left", seed=4, height=32, width=32)
+    alone, _ = _ringed(session, request, {ring: {"resident_blocks": 0}})
+    both, _ = _ringed(session, request, {ring: {"resident_blocks": 0}, "cross_kv_cache": {}})
+    assert torch.equal(both.latents, alone.latents) and (both.frames == alone.frames).all()
+    assert both.receipts["cross_kv_cache"]["hits"] > 0 and both.receipts[ring]["blocks_streamed"] > 0
+
+
 def test_block_ring_bad_option_raises(sessions):
     session = sessions("tiny-wan")
     with pytest.raises(ValueError, match=r"block_ring.resident_blocks: 3 is more than transformer's 2 blocks"):

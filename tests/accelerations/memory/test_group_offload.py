@@ -60,6 +60,37 @@ def test_stream_with_several_blocks_per_group_is_refused():
         session.accelerate({"group_offload": {"num_blocks_per_group": 2}})
 
 
+def test_refuses_forwards_computing_from_their_own_weight_copies_only():
+    """group_offload moves every denoiser weight: a layer whose forward computes from weight copies of its own (marked
+    `own_copy`, as selective_fp8's fused path marks its FP8 forwards) is refused, naming both plugins and the layer,
+    before anything moves; cross_kv_cache's forwards, which call the projections' own, are not. Built on the CPU
+    without streams: the handle itself, not the plugin's CUDA check."""
+    from workbench.accelerations.base import own_copy
+    from workbench.accelerations.memory import group_offload
+
+    session = Session.open("tiny-wan", device="cpu")
+    denoisers = session.model.denoisers()
+    options = {"num_blocks_per_group": 1, "use_stream": False}
+    before = fingerprint(denoisers[0])
+    layer = denoisers[0].blocks[1].ffn.net[2]
+    layer.forward = own_copy(lambda x: x, "selective_fp8")  # never called: refused before a request
+    try:
+        with pytest.raises(
+            RuntimeError,
+            match=r"group_offload: selective_fp8's forwards on layers it moves \(denoiser 0: blocks\.1\.ffn\.net\.2\) "
+            r"compute from weight copies of their own, not from the weights group_offload moves; install "
+            r"group_offload without selective_fp8$",
+        ):
+            group_offload._Installed(group_offload.SPEC, options, denoisers, torch.device("cpu"))
+    finally:
+        del layer.forward
+    assert fingerprint(denoisers[0]) == before
+    session.accelerate({"cross_kv_cache": {}})
+    group_offload._Installed(group_offload.SPEC, options, denoisers, torch.device("cpu")).uninstall()
+    session.accelerate({})
+    assert fingerprint(denoisers[0]) == before
+
+
 def test_uninstall_frees_the_host_copies_at_once():
     """diffusers' hooks and groups hold each other in reference cycles; uninstall collects them, so the groups' host
     copies of the weights (pinned on CUDA, the whole model) are gone before the next install, even with the

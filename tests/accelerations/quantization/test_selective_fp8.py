@@ -264,19 +264,20 @@ def test_measured_order_on_gpu_ranks_by_timed_gemms(path, monkeypatch):
     assert handle.receipt.counters["fp8_gemms"] == 2
 
 
-def test_selective_fp8_fused_path_and_a_block_ring_refuse_together(monkeypatch):
+@pytest.mark.parametrize("ring", ["block_ring", "fp8_ring"])
+def test_selective_fp8_fused_path_and_a_block_ring_refuse_together(monkeypatch, ring):
     """The fused path computes from FP8 copies it keeps on the device, so a ring installed with it would stream
-    weights no layer reads: the ring refuses, naming a Linear, and the whole set rolls back. A layer whose weight a
-    ring or the session's memory plan holds on the host is a layer problem for selective_fp8 (refused, or dense)."""
+    weights no layer reads: the ring refuses, naming itself, selective_fp8 and a Linear, and the whole set rolls back.
+    A layer whose weight a ring or the session's memory plan holds on the host is a layer problem for selective_fp8
+    (refused, or dense)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(fp8, "machine_problem", lambda device: None)
     session = Session.open("tiny-wan", device="cpu", dtype="bfloat16")
     transformer = session.model.pipeline.transformer
     before = fingerprint(transformer)
-    with pytest.raises(
-        RuntimeError, match=r"block_ring: Linear layers with a replaced forward \(streamed block 0: ffn\.net\.0\.proj"
-    ):
-        session.accelerate({"selective_fp8": {"include": FFN, "path": "fused"}, "block_ring": {"resident_blocks": 0}})
+    refusal = rf"{ring}: selective_fp8's forwards on layers it moves \(streamed block 0: ffn\.net\.0\.proj, .*\) "
+    with pytest.raises(RuntimeError, match=refusal + rf".*; install {ring} without selective_fp8$"):
+        session.accelerate({"selective_fp8": {"include": FFN, "path": "fused"}, ring: {"resident_blocks": 0}})
     assert fingerprint(transformer) == before and not session._handles
     host = torch.nn.Linear(32, 32).to(torch.bfloat16)
     assert fp8._layer_problem(host, torch.device("cuda")) == "weight on cpu, not cuda (streamed or offloaded)"

@@ -58,7 +58,7 @@ class _Installed(Handle):
         self, spec: Spec, options: dict[str, Any], model: Any, plan: dict[str, list[int]], device, transfer: str
     ):
         super().__init__(spec, options, proof=("blocks_streamed",))
-        self.rings = rings_for(model, plan, device, self.receipt, transfer)
+        self.rings = rings_for(model, plan, device, self.receipt, spec.name, transfer)
         self.streamed = dict(plan)
         self.transfer = transfer
         self.per_forward = {name: sum(ring.nbytes) for name, ring in zip(plan, self.rings, strict=True)}
@@ -115,7 +115,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device, transfer
         device = torch.device("cuda", torch.cuda.current_device())
     spec = FP8_SPEC if transfer == FP8 else SPEC
     plan = ring_plan(model, options["resident_blocks"], spec.name)
-    check_resident(model, plan, device)
+    check_resident(model, plan, device, spec.name)
     return lambda: _Installed(spec, options, model, plan, device, transfer)
 
 

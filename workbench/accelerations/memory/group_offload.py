@@ -27,8 +27,7 @@ from diffusers.hooks.group_offloading import (
 )
 from diffusers.hooks.hooks import HookRegistry
 
-from workbench.accelerations.base import Handle, Spec, drop_restored_forwards, option
-from workbench.accelerations.memory.ring import refuse_own_linear_forwards
+from workbench.accelerations.base import Handle, Spec, drop_restored_forwards, option, refuse_own_copy_forwards
 
 HOOK_NAMES = (_LAZY_PREFETCH_GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER, _GROUP_OFFLOADING)
 
@@ -39,7 +38,7 @@ class _Installed(Handle):
         self.receipt.traceable(device, counters=("onloads", "offloads"))  # counted in the blocks' offload hooks
         self.denoisers = denoisers
         self.device = device
-        refuse_own_linear_forwards("group_offload", {f"denoiser {i}": d for i, d in enumerate(denoisers)})
+        refuse_own_copy_forwards(spec.name, {f"denoiser {i}": d for i, d in enumerate(denoisers)})
         try:
             for denoiser in denoisers:
                 denoiser.enable_group_offload(

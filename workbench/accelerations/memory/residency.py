@@ -183,9 +183,9 @@ class Residency:
         if plan.denoisers_offloaded:
             residency.stages["denoise"] = set(plan.streamed_blocks)
         elif any(plan.streamed_blocks.values()):
-            check_resident(model, {name: list(p) for name, p in plan.streamed_blocks.items()}, device)
+            check_resident(model, {name: list(p) for name, p in plan.streamed_blocks.items()}, device, "memory")
         if streams:
-            residency.rings = shared_rings(streams, device, residency.receipt)
+            residency.rings = shared_rings(streams, device, residency.receipt, "memory")
         pin_device(pipeline, "_execution_device", device)
         for name in residency.groups:
             pin_device(getattr(pipeline, name), "device", device)

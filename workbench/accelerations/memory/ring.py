@@ -44,6 +44,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from workbench.accelerations.base import refuse_own_copy_forwards
+
 RING_IN_FLIGHT = 3  # streamed blocks that can hold device memory at once: computing, arriving, released-but-queued
 ALIGNMENT = 512  # bytes; where each tensor starts inside a pinned buffer or a slot
 AS_STORED, FP8 = "as stored", "fp8"
@@ -401,34 +403,15 @@ class Ring:
         self.chunks = []  # the host chunks go with the last view of them
 
 
-def own_linear_forwards(modules: dict[str, torch.nn.Module]) -> list[str]:
-    """The nn.Linear layers in `modules` (name -> module; as "name: path") whose forward a plugin replaced on the
-    instance. selective_fp8's fused path computes from FP8 copies it keeps on the device, not from `.weight`, so
-    weights moved elsewhere (streamed, offloaded) would never reach it and its copies would stay on the device."""
-    return [f"{name}: {path}" for name, module in modules.items() for path, layer in module.named_modules()
-            if isinstance(layer, torch.nn.Linear) and "forward" in layer.__dict__]  # fmt: skip
-
-
-def refuse_own_linear_forwards(plugin: str, modules: dict[str, torch.nn.Module]) -> None:
-    """RuntimeError naming the Linear layers of `own_linear_forwards(modules)`, if any: `plugin` moves their weights."""
-    if taken := own_linear_forwards(modules):
-        shown = ", ".join(taken[:3]) + (f", ... ({len(taken)} layers)" if len(taken) > 3 else "")
-        raise RuntimeError(
-            f"{plugin}: Linear layers with a replaced forward ({shown}) compute from copies of their own (selective_fp8's "
-            "fused path keeps FP8 weights on the device), not from the weights this plugin moves; install it without "
-            "that plugin"
-        )
-
-
-def check_resident(model: Any, plan: dict[str, list[int]], device: torch.device) -> None:
-    """RuntimeError unless every weight of the denoisers in `plan` (name -> streamed positions) that does not stream
-    is on `device`."""
+def check_resident(model: Any, plan: dict[str, list[int]], device: torch.device, plugin: str) -> None:
+    """RuntimeError naming `plugin` unless every weight of the denoisers in `plan` (name -> streamed positions) that
+    does not stream is on `device`."""
     for name, positions in plan.items():
         denoiser = getattr(model.pipeline, name)
         streamed = {id(t) for i in positions for t in tensors_of(model.family.blocks(denoiser)[i])}
         where = {t.device for t in tensors_of(denoiser) if id(t) not in streamed}
         if where - {device}:
-            raise RuntimeError(f"block_ring: {name}'s resident weights are on {where}, expected {device}")
+            raise RuntimeError(f"{plugin}: {name}'s resident weights are on {where}, expected {device}")
 
 
 def restored(
@@ -452,33 +435,37 @@ class Stream(NamedTuple):
 
 
 def rings_for(
-    model: Any, plan: dict[str, list[int]], device: torch.device, receipt: Any, transfer: str = AS_STORED
+    model: Any, plan: dict[str, list[int]], device: torch.device, receipt: Any, plugin: str, transfer: str = AS_STORED
 ) -> list[Ring]:
-    """One `Ring` per denoiser in `plan` (name -> streamed positions), sharing one set of slots (`shared_rings`), its
-    blocks moving by `transfer`; FP8 originals are kept in pageable host memory (`store_on_host`), so removal gives
-    back the model exactly."""
+    """One `Ring` per denoiser in `plan` (name -> streamed positions), sharing one set of slots (`shared_rings`, for
+    `plugin`), its blocks moving by `transfer`; FP8 originals are kept in pageable host memory (`store_on_host`), so
+    removal gives back the model exactly."""
     streams = []
     for name, positions in plan.items():
         denoiser = getattr(model.pipeline, name)
         blocks = model.family.blocks(denoiser)
         streams.append(Stream(denoiser, [blocks[i] for i in positions], "", transfer))
-    return shared_rings(streams, device, receipt, keep=True)
+    return shared_rings(streams, device, receipt, plugin, keep=True)
 
 
-def shared_rings(streams: list[Stream], device: torch.device, receipt: Any, keep: bool = False) -> list[Ring]:
+def shared_rings(
+    streams: list[Stream], device: torch.device, receipt: Any, plugin: str, keep: bool = False
+) -> list[Ring]:
     """One `Ring` per `Stream`, all sharing one set of `Slots` (as many as the longest ring needs, up to
     RING_IN_FLIGHT) on CUDA, and on the CPU when a stream moves FP8. The streamed blocks' weights are moved to host
     chunks first, pinned on CUDA (so their device copies are freed before the slots are allocated), the FP8 ones
-    quantized (`store_on_host`; `keep`: an FP8 tensor's original stays in pageable host memory); all or none."""
+    quantized (`store_on_host`; `keep`: an FP8 tensor's original stays in pageable host memory); all or none.
+    `plugin` (what installs the rings) names the refusals: a streamed layer whose forward computes from weight copies
+    of its own (`base.own_copy`), weights of a tensor subclass."""
     blocks = [block for stream in streams for block in stream.blocks]
-    refuse_own_linear_forwards("block_ring", {f"streamed block {j}": block for j, block in enumerate(blocks)})
+    refuse_own_copy_forwards(plugin, {f"streamed block {j}": block for j, block in enumerate(blocks)})
     fp8 = {i for s in streams if s.transfer == FP8 for b in s.blocks for i in fp8_weights(b)}
     if not blocks or device.type != "cuda" and not fp8:
         return [Ring(s.root, s.blocks, receipt, None, s.prefix) for s in streams]
     tensors = list({id(t): t for block in blocks for t in tensors_of(block)}.values())
     if odd := sorted({type(t.data).__name__ for t in tensors if type(t.data) is not torch.Tensor}):
         raise RuntimeError(
-            f"block_ring: streamed weights of type {odd} (a tensor subclass, such as torchao's FP8) have no byte "
+            f"{plugin}: streamed weights of type {odd} (a tensor subclass, such as torchao's FP8) have no byte "
             "layout the ring's slots can hold; keep those blocks resident or install the ring without that plugin"
         )
     chunks, stored = store_on_host(tensors, fp8, pin=device.type == "cuda", keep=keep)

@@ -23,7 +23,9 @@ activation (on a large forward it can cost what the FP8 GEMMs save). Each weight
 `kernels/fp8_rowwise.quantize_rows` (kept by the handle, not the module: the module's parameters are untouched);
 each call quantizes its activation rows in one kernel and runs `torch._scaled_mm` with both row scales
 (`fp8_linear`), through an instance-level forward on the Linear that uninstall deletes. Same hardware and layer
-rules; another plugin's forward on the Linear is refused.
+rules; another plugin's forward on the Linear is refused. That forward is marked `base.own_copy` (it never reads
+`.weight`), so a plugin that moves the layer's weights (block_ring, fp8_ring, group_offload) refuses to install over
+it.
 `python -m benchmarks run forward-h3` measures it on H3's six Linears per block (its block_sparse+norms+fp8 arm).
 
 torchao has no unquantize: each original weight Parameter is kept and put back on uninstall, along with
@@ -40,7 +42,7 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.base import Handle, Knob, Spec, option
+from workbench.accelerations.base import Handle, Knob, Spec, option, own_copy
 
 NAME = "selective_fp8"
 Layer = tuple[str, torch.nn.Linear, "str | None"]  # module path, the Linear, why it stays dense (None: quantized)
@@ -238,7 +240,8 @@ class _Installed(Handle):
 
 
 def _fused_forward(module: torch.nn.Linear):
-    """The Linear on FP8 operands: its weight quantized now (row-wise), each input when called."""
+    """The Linear on FP8 operands: its weight quantized now (row-wise), each input when called; marked
+    `own_copy`."""
     from workbench.kernels.fp8_rowwise import fp8_linear, quantize_rows
 
     weight_q, weight_scale = quantize_rows(module.weight.detach())
@@ -247,7 +250,7 @@ def _fused_forward(module: torch.nn.Linear):
     def forward(x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, weight_q, weight_scale, bias)
 
-    return forward
+    return own_copy(forward, NAME)
 
 
 def _is_quantized(module: torch.nn.Linear) -> bool:
