@@ -31,7 +31,6 @@ function render({ model, el }) {
   // Seconds closer than this count as "already there". Far below half a frame at any frame rate the
   // slider offers (0.5 / 240 fps = 2 ms), far above Chromium's microsecond truncation of currentTime.
   const TOLERANCE = 1e-4;
-  const DRIFT = 0.15;  // seconds: while playing, B is re-seeked to A beyond this
   const row = document.createElement("div");
   row.className = "vflash-synced-videos";
   row.style.display = "flex";
@@ -55,6 +54,19 @@ function render({ model, el }) {
   });
   el.append(row);
   const [leader, follower] = videos.map(({ video }) => video);
+  // While playing, B (muted: its speed is inaudible) keeps pace with A by its playback rate: each timeupdate of A
+  // (about 4 a second) sets it to close the gap at PACE x gap per second, at most MAX_PACE off 1. A seek is no way
+  // to keep pace: it stalls B for longer than half a frame, so B lands behind, again and again. B is seeked only
+  // when FAR (seconds) from A: the user scrubbed, or a loop wrapped one video first.
+  const PACE = 2, MAX_PACE = 0.5, FAR = 1;
+  const halfFrame = () => 0.5 / model.get("fps");
+  // The middle of the frame on screen at `t`: floor(t * fps) clamped to 0..frame_count-1, shown at (frame + 0.5) / fps
+  // (Python's frame_at and frame_time), so the browser's rounding of the seek cannot land on the frame before.
+  const frameMiddle = (t) => {
+    const fps = model.get("fps");
+    const frame = Math.min(model.get("frame_count") - 1, Math.max(0, Math.floor(t * fps + 1e-9)));
+    return (frame + 0.5) / fps;
+  };
 
   // Changes this view makes itself must not come back to it as seeks (that would stutter playback).
   let publishing = false;
@@ -85,26 +97,38 @@ function render({ model, el }) {
     if (on && video.paused) video.play().catch(() => publish("playing", false));
     if (!on && !video.paused) video.pause();
   });
+  // Paused (either video, or Python) or at the end: both videos stop on the middle of the frame the leader shows,
+  // and that time goes to Python, so the slider, the heatmap and the caption show the same frame as both videos.
+  const stop = () => {
+    publish("playing", false);
+    play(false);
+    follower.playbackRate = 1;  // B's pace while playing
+    const t = frameMiddle(leader.currentTime);
+    seek(t);
+    publish("time", t);
+  };
 
   videos.forEach((entry) => {
     const { video } = entry;
     video.addEventListener("play", () => { publish("playing", true); play(true); });
-    video.addEventListener("pause", () => { if (!video.ended) { publish("playing", false); play(false); } });
-    video.addEventListener("ended", () => publish("playing", false));
+    video.addEventListener("pause", stop);
+    video.addEventListener("ended", stop);
     video.addEventListener("seeked", () => {
       const t = video.currentTime;
       const ours = entry.target !== null && Math.abs(t - entry.target) < 1e-3;
       entry.target = null;
       if (ours) return;  // a seek this view made landed: the model already holds the exact time
       publish("time", t);  // the user scrubbed this video: Python (the slider) follows
-      const slack = video.paused ? TOLERANCE : DRIFT;
+      const slack = video.paused ? TOLERANCE : halfFrame();
       videos.forEach((other) => { if (other !== entry && Math.abs(other.video.currentTime - t) > slack) seekTo(other, t); });
     });
   });
   leader.addEventListener("timeupdate", () => {
     if (leader.paused) return;
     publish("time", leader.currentTime);
-    if (Math.abs(follower.currentTime - leader.currentTime) > DRIFT) seekTo(videos[1], leader.currentTime);
+    const gap = leader.currentTime - follower.currentTime;  // > 0: B is behind
+    if (Math.abs(gap) > FAR) seekTo(videos[1], leader.currentTime);
+    follower.playbackRate = Math.abs(gap) > FAR ? 1 : 1 + Math.max(-MAX_PACE, Math.min(MAX_PACE, PACE * gap));
   });
   const onTime = () => { if (!publishing) seek(model.get("time")); };
   const onPlaying = () => { if (!publishing) play(model.get("playing")); };
@@ -128,11 +152,15 @@ class SyncedVideos(anywidget.AnyWidget):
     """Two `<video>` elements driven by one `time` and one `playing` trait.
 
     Setting `time` (seconds) seeks both; playing or pausing either plays or pauses both; scrubbing one
-    video or playing them writes `time` back, so Python (the frame slider) follows. A seek the widget
-    made itself never writes back the browser's rounded reading of it. `ipywidgets.Video` has no
-    current-time trait, which is why this exists. `src_a`/`src_b` are data-URI MP4 strings; both videos
-    show at `display_width` x `display_height` CSS pixels with square (nearest-neighbour) pixels, native
-    controls, and `loop` (on by default). B starts muted: two soundtracks at once are noise.
+    video or playing them writes `time` back, so Python (the frame slider) follows. While playing, B keeps
+    pace with A (the leader) by its playback rate (a seek stalls it) and is seeked only a second or more away.
+    Pausing (either video, or `playing = False`) and reaching the end stop both videos on one frame: the
+    middle of the frame A shows (`frame_time` of `frame_at` over `fps` and `frame_count`, which describe both
+    videos), written back as `time`. A seek the widget made itself never writes back the browser's rounded
+    reading of it. `ipywidgets.Video` has no current-time trait, which is why this exists. `src_a`/`src_b`
+    are data-URI MP4 strings; both videos show at `display_width` x `display_height` CSS pixels with square
+    (nearest-neighbour) pixels, native controls, and `loop` (on by default). B starts muted: two soundtracks
+    at once are noise.
     """
 
     _esm = _SYNCED_VIDEOS_ESM
@@ -141,6 +169,8 @@ class SyncedVideos(anywidget.AnyWidget):
     label_a = traitlets.Unicode("A").tag(sync=True)
     label_b = traitlets.Unicode("B").tag(sync=True)
     time = traitlets.Float(0.0, min=0.0).tag(sync=True)
+    fps = traitlets.Float(24.0).tag(sync=True)  # frames per second of both videos (> 0)
+    frame_count = traitlets.Int(1, min=1).tag(sync=True)  # frames in each video
     playing = traitlets.Bool(False).tag(sync=True)
     loop = traitlets.Bool(True).tag(sync=True)
     display_width = traitlets.Int(MIN_SIDE, min=1).tag(sync=True)
@@ -223,10 +253,11 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
         a, b = (html.escape(label) for label in labels)
         shown = f"{width}x{height} px" + (f", shown x{self.factor}" if self.factor > 1 else "")
         self.header.value = (
-            f"<b>{a}</b> vs <b>{b}</b>: {self.frame_count} frames of {width}x{height} px @ {self.fps} fps; "
+            f"<b>{a}</b> vs <b>{b}</b>: {_frames(self.frame_count)} of {width}x{height} px @ {self.fps} fps; "
             f"|{b} - {a}| max {self.diff_max}/255"
         )
         self.videos.playing = False
+        self.videos.fps, self.videos.frame_count = self.fps, self.frame_count
         self.slider.value = 0
         self.slider.max = self.frame_count - 1
         self.videos.time = frame_time(0, self.fps)
@@ -309,7 +340,8 @@ class ABPlayer(StaticCopy, ipywidgets.VBox):
             self.psnr, self.ssim = np.asarray(psnr, dtype=np.float64), np.asarray(ssim, dtype=np.float64)
 
     def _caption(self, frame: int) -> str:
-        text = f"frame {frame} (frames 0-{self.frame_count - 1}), t = {frame_time(frame, self.fps):.3f} s"
+        frames = f"frames 0-{self.frame_count - 1}" if self.frame_count > 1 else "the only frame"
+        text = f"frame {frame} ({frames}), t = {frame_time(frame, self.fps):.3f} s"
         if self.psnr is not None and self.ssim is not None:
             text += f"; PSNR {self.psnr[frame]:.2f} dB, SSIM {self.ssim[frame]:.4f}"
         return text
@@ -369,8 +401,13 @@ def _identical_html(labels: tuple[str, str], frames: int) -> str:
     )
     return (
         f'<div class="vflash-identical" style="{style}"><b>{a} and {b} are identical</b>: every frame equal, pixel '
-        f"for pixel ({frames} of {frames} frames), so there is no difference to map and no PSNR/SSIM to plot.</div>"
+        f"for pixel ({frames} of {_frames(frames)}), so there is no difference to map and no PSNR/SSIM to plot.</div>"
     )
+
+
+def _frames(count: int) -> str:
+    """The count with its noun: "1 frame", "9 frames"."""
+    return f"{count} frame" + ("" if count == 1 else "s")
 
 
 def _data_uri(mp4: bytes) -> str:

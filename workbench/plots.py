@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -305,6 +306,9 @@ def _host_rss_plot(events: Sequence[Event], readings: Sequence[tuple[float, floa
     return figure
 
 
+_CAPTION_CHARACTERS = 110  # a caption line of `ab_audio_figure` at 10 pt: well inside its 10 in (720 pt) width
+
+
 def ab_audio_figure(
     a_audio: np.ndarray, b_audio: np.ndarray, sample_rate: int, labels: tuple[str, str] = ("A", "B")
 ) -> Figure:
@@ -316,6 +320,10 @@ def ab_audio_figure(
     over the channels (`quality.audio_snr_db`, the budget's waveform SNR) when both have the same layout. When
     lengths differ, the differences cover the common start and say so. When A and B are equal sample for sample
     (same shape), there is no difference to draw: the bottom row is one text-only axes saying so (five axes).
+
+    The axes are titled "A: ...", "B: ..." and "B - A: ..." whatever the labels, so titles stay short enough not to
+    overlap their neighbours; `labels` other than ("A", "B") are spelled out in full in the figure's title (its
+    suptitle), "A: <label>" and "B: <label>", each wrapped to lines that fit the figure's width.
     """
     if not isinstance(sample_rate, int | np.integer) or sample_rate <= 0:
         raise ValueError(f"sample_rate: expected a positive integer in Hz, got {sample_rate!r}")
@@ -324,6 +332,12 @@ def ab_audio_figure(
     n = min(a.size, b.size)
     identical = np.array_equal(a_audio, b_audio)
     figure = Figure(figsize=(10, 5.4 if identical else 7), layout="constrained")
+    if tuple(labels) != ("A", "B"):
+        lines = [
+            textwrap.fill(f"{arm}: {label}", _CAPTION_CHARACTERS, subsequent_indent="    ")
+            for arm, label in zip("AB", labels, strict=True)
+        ]
+        figure.suptitle("\n".join(lines), x=0.01, ha="left", fontsize=10)
     rows = figure.add_gridspec(3, 2, height_ratios=(1, 1, 0.25 if identical else 1))
     waves = [figure.add_subplot(rows[0, column]) for column in range(2)]
     spectrograms = [figure.add_subplot(rows[1, column]) for column in range(2)]
@@ -331,22 +345,22 @@ def ab_audio_figure(
     spectra = [_spectrogram(x, sample_rate) for x in (a, b)]
     low = min(np.percentile(db, 5) for _, _, db in spectra)
     high = max(db.max() for _, _, db in spectra)
-    for column, (x, label, (freqs, times, db)) in enumerate(zip((a, b), labels, spectra, strict=True)):
+    for column, (x, arm, (freqs, times, db)) in enumerate(zip((a, b), "AB", spectra, strict=True)):
         wave_axes, spec_axes = waves[column], spectrograms[column]
         wave_axes.plot(np.arange(x.size) / sample_rate, x, linewidth=0.6)
         wave_axes.set_ylim(-peak * 1.05, peak * 1.05)
-        wave_axes.set_title(f"{label}: waveform ({x.size / sample_rate:.2f} s)", fontsize=10)
+        wave_axes.set_title(f"{arm}: waveform ({x.size / sample_rate:.2f} s)", fontsize=10)
         _show_spectrogram(spec_axes, freqs, times, db, "magma", low, high)
-        spec_axes.set_title(f"{label}: spectrogram, {low:.3g} to {high:.3g} dB", fontsize=10)
+        spec_axes.set_title(f"{arm}: spectrogram, {low:.3g} to {high:.3g} dB", fontsize=10)
     for axes in (waves[0], spectrograms[0]):
         axes.set_xlabel("s")
     if identical:
         channels = 1 if np.ndim(a_audio) == 1 else np.shape(a_audio)[0]
         equal = f"every sample equal ({channels} ch x {np.shape(a_audio)[-1]} samples)"
-        _say(figure.add_subplot(rows[2, :]), f"{labels[0]} and {labels[1]} are identical: {equal}", fontsize=12)
+        _say(figure.add_subplot(rows[2, :]), f"A and B are identical: {equal}", fontsize=12)
         return figure
     grid = [figure.add_subplot(rows[2, column]) for column in range(2)]
-    suffix = "" if a.size == b.size else f" (first {n / sample_rate:.2f} s: lengths differ)"
+    suffix = "" if a.size == b.size else f"\n(first {n / sample_rate:.2f} s: lengths differ)"
     difference = b[:n] - a[:n]
     grid[0].plot(np.arange(n) / sample_rate, difference, color="#e15759", linewidth=0.6)
     grid[0].set_ylim(-peak * 1.05, peak * 1.05)
@@ -354,14 +368,14 @@ def ab_audio_figure(
         audio_snr_db(*(np.atleast_2d(x) for x in (a_audio, b_audio))) if np.ndim(a_audio) == np.ndim(b_audio) else None
     )
     snr_text = "" if snr is None else ", identical" if snr == np.inf else f", SNR {snr:.1f} dB"
-    grid[0].set_title(f"{labels[1]} - {labels[0]}: waveform{snr_text}{suffix}", fontsize=10)
+    grid[0].set_title(f"B - A: waveform{snr_text}{suffix}", fontsize=10)
     grid[0].set_xlabel("s")
     freqs, times, db_a = _spectrogram(a[:n], sample_rate)
     _, _, db_b = _spectrogram(b[:n], sample_rate)
     delta = db_b - db_a
     limit = max(float(np.abs(delta).max(initial=0.0)), 1e-3)
     _show_spectrogram(grid[1], freqs, times, delta, "RdBu_r", -limit, limit)
-    grid[1].set_title(f"{labels[1]} - {labels[0]}: spectrogram, {-limit:.3g} to {limit:.3g} dB{suffix}", fontsize=10)
+    grid[1].set_title(f"B - A: spectrogram, {-limit:.3g} to {limit:.3g} dB{suffix}", fontsize=10)
     return figure
 
 
@@ -377,8 +391,9 @@ def frame_metric_curves(
     Identical frames have infinite PSNR; they are left out of the curve and counted in its title.
     `budget` (a `Budget.to_dict()`) draws its limits as dashed lines: `psnr_db` on the PSNR axes (the
     budget applies it to the whole clip; per frame it is a guide) and `min_ssim` on the SSIM axes (the
-    budget applies it to the worst frame). `size` is the figure size in inches. Returns a figure with two axes;
-    when every frame is identical (no finite PSNR to draw), one text-only axes saying so.
+    budget applies it to the worst frame). `size` is the figure size in inches. The frame axis has whole-frame ticks
+    only (a single frame: one tick at 0, in -0.5..0.5). Returns a figure with two axes; when every frame is identical
+    (no finite PSNR to draw), one text-only axes saying so.
     """
     psnr = np.asarray(psnr, dtype=np.float64)
     ssim = np.asarray(ssim, dtype=np.float64)
@@ -404,7 +419,10 @@ def frame_metric_curves(
     bottom.plot(frames, ssim, marker=".", color="#59a14f")
     bottom.set_ylabel("SSIM")
     bottom.set_xlabel("frame")
-    bottom.xaxis.set_major_locator(MaxNLocator(nbins=4 if small else "auto", integer=True))  # small: ticks apart
+    # ticks on whole frames only, a single frame's included (min_n_ticks=1; else it falls back to -0.03, 0, 0.03)
+    bottom.xaxis.set_major_locator(MaxNLocator(nbins=4 if small else "auto", integer=True, min_n_ticks=1))
+    if psnr.size == 1:
+        bottom.set_xlim(-0.5, 0.5)  # autoscaling a single point spans +-0.03 of a frame
     bottom.set_title(f"min SSIM {ssim.min():.4f}" if ssim.size else "no frames", fontsize=9 if small else 10)
     limits = budget or {}
     for axes, key, label in ((top, "psnr_db", "budget {:g} dB"), (bottom, "min_ssim", "budget {:g}")):

@@ -3,9 +3,9 @@
 A small notebook generates two demo-av clips (2 s at 24 fps, 128x128: stock and easycache) and shows an
 `ABPlayer` and an `ABAudio` of them. The checks: every frame 0..T-1 is reached by ArrowRight, End and
 the mouse with both videos on that frame after each step (Chromium truncates `currentTime` to
-microseconds, which once made the slider skip frames at 24 fps), the videos render at least 256 px,
-the row of videos, heatmap and curves fits a 1400 px screen beside Lab's file browser, and the audio
-shows its true duration.
+microseconds, which once made the slider skip frames at 24 fps), a pause or the end leaves both videos,
+the slider and the caption on one frame, the videos render at least 256 px, the row of videos, heatmap
+and curves fits a 1400 px screen beside Lab's file browser, and the audio shows its true duration.
 `python -m pytest tests/browser -k screenshot` rewrites docs/ab_view.png (1400x1100).
 
 Needs /usr/bin/chromium (`apt-get install chromium`) and the `playwright` Python package; without
@@ -177,6 +177,64 @@ def test_every_frame_is_reachable_with_both_videos_together(ab_page):
     player.locator("button[title='previous frame']").click()
     wait_for_frame(page, 0)
     print(f"frames reached by keyboard: {reached}; End -> {end}")
+
+
+def wait_until_stopped(page) -> dict:
+    """Wait until both videos are paused on one time, the middle of a frame, and the slider and the caption (what the
+    heatmap and the curves are drawn for) say that frame; the state."""
+    try:
+        page.wait_for_function(
+            """(fps) => {
+                const player = document.querySelector('.vflash-ab-player');
+                const videos = [...player.querySelectorAll('video')];
+                const [a, b] = videos.map((v) => v.currentTime);
+                const frame = Math.floor(a * fps);
+                const readout = Number(player.querySelector('.widget-slider .widget-readout').textContent.trim());
+                const caption = [...player.querySelectorAll('.widget-html')].map((h) => h.innerText.trim())
+                    .find((text) => /^frame \\d+ \\(/.test(text));
+                return videos.every((v) => v.paused && !v.seeking) && a === b && Math.abs(a * fps - frame - 0.5) < 1e-3
+                    && readout === frame && (caption || '').startsWith(`frame ${frame} (`);
+            }""",
+            arg=FPS,
+            timeout=10_000,
+        )
+    except sync_api.TimeoutError:
+        raise AssertionError(f"not stopped on one frame: {frame_state(page)}") from None
+    return frame_state(page)
+
+
+def test_pause_and_the_end_leave_both_videos_the_slider_and_the_caption_on_one_frame(ab_page):
+    """Paused by "pause both", by a video's own control, or at the end (loop off), both videos stop on the middle of
+    the frame A shows, and the slider, the heatmap and the caption show that frame; "pause both" once left A, B and
+    the slider on three frames (the slider followed A's timeupdate, ~4 times a second; B drifted up to 0.15 s)."""
+    page, player = ab_page
+    playing = "() => [...document.querySelectorAll('.vflash-ab-player video')].every((v) => !v.paused)"
+    stops = []
+    for pause in ("the button", "B's own control"):
+        player.locator("button", has_text="play both").click()
+        page.wait_for_function(playing, timeout=10_000)
+        page.wait_for_timeout(1100)
+        if pause == "the button":
+            player.locator("button", has_text="pause both").click()
+        else:
+            page.evaluate("() => document.querySelectorAll('.vflash-ab-player video')[1].pause()")
+        stops.append(wait_until_stopped(page))
+    loop = "(on) => document.querySelectorAll('.vflash-ab-player video').forEach((v) => { v.loop = on; })"
+    page.evaluate(loop, False)
+    try:
+        handle = player.locator(".widget-slider .noUi-handle").first
+        handle.focus()
+        handle.press("End")
+        for _ in range(12):  # half a second before the end
+            handle.press("ArrowLeft")
+        wait_for_frame(page, FRAMES - 13)
+        player.locator("button", has_text="play both").click()
+        page.wait_for_function(playing, timeout=10_000)
+        end = wait_until_stopped(page)
+    finally:
+        page.evaluate(loop, True)
+    assert end["frame"] == FRAMES - 1, end
+    print(f"paused by the button, by B's control: {stops}; at the end: {end}")
 
 
 def test_videos_heatmap_and_curves_fit_one_row_at_1400_px(ab_page):

@@ -16,7 +16,7 @@ from PIL import Image
 
 from workbench import Request, Result, Session, environment
 from workbench.environment import cpu_model_name
-from workbench.evidence.report import Table, _png, render, video
+from workbench.evidence.report import ELEMENT_STYLES, WRAPPER_STYLE, Table, _png, fragment, render, video
 from workbench.evidence.review import review_page
 from workbench.plots import round_times
 from workbench.quality import Budget, compare
@@ -106,6 +106,29 @@ def test_report_carries_round_and_quality_plots_as_png_data_uris(exact_report):
     assert "per-frame PSNR and SSIM with the budget" in page
     images = pngs(page)
     assert len(images) == 2 and all(image.width >= 400 for image in images)
+
+
+def test_a_notebook_shows_the_reports_body_with_its_look_inline(exact_report):
+    """JupyterLab drops an untrusted output's <style> and shows its <title> as a stray line of text: notebooks 20, 40
+    and 50 show `fragment` of the page, its body alone with the page's look in each element's style attribute."""
+    record, qualification = exact_report
+    for document in (qualification, review_page({"A": record})):
+        shown = fragment(document)
+        assert not re.search(r"<(!doctype|html|head|meta|title|style|body)\b", shown, re.IGNORECASE)
+        body = document[document.index("<body>") + len("<body>") : document.rindex("</body>")]
+        assert html_text(shown) == html_text(body)
+        assert re.findall(r"</?(\w+)", shown) == re.findall(r"</?(\w+)", body)  # the same elements, in order
+        assert re.findall(r"data:[^\"']+", shown) == re.findall(r"data:[^\"']+", body)  # the same videos and plots
+        assert shown.startswith(f'<div class="vflash-report" style="{WRAPPER_STYLE}">')
+        for tag, style in ELEMENT_STYLES.items():  # every styled element carries its rule, its own style after it
+            styled = re.findall(rf'<{tag} style="{re.escape(style)}[;"]', shown)
+            assert len(styled) == len(re.findall(rf"<{tag}\b", shown)), tag
+        assert f'<th style="{ELEMENT_STYLES["th"]};text-align:left">' in shown
+    shown = fragment(qualification)
+    assert html_text(shown).split()[:2] == ["Qualification:", "no_speed_claim"]  # the <h1>: no <title> before it
+    assert 'style="width:256px;height:256px;image-rendering:pixelated"' in shown  # a video's own style, kept
+    with pytest.raises(ValueError, match=r"^document: expected a report page as `page` makes it"):
+        fragment(html_text(qualification))
 
 
 def test_report_labels_rounds_and_names_the_device(exact_report):

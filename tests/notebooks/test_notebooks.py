@@ -111,6 +111,19 @@ def text(notebook: nbformat.NotebookNode) -> str:
     return "\n".join(parts)
 
 
+def shown_report(notebook: nbformat.NotebookNode) -> str:
+    """The report the notebook shows (its one HTML output of a `.vflash-report`): a body fragment with its styles
+    inline, never a whole document, whose <title> JupyterLab shows as a stray line and whose <style> it drops."""
+    (report,) = [
+        html_output
+        for cell in notebook.cells
+        for output in cell.get("outputs", [])
+        if 'class="vflash-report"' in (html_output := output.get("data", {}).get("text/html", ""))
+    ]
+    assert not re.search(r"<(!doctype|html|head|title|style)\b", report, re.IGNORECASE)
+    return report
+
+
 @pytest.mark.notebook_run("00_quickstart")
 def test_quickstart_notebook_plays_the_demo_and_writes_the_video(runs):
     notebook, folder = executed(runs, "00_quickstart")
@@ -158,7 +171,7 @@ def test_qualify_notebook_writes_record_and_report(runs):
     report = (folder / "out" / "qualification.html").read_text()
     assert f"Qualification: {record['verdict']}" in report and "data:video/mp4;base64," in report
     assert html.escape(Budget.from_dict(record["budget"]).describe()) in report  # the limits in words, not JSON
-    assert "text/html" in mimes(notebook)
+    assert f"<h1>Qualification: {record['verdict']}</h1>" in shown_report(notebook)
 
 
 @pytest.mark.notebook_run("30_kernels")
@@ -195,7 +208,7 @@ def test_review_notebook_makes_and_compares_two_executed_records_and_writes_its_
     assert records[1]["cases"][0]["receipts"]["easycache"]["reused"] > 0  # the approximate arm really skipped work
     report = (folder / "out" / "review.html").read_text()
     assert report.count("data:video/mp4;base64,") == 4 and "<script" not in report and "<title>Review: " in report
-    shown = text(notebook)
+    shown = shown_report(notebook)
     assert "CI95" in shown and "latent rel-L2" in shown and "verdict" in shown
     cases = [case for r in records for case in r["cases"]]
     assert report.count("; not a speed claim (see the verdict)") == len(cases)  # CPU times: no case claims speed
@@ -209,7 +222,8 @@ def test_calibrate_notebook_writes_its_record_and_shows_the_panel(runs):
     record = json.loads((folder / "out" / "calibration.json").read_text())
     assert record["plugin"] == "easycache" and record["status"] in text(notebook)
     assert record["status"] == "quality_confirmed", record["reason"]
-    assert {"application/vnd.jupyter.widget-view+json", "text/html"} <= mimes(notebook)
+    assert "application/vnd.jupyter.widget-view+json" in mimes(notebook)
+    assert f">{record['status']}</td>" in shown_report(notebook)  # its status row
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)

@@ -31,7 +31,7 @@ class Model {
 }
 const { default: widget } = await import(pathToFileURL(process.argv[2]).href);
 const state = { src_a: "data:a", src_b: "data:b", label_a: "dense", label_b: "cached", time: 0, playing: false };
-const model = new Model({ ...state, loop: true, display_width: 256, display_height: 192 });
+const model = new Model({ ...state, fps: 24, frame_count: 49, loop: true, display_width: 256, display_height: 192 });
 const el = new El("div");
 const cleanup = widget.render({ model, el });
 const [a, b] = el.children[0].children.map((fig) => fig.children[0]);
@@ -49,20 +49,37 @@ ok(model.get("time") === 0.3 && b.currentTime === 0.3 && model.saved.length > sa
 // user plays B -> both play, playing published
 b.play();
 ok(!a.paused && !b.paused && model.get("playing") === true, "playing one plays both");
-// playback: leader timeupdate publishes time without re-seeking B within drift
+// playback: leader timeupdate publishes time; B keeps pace by its rate (a seek stalls it), seeked only a second away
 a._t = 0.5; b._t = 0.45; const seeksB = b.seeks;
 a.fire("timeupdate");
-ok(model.get("time") === 0.5 && b.seeks === seeksB, "timeupdate publishes time, small drift tolerated");
-a._t = 0.9; a.fire("timeupdate");
-ok(b.currentTime === 0.9, "large drift re-seeks B");
-// Python pauses
+ok(model.get("time") === 0.5 && b.seeks === seeksB && Math.abs(b.playbackRate - 1.1) < 1e-9,
+  "timeupdate publishes time; B 0.05 s behind plays 10% faster, not seeked");
+a._t = 0.4; a.fire("timeupdate");
+ok(b.seeks === seeksB && Math.abs(b.playbackRate - 0.9) < 1e-9, "B 0.05 s ahead plays 10% slower");
+a._t = 0.3; b._t = 1.9; a.fire("timeupdate");  // A's loop wrapped first
+ok(b.currentTime === 0.3 && b.seeks === seeksB + 1 && b.playbackRate === 1, "B a second or more away is seeked");
+// stopped on the middle of the frame on screen at t (frame floor(t * 24), clamped to 0..48): the videos read it
+// truncated to microseconds, as Chromium does, and Python holds it exactly
+const middle = (t) => (Math.min(48, Math.floor(t * 24)) + 0.5) / 24;
+const stopped = (t) => a.paused && b.paused && b.playbackRate === 1 && model.get("playing") === false
+  && model.get("time") === middle(t) && a.currentTime === Math.trunc(middle(t) * 1e6) / 1e6
+  && b.currentTime === a.currentTime;
+// Python pauses: both stop on the middle of A's frame, and Python is told that time
+a._t = 1.27; b._t = 1.31;  // frames 30 and 31
 model.set("playing", false);
-ok(a.paused && b.paused, "playing=false pauses both");
-// user pauses via A when playing
-model.set("playing", true); ok(!a.paused && !b.paused, "playing=true plays both");
-a.pause();
-ok(b.paused && model.get("playing") === false, "pausing one pauses both");
-a.pause();
+ok(stopped(1.27), "playing=false pauses both on the middle of A's frame and publishes it");
+// user pauses via either video when playing
+for (const [paused, t] of [[a, 0.7], [b, 1.02]]) {
+  model.set("playing", true); ok(!a.paused && !b.paused, "playing=true plays both");
+  a._t = t; b._t = t + 0.04;
+  paused.pause();
+  ok(stopped(t), "pausing one pauses both on the middle of A's frame and publishes it");
+}
+// the end (no loop): both on the last frame, Python told so
+model.set("playing", true);
+a._t = 49 / 24; b._t = 2.03; a.paused = b.paused = true; a.ended = true;
+a.fire("pause"); a.fire("ended"); a.ended = false;
+ok(stopped(49 / 24) && model.get("time") === 48.5 / 24, "the end stops both on the last frame and publishes it");
 if (process.argv[3]) {
   const { times } = JSON.parse((await import("node:fs")).readFileSync(process.argv[3], "utf8"));
   const steps = times.map((t) => {

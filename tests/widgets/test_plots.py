@@ -1,12 +1,15 @@
 import re
+import warnings
 
 import matplotlib.style
 import numpy as np
 import psutil
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from workbench.plots import (
     ab_audio_figure,
@@ -126,12 +129,14 @@ def test_ab_audio_figure_has_waveforms_spectrograms_and_differences(rng):
     assert "lengths differ" in figure.axes[4].get_title()
     assert f"SNR {audio_snr_db(a, b):.1f} dB" in figure.axes[4].get_title()
     start = ab_audio_figure(a, a[:, :2500], 16000)  # identical over the common start only: still drawn
-    assert len(start.axes) == 6 and "identical (first 0.16 s: lengths differ)" in start.axes[4].get_title()
+    assert len(start.axes) == 6 and "identical\n(first 0.16 s: lengths differ)" in start.axes[4].get_title()
+    assert start.get_suptitle() == ""  # the labels are the arms' letters: nothing to spell out
     same = ab_audio_figure(a, a.copy(), 16000, labels=("#1", "#2"))  # no difference to draw: a statement instead
     assert len(same.axes) == 5 and not same.axes[4].axison
     assert [t.get_text() for t in same.axes[4].texts] == [
-        "#1 and #2 are identical: every sample equal (2 ch x 3001 samples)"
+        "A and B are identical: every sample equal (2 ch x 3001 samples)"
     ]
+    assert same.get_suptitle() == "A: #1\nB: #2"
     for spectrogram in figure.axes[2:4] + figure.axes[5:]:  # log frequency, from the first bin above 0 Hz to Nyquist
         assert (
             spectrogram.get_yscale() == "log" and 0 < spectrogram.get_ylim()[0] < 32 < 7900 < spectrogram.get_ylim()[1]
@@ -139,6 +144,42 @@ def test_ab_audio_figure_has_waveforms_spectrograms_and_differences(rng):
         low, high = spectrogram.collections[0].get_clim()  # the colour scale, as the title gives it
         assert f": spectrogram, {low:.3g} to {high:.3g} dB" in spectrogram.get_title(), (low, high)
     assert figure_png(figure).startswith(PNG)
+
+
+THREE_PLUGINS = "#3 cross_kv_cache + first_block_cache + selective_fp8"
+
+
+@pytest.mark.parametrize(
+    "labels, b_samples, same",
+    [
+        (("#1 stock", "#2 cross_kv_cache + first_block_cache"), 32000, False),  # the Dashboard's labels
+        (("#2 cross_kv_cache + adaln_precompute + easycache", THREE_PLUGINS), 30000, False),  # lengths differ
+        (("#2 cross_kv_cache + adaln_precompute + easycache", THREE_PLUGINS), 32000, True),  # identical
+        (("#1 stock", " + ".join([THREE_PLUGINS] * 4)), 32000, False),  # longer than the figure is wide
+    ],
+)
+def test_ab_audio_figure_keeps_long_labels_out_of_the_axes_titles_and_every_title_apart(rng, labels, b_samples, same):
+    """Long labels (the Dashboard's "#n plugin + plugin + ...") are spelled out, wrapped, in the figure's title: the
+    axes' titles (the SNR's among them) never overlap each other or that title, nothing leaves the figure, and
+    constrained layout never gives up (it warned "axes sizes collapsed to zero" and drew the axes squashed)."""
+    a = rng.uniform(-0.5, 0.5, (2, 32000)).astype(np.float32)
+    b = a.copy() if same else a[:, :b_samples] + rng.normal(0, 0.05, (2, b_samples)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figure = ab_audio_figure(a, b, 16000, labels=labels)
+        canvas = FigureCanvasAgg(figure)
+        canvas.draw()
+    renderer = canvas.get_renderer()
+    caption = next(text for text in figure.findobj(Text) if text.get_text() == figure.get_suptitle())
+    assert caption.get_text().replace("\n    ", " ").splitlines() == [f"A: {labels[0]}", f"B: {labels[1]}"]
+    texts = [caption] + [axes.title for axes in figure.axes] + [text for axes in figure.axes for text in axes.texts]
+    boxes = [text.get_window_extent(renderer) for text in texts if text.get_text()]
+    assert len(boxes) == (6 if same else 7)
+    assert all(figure.bbox.contains(box.x0, box.y0) and figure.bbox.contains(box.x1, box.y1) for box in boxes)
+    assert not any(box.count_overlaps(boxes[:i]) for i, box in enumerate(boxes)), [t.get_text() for t in texts]
+    if not same:
+        assert figure.axes[4].get_title().startswith(f"B - A: waveform, SNR {audio_snr_db(a, b):.1f} dB")
+    assert all(axes.get_position().width > 0.3 for axes in figure.axes[:4])  # not squashed: two columns of axes
 
 
 @pytest.mark.parametrize(
@@ -171,6 +212,16 @@ def test_frame_metric_curves_has_two_axes_and_marks_the_current_frame(rng):
         frame_metric_curves(psnr, ssim, current=7)
     with pytest.raises(ValueError, match="psnr, ssim"):
         frame_metric_curves(psnr, ssim[:-1])
+
+
+@pytest.mark.parametrize("size", [(8, 3.6), (2.5, 3.2)])  # the report's and the A/B player's
+def test_frame_metric_curves_of_one_frame_mark_frame_0_only(size):
+    """A one-frame clip: the frame axis spans that frame (-0.5..0.5) with one tick, 0, not ticks at -0.03 and 0.03."""
+    figure = frame_metric_curves(np.array([37.5]), np.array([0.9957]), current=0, size=size)
+    figure.draw_without_rendering()
+    for axes in figure.axes:  # they share the frame axis
+        low, high = axes.get_xlim()
+        assert (low, high) == (-0.5, 0.5) and [tick for tick in axes.get_xticks() if low <= tick <= high] == [0]
 
 
 @pytest.mark.parametrize("style", ["default", "dark_background"])

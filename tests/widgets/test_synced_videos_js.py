@@ -32,7 +32,7 @@ def run_harness(tmp_path: Path, times: list[float] | None = None) -> subprocess.
 @needs_node
 def test_synced_videos_esm_seeks_plays_and_publishes_time(tmp_path):
     run = run_harness(tmp_path)
-    assert run.stdout.count("ok ") == 12
+    assert run.stdout.count("ok ") == 16
 
 
 @needs_node

@@ -61,6 +61,16 @@ def test_previous_and_next_buttons_step_one_frame_and_stop_at_the_ends(make_resu
     assert player.slider.value == 7
 
 
+def test_a_one_frame_pair_is_said_as_one_frame(make_result):
+    a = make_result(frames=(1, 20, 28))
+    player = ABPlayer(a, make_result(like=a, noise=3))
+    assert ": 1 frame of 28x20 px @ 24 fps;" in player.header.value
+    assert player.caption.value.startswith("frame 0 (the only frame), t = 0.021 s;")
+    assert (player.videos.fps, player.videos.frame_count) == (24, 1) and not player.errors.value
+    same = ABPlayer(a, a)
+    assert "(1 of 1 frame)" in same.identical.value
+
+
 def test_small_clips_show_enlarged_nearest_neighbour_with_their_true_size(make_result):
     a = make_result(frames=(9, 20, 28))
     player = ABPlayer(a, make_result(like=a, noise=3), labels=("dense", "cached"))
@@ -86,6 +96,7 @@ def test_compare_swaps_in_a_new_pair_in_place(make_result):
     player.compare(c, d, labels=("#3 stock", "#4 y"))
     assert player.labels == ("#3 stock", "#4 y") and player.slider.max == 4 and player.slider.value == 0
     assert player.psnr.shape == (5,) and "#4 y" in player.header.value and not player.errors.value
+    assert (player.videos.fps, player.videos.frame_count) == (24, 5)  # where the browser's pause snaps to
     player.slider.value = 4
     assert player.videos.time == pytest.approx(4.5 / 24)
 

@@ -9,6 +9,7 @@ import base64
 import dataclasses
 import html
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,21 +33,58 @@ AUDIO_ROWS = {
     "rms_ratio_error": "RMS ratio error",
 }
 
-# Scoped to the report's own wrapper: shown inside a notebook, the page must not restyle the notebook.
-STYLE = (
-    ".vflash-report{font-family:sans-serif;max-width:1200px}.vflash-report td,.vflash-report th{border:1px solid #ccc;"
-    "padding:2px 6px;text-align:left}.vflash-report table{border-collapse:collapse;margin:0.5em 0}"
-    ".vflash-report figure{display:inline-block;margin:0 12px 8px 0;vertical-align:top}"
-    ".vflash-report figcaption{font-size:0.9em}.vflash-report img{max-width:100%}"
+# The reports' look: their wrapper's style and that of each element they style. A page scopes them to its wrapper in
+# a <style> (`STYLE`): shown inside a notebook, a page must not restyle the notebook. A notebook gets `fragment`, which
+# writes them into each element's style attribute: JupyterLab drops the <style> of an untrusted output.
+WRAPPER_STYLE = "font-family:sans-serif;max-width:1200px"
+ELEMENT_STYLES = {
+    "td": "border:1px solid #ccc;padding:2px 6px;text-align:left",
+    "th": "border:1px solid #ccc;padding:2px 6px;text-align:left",
+    "table": "border-collapse:collapse;margin:0.5em 0",
+    "figure": "display:inline-block;margin:0 12px 8px 0;vertical-align:top",
+    "figcaption": "font-size:0.9em",
+    "img": "max-width:100%",
+}
+STYLE = f".vflash-report{{{WRAPPER_STYLE}}}" + "".join(
+    f".vflash-report {tag}{{{style}}}" for tag, style in ELEMENT_STYLES.items()
 )
+_BODY = "<body><div class='vflash-report'>"  # a page's content starts after this
+_END = "</div></body></html>"  # and ends before this
+_STYLED_TAG = re.compile(rf"<({'|'.join(ELEMENT_STYLES)})\b((?:[^>\"']|\"[^\"]*\"|'[^']*')*)>")  # attributes, quoted
+_STYLE_ATTRIBUTE = re.compile(r"""\sstyle=(["'])(.*?)\1""")
 
 
 def page(title: str, body: list[str]) -> str:
     """A whole static HTML document: `title`, the scoped style, and `body` inside a `.vflash-report` div."""
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}</style></head><body><div class='vflash-report'>{''.join(body)}</div></body></html>"
+        f"<style>{STYLE}</style></head>{_BODY}{''.join(body)}{_END}"
     )
+
+
+def fragment(document: str) -> str:
+    """What a notebook shows of a report: the `.vflash-report` div of `document` (a page made by `page`) with its look
+    in style attributes, so an untrusted output (JupyterLab drops <style>, and shows a <title> as a stray line of
+    text) looks as the page does. No doctype, <html>, <head>, <title> or <style>; the body's content is unchanged
+    but for each element `ELEMENT_STYLES` names, whose style attribute is the rule's declarations followed by its own
+    (which win, as they do over the page's <style>). Anything but a page made by `page` is a ValueError."""
+    if not (document.startswith("<!doctype html>") and _BODY in document and document.endswith(_END)):
+        raise ValueError(
+            f"document: expected a report page as `page` makes it (<!doctype html> ... {_BODY} ... {_END}), got "
+            f"one starting {document[:40]!r}"
+        )
+    content = _STYLED_TAG.sub(_inline_style, document[document.index(_BODY) + len(_BODY) : -len(_END)])
+    return f'<div class="vflash-report" style="{WRAPPER_STYLE}">{content}</div>'
+
+
+def _inline_style(tag: re.Match) -> str:
+    """A start tag of an element `ELEMENT_STYLES` names, with the rule's declarations first in its style attribute."""
+    name, attributes = tag.group(1), tag.group(2)
+    own = _STYLE_ATTRIBUTE.search(attributes)
+    if own is None:
+        return f'<{name} style="{ELEMENT_STYLES[name]}"{attributes}>'
+    style = f"{ELEMENT_STYLES[name]};{own.group(2)}"
+    return f'<{name}{attributes[: own.start()]} style="{style}"{attributes[own.end() :]}>'
 
 
 def render(record: dict[str, Any], pilots: list[tuple[Result, Result] | None] | None) -> str:
