@@ -36,9 +36,39 @@ def sessions():
     return get
 
 
+SEED = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Draws the run's seed (the `seed` fixture) from the OS, so it owes nothing to torch's global generator, which
+    every tiny model reseeds as it opens; WORKBENCH_TEST_SEED (an integer >= 0) replays a reported one."""
+    replay = os.environ.get("WORKBENCH_TEST_SEED", "")
+    if replay and not replay.isdecimal():
+        raise pytest.UsageError(f"WORKBENCH_TEST_SEED: {replay!r}; allowed: an integer >= 0 (a seed a run reported)")
+    config.stash[SEED] = int(replay) if replay else secrets.randbits(31)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"WORKBENCH_TEST_SEED={config.stash[SEED]}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """A failed test that used the run's seed (directly, through `rng` or through another fixture) reports it in a
+    "seed" section of its failure."""
+    report = yield
+    if report.failed and "seed" in getattr(item, "fixturenames", ()):
+        report.sections.append(("seed", f"WORKBENCH_TEST_SEED={item.config.stash[SEED]} replays this run's inputs"))
+    return report
+
+
+@pytest.fixture(scope="session")
+def seed(pytestconfig: pytest.Config) -> int:
+    """The run's seed: fresh every run, one for the whole run (module-scoped fixtures take it too), in [0, 2^31)."""
+    return pytestconfig.stash[SEED]
+
+
 @pytest.fixture
-def rng() -> np.random.Generator:
-    """Fresh random inputs per test; the seed is printed (shown on failure) and WORKBENCH_TEST_SEED replays it."""
-    seed = int(os.environ.get("WORKBENCH_TEST_SEED") or secrets.randbits(32))
-    print(f"WORKBENCH_TEST_SEED={seed}")
+def rng(seed: int) -> np.random.Generator:
+    """Random inputs from the run's seed (`seed`), a generator of its own per test."""
     return np.random.default_rng(seed)

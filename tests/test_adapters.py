@@ -18,10 +18,6 @@ SIZE = {"frames": 5, "height": 32, "width": 32}
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]
 
 
-def _seed():
-    return int(torch.randint(0, 2**20, ()).item())
-
-
 def lora_file(path, denoiser, seed, metadata=None):
     """A random rank-4 LoRA for a denoiser shaped like `denoiser`, saved as diffusers' `transformer.<module>.lora_A/B`
     keys (what `WanPipeline.save_lora_weights` writes), with `metadata` in the safetensors header."""
@@ -61,14 +57,14 @@ def test_adapter_bad_field_raises(tmp_path, fields, message):
         Adapter(**{"path": path, **fields})
 
 
-def test_a_failed_adapter_load_raises_and_changes_nothing(tmp_path):
+def test_a_failed_adapter_load_raises_and_changes_nothing(tmp_path, seed):
     """A target the model lacks, a file that is no LoRA, or a LoRA none of whose keys reach the targeted denoiser
     (a text encoder's keys, peft's own unprefixed keys: diffusers only warns and loads nothing) is refused with the
     adapter, the target and the keys named, leaving the weights as they were: the model's own, or the adapters fused
     before with their metadata's request defaults and metadata records."""
     session = Session.open("tiny-wan", device="cpu")
     transformer = session.model.pipeline.transformer
-    path = lora_file(tmp_path / "a.safetensors", transformer, _seed(), {"steps": "3"})
+    path = lora_file(tmp_path / "a.safetensors", transformer, seed, {"steps": "3"})
     before = fingerprint(transformer)
     with pytest.raises(ValueError, match=r"adapter.target: 'transformer_2' needs \['transformer_2'\]"):
         session.load_adapters([Adapter(path, target="transformer_2")])
@@ -101,11 +97,11 @@ def test_a_failed_adapter_load_raises_and_changes_nothing(tmp_path):
     assert [record["name"] for record in _generate(session, 0).metadata["adapters"]] == ["a"]
 
 
-def test_adapters_fuse_per_expert_match_diffusers_lora_and_unfuse_bitwise(tmp_path):
+def test_adapters_fuse_per_expert_match_diffusers_lora_and_unfuse_bitwise(tmp_path, seed):
     """One adapter on each Wan2.2 expert: only its expert's weights change; the fused request is diffusers' own
     (unfused, peft-layer) LoRA request up to float rounding; unloading restores every tensor bit for bit."""
     session = Session.open("tiny-wan22", device="cpu")
-    pipe, seed = session.model.pipeline, _seed()
+    pipe = session.model.pipeline
     high = lora_file(tmp_path / "high.safetensors", pipe.transformer, seed)
     low = lora_file(tmp_path / "low.safetensors", pipe.transformer_2, seed + 1)
     dense = _generate(session, seed)
@@ -138,11 +134,11 @@ def test_adapters_fuse_per_expert_match_diffusers_lora_and_unfuse_bitwise(tmp_pa
     assert rel < 1e-5, f"seed {seed}: fused vs diffusers' LoRA layers rel L2 {rel:.2e}"
 
 
-def test_one_adapter_on_both_wan22_experts_is_diffusers_request_and_unloads_exactly(tmp_path):
+def test_one_adapter_on_both_wan22_experts_is_diffusers_request_and_unloads_exactly(tmp_path, seed):
     """target="both": the one file fused into each expert at the same scale (both change), the request diffusers'
     own LoRA layers give with the file loaded into both; unloading restores both bit for bit."""
     session = Session.open("tiny-wan22", device="cpu")
-    pipe, seed = session.model.pipeline, _seed()
+    pipe = session.model.pipeline
     both = lora_file(tmp_path / "both.safetensors", pipe.transformer, seed)
     dense = _generate(session, seed)
     prints = [fingerprint(pipe.transformer), fingerprint(pipe.transformer_2)]
@@ -162,9 +158,9 @@ def test_one_adapter_on_both_wan22_experts_is_diffusers_request_and_unloads_exac
     assert rel < 1e-5 and not torch.equal(fused.latents, dense.latents), f"seed {seed}: rel L2 {rel:.2e}"
 
 
-def test_adapter_metadata_sets_request_defaults_and_shift(tmp_path):
+def test_adapter_metadata_sets_request_defaults_and_shift(tmp_path, seed):
     metadata = {"num_inference_steps": "3", "guidance": "1.5", "shift": "5.0"}
-    path = lora_file(tmp_path / "fast.safetensors", wan.tiny().pipeline.transformer, _seed(), metadata)
+    path = lora_file(tmp_path / "fast.safetensors", wan.tiny().pipeline.transformer, seed, metadata)
     session = Session.open("tiny-wan", device="cpu", adapters=[{"path": path, "scale": 0.5}])
     pipe = session.model.pipeline
     shift = wan.tiny().pipeline.scheduler.config.shift
@@ -176,14 +172,14 @@ def test_adapter_metadata_sets_request_defaults_and_shift(tmp_path):
     assert pipe.scheduler.config.shift == shift and session.resolve(Request("x", **SIZE)).steps != 3
 
 
-def test_every_exact_plugin_composes_with_a_fused_adapter_or_refuses_with_its_reason(tmp_path, monkeypatch):
+def test_every_exact_plugin_composes_with_a_fused_adapter_or_refuses_with_its_reason(tmp_path, monkeypatch, seed):
     """With an adapter fused, each registered exact plugin either installs, runs (a bitwise one equal to the fused
     request, the others within a reduction-order bound) and comes off leaving the fused weights as they were, or
     refuses before changing anything with a message that names it (on this CPU: the CUDA-only ones, and
     context_parallel without its process group)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     session = Session.open("tiny-wan", device="cpu", dtype="bfloat16")
-    transformer, seed = session.model.pipeline.transformer, _seed()
+    transformer = session.model.pipeline.transformer
     session.load_adapters([Adapter(lora_file(tmp_path / "a.safetensors", transformer, seed), scale=0.8)])
     fused_print, fused = fingerprint(transformer), _generate(session, seed)
     ran, refused = set(), set()
@@ -208,13 +204,13 @@ def test_every_exact_plugin_composes_with_a_fused_adapter_or_refuses_with_its_re
     assert cpu_exact <= ran and {"group_offload", "flash4_attention"} <= refused, (ran, refused)
 
 
-def test_plugins_compose_with_a_fused_adapter(tmp_path, monkeypatch):
+def test_plugins_compose_with_a_fused_adapter(tmp_path, monkeypatch, seed):
     """With an adapter fused: a bitwise cache and a rounding fused-op plugin equal the fused request bit for bit;
     selective_fp8 quantizes the fused weights (FP8 GEMMs run, near the fused request); all come off exactly."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(fp8, "machine_problem", lambda device: None)
     session = Session.open("tiny-wan", device="cpu", dtype="bfloat16")
-    transformer, seed = session.model.pipeline.transformer, _seed()
+    transformer = session.model.pipeline.transformer
     original = fingerprint(transformer)
     session.accelerate({"cross_kv_cache": {}})  # installed before: comes off for the fusion, goes back on after
     session.load_adapters([Adapter(lora_file(tmp_path / "a.safetensors", transformer, seed), scale=0.8)])

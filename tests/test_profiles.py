@@ -106,13 +106,12 @@ def test_a_device_torch_cannot_name_is_refused_by_field(device):
 
 
 @pytest.mark.parametrize("interpret", [False, True])
-def test_exact_fast_on_tiny_wan_cpu_equals_stock(monkeypatch, interpret):
+def test_exact_fast_on_tiny_wan_cpu_equals_stock(monkeypatch, interpret, seed):
     if interpret:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     else:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     session = Session.open("tiny-wan", device="cpu")
-    seed = int(torch.randint(0, 2**20, ()).item())
     request = Request("a red circle moves left", seed=seed, steps=3, **SIZE)
     stock = session.generate(request, progress=False)
     config = profile("exact-fast", "wan", "cpu")

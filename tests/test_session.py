@@ -15,9 +15,9 @@ from workbench.session import _to_uint8
 
 
 @pytest.mark.parametrize("name", ["tiny-wan", "tiny-wan22", "tiny-ltx2"])
-def test_tiny_model_generates_end_to_end_and_repeats_exactly(sessions, name):
+def test_tiny_model_generates_end_to_end_and_repeats_exactly(sessions, name, seed):
     session = sessions(name)
-    request = Request("a red circle moves left, low hum", seed=3)
+    request = Request("a red circle moves left, low hum", seed=seed)
     first = session.generate(request, progress=False)
     second = session.generate(request, progress=False)
     assert first.frames.dtype == np.uint8 and first.frames.shape == (9, 64, 64, 3)
@@ -31,25 +31,25 @@ def test_tiny_model_generates_end_to_end_and_repeats_exactly(sessions, name):
         assert first.audio is None
 
 
-def test_different_seeds_give_different_frames(sessions):
+def test_different_seeds_give_different_frames(sessions, seed):
     session = sessions("tiny-wan")
-    a = session.generate(Request("p", seed=1), progress=False)
-    b = session.generate(Request("p", seed=2), progress=False)
+    a = session.generate(Request("p", seed=seed), progress=False)
+    b = session.generate(Request("p", seed=seed + 1), progress=False)
     assert not np.array_equal(a.frames, b.frames)
 
 
 @pytest.mark.parametrize("name, module", [("tiny-wan", wan), ("tiny-ltx2", ltx2)])
-def test_session_equals_plain_diffusers_call(sessions, name, module):
+def test_session_equals_plain_diffusers_call(sessions, name, module, seed):
     """The workbench adds measurement, not drift: same components + seed = same output as diffusers."""
     session = sessions(name)
-    request = Request("a blue square moves up", seed=7)
+    request = Request("a blue square moves up", seed=seed)
     result = session.generate(request, progress=False)
     plain = module.tiny(0)  # same seed -> identical random weights, built independently
     resolved = request.resolved(plain.family, plain.defaults)
     output = plain.pipeline(
         **plain.family.call_kwargs(resolved),
         **plain.call_overrides,
-        generator=torch.Generator("cpu").manual_seed(7),
+        generator=torch.Generator("cpu").manual_seed(seed),
         output_type="np",
     )
     assert np.array_equal(_to_uint8(output.frames[0]), result.frames)
@@ -93,23 +93,23 @@ def test_second_request_does_not_rebuild_components(sessions, monkeypatch):
     assert before == {name: id(c) for name, c in session.model.pipeline.components.items()}
 
 
-def test_failed_request_leaves_session_usable(monkeypatch):
+def test_failed_request_leaves_session_usable(monkeypatch, seed):
     session = Session.open("tiny-wan", device="cpu")
     vae = session.model.pipeline.vae
-    good = session.generate(Request("p", seed=5), progress=False)
+    good = session.generate(Request("p", seed=seed), progress=False)
 
     def broken(*args, **kwargs):
         raise RuntimeError("decoder exploded")
 
     monkeypatch.setattr(type(vae), "decode", broken)
     with pytest.raises(RuntimeError, match="decoder exploded"):
-        session.generate(Request("p", seed=5), progress=False)
+        session.generate(Request("p", seed=seed), progress=False)
     monkeypatch.undo()
     # probes were removed, no request is active, and the same request reproduces
     assert "decode" not in vae.__dict__ and "encode_prompt" not in session.model.pipeline.__dict__
     assert not session.model.pipeline.transformer._forward_pre_hooks
     assert session.active_request is None
-    again = session.generate(Request("p", seed=5), progress=False)
+    again = session.generate(Request("p", seed=seed), progress=False)
     assert np.array_equal(good.frames, again.frames)
 
 

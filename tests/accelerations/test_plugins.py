@@ -12,9 +12,8 @@ SIZE = {"frames": 9, "height": 32, "width": 32}
 
 
 @pytest.fixture(scope="module", params=["tiny-wan", "tiny-wan22", "tiny-ltx2"])
-def session_and_dense(request):
+def session_and_dense(request, seed):
     session = Session.open(request.param, device="cpu")
-    seed = int(torch.randint(0, 2**20, ()).item())  # fresh per run; printed on failure via the id below
     dense = session.generate(Request("a red circle moves left", seed=seed, steps=STEPS, **SIZE), progress=False)
     return session, dense, seed
 
@@ -118,10 +117,9 @@ def test_first_block_cache_runs_on_wan_and_refuses_ltx2(session_and_dense):
     assert receipt["blocks_skipped"] > 0 and receipt["blocks_executed"] > 0 and result.exact is False
 
 
+@pytest.mark.parametrize("session_and_dense", ["tiny-wan", "tiny-wan22"], indirect=True)  # refused on LTX-2 (above)
 def test_first_block_cache_threshold_zero_equals_dense(session_and_dense):
     session, dense, seed = session_and_dense
-    if session.family.name == "ltx2":
-        pytest.skip("first_block_cache is refused on LTX-2 (tested above)")
     result = _run(session, seed, {"first_block_cache": {"threshold": 0.0}})
     assert result.receipts["first_block_cache"]["blocks_skipped"] == 0
     assert _same(result, dense) and result.exact

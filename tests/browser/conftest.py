@@ -1,5 +1,6 @@
 """The JupyterLab server the browser tests share (test_lab.py: the A/B players, test_dashboard_layout.py: the
-dashboard); the modules skip themselves when Chromium or playwright is missing."""
+dashboard); the modules skip themselves when Chromium or playwright is missing, unless WORKBENCH_REQUIRE_BROWSER=1
+(.ci/run sets it once Chromium is installed): then a module that skips fails with the skip's reason instead."""
 
 import json
 import os
@@ -11,6 +12,20 @@ import time
 import urllib.request
 
 import pytest
+
+REQUIRE = "WORKBENCH_REQUIRE_BROWSER"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> pytest.CollectReport:
+    """Under WORKBENCH_REQUIRE_BROWSER=1 a browser test module that skips (no Chromium, no playwright) is a failure
+    naming the skip's reason: a run that must check the browser cannot pass without it."""
+    report = yield
+    if report.skipped and os.environ.get(REQUIRE) == "1":
+        reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"{REQUIRE}=1, but {collector.nodeid} skipped: {reason.removeprefix('Skipped: ')}"
+    return report
 
 
 def free_port() -> int:

@@ -9,8 +9,8 @@ and curves fits a 1400 px screen beside Lab's file browser, and the audio shows 
 `python -m pytest tests/browser -k screenshot` rewrites docs/ab_view.png (1400x1100).
 
 Needs /usr/bin/chromium (`apt-get install chromium`) and the `playwright` Python package; without
-either it is skipped with the reason (never a fake pass). `playwright install` cannot download a
-browser here, so the system Chromium is launched by path.
+either it is skipped with the reason (never a fake pass), or fails with it under WORKBENCH_REQUIRE_BROWSER=1
+(conftest.py). `playwright install` cannot download a browser here, so the system Chromium is launched by path.
 """
 
 import json

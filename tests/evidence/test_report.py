@@ -3,7 +3,6 @@
 import base64
 import html
 import io
-import random
 import re
 
 import numpy as np
@@ -20,13 +19,6 @@ from workbench.evidence.report import ELEMENT_STYLES, WRAPPER_STYLE, Table, _png
 from workbench.evidence.review import review_page
 from workbench.plots import round_times
 from workbench.quality import Budget, compare
-
-
-@pytest.fixture
-def rng():
-    seed = random.SystemRandom().randrange(2**32)
-    print(f"rng seed = {seed}")
-    return np.random.default_rng(seed)
 
 
 def make_record(verdict: str, make_pair) -> tuple[dict, list]:

@@ -38,6 +38,25 @@ def test_paired_ratio_ci_is_reproducible_from_its_seed(rng):
     assert paired_ratio_ci(baseline, candidate, n_boot=1234).n_boot == 1234
 
 
+def test_paired_ratio_ci_covers_the_true_median_at_its_stated_confidence(rng):
+    """500 sets of 10 rounds whose ratio is TRUTH * exp(e), e symmetric about 0, so the true median ratio is TRUTH.
+    The 95 % percentile interval of the bootstrap median ends between the 2nd and 3rd smallest ratios and between
+    the 8th and 9th, so it covers TRUTH with a probability between P(3 <= B <= 7) = 0.891 and P(2 <= B <= 8) =
+    0.979, B ~ Bin(10, 1/2) counting the ratios below TRUTH; the band allows three standard deviations of 500 sets
+    either side (a 50 % interval covers about half). The 50 % interval of the same resamples is strictly inside."""
+    truth, sets, rounds = 1.5, 500, 10
+    covered = 0
+    for _ in range(sets):
+        candidate = rng.uniform(0.8, 1.2, size=rounds)
+        baseline = truth * candidate * np.exp(rng.normal(0.0, 0.05, size=rounds))
+        seed = int(rng.integers(2**31))
+        wide = paired_ratio_ci(baseline, candidate, n_boot=400, seed=seed)
+        narrow = paired_ratio_ci(baseline, candidate, n_boot=400, seed=seed, confidence=0.5)
+        assert wide.low < narrow.low < narrow.high < wide.high, (wide, narrow)
+        covered += wide.low < truth < wide.high
+    assert 0.85 <= covered / sets <= 0.995, covered
+
+
 def test_paired_ratio_ci_three_pairs_is_the_minimum():
     ci = paired_ratio_ci([2.0, 4.0, 6.0], [1.0, 1.0, 1.0])
     assert ci.median == 4.0 and 2.0 <= ci.low <= ci.high <= 6.0

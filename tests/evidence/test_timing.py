@@ -1,12 +1,13 @@
 """The one timing module: both clocks on the CPU, refusals, and A/B/A pairing with the evidence package's CI."""
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from workbench.evidence.stats import paired_ratio_ci
-from workbench.evidence.timing import aba_rounds, kernel_times, time_call
+from workbench.evidence.timing import aba_rounds, kernel_times, profile_summary, time_call
 
 
 def test_time_call_cpu_times_every_call_and_excludes_warmup():
@@ -33,7 +34,7 @@ def test_time_call_bad_arguments_raise():
         time_call(lambda: None, "cpu", graph=True)
 
 
-def test_kernel_times_sums_each_op_by_name_and_keeps_the_longest():
+def test_kernel_times_sums_each_op_by_name():
     a, b = torch.randn(256, 256), torch.randn(256, 256)
 
     def work():
@@ -41,13 +42,45 @@ def test_kernel_times_sums_each_op_by_name_and_keeps_the_longest():
             a @ b
         a.add(b)
 
-    table = kernel_times(work, "cpu", top=1)
-    assert table["activity"] == "cpu" and table["total_ms"] > 0
-    (longest,) = table["top"]
-    assert longest["name"] == "aten::mm" and longest["calls"] == 3 and longest["ms"] > 0
-    assert table["other_ms"] == pytest.approx(table["total_ms"] - longest["ms"]) and table["other_ms"] > 0
+    table = kernel_times(work, "cpu")
+    rows = {row["name"]: row for row in table["top"]}
+    assert table["activity"] == "cpu" and rows["aten::mm"]["calls"] == 3 and rows["aten::add"]["calls"] == 1
+    assert all(row["ms"] > 0 for row in rows.values()) and len(rows) < 15  # every name fits the default top
+    assert table["total_ms"] == pytest.approx(sum(row["ms"] for row in rows.values())) and table["other_ms"] == 0
     with pytest.raises(ValueError, match="top"):
         kernel_times(work, "cpu", top=0)
+
+
+def _event(key: str, count: int, cpu_us: float, device_us: float = 0.0, on_cpu: bool = True) -> SimpleNamespace:
+    """A stand-in for one of torch.profiler's `key_averages()` rows."""
+    device = torch.autograd.DeviceType.CPU if on_cpu else torch.autograd.DeviceType.CUDA
+    return SimpleNamespace(
+        key=key, count=count, self_cpu_time_total=cpu_us, self_device_time_total=device_us, device_type=device
+    )
+
+
+def test_profile_summary_ranks_by_self_time_and_sums_the_rest():
+    """Longest first, cut at `top`, the rest in other_ms; names without self time and the caller's own left out,
+    names cut at 120 characters; on CUDA the kernels' device time, the operators (CPU rows) left out."""
+    long_name = "k" * 130
+    events = [
+        _event("aten::add", 1, 50.0),
+        _event("aten::mm", 3, 9000.0),
+        _event("aten::matmul", 3, 0.0),
+        _event("mine", 1, 99000.0),
+        _event(long_name, 2, 700.0),
+    ]
+    table = profile_summary(SimpleNamespace(key_averages=lambda: events), cuda=False, top=2, skip=("mine",))
+    assert table["activity"] == "cpu" and table["total_ms"] == pytest.approx(9.75)
+    assert table["top"] == [
+        {"name": "aten::mm", "calls": 3, "ms": pytest.approx(9.0)},
+        {"name": "k" * 120, "calls": 2, "ms": pytest.approx(0.7)},
+    ]
+    assert table["other_ms"] == pytest.approx(0.05)
+    events = [_event("aten::mm", 3, 9000.0), _event("gemm_kernel", 3, 0.0, 400.0, on_cpu=False)]
+    table = profile_summary(SimpleNamespace(key_averages=lambda: events), cuda=True, top=5)
+    assert table["activity"] == "cuda" and table["top"] == [{"name": "gemm_kernel", "calls": 3, "ms": 0.4}]
+    assert table["total_ms"] == pytest.approx(0.4) and table["other_ms"] == 0
 
 
 def test_aba_rounds_pair_each_candidate_with_its_neighbouring_baselines():

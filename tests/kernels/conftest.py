@@ -14,9 +14,10 @@ def triton_interpreter(monkeypatch):
 
 
 @pytest.fixture
-def rng():
-    """A generator seeded fresh per test; tests put `rng.initial_seed()` in every assertion message."""
-    return torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+def rng(seed: int) -> torch.Generator:
+    """A generator of its own per test on the run's seed (tests/conftest.py's `seed`: fresh per run, replayed by
+    WORKBENCH_TEST_SEED); tests put `rng.initial_seed()` in every assertion message."""
+    return torch.Generator().manual_seed(seed)
 
 
 @pytest.fixture

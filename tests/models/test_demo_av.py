@@ -1,5 +1,4 @@
-"""The shipped checkpoints demo-av and demo-av-mini: each loads by name and runs on a CPU in under a minute; demo-av
-did learn.
+"""The shipped checkpoints demo-av and demo-av-mini: each loads by name and runs on a CPU; demo-av did learn.
 
 The checks that need a checkpoint skip (with the reason) only when its folder is absent; once it is shipped they
 must pass. Thresholds are floors stated here, from chance, not fitted to a run: on the first 8 held-out requests
@@ -8,8 +7,6 @@ background in at least 6 of 8 (chance 2 or 4 of 8) and shape and direction in 5 
 The full evidence (128 held-out requests, the colour-direction pairs held out of training reported apart) is the
 record under benchmarks/results/av2-training/; demo-av-mini's is benchmarks/results/probes/2026-11-29-demo-av-cpu-eval.json
 (its weights do not change, and its inference path is demo-av's, so CI checks its learning no more)"""
-
-import time
 
 import numpy as np
 import pytest
@@ -50,12 +47,10 @@ def test_checkpoint_is_small_and_safetensors_only(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_loads_by_name_and_generates_its_default_clip_with_sound_on_cpu_within_a_minute(name):
-    start = time.perf_counter()
+def test_loads_by_name_and_generates_its_default_clip_with_sound_on_cpu(name):
     session = Session.open(name, device="cpu")
     result = session.generate(Request(PROMPTS[name], seed=1_000_000), progress=False)
-    elapsed = time.perf_counter() - start
-    assert session.family.name == "ltx2" and session.model.name == name and elapsed < 60.0, elapsed
+    assert session.family.name == "ltx2" and session.model.name == name
     frames, height, width, channels = SHAPES[name]
     assert result.frames.shape == (frames, height, width, 3) and result.fps == 24
     assert result.audio is not None and result.audio.shape[0] == channels and np.isfinite(result.audio).all()

@@ -1,7 +1,6 @@
 """Wan2.2's two experts: the schedule plugins read, and caches / sparse routing counting per expert (issue 24)."""
 
 import pytest
-import torch
 
 from workbench import Request, Session
 from workbench.accelerations.attention.sparse_routing import Router, Settings
@@ -21,18 +20,14 @@ def _generate(session, seed):
     return session.generate(Request("a red circle moves left", seed=seed, steps=STEPS, **SIZE), progress=False)
 
 
-def _seed():
-    return int(torch.randint(0, 2**20, ()).item())
-
-
-def test_expert_schedule_matches_the_experts_the_pipeline_runs(session):
+def test_expert_schedule_matches_the_experts_the_pipeline_runs(session, seed):
     ran = []
     hooks = [
         denoiser.register_forward_pre_hook(lambda *_, name=name: ran.append(name))
         for name, denoiser in experts.named_denoisers(session.model)
     ]
     try:
-        _generate(session, _seed())
+        _generate(session, seed)
     finally:
         for hook in hooks:
             hook.remove()
@@ -65,8 +60,7 @@ DECISIONS = {
 
 
 @pytest.mark.parametrize("plugin", sorted(DECISIONS))
-def test_cache_per_expert_changes_decisions_at_the_switch(session, plugin):
-    seed = _seed()
+def test_cache_per_expert_changes_decisions_at_the_switch(session, plugin, seed):
     knob, expected = DECISIONS[plugin]
     schedule = experts.schedule(session.model, STEPS)
     high, low = len(schedule.span("transformer")), len(schedule.span("transformer_2"))
@@ -83,9 +77,9 @@ def test_cache_per_expert_changes_decisions_at_the_switch(session, plugin):
             assert got == expected[per_expert](high, low), (per_expert, decisions)
 
 
-def test_sparse_dense_steps_count_per_expert(session):
+def test_sparse_dense_steps_count_per_expert(session, seed):
     """dense_steps=2: per expert, each expert's first two steps run dense; boundary-unaware, only the request's."""
-    seed, shares = _seed(), {}
+    shares = {}
     settings = Settings(tau=0.0, dense_steps=2, sink_tokens=0, protect_prefix=0)
     for per_expert in (False, True):
         receipt = Receipt(("sparse_calls",))
@@ -114,11 +108,10 @@ def test_per_expert_counting_refuses_a_step_the_schedule_gives_another_expert(se
     assert schedule.counted("transformer_2", 0, 0, STEPS, per_expert=False) == (0, STEPS)
 
 
-def test_mag_cache_gives_each_expert_its_own_ratios_and_step_count(session):
+def test_mag_cache_gives_each_expert_its_own_ratios_and_step_count(session, seed):
     """calibrate=True records the ratios per expert (the lengths of their spans); given the request's list (the
     experts' concatenated in request order), each expert's diffusers config holds its own span's ratios and step count
     per expert, the whole list and request boundary-unaware, and the experts then skip other blocks."""
-    seed = _seed()
     request = Request("a red circle moves left", seed=seed, steps=STEPS, **SIZE)
     schedule = experts.schedule(session.model, STEPS)
     high, low = schedule.span("transformer"), schedule.span("transformer_2")

@@ -28,8 +28,8 @@ def session(sessions):
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_each_mode_runs_end_to_end_with_stereo_audio_and_repeats(session, mode):
-    request = Request("a red circle, low hum", seed=3, mode=mode, **MODES[mode])
+def test_each_mode_runs_end_to_end_with_stereo_audio_and_repeats(session, mode, seed):
+    request = Request("a red circle, low hum", seed=seed, mode=mode, **MODES[mode])
     first = session.generate(request, progress=False)
     assert first.frames.dtype == np.uint8 and first.frames.shape == (124, 32, 64, 3)
     assert first.frames.std() > 0
@@ -47,20 +47,20 @@ def test_each_mode_runs_end_to_end_with_stereo_audio_and_repeats(session, mode):
     assert len(first.step_seconds) == 2  # 3 steps = 2 transformer calls
 
 
-def test_different_seeds_give_different_frames(session):
-    a = session.generate(Request("p", seed=1), progress=False)
-    b = session.generate(Request("p", seed=2), progress=False)
+def test_different_seeds_give_different_frames(session, seed):
+    a = session.generate(Request("p", seed=seed), progress=False)
+    b = session.generate(Request("p", seed=seed + 1), progress=False)
     assert not np.array_equal(a.frames, b.frames)
 
 
 @pytest.mark.parametrize("mode", ["t2va", "fl2va"])
-def test_session_equals_plain_modular_pipeline_call(session, mode):
+def test_session_equals_plain_modular_pipeline_call(session, mode, seed):
     """Same components + seed = same media as calling the modular pipeline directly (wrappers change nothing)."""
-    request = Request("a blue square moves up", seed=7, mode=mode, **MODES[mode])
+    request = Request("a blue square moves up", seed=seed, mode=mode, **MODES[mode])
     result = session.generate(request, progress=False)
     plain = h3.tiny(0)
     kwargs = plain.family.call_kwargs(request.resolved(plain.family, plain.defaults))
-    state = plain.pipeline(**kwargs, generator=torch.Generator("cpu").manual_seed(7), output_type="np")
+    state = plain.pipeline(**kwargs, generator=torch.Generator("cpu").manual_seed(seed), output_type="np")
     assert np.array_equal(_to_uint8(state.get("videos")[0]), result.frames)
     assert np.array_equal(state.get("audio")[0].numpy(), result.audio)
 

@@ -9,9 +9,9 @@ from workbench.accelerations import fingerprint
 
 
 @pytest.fixture(scope="module")
-def h3():
+def h3(seed):
     session = Session.open("tiny-h3", device="cpu")
-    request = Request("a red circle moves left, low hum", seed=int(torch.randint(0, 2**20, ()).item()), steps=8)
+    request = Request("a red circle moves left, low hum", seed=seed, steps=8)
     return session, request, session.generate(request, progress=False)
 
 

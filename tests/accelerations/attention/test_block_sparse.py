@@ -123,9 +123,9 @@ def test_block_sparse_uninstall_restores_processors_and_dispatcher(interpreter, 
     assert _AttentionBackendRegistry._backends == backends
 
 
-def test_block_sparse_protected_rows_are_dense_attention(interpreter):
+def test_block_sparse_protected_rows_are_dense_attention(interpreter, seed):
     """Router.run: rows [0, protect) are the backend's dense attention, the rest the kernel's output."""
-    torch.manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    torch.manual_seed(seed)
     q, k, v = (torch.randn(1, 200, 2, 128) for _ in range(3))  # dispatcher layout (B, T, H, D)
     backend = _AttentionBackendRegistry._backends[_AttentionBackendRegistry._active_backend]
     receipt = Receipt(("sparse_calls",))

@@ -17,9 +17,8 @@ def _same(a, b):
 
 
 @pytest.mark.parametrize("model", ["tiny-wan", "tiny-wan22"])
-def test_adaln_precompute_bitwise_equal_dense(sessions, model):
+def test_adaln_precompute_bitwise_equal_dense(sessions, model, seed):
     session = sessions(model)
-    seed = int(torch.randint(0, 2**20, ()).item())
     request = Request("a red circle moves left", seed=seed, steps=STEPS, **SIZE)
     dense = session.generate(request, progress=False)
     before = [fingerprint(d) for d in session.model.denoisers()]

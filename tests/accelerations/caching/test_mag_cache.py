@@ -13,9 +13,8 @@ STEPS = 6
 
 
 @pytest.fixture(scope="module", params=["tiny-wan", "tiny-wan22"])
-def session_and_dense(request):
+def session_and_dense(request, seed):
     session = Session.open(request.param, device="cpu")
-    seed = int(torch.randint(0, 2**20, ()).item())
     dense = session.generate(Request("a red circle moves left", seed=seed, steps=STEPS, **SIZE), progress=False)
     return session, dense, seed
 

@@ -40,10 +40,6 @@ def _same(a, b):
     return same and (a.audio is None or np.array_equal(a.audio, b.audio))
 
 
-def _seed():
-    return int(torch.randint(0, 2**20, ()).item())
-
-
 @pytest.mark.parametrize(
     "options, message",
     [
@@ -59,8 +55,7 @@ def test_teacache_bad_option_raises(options, message):
         session.accelerate({"teacache": options})
 
 
-def test_teacache_bitwise_equal_dense_at_threshold_zero(session):
-    seed = _seed()
+def test_teacache_bitwise_equal_dense_at_threshold_zero(session, seed):
     dense = _generate(session, seed, 4)
     result = _run(session, seed, {"rel_l1_thresh": 0.0, "warmup": 0, "final_dense": 0}, 4)
     assert _same(result, dense), f"seed {seed}"
@@ -69,8 +64,7 @@ def test_teacache_bitwise_equal_dense_at_threshold_zero(session):
     assert result.exact
 
 
-def test_teacache_reuses_per_branch_and_marks_inexact(session):
-    seed = _seed()
+def test_teacache_reuses_per_branch_and_marks_inexact(session, seed):
     dense = _generate(session, seed, 6)
     result = _run(session, seed, {"rel_l1_thresh": 1e6, "warmup": 2, "final_dense": 1}, 6)
     receipt = result.receipts["teacache"]
@@ -84,9 +78,8 @@ def test_teacache_reuses_per_branch_and_marks_inexact(session):
     assert not torch.equal(result.latents, dense.latents), f"seed {seed}"
 
 
-def test_teacache_on_h3_counts_its_single_branch_calls(sessions):
+def test_teacache_on_h3_counts_its_single_branch_calls(sessions, seed):
     # guidance-distilled: one branch, N - 1 transformer calls for N steps
-    seed = _seed()
     result = _run(sessions("tiny-h3"), seed, {"rel_l1_thresh": 1e6, "warmup": 1, "final_dense": 1}, 6)
     receipt = result.receipts["teacache"]
     assert receipt["notes"]["decisions"] == {"cond": "CRRRC"}, f"seed {seed}: {receipt}"
@@ -99,9 +92,8 @@ def test_teacache_refuses_another_familys_rescale(sessions, model):
         sessions(model).accelerate({"teacache": {"rel_l1_thresh": 0.1, "rescale": "wan2.1-t2v-1.3b"}})
 
 
-def test_teacache_state_does_not_leak_across_requests():
+def test_teacache_state_does_not_leak_across_requests(seed):
     session = Session.open("tiny-wan", device="cpu")
-    seed = _seed()
     session.accelerate({"teacache": {"rel_l1_thresh": 0.2}})
     try:
         first = _generate(session, seed, 5)

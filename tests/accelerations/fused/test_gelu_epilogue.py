@@ -29,10 +29,9 @@ def test_gelu_epilogue_finds_the_tanh_gelu_projections():
     assert len(modules) == blocks and all(m.approximate == "tanh" for m in modules)
 
 
-def test_gelu_epilogue_forward_plumbing_on_cpu():
+def test_gelu_epilogue_forward_plumbing_on_cpu(seed):
     # On a CPU torch's _addmm_activation applies the erf GELU, so this checks the reshape, the weight orientation
     # and the bias against `gelu(proj(x))` with erf; the tanh numerics are the GPU test's.
-    seed = int(torch.randint(0, 2**20, ()).item())
     module = _gelu(seed)
     x = torch.randn(2, 7, 24).transpose(0, 1)  # (7, 2, 24), non-contiguous
     receipt = Receipt(("epilogue_calls",))

@@ -139,8 +139,7 @@ def test_selective_fp8_missing_torchao_is_runtime_error(session, monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
-def test_selective_fp8_fallback_counts_and_equals_dense(session):
-    seed = int(torch.randint(0, 2**20, ()).item())
+def test_selective_fp8_fallback_counts_and_equals_dense(session, seed):
     request = Request("a red circle moves left", seed=seed, steps=2, **SIZE)
     dense = session.generate(request, progress=False)
     before = fingerprint(session.model.pipeline.transformer)
@@ -180,14 +179,13 @@ def test_selective_fp8_quantizes_and_restores_exactly(monkeypatch):
     assert all("extra_repr" not in module.__dict__ for module in transformer.modules())
 
 
-def test_selective_fp8_fused_path_runs_fp8_gemms_and_restores(monkeypatch):
+def test_selective_fp8_fused_path_runs_fp8_gemms_and_restores(monkeypatch, seed):
     """path="fused" end to end on the CPU (the quantization kernel under the interpreter, torch's CPU _scaled_mm),
     with the hardware check lifted: FP8 GEMMs counted, latents near the bf16 request, the model untouched after."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(fp8, "machine_problem", lambda device: None)
     session = Session.open("tiny-wan", device="cpu", dtype="bfloat16")
     transformer = session.model.pipeline.transformer
-    seed = int(torch.randint(0, 2**20, ()).item())
     request = Request("a red circle moves left", seed=seed, steps=2, **SIZE)
     dense = session.generate(request, progress=False)
     before = fingerprint(transformer)
