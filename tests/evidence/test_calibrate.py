@@ -42,6 +42,12 @@ from workbench.quality import Budget
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = {"frames": 9, "height": 64, "width": 64, "steps": 6}
+# TRITON_INTERPRET for the block_sparse calibrations: off, so on a CPU the calls take the kernel's torch reference
+# (the same routing, density and maths; `sparse_kernels.uses_reference`). What these tests check is the calibration
+# flow, the same on either path; the kernel equals that reference in tests/kernels/test_block_sparse_attention.py and
+# in the plugin under the interpreter (test_block_sparse_cpu_without_interpreter_takes_the_reference_as_the_kernel_
+# would, the LTX-2 family in test_block_sparse_families.py, attention_policy's routing in test_attention_policy.py).
+REFERENCE_PATH = "0"
 
 
 @settings(max_examples=60, deadline=None)
@@ -301,6 +307,7 @@ def test_stack_on_demo_av_at_the_default_budget_confirms_what_holds_and_leaves_o
     seeds' budget and its audio limits, the demo-av-smoke suite's seeds: easycache and block_sparse calibrated and
     stacked. easycache's knee stays short of its cliff and is confirmed inside the budget on both test seeds;
     block_sparse cannot qualify on demo-av (its 7 key blocks make any folding coarse), so it is left out, named.
+    The suite's run at 50_calibrate's default model, size and budget (CI runs that notebook small: tests/notebooks).
 
     Calibrated on the suite's first calibration seed (11) alone: a point spends what its worst request spends, and
     over both seeds every tried value's worst was seed 11's (block_sparse's tau=-1 too; 12 never spent more), so the
@@ -326,7 +333,8 @@ def test_stack_on_demo_av_at_the_default_budget_confirms_what_holds_and_leaves_o
 
 
 def test_stack_composes_block_sparse_and_easycache_and_confirms_inside_the_budget(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    """The stack's flow and its report on the kernel's torch reference (REFERENCE_PATH)."""
+    monkeypatch.setenv("TRITON_INTERPRET", REFERENCE_PATH)
     session = Session(_ltx2_d128(), torch.device("cpu"), torch.float32, 0.0)  # 256 video rows: 4 blocks of 64
     size = {"steps": 4}
     calibration = [Request("a red circle", seed=3, **size)]
@@ -400,11 +408,12 @@ def test_cli_calibrates_mag_cache_with_its_ratios_given_as_fixed_options(tmp_pat
 def test_a_calibrated_sparse_setting_becomes_an_attention_policy_entry(monkeypatch, tmp_path):
     """On a GPU a confirmed block_sparse setting is `calibrated`; `write` then adds the registry attention_policy
     reads. Here the CPU's confirmation is relabelled qualified (a GPU verdict cannot be made on a CPU) to check the
-    wiring: the entry loads against its evidence, and auto routes sparse at that size only."""
+    wiring: the entry loads against its evidence, and auto routes sparse at that size only. The calls take the
+    kernel's torch reference (REFERENCE_PATH)."""
     from workbench.accelerations.attention import attention_policy
     from workbench.models import wan
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", REFERENCE_PATH)
     session = Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
     size = {"frames": 1, "height": 128, "width": 192, "steps": 2, "guidance": 1.0}  # 96 video rows
     calibration, test = [Request("a red circle", seed=4, **size)], [Request("a blue square", seed=1_000_004, **size)]
@@ -434,11 +443,12 @@ def test_a_sparse_setting_over_a_base_earns_an_entry_only_from_its_qualification
     """block_sparse calibrated over an exact base: its confirmation's candidate holds the base too, so the entry rests
     on a second qualification of {block_sparse: setting} alone on the same test requests, run only once the result
     is calibrated. The CPU's verdicts are relabelled qualified (a GPU verdict cannot be made here) to reach that
-    path; the entry then loads in attention_policy against that record."""
+    path; the entry then loads in attention_policy against that record. The calls take the kernel's torch reference
+    (REFERENCE_PATH)."""
     from workbench.accelerations.attention import attention_policy
     from workbench.models import wan
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", REFERENCE_PATH)
     apply = calibrate_module.apply_confirmation
     monkeypatch.setattr(
         calibrate_module, "apply_confirmation", lambda r, rec: apply(r, {**rec, "verdict": "qualified"})

@@ -14,6 +14,7 @@ from workbench.evidence.harness import check_rounds, qualify
 from workbench.evidence.sweep import search, sweep
 
 REQUEST = Request("a red circle moves left", seed=42, steps=4, height=32, width=32)
+SMALLEST = Request("a red circle moves left", seed=42, frames=1, steps=2, height=16, width=16)  # size does not matter
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +52,11 @@ def test_lossy_plugin_outside_budget_is_rejected(session):
 
 
 def test_configured_but_never_executed_plugin_is_not_executed(session):
-    record, _ = qualify(session, [REQUEST], {}, {"easycache": {"threshold": 0.0}}, rounds=3, progress=False)
+    record, _ = qualify(session, [SMALLEST], {}, {"easycache": {"threshold": 0.0}}, rounds=3, progress=False)
     assert record["verdict"] == "not_executed"
     # one idle member voids a set's claim, and the reason names it
     stacked = {"cross_kv_cache": {}, "easycache": {"threshold": 0.0}}
-    record, _ = qualify(session, [REQUEST], {}, stacked, rounds=3, progress=False)
+    record, _ = qualify(session, [SMALLEST], {}, stacked, rounds=3, progress=False)
     assert record["verdict"] == "not_executed" and "['easycache'] did no work" in record["cases"][0]["reason"]
 
 
