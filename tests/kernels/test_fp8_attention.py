@@ -50,15 +50,20 @@ def test_fp8_attention_matches_reference(rng, fp8_p_equal, pv):
 
 
 @pytest.mark.parametrize("d", [16, 48, 64])
-def test_fp8_attention_other_head_dims_match_reference(rng, d):
+def test_fp8_attention_other_head_dims_match_reference(rng, fp8_p_equal, d):
     """64 runs as it is, 16 and 48 zero-padded to 32 and 64: the output is the reference's of the unpadded inputs
-    (the default scale is 1/sqrt(d), the padded channels add nothing), (B, H, T, d) in q's memory order."""
+    (the default scale is 1/sqrt(d), the padded channels add nothing), (B, H, T, d) in q's memory order. One-byte P
+    is held to `fp8_p_equal` (a P an exp2 ulp from a rounding boundary may move its row), bf16 P to 5e-4."""
     q = torch.randn(1, 150, 2, d, generator=rng).transpose(1, 2)
     k, v = (torch.randn(1, 2, 131, d, generator=rng) for _ in range(2))
     for pv, qk in (("fp8", "int8"), ("bf16", "e4m3")):
         out = fp8_attention(q, k, v, pv=pv, qk=qk)
         assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
-        assert _rel(out, reference(q, k, v, pv=pv, qk=qk)) < 5e-4, f"seed {rng.initial_seed()}, d={d}, {pv}/{qk}"
+        want, message = reference(q, k, v, pv=pv, qk=qk), f"seed {rng.initial_seed()}, d={d}, {pv}/{qk}"
+        if pv == "fp8":
+            fp8_p_equal(out, want, message)
+        else:
+            assert _rel(out, want) < 5e-4, message
         dense = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), -1) @ v
         assert _rel(out, dense) < 8e-2
 
