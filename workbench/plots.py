@@ -111,7 +111,7 @@ def request_outcome(events: Sequence[Event]) -> Outcome:
             error = str(event.data.get("error", ""))
             if event.data.get("stopped"):
                 return Outcome("stopped", event.t, steps)
-            if error.partition(":")[0] == "KeyboardInterrupt":  # the event names the exception's type first
+            if event.data.get("interrupted"):
                 return Outcome("interrupted", event.t, steps)
             return Outcome("failed", event.t, steps, error)
     return Outcome("running", max((event.t for event in events), default=0.0), steps)

@@ -176,7 +176,10 @@ class Telemetry:
         answer."""
         if not self._ended:
             self._ended = True
-            self.emit("request_failed", error=f"{type(error).__name__}: {error}", stopped=stopped)
+            interrupted = isinstance(error, KeyboardInterrupt) and not stopped  # Ctrl-C, a kernel interrupt
+            self.emit(
+                "request_failed", error=f"{type(error).__name__}: {error}", stopped=stopped, interrupted=interrupted
+            )
 
 
 class NvmlSampler:
