@@ -11,6 +11,7 @@ from workbench import Request, Session
 from workbench.accelerations import REGISTRY, fingerprint
 from workbench.accelerations.attention.flash4_attention import _Installed, attention_fn, unusable
 from workbench.accelerations.base import Receipt
+from workbench.models import wan
 
 
 def _stand_in(calls: list) -> types.SimpleNamespace:
@@ -70,3 +71,26 @@ def test_flash4_attention_says_why_it_is_unusable_here():
     assert "CUDA" in unusable(torch.device("cpu"))
     if not torch.cuda.is_available():
         assert "CUDA" in unusable(torch.device("cuda"))
+
+
+@pytest.mark.gpu
+def test_flash4_attention_runs_the_installed_kernels_on_cuda_close_to_stock():
+    """The real FA4 kernels on tiny-wan-d128 (one head of 128) in bf16: every attention call takes them, the latents
+    stay within accumulation-order distance of stock SDPA's, and removing the plugin gives stock's bit for bit.
+    Skipped where FA4 cannot run (`unusable`: another GPU, or `flash_attn.cute` not installed)."""
+    reason = unusable(torch.device("cuda"))
+    if reason is not None:
+        pytest.skip(f"flash4_attention: {reason}")
+    model = wan.tiny_d128()
+    model.pipeline.to(dtype=torch.bfloat16)
+    session = Session.open(model, device="cuda")
+    request = Request("a red circle moves left", seed=5, steps=2, frames=9, height=128, width=192)
+    stock = session.generate(request, progress=False)
+    session.accelerate({"flash4_attention": {}})
+    routed = session.generate(request, progress=False)
+    session.accelerate({})
+    blocks = model.pipeline.transformer.config.num_layers
+    assert routed.receipts["flash4_attention"]["flash4_calls"] == 2 * blocks * request.steps * 2  # attn1+attn2, CFG
+    rel = float((routed.latents.float() - stock.latents.float()).norm() / stock.latents.float().norm())
+    assert rel < 2e-2, rel  # FA4 and cuDNN/flash SDPA differ in bf16 accumulation order only
+    assert torch.equal(session.generate(request, progress=False).latents, stock.latents)
