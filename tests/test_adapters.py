@@ -172,6 +172,30 @@ def test_adapter_metadata_sets_request_defaults_and_shift(tmp_path, seed):
     assert pipe.scheduler.config.shift == shift and session.resolve(Request("x", **SIZE)).steps != 3
 
 
+def test_a_dropped_session_leaves_its_adapters_named_and_close_takes_them_out(tmp_path, seed):
+    """A session dropped without close() leaves its adapters fused and its metadata's scheduler in place: opening its
+    model again is refused, naming both. close() takes them out: the model opens again on its own weights."""
+    path = lora_file(tmp_path / "fast.safetensors", wan.tiny().pipeline.transformer, seed, {"shift": "5.0"})
+    first = Session.open("tiny-wan", device="cpu", adapters=[{"path": path}])
+    model = first.model
+    del first
+    with pytest.raises(
+        ValueError,
+        match=r"^model: 'tiny-wan' carries what was installed on it and never removed \(transformer: LoRA adapters "
+        r"\['fast'\] fused into its weights; scheduler: replaced by an adapter's metadata \(shift=5.0\)\)",
+    ):
+        Session.open(model, device="cpu")
+
+    second = Session.open("tiny-wan", device="cpu")
+    model = second.model
+    own, scheduler = _state(model.pipeline.transformer), model.pipeline.scheduler
+    second.load_adapters([Adapter(path)])
+    second.close()
+    again = Session.open(model, device="cpu")
+    assert all(torch.equal(tensor, own[key]) for key, tensor in model.pipeline.transformer.state_dict().items())
+    assert again.model.pipeline.scheduler is scheduler
+
+
 def test_every_exact_plugin_composes_with_a_fused_adapter_or_refuses_with_its_reason(tmp_path, monkeypatch, seed):
     """With an adapter fused, each registered exact plugin either installs, runs (a bitwise one equal to the fused
     request, the others within a reduction-order bound) and comes off leaving the fused weights as they were, or

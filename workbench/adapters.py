@@ -46,6 +46,9 @@ METADATA_KEYS = {
 }
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_SCALE = 100.0
+# Set on a denoiser holding fused adapters (their names) and on a scheduler their metadata shifted, until `restore()`:
+# what a session dropped without close() leaves fused shows in `Session.open`'s check of a reused model.
+FUSED_MARK = "_workbench_fused_adapters"
 
 
 @dataclass(frozen=True)
@@ -154,10 +157,13 @@ class Fused:
     records: tuple[dict[str, Any], ...] = ()
 
     def restore(self) -> None:
-        """Copy every saved weight back and put the scheduler back: the state dict is what it was before fusing."""
+        """Copy every saved weight back and put the scheduler back: the state dict is what it was before fusing, and
+        no denoiser carries `FUSED_MARK`."""
         with torch.no_grad():
             for (expert, name), tensor in self.saved.items():
                 getattr(self.model.pipeline, expert).get_parameter(name).copy_(tensor)
+        for expert in {expert for expert, _ in self.saved}:
+            vars(getattr(self.model.pipeline, expert)).pop(FUSED_MARK, None)
         if self.scheduler is not None:
             self.model.pipeline.scheduler = self.scheduler
         self.saved.clear()
@@ -285,11 +291,15 @@ def _fuse_into(fused: Fused, expert: str, names: list[str], scales: list[float])
     denoiser.set_adapters(names, weights=scales)
     denoiser.fuse_lora(lora_scale=1.0, safe_fusing=True, adapter_names=names)
     denoiser.unload_lora()
+    setattr(denoiser, FUSED_MARK, tuple(names))
 
 
 def _shifted(scheduler: Any, shift: float) -> Any:
-    """A copy of `scheduler` with its flow shift set to `shift`; RuntimeError when it has none."""
+    """A copy of `scheduler` with its flow shift set to `shift` and `FUSED_MARK` naming it; RuntimeError when it has
+    none."""
     key = next((k for k in ("flow_shift", "shift") if k in scheduler.config), None)
     if key is None:
         raise RuntimeError(f"adapters: metadata names shift={shift} but {type(scheduler).__name__} has no flow shift")
-    return type(scheduler).from_config({**scheduler.config, key: shift})
+    shifted = type(scheduler).from_config({**scheduler.config, key: shift})
+    setattr(shifted, FUSED_MARK, (f"shift={shift}",))
+    return shifted

@@ -269,7 +269,8 @@ class Session:
             raise
 
     def close(self) -> None:
-        """Let go of the model and the device: the accelerations removed, a memory budget's cap lifted, the session's
+        """Let go of the model and the device: the accelerations removed, fused adapters taken back out of the weights
+        (the model's own weights, bit for bit), a memory budget's cap lifted, the session's
         references dropped and the device cache emptied, so the device memory is free once nothing else holds the
         model (a model arranged under a budget stays as arranged: open it again by name rather than reusing it).
         Every later call is refused; closing again does nothing. Refused while a request runs."""
@@ -280,6 +281,8 @@ class Session:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(f"close: refused while request {self.active_request} runs")
         try:
+            if self._adapters is not None and self._unknown_state is None:
+                self._adapters.restore()
             if self.residency is not None and self.residency.lift_cap is not None:
                 self.residency.lift_cap()
             self.model, self.residency, self._handles, self._adapters = None, None, [], None
@@ -541,7 +544,8 @@ def _leftovers(model: LoadedModel) -> list[str]:
     hooks of the workbench's code (not the libraries' own: torch's weight norm, transformers' output capture),
     diffusers hooks, instance-level methods (a `forward` or `_decode` set on the module; the class's own method bound
     back, as diffusers restores a forward, does not count), a compiled call, an attention processor wrapped by a
-    router or given its own attention backend. A plugin or a memory arrangement leaves these while installed;
+    router or given its own attention backend, LoRA adapters fused into the weights and a scheduler their metadata
+    replaced (`adapters.FUSED_MARK`). A plugin or a memory arrangement leaves these while installed;
     `Session.close()` removes them. The markers `accelerations.base.fingerprint` lists as leftovers, without its hash
     of every weight (which reads the whole model), and the instance methods and processors it does not see."""
     pipeline = model.pipeline
@@ -569,8 +573,13 @@ def _leftovers(model: LoadedModel) -> list[str]:
                 kinds.append("a routed attention processor")
             if processor is not None and vars(unrouted(processor)).get("_attention_backend") is not None:
                 kinds.append("an attention backend set")
+            if lora.FUSED_MARK in vars(module):
+                kinds.append(f"LoRA adapters {list(vars(module)[lora.FUSED_MARK])} fused into its weights")
             if kinds:
                 found.append(f"{path}: {', '.join(kinds)}")
+    shifted = getattr(getattr(pipeline, "scheduler", None), lora.FUSED_MARK, None)
+    if shifted is not None:
+        found.append(f"scheduler: replaced by an adapter's metadata ({', '.join(shifted)})")
     return found
 
 
