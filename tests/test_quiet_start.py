@@ -1,4 +1,5 @@
-"""`import workbench` on a clean install writes nothing to stderr and leaves torchao unimported."""
+"""`import workbench` on a clean install writes nothing to stderr and leaves torchao unimported; the CLI's parser
+(`--help`, argument errors) loads no model library."""
 
 import os
 import subprocess
@@ -18,11 +19,14 @@ def run_clean(code: str) -> subprocess.CompletedProcess:
 
 
 def test_import_workbench_writes_nothing_to_stderr_skips_torchao_and_its_availability_checks_tell_the_truth():
-    """One clean interpreter: the import leaves torchao out and says nothing; then the deferred checks of both
+    """One clean interpreter: `import workbench` and the CLI load neither diffusers nor transformers; importing the
+    widgets and a model family (which do) leaves torchao out and says nothing; then the deferred checks of both
     libraries still see the installed torchao (asked after the first check, so they cannot hide an import)."""
     pytest.importorskip("torchao", reason="the noise this guards against comes from an installed torchao")
     code = (
-        "import sys, workbench, workbench.widgets\n"
+        "import sys, workbench, workbench.cli\n"
+        "print(sorted(m for m in ('diffusers', 'transformers') if m in sys.modules))\n"
+        "import workbench.widgets, workbench.models.wan\n"
         f"print(sorted(m for m in {QUANTIZERS!r} if m in sys.modules))\n"
         "print('torchao' in sys.modules)\n"
         "from diffusers.utils import is_torchao_available as d\n"
@@ -33,7 +37,8 @@ def test_import_workbench_writes_nothing_to_stderr_skips_torchao_and_its_availab
     done = run_clean(code)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
-    loaded, torchao, checks = done.stdout.splitlines()
+    light, loaded, torchao, checks = done.stdout.splitlines()
+    assert light == "[]"
     assert loaded == str(sorted(QUANTIZERS))  # the quantizer registries did load (the deferral ran, not a skip)
     assert torchao == "False"
     assert checks.split() == ["True", "True", "True"]

@@ -53,7 +53,10 @@ from typing import Any
 
 import torch
 
+from workbench._quiet_imports import defer_torchao
 from workbench.request import Request, shown
+
+defer_torchao()  # before any diffusers model import: see workbench/_quiet_imports.py
 
 GIB = 2**30
 

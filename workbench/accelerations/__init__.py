@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import importlib
 
-from workbench.accelerations.base import CONTRACTS, Handle, Option, Prepared, Receipt, Spec, fingerprint
-from workbench.accelerations.install import plan
+from workbench._quiet_imports import defer_torchao
+
+defer_torchao()  # before `base` imports diffusers: see workbench/_quiet_imports.py
+
+from workbench.accelerations.base import CONTRACTS, Handle, Option, Prepared, Receipt, Spec, fingerprint  # noqa: E402
+from workbench.accelerations.install import plan  # noqa: E402
 
 PLUGINS = (
     "attention.attention_backend",

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import torch
 
+from workbench._quiet_imports import defer_torchao
 from workbench.models.family import read_json
 from workbench.models.loaded import LoadedModel, cast_components
+
+defer_torchao()  # before any diffusers model import: see workbench/_quiet_imports.py
 
 TINY_MODELS = ("tiny-wan", "tiny-wan22", "tiny-ltx2", "tiny-h3")
 RANDOM_MODELS = ("random-wan-1.3b",)  # real shapes, random weights: for GPU timing only
