@@ -1,6 +1,8 @@
 import gzip
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -460,6 +462,13 @@ def test_cli_generate_refuses_a_malformed_calibration_record_before_loading(tmp_
         assert main([*args, "--device", "cpu"]) == 2
         assert message in _one_line_error(capsys, "generate").removeprefix("workbench generate: error: --calibration: ")
     path.write_text(json.dumps(good))
+    base = args[: args.index("--profile")]
+    for alone, message in (  # each flag without the other, refused under the flag that was given
+        (["--profile", "within-budget"], "error: --profile within-budget: needs --calibration RECORD"),
+        (["--calibration", str(path)], "error: --calibration: goes with --profile within-budget only, not --profile "),
+    ):
+        assert main([*base, *alone]) == 2
+        assert message in _one_line_error(capsys, "generate")
     with pytest.raises(AssertionError, match="a model was loaded"):  # it holds as far as the shapes tell
         main(args)
 
@@ -561,3 +570,9 @@ def test_cli_a_run_into_an_out_holding_an_earlier_runs_record_says_it_replaces_t
     view(Event("start", progress))
     view(Event("end", progress))
     assert "note: 3 of 5 cells already finished in the store: reused, not run again" in capsys.readouterr().err
+
+
+def test_python_dash_m_workbench_is_the_command():
+    done = subprocess.run([sys.executable, "-m", "workbench", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: workbench ") and "generate" in done.stdout

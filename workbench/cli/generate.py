@@ -44,8 +44,13 @@ def _generate(args: argparse.Namespace) -> int:
         check_writable(args.out, "--out")
     names = Result.saved_names(args.name, "--name", args.out, trace=args.trace)
     check_targets(args.out, names, "--out")  # against --out's file system
-    if (args.profile == "within-budget") != (args.calibration is not None):
-        raise ValueError("--calibration: a calibrate record goes with --profile within-budget, and only with it")
+    if args.profile == "within-budget" and args.calibration is None:
+        raise ValueError(
+            "--profile within-budget: needs --calibration RECORD, the calibration.json of a `workbench calibrate` "
+            "run (e.g. benchmarks/results/calibrate-demo-av/easycache-cpu.json for demo-av on a CPU)"
+        )
+    if args.calibration is not None and args.profile != "within-budget":
+        raise ValueError(f"--calibration: goes with --profile within-budget only, not --profile {args.profile}")
     if args.calibration is not None:
         calibration_record(args.calibration, "--calibration")  # its form; where it holds below
     if args.parallel_decode:  # a bad combination is refused before any process starts
