@@ -116,13 +116,25 @@ def capability(device: torch.device) -> int | None:
     return major * 10 + minor
 
 
-def check_fp8(kernel: str, device: torch.device) -> None:
-    """RuntimeError below sm_89: e4m3 tensor cores (and Triton's e4m3 conversions) start with Ada."""
+def fp8_problem(device: torch.device) -> str | None:
+    """Why FP8 (e4m3) cannot run on `device`, or None: a CUDA device below sm_89 (e4m3 tensor cores, and Triton's
+    e4m3 conversions, start with Ada). Off CUDA it says nothing: whether a CPU may run is the caller's rule."""
     number = capability(device)
     if number is not None and number < 89:
-        raise RuntimeError(
-            f"{kernel}: FP8 (e4m3) needs compute capability 8.9 or newer (Ada, Hopper); this GPU is sm_{number}"
-        )
+        return f"FP8 (e4m3) needs compute capability 8.9 or newer (Ada, Hopper); this GPU is sm_{number}"
+    return None
+
+
+def check_fp8(kernel: str, device: torch.device) -> None:
+    """RuntimeError naming `kernel` where `fp8_problem` gives a reason."""
+    if (problem := fp8_problem(device)) is not None:
+        raise RuntimeError(f"{kernel}: {problem}")
+
+
+def cpu_without_interpreter(device: torch.device | str) -> bool:
+    """Whether Triton kernels cannot run on `device` (a torch.device or its type) for want of the interpreter: a CPU
+    while TRITON_INTERPRET is off (`interpreting`). Each caller's error says what to do instead."""
+    return torch.device(device).type == "cpu" and not interpreting()
 
 
 INTERPRET_TILE = 16384  # elements per program under the interpreter
@@ -162,7 +174,7 @@ def check_runtime(kernel: str, *tensors: torch.Tensor) -> None:
     if len(devices) != 1:
         raise ValueError(f"{kernel}: all tensors must be on one device, got {sorted(map(str, devices))}")
     device = devices.pop()
-    if device.type == "cpu" and not interpreting():
+    if cpu_without_interpreter(device):
         raise RuntimeError(
             f"{kernel}: CPU tensors need the Triton interpreter; set TRITON_INTERPRET=1 before launching, "
             "or move the tensors to a CUDA device"

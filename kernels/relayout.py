@@ -20,9 +20,6 @@ exactly once, with no stacked intermediate (the pack's transient peak is its out
 Contract: bitwise. Pure element movement: the output is `torch.equal` to the reference for every dtype (bf16,
 fp16, fp32), odd sequence lengths and non-contiguous inputs, whatever the launch.
 
-`direct_relayout_enabled()` reads `WORKBENCH_DIRECT_RELAYOUT` for diagnosis: unset or "1" -> direct
-kernels, "0" -> references; any other value raises (fail closed).
-
 Kernel: one copy kernel serves all three. Each op is written as a 5-D index (i0, i1, i2, i3, c) = (small, small,
 the sequence, head-in-rank, head dim) with source and destination strides per dimension. A program owns one
 (i0, i1) pair, found once per program, and a tile of `Launch.tile // BLOCK_C` rows of the flattened (i2, i3)
@@ -36,7 +33,6 @@ the destination), else one launch per operand.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +49,6 @@ from workbench.kernels._runtime import (
     dtype_size,
 )
 
-ENV_VAR = "WORKBENCH_DIRECT_RELAYOUT"
 MAX_BLOCK_C = 128
 _INT32_LIMIT = 2**31
 
@@ -180,16 +175,6 @@ def _divisible(name: str, what: str, value: int, world_size: int) -> int:
     if value % world_size:
         raise ValueError(f"{name}: {what}={value} is not divisible by world_size={world_size}")
     return value // world_size
-
-
-def direct_relayout_enabled() -> bool:
-    """`WORKBENCH_DIRECT_RELAYOUT`: unset or "1" -> True, "0" -> False; anything else raises (fail closed)."""
-    value = os.environ.get(ENV_VAR)
-    if value is None or value == "1":
-        return True
-    if value == "0":
-        return False
-    raise ValueError(f'{ENV_VAR}={value!r} is not allowed; set "0" (reference relayout) or "1" (direct), or unset it')
 
 
 # ---------------------------------------------------------------------------------------------- QKV pack

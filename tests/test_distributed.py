@@ -8,7 +8,6 @@ import torch
 from workbench import Request
 from workbench.cli import main
 from workbench.distributed import WORKER_ENV, check_gpus, cli_accelerations, is_worker, run_arms, torchrun_command
-from workbench.kernels.relayout import ENV_VAR
 
 REQUEST = Request("a red circle", frames=9, height=64, width=64, steps=2)
 
@@ -59,17 +58,18 @@ def test_cli_bad_gpus_writes_nothing(tmp_path, capsys, monkeypatch):
     assert main(["generate", "--model", "tiny-wan", "--prompt", "p", "--gpus", "0", "--out", str(out)]) == 2
     assert "gpus: expected a positive int" in capsys.readouterr().err
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the direct relayouts cannot run on this CPU
-    monkeypatch.delenv(ENV_VAR, raising=False)
     argv = ["generate", "--model", "tiny-wan", "--prompt", "p", "--gpus", "2", "--device", "cpu", "--out", str(out)]
     assert main(argv) == 2  # refused before torchrun starts any process
-    assert "gpus=2 on cpu: the context-parallel relayout kernels need the Triton interpreter" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "gpus=2 on cpu: the context-parallel relayout kernels need the Triton interpreter there; set " in err
+    assert "TRITON_INTERPRET=1, or run on GPUs; from Python, `distributed.run_arms` with context_parallel's " in err
+    assert "relayout='reference' runs the torch references instead" in err
     assert not out.exists()
 
 
 def test_cli_generate_two_gloo_processes_rank_zero_writes(tmp_path, monkeypatch):
-    """`--gpus 2 --device cpu` re-executes under torchrun; the relayout switch set to 0 is honoured."""
-    monkeypatch.setenv(ENV_VAR, "0")  # the references: no Triton interpreter needed in the workers
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    """`--gpus 2 --device cpu` re-executes under torchrun; the workers run the direct relayouts in the interpreter."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     out = tmp_path / "out"
     argv = ["generate", "--model", "tiny-wan", "--prompt", "a red circle", "--frames", "9", "--height", "64"]
     argv += ["--width", "64", "--steps", "2", "--seed", "1", "--gpus", "2", "--device", "cpu", "--out", str(out)]
@@ -78,9 +78,8 @@ def test_cli_generate_two_gloo_processes_rank_zero_writes(tmp_path, monkeypatch)
     record = json.loads((out / "result.json").read_text())
     receipt = record["receipts"]["context_parallel"]
     assert receipt["executed"] and receipt["options"]["ulysses_degree"] == 2
-    assert receipt["reference_relayout_calls"] == 3 * receipt["cp_attention_calls"] > 0
-    assert "direct_relayout_calls" not in receipt
-    assert receipt["notes"]["direct_disabled_by"] == f"{ENV_VAR}=0" and receipt["notes"]["relayout"] == "reference"
+    assert receipt["direct_relayout_calls"] == 3 * receipt["cp_attention_calls"] > 0
+    assert "reference_relayout_calls" not in receipt and receipt["notes"]["relayout"] == "direct"
 
 
 def test_run_arms_restore_check_sees_a_replaced_vae_decode(sessions):

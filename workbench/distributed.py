@@ -104,13 +104,13 @@ def check_gpus(gpus: int, device: str) -> str:
 def check_cli_relayout(gpus: int, kind: str) -> None:
     """Refuse, before any process starts, a `workbench generate --gpus N` on the CPU whose workers (this process's
     environment) could not run `cli_accelerations`' direct relayouts: they need the Triton interpreter there."""
-    from workbench.accelerations.parallel.context_parallel import direct_relayout_blocked
-    from workbench.kernels.relayout import ENV_VAR
+    from workbench.kernels._runtime import cpu_without_interpreter
 
-    if gpus > 1 and direct_relayout_blocked(kind):
+    if gpus > 1 and cpu_without_interpreter(kind):
         raise ValueError(
             f"gpus={gpus} on cpu: the context-parallel relayout kernels need the Triton interpreter there; set "
-            f"TRITON_INTERPRET=1 (or {ENV_VAR}=0 for the torch references), or run on GPUs"
+            "TRITON_INTERPRET=1, or run on GPUs; from Python, `distributed.run_arms` with context_parallel's "
+            "relayout='reference' runs the torch references instead"
         )
 
 

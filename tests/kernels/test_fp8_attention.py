@@ -233,7 +233,8 @@ def test_fp8_attention_p_reaches_its_dot_without_lane_shuffles_on_sm90(monkeypat
     operand by renaming registers (v stored in v_slot order, P relabelled to match): the PTX has the row reductions'
     butterfly shuffles and no indexed shuffle, which is what a cross-lane layout conversion of P takes. pv="int8"
     runs its P.V as an s8 x s8 -> s32 wgmma."""
-    from workbench.kernels.targets import TARGETS, built_for, compiled_for, record
+    from tests.kernels._targets import compiled_for, record
+    from workbench.kernels.targets import TARGETS, built_for
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     heads = torch.zeros(1, 2, 256, D, dtype=torch.bfloat16)

@@ -3,10 +3,8 @@ import torch
 
 from workbench.kernels.relayout import (
     DEFAULT,
-    ENV_VAR,
     Launch,
     cost,
-    direct_relayout_enabled,
     merge_heads,
     merge_heads_reference,
     pack_qkv,
@@ -218,22 +216,6 @@ def test_bad_input_raises(rng, call, message):
     q, k, v = _fused_qkv(rng, 1, 7, 4, 8, torch.bfloat16)
     with pytest.raises(ValueError, match=message):
         call(q, k, v)
-
-
-def test_env_switch(monkeypatch):
-    monkeypatch.delenv(ENV_VAR, raising=False)
-    assert direct_relayout_enabled() is True
-    monkeypatch.setenv(ENV_VAR, "1")
-    assert direct_relayout_enabled() is True
-    monkeypatch.setenv(ENV_VAR, "0")
-    assert direct_relayout_enabled() is False
-
-
-@pytest.mark.parametrize("value", ["yes", "2", "", "true", " 1", "00"])
-def test_env_switch_fails_closed(monkeypatch, value):
-    monkeypatch.setenv(ENV_VAR, value)
-    with pytest.raises(ValueError, match=rf'{ENV_VAR}=.*"0".*"1"'):
-        direct_relayout_enabled()
 
 
 def test_cost():

@@ -11,6 +11,7 @@ import pytest
 import torch
 import triton
 
+from tests.kernels._targets import compile_for, compiled_for, record
 from workbench.kernels import (
     _runtime,
     adaln_modulate,
@@ -24,7 +25,7 @@ from workbench.kernels import (
     relayout,
     rms_norm_silu,
 )
-from workbench.kernels.targets import TARGETS, built_for, compile_for, compiled_for, record
+from workbench.kernels.targets import TARGETS, built_for
 
 B, T, H, D = 1, 1024, 12, 128
 C = H * D

@@ -145,6 +145,25 @@ def test_block_sparse_protected_rows_are_dense_attention(interpreter, seed):
     assert receipt.counters["protected_rows"] == 70 and receipt.counters["sparse_calls"] == 1
 
 
+@pytest.mark.parametrize(
+    "extra, problems",
+    [({"attn_mask": torch.ones(1, 1, 8, 8, dtype=torch.bool)}, "an attention mask"),
+     ({"is_causal": True, "dropout_p": 0.1}, "dropout_p=0.1, is_causal=True"),
+     ({"_parallel_config": object(), "key": torch.zeros(1, 4, 2, 128)},
+      r"a context-parallel config, q \(1, 8, 2, 128\) / k \(1, 4, 2, 128\) / v \(1, 8, 2, 128\)")],
+)  # fmt: skip
+def test_block_sparse_routed_call_it_does_not_take_raises(extra, problems):
+    """Router.run refuses a routed call the kernel does not take, naming every reason, before any kernel runs."""
+    q = torch.zeros(1, 8, 2, 128)  # dispatcher layout (B, T, H, D)
+    router = Router("block_sparse", wan.tiny_d128(), Receipt(("sparse_calls",)), None, None)
+    call = Call(router, Settings(tau=0.0, sink_tokens=0), 0, prefix=0)
+    call.kwargs = {"query": q, "key": q, "value": q, "attn_mask": None, "scale": None, **extra}
+    with pytest.raises(
+        RuntimeError, match=rf"^block_sparse: routed self-attention has {problems}; the kernel runs none$"
+    ):
+        router.run(call)
+
+
 def test_block_sparse_quality_on_captured_qkv(interpreter, session):
     """Relative L2 vs dense on q/k/v captured from the model's own attn1 (not random tensors), at a few tau.
 

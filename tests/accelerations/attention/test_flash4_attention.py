@@ -34,7 +34,9 @@ def test_flash4_attention_refuses_cpu():
 @pytest.mark.parametrize(
     "extra, reason",
     [({"attn_mask": torch.ones(1, 1, 4, 4, dtype=torch.bool)}, "mask"), ({"is_causal": True}, "is_causal"),
-     ({"dropout_p": 0.1}, "dropout")],
+     ({"dropout_p": 0.1}, "dropout"),
+     ({"attn_mask": torch.ones(1, 1, 4, 4, dtype=torch.bool), "is_causal": True, "_parallel_config": object()},
+      r"^flash4_attention: a call with an attention mask, is_causal=True, a context-parallel config \(FA4")],
 )  # fmt: skip
 def test_flash4_attention_raises_on_calls_it_does_not_take(extra, reason):
     run = attention_fn(_stand_in([]), Receipt(("flash4_calls",)))

@@ -114,7 +114,9 @@ def test_fp8_attention_refuses_what_it_cannot_run(monkeypatch):
     assert plugin.unusable(torch.device("cpu")) is None  # the CPU runs the kernel's torch reference
     assert "runs on cuda" in plugin.unusable(torch.device("meta"))
     monkeypatch.setattr(_runtime, "capability", lambda device: 86)
-    assert "compute capability 8.9 or newer (Ada, Hopper); cuda is sm_86" in plugin.unusable(torch.device("cuda"))
+    assert plugin.unusable(torch.device("cuda")) == (
+        "FP8 (e4m3) needs compute capability 8.9 or newer (Ada, Hopper); this GPU is sm_86"
+    )  # the kernels' own refusal (`_runtime.fp8_problem`)
 
 
 def test_fp8_attention_h3_keeps_text_and_audio_queries_dense(interpreter, h3_d128):

@@ -10,6 +10,7 @@ from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed, Wan
 from workbench import Request, Session
 from workbench.accelerations import fingerprint
 from workbench.accelerations.base import Receipt
+from workbench.accelerations.fused.blocks import fused_blocks
 from workbench.models.fused.wan import forward_for
 
 DIM, HEADS, FFN = 32, 2, 64
@@ -147,6 +148,9 @@ def test_fused_block_ops_on_cpu_without_interpreter_is_runtime_error(monkeypatch
     with pytest.raises(RuntimeError, match="fused_block_ops: .*TRITON_INTERPRET=1"):
         session.accelerate({"fused_block_ops": {}})
     assert fingerprint(session.model.pipeline.transformer) == before
+    # the prepare-time check gives the same reason as `Spec.unusable` (`blocks.triton_unusable`), naming the plugin
+    with pytest.raises(RuntimeError, match=r"^fused_block_ops: Triton kernels on a CPU need TRITON_INTERPRET=1$"):
+        fused_blocks("fused_block_ops", session.model, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("model", ["tiny-ltx2", "tiny-h3"])

@@ -31,7 +31,6 @@ from workbench.accelerations import REGISTRY, fingerprint, install
 from workbench.accelerations.base import Receipt
 from workbench.accelerations.parallel.parallel_decode import band_tiling, owners, tiled_decode
 from workbench.distributed import launch, run_arms
-from workbench.kernels.relayout import ENV_VAR
 
 
 @pytest.fixture
@@ -84,15 +83,8 @@ def test_context_parallel_bad_option_raises(wan, options, message):
     assert fingerprint(wan.model.pipeline.transformer) == before and wan.accelerations == {}
 
 
-def test_context_parallel_bad_relayout_switch_raises(wan, monkeypatch):
-    monkeypatch.setenv(ENV_VAR, "yes")
-    with pytest.raises(ValueError, match=rf"{ENV_VAR}='yes' is not allowed"):
-        wan.accelerate({"context_parallel": {}})
-
-
 def test_context_parallel_direct_on_cpu_needs_the_interpreter(wan, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.delenv(ENV_VAR, raising=False)
     with pytest.raises(RuntimeError, match=r"relayout='direct' on CPU needs the Triton interpreter"):
         wan.accelerate({"context_parallel": {}})
 
@@ -121,7 +113,7 @@ def test_context_parallel_two_gloo_processes_within_contract_of_one_process(wan,
         "bands": {"context_parallel": {"relayout": "reference", "parallel_decode": "bands", "decode_overlap": 2}},
     }
     results = run_arms(
-        "tiny-wan", request, arms, gpus=2, device="cpu", env={"TRITON_INTERPRET": "1", ENV_VAR: "1"},
+        "tiny-wan", request, arms, gpus=2, device="cpu", env={"TRITON_INTERPRET": "1"},
         check_restore=True, timeout=300,
     )  # fmt: skip
     one = results["one_process"]
@@ -161,7 +153,7 @@ def test_context_parallel_h3_two_gloo_processes_within_contract_of_one_process(r
     seed = int(rng.integers(0, 2**31 - 1))
     request = Request("a red circle moves left!", seed=seed, steps=2)  # 20 non-space characters: 20 text rows
     arms = {"one_process": {}, "direct": {"context_parallel": {"relayout": "direct"}}}
-    results = run_arms("tiny-h3", request, arms, gpus=2, device="cpu", env={"TRITON_INTERPRET": "1", ENV_VAR: "1"},
+    results = run_arms("tiny-h3", request, arms, gpus=2, device="cpu", env={"TRITON_INTERPRET": "1"},
                        check_restore=True, timeout=300)  # fmt: skip
     one, split = results["one_process"], results["direct"]
     receipt = split.receipts["context_parallel"]

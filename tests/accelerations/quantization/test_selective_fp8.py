@@ -91,6 +91,19 @@ def test_measured_order_refuses_without_an_fp8_gpu(session):
         session.accelerate({"selective_fp8": {"groups": 1, "order": "measured", "allow_fallback": True}})
 
 
+def test_machine_problem_below_sm_89_is_the_kernels_fp8_refusal(monkeypatch):
+    """A CUDA device below sm_89 is refused for the reason the FP8 kernels give (`_runtime.fp8_problem`)."""
+    from workbench.kernels import _runtime
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_runtime, "capability", lambda device: 86)
+    assert fp8.machine_problem(torch.device("cuda")) == (
+        "FP8 (e4m3) needs compute capability 8.9 or newer (Ada, Hopper); this GPU is sm_86"
+    )
+    monkeypatch.setattr(_runtime, "capability", lambda device: 89)
+    assert fp8.machine_problem(torch.device("cuda")) is None
+
+
 def test_measured_order_times_each_shape_once_and_quantizes_the_top_group(monkeypatch):
     """order="measured" end to end on the CPU (fused path: the quantization kernel under the interpreter, torch's
     CPU _scaled_mm; hardware check lifted; 64 rows): every group timed and ranked in the receipt, most saved first;

@@ -1,7 +1,8 @@
 """Swapping the function behind one of diffusers' attention-dispatcher backends, for a handle's lifetime.
 
 Shared by `attention_backend` (the backend's own function, counted) and `flash4_attention` (FA4's kernel behind
-the `native` entry); not a plugin itself (it registers no Spec).
+the `native` entry); not a plugin itself (it registers no Spec). `unsupported_call` says what in a dispatcher call
+a plain dense attention kernel does not take (flash4_attention and the sparse routing's kernels refuse it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,21 @@ import torch
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
 from workbench.accelerations.base import Handle, Spec
+
+
+def unsupported_call(kwargs: dict[str, Any]) -> list[str]:
+    """What in a call of diffusers' attention dispatcher (its backend function's keyword arguments) a plain dense
+    attention kernel does not take: a mask, dropout, causal attention, a context-parallel config; empty when none."""
+    problems = []
+    if kwargs.get("attn_mask") is not None:
+        problems.append("an attention mask")
+    if kwargs.get("dropout_p"):
+        problems.append(f"dropout_p={kwargs['dropout_p']}")
+    if kwargs.get("is_causal"):
+        problems.append("is_causal=True")
+    if kwargs.get("_parallel_config") is not None:
+        problems.append("a context-parallel config")
+    return problems
 
 
 class BackendSwap(Handle):

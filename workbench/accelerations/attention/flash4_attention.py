@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from diffusers.models.attention_dispatch import AttentionBackendName
 
-from workbench.accelerations.attention.backend_swap import BackendSwap
+from workbench.accelerations.attention.backend_swap import BackendSwap, unsupported_call
 from workbench.accelerations.base import Spec
 
 ARCHES = ((9, 0), (10, 0))  # FA4's forward kernels: Hopper and datacenter Blackwell
@@ -48,20 +48,14 @@ def load() -> Any:
 
 
 def _refusal(kwargs: dict[str, Any]) -> str | None:
-    if kwargs.get("attn_mask") is not None:
-        return "an attention mask"
-    if kwargs.get("dropout_p", 0.0):
-        return f"dropout_p={kwargs['dropout_p']}"
-    if kwargs.get("is_causal"):
-        return "is_causal=True"
+    """What in this dispatcher call FA4 is not asked to take (`unsupported_call`, an LSE, the dtypes), or None."""
+    problems = unsupported_call(kwargs)
     if kwargs.get("return_lse"):
-        return "return_lse=True"
-    if kwargs.get("_parallel_config") is not None:
-        return "a context-parallel config"
+        problems.append("return_lse=True")
     dtypes = {kwargs[name].dtype for name in ("query", "key", "value")}
     if len(dtypes) != 1 or dtypes.pop() not in DTYPES:
-        return f"q/k/v dtypes {[str(kwargs[n].dtype) for n in ('query', 'key', 'value')]}"
-    return None
+        problems.append(f"q/k/v dtypes {[str(kwargs[n].dtype) for n in ('query', 'key', 'value')]}")
+    return ", ".join(problems) or None
 
 
 def attention_fn(flash: Any, receipt: Any) -> Any:

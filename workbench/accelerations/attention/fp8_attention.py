@@ -91,10 +91,7 @@ def unusable(device: torch.device) -> str | None:
     """Why the kernel cannot run on `device` here, or None."""
     if device.type not in ("cpu", "cuda"):
         return f"the kernel runs on cuda (its torch reference on cpu), not {device}"
-    number = _runtime.capability(device)
-    if number is not None and number < 89:
-        return f"FP8 (e4m3) attention needs compute capability 8.9 or newer (Ada, Hopper); {device} is sm_{number}"
-    return None
+    return _runtime.fp8_problem(device)
 
 
 def fp8_attend(call: Call) -> tuple[torch.Tensor, None]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from workbench.accelerations.attention.sparse_routing import Call
-from workbench.kernels._runtime import interpreting
+from workbench.kernels._runtime import cpu_without_interpreter
 from workbench.kernels.block_sparse_attention import DTYPES, MAX_HEAD_DIM, block_sparse_attention, reference
 
 KERNEL, REFERENCE = "triton kernel", "torch reference"
@@ -45,7 +45,7 @@ def block_sparse_attend(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
 
 def uses_reference(device: torch.device) -> bool:
     """Whether the attention plugins' calls on `device` take their kernels' torch references (module doc)."""
-    return device.type == "cpu" and not interpreting()
+    return cpu_without_interpreter(device)
 
 
 def path(device: torch.device) -> str:

@@ -15,7 +15,7 @@ entries and the step hooks exactly. A dense-backend plugin installed with it (at
 installs first (`ROUTED_ORDER`): its function is the entry the shim wraps, so it serves every call not routed (on
 the exact-fast profile, FA4 keeps the cross-attention while the routed plugin takes the self-attention).
 
-Fail closed: a routed call that carries a mask, is causal, runs under context parallelism, is not
+Fail closed: a routed call that carries a mask or dropout, is causal, runs under context parallelism, is not
 self-attention, or never reaches the shim (its backend changed after install) raises RuntimeError; the only
 call let through dense is one whose processor itself skipped attention (LTX-2's fully perturbed STG pass),
 which is counted under `fallbacks`.
@@ -39,6 +39,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import BaseState, StateManager
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
+from workbench.accelerations.attention.backend_swap import unsupported_call
 from workbench.accelerations.base import Handle, Option, Receipt, Spec, drop_restored_forwards, option
 from workbench.models import experts
 from workbench.request import shown
@@ -366,16 +367,9 @@ class Router:
         """The shim's sparse path: check the layout, run the kernel, give protected rows dense attention."""
         kwargs = call.kwargs
         q, k, v = call.qkv
-        problems = [
-            "an attention mask" if kwargs.get("attn_mask") is not None else "",
-            "causal attention" if kwargs.get("is_causal") else "",
-            "dropout" if kwargs.get("dropout_p") else "",
-            "context parallelism" if kwargs.get("_parallel_config") is not None else "",
-            f"q {tuple(q.shape)} / k {tuple(k.shape)} / v {tuple(v.shape)}"
-            if not q.shape == k.shape == v.shape
-            else "",
-        ]
-        problems = [p for p in problems if p]
+        problems = unsupported_call(kwargs)
+        if not q.shape == k.shape == v.shape:
+            problems.append(f"q {tuple(q.shape)} / k {tuple(k.shape)} / v {tuple(v.shape)}")
         if problems:
             raise RuntimeError(f"{self.name}: routed self-attention has {', '.join(problems)}; the kernel runs none")
         out, density = self.attend(call)  # (B, T, H, D), the kernel's own fresh tensor

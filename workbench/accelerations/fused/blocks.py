@@ -31,13 +31,8 @@ def fused_blocks(plugin: str, model: Any, device: torch.device) -> list[torch.nn
                 blocks.append(module)
     if not blocks:
         raise RuntimeError(f"{plugin}: found no {list(family.block_classes)} blocks in the denoiser")
-    if importlib.util.find_spec("triton") is None:
-        raise RuntimeError(f"{plugin}: needs triton (pip install triton)")
-    if triton_unusable(device) is not None:
-        raise RuntimeError(
-            f"{plugin}: on CPU the Triton kernels run only under the interpreter; "
-            "set TRITON_INTERPRET=1 in the environment, or open the session on a CUDA device"
-        )
+    if (why := triton_unusable(device)) is not None:
+        raise RuntimeError(f"{plugin}: {why}")
     return blocks
 
 
@@ -45,8 +40,8 @@ def triton_unusable(device: torch.device) -> str | None:
     """Why the Triton kernels cannot run on `device` here (`Spec.unusable` of the fused plugins), or None."""
     if importlib.util.find_spec("triton") is None:
         return "needs triton (pip install triton)"
-    from workbench.kernels._runtime import interpreting
+    from workbench.kernels._runtime import cpu_without_interpreter
 
-    if device.type == "cpu" and not interpreting():
+    if cpu_without_interpreter(device):
         return "Triton kernels on a CPU need TRITON_INTERPRET=1"
     return None

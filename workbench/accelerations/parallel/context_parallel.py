@@ -27,8 +27,7 @@ processor's `_parallel_config`, `apply_context_parallel`) on CUDA and CPU alike,
   destination-major into one buffer (one Triton pass per operand, no stacked intermediate), ONE all-to-all
   exchanges it, and what arrives is read as q/k/v views (no unpack copy when the batch is 1, as Wan's
   separate CFG passes are); after attention `split_result` and `merge_heads` (Triton) surround the return
-  all-to-all. `WORKBENCH_DIRECT_RELAYOUT=0` switches these to the torch references for diagnosis (read at
-  every request; the receipt says which ran).
+  all-to-all.
 - "reference": the same path with the materialising torch chains (`*_reference` beside the kernels).
 - "diffusers": diffusers' stock `TemplatedUlyssesAttention` (three all-to-alls for q, k, v); the only choice
   for ring, which exchanges key/value by all-gather and has no all-to-all to relayout.
@@ -76,7 +75,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from workbench.accelerations.base import Handle, Spec, drop_restored_forwards, option
 from workbench.accelerations.parallel.parallel_decode import ParallelDecode, check_vae
 from workbench.kernels import relayout as kernels
-from workbench.kernels._runtime import interpreting
+from workbench.kernels._runtime import cpu_without_interpreter
 
 RELAYOUTS = ("direct", "reference", "diffusers")
 DECODES = ("off", "bands")
@@ -115,7 +114,7 @@ class _Installed(Handle):
         if _owner:
             raise RuntimeError("context_parallel: already installed on another model in this process; uninstall it")
         self.denoisers = denoisers
-        self.mode = options["relayout"]  # what runs in the current request (the env switch may demote direct)
+        self.mode = options["relayout"]
         self.processors: list[Any] = []
         self.applied: list[torch.nn.Module] = []
         self.split_checks: list[torch.utils.hooks.RemovableHandle] = []
@@ -164,10 +163,6 @@ class _Installed(Handle):
 
     def begin_request(self, request_id: int, steps: int) -> None:
         super().begin_request(request_id, steps)
-        self.mode = self.options["relayout"]
-        if self.mode == "direct" and not kernels.direct_relayout_enabled():
-            self.mode = "reference"
-            self.receipt.notes["direct_disabled_by"] = f"{kernels.ENV_VAR}=0"
         cp = self.config.context_parallel_config
         self.receipt.notes.update(
             rank=dist.get_rank(),
@@ -449,20 +444,13 @@ class ContextParallelConfig:
     decode_overlap: int = option(4, minimum=1, help="latent rows each decode band overlaps the next (x8 pixels)")
 
 
-def direct_relayout_blocked(device_type: str) -> bool:
-    """Whether the direct relayout kernels, when switched on (`WORKBENCH_DIRECT_RELAYOUT`; a bad value is a ValueError
-    here), cannot run on `device_type`: a CPU without the Triton interpreter."""
-    return kernels.direct_relayout_enabled() and device_type == "cpu" and not interpreting()
-
-
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     _check_options(options)
     vae = None
     if options["parallel_decode"] != "off":
         vae = getattr(model.pipeline, "vae", None)
         check_vae(vae)
-    # a bad WORKBENCH_DIRECT_RELAYOUT is a ValueError now, not mid-request
-    if options["relayout"] == "direct" and direct_relayout_blocked(device.type):
+    if options["relayout"] == "direct" and cpu_without_interpreter(device):
         raise RuntimeError(
             "context_parallel.relayout='direct' on CPU needs the Triton interpreter: set TRITON_INTERPRET=1 "
             "before starting, or choose relayout='reference' or 'diffusers'"

@@ -43,10 +43,10 @@ from typing import Any
 import torch
 
 from workbench.accelerations.base import Handle, Knob, Spec, option, own_copy
+from workbench.kernels._runtime import fp8_problem
 
 NAME = "selective_fp8"
 Layer = tuple[str, torch.nn.Linear, "str | None"]  # module path, the Linear, why it stays dense (None: quantized)
-MIN_CAPABILITY = (8, 9)
 
 
 def _torchao():
@@ -154,10 +154,7 @@ def machine_problem(device: torch.device) -> str | None:
     """Why this machine cannot run torchao's row-wise FP8 GEMM, or None."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return f"no CUDA device (session runs on {device}; needs compute capability >= 8.9)"
-    capability = torch.cuda.get_device_capability(device)
-    if capability < MIN_CAPABILITY:
-        return f"CUDA compute capability {capability[0]}.{capability[1]} < 8.9"
-    return None
+    return fp8_problem(device)
 
 
 def _layer_problem(module: torch.nn.Linear, device: torch.device) -> str | None:
