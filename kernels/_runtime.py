@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import triton
@@ -150,22 +149,6 @@ def pointwise_tile(rows: int, cols: int, block_r: int, block_c: int) -> tuple[in
     block_c = min(block_c, triton.next_power_of_2(max(cols, 1)))
     block_r = min(max(block_r, INTERPRET_TILE // block_c), triton.next_power_of_2(max(rows, 1)))
     return block_r, block_c
-
-
-@dataclass(frozen=True)
-class PointwiseLaunch:
-    """The tile of one program of a row-by-column pointwise kernel on the GPU: `rows` flattened (b, t) rows x `cols`
-    channels, both powers of two. Each element is computed on its own, so the result never depends on it; under the
-    interpreter the tile is widened (`pointwise_tile`). A kernel subclasses it as its `Launch`, naming itself in
-    `kernel` for the errors."""
-
-    kernel: ClassVar[str]
-    rows: int = 16
-    cols: int = 128
-
-    def __post_init__(self) -> None:
-        check_power_of_two(self.kernel, "rows", self.rows)
-        check_power_of_two(self.kernel, "cols", self.cols)
 
 
 def check_runtime(kernel: str, *tensors: torch.Tensor) -> None:

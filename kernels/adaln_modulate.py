@@ -39,7 +39,6 @@ from workbench.kernels._runtime import (
     FLOAT_DTYPES,
     ROUNDING,
     LazyKernel,
-    PointwiseLaunch,
     broadcast_rows,
     check_float,
     check_index,
@@ -49,14 +48,9 @@ from workbench.kernels._runtime import (
     table_rows,
 )
 
-
-class Launch(PointwiseLaunch):
-    """adaln_modulate's tile (`_runtime.PointwiseLaunch`)."""
-
-    kernel = "adaln_modulate"
-
-
-DEFAULT = Launch()
+# One program's tile on a GPU: TILE_ROWS flattened (b, t) rows x TILE_COLS channels. Each element is computed on its
+# own, so the result never depends on the tile; the interpreter widens it (`pointwise_tile`).
+TILE_ROWS, TILE_COLS = 16, 128
 
 
 def _modulate(
@@ -69,16 +63,17 @@ def _modulate(
     OUT_BF16: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     # ROUND: 0 = fp32 arithmetic, one cast at the end (Wan); 1 / 2 = every op rounded to bf16 / fp16 (in-dtype)
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) flattened (b, t)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # (BLOCK_C,) channels
     b = (rows // T).to(tl.int64)[:, None]
     t = (rows % T).to(tl.int64)[:, None]
     c = cols.to(tl.int64)[None, :]
-    mask = (rows < R)[:, None] & (cols < C)[None, :]
-    if HAS_INDEX:  # the table row this token reads (scale/shift are (B, rows of the table, C) views)
+    mask = (rows < R)[:, None] & (cols < C)[None, :]  # (BLOCK_R, BLOCK_C)
+    if HAS_INDEX:  # the table row this token reads, (BLOCK_R, 1) (scale/shift are (B, rows of the table, C) views)
         t_table = tl.load(index_ptr + rows % T, mask=rows < R, other=0).to(tl.int64)[:, None]
     else:
         t_table = t
+    # n, scale, shift: each (BLOCK_R, BLOCK_C)
     n = tl.load(n_ptr + b * n_sb + t * n_st + c * n_sc, mask=mask, other=0.0).to(tl.float32)
     scale = tl.load(scale_ptr + b * sc_sb + t_table * sc_st + c * sc_sc, mask=mask, other=0.0).to(tl.float32)
     shift = tl.load(shift_ptr + b * sh_sb + t_table * sh_st + c * sh_sc, mask=mask, other=0.0).to(tl.float32)
@@ -109,12 +104,9 @@ def reference_in_dtype(
     return n * (1 + scale) + shift
 
 
-def adaln_modulate(
-    n: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, out_dtype: torch.dtype, launch: Launch = DEFAULT
-) -> torch.Tensor:
+def adaln_modulate(n: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """`reference(n, scale, shift, out_dtype)` in one pass; bit-equal on the interpreter (see module doc)."""
     name = "adaln_modulate"
-    _check_launch(name, launch)
     for arg, tensor in (("n", n), ("scale", scale), ("shift", shift)):
         check_float(name, arg, tensor, (torch.float32,))
     if out_dtype not in FLOAT_DTYPES:
@@ -124,7 +116,7 @@ def adaln_modulate(
     scale = broadcast_rows(name, "scale", scale, n.shape)
     shift = broadcast_rows(name, "shift", shift, n.shape)
     check_runtime(name, n, scale, shift)
-    return _launch(n, scale, shift, None, out_dtype, 0, launch)
+    return _launch(n, scale, shift, None, out_dtype, 0)
 
 
 def adaln_modulate_in_dtype(
@@ -132,14 +124,12 @@ def adaln_modulate_in_dtype(
     scale: torch.Tensor,
     shift: torch.Tensor,
     index: torch.Tensor | None = None,
-    launch: Launch = DEFAULT,
 ) -> torch.Tensor:
     """`reference_in_dtype(n, scale, shift, index)` in one pass; bit-equal on the interpreter (see module doc).
 
     n (B, T, C); without `index`, scale/shift (B, 1, C) or (B, T, C); with `index` (T,), scale/shift (R, C).
     All three in one of float32/bfloat16/float16. Output: contiguous (B, T, C) in that dtype."""
     name = "adaln_modulate_in_dtype"
-    _check_launch(name, launch)
     check_float(name, "n", n)
     for arg, tensor in (("scale", scale), ("shift", shift)):
         check_float(name, arg, tensor, (n.dtype,))
@@ -154,20 +144,15 @@ def adaln_modulate_in_dtype(
         shift = table_rows(name, "shift", shift, n.shape)
         index = check_index(name, index, n.shape[1])
         check_runtime(name, n, scale, shift, index)
-    return _launch(n, scale, shift, index, n.dtype, ROUNDING[n.dtype], launch)
+    return _launch(n, scale, shift, index, n.dtype, ROUNDING[n.dtype])
 
 
-def _check_launch(name: str, launch: Launch) -> None:
-    if not isinstance(launch, Launch):
-        raise ValueError(f"{name}: launch must be an adaln_modulate.Launch, got {type(launch).__name__}")
-
-
-def _launch(n, scale, shift, index, out_dtype, rounding, launch):
+def _launch(n, scale, shift, index, out_dtype, rounding):
     b, t, c = n.shape
     out = torch.empty((b, t, c), dtype=out_dtype, device=n.device)
     if out.numel() == 0:
         return out
-    block_r, block_c = pointwise_tile(b * t, c, launch.rows, launch.cols)
+    block_r, block_c = pointwise_tile(b * t, c, TILE_ROWS, TILE_COLS)
     grid = (triton.cdiv(b * t, block_r), triton.cdiv(c, block_c))
     _KERNEL[grid](
         n, scale, shift, n if index is None else index, out, b * t, t, c,

@@ -23,42 +23,19 @@ Shapes: x (M, K) bf16 or fp32 with unit last stride; K a multiple of 16 (torch._
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._runtime import (
-    LazyKernel,
-    check_float,
-    check_fp8,
-    check_power_of_two,
-    check_runtime,
-    check_warps,
-    interpreting,
-)
+from workbench.kernels._fp8_rows import EPS, FP8, FP8_MAX
+from workbench.kernels._fp8_rows import reference as reference  # the kernel's recipe in torch, kept beside it
+from workbench.kernels._runtime import LazyKernel, check_float, check_fp8, check_runtime, interpreting
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
-EPS = 1e-12  # the smallest amax a scale is made from (an all-zero row gets a tiny, finite scale)
-
-
-@dataclass(frozen=True)
-class Launch:
-    """A GPU launch: `block_k` columns per step of a row's two loops (a power of two, capped at the row's padded
-    width) and `num_warps` warps per program. The scale is a max (order-free) and each element its own
-    division, so the result never depends on it."""
-
-    block_k: int = 1024
-    num_warps: int = 4
-
-    def __post_init__(self) -> None:
-        check_power_of_two("quantize_rows", "block_k", self.block_k, minimum=16)
-        check_warps("quantize_rows", self.num_warps)
-
-
-DEFAULT = Launch()
+# One launch for every card: BLOCK_K columns per step of a row's two loops (capped at the row's padded width) and
+# NUM_WARPS warps per program. The scale is a max (order-free) and each element its own division, so the result
+# never depends on them.
+BLOCK_K = 1024
+NUM_WARPS = 4
 
 
 def _quantize_rows(
@@ -70,15 +47,15 @@ def _quantize_rows(
     x_row = x_ptr + row * x_sm
     peak = tl.full((BLOCK_K,), 0.0, tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+        cols = k0 + tl.arange(0, BLOCK_K)  # (BLOCK_K,)
+        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)  # (BLOCK_K,)
         peak = tl.maximum(peak, tl.abs(x))
     amax = tl.reduce(peak, 0, tl.standard._elementwise_max)  # not tl.max: see kernels/_runtime.py's LazyKernel
     scale = tl.math.div_rn(tl.maximum(amax, EPS), FP8_MAX)
     tl.store(s_ptr + row, scale)
     for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+        cols = k0 + tl.arange(0, BLOCK_K)  # (BLOCK_K,)
+        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)  # (BLOCK_K,)
         y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
         if CAST:
             tl.store(q_ptr + row * K + cols, y.to(tl.float8e4nv), mask=cols < K)
@@ -89,17 +66,8 @@ def _quantize_rows(
 _KERNEL = LazyKernel(_quantize_rows)
 
 
-def reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same recipe in torch (fp32 maths): (q (M, K) float8_e4m3fn, scale (M, 1) float32)."""
-    xf = x.float()
-    scale = xf.abs().amax(dim=1, keepdim=True).clamp(min=EPS) / FP8_MAX
-    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
-
-
-def quantize_rows(x: torch.Tensor, launch: Launch = DEFAULT) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference(x)` in one kernel launch (module doc)."""
-    if not isinstance(launch, Launch):
-        raise ValueError(f"quantize_rows: launch must be an fp8_rowwise.Launch, got {type(launch).__name__}")
     check_float("quantize_rows", "x", x, (torch.bfloat16, torch.float32))
     if x.ndim != 2 or x.stride(1) != 1 or x.shape[1] % 16:
         raise ValueError(
@@ -113,10 +81,10 @@ def quantize_rows(x: torch.Tensor, launch: Launch = DEFAULT) -> tuple[torch.Tens
     q = torch.empty((m, k), dtype=FP8 if cast else torch.float32, device=x.device)
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m:
-        tuning = {"num_warps": launch.num_warps} if cast else {}
+        tuning = {"num_warps": NUM_WARPS} if cast else {}
         _KERNEL[(m,)](
             x, q, scale, k, x.stride(0),
-            BLOCK_K=min(launch.block_k, triton.next_power_of_2(k)), FP8_MAX=FP8_MAX, EPS=EPS, CAST=cast, **tuning,
+            BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), FP8_MAX=FP8_MAX, EPS=EPS, CAST=cast, **tuning,
         )  # fmt: skip
     return (q if cast else q.to(FP8)), scale
 

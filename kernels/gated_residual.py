@@ -35,7 +35,6 @@ from workbench.kernels._rounding import round_to, store_bf16
 from workbench.kernels._runtime import (
     ROUNDING,
     LazyKernel,
-    PointwiseLaunch,
     broadcast_rows,
     check_float,
     check_index,
@@ -45,14 +44,9 @@ from workbench.kernels._runtime import (
     table_rows,
 )
 
-
-class Launch(PointwiseLaunch):
-    """gated_residual's tile (`_runtime.PointwiseLaunch`)."""
-
-    kernel = "gated_residual"
-
-
-DEFAULT = Launch()
+# One program's tile on a GPU: TILE_ROWS flattened (b, t) rows x TILE_COLS channels. Each element is computed on its
+# own, so the result never depends on the tile; the interpreter widens it (`pointwise_tile`).
+TILE_ROWS, TILE_COLS = 16, 128
 
 
 def _gated_residual(
@@ -65,16 +59,17 @@ def _gated_residual(
     OUT_BF16: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     # ROUND: 0 = fp32 product (Wan); 1 / 2 = the product rounded to bf16 / fp16 first (in-dtype)
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) flattened (b, t)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # (BLOCK_C,) channels
     b = (rows // T).to(tl.int64)[:, None]
     t = (rows % T).to(tl.int64)[:, None]
     c = cols.to(tl.int64)[None, :]
-    mask = (rows < R)[:, None] & (cols < C)[None, :]
-    if HAS_INDEX:  # the gate-table row this token reads
+    mask = (rows < R)[:, None] & (cols < C)[None, :]  # (BLOCK_R, BLOCK_C)
+    if HAS_INDEX:  # the gate-table row this token reads: (BLOCK_R, 1)
         t_table = tl.load(index_ptr + rows % T, mask=rows < R, other=0).to(tl.int64)[:, None]
     else:
         t_table = t
+    # x, y, gate: each (BLOCK_R, BLOCK_C)
     x = tl.load(x_ptr + b * x_sb + t * x_st + c * x_sc, mask=mask, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + b * y_sb + t * y_st + c * y_sc, mask=mask, other=0.0).to(tl.float32)
     gate = tl.load(gate_ptr + b * g_sb + t_table * g_st + c * g_sc, mask=mask, other=0.0).to(tl.float32)
@@ -104,17 +99,16 @@ def reference_in_dtype(
     return x + y * gate
 
 
-def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, launch: Launch = DEFAULT) -> torch.Tensor:
+def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """`reference(x, y, gate)` in one pass; bit-equal on the interpreter (see module doc)."""
     name = "gated_residual"
-    _check_launch(name, launch)
     check_float(name, "x", x)
     check_float(name, "y", y)
     check_float(name, "gate", gate, (torch.float32,))
     _check_xy(name, x, y)
     gate = broadcast_rows(name, "gate", gate, x.shape)
     check_runtime(name, x, y, gate)
-    return _launch(x, y, gate, None, 0, launch)
+    return _launch(x, y, gate, None, 0)
 
 
 def gated_residual_in_dtype(
@@ -122,14 +116,12 @@ def gated_residual_in_dtype(
     y: torch.Tensor,
     gate: torch.Tensor,
     index: torch.Tensor | None = None,
-    launch: Launch = DEFAULT,
 ) -> torch.Tensor:
     """`reference_in_dtype(x, y, gate, index)` in one pass; bit-equal on the interpreter (see module doc).
 
     x, y (B, T, C); without `index`, gate (B, 1, C) or (B, T, C); with `index` (T,), gate (R, C). All three in one
     of float32/bfloat16/float16. Output: contiguous (B, T, C) in that dtype."""
     name = "gated_residual_in_dtype"
-    _check_launch(name, launch)
     check_float(name, "x", x)
     check_float(name, "y", y, (x.dtype,))
     check_float(name, "gate", gate, (x.dtype,))
@@ -141,12 +133,7 @@ def gated_residual_in_dtype(
         gate = table_rows(name, "gate", gate, x.shape)
         index = check_index(name, index, x.shape[1])
         check_runtime(name, x, y, gate, index)
-    return _launch(x, y, gate, index, ROUNDING[x.dtype], launch)
-
-
-def _check_launch(name: str, launch: Launch) -> None:
-    if not isinstance(launch, Launch):
-        raise ValueError(f"{name}: launch must be a gated_residual.Launch, got {type(launch).__name__}")
+    return _launch(x, y, gate, index, ROUNDING[x.dtype])
 
 
 def _check_xy(name: str, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -156,12 +143,12 @@ def _check_xy(name: str, x: torch.Tensor, y: torch.Tensor) -> None:
         raise ValueError(f"{name}: y has shape {tuple(y.shape)}; expected x's shape {tuple(x.shape)}")
 
 
-def _launch(x, y, gate, index, rounding, launch):
+def _launch(x, y, gate, index, rounding):
     b, t, c = x.shape
     out = torch.empty((b, t, c), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
-    block_r, block_c = pointwise_tile(b * t, c, launch.rows, launch.cols)
+    block_r, block_c = pointwise_tile(b * t, c, TILE_ROWS, TILE_COLS)
     grid = (triton.cdiv(b * t, block_r), triton.cdiv(c, block_c))
     _KERNEL[grid](
         x, y, gate, x if index is None else index, out, b * t, t, c, *x.stride(), *y.stride(), *gate.stride(),

@@ -26,16 +26,15 @@ the row's scale, instead of being shuffled in registers.
 
 BF16 rounding is c10::BFloat16's (`_rounding`, BF16_ROUNDING).
 
-Launch (`Launch`): head rows per program and warps; the result never depends on it except through the order of
-the sum of squares (every launch is held to the float64 bound above).
+Launch: ROWS head rows per program and NUM_WARPS warps on a GPU (INTERPRET_ROWS rows under the interpreter), one
+launch for every card; the rows per program never mix rows, and the warps can change only the order of a row's sum
+of squares (held to the float64 bound above).
 
 Shapes: x (B, T, H, D) in bfloat16 or float32, any strides; weight (D,) in x's dtype; cos, sin (T, r) float32
 with r even and <= D. Output: contiguous (B, T, H, D) in x's dtype.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -45,26 +44,9 @@ from workbench.kernels._rounding import bf16_round, store_bf16
 from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size, interpreting
 
 DTYPES = (torch.bfloat16, torch.float32)
+ROWS = 16  # head rows (b, t, h) per program on a GPU
+NUM_WARPS = 4  # warps per program on a GPU
 INTERPRET_ROWS = 64  # head rows per program under the interpreter (its cost is per program)
-
-
-@dataclass(frozen=True)
-class Launch:
-    """`rows` head rows (b, t, h) per program, `num_warps` warps (a GPU launch; the interpreter takes
-    INTERPRET_ROWS rows and no warps)."""
-
-    rows: int = 16
-    num_warps: int = 4
-
-    def __post_init__(self) -> None:
-        if self.rows not in (1, 2, 4, 8, 16, 32, 64, 128) or self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(
-                f"head_norm_rope: Launch.rows must be a power of two <= 128 and num_warps one of 1, 2, 4, 8, 16; "
-                f"got {self.rows!r}, {self.num_warps!r}"
-            )
-
-
-DEFAULT = Launch()
 
 
 def _head_norm_rope(
@@ -74,13 +56,13 @@ def _head_norm_rope(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, X_BF16: tl.constexpr,
 ):  # fmt: skip
     """One program: BLOCK_R head rows (b, t, h) x all D channels."""
-    n = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t, h)
+    n = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) flattened (b, t, h)
     bt = n // H
     h = (n - bt * H).to(tl.int64)
     b = bt // T
     t = (bt - b * T).to(tl.int64)
     b = b.to(tl.int64)
-    c = tl.arange(0, BLOCK_D)
+    c = tl.arange(0, BLOCK_D)  # (BLOCK_D,) channels of the head
     half = ROT // 2
     rotated = c < ROT
     partner = tl.where(c < half, c + half, c - half)  # the channel rotate-half pairs c with (inside [0, ROT))
@@ -88,18 +70,19 @@ def _head_norm_rope(
     mask = row_ok & (c < D)[None, :]
     rot_mask = row_ok & rotated[None, :]
     row = x_ptr + (b * x_sb + t * x_st + h * x_sh)[:, None]
-    x = tl.load(row + (c * x_sd)[None, :], mask=mask, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_D]
+    x = tl.load(row + (c * x_sd)[None, :], mask=mask, other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_D)
     squares = tl.reduce(x * x, 1, tl.standard._sum_combine)  # not tl.sum: see kernels/_runtime.py's LazyKernel
     ms = tl.math.div_rn(squares, tl.cast(D, tl.float32))
     r = tl.math.div_rn(1.0, tl.math.sqrt_rn((ms + eps).to(tl.float32)))[:, None]  # eps is fp64 under compile
-    w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
-    xp = tl.load(row + (partner * x_sd)[None, :], mask=rot_mask, other=0.0).to(tl.float32)
-    wp = tl.load(w_ptr + partner, mask=rotated, other=0.0).to(tl.float32)[None, :]
-    y = tl.join((x * r) * w, (xp * r) * wp)  # RMSNorm's output for c and for its partner: [BLOCK_R, BLOCK_D, 2]
+    w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_D)
+    xp = tl.load(row + (partner * x_sd)[None, :], mask=rot_mask, other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_D)
+    wp = tl.load(w_ptr + partner, mask=rotated, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_D)
+    y = tl.join((x * r) * w, (xp * r) * wp)  # RMSNorm's output for c and for its partner: (BLOCK_R, BLOCK_D, 2)
     if X_BF16:  # torch rounds RMSNorm's output to x's dtype
         y = bf16_round(y)
     y, yp = tl.split(y)
     yp = tl.where((c < half)[None, :], -yp, yp)  # cat(-x2, x1): exact in any dtype
+    # cos, sin: each (BLOCK_R, BLOCK_D), zero past ROT
     cos = tl.load(cos_ptr + (t * c_st)[:, None] + (c * c_sd)[None, :], mask=rot_mask, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + (t * s_st)[:, None] + (c * s_sd)[None, :], mask=rot_mask, other=0.0).to(tl.float32)
     if X_BF16:  # torch's `cos.to(x.dtype)`, `sin.to(x.dtype)`
@@ -154,18 +137,15 @@ def head_norm_rope(
     eps: float,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    launch: Launch = DEFAULT,
 ) -> torch.Tensor:
     """`reference(x, weight, eps, cos, sin)` in one kernel (contract: reduction; module doc)."""
-    if not isinstance(launch, Launch):
-        raise ValueError(f"head_norm_rope: launch must be a Launch, got {type(launch).__name__}")
     _check(x, weight, cos, sin)
     check_runtime("head_norm_rope", x, weight, cos, sin)
     b, t, h, d = x.shape
     out = torch.empty((b, t, h, d), dtype=x.dtype, device=x.device)
     rows = b * t * h
-    block_r = min(INTERPRET_ROWS if interpreting() else launch.rows, triton.next_power_of_2(max(rows, 1)))
-    tuning = {} if interpreting() else {"num_warps": launch.num_warps, "enable_fp_fusion": False}
+    block_r = min(INTERPRET_ROWS if interpreting() else ROWS, triton.next_power_of_2(max(rows, 1)))
+    tuning = {} if interpreting() else {"num_warps": NUM_WARPS, "enable_fp_fusion": False}
     _KERNEL[(triton.cdiv(rows, block_r),)](
         x, weight, cos, sin, out,
         rows, t, h, cos.shape[1], float(eps),

@@ -10,7 +10,7 @@ torch kernels around `FP32LayerNorm` (which upcasts input, weight and bias to fp
 
 `layernorm_modulate(x, eps, ...)` is one such chain; `add_layernorm_modulate(x, residual, eps, ...)` first forms
 `x + residual` exactly as torch does (fp32 add, round to nearest even to x's dtype), writes that sum (the block's
-new residual stream) and normalises it. One program owns `Launch.rows` rows (b, t) and the whole row of C channels
+new residual stream) and normalises it. One program owns ROWS rows (b, t) and the whole row of C channels
 (BLOCK_C = next power of two >= C, at most MAX_C), so x is read once and each output written once.
 
 What is torch's and what is not:
@@ -29,11 +29,10 @@ What is torch's and what is not:
   2 fp32 ulps (2 * 2^-23) of the output scale (max-abs) or 2 fp32 ulps (relative L2); the floor matters only for
   fp32 rows so short that torch's own error is zero by luck. The residual sum is torch.equal to `x + r`.
 
-Launch invariants: each row is reduced on its own, so the rows per program never mix rows, and under the
-interpreter every launch is bit-equal. On a GPU the shape of the fp32 reduction tree follows the register layout
-Triton picks for the tile (elements per thread, threads and warps along C), which `num_warps` (and possibly `rows`)
-can change, so a launch can move a row statistic by an ulp: launches are held to the float64 bound above, not to
-one launch's bits. DEFAULT's bits are the ones the fused_block_norms plugin ships.
+Launch: ROWS rows per program and NUM_WARPS warps, one launch for every card. Each row is reduced on its own, so
+the rows per program never mix rows. On a GPU the shape of the fp32 reduction tree follows the register layout Triton
+picks for the tile (elements per thread, threads and warps along C), so another ROWS or NUM_WARPS can move a row
+statistic by an ulp: the kernel is held to the float64 bound above, not to one launch's bits.
 
 bf16 rounding: under the interpreter fp32 -> bf16 is written out in integers (`_rounding`, BF16_ROUNDING). Compiled,
 the kernel uses `.to(tl.bfloat16)` (`cvt.rn.bf16.f32`): the same value for every non-NaN input, in one instruction
@@ -49,8 +48,6 @@ weight, bias (C,) any float dtype (upcast to fp32, as FP32LayerNorm does); scale
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -63,30 +60,14 @@ from workbench.kernels._runtime import (
     LazyKernel,
     broadcast_rows,
     check_float,
-    check_power_of_two,
     check_runtime,
-    check_warps,
     dtype_size,
     interpreting,
 )
 
 MAX_C = 16384  # one row of fp32 values per program, in registers
-
-
-@dataclass(frozen=True)
-class Launch:
-    """A GPU launch: `rows` rows (b, t) per program (a power of two; at most the rows there are) and `num_warps`
-    warps per program (module doc: what it may change)."""
-
-    rows: int = 2
-    num_warps: int = 2
-
-    def __post_init__(self) -> None:
-        check_power_of_two("layernorm_modulate", "rows", self.rows)
-        check_warps("layernorm_modulate", self.num_warps)
-
-
-DEFAULT = Launch()
+ROWS = 2  # rows (b, t) per program (at most the rows there are)
+NUM_WARPS = 2  # warps per program
 
 
 def _layernorm_modulate(
@@ -104,8 +85,8 @@ def _layernorm_modulate(
     # SUM_ROUND / OUT_ROUND: what the residual sum / the output is rounded to (0: fp32, 1: bf16, 2: fp16).
     # NATIVE_BF16: compiled, `.to(tl.bfloat16)` is cvt.rn (BF16_ROUNDING's result for every non-NaN value).
     # IDX64: some offset needs int64; otherwise the address arithmetic stays int32 (half the integer work).
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t), int32
-    cols = tl.arange(0, BLOCK_C)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) flattened (b, t), int32
+    cols = tl.arange(0, BLOCK_C)  # (BLOCK_C,) the whole row
     b = rows // T
     t = rows - b * T
     if IDX64:
@@ -117,8 +98,8 @@ def _layernorm_modulate(
     t = t[:, None]
     c = cols[None, :]
     col_ok = (cols < C)[None, :]
-    mask = (rows < R)[:, None] & col_ok
-    x = tl.load(x_ptr + b * x_sb + t * x_st + c * x_sc, mask=mask, other=0.0).to(tl.float32)
+    mask = (rows < R)[:, None] & col_ok  # (BLOCK_R, BLOCK_C)
+    x = tl.load(x_ptr + b * x_sb + t * x_st + c * x_sc, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_C)
     if HAS_RESIDUAL:  # torch's `x + r` in x's dtype: one fp32 add, then rounded to that dtype
         x = x + tl.load(r_ptr + b * r_sb + t * r_st + c * r_sc, mask=mask, other=0.0).to(tl.float32)
         at = sum_ptr + rows[:, None] * C + c
@@ -137,7 +118,7 @@ def _layernorm_modulate(
     # row statistics (not torch's order, see the module doc). tl.reduce with tl.standard's combine, not tl.sum:
     # tl.sum is decorated at triton import, which the interpreter cannot call if TRITON_INTERPRET came later
     width = tl.cast(C, tl.float32)
-    mean = tl.math.div_rn(tl.reduce(x, 1, tl.standard._sum_combine), width)[:, None]
+    mean = tl.math.div_rn(tl.reduce(x, 1, tl.standard._sum_combine), width)[:, None]  # (BLOCK_R, 1)
     # the rounding error of the sum above (a few ulps of a large mean) is the mean of d = x - mean, summed over
     # small values; without that correction a row with a large offset would shift every output by the error
     d = tl.where(col_ok, x - mean, 0.0)
@@ -146,14 +127,14 @@ def _layernorm_modulate(
     var = tl.math.div_rn(tl.reduce(centred * centred, 1, tl.standard._sum_combine), width)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn((var + eps).to(tl.float32)))[:, None]  # eps is fp64 under compile
     y = centred * rstd  # from here every op is its own fp32 rounding (enable_fp_fusion=False)
-    if HAS_WEIGHT:
+    if HAS_WEIGHT:  # weight, bias: (1, BLOCK_C)
         y = y * tl.load(w_ptr + cols * w_s, mask=cols < C, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
         y = y + tl.load(bias_ptr + cols * bias_s, mask=cols < C, other=0.0).to(tl.float32)[None, :]
-    if HAS_MOD and MOD_VEC:  # one batch, rows broadcast over tokens: the (C,) vectors once, not per element
+    if HAS_MOD and MOD_VEC:  # one batch, rows broadcast over tokens: the (C,) vectors once, (1, BLOCK_C)
         scale = tl.load(scale_ptr + cols * sc_sc, mask=cols < C, other=0.0).to(tl.float32)[None, :]
         shift = tl.load(shift_ptr + cols * sh_sc, mask=cols < C, other=0.0).to(tl.float32)[None, :]
-    elif HAS_MOD:
+    elif HAS_MOD:  # (BLOCK_R, BLOCK_C)
         scale = tl.load(scale_ptr + b * sc_sb + t * sc_st + c * sc_sc, mask=mask, other=0.0).to(tl.float32)
         shift = tl.load(shift_ptr + b * sh_sb + t * sh_st + c * sh_sc, mask=mask, other=0.0).to(tl.float32)
     if HAS_MOD:
@@ -208,12 +189,11 @@ def layernorm_modulate(
     scale: torch.Tensor | None = None,
     shift: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
-    launch: Launch = DEFAULT,
 ) -> torch.Tensor:
     """`reference(x, eps, weight, bias, scale, shift, out_dtype)` in one pass (contract: reduction, module doc)."""
     name = "layernorm_modulate"
-    args = _check(name, x, None, eps, weight, bias, scale, shift, out_dtype, launch)
-    return _launch(x, None, *args, launch)[0]
+    args = _check(name, x, None, eps, weight, bias, scale, shift, out_dtype)
+    return _launch(x, None, *args)[0]
 
 
 def add_layernorm_modulate(
@@ -225,19 +205,16 @@ def add_layernorm_modulate(
     scale: torch.Tensor | None = None,
     shift: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
-    launch: Launch = DEFAULT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`add_reference(x, residual, eps, ...)` in one pass: (the sum, bit-equal to `x + residual`; its normed
     output, contract reduction)."""
     name = "add_layernorm_modulate"
-    args = _check(name, x, residual, eps, weight, bias, scale, shift, out_dtype, launch)
-    out, summed = _launch(x, residual, *args, launch)
+    args = _check(name, x, residual, eps, weight, bias, scale, shift, out_dtype)
+    out, summed = _launch(x, residual, *args)
     return summed, out
 
 
-def _check(name, x, residual, eps, weight, bias, scale, shift, out_dtype, launch):
-    if not isinstance(launch, Launch):
-        raise ValueError(f"{name}: launch must be a layernorm_modulate.Launch, got {type(launch).__name__}")
+def _check(name, x, residual, eps, weight, bias, scale, shift, out_dtype):
     check_float(name, "x", x)
     if x.ndim != 3:
         raise ValueError(f"{name}: x must be (B, T, C), got shape {tuple(x.shape)}")
@@ -273,14 +250,14 @@ def _check(name, x, residual, eps, weight, bias, scale, shift, out_dtype, launch
     return float(eps), weight, bias, scale, shift, out_dtype
 
 
-def _launch(x, residual, eps, weight, bias, scale, shift, out_dtype, launch):
+def _launch(x, residual, eps, weight, bias, scale, shift, out_dtype):
     b, t, c = x.shape
     out = torch.empty((b, t, c), dtype=out_dtype, device=x.device)
     summed = torch.empty((b, t, c), dtype=x.dtype, device=x.device) if residual is not None else None
     if out.numel() == 0:
         return out, summed
     block_c = triton.next_power_of_2(max(c, 1))
-    block_r = min(launch.rows, triton.next_power_of_2(b * t))
+    block_r = min(ROWS, triton.next_power_of_2(b * t))
     r = x if residual is None else residual
     w = x if weight is None else weight
     bb = x if bias is None else bias
@@ -295,7 +272,7 @@ def _launch(x, residual, eps, weight, bias, scale, shift, out_dtype, launch):
         HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
         HAS_MOD=scale is not None, SUM_ROUND=ROUNDING[x.dtype], OUT_ROUND=ROUNDING[out_dtype],
         BLOCK_R=block_r, BLOCK_C=block_c, MOD_VEC=mod_vec, NATIVE_BF16=not interpreting(),
-        IDX64=idx64, num_warps=launch.num_warps, enable_fp_fusion=False,
+        IDX64=idx64, num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return out, summed
 

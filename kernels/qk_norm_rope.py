@@ -21,7 +21,7 @@ Two entry points, two contracts:
 
 - `rope_only` (contract: rounding): the rotary step alone on a (B, T, H, D) view. Same op sequence as torch, so
   it is bit-equal to `rope_reference` on the CPU interpreter (numpy never contracts) and, with FP fusion off, on a
-  GPU, for every launch.
+  GPU.
 - `qk_norm_rope` (contract: reduction): RMSNorm then the rotary step. torch 2.13's RMSNorm computes
   `(x.float() * rsqrt(mean(x.float() ** 2) + eps) * weight.float()).to(x.dtype)` (one rounding at the end). The
   kernel keeps every op after the mean, but its sum of squares is a Triton tree reduction (one over each row's
@@ -34,18 +34,19 @@ compiled): `.to(tl.bfloat16, fp_downcast_rounding="rtne")`, PTX `cvt.rn.bf16(x2)
 so the same bits for every non-NaN value (infinities, overflow and subnormals included); a NaN stays NaN with the
 hardware's canonical payload.
 
-Kernels and launches (`Launch`; the result never depends on it, bit for bit, except qk_norm_rope's RMS sum order):
-- `_tiled_qk_norm_rope` (rope_only, at `DEFAULT`): a program owns `Launch.rows` rows (b, t) and a group of
-  `Launch.heads` heads; row -> (b, t) is one int32 division per row, the head comes from the program and the loop.
+Kernels, one launch each for every card (the result never depends on the launch, bit for bit, except through the
+order of qk_norm_rope's RMS sum; the interpreter widens the row tile, `_runtime.pointwise_tile`):
+- `_tiled_rope` (rope_only): a program owns ROPE_ROWS rows (b, t) and a group of ROPE_HEADS heads (ROPE_WARPS
+  warps); row -> (b, t) is one int32 division per row, the head comes from the program and the loop.
   Each head's D channels are one contiguous [rows, D] tile (16-byte loads and stores), split into even and odd
   channels in registers (`tl.reshape` + `tl.split`) and joined back before the store; shared (.., 1, D) tables are
   loaded once per program for all its heads, and head groups vary fastest over the grid, so the programs of one
   row tile share those table rows in L2. int64 offsets.
-- `_row_qk_norm_rope` (qk_norm_rope, at `NORM_DEFAULT`): a program holds its rows whole as one [rows, H, D] tile
-  (H and D padded to powers of two and masked), reads x once, loads its (.., 1, D) table rows once for every head
-  and reduces each row once; NATIVE_BF16 when compiled; int32 offsets when the farthest element the launch
-  addresses (masked padding included) is below 2**31, else int64. Rows wider than MAX_ROW_TILE padded elements
-  run the tiled kernel with the norm (every head in one program, the heads' sums added in order) at `DEFAULT`.
+- `_row_qk_norm_rope` (qk_norm_rope): a program holds NORM_ROWS rows whole as one [rows, H, D] tile (H and D
+  padded to powers of two and masked; NORM_WARPS warps), reads x once, loads its (.., 1, D) table rows once for
+  every head and reduces each row once; NATIVE_BF16 when compiled; int32 offsets when the farthest element the
+  launch addresses (masked padding included) is below 2**31, else int64. A row of more than MAX_ROW_TILE padded
+  elements is refused (ValueError): Wan's widest, 40 heads x 128, pads to 64 x 128 = 8192.
 
 Shapes: `qk_norm_rope(x, weight, eps, freqs_cos, freqs_sin, heads)`: x (B, T, C) with C = heads * D, any
 strides; weight (C,) in x's dtype. `rope_only(x, freqs_cos, freqs_sin)`: x (B, T, H, D), any strides.
@@ -55,71 +56,40 @@ Output: contiguous (B, T, H, D) in x's dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from workbench.kernels._rounding import bf16_round, store_bf16
-from workbench.kernels._runtime import (
-    LazyKernel,
-    check_float,
-    check_power_of_two,
-    check_runtime,
-    check_warps,
-    dtype_size,
-    interpreting,
-    pointwise_tile,
-)
+from workbench.kernels._runtime import LazyKernel, check_float, check_runtime, dtype_size, interpreting, pointwise_tile
 
 X_DTYPES = (torch.bfloat16, torch.float32)
 FREQ_DTYPES = (torch.float32, torch.float64)
-MAX_ROW_TILE = 16384  # the row kernel's padded heads x padded head dim per row
+MAX_ROW_TILE = 16384  # the row kernel's padded heads x padded head dim per row (its registers hold the row)
+ROPE_ROWS, ROPE_HEADS, ROPE_WARPS = 16, 4, 4  # rope_only: rows (b, t) x heads per program (compiled), warps
+NORM_ROWS, NORM_WARPS = 1, 2  # qk_norm_rope: rows (b, t) per program (compiled), warps
 
 
-@dataclass(frozen=True)
-class Launch:
-    """A GPU launch (the interpreter widens the row tile, `_runtime.pointwise_tile`). rows: rows (b, t) per program,
-    a power of two. num_warps: warps per program. heads: heads per program of rope_only's tiled kernel (more than H
-    means all; qk_norm_rope always takes every head of a row, its RMS spans them)."""
-
-    rows: int = 16
-    num_warps: int = 4
-    heads: int = 4
-
-    def __post_init__(self) -> None:
-        check_power_of_two("qk_norm_rope", "rows", self.rows)
-        if isinstance(self.heads, bool) or not isinstance(self.heads, int) or self.heads < 1:
-            raise ValueError(f"qk_norm_rope: Launch.heads: {self.heads!r}; expected an int >= 1")
-        check_warps("qk_norm_rope", self.num_warps)
-
-
-DEFAULT = Launch()  # rope_only's (and the norm's on rows too wide for the row kernel)
-NORM_DEFAULT = Launch(rows=1, num_warps=2)  # qk_norm_rope's
-
-
-def _tiled_qk_norm_rope(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
-    R, T, H, GROUPS, eps,
+def _tiled_rope(
+    x_ptr, cos_ptr, sin_ptr, out_ptr,
+    R, T, H, GROUPS,
     x_sb, x_st, x_sh, x_sd,
     c_sb, c_st, c_sh, c_sd,
     s_sb, s_st, s_sh, s_sd,
     D: tl.constexpr, BLOCK_D: tl.constexpr, HEADS: tl.constexpr, BLOCK_R: tl.constexpr,
-    NORM: tl.constexpr, X_BF16: tl.constexpr, F64: tl.constexpr, HEAD_TABLES: tl.constexpr,
+    X_BF16: tl.constexpr, F64: tl.constexpr, HEAD_TABLES: tl.constexpr,
 ):  # fmt: skip
-    """Program `pid` = row tile pid // GROUPS (BLOCK_R rows (b, t)) x heads [h0, h0 + HEADS) of group
-    pid % GROUPS; with NORM (rows too wide for `_row_qk_norm_rope`) one group holds every head and the row's
-    RMS is the heads' sums added in order. One head of the tile is a [BLOCK_R, BLOCK_D] block of
-    channels, read and written contiguously; the rotation works on its even/odd halves [BLOCK_R, BLOCK_D / 2]."""
+    """rope_only: program `pid` = row tile pid // GROUPS (BLOCK_R rows (b, t)) x heads [h0, h0 + HEADS) of group
+    pid % GROUPS. One head of the tile is a [BLOCK_R, BLOCK_D] block of channels, read and written contiguously;
+    the rotation works on its even/odd halves [BLOCK_R, BLOCK_D / 2]."""
     pid = tl.program_id(0)
     tile = pid // GROUPS  # head groups vary fastest: one row tile's programs share its table rows in L2
     h0 = (pid - tile * GROUPS) * HEADS
-    rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t), int32 (R < 2**31)
+    rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) flattened (b, t), int32 (R < 2**31)
     b = rows // T  # one int32 division per row
     t = (rows - b * T).to(tl.int64)
     b = b.to(tl.int64)
-    cols = tl.arange(0, BLOCK_D).to(tl.int64)  # channel in the head
+    cols = tl.arange(0, BLOCK_D).to(tl.int64)  # (BLOCK_D,) channel in the head
     if BLOCK_D == D:
         mask = tl.broadcast_to((rows < R)[:, None], (BLOCK_R, BLOCK_D))
     else:
@@ -133,25 +103,11 @@ def _tiled_qk_norm_rope(
     c_sh = tl.cast(c_sh, tl.int64)
     s_sh = tl.cast(s_sh, tl.int64)
     if not HEAD_TABLES:  # (.., 1, D) tables: one load for every head of the program; cos at 2j, sin at 2j + 1
+        # cos, sin: each [BLOCK_R, BLOCK_D / 2]
         cos, _ = tl.split(tl.reshape(tl.load(cos_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
         _, sin = tl.split(tl.reshape(tl.load(sin_at, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
-    if NORM:  # RMS over the whole row (every head), in fp32; see the module doc for the order of the sum
-        squares = tl.full([BLOCK_R], 0.0, tl.float32)  # not tl.zeros: a JITFunction, as tl.sum (below)
-        for h in range(0, H):
-            x = tl.load(x_at + h * x_sh, mask=mask, other=0.0).to(tl.float32)
-            # tl.reduce with tl.standard's own combine, not tl.sum: tl.sum is a JITFunction decorated when triton
-            # was imported, which the interpreter cannot call if TRITON_INTERPRET was set later (LazyKernel)
-            squares += tl.reduce(x * x, 1, tl.standard._sum_combine)
-    if NORM:
-        ms = tl.math.div_rn(squares, tl.cast(H * D, tl.float32))
-        r = tl.math.div_rn(1.0, tl.math.sqrt_rn((ms + eps).to(tl.float32)))[:, None]  # eps is fp64 under compile
     for h in range(h0, tl.minimum(h0 + HEADS, H)):
         x = tl.load(x_at + h * x_sh, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_D]
-        if NORM:
-            w = tl.load(w_ptr + h * D + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
-            x = (x * r) * w
-            if X_BF16:  # torch rounds RMSNorm's output to x's dtype
-                x = bf16_round(x)
         if HEAD_TABLES:
             cos, _ = tl.split(tl.reshape(tl.load(cos_at + h * c_sh, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
             _, sin = tl.split(tl.reshape(tl.load(sin_at + h * s_sh, mask=mask, other=0.0), [BLOCK_R, BLOCK_D // 2, 2]))
@@ -174,7 +130,7 @@ def _tiled_qk_norm_rope(
             tl.store(out_at + h * D, y, mask=mask)
 
 
-_TILED = LazyKernel(_tiled_qk_norm_rope, helpers=(bf16_round, store_bf16))
+_TILED = LazyKernel(_tiled_rope, helpers=(store_bf16,))
 
 
 def _row_qk_norm_rope(
@@ -189,8 +145,8 @@ def _row_qk_norm_rope(
 ):  # fmt: skip
     """qk_norm_rope: program `pid` owns rows (b, t) [pid * BLOCK_R, + BLOCK_R), each held whole as
     [BLOCK_H, BLOCK_D] (heads x channels, both padded to powers of two and masked), so x is read from memory once
-    and the row's sum of squares is one reduction; the arithmetic per element is the tiled kernel's."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened (b, t), int32 (R < 2**31)
+    and the row's sum of squares is one reduction; the rotary arithmetic per element is `_tiled_rope`'s."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) flattened (b, t), int32 (R < 2**31)
     b = rows // T  # one int32 division per row
     t = (rows - b * T).to(INDEX)
     b = b.to(INDEX)
@@ -213,11 +169,13 @@ def _row_qk_norm_rope(
     x_row = (b * x_sb + t * x_st)[:, None, None]
     x_at = x_ptr + x_row + (heads * tl.cast(x_sh, INDEX))[None, :, None] + (cols * x_sd)[None, None, :]
     x = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_H, BLOCK_D]
-    # tl.reduce with tl.standard's combine, not tl.sum (see the tiled kernel)
+    # tl.reduce with tl.standard's own combine, not tl.sum: tl.sum is a JITFunction decorated when triton was
+    # imported, which the interpreter cannot call if TRITON_INTERPRET was set later (LazyKernel)
     squares = tl.reduce(tl.reduce(x * x, 2, tl.standard._sum_combine), 1, tl.standard._sum_combine)
     ms = tl.math.div_rn(squares, tl.cast(H * D, tl.float32))
     r = tl.math.div_rn(1.0, tl.math.sqrt_rn((ms + eps).to(tl.float32)))[:, None, None]  # eps is fp64 under compile
-    w = tl.load(w_ptr + (heads * D)[:, None] + cols[None, :], mask=channels, other=0.0).to(tl.float32)
+    w_at = w_ptr + (heads * D)[:, None] + cols[None, :]
+    w = tl.load(w_at, mask=channels, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_D]
     x = (x * r) * w[None, :, :]
     if X_BF16 and NATIVE_BF16:  # torch rounds RMSNorm's output to x's dtype
         x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
@@ -282,45 +240,40 @@ def _check_freqs(name: str, x_shape: tuple[int, ...], freqs_cos: torch.Tensor, f
     return freqs_cos.expand(b, t, h, d), freqs_sin.expand(b, t, h, d)
 
 
-def _check_launch(name: str, launch: Launch) -> None:
-    if not isinstance(launch, Launch):
-        raise ValueError(f"{name}: launch must be a qk_norm_rope.Launch, got {type(launch).__name__}")
-
-
-def _launch_tiled(x4, weight, eps, cos, sin, norm, launch):
+def _launch_tiled(x4, cos, sin):
     b, t, h, d = x4.shape
     out = torch.empty((b, t, h, d), dtype=x4.dtype, device=x4.device)
     if out.numel() == 0:
         return out
     block_d = triton.next_power_of_2(d)
-    block_r, _ = pointwise_tile(b * t, block_d, launch.rows, block_d)
-    heads = h if norm else min(launch.heads, h)
+    block_r, _ = pointwise_tile(b * t, block_d, ROPE_ROWS, block_d)
+    heads = min(ROPE_HEADS, h)
     groups = triton.cdiv(h, heads)
     _TILED[(triton.cdiv(b * t, block_r) * groups,)](
-        x4, weight if norm else x4, cos, sin, out, b * t, t, h, groups, float(eps),
+        x4, cos, sin, out, b * t, t, h, groups,
         *x4.stride(), *cos.stride(), *sin.stride(),
-        D=d, BLOCK_D=block_d, HEADS=heads, BLOCK_R=block_r, NORM=norm, X_BF16=x4.dtype == torch.bfloat16,
+        D=d, BLOCK_D=block_d, HEADS=heads, BLOCK_R=block_r, X_BF16=x4.dtype == torch.bfloat16,
         F64=cos.dtype == torch.float64, HEAD_TABLES=cos.stride(2) != 0 or sin.stride(2) != 0,
-        num_warps=launch.num_warps, enable_fp_fusion=False,
+        num_warps=ROPE_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return out
 
 
-def _launch_row(x4, weight, eps, cos, sin, launch):
+def _launch_row(x4, weight, eps, cos, sin):
     b, t, h, d = x4.shape
     out = torch.empty((b, t, h, d), dtype=x4.dtype, device=x4.device)
     if out.numel() == 0:
         return out
     block_d = triton.next_power_of_2(d)
     block_h = triton.next_power_of_2(h)
-    block_r, _ = pointwise_tile(b * t, block_h * block_d, launch.rows, block_h * block_d)
+    block_r, _ = pointwise_tile(b * t, block_h * block_d, NORM_ROWS, block_h * block_d)
     _ROW[(triton.cdiv(b * t, block_r),)](
         x4, weight, cos, sin, out, b * t, t, h, float(eps),
         *x4.stride(), *cos.stride(), *sin.stride(),
         D=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_R=block_r, X_BF16=x4.dtype == torch.bfloat16,
         F64=cos.dtype == torch.float64, HEAD_TABLES=cos.stride(2) != 0 or sin.stride(2) != 0,
         NATIVE_BF16=not interpreting(), INDEX=_index((x4, cos, sin, out), block_r, block_h, block_d),
-        num_warps=launch.num_warps, enable_fp_fusion=False,
+        num_warps=NORM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return out
 
@@ -338,12 +291,9 @@ def _index(tensors, block_r: int, heads: int, block_d: int) -> tl.dtype:
     return tl.int32
 
 
-def rope_only(
-    x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor, launch: Launch = DEFAULT
-) -> torch.Tensor:
+def rope_only(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
     """`rope_reference(x, freqs_cos, freqs_sin)` in one pass; bit-equal (contract: rounding, module doc)."""
     name = "rope_only"
-    _check_launch(name, launch)
     check_float(name, "x", x, X_DTYPES)
     if x.ndim != 4:
         raise ValueError(f"{name}: x must be (B, T, H, D), got shape {tuple(x.shape)}")
@@ -352,7 +302,7 @@ def rope_only(
         raise ValueError(f"{name}: head dim D must be even, got {d}")
     cos, sin = _check_freqs(name, tuple(x.shape), freqs_cos, freqs_sin)
     check_runtime(name, x, cos, sin)
-    return _launch_tiled(x, None, 0.0, cos, sin, False, launch)
+    return _launch_tiled(x, cos, sin)
 
 
 def qk_norm_rope(
@@ -362,12 +312,11 @@ def qk_norm_rope(
     freqs_cos: torch.Tensor,
     freqs_sin: torch.Tensor,
     heads: int,
-    launch: Launch = NORM_DEFAULT,
 ) -> torch.Tensor:
-    """`reference(...)` in one pass (contract: reduction; the RMS sum's order differs, see module doc). `launch`
-    sets the row kernel; rows wider than MAX_ROW_TILE padded elements run the tiled kernel at DEFAULT."""
+    """`reference(...)` in one pass (contract: reduction; the RMS sum's order differs, see module doc). x (B, T, C)
+    with heads and head dim C / heads, each padded to a power of two, spanning at most MAX_ROW_TILE elements;
+    ValueError otherwise."""
     name = "qk_norm_rope"
-    _check_launch(name, launch)
     check_float(name, "x", x, X_DTYPES)
     check_float(name, "weight", weight, (x.dtype,))
     if x.ndim != 3:
@@ -380,12 +329,23 @@ def qk_norm_rope(
     if not eps >= 0:
         raise ValueError(f"{name}: eps must be >= 0, got {eps}")
     d = c // heads
+    if (problem := row_tile_problem(heads, d)) is not None:
+        raise ValueError(f"{name}: x has {problem}")
     cos, sin = _check_freqs(name, (b, t, heads, d), freqs_cos, freqs_sin)
     check_runtime(name, x, weight, cos, sin)
-    x4 = x.unflatten(2, (heads, d))
-    if triton.next_power_of_2(heads) * triton.next_power_of_2(d) > MAX_ROW_TILE:
-        return _launch_tiled(x4, weight.contiguous(), eps, cos, sin, True, DEFAULT)
-    return _launch_row(x4, weight.contiguous(), eps, cos, sin, launch)
+    return _launch_row(x.unflatten(2, (heads, d)), weight.contiguous(), eps, cos, sin)
+
+
+def row_tile_problem(heads: int, d: int) -> str | None:
+    """Why a row of `heads` heads of `d` channels does not fit the row kernel (heads and head dim each padded to a
+    power of two, at most MAX_ROW_TILE elements), or None."""
+    padded_h, padded_d = triton.next_power_of_2(heads), triton.next_power_of_2(d)
+    if padded_h * padded_d <= MAX_ROW_TILE:
+        return None
+    return (
+        f"{heads} heads of {d} channels, padded to powers of two {padded_h} x {padded_d} = {padded_h * padded_d} "
+        f"elements per row; allowed: at most {MAX_ROW_TILE} (MAX_ROW_TILE)"
+    )
 
 
 def cost(

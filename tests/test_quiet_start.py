@@ -42,3 +42,11 @@ def test_import_workbench_writes_nothing_to_stderr_skips_torchao_and_its_availab
     assert loaded == str(sorted(QUANTIZERS))  # the quantizer registries did load (the deferral ran, not a skip)
     assert torchao == "False"
     assert checks.split() == ["True", "True", "True"]
+
+
+@pytest.mark.parametrize("module", ["workbench.models.fused.wan", "workbench.profiles"])
+def test_a_module_imports_first_in_a_fresh_interpreter(module):
+    """`import workbench` loads nothing, so a module imported first meets its package's import cycles on its own
+    (these two met one: the accelerations package loads the model families)."""
+    done = run_clean(f"import {module}")
+    assert done.returncode == 0, done.stderr

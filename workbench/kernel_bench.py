@@ -2,7 +2,7 @@
 
 `benchmark(device, rounds, smoke)` is the one entry, used by `notebooks/30_kernels.ipynb` and the `kernels` benchmark
 scenario (`python -m benchmarks run kernels`, which records it):
-- `all_cases`: each kernel's launcher call (DEFAULT launch), its reference call and its `cost()`, the Wan block's
+- `all_cases`: each kernel's launcher call (the launch it ships), its reference call and its `cost()`, the Wan block's
   kernels at Wan2.1-1.3B's shape (x (1, 32,760, 1536) bf16, 12 heads of 128) and `head_norm_rope` at MiniMax-H3's
   q (1, 52,648, 56, 128) bf16;
 - `compare`: each kernel's output checked against its reference on the very inputs it is timed on (`check`: equal,

@@ -1,4 +1,4 @@
-"""Each fused Triton kernel (its DEFAULT launch) against its torch reference, A/B/A, reported against the roofline.
+"""Each fused Triton kernel (the launch it ships) against its torch reference, A/B/A, reported against the roofline.
 
 What runs is `workbench.kernel_bench.benchmark` (its docstring: the shapes, the check before timing, the rounds and
 the roofline), the same code `notebooks/30_kernels.ipynb` shows; this scenario records it. The ceilings measured at

@@ -2,8 +2,6 @@ import pytest
 import torch
 
 from workbench.kernels.gated_residual import (
-    DEFAULT,
-    Launch,
     cost,
     gated_residual,
     gated_residual_in_dtype,
@@ -132,16 +130,3 @@ def test_gated_residual_cost_is_sensible():
     elements = 2 * 75600 * 5120
     assert bytes_moved == elements * 6 + 2 * 5120 * 4 and flops == 2 * elements
     assert cost((1, 4, 8), torch.bfloat16, torch.float32)[0] > cost((1, 4, 8), torch.bfloat16)[0] > 0
-
-
-def test_gated_residual_launch_does_not_change_result_and_bad_launch_raises(rng):
-    """Each element is its own op sequence: every launch (GPU tiling) gives the reference's bits."""
-    x, y, gate = _inputs(rng, (2, 37, 130), torch.bfloat16, torch.bfloat16, per_token=False)
-    want = reference(x, y, gate)
-    for launch in (DEFAULT, Launch(rows=1, cols=16), Launch(rows=64, cols=256)):
-        assert torch.equal(gated_residual(x, y, gate, launch), want), f"{launch}"
-    for bad in ({"rows": 12}, {"cols": 0}):
-        with pytest.raises(ValueError, match=r"gated_residual: Launch\.(rows|cols)"):
-            Launch(**bad)
-    with pytest.raises(ValueError, match="gated_residual_in_dtype: launch must be a gated_residual.Launch, got dict"):
-        gated_residual_in_dtype(x, y, y[:, :1], launch={"rows": 16})

@@ -5,7 +5,7 @@ import pytest
 import torch
 from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
 
-from workbench.kernels.head_norm_rope import Launch, cost, head_norm_rope, reference
+from workbench.kernels.head_norm_rope import cost, head_norm_rope, reference
 
 # (B, T, H, D, rotated channels): H3's default (D 128, 96 rotated), a partial tile of rows, odd rotation widths
 SHAPES = [(1, 37, 3, 128, 96), (2, 5, 2, 16, 12), (1, 9, 1, 24, 24), (1, 3, 2, 8, 2)]
@@ -77,10 +77,6 @@ def test_head_norm_rope_refuses_bad_inputs(rng):
         head_norm_rope(x, weight, 1e-5, cos[:, :5], sin[:, :5])
     with pytest.raises(ValueError, match=r"head_norm_rope: x has dtype torch.float16"):
         head_norm_rope(x.half(), weight.half(), 1e-5, cos, sin)
-    with pytest.raises(ValueError, match=r"head_norm_rope: launch must be a Launch, got tuple"):
-        head_norm_rope(x, weight, 1e-5, cos, sin, (16, 4))
-    with pytest.raises(ValueError, match=r"Launch.rows must be a power of two <= 128 .* got 24, 4"):
-        Launch(24, 4)
 
 
 def test_head_norm_rope_cost_counts_one_read_and_one_write():

@@ -6,9 +6,7 @@ import pytest
 import torch
 
 from workbench.kernels.layernorm_modulate import (
-    DEFAULT,
     MAX_C,
-    Launch,
     add_layernorm_modulate,
     add_reference,
     cost,
@@ -96,42 +94,6 @@ def test_layernorm_modulate_kernel_is_torchs_op_sequence_after_exact_statistics(
     fma = (affine.double() * (1 + scale).double() + shift.double()).float()  # product and sum rounded once
     assert not torch.equal(fma, want), f"seed {rng.initial_seed()}: no FMA separation"
     assert torch.equal(got, want), f"seed {rng.initial_seed()}: {(got != want).sum()} elements differ"
-
-
-# the interpreter ignores num_warps, so these differ there in rows per program only (partial last tiles)
-LAUNCHES = {"r1_w1": Launch(rows=1, num_warps=1), "r4_w4": Launch(rows=4, num_warps=4), "r16_w8": Launch(16, 8)}
-
-
-@pytest.mark.parametrize("name", list(LAUNCHES))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_layernorm_modulate_kernel_every_launch_is_bit_equal_to_default(rng, name, dtype):
-    """Each row is reduced on its own: under the interpreter any rows per program gives DEFAULT's bits."""
-    # odd C, 26 rows: a partial last tile for every rows per program
-    # (1, 26, 37): one batch with (1, 1, C) scale/shift, the row-vector loads (MOD_VEC)
-    for shape, form in (((2, 13, 37), "modulate"), ((2, 13, 37), "affine"), ((2, 13, 37), "residual_modulate_per_token"),
-                        ((1, 26, 37), "modulate")):  # fmt: skip
-        x, residual, norm = _inputs(rng, shape, dtype, form)
-        message = f"seed {rng.initial_seed()}: {name} {form}"
-        if residual is None:
-            got = layernorm_modulate(x, 1e-6, **norm, launch=LAUNCHES[name])
-            want = layernorm_modulate(x, 1e-6, **norm, launch=DEFAULT)
-        else:
-            got_sum, got = add_layernorm_modulate(x, residual, 1e-6, **norm, launch=LAUNCHES[name])
-            want_sum, want = add_layernorm_modulate(x, residual, 1e-6, **norm)
-            assert torch.equal(got_sum, want_sum), message
-        assert torch.equal(got, want), f"{message}: {(got != want).sum()} elements differ"
-
-
-def test_layernorm_modulate_kernel_bad_launch_raises():
-    for bad, message in (
-        ({"rows": 3}, r"layernorm_modulate: Launch.rows: 3; expected a power of two"),
-        ({"rows": 0}, r"layernorm_modulate: Launch.rows: 0; expected a power of two"),
-        ({"num_warps": 3}, r"layernorm_modulate: Launch.num_warps: 3; allowed"),
-    ):
-        with pytest.raises(ValueError, match=message):
-            Launch(**bad)
-    with pytest.raises(ValueError, match=r"layernorm_modulate: launch must be a layernorm_modulate.Launch, got str"):
-        layernorm_modulate(torch.ones(1, 2, 3), 1e-6, launch="fast")
 
 
 def test_layernorm_modulate_kernel_out_dtype_and_empty(rng):

@@ -1,13 +1,11 @@
+import types
+
 import pytest
 import torch
 import triton.language as tl
 
-from workbench.kernels import qk_norm_rope as module
 from workbench.kernels.qk_norm_rope import (
-    DEFAULT,
     MAX_ROW_TILE,
-    NORM_DEFAULT,
-    Launch,
     _index,
     cost,
     qk_norm_rope,
@@ -15,6 +13,7 @@ from workbench.kernels.qk_norm_rope import (
     rope_only,
     rope_reference,
 )
+from workbench.models.fused.wan import qk_norm_reason
 
 SHAPES = [(1, 151, 2, 16), (1, 127, 2, 128), (2, 33, 3, 6)]  # (B, T, H, D)
 # several programs along rows and pairs, also under the interpreter's larger tiles
@@ -73,19 +72,6 @@ def test_rope_only_float64_tables_round_through_float32(rng):
     assert torch.equal(rope_only(x, cos, sin), want), f"seed {rng.initial_seed()}"
 
 
-# ------------------------------------------------------------------------------- rope_only's launches
-
-# under the interpreter a launch's rows and warps do not change what runs (pointwise_tile): its heads per program do
-ROPE_LAUNCHES = {
-    "default": DEFAULT,
-    "h4_r32": Launch(rows=32),
-    "h1": Launch(heads=1),
-    "h1_r8_w2": Launch(rows=8, num_warps=2, heads=1),
-    "all_heads": Launch(heads=64),
-    "h2_w1": Launch(heads=2, num_warps=1),  # at H = 5, a partial last head group
-}
-
-
 def _x_view(rng, shape, dtype, layout):
     """x (B, T, H, D) as the plugin may see it, never contiguous: `transposed` (H and D swapped in memory) or
     `fused` (the q slice of a fused (B, T, 3C) projection, unflattened to heads: row stride 3C)."""
@@ -105,7 +91,8 @@ def _random_tables(rng, shape, freqs_dtype, per_head):
     return angles.cos().to(freqs_dtype), angles.sin().to(freqs_dtype)
 
 
-@pytest.mark.parametrize("shape", [(2, 37, 3, 16), (1, 37, 12, 128), (2, 37, 3, 6)])
+# H = 5: a full group of ROPE_HEADS heads and a partial last one; H = 12: several full groups
+@pytest.mark.parametrize("shape", [(2, 37, 3, 16), (1, 37, 12, 128), (2, 37, 3, 6), (2, 37, 5, 32)])
 @pytest.mark.parametrize("x_dtype", X_DTYPES)
 @pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
 @pytest.mark.parametrize("per_head", [False, True])
@@ -117,34 +104,6 @@ def test_rope_only_tiled_kernel_equals_reference(rng, shape, x_dtype, freqs_dtyp
     want = rope_reference(x, cos, sin)
     assert got.dtype == x_dtype and got.shape == want.shape and got.is_contiguous()
     assert torch.equal(got, want), f"seed {rng.initial_seed()}: {(got != want).sum()} elements differ"
-
-
-@pytest.mark.parametrize("name", list(ROPE_LAUNCHES))
-@pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
-@pytest.mark.parametrize("per_head", [False, True])
-def test_rope_only_every_tiled_kernel_launch_is_bit_equal(rng, name, freqs_dtype, per_head):
-    shape = (2, 37, 5, 32)
-    x = _x_view(rng, shape, torch.bfloat16, "fused")
-    cos, sin = _random_tables(rng, shape, freqs_dtype, per_head)
-    got = rope_only(x, cos, sin, ROPE_LAUNCHES[name])
-    assert torch.equal(got, rope_reference(x, cos, sin)), f"seed {rng.initial_seed()}"
-
-
-def test_kernel_launches_default_and_bad_values():
-    assert (DEFAULT.rows, DEFAULT.num_warps, DEFAULT.heads) == (16, 4, 4)
-    assert (NORM_DEFAULT.rows, NORM_DEFAULT.num_warps) == (1, 2)
-    for bad, message in (
-        ({"rows": 12}, r"qk_norm_rope: Launch.rows: 12"),
-        ({"heads": 0}, r"qk_norm_rope: Launch.heads: 0"),
-        ({"num_warps": 3}, r"qk_norm_rope: Launch.num_warps: 3"),
-    ):
-        with pytest.raises(ValueError, match=message):
-            Launch(**bad)
-    x = torch.randn(1, 3, 2, 4)
-    with pytest.raises(ValueError, match=r"rope_only: launch must be a qk_norm_rope.Launch, got str"):
-        rope_only(x, x[:, :, :1], x[:, :, :1], "legacy")
-    with pytest.raises(ValueError, match=r"qk_norm_rope: launch must be a qk_norm_rope.Launch, got str"):
-        qk_norm_rope(x.flatten(2), torch.ones(8), 1e-6, x[:, :, :1], x[:, :, :1], 2, "row")
 
 
 def _errors(got: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
@@ -173,20 +132,12 @@ def _check_reduction_bound(rng, got, x, weight, eps, cos, sin, heads, what=""):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("x_dtype", X_DTYPES)
 @pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
-@pytest.mark.parametrize("kernel", ["row", "tiled"])
-def test_qk_norm_rope_error_bound_against_float64(rng, monkeypatch, shape, x_dtype, freqs_dtype, kernel):
-    """Both norm kernels: the row kernel, and the tiled one that rows wider than MAX_ROW_TILE take (forced here by
-    lowering the limit)."""
-    if kernel == "tiled":
-        monkeypatch.setattr(module, "MAX_ROW_TILE", 0)
+def test_qk_norm_rope_error_bound_against_float64(rng, shape, x_dtype, freqs_dtype):
     b, t, h, d = shape
     x = _x3(rng, shape, x_dtype)
     weight = (1 + 0.2 * torch.randn(h * d, generator=rng)).to(x_dtype)
     cos, sin = _freqs(rng, t, d, freqs_dtype)
     _check_reduction_bound(rng, qk_norm_rope(x, weight, 1e-6, cos, sin, h), x, weight, 1e-6, cos, sin, h)
-
-
-NORM_LAUNCHES = {"default": NORM_DEFAULT, "r2_w2": Launch(rows=2, num_warps=2), "r4_w4": Launch(rows=4)}
 
 
 def _x3_view(rng, shape, dtype, layout):
@@ -198,11 +149,10 @@ def _x3_view(rng, shape, dtype, layout):
     return (torch.randn(b, t, 3 * h * d, generator=rng) * 3 + 0.2).to(dtype)[..., h * d : 2 * h * d]
 
 
-@pytest.mark.parametrize("name", list(NORM_LAUNCHES))
 @pytest.mark.parametrize("x_dtype", X_DTYPES)
 @pytest.mark.parametrize("freqs_dtype", FREQ_DTYPES)
-def test_qk_norm_rope_every_kernel_launch_meets_error_bound(rng, name, x_dtype, freqs_dtype):
-    """Row-kernel launches (the native bf16 cast runs the integer path here, module doc) on odd head dims and head
+def test_qk_norm_rope_strided_x_and_tables_meet_error_bound(rng, x_dtype, freqs_dtype):
+    """The row kernel (the native bf16 cast runs the integer path here, module doc) on odd head dims and head
     counts (padded in the tile), strided x, shared and per-head tables."""
     cases = [  # (B, T, H, D), x layout, per-head tables
         ((2, 37, 3, 6), "transposed", False),
@@ -213,7 +163,7 @@ def test_qk_norm_rope_every_kernel_launch_meets_error_bound(rng, name, x_dtype, 
         x = _x3_view(rng, shape, x_dtype, layout)
         weight = (1 + 0.2 * torch.randn(h * d, generator=rng)).to(x_dtype)
         cos, sin = _random_tables(rng, shape, freqs_dtype, per_head)
-        got = qk_norm_rope(x, weight, 1e-6, cos, sin, h, NORM_LAUNCHES[name])
+        got = qk_norm_rope(x, weight, 1e-6, cos, sin, h)
         _check_reduction_bound(rng, got, x, weight, 1e-6, cos, sin, h, f"{shape} {layout} per_head={per_head}")
 
 
@@ -234,34 +184,27 @@ def test_qk_norm_rope_kernel_index_is_int32_only_when_every_offset_fits():
     assert index((2, 2**20, 16, 128), (0, 128, 0, 1)) == tl.int32
 
 
-def test_qk_norm_rope_kernel_row_too_wide_for_the_row_tile_runs_the_tiled_kernel(rng, monkeypatch):
-    heads, d = 17, MAX_ROW_TILE // 16  # 17 heads pad to 32: 32768 padded elements per row
-    shape = (1, 2, heads, d)
-    x = _x3(rng, shape, torch.bfloat16)
-    weight = (1 + 0.2 * torch.randn(heads * d, generator=rng)).to(torch.bfloat16)
-    cos, sin = _freqs(rng, 2, d, torch.float32)
-    launched = []
-    real = module._TILED
-
-    class Recording:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(module, "_TILED", Recording())
-    got = qk_norm_rope(x, weight, 1e-6, cos, sin, heads)
-    assert launched, "the tiled kernel did not run"
-    _check_reduction_bound(rng, got, x, weight, 1e-6, cos, sin, heads)
+def test_qk_norm_rope_refuses_a_row_wider_than_the_row_tile_before_any_launch():
+    # 17 heads pad to 32: 32 x 1024 = 2 * MAX_ROW_TILE padded elements per row (16 heads would fill it exactly)
+    heads, d = 17, MAX_ROW_TILE // 16
+    x = torch.zeros(1, 2, heads * d)
+    cos = torch.zeros(1, 2, 1, d)
+    message = rf"qk_norm_rope: x has 17 heads of {d} channels, padded .* 32 x {d} = {2 * MAX_ROW_TILE} elements .*"
+    with pytest.raises(ValueError, match=message + rf"allowed: at most {MAX_ROW_TILE}"):
+        qk_norm_rope(x, torch.ones(heads * d), 1e-6, cos, cos, heads)
+    # the Wan fused block asks the same question first, so such a layer keeps diffusers' norm and rotary step
+    norms = [torch.nn.RMSNorm(heads * d, eps=1e-6) for _ in range(2)]
+    attn = types.SimpleNamespace(heads=heads, norm_q=norms[0], norm_k=norms[1])
+    assert qk_norm_reason(attn, x, (cos, cos)).startswith(f"q/k of 17 heads of {d} channels, padded")
 
 
-@pytest.mark.parametrize("launch", [NORM_DEFAULT, Launch(rows=1, num_warps=1)], ids=["default", "r1_w1"])
-def test_qk_norm_rope_handles_a_full_wan_row_width(rng, launch):
+def test_qk_norm_rope_handles_a_full_wan_row_width(rng):
     # Wan2.1-1.3B hidden width (12 x 128) in one program (the row tile pads it to 16 heads), a handful of tokens
     shape = (1, 5, 12, 128)
     x = _x3(rng, shape, torch.bfloat16)
     weight = torch.randn(1536, generator=rng).to(torch.bfloat16)
     cos, sin = _freqs(rng, 5, 128, torch.float32)
-    _check_reduction_bound(rng, qk_norm_rope(x, weight, 1e-6, cos, sin, 12, launch), x, weight, 1e-6, cos, sin, 12)
+    _check_reduction_bound(rng, qk_norm_rope(x, weight, 1e-6, cos, sin, 12), x, weight, 1e-6, cos, sin, 12)
 
 
 def _good(rng):

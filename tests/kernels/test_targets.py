@@ -126,7 +126,7 @@ def test_every_kernel_has_an_example_and_records_its_shipped_launch(hopper):
     launches, _ = hopper
     recorded = {launch.name for found in launches.values() for launch in found}
     assert {
-        "_modulate", "_gated_residual", "_head_norm_rope", "_layernorm_modulate", "_tiled_qk_norm_rope",
+        "_modulate", "_gated_residual", "_head_norm_rope", "_layernorm_modulate", "_tiled_rope",
         "_row_qk_norm_rope", "_tiled_copy", "_quantize_rows", "_block_means_qkv", "_compact", "_block_sparse_fwd",
         "_fp8_attention_fwd", "_quantize_fwd", "_rms_norm_silu",
     } <= recorded  # fmt: skip

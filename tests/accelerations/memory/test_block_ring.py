@@ -24,6 +24,8 @@ from workbench.accelerations.memory.ring import (
     streamed_positions,
     tensors_of,
 )
+from workbench.kernels.fp8_rowwise import EPS, FP8_MAX
+from workbench.kernels.fp8_rowwise import reference as fp8_reference
 
 REQUEST = {"tiny-wan": {"height": 32, "width": 32}, "tiny-h3": {}}
 
@@ -177,7 +179,8 @@ def test_fp8_round_trip_error_bounded_and_zero_rows_exact(rng):
     view; fp32, bf16, fp16): per row the largest error is at most 2^-4 of the row's largest magnitude (e4m3's half
     step in its top binade is 1/28 of it); dequantized in float32, an element in e4m3's normal range (|w| / scale >=
     2^-6) is off by at most 2^-4 of itself (3 mantissa bits), and in the weight's dtype it is that float32 value
-    rounded once; an all-zero row has scale 1 and comes back zero."""
+    rounded once; an all-zero row comes back zero. The quantizer is the FP8 kernels' (`fp8_rowwise.reference`): the
+    same bytes and scales, an all-zero row's scale included (EPS / 448, finite)."""
     torch.manual_seed(int(rng.integers(2**31)))
     cases = [torch.randn(37, 53), torch.randn(5, 3, 7), torch.randn(64, 29).t(), torch.randn(2, 1)]
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -197,7 +200,11 @@ def test_fp8_round_trip_error_bounded_and_zero_rows_exact(rng):
             err = (exact - w.float()).reshape(w.shape[0], -1).abs()
             normal = rows.abs() >= packed.scale * 2**-6
             assert normal.any() and (err <= rows.abs() * (2**-4 + 2**-20))[normal].all(), where
-            assert packed.scale[w.shape[0] // 2].item() == 1.0 and not back[w.shape[0] // 2].any(), where
+            want_q, want_scale = fp8_reference(w.reshape(w.shape[0], -1))
+            assert torch.equal(packed.scale, want_scale), where
+            assert torch.equal(packed.q.view(torch.uint8), want_q.reshape(w.shape).view(torch.uint8)), where
+            zero = w.shape[0] // 2
+            assert packed.scale[zero].item() == pytest.approx(EPS / FP8_MAX) and not back[zero].any(), where
 
 
 def test_fp8_ring_with_block_ring_or_bad_option_raises(sessions):

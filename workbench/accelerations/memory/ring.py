@@ -45,12 +45,12 @@ from typing import Any, NamedTuple
 import torch
 
 from workbench.accelerations.base import refuse_own_copy_forwards
+from workbench.kernels._fp8_rows import reference as fp8_rows  # torch only: no triton
 
 RING_IN_FLIGHT = 3  # streamed blocks that can hold device memory at once: computing, arriving, released-but-queued
 ALIGNMENT = 512  # bytes; where each tensor starts inside a pinned buffer or a slot
 AS_STORED, FP8 = "as stored", "fp8"
 TRANSFERS = (AS_STORED, FP8)  # how a ring's streamed blocks move (module docstring)
-FP8_MAX = 448.0  # e4m3's largest finite value
 
 
 def streamed_positions(count: int, streamed: int) -> list[int]:
@@ -155,14 +155,13 @@ def fp8_weights(module: torch.nn.Module) -> set[int]:
 
 
 def quantize_rows(w: torch.Tensor) -> RowwiseFP8:
-    """`w` (rows, ...) as e4m3 with one scale per row of dim 0: scale = amax(|row|) / 448 (1 for an all-zero row),
-    q = clamp(row / scale, -448, 448) rounded to nearest e4m3, on `w`'s device. Per row the error of the round trip
-    is at most half an e4m3 step of the row's largest binade: |w - dequantized| <= amax(|row|) / 28 (+ the rounding
-    to `w`'s dtype)."""
-    rows = w.float().reshape(w.shape[0], -1)  # (rows, K)
-    amax = rows.abs().amax(dim=1, keepdim=True)  # (rows, 1)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    q = (rows / scale).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    """`w` (rows, ...) as e4m3 with one scale per row of dim 0, on `w`'s device: the row quantizer of the FP8 kernels
+    (`workbench.kernels.fp8_rowwise.reference`) on the rows flattened to (rows, K), i.e. scale =
+    max(amax(|row|), EPS) / 448 and q = clamp(row / scale, -448, 448) rounded to nearest e4m3 (an all-zero row:
+    scale EPS / 448, zero bytes, dequantized to exactly zero). Per row the error of the round trip is at most half
+    an e4m3 step of the row's largest binade: |w - dequantized| <= max(amax(|row|), EPS) / 28 (+ the rounding to
+    `w`'s dtype)."""
+    q, scale = fp8_rows(w.reshape(w.shape[0], -1))  # (rows, K), (rows, 1)
     return RowwiseFP8(q.reshape(w.shape), scale)
 
 

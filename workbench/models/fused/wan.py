@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.attention.sparse_routing import routing, unrouted
 from workbench.models.family import FusedBlocks
 from workbench.models.fused.guards import block_reason, hooked
 
@@ -45,6 +44,9 @@ def _stock_rotary(hidden_states: torch.Tensor, freqs_cos: torch.Tensor, freqs_si
 def attn1_reason(attn: torch.nn.Module) -> str | None:
     """Why attn1 cannot be run here with the rotary kernel (then it runs as it is), or None."""
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    # imported here, not at the top: the accelerations package loads the model families, this module among them
+    from workbench.accelerations.attention.sparse_routing import unrouted
 
     processor = unrouted(attn.processor)  # a router's wrapper is taken too: self_attention makes its decision
     if type(processor) is not WanAttnProcessor:
@@ -86,6 +88,10 @@ def qk_norm_reason(attn: torch.nn.Module, query: torch.Tensor, rotary_emb: Any) 
             return f"{name} without weight or eps, or weight dtype {getattr(norm.weight, 'dtype', None)}"
         if tuple(norm.normalized_shape) != (query.shape[-1],):
             return f"{name} over {tuple(norm.normalized_shape)}, not across heads ({query.shape[-1]},)"
+    from workbench.kernels.qk_norm_rope import row_tile_problem  # the plugin's kernels: triton is there
+
+    if (problem := row_tile_problem(attn.heads, query.shape[-1] // attn.heads)) is not None:
+        return f"q/k of {problem}"
     return _rope_reason(query.unflatten(2, (attn.heads, -1)), rotary_emb)
 
 
@@ -121,6 +127,8 @@ def self_attention(
     kernel for q and for k where `qk_norm_reason` allows; otherwise (fused_block_ops) as before. Under a routing
     plugin (attn1's processor a router's wrapper, `sparse_routing.routing`) the router decides the call and its kernel
     serves the dispatcher call, as when the wrapper runs the stock processor."""
+    from workbench.accelerations.attention.sparse_routing import routing
+
     with routing(attn.processor, hidden_states.shape[1]):
         hidden_states = _self_attention(attn, hidden_states, rotary_emb, receipt, rope, qk_norm_rope)
     hidden_states = attn.to_out[0](hidden_states)
@@ -132,6 +140,8 @@ def _self_attention(attn, hidden_states, rotary_emb, receipt, rope, qk_norm_rope
     """self_attention up to the output projection: (B, T, C) attended."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers.transformer_wan import _get_qkv_projections
+
+    from workbench.accelerations.attention.sparse_routing import unrouted
 
     processor = unrouted(attn.processor)
     query, key, value = _get_qkv_projections(attn, hidden_states, None)
