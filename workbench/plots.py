@@ -129,7 +129,7 @@ def stage_timeline(events: Sequence[Event]) -> Figure:
     intervals = stage_intervals(events)
     outcome = request_outcome(events)
     rows = _stage_order(interval.stage for interval in intervals)
-    figure = Figure(figsize=(8, 0.5 + 0.45 * max(len(rows), 1)), layout="constrained")
+    figure = _time_figure(0.4 * max(len(rows), 1))
     axes = figure.add_subplot()
     for interval in intervals:
         y = rows.index(interval.stage)
@@ -291,7 +291,7 @@ def _host_rss_plot(events: Sequence[Event], readings: Sequence[tuple[float, floa
     """`memory_plot` on the CPU: host RSS `readings` (seconds, MiB) as a line over the stages of `events`, the y axis
     over `_memory_limits` (at least a few MiB: the noise between readings does not fill it as a steep climb)."""
     intervals = stage_intervals(events)
-    figure = Figure(figsize=(8, 2.6), layout="constrained")
+    figure = _time_figure(1.6)
     axes = figure.add_subplot()
     for interval in intervals:
         color = _COLORS.get(interval.stage, _OTHER_COLOR)
@@ -533,6 +533,24 @@ def array_png(image: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(image)).save(buffer, format="PNG", compress_level=1)
     return buffer.getvalue()
+
+
+# the static figures over seconds since request start (`stage_timeline`, `_host_rss_plot`): inches, the same in both,
+# so that shown one above the other at the same size their time axes line up (the left one holds a stage's name)
+_TIME_WIDTH, _TIME_LEFT, _TIME_RIGHT, _TIME_TOP, _TIME_BOTTOM = 8.0, 1.2, 0.2, 0.35, 0.5
+
+
+def _time_figure(plot_height: float) -> Figure:
+    """A figure `_TIME_WIDTH` wide whose one axes will span `plot_height` inches at the fixed margins above."""
+    height = plot_height + _TIME_TOP + _TIME_BOTTOM
+    figure = Figure(figsize=(_TIME_WIDTH, height))
+    figure.subplots_adjust(
+        left=_TIME_LEFT / _TIME_WIDTH,
+        right=1 - _TIME_RIGHT / _TIME_WIDTH,
+        top=1 - _TIME_TOP / height,
+        bottom=_TIME_BOTTOM / height,
+    )
+    return figure
 
 
 def _chart_end(intervals: Sequence[Interval], events: Sequence[Event], now: float | None) -> float:

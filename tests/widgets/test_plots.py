@@ -91,6 +91,13 @@ def test_cpu_telemetry_reads_host_rss_and_memory_plot_draws_it_over_the_request(
     flat = [Event(e.kind, e.t, e.stage, {**e.data, "rss_bytes": rss}) for e, rss in zip(events, noise, strict=True)]
     low, high = memory_plot(flat).axes[0].get_ylim()
     assert high - low >= 0.02 * 600 and low < 600 < 600.01 < high
+    # shown one above the other at the same size (the static copies), the two time axes line up, pixel for pixel,
+    # and the longest stage name stays inside the timeline's figure
+    timeline = stage_timeline(events)
+    spans = [(f.get_figwidth(), f.axes[0].get_position().x0, f.axes[0].get_position().x1) for f in (timeline, figure)]
+    assert spans[0] == spans[1] and timeline.axes[0].get_xlim() == figure.axes[0].get_xlim()
+    renderer = FigureCanvasAgg(timeline).get_renderer()
+    assert min(label.get_window_extent(renderer).x0 for label in timeline.axes[0].get_yticklabels()) > 0
 
 
 def test_live_svgs_draw_memory_on_the_timelines_time_axis_and_mark_a_cut_off_stage():
