@@ -234,7 +234,7 @@ def test_a_cap_no_plan_meets_is_refused_from_the_shapes_before_any_weight_is_rea
 
 
 @pytest.mark.parametrize("name", ["tiny-wan", "tiny-ltx2"])
-def test_memory_cap_session_bitwise_equal_resident(sessions, name):
+def test_memory_cap_session_bitwise_equal_resident(sessions, name, seed):
     """At the smallest cap that fits (refused one byte below): components offloaded between stages and the denoiser
     on the device during denoise only, the output equal to the resident session's twice in a row."""
     cap = _smallest_cap(sessions(name).model)
@@ -242,7 +242,7 @@ def test_memory_cap_session_bitwise_equal_resident(sessions, name):
         Session.open(name, device="cpu", memory=cap - 1)
     session = Session.open(name, device="cpu", memory=cap)
     assert session.memory_plan.offloaded and session.memory_plan.denoisers_offloaded, str(session.memory_plan)
-    request = Request("a red circle moves left", seed=3, height=32, width=32)
+    request = Request("a red circle moves left", seed=seed, height=32, width=32)
     _bitwise_equal_resident(session, sessions(name), request, times=2)
     with pytest.raises(ValueError, match=r"\['group_offload'\] move the denoiser's weights"):
         session.accelerate({"group_offload": {}})
@@ -278,13 +278,13 @@ def _text_ring_budget(model, request):
 
 
 @pytest.mark.parametrize("name", sorted(TEXT_RING_REQUEST))
-def test_memory_plan_streaming_text_encoder_bitwise_equal_resident(sessions, name):
+def test_memory_plan_streaming_text_encoder_bitwise_equal_resident(sessions, name, seed):
     """A plan that streams some of the text encoder's layers through the ring during text_encode (`_text_ring_budget`;
     tiny-wan and tiny-ltx2 stream a denoiser block through the same slots): the output equals the resident
     session's, every streamed layer released after its forward; the dashboard's residency line counts them."""
     from workbench.widgets.memory import residency_html
 
-    request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST[name])
+    request = Request("a red circle moves left", seed=seed, **TEXT_RING_REQUEST[name])
     session = Session.open(name, device="cpu", memory=_text_ring_budget(sessions(name).model, request))
     plan = session.memory_plan
     assert f"{len(plan.streamed_text_layers)} streamed during text_encode" in str(plan)
@@ -308,7 +308,7 @@ def _fp8_ring_budget(model, request):
     return dataclasses.replace(budget, cap=cap)
 
 
-def test_memory_plan_fp8_ring_transfer_is_approximate_and_dismantles_to_the_round_trip(sessions):
+def test_memory_plan_fp8_ring_transfer_is_approximate_and_dismantles_to_the_round_trip(sessions, seed):
     """`MemoryBudget.ring_transfer` takes "as stored" or "fp8" only. Under a cap whose FP8 plan streams a tiny-wan
     block (`_fp8_ring_budget`; a text layer streams as stored through the same slots): the plan says FP8, the
     residency's receipt is approximate and the Result not exact, the bytes counted are the plan's (FP8-sized: under a
@@ -321,7 +321,7 @@ def test_memory_plan_fp8_ring_transfer_is_approximate_and_dismantles_to_the_roun
 
     with pytest.raises(ValueError, match=r"memory.ring_transfer: 'bogus'; allowed: 'as stored', 'fp8'"):
         Session.open("tiny-wan", device="cpu", memory=MemoryBudget("1GiB", ring_transfer="bogus"))
-    request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST["tiny-wan"])
+    request = Request("a red circle moves left", seed=seed, **TEXT_RING_REQUEST["tiny-wan"])
     model = resolve("tiny-wan", dtype=torch.float32)
     modules = [c for c in model.pipeline.components.values() if isinstance(c, torch.nn.Module)]
     weights = {id(t): (t, t.clone()) for c in modules for t in tensors_of(c)}
@@ -350,7 +350,7 @@ def test_memory_plan_fp8_ring_transfer_is_approximate_and_dismantles_to_the_roun
 
 
 @pytest.mark.parametrize("arrangement", ["smallest", "text"])
-def test_residency_dismantle_gives_back_the_resident_model_bitwise(sessions, arrangement):
+def test_residency_dismantle_gives_back_the_resident_model_bitwise(sessions, arrangement, seed):
     """A session arranged under a plan (the smallest: components and the denoiser offloaded between stages; or one
     streaming a denoiser block and text layers through the ring), run once, then dismantled: the session refuses
     requests, the weights are the same tensors with the same values, no hook, pinned device or tiling is left, and a
@@ -358,7 +358,7 @@ def test_residency_dismantle_gives_back_the_resident_model_bitwise(sessions, arr
     from workbench.accelerations.memory.ring import tensors_of
     from workbench.models import resolve
 
-    request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST["tiny-wan"])
+    request = Request("a red circle moves left", seed=seed, **TEXT_RING_REQUEST["tiny-wan"])
     model = resolve("tiny-wan", dtype=torch.float32)
     budget = _text_ring_budget(model, request) if arrangement == "text" else _smallest_cap(model)
     classes = {name: type(c) for name, c in model.pipeline.components.items()} | {"": type(model.pipeline)}
@@ -384,7 +384,7 @@ def test_residency_dismantle_gives_back_the_resident_model_bitwise(sessions, arr
 @pytest.mark.parametrize(
     "name, arrangement", [("tiny-wan", "smallest"), ("tiny-wan", "text"), ("tiny-ltx2", "text"), ("tiny-h3", "text")]
 )
-def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(monkeypatch, name, arrangement):
+def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(monkeypatch, name, arrangement, seed):
     """A CPU-planned arrangement carried out on CUDA (pinned host copies, side-stream copies, one set of ring slots for
     the denoiser's and the text encoder's streamed blocks) under a 4 GiB cap (the card's memory: the CUDA context
     and LIBRARY_RESERVE take their share of it; a tiny model's own cap would leave the allocator nothing): tiny-wan's smallest (components and the denoiser offloaded between stages) and the
@@ -395,9 +395,9 @@ def test_memory_plan_on_cuda_bitwise_equal_resident_and_capped(monkeypatch, name
     from workbench.accelerations.memory.ring import tensors_of
     from workbench.models import resolve
 
-    request = Request("a red circle moves left", seed=3, **TEXT_RING_REQUEST[name])
+    request = Request("a red circle moves left", seed=seed, **TEXT_RING_REQUEST[name])
     if arrangement == "smallest":
-        request = Request("a red circle moves left", seed=3, height=32, width=32)
+        request = Request("a red circle moves left", seed=seed, height=32, width=32)
     # LTX-2's vocoder upsamples with ConvTranspose1d, which cuDNN may compute with a non-deterministic algorithm: the
     # resident session's own waveform then differs run to run. Deterministic algorithms make it a function of inputs.
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)

@@ -68,7 +68,13 @@ OPTIONS = {
     "selective_fp8": {"include": ["blocks.*"]},
     "fused_vae_decode": {"channels_last": True},  # rebinds weights too: a fault after that must put them back
 }
-REQUEST = Request("a red circle moves left", seed=11, steps=2, frames=9, height=32, width=32)
+PROMPT, SIZE = "a red circle moves left", {"frames": 9, "height": 32, "width": 32}
+
+
+@pytest.fixture(scope="module")
+def two_step_request(seed: int) -> Request:
+    """The request the tests generate: two denoise steps of PROMPT at SIZE, on the run's seed."""
+    return Request(PROMPT, seed=seed, steps=2, **SIZE)
 
 
 class InjectedFault(RuntimeError):
@@ -181,8 +187,9 @@ def _diff(state, want):
 
 
 @pytest.fixture(scope="module")
-def stock():
-    """`stock(model)`: a session on the tiny model (one per model for the module), its stock state and output."""
+def stock(two_step_request):
+    """`stock(model)`: a session on the tiny model (one per model for the module), its stock state and its output
+    for `two_step_request`."""
     cache = {}
 
     def get(model):
@@ -190,7 +197,7 @@ def stock():
             with pytest.MonkeyPatch.context() as patch:
                 patch.setenv("TRITON_INTERPRET", "1")
                 session = Session.open(model, device="cpu")
-                result = session.generate(REQUEST, progress=False)  # the first request makes lazy state
+                result = session.generate(two_step_request, progress=False)  # the first request makes lazy state
                 cache[model] = session, _state(session), result
         return cache[model]
 
@@ -225,7 +232,9 @@ def _prints(session):
 
 
 @pytest.mark.parametrize("model, plugin", _cases())
-def test_failed_activation_leaves_model_as_before(stock, model, plugin, monkeypatch, qualified_registry):
+def test_failed_activation_leaves_model_as_before(
+    stock, model, plugin, monkeypatch, qualified_registry, two_step_request
+):
     session, stock_state, stock_result = stock(model)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     faults = _Faults(monkeypatch)
@@ -246,7 +255,7 @@ def test_failed_activation_leaves_model_as_before(stock, model, plugin, monkeypa
         assert session.accelerations == {}, where
         assert not _diff(_state(session), before), where
         assert _prints(session) == stock_state[0], where
-    result = session.generate(REQUEST, progress=False)
+    result = session.generate(two_step_request, progress=False)
     assert torch.equal(result.latents, stock_result.latents) and np.array_equal(result.frames, stock_result.frames)
     session.accelerate(config)  # installs cleanly afterwards: nothing half-made was left behind
     session.accelerate({})
@@ -339,9 +348,9 @@ def test_undo_that_cannot_restore_makes_session_refuse(monkeypatch):
         session.accelerate({})
 
 
-def test_interrupted_request_keeps_record_and_model(monkeypatch):
+def test_interrupted_request_keeps_record_and_model(monkeypatch, two_step_request):
     session = Session.open("tiny-wan", device="cpu", accelerations={"cross_kv_cache": {}})
-    good = session.generate(REQUEST, progress=False)
+    good = session.generate(two_step_request, progress=False)
     installed_state = _state(session)  # after a first request (which makes lazy state)
     transformer = session.model.pipeline.transformer
     original = type(transformer).forward
@@ -355,17 +364,17 @@ def test_interrupted_request_keeps_record_and_model(monkeypatch):
 
     monkeypatch.setattr(type(transformer), "forward", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        session.generate(REQUEST, progress=False)
+        session.generate(two_step_request, progress=False)
     monkeypatch.undo()
     assert session.accelerations == {"cross_kv_cache": {}} and session.active_request is None
     assert not _diff(_state(session), installed_state)
-    again = session.generate(REQUEST, progress=False)
+    again = session.generate(two_step_request, progress=False)
     assert torch.equal(again.latents, good.latents) and again.receipts == good.receipts
 
 
-def test_stop_ends_the_request_at_a_checkpoint_and_only_that_request():
+def test_stop_ends_the_request_at_a_checkpoint_and_only_that_request(two_step_request):
     session = Session.open("tiny-wan", device="cpu", accelerations={"cross_kv_cache": {}})
-    good = session.generate(REQUEST, progress=False)
+    good = session.generate(two_step_request, progress=False)
     installed_state = _state(session)
     assert session.stop() is None  # no request runs: nothing to stop, nothing kept for a later one
     seen, stopped_ids = [], []
@@ -377,7 +386,7 @@ def test_stop_ends_the_request_at_a_checkpoint_and_only_that_request():
 
     unsubscribe = session.subscribe(stop_after_first_step)
     with pytest.raises(RequestStopped, match="in denoise, 1 of 2 denoise steps done") as stopped:
-        session.generate(REQUEST, progress=False)
+        session.generate(two_step_request, progress=False)
     unsubscribe()
     request_id = good.metadata["request_id"] + 1
     assert stopped_ids == [request_id] and stopped.value.request_id == request_id
@@ -388,7 +397,8 @@ def test_stop_ends_the_request_at_a_checkpoint_and_only_that_request():
     assert (copy.request_id, copy.where, copy.steps_done, copy.steps) == (request_id, "in denoise", 1, 2)
     assert session.accelerations == {"cross_kv_cache": {}} and session.active_request is None
     assert not _diff(_state(session), installed_state)
-    again = session.generate(REQUEST, progress=False)  # the stop was for the request before: this one runs whole
+    # the stop was for the request before: this one runs whole
+    again = session.generate(two_step_request, progress=False)
     assert torch.equal(again.latents, good.latents) and again.receipts == good.receipts
 
 
@@ -401,13 +411,15 @@ def test_stop_ends_the_request_at_a_checkpoint_and_only_that_request():
         pytest.param("cuda", "tiny-wan", "vae", "video_decode", "fused_vae_decode", marks=pytest.mark.gpu),
     ],
 )
-def test_stop_during_a_decode_ends_it_at_the_next_module_call(stock, device, model, component, stage, plugin):
+def test_stop_during_a_decode_ends_it_at_the_next_module_call(
+    stock, device, model, component, stage, plugin, two_step_request
+):
     """A stop asked while a decoder runs ends the request before the decoder's next module call, not when the decode
     ends (which, for a long clip, is seconds later); the next request is the one before, bit for bit."""
     session = stock(model)[0] if device == "cpu" else Session.open(model, device="cuda")
     session.accelerate({} if plugin is None else {plugin: {}})
     try:
-        good = session.generate(REQUEST, progress=False)
+        good = session.generate(two_step_request, progress=False)
         installed = _state(session)
         called = []
 
@@ -420,13 +432,13 @@ def test_stop_during_a_decode_ends_it_at_the_next_module_call(stock, device, mod
         hooks = [m.register_forward_pre_hook(stop_at_first_call) for m in list(decoder.modules())[1:]]
         try:
             with pytest.raises(RequestStopped, match=f"in {stage}, 2 of 2 denoise steps done"):
-                session.generate(REQUEST, progress=False)
+                session.generate(two_step_request, progress=False)
         finally:
             for hook in hooks:
                 hook.remove()
         assert len(called) == 1  # the session's checkpoint on that same module raised before it computed
         assert not _diff(_state(session), installed)
-        again = session.generate(REQUEST, progress=False)
+        again = session.generate(two_step_request, progress=False)
         assert torch.equal(again.latents, good.latents) and np.array_equal(again.frames, good.frames)
         assert (again.audio is None and good.audio is None) or np.array_equal(again.audio, good.audio)
     finally:
@@ -444,11 +456,11 @@ STOPPED = [("cpu", plugin) for plugin in STATEFUL] + [
 
 
 @pytest.mark.parametrize("device, plugin", STOPPED)
-def test_a_stopped_request_leaves_no_state_behind(stock, device, plugin):
+def test_a_stopped_request_leaves_no_state_behind(stock, device, plugin, seed):
     """Stopped after its first step, a cache has computed and stored one step's state, a weight stream may be
     mid-copy; the next request must not see it: it equals, bit for bit, the request before the stop."""
     session = stock("tiny-wan")[0] if device == "cpu" else Session.open("tiny-wan", device="cuda")
-    request = Request("a red circle moves left", seed=11, steps=4, frames=9, height=32, width=32)
+    request = Request(PROMPT, seed=seed, steps=4, **SIZE)
     session.accelerate({} if plugin is None else {plugin: OPTIONS.get(plugin, {})})
     try:
         good = session.generate(request, progress=False)

@@ -1,5 +1,3 @@
-import random
-
 import numpy as np
 import pytest
 
@@ -7,16 +5,9 @@ from workbench import Result
 
 
 @pytest.fixture
-def rng():
-    """A fresh generator per test; the seed is printed so a failure can be replayed."""
-    seed = random.SystemRandom().randrange(2**32)
-    print(f"rng seed = {seed}")
-    return np.random.default_rng(seed)
-
-
-@pytest.fixture
 def make_result(rng):
-    """Results built directly (no model): random frames and audio of any shape the test needs."""
+    """Results built directly (no model): random frames and audio of any shape the test needs, drawn from `rng` (the
+    run's seed, tests/conftest.py)."""
 
     def make(frames=(9, 20, 28), fps=24, audio_samples: int | None = 4000, sample_rate=16000, like=None, noise=0):
         if like is not None:

@@ -26,38 +26,38 @@ def session():
     return Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
 
 
-def _run(session, config, size=SIZE):
+def _run(session, config, seed: int, size=SIZE):
     session.accelerate(config)
     try:
-        return session.generate(Request("a red circle moves left", seed=2, **size), progress=False)
+        return session.generate(Request("a red circle moves left", seed=seed, **size), progress=False)
     finally:
         session.accelerate({})
 
 
-def test_attention_policy_auto_without_qualified_sparse_setting_is_stock(session, qualified_registry):
+def test_attention_policy_auto_without_qualified_sparse_setting_is_stock(session, qualified_registry, seed):
     """The committed registry, and one whose only entry is for another device: dense, bitwise stock, exact."""
-    stock = _run(session, {})
+    stock = _run(session, {}, seed)
     for registry in ("", qualified_registry(session, device="NVIDIA H200")):
-        result = _run(session, {"attention_policy": {"registry": registry}})
+        result = _run(session, {"attention_policy": {"registry": registry}}, seed)
         report = result.receipts["attention_policy"]
         assert report["policy"] == "dense" and report["contract"] == "bitwise" and report["executed"], report
         assert result.exact and torch.equal(result.latents, stock.latents)
 
 
 def test_attention_policy_auto_runs_the_qualified_sparse_setting_only_at_its_size(
-    interpreter, session, qualified_registry
+    interpreter, session, qualified_registry, seed
 ):
     before = fingerprint(session.model.pipeline.transformer)
     registry = qualified_registry(session)
-    sparse = _run(session, {"attention_policy": {"registry": registry}})
+    sparse = _run(session, {"attention_policy": {"registry": registry}}, seed)
     report = sparse.receipts["attention_policy"]
     assert report["policy"] == "block_sparse" and report["contract"] == "approximate", report
     assert report["sparse_calls"] == 4 and report.get("dense_calls", 0) == 0, report
     assert report["entries"][0]["video_tokens"] == 288 and report["notes"]["mean_density"] < 1.0, report
     assert not sparse.exact
     # another size on the same model and device: every call dense, output bitwise stock
-    stock_other = _run(session, {}, OTHER_SIZE)
-    other = _run(session, {"attention_policy": {"registry": registry}}, OTHER_SIZE)
+    stock_other = _run(session, {}, seed, OTHER_SIZE)
+    other = _run(session, {"attention_policy": {"registry": registry}}, seed, OTHER_SIZE)
     report = other.receipts["attention_policy"]
     assert report["policy"] == "dense" and report["unqualified_calls"] == 4 and report["contract"] == "bitwise"
     assert other.exact and torch.equal(other.latents, stock_other.latents)
@@ -92,8 +92,8 @@ def test_attention_policy_sparse_committed_registry_is_backed_by_qualified_recor
         assert entry["plugin"] in attention_policy.ROUTABLE
 
 
-def test_attention_policy_explicit_dense_and_bad_options_of_the_sparse_policy(session, tmp_path):
-    result = _run(session, {"attention_policy": {"policy": "dense"}})
+def test_attention_policy_explicit_dense_and_bad_options_of_the_sparse_policy(session, tmp_path, seed):
+    result = _run(session, {"attention_policy": {"policy": "dense"}}, seed)
     assert result.receipts["attention_policy"]["policy"] == "dense" and result.exact
     with pytest.raises(ValueError, match="attention_policy.policy"):
         session.accelerate({"attention_policy": {"policy": "sparse"}})

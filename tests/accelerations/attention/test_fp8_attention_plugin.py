@@ -23,23 +23,28 @@ def interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def _run(session, config, steps: int = SIZE["steps"]):
+def _run(session, config, seed: int, steps: int = SIZE["steps"]):
     session.accelerate(config)
     try:
-        return session.generate(Request("a red circle moves left", seed=3, **{**SIZE, "steps": steps}), progress=False)
+        request = Request("a red circle moves left", seed=seed, **{**SIZE, "steps": steps})
+        return session.generate(request, progress=False)
     finally:
         session.accelerate({})
 
 
-def test_fp8_attention_wan_counts_calls_is_close_to_dense_and_uninstalls_exactly(interpreter, monkeypatch):
-    """... and on a CPU outside the interpreter the calls take the kernel's torch reference, which gives the
-    kernel's request up to fp32 rounding; each receipt names its path."""
+def test_fp8_attention_wan_counts_calls_is_close_to_dense_and_uninstalls_exactly(interpreter, monkeypatch, seed):
+    """... close to dense: the latents move by more than 1e-6 relative L2 (fp32 rounding moves them less: the FP8
+    calls ran) and by less than 3e-3, over an order under the kernel's own error per call (a few 1e-2, the bounds of
+    tests/kernels/test_fp8_attention.py), which reaches the latents only through attention's share of each block's
+    residual update. On a CPU outside the interpreter the calls take the kernel's torch reference, which gives the
+    kernel's request up to fp32 order and the rare P that exp2's last bit moves across a rounding boundary: under a
+    tenth of the FP8 move. Each receipt names its path."""
     session = Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
     before = [fingerprint(d) for d in session.model.denoisers()]
     backends = dict(_AttentionBackendRegistry._backends)
-    dense = _run(session, {})
-    fp8 = _run(session, {"fp8_attention": {}})
-    partly = _run(session, {"fp8_attention": {"qk": "e4m3", "pv": "bf16", "dense_blocks": 1}})
+    dense = _run(session, {}, seed)
+    fp8 = _run(session, {"fp8_attention": {}}, seed)
+    partly = _run(session, {"fp8_attention": {"qk": "e4m3", "pv": "bf16", "dense_blocks": 1}}, seed)
     assert [fingerprint(d) for d in session.model.denoisers()] == before, "uninstall did not restore the model"
     assert _AttentionBackendRegistry._backends == backends
     report = fp8.receipts["fp8_attention"]
@@ -50,24 +55,29 @@ def test_fp8_attention_wan_counts_calls_is_close_to_dense_and_uninstalls_exactly
     assert partly.receipts["fp8_attention"]["fp8_calls"] == 2 and partly.receipts["fp8_attention"]["dense_calls"] == 2
     assert not fp8.exact and dense.exact
     err = ((fp8.latents - dense.latents).norm() / dense.latents.norm()).item()
-    assert 1e-6 < err < 3e-3, f"fp8 attention moves the latents by {err} (relative L2; measured 2.9e-4)"
+    assert 1e-6 < err < 3e-3, f"fp8 attention moves the latents by {err} (relative L2; allowed: 1e-6 to 3e-3)"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    torch_ref = _run(session, {"fp8_attention": {}})
+    torch_ref = _run(session, {"fp8_attention": {}}, seed)
     paths = (report["notes"]["path"], torch_ref.receipts["fp8_attention"]["notes"]["path"])
     assert paths == ("triton kernel", "torch reference") and torch_ref.receipts["fp8_attention"]["fp8_calls"] == 4
     gap = ((torch_ref.latents - fp8.latents).norm() / fp8.latents.norm()).item()
-    assert gap < err / 100, f"the reference path differs from the kernel by {gap} (relative L2)"
+    # a tenth: per call the reference is within 5e-4 relative L2 of the kernel (kernels/fp8_attention.py's contract:
+    # fp32 order, and a P that exp2's last bit moves across a rounding boundary) and the default int8 Q.K^T at least
+    # 5e-3 from dense attention (tests/kernels/test_fp8_attention.py's lower bound); both reach the latents alike
+    assert gap < err / 10, (
+        f"the reference path differs from the kernel by {gap} (relative L2; allowed: under err / 10, {err / 10:.1e})"
+    )
 
 
-def test_fp8_attention_stacks_on_a_dense_backend_plugin_which_keeps_the_other_calls(monkeypatch):
+def test_fp8_attention_stacks_on_a_dense_backend_plugin_which_keeps_the_other_calls(monkeypatch, seed):
     """With a dense-backend plugin (attention_backend here; flash4_attention on the exact-fast profile) the routed
     self-attention still takes the kernel and every other call (Wan's cross-attention) reaches that plugin's backend,
     whatever the config's order; uninstall restores the dispatcher. Two routing plugins still conflict."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the kernel's torch reference: fast, the same routing
     session = Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
     backends = dict(_AttentionBackendRegistry._backends)
-    alone = _run(session, {"fp8_attention": {}})
-    stacked = _run(session, {"fp8_attention": {}, "attention_backend": {"backend": "native"}})
+    alone = _run(session, {"fp8_attention": {}}, seed)
+    stacked = _run(session, {"fp8_attention": {}, "attention_backend": {"backend": "native"}}, seed)
     assert torch.equal(stacked.latents, alone.latents)  # the backend's own function, counted: the same maths
     assert stacked.receipts["fp8_attention"]["fp8_calls"] == 4  # self-attention: 2 blocks x 2 steps
     assert stacked.receipts["attention_backend"]["attention_calls"] == 4  # cross-attention, the same count
@@ -78,11 +88,12 @@ def test_fp8_attention_stacks_on_a_dense_backend_plugin_which_keeps_the_other_ca
 
 
 @pytest.mark.parametrize("pv", ["bf16", "int8"])
-def test_fp8_attention_protected_rows_are_dense_attention(interpreter, pv):
+def test_fp8_attention_protected_rows_are_dense_attention(interpreter, seed, pv):
     """Router.run with the plugin's kernel: rows [0, protect) are the backend's dense attention (H3's text /
     conditioning / audio queries with protect_prefix="family"), the rest the low-bit kernel's output at the
     plugin's `pv`."""
-    q, k, v = (torch.randn(1, 150, 2, 128) for _ in range(3))  # dispatcher layout (B, T, H, D)
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 150, 2, 128, generator=generator) for _ in range(3))  # dispatcher layout (B, T, H, D)
     backend = _AttentionBackendRegistry._backends[_AttentionBackendRegistry._active_backend]
     receipt = Receipt(("fp8_calls",))
     router = Router("fp8_attention", wan.tiny_d128(), receipt, plugin.fp8_attend, None)
@@ -119,21 +130,22 @@ def test_fp8_attention_refuses_what_it_cannot_run(monkeypatch):
     )  # the kernels' own refusal (`_runtime.fp8_problem`)
 
 
-def test_fp8_attention_h3_keeps_text_and_audio_queries_dense(interpreter, h3_d128):
+def test_fp8_attention_h3_keeps_text_and_audio_queries_dense(interpreter, h3_d128, seed):
     """H3 packs [text | audio | video] in one self-attention: with protect_prefix="family" the prefix queries take
-    dense attention, so the audio moves only through FP8 video rows (measured 7e-7 relative L2, against 1.6e-4 when
-    every query runs FP8)."""
+    dense attention, so the audio moves only through FP8 video rows: by less than a tenth of what it moves when every
+    query runs FP8 (the audio queries' own attention then takes the quantization), yet by something."""
     session = Session(h3_d128(32, 64), torch.device("cpu"), torch.float32, 0.0)
+    request = Request("a red circle moves left, low hum", seed=seed)
 
     def audio_error(config):
         session.accelerate(config)
         try:
-            result = session.generate(Request("a red circle moves left, low hum", seed=4), progress=False)
+            result = session.generate(request, progress=False)
         finally:
             session.accelerate({})
         return result, (torch.as_tensor(result.audio) - dense).norm() / dense.norm()
 
-    dense = torch.as_tensor(session.generate(Request("a red circle moves left, low hum", seed=4), progress=False).audio)
+    dense = torch.as_tensor(session.generate(request, progress=False).audio)
     protected, protected_error = audio_error({"fp8_attention": {}})
     everything, everything_error = audio_error({"fp8_attention": {"protect_prefix": 0}})
     report = protected.receipts["fp8_attention"]
@@ -143,15 +155,15 @@ def test_fp8_attention_h3_keeps_text_and_audio_queries_dense(interpreter, h3_d12
     assert 0 < protected_error < 0.1 * everything_error, (protected_error, everything_error)
 
 
-def test_fp8_attention_under_fused_wan_blocks_keeps_the_fused_attention_path(interpreter):
+def test_fp8_attention_under_fused_wan_blocks_keeps_the_fused_attention_path(interpreter, seed):
     """A fused block forward takes attn1 through the router's wrapper (sparse_routing.routing): the self-attention
     still reaches the FP8 kernel, and the block keeps its rotary / q-k norm kernels instead of falling back to the
     stock processor (which cost the exact-fast profile its fused q/k path under fp8_attention on the H200).
     fused_block_ops keeps torch's rounding on these fp32 inputs, so its request equals fp8_attention alone."""
     session = Session(wan.tiny_d128(), torch.device("cpu"), torch.float32, 0.0)
-    alone = _run(session, {"fp8_attention": {}}, steps=1)  # 1 step x 2 blocks: 2 self-attention calls
+    alone = _run(session, {"fp8_attention": {}}, seed, steps=1)  # 1 step x 2 blocks: 2 self-attention calls
     for fused, counter in (("fused_block_ops", "rope_calls"), ("fused_block_norms", "qk_norm_rope_calls")):
-        both = _run(session, {"fp8_attention": {}, fused: {}}, steps=1)
+        both = _run(session, {"fp8_attention": {}, fused: {}}, seed, steps=1)
         receipt = both.receipts[fused]
         assert receipt[counter] == 4 and not receipt.get("fallbacks"), receipt  # q and k in 2 blocks
         assert both.receipts["fp8_attention"]["fp8_calls"] == 2, both.receipts["fp8_attention"]

@@ -18,18 +18,19 @@ def test_bad_mode_is_value_error():
         session.accelerate({"regional_compile": {"fullgraph": 1}})
 
 
-def test_regional_compile_close_to_dense_and_restores_model():
+def test_regional_compile_close_to_dense_and_restores_model(seed):
     session = Session.open("tiny-wan", device="cpu")
     denoisers = session.model.denoisers()
     before = [fingerprint(d) for d in denoisers]
-    dense = session.generate(Request("a red circle moves left", seed=3, **SIZE), progress=False)
+    request = Request("a red circle moves left", seed=seed, **SIZE)
+    dense = session.generate(request, progress=False)
     session.accelerate({"regional_compile": {}})
     try:
         assert any(getattr(m, "_compiled_call_impl", None) is not None for m in denoisers[0].modules())
         start = time.perf_counter()
-        first = session.generate(Request("a red circle moves left", seed=3, **SIZE), progress=False)
+        first = session.generate(request, progress=False)
         compile_seconds = time.perf_counter() - start
-        second = session.generate(Request("a red circle moves left", seed=3, **SIZE), progress=False)
+        second = session.generate(request, progress=False)
     finally:
         session.accelerate({})
     assert [fingerprint(d) for d in denoisers] == before, "uninstall did not restore the model exactly"
