@@ -28,7 +28,7 @@ from workbench.accelerations.undo import UndoFailed
 from workbench.memory_estimate import estimate_activation
 from workbench.memory_plan import MemoryBudget, MemoryPlan, check_request, gib, outside_for, plan_for
 from workbench.models import preview, resolve
-from workbench.models.loaded import LoadedModel
+from workbench.models.loaded import LoadedModel, own_aligned_storage
 from workbench.probes import stage_modules, stage_probes
 from workbench.progress import library_bars_off
 from workbench.progress import progress as progress_bar
@@ -138,6 +138,8 @@ class Session:
             with library_bars_off():
                 loaded = resolve(model, seed=seed, dtype=torch_dtype, device=build_on)
         residency = None
+        if torch_device.type == "cpu":  # computed where they are: a checkpoint's weights off the file's mapping
+            own_aligned_storage(loaded.pipeline)
         if budget is None:
             # a diffusers pipeline warns that float16 "cannot run" on a CPU; torch's CPU runs it, and so does the workbench
             quiet = {} if isinstance(loaded.pipeline, torch.nn.Module) else {"silence_dtype_warnings": True}

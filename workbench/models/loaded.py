@@ -71,3 +71,26 @@ def cast_module(module: torch.nn.Module, dtype: torch.dtype) -> None:
     for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
         if tensor.is_floating_point():
             tensor.data = tensor.data.to(torch.float32 if keep & set(name.split(".")) else dtype)
+
+
+ALIGNMENT = 64  # bytes: where torch's CPU allocator starts every tensor it allocates
+
+
+def own_aligned_storage(pipeline: Any) -> int:
+    """Give each CPU parameter and buffer of `pipeline`'s module components that does not start on an `ALIGNMENT`
+    boundary storage of its own, allocated by torch; returns how many moved. diffusers' `from_pretrained` leaves a
+    safetensors checkpoint's tensors as views into the memory-mapped file, at the file's 8-byte alignment, and CPU
+    BLAS rounds a product of such a weight differently from the same weight in torch's own storage (a copy, a ring
+    slot): a loaded model computed on the CPU would not be bit for bit itself once re-homed. Values are unchanged,
+    and a tensor two modules share stays shared (its one object takes the new storage)."""
+    modules = pipeline.components.values() if not isinstance(pipeline, torch.nn.Module) else [pipeline]
+    moved = 0
+    with torch.no_grad():
+        for component in modules:
+            if not isinstance(component, torch.nn.Module):
+                continue
+            for tensor in itertools.chain(component.parameters(), component.buffers()):
+                if tensor.device.type == "cpu" and tensor.data_ptr() % ALIGNMENT:
+                    tensor.data = tensor.data.clone()
+                    moved += 1
+    return moved
