@@ -55,7 +55,12 @@ class LazyKernel:
 
     A build for another card (Triton's `override_arch` knob, set by `targets.built_for`) is decorated apart too:
     Triton's in-process cache key leaves the architecture out, so one JIT function would hand back the build it made
-    first for a launch."""
+    first for a launch.
+
+    Why the kernels reduce with `tl.reduce(x, axis, tl.standard._sum_combine)` (or `_elementwise_max`) and make zeros
+    with `tl.full`: `tl.sum`, `tl.max` and `tl.zeros` are JIT functions decorated when triton was imported, which the
+    interpreter cannot call when TRITON_INTERPRET was set after that import, as it is when a kernel is decorated
+    here at its first launch."""
 
     def __init__(self, fn: Callable[..., Any], helpers: tuple[Callable[..., Any], ...] = ()):
         self.fn = fn
