@@ -9,7 +9,7 @@ The maths (`quantize_reference` in torch ops; `quantize` the same in Triton, one
    per-token part a few quantization steps.
 2. q and the smoothed k per block of QUANT_BLOCK = 128 tokens, symmetric, one fp32 scale a block
    `max(amax(|block|), EPS) / top` (IEEE division), value `clamp(x * (1 / scale), -top, top)` (the reciprocal by IEEE
-   division once a block, then a multiply a value: faster than dividing each value,
+   division once a block, then a multiply a value; evidence:
    benchmarks/results/probes/2026-12-06-attention-quantize-h100.json) rounded to nearest even: qk="int8" top = 127, int8
    values (SageAttention's choice); qk="e4m3" top = 448, e4m3 values. Tokens past T are zeros (padded to a multiple of
    128; padding is added after smoothing, so it stays zero).
@@ -58,8 +58,8 @@ INT8_MAX = 127.0
 P_TOP = {"fp8": FP8_MAX, "int8": INT8_MAX}  # the factor the kernels' one-byte P carries, per pv mode
 EPS = 1e-12  # the smallest amax a scale is made from
 QUANT_BLOCK = 128  # tokens per q / k quantization block (and per program of `_quantize_fwd`)
-QUANT_WARPS = 16  # a (128, 128) fp32 tile over 512 threads, 32 values a thread: the fastest of 4, 8 and 16 on the
-# H200 (benchmarks/results/probes/attention-quantize-warps.json); no spills on any target (tests/kernels/test_targets)
+QUANT_WARPS = 16  # a (128, 128) fp32 tile over 512 threads, 32 values a thread (evidence:
+# benchmarks/results/probes/attention-quantize-warps.json); no spills on any target (tests/kernels/test_targets)
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Quantized:
     k_scale (B, H, Tk'/128) fp32; v: pv="fp8" / "int8" the e4m3 / int8 values transposed (B, H, 128, Tk')
     contiguous (keys in `v_slot` order), pv="bf16" bf16 (B, H, Tk, 128) with unit last stride; v_scale (B, H, 128)
     fp32 `scale_v / P_TOP[pv]` (one-byte v) or None (pv="bf16"); k_mean (B, H, 1, 128) fp32: the mean subtracted
-    from k (zeros with smooth=False)."""
+    from k."""
 
     q8: torch.Tensor
     q_scale: torch.Tensor
@@ -142,16 +142,13 @@ def quantize_reference(
     k: torch.Tensor,
     v: torch.Tensor,
     pv: str = "fp8",
-    smooth: bool = True,
     qk: str = "e4m3",
     k_mean: torch.Tensor | None = None,
 ) -> Quantized:
-    """Steps 1-3 of the module doc in torch ops on q (B, H, Tq, 128), k and v (B, H, Tk, 128) (`smooth=False`
-    skips the key smoothing: for comparisons; `k_mean` (B, H, 1, 128) fp32: the smoothing vector, else
-    `key_mean(k)`)."""
+    """Steps 1-3 of the module doc in torch ops on q (B, H, Tq, 128), k and v (B, H, Tk, 128); `k_mean`
+    (B, H, 1, 128) fp32: the smoothing vector (zeros: no smoothing), else `key_mean(k)`."""
     q8, q_scale = _blocks(q.float(), qk)
-    if k_mean is None:
-        k_mean = key_mean(k) if smooth else torch.zeros_like(k[:, :, :1], dtype=torch.float32)
+    k_mean = key_mean(k) if k_mean is None else k_mean
     k8, k_scale = _blocks(k.float() - k_mean, qk)
     if pv == "bf16":
         return Quantized(q8, q_scale, k8, k_scale, _bf16_v(v), None, pv, qk, k_mean)
@@ -166,16 +163,27 @@ def quantize_reference(
     return Quantized(q8, q_scale, k8, k_scale, vt.view(v8.dtype), _ieee_div(scale, top), pv, qk, k_mean)
 
 
+def e4m3_round(x):
+    """fp32 `x` rounded to the nearest e4m3 value, ties to even, kept as an fp32 value (a Triton device function; the
+    CPU interpreter's fp32 -> e4m3 conversion does not round so, the GPU's `cvt.rn.satfinite` does): 3 mantissa bits,
+    or a multiple of 2^-9 below e4m3's smallest normal 2^-6 (adding 2^14 leaves fp32 steps of 2^-9). |x| <= 448."""
+    a = tl.abs(x)
+    bits = a.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
+    a = tl.where(a < 0.015625, (a + 16384.0) - 16384.0, bits.to(tl.float32, bitcast=True))
+    return tl.where(x < 0, -a, a)
+
+
 def _quantize_fwd(
     x_ptr, mean_ptr, scale_ptr, out_ptr, low_ptr, high_ptr,
     H, T, TP,
     x_sb, x_sh, x_st, x_sd,
     BLOCK: tl.constexpr, D: tl.constexpr, INT8: tl.constexpr, SMOOTH: tl.constexpr, CHANNEL: tl.constexpr,
-    EMULATE: tl.constexpr,
+    TOP: tl.constexpr, EPS: tl.constexpr, EMULATE: tl.constexpr,
 ):  # fmt: skip
     # Step 2 (q, k; SMOOTH subtracts mean_ptr's (D,) per head first) or, with CHANNEL, step 3 (v: the per-channel
     # scales from low_ptr / high_ptr, v's per-channel min and max; the head's first program stores scale / top, the
-    # v_scale, into scale_ptr; the output is transposed). tl.reduce with tl.standard's combines: see
+    # v_scale, into scale_ptr; the output is transposed). TOP: INT8_MAX or FP8_MAX. tl.reduce with tl.standard's combines: see
     # block_sparse_attend.
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -188,37 +196,31 @@ def _quantize_fwd(
     x = tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)  # (BLOCK, D); rows past T are zeros
     if SMOOTH:
         x = tl.where(ok, x - tl.load(mean_ptr + bh * D + d)[None, :], 0.0)
-    top = 127.0 if INT8 else 448.0
     if CHANNEL:  # max(high, -low) then max(., EPS), NaN kept (tl.maximum's default drops it; torch's keeps it)
         amax = tl.maximum(
             tl.load(high_ptr + bh * D + d).to(tl.float32),
             -tl.load(low_ptr + bh * D + d).to(tl.float32),
             propagate_nan=tl.PropagateNan.ALL,
         )
-        channel_scale = tl.div_rn(tl.maximum(amax, 1e-12, propagate_nan=tl.PropagateNan.ALL), top)
+        channel_scale = tl.div_rn(tl.maximum(amax, EPS, propagate_nan=tl.PropagateNan.ALL), TOP)
         if blk == 0:
-            tl.store(scale_ptr + bh * D + d, tl.div_rn(channel_scale, top))
+            tl.store(scale_ptr + bh * D + d, tl.div_rn(channel_scale, TOP))
         inverse = tl.div_rn(1.0, channel_scale)[None, :]  # (1, D)
     else:
         amax = tl.reduce(tl.reduce(tl.abs(x), 1, tl.standard._elementwise_max), 0, tl.standard._elementwise_max)
         # tl.maximum skips NaN: a NaN or inf in the block poisons its scale through a sum of x * 0 instead (NaN iff
         # one is there), so the block's logits come out NaN as the reference's (torch's amax keeps NaN) do
         poison = tl.reduce(tl.reduce(x * 0.0, 1, tl.standard._sum_combine), 0, tl.standard._sum_combine)
-        block_scale = tl.div_rn(tl.maximum(amax, 1e-12) + poison, top)
+        block_scale = tl.div_rn(tl.maximum(amax, EPS) + poison, TOP)
         tl.store(scale_ptr + bh * (TP // BLOCK) + blk, block_scale)
         inverse = tl.div_rn(1.0, block_scale)
-    y = tl.minimum(tl.maximum(x * inverse, -top), top)
+    y = tl.minimum(tl.maximum(x * inverse, -TOP), TOP)
     if INT8:
         y = (y + 12582912.0) - 12582912.0  # round half to even: 1.5 * 2^23 leaves fp32 steps of 1
         values = y.to(tl.int8)
     else:
-        if EMULATE:  # round to e4m3 in fp32 (the interpreter's conversion does not): 3 mantissa bits, or a
-            # multiple of 2^-9 below e4m3's smallest normal 2^-6 (adding 2^14 leaves fp32 steps of 2^-9)
-            a = tl.abs(y)
-            bits = a.to(tl.int32, bitcast=True)
-            bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
-            a = tl.where(a < 0.015625, (a + 16384.0) - 16384.0, bits.to(tl.float32, bitcast=True))
-            y = tl.where(y < 0, -a, a)
+        if EMULATE:
+            y = e4m3_round(y)
         values = y.to(tl.float8e4nv)
     if CHANNEL:  # (D, TP) per head, keys in v_slot order: the tile's rows reordered so, then stored in order
         values = tl.reshape(
@@ -229,7 +231,7 @@ def _quantize_fwd(
         tl.store(out_ptr + (bh * TP + rows.to(tl.int64))[:, None] * D + d[None, :], values)
 
 
-_KERNEL = LazyKernel(_quantize_fwd)
+_KERNEL = LazyKernel(_quantize_fwd, helpers=(e4m3_round,))
 
 
 def _launch(
@@ -249,7 +251,7 @@ def _launch(
     _KERNEL[(tp // QUANT_BLOCK, b * h)](
         x, scale if mean is None else mean, scale, out, low, high, h, t, tp, *x.stride(),
         BLOCK=QUANT_BLOCK, D=d, INT8=int8, SMOOTH=mean is not None, CHANNEL=channel is not None,
-        EMULATE=interpreting(),
+        TOP=INT8_MAX if int8 else FP8_MAX, EPS=EPS, EMULATE=interpreting(),
         **tuning,
     )  # fmt: skip
 

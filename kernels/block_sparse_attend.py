@@ -46,13 +46,21 @@ import torch
 import triton
 import triton.language as tl
 
+from workbench.kernels._rounding import bf16_round
 from workbench.kernels._runtime import LazyKernel, capability, interpreting, tma_ready, tma_scratch
-from workbench.kernels.attention_quantize import QUANT_BLOCK, Quantized
+from workbench.kernels.attention_quantize import P_TOP, QUANT_BLOCK, Quantized, e4m3_round
 from workbench.kernels.block_sparse_routing import BLOCK
-from workbench.kernels.fp8_attention import new_max, pv_dot, qk_logits, quantized_pair, quantized_tile, sm90_kernel
+from workbench.kernels.fp8_attention import (
+    LOG2E,
+    check_kernel,
+    new_max,
+    pv_dot,
+    qk_logits,
+    quantized_pair,
+    quantized_tile,
+    sm90_kernel,
+)
 from workbench.kernels.fp8_attention import sm90_serves as fp8_sm90_serves
-
-LOG2E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
@@ -124,8 +132,10 @@ def _block_sparse_fwd(
     k_sb, k_sh, k_st,
     v_sb, v_sh, v_st,
     F32: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-    LOWBIT: tl.constexpr, QK_INT8: tl.constexpr, PV: tl.constexpr, QUANT: tl.constexpr, EMULATE: tl.constexpr,
+    LOWBIT: tl.constexpr, QK_INT8: tl.constexpr, PV: tl.constexpr, QUANT: tl.constexpr, TOP: tl.constexpr,
+    LOG2E: tl.constexpr, EMULATE: tl.constexpr,
 ):  # fmt: skip
+    # TOP: P_TOP[PV], the factor a one-byte P and l carry (read with LOWBIT and a one-byte PV only).
     # Reductions are tl.reduce with tl.standard's combines, and zeros are tl.full: tl.sum/tl.max/tl.zeros are
     # JITFunctions decorated when triton was imported, which the interpreter cannot call when
     # TRITON_INTERPRET was set later (LazyKernel's case).
@@ -209,7 +219,7 @@ def _block_sparse_fwd(
             m_i = m_new
     if LOWBIT and PV != "bf16":  # P.V ran on one-byte v without its per-channel scale; the folded pass adds real values
         acc = acc * tl.load(vs_ptr + bh.to(tl.int64) * D + d)[None, :]
-        l_i = l_i / (448.0 if PV == "fp8" else 127.0)  # P and l carried P_TOP (quantized_tile); folded weights are real
+        l_i = l_i / TOP  # P and l carried P_TOP (quantized_tile); folded weights are real
     # 2. Folded key blocks: their mean keys, BLOCK at a time, as pseudo-keys with log(length) on the logit.
     # km/vm arrive in the dot's dtype (bf16 rounded once when the means are made, or fp32); .to() is then a no-op.
     means = bh.to(tl.int64) * KB * D
@@ -226,7 +236,7 @@ def _block_sparse_fwd(
                 s = tl.dot(q, tl.trans(km), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(km.to(q.dtype)))
-            bias = tl.load(loglen_ptr + blocks, mask=block_ok, other=0.0) * 1.4426950408889634
+            bias = tl.load(loglen_ptr + blocks, mask=block_ok, other=0.0) * LOG2E
             s = tl.where(folded[None, :], s * qk_scale + bias[None, :], float("-inf"))
             m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -245,7 +255,8 @@ def _block_sparse_fwd(
 
 
 _KERNEL = LazyKernel(
-    _block_sparse_fwd, helpers=(_lowbit_block, quantized_tile, quantized_pair, new_max, qk_logits, pv_dot)
+    _block_sparse_fwd,
+    helpers=(_lowbit_block, quantized_tile, quantized_pair, new_max, qk_logits, pv_dot, e4m3_round, bf16_round),
 )
 
 
@@ -271,7 +282,7 @@ def sm90_serves(qk: str, pv: str, device: torch.device) -> bool:
 
 
 def sm90_sparse(z: Quantized, q: torch.Tensor) -> bool:
-    """Whether `attend` without a launch runs the CuTe kernel on `quantize`'s operands `z` of q: a pair of
+    """Whether `attend` with kernel="auto" runs the CuTe kernel on `quantize`'s operands `z` of q: a pair of
     SM90_PAIRS, bf16 q that TMA can read and `fp8_attention.sm90_kernel` (sm_90, the CuTe DSL, D = 128)."""
     return (z.qk, z.pv) in SM90_PAIRS and q.dtype == torch.bfloat16 and tma_ready(q) and sm90_kernel(z, q)
 
@@ -283,22 +294,23 @@ def attend(
     route: Plan,
     launch: Launch | None = None,
     quantized: Quantized | None = None,
+    kernel: str = "auto",
 ) -> torch.Tensor:
     """The attention kernel alone on a `plan(...)` of the same q, k, v: (B, H, Tq, D) contiguous in q's dtype.
-    `launch` defaults to `launch_for(q.device)`. `quantized`: `attention_quantize.quantize` of the same q, k, v; the
-    exact blocks then run on it (module doc: low precision) and `route.k_mean` must be smoothed by its k_mean. Without
-    a `launch`, where `sm90_sparse` holds, the CuTe kernel runs instead (`fp8_attention_sm90.attend_sparse`: the same
-    visits and maths up to fp32 order and l, which sums P as rounded there)."""
+    `quantized`: `attention_quantize.quantize` of the same q, k, v; the exact blocks then run on it (module doc: low
+    precision) and `route.k_mean` must be smoothed by its k_mean. `kernel` "auto": where `sm90_sparse` holds, the
+    CuTe kernel (`fp8_attention_sm90.attend_sparse`: the same visits and maths up to fp32 order and l, which sums P
+    as rounded there), else the Triton kernel at `launch_for`'s launch; "triton": the Triton kernel at `launch`
+    (default `launch_for(q.device)`; a launch needs kernel="triton", `fp8_attention.check_kernel`)."""
+    check_kernel("block_sparse_attention", kernel, launch, Launch)
     z = quantized
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if z is not None and launch is None and sm90_sparse(z, q):
+    if z is not None and kernel == "auto" and sm90_sparse(z, q):
         from workbench.kernels import fp8_attention_sm90
 
         fp8_attention_sm90.attend_sparse(z, q, route, k.shape[2], out)
         return out
     launch = launch_for(q.device) if launch is None else launch
-    if not isinstance(launch, Launch):
-        raise ValueError(f"block_sparse_attention: launch must be a Launch, got {type(launch).__name__}")
     if z is None:
         _check_tma(k, v)
     b, h, tq, d = q.shape
@@ -310,10 +322,10 @@ def attend(
         tuning = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
         triton.set_allocator(tma_scratch)  # device-side descriptors need Triton's global scratch
     if z is None:  # the exact path: the low-precision operands are not read
-        kv, lowbit, scales = (k, v), {"QK_INT8": False, "PV": "bf16"}, (q, q, q, q, 1, 1)
+        kv, lowbit, scales = (k, v), {"QK_INT8": False, "PV": "bf16", "TOP": 1.0}, (q, q, q, q, 1, 1)
     else:
         kv = (z.k8, z.v)
-        lowbit = {"QK_INT8": z.qk == "int8", "PV": z.pv}
+        lowbit = {"QK_INT8": z.qk == "int8", "PV": z.pv, "TOP": P_TOP.get(z.pv, 1.0)}
         v_scale = z.q_scale if z.v_scale is None else z.v_scale  # (unread with pv="bf16")
         scales = (z.q8, z.q_scale, z.k_scale, v_scale, z.q8.shape[2], z.k8.shape[2])
     _KERNEL[(qb * (BLOCK // launch.rows), b * h)](
@@ -321,6 +333,6 @@ def attend(
         *scales[:4], h, tq, k.shape[2], kb, qb, route.scale * LOG2E, *scales[4:],
         *q.stride(), *kv[0].stride()[:3], *kv[1].stride()[:3],
         F32=q.dtype == torch.float32 or emulate, BLOCK=BLOCK, ROWS=launch.rows, D=d,
-        LOWBIT=z is not None, QUANT=QUANT_BLOCK, EMULATE=emulate, **lowbit, **tuning,
+        LOWBIT=z is not None, QUANT=QUANT_BLOCK, LOG2E=LOG2E, EMULATE=emulate, **lowbit, **tuning,
     )  # fmt: skip
     return out

@@ -231,16 +231,14 @@ def exact_lists(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def routing(
-    q: torch.Tensor, k: torch.Tensor, tau: float, sink_tokens: int, block: int = BLOCK, scale: float | None = None
+    q: torch.Tensor, k: torch.Tensor, tau: float, sink_tokens: int, scale: float | None = None
 ) -> tuple[torch.Tensor, float]:
     """Which (query block, key block) pairs are exact: (mask bool (B, H, Qb, Kb), density in [0, 1]), from torch's
-    block means. q (B, H, Tq, D), k (B, H, Tk, D). `scale` defaults to 1/sqrt(D); the threshold
+    means of BLOCK-token blocks. q (B, H, Tq, D), k (B, H, Tk, D). `scale` defaults to 1/sqrt(D); the threshold
     `mean + tau * std` is invariant to it (for scale > 0), it only sets the units of the scores."""
     check_tau(tau, sink_tokens)
-    if block < 1:
-        raise ValueError(f"block_sparse_attention: block must be >= 1, got {block}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     mask, density = route(
-        block_means_torch(q, block)[0], block_means_torch(k, block)[0], tau, sink_tokens, block, scale
+        block_means_torch(q, BLOCK)[0], block_means_torch(k, BLOCK)[0], tau, sink_tokens, BLOCK, scale
     )
     return mask, float(density)

@@ -4,7 +4,7 @@ P.V in FP8, INT8 or bf16.
 Non-causal softmax attention `softmax(q k^T * scale) v` of q (B, H, Tq, D) and k, v (B, H, Tk, D), any strides,
 bfloat16 (production) or float32; the output is (B, H, Tq, D) in q's dtype, with q's memory order when q is a
 dense permutation (the dispatcher's (B, T, H, D) seen as (B, H, T, D) gets a (B, T, H, D) output, no copy). D is the
-kernel's for 32, 64 and 128 (128 is the production case, the one measured on the H200); another D up to 128 is
+kernel's for 32, 64 and 128 (128 is the production case); another D up to 128 is
 zero-padded to the next of them (`_runtime.pad_head_dim`: a copy of q, k, v and of the output; the maths below is
 unchanged, the padded channels are zero throughout). The 128s below are D = 128.
 
@@ -49,7 +49,7 @@ Error contract:
   from it, tests/kernels/test_fp8_attention_sm90.py's bound);
 - against dense bf16 attention: the quantization error itself. e4m3's 3 mantissa bits on q and k (about 2.5 % RMS
   an element) move every logit; INT8's 127 levels a block lose less wherever a block's values are not dominated by
-  a few large ones, which is the case for q/k (measured: int8 is the lower-error Q.K^T on iid inputs and on q/k with
+  a few large ones, which is the case for q/k (tests/kernels/test_fp8_attention.py holds int8 the lower-error Q.K^T on iid inputs and on q/k with
   a shared channel offset and outlier channels). pv="fp8" rounds both P.V operands to e4m3: each of P and v alone
   costs about as much as int8 Q.K^T does, or more (the rounding of each probability and each value, which zero-mean
   v does not average out), so FP8 P.V sets the floor of its pairs' error (the `fp8-attention` scenario's
@@ -68,10 +68,10 @@ k and v in e4m3).
 Needs FP8 tensor cores: compute capability 8.9+ (RuntimeError below, `_runtime.check_fp8`). Launch: `Launch` (tile
 sizes, warps, stages); `launch_for(device, pv)` picks ADA below sm_90, and on sm_90+ DEFAULT (also pv="int8"), or
 BF16_PV for pv="bf16".
-On sm_90 with a one-byte P.V (pv="fp8" or "int8") and D = 128 `attend` runs the CuTe DSL kernel instead when the DSL
-is installed (`sm90_kernel`; kernels/fp8_attention_sm90.py: the same steps, FlashAttention-3's warp-specialized
-schedule, row sums from the P.V dot; the faster of the two on the H200 for both, the `fp8-attention` scenario's
-`...,triton` arms).
+On sm_90 with a one-byte P.V (pv="fp8" or "int8") and D = 128 `attend` (kernel="auto") runs the CuTe DSL kernel
+instead when the DSL is installed (`sm90_kernel`; kernels/fp8_attention_sm90.py: the same steps, FlashAttention-3's
+warp-specialized schedule, row sums from the P.V dot; evidence: benchmarks/results/fp8-attention.json, the
+`...,triton` arms); kernel="triton" runs the Triton kernel everywhere (the only way to pass a `launch`).
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ import triton
 import triton.language as tl
 
 from workbench.kernels import attention_quantize
+from workbench.kernels._rounding import bf16_round
 from workbench.kernels._runtime import (
     LazyKernel,
     capability,
@@ -106,6 +107,7 @@ from workbench.kernels.attention_quantize import (
     P_TOP,
     QUANT_BLOCK,
     Quantized,
+    e4m3_round,
     quantize,
     quantize_reference,
 )
@@ -113,6 +115,7 @@ from workbench.kernels.attention_quantize import (
 DTYPES = (torch.bfloat16, torch.float32)
 PV_MODES = ("fp8", "bf16", "int8")
 QK_MODES = ("e4m3", "int8")
+KERNELS = ("auto", "triton")  # the `kernel` argument: "auto" picks (`sm90_kernel`), "triton" runs the Triton kernel
 LOG2E = 1.4426950408889634
 TILES = (16, 32, 64, 128)  # a tile must divide QUANT_BLOCK
 KEY_TILES = (32, 64, 128)  # block_n: whole groups of 32 keys (v_slot's relabelling of P stays inside a tile)
@@ -138,9 +141,9 @@ class Launch:
             raise ValueError(f"fp8_attention: Launch.num_stages: {self.num_stages!r}; allowed: an int in 1..8")
 
 
-# DEFAULT: the fastest launch of the H200 sweeps for pv="fp8" (benchmarks/results/fp8-attention.json, m64_n128_w4_s3).
-# BF16_PV: the same tiles at 2 stages, the fastest of that sweep for pv="bf16" (its bf16 V tiles take twice the shared
-# memory of e4m3 ones). Every launch spills no register on its card (ptxas on the JIT's specialization,
+# DEFAULT: the launch for one-byte P.V (evidence: benchmarks/results/fp8-attention.json, m64_n128_w4_s3). BF16_PV:
+# the same tiles at 2 stages for pv="bf16" (its bf16 V tiles take twice the shared memory of e4m3 ones; same file,
+# m64_n128_w4_s2). Every launch spills no register on its card (ptxas on the JIT's specialization,
 # tests/kernels/test_targets.py) and all share block_n, so a call computes the same maths on Ada and Hopper; ADA
 # (sm_89: mma.sync, operands in registers) keeps 32 rows over 8 warps, as block_sparse_attend does there (no Ada card
 # has measured it).
@@ -188,16 +191,11 @@ def pv_dot(p, v, acc, beta, PV: tl.constexpr, EMULATE: tl.constexpr):
         product = tl.dot(p8, tl.trans(v), bias, out_dtype=tl.int32).to(tl.float32, bitcast=True) - 12582912.0
         acc = tl.fma(product, beta[:, None], acc)
     elif PV == "fp8":
-        if EMULATE:  # round to e4m3 in fp32 (the interpreter's conversion does not): 3 mantissa bits, or a
-            # multiple of 2^-9 below e4m3's smallest normal 2^-6 (adding 2^14 leaves fp32 steps of 2^-9)
-            bits = p.to(tl.int32, bitcast=True)
-            bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
-            p = tl.where(p < 0.015625, (p + 16384.0) - 16384.0, bits.to(tl.float32, bitcast=True))
+        if EMULATE:  # round to e4m3 in fp32 (the interpreter's conversion does not)
+            p = e4m3_round(p)
         acc = tl.dot(p.to(tl.float8e4nv), tl.trans(v), acc)
     elif EMULATE:  # round to bf16 in fp32, then an fp32 dot (the interpreter's bf16 dots are wrong too)
-        bits = p.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000
-        acc = tl.dot(bits.to(tl.float32, bitcast=True), v.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(bf16_round(p), v.to(tl.float32), acc, input_precision="ieee")
     else:
         acc = tl.dot(p.to(tl.bfloat16), v, acc)
     return acc
@@ -275,8 +273,9 @@ def _fp8_attention_fwd(
     v_sb, v_sh, v_st,
     o_sb, o_sh, o_st,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, QUANT: tl.constexpr,
-    QK_INT8: tl.constexpr, PV: tl.constexpr, EMULATE: tl.constexpr,
+    QK_INT8: tl.constexpr, PV: tl.constexpr, TOP: tl.constexpr, EMULATE: tl.constexpr,
 ):  # fmt: skip
+    # TOP: P_TOP[PV], the factor a one-byte P and l carry (unread with PV "bf16").
     # tl.reduce with tl.standard's combines and tl.full, not tl.max/tl.sum/tl.zeros: see block_sparse_attend.
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -311,13 +310,13 @@ def _fp8_attention_fwd(
         m_i, l_i, acc = quantized_tile(q, k, v, factor, TK - full, m_i, l_i, acc, True, QK_INT8, PV, EMULATE)
     if PV != "bf16":  # P and l carry P_TOP (quantized_tile); v_scale is scale_v / P_TOP
         acc = acc * tl.load(vs_ptr + bh * D + d)[None, :]
-        l_i = l_i / (448.0 if PV == "fp8" else 127.0)
+        l_i = l_i / TOP
     out = acc / l_i[:, None]
     optr = out_ptr + b * o_sb + h * o_sh + rows.to(tl.int64)[:, None] * o_st + d[None, :]
     tl.store(optr, out.to(out_ptr.dtype.element_ty), mask=(rows < TQ)[:, None])
 
 
-_KERNEL = LazyKernel(_fp8_attention_fwd, helpers=(quantized_tile, new_max, qk_logits, pv_dot))
+_KERNEL = LazyKernel(_fp8_attention_fwd, helpers=(quantized_tile, new_max, qk_logits, pv_dot, e4m3_round, bf16_round))
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str, scale: float | None, qk: str) -> float:
@@ -340,7 +339,6 @@ def reference(
     scale: float | None = None,
     pv: str = "fp8",
     block_n: int = DEFAULT.block_n,
-    smooth: bool = True,
     qk: str = "e4m3",
 ) -> torch.Tensor:
     """The kernel's maths in fp32 torch: `quantize_reference`, then the online softmax over key tiles of `block_n`
@@ -348,7 +346,7 @@ def reference(
     scale = _check(q, k, v, pv, scale, qk)
     if block_n not in KEY_TILES:
         raise ValueError(f"fp8_attention: block_n: {block_n!r}; allowed: {list(KEY_TILES)}")
-    z = quantize_reference(q, k, v, pv, smooth, qk)
+    z = quantize_reference(q, k, v, pv, qk)
     acc, l = online_softmax(*reference_logits(z, q.shape[2], k.shape[2], scale), pv, block_n)  # noqa: E741
     if pv != "bf16":
         acc = acc * z.v_scale[:, :, None, :]
@@ -422,17 +420,19 @@ def fp8_attention(
     pv: str = "fp8",
     launch: Launch | None = None,
     qk: str = "e4m3",
+    kernel: str = "auto",
 ) -> torch.Tensor:
     """`reference(q, k, v, scale, pv, launch.block_n, qk=qk)` up to the contract (module doc): `quantize`, then
-    `attend`, on q, k, v zero-padded to the kernel's head dim when theirs is not one (module doc). `scale` defaults to
-    1/sqrt(D); `launch` to `launch_for(q.device, pv)`."""
+    `attend` (`kernel` and `launch` as there), on q, k, v zero-padded to the kernel's head dim when theirs is not one
+    (module doc). `scale` defaults to 1/sqrt(D)."""
     scale = _check(q, k, v, pv, scale, qk)
+    check_kernel("fp8_attention", kernel, launch, Launch)
     check_runtime("fp8_attention", q, k, v)
     check_fp8("fp8_attention", q.device)
     out = torch.empty_like(q)  # q's memory order when q is a dense permutation, else contiguous
     qp, kp, vp = pad_head_dim(q, k, v)
     wide = out if qp is q else torch.empty_like(qp)  # the kernel's head dim: padded, written back into out after
-    attend(quantize(qp, kp, vp, pv, qk=qk), wide, k.shape[2], scale, launch)
+    attend(quantize(qp, kp, vp, pv, qk=qk), wide, k.shape[2], scale, launch, kernel)
     if wide is not out:
         out.copy_(wide[..., : q.shape[-1]])
     return out
@@ -461,26 +461,44 @@ def sm90_serves(pv: str, device: torch.device) -> bool:
 
 
 def sm90_kernel(z: Quantized, out: torch.Tensor) -> bool:
-    """Whether `attend` without a launch runs the CuTe DSL kernel (FlashAttention-3's schedule, row sums from the
+    """Whether `attend` with kernel="auto" runs the CuTe DSL kernel (FlashAttention-3's schedule, row sums from the
     P.V dot): `sm90_serves` z's pv on out's device, D = 128 and out's channels contiguous; the Triton kernel runs
     everywhere else. Same operands, same maths but for l (that module's doc: under 5e-3 relative L2 between
     the two)."""
     return out.shape[-1] == 128 and out.stride(-1) == 1 and sm90_serves(z.pv, out.device)
 
 
-def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launch | None = None) -> None:
+def check_kernel(name: str, kernel: str, launch: object, launch_type: type) -> None:
+    """ValueError (`name`: the entry's) unless `kernel` is one of KERNELS and `launch` is None or, with
+    kernel="triton" only, a `launch_type`: a launch is the Triton kernel's, so it never silently replaces the CuTe
+    kernel that "auto" picks where it runs."""
+    if kernel not in KERNELS:
+        raise ValueError(f"{name}: kernel: {kernel!r}; allowed: {list(KERNELS)}")
+    if launch is None:
+        return
+    if kernel != "triton":
+        raise ValueError(
+            f"{name}: launch: given with kernel={kernel!r}; allowed: None, or a launch with kernel='triton'"
+        )
+    if not isinstance(launch, launch_type):
+        raise ValueError(f"{name}: launch: {launch!r}; allowed: None or a {launch_type.__qualname__}")
+
+
+def attend(
+    z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launch | None = None, kernel: str = "auto"
+) -> None:
     """The kernel alone (step 3) on `quantize`'s operands of Tk = `tk` keys, written into `out` (B, H, Tq, D) of
-    any strides, D one of `_runtime.KERNEL_HEAD_DIMS`: the CuTe kernel where `sm90_kernel` says so and no `launch`
-    is given, else the Triton kernel with `launch` (default `launch_for`). No checks beyond the launch:
-    `fp8_attention` is the checked entry."""
-    if launch is None and sm90_kernel(z, out):
+    any strides, D one of `_runtime.KERNEL_HEAD_DIMS`. `kernel` "auto": the CuTe kernel where `sm90_kernel` says so,
+    else the Triton kernel at `launch_for`'s launch; "triton": the Triton kernel at `launch` (default `launch_for`;
+    a launch needs kernel="triton", `check_kernel`). No checks beyond these two: `fp8_attention` is the checked
+    entry."""
+    check_kernel("fp8_attention", kernel, launch, Launch)
+    if kernel == "auto" and sm90_kernel(z, out):
         from workbench.kernels import fp8_attention_sm90
 
         fp8_attention_sm90.attend(z, out, tk, scale)
         return
     launch = launch_for(out.device, z.pv) if launch is None else launch
-    if not isinstance(launch, Launch):
-        raise ValueError(f"fp8_attention: launch must be an fp8_attention.Launch, got {type(launch).__name__}")
     b, h, tq, d = out.shape
     emulate = interpreting()
     if emulate:
@@ -494,7 +512,7 @@ def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, launch: Launc
         h, tq, tk, z.q8.shape[2], z.k8.shape[2], scale * LOG2E,
         *z.v.stride()[:3], *out.stride()[:3],
         BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, D=d, QUANT=QUANT_BLOCK,
-        QK_INT8=z.qk == "int8", PV=z.pv, EMULATE=emulate, **tuning,
+        QK_INT8=z.qk == "int8", PV=z.pv, TOP=P_TOP.get(z.pv, 1.0), EMULATE=emulate, **tuning,
     )  # fmt: skip
 
 

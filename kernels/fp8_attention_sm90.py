@@ -15,10 +15,8 @@ One CTA per (128 query rows, head, batch): 3 warpgroups of 128 threads.
   (wgmma, P from registers), wait for S_j only, do tile j's online softmax (written to run under that P.V),
   then wait for it, rescale O and l by the max's change and turn P_j into the next P.V's register operand. ptxas
   places that wait at the top of the softmax's block, so a warpgroup's softmax runs under the other warpgroup's
-  dots, not its own. The schedules measured against this one, all slower (the wait kept after the softmax, P_j
-  through shared memory, FlashAttention-3's turn-taking barriers between the warpgroups):
-  benchmarks/results/probes/2026-12-06-fp8-attention-schedule-h100.json and
-  benchmarks/results/fp8-attention-cute-bounce.json.
+  dots, not its own (evidence for this schedule: benchmarks/results/probes/2026-12-06-fp8-attention-schedule-h100.json,
+  benchmarks/results/fp8-attention-cute-bounce.json).
 
 The softmax, per logit: one FFMA `s * factor - (m - log2 448)` (factor = scale_q * scale_k * softmax scale *
 log2 e), one ex2.approx and half an F2FP (fp32 pairs to e4m3 pairs); the row sum comes from the P.V dot (a ones
@@ -27,18 +25,17 @@ by two butterfly shuffles. P is made as `P * 448` (e4m3's top) and l sums it so;
 INT8 Q.K^T's int32 logits S become fp32 without a conversion: S plus the bits of 1.5 * 2^23 (one IADD) reads as the
 fp32 1.5 * 2^23 + S (exact: |S| <= 127 * 127 * 128 < 2^22), the max less 1.5 * 2^23 is exact, and the FFMA takes
 1.5 * 2^23 * factor off with the shift, which rounds once (at most half an ulp of 1.5 * 2^23 * factor, the same
-for a row's whole tile); faster than an I2FP a logit (benchmarks/results/fp8-attention-cute-options.json).
+for a row's whole tile), instead of an I2FP a logit (evidence: benchmarks/results/fp8-attention-cute-options.json).
 
 pv_int8 (`attention_quantize.quantize` with pv="int8": v8 in int8; `fp8_attention`'s pv="int8" maths): P is made
 per tile against the tile's own row max, `127 * P / P_max` (P_max = exp2(top - m), kept per row), rounded to int8
 by adding 1.5 * 2^23 (the integer lands in the float's low byte, which the operand takes: no F2I), and the P.V dot is
 an INT8 wgmma (N = 144: an INT8 dot's N is a multiple of 16) into an int32 accumulator that each tile's first k-block
-overwrites, converted to fp32 by I2FP (exact: |P . v| < 2^22) in the fold (faster than starting the accumulator at
-the bits of 1.5 * 2^23: benchmarks/results/fp8-attention-cute-bounce.json, `bias`). O is then a plain fp32
-register tile: `O = (O + product * P_max) * alpha` per tile, the ones channel (l) alike, so l sums P as rounded to
-int8 and carries 127 as O does. What `fp8_attention.attend` runs for pv="int8" on sm_90
-(`sm90_kernel`): the faster of it and the Triton kernel on the H200 (benchmarks/results/fp8-attention.json, the
-`...,triton` arms).
+overwrites, converted to fp32 by I2FP (exact: |P . v| < 2^22) in the fold (evidence:
+benchmarks/results/fp8-attention-cute-bounce.json, `bias`). O is then a plain fp32 register tile:
+`O = (O + product * P_max) * alpha` per tile, the ones channel (l) alike, so l sums P as rounded to int8 and carries
+127 as O does. What `fp8_attention.attend` runs for pv="int8" on sm_90 (`sm90_kernel`; evidence:
+benchmarks/results/fp8-attention.json, the `...,triton` arms).
 
 Register operand P: the accumulator gives a thread keys 2t, 2t+1 (+8, +16, +24) of each 32 (t = lane % 4), the FP8
 A operand wants keys 4t..4t+3 and 4t+16..4t+19; with v8's keys stored in `v_slot` order the thread's own values are
@@ -58,7 +55,7 @@ buffers, which producer warp w fills by TMA:
   bytes as the K and V buffers), the warpgroup's q rows in bf16 (their own tile), logits plus log2 of the block's
   length (-inf where the block is exact), P rounded to bf16 for a bf16 P.V dot, l from FADDs; then O / l.
 
-`attend(z, out, tk, scale, **options)`: the host entry on torch tensors, compiled once per options and shapes (for
+`attend(z, out, tk, scale)`: the host entry on torch tensors, compiled once per configuration and shapes (for
 sm_90a: `cute.compile(..., options="--gpu-arch sm_90a")`, so a CPU without a GPU builds it too) and launched on torch's
 current stream. Needs the CuTe DSL (nvidia-cutlass-dsl, the `flash4` extra); not imported by the package otherwise.
 """
@@ -135,9 +132,10 @@ def _tma_tiles(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor) -> tup
 
 
 class Fp8AttentionSm90:
-    """The kernel for one configuration: `qk_int8` (INT8 Q.K^T with int32 accumulation, else e4m3 with fp32) and
-    `stages` (K/V ring buffers, default 3; 2 against it: benchmarks/results/probes/fp8-attention-cute-stages-lazy.json).
-    `cute.compile` it once per configuration and shape.
+    """The kernel for one configuration: `qk_int8` (INT8 Q.K^T with int32 accumulation, else e4m3 with fp32),
+    `pv_int8`, `sparse`; `stages` K/V ring buffers follow from `sparse` (evidence for 3:
+    benchmarks/results/probes/fp8-attention-cute-stages-lazy.json). `cute.compile` it once per configuration and
+    shape.
 
     The row sums l come from the P.V dot itself, as an extra output channel (N = 136: each v8 stage holds 8 more rows,
     a row of ones and 7 of zeros, written once), instead of 64 FADDs a tile; l is then the sum of P as rounded to
@@ -146,13 +144,13 @@ class Fp8AttentionSm90:
     against its running value, so a whole row's sum of P carried in it loses the small terms
     (benchmarks/results/probes/fp8-attention-cute-probes.json has the carried variant's error)."""
 
-    def __init__(self, qk_int8: bool, stages: int | None = None, pv_int8: bool = False, sparse: bool = False):
+    def __init__(self, qk_int8: bool, pv_int8: bool = False, sparse: bool = False):
         """`pv_int8`: INT8 P.V on int8 v (module doc), else e4m3 P.V on e4m3 v. `sparse`: block_sparse_attention
-        (module doc: block-sparse), `stages` K/V buffers a consumer warpgroup. `stages` defaults to 3, sparse 2
-        (what fits in shared memory beside the bf16 q tiles)."""
+        (module doc: block-sparse). `stages`: 3 K/V buffers, or sparse 2 a consumer warpgroup (what fits in shared
+        memory beside the bf16 q tiles)."""
         self.qk_int8 = qk_int8
         self.pv_int8 = pv_int8
-        self.stages = stages or (2 if sparse else 3)
+        self.stages = 2 if sparse else 3
         self.sparse = sparse
         self.rings = 2 if sparse else 1  # K/V rings: sparse, one a consumer warpgroup (each has its own key list)
         self.key_block = SPARSE_BLOCK if sparse else TILE_N  # keys a TMA load: a 128-key stage is two sparse blocks
@@ -880,20 +878,20 @@ def operands(z: Quantized, out: torch.Tensor) -> list:
     ]
 
 
-_COMPILED: dict = {}  # (options, operands' shapes, strides and dtypes) -> the compiled kernel
+_COMPILED: dict = {}  # (qk, pv, sparse, operands' shapes, strides and dtypes) -> the compiled kernel
 
 
-def _run(z: Quantized, args: list, tensors: tuple, tk: int, scale: float, stream, sparse: bool, options: dict) -> None:
-    """Compile (once per options and the tensors' shapes, strides and dtypes) and launch the kernel on the cute
+def _run(z: Quantized, args: list, tensors: tuple, tk: int, scale: float, stream, sparse: bool) -> None:
+    """Compile (once per configuration and the tensors' shapes, strides and dtypes) and launch the kernel on the cute
     tensors `args` (`operands`, then the sparse ones) made from the torch `tensors`, on `stream` (None: torch's
     current stream on the output's device; a CPU output compiles without launching)."""
     out = tensors[0]
-    key = (z.qk, z.pv, sparse, tuple(sorted(options.items())))
+    key = (z.qk, z.pv, sparse)
     key += tuple((tuple(x.shape), x.stride(), x.dtype) for x in tensors)  # a build is specialised to all three
     if stream is None:
         stream = cuda.CUstream(torch.cuda.current_stream(out.device).cuda_stream if out.is_cuda else 0)
     if key not in _COMPILED:
-        kernel = Fp8AttentionSm90(qk_int8=z.qk == "int8", pv_int8=z.pv == "int8", sparse=sparse, **options)
+        kernel = Fp8AttentionSm90(qk_int8=z.qk == "int8", pv_int8=z.pv == "int8", sparse=sparse)
         _COMPILED[key] = cute.compile(
             kernel, *args[:7], scale * LOG2E, tk, stream, *args[7:], options="--gpu-arch sm_90a"
         )
@@ -901,26 +899,22 @@ def _run(z: Quantized, args: list, tensors: tuple, tk: int, scale: float, stream
         _COMPILED[key](*args[:7], scale * LOG2E, tk, stream, *args[7:])
 
 
-def attend(
-    z: Quantized, out: torch.Tensor, tk: int, scale: float, stream: cuda.CUstream | None = None, **options
-) -> None:
+def attend(z: Quantized, out: torch.Tensor, tk: int, scale: float, stream: cuda.CUstream | None = None) -> None:
     """`fp8_attention.attend`'s contract with this kernel (a one-byte pv, head dim 128, sm_90a) on `quantize`'s
-    operands `z` of Tk = `tk` keys into `out` (B, H, Tq, 128) bf16 or fp32 with unit last stride; `options`:
-    Fp8AttentionSm90's besides qk_int8, pv_int8 (taken from z) and sparse. Compiled once per options, shapes, strides
-    and output dtype (about a second), then launched on `stream` (a cuda.CUstream; default: torch's current stream on
-    out's device, or a placeholder when out is on the CPU, which compiles without launching)."""
-    _run(z, operands(z, out), (out, z.q8, z.k8, z.v), tk, scale, stream, False, options)
+    operands `z` of Tk = `tk` keys into `out` (B, H, Tq, 128) bf16 or fp32 with unit last stride. Compiled once per
+    (qk, pv), shapes, strides and output dtype, then launched on `stream` (a cuda.CUstream; default: torch's current
+    stream on out's device, or a placeholder when out is on the CPU, which compiles without launching)."""
+    _run(z, operands(z, out), (out, z.q8, z.k8, z.v), tk, scale, stream, False)
 
 
 def attend_sparse(
-    z: Quantized, q: torch.Tensor, route: Plan, tk: int, out: torch.Tensor, stream: cuda.CUstream | None = None,
-    **options,
-) -> None:  # fmt: skip
+    z: Quantized, q: torch.Tensor, route: Plan, tk: int, out: torch.Tensor, stream: cuda.CUstream | None = None
+) -> None:
     """block_sparse_attention with its exact blocks in low precision (`block_sparse_attend.attend`'s contract with a
     `quantized`, module doc: block-sparse) into `out` (B, H, Tq, 128) bf16 with unit last stride: `quantize`'s
     operands `z` (a one-byte pv) of Tk = `tk` keys, q (B, H, Tq, 128) bf16 (unit last stride, 16-byte aligned strides)
     for the folded pass, and `route` (`block_sparse_attention.plan`, its bf16 mean keys smoothed by z's key mean).
-    `options`, compiling and `stream` as `attend`."""
+    Compiling and `stream` as `attend`."""
     tensors = (out, z.q8, z.k8, z.v, route.idx, route.count, route.mask, q, route.k_mean, route.v_mean, route.log_len)
     sparse = [
         from_dlpack(route.idx.permute(3, 2, 1, 0), assumed_align=4),
@@ -929,4 +923,4 @@ def attend_sparse(
         from_dlpack(route.log_len, assumed_align=4),
         *(from_dlpack(x.permute(2, 3, 1, 0), assumed_align=16) for x in (q, route.k_mean, route.v_mean)),
     ]
-    _run(z, operands(z, out) + sparse, tensors, tk, route.scale, stream, True, options)
+    _run(z, operands(z, out) + sparse, tensors, tk, route.scale, stream, True)

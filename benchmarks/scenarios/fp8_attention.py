@@ -21,9 +21,7 @@ comes from: each quantization step alone and all of them together, per input (th
 A/B/A against the default path (kernel alone, ratio with CI95), with its error against the default path's output;
 the A/B/A arms take `attend`'s default path, each arm's `kernel_path` names it: the CuTe kernel where
 `fa.sm90_kernel` holds (sm_90, a one-byte P.V, the DSL importable), else the Triton kernel with `launch_for`'s launch.
-Where a SWEEP_PAIRS pair's default is the CuTe kernel, its other builds (`CUTE_OPTIONS`) are timed the same way
-(`cute_sweep`, A/B/A against the default build), and for TRITON_TWIN_PAIRS the pair also runs through the Triton
-kernel (`...,triton` arm, A/B/A with the rest, its output against the CuTe kernel's).
+For TRITON_TWIN_PAIRS whose default is the CuTe kernel, the pair also runs through the Triton kernel (`...,triton` arm, A/B/A with the rest, its output against the CuTe kernel's).
 `quantize_kernels`: one quantization under the profiler, device time by kernel (the torch reductions, the three
 launches of `_quantize_fwd`, the scales' small ops). `compiled` lists what Triton's JIT built in this process for the
 attention and quantization kernels: launch, registers and spilled bytes per variant (from the JIT's cache; the CPU
@@ -78,8 +76,6 @@ LAUNCHES = {
     "m128_n128_w8_s2": fa.Launch(128, 128, 8, 2),
     "m128_n128_w8_s3": fa.Launch(128, 128, 8, 3),
 }
-CUTE_OPTIONS = {"s2": {"stages": 2}}  # Fp8AttentionSm90 builds besides the default, A/B/A against it (SWEEP_PAIRS
-# on CuTe)
 TRITON_TWIN_PAIRS = (("int8", "fp8"), ("int8", "int8"))  # the plugin's default pair; one-byte P.V within 3e-2
 CAPTURE_MODEL = "demo-av"  # trained: its attention activations are a model's, not synthetic
 CAPTURE_PROMPT = "a red circle moves left slow on a dark background, soft low hum"
@@ -263,7 +259,7 @@ def run(context: Context) -> Measurement:
         if (qk, pv) in SWEEP_PAIRS:
 
             def triton(launch, z=z, out=out) -> torch.Tensor:
-                fa.attend(z, out, tokens, scale, launch)
+                fa.attend(z, out, tokens, scale, launch, kernel="triton")
                 return out
 
             launches = {label: ({}, lambda launch=launch: triton(launch)) for label, launch in LAUNCHES.items()}
@@ -273,15 +269,6 @@ def run(context: Context) -> Measurement:
                 return out
 
             arms[name]["launch_sweep"] = _sweep(launches, shipped, device, clock, flops, context.rounds)
-            if arms[name]["kernel_path"] == "cute":
-                from workbench.kernels import fp8_attention_sm90
-
-                def cute(options, z=z, out=out) -> torch.Tensor:
-                    fp8_attention_sm90.attend(z, out, tokens, scale, **options)
-                    return out
-
-                builds = {label: ({"options": o}, lambda o=o: cute(o)) for label, o in CUTE_OPTIONS.items()}
-                arms[name]["cute_sweep"] = _sweep(builds, shipped, device, clock, flops, context.rounds)
         visits[name] = lambda pv=pv, qk=qk: fa.fp8_attention(q, k, v, pv=pv, qk=qk)
     # The plugin's call: the dispatcher hands (B, T, H, D) tensors, which the kernels read as (B, H, T, D) views
     qd, kd, vd = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
@@ -297,11 +284,10 @@ def run(context: Context) -> Measurement:
     visits[name] = lambda qk=qk, pv=pv: fa.fp8_attention(qd, kd, vd, pv=pv, qk=qk)  # bound now: the loop below rebinds
     for qk, pv in TRITON_TWIN_PAIRS:  # where the default is the CuTe kernel, the Triton kernel's whole call beside it
         if arms[f"fp8_attention[{_label(qk, pv)}]"]["kernel_path"] == "cute":
-            launch = fa.launch_for(device, pv)
             name = f"fp8_attention[{_label(qk, pv)},triton]"
-            arms[name] = {"rel_l2_vs_cute": rel_l2(fa.fp8_attention(q, k, v, pv=pv, qk=qk, launch=launch),
+            arms[name] = {"rel_l2_vs_cute": rel_l2(fa.fp8_attention(q, k, v, pv=pv, qk=qk, kernel="triton"),
                                                    fa.fp8_attention(q, k, v, pv=pv, qk=qk))}  # fmt: skip
-            visits[name] = lambda pv=pv, qk=qk, launch=launch: fa.fp8_attention(q, k, v, pv=pv, qk=qk, launch=launch)
+            visits[name] = lambda pv=pv, qk=qk: fa.fp8_attention(q, k, v, pv=pv, qk=qk, kernel="triton")
     ratios: dict[str, Any] = {}
     candidates = {name: fn for name, fn in visits.items() if name.startswith("fp8_attention")}
     for baseline in [name for name in ("cudnn", "flash4") if name in visits]:
@@ -326,7 +312,7 @@ def run(context: Context) -> Measurement:
         "output; `structured` and `outliers` q/k are synthetic; `captured_rel_l2_vs_dense` is per call on the trained "
         f"{CAPTURE_MODEL}'s video self-attention ({len(captured)} calls of one dense request). "
         f"`launch_sweep` (the Triton kernel alone, {', '.join(_label(*p) for p in SWEEP_PAIRS)}; shipped launches "
-        f"{fa.DEFAULT} for pv=fp8 and int8, {fa.BF16_PV} for pv=bf16) and `cute_sweep`: each variant A/B/A against "
+        f"{fa.DEFAULT} for pv=fp8 and int8, {fa.BF16_PV} for pv=bf16): each variant A/B/A against "
         "the default path (the arm's `kernel_path`) on the same operands, `seconds` per visit and `vs_shipped` the "
         "default's time over the variant's with CI95 (> 1: the variant is faster); `rel_l2_vs_shipped` against the "
         "default path's output (another block_n quantizes P over other tiles; the CuTe kernel's l sums P as rounded). "
@@ -380,7 +366,7 @@ def _sparse_sweep(q, k, v, route, z, clock: dict, rounds: int) -> dict:
     variants = {
         label: (
             {"launch": dataclasses.asdict(launch)},
-            lambda launch=launch: block_sparse_attend.attend(q, k, v, route, launch, z),
+            lambda launch=launch: block_sparse_attend.attend(q, k, v, route, launch, z, "triton"),
         )
         for label, launch in SPARSE_LAUNCHES.items()
     }

@@ -94,7 +94,7 @@ def arms(smoke: bool, device: torch.device) -> dict[str, Arm]:
                   first_head=True, repeats=10)  # fmt: skip
     out: dict[str, Arm] = {
         "block_sparse_attend": Arm(
-            **sparse, card="sm_86", call=lambda launch: bsa.attend(q, k, v, route, launch),
+            **sparse, card="sm_86", call=lambda launch: bsa.attend(q, k, v, route, launch, kernel="triton"),
             reference=lambda launch: bsa.reference(*head, tau, 0),
             metric="max_abs", bound=2e-2 if bf16 else 1e-4, cost=bsa.cost(shape, density, dtype),
         ),
@@ -105,7 +105,7 @@ def arms(smoke: bool, device: torch.device) -> dict[str, Arm]:
     smoothed = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
     moved, flops = bsa.cost(shape, density, dtype, qk, pv)
     out[f"block_sparse_attend[{qk},{pv}]"] = Arm(
-        **sparse, card="sm_89", call=lambda launch, z=z: bsa.attend(q, k, v, smoothed, launch, z),
+        **sparse, card="sm_89", call=lambda launch, z=z: bsa.attend(q, k, v, smoothed, launch, z, "triton"),
         reference=lambda launch, z=z, qk=qk, pv=pv: bsa.reference(
             *head, tau, 0, precision=qk, pv=pv, key_mean=z.k_mean[:, :1]
         ),  # z, qk, pv bound now: the FP8_PAIRS loop below rebinds them
@@ -117,7 +117,7 @@ def arms(smoke: bool, device: torch.device) -> dict[str, Arm]:
         moved, flops = fa.cost(shape, pv, dtype)
         out[f"fp8_attention[{qk},{pv}]"] = Arm(
             "fp8_attention", fa.DEFAULT, "ADA", fa.ADA, "sm_89",
-            call=lambda launch, z=z, result=result: (fa.attend(z, result, tokens, scale, launch), result)[1],
+            call=lambda launch, z=z, result=result: (fa.attend(z, result, tokens, scale, launch, "triton"), result)[1],
             reference=lambda launch, qk=qk, pv=pv: fa.reference(*head, scale, pv, launch.block_n, qk=qk),
             first_head=True, metric="rel_l2", bound=(1e-2 if bf16 else 1e-6 if pv == "fp8" else 5e-4),
             cost=(moved - aq.cost(shape, pv, dtype), flops), repeats=10,

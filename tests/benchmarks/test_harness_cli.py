@@ -60,10 +60,10 @@ def test_scenario_smoke_writes_a_complete_envelope(name, tmp_path, monkeypatch, 
     if name == "portability":
         attend, reference = portability.bsa.attend, portability.bsa.reference
 
-        def attend_recorded(q, k, v, route, launch=None, quantized=None):
+        def attend_recorded(q, k, v, route, launch=None, quantized=None, kernel="auto"):
             if quantized is not None:
                 lowbit_sparse.add((quantized.qk, quantized.pv))
-            return attend(q, k, v, route, launch, quantized)
+            return attend(q, k, v, route, launch, quantized, kernel)
 
         def reference_recorded(*args, **kwargs):
             if "precision" in kwargs:

@@ -192,7 +192,7 @@ def test_block_sparse_attention_launch_matches_reference(rng, launch):
     """A launch sets only the GPU schedule (and how many programs share a query block's key list): the same maths
     on an odd number of query blocks, a partial last block and transposed views."""
     q, k, v = _qkv(rng, 5 * BLOCK - 7, noncontiguous=True)
-    got = block_sparse_attention(q, k, v, 0.5, 70, launch=launch)
+    got = block_sparse_attention(q, k, v, 0.5, 70, launch=launch, kernel="triton")
     want = reference(q, k, v, 0.5, 70)
     err = (got - want).abs().max().item()
     assert err < 1e-4, f"seed {rng.initial_seed()}: {launch}: max error {err}"
@@ -220,8 +220,16 @@ def test_block_sparse_attention_plan_then_attend_equals_one_call(rng):
     q, k, v = _qkv(rng, 150)
     route = plan(q, k, v, 0.2, 0)
     assert torch.equal(attend(q, k, v, route), block_sparse_attention(q, k, v, 0.2, 0))
-    with pytest.raises(ValueError, match="launch must be a Launch, got dict"):
-        attend(q, k, v, route, {"num_warps": 4})
+    with pytest.raises(ValueError, match="block_sparse_attention: launch: {'num_warps': 4}; allowed: None or a Launch"):
+        attend(q, k, v, route, {"num_warps": 4}, kernel="triton")
+    for call in (
+        lambda: attend(q, k, v, route, DEFAULT),
+        lambda: block_sparse_attention(q, k, v, 0.2, 0, launch=DEFAULT),
+    ):
+        with pytest.raises(ValueError, match="block_sparse_attention: launch: given with kernel='auto'; allowed: None"):
+            call()
+    with pytest.raises(ValueError, match=r"block_sparse_attention: kernel: 'cute'; allowed: \['auto', 'triton'\]"):
+        block_sparse_attention(q, k, v, 0.2, 0, kernel="cute")
 
 
 # The plan's block means come from one Triton launch whose fp32 sums run in another order than torch's, so a block
@@ -398,7 +406,7 @@ def test_block_sparse_attention_low_precision_matches_reference(rng, fp8_p_equal
     v = torch.randn(1, 2, 300, D, generator=rng)
     launch = Launch(num_warps=8, num_stages=2, rows=32)
     got, density = block_sparse_attention(
-        q, k, v, 0.5, 70, return_density=True, launch=launch, precision=precision, pv=pv
+        q, k, v, 0.5, 70, return_density=True, launch=launch, precision=precision, pv=pv, kernel="triton"
     )
     key_mean = plan(q, k, v, 0.5, 70, stats=True).key_mean  # the call's smoothing vector (its plan's)
     want = reference(q, k, v, 0.5, 70, precision=precision, pv=pv, key_mean=key_mean)

@@ -19,8 +19,11 @@ from workbench.kernels.fp8_attention import (
     cost,
     fp8_attention,
     launch_for,
+    online_softmax,
     quantize,
+    quantize_reference,
     reference,
+    reference_logits,
 )
 
 D = 128
@@ -39,7 +42,7 @@ def test_fp8_attention_matches_reference(rng, fp8_p_equal, pv):
     k = torch.randn(1, 2, 2 * 171, D, generator=rng)[:, :, ::2]  # (1, 2, 171, D), every other token
     v = torch.randn(1, 2, 171, D, generator=rng) + 3.0
     for launch in (DEFAULT, Launch(block_m=32, block_n=32, num_warps=2, num_stages=1)):
-        out = fp8_attention(q, k, v, scale=0.1, pv=pv, launch=launch)
+        out = fp8_attention(q, k, v, scale=0.1, pv=pv, launch=launch, kernel="triton")
         want = reference(q, k, v, scale=0.1, pv=pv, block_n=launch.block_n)
         assert out.shape == (1, 2, 203, D) and out.dtype == torch.float32
         assert out.transpose(1, 2).is_contiguous(), "the output keeps q's (B, T, H, D) memory order"
@@ -91,7 +94,7 @@ def test_fp8_attention_int8_qk_matches_reference(rng, fp8_p_equal, pv):
     k = torch.randn(1, 2, 2 * 171, D, generator=rng)[:, :, ::2]
     v = torch.randn(1, 2, 171, D, generator=rng) + 3.0
     launch = Launch(block_m=32, block_n=32, num_warps=2, num_stages=1)
-    out = fp8_attention(q, k, v, scale=0.1, pv=pv, launch=launch, qk="int8")
+    out = fp8_attention(q, k, v, scale=0.1, pv=pv, launch=launch, qk="int8", kernel="triton")
     want = reference(q, k, v, scale=0.1, pv=pv, block_n=32, qk="int8")
     if pv != "bf16":
         fp8_p_equal(out, want, f"seed {seed}")
@@ -151,7 +154,14 @@ def test_fp8_attention_key_smoothing_leaves_softmax_unchanged_and_helps(rng):
     assert (plain - smoothed).abs().max() < 1e-12, f"seed {seed}"
     q, k, v = q.float(), k.float(), v.float()
     dense = plain.float() @ v
-    with_smoothing, without = _rel(reference(q, k, v), dense), _rel(reference(q, k, v, smooth=False), dense)
+
+    def attention(k_mean):  # `reference`'s maths (bf16 P.V: only Q.K^T quantized) with this smoothing vector
+        z = quantize_reference(q, k, v, "bf16", k_mean=k_mean)
+        acc, l = online_softmax(*reference_logits(z, 130, 130, D**-0.5), "bf16", DEFAULT.block_n)  # noqa: E741
+        return acc / l[..., None]
+
+    assert torch.equal(attention(None), reference(q, k, v, pv="bf16")), f"seed {seed}"
+    with_smoothing, without = _rel(attention(None), dense), _rel(attention(torch.zeros(1, 2, 1, D)), dense)
     assert with_smoothing < 0.5 * without, f"seed {seed}: {with_smoothing} vs {without}"
     z = quantize(q, k, v)
     k8 = z.k8[:, :, :130].float() * z.k_scale.repeat_interleave(128, 2)[:, :, :130, None]
@@ -168,7 +178,9 @@ def test_fp8_attention_bad_inputs_raise():
         ((q, q, q), {"pv": "int4"}, r"pv: 'int4'; allowed: \['fp8', 'bf16', 'int8'\]"),
         ((q, q, q), {"qk": "int4"}, r"qk: 'int4'; allowed: \['e4m3', 'int8'\]"),
         ((q, q, q), {"scale": 0.0}, "scale: 0.0; allowed: a number > 0"),
-        ((q, q, q), {"launch": 64}, "launch must be an fp8_attention.Launch, got int"),
+        ((q, q, q), {"launch": 64, "kernel": "triton"}, "launch: 64; allowed: None or a Launch"),
+        ((q, q, q), {"launch": DEFAULT}, "launch: given with kernel='auto'; allowed: None, or a launch with kernel="),
+        ((q, q, q), {"kernel": "cute"}, r"kernel: 'cute'; allowed: \['auto', 'triton'\]"),
     ):
         with pytest.raises(ValueError, match=f"fp8_attention: {message}"):
             fp8_attention(*args, **kwargs)

@@ -12,10 +12,9 @@ from workbench.kernels import attention_quantize as aq
 from workbench.kernels import block_sparse_attend
 from workbench.kernels import fp8_attention as fa
 from workbench.kernels import fp8_attention_sm90 as sm90
-from workbench.kernels.block_sparse_attention import DEFAULT, block_sparse_attention, plan
+from workbench.kernels.block_sparse_attention import block_sparse_attention, plan
 
 D = 128
-CONFIGS = ({}, {"stages": 2})  # the default (3 K/V stages) and 2
 
 
 @pytest.mark.parametrize(("qk", "pv"), [("e4m3", "fp8"), ("int8", "fp8"), ("int8", "int8")])
@@ -23,15 +22,15 @@ def test_fp8_attention_sm90_compiles_for_sm90a_without_a_gpu(rng, qk, pv):
     q, k, v = (torch.randn(1, 2, 300, D, generator=rng, dtype=torch.bfloat16) for _ in range(3))
     z = aq.quantize_reference(q, k, v, pv, qk=qk)
     before = len(sm90._COMPILED)
-    for config in CONFIGS:
-        sm90.attend(z, torch.empty_like(q), 300, D**-0.5, **config)
-    assert len(sm90._COMPILED) == before + len(CONFIGS)  # one build each, none launched on the CPU
+    sm90.attend(z, torch.empty_like(q), 300, D**-0.5)
+    sm90.attend(z, torch.empty_like(q), 300, D**-0.5)  # the same build, from the cache
+    assert len(sm90._COMPILED) == before + 1  # none launched on the CPU
     sm90.attend(z, torch.empty_like(q, dtype=torch.float32), 300, D**-0.5)  # an fp32 output: a build of its own
-    assert len(sm90._COMPILED) == before + len(CONFIGS) + 1
+    assert len(sm90._COMPILED) == before + 2
     route = plan(q, k, v, 0.5, 64)  # the block-sparse build, on bf16 means as a GPU call makes them
     route = dataclasses.replace(route, k_mean=route.k_mean.bfloat16(), v_mean=route.v_mean.bfloat16())
     sm90.attend_sparse(z, q, route, 300, torch.empty_like(q))
-    assert len(sm90._COMPILED) == before + len(CONFIGS) + 2
+    assert len(sm90._COMPILED) == before + 3
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -56,20 +55,15 @@ def test_fp8_attention_sm90_matches_the_triton_kernel_and_is_the_default_on_sm90
     sums from P as rounded to e4m3 or int8 (the Triton kernel sums it unrounded): relative L2 below 5e-3, the bound
     kernels/fp8_attention.py's error contract states between the two. l's difference is a sum over a row's keys of
     P's roundings, each at most 2^-4 of its P for e4m3 (int8 P rounds on a finer grid), which partly cancel: the bound
-    sits an order under one rounding's worst case. Every configuration's output is the default's bit for bit (the same
-    maths in the same order); `fa.fp8_attention` runs the default configuration there."""
+    sits an order under one rounding's worst case. `fa.fp8_attention` runs this kernel there, bit for bit."""
     seed, (q, k, v) = _sm90_qkv(monkeypatch, rng, shape)
     t = shape[2]
     z = aq.quantize(q, k, v, pv, qk=qk)
     want = torch.empty_like(q)
-    fa.attend(z, want, t, D**-0.5, fa.launch_for(q.device, pv))  # a launch given: the Triton kernel
+    fa.attend(z, want, t, D**-0.5, fa.launch_for(q.device, pv), kernel="triton")
     default = torch.empty_like(q)
     sm90.attend(z, default, t, D**-0.5)
-    for config in CONFIGS:
-        got = torch.empty_like(q)
-        sm90.attend(z, got, t, D**-0.5, **config)
-        assert _rel(got, want) < 5e-3, f"seed {seed}, {config}: {_rel(got, want)}"
-        assert torch.equal(got, default), f"seed {seed}, {config}: not the default build's output"
+    assert _rel(default, want) < 5e-3, f"seed {seed}: {_rel(default, want)}"
     assert fa.sm90_kernel(z, want)
     assert torch.equal(fa.fp8_attention(q, k, v, pv=pv, qk=qk), default)
 
@@ -86,7 +80,7 @@ def test_fp8_attention_sm90_stores_an_fp32_output_in_fp32(monkeypatch, rng, qk, 
     q, k, v = (x.float() for x in (q, k, v))
     z = aq.quantize(q, k, v, pv, qk=qk)
     want = torch.empty_like(q)
-    fa.attend(z, want, 300, D**-0.5, fa.launch_for(q.device, pv))  # a launch given: the Triton kernel
+    fa.attend(z, want, 300, D**-0.5, fa.launch_for(q.device, pv), kernel="triton")
     got = fa.fp8_attention(q, k, v, pv=pv, qk=qk)
     assert fa.sm90_kernel(z, got) and got.dtype == torch.float32
     assert _rel(got, want) < 5e-3, f"seed {seed}: {_rel(got, want)}"
@@ -101,7 +95,7 @@ def test_fp8_attention_sm90_stores_an_fp32_output_in_fp32(monkeypatch, rng, qk, 
 )
 def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, rng, qk, pv, shape, tau):
     """`attend_sparse` (block_sparse_attention in low precision wholly in the CuTe kernel: exact blocks, then the
-    folded pass in bf16) against block_sparse_attention through the Triton kernel (a launch given) on the same
+    folded pass in bf16) against block_sparse_attention through the Triton kernel (kernel="triton") on the same
     routing and operands: the same visits (pairs, an odd one out, the ragged last block alone), the same maths up to
     fp32 order and l (summed from P as rounded here); relative L2 below 5e-3, as the dense kernel. Shapes with an odd
     number of query blocks (5, 17: a warpgroup with none), ragged last key blocks, lists of one step (tau inf: the
@@ -115,7 +109,7 @@ def test_fp8_attention_sm90_block_sparse_matches_the_triton_kernel(monkeypatch, 
     route = dataclasses.replace(route, k_mean=(route.k_mean.float() - z.k_mean).to(route.k_mean.dtype))
     got = torch.empty_like(q)
     sm90.attend_sparse(z, q, route, t, got)
-    want = block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv, launch=DEFAULT)
+    want = block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv, kernel="triton")
     assert _rel(got, want) < 5e-3, f"seed {seed}: {_rel(got, want)}"
     assert (qk, pv) in block_sparse_attend.SM90_PAIRS
     assert torch.equal(block_sparse_attention(q, k, v, tau, 64, precision=qk, pv=pv), got)
