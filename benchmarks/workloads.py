@@ -1,4 +1,4 @@
-"""What several scenarios share: the Wan2.1-1.3B workload, arm visits through the public Session API, q/k capture.
+"""What several scenarios share: the Wan2.1-1.3B workload, arm visits through the public Session API, attention captures.
 
 Arms are `Session.accelerate` configs; a visit installs its arm (untimed), runs its calls, and removes it again
 (`session.accelerate({})`), so A/B/A rounds see each arm fresh and the model stock between visits.
@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 from workbench import Request, Session
+from workbench.accelerations.attention.sparse_routing import Call, Router, Settings
+from workbench.accelerations.base import Receipt
 from workbench.evidence.timing import Timing, aba_rounds, kernel_times, time_call
 from workbench.profiles import profile_plan
 from workbench.quality.latent import rel_l2
@@ -250,6 +252,38 @@ def captured_attention(block: torch.nn.Module, tokens: int) -> Iterator[list[tup
         torch.nn.functional.scaled_dot_product_attention = sdpa
         for hook in hooks:
             hook.remove()
+
+
+def captured_qkv(
+    session: Session, request: Request, keep: Callable[[int, int], bool] = lambda step, block: True
+) -> list[dict[str, Any]]:
+    """Run `request` on `session` as it is and record the q, k, v (B, T, H, D) of the family's routed self-attention
+    calls (`sparse_routing`: the router takes each call and hands it to the backend unchanged).
+
+    For quality measurements on real activations: `keep(step, block)` chooses which calls to hold (each holds three
+    full tensors on the model's device); `step` counts over the whole request (the cache context's step index, else
+    the denoiser's calls). Records: {"step", "block", "prefix", "q", "k", "v"}."""
+    records: list[dict[str, Any]] = []
+
+    def attend(call: Call) -> tuple[torch.Tensor, None]:
+        if keep(call.router.step, call.block):
+            q, k, v = (x.detach() for x in call.qkv)
+            records.append(
+                {"step": call.router.step, "block": call.block, "prefix": call.prefix, "q": q, "k": k, "v": v}
+            )
+        return call.backend_fn(**call.kwargs), None
+
+    settings = Settings(tau=0.0, sink_tokens=0, protect_prefix=0)
+    router = Router(
+        "capture", session.model, Receipt(("sparse_calls",)), attend, lambda rows: settings, per_expert=False
+    )
+    router.reset(request.steps)
+    router.install()
+    try:
+        session.generate(request, progress=False)
+    finally:
+        router.remove()
+    return records
 
 
 def tau_for(q: torch.Tensor, k: torch.Tensor, sink: int, target: float) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import torch
 
 from workbench.evidence.timing import aba_rounds, time_call
 from workbench.kernels import adaln_modulate, gated_residual, head_norm_rope, layernorm_modulate, qk_norm_rope
-from workbench.kernels._runtime import interpreting
+from workbench.kernels._runtime import cpu_without_interpreter
 from workbench.quality.latent import rel_l2
 from workbench.telemetry import Telemetry, maybe_sampler, summarize_samples
 
@@ -399,7 +399,7 @@ def benchmark(device: str | torch.device, rounds: int = 5, smoke: bool = False) 
         raise RuntimeError(f"kernel benchmarks need a CUDA device, got {device}; pass smoke=True for the CPU check")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("kernel benchmarks: device cuda asked for, and this machine has no CUDA device")
-    if device.type == "cpu" and not interpreting():
+    if cpu_without_interpreter(device):
         raise RuntimeError("Triton kernels on a CPU need TRITON_INTERPRET=1 (set before the first kernel launch)")
     clock = {"repeats": 1, "warmup": 0, "queued": False} if smoke else {"repeats": REPEATS, "warmup": WARMUP}
     if device.type == "cuda" and not smoke:  # (a smoke run's one unwarmed call cannot be captured)

@@ -50,10 +50,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.envelope import Context, Measurement
 from benchmarks.scenarios.sparse_attention import SMOKE_GRID, SMOKE_HEADS, structured_qkv
-from benchmarks.workloads import WAN_TOKENS_GRID, calls, tau_for
+from benchmarks.workloads import WAN_TOKENS_GRID, calls, captured_qkv, tau_for
 from workbench import Request, Session
 from workbench.accelerations.attention import flash4_attention
-from workbench.accelerations.attention.sparse_routing import captured_qkv
 from workbench.evidence.timing import aba_rounds, kernel_times, time_call
 from workbench.kernels import attention_quantize as aq
 from workbench.kernels import block_sparse_attend
@@ -142,8 +141,7 @@ def captured_calls(device: torch.device, smoke: bool) -> list[tuple[int, tuple[t
     default size (CFG: both branches in one call), in the session's dtype; smoke: `SMOKE_CAPTURE`, first block only."""
     session = Session.open(CAPTURE_MODEL, device=str(device))
     keep = (lambda step, block: block == 0) if smoke else (lambda step, block: True)
-    with captured_qkv(session.model, keep) as records:
-        session.generate(Request(CAPTURE_PROMPT, seed=5, **(SMOKE_CAPTURE if smoke else {})), progress=False)
+    records = captured_qkv(session, Request(CAPTURE_PROMPT, seed=5, **(SMOKE_CAPTURE if smoke else {})), keep)
     return [(r["step"], tuple(r[name].transpose(1, 2) for name in "qkv")) for r in records]
 
 

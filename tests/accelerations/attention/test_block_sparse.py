@@ -12,10 +12,11 @@ import pytest
 import torch
 from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
+from benchmarks.workloads import captured_qkv
 from workbench import Request, Session
 from workbench.accelerations import REGISTRY, fingerprint
 from workbench.accelerations.attention import block_sparse
-from workbench.accelerations.attention.sparse_routing import Call, Router, Settings, captured_qkv
+from workbench.accelerations.attention.sparse_routing import Call, Router, Settings
 from workbench.accelerations.base import Receipt
 from workbench.kernels.block_sparse_attention import block_sparse_attention, reference
 from workbench.models import wan
@@ -169,8 +170,7 @@ def test_block_sparse_quality_on_captured_qkv(interpreter, session):
 
     Random weights make these activations "real-looking" only in shape and statistics; the asserts are the
     properties that must hold (all exact is dense, density falls with tau, folded blocks move the output)."""
-    with captured_qkv(session.model) as records:
-        session.generate(Request("a red circle moves left", seed=5, **SIZE), progress=False)
+    records = captured_qkv(session, Request("a red circle moves left", seed=5, **SIZE))
     assert [(r["step"], r["block"]) for r in records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     rows = []
     for record in records:

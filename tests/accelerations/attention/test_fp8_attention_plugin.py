@@ -9,6 +9,7 @@ from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 from workbench import Request, Session
 from workbench.accelerations import REGISTRY, fingerprint
 from workbench.accelerations.attention import fp8_attention as plugin
+from workbench.accelerations.attention.sparse_kernels import block_sparse_attend
 from workbench.accelerations.attention.sparse_routing import Call, Router, Settings
 from workbench.accelerations.base import Receipt
 from workbench.kernels import _runtime
@@ -107,6 +108,22 @@ def test_fp8_attention_protected_rows_are_dense_attention(interpreter, seed, pv)
     assert torch.equal(out[:, :40], dense[:, :40]) and torch.equal(out[:, 40:], kernel[:, 40:])
     assert (out[:, 40:] - dense[:, 40:]).abs().max() > 1e-3  # the other rows really are FP8
     assert receipt.counters["protected_rows"] == 40 and receipt.counters["fp8_calls"] == 1
+
+
+@pytest.mark.parametrize(
+    "attend, q, message",
+    [(plugin.fp8_attend, torch.zeros(1, 8, 2, 256), r"fp8_attention: attention of head dim 256 in torch\.float32"),
+     (block_sparse_attend, torch.zeros(1, 8, 2, 64, dtype=torch.float16),
+      r"block_sparse: attention of head dim 64 in torch\.float16")],
+)  # fmt: skip
+def test_routed_kernels_refuse_a_call_outside_their_limits(attend, q, message):
+    """The shared adapter (`kernel_attend`) refuses a call the plugin's kernel does not take, naming the plugin and
+    the kernel's limits, before any kernel runs."""
+    router = Router("test", wan.tiny_d128(), Receipt(("sparse_calls",)), attend, None)
+    call = Call(router, Settings(extra={"pv": "fp8", "qk": "int8"}), 0, prefix=0)
+    call.kwargs = {"query": q, "key": q, "value": q, "scale": None}
+    with pytest.raises(RuntimeError, match=rf"^{message} reached the kernel; it supports head dims up to 128 in "):
+        attend(call)
 
 
 def test_fp8_attention_refuses_what_it_cannot_run(monkeypatch):

@@ -86,6 +86,7 @@ def test_sol_attn_sparse_adapter_passes_the_documented_arguments(monkeypatch):
     settings = Settings.from_options(options, extra=("thresh_type",))
     router = plugin.router_for(model, torch.device("cuda"), options, lambda rows: settings)
     router.receipt = Receipt(("sparse_calls",))
+    router.reset(1)  # the routed forward below is a one-step request
     torch.manual_seed(0)
     inputs = {
         "hidden_states": torch.randn(1, 16, 3, 16, 24, dtype=torch.bfloat16),  # 3 x 8 x 12 = 288 tokens

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from workbench import environment
-from workbench.accelerations.attention import sol_package
+from workbench.accelerations.attention import block_sparse, sol_attn, sol_package
 from workbench.accelerations.attention.sparse_kernels import block_sparse_attend
 from workbench.accelerations.attention.sparse_routing import ROUTED, Call, Router, Settings
 from workbench.accelerations.base import Handle, Spec, option
@@ -40,7 +40,10 @@ from workbench.accelerations.base import Handle, Spec, option
 REGISTRY_FILE = Path(__file__).with_name("qualified_attention.json")
 ROOT = Path(__file__).resolve().parents[3]  # evidence paths in an entry are relative to the repository root
 ENTRY_FIELDS = ("family", "device", "model_key", "video_tokens", "plugin", "options", "evidence")
-ROUTABLE = ("block_sparse", "sol_attn")  # the registered sparse plugins whose settings this policy can serve
+# the registered sparse plugins whose settings this policy can serve, each with the options its attend reads from
+# Settings.extra
+EXTRA = {"block_sparse": block_sparse.LOW_PRECISION, "sol_attn": sol_attn.PACKAGE_OPTIONS}
+ROUTABLE = tuple(EXTRA)
 
 
 def _spec(plugin: str) -> Spec:
@@ -185,7 +188,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     settings = {
         rows: Settings.from_options(
             {**_spec(e["plugin"]).validate(e["options"]), "plugin": e["plugin"]},
-            extra=("plugin", "thresh_type") if e["plugin"] == "sol_attn" else ("plugin", "precision", "pv"),
+            extra=("plugin", *EXTRA[e["plugin"]]),
         )
         for rows, e in matching.items()
     }

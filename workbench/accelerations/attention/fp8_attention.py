@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.attention.sparse_kernels import CUTE, KERNEL, path, uses_reference
+from workbench.accelerations.attention.sparse_kernels import CUTE, KERNEL, kernel_attend, path
 from workbench.accelerations.attention.sparse_routing import (
     FAMILY,
     ROUTED,
@@ -71,6 +71,7 @@ from workbench.kernels.fp8_attention import DTYPES, PV_MODES, QK_MODES, fp8_atte
 from workbench.models import experts
 
 NAME = "fp8_attention"
+PRECISIONS = ("qk", "pv")  # the options fp8_attend reads from Settings.extra
 
 
 @dataclass(frozen=True)
@@ -95,21 +96,15 @@ def unusable(device: torch.device) -> str | None:
 
 
 def fp8_attend(call: Call) -> tuple[torch.Tensor, None]:
-    """The kernel on the dispatcher's (B, T, H, D) tensors, read as (B, H, T, D) views without a copy; the output
-    comes back in the same (B, T, H, D) layout."""
-    q, k, v = call.qkv
-    if q.shape[-1] > MAX_HEAD_DIM or q.dtype not in DTYPES:
-        raise RuntimeError(
-            f"{NAME}: attention of head dim {q.shape[-1]} in {q.dtype} reached the kernel; "
-            f"it supports head dims up to {MAX_HEAD_DIM} in {[str(d) for d in DTYPES]}"
-        )
+    """`kernel_attend` with the low-bit kernel at the setting's `extra` precisions (`PRECISIONS`), counted as
+    `fp8_calls`."""
     extra = call.settings.extra
-    attend = reference if uses_reference(q.device) else fp8_attention
-    out = attend(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), call.kwargs.get("scale"), extra["pv"], qk=extra["qk"]
-    )
+    out, _ = kernel_attend(
+        call, NAME, fp8_attention, reference, (MAX_HEAD_DIM, DTYPES), call.kwargs.get("scale"), extra["pv"],
+        qk=extra["qk"],
+    )  # fmt: skip
     call.router.receipt.count("fp8_calls", expert=call.router.expert)
-    return out.transpose(1, 2), None
+    return out, None
 
 
 class _Installed(RoutedHandle):
@@ -129,15 +124,7 @@ def _prepare(model: Any, options: dict[str, Any], device: torch.device):
     reason = unusable(device)
     if reason is not None:
         raise RuntimeError(f"{NAME}: {reason}")
-    # Settings is the routing's value object: no routing here, so tau and sink_tokens are unused by this kernel
-    settings = Settings(
-        tau=0.0,
-        sink_tokens=0,
-        dense_steps=options["dense_steps"],
-        dense_blocks=options["dense_blocks"],
-        protect_prefix=options["protect_prefix"],
-        extra={"pv": options["pv"], "qk": options["qk"]},
-    )
+    settings = Settings.from_options(options, extra=PRECISIONS)
     router = Router(NAME, model, None, fp8_attend, lambda rows: settings, options["per_expert"])
     router.check_modules(MAX_HEAD_DIM, DTYPES)
     kernel_path = path(device)

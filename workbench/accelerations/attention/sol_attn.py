@@ -41,6 +41,8 @@ from workbench.accelerations.attention.sparse_routing import (
 )
 from workbench.accelerations.base import Spec, option
 
+PACKAGE_OPTIONS = ("thresh_type",)  # the options sol_package's attend reads from Settings.extra
+
 
 @dataclass(frozen=True)
 class SolAttnConfig(SparseAttentionConfig):
@@ -52,7 +54,7 @@ class SolAttnConfig(SparseAttentionConfig):
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    settings = Settings.from_options(options, extra=("thresh_type",))
+    settings = Settings.from_options(options, extra=PACKAGE_OPTIONS)
     router = router_for(model, device, options, lambda rows: settings)
     return lambda: RoutedHandle(SPEC, options, router)
 

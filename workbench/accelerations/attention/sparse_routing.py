@@ -65,10 +65,12 @@ PERTURBED = "processor skipped attention (perturbed pass)"
 
 @dataclass(frozen=True)
 class Settings:
-    """One sparse setting. `sink_tokens` / `protect_prefix` are a row count or "family" (the family's
-    non-video prefix of each call). `extra` holds kernel-specific options (sol_attn's `thresh_type`)."""
+    """One routed setting. `sink_tokens` / `protect_prefix` are a row count or "family" (the family's
+    non-video prefix of each call). `tau` and `sink_tokens` are the sparse routing's (a kernel that routes nothing,
+    fp8_attention's, leaves them at their defaults). `extra` holds kernel-specific options (sol_attn's
+    `thresh_type`)."""
 
-    tau: float
+    tau: float = 0.0
     sink_tokens: int | str = FAMILY
     dense_steps: int = 0
     dense_blocks: int = 0
@@ -77,8 +79,9 @@ class Settings:
 
     @classmethod
     def from_options(cls, options: dict[str, Any], extra: tuple[str, ...] = ()) -> Settings:
+        """The setting of a plugin's validated options: the fields above that it declares, and its `extra` ones."""
         names = ("tau", "sink_tokens", "dense_steps", "dense_blocks", "protect_prefix")
-        return cls(**{n: options[n] for n in names}, extra={n: options[n] for n in extra})
+        return cls(**{n: options[n] for n in names if n in options}, extra={n: options[n] for n in extra})
 
 
 def needs_self_attention(family: Any) -> str | None:
@@ -239,11 +242,8 @@ class _StepHook(ModelHook):
         context = self.state_manager._context
         router = self.router
         index = context.step_index if context is not None else None
-        if router.schedule is None:  # not inside a request (captured_qkv): the request-wide count
-            router.step = router.calls if index is None else index
-        else:
-            router.step, _ = router.schedule.counted(self.expert, index, router.calls, None, router.per_expert)
-            router.expert = router.schedule.label(self.expert)
+        router.step, _ = router.schedule.counted(self.expert, index, router.calls, None, router.per_expert)
+        router.expert = router.schedule.label(self.expert)
         router.calls += 1
         router.prefix = router.prefix_rows(args, kwargs)
         return self.fn_ref.original_forward(*args, **kwargs)
@@ -259,7 +259,8 @@ class Router:
     many target-video rows, or None to run it dense (counted as `unqualified_calls`). Built at prepare time
     (it only reads the model); `install` mutates, `remove` restores. `receipt` may be given later (the
     plugin's handle owns it) but must be set before `install`. `per_expert`: count `dense_steps` within each expert's
-    run of steps (module docstring); `reset(steps)` at each request's start reads the expert schedule."""
+    run of steps (module docstring); `reset(steps)` before each request reads the expert schedule the step hooks
+    count by."""
 
     def __init__(
         self,
@@ -394,31 +395,6 @@ def _backend_of(processor: Any) -> AttentionBackendName:
     """The registry name `dispatch_attention_fn` resolves for this processor (its own, else the active one)."""
     backend = getattr(processor, "_attention_backend", None) or _AttentionBackendRegistry._active_backend
     return backend if isinstance(backend, AttentionBackendName) else AttentionBackendName(backend)
-
-
-@contextmanager
-def captured_qkv(model: Any, keep: Callable[[int, int], bool] = lambda step, block: True) -> Iterator[list[dict]]:
-    """Record the q, k, v (B, T, H, D) of the family's routed self-attention calls while the model runs dense.
-
-    For quality measurements on real activations: `keep(step, block)` chooses which calls to hold (each holds
-    three full tensors on the model's device). Records: {"step", "block", "prefix", "q", "k", "v"}."""
-    records: list[dict] = []
-
-    def attend(call: Call) -> tuple[torch.Tensor, None]:
-        if keep(call.router.step, call.block):
-            q, k, v = (x.detach() for x in call.qkv)
-            records.append(
-                {"step": call.router.step, "block": call.block, "prefix": call.prefix, "q": q, "k": k, "v": v}
-            )
-        return call.backend_fn(**call.kwargs), None
-
-    settings = Settings(tau=0.0, sink_tokens=0, protect_prefix=0)
-    router = Router("capture", model, Receipt(("sparse_calls",)), attend, lambda rows: settings)
-    router.install()
-    try:
-        yield records
-    finally:
-        router.remove()
 
 
 class RoutedHandle(Handle):

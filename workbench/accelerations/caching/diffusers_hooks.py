@@ -93,7 +93,10 @@ class CacheHandle(Handle):
 class ScheduledCacheHandle(Handle):
     """A cache whose hooks read the request's step count (`steps`) and expert schedule (`schedule`), both set at
     `begin_request`, and keep per-request state that the subclass's `_reset` empties at the start and end of every
-    request."""
+    request. Its options include `warmup`, `final_dense`, `per_expert` and the reuse threshold that `THRESHOLD` names
+    (0: never reuse)."""
+
+    THRESHOLD: str
 
     def __init__(self, spec: Spec, options: dict[str, Any], proof: tuple[str, ...]):
         super().__init__(spec, options, proof)
@@ -108,6 +111,22 @@ class ScheduledCacheHandle(Handle):
 
     def end_request(self, request_id: int) -> None:
         self._reset()
+
+    def must_compute(self, expert: str, context: Any, calls: int) -> bool:
+        """Whether a call of `expert`'s hook must compute whatever the cache holds: reuse is off (the `THRESHOLD`
+        option is 0), or the call's step is a warm-up step (`warmup`) or one of the last `final_dense`. The step and
+        the step count are `Schedule.counted`'s (per expert with `per_expert`) from the cache context's step index and
+        `num_inference_steps` (else `calls`, the branch's calls so far, and the request's `steps`); RuntimeError where
+        it refuses the count."""
+        options = self.options
+        step, steps = self.schedule.counted(
+            expert, context.step_index, calls, context.num_inference_steps or self.steps, options["per_expert"]
+        )
+        return (
+            options[self.THRESHOLD] == 0.0
+            or step < options["warmup"]
+            or (steps is not None and step >= steps - options["final_dense"])
+        )
 
     def _reset(self) -> None:
         raise NotImplementedError

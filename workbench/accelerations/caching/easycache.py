@@ -62,23 +62,10 @@ class _EasyCacheHook(ModelHook):
     def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         handle, state, options = self.handle, self.state_manager.get_state(), self.handle.options
         context = self.state_manager.context
-        step, steps = handle.schedule.counted(
-            self.expert,
-            context.step_index,
-            state.calls,
-            context.num_inference_steps or handle.steps,
-            options["per_expert"],
-        )
+        must_run = handle.must_compute(self.expert, context, state.calls) or state.deltas is None or state.rate is None
         label = handle.schedule.label(self.expert)
         state.calls += 1
         inputs = [kwargs[name] for name in self.streams]
-        must_run = (
-            options["threshold"] == 0.0
-            or step < options["warmup"]
-            or (steps is not None and step >= steps - options["final_dense"])
-            or state.deltas is None
-            or state.rate is None
-        )
         if not must_run:
             predicted = max(
                 rate * _l1(x - x_prev) / max(_l1(v_prev), 1e-12)
@@ -127,6 +114,8 @@ def _rebuild(template: Any, tensors: list[torch.Tensor]) -> Any:
 
 
 class _Installed(ScheduledCacheHandle):
+    THRESHOLD = "threshold"
+
     def __init__(self, spec: Spec, options: dict[str, Any], model: Any, streams: tuple):
         super().__init__(spec, options, proof=("reused",))
         named = experts.named_denoisers(model)

@@ -91,20 +91,12 @@ class _LeaderHook(ModelHook):
     def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         handle, options = self.handle, self.handle.options
         state, context = self.state_manager.get_state(), self.state_manager.context
-        step, steps = handle.schedule.counted(
-            self.expert,
-            context.step_index,
-            state.calls,
-            context.num_inference_steps or handle.steps,
-            options["per_expert"],
-        )
+        scheduled = handle.must_compute(self.expert, context, state.calls)
         state.calls += 1
         inputs = [block_arg(args, kwargs, name, index) for name, index in self.streams]
         modulated = self.indicator(module, args, kwargs)
         must_run = (
-            options["rel_l1_thresh"] == 0.0
-            or step < options["warmup"]
-            or (steps is not None and step >= steps - options["final_dense"])
+            scheduled
             or state.residuals is None
             or state.previous is None
             or state.previous.shape != modulated.shape
@@ -160,6 +152,8 @@ def _store_residuals(state: _BranchState, output: Any) -> None:
 
 
 class _Installed(ScheduledCacheHandle):
+    THRESHOLD = "rel_l1_thresh"
+
     def __init__(self, spec: Spec, options: dict[str, Any], family: Any, stacks: list[tuple[str, Any, list]]):
         super().__init__(spec, options, proof=("reused",))
         rescale = options["rescale"]
