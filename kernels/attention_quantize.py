@@ -183,8 +183,8 @@ def _quantize_fwd(
 ):  # fmt: skip
     # Step 2 (q, k; SMOOTH subtracts mean_ptr's (D,) per head first) or, with CHANNEL, step 3 (v: the per-channel
     # scales from low_ptr / high_ptr, v's per-channel min and max; the head's first program stores scale / top, the
-    # v_scale, into scale_ptr; the output is transposed). TOP: INT8_MAX or FP8_MAX. tl.reduce with tl.standard's combines: see
-    # block_sparse_attend.
+    # v_scale, into scale_ptr; the output is transposed). TOP: INT8_MAX or FP8_MAX. tl.reduce with tl.standard's
+    # combines: see _runtime.LazyKernel.
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H

@@ -30,8 +30,8 @@ exact and folded logits shift by the same `q . mean(k)` and the softmax is uncha
 RuntimeError below). Its contract: `reference(..., precision, pv, key_mean=plan(..., stats=True).key_mean)`
 (`_lowbit_reference`: the same quantized operands, the same block order, fp32 torch maths) up to fp32 summation order
 and exp2's last bit crossing a rounding boundary of P (fp32 inputs: under 5e-4 relative L2, the bound
-tests/kernels/test_block_sparse_attention.py holds); without the plan's key mean, the reference takes it from torch's block means, whose fp32 sum order can
-move a quantized key by one step. Against the exact path its error is fp8_attention's at the same precisions.
+tests/kernels/test_block_sparse_attention.py holds); without the plan's key mean, the reference takes it from torch's
+block means, whose fp32 sum order can move a quantized key by one step. Against the exact path its error is fp8_attention's at the same precisions.
 
 Contract against `reference` (dense fp32 torch maths of the same method on torch's routing, `routing`): the kernel's
 plan makes its block means in one Triton launch (fp32, another sum order), so a block whose score ties its row's

@@ -4,9 +4,9 @@ P.V in FP8, INT8 or bf16.
 Non-causal softmax attention `softmax(q k^T * scale) v` of q (B, H, Tq, D) and k, v (B, H, Tk, D), any strides,
 bfloat16 (production) or float32; the output is (B, H, Tq, D) in q's dtype, with q's memory order when q is a
 dense permutation (the dispatcher's (B, T, H, D) seen as (B, H, T, D) gets a (B, T, H, D) output, no copy). D is the
-kernel's for 32, 64 and 128 (128 is the production case); another D up to 128 is
-zero-padded to the next of them (`_runtime.pad_head_dim`: a copy of q, k, v and of the output; the maths below is
-unchanged, the padded channels are zero throughout). The 128s below are D = 128.
+kernel's for 32, 64 and 128 (128 is the production case); another D up to 128 is zero-padded to the next of them
+(`_runtime.pad_head_dim`: a copy of q, k, v and of the output; the maths below is unchanged, the padded channels are
+zero throughout). The 128s below are D = 128.
 
 The maths, in the order it happens:
 1-2. `attention_quantize.quantize` (Triton; `quantize_reference` is the same in torch ops, bit for bit): k smoothed by
@@ -49,8 +49,8 @@ Error contract:
   from it, tests/kernels/test_fp8_attention_sm90.py's bound);
 - against dense bf16 attention: the quantization error itself. e4m3's 3 mantissa bits on q and k (about 2.5 % RMS
   an element) move every logit; INT8's 127 levels a block lose less wherever a block's values are not dominated by
-  a few large ones, which is the case for q/k (tests/kernels/test_fp8_attention.py holds int8 the lower-error Q.K^T on iid inputs and on q/k with
-  a shared channel offset and outlier channels). pv="fp8" rounds both P.V operands to e4m3: each of P and v alone
+  a few large ones, which is the case for q/k (tests/kernels/test_fp8_attention.py holds int8 the lower-error
+  Q.K^T on iid inputs and on q/k with a shared channel offset and outlier channels). pv="fp8" rounds both P.V operands to e4m3: each of P and v alone
   costs about as much as int8 Q.K^T does, or more (the rounding of each probability and each value, which zero-mean
   v does not average out), so FP8 P.V sets the floor of its pairs' error (the `fp8-attention` scenario's
   `error_parts` separates the steps). A scale cannot change that (e4m3's relative step is the same at every scale);
