@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from workbench import environment
-from workbench.accelerations.attention import block_sparse, sol_attn, sol_package
-from workbench.accelerations.attention.sparse_kernels import block_sparse_attend
+from workbench.accelerations.attention import sol_package
+from workbench.accelerations.attention.sparse_kernels import LOW_PRECISION, block_sparse_attend
 from workbench.accelerations.attention.sparse_routing import ROUTED, Call, Router, Settings
 from workbench.accelerations.base import Handle, Spec, option
 
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[3]  # evidence paths in an entry are rel
 ENTRY_FIELDS = ("family", "device", "model_key", "video_tokens", "plugin", "options", "evidence")
 # the registered sparse plugins whose settings this policy can serve, each with the options its attend reads from
 # Settings.extra
-EXTRA = {"block_sparse": block_sparse.LOW_PRECISION, "sol_attn": sol_attn.PACKAGE_OPTIONS}
+EXTRA = {"block_sparse": LOW_PRECISION, "sol_attn": sol_package.OPTIONS}
 ROUTABLE = tuple(EXTRA)
 
 

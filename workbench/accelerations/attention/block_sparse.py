@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.attention.sparse_kernels import CUTE, KERNEL, block_sparse_attend, path
+from workbench.accelerations.attention.sparse_kernels import CUTE, KERNEL, LOW_PRECISION, block_sparse_attend, path
 from workbench.accelerations.attention.sparse_routing import (
     ROUTED,
     ROUTED_ORDER,
@@ -59,8 +59,6 @@ from workbench.kernels import _runtime
 from workbench.kernels.block_sparse_attend import sm90_serves
 from workbench.kernels.block_sparse_attention import DTYPES, MAX_HEAD_DIM, PRECISIONS
 from workbench.kernels.fp8_attention import PV_MODES
-
-LOW_PRECISION = ("precision", "pv")  # the options block_sparse_attend reads from Settings.extra
 
 
 @dataclass(frozen=True)

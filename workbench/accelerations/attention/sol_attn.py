@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from workbench.accelerations.attention.sol_package import router_for
+from workbench.accelerations.attention.sol_package import OPTIONS, router_for
 from workbench.accelerations.attention.sparse_routing import (
     ROUTED,
     ROUTED_ORDER,
@@ -40,8 +40,6 @@ from workbench.accelerations.attention.sparse_routing import (
     needs_self_attention,
 )
 from workbench.accelerations.base import Spec, option
-
-PACKAGE_OPTIONS = ("thresh_type",)  # the options sol_package's attend reads from Settings.extra
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ class SolAttnConfig(SparseAttentionConfig):
 
 
 def _prepare(model: Any, options: dict[str, Any], device: torch.device):
-    settings = Settings.from_options(options, extra=PACKAGE_OPTIONS)
+    settings = Settings.from_options(options, extra=OPTIONS)
     router = router_for(model, device, options, lambda rows: settings)
     return lambda: RoutedHandle(SPEC, options, router)
 

@@ -20,6 +20,7 @@ from workbench.accelerations.attention.sparse_routing import Call, Router
 PACKAGE = "sol_attn"
 ENTRY_POINTS = ("sol_attn", "get_sol_attn_backend")
 HEAD_DIM = 128
+OPTIONS = ("thresh_type",)  # sol_attn's options this package's attend reads from Settings.extra
 # the CuTe backend sol-attn 0.5 names for each compute capability it specialises
 CUTE_BACKENDS = {(8, 9): "cute_sm89", (9, 0): "cute_sm90", (10, 0): "cute_sm100", (12, 0): "cute_sm120"}
 INSTALL_HINT = (

@@ -27,6 +27,7 @@ KERNEL, REFERENCE = "triton kernel", "torch reference"
 # the path's name where the low-precision calls on sm_90 take the CuTe kernel (`fp8_attention_sm90`) when their
 # shapes allow it, and the Triton kernel otherwise (each plugin says which shapes)
 CUTE = "cute kernel (sm_90a)"
+LOW_PRECISION = ("precision", "pv")  # block_sparse's options `block_sparse_attend` reads from Settings.extra
 
 
 def kernel_attend(

@@ -242,8 +242,11 @@ class _StepHook(ModelHook):
         context = self.state_manager._context
         router = self.router
         index = context.step_index if context is not None else None
-        router.step, _ = router.schedule.counted(self.expert, index, router.calls, None, router.per_expert)
-        router.expert = router.schedule.label(self.expert)
+        if router.schedule is None:  # outside a request (a bare forward, as the forward scenarios time): call count
+            router.step = router.calls if index is None else index
+        else:
+            router.step, _ = router.schedule.counted(self.expert, index, router.calls, None, router.per_expert)
+            router.expert = router.schedule.label(self.expert)
         router.calls += 1
         router.prefix = router.prefix_rows(args, kwargs)
         return self.fn_ref.original_forward(*args, **kwargs)
@@ -259,8 +262,8 @@ class Router:
     many target-video rows, or None to run it dense (counted as `unqualified_calls`). Built at prepare time
     (it only reads the model); `install` mutates, `remove` restores. `receipt` may be given later (the
     plugin's handle owns it) but must be set before `install`. `per_expert`: count `dense_steps` within each expert's
-    run of steps (module docstring); `reset(steps)` before each request reads the expert schedule the step hooks
-    count by."""
+    run of steps (module docstring); `reset(steps)` at each request's start reads the expert schedule the step hooks
+    count by (a forward outside a request counts the denoiser's calls)."""
 
     def __init__(
         self,
