@@ -1,6 +1,7 @@
 """Row-wise dynamic FP8 (e4m3) quantization in torch: `reference`, the recipe `fp8_rowwise`'s kernel computes and the
 project's one torch row quantizer (the FP8 block ring's, `workbench.accelerations.memory.ring`). Torch only, no
-triton: the ring runs where triton is not installed (it is a dependency on Linux only).
+triton: the ring runs where triton is not installed (it is a dependency on Linux only). Its constants are the FP8
+kernels' (`attention_quantize` takes them from here too).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import torch
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # e4m3's largest finite value
-EPS = 1e-12  # the smallest amax a scale is made from: an all-zero row's (`reference`)
+EPS = 1e-12  # the smallest amax a scale is made from (an all-zero row's, an all-zero block's)
 
 
 def reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

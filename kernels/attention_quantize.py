@@ -50,13 +50,11 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
+from workbench.kernels._fp8_rows import EPS, FP8, FP8_MAX
 from workbench.kernels._runtime import LazyKernel, dtype_size, interpreting, tma_ready
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
 INT8_MAX = 127.0
 P_TOP = {"fp8": FP8_MAX, "int8": INT8_MAX}  # the factor the kernels' one-byte P carries, per pv mode
-EPS = 1e-12  # the smallest amax a scale is made from
 QUANT_BLOCK = 128  # tokens per q / k quantization block (and per program of `_quantize_fwd`)
 QUANT_WARPS = 16  # a (128, 128) fp32 tile over 512 threads, 32 values a thread (evidence:
 # benchmarks/results/probes/attention-quantize-warps.json); no spills on any target (tests/kernels/test_targets)

@@ -77,7 +77,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import from_dlpack
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from workbench.kernels.attention_quantize import Quantized
+from workbench.kernels.attention_quantize import FP8_MAX, Quantized
 from workbench.kernels.block_sparse_attend import Plan
 from workbench.kernels.block_sparse_routing import BLOCK as SPARSE_BLOCK
 from workbench.kernels.fp8_attention import LOG2E
@@ -86,7 +86,7 @@ TILE_M = 128  # query rows a CTA: two consumer warpgroups of 64
 TILE_N = 128  # keys a tile (the quantization block: one k scale a tile)
 HEAD_DIM = 128
 THREADS = 384
-LOG2_FP8_MAX = math.log2(448.0)
+LOG2_FP8_MAX = math.log2(FP8_MAX)
 LOG2_INT8_MAX = math.log2(127.0)
 _MAGIC = 12582912.0  # 1.5 * 2^23: fp32 steps of 1 from 2^23 to 2^24, so x + _MAGIC keeps round(x) in the low bits
 _BIAS = 0x4B400000  # the bits of _MAGIC as an int32
